@@ -1,0 +1,87 @@
+"""The shardio error tree.
+
+Every error shardio raises on bad input, bad data or a bad state is a :class:`ShardioError`::
+
+    ShardioError
+    ├── OptionError        an argument or option combination that cannot work (also a ValueError)
+    ├── InputError         pack: corpus inputs that failed validation (lists every failing input)
+    ├── FormatError        shard or index bytes that are not what the format promises
+    │   └── IntegrityError a shard whose size or hash differs from the index
+    ├── ReadError          a shard that cannot be read (missing, or remote retries spent)
+    ├── DecodeError        a member whose audio cannot be decoded, or is empty or non-finite
+    └── StateError         a saved loader state that does not fit this dataset or options
+
+Messages say what went wrong, where (file, shard, key, offset) and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ShardioError",
+    "OptionError",
+    "InputError",
+    "InputProblem",
+    "FormatError",
+    "IntegrityError",
+    "ReadError",
+    "DecodeError",
+    "StateError",
+]
+
+
+class ShardioError(Exception):
+    """Base class of every error shardio raises on purpose."""
+
+
+class OptionError(ShardioError, ValueError):
+    """An argument, or a combination of arguments, that cannot work."""
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """One corpus input that failed validation while packing."""
+
+    source: str
+    """The input file (or manifest line) the problem is about."""
+    key: str
+    """The sample key it would have had ('' when none could be made)."""
+    reason: str
+    """What is wrong, and what was expected."""
+
+    def __str__(self) -> str:
+        where = f"{self.source} (key {self.key!r})" if self.key else self.source
+        return f"{where}: {self.reason}"
+
+
+class InputError(ShardioError):
+    """Corpus inputs that failed validation; ``problems`` lists every one."""
+
+    def __init__(self, problems: Sequence[InputProblem], *, limit: int = 20) -> None:
+        self.problems = list(problems)
+        shown = "\n".join(f"  - {p}" for p in self.problems[:limit])
+        more = len(self.problems) - limit
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        super().__init__(f"{len(self.problems)} input(s) failed validation:\n{shown}{tail}")
+
+
+class FormatError(ShardioError):
+    """Shard or index bytes that are not what the shardio/WebDataset format promises."""
+
+
+class IntegrityError(FormatError):
+    """A shard whose size or content hash differs from what the index recorded."""
+
+
+class ReadError(ShardioError):
+    """A shard or member that could not be read (missing file, I/O error, retries spent)."""
+
+
+class DecodeError(ShardioError):
+    """Audio bytes that could not be decoded, or decoded to empty or non-finite samples."""
+
+
+class StateError(ShardioError):
+    """A loader state that cannot be applied: another index, seed or batching, or a bad version."""

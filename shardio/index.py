@@ -1,0 +1,268 @@
+"""The dataset index: one per dataset, columnar, versioned and fingerprinted.
+
+On disk a dataset directory holds its shards plus two index files, written last and atomically:
+
+- ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
+  the audio format names, the SHA-256 of the columns file and the index fingerprint;
+- ``index.npz``: one uncompressed numpy array per column (34 bytes a sample) and the keys, stored as one
+  UTF-8 blob plus end offsets so that they load only when asked for.
+
+Per sample the columns say where its tar bytes are: ``frame_offset``/``frame_size`` locate the bytes to
+read from the shard file (a zstd frame, or the sample's own tar bytes in a plain ``.tar``), and
+``member_offset``/``member_size`` locate the sample's members inside those bytes once decompressed.
+Shards with a stream codec (``gzip``, ``bz2``, ``zstd-stream``: shards from other tools that cannot be
+seeked) use ``frame_offset`` as the offset in the decompressed tar and are read as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .errors import FormatError, OptionError
+from .storage import join, open_input, write_atomic
+
+__all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
+           "IndexBuilder"]
+
+FORMAT_VERSION = 1
+INDEX_JSON = "index.json"
+INDEX_COLUMNS = "index.npz"
+COLUMNS: dict[str, type] = {
+    "shard": np.uint32,
+    "frame_offset": np.uint64,
+    "frame_size": np.uint32,
+    "member_offset": np.uint32,
+    "member_size": np.uint32,
+    "num_frames": np.uint32,
+    "sample_rate": np.uint32,
+    "channels": np.uint8,
+    "format": np.uint8,
+}
+CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
+STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the index records it."""
+
+    name: str
+    bytes: int
+    sha256: str
+    samples: int
+    duration: float
+    codec: str = "none"
+
+
+@dataclass
+class Index:
+    """A dataset's index: the shard table and the per-sample columns, plus lazily loaded keys."""
+
+    root: str
+    shards: list[ShardInfo]
+    formats: list[str]
+    columns: dict[str, np.ndarray]
+    fingerprint: str = ""
+    columns_sha256: str = ""
+    _keys: list[str] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return int(self.columns["shard"].shape[0])
+
+    @cached_property
+    def durations(self) -> np.ndarray:
+        """Seconds per sample (float64), derived from frames and sample rate."""
+        rate = np.maximum(self.columns["sample_rate"], 1).astype(np.float64)
+        return self.columns["num_frames"].astype(np.float64) / rate
+
+    @property
+    def shard_ids(self) -> np.ndarray:
+        """The shard number of every sample."""
+        return self.columns["shard"]
+
+    @property
+    def total_duration(self) -> float:
+        """Seconds of audio in the whole dataset."""
+        return float(self.durations.sum())
+
+    @property
+    def keys(self) -> list[str]:
+        """Every sample's key, in index order (loaded on first use)."""
+        if self._keys is None:
+            with open_input(join(self.root, INDEX_COLUMNS)) as handle:
+                self._keys = _load_keys(np.load(io.BytesIO(handle.read())))
+        return self._keys
+
+    def shard_path(self, shard: int) -> str:
+        """The local path or URL of shard number ``shard``."""
+        return join(self.root, self.shards[shard].name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("durations", None)
+        return state
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, directory: str | None = None) -> None:
+        """Write ``index.npz`` then ``index.json`` (each atomically): the JSON last marks completion."""
+        directory = directory or self.root
+        blob, ends = _encode_keys(self.keys)
+        payload = _npz_bytes({**self.columns, "keys_blob": blob, "keys_end": ends})
+        self.columns_sha256 = hashlib.sha256(payload).hexdigest()
+        self.fingerprint = self._compute_fingerprint()
+        write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
+        write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": "shardio-index",
+            "version": FORMAT_VERSION,
+            "samples": len(self),
+            "duration": round(self.total_duration, 3),
+            "formats": self.formats,
+            "columns": {name: np.dtype(dtype).str for name, dtype in COLUMNS.items()},
+            "columns_file": INDEX_COLUMNS,
+            "columns_sha256": self.columns_sha256,
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+    def _compute_fingerprint(self) -> str:
+        canonical = json.dumps(self._header(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def _header_json(self) -> str:
+        return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
+
+    @classmethod
+    def load(cls, location: str | os.PathLike[str]) -> Index:
+        """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``)."""
+        location = os.fspath(location)
+        root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
+        json_path = join(root, INDEX_JSON)
+        try:
+            with open_input(json_path) as handle:
+                header = json.loads(handle.read())
+        except FileNotFoundError:
+            raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
+        if not isinstance(header, dict) or header.get("format") != "shardio-index":
+            raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
+        if header.get("version") != FORMAT_VERSION:
+            raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
+                              f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
+        columns_path = join(root, header.get("columns_file", INDEX_COLUMNS))
+        try:
+            with open_input(columns_path) as handle:
+                archive = np.load(io.BytesIO(handle.read()))
+                columns = {name: archive[name] for name in COLUMNS}
+        except FileNotFoundError:
+            raise FormatError(f"{columns_path}: index columns file is missing") from None
+        except (KeyError, ValueError, OSError, EOFError) as exc:
+            raise FormatError(f"{columns_path}: unreadable index columns ({exc})") from None
+        try:
+            shards = [ShardInfo(**s) for s in header["shards"]]
+            index = cls(root=root, shards=shards, formats=list(header["formats"]), columns=columns,
+                        fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]))
+        except (KeyError, TypeError) as exc:
+            raise FormatError(f"{json_path}: index header is missing a field ({exc})") from None
+        index.validate(json_path)
+        return index
+
+    def validate(self, where: str) -> None:
+        """Cheap structural checks, so a damaged index fails here rather than mid-epoch."""
+        n = len(self)
+        for name, dtype in COLUMNS.items():
+            column = self.columns[name]
+            if column.dtype != np.dtype(dtype) or column.shape != (n,):
+                raise FormatError(f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
+                                  f"expected {np.dtype(dtype)} and ({n},)")
+        if n and int(self.columns["shard"].max()) >= len(self.shards):
+            raise FormatError(f"{where}: a sample names shard {int(self.columns['shard'].max())}, "
+                              f"but the index lists {len(self.shards)} shards")
+        if n and int(self.columns["format"].max()) >= max(len(self.formats), 1):
+            raise FormatError(f"{where}: a sample names an audio format the index does not list")
+        counts = np.bincount(self.columns["shard"], minlength=len(self.shards))
+        for number, shard in enumerate(self.shards):
+            if shard.codec not in CODECS:
+                raise FormatError(f"{where}: shard {shard.name} has unknown codec {shard.codec!r}")
+            if counts[number] != shard.samples:
+                raise FormatError(f"{where}: shard {shard.name} lists {shard.samples} samples, "
+                                  f"the columns hold {counts[number]}")
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An uncompressed ``.npz`` with fixed timestamps, so the same index gives the same bytes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(member, "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _encode_keys(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    encoded = [k.encode("utf-8") for k in keys]
+    ends = np.cumsum([len(e) for e in encoded], dtype=np.uint64) if encoded else np.zeros(0, np.uint64)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
+
+
+def _load_keys(archive: Any) -> list[str]:
+    blob = archive["keys_blob"].tobytes()
+    ends = archive["keys_end"].tolist()
+    starts = [0, *ends[:-1]]
+    return [blob[s:e].decode("utf-8") for s, e in zip(starts, ends)]
+
+
+class IndexBuilder:
+    """Accumulates shards and samples in write order, then makes an :class:`Index`."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.shards: list[ShardInfo] = []
+        self.formats: list[str] = []
+        self._rows: dict[str, list[int]] = {name: [] for name in COLUMNS}
+        self._keys: list[str] = []
+
+    def format_id(self, ext: str) -> int:
+        """The number of audio format ``ext`` in this index's format table."""
+        if ext not in self.formats:
+            if len(self.formats) >= 255:
+                raise OptionError("more than 255 distinct audio formats in one dataset")
+            self.formats.append(ext)
+        return self.formats.index(ext)
+
+    def add_sample(self, key: str, *, shard: int, frame_offset: int, frame_size: int, member_offset: int,
+                   member_size: int, num_frames: int, sample_rate: int, channels: int, audio_ext: str) -> None:
+        """Record one sample of shard number ``shard`` (shards are numbered in the order they are added)."""
+        values = dict(shard=shard, frame_offset=frame_offset, frame_size=frame_size, member_offset=member_offset,
+                      member_size=member_size, num_frames=num_frames, sample_rate=sample_rate,
+                      channels=channels, format=self.format_id(audio_ext))
+        for name, value in values.items():
+            self._rows[name].append(value)
+        self._keys.append(key)
+
+    def add_shard(self, info: ShardInfo) -> int:
+        """Record a finished shard; returns its number."""
+        self.shards.append(info)
+        return len(self.shards) - 1
+
+    def build(self) -> Index:
+        """The finished index (not yet saved)."""
+        columns = {name: np.asarray(values, dtype=COLUMNS[name]) for name, values in self._rows.items()}
+        index = Index(root=self.root, shards=list(self.shards), formats=list(self.formats), columns=columns,
+                      _keys=list(self._keys))
+        index.validate(self.root)
+        return index

@@ -1,0 +1,210 @@
+"""POSIX tar members in WebDataset's ``{key}.{ext}`` convention: encode, parse and walk.
+
+shardio writes its own headers (ustar, with a pax record only for names ustar cannot hold) so that the
+bytes are deterministic, and parses them itself so that a sample can be decoded from a slice of a shard
+without ``tarfile``'s per-member overhead.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .errors import FormatError
+
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "parse_members", "split_name", "walk"]
+
+BLOCK = 512
+END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")
+_REGULAR = (b"0", b"\0", b"7")
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member name into ``(key, ext)``: the key is the path up to the basename's first dot."""
+    match = _KEY_EXT.match(name)
+    if match is None:
+        raise FormatError(f"member name {name!r} is not of the form '{{key}}.{{ext}}'")
+    return match.group(1), match.group(2)
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a WebDataset key, or None when it can."""
+    if not key:
+        return "the key is empty"
+    if "." in key.rsplit("/", 1)[-1]:
+        return "the key's basename contains a '.', which readers take as the start of the extension"
+    if key.startswith("/") or key.endswith("/") or "//" in key:
+        return "the key must be a relative path with no empty parts"
+    if any(part in (".", "..") for part in key.split("/")):
+        return "the key must not contain '.' or '..' path parts"
+    if any(ord(ch) < 32 for ch in key):
+        return "the key contains a control character"
+    return None
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+def encode_sample(key: str, members: dict[str, bytes]) -> bytes:
+    """The tar bytes of one sample: a header, the data and its padding for each ``{key}.{ext}``."""
+    parts: list[bytes] = []
+    for ext, data in members.items():
+        parts += [_header(f"{key}.{ext}", len(data)), data, _padding(len(data))]
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One regular file member of a tar stream, located by byte offsets in that stream."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """The offset just past this member's padded data."""
+        return self.data_offset + self.size + (-self.size % BLOCK)
+
+
+def _octal(field: bytes, where: str) -> int:
+    text = field.split(b"\0", 1)[0].strip()
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise FormatError(f"{where}: bad numeric field {field!r} in a tar header") from None
+
+
+def _check(header: bytes | memoryview, where: str) -> None:
+    stored = _octal(bytes(header[148:156]), where)
+    actual = sum(bytes(header[:148])) + 8 * 32 + sum(bytes(header[156:]))
+    if stored != actual:
+        raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
+
+
+def _pax_path(data: bytes, where: str) -> str | None:
+    path = None
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            raise FormatError(f"{where}: malformed pax record")
+        length = int(data[pos:space])
+        record = data[space + 1 : pos + length - 1]
+        name, _, value = record.partition(b"=")
+        if name == b"path":
+            path = value.decode("utf-8")
+        pos += length
+    return path
+
+
+def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Member]:
+    """Walk tar headers through three callbacks; shared by the buffer and stream walkers."""
+    offset = 0
+    long_name: str | None = None
+    while True:
+        header = read_block(offset)
+        if header is None or not any(header):
+            return
+        if len(header) < BLOCK:
+            raise FormatError(f"{where}: truncated tar header at offset {offset} "
+                              f"({len(header)} of {BLOCK} bytes)")
+        _check(header, f"{where} at offset {offset}")
+        size = _octal(bytes(header[124:136]), where)
+        kind = bytes(header[156:157])
+        data_offset = offset + BLOCK
+        end = data_offset + size + (-size % BLOCK)
+        if kind in (b"x", b"L"):
+            raw = read_data(data_offset, size)
+            long_name = _pax_path(raw, where) if kind == b"x" else raw.rstrip(b"\0").decode("utf-8")
+        elif kind == b"g":
+            skip_data(data_offset, size)
+        else:
+            if long_name is not None:
+                name = long_name
+            else:
+                prefix = bytes(header[345:500]).split(b"\0", 1)[0].decode("utf-8")
+                base = bytes(header[0:100]).split(b"\0", 1)[0].decode("utf-8")
+                name = f"{prefix}/{base}" if prefix else base
+            long_name = None
+            skip_data(data_offset, size)
+            if kind in _REGULAR:
+                yield Member(name, offset, data_offset, size)
+        offset = end
+
+
+def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, memoryview]]:
+    """The regular members of a tar byte range, as ``(name, data view)``; no copies are made."""
+    view = memoryview(buffer)
+    total = len(view)
+
+    def read_block(offset: int) -> memoryview | None:
+        return view[offset : offset + BLOCK] if offset < total else None
+
+    def read_data(offset: int, size: int) -> bytes:
+        if offset + size > total:
+            raise FormatError(f"{where}: tar member data runs past the end ({offset + size} > {total})")
+        return bytes(view[offset : offset + size])
+
+    def skip_data(offset: int, size: int) -> None:
+        if offset + size > total:
+            raise FormatError(f"{where}: tar member data runs past the end ({offset + size} > {total})")
+
+    return [(m.name, view[m.data_offset : m.data_offset + m.size]) for m in _walk_headers(
+        read_block, read_data, skip_data, where)]
+
+
+def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, bytes]]:
+    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data."""
+    position = 0
+    pending: list[bytes] = []
+
+    def read_exact(offset: int, size: int) -> bytes:
+        nonlocal position
+        if offset != position:
+            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
+        data = stream.read(size)
+        while len(data) < size:
+            more = stream.read(size - len(data))
+            if not more:
+                raise FormatError(f"{where}: truncated tar stream at offset {offset + len(data)}, "
+                                  f"expected {size - len(data)} more bytes")
+            data += more
+        position += size
+        return data
+
+    def read_block(offset: int) -> bytes | None:
+        nonlocal position
+        if offset != position:
+            read_exact(position, offset - position)  # padding after the previous member
+        block = stream.read(BLOCK)
+        position += len(block)
+        return block if block else None
+
+    def read_data(offset: int, size: int) -> bytes:
+        return read_exact(offset, size)
+
+    def skip_data(offset: int, size: int) -> None:
+        pending.append(read_exact(offset, size))
+
+    for member in _walk_headers(read_block, read_data, skip_data, where):
+        yield member, pending.pop()
+        pending.clear()
