@@ -1,0 +1,260 @@
+"""ShardDataset: a stateful IterableDataset that executes the epoch plan and resumes exactly.
+
+Each process (the main one, or each DataLoader worker) computes the same plan from the index, takes the
+batches of its rank and worker, reads and decodes only those samples, and yields collated batches. Every
+rank yields the same number of batches, so the state of rank 0 restores the whole job.
+
+Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
+workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
+sees iteration, so every batch carries ``epoch`` and ``batch_index`` and ``state_after(batch)`` gives the
+state to save after that batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .collate import collate, to_tensors
+from .decode import decode_audio
+from .errors import FormatError, OptionError, ShardioError, StateError
+from .index import Index
+from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
+from .reader import Reader, RetryPolicy
+from .state import LoaderState, combine, find_states
+from .world import World
+
+__all__ = ["ShardDataset", "Transform"]
+
+logger = logging.getLogger(__name__)
+
+Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
+"""``transform(sample, rng) -> sample``: runs per sample in the worker; ``rng`` is seeded by
+``(seed, epoch, key)``, so augmentation is the same after a resume and for any number of workers."""
+
+
+def _key_seed(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+class ShardDataset(IterableDataset):
+    """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
+
+    ``source`` is a dataset directory or URL (holding ``index.json``) or a loaded :class:`Index`. Batch
+    by ``batch_size`` or ``max_duration`` (padded seconds); with neither, single samples are yielded.
+    ``world`` gives the rank and world size explicitly; by default they come from ``torch.distributed``
+    or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
+    be read or decoded (listed in the batch's ``skipped``) while still yielding every planned batch.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
+                 max_duration: float | None = None, max_batch_size: int | None = None, remainder: str = "pad",
+                 shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
+                 mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
+                 on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy()) -> None:
+        super().__init__()
+        if on_error not in ("raise", "skip"):
+            raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise OptionError(f"seed must be a non-negative integer, not {seed!r}")
+        self.index = source if isinstance(source, Index) else Index.load(source)
+        self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
+                                 remainder=remainder)
+        self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
+        self.batched = batch_size is not None or max_duration is not None
+        self.seed = seed
+        self.mono, self.sample_rate, self.check_finite = mono, sample_rate, check_finite
+        self.transform = transform
+        self.on_error = on_error
+        self.retry = retry
+        self._explicit_world = world
+        self._world: World | None = world
+        self._plans: dict[tuple[Any, ...], EpochPlan] = {}
+        self._reader: Reader | None = None
+        self._reset(epoch=0)
+
+    # -- progress ----------------------------------------------------------------------------------
+
+    def _reset(self, epoch: int, history: tuple[Segment, ...] = (), start: int = 0) -> None:
+        self._epoch, self._history, self._start = epoch, history, start
+        self._skip = 0  # this worker's batches already yielded, from a worker-level (StatefulDataLoader) state
+        self._yielded = 0
+        self._running: World | None = None
+        self._finished = False
+        self._loaded = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept)."""
+        if epoch < 0:
+            raise OptionError(f"epoch must be non-negative, not {epoch}")
+        if not (self._loaded and epoch == self._epoch):
+            self._reset(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration plays (or the one being played)."""
+        return self._epoch
+
+    def ranks(self) -> World:
+        """Rank and world size: the explicit ``world``, else detected (and remembered in the main process)."""
+        if self._explicit_world is not None:
+            return replace(self._explicit_world, worker=0, num_workers=1)
+        if get_worker_info() is None or self._world is None:
+            self._world = World.detect()
+        return self._world
+
+    @property
+    def options(self) -> dict[str, object]:
+        """The options that shape the plan (a state records them)."""
+        return options_of(self.batching, self.ordering)
+
+    def _state(self, **fields: Any) -> LoaderState:
+        return LoaderState(epoch=self._epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
+                           world_size=self.ranks().world_size, history=self._history, start=self._start,
+                           **fields)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process stands: exact in the process that iterates (see the module docs)."""
+        running = self._running or World()
+        return self._state(yielded=self._yielded, worker=running.worker,
+                           num_workers=running.num_workers).to_dict()
+
+    def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The job state to save once ``batch`` (yielded by this dataset) has been consumed."""
+        try:
+            epoch, index = int(batch["epoch"]), int(batch["batch_index"])
+        except (KeyError, TypeError) as exc:
+            raise OptionError(f"state_after needs a batch yielded by ShardDataset (missing {exc})") from None
+        history = self._history if epoch == self._epoch else ()
+        return replace(self._state(), epoch=epoch, history=history, start=index + 1).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: a shardio state, or a whole ``StatefulDataLoader`` state dict.
+
+        It applies to the next iteration only. With the same world size the job continues onto exactly the
+        batches an uninterrupted run would have seen; with another world size (or worker count) every sample
+        not yet consumed in the epoch is consumed exactly once in the rest of it.
+        """
+        states = find_states(state)
+        world = self.ranks()
+        info = get_worker_info()
+        worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
+                        and (states[0].worker, states[0].num_workers) == (info.id, info.num_workers))
+        loaded = states[0] if worker_level else combine(states)
+        problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
+        if problems:
+            raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
+        if worker_level:
+            if loaded.world_size != world.world_size:
+                raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
+                                 f"{world.world_size}: load the loader's whole state into a fresh dataset instead")
+            self._reset(loaded.epoch, loaded.history, loaded.start)
+            self._skip = loaded.yielded
+        elif loaded.world_size == world.world_size:
+            self._reset(loaded.epoch, loaded.history, loaded.position)
+        else:
+            self._reset(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)))
+            logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
+                        loaded.world_size, world.world_size, loaded.position, loaded.epoch)
+        self._loaded = True
+        plan = self.plan()
+        if self._start > plan.num_batches:
+            raise StateError(f"the state is at batch {self._start} of epoch {self._epoch}, which has only "
+                             f"{plan.num_batches} batches per rank")
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan of ``epoch`` (default: the current one) for this world, after this epoch's segments."""
+        epoch = self._epoch if epoch is None else epoch
+        history = self._history if epoch == self._epoch else ()
+        world_size = self.ranks().world_size
+        key = (epoch, history, world_size)
+        if key not in self._plans:
+            batching = self.batching if self.batched else replace(self.batching, batch_size=1)
+            self._plans = {key: plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards),
+                                           seed=self.seed, epoch=epoch, world_size=world_size,
+                                           batching=batching, ordering=self.ordering, history=history)}
+            report = self._plans[key].report
+            if report["dropped"] or report["padded"] or report["excluded"]:
+                logger.info("epoch %d plan: %s", epoch, report)
+        return self._plans[key]
+
+    def __len__(self) -> int:
+        """Batches (or samples, when unbatched) this rank yields in the current epoch."""
+        return self.plan().num_batches
+
+    # -- iteration ---------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_reader"] = None
+        return state
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._finished:  # a persistent worker (or a re-iterated dataset) moves on to the next epoch
+            self._reset(self._epoch + 1)
+        self._loaded = False
+        world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
+        plan = self.plan()
+        epoch, skip = self._epoch, self._skip
+        self._running, self._yielded = world, skip
+        if self._reader is None:
+            self._reader = Reader(self.index, retry=self.retry)
+        for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
+            batch = self._load(plan.batch(world.rank, j), epoch)
+            batch["epoch"], batch["batch_index"] = epoch, j
+            self._yielded += 1
+            yield batch
+        self._finished = True
+
+    def _load(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
+        samples, skipped = [], []
+        for sample_id in ids.tolist():
+            try:
+                samples.append(self._sample(sample_id, epoch))
+            except ShardioError as exc:
+                if self.on_error == "raise":
+                    raise
+                key = self.index.keys[sample_id]
+                logger.warning("skipping sample %r: %s", key, exc)
+                skipped.append(f"{key}: {exc}")
+        if self.batched:
+            batch = collate(samples)
+        else:
+            batch = to_tensors(samples[0]) if samples else collate([])
+        batch["skipped"] = skipped
+        return batch
+
+    def _sample(self, sample_id: int, epoch: int) -> dict[str, Any]:
+        assert self._reader is not None
+        index, reader = self.index, self._reader
+        key = index.keys[sample_id]
+        shard = index.shards[int(index.columns["shard"][sample_id])].name
+        where = f"shard {shard}, key {key!r}, offset {int(index.columns['frame_offset'][sample_id])}"
+        members = reader.members(sample_id)
+        ext = index.formats[int(index.columns["format"][sample_id])]
+        if ext not in members:
+            raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
+        audio, rate = decode_audio(members[ext], ext, where=where, mono=self.mono, sample_rate=self.sample_rate,
+                                   check_finite=self.check_finite)
+        sample: dict[str, Any] = {"key": key, "audio": audio, "sample_rate": rate}
+        if "json" in members:
+            try:
+                meta = json.loads(bytes(members["json"]))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise FormatError(f"{where}: the json member is not valid JSON ({exc})") from None
+            sample.update({k: v for k, v in meta.items() if k not in sample})
+        elif "txt" in members:
+            sample["text"] = bytes(members["txt"]).decode("utf-8", errors="replace")
+        if self.transform is not None:
+            sample = self.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
+        return sample

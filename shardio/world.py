@@ -1,0 +1,59 @@
+"""World: which rank and which DataLoader worker this process is, detected in exactly one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from .errors import OptionError
+
+__all__ = ["World"]
+
+
+@dataclass(frozen=True)
+class World:
+    """The position of this process in the job: ``rank`` of ``world_size``, ``worker`` of ``num_workers``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise OptionError(f"rank {self.rank} is not within a world of size {self.world_size}")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise OptionError(f"worker {self.worker} is not within {self.num_workers} workers")
+
+    @classmethod
+    def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
+        """The ranks from the arguments, else ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+
+        The worker comes from ``torch.utils.data.get_worker_info()`` (0 of 1 outside a DataLoader worker).
+        """
+        if rank is None or world_size is None:
+            detected_rank, detected_size = _detect_ranks()
+            rank = detected_rank if rank is None else rank
+            world_size = detected_size if world_size is None else world_size
+        return cls(rank=rank, world_size=world_size).with_worker()
+
+    def with_worker(self) -> World:
+        """This world with the worker fields of the DataLoader worker process we run in, if any."""
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return replace(self, worker=0, num_workers=1)
+        return replace(self, worker=info.id, num_workers=info.num_workers)
+
+
+def _detect_ranks() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        raise OptionError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
+                          "are not integers") from None
