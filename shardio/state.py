@@ -119,7 +119,7 @@ def combine(states: Iterable[LoaderState]) -> LoaderState:
     """The job-level state from one job-level state, or from the states of all workers of one loader."""
     states = list(states)
     if not states:
-        raise StateError("no shardio loader state found")
+        raise StateError("not a shardio loader state: found no dict with format 'shardio-state' in it")
     if len(states) == 1 and states[0].num_workers == 1:
         return states[0]
     first = states[0]
