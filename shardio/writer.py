@@ -174,6 +174,12 @@ class ShardWriter:
                                           codec=self.compression))
         logger.debug("wrote shard %s: %d samples, %d bytes", name, self._samples, self._written)
 
+    def end_shard(self) -> None:
+        """Finish the current shard now; the next sample starts a new one (e.g. one shard per speaker)."""
+        if self._closed:
+            raise OptionError("this ShardWriter is closed")
+        self._finish_shard()
+
     def close(self) -> Index:
         """Finish the last shard and write the index (last). Returns the index."""
         if self._closed:

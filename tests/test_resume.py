@@ -38,7 +38,7 @@ def _write_dataset(directory: Path, shard_sizes: tuple[int, ...], seed: int) -> 
                                 subtype="PCM_16")
                 writer.write(f"s{shard:02d}_{i:03d}", {"wav": buffer.getvalue(), "json": b'{"text": "t"}'},
                              audio_ext="wav", num_frames=frames, sample_rate=8000, channels=1)
-            writer._finish_shard()  # roll: one shard per entry of shard_sizes
+            writer.end_shard()  # one shard per entry of shard_sizes
     return directory
 
 
