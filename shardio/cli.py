@@ -1,0 +1,185 @@
+"""The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``.
+
+Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
+``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`.
+Exit codes: 0 success, 1 ``verify`` found problems, 2 bad usage or a :class:`~shardio.errors.ShardioError`
+(its message on stderr, no traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+from .errors import ShardioError
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; expected a number with an optional unit "
+                                         "B, KB, MB, GB, KiB, MiB or GiB (e.g. 256MB)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+    return size
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+# -- pack --------------------------------------------------------------------------------------------
+
+def _add_pack(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("pack", help="pack a corpus into shards and an index",
+                                   description="Pack an audio folder, JSONL manifest, Kaldi data dir or TSV/CSV "
+                                               "into WebDataset-style shards plus a shardio index.")
+    parser.add_argument("input", help="the corpus: a folder, a .jsonl manifest, a Kaldi data dir or a .tsv/.csv")
+    parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet)")
+    parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv"),
+                        help="the corpus kind (default: detected from the input)")
+    parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
+                        help="roll to a new shard after this many tar bytes (default 256MB unless "
+                             "--samples-per-shard is given)")
+    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N")
+    parser.add_argument("--compression", choices=("none", "zstd"), default="none")
+    parser.add_argument("--zstd-level", type=int, default=3, metavar="LEVEL")
+    parser.add_argument("--transcode", choices=("flac", "wav"), default=None,
+                        help="re-encode the audio (default: keep the original bytes)")
+    parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("-j", "--workers", type=_positive, default=1, help="processes reading and validating")
+    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help="raise: stop and list every bad input (default); skip: pack the rest and list "
+                             "the bad ones in rejected.jsonl")
+    parser.add_argument("--require-text", action="store_true", help="reject inputs without a transcript")
+    parser.add_argument("--rewrite-keys", action="store_true",
+                        help="rewrite keys that break the {key}.{ext} rule (dots in names) instead of rejecting")
+    parser.add_argument("--prefix", default="shard", help="shard file name prefix (default 'shard')")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run_pack)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from .pack import REJECTED_FILE, pack
+
+    kind = "tsv" if args.kind == "csv" else args.kind
+    summary = pack(args.input, args.out_dir, kind=kind, samples_per_shard=args.samples_per_shard,
+                   shard_bytes=args.shard_size, compression=args.compression, zstd_level=args.zstd_level,
+                   transcode=args.transcode, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
+                   on_error=args.on_error, require_text=args.require_text, rewrite_keys=args.rewrite_keys,
+                   prefix=args.prefix, progress=not args.no_progress)
+    print(f"packed {summary.samples} samples ({summary.hours:.3f} h) into {summary.shards} shards, "
+          f"{summary.bytes / 1e6:.1f} MB, in {summary.seconds:.1f} s ({summary.mb_per_s:.1f} MB/s of input)")
+    if summary.rejected:
+        print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
+    return 0
+
+
+# -- inspect -----------------------------------------------------------------------------------------
+
+def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index")
+    parser.add_argument("directory", help="the dataset directory")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from .inspection import inspect_dataset, render_report
+
+    report = inspect_dataset(args.directory)
+    print(json.dumps(report, indent=1) if args.json else render_report(report))
+    return 0
+
+
+# -- verify ------------------------------------------------------------------------------------------
+
+def _add_verify(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)")
+    parser.add_argument("directory", help="the dataset directory")
+    parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
+    parser.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from .verification import verify_dataset
+
+    problems = verify_dataset(args.directory, decode=args.decode)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{args.directory}: {len(problems)} problems", file=sys.stderr)
+        return 1
+    print(f"{args.directory}: OK")
+    return 0
+
+
+# -- index -------------------------------------------------------------------------------------------
+
+def _add_index(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards")
+    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where to write the index (default: next to the shards)")
+    parser.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from .indexer import build_index
+
+    index = build_index(args.shards, out_dir=args.out)
+    print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
+          f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
+    return 0
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index]
+"""The functions that add each subcommand's parser, in the order ``--help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect and verify audio shards.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``shardio`` command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args))
+    except ShardioError as exc:
+        print(f"shardio {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"shardio {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

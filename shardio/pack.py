@@ -1,0 +1,212 @@
+"""pack: read a corpus, validate every input, and write the samples as shards plus an index.
+
+Each source's bytes are read and decoded once (see :mod:`shardio.preparation`; in a forkserver or spawn
+process pool when ``workers > 1``, whose results come back in input order, so the shards and index are
+byte-identical whatever the worker count). Audio keeps its
+original bytes unless ``transcode`` asks for FLAC or WAV, or the source is a segment of a recording (cut and
+encoded as FLAC, or WAV with ``transcode="wav"``). Metadata goes into a ``{key}.json`` member.
+
+With ``on_error="raise"`` the first failing input stops the writing (this run's shards are removed), the
+rest are still validated, and :class:`~shardio.errors.InputError` lists every failing input; no index is
+written. With ``on_error="skip"`` the failing inputs are left out and listed in ``rejected.jsonl``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import multiprocessing
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
+from .errors import InputError, InputProblem, OptionError
+from .preparation import Prepared, Task, prepare
+from .storage import write_atomic
+from .tarformat import key_problem
+from .writer import ShardWriter
+
+__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "pack", "rewrite_key"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_BYTES = 256 * 10**6
+"""Shard size (tar bytes) when neither ``samples_per_shard`` nor ``shard_bytes`` is given."""
+REJECTED_FILE = "rejected.jsonl"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MIN_TASKS_PER_WORKER = 16  # fewer inputs than this per worker are read in-process: a pool costs seconds to start
+
+
+@dataclass
+class PackSummary:
+    """What a :func:`pack` run wrote."""
+
+    shards: int
+    samples: int
+    hours: float
+    bytes: int
+    """Bytes of shards written."""
+    seconds: float
+    mb_per_s: float
+    """Input audio megabytes (10^6) read per second of the whole run."""
+    rejected: list[InputProblem] = field(default_factory=list)
+    input_bytes: int = 0
+
+
+def rewrite_key(key: str) -> str:
+    """``key`` made a valid WebDataset key: dots in the basename, control characters and '.'/'..' parts
+    become ``_``, empty path parts are dropped."""
+    parts = [part for part in _CONTROL.sub("_", key).split("/") if part]
+    parts = ["_" if part in (".", "..") else part for part in parts]
+    if parts:
+        parts[-1] = parts[-1].replace(".", "_")
+    return "/".join(parts)
+
+
+def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
+         samples_per_shard: int | None = None, shard_bytes: int | None = None, compression: str = "none",
+         zstd_level: int = 3, transcode: str | None = None, shuffle: bool = False, seed: int = 0, workers: int = 1,
+         on_error: str = "raise", require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
+         progress: bool = True) -> PackSummary:
+    """Pack the corpus at ``input`` into shards and an index under ``out_dir``; returns what was written.
+
+    ``kind``: the corpus kind (see :func:`shardio.corpus.read_corpus`), detected when None.
+    ``samples_per_shard`` / ``shard_bytes`` (tar bytes): roll to a new shard (256 MB when neither is given).
+    ``compression``: ``none`` (``.tar``) or ``zstd`` (``.tar.zst``, seekable frames) at ``zstd_level``.
+    ``transcode``: ``flac`` or ``wav`` re-encodes every input (PCM stays exact); None keeps the bytes.
+    ``shuffle``/``seed``: pack in a seeded random order. ``workers``: processes that read and validate.
+    ``on_error``: ``raise`` (:class:`~shardio.errors.InputError` listing every failing input, no index) or
+    ``skip`` (leave them out, listed in ``rejected.jsonl``). ``require_text``: a transcript is required.
+    ``rewrite_keys``: make keys that break the ``{key}.{ext}`` rule valid instead of rejecting them.
+    ``prefix``: shard file names are ``{prefix}-000000.tar``... ``progress``: a tqdm bar on stderr.
+    """
+    if transcode not in (None, "flac", "wav"):
+        raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
+    if on_error not in ("raise", "skip"):
+        raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise OptionError(f"workers must be a whole number >= 1, not {workers!r}")
+    if not -7 <= zstd_level <= 22:
+        raise OptionError(f"zstd_level must be between -7 and 22, not {zstd_level}")
+    started = time.perf_counter()
+    out = os.fspath(out_dir)
+    if samples_per_shard is None and shard_bytes is None:
+        shard_bytes = DEFAULT_SHARD_BYTES
+    before = _shard_files(out, prefix)
+    writer = ShardWriter(out, prefix=prefix, compression=compression, zstd_level=zstd_level,
+                         max_samples=samples_per_shard, max_bytes=shard_bytes)
+    try:
+        problems: list[InputProblem] = []
+        sources = list(read_corpus(input, kind, problems=problems))
+        if shuffle:
+            sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
+        tasks = _assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
+        if not sources and not problems:
+            problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
+                                         f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
+        writing = on_error == "skip" or not problems
+        samples = input_bytes = 0
+        with tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar:
+            for result in _results(tasks, workers):
+                bar.update()
+                if isinstance(result, InputProblem):
+                    problems.append(result)
+                    logger.info("rejected %s", result)
+                    if on_error == "raise" and writing:
+                        writing = False
+                        _discard(writer, out, prefix, before)
+                elif writing:
+                    writer.write(result.key, result.members, audio_ext=result.audio_ext, num_frames=result.num_frames,
+                                 sample_rate=result.sample_rate, channels=result.channels)
+                    samples += 1
+                    input_bytes += result.input_bytes
+        if (problems and on_error == "raise") or samples == 0:
+            raise InputError(problems or [InputProblem(os.fspath(input), "", "no sample was packed")])
+        if on_error == "skip":
+            if problems:
+                logger.warning("%d inputs rejected; see %s", len(problems), os.path.join(out, REJECTED_FILE))
+            lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
+                                ensure_ascii=False) + "\n" for p in problems]
+            write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
+        index = writer.close()
+    except BaseException:
+        _discard(writer, out, prefix, before)
+        raise
+    seconds = time.perf_counter() - started
+    summary = PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
+                          bytes=sum(s.bytes for s in index.shards), seconds=seconds,
+                          mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes)
+    logger.info("packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected", summary.samples,
+                summary.hours, summary.shards, out, seconds, len(problems))
+    return summary
+
+
+def _shard_files(out: str, prefix: str) -> dict[str, tuple[int, int]]:
+    """The shard-named files in ``out``, each with its inode and modification time."""
+    files = {}
+    for path in glob.glob(os.path.join(glob.escape(out), f"{prefix}-[0-9]*.tar*")):
+        stat = os.stat(path)
+        files[path] = (stat.st_ino, stat.st_mtime_ns)
+    return files
+
+
+def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple[int, int]]) -> None:
+    """Abort the writer and remove the shards this run finished (not files that were there before it): with
+    no index written, no shard of this run may stay under a final name."""
+    writer.abort()
+    for path, stamp in _shard_files(out, prefix).items():
+        if before.get(path) != stamp:
+            os.unlink(path)
+
+
+def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
+                 require_text: bool) -> list[Task]:
+    """The checks that need no audio: format extension, key rule, unique keys, transcript."""
+    tasks: list[Task] = []
+    seen: dict[str, Source] = {}
+    for source in sources:
+        key = rewrite_key(source.key) if rewrite else source.key
+        was = f" (rewritten from {source.key!r})" if key != source.key else ""
+        reason = None
+        if source.ext not in AUDIO_EXTENSIONS:
+            reason = (f"unknown audio format extension {'.' + source.ext if source.ext else '(none)'}; expected "
+                      f"one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)}")
+        elif (problem := key_problem(key)) is not None:
+            hint = "" if rewrite else "; pass rewrite_keys=True (--rewrite-keys) to rewrite it"
+            reason = f"key {key!r}{was} breaks the '{{key}}.{{ext}}' member rule: {problem}{hint}"
+        elif key in seen:
+            other = seen[key]
+            other_was = f" (rewritten from {other.key!r})" if other.key != key else ""
+            reason = f"duplicate key {key!r}{was}: {other.where} has the same key{other_was}"
+        elif require_text and not str(source.meta.get("text") or "").strip():
+            reason = "no transcript: require_text asks for a non-empty 'text' for every input"
+        if reason is not None:
+            problems.append(InputProblem(source.where, key, reason))
+            continue
+        seen[key] = source
+        tasks.append(Task(source, key, transcode))
+    return tasks
+
+
+def _results(tasks: Sequence[Task], workers: int) -> Iterator[Prepared | InputProblem]:
+    """Each task's result, in task order (so the output does not depend on ``workers``)."""
+    if workers <= 1 or len(tasks) < _MIN_TASKS_PER_WORKER * workers:
+        yield from map(prepare, tasks)
+        return
+    # Never a plain fork of a process that may hold threads (tqdm, torch) and locks. The forkserver imports
+    # shardio once and forks each worker from it; spawn would import it (and torch) in every worker.
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+    else:
+        context = multiprocessing.get_context("spawn")
+    with context.Pool(workers) as pool:
+        yield from pool.imap(prepare, tasks, chunksize=8)
