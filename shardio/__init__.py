@@ -3,7 +3,8 @@
 The public API is what this module exports; everything else is private and may change.
 """
 
-from .dataset import ShardDataset, Transform
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     DecodeError,
     FormatError,
@@ -22,7 +23,19 @@ from .state import LoaderState
 from .world import World
 from .writer import ShardWriter
 
+if TYPE_CHECKING:
+    from .dataset import ShardDataset, Transform
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # ShardDataset needs torch; importing it lazily keeps `shardio pack` and its workers quick to start.
+    if name in ("ShardDataset", "Transform"):
+        from . import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module 'shardio' has no attribute {name!r}")
 
 __all__ = [
     "__version__",

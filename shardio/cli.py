@@ -1,4 +1,4 @@
-"""The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``.
+"""The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``, ``demo``.
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`.
@@ -152,13 +152,42 @@ def _run_index(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index]
+# -- demo --------------------------------------------------------------------------------------------
+
+def _add_demo(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="the main job on a built-in synthetic corpus",
+                                   description="Make a small synthetic speech corpus, pack it, read one epoch back "
+                                               "through ShardDataset, interrupt and resume it, print a summary.")
+    parser.add_argument("out_dir", nargs="?", default="demo-out", help="where to write (default: demo-out)")
+    parser.add_argument("--files", type=_positive, default=200, help="utterances to make (default 200)")
+    parser.add_argument("-j", "--workers", type=int, default=2, help="DataLoader and pack workers (default 2)")
+    parser.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    summary = run_demo(args.out_dir, num_files=args.files, workers=args.workers)
+    print(f"corpus:   {summary['files']} synthetic utterances, {summary['hours'] * 60:.1f} min, in "
+          f"{summary['corpus_dir']} ({summary['synth_seconds']:.1f} s)")
+    print(f"packed:   {summary['shards']} zstd shards, {summary['bytes'] / 1e6:.1f} MB, in {summary['dataset_dir']} "
+          f"({summary['pack_seconds']:.1f} s)")
+    print(f"read:     {summary['read_back_samples']} samples in {summary['read_back_batches']} batches "
+          f"(max 30 padded seconds each) through ShardDataset + DataLoader({args.workers} workers)")
+    print(f"resumed:  interrupted at batch {summary['resumed_at_batch']}, resumed from the saved state: "
+          f"the same keys as an uninterrupted epoch ({summary['read_back_seconds']:.1f} s)")
+    print(f"next:     shardio inspect {summary['dataset_dir']}")
+    return 0
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index,
+                                                                  _add_demo]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect and verify audio shards.")
+    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio shards.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
