@@ -17,6 +17,7 @@ from .errors import (
     StateError,
 )
 from .index import Index, ShardInfo
+from .mix import EpochSize, Mix
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
 from .reader import RetryPolicy
 from .state import LoaderState
@@ -25,6 +26,7 @@ from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset, Transform
+    from .mixed import MixedDataset
 
 __version__ = "0.1.0"
 
@@ -35,11 +37,18 @@ def __getattr__(name: str) -> Any:
         from . import dataset
 
         return getattr(dataset, name)
+    if name == "MixedDataset":
+        from .mixed import MixedDataset
+
+        return MixedDataset
     raise AttributeError(f"module 'shardio' has no attribute {name!r}")
 
 __all__ = [
     "__version__",
     "ShardDataset",
+    "MixedDataset",
+    "Mix",
+    "EpochSize",
     "Transform",
     "ShardWriter",
     "Index",

@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from .decode import decode_audio
 from .errors import FormatError, OptionError, ShardioError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
-from .reader import Reader, RetryPolicy
+from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
 from .world import World
 
@@ -50,24 +50,35 @@ class ShardDataset(IterableDataset):
 
     ``source`` is a dataset directory or URL (holding ``index.json``) or a loaded :class:`Index`. Batch
     by ``batch_size`` or ``max_duration`` (padded seconds); with neither, single samples are yielded.
+    ``num_buckets`` or ``duration_bins`` form batches within duration buckets (less padding; the batch
+    order is shuffled per epoch); ``quadratic_duration``, ``min_duration`` and ``max_sample_duration``
+    are the cost and filters of :class:`~shardio.plan.Batching`.
     ``world`` gives the rank and world size explicitly; by default they come from ``torch.distributed``
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
-    be read or decoded (listed in the batch's ``skipped``) while still yielding every planned batch.
+    be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
+    planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
+    :meth:`Index.load`); ``retry`` bounds the retries of remote reads.
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
                  max_duration: float | None = None, max_batch_size: int | None = None, remainder: str = "pad",
-                 shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
+                 num_buckets: int | None = None, duration_bins: Sequence[float] | None = None,
+                 quadratic_duration: float | None = None, min_duration: float | None = None,
+                 max_sample_duration: float | None = None, shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
-                 on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy()) -> None:
+                 on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
+                 storage_options: dict[str, Any] | None = None) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not isinstance(seed, int) or seed < 0:
             raise OptionError(f"seed must be a non-negative integer, not {seed!r}")
-        self.index = source if isinstance(source, Index) else Index.load(source)
+        self.index = source if isinstance(source, Index) else Index.load(source, storage_options)
         self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
-                                 remainder=remainder)
+                                 remainder=remainder, num_buckets=num_buckets,
+                                 duration_bins=tuple(duration_bins) if duration_bins is not None else None,
+                                 quadratic_duration=quadratic_duration, min_duration=min_duration,
+                                 max_sample_duration=max_sample_duration)
         self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed
@@ -194,6 +205,14 @@ class ShardDataset(IterableDataset):
 
     # -- iteration ---------------------------------------------------------------------------------
 
+    @property
+    def stats(self) -> ReadStats:
+        """This process's loading counters (samples, skipped by error type, retries); each DataLoader worker
+        keeps its own, so in the training process they stay zero: there, count each batch's ``skipped``."""
+        if self._reader is None:
+            self._reader = Reader(self.index, retry=self.retry)
+        return self._reader.stats
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"] = None
@@ -227,6 +246,8 @@ class ShardDataset(IterableDataset):
                 key = self.index.keys[sample_id]
                 logger.warning("skipping sample %r: %s", key, exc)
                 skipped.append(f"{key}: {exc}")
+                self.stats.skip(exc)
+        self.stats.samples += len(samples)
         if self.batched:
             batch = collate(samples)
         else:
@@ -238,8 +259,7 @@ class ShardDataset(IterableDataset):
         assert self._reader is not None
         index, reader = self.index, self._reader
         key = index.keys[sample_id]
-        shard = index.shards[int(index.columns["shard"][sample_id])].name
-        where = f"shard {shard}, key {key!r}, offset {int(index.columns['frame_offset'][sample_id])}"
+        where = reader.where(sample_id)
         members = reader.members(sample_id)
         ext = index.formats[int(index.columns["format"][sample_id])]
         if ext not in members:

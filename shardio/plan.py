@@ -9,7 +9,10 @@ The steps:
 1. **Order** (:func:`epoch_order`): shards are permuted per epoch, then samples are shuffled within
    windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
 2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
-   ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest).
+   ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
+   With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
+   duration bucket, batches form within a bucket, and the batch order is shuffled within each window
+   (:mod:`shardio.bucketing`). Samples outside ``[min_duration, max_sample_duration]`` are left out.
 3. **Deal** (:func:`deal`): batch ``j * world_size + r`` goes to rank ``r``. The last partial round is
    padded by repeating batches from the start of the epoch, or dropped (``remainder``); so every rank has
    exactly the same number of batches, by construction.
@@ -24,16 +27,18 @@ never of ``seed + epoch`` and never a mutated counter.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from . import bucketing
 from .errors import OptionError
 
 __all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "epoch_order", "batch_offsets", "deal", "plan_epoch",
-           "worker_batches", "rng"]
+           "plan_segments", "worker_batches", "options_of", "rng"]
 
-_SHARDS, _SAMPLES = 1, 2
+_SHARDS, _SAMPLES, _BATCHES = 1, 2, 3
 _REMAINDERS = ("pad", "drop")
 
 
@@ -61,10 +66,21 @@ class Batching:
 
     batch_size: int | None = None
     max_duration: float | None = None
-    """Padded seconds per batch: batch size x the longest sample's duration."""
+    """Padded seconds per batch: batch size x the longest sample's cost (its duration, or see
+    ``quadratic_duration``)."""
     max_batch_size: int | None = None
     remainder: str = "pad"
     """``pad``: repeat batches from the epoch start to fill the last round; ``drop``: drop that round."""
+    num_buckets: int | None = None
+    """Bucket by duration into this many buckets of about equal total duration (estimated from the index)."""
+    duration_bins: tuple[float, ...] | None = None
+    """Explicit bucket edges in seconds (increasing): ``len(duration_bins) + 1`` buckets."""
+    quadratic_duration: float | None = None
+    """``Q``: a sample of ``d`` seconds costs ``d + d**2 / Q`` toward ``max_duration`` (as in Lhotse)."""
+    min_duration: float | None = None
+    """Leave out samples shorter than this many seconds."""
+    max_sample_duration: float | None = None
+    """Leave out samples longer than this many seconds."""
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.max_duration is not None:
@@ -77,6 +93,16 @@ class Batching:
             raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
         if self.remainder not in _REMAINDERS:
             raise OptionError(f"remainder must be one of {_REMAINDERS}, not {self.remainder!r}")
+        bucketing.check_options(self)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether batches form within duration buckets (and the batch order is shuffled)."""
+        return self.num_buckets is not None or self.duration_bins is not None
+
+    def eligible(self, durations: np.ndarray) -> np.ndarray:
+        """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
+        return bucketing.eligible(durations, self)
 
 
 @dataclass(frozen=True)
@@ -97,12 +123,13 @@ class EpochPlan:
     rank_batches: np.ndarray
     """``rank_batches[r, j]``: the global batch number of rank ``r``'s ``j``-th batch."""
     excluded: int = 0
-    """Samples left out because they alone exceed ``max_duration``."""
+    """Samples left out: alone above ``max_duration``, or outside the duration filters."""
     dropped: int = 0
     """Samples in the dropped last round (``remainder='drop'``)."""
     padded: int = 0
     """Samples repeated to fill the last round (``remainder='pad'``)."""
-    report: dict[str, int] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    """What the plan did, for logs: counts, ``padding_ratio`` (padded seconds that are not audio), ..."""
 
     @property
     def world_size(self) -> int:
@@ -120,59 +147,53 @@ class EpochPlan:
         return self.samples[self.offsets[b] : self.offsets[b + 1]]
 
     def consumed_samples(self, consumed: int) -> np.ndarray:
-        """Sample ids in the first ``consumed`` batches of every rank (with repeats, if padded)."""
+        """Sample ids in the first ``consumed`` batches of every rank, each once (padding's repeats collapse)."""
         taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
         taken[self.rank_batches[:, :consumed].ravel()] = True
         return self.samples[np.repeat(taken, np.diff(self.offsets))]
 
 
+def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
+                 key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The sample order for RNG ``key`` (``(seed, epoch)`` or longer), and every sample's shard window.
+
+    Shards are permuted, samples shuffled within windows of ``shuffle_shards`` consecutive shards;
+    ``windows[id]`` is sample ``id``'s window number, which does not decrease along the order.
+    """
+    n = shard_ids.shape[0]
+    if not ordering.shuffle:
+        windows = shard_ids.astype(np.int64) // ordering.shuffle_shards
+        return np.argsort(shard_ids, kind="stable").astype(np.int64), windows
+    position = np.empty(num_shards, dtype=np.int64)
+    position[rng(*key, _SHARDS).permutation(num_shards)] = np.arange(num_shards)
+    window = position[shard_ids] // ordering.shuffle_shards
+    # Stable: equal keys (rare) keep id order; numpy's default sort differs per CPU (SIMD), a stable one does not.
+    order = np.argsort((window << 32) | rng(*key, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64), kind="stable")
+    return order.astype(np.int64), window
+
+
 def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int,
                 ordering: Ordering = Ordering()) -> np.ndarray:
     """All sample ids in this epoch's order: shards permuted, samples shuffled within shard windows."""
-    n = shard_ids.shape[0]
-    if not ordering.shuffle:
-        return np.argsort(shard_ids, kind="stable").astype(np.int64)
-    position = np.empty(num_shards, dtype=np.int64)
-    position[rng(seed, epoch, _SHARDS).permutation(num_shards)] = np.arange(num_shards)
-    window = position[shard_ids] // ordering.shuffle_shards
-    key = (window << 32) | rng(seed, epoch, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64)
-    return np.argsort(key).astype(np.int64)
+    return window_order(shard_ids, num_shards, ordering, (seed, epoch))[0]
 
 
-BLOCK = 2048
-"""Greedy duration batching runs in lockstep over blocks of this many samples; no batch spans two blocks."""
+BLOCK = bucketing.BLOCK
 
 
-def batch_offsets(durations: np.ndarray, batching: Batching) -> np.ndarray:
+def batch_offsets(durations: np.ndarray, batching: Batching, starts: np.ndarray | None = None) -> np.ndarray:
     """Batch boundaries over samples taken in the given order: batch b is ``[offsets[b], offsets[b+1])``.
 
-    With ``max_duration`` a batch grows greedily while ``count x longest <= max_duration`` (and
-    ``count <= max_batch_size``). To stay vectorised, the greedy pass runs over all blocks of
-    :data:`BLOCK` samples at once, one sample position per step, so a batch never spans two blocks.
+    With ``max_duration`` a batch grows greedily while ``count x cost(longest) <= max_duration`` (and
+    ``count <= max_batch_size``), in lockstep over blocks of :data:`BLOCK` samples, so a batch never spans
+    two blocks (:func:`shardio.bucketing.greedy_offsets`). ``starts`` (optional, per position) marks
+    where a new batch must start, e.g. at a bucket change.
     """
-    n = durations.shape[0]
-    if n == 0:
-        return np.zeros(1, dtype=np.int64)
     if batching.max_duration is None:
-        return np.append(np.arange(0, n, batching.batch_size or 1, dtype=np.int64), n)
-    limit = batching.max_duration * (1 + 1e-9)
-    cap = batching.max_batch_size or BLOCK
-    blocks = -(-n // BLOCK)
-    padded = np.zeros(blocks * BLOCK, dtype=np.float64)
-    padded[:n] = durations
-    columns = padded.reshape(blocks, BLOCK).T.copy()  # row s: sample s of every block
-    starts = np.zeros((BLOCK, blocks), dtype=bool)
-    longest = np.zeros(blocks, dtype=np.float64)
-    count = np.zeros(blocks, dtype=np.int64)
-    for step in range(BLOCK):
-        sample = columns[step]
-        grown = np.maximum(longest, sample)
-        new = (grown * (count + 1) > limit) | (count >= cap) | (step == 0)
-        starts[step] = new
-        longest = np.where(new, sample, grown)
-        count = np.where(new, 1, count + 1)
-    positions = np.flatnonzero(starts.T.ravel())
-    return np.append(positions[positions < n], n).astype(np.int64)
+        return bucketing.fixed_offsets(durations.shape[0], batching.batch_size or 1, starts)
+    costs = bucketing.sample_cost(durations, batching.quadratic_duration)
+    return bucketing.greedy_offsets(costs, batching.max_duration * (1 + 1e-9),
+                                    batching.max_batch_size or BLOCK, starts)
 
 
 def deal(num_batches: int, world_size: int, remainder: str) -> tuple[np.ndarray, np.ndarray]:
@@ -187,21 +208,78 @@ def deal(num_batches: int, world_size: int, remainder: str) -> tuple[np.ndarray,
     return chosen.reshape(per_rank, world_size).T.copy(), left_out
 
 
-def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int) -> EpochPlan:
-    excluded = 0
-    if batching.max_duration is not None:
-        fits = durations[order] <= batching.max_duration * (1 + 1e-9)
-        excluded = int(order.shape[0] - fits.sum())
-        order = order[fits]
-    offsets = batch_offsets(durations[order], batching)
+@dataclass(frozen=True)
+class _Grouping:
+    windows: np.ndarray  # per id: its window (batches never span windows; batch order shuffles within)
+    buckets: np.ndarray  # per id: its bucket key (batches never span buckets)
+    generator: np.random.Generator | None  # shuffles batches within windows; None keeps them in order
+
+
+def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
+                  grouping: _Grouping | None = None, limit: int | None = None) -> EpochPlan:
+    fits = batching.eligible(durations[order])
+    excluded = int(order.shape[0] - fits.sum())
+    order = order[fits]
+    starts = None
+    if grouping is not None:
+        runs = np.cumsum(bucketing.group_starts(grouping.windows[order])) - 1  # windows arrive in runs
+        key = runs * (int(grouping.buckets.max(initial=0)) + 1) + grouping.buckets[order]
+        sort = bucketing.stable_order(key)
+        order, starts = order[sort], bucketing.group_starts(key[sort])
+    offsets = batch_offsets(durations[order], batching, starts)
+    if grouping is not None and offsets.shape[0] > 1:
+        perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
+        order, offsets = bucketing.reorder_batches(order, offsets, perm)
+    report: dict[str, Any] = {"padding_ratio": round(bucketing.padding_ratio(durations[order], offsets), 6)}
     num_batches = offsets.shape[0] - 1
+    if limit is not None and num_batches:
+        # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
+        kept = int(offsets[min(limit, num_batches)])
+        report.update(skipped=int(order.shape[0]) - kept, repeated=0)
+        order, offsets = bucketing.reorder_batches(order, offsets, np.arange(limit, dtype=np.int64) % num_batches)
+        report["repeated"] = max(0, int(order.shape[0]) - kept)
+        num_batches = limit
     if num_batches == 0:
-        return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded)
+        return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded, report=report)
     rank_batches, left_out = deal(num_batches, world_size, batching.remainder)
     sizes = np.diff(offsets)
     dropped = int(sizes[left_out].sum())
     padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
-    return EpochPlan(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded)
+    return EpochPlan(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded, report=report)
+
+
+def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch: int, world_size: int,
+                  batching: Batching, history: Sequence[Segment] = (), windows: np.ndarray | None = None,
+                  buckets: np.ndarray | None = None, shuffle: bool = True, purpose: tuple[int, ...] = (),
+                  limit: int | None = None) -> EpochPlan:
+    """Plan an explicit ``order`` of distinct ids (into ``durations``): the core of every planner.
+
+    Each segment of ``history`` is re-planned as it was played and the samples it consumed are taken out
+    of ``order``; the rest is planned for ``world_size``. With ``windows`` and ``buckets`` (per id), the
+    order is sorted by (window, bucket) — stably, so the order within a bucket is kept —, batches form
+    within buckets and, with ``shuffle``, the batch order is shuffled within windows by
+    ``rng(seed, epoch, *purpose, 3, segment)``. ``limit``: the first segment has exactly that many batches
+    (cut, or filled by repeating), and later segments plan only what it held.
+    """
+    def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
+        grouping = None
+        if windows is not None and buckets is not None:
+            generator = rng(seed, epoch, *purpose, _BATCHES, number) if shuffle else None
+            grouping = _Grouping(windows, buckets, generator)
+        return _plan_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
+
+    for number, finished in enumerate(history):
+        plan = segment(number, order, finished.world_size)
+        if not 0 <= finished.consumed <= plan.num_batches:
+            raise OptionError(f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}")
+        if number == 0 and limit is not None:
+            held = np.zeros(durations.shape[0], dtype=bool)
+            held[plan.samples] = True
+            order = order[held[order]]
+        done = np.zeros(durations.shape[0], dtype=bool)
+        done[plan.consumed_samples(finished.consumed)] = True
+        order = order[~done[order]]
+    return segment(len(history), order, world_size)
 
 
 def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *, seed: int, epoch: int,
@@ -217,20 +295,23 @@ def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *,
         raise OptionError(f"seed must be a non-negative integer, not {seed}")
     if shard_ids.shape != durations.shape:
         raise OptionError("shard_ids and durations must have the same shape")
-    order = epoch_order(shard_ids, num_shards, seed=seed, epoch=epoch, ordering=ordering)
-    for segment in history:
-        plan = _plan_segment(order, durations, batching, segment.world_size)
-        if not 0 <= segment.consumed <= plan.num_batches:
-            raise OptionError(f"a segment consumed {segment.consumed} batches of a plan with {plan.num_batches}")
-        done = np.zeros(shard_ids.shape[0], dtype=bool)
-        done[plan.consumed_samples(segment.consumed)] = True
-        order = order[~done[order]]
-    plan = _plan_segment(order, durations, batching, world_size)
-    report = {"samples": int(shard_ids.shape[0]), "planned": int(plan.samples.shape[0]),
+    order, windows = window_order(shard_ids, num_shards, ordering, (seed, epoch))
+    buckets, extra = None, {}
+    if batching.bucketed:
+        edges = bucketing.bucket_edges(durations, batching)
+        buckets, extra = bucketing.bucket_of(durations, edges), {"bucket_edges": edges.round(6).tolist()}
+    plan = plan_segments(order, durations, seed=seed, epoch=epoch, world_size=world_size, batching=batching,
+                         history=history, windows=windows if batching.bucketed else None, buckets=buckets,
+                         shuffle=ordering.shuffle)
+    return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
+
+
+def with_report(plan: EpochPlan, **extra: Any) -> EpochPlan:
+    """``plan`` with its report filled in: the counts and the padding ratio, plus ``extra`` entries."""
+    report = {"samples": int(plan.samples.shape[0]), "planned": int(plan.samples.shape[0]),
               "batches_per_rank": plan.num_batches, "excluded": plan.excluded, "dropped": plan.dropped,
-              "padded": plan.padded}
-    return EpochPlan(plan.samples, plan.offsets, plan.rank_batches, plan.excluded, plan.dropped, plan.padded,
-                     report)
+              "padded": plan.padded, **plan.report, **extra}
+    return replace(plan, report=report)
 
 
 def worker_batches(num_batches: int, start: int, worker: int, num_workers: int) -> range:
@@ -243,5 +324,9 @@ def worker_batches(num_batches: int, start: int, worker: int, num_workers: int) 
 
 
 def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
-    """The options that shape a plan, as a JSON-ready dict (recorded in a state)."""
-    return {**asdict(batching), **asdict(ordering)}
+    """The options that shape a plan, as a JSON-ready dict (recorded in a state): the JSON round trip of
+    the result compares equal to it (tuples become lists)."""
+    options: dict[str, object] = {**asdict(batching), **asdict(ordering)}
+    if batching.duration_bins is not None:
+        options["duration_bins"] = list(batching.duration_bins)
+    return options

@@ -15,7 +15,7 @@ from shardio.plan import Segment
 from shardio.state import LoaderState, combine, find_states
 
 PUBLIC = {
-    "__version__", "ShardDataset", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
+    "__version__", "ShardDataset", "MixedDataset", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
     "StateError",

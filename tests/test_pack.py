@@ -118,6 +118,7 @@ def test_workers_give_byte_identical_shards_index_and_report(wav_corpus: Path, t
     one = pack(corpus, tmp_path / "j1", workers=1, **options)
     two = pack(corpus, tmp_path / "j2", workers=2, **options)
     assert (one.samples, one.shards, len(one.rejected)) == (40, 3, 1)
+    assert (two.samples, two.shards, two.rejected) == (one.samples, one.shards, one.rejected)
     assert dataset_files(tmp_path / "j1") == dataset_files(tmp_path / "j2")
     assert "rejected.jsonl" in dataset_files(tmp_path / "j1")
 

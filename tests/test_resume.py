@@ -238,6 +238,7 @@ def test_elastic_resume_consumes_the_rest_exactly_once(dataset_dir: Path, old: i
 @given(data=st.data())
 def test_any_stops_resume_exactly(dataset_dir: Path, data: st.DataObject) -> None:
     options = data.draw(st.sampled_from([{"max_duration": 1.5}, {"batch_size": 4, "max_duration": None},
+                                         {"max_duration": 1.5, "num_buckets": 3, "quadratic_duration": 20.0},
                                          {"batch_size": None, "max_duration": None}]))
     epoch = data.draw(st.integers(0, 3))
     expected = uninterrupted(dataset_dir, epoch=epoch, **options)

@@ -1,0 +1,155 @@
+"""MixedDataset: a ShardDataset over several corpora mixed by weight, planned by :mod:`shardio.mix`.
+
+Every sample and batch records its corpus; one state (with every index fingerprint and the mix options)
+describes the whole mix, with the same resume and equal-batch guarantees as a single corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .dataset import ShardDataset
+from .errors import OptionError
+from .index import Index
+from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
+from .plan import Batching, EpochPlan, options_of
+from .storage import join
+
+__all__ = ["MixIndex", "MixedDataset"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MixIndex(Index):
+    """Several indexes as one: columns concatenated in corpus-name order, shards named by full location.
+
+    Global sample id ``offsets[c] + i`` is sample ``i`` of corpus ``names[c]``; keys load lazily from the
+    parts. The fingerprint hashes the corpus names and their index fingerprints.
+    """
+
+    names: list[str] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    shard_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    parts: list[Index] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def combine(cls, indexes: Mapping[str, Index]) -> MixIndex:
+        """The combined index of ``indexes`` (name to index)."""
+        names = sorted(indexes)
+        formats: list[str] = []
+        shards, columns = [], []
+        for name in names:
+            index = indexes[name]
+            remap = np.array([_position(formats, ext) for ext in index.formats] or [0], dtype=np.uint8)
+            part = dict(index.columns)
+            part["shard"] = (part["shard"] + len(shards)).astype(np.uint32)
+            part["format"] = remap[part["format"]]
+            columns.append(part)
+            shards += [replace(s, name=join(index.root, s.name)) for s in index.shards]
+        merged = {column: np.concatenate([part[column] for part in columns]) for column in columns[0]}
+        remote = [indexes[n].storage_options for n in names if indexes[n].storage_options is not None]
+        if any(options != remote[0] for options in remote):
+            raise OptionError("the corpora have different storage_options; a mix reads every shard with one set")
+        fingerprint = hashlib.sha256(json.dumps([[n, indexes[n].fingerprint] for n in names]).encode()).hexdigest()
+        return cls(root="", shards=shards, formats=formats, columns=merged, fingerprint=fingerprint[:32],
+                   names=names, offsets=corpus_offsets([len(indexes[n]) for n in names]),
+                   shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
+                   parts=[replace(indexes[n], columns={}) for n in names],
+                   storage_options=remote[0] if remote else None)
+
+    @property
+    def keys(self) -> list[str]:
+        """Every sample's key, in global id order (loaded from the parts on first use)."""
+        if self._keys is None:
+            self._keys = [key for part in self.parts for key in part.keys]
+        return self._keys
+
+    def corpus(self, sample_id: int) -> str:
+        """The name of the corpus global id ``sample_id`` belongs to."""
+        return self.names[int(np.searchsorted(self.offsets, sample_id, side="right")) - 1]
+
+    def columns_of(self) -> dict[str, CorpusColumns]:
+        """Each corpus's planner columns (views into the combined ones)."""
+        shard = self.columns["shard"].astype(np.int64)
+        return {name: CorpusColumns(shard[self.offsets[c]:self.offsets[c + 1]] - self.shard_offsets[c],
+                                    self.durations[self.offsets[c]:self.offsets[c + 1]],
+                                    int(self.shard_offsets[c + 1] - self.shard_offsets[c]))
+                for c, name in enumerate(self.names)}
+
+    def save(self, directory: str | None = None) -> None:
+        """A combined index lives in memory only; save each corpus's own index instead."""
+        raise OptionError("a MixIndex is not saved: each corpus keeps its own index")
+
+
+def _position(items: list[str], item: str) -> int:
+    if item not in items:
+        items.append(item)
+    return items.index(item)
+
+
+class MixedDataset(ShardDataset):
+    """A weighted mix of several shardio datasets, planned and resumed as one :class:`ShardDataset`.
+
+    ``sources`` maps corpus names to dataset locations (or loaded indexes); ``weights`` maps the same names
+    to their shares; ``epoch_size`` says what an epoch is. Batching is ``batching`` (a :class:`Batching`,
+    for bucketing and duration filters) or the ``batch_size``/``max_duration``/... shortcuts. Every other
+    keyword is :class:`ShardDataset`'s. Each sample carries ``corpus`` (a batch: ``batch["corpus"]``, a
+    list). ``state_dict()`` is one state for the whole mix; it records every corpus's index fingerprint
+    and the mix options, and refuses to load into a different mix.
+    """
+
+    index: MixIndex
+
+    def __init__(self, sources: Mapping[str, str | os.PathLike[str] | Index], weights: Mapping[str, float],
+                 epoch_size: EpochSize, *, weight_by: str = "duration", single_corpus_batches: bool = False,
+                 batching: Batching | None = None, batch_size: int | None = None, max_duration: float | None = None,
+                 max_batch_size: int | None = None, remainder: str = "pad", **options: Any) -> None:
+        shortcuts = (batch_size, max_duration, max_batch_size)
+        if batching is not None and (any(v is not None for v in shortcuts) or remainder != "pad"):
+            raise OptionError("give batching, or batch_size/max_duration/max_batch_size/remainder, not both")
+        batching = batching or Batching(batch_size=batch_size, max_duration=max_duration,
+                                        max_batch_size=max_batch_size, remainder=remainder)
+        self.mix = Mix(weights, epoch_size, weight_by, single_corpus_batches)
+        if set(sources) != set(self.mix.weights):
+            raise OptionError(f"sources name corpora {sorted(sources)}, weights name {sorted(self.mix.weights)}")
+        storage = options.get("storage_options")
+        indexes = {n: s if isinstance(s, Index) else Index.load(s, storage) for n, s in sources.items()}
+        super().__init__(MixIndex.combine(indexes), remainder=batching.remainder, **options)
+        self.batching = batching
+        self.batched = batching.batch_size is not None or batching.max_duration is not None
+
+    @property
+    def options(self) -> dict[str, object]:
+        """The options that shape the plan, including the mix and each corpus's index fingerprint."""
+        parts = {part_name: part.fingerprint for part_name, part in zip(self.index.names, self.index.parts)}
+        return {**options_of(self.batching, self.ordering), "mix": self.mix.options(), "corpora": parts}
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The mix's plan of ``epoch`` (default: the current one) for this world, after this epoch's segments."""
+        epoch = self._epoch if epoch is None else epoch
+        history = self._history if epoch == self._epoch else ()
+        world_size = self.ranks().world_size
+        key = (epoch, history, world_size)
+        if key not in self._plans:
+            batching = self.batching if self.batched else replace(self.batching, batch_size=1)
+            self._plans = {key: plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch,
+                                         world_size=world_size, batching=batching, ordering=self.ordering,
+                                         history=history)}
+            report = self._plans[key].report
+            if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
+                logger.info("epoch %d mix plan: %s", epoch, report)
+        return self._plans[key]
+
+    def _sample(self, sample_id: int, epoch: int) -> dict[str, Any]:
+        sample = super()._sample(sample_id, epoch)
+        sample["corpus"] = self.index.corpus(sample_id)
+        return sample
