@@ -177,7 +177,7 @@ def shuffle_batches(windows: np.ndarray, generator: np.random.Generator | None) 
     """
     if generator is None:
         return np.arange(windows.shape[0], dtype=np.int64)
-    return np.lexsort((generator.random(windows.shape[0]), windows)).astype(np.int64)
+    return np.lexsort((np.asarray(generator.random(windows.shape[0])), windows)).astype(np.int64)
 
 
 def reorder_batches(samples: np.ndarray, offsets: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ end when they are given none. Nothing here opens the audio; :func:`shardio.pack.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import csv
 import json
 import logging
@@ -279,7 +281,7 @@ def _read_table(table: Path, problems: Problems) -> Iterator[Source]:
         first = handle.readline()
         delimiter, has_header = _table_layout(table, first)
         handle.seek(0)
-        quoting = csv.QUOTE_MINIMAL if delimiter in ",;" else csv.QUOTE_NONE
+        quoting: Literal[0, 3] = csv.QUOTE_MINIMAL if delimiter in ",;" else csv.QUOTE_NONE
         rows = csv.reader(handle, delimiter=delimiter, quoting=quoting)
         header = [name.strip() for name in next(rows)] if has_header else ["id", "raw_text", "text"]
         lowered = [name.lower() for name in header]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError, OptionError
-from .storage import join, open_input, write_atomic
+from .storage import is_url, join, open_input, read_bytes, write_atomic
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
            "IndexBuilder"]
@@ -75,6 +75,8 @@ class Index:
     fingerprint: str = ""
     columns_sha256: str = ""
     _keys: list[str] | None = field(default=None, repr=False)
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    """fsspec options (endpoint, credentials) for a remote ``root``; the reader opens shards with them."""
 
     def __len__(self) -> int:
         return int(self.columns["shard"].shape[0])
@@ -99,7 +101,7 @@ class Index:
     def keys(self) -> list[str]:
         """Every sample's key, in index order (loaded on first use)."""
         if self._keys is None:
-            with open_input(join(self.root, INDEX_COLUMNS)) as handle:
+            with open_input(join(self.root, INDEX_COLUMNS), self.storage_options) as handle:
                 self._keys = _load_keys(np.load(io.BytesIO(handle.read())))
         return self._keys
 
@@ -145,14 +147,18 @@ class Index:
         return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
 
     @classmethod
-    def load(cls, location: str | os.PathLike[str]) -> Index:
-        """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``)."""
+    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Index:
+        """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
+
+        ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
+        reading its shards. Remote reads are retried (see :mod:`shardio.storage`); the columns file must
+        match the SHA-256 that ``index.json`` records. A remote index's keys are kept from this one read.
+        """
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
         try:
-            with open_input(json_path) as handle:
-                header = json.loads(handle.read())
+            header = json.loads(read_bytes(json_path, storage_options))
         except FileNotFoundError:
             raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -162,22 +168,34 @@ class Index:
         if header.get("version") != FORMAT_VERSION:
             raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
                               f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
-        columns_path = join(root, header.get("columns_file", INDEX_COLUMNS))
+        columns_file = header.get("columns_file", INDEX_COLUMNS)
+        if not isinstance(columns_file, str) or not columns_file:
+            raise FormatError(f"{json_path}: 'columns_file' must be a file name, not {columns_file!r}")
+        columns_path = join(root, columns_file)
         try:
-            with open_input(columns_path) as handle:
-                archive = np.load(io.BytesIO(handle.read()))
-                columns = {name: archive[name] for name in COLUMNS}
+            payload = read_bytes(columns_path, storage_options)
         except FileNotFoundError:
             raise FormatError(f"{columns_path}: index columns file is missing") from None
-        except (KeyError, ValueError, OSError, EOFError) as exc:
-            raise FormatError(f"{columns_path}: unreadable index columns ({exc})") from None
+        if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
+            raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
+                              f"records {header.get('columns_sha256')!r}: the index files do not belong together "
+                              "or one is damaged; rebuild the index")
         try:
-            shards = [ShardInfo(**s) for s in header["shards"]]
-            index = cls(root=root, shards=shards, formats=list(header["formats"]), columns=columns,
-                        fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]))
-        except (KeyError, TypeError) as exc:
-            raise FormatError(f"{json_path}: index header is missing a field ({exc})") from None
+            archive = np.load(io.BytesIO(payload))
+            columns = {name: archive[name] for name in COLUMNS}
+            keys = _load_keys(archive) if is_url(root) else None
+        except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
+            raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+        try:
+            shards = [_shard_info(entry) for entry in header["shards"]]
+            index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
+                        fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
+                        _keys=keys, storage_options=storage_options)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
+        if keys is not None and len(keys) != len(index):
+            raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index
 
     def validate(self, where: str) -> None:
@@ -226,6 +244,22 @@ def _load_keys(archive: Any) -> list[str]:
     return [blob[s:e].decode("utf-8") for s, e in zip(starts, ends)]
 
 
+def _shard_info(entry: Any) -> ShardInfo:
+    """A shard table entry of ``index.json``, with its field types checked (TypeError/ValueError otherwise)."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"a shard entry must be an object, not {entry!r}")
+    info = ShardInfo(**entry)
+    if not isinstance(info.name, str) or not info.name:
+        raise ValueError(f"shard name {info.name!r} is not a file name")
+    for name in ("bytes", "samples"):
+        value = getattr(info, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"shard {info.name}: {name} must be a non-negative integer, not {value!r}")
+    if not isinstance(info.codec, str):
+        raise ValueError(f"shard {info.name}: codec must be a string, not {info.codec!r}")
+    return info
+
+
 class IndexBuilder:
     """Accumulates shards and samples in write order, then makes an :class:`Index`."""
 
@@ -261,7 +295,8 @@ class IndexBuilder:
 
     def build(self) -> Index:
         """The finished index (not yet saved)."""
-        columns = {name: np.asarray(values, dtype=COLUMNS[name]) for name, values in self._rows.items()}
+        columns: dict[str, np.ndarray] = {name: np.asarray(values, dtype=COLUMNS[name])
+                                          for name, values in self._rows.items()}
         index = Index(root=self.root, shards=list(self.shards), formats=list(self.formats), columns=columns,
                       _keys=list(self._keys))
         index.validate(self.root)

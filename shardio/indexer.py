@@ -20,7 +20,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import soundfile as sf
 import zstandard
@@ -88,11 +88,11 @@ def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
     """The tar bytes of a shard file opened as ``raw``, decompressed as ``codec`` says (a stream codec, or
     ``none``/``zstd``), with reads that return the full size asked for unless the stream ends."""
     if codec == "gzip":
-        stream: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
     elif codec == "bz2":
-        stream = bz2.BZ2File(raw, mode="rb")  # type: ignore[assignment]
+        stream = bz2.BZ2File(raw, mode="rb")
     elif codec in ("zstd-stream", "zstd"):
-        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[assignment]
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     else:
         stream = raw
     return _FullReads(stream)  # type: ignore[return-value]
@@ -242,7 +242,7 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
         hashing = _Hashing(handle)
         raw = io.BufferedReader(hashing, 1 << 20)
         try:
-            stream = tar_stream(raw, codec)  # type: ignore[arg-type]
+            stream = tar_stream(raw, codec)
             for key, start, end, ext, data in _samples(stream, path):
                 try:
                     facts = sf.info(io.BytesIO(data))

@@ -146,9 +146,9 @@ def _rates(corpora: Mapping[str, CorpusColumns], mix: Mix, eligible: Mapping[str
 def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix,
                batching: Batching = Batching(), *, seed: int = 0, ordering: Ordering = Ordering()) -> dict[str, int]:
     """Samples each corpus contributes to every epoch (the same for every epoch)."""
-    corpora = {name: CorpusColumns(*value) for name, value in corpora.items()}
-    eligible = _check(corpora, mix, batching)
-    rates = _rates(corpora, mix, eligible)
+    columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
+    eligible = _check(columns, mix, batching)
+    rates = _rates(columns, mix, eligible)
     size = mix.epoch_size
     if size.primary is not None:
         seconds = float(eligible[size.primary].sum()) / rates[size.primary]
@@ -163,7 +163,7 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
         seconds = best = size.batches * per_batch
         target, aim = 1.02 * (size.batches + 1), 1.05 * (size.batches + 1)
         for _ in range(4):
-            trial = _occurrences(corpora, mix, batching, ordering, eligible, _quotas(rates, seconds), seed=seed,
+            trial = _occurrences(columns, mix, batching, ordering, eligible, _quotas(rates, seconds), seed=seed,
                                  epoch=0)
             found = plan_segments(np.arange(trial.global_ids.shape[0]), trial.durations, seed=seed, epoch=0,
                                   world_size=1, batching=batching, windows=trial.slices, buckets=trial.buckets,

@@ -18,7 +18,7 @@ import numpy as np
 
 from .dataset import ShardDataset
 from .errors import OptionError
-from .index import Index
+from .index import Index, ShardInfo
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .plan import Batching, EpochPlan, options_of
 from .storage import join
@@ -46,7 +46,8 @@ class MixIndex(Index):
         """The combined index of ``indexes`` (name to index)."""
         names = sorted(indexes)
         formats: list[str] = []
-        shards, columns = [], []
+        shards: list[ShardInfo] = []
+        columns: list[dict[str, np.ndarray]] = []
         for name in names:
             index = indexes[name]
             remap = np.array([_position(formats, ext) for ext in index.formats] or [0], dtype=np.uint8)

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+from typing import Any
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -203,6 +204,7 @@ def _results(tasks: Sequence[Task], workers: int) -> Iterator[Prepared | InputPr
         return
     # Never a plain fork of a process that may hold threads (tqdm, torch) and locks. The forkserver imports
     # shardio once and forks each worker from it; spawn would import it (and torch) in every worker.
+    context: Any
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])

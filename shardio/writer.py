@@ -17,6 +17,7 @@ import logging
 import os
 import re
 from types import TracebackType
+from typing import BinaryIO
 
 import zstandard
 
@@ -65,7 +66,7 @@ class ShardWriter:
         self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
         self._builder = IndexBuilder(self.directory)
         self._keys: set[str] = set()
-        self._file = None
+        self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
         self._written = 0  # bytes in the current shard file
         self._tar_bytes = 0  # tar bytes (before compression) in the current shard
