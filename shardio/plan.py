@@ -91,6 +91,8 @@ class Batching:
             raise OptionError(f"max_duration must be positive, not {self.max_duration}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
+        if self.max_batch_size is not None and self.max_duration is None:
+            raise OptionError("max_batch_size caps duration batches: give it with max_duration, not batch_size")
         if self.remainder not in _REMAINDERS:
             raise OptionError(f"remainder must be one of {_REMAINDERS}, not {self.remainder!r}")
         bucketing.check_options(self)
@@ -196,8 +198,15 @@ def batch_offsets(durations: np.ndarray, batching: Batching, starts: np.ndarray 
                                     batching.max_batch_size or BLOCK, starts)
 
 
-def deal(num_batches: int, world_size: int, remainder: str) -> tuple[np.ndarray, np.ndarray]:
-    """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out."""
+def deal(num_batches: int, world_size: int, remainder: str,
+         seconds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
+
+    Round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) gives one batch to each
+    rank. Given each batch's audio ``seconds``, a round's batches go longest first to the ranks with the
+    least audio so far, so the ranks' audio totals stay within about one batch of each other over an
+    epoch (a loop over rounds, not samples); without it, batch ``j * world_size + r`` goes to rank ``r``.
+    """
     per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
     used = per_rank * world_size
     if used <= num_batches:
@@ -205,7 +214,22 @@ def deal(num_batches: int, world_size: int, remainder: str) -> tuple[np.ndarray,
     else:
         chosen = np.concatenate([np.arange(num_batches), np.arange(used - num_batches) % num_batches])
     left_out = np.arange(used, num_batches, dtype=np.int64)
-    return chosen.reshape(per_rank, world_size).T.copy(), left_out
+    rounds = chosen.reshape(per_rank, world_size)
+    if seconds is not None and world_size > 1 and per_rank > 0:
+        longest_first = np.take_along_axis(rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1)
+        ordered_seconds = seconds[longest_first].tolist()
+        totals = [0.0] * world_size
+        ranks = list(range(world_size))
+        receivers = []
+        for round_seconds in ordered_seconds:
+            ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
+            for rank, batch_seconds in zip(ranks, round_seconds):
+                totals[rank] += batch_seconds
+            receivers.append(list(ranks))
+        dealt = np.empty_like(rounds)
+        dealt[np.arange(per_rank)[:, None], np.array(receivers)] = longest_first
+        rounds = dealt
+    return rounds.T.copy(), left_out
 
 
 @dataclass(frozen=True)
@@ -241,7 +265,8 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
         num_batches = limit
     if num_batches == 0:
         return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded, report=report)
-    rank_batches, left_out = deal(num_batches, world_size, batching.remainder)
+    batch_seconds = np.add.reduceat(durations[order], offsets[:-1])
+    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, batch_seconds)
     sizes = np.diff(offsets)
     dropped = int(sizes[left_out].sum())
     padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)

@@ -1,0 +1,60 @@
+"""Test datasets: real WAV samples written by :class:`shardio.ShardWriter` into shards of chosen sizes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import soundfile
+
+from shardio import Index, ShardWriter
+
+__all__ = ["make_uneven_dataset", "wav_bytes"]
+
+
+def wav_bytes(samples: np.ndarray, sample_rate: int, subtype: str = "PCM_16") -> bytes:
+    """``samples`` (frames, or ``(frames, channels)``) encoded as a WAV file by soundfile."""
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, sample_rate, subtype=subtype, format="WAV")
+    return buffer.getvalue()
+
+
+def make_uneven_dataset(directory: str | os.PathLike[str], shard_sizes: Sequence[int], *, seed: int = 0,
+                        sample_rate: int = 8000, compression: str = "none",
+                        duration_range: tuple[float, float] = (0.1, 0.5)) -> Index:
+    """Write a dataset whose shard ``s`` holds exactly ``shard_sizes[s]`` samples; return its index.
+
+    Each sample is a mono 16-bit WAV of uniform noise with a duration drawn uniformly from
+    ``duration_range`` seconds (whole frames), keyed ``s{shard:03d}_{i:05d}`` (``i`` counts within the
+    shard), with a ``json`` member ``{"text": key, "shard": s, "index": i}``. The same arguments write
+    byte-identical shards. ``compression`` is ``"none"`` (``.tar``) or ``"zstd"`` (``.tar.zst``).
+    """
+    if not shard_sizes or min(shard_sizes) < 1:
+        raise ValueError(f"every shard needs at least one sample, got sizes {list(shard_sizes)}")
+    low, high = duration_range
+    if not 0 < low <= high:
+        raise ValueError(f"duration_range must satisfy 0 < low <= high, got {duration_range}")
+    rng = np.random.default_rng(seed)
+    writer = ShardWriter(directory, compression=compression)
+    try:
+        for shard, size in enumerate(shard_sizes):
+            if shard:
+                writer.end_shard()
+            for i in range(size):
+                key = f"s{shard:03d}_{i:05d}"
+                frames = max(1, round(rng.uniform(low, high) * sample_rate))
+                audio = rng.uniform(-0.5, 0.5, frames).astype(np.float32)
+                meta = json.dumps({"text": key, "shard": shard, "index": i}).encode()
+                writer.write(key, {"wav": wav_bytes(audio, sample_rate), "json": meta}, audio_ext="wav",
+                             num_frames=frames, sample_rate=sample_rate, channels=1)
+    except BaseException:
+        writer.abort()
+        raise
+    index = writer.close()
+    counts = [shard.samples for shard in index.shards]
+    if counts != list(shard_sizes):  # the writer would have had to change for this to happen
+        raise RuntimeError(f"ShardWriter wrote shards of {counts} samples, asked for {list(shard_sizes)}")
+    return index
