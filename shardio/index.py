@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, OptionError
+from .errors import FormatError, OptionError, ReadError
 from .storage import is_url, join, open_input, read_bytes, write_atomic
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
@@ -161,6 +161,8 @@ class Index:
             header = json.loads(read_bytes(json_path, storage_options))
         except FileNotFoundError:
             raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+        except OSError as exc:
+            raise ReadError(f"{json_path}: cannot be read ({exc})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
         if not isinstance(header, dict) or header.get("format") != "shardio-index":
@@ -176,6 +178,8 @@ class Index:
             payload = read_bytes(columns_path, storage_options)
         except FileNotFoundError:
             raise FormatError(f"{columns_path}: index columns file is missing") from None
+        except OSError as exc:
+            raise ReadError(f"{columns_path}: cannot be read ({exc})") from None
         if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
             raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
                               f"records {header.get('columns_sha256')!r}: the index files do not belong together "
@@ -250,13 +254,13 @@ def _shard_info(entry: Any) -> ShardInfo:
         raise TypeError(f"a shard entry must be an object, not {entry!r}")
     info = ShardInfo(**entry)
     if not isinstance(info.name, str) or not info.name:
-        raise ValueError(f"shard name {info.name!r} is not a file name")
+        raise TypeError(f"shard name {info.name!r} is not a file name")
     for name in ("bytes", "samples"):
         value = getattr(info, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"shard {info.name}: {name} must be a non-negative integer, not {value!r}")
     if not isinstance(info.codec, str):
-        raise ValueError(f"shard {info.name}: codec must be a string, not {info.codec!r}")
+        raise TypeError(f"shard {info.name}: codec must be a string, not {info.codec!r}")
     return info
 
 

@@ -5,77 +5,95 @@ decompressed (the last frame is kept, since neighbouring samples often share it)
 shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
 whole, once, and the last one is kept in memory.
 
-Remote reads retry transient failures (connection errors, timeouts, 5xx) with exponential backoff, then
-raise :class:`ReadError` naming the shard and offset.
+Remote reads retry transient failures (connection errors, timeouts, 5xx) under a :class:`RetryPolicy`, then
+raise :class:`ReadError` naming the shard, key and offset.
+
+Integrity, per read and cheap: a shard's size must match the index when it is opened (a truncated or
+re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
+header's checksum must hold and every member must carry the indexed key; ``.tar.zst`` frames carry zstd's
+content checksum. What this cannot see is a same-size shard whose member *data* changed in a plain ``.tar``
+(headers and keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
 """
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import logging
 import os
-import time
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
 
-from .errors import FormatError, IntegrityError, ReadError
+from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
-from .storage import filesystem, is_url
+from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members, split_name
 
-__all__ = ["Reader", "RetryPolicy"]
+__all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries for remote reads: ``attempts`` in all, waiting ``backoff * 2**k`` seconds between."""
-
-    attempts: int = 4
-    backoff: float = 0.2
-    max_backoff: float = 5.0
+# A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
+# the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
+_MAX_FRAME_EXCESS = 256 << 20
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    status = getattr(exc, "status", None) or getattr(exc, "code", None)
-    if isinstance(status, int):
-        return status >= 500 or status == 429
-    name = type(exc).__name__
-    return isinstance(exc, OSError) or any(word in name for word in ("Timeout", "Connection", "Disconnect",
-                                                                       "ServerError", "Payload"))
+@dataclass
+class ReadStats:
+    """Counters of one process's loading: samples loaded, samples skipped (by error type) and retries."""
+
+    samples: int = 0
+    skipped: int = 0
+    retries: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    """Skipped samples by error type (``FormatError``, ``DecodeError``, ...)."""
+
+    def skip(self, exc: BaseException) -> None:
+        """Count one sample skipped because of ``exc``."""
+        self.skipped += 1
+        self.errors[type(exc).__name__] += 1
 
 
 class Reader:
-    """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process."""
+    """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
+
+    URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
+    worker) drops its parent's handles and counters on first use, and reopens.
+    """
 
     def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64) -> None:
         self.index = index
         self.retry = retry
         self.max_open = max_open
+        self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
+        self._fs: Any = None  # the fsspec filesystem of a remote dataset, made once
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._stream: tuple[int, bytes] | None = None  # (shard, whole decompressed tar)
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
-        self.retries = 0
+        self._pid = os.getpid()
+
+    @property
+    def retries(self) -> int:
+        """Remote reads retried so far in this process."""
+        return self.stats.retries
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _stream=None, _decompressor=None)
+        state.update(_handles=OrderedDict(), _frame=None, _stream=None, _decompressor=None, stats=ReadStats(),
+                     _fs=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._decompressor = zstandard.ZstdDecompressor()
+        self._pid = os.getpid()
 
     def close(self) -> None:
         """Close every open shard."""
@@ -84,31 +102,48 @@ class Reader:
                 os.close(handle)
         self._handles.clear()
 
+    def _after_fork(self) -> None:
+        # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
+        self.close()
+        self._frame = self._stream = self._fs = None
+        self.stats = ReadStats()
+        self._pid = os.getpid()
+
     # -- raw bytes -------------------------------------------------------------------------------
 
-    def _open(self, shard: int) -> Any:
-        handle = self._handles.get(shard)
-        if handle is not None:
+    def _open(self, shard: int, where: str) -> Any:
+        cached = self._handles.get(shard)
+        if cached is not None:
             self._handles.move_to_end(shard)
-            return handle
+            return cached
+        if shard in self._broken:
+            known = self._broken[shard]
+            raise type(known)(f"{where}: {known}")
         path = self.index.shard_path(shard)
         expected = self.index.shards[shard].bytes
-        if is_url(path):
-            handle = filesystem(path)
-            actual = self._with_retries(lambda: handle[0].size(handle[1]), shard, 0)
-        else:
-            try:
+        handle: Any
+        try:
+            if is_url(path):
+                if self._fs is None:
+                    self._fs = filesystem(path, self.index.storage_options)[0]
+                handle = (self._fs, self._fs._strip_protocol(path))
+                actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
+            else:
                 handle = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise ReadError(f"shard {path} is missing (the index lists it with {expected} bytes)") from None
-            except OSError as exc:
-                raise ReadError(f"shard {path} cannot be opened: {exc}") from None
-            actual = os.fstat(handle).st_size
+                actual = os.fstat(handle).st_size
+        except FileNotFoundError:
+            self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
+                                            "bytes)")
+            raise ReadError(f"{where}: {self._broken[shard]}") from None
+        except OSError as exc:
+            raise ReadError(f"{where}: the shard file cannot be opened: {exc}") from None
         if actual != expected:
             if isinstance(handle, int):
                 os.close(handle)
-            raise IntegrityError(f"shard {path} has {actual} bytes, the index recorded {expected}: "
-                                 "it was replaced or truncated after indexing; re-run 'shardio index' or re-pack")
+            self._broken[shard] = IntegrityError(
+                f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
+                "truncated after indexing; re-run 'shardio index' or re-pack")
+            raise IntegrityError(f"{where}: {self._broken[shard]}")
         self._handles[shard] = handle
         if len(self._handles) > self.max_open:
             _, oldest = self._handles.popitem(last=False)
@@ -116,89 +151,105 @@ class Reader:
                 os.close(oldest)
         return handle
 
-    def _with_retries(self, action: Any, shard: int, offset: int) -> Any:
-        for attempt in range(self.retry.attempts):
-            try:
-                return action()
-            except Exception as exc:  # noqa: BLE001 - classified just below
-                if not _is_transient(exc) or attempt + 1 == self.retry.attempts:
-                    raise ReadError(f"shard {self.index.shard_path(shard)} at offset {offset}: read failed "
-                                    f"after {attempt + 1} attempt(s): {type(exc).__name__}: {exc}") from exc
-                self.retries += 1
-                delay = min(self.retry.backoff * 2**attempt, self.retry.max_backoff)
-                logger.warning("retrying shard %s offset %d in %.2fs after %s: %s",
-                               self.index.shards[shard].name, offset, delay, type(exc).__name__, exc)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+    def _count_retry(self, exc: BaseException) -> None:
+        self.stats.retries += 1
 
-    def read_range(self, shard: int, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` of shard number ``shard``; short reads are an error."""
-        handle = self._open(shard)
+    def read_range(self, shard: int, offset: int, size: int, where: str | None = None) -> bytes:
+        """``size`` bytes at ``offset`` of shard number ``shard``; short reads are an error.
+
+        ``where`` names the read in error messages (default: the shard file and offset).
+        """
+        if self._pid != os.getpid():
+            self._after_fork()
+        where = where or f"shard {self.index.shard_path(shard)}, offset {offset}"
+        handle = self._open(shard, where)
+        if offset + size > self.index.shards[shard].bytes:
+            raise FormatError(f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
+                              f"shard ({self.index.shards[shard].bytes} bytes)")
         if isinstance(handle, int):
-            data = os.pread(handle, size, offset)
+            try:
+                data = os.pread(handle, size, offset)
+            except OSError as exc:
+                raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
         else:
             fs, path = handle
-            data = self._with_retries(lambda: fs.cat_file(path, start=offset, end=offset + size), shard, offset)
+            data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
+                            self._count_retry)
         if len(data) != size:
-            raise FormatError(f"shard {self.index.shard_path(shard)}: wanted {size} bytes at offset {offset}, "
-                              f"got {len(data)} (truncated shard?)")
+            raise FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {len(data)} "
+                              "(the shard changed after it was opened?)")
         return data
 
-    def _stream_bytes(self, shard: int) -> bytes:
+    def _stream_bytes(self, shard: int, where: str) -> bytes:
         if self._stream is None or self._stream[0] != shard:
             info = self.index.shards[shard]
-            raw = self.read_range(shard, 0, info.bytes)
-            where = self.index.shard_path(shard)
+            raw = self.read_range(shard, 0, info.bytes, where)
             try:
                 if info.codec == "gzip":
                     data = gzip.decompress(raw)
                 elif info.codec == "bz2":
                     data = bz2.decompress(raw)
                 else:
-                    data = self._decompressor.decompressobj().decompress(raw)
+                    data = self._decompressor.stream_reader(io.BytesIO(raw), read_across_frames=True).read()
             except Exception as exc:  # noqa: BLE001 - every codec raises its own type
-                raise FormatError(f"shard {where}: cannot decompress ({info.codec}): {exc}") from None
+                raise FormatError(f"{where}: cannot decompress the shard ({info.codec}): {exc}") from None
             self._stream = (shard, data)
         return self._stream[1]
 
-    def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int) -> bytes:
+    def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
             return self._frame[2]
-        raw = self.read_range(shard, frame_offset, frame_size)
+        raw = self.read_range(shard, frame_offset, frame_size, where)
+        problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
         try:
-            data = self._decompressor.decompress(raw)
+            claimed = zstandard.frame_content_size(raw)
+            if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
+                raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
+            data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
         except zstandard.ZstdError as exc:
-            raise FormatError(f"shard {self.index.shard_path(shard)}: corrupt zstd frame at offset "
-                              f"{frame_offset} ({frame_size} bytes): {exc}") from None
+            raise FormatError(f"{problem}: {exc}") from None
         self._frame = (shard, frame_offset, data)
         return data
 
-    def sample_bytes(self, sample: int) -> memoryview:
+    def where(self, sample: int) -> str:
+        """Names sample number ``sample`` in messages: its shard file, key and offset in the shard."""
+        c = self._columns
+        shard = int(c["shard"][sample])
+        text = (f"shard {self.index.shard_path(shard)}, key {self.index.keys[sample]!r}, "
+                f"offset {int(c['frame_offset'][sample])}")
+        if self.index.shards[shard].codec not in ("none", *STREAM_CODECS):
+            text += f" (+{int(c['member_offset'][sample])} in the frame)"
+        return text
+
+    def sample_bytes(self, sample: int, where: str | None = None) -> memoryview:
         """The tar bytes (headers and data of every member) of sample number ``sample``."""
+        if self._pid != os.getpid():
+            self._after_fork()
         c = self._columns
         shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
         frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
         member_offset = int(c["member_offset"][sample])
+        where = where or self.where(sample)
         codec = self.index.shards[shard].codec
         if codec == "none":
-            return memoryview(self.read_range(shard, frame_offset, member_size))
+            return memoryview(self.read_range(shard, frame_offset, member_size, where))
         if codec in STREAM_CODECS:
-            data = self._stream_bytes(shard)
+            data = self._stream_bytes(shard, where)
             start, end = frame_offset, frame_offset + member_size
         else:
-            data = self._frame_bytes(shard, frame_offset, frame_size)
+            data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
             start, end = member_offset, member_offset + member_size
         if end > len(data):
-            raise FormatError(f"shard {self.index.shard_path(shard)}: sample {sample} runs past its frame "
-                              f"({end} > {len(data)} bytes)")
+            raise FormatError(f"{where}: the sample runs past its frame ({end} > {len(data)} bytes)")
         return memoryview(data)[start:end]
 
     def members(self, sample: int) -> dict[str, memoryview]:
         """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key."""
         key = self.index.keys[sample]
-        where = f"shard {self.index.shards[int(self._columns['shard'][sample])].name}, key {key!r}"
+        where = self.where(sample)
         found: dict[str, memoryview] = {}
-        for name, data in parse_members(self.sample_bytes(sample), where):
+        parsed = parse_members(self.sample_bytes(sample, where), where)
+        for name, data in parsed:
             member_key, ext = split_name(name)
             if member_key != key:
                 raise FormatError(f"{where}: found member {name!r} where the index expects key {key!r}")

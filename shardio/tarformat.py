@@ -20,13 +20,13 @@ __all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "key_problem", 
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")
+_KEY_EXT = re.compile(r"((?:.*/|)[^./]+)\.([^/]+)", re.DOTALL)
 _REGULAR = (b"0", b"\0", b"7")
 
 
 def split_name(name: str) -> tuple[str, str]:
     """Split a member name into ``(key, ext)``: the key is the path up to the basename's first dot."""
-    match = _KEY_EXT.match(name)
+    match = _KEY_EXT.fullmatch(name)
     if match is None:
         raise FormatError(f"member name {name!r} is not of the form '{{key}}.{{ext}}'")
     return match.group(1), match.group(2)
@@ -117,19 +117,29 @@ def _check(header: bytes | memoryview, where: str) -> None:
         raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
 
 
+def _text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError(f"{where}: a tar member name is not UTF-8: {raw[:60]!r}") from None
+
+
 def _pax_path(data: bytes, where: str) -> str | None:
+    """The ``path`` of a pax extended header: records of ``"<length> <name>=<value>\\n"``."""
     path = None
     pos = 0
     while pos < len(data):
         space = data.find(b" ", pos)
-        if space < 0:
-            raise FormatError(f"{where}: malformed pax record")
-        length = int(data[pos:space])
-        record = data[space + 1 : pos + length - 1]
-        name, _, value = record.partition(b"=")
+        digits = data[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else 0
+        end = pos + length
+        if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
+            raise FormatError(f"{where}: malformed pax record at byte {pos} of the extended header "
+                              f"(length field {digits[:20]!r}, {len(data) - pos} bytes left)")
+        name, _, value = data[space + 1 : end - 1].partition(b"=")
         if name == b"path":
-            path = value.decode("utf-8")
-        pos += length
+            path = _text(value, where)
+        pos = end
     return path
 
 
@@ -151,15 +161,15 @@ def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Memb
         end = data_offset + size + (-size % BLOCK)
         if kind in (b"x", b"L"):
             raw = read_data(data_offset, size)
-            long_name = _pax_path(raw, where) if kind == b"x" else raw.rstrip(b"\0").decode("utf-8")
+            long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
         elif kind == b"g":
             skip_data(data_offset, size)
         else:
             if long_name is not None:
                 name = long_name
             else:
-                prefix = bytes(header[345:500]).split(b"\0", 1)[0].decode("utf-8")
-                base = bytes(header[0:100]).split(b"\0", 1)[0].decode("utf-8")
+                prefix = _text(bytes(header[345:500]).split(b"\0", 1)[0], where)
+                base = _text(bytes(header[0:100]).split(b"\0", 1)[0], where)
                 name = f"{prefix}/{base}" if prefix else base
             long_name = None
             skip_data(data_offset, size)

@@ -166,3 +166,4 @@ def test_multi_frame_zstd_not_aligned_with_samples_is_a_stream(tmp_path: Path) -
     index = build_index([shard])
     assert [s.codec for s in index.shards] == ["zstd-stream"]
     check_index(index, samples)
+    assert verify_dataset(index.root, decode=True) == []  # the loader's Reader reads across every frame
