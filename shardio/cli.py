@@ -1,4 +1,4 @@
-"""The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``, ``demo``.
+"""The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``, ``demo``, ``bench``.
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`.
@@ -180,8 +180,34 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench -------------------------------------------------------------------------------------------
+
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="read throughput against WebDataset and the decoder floors",
+                                   description="Measure shardio end to end (0/1/2 workers) against WebDataset, the "
+                                               "soundfile and numpy floors, shard compressions, resume latency, "
+                                               "rank balance and training-loop stalls; write JSON, Markdown, PNG.")
+    parser.add_argument("dataset", nargs="?", help="a shardio dataset directory (default: generate corpora)")
+    parser.add_argument("--out-dir", default="bench-out", help="corpora, datasets and bench.json/.md/.png")
+    parser.add_argument("--quick", action="store_true", help="tiny corpora, 2 rounds: a smoke test, not figures")
+    parser.add_argument("--reps", type=_positive, default=None, help="timed rounds (default 5)")
+    parser.add_argument("--batch-size", type=_positive, default=16)
+    parser.add_argument("--step-ms", type=float, default=10.0, help="training step of the stall figure (ms)")
+    parser.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    command = "shardio bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "shardio bench"
+    run_bench(args.dataset, out_dir=args.out_dir, quick=args.quick, reps=args.reps, batch_size=args.batch_size,
+              step_ms=args.step_ms, command=command)
+    print(f"results: {args.out_dir}/bench.json, bench.md, bench.png")
+    return 0
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index,
-                                                                  _add_demo]
+                                                                  _add_demo, _add_bench]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 

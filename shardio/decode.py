@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 _CHUNK_ELEMENTS = 1 << 20  # resample: most samples copied at once into the matrix fed to BLAS
 
-Decoder = Callable[[memoryview, str, str], tuple[np.ndarray, int, bool]]
-"""``(bytes, ext, where) -> (audio (C, T) float32, sample rate, may hold non-finite samples)``."""
+Decoder = Callable[[memoryview, str, str, "np.ndarray | None"], tuple[np.ndarray, int, bool]]
+"""``(bytes, ext, where, out) -> (audio (C, T) float32, sample rate, may hold non-finite samples)``; the audio
+is written into ``out[:, :T]`` (and is that view) when ``out`` is given and can hold it unchanged."""
 
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
@@ -58,7 +59,8 @@ class _WavLayout(NamedTuple):
 
 
 def decode_audio(data: bytes | bytearray | memoryview, ext: str, *, where: str = "", mono: bool = False,
-                 sample_rate: int | None = None, check_finite: bool = True) -> tuple[np.ndarray, int]:
+                 sample_rate: int | None = None, check_finite: bool = True,
+                 out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Decode audio bytes into a C-contiguous float32 ``(channels, frames)`` array and its sample rate.
 
     ``ext`` is the member's extension (``wav``, ``flac``, ``ogg``, ``mp3``, ``opus``, ...) and ``where`` names
@@ -66,6 +68,11 @@ def decode_audio(data: bytes | bytearray | memoryview, ext: str, *, where: str =
     ``sample_rate`` resamples to that rate (the returned rate is then ``sample_rate``). Raises
     :class:`~shardio.errors.DecodeError` for bytes that are not decodable audio, for zero frames, and (with
     ``check_finite``) for NaN or infinite samples.
+
+    ``out``, a float32 ``(channels, T)`` array, receives the audio in ``out[:, :frames]`` (and that view is
+    returned) when the audio has that many channels (one, for formats other than WAV), at most ``T`` frames,
+    and no mono mix or resampling is asked; otherwise it is left alone and a new array is returned. A batch
+    is so decoded in place, without a copy of each sample.
     """
     if sample_rate is not None and sample_rate <= 0:
         raise OptionError(f"sample_rate must be a positive number of Hz, not {sample_rate}")
@@ -74,7 +81,9 @@ def decode_audio(data: bytes | bytearray | memoryview, ext: str, *, where: str =
     view = memoryview(data)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
-    audio, rate, maybe_nonfinite = _decoder_for(ext)(view, ext, where)
+    if out is not None and (mono or sample_rate is not None or out.dtype != np.float32 or out.ndim != 2):
+        out = None  # the decoded audio is not the final audio: no point in writing it there
+    audio, rate, maybe_nonfinite = _decoder_for(ext)(view, ext, where, out)
     if audio.shape[1] == 0:
         raise DecodeError(f"{where}: the {ext} audio has no samples (0 frames, {len(view)} bytes); "
                           "expected at least one frame")
@@ -102,21 +111,42 @@ def _check_finite(audio: np.ndarray, where: str) -> None:
                           f"frame {frame} of channel {channel}; expected finite samples")
 
 
-def _decode_soundfile(view: memoryview, ext: str, where: str) -> tuple[np.ndarray, int, bool]:
+def _fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | None:
+    """``out[:, :frames]`` when ``out`` can take audio of that shape, else None."""
+    if out is None or out.shape[0] != channels or not 0 < frames <= out.shape[1]:
+        return None
+    return out[:, :frames]
+
+
+_INTEGER_SUBTYPES = ("PCM_", "ULAW", "ALAW", "DPCM", "DWVW", "IMA_ADPCM", "MS_ADPCM", "G72", "GSM610", "VOX")
+"""libsndfile subtypes of integer samples (FLAC is PCM_16/24): their float32 decoding is always finite."""
+
+
+def _decode_soundfile(view: memoryview, ext: str, where: str, out: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, int, bool]:
     try:
-        frames, rate = soundfile.read(io.BytesIO(view), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(io.BytesIO(view)) as sound:
+            rate, subtype = int(sound.samplerate), sound.subtype
+            if sound.seekable():
+                sound.seek(0)  # as soundfile.read does: MP3 decodes (slightly) differently without it
+            target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
+            if target is not None:  # mono: libsndfile writes straight into the caller's row
+                audio = target[:, : sound.read(out=target[0]).shape[0]]
+            else:
+                audio = np.ascontiguousarray(sound.read(sound.frames, dtype="float32", always_2d=True).T)
     except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:  # LibsndfileError: a RuntimeError
         detail = getattr(exc, "error_string", "") or str(exc)  # without soundfile's "<BytesIO object at ..>"
         raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
                           f"expected a complete {ext} file that libsndfile can read") from exc
-    return np.ascontiguousarray(frames.T), int(rate), True
+    return audio, rate, not subtype.startswith(_INTEGER_SUBTYPES)
 
 
-def _decode_wav(view: memoryview, ext: str, where: str) -> tuple[np.ndarray, int, bool]:
+def _decode_wav(view: memoryview, ext: str, where: str, out: np.ndarray | None = None
+                ) -> tuple[np.ndarray, int, bool]:
     layout = _wav_layout(view)
     if layout is None:
         logger.debug("%s: WAV fast path does not apply; decoding with soundfile", where)
-        return _decode_soundfile(view, ext, where)
+        return _decode_soundfile(view, ext, where, out)
     count = layout.frames * layout.channels
     if layout.dtype == "i3":
         raw = np.frombuffer(view, np.uint8, count * 3, layout.offset).reshape(count, 3)
@@ -127,15 +157,15 @@ def _decode_wav(view: memoryview, ext: str, where: str) -> tuple[np.ndarray, int
         samples = (np.frombuffer(view, np.uint8, count, layout.offset) ^ np.uint8(0x80)).view(np.int8)
     else:
         samples = np.frombuffer(view, layout.dtype, count, layout.offset)
+    target = _fits(out, layout.channels, layout.frames)
+    if target is None:
+        target = np.empty((layout.channels, layout.frames), np.float32)
     with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf, as in libsndfile
-        flat = samples.astype(np.float32)  # rounds as libsndfile's C cast does; the scale is then exact
+        # rounds as libsndfile's C cast does; the scale (a power of two) is then exact
+        np.copyto(target, samples.reshape(layout.frames, layout.channels).T, casting="unsafe")
     if layout.scale != 1.0:
-        flat *= np.float32(layout.scale)
-    if layout.channels == 1:
-        audio = flat.reshape(1, layout.frames)
-    else:
-        audio = np.ascontiguousarray(flat.reshape(layout.frames, layout.channels).T)
-    return audio, layout.sample_rate, layout.scale == 1.0
+        target *= np.float32(layout.scale)
+    return target, layout.sample_rate, layout.scale == 1.0
 
 
 def _wav_layout(view: memoryview) -> _WavLayout | None:

@@ -1,0 +1,298 @@
+"""``shardio bench``: decode throughput against WebDataset and against the floors, on the same shards.
+
+:func:`run_bench` measures, in one run and interleaved round by round (so that a noisy machine slows every
+competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` and ``.tar.zst``;
+WebDataset + soundfile on the same ``.tar`` shards; the soundfile decoder floor and, for PCM WAV, the numpy
+raw floor (bytes already in memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
+speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
+and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
+with min and max; ratios (the targets) are medians of per-round ratios. Results go to ``bench.json``,
+``bench.md`` and ``bench.png`` (see :mod:`shardio.benchreport`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from . import benchcases as cases
+from .benchdata import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
+from .benchmeasure import PeakRss, cpu_seconds, machine_facts, stats
+from .benchreport import evaluate_targets, write_report
+from .errors import OptionError
+
+__all__ = ["FULL", "QUICK", "BenchConfig", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes and repetitions of one bench run."""
+
+    wav_files: int = 800
+    flac_repeats: int = 4
+    flac_files: int = 128
+    flac_limit: int | None = None
+    """Use only the first this many shared FLACs."""
+    samples_per_shard: int = 100
+    compression_samples: int = 200
+    reps: int = 5
+    resume_reps: int = 3
+    stall_reps: int = 3
+    stall_batches: int = 40
+    workers: tuple[int, ...] = (0, 1, 2)
+    world_sizes: tuple[int, ...] = (2, 4, 8)
+
+
+FULL = BenchConfig()
+QUICK = BenchConfig(wav_files=24, flac_repeats=1, flac_files=8, flac_limit=8, samples_per_shard=6,
+                    compression_samples=12, reps=2, resume_reps=1, stall_reps=1, stall_batches=2)
+
+
+@dataclass
+class _Case:
+    corpus: str
+    name: str
+    loader: str
+    codec: str
+    workers: int
+    megabytes: float
+    make: Callable[[], cases.Epoch | None]
+    epoch: cases.Epoch | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.corpus}|{self.name}"
+
+
+def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_size: int) -> list[_Case]:
+    shards = shard_files(plain)
+    members = audio_members(plain)
+    ext = members[0][0]
+    member_mb = sum(len(data) for _, data in members) / 1e6
+    found: list[_Case] = []
+    for workers in config.workers:
+        found.append(_Case(plain.name, f"shardio .tar, {workers}w", "shardio", "none", workers,
+                           plain.shard_bytes / 1e6, partial(cases.shardio_epoch, plain.directory, workers=workers,
+                                                            batch_size=batch_size)))
+    for workers in sorted({min(config.workers), max(config.workers)}):
+        found.append(_Case(plain.name, f"shardio .tar.zst (zstd-3), {workers}w", "shardio", "zstd-3", workers,
+                           zstd.shard_bytes / 1e6, partial(cases.shardio_epoch, zstd.directory, workers=workers,
+                                                           batch_size=batch_size)))
+    found.append(_Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0,
+                       plain.shard_bytes / 1e6, lambda: cases.webdataset_epoch(
+                           shards, ext=ext, workers=0, batch_size=batch_size)))
+    found.append(_Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
+                       lambda: cases.soundfile_floor(members)))
+    found.append(_Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
+                       lambda: cases.numpy_floor(members)))
+    found.append(_Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
+                       lambda: cases.numpy_batch_floor(members, batch_size)))
+    return found
+
+
+def _rounds(items: list[_Case], reps: int, progress: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn.
+
+    Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
+    per CPU-second, which a machine shared with other jobs distorts far less than wall time.
+    """
+    peaks: dict[str, int] = {}
+    for case in tqdm(items, desc="bench warm-up", disable=not progress, leave=False):
+        case.epoch = case.make()
+        if case.epoch is None:
+            continue
+        with PeakRss() as rss:
+            case.epoch()
+        peaks[case.key] = rss.peak
+    live = [case for case in items if case.epoch is not None]
+    runs: dict[str, list[tuple[float, float, int, float]]] = {case.key: [] for case in live}
+    for _ in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
+        for case in live:
+            assert case.epoch is not None
+            used, started = cpu_seconds(), time.perf_counter()
+            samples, seconds = case.epoch()
+            elapsed = time.perf_counter() - started
+            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds))
+    rows, rates = [], {}
+    for case in live:
+        wall = [r[0] for r in runs[case.key]]
+        cpu = [r[1] for r in runs[case.key]]
+        samples, seconds = runs[case.key][0][2], runs[case.key][0][3]
+        rates[case.key] = {"wall": [samples / t for t in wall], "cpu": [samples / t for t in cpu]}
+        rows.append({"corpus": case.corpus, "case": case.name, "loader": case.loader, "codec": case.codec,
+                     "workers": case.workers, "samples": samples, "audio_seconds": round(seconds, 3),
+                     "megabytes": round(case.megabytes, 3),
+                     "samples_per_s": stats(rates[case.key]["wall"]),
+                     "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
+                     "audio_s_per_s": stats([seconds / t for t in wall]),
+                     "audio_s_per_cpu_s": stats([seconds / t for t in cpu]),
+                     "mb_per_cpu_s": stats([case.megabytes / t for t in cpu]),
+                     "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
+                     "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
+    return rows, rates
+
+
+_PAIRS = {  # ratio name: (case, reference case, basis)
+    "shardio_vs_webdataset": ("shardio .tar, 0w", "webdataset + soundfile .tar, 0w", "cpu"),
+    "shardio_vs_soundfile_floor": ("shardio .tar, 0w", "soundfile floor (bytes in memory)", "cpu"),
+    "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
+    "shardio_vs_numpy_batch_floor": ("shardio .tar, 0w", "numpy raw floor into padded batches", "cpu"),
+    "zstd_vs_tar": ("shardio .tar.zst (zstd-3), 0w", "shardio .tar, 0w", "cpu"),
+    "two_workers_vs_one": ("shardio .tar, 2w", "shardio .tar, 1w", "wall"),
+    "two_workers_vs_one_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 1w", "cpu"),
+}
+
+
+def _ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str, Any]]:
+    """Per-round ratios between the cases of ``corpus`` that the targets compare."""
+    found = {}
+    for name, (top, bottom, basis) in _PAIRS.items():
+        a, b = rates.get(f"{corpus}|{top}"), rates.get(f"{corpus}|{bottom}")
+        if a and b:
+            found[name] = {**stats([x / y for x, y in zip(a[basis], b[basis])]), "basis": basis}
+    return found
+
+
+def _compression(source: Corpus, work: Path, config: BenchConfig, batch_size: int,
+                 progress: bool) -> list[dict[str, Any]]:
+    """Size and sequential read speed of the first samples of ``source`` under each shard codec."""
+    count = config.compression_samples
+    variants = [("none", 0), ("zstd", 1), ("zstd", 3), ("zstd", 19), ("gzip", 0), ("bz2", 0)]
+    made: dict[str, Corpus] = {}
+    for codec, level in tqdm(variants, desc="compressing", disable=not progress, leave=False):
+        variant = make_variant(source, codec, work, level=level, samples=count)
+        if variant is not None:
+            made[f"zstd-{level}" if codec == "zstd" else codec] = variant
+    plain = made["none"]
+    ext = audio_members(plain, limit=1)[0][0]
+    items = []
+    for label, corpus in made.items():
+        if corpus.audio_seconds:  # indexed: shardio reads it (in shard order: stream codecs cannot seek)
+            items.append(_Case(label, "shardio, sequential, 0w", "shardio", label, 0,
+                               corpus.shard_bytes / 1e6, partial(cases.shardio_epoch, corpus.directory, workers=0,
+                                                                 batch_size=batch_size, shuffle=False)))
+        if not label.startswith("zstd"):
+            items.append(_Case(label, "webdataset + soundfile, 0w", "webdataset", label, 0,
+                               corpus.shard_bytes / 1e6, partial(cases.webdataset_epoch, shard_files(corpus), ext=ext,
+                                                                 workers=0, batch_size=batch_size)))
+    rows, _ = _rounds(items, max(1, config.reps // 2), progress)
+    for row in rows:
+        corpus = made[row["codec"]]
+        row.update(corpus=f"{source.name}, first {corpus.samples} samples", shard_bytes=corpus.shard_bytes,
+                   size_vs_tar=round(corpus.shard_bytes / plain.shard_bytes, 4))
+    return rows
+
+
+def _resume(corpus: Corpus, config: BenchConfig, batch_size: int) -> list[dict[str, Any]]:
+    shards, ext = shard_files(corpus), audio_members(corpus, limit=1)[0][0]
+    rows = []
+    for fraction in (0.0, 0.5, 0.9):
+        runs: dict[str, list[float]] = {"shardio, 0w": [], "shardio, 2w": [], "webdataset (skips by reading)": []}
+        for _ in range(config.resume_reps):
+            runs["shardio, 0w"].append(cases.resume_latency(corpus.directory, fraction=fraction,
+                                                            batch_size=batch_size, workers=0))
+            runs["shardio, 2w"].append(cases.resume_latency(corpus.directory, fraction=fraction,
+                                                            batch_size=batch_size, workers=2))
+            runs["webdataset (skips by reading)"].append(cases.webdataset_skip_latency(
+                shards, ext=ext, fraction=fraction, samples=corpus.samples, batch_size=batch_size))
+        rows += [{"position": fraction, "loader": name, "seconds_to_first_batch": stats(values)}
+                 for name, values in runs.items()]
+    return rows
+
+
+def _stall(corpus: Corpus, config: BenchConfig, batch_size: int, step_ms: float) -> list[dict[str, Any]]:
+    shards, ext = shard_files(corpus), audio_members(corpus, limit=1)[0][0]
+    rows = []
+    for workers in (1, 2):
+        makers = {"shardio": lambda w=workers: cases.shardio_loader(corpus.directory, workers=w,
+                                                                    batch_size=batch_size, persistent=False),
+                  "webdataset + soundfile": lambda w=workers: cases.DataLoader(
+                      cases.webdataset_pipeline(shards, ext=ext, batch_size=batch_size), batch_size=None,
+                      num_workers=w)}
+        for loader, make in makers.items():
+            runs = [cases.stall(make(), step_seconds=step_ms / 1000, batches=config.stall_batches)
+                    for _ in range(config.stall_reps)]
+            rows.append({"loader": loader, "workers": workers, "step_ms": step_ms,
+                         "batches": runs[0]["batches"], "wait_share": stats([r["wait_share"] for r in runs]),
+                         "wait_ms_per_batch": stats([r["wait_ms_per_batch"] for r in runs])})
+    return rows
+
+
+def _corpora(directory: str | os.PathLike[str] | None, out: Path, config: BenchConfig) -> list[Corpus]:
+    if directory is None:
+        return prepare_corpora(out, wav_files=config.wav_files, flac_repeats=config.flac_repeats,
+                               flac_files=config.flac_files, flac_limit=config.flac_limit,
+                               samples_per_shard=config.samples_per_shard)
+    user = dataset_corpus(directory, Path(directory).resolve().name, "user dataset")
+    if user.codec == "none":
+        return [user]
+    plain = make_variant(user, "none", out / "datasets")
+    if plain is None:
+        raise OptionError(f"{directory}: cannot make a plain .tar copy of this dataset to compare against")
+    return [plain]
+
+
+def run_bench(directory: str | os.PathLike[str] | None = None, *, out_dir: str | os.PathLike[str],
+              quick: bool = False, reps: int | None = None, batch_size: int = 16, step_ms: float = 10.0,
+              progress: bool = True, command: str = "shardio bench") -> dict[str, Any]:
+    """Run the bench on the dataset at ``directory`` (or on corpora generated into ``out_dir``); return the
+    results and write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``.
+
+    ``quick`` uses tiny corpora and fewer rounds (a smoke test, not figures); ``reps`` overrides the number
+    of timed rounds; ``step_ms`` is the training step of the stall figure.
+    """
+    config = QUICK if quick else FULL
+    if reps is not None:
+        if reps < 1:
+            raise OptionError(f"reps must be at least 1, not {reps}")
+        config = replace(config, reps=reps)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    machine = machine_facts()
+    corpora = _corpora(directory, out, config)
+    throughput: list[dict[str, Any]] = []
+    ratios: dict[str, dict[str, Any]] = {}
+    zstd_sizes: dict[str, float] = {}
+    for corpus in corpora:
+        logger.info("bench: %s (%s), %d samples, %.0f s of audio", corpus.name, corpus.source, corpus.samples,
+                    corpus.audio_seconds)
+        zstd = make_variant(corpus, "zstd", out / "datasets", level=3)
+        assert zstd is not None
+        rows, rates = _rounds(_throughput_cases(corpus, zstd, config, batch_size), config.reps, progress)
+        throughput += rows
+        ratios[corpus.name] = _ratios(rates, corpus.name)
+        zstd_sizes[corpus.name] = round(zstd.shard_bytes / max(corpus.shard_bytes, 1), 4)
+    first = corpora[0]
+    logger.info("bench: compression, resume, balance, stall")
+    result: dict[str, Any] = {
+        "command": command,
+        "quick": quick,
+        "reps": config.reps,
+        "batch_size": batch_size,
+        "machine": machine,
+        "corpora": [{**c.as_dict(), "directory": Path(c.directory).name,
+                     "zstd3_size_vs_tar": zstd_sizes[c.name]}
+                    for c in corpora],
+        "throughput": throughput,
+        "ratios": ratios,
+        "compression": _compression(first, out / "compression", config, batch_size, progress),
+        "resume": _resume(first, config, batch_size),
+        "balance": cases.balance(*cases.uneven_shards(), world_sizes=config.world_sizes, batch_size=batch_size),
+        "stall": _stall(first, config, batch_size, step_ms),
+    }
+    result["targets"] = evaluate_targets(result)
+    machine["load_average_end"] = list(os.getloadavg())
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["files"] = write_report(result, out)
+    return result

@@ -1,0 +1,278 @@
+"""The measured cases of ``shardio bench``: loaders, decoder floors, resume, balance and a training-loop stall.
+
+Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
+read (samples and audio seconds); :mod:`shardio.bench` times it. WebDataset is imported only here, lazily
+(it is the ``bench`` extra), and uses the same decoder as users do today: soundfile on ``io.BytesIO``.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import soundfile
+from torch.utils.data import DataLoader
+
+from .collate import collate
+from .dataset import ShardDataset
+from .plan import Batching, plan_epoch
+
+__all__ = [
+    "Epoch",
+    "balance",
+    "numpy_batch_floor",
+    "numpy_floor",
+    "pcm_layout",
+    "resume_latency",
+    "shardio_epoch",
+    "soundfile_floor",
+    "stall",
+    "webdataset_epoch",
+    "webdataset_skip_latency",
+]
+
+Epoch = Callable[[], tuple[int, float]]
+"""Reads the corpus once; returns ``(samples, audio seconds)``."""
+
+
+_PAGE_FLOATS = 1024  # float32 values in a 4 KiB page
+
+
+def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
+    """Consume batches as a trainer would: touch every page of the audio (as a copy to the GPU does; from
+    workers the batch arrives as shared memory that faults in page by page), count samples and seconds."""
+    samples, seconds = 0, 0.0
+    for batch in batches:
+        samples += len(batch["keys"])
+        seconds += float((batch["lengths"].double() / batch["sample_rate"]).sum())
+        float(batch["audio"].reshape(-1)[::_PAGE_FLOATS].sum())
+    return samples, seconds
+
+
+def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
+                   persistent: bool = True) -> DataLoader:
+    """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches)."""
+    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle)
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent and workers > 0)
+
+
+def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True) -> Epoch:
+    """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader."""
+    loader = shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle)
+    return lambda: _count(loader)
+
+
+def _soundfile_sample(ext: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def decode(sample: dict[str, Any]) -> dict[str, Any]:
+        audio, rate = soundfile.read(io.BytesIO(sample[ext]), dtype="float32", always_2d=True)
+        return {"key": sample["__key__"], "audio": audio.T, "sample_rate": rate}
+    return decode
+
+
+def webdataset_pipeline(shards: Sequence[str], *, ext: str, batch_size: int, decode: bool = True) -> Any:
+    """WebDataset over ``shards`` in order, decoding ``ext`` with soundfile and batching with shardio's collate."""
+    import webdataset as wds
+
+    pipeline = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False)
+    if decode:
+        pipeline = pipeline.map(_soundfile_sample(ext)).batched(batch_size, collation_fn=collate, partial=True)
+    return pipeline
+
+
+def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_size: int) -> Epoch:
+    """What users have today: WebDataset + soundfile from ``io.BytesIO``, same batching and collate."""
+    pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size)
+    loader = DataLoader(pipeline, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+    return lambda: _count(loader)
+
+
+def soundfile_floor(members: Sequence[tuple[str, bytes]]) -> Epoch:
+    """The decoder floor: soundfile on each audio member's bytes, already in memory, in a tight loop."""
+    def epoch() -> tuple[int, float]:
+        seconds = 0.0
+        for _ext, data in members:
+            audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+            seconds += audio.shape[0] / rate
+        return len(members), seconds
+    return epoch
+
+
+def pcm_layout(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(data offset, frames, channels, rate, bits)`` of a PCM 16/32-bit or float32 WAV, else None."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    position, fmt = 12, None
+    while position + 8 <= len(data):
+        chunk, size = data[position : position + 4], struct.unpack_from("<I", data, position + 4)[0]
+        if chunk == b"fmt ":
+            fmt = struct.unpack_from("<HHIIHH", data, position + 8)
+        elif chunk == b"data" and fmt is not None:
+            tag, channels, rate, _, _, bits = fmt
+            if (tag, bits) not in ((1, 16), (1, 32), (3, 32)):
+                return None
+            size = min(size, len(data) - position - 8)
+            return position + 8, size // (channels * bits // 8), channels, rate, bits * (1 if tag == 1 else -1)
+        position += 8 + size + (size & 1)
+    return None
+
+
+def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
+    """The raw floor for PCM WAV: header walk, ``frombuffer``, cast and scale to float32; no audio library."""
+    layouts = [pcm_layout(data) for _ext, data in members]
+    if not layouts or any(layout is None for layout in layouts):
+        return None
+    kinds = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)), -32: ("<f4", np.float32(1.0))}
+
+    def epoch() -> tuple[int, float]:
+        seconds = 0.0
+        for _ext, data in members:
+            offset, frames, channels, rate, bits = pcm_layout(data)  # type: ignore[misc]
+            dtype, scale = kinds[bits]
+            audio = np.frombuffer(data, dtype, frames * channels, offset).astype(np.float32)
+            audio *= scale
+            audio = audio.reshape(frames, channels).T
+            seconds += frames / rate
+        return len(members), seconds
+    return epoch
+
+
+def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> Epoch | None:
+    """The raw floor of a loader that yields padded batches: as :func:`numpy_floor`, but each sample is cast
+    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on (fresh memory, not cache)."""
+    layouts = [pcm_layout(data) for _ext, data in members]
+    if not layouts or any(layout is None for layout in layouts):
+        return None
+    kinds = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)), -32: ("<f4", np.float32(1.0))}
+
+    def epoch() -> tuple[int, float]:
+        seconds, kept = 0.0, None
+        for start in range(0, len(members), batch_size):
+            chunk = [(data, pcm_layout(data)) for _ext, data in members[start : start + batch_size]]
+            channels, longest = chunk[0][1][2], max(layout[1] for _, layout in chunk)  # type: ignore[index]
+            batch = np.zeros((len(chunk), channels, longest), np.float32)
+            for row, (data, layout) in enumerate(chunk):
+                offset, frames, channels, rate, bits = layout  # type: ignore[misc]
+                dtype, scale = kinds[bits]
+                target = batch[row, :, :frames]
+                np.copyto(target, np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
+                          casting="unsafe")
+                target *= scale
+                seconds += frames / rate
+            kept = batch  # the consumer holds the batch while the next one is made
+        del kept
+        return len(members), seconds
+    return epoch
+
+
+def resume_latency(directory: str, *, fraction: float, batch_size: int, workers: int) -> float:
+    """Seconds from a fresh dataset to its first batch after ``load_state_dict`` at ``fraction`` of epoch 0."""
+    started = time.perf_counter()
+    dataset = ShardDataset(directory, batch_size=batch_size)
+    position = int(fraction * len(dataset))
+    if position:
+        dataset.load_state_dict(dataset.state_after({"epoch": 0, "batch_index": position - 1}))
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+    iterator = iter(loader)
+    next(iterator)
+    seconds = time.perf_counter() - started
+    del iterator
+    return seconds
+
+
+def webdataset_skip_latency(shards: Sequence[str], *, ext: str, fraction: float, samples: int,
+                            batch_size: int) -> float:
+    """WebDataset has no resume: seconds to skip ``fraction`` of the samples (read, not decoded), then batch."""
+    started = time.perf_counter()
+    raw = iter(webdataset_pipeline(shards, ext=ext, batch_size=batch_size, decode=False))
+    for _ in itertools.islice(raw, int(fraction * samples)):
+        pass
+    decode = _soundfile_sample(ext)
+    collate([decode(sample) for sample in itertools.islice(raw, batch_size)])
+    return time.perf_counter() - started
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each (shard ids, durations)."""
+    rng = np.random.default_rng([seed, 7])
+    counts = rng.integers(10, 400, shards)
+    shard_ids = np.repeat(np.arange(shards, dtype=np.uint32), counts)
+    durations = rng.uniform(1.0, 15.0, shard_ids.shape[0]) * rng.uniform(0.5, 1.5, shards)[shard_ids]
+    return shard_ids, durations
+
+
+def balance(shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequence[int],
+            batch_size: int) -> list[dict[str, Any]]:
+    """Per-rank batch counts and audio seconds: shardio's plan vs WebDataset's ``split_by_node`` (metadata only)."""
+    from webdataset import split_by_node
+
+    num_shards = int(shard_ids.max()) + 1
+    per_shard_samples = np.bincount(shard_ids, minlength=num_shards)
+    per_shard_seconds = np.bincount(shard_ids, weights=durations, minlength=num_shards)
+    rows = []
+    for world in world_sizes:
+        plan = plan_epoch(shard_ids, durations, num_shards, seed=0, epoch=0, world_size=world,
+                          batching=Batching(batch_size=batch_size))
+        seconds = [float(sum(durations[plan.batch(r, j)].sum() for j in range(plan.num_batches)))
+                   for r in range(world)]
+        rows.append(_balance_row("shardio", world, [plan.num_batches] * world, seconds))
+        batches, seconds = [], []
+        for rank in range(world):
+            with _environment(RANK=str(rank), WORLD_SIZE=str(world)):
+                mine = list(split_by_node(range(num_shards)))
+            batches.append(math.ceil(int(per_shard_samples[mine].sum()) / batch_size))
+            seconds.append(float(per_shard_seconds[mine].sum()))
+        rows.append(_balance_row("webdataset split_by_node", world, batches, seconds))
+    return rows
+
+
+def _balance_row(loader: str, world: int, batches: list[int], seconds: list[float]) -> dict[str, Any]:
+    return {"loader": loader, "world_size": world, "batches_per_rank": batches,
+            "audio_seconds_per_rank": [round(s, 1) for s in seconds],
+            "batch_spread": max(batches) - min(batches),
+            "audio_max_over_min": round(max(seconds) / max(min(seconds), 1e-9), 3),
+            "synchronised_steps": min(batches),
+            "idle_rank_batches": sum(max(batches) - b for b in batches)}
+
+
+def stall(loader: Iterable[dict[str, Any]], *, step_seconds: float, batches: int) -> dict[str, float]:
+    """A training loop that spends ``step_seconds`` per batch (sleeping, as while a GPU computes): the share of
+    its time spent waiting for data, from the second batch on (the first includes worker start-up)."""
+    iterator = iter(loader)
+    next(iterator)
+    waited, taken = 0.0, 0
+    started = time.perf_counter()
+    for _ in range(batches):
+        asked = time.perf_counter()
+        try:
+            next(iterator)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - asked
+        taken += 1
+        time.sleep(step_seconds)
+    total = time.perf_counter() - started
+    del iterator
+    return {"batches": taken, "wait_share": waited / max(total, 1e-9), "seconds": total,
+            "wait_ms_per_batch": 1000 * waited / max(taken, 1)}

@@ -1,0 +1,101 @@
+"""``shardio bench``: a quick run on tiny generated corpora holds every comparison and renders its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("webdataset")
+
+from shardio.bench import run_bench
+from shardio.benchcases import numpy_floor, pcm_layout
+
+
+def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
+    result = run_bench(None, out_dir=tmp_path, quick=True, progress=False)
+    corpora = {c["name"]: c for c in result["corpora"]}
+    assert set(corpora) == {"wav16k", "flac"} and corpora["wav16k"]["audio_format"] == "wav"
+    cases = {(r["corpus"], r["case"]) for r in result["throughput"]}
+    for corpus in ("wav16k", "flac"):
+        for workers in (0, 1, 2):
+            assert (corpus, f"shardio .tar, {workers}w") in cases
+        assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
+        assert (corpus, "webdataset + soundfile .tar, 0w") in cases
+        assert (corpus, "soundfile floor (bytes in memory)") in cases
+    assert ("wav16k", "numpy raw floor (bytes in memory)") in cases
+    assert ("flac", "numpy raw floor (bytes in memory)") not in cases  # no raw floor for FLAC
+    for row in result["throughput"]:
+        assert row["samples"] == corpora[row["corpus"]]["samples"]  # every case read the whole corpus
+        assert row["samples_per_s"]["min"] <= row["samples_per_s"]["median"] <= row["samples_per_s"]["max"]
+        assert len(row["samples_per_s"]["runs"]) == 2 and row["peak_rss_mb"] > 0
+    codecs = {r["codec"] for r in result["compression"]}
+    assert {"none", "zstd-1", "zstd-3", "zstd-19", "gzip", "bz2"} <= codecs
+    assert {(r["position"], r["loader"]) for r in result["resume"]} >= {(0.9, "shardio, 0w"), (0.5, "shardio, 2w")}
+    shardio_balance = [r for r in result["balance"] if r["loader"] == "shardio"]
+    assert [r["world_size"] for r in shardio_balance] == [2, 4, 8]
+    assert all(r["batch_spread"] == 0 for r in shardio_balance)  # every rank the same number of batches
+    assert {(r["loader"], r["workers"]) for r in result["stall"]} == {
+        (loader, w) for loader in ("shardio", "webdataset + soundfile") for w in (1, 2)}
+    assert {t["ratio"] for t in result["targets"]} >= {"shardio_vs_webdataset", "shardio_vs_numpy_floor",
+                                                      "shardio_vs_soundfile_floor", "zstd_vs_tar",
+                                                      "two_workers_vs_one"}
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "## Targets" in markdown and "webdataset + soundfile" in markdown
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+    assert str(tmp_path) not in (tmp_path / "bench.json").read_text()  # no machine paths in the results
+
+
+def test_numpy_floor_reads_pcm_and_refuses_other_formats() -> None:
+    import io
+
+    import numpy as np
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros((800, 2), np.float32), 8000, subtype="PCM_16", format="WAV")
+    wav = buffer.getvalue()
+    assert pcm_layout(wav)[1:] == (800, 2, 8000, 16)  # type: ignore[index]
+    floor = numpy_floor([("wav", wav)])
+    assert floor is not None and floor() == (1, 0.1)
+    assert numpy_floor([("flac", b"fLaC....")]) is None
+
+
+# -- the in-place batch path (decode_audio(out=...) into collate's audio_block) ---------------------
+
+
+def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
+    import io
+
+    import numpy as np
+    import soundfile
+    import torch
+
+    from shardio.collate import audio_block, collate
+    from shardio.decode import decode_audio
+
+    rng = np.random.default_rng(3)
+    encoded = []
+    for frames, (container, subtype) in zip((900, 400, 1200), (("WAV", "PCM_16"), ("FLAC", "PCM_24"),
+                                                                ("WAV", "FLOAT"))):
+        buffer = io.BytesIO()
+        soundfile.write(buffer, rng.uniform(-1, 1, (frames, 1)), 16000, format=container, subtype=subtype)
+        encoded.append((container.lower(), buffer.getvalue()))
+    plain = collate([{"key": str(i), "audio": decode_audio(data, ext)[0], "sample_rate": 16000}
+                     for i, (ext, data) in enumerate(encoded)])
+    block = audio_block([900, 400, 1200], 1)
+    rows = block.numpy()
+    samples = []
+    for i, (ext, data) in enumerate(encoded):
+        audio, rate = decode_audio(data, ext, out=rows[i])
+        assert np.shares_memory(audio, rows[i])  # decoded in place
+        samples.append({"key": str(i), "audio": audio, "sample_rate": rate})
+    batch = collate(samples, audio=block)
+    assert batch["audio"] is block
+    for name in ("audio", "lengths", "sample_rate"):
+        assert torch.equal(batch[name], plain[name]), name
+    too_small = audio_block([10, 10, 10], 1)  # a sample that does not fit: a new batch, same content
+    assert torch.equal(collate(samples, audio=too_small)["audio"], plain["audio"])
