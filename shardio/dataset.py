@@ -21,9 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .collate import collate, to_tensors
+from .collate import audio_block, collate, to_tensors
 from .decode import decode_audio
 from .errors import FormatError, OptionError, ShardioError, StateError
 from .index import Index
@@ -235,11 +236,24 @@ class ShardDataset(IterableDataset):
             yield batch
         self._finished = True
 
+    def _audio_block(self, ids: np.ndarray) -> torch.Tensor | None:
+        """The batch's audio sized from the index, for samples to decode straight into; None when the decoded
+        audio is not what the batch holds (mono mix, resampling, a transform) or the channels differ."""
+        if not self.batched or self.mono or self.sample_rate is not None or self.transform is not None:
+            return None
+        channels = self.index.columns["channels"][ids]
+        if ids.shape[0] == 0 or (channels != channels[0]).any():
+            return None
+        return audio_block(self.index.columns["num_frames"][ids].tolist(), int(channels[0]))
+
     def _load(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
-        samples, skipped = [], []
+        samples: list[dict[str, Any]] = []
+        skipped: list[str] = []
+        block = self._audio_block(ids)
+        rows = block.numpy() if block is not None else None
         for sample_id in ids.tolist():
             try:
-                samples.append(self._sample(sample_id, epoch))
+                samples.append(self._sample(sample_id, epoch, out=None if rows is None else rows[len(samples)]))
             except ShardioError as exc:
                 if self.on_error == "raise":
                     raise
@@ -249,23 +263,24 @@ class ShardDataset(IterableDataset):
                 self.stats.skip(exc)
         self.stats.samples += len(samples)
         if self.batched:
-            batch = collate(samples)
+            batch = collate(samples, audio=block if not skipped else None)
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
         batch["skipped"] = skipped
         return batch
 
-    def _sample(self, sample_id: int, epoch: int) -> dict[str, Any]:
+    def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
+        """Read, decode (into ``out``, a batch row, when it fits) and transform one sample."""
         assert self._reader is not None
         index, reader = self.index, self._reader
         key = index.keys[sample_id]
         where = reader.where(sample_id)
-        members = reader.members(sample_id)
+        members = reader.members(sample_id, where)
         ext = index.formats[int(index.columns["format"][sample_id])]
         if ext not in members:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
         audio, rate = decode_audio(members[ext], ext, where=where, mono=self.mono, sample_rate=self.sample_rate,
-                                   check_finite=self.check_finite)
+                                   check_finite=self.check_finite, out=out)
         sample: dict[str, Any] = {"key": key, "audio": audio, "sample_rate": rate}
         if "json" in members:
             try:

@@ -150,7 +150,7 @@ class MixedDataset(ShardDataset):
                 logger.info("epoch %d mix plan: %s", epoch, report)
         return self._plans[key]
 
-    def _sample(self, sample_id: int, epoch: int) -> dict[str, Any]:
-        sample = super()._sample(sample_id, epoch)
+    def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
+        sample = super()._sample(sample_id, epoch, out)
         sample["corpus"] = self.index.corpus(sample_id)
         return sample

@@ -243,10 +243,11 @@ class Reader:
             raise FormatError(f"{where}: the sample runs past its frame ({end} > {len(data)} bytes)")
         return memoryview(data)[start:end]
 
-    def members(self, sample: int) -> dict[str, memoryview]:
-        """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key."""
+    def members(self, sample: int, where: str | None = None) -> dict[str, memoryview]:
+        """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key (``where``,
+        when the caller already has it, names the sample in errors)."""
         key = self.index.keys[sample]
-        where = self.where(sample)
+        where = where or self.where(sample)
         found: dict[str, memoryview] = {}
         parsed = parse_members(self.sample_bytes(sample, where), where)
         for name, data in parsed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -110,9 +110,9 @@ def _octal(field: bytes, where: str) -> int:
         raise FormatError(f"{where}: bad numeric field {field!r} in a tar header") from None
 
 
-def _check(header: bytes | memoryview, where: str) -> None:
-    stored = _octal(bytes(header[148:156]), where)
-    actual = sum(bytes(header[:148])) + 8 * 32 + sum(bytes(header[156:]))
+def _check(header: bytes, where: str) -> None:
+    stored = _octal(header[148:156], where)
+    actual = sum(header) - sum(header[148:156]) + 8 * 32
     if stored != actual:
         raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
 
@@ -143,8 +143,9 @@ def _pax_path(data: bytes, where: str) -> str | None:
     return path
 
 
-def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Member]:
-    """Walk tar headers through three callbacks; shared by the buffer and stream walkers."""
+def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable[[int, int], bytes],
+                  skip_data: Callable[[int, int], None], where: str) -> Iterator[Member]:
+    """Walk tar headers through three callbacks over a sequential stream (see :func:`walk`)."""
     offset = 0
     long_name: str | None = None
     while True:
@@ -154,9 +155,10 @@ def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Memb
         if len(header) < BLOCK:
             raise FormatError(f"{where}: truncated tar header at offset {offset} "
                               f"({len(header)} of {BLOCK} bytes)")
+        header = bytes(header)
         _check(header, f"{where} at offset {offset}")
-        size = _octal(bytes(header[124:136]), where)
-        kind = bytes(header[156:157])
+        size = _octal(header[124:136], where)
+        kind = header[156:157]
         data_offset = offset + BLOCK
         end = data_offset + size + (-size % BLOCK)
         if kind in (b"x", b"L"):
@@ -165,12 +167,7 @@ def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Memb
         elif kind == b"g":
             skip_data(data_offset, size)
         else:
-            if long_name is not None:
-                name = long_name
-            else:
-                prefix = _text(bytes(header[345:500]).split(b"\0", 1)[0], where)
-                base = _text(bytes(header[0:100]).split(b"\0", 1)[0], where)
-                name = f"{prefix}/{base}" if prefix else base
+            name = long_name if long_name is not None else _name(bytes(header), where)
             long_name = None
             skip_data(data_offset, size)
             if kind in _REGULAR:
@@ -178,25 +175,43 @@ def _walk_headers(read_block, read_data, skip_data, where: str) -> Iterator[Memb
         offset = end
 
 
+def _name(header: bytes, where: str) -> str:
+    prefix = header[345:500].split(b"\0", 1)[0]
+    base = _text(header[0:100].split(b"\0", 1)[0], where)
+    return f"{_text(prefix, where)}/{base}" if prefix else base
+
+
 def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, memoryview]]:
-    """The regular members of a tar byte range, as ``(name, data view)``; no copies are made."""
+    """The regular members of a tar byte range, as ``(name, data view)``; no copies of the data are made.
+
+    The reader's hot path, so one flat loop over the buffer rather than :func:`walk`'s callbacks.
+    """
     view = memoryview(buffer)
     total = len(view)
-
-    def read_block(offset: int) -> memoryview | None:
-        return view[offset : offset + BLOCK] if offset < total else None
-
-    def read_data(offset: int, size: int) -> bytes:
-        if offset + size > total:
-            raise FormatError(f"{where}: tar member data runs past the end ({offset + size} > {total})")
-        return bytes(view[offset : offset + size])
-
-    def skip_data(offset: int, size: int) -> None:
-        if offset + size > total:
-            raise FormatError(f"{where}: tar member data runs past the end ({offset + size} > {total})")
-
-    return [(m.name, view[m.data_offset : m.data_offset + m.size]) for m in _walk_headers(
-        read_block, read_data, skip_data, where)]
+    found: list[tuple[str, memoryview]] = []
+    offset, long_name = 0, None
+    while offset < total:
+        header = view[offset : offset + BLOCK].tobytes()
+        if not any(header):
+            break
+        if len(header) < BLOCK:
+            raise FormatError(f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)")
+        _check(header, f"{where} at offset {offset}")
+        size = _octal(header[124:136], where)
+        start = offset + BLOCK
+        if start + size > total:
+            raise FormatError(f"{where}: tar member data runs past the end ({start + size} > {total})")
+        kind = header[156:157]
+        if kind in (b"x", b"L"):
+            raw = view[start : start + size].tobytes()
+            long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
+        elif kind != b"g":
+            name = long_name if long_name is not None else _name(header, where)
+            long_name = None
+            if kind in _REGULAR:
+                found.append((name, view[start : start + size]))
+        offset = start + size + (-size % BLOCK)
+    return found
 
 
 def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, bytes]]:
