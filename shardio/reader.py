@@ -65,17 +65,19 @@ class Reader:
     worker) drops its parent's handles and counters on first use, and reopens.
     """
 
-    def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64) -> None:
+    def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
+                 stream_cache_bytes: int = 1 << 30) -> None:
         self.index = index
         self.retry = retry
         self.max_open = max_open
+        self.stream_cache_bytes = stream_cache_bytes
         self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
         self._fs: Any = None  # the fsspec filesystem of a remote dataset, made once
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._scratch: bytearray | None = None  # reused for the reads of plain-tar samples
-        self._stream: tuple[int, bytes] | None = None  # (shard, whole decompressed tar)
+        self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._pid = os.getpid()
@@ -87,7 +89,7 @@ class Reader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _stream=None, _scratch=None, _decompressor=None, stats=ReadStats(),
+        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _scratch=None, _decompressor=None, stats=ReadStats(),
                      _fs=None)
         return state
 
@@ -106,7 +108,8 @@ class Reader:
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._stream = self._fs = None
+        self._frame = self._fs = None
+        self._streams = OrderedDict()
         self.stats = ReadStats()
         self._pid = os.getpid()
 
@@ -200,20 +203,27 @@ class Reader:
         return target
 
     def _stream_bytes(self, shard: int, where: str) -> bytes:
-        if self._stream is None or self._stream[0] != shard:
-            info = self.index.shards[shard]
-            raw = self.read_range(shard, 0, info.bytes, where)
-            try:
-                if info.codec == "gzip":
-                    data = gzip.decompress(raw)
-                elif info.codec == "bz2":
-                    data = bz2.decompress(raw)
-                else:
-                    data = self._decompressor.stream_reader(io.BytesIO(raw), read_across_frames=True).read()
-            except Exception as exc:  # noqa: BLE001 - every codec raises its own type
-                raise FormatError(f"{where}: cannot decompress the shard ({info.codec}): {exc}") from None
-            self._stream = (shard, data)
-        return self._stream[1]
+        """The whole decompressed tar of a stream-codec shard; recent ones stay in memory (up to
+        ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each once."""
+        cached = self._streams.get(shard)
+        if cached is not None:
+            self._streams.move_to_end(shard)
+            return cached
+        info = self.index.shards[shard]
+        raw = self.read_range(shard, 0, info.bytes, where)
+        try:
+            if info.codec == "gzip":
+                data = gzip.decompress(raw)
+            elif info.codec == "bz2":
+                data = bz2.decompress(raw)
+            else:
+                data = self._decompressor.stream_reader(io.BytesIO(raw), read_across_frames=True).read()
+        except Exception as exc:  # noqa: BLE001 - every codec raises its own type
+            raise FormatError(f"{where}: cannot decompress the shard ({info.codec}): {exc}") from None
+        self._streams[shard] = data
+        while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
+            self._streams.popitem(last=False)
+        return data
 
     def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
