@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,8 @@ from .storage import join
 __all__ = ["MixIndex", "MixedDataset"]
 
 logger = logging.getLogger(__name__)
+
+_BATCHING_OPTIONS = [f.name for f in fields(Batching)]
 
 
 @dataclass
@@ -112,13 +114,13 @@ class MixedDataset(ShardDataset):
 
     def __init__(self, sources: Mapping[str, str | os.PathLike[str] | Index], weights: Mapping[str, float],
                  epoch_size: EpochSize, *, weight_by: str = "duration", single_corpus_batches: bool = False,
-                 batching: Batching | None = None, batch_size: int | None = None, max_duration: float | None = None,
-                 max_batch_size: int | None = None, remainder: str = "pad", **options: Any) -> None:
-        shortcuts = (batch_size, max_duration, max_batch_size)
-        if batching is not None and (any(v is not None for v in shortcuts) or remainder != "pad"):
-            raise OptionError("give batching, or batch_size/max_duration/max_batch_size/remainder, not both")
-        batching = batching or Batching(batch_size=batch_size, max_duration=max_duration,
-                                        max_batch_size=max_batch_size, remainder=remainder)
+                 batching: Batching | None = None, **options: Any) -> None:
+        given = {name: options.pop(name) for name in _BATCHING_OPTIONS if name in options}
+        if batching is not None and given:
+            raise OptionError(f"give batching, or {', '.join(sorted(given))}, not both")
+        if given.get("duration_bins") is not None:
+            given["duration_bins"] = tuple(given["duration_bins"])
+        batching = batching or Batching(**given)
         self.mix = Mix(weights, epoch_size, weight_by, single_corpus_batches)
         if set(sources) != set(self.mix.weights):
             raise OptionError(f"sources name corpora {sorted(sources)}, weights name {sorted(self.mix.weights)}")

@@ -223,3 +223,12 @@ def test_a_state_from_another_mix_is_refused(sources: dict[str, str]) -> None:
     with pytest.raises(OptionError, match="not both"):
         MixedDataset(sources, {"big": 1, "mid": 1, "tiny": 1}, EpochSize(hours=1), batching=Batching(batch_size=2),
                      batch_size=3)
+
+
+def test_batching_keywords_reach_the_mix(sources: dict[str, str]) -> None:
+    by_keywords = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), seed=3,
+                               max_duration=2.0, num_buckets=2, quadratic_duration=30.0)
+    assert by_keywords.batching == Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0)
+    explicit = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), seed=3,
+                            batching=Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0))
+    assert by_keywords.plan().rank_batches.tolist() == explicit.plan().rank_batches.tolist()
