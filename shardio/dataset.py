@@ -192,13 +192,17 @@ class ShardDataset(IterableDataset):
         key = (epoch, history, world_size)
         if key not in self._plans:
             batching = self.batching if self.batched else replace(self.batching, batch_size=1)
-            self._plans = {key: plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards),
-                                           seed=self.seed, epoch=epoch, world_size=world_size,
-                                           batching=batching, ordering=self.ordering, history=history)}
+            self._plans = {key: self._make_plan(epoch, history, world_size, batching)}
             report = self._plans[key].report
-            if report["dropped"] or report["padded"] or report["excluded"]:
+            if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
                 logger.info("epoch %d plan: %s", epoch, report)
         return self._plans[key]
+
+    def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
+        """Plan an epoch (the one step a dataset over other index layouts, such as a mix, replaces)."""
+        return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
+                          epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
+                          history=history)
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) this rank yields in the current epoch."""

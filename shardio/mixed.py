@@ -20,7 +20,7 @@ from .dataset import ShardDataset
 from .errors import OptionError
 from .index import Index, ShardInfo
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
-from .plan import Batching, EpochPlan, options_of
+from .plan import Batching, EpochPlan, Segment, options_of
 from .storage import join
 
 __all__ = ["MixIndex", "MixedDataset"]
@@ -136,21 +136,9 @@ class MixedDataset(ShardDataset):
         parts = {part_name: part.fingerprint for part_name, part in zip(self.index.names, self.index.parts)}
         return {**options_of(self.batching, self.ordering), "mix": self.mix.options(), "corpora": parts}
 
-    def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The mix's plan of ``epoch`` (default: the current one) for this world, after this epoch's segments."""
-        epoch = self._epoch if epoch is None else epoch
-        history = self._history if epoch == self._epoch else ()
-        world_size = self.ranks().world_size
-        key = (epoch, history, world_size)
-        if key not in self._plans:
-            batching = self.batching if self.batched else replace(self.batching, batch_size=1)
-            self._plans = {key: plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch,
-                                         world_size=world_size, batching=batching, ordering=self.ordering,
-                                         history=history)}
-            report = self._plans[key].report
-            if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
-                logger.info("epoch %d mix plan: %s", epoch, report)
-        return self._plans[key]
+    def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
+        return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
+                        batching=batching, ordering=self.ordering, history=history)
 
     def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
         sample = super()._sample(sample_id, epoch, out)
