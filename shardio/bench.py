@@ -180,7 +180,7 @@ def _compression(source: Corpus, work: Path, config: BenchConfig, batch_size: in
         if corpus.audio_seconds:  # indexed: shardio reads it (in shard order: stream codecs cannot seek)
             items.append(_Case(label, "shardio, sequential, 0w", "shardio", label, 0,
                                corpus.shard_bytes / 1e6, partial(cases.shardio_epoch, corpus.directory, workers=0,
-                                                                 batch_size=batch_size, shuffle=False)))
+                                                                 batch_size=batch_size, shuffle=False, fresh=True)))
         if not label.startswith("zstd"):
             items.append(_Case(label, "webdataset + soundfile, 0w", "webdataset", label, 0,
                                corpus.shard_bytes / 1e6, partial(cases.webdataset_epoch, shard_files(corpus), ext=ext,

@@ -64,8 +64,16 @@ def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bo
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent and workers > 0)
 
 
-def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True) -> Epoch:
-    """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader."""
+def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
+                  fresh: bool = False) -> Epoch:
+    """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
+
+    ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
+    shards (gzip, bz2) in memory, which on a bench-sized dataset would hide their decompression after the
+    first round, while a real epoch over a large dataset decompresses every shard.
+    """
+    if fresh:
+        return lambda: _count(shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle))
     loader = shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle)
     return lambda: _count(loader)
 
