@@ -297,3 +297,26 @@ def test_transform_rng_is_identical_after_resume_and_across_workers(dataset_dir:
     assert all(one[k] == g for k, g in resumed.items())
     ds.set_epoch(1)
     assert gains(iter(ds)) != one  # a new epoch draws new augmentation
+
+
+def test_a_stateful_dataloader_state_resumes_with_other_workers_and_ranks(dataset_dir: Path) -> None:
+    expected = uninterrupted(dataset_dir)
+    ds = make(dataset_dir)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    first = []
+    for batch in loader:
+        first.append(list(batch["keys"]))
+        if len(first) == 5:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    del loader
+    resumed = make(dataset_dir)
+    resumed.load_state_dict(state)  # the whole loader state: its workers' states combine into the position
+    assert first + keys_of(DataLoader(resumed, batch_size=None, num_workers=3)) == expected
+    counts: Counter[str] = Counter(k for keys in first for k in keys)
+    for rank in range(2):  # and onto two ranks: the rest of the epoch exactly once (up to the pad remainder)
+        elastic = make(dataset_dir, world=World(rank=rank, world_size=2))
+        elastic.load_state_dict(state)
+        counts.update(k for keys in keys_of(iter(elastic)) for k in keys)
+    assert set(counts) == set(make(dataset_dir).index.keys)
+    assert sum(counts.values()) - len(counts) == elastic.plan().padded
