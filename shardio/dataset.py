@@ -273,6 +273,10 @@ class ShardDataset(IterableDataset):
         batch["skipped"] = skipped
         return batch
 
+    def _fields(self, sample_id: int) -> dict[str, Any]:
+        """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
+        return {}
+
     def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
         """Read, decode (into ``out``, a batch row, when it fits) and transform one sample."""
         assert self._reader is not None
@@ -285,7 +289,7 @@ class ShardDataset(IterableDataset):
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
         audio, rate = decode_audio(members[ext], ext, where=where, mono=self.mono, sample_rate=self.sample_rate,
                                    check_finite=self.check_finite, out=out)
-        sample: dict[str, Any] = {"key": key, "audio": audio, "sample_rate": rate}
+        sample: dict[str, Any] = {"key": key, "audio": audio, "sample_rate": rate, **self._fields(sample_id)}
         if "json" in members:
             try:
                 meta = json.loads(bytes(members["json"]))

@@ -140,7 +140,5 @@ class MixedDataset(ShardDataset):
         return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
                         batching=batching, ordering=self.ordering, history=history)
 
-    def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
-        sample = super()._sample(sample_id, epoch, out)
-        sample["corpus"] = self.index.corpus(sample_id)
-        return sample
+    def _fields(self, sample_id: int) -> dict[str, Any]:
+        return {"corpus": self.index.corpus(sample_id)}

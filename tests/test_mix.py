@@ -232,3 +232,12 @@ def test_batching_keywords_reach_the_mix(sources: dict[str, str]) -> None:
     explicit = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), seed=3,
                             batching=Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0))
     assert by_keywords.plan().rank_batches.tolist() == explicit.plan().rank_batches.tolist()
+
+
+def test_a_transform_sees_the_corpus(sources: dict[str, str]) -> None:
+    def tag(sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+        sample["tagged"] = sample["corpus"]
+        return sample
+
+    batches = list(mixed(sources, transform=tag))
+    assert all(batch["tagged"] == batch["corpus"] for batch in batches)
