@@ -6,8 +6,9 @@ environment ``torchrun`` gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WO
 more than another would block in that all-reduce: every group runs under a timeout, so a hang fails.
 
 - uninterrupted: every rank yields the same number of batches, and together they cover every sample;
-- interrupted: all ranks stop after ``STOP`` steps, rank 0 saves ``state_after(batch)``, the processes exit,
-  and a new group of 3 loads rank 0's state on every rank: each rank's keys continue exactly;
+- interrupted: after ``STOP`` steps rank 0 saves ``state_after(batch)`` and every rank is killed with SIGKILL
+  mid-epoch (its DataLoader worker alive, its process group never destroyed); a new group of 3 loads rank
+  0's state on every rank: each rank's keys continue exactly;
 - elastic: the same state resumed by 2 ranks consumes every sample not consumed before the stop exactly
   once (plus the padded repeats that the 2-rank plan reports).
 """
@@ -19,6 +20,7 @@ import json
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import socket
 import time
 import traceback
@@ -96,6 +98,12 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
                 partial = saved.with_suffix(".partial")
                 partial.write_text(json.dumps(dataset.state_after(batch)))
                 os.replace(partial, saved)
+            if config.get("kill"):
+                dist.barrier()  # every rank is past its last all-reduce: none is killed inside one
+                result = {"rank": rank, "keys": keys, "batch_indices": batch_indices}
+                Path(config["out"], f"rank{rank}.json").write_text(json.dumps(result))
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGKILL)  # as a preempted node: no clean-up of any kind
             break
     steps = torch.tensor([len(keys)])
     everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
@@ -125,8 +133,10 @@ def context() -> multiprocessing.context.ForkServerContext:
     return ctx
 
 
-def run_group(world_size: int, config: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Run ``world_size`` rank processes to completion (or fail on a timeout); each rank's result."""
+def run_group(world_size: int, config: dict[str, Any], out: Path, exit_code: int = 0) -> list[dict[str, Any]]:
+    """Run ``world_size`` rank processes to completion (or fail on a timeout); each rank's result.
+
+    ``exit_code`` is what every rank must end with (``-SIGKILL`` for a group that kills itself)."""
     out.mkdir(parents=True)
     port = free_port()
     ctx = context()
@@ -146,7 +156,7 @@ def run_group(world_size: int, config: dict[str, Any], out: Path) -> list[dict[s
                 process.kill()
                 process.join(timeout=10)
     codes = [p.exitcode for p in processes]
-    assert codes == [0] * world_size, f"rank exit codes {codes}\n" + errors(out)
+    assert codes == [exit_code] * world_size, f"rank exit codes {codes}\n" + errors(out)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
 
 
@@ -182,10 +192,11 @@ def uninterrupted(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> li
 
 @pytest.fixture(scope="module")
 def interrupted(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
-    """Each rank's results of 3 ranks stopping after ``STOP`` steps, and rank 0's saved state."""
+    """Each rank's results of 3 ranks killed after ``STOP`` steps, and rank 0's saved state."""
     base = tmp_path_factory.mktemp("stopped")
     state = base / "state.json"
-    results = run_group(3, {"dataset": str(dataset), "stop": STOP, "save": str(state)}, base / "out")
+    results = run_group(3, {"dataset": str(dataset), "stop": STOP, "save": str(state), "kill": True}, base / "out",
+                        exit_code=-signal.SIGKILL)
     assert state.exists(), "rank 0 did not save its state"
     return results, state
 
