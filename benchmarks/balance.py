@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -60,19 +61,11 @@ def keys_of(samples: list[dict[str, Any]]) -> list[str]:
 
 def webdataset_rank(urls: list[str], rank: int, *, world_size: int) -> list[list[str]]:
     """The batches (as key lists) that rank ``rank`` of ``world_size`` gets from a WebDataset pipeline."""
-    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))  # what split_by_node reads
-    try:
+    with patch.dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size)):  # what split_by_node reads
         pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
                                   workersplitter=wds.split_by_worker, empty_check=False)
         pipeline = pipeline.batched(BATCH_SIZE, collation_fn=keys_of, partial=True)
         return [list(batch) for batch in DataLoader(pipeline, batch_size=None, num_workers=NUM_WORKERS)]
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def shardio_rank(directory: Path, rank: int, *, world_size: int, **options: Any) -> list[list[str]]:

@@ -13,9 +13,9 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import soundfile
@@ -207,20 +207,6 @@ def webdataset_skip_latency(shards: Sequence[str], *, ext: str, fraction: float,
     return time.perf_counter() - started
 
 
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarray]:
     """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each (shard ids, durations)."""
     rng = np.random.default_rng([seed, 7])
@@ -247,7 +233,7 @@ def balance(shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequen
         rows.append(_balance_row("shardio", world, [plan.num_batches] * world, seconds))
         batches, seconds = [], []
         for rank in range(world):
-            with _environment(RANK=str(rank), WORLD_SIZE=str(world)):
+            with patch.dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world)):
                 mine = list(split_by_node(range(num_shards)))
             batches.append(math.ceil(int(per_shard_samples[mine].sum()) / batch_size))
             seconds.append(float(per_shard_seconds[mine].sum()))

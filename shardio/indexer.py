@@ -68,25 +68,9 @@ class _Hashing(io.RawIOBase):
         return count
 
 
-class _FullReads:
-    """``read(n)`` returns n bytes unless the stream ends (decompressors may return fewer)."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        while 0 <= size and len(data) < size:
-            more = self.stream.read(size - len(data))
-            if not more:
-                break
-            data += more
-        return data
-
-
 def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
     """The tar bytes of a shard file opened as ``raw``, decompressed as ``codec`` says (a stream codec, or
-    ``none``/``zstd``), with reads that return the full size asked for unless the stream ends."""
+    ``none``/``zstd``); :func:`~shardio.tarformat.walk` completes the decompressors' short reads."""
     if codec == "gzip":
         stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
     elif codec == "bz2":
@@ -95,7 +79,7 @@ def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
         stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     else:
         stream = raw
-    return _FullReads(stream)  # type: ignore[return-value]
+    return stream
 
 
 def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:

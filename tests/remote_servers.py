@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from unittest.mock import patch
 
 __all__ = ["Fault", "Faults", "HTTPFileServer", "S3Server", "aws_test_env"]
 
@@ -261,19 +262,10 @@ def aws_test_env() -> Iterator[None]:
     """Dummy AWS credentials and region in the environment (never real ones), restored afterwards."""
     names = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
              "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {name: os.environ.get(name) for name in [*names, "AWS_PROFILE", "AWS_ENDPOINT_URL",
-                                                    "AWS_ENDPOINT_URL_S3"]}
-    os.environ.update(names)
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        os.environ.pop(name, None)
-    try:
+    with patch.dict(os.environ, names):  # restores the whole environment on exit
+        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            os.environ.pop(name, None)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class S3Server:
