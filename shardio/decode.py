@@ -160,11 +160,16 @@ def _decode_wav(view: memoryview, ext: str, where: str, out: np.ndarray | None =
     target = _fits(out, layout.channels, layout.frames)
     if target is None:
         target = np.empty((layout.channels, layout.frames), np.float32)
-    with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf, as in libsndfile
-        # rounds as libsndfile's C cast does; the scale (a power of two) is then exact
-        np.copyto(target, samples.reshape(layout.frames, layout.channels).T, casting="unsafe")
+    source = samples.reshape(layout.frames, layout.channels).T
     if layout.scale != 1.0:
-        target *= np.float32(layout.scale)
+        # one pass: each integer is cast to float32 (rounding as libsndfile's C cast does), then scaled by a
+        # power of two, which is exact
+        np.multiply(source, np.float32(layout.scale), out=target, dtype=np.float32, casting="unsafe")
+    elif layout.dtype == "<f8":
+        with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf, as in libsndfile
+            np.copyto(target, source, casting="unsafe")
+    else:
+        np.copyto(target, source)
     return target, layout.sample_rate, layout.scale == 1.0
 
 

@@ -31,7 +31,7 @@ import zstandard
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
 from .storage import RetryPolicy, filesystem, is_url, retrying
-from .tarformat import parse_members, split_name
+from .tarformat import parse_members
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
@@ -80,6 +80,7 @@ class Reader:
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
+        self._labels: dict[int, str] = {}  # shard -> "shard PATH", for messages
         self._pid = os.getpid()
 
     @property
@@ -244,8 +245,10 @@ class Reader:
         """Names sample number ``sample`` in messages: its shard file, key and offset in the shard."""
         c = self._columns
         shard = int(c["shard"][sample])
-        text = (f"shard {self.index.shard_path(shard)}, key {self.index.keys[sample]!r}, "
-                f"offset {int(c['frame_offset'][sample])}")
+        label = self._labels.get(shard)
+        if label is None:
+            label = self._labels[shard] = f"shard {self.index.shard_path(shard)}"
+        text = f"{label}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
         if self.index.shards[shard].codec not in ("none", *STREAM_CODECS):
             text += f" (+{int(c['member_offset'][sample])} in the frame)"
         return text
@@ -279,9 +282,11 @@ class Reader:
         where = where or self.where(sample)
         found: dict[str, memoryview] = {}
         parsed = parse_members(self.sample_bytes(sample, where), where)
+        stem = len(key) + 1
         for name, data in parsed:
-            member_key, ext = split_name(name)
-            if member_key != key:
+            # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
+            ext = name[stem:]
+            if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
                 raise FormatError(f"{where}: found member {name!r} where the index expects key {key!r}")
             found[ext] = data
         if not found:

@@ -117,6 +117,18 @@ def _check(header: bytes, where: str) -> None:
         raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
 
 
+def _checked_size(header: bytes, where: str) -> int:
+    """The data size of a tar header whose checksum holds. The fast path reads the zero-padded octal fields
+    that shardio, ``tarfile`` and GNU tar write; anything else takes the general parse."""
+    try:
+        if int(header[148:154], 8) == sum(header) - sum(header[148:156]) + 8 * 32:
+            return int(header[124:135], 8)
+    except ValueError:
+        pass
+    _check(header, where)
+    return _octal(header[124:136], where)
+
+
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -176,7 +188,7 @@ def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable
 
 
 def _name(header: bytes, where: str) -> str:
-    prefix = header[345:500].split(b"\0", 1)[0]
+    prefix = header[345:500].split(b"\0", 1)[0] if header[345] else b""
     base = _text(header[0:100].split(b"\0", 1)[0], where)
     return f"{_text(prefix, where)}/{base}" if prefix else base
 
@@ -192,12 +204,11 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
     offset, long_name = 0, None
     while offset < total:
         header = view[offset : offset + BLOCK].tobytes()
-        if not any(header):
+        if not header[0] and not any(header):
             break
         if len(header) < BLOCK:
             raise FormatError(f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)")
-        _check(header, f"{where} at offset {offset}")
-        size = _octal(header[124:136], where)
+        size = _checked_size(header, f"{where} at offset {offset}")
         start = offset + BLOCK
         if start + size > total:
             raise FormatError(f"{where}: tar member data runs past the end ({start + size} > {total})")
