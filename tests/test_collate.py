@@ -1,0 +1,78 @@
+"""Batch memory reuse in the iterating process: a batch anything still references is never written again,
+a dropped one is reused, and a reused block's padding is zero."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardio import ShardDataset
+from shardio.decode import decode_audio
+from shardio.reader import Reader
+from tests.datasets import make_uneven_dataset
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def long_clips(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 16 kHz clips of 0.5-3 s: batches of 16 take 0.5-3 MB, above the size the reuse pool starts at
+    directory = tmp_path_factory.mktemp("long")
+    make_uneven_dataset(directory, [40, 25, 31], sample_rate=16000, duration_range=(0.5, 3.0))
+    return directory
+
+
+def _expected(dataset: ShardDataset) -> dict[str, np.ndarray]:
+    reader = Reader(dataset.index)
+    return {key: decode_audio(reader.members(i)["wav"], "wav")[0] for i, key in enumerate(dataset.index.keys)}
+
+
+def _check(batch: dict[str, torch.Tensor], expected: dict[str, np.ndarray]) -> None:
+    audio = batch["audio"].numpy()
+    for row, key in enumerate(batch["keys"]):
+        length = int(batch["lengths"][row])
+        assert np.array_equal(audio[row, :, :length], expected[key]), key
+        assert not audio[row, :, length:].any(), f"{key}: padding is not zero"
+
+
+def test_batches_kept_by_the_trainer_are_never_overwritten(long_clips: Path) -> None:
+    dataset = ShardDataset(long_clips, batch_size=BATCH, seed=1)
+    expected = _expected(dataset)
+    kept = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        kept.extend(dataset)
+    assert len({batch["audio"].data_ptr() for batch in kept}) == len(kept)
+    for batch in kept:
+        _check(batch, expected)
+
+
+def test_dropped_batches_are_reused_with_zero_padding(long_clips: Path) -> None:
+    dataset = ShardDataset(long_clips, batch_size=BATCH, seed=2)
+    expected = _expected(dataset)
+    addresses = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        for batch in dataset:
+            _check(batch, expected)
+            addresses.append(batch["audio"].data_ptr())
+            del batch
+            gc.collect()
+    # longer batches than before take a new block, so a few addresses are new; most are reused
+    assert len(set(addresses)) <= 4 < len(addresses)
+
+
+def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path) -> None:
+    dataset = ShardDataset(long_clips, batch_size=BATCH, seed=3)
+    expected = _expected(dataset)
+    views, keys = [], []
+    for batch in dataset:
+        views.append(batch["audio"][0].numpy())  # a numpy view of one row, the batch itself dropped
+        keys.append((batch["keys"][0], int(batch["lengths"][0])))
+        del batch
+    for view, (key, length) in zip(views, keys):
+        assert np.array_equal(view[:, :length], expected[key])
