@@ -1,6 +1,8 @@
 """Reader: fetches one sample's tar members by offset, from local shards or fsspec URLs.
 
-A plain ``.tar`` sample is one positioned read; a ``.tar.zst`` sample is one zstd frame read and
+A plain ``.tar`` sample of a local shard is a view of the shard's memory map (a positioned read where the
+kernel cannot map it safely; see :mod:`shardio.localshard`), of a remote one a ranged request; a
+``.tar.zst`` sample is one zstd frame read and
 decompressed (the last frame is kept, since neighbouring samples often share it). Stream-compressed
 shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
 whole, once, and the last one is kept in memory.
@@ -30,6 +32,7 @@ import zstandard
 
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
+from .localshard import LocalShard
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
 
@@ -76,7 +79,6 @@ class Reader:
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
         self._fs: Any = None  # the fsspec filesystem of a remote dataset, made once
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
-        self._scratch: bytearray | None = None  # reused for the reads of plain-tar samples
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
@@ -90,7 +92,7 @@ class Reader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _scratch=None, _decompressor=None, stats=ReadStats(),
+        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
                      _fs=None)
         return state
 
@@ -102,8 +104,8 @@ class Reader:
     def close(self) -> None:
         """Close every open shard."""
         for handle in self._handles.values():
-            if isinstance(handle, int):
-                os.close(handle)
+            if isinstance(handle, LocalShard):
+                handle.close()
         self._handles.clear()
 
     def _after_fork(self) -> None:
@@ -134,8 +136,8 @@ class Reader:
                 handle = (self._fs, self._fs._strip_protocol(path))
                 actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
             else:
-                handle = os.open(path, os.O_RDONLY)
-                actual = os.fstat(handle).st_size
+                handle = LocalShard(os.open(path, os.O_RDONLY), expected)
+                actual = os.fstat(handle.fd).st_size
         except FileNotFoundError:
             self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
                                             "bytes)")
@@ -143,8 +145,8 @@ class Reader:
         except OSError as exc:
             raise ReadError(f"{where}: the shard file cannot be opened: {exc}") from None
         if actual != expected:
-            if isinstance(handle, int):
-                os.close(handle)
+            if isinstance(handle, LocalShard):
+                handle.close()
             self._broken[shard] = IntegrityError(
                 f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
                 "truncated after indexing; re-run 'shardio index' or re-pack")
@@ -152,8 +154,8 @@ class Reader:
         self._handles[shard] = handle
         if len(self._handles) > self.max_open:
             _, oldest = self._handles.popitem(last=False)
-            if isinstance(oldest, int):
-                os.close(oldest)
+            if isinstance(oldest, LocalShard):
+                oldest.close()
         return handle
 
     def _count_retry(self, exc: BaseException) -> None:
@@ -171,37 +173,23 @@ class Reader:
         if offset + size > self.index.shards[shard].bytes:
             raise FormatError(f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
                               f"shard ({self.index.shards[shard].bytes} bytes)")
-        if isinstance(handle, int):
-            try:
-                data = os.pread(handle, size, offset)
-            except OSError as exc:
-                raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
-        else:
-            fs, path = handle
-            data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
-                            self._count_retry)
+        if isinstance(handle, LocalShard):
+            return handle.read(offset, size, where)
+        fs, path = handle
+        data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
+                        self._count_retry)
         if len(data) != size:
             raise FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {len(data)} "
                               "(the shard changed after it was opened?)")
         return data
 
-    def _read_reusing(self, shard: int, offset: int, size: int, where: str) -> memoryview:
-        """Like :meth:`read_range`, but a local read lands in a buffer this reader reuses: fresh pages cost a
-        page fault each (several microseconds on a VM), a warm buffer none. Valid until the next read."""
+    def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
+        """Like :meth:`read_range`, but a local shard's bytes are a view, without a copy (see
+        :class:`~shardio.localshard.LocalShard`)."""
         handle = self._open(shard, where)
-        if not isinstance(handle, int) or offset + size > self.index.shards[shard].bytes:
+        if not isinstance(handle, LocalShard) or offset + size > handle.size:
             return memoryview(self.read_range(shard, offset, size, where))
-        if self._scratch is None or len(self._scratch) < size:
-            self._scratch = bytearray(max(size, 2 * len(self._scratch or b"")))  # a new one: views may be alive
-        target = memoryview(self._scratch)[:size]
-        try:
-            got = os.preadv(handle, [target], offset)
-        except OSError as exc:
-            raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
-        if got != size:
-            raise FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {got} "
-                              "(the shard changed after it was opened?)")
-        return target
+        return handle.view(offset, size, where)
 
     def _stream_bytes(self, shard: int, where: str) -> bytes:
         """The whole decompressed tar of a stream-codec shard; recent ones stay in memory (up to
@@ -264,7 +252,7 @@ class Reader:
         where = where or self.where(sample)
         codec = self.index.shards[shard].codec
         if codec == "none":
-            return self._read_reusing(shard, frame_offset, member_size, where)
+            return self._local_view(shard, frame_offset, member_size, where)
         if codec in STREAM_CODECS:
             data = self._stream_bytes(shard, where)
             start, end = frame_offset, frame_offset + member_size

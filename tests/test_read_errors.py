@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +85,48 @@ def test_truncated_shard_fails_at_open(dataset: Index) -> None:
     assert isinstance(exc, IntegrityError)
     assert f"has {dataset.shards[1].bytes - 700} bytes, the index recorded {dataset.shards[1].bytes}" in str(exc)
     assert_names_sample(exc, dataset, 1)
+
+
+_TRUNCATE_WHILE_OPEN = """
+import os, sys
+from shardio import FormatError, Index
+from shardio.reader import Reader
+index = Index.load(sys.argv[1])
+in_shard_1 = [i for i in range(len(index)) if int(index.columns["shard"][i]) == 1]
+reader = Reader(index)
+reader.members(in_shard_1[0])  # opens shard 1 (and maps it, where the kernel allows)
+last = in_shard_1[-1]
+os.truncate(index.shard_path(1), int(index.columns["frame_offset"][last]) + 100)
+try:
+    reader.members(last)
+except FormatError as exc:
+    print("FormatError:", exc)
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_shard_truncated_while_open_is_a_typed_error(tmp_path: Path, compression: str) -> None:
+    """A shard truncated in place after it was opened (and memory-mapped) fails the read with a FormatError;
+    touching mapped pages past the new end would have killed the process with SIGBUS (run in a child)."""
+    # samples of 64-80 KB: several pages each, and a zstd frame each
+    index = make_uneven_dataset(tmp_path / "ds", [2, 4], compression=compression, duration_range=(4.0, 5.0))
+    child = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_OPEN, index.root], capture_output=True,
+                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
+    assert "wanted" in child.stdout and "the shard changed after it was opened" in child.stdout
+
+
+def test_plain_shards_are_read_through_a_checked_memory_map(tmp_path: Path) -> None:
+    index = make_uneven_dataset(tmp_path / "ds", [3], duration_range=(0.05, 0.1))
+    reader = Reader(index)
+    first = reader.members(0)["wav"]
+    shard = reader._handles[0]
+    if sys.platform == "linux":
+        assert shard._map is not None  # this kernel has MADV_POPULATE_READ (Linux 5.14+)
+        assert first.obj is shard._map  # a view of the map: no copy
+    assert all(reader.members(i)["wav"].tobytes() == Reader(index).members(i)["wav"].tobytes() for i in range(3))
 
 
 def test_missing_shard(dataset: Index) -> None:
