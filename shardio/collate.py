@@ -15,8 +15,10 @@ fill or a page fault per 4 KiB, about a tenth of a WAV batch's whole loading tim
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -83,6 +85,7 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+@lru_cache(maxsize=None)
 def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     try:
         return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
@@ -102,7 +105,7 @@ def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor
     offsets, total = [], start
     for shape, dtype in specs:
         offsets.append(total)
-        total += _aligned(int(np.prod(shape)) * dtype.itemsize)
+        total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
     if get_worker_info() is None or total == start or any(d is None for d in dtypes):
         return [torch.from_numpy(np.zeros(shape, dtype=dtype)) for shape, dtype in specs]
@@ -152,10 +155,11 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None]) -> bool:
     if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
         return False
     recycled = not audio.is_shared()  # a shared-memory block is created zero-filled; a pooled one is not
+    start, row_bytes = block.ctypes.data, block.strides[0]
     for row, array in enumerate(arrays):
         assert array is not None
         target = block[row, :, : array.shape[1]]
-        if array.ctypes.data != target.ctypes.data or array.strides != target.strides:
+        if array.ctypes.data != start + row * row_bytes or array.strides != target.strides:
             target[...] = array
         if recycled:
             block[row, :, array.shape[1] :] = 0
