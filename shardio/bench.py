@@ -46,6 +46,9 @@ class BenchConfig:
     samples_per_shard: int = 100
     compression_samples: int = 200
     reps: int = 5
+    min_round_seconds: float = 0.5
+    """A timed pass repeats its case until this long has passed: a pass of a fast case over a small corpus
+    would otherwise last a tenth of a second, and its figure would be mostly scheduling noise."""
     resume_reps: int = 3
     stall_reps: int = 3
     stall_batches: int = 40
@@ -55,7 +58,8 @@ class BenchConfig:
 
 FULL = BenchConfig()
 QUICK = BenchConfig(wav_files=24, flac_repeats=1, flac_files=8, flac_limit=8, samples_per_shard=6,
-                    compression_samples=12, reps=2, resume_reps=1, stall_reps=1, stall_batches=2)
+                    compression_samples=12, reps=2, min_round_seconds=0.0, resume_reps=1, stall_reps=1,
+                    stall_batches=2)
 
 
 @dataclass
@@ -100,8 +104,10 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
     return found
 
 
-def _rounds(items: list[_Case], reps: int, progress: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn.
+def _rounds(items: list[_Case], reps: int, progress: bool, min_seconds: float = 0.0
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn;
+    in a round, a case reads its corpus as many times as it takes to last ``min_seconds``.
 
     Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
     per CPU-second, which a machine shared with other jobs distorts far less than wall time.
@@ -115,28 +121,33 @@ def _rounds(items: list[_Case], reps: int, progress: bool) -> tuple[list[dict[st
             case.epoch()
         peaks[case.key] = rss.peak
     live = [case for case in items if case.epoch is not None]
-    runs: dict[str, list[tuple[float, float, int, float]]] = {case.key: [] for case in live}
+    runs: dict[str, list[tuple[float, float, int, float, int]]] = {case.key: [] for case in live}
     for _ in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
         for case in live:
             assert case.epoch is not None
             used, started = cpu_seconds(), time.perf_counter()
             samples, seconds = case.epoch()
+            passes = 1
+            while time.perf_counter() - started < min_seconds:
+                more = case.epoch()
+                samples, seconds, passes = samples + more[0], seconds + more[1], passes + 1
             elapsed = time.perf_counter() - started
-            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds))
+            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds, passes))
     rows, rates = [], {}
     for case in live:
-        wall = [r[0] for r in runs[case.key]]
-        cpu = [r[1] for r in runs[case.key]]
-        samples, seconds = runs[case.key][0][2], runs[case.key][0][3]
-        rates[case.key] = {"wall": [samples / t for t in wall], "cpu": [samples / t for t in cpu]}
+        done = runs[case.key]
+        wall, cpu = [r[0] for r in done], [r[1] for r in done]
+        rates[case.key] = {"wall": [r[2] / r[0] for r in done], "cpu": [r[2] / r[1] for r in done]}
+        first = done[0]
         rows.append({"corpus": case.corpus, "case": case.name, "loader": case.loader, "codec": case.codec,
-                     "workers": case.workers, "samples": samples, "audio_seconds": round(seconds, 3),
-                     "megabytes": round(case.megabytes, 3),
+                     "workers": case.workers, "samples": first[2] // first[4],
+                     "audio_seconds": round(first[3] / first[4], 3), "megabytes": round(case.megabytes, 3),
+                     "passes_per_round": stats([r[4] for r in done]),
                      "samples_per_s": stats(rates[case.key]["wall"]),
                      "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
-                     "audio_s_per_s": stats([seconds / t for t in wall]),
-                     "audio_s_per_cpu_s": stats([seconds / t for t in cpu]),
-                     "mb_per_cpu_s": stats([case.megabytes / t for t in cpu]),
+                     "audio_s_per_s": stats([r[3] / r[0] for r in done]),
+                     "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
+                     "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
                      "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
                      "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
     return rows, rates
@@ -185,7 +196,7 @@ def _compression(source: Corpus, work: Path, config: BenchConfig, batch_size: in
             items.append(_Case(label, "webdataset + soundfile, 0w", "webdataset", label, 0,
                                corpus.shard_bytes / 1e6, partial(cases.webdataset_epoch, shard_files(corpus), ext=ext,
                                                                  workers=0, batch_size=batch_size)))
-    rows, _ = _rounds(items, max(1, config.reps // 2), progress)
+    rows, _ = _rounds(items, max(1, config.reps // 2), progress, config.min_round_seconds)
     for row in rows:
         corpus = made[row["codec"]]
         row.update(corpus=f"{source.name}, first {corpus.samples} samples", shard_bytes=corpus.shard_bytes,
@@ -269,7 +280,8 @@ def run_bench(directory: str | os.PathLike[str] | None = None, *, out_dir: str |
                     corpus.audio_seconds)
         zstd = make_variant(corpus, "zstd", out / "datasets", level=3)
         assert zstd is not None
-        rows, rates = _rounds(_throughput_cases(corpus, zstd, config, batch_size), config.reps, progress)
+        rows, rates = _rounds(_throughput_cases(corpus, zstd, config, batch_size), config.reps, progress,
+                              config.min_round_seconds)
         throughput += rows
         ratios[corpus.name] = _ratios(rates, corpus.name)
         zstd_sizes[corpus.name] = round(zstd.shard_bytes / max(corpus.shard_bytes, 1), 4)
