@@ -59,6 +59,15 @@ class ShardWriter:
                                   "choose another directory or pass overwrite=True")
             os.unlink(os.path.join(self.directory, INDEX_JSON))
         self.prefix = prefix
+        # shard-named files are replaced only when a run of this writer left them (its journal says so)
+        self._journal = os.path.join(self.directory, f".{prefix}.writing")
+        existing = self._shard_named()
+        if existing and not overwrite and not os.path.exists(self._journal):
+            names = ", ".join(sorted(map(os.path.basename, existing))[:3])
+            raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
+                              "choose another directory or prefix, or pass overwrite=True to replace them")
+        with open(self._journal, "wb"):
+            pass
         self.compression = compression
         self.max_samples = max_samples
         self.max_bytes = max_bytes
@@ -88,8 +97,11 @@ class ShardWriter:
         return os.path.join(self.directory, f".{name}.partial")
 
     def _remove_partials(self) -> None:
-        for stale in glob.glob(os.path.join(self.directory, f".{self.prefix}-*.partial")):
+        for stale in glob.glob(os.path.join(glob.escape(self.directory), f".{self.prefix}-*.partial")):
             os.unlink(stale)
+
+    def _shard_named(self) -> list[str]:
+        return glob.glob(os.path.join(glob.escape(self.directory), f"{self.prefix}-[0-9]*.tar*"))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -189,14 +201,16 @@ class ShardWriter:
         self._closed = True
         index = self._builder.build()
         written = {s.name for s in index.shards}
-        for stale in glob.glob(os.path.join(self.directory, f"{self.prefix}-[0-9]*.tar*")):
-            if os.path.basename(stale) not in written:  # left by an earlier, interrupted run
+        for stale in self._shard_named():
+            if os.path.basename(stale) not in written:  # left by an earlier, interrupted run (checked at start)
                 os.unlink(stale)
         index.save(self.directory)
+        os.unlink(self._journal)
         return index
 
     def abort(self) -> None:
-        """Drop the shard being written; nothing half-written stays and no index is written."""
+        """Drop the shard being written; nothing half-written stays and no index is written. Finished shards
+        stay, for the next writer into this directory to replace."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -212,3 +226,4 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+

@@ -13,7 +13,7 @@ import torch
 from shardio import ShardDataset
 from shardio.decode import decode_audio
 from shardio.reader import Reader
-from tests.datasets import make_uneven_dataset
+from datasets import make_uneven_dataset
 
 BATCH = 16
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from audio_factory import make_folder_corpus, tone, write_samples, write_text, write_tone
 from shardio.errors import OptionError
 from shardio.index import Index
+from shardio.writer import ShardWriter
 from shardio.pack import pack
 from shardio.tarformat import parse_members, walk
 from shardio.verification import verify_dataset
@@ -241,10 +242,48 @@ def test_killed_pack_leaves_no_partial_shard_and_reruns(tmp_path: Path) -> None:
     for shard in finals:  # every shard under a final name is complete: it ends with the end-of-archive
         with zstandard.ZstdDecompressor().stream_reader(open(shard, "rb"), read_across_frames=True) as stream:
             assert sum(1 for _ in walk(stream, str(shard))) == 50
-    leftovers = {p.name for p in out.iterdir()} - {s.name for s in finals}
+    leftovers = {p.name for p in out.iterdir()} - {s.name for s in finals} - {".shard.writing"}
     assert all(name.startswith(".") and name.endswith(".partial") for name in leftovers), leftovers
+    assert (out / ".shard.writing").exists()  # the journal: these shards are a run's leftovers, to replace
     summary = pack(corpus, out, samples_per_shard=25, transcode="flac", compression="zstd", zstd_level=12,
                    progress=False, workers=1)
-    assert summary.samples == 600 and not list(out.glob(".*partial"))
+    assert summary.samples == 600 and not list(out.glob(".*partial")) and not (out / ".shard.writing").exists()
     assert verify_dataset(out) == []
     assert os.path.exists(out / "index.json")
+
+
+def _tone_wav() -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, tone(0.1, 8000), 8000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def _write(out: Path, keys: list[str], **options: object) -> Index:
+    with ShardWriter(out, max_samples=1, **options) as writer:  # type: ignore[arg-type]
+        for key in keys:
+            writer.write(key, {"wav": _tone_wav()}, audio_ext="wav", num_frames=800, sample_rate=8000, channels=1)
+    return Index.load(out)
+
+
+def test_writer_replaces_an_interrupted_runs_shards_but_never_other_files(tmp_path: Path) -> None:
+    import webdataset as wds
+
+    out = tmp_path / "data[1]"  # glob metacharacters in the directory's name
+    writer = ShardWriter(out, max_samples=1)
+    for key in "abc":
+        writer.write(key, {"wav": _tone_wav()}, audio_ext="wav", num_frames=800, sample_rate=8000, channels=1)
+    writer.abort()  # as an interrupted run: finished shards under final names, no index
+    assert len(list(out.glob("shard-*.tar"))) == 2
+    assert [s.name for s in _write(out, ["d"]).shards] == ["shard-000000.tar"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", "index.npz", "shard-000000.tar"]
+
+    other = tmp_path / "other"
+    other.mkdir()
+    with wds.TarWriter(str(other / "shard-000007.tar")) as sink:  # somebody else's shard, named like ours
+        sink.write({"__key__": "x", "txt": "not shardio's"})
+    foreign = (other / "shard-000007.tar").read_bytes()
+    with pytest.raises(OptionError, match=r"holds shard files \(shard-000007.tar\) that no interrupted"):
+        ShardWriter(other)
+    assert (other / "shard-000007.tar").read_bytes() == foreign
+    _write(other, ["e"], overwrite=True)  # asked for: replaced
+    assert sorted(p.name for p in other.glob("shard-*")) == ["shard-000000.tar"]
