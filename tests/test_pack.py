@@ -1,5 +1,6 @@
 """pack: original bytes kept, exact read-back at the index offsets, determinism, segments, transcoding,
-shard rolling, and an interrupted pack that leaves nothing half-written and can be re-run."""
+shard rolling, an interrupted (killed or Ctrl-C) pack that leaves nothing half-written and can be re-run, and
+a writer that never deletes shard files it did not write."""
 
 from __future__ import annotations
 
@@ -287,3 +288,40 @@ def test_writer_replaces_an_interrupted_runs_shards_but_never_other_files(tmp_pa
     assert (other / "shard-000007.tar").read_bytes() == foreign
     _write(other, ["e"], overwrite=True)  # asked for: replaced
     assert sorted(p.name for p in other.glob("shard-*")) == ["shard-000000.tar"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_parallel_pack_cleanly(tmp_path: Path) -> None:
+    """SIGINT to the whole process group (what Ctrl-C in a terminal does), with a worker pool running: the pack
+    exits with 130 and leaves neither an index nor any shard of its own; every process of the group is gone."""
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "shardio.cli", "pack", str(corpus), str(out), "--samples-per-shard", "25",
+               "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress", "-j", "2"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shard-000001.tar.zst").exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "pack never wrote its second shard"
+            time.sleep(0.005)
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert "shardio pack: interrupted" in stderr
+    assert not (out / "index.json").exists()
+    assert not list(out.glob("shard-*")) and not list(out.glob(".*.partial")), sorted(out.iterdir())
+    deadline = time.monotonic() + 30
+    while True:  # the pool's processes exit too
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "processes of the interrupted pack are still running"
+        time.sleep(0.1)
