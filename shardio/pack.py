@@ -13,16 +13,18 @@ written. With ``on_error="skip"`` the failing inputs are left out and listed in 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 from typing import Any
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,8 +117,9 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
                                          f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
         writing = on_error == "skip" or not problems
         samples = input_bytes = 0
-        with tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar:
-            for result in _results(tasks, workers):
+        with tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar, \
+                contextlib.closing(_results(tasks, workers)) as results:  # closed (pool stopped) on any exit
+            for result in results:
                 bar.update()
                 if isinstance(result, InputProblem):
                     problems.append(result)
@@ -197,7 +200,7 @@ def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, tra
     return tasks
 
 
-def _results(tasks: Sequence[Task], workers: int) -> Iterator[Prepared | InputProblem]:
+def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputProblem, None, None]:
     """Each task's result, in task order (so the output does not depend on ``workers``)."""
     if workers <= 1 or len(tasks) < _MIN_TASKS_PER_WORKER * workers:
         yield from map(prepare, tasks)
@@ -210,5 +213,11 @@ def _results(tasks: Sequence[Task], workers: int) -> Iterator[Prepared | InputPr
         context.set_forkserver_preload([__name__])
     else:
         context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool:
+    # Ctrl-C reaches the whole process group: only this process handles it, and terminates the pool on the way
+    # out (a worker interrupted while sending a result can leave the pool unable to stop)
+    with context.Pool(workers, initializer=_ignore_interrupts) as pool:
         yield from pool.imap(prepare, tasks, chunksize=8)
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
