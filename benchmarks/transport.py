@@ -105,11 +105,11 @@ def measure(runs: int, batches: int) -> list[dict[str, Any]]:
 
 def markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown report."""
-    lines = ["# Moving a batch between processes", "",
-             f"`{report['command']}` on {report['machine']['cpu']}, {report['machine']['cores']} cores; Python "
-             f"{report['machine']['python']}, torch {report['machine']['torch']}. A batch: float32 {SHAPE}, "
-             f"{NBYTES / 2**20:.0f} MiB; CPU milliseconds per batch, median (min-max) of {report['runs']} runs "
-             f"of {report['batches']} batches.", "",
+    machine = report["machine"]
+    intro = (f"`{report['command']}` on {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
+             f"torch {machine['torch']}. A batch: float32 {SHAPE}, {NBYTES / 2**20:.0f} MiB; CPU milliseconds per "
+             f"batch, median (min-max) of {report['runs']} runs of {report['batches']} batches.")
+    lines = ["# Moving a batch between processes", "", intro, "",
              "| case | CPU ms per batch | µs per 4 KiB page |", "|---|---:|---:|"]
     for row in report["results"]:
         ms = row["ms_per_batch"]
