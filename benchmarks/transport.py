@@ -52,9 +52,13 @@ def in_process(make: Callable[[], np.ndarray], batches: int) -> float:
     return time.process_time() - started
 
 
-def _shared() -> np.ndarray:
+def _shared_tensor() -> torch.Tensor:
     storage = torch.UntypedStorage._new_shared(NBYTES)
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, SHAPE).numpy()
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, SHAPE)
+
+
+def _shared() -> np.ndarray:
+    return _shared_tensor().numpy()
 
 
 class _Blocks(IterableDataset):
@@ -63,9 +67,9 @@ class _Blocks(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for _ in range(self.batches):
-            block = _shared()
-            block.fill(1.0)
-            yield {"audio": torch.from_numpy(block)}
+            block = _shared_tensor()
+            block.numpy().fill(1.0)
+            yield {"audio": block}  # the shared tensor itself: torch.from_numpy of it would be copied again
 
 
 def across_processes(batches: int) -> tuple[float, float]:
