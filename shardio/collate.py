@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -44,22 +45,24 @@ class _BlockPool:
     def __init__(self, blocks: int) -> None:
         self._arrays: list[np.ndarray] = []
         self._blocks = blocks
+        self._lock = threading.Lock()  # datasets iterated in several threads share the pool
 
     def _unused(self, slot: int) -> bool:
         return sys.getrefcount(self._arrays[slot]) <= 2  # the pool's list, and getrefcount's argument
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` of uninitialised uint8 memory: an unused pooled array, or a new one."""
-        free = [slot for slot in range(len(self._arrays)) if self._unused(slot)]
-        for slot in free:
-            if self._arrays[slot].nbytes >= nbytes:
-                return self._arrays[slot][:nbytes]
-        array = np.empty(nbytes + nbytes // 4, np.uint8)  # room for a somewhat longer batch next time
-        if free:
-            self._arrays[free[0]] = array
-        elif len(self._arrays) < self._blocks:
-            self._arrays.append(array)
-        return array[:nbytes]
+        with self._lock:
+            free = [slot for slot in range(len(self._arrays)) if self._unused(slot)]
+            for slot in free:
+                if self._arrays[slot].nbytes >= nbytes:
+                    return self._arrays[slot][:nbytes]
+            array = np.empty(nbytes + nbytes // 4, np.uint8)  # room for a somewhat longer batch next time
+            if free:
+                self._arrays[free[0]] = array
+            elif len(self._arrays) < self._blocks:
+                self._arrays.append(array)
+            return array[:nbytes]
 
 
 _POOL = _BlockPool(_POOL_BLOCKS)

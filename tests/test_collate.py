@@ -76,3 +76,27 @@ def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path) -> None:
         del batch
     for view, (key, length) in zip(views, keys):
         assert np.array_equal(view[:, :length], expected[key])
+
+
+def test_datasets_iterated_in_threads_never_share_a_batch(long_clips: Path) -> None:
+    import threading
+
+    expected = _expected(ShardDataset(long_clips, batch_size=BATCH))
+    kept: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(3)]
+
+    def run(slot: int) -> None:
+        dataset = ShardDataset(long_clips, batch_size=BATCH, seed=slot)
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            kept[slot].extend(dataset)
+
+    threads = [threading.Thread(target=run, args=(slot,)) for slot in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    batches = [batch for per_thread in kept for batch in per_thread]
+    assert len(batches) == 3 * 2 * len(ShardDataset(long_clips, batch_size=BATCH))
+    assert len({batch["audio"].data_ptr() for batch in batches}) == len(batches)
+    for batch in batches:
+        _check(batch, expected)
