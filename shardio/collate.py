@@ -19,7 +19,7 @@ import math
 import sys
 import threading
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     try:
         return torch.from_numpy(np.empty(0, dtype=dtype)).dtype

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import make_uneven_dataset
 
 from shardio import ShardDataset
 from shardio.decode import decode_audio
 from shardio.reader import Reader
-from datasets import make_uneven_dataset
 
 BATCH = 16
 
