@@ -18,16 +18,15 @@ from __future__ import annotations
 import faulthandler
 import json
 import multiprocessing
-import multiprocessing.context
 import os
 import signal
-import socket
 import time
 import traceback
 from collections import Counter
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+import process_groups
 import pytest
 
 SHARD_SIZES = (1, 3, 50, 7, 120)
@@ -36,6 +35,8 @@ SEED = 5
 STOP = 4
 GROUP_TIMEOUT_S = 90.0
 """Wall-clock limit for one group of rank processes (a healthy group takes a few seconds)."""
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "shardio")
+"""What the forkserver imports once, for every rank."""
 COLLECTIVE_TIMEOUT_S = 60
 """The process group's own timeout: a rank stuck in an all-reduce raises after this long."""
 
@@ -119,51 +120,10 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
 # -- the launcher (in the test process) ----------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def context() -> multiprocessing.context.ForkServerContext:
-    """Rank processes fork from a clean server process that imported torch once (not from pytest)."""
-    ctx = cast(multiprocessing.context.ForkServerContext, multiprocessing.get_context("forkserver"))
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "shardio"])
-    return ctx
-
-
 def run_group(world_size: int, config: dict[str, Any], out: Path, exit_code: int = 0) -> list[dict[str, Any]]:
-    """Run ``world_size`` rank processes to completion (or fail on a timeout); each rank's result.
-
-    ``exit_code`` is what every rank must end with (``-SIGKILL`` for a group that kills itself)."""
-    out.mkdir(parents=True)
-    port = free_port()
-    ctx = context()
-    processes = [ctx.Process(target=rank_main, args=(rank, world_size, port, {**config, "out": str(out)}),
-                             name=f"rank{rank}") for rank in range(world_size)]
-    try:
-        for process in processes:
-            process.start()
-        deadline = time.monotonic() + GROUP_TIMEOUT_S
-        for process in processes:
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
-        hung = [p.name for p in processes if p.is_alive()]
-        assert not hung, f"{hung} did not finish in {GROUP_TIMEOUT_S:.0f} s (a hang?)\n" + errors(out)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=10)
-    codes = [p.exitcode for p in processes]
-    assert codes == [exit_code] * world_size, f"rank exit codes {codes}\n" + errors(out)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-
-
-def errors(out: Path) -> str:
-    """The tracebacks (and a hung rank's stacks) that rank processes recorded, for failure messages."""
-    found = sorted([*out.glob("*.error"), *out.glob("*.stacks")])
-    return "\n".join(f"--- {path.name} ---\n{path.read_text()}" for path in found if path.stat().st_size)
+    """Run ``world_size`` ranks of :func:`rank_main`; each rank's result (see :mod:`process_groups`)."""
+    return process_groups.run_group(rank_main, world_size, config, out, timeout_s=GROUP_TIMEOUT_S,
+                                    preload=PRELOAD, exit_code=exit_code)
 
 
 def flat(keys: list[list[str]]) -> list[str]:

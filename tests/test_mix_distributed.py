@@ -14,15 +14,13 @@ than another would block there, and every group runs under a timeout, so a hang 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import socket
-import time
 import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import process_groups
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -78,30 +76,8 @@ def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> 
 
 
 def run_group(world_size: int, config: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Run ``world_size`` rank processes to completion under a timeout; each rank's result."""
-    out.mkdir(parents=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "shardio"])
-    processes = [ctx.Process(target=rank_main, args=(r, world_size, port, {**config, "out": str(out)}))
-                 for r in range(world_size)]
-    try:
-        for process in processes:
-            process.start()
-        deadline = time.monotonic() + GROUP_TIMEOUT_S
-        for process in processes:
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
-        errors = "\n".join(p.read_text() for p in sorted(out.glob("*.error")))
-        assert not any(p.is_alive() for p in processes), f"a rank hung\n{errors}"
-        assert [p.exitcode for p in processes] == [0] * world_size, errors
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=10)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+    """Run ``world_size`` ranks of :func:`rank_main`; each rank's result (see :mod:`process_groups`)."""
+    return process_groups.run_group(rank_main, world_size, config, out, timeout_s=GROUP_TIMEOUT_S)
 
 
 def named(dataset: Any, ids: Any) -> list[tuple[str, str]]:
