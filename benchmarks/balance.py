@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import platform
 import sys
@@ -38,6 +37,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 from shardio import Index, ShardDataset, World
+from shardio.benchreport import write_results
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -206,9 +206,7 @@ def main() -> None:
                     "shardio_equal_at": sorted({r["world_size"] for r in ours if r["equal_batches"]}),
                     "shardio_all_equal": all(r["equal_batches"] for r in ours)},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "balance.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "balance.md").write_text(markdown(report))
+    write_results(args.out, "balance", report, markdown(report))
     print(f"wrote {args.out / 'balance.json'} and {args.out / 'balance.md'}")
 
 

@@ -16,7 +16,6 @@ epoch of ``--plan-samples`` synthetic samples with and without bucketing. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
+from shardio.benchreport import write_results
 from shardio.bucketing import batch_audio
 from shardio.plan import Batching, Ordering, plan_epoch
 from shardio.synth import duration_sample
@@ -144,9 +144,7 @@ def main() -> None:
     if not args.quick:
         report["plan_samples"] = args.plan_samples
         report["plan_seconds"] = plan_timing(args.plan_samples)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "batching.json").write_text(json.dumps(report, indent=1) + "\n")
-    (RESULTS / "batching.md").write_text(markdown(report))
+    write_results(RESULTS, "batching", report, markdown(report))
     print(markdown(report))
 
 

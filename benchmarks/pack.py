@@ -11,7 +11,6 @@ max; the page cache is warmed first. ``shardio`` runs in-process (no interpreter
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 
 import soundfile
 
+from shardio.benchreport import write_results
 from shardio.corpus import read_corpus
 from shardio.pack import pack
 from shardio.synth import make_corpus
@@ -148,9 +148,7 @@ def main() -> None:
                           f"{soundfile.__libsndfile_version__}, {zstd_version.split(',')[0].strip('* ')}, "
                           f"load average {os.getloadavg()[0]:.1f} at the end",
                   corpora=measured)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "pack.json").write_text(json.dumps(report, indent=1) + "\n")
-    (RESULTS / "pack.md").write_text(markdown(report))
+    write_results(RESULTS, "pack", report, markdown(report))
     print(markdown(report))
 
 

@@ -18,7 +18,6 @@ columns, and the process's max RSS at the end. Writes ``benchmarks/results/plan.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from shardio.benchreport import write_results
 from shardio.plan import Batching, EpochPlan, Segment, plan_epoch
 from shardio.synth import duration_sample
 
@@ -153,9 +153,7 @@ def main() -> None:
         "results": results,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "plan.md").write_text(markdown(report))
+    write_results(args.out, "plan", report, markdown(report))
     print(f"wrote {args.out / 'plan.json'} and {args.out / 'plan.md'}")
 
 

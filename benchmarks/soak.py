@@ -13,7 +13,6 @@ shard requests (500/503 answers and dropped connections, at most 2 in a row per 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -35,6 +34,7 @@ from datasets import wav_bytes
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
 from shardio import Index, ShardDataset, ShardWriter
+from shardio.benchreport import write_results
 
 logger = logging.getLogger("soak")
 
@@ -183,9 +183,7 @@ def main() -> int:
         for backend in args.backends.split(","):
             samples = args.samples if backend == "http" else args.s3_samples
             report["backends"][backend] = soak(backend, samples, args, Path(scratch))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "soak.md").write_text(markdown(report))
+    write_results(args.out, "soak", report, markdown(report))
     logger.info("\n%s", markdown(report))
     failed = [name for name, r in report["backends"].items()
               if not all(e["lost_equals_corrupt"] and e["all_lost_reported"] and e["duplicated"] == 0

@@ -16,7 +16,6 @@ Writes ``benchmarks/results/transport.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardio.benchmeasure import cpu_seconds, machine_facts
+from shardio.benchreport import write_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SHAPE = (16, 1, 81920)
@@ -134,10 +134,8 @@ def main() -> None:
     report = {"command": "python benchmarks/transport.py" + "".join(f" {a}" for a in sys.argv[1:]),
               "machine": machine_facts(), "runs": args.runs, "batches": args.batches,
               "results": measure(args.runs, args.batches)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "transport.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     text = markdown(report)
-    (args.out / "transport.md").write_text(text, encoding="utf-8")
+    write_results(args.out, "transport", report, text)
     print(text)
 
 

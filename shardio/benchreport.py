@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TARGETS", "chart", "evaluate_targets", "markdown", "write_report"]
+__all__ = ["TARGETS", "chart", "evaluate_targets", "markdown", "write_report", "write_results"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +158,13 @@ def write_report(result: dict[str, Any], directory: str | Path) -> dict[str, str
     files = {"json": "bench.json", "markdown": "bench.md"}
     if chart(result, out / "bench.png"):
         files["chart"] = "bench.png"
-    (out / "bench.md").write_text(markdown(result), encoding="utf-8")
-    (out / "bench.json").write_text(json.dumps({**result, "files": files}, indent=1) + "\n", encoding="utf-8")
+    write_results(out, "bench", {**result, "files": files}, markdown(result))
     return files
+
+
+def write_results(directory: str | Path, name: str, report: dict[str, Any], text: str) -> None:
+    """Write a benchmark's ``{name}.json`` (``report``) and ``{name}.md`` (``text``) into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(text, encoding="utf-8")
