@@ -26,9 +26,20 @@ def long_clips(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _expected(dataset: ShardDataset) -> dict[str, np.ndarray]:
-    reader = Reader(dataset.index)
-    return {key: decode_audio(reader.members(i)["wav"], "wav")[0] for i, key in enumerate(dataset.index.keys)}
+@pytest.fixture(scope="module")
+def expected(long_clips: Path) -> dict[str, np.ndarray]:
+    """Every sample's audio, decoded on its own."""
+    reader = Reader(ShardDataset(long_clips).index)
+    return {key: decode_audio(reader.members(i)["wav"], "wav")[0] for i, key in enumerate(reader.index.keys)}
+
+
+def _epochs(dataset: ShardDataset, epochs: int) -> list[dict[str, torch.Tensor]]:
+    """Every batch of ``epochs`` epochs, all kept."""
+    kept = []
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        kept.extend(dataset)
+    return kept
 
 
 def _check(batch: dict[str, torch.Tensor], expected: dict[str, np.ndarray]) -> None:
@@ -39,21 +50,16 @@ def _check(batch: dict[str, torch.Tensor], expected: dict[str, np.ndarray]) -> N
         assert not audio[row, :, length:].any(), f"{key}: padding is not zero"
 
 
-def test_batches_kept_by_the_trainer_are_never_overwritten(long_clips: Path) -> None:
-    dataset = ShardDataset(long_clips, batch_size=BATCH, seed=1)
-    expected = _expected(dataset)
-    kept = []
-    for epoch in range(2):
-        dataset.set_epoch(epoch)
-        kept.extend(dataset)
+def test_batches_kept_by_the_trainer_are_never_overwritten(long_clips: Path,
+                                                           expected: dict[str, np.ndarray]) -> None:
+    kept = _epochs(ShardDataset(long_clips, batch_size=BATCH, seed=1), 2)
     assert len({batch["audio"].data_ptr() for batch in kept}) == len(kept)
     for batch in kept:
         _check(batch, expected)
 
 
-def test_dropped_batches_are_reused_with_zero_padding(long_clips: Path) -> None:
+def test_dropped_batches_are_reused_with_zero_padding(long_clips: Path, expected: dict[str, np.ndarray]) -> None:
     dataset = ShardDataset(long_clips, batch_size=BATCH, seed=2)
-    expected = _expected(dataset)
     addresses = []
     for epoch in range(3):
         dataset.set_epoch(epoch)
@@ -66,9 +72,8 @@ def test_dropped_batches_are_reused_with_zero_padding(long_clips: Path) -> None:
     assert len(set(addresses)) <= 4 < len(addresses)
 
 
-def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path) -> None:
+def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path, expected: dict[str, np.ndarray]) -> None:
     dataset = ShardDataset(long_clips, batch_size=BATCH, seed=3)
-    expected = _expected(dataset)
     views, keys = [], []
     for batch in dataset:
         views.append(batch["audio"][0].numpy())  # a numpy view of one row, the batch itself dropped
@@ -78,17 +83,14 @@ def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path) -> None:
         assert np.array_equal(view[:, :length], expected[key])
 
 
-def test_datasets_iterated_in_threads_never_share_a_batch(long_clips: Path) -> None:
+def test_datasets_iterated_in_threads_never_share_a_batch(long_clips: Path,
+                                                          expected: dict[str, np.ndarray]) -> None:
     import threading
 
-    expected = _expected(ShardDataset(long_clips, batch_size=BATCH))
     kept: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(3)]
 
     def run(slot: int) -> None:
-        dataset = ShardDataset(long_clips, batch_size=BATCH, seed=slot)
-        for epoch in range(2):
-            dataset.set_epoch(epoch)
-            kept[slot].extend(dataset)
+        kept[slot] = _epochs(ShardDataset(long_clips, batch_size=BATCH, seed=slot), 2)
 
     threads = [threading.Thread(target=run, args=(slot,)) for slot in range(3)]
     for thread in threads:
