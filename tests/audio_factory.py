@@ -13,18 +13,13 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from shardio import synth
+
 __all__ = ["FORMATS", "SHARED_CORPORA", "audio_bytes", "make_folder_corpus", "tone", "write_samples", "write_text",
            "write_tone"]
 
-FORMATS: dict[str, tuple[str, str]] = {
-    "wav": ("WAV", "PCM_16"),
-    "flac": ("FLAC", "PCM_16"),
-    "ogg": ("OGG", "VORBIS"),
-    "oga": ("OGG", "VORBIS"),
-    "opus": ("OGG", "OPUS"),
-    "mp3": ("MP3", "MPEG_LAYER_III"),
-}
-"""Extension -> (libsndfile format, default subtype)."""
+FORMATS: dict[str, tuple[str, str]] = {**synth.FORMATS, "oga": ("OGG", "VORBIS")}
+"""Extension -> (libsndfile format, default subtype): what the synthetic corpora write, plus ``.oga``."""
 
 SHARED_CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 """The project's shared real corpora, next to the repository; absent in users' clones."""
