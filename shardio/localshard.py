@@ -16,7 +16,7 @@ import sys
 
 from .errors import FormatError, ReadError
 
-__all__ = ["LocalShard"]
+__all__ = ["LocalShard", "short_read"]
 
 _MADV_POPULATE_READ = 22  # <linux/mman.h>; Python 3.11's mmap module does not name it
 _CAN_POPULATE = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
@@ -46,7 +46,7 @@ class LocalShard:
         except OSError as exc:
             raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
         if len(data) != size:
-            raise _short(where, size, offset, len(data))
+            raise short_read(where, size, offset, len(data))
         return data
 
     def view(self, offset: int, size: int, where: str) -> memoryview:
@@ -64,7 +64,7 @@ class LocalShard:
         except OSError as exc:
             raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
         if got != size:
-            raise _short(where, size, offset, got)
+            raise short_read(where, size, offset, got)
         return target
 
     def _mapped(self, offset: int, size: int, where: str) -> memoryview | None:
@@ -86,12 +86,13 @@ class LocalShard:
                 return None
             actual = os.fstat(self.fd).st_size
             if actual < offset + size:
-                raise _short(where, size, offset, max(0, actual - offset)) from None
+                raise short_read(where, size, offset, max(0, actual - offset)) from None
             raise ReadError(f"{where}: reading {size} bytes at offset {offset} failed: an I/O error in the "
                             "shard file's pages") from None
         return self._view[offset : offset + size]
 
 
-def _short(where: str, size: int, offset: int, got: int) -> FormatError:
+def short_read(where: str, size: int, offset: int, got: int) -> FormatError:
+    """The error for ``got`` bytes where ``size`` were wanted at ``offset``: the file shrank after opening."""
     return FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {got} "
                        "(the shard changed after it was opened?)")

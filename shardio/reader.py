@@ -32,7 +32,7 @@ import zstandard
 
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
-from .localshard import LocalShard
+from .localshard import LocalShard, short_read
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
 
@@ -179,8 +179,7 @@ class Reader:
         data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
                         self._count_retry)
         if len(data) != size:
-            raise FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {len(data)} "
-                              "(the shard changed after it was opened?)")
+            raise short_read(where, size, offset, len(data))
         return data
 
     def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
