@@ -12,21 +12,16 @@ state to save after that batch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .collate import audio_block, collate, to_tensors
-from .decode import decode_audio
-from .errors import FormatError, OptionError, ShardioError, StateError
+from .assembly import Assembler, Decoding, Transform
+from .errors import OptionError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .reader import Reader, ReadStats, RetryPolicy
@@ -36,15 +31,6 @@ from .world import World
 __all__ = ["ShardDataset", "Transform"]
 
 logger = logging.getLogger(__name__)
-
-Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
-"""``transform(sample, rng) -> sample``: runs per sample in the worker; ``rng`` is seeded by
-``(seed, epoch, key)``, so augmentation is the same after a resume and for any number of workers."""
-
-
-def _key_seed(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
 
 class ShardDataset(IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
@@ -233,71 +219,16 @@ class ShardDataset(IterableDataset):
         self._running, self._yielded = world, skip
         if self._reader is None:
             self._reader = Reader(self.index, retry=self.retry)
+        decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform)
+        assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
+                              fields=self._fields)
         for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
-            batch = self._load(plan.batch(world.rank, j), epoch)
+            batch = assembler.batch(plan.batch(world.rank, j), epoch)
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch
         self._finished = True
 
-    def _audio_block(self, ids: np.ndarray) -> torch.Tensor | None:
-        """The batch's audio sized from the index, for samples to decode straight into; None when the decoded
-        audio is not what the batch holds (mono mix, resampling, a transform) or the channels differ."""
-        if not self.batched or self.mono or self.sample_rate is not None or self.transform is not None:
-            return None
-        channels = self.index.columns["channels"][ids]
-        if ids.shape[0] == 0 or (channels != channels[0]).any():
-            return None
-        return audio_block(self.index.columns["num_frames"][ids].tolist(), int(channels[0]))
-
-    def _load(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
-        samples: list[dict[str, Any]] = []
-        skipped: list[str] = []
-        block = self._audio_block(ids)
-        rows = block.numpy() if block is not None else None
-        for sample_id in ids.tolist():
-            try:
-                samples.append(self._sample(sample_id, epoch, out=None if rows is None else rows[len(samples)]))
-            except ShardioError as exc:
-                if self.on_error == "raise":
-                    raise
-                key = self.index.keys[sample_id]
-                logger.warning("skipping sample %r: %s", key, exc)
-                skipped.append(f"{key}: {exc}")
-                self.stats.skip(exc)
-        self.stats.samples += len(samples)
-        if self.batched:
-            batch = collate(samples, audio=block if not skipped else None)
-        else:
-            batch = to_tensors(samples[0]) if samples else collate([])
-        batch["skipped"] = skipped
-        return batch
-
     def _fields(self, sample_id: int) -> dict[str, Any]:
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
         return {}
-
-    def _sample(self, sample_id: int, epoch: int, out: np.ndarray | None = None) -> dict[str, Any]:
-        """Read, decode (into ``out``, a batch row, when it fits) and transform one sample."""
-        assert self._reader is not None
-        index, reader = self.index, self._reader
-        key = index.keys[sample_id]
-        where = reader.where(sample_id)
-        members = reader.members(sample_id, where)
-        ext = index.formats[int(index.columns["format"][sample_id])]
-        if ext not in members:
-            raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
-        audio, rate = decode_audio(members[ext], ext, where=where, mono=self.mono, sample_rate=self.sample_rate,
-                                   check_finite=self.check_finite, out=out)
-        sample: dict[str, Any] = {"key": key, "audio": audio, "sample_rate": rate, **self._fields(sample_id)}
-        if "json" in members:
-            try:
-                meta = json.loads(bytes(members["json"]))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise FormatError(f"{where}: the json member is not valid JSON ({exc})") from None
-            sample.update({k: v for k, v in meta.items() if k not in sample})
-        elif "txt" in members:
-            sample["text"] = bytes(members["txt"]).decode("utf-8", errors="replace")
-        if self.transform is not None:
-            sample = self.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
-        return sample

@@ -216,6 +216,44 @@ def test_bad_member_raises_decode_error(tmp_path: Path, data: bytes, reason: str
     assert_names_sample(exc, index, 0)
 
 
+def write_with_json(directory: Path, metadata: bytes) -> Index:
+    """Three samples; the first one's json member is ``metadata``."""
+    with ShardWriter(directory, max_samples=4) as writer:
+        for seed, key in enumerate(["odd", "good0", "good1"]):
+            meta = metadata if key == "odd" else b'{"text": "fine"}'
+            writer.write(key, {"wav": good_wav(seed), "json": meta}, audio_ext="wav", num_frames=400,
+                         sample_rate=RATE, channels=1)
+    return Index.load(directory)
+
+
+@pytest.mark.parametrize(("metadata", "reason"), [
+    (b'{"text": "cut off', "not valid JSON"),
+    (b'{"text": "a"} {"text": "b"}', "not valid JSON"),
+    (b"\xff\xfe{}", "not valid JSON"),
+    (b'["a", "list"]', "holds a JSON list, expected an object"),
+    (b"[" * 100_000, "not valid JSON"),
+], ids=["cut-off", "two-values", "not-utf8", "list", "too-deep"])
+def test_bad_json_member_is_a_format_error(tmp_path: Path, metadata: bytes, reason: str) -> None:
+    index = write_with_json(tmp_path / "ds", metadata)
+    exc = first_error(ShardDataset(index.root, batch_size=3))
+    assert isinstance(exc, FormatError) and reason in str(exc), str(exc)
+    assert "key 'odd'" in str(exc)
+
+
+@pytest.mark.parametrize("metadata", [
+    b'{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',
+    b'\xef\xbb\xbf{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',  # a UTF-8 byte order mark
+    b' \n{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}\n',
+    '{"text": "caf\u00e9", "n": [1, 2.5, null]}'.encode("utf-16"),
+], ids=["plain", "bom", "whitespace", "utf-16"])
+def test_json_members_read_as_json_loads_reads_them(tmp_path: Path, metadata: bytes) -> None:
+    index = write_with_json(tmp_path / "ds", metadata)
+    batch = next(iter(ShardDataset(index.root, batch_size=3, shuffle=False)))
+    assert batch["keys"] == ["odd", "good0", "good1"]
+    assert batch["text"] == ["caf\u00e9", "fine", "fine"]
+    assert batch["n"] == [[1, 2.5, None], None, None]
+
+
 # -- index files -------------------------------------------------------------------------------------
 
 

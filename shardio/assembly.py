@@ -1,0 +1,183 @@
+"""Assembly: one planned batch, from sample ids to collated tensors, in two passes over its samples.
+
+The first pass does each sample's small work: locate and check its tar members, read its audio header,
+parse its metadata. The second decodes the audio, each sample straight into its row of the batch when the
+batch's shape is known from the index. Decoding streams a sample's whole audio through the CPU caches and
+evicts what the small work needs, so done in turn, that work runs from cold caches: a 74-byte JSON member
+took 5.6 µs to parse alone and 15.5 µs after each conversion of 150 KB of PCM. The two passes made a
+16 kHz WAV batch about 17% cheaper (README, "Where the time goes").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import json.scanner
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .collate import audio_block, collate, to_tensors
+from .decode import EncodedAudio, decode_encoded, read_header
+from .errors import FormatError, ShardioError
+from .reader import Reader
+
+__all__ = ["Assembler", "Decoding", "Transform"]
+
+logger = logging.getLogger(__name__)
+
+Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
+"""``transform(sample, rng) -> sample``: runs per sample in the worker; ``rng`` is seeded by
+``(seed, epoch, key)``, so augmentation is the same after a resume and for any number of workers."""
+
+
+def _key_seed(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What a sample's audio becomes: mixed to ``mono``, resampled to ``sample_rate``, checked for NaN and
+    infinity (``check_finite``), then given to ``transform`` with the sample's seeded generator."""
+
+    mono: bool = False
+    sample_rate: int | None = None
+    check_finite: bool = True
+    transform: Transform | None = None
+
+    @property
+    def keeps_decoded_audio(self) -> bool:
+        """Whether a sample's audio is what its decoder produced (so it can be decoded into the batch)."""
+        return not self.mono and self.sample_rate is None and self.transform is None
+
+
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed takes it for a class
+
+
+def _json_object(data: memoryview, where: str) -> dict[str, Any]:
+    """The object in a json member. Text the scanner takes whole skips json.loads's encoding detection and
+    whitespace matching (a third of its cost); anything else (a BOM, UTF-16, surrounding whitespace, an
+    error) goes through json.loads, which decides."""
+    try:
+        text = str(data, "utf-8")
+        value, end = _scan_json(text, 0)
+        if end != len(text):
+            raise ValueError("trailing text")
+    except (ValueError, StopIteration, RecursionError):  # JSONDecodeError, UnicodeDecodeError: ValueErrors
+        try:
+            value = json.loads(bytes(data))
+        except (ValueError, RecursionError) as exc:
+            raise FormatError(f"{where}: the json member is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: the json member holds a JSON {type(value).__name__}, expected an object "
+                          "of metadata fields")
+    return value
+
+
+class _Prepared(NamedTuple):
+    position: int  # in the batch's sample ids
+    sample: dict[str, Any]  # every field but the audio and its rate
+    audio: EncodedAudio
+
+
+class Assembler:
+    """Builds one process's batches with its :class:`Reader`.
+
+    ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``).
+    ``on_error="skip"`` leaves out (and logs, and counts in the reader's stats) samples that cannot be read
+    or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order.
+    """
+
+    def __init__(self, reader: Reader, decoding: Decoding, *, seed: int, batched: bool, on_error: str,
+                 fields: Callable[[int], dict[str, Any]]) -> None:
+        self.reader = reader
+        self.decoding = decoding
+        self.seed = seed
+        self.batched = batched
+        self.on_error = on_error
+        self.fields = fields
+
+    def batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
+        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched)."""
+        skipped: list[tuple[int, str]] = []
+        prepared: list[_Prepared] = []
+        for position, sample_id in enumerate(ids.tolist()):
+            try:
+                prepared.append(self._prepare(position, sample_id))
+            except ShardioError as exc:
+                if self.on_error == "raise":
+                    raise
+                skipped.append((position, self._skip(sample_id, exc)))
+        block = self._audio_block(ids)
+        rows = block.numpy() if block is not None else None
+        samples: list[dict[str, Any]] = []
+        in_rows = rows is not None
+        for position, sample, audio in prepared:
+            try:
+                row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
+                samples.append(self._decode(sample, audio, epoch, row))
+                # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
+                in_rows = in_rows and samples[-1]["audio"].base is rows
+            except ShardioError as exc:
+                if self.on_error == "raise":
+                    raise
+                skipped.append((position, self._skip(int(ids[position]), exc)))
+        self.reader.stats.samples += len(samples)
+        if self.batched:
+            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
+        else:
+            batch = to_tensors(samples[0]) if samples else collate([])
+        batch["skipped"] = [text for _, text in sorted(skipped)]
+        return batch
+
+    def _skip(self, sample_id: int, exc: ShardioError) -> str:
+        key = self.reader.index.keys[sample_id]
+        logger.warning("skipping sample %r: %s", key, exc)
+        self.reader.stats.skip(exc)
+        return f"{key}: {exc}"
+
+    def _audio_block(self, ids: np.ndarray) -> torch.Tensor | None:
+        """The batch's audio sized from the index, for samples to decode straight into; None when the decoded
+        audio is not what the batch holds (mono mix, resampling, a transform) or the channels differ."""
+        if not self.batched or not self.decoding.keeps_decoded_audio or ids.shape[0] == 0:
+            return None
+        columns = self.reader.index.columns
+        channels = columns["channels"][ids]
+        if (channels != channels[0]).any():
+            return None
+        return audio_block(columns["num_frames"][ids].tolist(), int(channels[0]))
+
+    def _prepare(self, position: int, sample_id: int) -> _Prepared:
+        """The first pass over a sample: its members located and checked, its header and metadata read."""
+        reader = self.reader
+        index = reader.index
+        where = reader.where(sample_id)
+        members = reader.members(sample_id, where)
+        ext = index.formats[int(index.columns["format"][sample_id])]
+        if ext not in members:
+            raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
+        sample: dict[str, Any] = {"key": index.keys[sample_id], "audio": None, "sample_rate": None,
+                                  **self.fields(sample_id)}
+        if "json" in members:
+            for name, value in _json_object(members["json"], where).items():
+                sample.setdefault(name, value)
+        elif "txt" in members:
+            sample["text"] = bytes(members["txt"]).decode("utf-8", errors="replace")
+        return _Prepared(position, sample, read_header(members[ext], ext, where=where))
+
+    def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,
+                row: np.ndarray | None) -> dict[str, Any]:
+        """The second pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then
+        the transform."""
+        decoding = self.decoding
+        sample["audio"], sample["sample_rate"] = decode_encoded(
+            audio, mono=decoding.mono, sample_rate=decoding.sample_rate, check_finite=decoding.check_finite,
+            out=row)
+        if decoding.transform is not None:
+            key = sample["key"]
+            sample = decoding.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
+        return sample
