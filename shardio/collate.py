@@ -158,14 +158,17 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
     if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
         return False
     recycled = not audio.is_shared()  # a shared-memory block is created zero-filled; a pooled one is not
-    start, row_bytes = block.ctypes.data, block.strides[0]
-    for row, array in enumerate(arrays):
-        assert array is not None
-        target = block[row, :, : array.shape[1]]
+    if not in_rows:
         # ctypes.data costs 2 us, a tenth of a WAV sample's whole cost when it runs between decodes
-        if not in_rows and (array.ctypes.data != start + row * row_bytes or array.strides != target.strides):
-            target[...] = array
-        if recycled:
+        start, row_bytes = block.ctypes.data, block.strides[0]
+        for row, array in enumerate(arrays):
+            assert array is not None
+            target = block[row, :, : array.shape[1]]
+            if array.ctypes.data != start + row * row_bytes or array.strides != target.strides:
+                target[...] = array
+    if recycled:
+        for row, array in enumerate(arrays):
+            assert array is not None
             block[row, :, array.shape[1] :] = 0
     return True
 

@@ -82,7 +82,7 @@ class Reader:
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
-        self._labels: dict[int, str] = {}  # shard -> "shard PATH", for messages
+        self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
 
     @property
@@ -234,9 +234,10 @@ class Reader:
         shard = int(c["shard"][sample])
         label = self._labels.get(shard)
         if label is None:
-            label = self._labels[shard] = f"shard {self.index.shard_path(shard)}"
-        text = f"{label}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
-        if self.index.shards[shard].codec not in ("none", *STREAM_CODECS):
+            framed = self.index.shards[shard].codec not in ("none", *STREAM_CODECS)
+            label = self._labels[shard] = (f"shard {self.index.shard_path(shard)}", framed)
+        text = f"{label[0]}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
+        if label[1]:
             text += f" (+{int(c['member_offset'][sample])} in the frame)"
         return text
 
