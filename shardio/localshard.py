@@ -4,7 +4,7 @@ A range is a view of the file's memory map. Touching a mapped page past the end 
 it was opened raises SIGBUS, which kills the process; so each range is first faulted in with
 ``MADV_POPULATE_READ`` (Linux 5.14+), which instead fails with ``EFAULT``, and that becomes a typed error.
 Populating the range also replaces a page fault per 4 KiB by one call. Where the kernel lacks it (or on
-other systems), ranges are read with ``preadv`` into a buffer the shard reuses.
+other systems), ranges are read with ``pread``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class LocalShard:
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = _CAN_POPULATE and size > 0
-        self._scratch: bytearray | None = None
 
     def close(self) -> None:
         """Close the file. The map lives on (the mmap object holds its own descriptor) until the last view
@@ -50,22 +49,13 @@ class LocalShard:
         return data
 
     def view(self, offset: int, size: int, where: str) -> memoryview:
-        """``size`` bytes at ``offset`` without a copy: valid while the caller holds it, but when the map is
-        not available, only until the next call."""
+        """``size`` bytes at ``offset``, valid while the caller holds the view: of the map where it can be
+        used, else of a copy of their own (a batch holds all its samples' views before decoding any)."""
         if self._mapping:
             view = self._mapped(offset, size, where)
             if view is not None:
                 return view
-        if self._scratch is None or len(self._scratch) < size:
-            self._scratch = bytearray(max(size, 2 * len(self._scratch or b"")))  # a new one: views may be alive
-        target = memoryview(self._scratch)[:size]
-        try:
-            got = os.preadv(self.fd, [target], offset)
-        except OSError as exc:
-            raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
-        if got != size:
-            raise short_read(where, size, offset, got)
-        return target
+        return memoryview(self.read(offset, size, where))
 
     def _mapped(self, offset: int, size: int, where: str) -> memoryview | None:
         """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""

@@ -1,4 +1,5 @@
-"""Reader details: stream-codec shards read in shuffled order decompress each shard once."""
+"""Reader details: stream-codec shards read in shuffled order decompress each shard once; local shards read
+without a memory map give the same batches."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import gzip
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 from datasets import make_uneven_dataset
 
+import shardio.localshard
+from shardio import ShardDataset
 from shardio.indexer import build_index
 from shardio.reader import Reader
 
@@ -31,3 +36,18 @@ def test_shuffled_reads_of_gzip_shards_decompress_each_shard_once(tmp_path: Path
     for sample in order.tolist():
         small.members(sample)
     assert len(small._streams) == 1  # the byte bound keeps only the latest shard
+
+
+def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel cannot populate a map (old Linux, other systems) ranges are read instead; a batch
+    holds every sample's bytes before it decodes any, so no read may reuse another's buffer."""
+    index = make_uneven_dataset(tmp_path / "ds", [5, 7, 4], seed=4)
+    mapped = list(ShardDataset(index.root, batch_size=4, seed=1))
+    monkeypatch.setattr(shardio.localshard, "_CAN_POPULATE", False)
+    dataset = ShardDataset(index.root, batch_size=4, seed=1)
+    read = list(dataset)
+    assert dataset._reader is not None
+    assert not any(handle._mapping for handle in dataset._reader._handles.values())
+    assert [b["keys"] for b in read] == [b["keys"] for b in mapped]
+    for got, expected in zip(read, mapped):
+        assert torch.equal(got["audio"], expected["audio"]) and got["text"] == expected["text"]
