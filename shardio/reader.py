@@ -266,17 +266,21 @@ class Reader:
     def members(self, sample: int, where: str | None = None) -> dict[str, memoryview]:
         """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key (``where``,
         when the caller already has it, names the sample in errors)."""
-        key = self.index.keys[sample]
         where = where or self.where(sample)
+        return self.split_members(sample, self.sample_bytes(sample, where), where)
+
+    def split_members(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
+        """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
+        checking each member belongs to its key."""
+        key = self.index.keys[sample]
         found: dict[str, memoryview] = {}
-        parsed = parse_members(self.sample_bytes(sample, where), where)
         stem = len(key) + 1
-        for name, data in parsed:
+        for name, member in parse_members(data, where):
             # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
             ext = name[stem:]
             if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
                 raise FormatError(f"{where}: found member {name!r} where the index expects key {key!r}")
-            found[ext] = data
+            found[ext] = member
         if not found:
             raise FormatError(f"{where}: no members at the indexed offset")
         return found
