@@ -17,7 +17,7 @@ import hashlib
 import json
 import json.scanner
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -107,23 +107,12 @@ class Assembler:
     def batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
         """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched)."""
         skipped: list[tuple[int, str]] = []
-        located: list[tuple[int, int, str, memoryview]] = []
-        for position, sample_id in enumerate(ids.tolist()):  # the reads (system calls) first
-            try:
-                where = self.reader.where(sample_id)
-                located.append((position, sample_id, where, self.reader.sample_bytes(sample_id, where)))
-            except ShardioError as exc:
-                if self.on_error == "raise":
-                    raise
-                skipped.append((position, self._skip(sample_id, exc)))
-        prepared: list[_Prepared] = []
-        for position, sample_id, where, data in located:
-            try:
-                prepared.append(self._prepare(position, sample_id, where, data))
-            except ShardioError as exc:
-                if self.on_error == "raise":
-                    raise
-                skipped.append((position, self._skip(sample_id, exc)))
+        located = self._located(ids.tolist(), skipped)
+        prepared: Iterable[_Prepared]
+        if self._in_passes(ids):
+            prepared = list(self._prepared(list(located), skipped))
+        else:  # each sample read, prepared and decoded in turn: a batch of decompressed samples outgrows caches
+            prepared = self._prepared(located, skipped)
         block = self._audio_block(ids)
         rows = block.numpy() if block is not None else None
         samples: list[dict[str, Any]] = []
@@ -132,12 +121,11 @@ class Assembler:
             try:
                 row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
                 samples.append(self._decode(sample, audio, epoch, row))
-                # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
-                in_rows = in_rows and samples[-1]["audio"].base is rows
             except ShardioError as exc:
-                if self.on_error == "raise":
-                    raise
-                skipped.append((position, self._skip(int(ids[position]), exc)))
+                self._failed(position, int(ids[position]), exc, skipped)
+                continue
+            # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
+            in_rows = in_rows and samples[-1]["audio"].base is rows
         self.reader.stats.samples += len(samples)
         if self.batched:
             batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
@@ -145,6 +133,40 @@ class Assembler:
             batch = to_tensors(samples[0]) if samples else collate([])
         batch["skipped"] = [text for _, text in sorted(skipped)]
         return batch
+
+    def _in_passes(self, ids: np.ndarray) -> bool:
+        """Whether to read every sample before preparing any: when each read is a view of a memory map,
+        which costs nothing to hold."""
+        shards = set(self.reader.index.columns["shard"][ids].tolist())
+        return all(self.reader.maps(shard) for shard in shards)
+
+    def _located(self, sample_ids: list[int], skipped: list[tuple[int, str]]
+                 ) -> Iterator[tuple[int, int, str, memoryview]]:
+        """``(position, sample id, where, tar bytes)`` of each sample that could be read."""
+        for position, sample_id in enumerate(sample_ids):
+            try:
+                where = self.reader.where(sample_id)
+                data = self.reader.sample_bytes(sample_id, where)
+            except ShardioError as exc:
+                self._failed(position, sample_id, exc, skipped)
+                continue
+            yield position, sample_id, where, data
+
+    def _prepared(self, located: Iterable[tuple[int, int, str, memoryview]], skipped: list[tuple[int, str]]
+                  ) -> Iterator[_Prepared]:
+        for position, sample_id, where, data in located:
+            try:
+                prepared = self._prepare(position, sample_id, where, data)
+            except ShardioError as exc:
+                self._failed(position, sample_id, exc, skipped)
+                continue
+            yield prepared
+
+    def _failed(self, position: int, sample_id: int, exc: ShardioError, skipped: list[tuple[int, str]]) -> None:
+        """Raise ``exc`` again, or (``on_error="skip"``) log it and list the sample as skipped."""
+        if self.on_error == "raise":
+            raise exc
+        skipped.append((position, self._skip(sample_id, exc)))
 
     def _skip(self, sample_id: int, exc: ShardioError) -> str:
         key = self.reader.index.keys[sample_id]

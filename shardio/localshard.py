@@ -16,10 +16,11 @@ import sys
 
 from .errors import FormatError, ReadError
 
-__all__ = ["LocalShard", "short_read"]
+__all__ = ["CAN_MAP", "LocalShard", "short_read"]
 
 _MADV_POPULATE_READ = 22  # <linux/mman.h>; Python 3.11's mmap module does not name it
-_CAN_POPULATE = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
+CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
+"""Whether local plain shards are read as views of a memory map here (else with ``pread``)."""
 
 
 class LocalShard:
@@ -30,7 +31,7 @@ class LocalShard:
         self.size = size
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
-        self._mapping = _CAN_POPULATE and size > 0
+        self._mapping = CAN_MAP and size > 0
 
     def close(self) -> None:
         """Close the file. The map lives on (the mmap object holds its own descriptor) until the last view

@@ -32,6 +32,7 @@ import zstandard
 
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
+from . import localshard
 from .localshard import LocalShard, short_read
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
@@ -82,6 +83,7 @@ class Reader:
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
+        self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
         self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
 
@@ -181,6 +183,16 @@ class Reader:
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
         return data
+
+    def maps(self, shard: int) -> bool:
+        """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may
+        hold many at no cost), rather than copied or decompressed one by one."""
+        mapped = self._maps.get(shard)
+        if mapped is None:
+            info = self.index.shards[shard]
+            mapped = self._maps[shard] = (info.codec == "none" and localshard.CAN_MAP
+                                          and not is_url(self.index.shard_path(shard)))
+        return mapped
 
     def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
         """Like :meth:`read_range`, but a local shard's bytes are a view, without a copy (see

@@ -38,12 +38,22 @@ def test_shuffled_reads_of_gzip_shards_decompress_each_shard_once(tmp_path: Path
     assert len(small._streams) == 1  # the byte bound keeps only the latest shard
 
 
-def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the kernel cannot populate a map (old Linux, other systems) ranges are read instead; a batch
-    holds every sample's bytes before it decodes any, so no read may reuse another's buffer."""
+def _no_mmap(*args: object, **kwargs: object) -> None:
+    raise OSError("this file system cannot map files")
+
+
+@pytest.mark.parametrize("why", ["kernel", "file system"])
+def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          why: str) -> None:
+    """Where the kernel cannot populate a map (old Linux, other systems), or a file system cannot map a file,
+    ranges are read instead. A batch may hold every sample's bytes before it decodes any, so no read may reuse
+    another's buffer."""
     index = make_uneven_dataset(tmp_path / "ds", [5, 7, 4], seed=4)
     mapped = list(ShardDataset(index.root, batch_size=4, seed=1))
-    monkeypatch.setattr(shardio.localshard, "_CAN_POPULATE", False)
+    if why == "kernel":
+        monkeypatch.setattr(shardio.localshard, "CAN_MAP", False)
+    else:
+        monkeypatch.setattr(shardio.localshard.mmap, "mmap", _no_mmap)
     dataset = ShardDataset(index.root, batch_size=4, seed=1)
     read = list(dataset)
     assert dataset._reader is not None
