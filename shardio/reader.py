@@ -30,9 +30,9 @@ from typing import Any
 
 import zstandard
 
+from . import localshard
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
-from . import localshard
 from .localshard import LocalShard, short_read
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
