@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default=str(REPO / "bench-out"), help="where corpora and datasets go")
     parser.add_argument("--results", default=str(RESULTS), help="where bench.json/.md/.png are copied")
     parser.add_argument("--quick", action="store_true", help="tiny corpora, 2 rounds: a smoke test")
-    parser.add_argument("--reps", type=int, default=None, help="timed rounds (default 5, quick 2)")
+    parser.add_argument("--reps", type=int, default=None, help="timed rounds (default 7, quick 2)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     command = "python benchmarks/bench.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))

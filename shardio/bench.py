@@ -45,7 +45,7 @@ class BenchConfig:
     """Use only the first this many shared FLACs."""
     samples_per_shard: int = 100
     compression_samples: int = 200
-    reps: int = 5
+    reps: int = 7
     min_round_seconds: float = 0.5
     """A timed pass repeats its case until this long has passed: a pass of a fast case over a small corpus
     would otherwise last a tenth of a second, and its figure would be mostly scheduling noise."""
@@ -79,35 +79,42 @@ class _Case:
 
 
 def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_size: int) -> list[_Case]:
+    """The cases in the order a round runs them: each next to the cases a target compares it with."""
     shards = shard_files(plain)
     members = audio_members(plain)
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
-    found: list[_Case] = []
-    for workers in config.workers:
-        found.append(_Case(plain.name, f"shardio .tar, {workers}w", "shardio", "none", workers,
-                           plain.shard_bytes / 1e6, partial(cases.shardio_epoch, plain.directory, workers=workers,
-                                                            batch_size=batch_size)))
-    for workers in sorted({min(config.workers), max(config.workers)}):
-        found.append(_Case(plain.name, f"shardio .tar.zst (zstd-3), {workers}w", "shardio", "zstd-3", workers,
-                           zstd.shard_bytes / 1e6, partial(cases.shardio_epoch, zstd.directory, workers=workers,
-                                                           batch_size=batch_size)))
-    found.append(_Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0,
-                       plain.shard_bytes / 1e6, lambda: cases.webdataset_epoch(
-                           shards, ext=ext, workers=0, batch_size=batch_size)))
-    found.append(_Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
-                       lambda: cases.soundfile_floor(members)))
-    found.append(_Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
-                       lambda: cases.numpy_floor(members)))
-    found.append(_Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
-                       lambda: cases.numpy_batch_floor(members, batch_size)))
-    return found
+
+    def shardio(corpus: Corpus, codec: str, workers: int) -> _Case:
+        suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
+        return _Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
+                     corpus.shard_bytes / 1e6,
+                     partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size))
+
+    first, *more = config.workers
+    zstd_first, *zstd_more = sorted({min(config.workers), max(config.workers)})
+    return [
+        _Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0, plain.shard_bytes / 1e6,
+              lambda: cases.webdataset_epoch(shards, ext=ext, workers=0, batch_size=batch_size)),
+        shardio(plain, "none", first),
+        _Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
+              lambda: cases.soundfile_floor(members)),
+        _Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
+              lambda: cases.numpy_floor(members)),
+        _Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
+              lambda: cases.numpy_batch_floor(members, batch_size)),
+        shardio(zstd, "zstd-3", zstd_first),
+        *(shardio(plain, "none", workers) for workers in more),
+        *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
+    ]
 
 
 def _rounds(items: list[_Case], reps: int, progress: bool, min_seconds: float = 0.0
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn;
-    in a round, a case reads its corpus as many times as it takes to last ``min_seconds``.
+    in a round, a case reads its corpus as many times as it takes to last ``min_seconds``. Rounds run the
+    cases forward and backward in turn, so that a drift of the machine's speed (a shared host's neighbours
+    come and go within seconds) weighs alike on two cases a target compares.
 
     Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
     per CPU-second, which a machine shared with other jobs distorts far less than wall time.
@@ -122,8 +129,8 @@ def _rounds(items: list[_Case], reps: int, progress: bool, min_seconds: float = 
         peaks[case.key] = rss.peak
     live = [case for case in items if case.epoch is not None]
     runs: dict[str, list[tuple[float, float, int, float, int]]] = {case.key: [] for case in live}
-    for _ in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
-        for case in live:
+    for rep in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
+        for case in live if rep % 2 == 0 else live[::-1]:
             assert case.epoch is not None
             used, started = cpu_seconds(), time.perf_counter()
             samples, seconds = case.epoch()
