@@ -8,6 +8,7 @@ without ``tarfile``'s per-member overhead.
 from __future__ import annotations
 
 import re
+import struct
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -187,7 +188,7 @@ def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable
         elif kind == b"g":
             skip_data(data_offset, size)
         else:
-            name = long_name if long_name is not None else _name(bytes(header), where)
+            name = long_name if long_name is not None else _name(header[:100], header[345:500], where)
             long_name = None
             skip_data(data_offset, size)
             if kind in _REGULAR:
@@ -195,49 +196,55 @@ def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable
         offset = end
 
 
-def _name(header: bytes, where: str) -> str:
-    end = header.find(b"\0", 0, 100)
-    base = _text(header[: end if end >= 0 else 100], where)
-    if not header[345]:
+def _name(name: bytes, prefix: bytes, where: str) -> str:
+    """A member's path from its header's 100-byte name and 155-byte ustar prefix fields."""
+    end = name.find(b"\0")
+    base = _text(name[:end] if end >= 0 else name, where)
+    if not prefix[0]:
         return base
-    prefix = header[345:500].split(b"\0", 1)[0]
-    return f"{_text(prefix, where)}/{base}"
+    return _text(prefix.split(b"\0", 1)[0], where) + "/" + base
+
+
+_USTAR = struct.Struct("100s24x11sx12x8sc188x155s12x")  # name, size digits, checksum, type flag, prefix
 
 
 def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, memoryview]]:
     """The regular members of a tar byte range, as ``(name, data view)``; no copies of the data are made.
 
     The reader's hot path, so one flat loop over the buffer rather than :func:`walk`'s callbacks, with
-    :func:`_checked_size`'s fast path inline (the general parse also ends the archive at a zero block).
+    :func:`_checked_size`'s fast path inline on the fields of one unpack (the general parse, on anything
+    else, also ends the archive at a zero block).
     """
     view = memoryview(buffer)
     total = len(view)
     found: list[tuple[str, memoryview]] = []
     offset, long_name = 0, None
     while offset < total:
-        header = view[offset : offset + BLOCK].tobytes()
         try:
-            size, stored = int(header[124:135], 8), int(header[148:154], 8)
-            checked = (stored + sum(header[148:156]) - 8 * 32 + 1 - (zlib.adler32(header) & 0xFFFF)) % _ADLER_MOD == 0
-        except ValueError:
-            checked = False
-        if not checked or len(header) < BLOCK:
+            raw_name, digits, checksum, kind, prefix = _USTAR.unpack_from(view, offset)
+            size = int(digits, 8)
+            fast = (int(checksum[:6], 8) + sum(checksum) - 8 * 32 + 1
+                    - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)) % _ADLER_MOD == 0
+        except (ValueError, struct.error):  # not zero-padded octal, or less than a block left
+            fast = False
+        if not fast:
+            header = view[offset : offset + BLOCK].tobytes()
             if not header[0] and not any(header):
                 break
             if len(header) < BLOCK:
                 raise FormatError(f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} "
                                   "bytes)")
             size = _checked_size(header, f"{where} at offset {offset}")
+            raw_name, kind, prefix = header[:100], header[156:157], header[345:500]
         start = offset + BLOCK
         if start + size > total:
             raise FormatError(f"{where}: tar member data runs past the end ({start + size} > {total})")
-        kind = header[156:157]
         if kind in (b"x", b"L"):
             raw = view[start : start + size].tobytes()
             long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
         elif kind != b"g":
             if long_name is None:
-                name = _name(header, where)
+                name = _name(raw_name, prefix, where)
             else:
                 name, long_name = long_name, None
             if kind in _REGULAR:
