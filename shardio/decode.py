@@ -199,17 +199,21 @@ def _convert_wav(view: memoryview, layout: _WavLayout, out: np.ndarray | None) -
     return target, layout.sample_rate, layout.scale == 1.0
 
 
-_CANONICAL = struct.Struct("<4s4x4s4sI16x4sI")  # RIFF, WAVE, "fmt ", its size, (its body), "data", its size
+# the canonical 44-byte header: "RIFF", "WAVE", a 16-byte "fmt " chunk (tag, channels, rate, byte rate, block
+# align, bits), then "data" and its size
+_CANONICAL = struct.Struct("<4s4x4s4sIHHIIHH4sI")
 
 
 def _wav_layout(view: memoryview) -> _WavLayout | None:
     """Where a RIFF/WAVE buffer's samples lie, or None when the fast path should leave it to soundfile."""
     size = len(view)
-    if size >= _CANONICAL.size:  # the canonical header (a 16-byte fmt chunk, then data): one unpack, no walk
-        riff, wave, fmt_id, fmt_size, data_id, data_size = _CANONICAL.unpack_from(view)
+    if size >= _CANONICAL.size:  # one unpack, no chunk walk
+        riff, wave, fmt_id, fmt_size, tag, channels, rate, _, block_align, bits, data_id, data_size = \
+            _CANONICAL.unpack_from(view)
         if riff == b"RIFF" and wave == b"WAVE" and fmt_id == b"fmt " and fmt_size == 16 and data_id == b"data":
-            canonical = _read_fmt(view, 20, 16)
-            return None if canonical is None else _data_layout(canonical, _CANONICAL.size, data_size, size)
+            if (tag, bits) not in _SAMPLE_KINDS or not channels or not rate or block_align != channels * bits // 8:
+                return None
+            return _data_layout((tag, channels, rate, bits, block_align), _CANONICAL.size, data_size, size)
     if size < 12 or view[0:4] != b"RIFF" or view[8:12] != b"WAVE":
         return None
     position = 12
