@@ -33,14 +33,14 @@ _CHUNK_ELEMENTS = 1 << 20  # resample: most samples copied at once into the matr
 
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
-# (format tag, bits per sample) -> (numpy dtype of the stored samples, scale to float)
-_SAMPLE_KINDS: dict[tuple[int, int], tuple[str, float]] = {
-    (_PCM, 8): ("u1", 2.0**-7),
-    (_PCM, 16): ("<i2", 2.0**-15),
-    (_PCM, 24): ("i3", 2.0**-31),  # widened to int32 << 8, then scaled like int32 (as libsndfile does)
-    (_PCM, 32): ("<i4", 2.0**-31),
-    (_FLOAT, 32): ("<f4", 1.0),
-    (_FLOAT, 64): ("<f8", 1.0),
+# (format tag, bits per sample) -> (numpy dtype of the stored samples, scale to float32)
+_SAMPLE_KINDS: dict[tuple[int, int], tuple[str, np.float32]] = {
+    (_PCM, 8): ("u1", np.float32(2.0**-7)),
+    (_PCM, 16): ("<i2", np.float32(2.0**-15)),
+    (_PCM, 24): ("i3", np.float32(2.0**-31)),  # widened to int32 << 8, then scaled like int32 (as libsndfile)
+    (_PCM, 32): ("<i4", np.float32(2.0**-31)),
+    (_FLOAT, 32): ("<f4", np.float32(1.0)),
+    (_FLOAT, 64): ("<f8", np.float32(1.0)),
 }
 
 
@@ -50,7 +50,7 @@ class _WavLayout(NamedTuple):
     channels: int
     sample_rate: int
     dtype: str
-    scale: float
+    scale: np.float32
 
 
 class EncodedAudio(NamedTuple):
@@ -184,13 +184,13 @@ def _convert_wav(view: memoryview, layout: _WavLayout, out: np.ndarray | None) -
     target = _fits(out, layout.channels, layout.frames)
     if target is None:
         target = np.empty((layout.channels, layout.frames), np.float32)
-    source = samples.reshape(layout.frames, layout.channels).T
+    source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
     if layout.scale != 1.0:
         # each integer cast to float32 (rounding as libsndfile's C cast does), then scaled by a power of two,
         # which is exact. Two plain SIMD loops, the second over memory just written: 1.4x faster here than one
         # np.multiply(..., dtype=float32, casting="unsafe"), which goes through numpy's buffered casting
         np.copyto(target, source, casting="unsafe")
-        target *= np.float32(layout.scale)
+        target *= layout.scale
     elif layout.dtype == "<f8":
         with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf, as in libsndfile
             np.copyto(target, source, casting="unsafe")
