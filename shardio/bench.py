@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -25,7 +24,7 @@ from tqdm import tqdm
 
 from . import benchcases as cases
 from .benchdata import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
-from .benchmeasure import PeakRss, cpu_seconds, machine_facts, stats
+from .benchmeasure import Case, machine_facts, measure_rounds, stats
 from .benchreport import evaluate_targets, write_report
 from .errors import OptionError
 
@@ -62,102 +61,35 @@ QUICK = BenchConfig(wav_files=24, flac_repeats=1, flac_files=8, flac_limit=8, sa
                     stall_batches=2)
 
 
-@dataclass
-class _Case:
-    corpus: str
-    name: str
-    loader: str
-    codec: str
-    workers: int
-    megabytes: float
-    make: Callable[[], cases.Epoch | None]
-    epoch: cases.Epoch | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.corpus}|{self.name}"
-
-
-def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_size: int) -> list[_Case]:
+def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_size: int) -> list[Case]:
     """The cases in the order a round runs them: each next to the cases a target compares it with."""
     shards = shard_files(plain)
     members = audio_members(plain)
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
 
-    def shardio(corpus: Corpus, codec: str, workers: int) -> _Case:
+    def shardio(corpus: Corpus, codec: str, workers: int) -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
-        return _Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
+        return Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
                      corpus.shard_bytes / 1e6,
                      partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size))
 
     first, *more = config.workers
     zstd_first, *zstd_more = sorted({min(config.workers), max(config.workers)})
     return [
-        _Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0, plain.shard_bytes / 1e6,
+        Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0, plain.shard_bytes / 1e6,
               lambda: cases.webdataset_epoch(shards, ext=ext, workers=0, batch_size=batch_size)),
         shardio(plain, "none", first),
-        _Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
+        Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
               lambda: cases.soundfile_floor(members)),
-        _Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
+        Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
               lambda: cases.numpy_floor(members)),
-        _Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
+        Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
               lambda: cases.numpy_batch_floor(members, batch_size)),
         shardio(zstd, "zstd-3", zstd_first),
         *(shardio(plain, "none", workers) for workers in more),
         *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
     ]
-
-
-def _rounds(items: list[_Case], reps: int, progress: bool, min_seconds: float = 0.0
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn;
-    in a round, a case reads its corpus as many times as it takes to last ``min_seconds``. Rounds run the
-    cases forward and backward in turn, so that a drift of the machine's speed (a shared host's neighbours
-    come and go within seconds) weighs alike on two cases a target compares.
-
-    Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
-    per CPU-second, which a machine shared with other jobs distorts far less than wall time.
-    """
-    peaks: dict[str, int] = {}
-    for case in tqdm(items, desc="bench warm-up", disable=not progress, leave=False):
-        case.epoch = case.make()
-        if case.epoch is None:
-            continue
-        with PeakRss() as rss:
-            case.epoch()
-        peaks[case.key] = rss.peak
-    live = [case for case in items if case.epoch is not None]
-    runs: dict[str, list[tuple[float, float, int, float, int]]] = {case.key: [] for case in live}
-    for rep in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
-        for case in live if rep % 2 == 0 else live[::-1]:
-            assert case.epoch is not None
-            used, started = cpu_seconds(), time.perf_counter()
-            samples, seconds = case.epoch()
-            passes = 1
-            while time.perf_counter() - started < min_seconds:
-                more = case.epoch()
-                samples, seconds, passes = samples + more[0], seconds + more[1], passes + 1
-            elapsed = time.perf_counter() - started
-            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds, passes))
-    rows, rates = [], {}
-    for case in live:
-        done = runs[case.key]
-        wall, cpu = [r[0] for r in done], [r[1] for r in done]
-        rates[case.key] = {"wall": [r[2] / r[0] for r in done], "cpu": [r[2] / r[1] for r in done]}
-        first = done[0]
-        rows.append({"corpus": case.corpus, "case": case.name, "loader": case.loader, "codec": case.codec,
-                     "workers": case.workers, "samples": first[2] // first[4],
-                     "audio_seconds": round(first[3] / first[4], 3), "megabytes": round(case.megabytes, 3),
-                     "passes_per_round": stats([r[4] for r in done]),
-                     "samples_per_s": stats(rates[case.key]["wall"]),
-                     "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
-                     "audio_s_per_s": stats([r[3] / r[0] for r in done]),
-                     "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
-                     "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
-                     "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
-                     "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
-    return rows, rates
 
 
 _PAIRS = {  # ratio name: (case, reference case, basis)
@@ -196,14 +128,14 @@ def _compression(source: Corpus, work: Path, config: BenchConfig, batch_size: in
     items = []
     for label, corpus in made.items():
         if corpus.audio_seconds:  # indexed: shardio reads it (in shard order: stream codecs cannot seek)
-            items.append(_Case(label, "shardio, sequential, 0w", "shardio", label, 0,
+            items.append(Case(label, "shardio, sequential, 0w", "shardio", label, 0,
                                corpus.shard_bytes / 1e6, partial(cases.shardio_epoch, corpus.directory, workers=0,
                                                                  batch_size=batch_size, shuffle=False, fresh=True)))
         if not label.startswith("zstd"):
-            items.append(_Case(label, "webdataset + soundfile, 0w", "webdataset", label, 0,
+            items.append(Case(label, "webdataset + soundfile, 0w", "webdataset", label, 0,
                                corpus.shard_bytes / 1e6, partial(cases.webdataset_epoch, shard_files(corpus), ext=ext,
                                                                  workers=0, batch_size=batch_size)))
-    rows, _ = _rounds(items, max(1, config.reps // 2), progress, config.min_round_seconds)
+    rows, _ = measure_rounds(items, max(1, config.reps // 2), progress, config.min_round_seconds)
     for row in rows:
         corpus = made[row["codec"]]
         row.update(corpus=f"{source.name}, first {corpus.samples} samples", shard_bytes=corpus.shard_bytes,
@@ -287,7 +219,7 @@ def run_bench(directory: str | os.PathLike[str] | None = None, *, out_dir: str |
                     corpus.audio_seconds)
         zstd = make_variant(corpus, "zstd", out / "datasets", level=3)
         assert zstd is not None
-        rows, rates = _rounds(_throughput_cases(corpus, zstd, config, batch_size), config.reps, progress,
+        rows, rates = measure_rounds(_throughput_cases(corpus, zstd, config, batch_size), config.reps, progress,
                               config.min_round_seconds)
         throughput += rows
         ratios[corpus.name] = _ratios(rates, corpus.name)

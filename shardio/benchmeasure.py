@@ -1,4 +1,5 @@
-"""Measuring for ``shardio bench``: medians, CPU seconds of a process tree, peak RSS, machine facts."""
+"""Measuring for ``shardio bench``: rounds of cases, medians, CPU seconds of a process tree, peak RSS, machine
+facts."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import platform
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-__all__ = ["PeakRss", "cpu_seconds", "machine_facts", "stats"]
+from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from .benchcases import Epoch
+
+__all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -102,3 +109,73 @@ def machine_facts() -> dict[str, Any]:
     import soundfile
     versions["libsndfile"] = str(soundfile.__libsndfile_version__)
     return {"cpu": model, "cores": os.cpu_count(), "load_average_start": list(os.getloadavg()), **versions}
+
+
+@dataclass
+class Case:
+    """One measured case of a round: how to make its epoch, and what to label its figures with."""
+
+    corpus: str
+    name: str
+    loader: str
+    codec: str
+    workers: int
+    megabytes: float
+    make: Callable[[], Epoch | None]
+    epoch: Epoch | None = None
+
+    @property
+    def key(self) -> str:
+        """``corpus|name``, the case's key in rates."""
+        return f"{self.corpus}|{self.name}"
+
+
+def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: float = 0.0
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn;
+    in a round, a case reads its corpus as many times as it takes to last ``min_seconds``. Rounds run the
+    cases forward and backward in turn, so that a drift of the machine's speed (a shared host's neighbours
+    come and go within seconds) weighs alike on two cases a target compares.
+
+    Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
+    per CPU-second, which a machine shared with other jobs distorts far less than wall time.
+    """
+    peaks: dict[str, int] = {}
+    for case in tqdm(items, desc="bench warm-up", disable=not progress, leave=False):
+        case.epoch = case.make()
+        if case.epoch is None:
+            continue
+        with PeakRss() as rss:
+            case.epoch()
+        peaks[case.key] = rss.peak
+    live = [case for case in items if case.epoch is not None]
+    runs: dict[str, list[tuple[float, float, int, float, int]]] = {case.key: [] for case in live}
+    for rep in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
+        for case in live if rep % 2 == 0 else live[::-1]:
+            assert case.epoch is not None
+            used, started = cpu_seconds(), time.perf_counter()
+            samples, seconds = case.epoch()
+            passes = 1
+            while time.perf_counter() - started < min_seconds:
+                more = case.epoch()
+                samples, seconds, passes = samples + more[0], seconds + more[1], passes + 1
+            elapsed = time.perf_counter() - started
+            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds, passes))
+    rows, rates = [], {}
+    for case in live:
+        done = runs[case.key]
+        wall, cpu = [r[0] for r in done], [r[1] for r in done]
+        rates[case.key] = {"wall": [r[2] / r[0] for r in done], "cpu": [r[2] / r[1] for r in done]}
+        first = done[0]
+        rows.append({"corpus": case.corpus, "case": case.name, "loader": case.loader, "codec": case.codec,
+                     "workers": case.workers, "samples": first[2] // first[4],
+                     "audio_seconds": round(first[3] / first[4], 3), "megabytes": round(case.megabytes, 3),
+                     "passes_per_round": stats([r[4] for r in done]),
+                     "samples_per_s": stats(rates[case.key]["wall"]),
+                     "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
+                     "audio_s_per_s": stats([r[3] / r[0] for r in done]),
+                     "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
+                     "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
+                     "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
+                     "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
+    return rows, rates
