@@ -99,3 +99,26 @@ def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
         assert torch.equal(batch[name], plain[name]), name
     too_small = audio_block([10, 10, 10], 1)  # a sample that does not fit: a new batch, same content
     assert torch.equal(collate(samples, audio=too_small)["audio"], plain["audio"])
+
+
+def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path: Path) -> None:
+    """``benchmarks/ab.py`` exports a commit's package beside this one and times both, round by round."""
+    import importlib.util
+    import subprocess
+
+    from datasets import make_uneven_dataset
+
+    repo = Path(__file__).resolve().parents[1]
+    inside = subprocess.run(["git", "rev-parse", "--verify", "HEAD:shardio"], cwd=repo, capture_output=True)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout with a committed shardio package")
+    index = make_uneven_dataset(tmp_path / "ds", [3, 4], seed=1)
+    spec = importlib.util.spec_from_file_location("ab_script", repo / "benchmarks" / "ab.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([index.root, "--base", "HEAD", "--rounds", "2", "--seconds", "0",
+                        "--results", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "ab.json").read_text())
+    assert len(report["us_per_sample"]["base"]["runs"]) == len(report["speedup"]["runs"]) == 2
+    assert report["speedup"]["median"] > 0 and (tmp_path / "out" / "ab.md").read_text().startswith("# A/B")
