@@ -186,7 +186,7 @@ class Assembler:
         return audio_block(columns["num_frames"][ids].tolist(), channels[0])
 
     def _prepare(self, position: int, sample_id: int, where: str, data: memoryview) -> _Prepared:
-        """The first pass over a sample, once its tar bytes are read: its members checked, its audio header
+        """The middle pass over a sample, once its tar bytes are read: its members checked, its audio header
         and metadata read."""
         reader = self.reader
         index = reader.index
@@ -205,8 +205,8 @@ class Assembler:
 
     def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,
                 row: np.ndarray | None) -> dict[str, Any]:
-        """The second pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then
-        the transform."""
+        """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then the
+        transform."""
         decoding = self.decoding
         sample["audio"], sample["sample_rate"] = decode_encoded(
             audio, mono=decoding.mono, sample_rate=decoding.sample_rate, check_finite=decoding.check_finite,
