@@ -88,3 +88,20 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
     assert not Reader(zstd).maps(0)  # each sample is decompressed: held one at a time
     monkeypatch.setattr(shardio.localshard, "CAN_MAP", False)
     assert not Reader(plain).maps(0)
+
+
+def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -> None:
+    """Reading in passes holds views of every shard a batch touches; closing a shard's file on the way (the
+    reader keeps ``max_open`` open) must leave the views already taken intact."""
+    from shardio.assembly import Assembler, Decoding
+
+    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
+             for i in range(12)]
+    index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
+    ids = np.array([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])  # every sample's shard differs from the last
+    reader = Reader(index, max_open=1)
+    batch = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {}).batch(ids, 0)
+    assert len(reader._handles) == 1
+    for row, key in enumerate(batch["keys"]):
+        expected, _ = soundfile.read(io.BytesIO(dict(clips)[key]["wav"]), dtype="float32", always_2d=True)
+        assert torch.equal(batch["audio"][row, :, : expected.shape[0]], torch.from_numpy(expected.T.copy()))
