@@ -1,5 +1,6 @@
-"""Batch assembly: every kind of audio member lands exactly in its row, whether it was decoded there or copied;
-samples skipped in any pass are listed in batch order; reads come in passes only from memory maps."""
+"""Batch assembly: every kind of audio member lands exactly in its row, whether it was decoded there or
+copied; samples skipped in any pass are listed in batch order; reads come in passes only from memory maps,
+and survive the reader closing their shard files."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def test_samples_skipped_in_any_pass_are_listed_in_batch_order(tmp_path: Path, c
 
 
 def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05, RATE, seed=i), RATE, "wav", "PCM_16")}) for i in range(2)]
+    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05, RATE, seed=i), RATE, "wav", "PCM_16")})
+             for i in range(2)]
     plain = write(tmp_path / "plain", clips, ext="wav", channels=1, compression="none")
     zstd = write(tmp_path / "zstd", clips, ext="wav", channels=1, compression="zstd")
     assert Reader(plain).maps(0) == shardio.localshard.CAN_MAP
@@ -100,7 +102,8 @@ def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -
     index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
     ids = np.array([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])  # every sample's shard differs from the last
     reader = Reader(index, max_open=1)
-    batch = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {}).batch(ids, 0)
+    assembler = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {})
+    batch = assembler.batch(ids, 0)
     assert len(reader._handles) == 1
     for row, key in enumerate(batch["keys"]):
         expected, _ = soundfile.read(io.BytesIO(dict(clips)[key]["wav"]), dtype="float32", always_2d=True)
