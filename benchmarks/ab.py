@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in [name for name in sys.modules if name.split(".")[0] == "shardio_base"]:
                 del sys.modules[name]
     command = "python benchmarks/ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = {"command": command, "base": base, "dataset": args.dataset, "rounds": args.rounds,
+    dataset = Path(args.dataset).resolve()  # recorded relative to the repository: no machine paths in results
+    shown = dataset.relative_to(REPO) if dataset.is_relative_to(REPO) else dataset
+    report = {"command": command, "base": base, "dataset": str(shown), "rounds": args.rounds,
               "seconds": args.seconds, "machine": machine_facts(), **result}
     us, up = result["us_per_sample"], result["speedup"]
     rows = "".join(f"| {name} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |\n"
