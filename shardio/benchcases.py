@@ -132,12 +132,21 @@ def pcm_layout(data: bytes) -> tuple[int, int, int, int, int] | None:
     return None
 
 
+_PCM_KINDS = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)),
+              -32: ("<f4", np.float32(1.0))}
+"""``pcm_layout``'s signed bits -> (numpy dtype of the stored samples, scale to float32)."""
+
+
+def _all_pcm(members: Sequence[tuple[str, bytes]]) -> bool:
+    """Whether there are members and :func:`pcm_layout` reads every one (the raw floors apply)."""
+    return bool(members) and all(pcm_layout(data) is not None for _ext, data in members)
+
+
 def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
     """The raw floor for PCM WAV: header walk, ``frombuffer``, cast and scale to float32; no audio library."""
-    layouts = [pcm_layout(data) for _ext, data in members]
-    if not layouts or any(layout is None for layout in layouts):
+    if not _all_pcm(members):
         return None
-    kinds = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)), -32: ("<f4", np.float32(1.0))}
+    kinds = _PCM_KINDS
 
     def epoch() -> tuple[int, float]:
         seconds = 0.0
@@ -155,10 +164,9 @@ def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
 def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> Epoch | None:
     """The raw floor of a loader that yields padded batches: as :func:`numpy_floor`, but each sample is cast
     into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on (fresh memory, not cache)."""
-    layouts = [pcm_layout(data) for _ext, data in members]
-    if not layouts or any(layout is None for layout in layouts):
+    if not _all_pcm(members):
         return None
-    kinds = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)), -32: ("<f4", np.float32(1.0))}
+    kinds = _PCM_KINDS
 
     def epoch() -> tuple[int, float]:
         seconds, kept = 0.0, None

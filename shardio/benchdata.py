@@ -31,7 +31,6 @@ from .errors import OptionError
 from .index import INDEX_JSON, Index
 from .pack import pack
 from .reader import Reader
-from .tarformat import parse_members, split_name
 from .writer import ShardWriter
 
 __all__ = [
@@ -160,8 +159,7 @@ def _pack(source: Path, dataset: Path, name: str, how: str, samples_per_shard: i
 
 def _sample_members(reader: Reader, sample: int) -> dict[str, bytes]:
     """A sample's members as ``{ext: bytes}``, in their tar order."""
-    where = f"sample {sample}"
-    return {split_name(name)[1]: bytes(data) for name, data in parse_members(reader.sample_bytes(sample), where)}
+    return {ext: bytes(data) for ext, data in reader.members(sample).items()}
 
 
 def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3,

@@ -158,17 +158,15 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
     if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
         return False
     recycled = not audio.is_shared()  # a shared-memory block is created zero-filled; a pooled one is not
-    if not in_rows:
-        # the check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
-        start, row_bytes = block.ctypes.data, block.strides[0]
-        for row, array in enumerate(arrays):
-            assert array is not None
+    # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
+    start, row_bytes = (0, 0) if in_rows else (block.ctypes.data, block.strides[0])
+    for row, array in enumerate(arrays):
+        assert array is not None
+        if not in_rows:
             target = block[row, :, : array.shape[1]]
             if array.ctypes.data != start + row * row_bytes or array.strides != target.strides:
                 target[...] = array
-    if recycled:
-        for row, array in enumerate(arrays):
-            assert array is not None
+        if recycled:
             block[row, :, array.shape[1] :] = 0
     return True
 

@@ -211,7 +211,7 @@ def _wav_layout(view: memoryview) -> _WavLayout | None:
         riff, wave, fmt_id, fmt_size, tag, channels, rate, _, block_align, bits, data_id, data_size = \
             _CANONICAL.unpack_from(view)
         if riff == b"RIFF" and wave == b"WAVE" and fmt_id == b"fmt " and fmt_size == 16 and data_id == b"data":
-            if (tag, bits) not in _SAMPLE_KINDS or not channels or not rate or block_align != channels * bits // 8:
+            if not _fast_path_takes(tag, channels, rate, bits, block_align):
                 return None
             return _data_layout((tag, channels, rate, bits, block_align), _CANONICAL.size, data_size, size)
     if size < 12 or view[0:4] != b"RIFF" or view[8:12] != b"WAVE":
@@ -257,9 +257,14 @@ def _read_fmt(view: memoryview, body: int, chunk_size: int) -> tuple[int, int, i
         if guid[2:] != _GUID_TAIL or valid_bits not in (0, bits):
             return None
         (tag,) = struct.unpack_from("<H", guid)
-    if (tag, bits) not in _SAMPLE_KINDS or channels == 0 or rate == 0 or block_align != channels * bits // 8:
+    if not _fast_path_takes(tag, channels, rate, bits, block_align):
         return None
     return tag, channels, rate, bits, block_align
+
+
+def _fast_path_takes(tag: int, channels: int, rate: int, bits: int, block_align: int) -> bool:
+    """Whether a fmt chunk's fields describe samples the fast path converts (else soundfile decodes)."""
+    return (tag, bits) in _SAMPLE_KINDS and channels > 0 and rate > 0 and block_align == channels * bits // 8
 
 
 def mix_to_mono(audio: np.ndarray) -> np.ndarray:

@@ -226,4 +226,3 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
-

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -220,20 +221,32 @@ def test_pack_refuses_a_finished_dataset_and_bad_options(wav_corpus: Path, tmp_p
             pack(wav_corpus, tmp_path / "other", progress=False, **bad)
 
 
-@pytest.mark.slow
-def test_killed_pack_leaves_no_partial_shard_and_reruns(tmp_path: Path) -> None:
+def _start_pack(tmp_path: Path, *options: str, **popen: Any) -> tuple[subprocess.Popen[Any], Path, Path]:
+    """``shardio pack`` of 600 short WAVs into FLAC/zstd shards of 25 samples, started in the background:
+    the process, the corpus and the output directory."""
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "shardio.cli", "pack", str(corpus), str(out), "--samples-per-shard", "25",
-               "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress", *options]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    return process, corpus, out
+
+
+def _wait_for(process: subprocess.Popen[Any], shard: Path) -> None:
+    """Wait (at most 120 s) until the running pack has written ``shard``."""
+    deadline = time.monotonic() + 120
+    while not shard.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"pack never wrote {shard.name}"
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_killed_pack_leaves_no_partial_shard_and_reruns(tmp_path: Path) -> None:
+    process, corpus, out = _start_pack(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "shard-000002.tar.zst").exists():
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "pack never wrote its third shard"
-            time.sleep(0.005)
+        _wait_for(process, out / "shard-000002.tar.zst")
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait()
@@ -294,19 +307,9 @@ def test_writer_replaces_an_interrupted_runs_shards_but_never_other_files(tmp_pa
 def test_ctrl_c_stops_a_parallel_pack_cleanly(tmp_path: Path) -> None:
     """SIGINT to the whole process group (what Ctrl-C in a terminal does), with a worker pool running: the pack
     exits with 130 and leaves neither an index nor any shard of its own; every process of the group is gone."""
-    corpus = tmp_path / "corpus"
-    make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "shardio.cli", "pack", str(corpus), str(out), "--samples-per-shard", "25",
-               "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress", "-j", "2"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True, text=True)
+    process, _, out = _start_pack(tmp_path, "-j", "2", start_new_session=True, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "shard-000001.tar.zst").exists():
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "pack never wrote its second shard"
-            time.sleep(0.005)
+        _wait_for(process, out / "shard-000001.tar.zst")
         os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:
