@@ -12,60 +12,16 @@ only: no I/O, no torch, no Python loop over samples.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from .errors import OptionError
+from .options import Batching, eligible, sample_cost
 
-if TYPE_CHECKING:
-    from .plan import Batching
-
-__all__ = ["BLOCK", "RESOLUTION", "check_options", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",
+__all__ = ["BLOCK", "RESOLUTION", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",
            "bucket_of", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets", "shuffle_batches",
            "reorder_batches", "batch_audio", "padding_ratio"]
 
 BLOCK = 2048
 """Greedy duration batching runs in lockstep over blocks of this many samples; no batch spans two blocks."""
-
-
-def check_options(batching: Batching) -> None:
-    """Raise :class:`OptionError` for bucketing, cost and filter options of ``batching`` that cannot work
-    (and store ``duration_bins`` as a tuple of floats)."""
-    b = batching
-    if b.num_buckets is not None and b.duration_bins is not None:
-        raise OptionError("give num_buckets or duration_bins, not both")
-    if b.num_buckets is not None and (not isinstance(b.num_buckets, int) or b.num_buckets < 1):
-        raise OptionError(f"num_buckets must be an integer of at least 1, not {b.num_buckets!r}")
-    if b.duration_bins is not None:
-        bins = tuple(float(edge) for edge in b.duration_bins)
-        if any(not (e > 0 and np.isfinite(e)) for e in bins) or any(e >= f for e, f in zip(bins, bins[1:])):
-            raise OptionError(f"duration_bins must be positive, finite and strictly increasing, not {bins}")
-        object.__setattr__(b, "duration_bins", bins)
-    if b.quadratic_duration is not None:
-        if not b.quadratic_duration > 0:
-            raise OptionError(f"quadratic_duration must be positive, not {b.quadratic_duration}")
-        if b.max_duration is None:
-            raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
-    for name in ("min_duration", "max_sample_duration"):
-        value = getattr(b, name)
-        if value is not None and not (value >= 0 and np.isfinite(value)):
-            raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
-    if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
-        raise OptionError(f"min_duration ({b.min_duration}) is above max_sample_duration "
-                          f"({b.max_sample_duration}): every sample would be left out")
-
-
-def eligible(durations: np.ndarray, batching: Batching) -> np.ndarray:
-    """Which samples ``batching`` can plan: within its duration filters, and alone within ``max_duration``."""
-    keep = np.ones(durations.shape[0], dtype=bool)
-    if batching.min_duration is not None:
-        keep &= durations >= batching.min_duration
-    if batching.max_sample_duration is not None:
-        keep &= durations <= batching.max_sample_duration
-    if batching.max_duration is not None:
-        keep &= sample_cost(durations, batching.quadratic_duration) <= batching.max_duration * (1 + 1e-9)
-    return keep
 
 
 def bucket_edges(durations: np.ndarray, batching: Batching, weights: np.ndarray | None = None) -> np.ndarray:
@@ -74,12 +30,6 @@ def bucket_edges(durations: np.ndarray, batching: Batching, weights: np.ndarray 
         return np.asarray(batching.duration_bins, dtype=np.float64)
     keep = eligible(durations, batching)
     return equal_duration_bins(durations[keep], batching.num_buckets or 1, None if weights is None else weights[keep])
-
-
-def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:
-    """What a sample of ``d`` seconds costs in a batch: ``d``, or ``d + d**2 / quadratic`` (attention-like)."""
-    durations = np.asarray(durations, dtype=np.float64)
-    return durations if quadratic is None else durations + durations * durations / quadratic
 
 
 RESOLUTION = 1 << 14

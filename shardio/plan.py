@@ -34,77 +34,17 @@ import numpy as np
 
 from . import bucketing
 from .errors import OptionError
+from .options import Batching, Ordering
 
 __all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "epoch_order", "batch_offsets", "deal", "plan_epoch",
            "plan_segments", "worker_batches", "options_of", "rng"]
 
 _SHARDS, _SAMPLES, _BATCHES = 1, 2, 3
-_REMAINDERS = ("pad", "drop")
 
 
 def rng(seed: int, epoch: int, *purpose: int) -> np.random.Generator:
     """The generator for ``purpose`` in ``epoch``: seeded by the tuple ``(seed, epoch, *purpose)``."""
     return np.random.default_rng([seed, epoch, *purpose])
-
-
-@dataclass(frozen=True)
-class Ordering:
-    """How an epoch's samples are ordered."""
-
-    shuffle: bool = True
-    shuffle_shards: int = 16
-    """Samples mix across windows of this many consecutive (permuted) shards."""
-
-    def __post_init__(self) -> None:
-        if self.shuffle_shards < 1:
-            raise OptionError(f"shuffle_shards must be at least 1, not {self.shuffle_shards}")
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How samples are grouped into batches, and what happens to the last partial round of batches."""
-
-    batch_size: int | None = None
-    max_duration: float | None = None
-    """Padded seconds per batch: batch size x the longest sample's cost (its duration, or see
-    ``quadratic_duration``)."""
-    max_batch_size: int | None = None
-    remainder: str = "pad"
-    """``pad``: repeat batches from the epoch start to fill the last round; ``drop``: drop that round."""
-    num_buckets: int | None = None
-    """Bucket by duration into this many buckets of about equal total duration (estimated from the index)."""
-    duration_bins: tuple[float, ...] | None = None
-    """Explicit bucket edges in seconds (increasing): ``len(duration_bins) + 1`` buckets."""
-    quadratic_duration: float | None = None
-    """``Q``: a sample of ``d`` seconds costs ``d + d**2 / Q`` toward ``max_duration`` (as in Lhotse)."""
-    min_duration: float | None = None
-    """Leave out samples shorter than this many seconds."""
-    max_sample_duration: float | None = None
-    """Leave out samples longer than this many seconds."""
-
-    def __post_init__(self) -> None:
-        if self.batch_size is not None and self.max_duration is not None:
-            raise OptionError("give batch_size or max_duration, not both")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise OptionError(f"batch_size must be at least 1, not {self.batch_size}")
-        if self.max_duration is not None and not self.max_duration > 0:
-            raise OptionError(f"max_duration must be positive, not {self.max_duration}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
-        if self.max_batch_size is not None and self.max_duration is None:
-            raise OptionError("max_batch_size caps duration batches: give it with max_duration, not batch_size")
-        if self.remainder not in _REMAINDERS:
-            raise OptionError(f"remainder must be one of {_REMAINDERS}, not {self.remainder!r}")
-        bucketing.check_options(self)
-
-    @property
-    def bucketed(self) -> bool:
-        """Whether batches form within duration buckets (and the batch order is shuffled)."""
-        return self.num_buckets is not None or self.duration_bins is not None
-
-    def eligible(self, durations: np.ndarray) -> np.ndarray:
-        """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
-        return bucketing.eligible(durations, self)
 
 
 @dataclass(frozen=True)
