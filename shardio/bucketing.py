@@ -17,8 +17,8 @@ import numpy as np
 from .options import Batching, eligible, sample_cost
 
 __all__ = ["BLOCK", "RESOLUTION", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",
-           "bucket_of", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets", "shuffle_batches",
-           "reorder_batches", "batch_audio", "padding_ratio"]
+           "bucket_of", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets", "batch_offsets",
+           "shuffle_batches", "reorder_batches", "batch_audio", "padding_ratio"]
 
 BLOCK = 2048
 """Greedy duration batching runs in lockstep over blocks of this many samples; no batch spans two blocks."""
@@ -117,6 +117,19 @@ def greedy_offsets(costs: np.ndarray, limit: float, cap: int, starts: np.ndarray
         count = np.where(new, 1, count + 1)
     positions = np.flatnonzero(begins.T.ravel())
     return np.append(positions[positions < n], n).astype(np.int64)
+
+def batch_offsets(durations: np.ndarray, batching: Batching, starts: np.ndarray | None = None) -> np.ndarray:
+    """Batch boundaries over samples taken in the given order: batch b is ``[offsets[b], offsets[b+1])``.
+
+    With ``max_duration`` a batch grows greedily while ``count x cost(longest) <= max_duration`` (and
+    ``count <= max_batch_size``), in lockstep over blocks of :data:`BLOCK` samples, so a batch never spans
+    two blocks (:func:`greedy_offsets`). ``starts`` (optional, per position) marks
+    where a new batch must start, e.g. at a bucket change.
+    """
+    if batching.max_duration is None:
+        return fixed_offsets(durations.shape[0], batching.batch_size or 1, starts)
+    costs = sample_cost(durations, batching.quadratic_duration)
+    return greedy_offsets(costs, batching.max_duration * (1 + 1e-9), batching.max_batch_size or BLOCK, starts)
 
 
 def shuffle_batches(windows: np.ndarray, generator: np.random.Generator | None) -> np.ndarray:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .assembly import Assembler, Decoding, Transform
@@ -39,7 +40,8 @@ class ShardDataset(IterableDataset):
     by ``batch_size`` or ``max_duration`` (padded seconds); with neither, single samples are yielded.
     ``num_buckets`` or ``duration_bins`` form batches within duration buckets (less padding; the batch
     order is shuffled per epoch); ``quadratic_duration``, ``min_duration`` and ``max_sample_duration``
-    are the cost and filters of :class:`~shardio.plan.Batching`.
+    are the cost and filters of :class:`~shardio.plan.Batching`; ``sync_buckets`` (on when bucketing) gives
+    all ranks batches of one bucket and of nearly equal cost (``batch_cost``/``batch_cost_name``) at every step.
     ``world`` gives the rank and world size explicitly; by default they come from ``torch.distributed``
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
     be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
@@ -51,7 +53,9 @@ class ShardDataset(IterableDataset):
                  max_duration: float | None = None, max_batch_size: int | None = None, remainder: str = "pad",
                  num_buckets: int | None = None, duration_bins: Sequence[float] | None = None,
                  quadratic_duration: float | None = None, min_duration: float | None = None,
-                 max_sample_duration: float | None = None, shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
+                 max_sample_duration: float | None = None, sync_buckets: bool | None = None,
+                 batch_cost: Callable[[np.ndarray], float] | None = None, batch_cost_name: str | None = None,
+                 shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
                  storage_options: dict[str, Any] | None = None) -> None:
@@ -65,7 +69,8 @@ class ShardDataset(IterableDataset):
                                  remainder=remainder, num_buckets=num_buckets,
                                  duration_bins=tuple(duration_bins) if duration_bins is not None else None,
                                  quadratic_duration=quadratic_duration, min_duration=min_duration,
-                                 max_sample_duration=max_sample_duration)
+                                 max_sample_duration=max_sample_duration, sync_buckets=sync_buckets,
+                                 batch_cost=batch_cost, batch_cost_name=batch_cost_name)
         self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed

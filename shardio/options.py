@@ -6,7 +6,8 @@ bucketing helpers use. Nothing here imports the planner, so :mod:`shardio.plan` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +52,15 @@ class Batching:
     """Leave out samples shorter than this many seconds."""
     max_sample_duration: float | None = None
     """Leave out samples longer than this many seconds."""
+    sync_buckets: bool | None = None
+    """Step-synchronised batches: at every step all ranks get batches of one bucket and of nearly equal cost
+    (:mod:`shardio.rounds`). ``None`` (the default): on when bucketing."""
+    batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
+    """What a batch costs, ``batch_cost(durations) -> float`` (deterministic), for balancing synchronised
+    steps; default: padded seconds, or the quadratic cost with ``quadratic_duration``."""
+    batch_cost_name: str | None = None
+    """The name a state records for ``batch_cost`` (required with it): a state saved under another name
+    does not load. Give a new name whenever the function changes."""
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.max_duration is not None:
@@ -66,11 +76,17 @@ class Batching:
         if self.remainder not in REMAINDERS:
             raise OptionError(f"remainder must be one of {REMAINDERS}, not {self.remainder!r}")
         _check_buckets_and_filters(self)
+        _check_sync(self)
 
     @property
     def bucketed(self) -> bool:
         """Whether batches form within duration buckets (and the batch order is shuffled)."""
         return self.num_buckets is not None or self.duration_bins is not None
+
+    @property
+    def synchronised(self) -> bool:
+        """Whether every step's batches come from one bucket, at nearly equal cost (``sync_buckets``)."""
+        return self.bucketed and self.sync_buckets is not False
 
     def eligible(self, durations: np.ndarray) -> np.ndarray:
         """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
@@ -101,6 +117,22 @@ def _check_buckets_and_filters(b: Batching) -> None:
     if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
         raise OptionError(f"min_duration ({b.min_duration}) is above max_sample_duration "
                           f"({b.max_sample_duration}): every sample would be left out")
+
+
+def _check_sync(b: Batching) -> None:
+    if b.sync_buckets not in (None, True, False):
+        raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {b.sync_buckets!r}")
+    if b.sync_buckets and not b.bucketed:
+        raise OptionError("sync_buckets synchronises duration buckets: give num_buckets or duration_bins too")
+    if b.batch_cost is not None and not callable(b.batch_cost):
+        raise OptionError(f"batch_cost must be a function of a batch's durations, not {b.batch_cost!r}")
+    if (b.batch_cost is None) != (b.batch_cost_name is None):
+        raise OptionError("give batch_cost and batch_cost_name together: a state records the cost by its name")
+    if b.batch_cost_name is not None and not (isinstance(b.batch_cost_name, str) and b.batch_cost_name):
+        raise OptionError(f"batch_cost_name must be a non-empty string, not {b.batch_cost_name!r}")
+    if b.batch_cost is not None and not b.synchronised:
+        raise OptionError("batch_cost balances step-synchronised batches: it needs bucketing (num_buckets or "
+                          "duration_bins) with sync_buckets on")
 
 
 def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:

@@ -12,7 +12,9 @@ The steps:
    ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
    With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
    duration bucket, batches form within a bucket, and the batch order is shuffled within each window
-   (:mod:`shardio.bucketing`). Samples outside ``[min_duration, max_sample_duration]`` are left out.
+   (:mod:`shardio.bucketing`); with ``sync_buckets`` (the default when bucketing) the batches are instead
+   ordered in rounds of ``world_size`` of one bucket and nearly equal cost (:mod:`shardio.rounds`).
+   Samples outside ``[min_duration, max_sample_duration]`` are left out.
 3. **Deal** (:func:`deal`): batch ``j * world_size + r`` goes to rank ``r``. The last partial round is
    padded by repeating batches from the start of the epoch, or dropped (``remainder``); so every rank has
    exactly the same number of batches, by construction.
@@ -27,12 +29,12 @@ never of ``seed + epoch`` and never a mutated counter.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from . import bucketing
+from . import bucketing, rounds
 from .errors import OptionError
 from .options import Batching, Ordering
 
@@ -121,21 +123,7 @@ def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int
 
 
 BLOCK = bucketing.BLOCK
-
-
-def batch_offsets(durations: np.ndarray, batching: Batching, starts: np.ndarray | None = None) -> np.ndarray:
-    """Batch boundaries over samples taken in the given order: batch b is ``[offsets[b], offsets[b+1])``.
-
-    With ``max_duration`` a batch grows greedily while ``count x cost(longest) <= max_duration`` (and
-    ``count <= max_batch_size``), in lockstep over blocks of :data:`BLOCK` samples, so a batch never spans
-    two blocks (:func:`shardio.bucketing.greedy_offsets`). ``starts`` (optional, per position) marks
-    where a new batch must start, e.g. at a bucket change.
-    """
-    if batching.max_duration is None:
-        return bucketing.fixed_offsets(durations.shape[0], batching.batch_size or 1, starts)
-    costs = bucketing.sample_cost(durations, batching.quadratic_duration)
-    return bucketing.greedy_offsets(costs, batching.max_duration * (1 + 1e-9),
-                                    batching.max_batch_size or BLOCK, starts)
+batch_offsets = bucketing.batch_offsets
 
 
 def deal(num_batches: int, world_size: int, remainder: str,
@@ -192,7 +180,14 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
         order, starts = order[sort], bucketing.group_starts(key[sort])
     offsets = batch_offsets(durations[order], batching, starts)
     if grouping is not None and offsets.shape[0] > 1:
-        perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
+        if batching.synchronised:
+            order, offsets = rounds.compact(order, offsets, durations, grouping.buckets, batching)
+            first = order[offsets[:-1]]
+            costs = rounds.batch_costs(durations[order], offsets, batching)
+            perm = rounds.synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
+                                             grouping.generator)
+        else:
+            perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
         order, offsets = bucketing.reorder_batches(order, offsets, perm)
     report: dict[str, Any] = {"padding_ratio": round(bucketing.padding_ratio(durations[order], offsets), 6)}
     num_batches = offsets.shape[0] - 1
@@ -291,7 +286,15 @@ def worker_batches(num_batches: int, start: int, worker: int, num_workers: int) 
 def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
     """The options that shape a plan, as a JSON-ready dict (recorded in a state): the JSON round trip of
     the result compares equal to it (tuples become lists)."""
-    options: dict[str, object] = {**asdict(batching), **asdict(ordering)}
+    options: dict[str, object] = {f.name: getattr(batching, f.name) for f in fields(batching)
+                                  if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets")}
+    options.update(asdict(ordering))
     if batching.duration_bins is not None:
         options["duration_bins"] = list(batching.duration_bins)
+    # Recorded only where they shape the plan, so states saved before these options existed still load
+    # where the plan is unchanged (not bucketed), and do not where it changed (bucketed: synchronised).
+    if batching.bucketed:
+        options["sync_buckets"] = batching.synchronised
+    if batching.batch_cost_name is not None:
+        options["batch_cost"] = batching.batch_cost_name
     return options
