@@ -12,8 +12,8 @@ of Lhotse's ``sync_buckets``: all ranks draw the same bucket at a step). Pure nu
 2. **Rounds** (:func:`synchronised_order`): each bucket's batches, in window order (shuffled within a
    window), are cut into chunks of ``CHUNK_ROUNDS * world_size``; a chunk is sorted by cost and cut into
    rounds of ``world_size``, so a round holds batches of neighbouring cost. A bucket's last, partial round
-   goes to a pool that is sorted by cost and cut into rounds too (they mix buckets; at most
-   ``buckets - 1`` such rounds of about ``world_size`` batches). Full rounds are shuffled within their
+   (its cheapest batches) goes to a pool kept in bucket order and cut into rounds too: such a round spans
+   neighbouring buckets (there are at most as many such rounds as buckets). Full rounds are shuffled within their
    window (the last window any of their batches comes from) and keep window order; pooled rounds come last,
    so the epoch's last partial round (padded or dropped by ``remainder``) is made of leftovers.
 
@@ -110,7 +110,9 @@ def synchronised_order(windows: np.ndarray, buckets: np.ndarray, costs: np.ndarr
     round_windows = windows[rounds].max(axis=1)
     played = rounds[np.lexsort((_ties(rounds.shape[0], generator), round_windows))]
     leftovers = ranked[~full]
-    leftovers = leftovers[np.lexsort((np.arange(leftovers.shape[0]), -costs[leftovers]))]
+    # Leftovers by bucket, so a pooled round spans neighbouring buckets (of similar lengths: balanced under
+    # any cost that grows with length, not only the one in use); most costly first within a bucket.
+    leftovers = leftovers[np.lexsort((np.arange(leftovers.shape[0]), -costs[leftovers], buckets[leftovers]))]
     return np.concatenate([played.ravel(), leftovers]).astype(np.int64)
 
 

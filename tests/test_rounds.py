@@ -57,7 +57,8 @@ def step_costs(plan: EpochPlan, durations: np.ndarray, quadratic: float | None) 
     costs = np.zeros(plan.rank_batches.shape)
     for rank in range(plan.world_size):
         for j in range(plan.num_batches):
-            costs[rank, j] = len(plan.batch(rank, j)) * sample_cost(durations[plan.batch(rank, j)], quadratic).max()
+            batch = plan.batch(rank, j)
+            costs[rank, j] = len(batch) * sample_cost(durations[batch], quadratic).max()
     return costs
 
 
@@ -87,7 +88,8 @@ def test_synchronised_plans_keep_every_sample_once_equal_ranks_and_one_bucket_pe
     else:
         assert set(dealt.tolist()) == set(plan.samples.tolist()) and plan.padded < world_size * sizes.max()
     buckets = bucket_of(durations, bucket_edges(durations, batching))
-    step_buckets = [{int(buckets[plan.batch(r, j)[0]]) for r in range(world_size)} for j in range(plan.num_batches)]
+    step_buckets = [{int(buckets[plan.batch(r, j)[0]]) for r in range(world_size)}
+                    for j in range(plan.num_batches)]
     for r in range(world_size):
         for j in range(plan.num_batches):
             assert len(set(buckets[plan.batch(r, j)].tolist())) == 1, "a batch mixes buckets"
@@ -205,12 +207,13 @@ def test_mixed_plans_synchronise_steps_and_stay_exactly_once() -> None:
                for name, n, lo, hi in (("short", 6000, 1.0, 6.0), ("long", 3000, 8.0, 20.0))}
     mix = Mix({"short": 1.0, "long": 1.0}, EpochSize(primary="long"))
     options: dict[str, Any] = dict(seed=1, epoch=0, ordering=Ordering(shuffle_shards=4))
-    plans = {sync: plan_mix(corpora, mix, world_size=8, batching=Batching(
-        max_duration=200.0, num_buckets=8, sync_buckets=sync, remainder="drop"), **options) for sync in (False, True)}
+    plans = {sync: plan_mix(corpora, mix, world_size=8, **options, batching=Batching(
+        max_duration=200.0, num_buckets=8, sync_buckets=sync, remainder="drop")) for sync in (False, True)}
     durations = np.concatenate([corpora["long"].durations, corpora["short"].durations])  # name order
     ids = {sync: plan.samples for sync, plan in plans.items()}
     for quadratic in (None, 15.0):  # padded batches of one bucket also balance a quadratic cost
-        efficiency = {sync: step_efficiency(step_costs(plan, durations, quadratic)) for sync, plan in plans.items()}
+        efficiency = {sync: step_efficiency(step_costs(plan, durations, quadratic))
+                      for sync, plan in plans.items()}
         assert efficiency[True] >= 0.98 > efficiency[False]
     assert Counter(ids[True].tolist()) == Counter(ids[False].tolist())  # the same occurrences
     batching = Batching(max_duration=200.0, num_buckets=8, remainder="drop")
