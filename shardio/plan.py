@@ -291,10 +291,10 @@ def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
     options.update(asdict(ordering))
     if batching.duration_bins is not None:
         options["duration_bins"] = list(batching.duration_bins)
-    # Recorded only where they shape the plan, so states saved before these options existed still load
-    # where the plan is unchanged (not bucketed), and do not where it changed (bucketed: synchronised).
-    if batching.bucketed:
-        options["sync_buckets"] = batching.synchronised
+    # Recorded only when on, so a state saved before sync_buckets existed loads where the plan is the one it
+    # was saved under (no buckets, or sync_buckets=False) and is refused where it changed (synchronised).
+    if batching.synchronised:
+        options["sync_buckets"] = True
     if batching.batch_cost_name is not None:
         options["batch_cost"] = batching.batch_cost_name
     return options

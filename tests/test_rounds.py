@@ -163,7 +163,8 @@ def test_a_named_batch_cost_balances_steps_and_is_recorded() -> None:
     assert options["batch_cost"] == "samples-v1" and options["sync_buckets"] is True
     assert json.loads(json.dumps(options)) == options
     assert "batch_cost" not in options_of(Batching(max_duration=300.0), Ordering())
-    assert "sync_buckets" not in options_of(Batching(max_duration=300.0), Ordering())  # states from before load
+    for plain in (Batching(max_duration=300.0), Batching(max_duration=300.0, num_buckets=10, sync_buckets=False)):
+        assert "sync_buckets" not in options_of(plain, Ordering())  # states from before sync_buckets load
     broken = Batching(max_duration=300.0, num_buckets=10, batch_cost=lambda d: float("nan"), batch_cost_name="nan")
     with pytest.raises(OptionError, match="'nan' returned nan"):
         plan_epoch(shard_ids, durations, 40, seed=0, epoch=0, world_size=8, batching=broken)
@@ -252,6 +253,9 @@ def test_a_synchronised_dataset_resumes_exactly_and_refuses_a_changed_cost(datas
     named = make(batch_cost=len, batch_cost_name="count")
     with pytest.raises(StateError, match="batch_cost"):
         named.load_state_dict(state)
+    unsynchronised = make(sync_buckets=False).state_dict()  # as saved before sync_buckets existed
+    with pytest.raises(StateError, match="sync_buckets"):
+        make().load_state_dict(unsynchronised)
     renamed = make(batch_cost=len, batch_cost_name="count-v2")
     with pytest.raises(StateError, match="batch_cost"):
         renamed.load_state_dict(named.state_dict())
