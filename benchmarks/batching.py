@@ -15,7 +15,7 @@ Step balance: DDP waits for the slowest rank at each step, so for worlds of 8 an
 efficiency is the mean over steps of (mean rank cost / max rank cost), under a padded cost (count x longest)
 and a quadratic one (count x (d + d**2/15) of the longest d), for max-duration batching, bucketing without
 and with ``sync_buckets``, and bucketing with ``quadratic_duration=15``; the last step (padded by repeats) is
-left out. Writes
+left out; the window jump beside them measures read locality. Writes
 ``benchmarks/results/batching.json`` and ``benchmarks/results/batching.md``.
 """
 
@@ -33,7 +33,7 @@ import soundfile
 
 from shardio.benchreport import write_results
 from shardio.bucketing import batch_audio
-from shardio.plan import Batching, Ordering, plan_epoch
+from shardio.plan import Batching, Ordering, plan_epoch, window_order
 from shardio.synth import duration_sample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,9 +110,16 @@ def step_efficiency(durations: np.ndarray, plan: Any, quadratic: float | None) -
     return round(float((steps.mean(axis=0) / steps.max(axis=0)).mean()), 4) if steps.size else 1.0
 
 
+def window_jump(plan: Any, windows: np.ndarray) -> float:
+    """Read locality: shard windows between a rank's consecutive batches (first sample's), mean over ranks."""
+    first = windows[plan.samples[plan.offsets[:-1]]][plan.rank_batches]
+    return round(float(np.abs(np.diff(first, axis=1)).mean()), 2) if plan.num_batches > 1 else 0.0
+
+
 def step_balance(name: str, durations: np.ndarray, max_duration: float, buckets: int) -> list[dict[str, Any]]:
     """Step efficiency and padding of each batching (without and with ``sync_buckets``), worlds 8 and 64."""
     shard_ids = (np.arange(durations.shape[0]) // SHARD_SAMPLES[name]).astype(np.uint32)
+    windows = window_order(shard_ids, int(shard_ids[-1]) + 1, Ordering(), (0, 0))[1]
     methods = {f"max duration ({max_duration:g} s)": Batching(max_duration=max_duration)}
     for quadratic in (None, QUADRATIC):
         for sync in (False, True):
@@ -127,7 +134,8 @@ def step_balance(name: str, durations: np.ndarray, max_duration: float, buckets:
             rows.append({"world_size": world_size, "batching": label, "steps": plan.num_batches,
                          "padding_ratio": plan.report["padding_ratio"],
                          "step_efficiency_padded": step_efficiency(durations, plan, None),
-                         "step_efficiency_quadratic": step_efficiency(durations, plan, QUADRATIC)})
+                         "step_efficiency_quadratic": step_efficiency(durations, plan, QUADRATIC),
+                         "window_jump": window_jump(plan, windows)})
     return rows
 
 
@@ -161,10 +169,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
         lines += ["Step balance: step efficiency = mean over steps of mean rank cost / max rank cost, under a "
                   f"padded and a quadratic (Q = {QUADRATIC:g}) cost model; padding ratio beside it.", "",
-                  "| world | batching | steps | padding ratio | step efficiency, padded | quadratic |",
-                  "|---:|---|---:|---:|---:|---:|"]
+                  "| world | batching | steps | padding ratio | step efficiency, padded | quadratic | window jump |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
         lines += [f"| {row['world_size']} | {row['batching']} | {row['steps']} | {row['padding_ratio']:.4f} | "
-                  f"{row['step_efficiency_padded']:.4f} | {row['step_efficiency_quadratic']:.4f} |"
+                  f"{row['step_efficiency_padded']:.4f} | {row['step_efficiency_quadratic']:.4f} | "
+                  f"{row['window_jump']} |"
                   for row in corpus["step_balance"]]
         lines.append("")
     if report.get("plan_seconds"):
@@ -189,6 +198,8 @@ def main() -> None:
     notes = [] if corpora else ["the shared corpora are absent: synthetic durations only"]
     notes.append("step balance: the real corpora are small (FSDD 11 steps at world 8, Asterisk 3): at world 64 "
                  "they fit in one step, and their figures mostly reflect leftover rounds")
+    notes.append("window jump: shard windows (of shuffle_shards=16 shards) between a rank's consecutive batches, "
+                 "a measure of read locality; sync_buckets trades some for balance")
     notes.append("planning is deterministic: the figures do not depend on the machine's load, the timings do")
     settings = {"fsdd": (30.0, 10), "asterisk": (150.0, 10), "librispeech-like": (600.0, 30)}
     corpora["librispeech-like"] = synthetic(20_000 if args.quick else 200_000)

@@ -33,7 +33,7 @@ from .options import Batching, sample_cost
 
 __all__ = ["CHUNK_ROUNDS", "batch_costs", "underfull", "compact", "synchronised_order"]
 
-CHUNK_ROUNDS = 4
+CHUNK_ROUNDS = 2
 """Rounds of one bucket sorted by cost together: more balances better, fewer keeps a rank's reads nearer."""
 
 
