@@ -56,8 +56,9 @@ class Batching:
     """Step-synchronised batches: at every step all ranks get batches of one bucket and of nearly equal cost
     (:mod:`shardio.rounds`). ``None`` (the default): on when bucketing."""
     batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
-    """What a batch costs, ``batch_cost(durations) -> float`` (deterministic), for balancing synchronised
-    steps; default: padded seconds, or the quadratic cost with ``quadratic_duration``."""
+    """What a batch costs, ``batch_cost(durations) -> float`` (deterministic; a module-level function, so
+    that spawned DataLoader workers can pickle it), for balancing synchronised steps; default: padded
+    seconds, or the quadratic cost with ``quadratic_duration``."""
     batch_cost_name: str | None = None
     """The name a state records for ``batch_cost`` (required with it): a state saved under another name
     does not load. Give a new name whenever the function changes."""
