@@ -13,7 +13,7 @@ epoch of ``--plan-samples`` synthetic samples with and without bucketing.
 
 Step balance: DDP waits for the slowest rank at each step, so for worlds of 8 and 64 ranks the step
 efficiency is the mean over steps of (mean rank cost / max rank cost), under a padded cost (count x longest)
-and a quadratic one (count x (d + d**2/15) of the longest d), for max-duration batching, bucketing without
+and a quadratic one (count x (d + d**2/15) of the longest d), for max-duration batching and bucketing, without
 and with ``sync_buckets``, and bucketing with ``quadratic_duration=15``; the last step (padded by repeats) is
 left out; the window jump beside them measures read locality. Writes
 ``benchmarks/results/batching.json`` and ``benchmarks/results/batching.md``.
@@ -120,7 +120,9 @@ def step_balance(name: str, durations: np.ndarray, max_duration: float, buckets:
     """Step efficiency and padding of each batching (without and with ``sync_buckets``), worlds 8 and 64."""
     shard_ids = (np.arange(durations.shape[0]) // SHARD_SAMPLES[name]).astype(np.uint32)
     windows = window_order(shard_ids, int(shard_ids[-1]) + 1, Ordering(), (0, 0))[1]
-    methods = {f"max duration ({max_duration:g} s)": Batching(max_duration=max_duration)}
+    methods = {f"max duration ({max_duration:g} s)": Batching(max_duration=max_duration),
+               f"max duration ({max_duration:g} s), sync_buckets=True": Batching(max_duration=max_duration,
+                                                                                  sync_buckets=True)}
     for quadratic in (None, QUADRATIC):
         for sync in (False, True):
             label = f"{buckets} buckets" + (f", quadratic_duration={quadratic:g}" if quadratic else "")

@@ -54,7 +54,8 @@ class Batching:
     """Leave out samples longer than this many seconds."""
     sync_buckets: bool | None = None
     """Step-synchronised batches: at every step all ranks get batches of one bucket and of nearly equal cost
-    (:mod:`shardio.rounds`). ``None`` (the default): on when bucketing."""
+    (:mod:`shardio.rounds`). ``None`` (the default): on when bucketing; ``True`` without buckets balances
+    cost only (all samples are one bucket)."""
     batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
     """What a batch costs, ``batch_cost(durations) -> float`` (deterministic; a module-level function, so
     that spawned DataLoader workers can pickle it), for balancing synchronised steps; default: padded
@@ -87,7 +88,7 @@ class Batching:
     @property
     def synchronised(self) -> bool:
         """Whether every step's batches come from one bucket, at nearly equal cost (``sync_buckets``)."""
-        return self.bucketed and self.sync_buckets is not False
+        return self.sync_buckets is True or (self.bucketed and self.sync_buckets is None)
 
     def eligible(self, durations: np.ndarray) -> np.ndarray:
         """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
@@ -123,8 +124,6 @@ def _check_buckets_and_filters(b: Batching) -> None:
 def _check_sync(b: Batching) -> None:
     if b.sync_buckets not in (None, True, False):
         raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {b.sync_buckets!r}")
-    if b.sync_buckets and not b.bucketed:
-        raise OptionError("sync_buckets synchronises duration buckets: give num_buckets or duration_bins too")
     if b.batch_cost is not None and not callable(b.batch_cost):
         raise OptionError(f"batch_cost must be a function of a batch's durations, not {b.batch_cost!r}")
     if (b.batch_cost is None) != (b.batch_cost_name is None):
@@ -132,8 +131,8 @@ def _check_sync(b: Batching) -> None:
     if b.batch_cost_name is not None and not (isinstance(b.batch_cost_name, str) and b.batch_cost_name):
         raise OptionError(f"batch_cost_name must be a non-empty string, not {b.batch_cost_name!r}")
     if b.batch_cost is not None and not b.synchronised:
-        raise OptionError("batch_cost balances step-synchronised batches: it needs bucketing (num_buckets or "
-                          "duration_bins) with sync_buckets on")
+        raise OptionError("batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
+                          "with num_buckets or duration_bins)")
 
 
 def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:

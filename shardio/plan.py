@@ -260,8 +260,10 @@ def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *,
     if batching.bucketed:
         edges = bucketing.bucket_edges(durations, batching)
         buckets, extra = bucketing.bucket_of(durations, edges), {"bucket_edges": edges.round(6).tolist()}
+    elif batching.synchronised:
+        buckets = np.zeros(durations.shape[0], dtype=np.int64)  # one bucket: steps balance cost only
     plan = plan_segments(order, durations, seed=seed, epoch=epoch, world_size=world_size, batching=batching,
-                         history=history, windows=windows if batching.bucketed else None, buckets=buckets,
+                         history=history, windows=windows if buckets is not None else None, buckets=buckets,
                          shuffle=ordering.shuffle)
     return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
 

@@ -39,7 +39,8 @@ def synchronised(draw: st.DrawFn) -> Batching:
     return Batching(batch_size=draw(st.integers(1, 7)) if fixed else None,
                     max_duration=None if fixed else draw(st.sampled_from([40.0, 90.0])),
                     max_batch_size=None if fixed else draw(st.sampled_from([None, 6])),
-                    remainder=draw(st.sampled_from(["pad", "drop"])), num_buckets=draw(st.integers(1, 6)),
+                    remainder=draw(st.sampled_from(["pad", "drop"])),
+                    num_buckets=draw(st.one_of(st.none(), st.integers(1, 6))), sync_buckets=True,
                     quadratic_duration=None if fixed else draw(st.sampled_from([None, 15.0])),
                     max_sample_duration=draw(st.sampled_from([None, 30.0])))
 
@@ -149,6 +150,18 @@ def test_step_efficiency_on_librispeech_like_durations(world_size: int, quadrati
     assert padding[True] <= padding[False] + 0.002
 
 
+@pytest.mark.parametrize("world_size", [8, 64])
+def test_without_buckets_sync_buckets_balances_cost_alone(world_size: int) -> None:
+    durations = duration_sample(60_000, seed=2)
+    shard_ids = (np.arange(60_000) // 1000).astype(np.uint32)
+    efficiency = {}
+    for sync in (None, True):
+        plan = plan_epoch(shard_ids, durations, 60, seed=0, epoch=0, world_size=world_size,
+                          batching=Batching(max_duration=600.0, sync_buckets=sync))
+        efficiency[sync] = step_efficiency(step_costs(plan, durations, None)[:, :-1])
+    assert efficiency[True] >= 0.98 > efficiency[None]
+
+
 def test_a_named_batch_cost_balances_steps_and_is_recorded() -> None:
     durations = duration_sample(20_000, seed=4)
     shard_ids = (np.arange(20_000) // 500).astype(np.uint32)
@@ -172,13 +185,13 @@ def test_a_named_batch_cost_balances_steps_and_is_recorded() -> None:
 
 
 @pytest.mark.parametrize("options, words", [
-    (dict(batch_size=4, sync_buckets=True), "num_buckets or duration_bins"),
     (dict(batch_size=4, num_buckets=3, sync_buckets="yes"), "sync_buckets"),
     (dict(max_duration=9.0, num_buckets=3, batch_cost=len), "together"),
     (dict(max_duration=9.0, num_buckets=3, batch_cost_name="x"), "together"),
     (dict(max_duration=9.0, num_buckets=3, batch_cost=3, batch_cost_name="x"), "function"),
     (dict(max_duration=9.0, num_buckets=3, batch_cost=len, batch_cost_name=""), "non-empty"),
     (dict(max_duration=9.0, num_buckets=3, sync_buckets=False, batch_cost=len, batch_cost_name="n"), "sync"),
+    (dict(max_duration=9.0, batch_cost=len, batch_cost_name="n"), "sync_buckets on"),
 ])
 def test_bad_sync_options_are_option_errors(options: dict[str, Any], words: str) -> None:
     with pytest.raises(OptionError, match=words):
