@@ -73,7 +73,8 @@ class EpochPlan:
     padded: int = 0
     """Samples repeated to fill the last round (``remainder='pad'``)."""
     report: dict[str, Any] = field(default_factory=dict)
-    """What the plan did, for logs: counts, ``padding_ratio`` (padded seconds that are not audio), ..."""
+    """What the plan did, for logs: counts, ``padding_ratio`` (padded seconds that are not audio),
+    ``step_efficiency`` (mean over steps of mean / max rank cost, under the cost model in use), ..."""
 
     @property
     def world_size(self) -> int:
@@ -179,6 +180,7 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
         sort = bucketing.stable_order(key)
         order, starts = order[sort], bucketing.group_starts(key[sort])
     offsets = batch_offsets(durations[order], batching, starts)
+    costs = None
     if grouping is not None and offsets.shape[0] > 1:
         if batching.synchronised:
             order, offsets = rounds.compact(order, offsets, durations, grouping.buckets, batching)
@@ -186,17 +188,20 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
             costs = rounds.batch_costs(durations[order], offsets, batching)
             perm = rounds.synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
                                              grouping.generator)
+            costs = costs[perm]
         else:
             perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
         order, offsets = bucketing.reorder_batches(order, offsets, perm)
+    costs = rounds.batch_costs(durations[order], offsets, batching) if costs is None else costs
     report: dict[str, Any] = {"padding_ratio": round(bucketing.padding_ratio(durations[order], offsets), 6)}
     num_batches = offsets.shape[0] - 1
     if limit is not None and num_batches:
         # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
         kept = int(offsets[min(limit, num_batches)])
         report.update(skipped=int(order.shape[0]) - kept, repeated=0)
-        order, offsets = bucketing.reorder_batches(order, offsets, np.arange(limit, dtype=np.int64) % num_batches)
-        report["repeated"] = max(0, int(order.shape[0]) - kept)
+        kept_batches = np.arange(limit, dtype=np.int64) % num_batches
+        order, offsets = bucketing.reorder_batches(order, offsets, kept_batches)
+        report["repeated"], costs = max(0, int(order.shape[0]) - kept), costs[kept_batches]
         num_batches = limit
     if num_batches == 0:
         return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded, report=report)
@@ -205,6 +210,7 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
     sizes = np.diff(offsets)
     dropped = int(sizes[left_out].sum())
     padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
+    report["step_efficiency"] = rounds.step_efficiency(costs[rank_batches])
     return EpochPlan(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded, report=report)
 
 

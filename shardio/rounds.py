@@ -31,7 +31,7 @@ from .bucketing import batch_audio, batch_offsets, group_starts, stable_order
 from .errors import OptionError
 from .options import Batching, sample_cost
 
-__all__ = ["CHUNK_ROUNDS", "batch_costs", "underfull", "compact", "synchronised_order"]
+__all__ = ["CHUNK_ROUNDS", "batch_costs", "underfull", "compact", "synchronised_order", "step_efficiency"]
 
 CHUNK_ROUNDS = 2
 """Rounds of one bucket sorted by cost together: more balances better, fewer keeps a rank's reads nearer."""
@@ -114,6 +114,16 @@ def synchronised_order(windows: np.ndarray, buckets: np.ndarray, costs: np.ndarr
     # any cost that grows with length, not only the one in use); most costly first within a bucket.
     leftovers = leftovers[np.lexsort((np.arange(leftovers.shape[0]), -costs[leftovers], buckets[leftovers]))]
     return np.concatenate([played.ravel(), leftovers]).astype(np.int64)
+
+
+def step_efficiency(costs: np.ndarray) -> float:
+    """Mean over steps of (mean rank cost / max rank cost), from ``costs[rank, step]`` (1.0 without steps):
+    the share of a step that ranks spend working rather than waiting for the slowest."""
+    if costs.size == 0:
+        return 1.0
+    most = costs.max(axis=0)
+    ratio = np.divide(costs.mean(axis=0), most, out=np.ones(costs.shape[1]), where=most > 0)
+    return round(float(ratio.mean()), 6)
 
 
 def _ties(n: int, generator: np.random.Generator | None) -> np.ndarray:

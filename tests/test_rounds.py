@@ -144,7 +144,9 @@ def test_step_efficiency_on_librispeech_like_durations(world_size: int, quadrati
     for sync in (False, True):
         batching = Batching(max_duration=600.0, num_buckets=30, quadratic_duration=quadratic, sync_buckets=sync)
         plan = plan_epoch(shard_ids, durations, 60, seed=0, epoch=0, world_size=world_size, batching=batching)
-        efficiency[sync] = step_efficiency(step_costs(plan, durations, quadratic)[:, :-1])  # the last is padded
+        costs = step_costs(plan, durations, quadratic)
+        efficiency[sync] = step_efficiency(costs[:, :-1])  # the last step is padded
+        assert plan.report["step_efficiency"] == pytest.approx(step_efficiency(costs), abs=1e-6)  # over all steps
         padding[sync] = plan.report["padding_ratio"]
     assert efficiency[True] >= 0.98 > efficiency[False]
     assert padding[True] <= padding[False] + 0.002
