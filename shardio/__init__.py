@@ -12,6 +12,7 @@ from .errors import (
     InputProblem,
     IntegrityError,
     OptionError,
+    OutputError,
     ReadError,
     ShardioError,
     StateError,
@@ -69,5 +70,6 @@ __all__ = [
     "IntegrityError",
     "ReadError",
     "DecodeError",
+    "OutputError",
     "StateError",
 ]

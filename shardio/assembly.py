@@ -199,8 +199,8 @@ class Assembler:
         if "json" in members:
             for name, value in _json_object(members["json"], where).items():
                 sample.setdefault(name, value)
-        elif "txt" in members:
-            sample["text"] = bytes(members["txt"]).decode("utf-8", errors="replace")
+        if "txt" in members:  # kept beside a .json (webdataset's wav + txt + json); the JSON's "text" wins
+            sample.setdefault("text", bytes(members["txt"]).decode("utf-8", errors="replace"))
         return _Prepared(position, sample, read_header(members[ext], ext, where=where))
 
     def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,

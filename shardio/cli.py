@@ -2,8 +2,10 @@
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`.
-Exit codes: 0 success, 1 ``verify`` found problems, 2 bad usage or a :class:`~shardio.errors.ShardioError`
-(its message on stderr, no traceback), 130 interrupted.
+Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
+:class:`~shardio.errors.ShardioError` (bad options, inputs or dataset), 3 a file or directory that cannot
+be read or written (:class:`~shardio.errors.OutputError`, or the system's error), 130 interrupted. Every
+error is one line on stderr (an :class:`~shardio.errors.InputError` adds one line per input), no traceback.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from .errors import ShardioError
+from .errors import OutputError, ShardioError
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "parse_size"]
+__all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
+
+EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, inputs or dataset",
+              3: "a file or directory cannot be read or written (or another run holds the output)",
+              130: "interrupted"}
+"""What each exit status of ``shardio`` means."""
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -53,20 +60,27 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
                                    description="Pack an audio folder, JSONL manifest, Kaldi data dir or TSV/CSV "
                                                "into WebDataset-style shards plus a shardio index.")
     parser.add_argument("input", help="the corpus: a folder, a .jsonl manifest, a Kaldi data dir or a .tsv/.csv")
-    parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet)")
+    parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet, unless "
+                                        "--overwrite)")
     parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv"),
                         help="the corpus kind (default: detected from the input)")
     parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
                         help="roll to a new shard after this many tar bytes (default 256MB unless "
                              "--samples-per-shard is given)")
-    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N")
-    parser.add_argument("--compression", choices=("none", "zstd"), default="none")
-    parser.add_argument("--zstd-level", type=int, default=3, metavar="LEVEL")
+    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N",
+                        help="roll to a new shard after this many samples (default: no limit)")
+    parser.add_argument("--compression", choices=("none", "zstd"), default="none",
+                        help="shard compression: none (.tar) or zstd (.tar.zst, seekable frames) "
+                             "(default %(default)s)")
+    parser.add_argument("--zstd-level", type=int, default=3, metavar="LEVEL",
+                        help="zstd level, -7 to 22, with --compression zstd (default %(default)s)")
     parser.add_argument("--transcode", choices=("flac", "wav"), default=None,
                         help="re-encode the audio (default: keep the original bytes)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("-j", "--workers", type=_positive, default=1, help="processes reading and validating")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --shuffle (default %(default)s)")
+    parser.add_argument("-j", "--workers", type=_positive, default=None,
+                        help="processes reading and validating the inputs (default: one per CPU core but one, "
+                             "which writes the shards; 1 reads in this process)")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="raise: stop and list every bad input (default); skip: pack the rest and list "
                              "the bad ones in rejected.jsonl")
@@ -75,29 +89,36 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
                         help="rewrite keys that break the {key}.{ext} rule (dots in names) instead of rejecting")
     parser.add_argument("--prefix", default="shard", help="shard file name prefix (default 'shard')")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a dataset (or shard files of this prefix) already in OUT_DIR")
     parser.set_defaults(run=_run_pack)
 
 
 def _run_pack(args: argparse.Namespace) -> int:
-    from .pack import REJECTED_FILE, pack
+    from .pack import REJECTED_FILE, describe_left_out, pack
 
     kind = "tsv" if args.kind == "csv" else args.kind
     summary = pack(args.input, args.out_dir, kind=kind, samples_per_shard=args.samples_per_shard,
                    shard_bytes=args.shard_size, compression=args.compression, zstd_level=args.zstd_level,
                    transcode=args.transcode, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
                    on_error=args.on_error, require_text=args.require_text, rewrite_keys=args.rewrite_keys,
-                   prefix=args.prefix, progress=not args.no_progress)
+                   prefix=args.prefix, progress=not args.no_progress, overwrite=args.overwrite)
     print(f"packed {summary.samples} samples ({summary.hours:.3f} h) into {summary.shards} shards, "
           f"{summary.bytes / 1e6:.1f} MB, in {summary.seconds:.1f} s ({summary.mb_per_s:.1f} MB/s of input)")
     if summary.rejected:
         print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
+    if summary.left_out:
+        print(f"left out (not audio inputs): {describe_left_out(summary.left_out)}")
     return 0
 
 
 # -- inspect -----------------------------------------------------------------------------------------
 
 def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index")
+    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index",
+                                   description="Summarise a dataset from its index alone (no shard is read): shards, "
+                                               "samples, hours, codecs, formats, sample rates and a duration "
+                                               "histogram.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(run=_run_inspect)
@@ -114,7 +135,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
 # -- verify ------------------------------------------------------------------------------------------
 
 def _add_verify(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)")
+    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)",
+                                   description="Check every shard's size and SHA-256 against the index and parse "
+                                               "every sample at its indexed offsets (with --decode, decode its "
+                                               "audio too); list every problem and exit 1 if there is any.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
     parser.set_defaults(run=_run_verify)
@@ -136,17 +160,21 @@ def _run_verify(args: argparse.Namespace) -> int:
 # -- index -------------------------------------------------------------------------------------------
 
 def _add_index(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards")
+    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards",
+                                   description="Build a shardio index for shards written by other tools "
+                                               "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
+                                               "audio facts read from each sample's audio member.")
     parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where to write the index (default: next to the shards)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
     parser.set_defaults(run=_run_index)
 
 
 def _run_index(args: argparse.Namespace) -> int:
     from .indexer import build_index
 
-    index = build_index(args.shards, out_dir=args.out)
+    index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
     print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
           f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
     return 0
@@ -213,11 +241,19 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _a
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio shards.")
+    from . import __version__
+
+    codes = "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio "
+                                     "shards.", epilog=f"exit codes: {codes}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"shardio {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
+    for sub in subparsers.choices.values():  # -v after the subcommand too; SUPPRESS keeps one given before it
+        sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                         help="more log output (-vv for debug)")
     return parser
 
 
@@ -228,9 +264,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args))
+    except OutputError as exc:
+        print(f"shardio {args.command}: error: {exc}", file=sys.stderr)
+        return 3
     except ShardioError as exc:
         print(f"shardio {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the system's own error names the file: one line, not a traceback
+        print(f"shardio {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+              file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"shardio {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 import csv
+import io
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import InputError, InputProblem, OptionError
+from .folder import walk_folder
 
 __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
            "read_kaldi", "read_table"]
@@ -62,6 +64,7 @@ class Source:
 
 
 Problems = list[InputProblem]
+_Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None], Iterator[Source]]
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
@@ -82,8 +85,10 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
 
 
 def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
-                problems: Problems | None = None) -> Iterator[Source]:
-    """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order."""
+                problems: Problems | None = None, left_out: Counter[str] | None = None) -> Iterator[Source]:
+    """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
+
+    Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given."""
     kind = {"csv": "tsv", "table": "tsv"}.get(kind or "", kind) or detect_kind(path)
     if kind not in _READERS:
         raise OptionError(f"unknown corpus kind {kind!r}; expected one of {KINDS}")
@@ -92,22 +97,33 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
         raise OptionError(f"{location}: no such corpus file or directory")
     if kind == "kaldi" and location.name == "wav.scp":
         location = location.parent
-    return _READERS[kind](location, problems)
+    return _READERS[kind](location, problems, left_out)
 
 
-def _collected(reader: Callable[[Path, Problems], Iterator[Source]]
-               ) -> Callable[[str | os.PathLike[str], Problems | None], Iterator[Source]]:
+def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]]) -> _Reader:
     """Give ``reader`` the public contract: append problems to the caller's list, or raise them at the end."""
 
-    def public(path: str | os.PathLike[str], problems: Problems | None = None) -> Iterator[Source]:
+    def public(path: str | os.PathLike[str], problems: Problems | None = None,
+               left_out: Counter[str] | None = None) -> Iterator[Source]:
         collected: Problems = [] if problems is None else problems
-        yield from reader(Path(path), collected)
+        yield from reader(Path(path), collected, Counter() if left_out is None else left_out)
         if problems is None and collected:
             raise InputError(collected)
 
     public.__name__ = reader.__name__.lstrip("_")
     public.__doc__ = reader.__doc__
     return public
+
+
+def _text(path: Path, encoding: str) -> str:
+    """A manifest's text; bytes that are not UTF-8 are an :class:`InputError` naming the file and line."""
+    data = path.read_bytes()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError([InputProblem(f"{path}:{line}", "", f"byte {exc.start} of the file is not UTF-8 "
+                                       f"({exc.reason}); expected a UTF-8 text manifest")]) from None
 
 
 def _resolve(base: Path, audio: str) -> str:
@@ -135,33 +151,35 @@ def _segment_keys(entries: list[tuple[str, dict[str, Any]]]) -> None:
             entry["key"] = f"{entry['stem']}_{round(entry['offset'] * 1000):08d}"
 
 
-def _read_folder(root: Path, problems: Problems) -> Iterator[Source]:
-    """Audio files under a folder (recursive, sorted); a ``.txt``/``.lab`` sidecar is the transcript."""
-    found: list[str] = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
-        relative = Path(directory).relative_to(root)
-        found += [(relative / name).as_posix() for name in files if not name.startswith(".")]
+def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
+    """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt``/``.lab``
+    sidecar is the transcript. Files of other formats are counted in ``left_out`` (see :mod:`shardio.folder`)."""
+    found = walk_folder(root, AUDIO_EXTENSIONS, left_out)
     names = set(found)
-    for name in sorted(found):
-        stem, dot, ext = name.rpartition(".")
-        if not dot or "/" in ext or ext.lower() not in AUDIO_EXTENSIONS:
+    for name in found:
+        stem, _, ext = name.rpartition(".")
+        if ext.lower() not in AUDIO_EXTENSIONS:
             continue
         meta: dict[str, Any] = {}
-        for sidecar in (f"{stem}.txt", f"{stem}.lab"):
-            if sidecar in names:
-                try:
-                    meta["text"] = (root / sidecar).read_text(encoding="utf-8").strip()
-                except (OSError, UnicodeDecodeError) as exc:
-                    problems.append(InputProblem(str(root / sidecar), stem, f"cannot read the transcript: {exc}"))
-                break
+        sidecar = next((s for s in (f"{stem}.txt", f"{stem}.lab") if s in names), None)
+        if sidecar is not None:
+            try:
+                meta["text"] = (root / sidecar).read_bytes().decode("utf-8").strip()
+            except OSError as exc:
+                problems.append(InputProblem(str(root / sidecar), stem, "cannot read the transcript "
+                                             f"({exc.strerror or exc}); the sample is left out"))
+                continue
+            except UnicodeDecodeError as exc:
+                problems.append(InputProblem(str(root / sidecar), stem, "the transcript is not UTF-8 (byte "
+                                             f"{exc.start} cannot be decoded); the sample is left out"))
+                continue
         yield Source(key=stem, audio_path=str(root / name), meta=meta)
 
 
-def _read_jsonl(manifest: Path, problems: Problems) -> Iterator[Source]:
+def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A NeMo-style JSONL manifest: ``audio_filepath``, ``duration``, ``text``, optional ``offset``."""
     entries: list[tuple[str, dict[str, Any]]] = []
-    with open(manifest, encoding="utf-8-sig") as handle:
+    with io.StringIO(_text(manifest, "utf-8-sig")) as handle:
         for number, line in enumerate(handle, 1):
             where = f"{manifest}:{number}"
             if not line.strip():
@@ -198,7 +216,7 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
     table: dict[str, tuple[list[str], str]] = {}
     if not path.is_file():
         return table
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(_text(path, "utf-8")) as handle:
         for number, line in enumerate(handle, 1):
             parts = line.strip().split(maxsplit=fields - 1)
             if not parts:
@@ -215,7 +233,7 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
     return table
 
 
-def _read_kaldi(data_dir: Path, problems: Problems) -> Iterator[Source]:
+def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A Kaldi data dir: ``wav.scp`` (plain paths), ``text``, optional ``utt2spk`` and ``segments``."""
     if not (data_dir / "wav.scp").is_file():
         raise InputError([InputProblem(str(data_dir), "", "not a Kaldi data dir: no wav.scp")])
@@ -275,9 +293,9 @@ def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
                                    f"(expected one of {', '.join(PATH_COLUMNS)}; delimiters tried: tab | , ;)")])
 
 
-def _read_table(table: Path, problems: Problems) -> Iterator[Source]:
+def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A TSV/CSV with a header (path column, text column, others kept), or LJSpeech's ``metadata.csv``."""
-    with open(table, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(_text(table, "utf-8-sig"), newline="") as handle:
         first = handle.readline()
         delimiter, has_header = _table_layout(table, first)
         handle.seek(0)
@@ -332,5 +350,5 @@ read_folder = _collected(_read_folder)
 read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
 read_table = _collected(_read_table)
-_READERS: dict[str, Callable[[str | os.PathLike[str], Problems | None], Iterator[Source]]] = {
+_READERS: dict[str, _Reader] = {
     "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table}

@@ -187,6 +187,11 @@ class ShardDataset(IterableDataset):
             report = self._plans[key].report
             if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
                 logger.info("epoch %d plan: %s", epoch, report)
+            if report.get("excluded"):  # never yielded, this epoch or any: say so at the default level
+                left_out = self.index.durations[~batching.eligible(self.index.durations)]
+                logger.warning("epoch %d: %d samples (%.3f h) are left out of the plan: longer than max_duration "
+                               "alone, or outside min_duration/max_sample_duration", epoch, len(left_out),
+                               float(left_out.sum()) / 3600)
         return self._plans[key]
 
     def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:

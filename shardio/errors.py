@@ -9,6 +9,7 @@ Every error shardio raises on bad input, bad data or a bad state is a :class:`Sh
     │   └── IntegrityError a shard whose size or hash differs from the index
     ├── ReadError          a shard that cannot be read (missing, or remote retries spent)
     ├── DecodeError        a member whose audio cannot be decoded, or is empty or non-finite
+    ├── OutputError        an output directory that cannot be written (a file, read-only, locked by a run)
     └── StateError         a saved loader state that does not fit this dataset or options
 
 Messages say what went wrong, where (file, shard, key, offset) and what was expected.
@@ -28,6 +29,7 @@ __all__ = [
     "IntegrityError",
     "ReadError",
     "DecodeError",
+    "OutputError",
     "StateError",
 ]
 
@@ -81,6 +83,10 @@ class ReadError(ShardioError):
 
 class DecodeError(ShardioError):
     """Audio bytes that could not be decoded, or decoded to empty or non-finite samples."""
+
+
+class OutputError(ShardioError):
+    """An output location that cannot be written: not a directory, read-only, or held by another run."""
 
 
 class StateError(ShardioError):

@@ -27,8 +27,9 @@ import zstandard
 
 from .corpus import AUDIO_EXTENSIONS
 from .errors import DecodeError, FormatError, OptionError, ReadError
-from .index import Index, IndexBuilder, ShardInfo
-from .tarformat import split_name, walk
+from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from .tarformat import key_problem, split_name, walk
+from .writer import writable_directory
 
 __all__ = ["build_index", "shard_codec", "tar_stream"]
 
@@ -95,6 +96,9 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
             logger.warning("%s: skipping member %r, whose name is not {key}.{ext}", where, member.name)
             boundary = member.end
             continue
+        if member_key != key and (problem := key_problem(member_key)) is not None:
+            raise FormatError(f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
+                              f"which breaks pack's key rules: {problem}")
         if member_key != key:
             if key is not None:
                 yield _finish(key, start, end, audio, others, where)
@@ -173,17 +177,24 @@ def _seekable(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]) 
     return placed
 
 
-def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None) -> Index:
+def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
+                overwrite: bool = False) -> Index:
     """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
 
-    Shard names in the index are relative to the index's directory.
+    Shard names in the index are relative to the index's directory. An index already there is an
+    :class:`~shardio.errors.OptionError` unless ``overwrite`` (checkpoints of its dataset stop matching).
+    Sample keys follow pack's rules (:func:`~shardio.tarformat.key_problem`: relative, no ``..``).
     """
     paths = [os.path.abspath(os.fspath(s)) for s in shards]
     if not paths:
         raise OptionError("build_index needs at least one shard")
     root = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else \
         os.path.commonpath([os.path.dirname(p) for p in paths])
-    os.makedirs(root, exist_ok=True)
+    writable_directory(root)
+    if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
+        raise OptionError(f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
+                          "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
+                          "replace it, or --out to write the new index elsewhere")
     builder = IndexBuilder(root)
     keys: set[str] = set()
     for path in paths:

@@ -23,6 +23,7 @@ import re
 import signal
 import sys
 import time
+from collections import Counter
 from typing import Any
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from .storage import write_atomic
 from .tarformat import key_problem
 from .writer import ShardWriter
 
-__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "pack", "rewrite_key"]
+__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "default_workers", "describe_left_out", "pack", "rewrite_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ DEFAULT_SHARD_BYTES = 256 * 10**6
 REJECTED_FILE = "rejected.jsonl"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MIN_TASKS_PER_WORKER = 16  # fewer inputs than this per worker are read in-process: a pool costs seconds to start
+# Workers yield the CPU to this process, which writes, hashes and fsyncs every byte: with as many workers as
+# cores it would otherwise wait for a core while they decode ahead (the -j 2 slow-down on two cores)
+_WORKER_NICENESS = 10
 
 
 @dataclass
@@ -62,6 +66,21 @@ class PackSummary:
     """Input audio megabytes (10^6) read per second of the whole run."""
     rejected: list[InputProblem] = field(default_factory=list)
     input_bytes: int = 0
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Files in a folder corpus that are not inputs, counted by extension (``.aiff``), and directory links not
+    followed (see :data:`shardio.folder.LOOP`)."""
+
+
+def default_workers() -> int:
+    """Pack's worker processes when none are asked for: one per CPU core this process may use, but one (for
+    the process that writes the shards); 1 (no pool: read in-process) on a machine of one or two cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def describe_left_out(left_out: dict[str, int]) -> str:
+    """``left_out`` (see :attr:`PackSummary.left_out`) as one line: ``3 .aiff, 1 .m4a``."""
+    return ", ".join(f"{count} {name}" for name, count in sorted(left_out.items()))
 
 
 def rewrite_key(key: str) -> str:
@@ -76,25 +95,31 @@ def rewrite_key(key: str) -> str:
 
 def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
          samples_per_shard: int | None = None, shard_bytes: int | None = None, compression: str = "none",
-         zstd_level: int = 3, transcode: str | None = None, shuffle: bool = False, seed: int = 0, workers: int = 1,
+         zstd_level: int = 3, transcode: str | None = None, shuffle: bool = False, seed: int = 0,
+         workers: int | None = 1,
          on_error: str = "raise", require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
-         progress: bool = True) -> PackSummary:
+         progress: bool = True, overwrite: bool = False) -> PackSummary:
     """Pack the corpus at ``input`` into shards and an index under ``out_dir``; returns what was written.
 
     ``kind``: the corpus kind (see :func:`shardio.corpus.read_corpus`), detected when None.
     ``samples_per_shard`` / ``shard_bytes`` (tar bytes): roll to a new shard (256 MB when neither is given).
     ``compression``: ``none`` (``.tar``) or ``zstd`` (``.tar.zst``, seekable frames) at ``zstd_level``.
     ``transcode``: ``flac`` or ``wav`` re-encodes every input (PCM stays exact); None keeps the bytes.
-    ``shuffle``/``seed``: pack in a seeded random order. ``workers``: processes that read and validate.
+    ``shuffle``/``seed``: pack in a seeded random order. ``workers``: processes that read and validate (None:
+    :func:`default_workers`); this process writes and hashes the shards, ahead of the workers (they run at a
+    lower priority, so that it never waits for a core).
     ``on_error``: ``raise`` (:class:`~shardio.errors.InputError` listing every failing input, no index) or
     ``skip`` (leave them out, listed in ``rejected.jsonl``). ``require_text``: a transcript is required.
     ``rewrite_keys``: make keys that break the ``{key}.{ext}`` rule valid instead of rejecting them.
     ``prefix``: shard file names are ``{prefix}-000000.tar``... ``progress``: a tqdm bar on stderr.
+    ``overwrite``: replace a dataset (or shard-named files) already in ``out_dir``.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
     if on_error not in ("raise", "skip"):
         raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if workers is None:
+        workers = default_workers()
     if not isinstance(workers, int) or workers < 1:
         raise OptionError(f"workers must be a whole number >= 1, not {workers!r}")
     if not -7 <= zstd_level <= 22:
@@ -105,10 +130,13 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
         shard_bytes = DEFAULT_SHARD_BYTES
     before = _shard_files(out, prefix)
     writer = ShardWriter(out, prefix=prefix, compression=compression, zstd_level=zstd_level,
-                         max_samples=samples_per_shard, max_bytes=shard_bytes)
+                         max_samples=samples_per_shard, max_bytes=shard_bytes, overwrite=overwrite)
     try:
         problems: list[InputProblem] = []
-        sources = list(read_corpus(input, kind, problems=problems))
+        left_out: Counter[str] = Counter()
+        sources = list(read_corpus(input, kind, problems=problems, left_out=left_out))
+        if left_out:
+            logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
         if shuffle:
             sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
         tasks = _assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
@@ -147,7 +175,8 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     seconds = time.perf_counter() - started
     summary = PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
                           bytes=sum(s.bytes for s in index.shards), seconds=seconds,
-                          mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes)
+                          mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
+                          left_out=dict(sorted(left_out.items())))
     logger.info("packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected", summary.samples,
                 summary.hours, summary.shards, out, seconds, len(problems))
     return summary
@@ -165,10 +194,10 @@ def _shard_files(out: str, prefix: str) -> dict[str, tuple[int, int]]:
 def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple[int, int]]) -> None:
     """Abort the writer and remove the shards this run finished (not files that were there before it): with
     no index written, no shard of this run may stay under a final name."""
-    writer.abort()
     for path, stamp in _shard_files(out, prefix).items():
         if before.get(path) != stamp:
             os.unlink(path)
+    writer.abort()
 
 
 def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
@@ -215,9 +244,11 @@ def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputP
         context = multiprocessing.get_context("spawn")
     # Ctrl-C reaches the whole process group: only this process handles it, and terminates the pool on the way
     # out (a worker interrupted while sending a result can leave the pool unable to stop)
-    with context.Pool(workers, initializer=_ignore_interrupts) as pool:
+    with context.Pool(workers, initializer=_start_worker) as pool:
         yield from pool.imap(prepare, tasks, chunksize=8)
 
 
-def _ignore_interrupts() -> None:
+def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(_WORKER_NICENESS)

@@ -22,6 +22,7 @@ import soundfile as sf
 from .corpus import Source
 from .decode import decode_audio
 from .errors import DecodeError, InputProblem
+from .truncation import truncation_problem
 
 __all__ = ["Prepared", "Task", "prepare"]
 
@@ -98,9 +99,18 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
             planar, rate = decode_audio(data, source.ext, where=path)
         except DecodeError as exc:
             raise _Reject(str(exc).removeprefix(f"{path}: ")) from None
+        _check_complete(data, source.ext, planar.shape[1])
         return source.ext, data, planar.shape[1], rate, planar.shape[0]
     audio, rate, subtype = _decoding(path, lambda: _read(io.BytesIO(data), source.ext, 0, -1))
+    _check_complete(data, source.ext, len(audio))
     return transcode, _encode(audio, rate, subtype, transcode), len(audio), rate, audio.shape[1]
+
+
+def _check_complete(data: bytes, ext: str, frames: int) -> None:
+    """Reject a file whose header claims more audio than it holds (a decoder reads it as a shorter clip)."""
+    problem = truncation_problem(data, ext, frames)
+    if problem is not None:
+        raise _Reject(problem)
 
 
 def _check_magic(data: bytes, ext: str) -> None:

@@ -225,7 +225,7 @@ def write_atomic(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
     try:
-        os.chmod(temporary, 0o644)  # mkstemp makes it 0600; the index must be as readable as the shards
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
@@ -235,3 +235,17 @@ def write_atomic(path: str, data: bytes) -> None:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (read from ``/proc`` where it can be, since setting it to read it races threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

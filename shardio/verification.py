@@ -20,6 +20,7 @@ from .errors import ShardioError
 from .index import Index
 from .reader import Reader
 from .storage import file_size, open_input
+from .truncation import truncation_problem
 
 __all__ = ["verify_dataset"]
 
@@ -56,13 +57,20 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
     path = index.shard_path(number)
     try:
         size = file_size(path)
+        digest = hashlib.sha256()
+        with open_input(path) as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
     except FileNotFoundError:
         yield f"{shard.name}: the shard file is missing ({path})"
         return
-    digest = hashlib.sha256()
-    with open_input(path) as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
+    except IsADirectoryError:
+        yield f"{shard.name}: a directory is where the shard file should be ({path}); expected a file"
+        return
+    except (OSError, ShardioError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        yield f"{shard.name}: the shard file cannot be read ({reason}); its samples were not checked"
+        return
     if digest.hexdigest() != shard.sha256:
         yield f"{shard.name}: SHA-256 {digest.hexdigest()}, the index says {shard.sha256}"
     if size != shard.bytes:
@@ -93,6 +101,9 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     except ShardioError as exc:
         yield str(exc)
         return
+    truncated = truncation_problem(members[audio_ext], audio_ext, audio.shape[1])
+    if truncated is not None:
+        yield f"{where}: {truncated}"
     expected = (int(index.columns["num_frames"][row]), int(index.columns["sample_rate"][row]),
                 int(index.columns["channels"][row]))
     actual = (audio.shape[1], rate, audio.shape[0])

@@ -21,7 +21,8 @@ from typing import BinaryIO
 
 import zstandard
 
-from .errors import InputError, InputProblem, OptionError
+from .dirlock import DirectoryLock
+from .errors import InputError, InputProblem, OptionError, OutputError
 from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
 from .tarformat import END_OF_ARCHIVE, encode_sample, key_problem
 
@@ -29,6 +30,7 @@ __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 
 logger = logging.getLogger(__name__)
 
+_FLAG = "--overwrite"
 DEFAULT_FRAME_BYTES = 64 * 1024
 """Samples are grouped into one zstd frame until it holds this many tar bytes (see the README's figures)."""
 
@@ -52,22 +54,14 @@ class ShardWriter:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
         self.directory = os.fspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
-        if os.path.exists(os.path.join(self.directory, INDEX_JSON)):
-            if not overwrite:
-                raise OptionError(f"{self.directory} already holds a dataset ({INDEX_JSON}); "
-                                  "choose another directory or pass overwrite=True")
-            os.unlink(os.path.join(self.directory, INDEX_JSON))
+        writable_directory(self.directory)
+        self._lock = DirectoryLock(self.directory)
+        try:
+            self._claim(prefix, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
         self.prefix = prefix
-        # shard-named files are replaced only when a run of this writer left them (its journal says so)
-        self._journal = os.path.join(self.directory, f".{prefix}.writing")
-        existing = self._shard_named()
-        if existing and not overwrite and not os.path.exists(self._journal):
-            names = ", ".join(sorted(map(os.path.basename, existing))[:3])
-            raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
-                              "choose another directory or prefix, or pass overwrite=True to replace them")
-        with open(self._journal, "wb"):
-            pass
         self.compression = compression
         self.max_samples = max_samples
         self.max_bytes = max_bytes
@@ -85,6 +79,26 @@ class ShardWriter:
         self._group_bytes = 0
         self._closed = False
         self._remove_partials()
+
+    def _claim(self, prefix: str, overwrite: bool) -> None:
+        """Check the directory may be written (no dataset; no shard files but an interrupted run's, unless
+        ``overwrite``) and start the journal."""
+        if os.path.exists(os.path.join(self.directory, INDEX_JSON)):
+            if not overwrite:
+                raise OptionError(f"{self.directory} already holds a dataset ({INDEX_JSON}); choose another "
+                                  f"directory or pass overwrite=True ({_FLAG} on the command line)")
+            os.unlink(os.path.join(self.directory, INDEX_JSON))
+        self.prefix = prefix
+        # shard-named files are replaced only when a run of this writer left them (its journal says so)
+        self._journal = os.path.join(self.directory, f".{prefix}.writing")
+        existing = self._shard_named()
+        if existing and not overwrite and not os.path.exists(self._journal):
+            names = ", ".join(sorted(map(os.path.basename, existing))[:3])
+            raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
+                              f"choose another directory or prefix, or pass overwrite=True ({_FLAG} on the "
+                              "command line) to replace them")
+        with open(self._journal, "wb"):
+            pass
 
     @property
     def _suffix(self) -> str:
@@ -206,16 +220,20 @@ class ShardWriter:
                 os.unlink(stale)
         index.save(self.directory)
         os.unlink(self._journal)
+        self._lock.release()
         return index
 
     def abort(self) -> None:
         """Drop the shard being written; nothing half-written stays and no index is written. Finished shards
-        stay, for the next writer into this directory to replace."""
+        stay, for the next writer into this directory to replace (the journal stays with them)."""
         if self._file is not None:
             self._file.close()
             self._file = None
         self._remove_partials()
+        if not self._shard_named() and os.path.exists(self._journal):
+            os.unlink(self._journal)
         self._closed = True
+        self._lock.release()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -226,3 +244,19 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+def writable_directory(directory: str) -> None:
+    """Create ``directory`` if needed; an :class:`~shardio.errors.OutputError` when it cannot be, or when it
+    is not a writable directory."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{directory} is a file, not a directory; expected a directory to write the dataset "
+                          "into") from None
+    except OSError as exc:
+        raise OutputError(f"cannot create the output directory {directory} ({exc.strerror or exc})") from None
+    if not os.path.isdir(directory):
+        raise OutputError(f"{directory} is not a directory; expected a directory to write the dataset into")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise OutputError(f"{directory} is not writable; expected a directory this user may write into")

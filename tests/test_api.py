@@ -18,7 +18,7 @@ PUBLIC = {
     "__version__", "ShardDataset", "MixedDataset", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
-    "StateError",
+    "OutputError", "StateError",
 }
 
 
@@ -31,7 +31,8 @@ def test_public_names_are_pinned() -> None:
 
 
 def test_error_tree() -> None:
-    for name in ("OptionError", "InputError", "FormatError", "ReadError", "DecodeError", "StateError"):
+    for name in ("OptionError", "InputError", "FormatError", "ReadError", "DecodeError", "OutputError",
+                 "StateError"):
         assert issubclass(getattr(shardio, name), ShardioError)
     assert issubclass(shardio.IntegrityError, shardio.FormatError)
     assert issubclass(OptionError, ValueError)

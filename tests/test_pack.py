@@ -256,7 +256,8 @@ def test_killed_pack_leaves_no_partial_shard_and_reruns(tmp_path: Path) -> None:
     for shard in finals:  # every shard under a final name is complete: it ends with the end-of-archive
         with zstandard.ZstdDecompressor().stream_reader(open(shard, "rb"), read_across_frames=True) as stream:
             assert sum(1 for _ in walk(stream, str(shard))) == 50
-    leftovers = {p.name for p in out.iterdir()} - {s.name for s in finals} - {".shard.writing"}
+    # the journal, and the lock file (unlocked: the kernel dropped the dead process's lock)
+    leftovers = {p.name for p in out.iterdir()} - {s.name for s in finals} - {".shard.writing", ".shardio.lock"}
     assert all(name.startswith(".") and name.endswith(".partial") for name in leftovers), leftovers
     assert (out / ".shard.writing").exists()  # the journal: these shards are a run's leftovers, to replace
     summary = pack(corpus, out, samples_per_shard=25, transcode="flac", compression="zstd", zstd_level=12,
