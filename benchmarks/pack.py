@@ -32,19 +32,19 @@ from shardio.synth import make_corpus
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
 RESULTS = REPO / "benchmarks" / "results"
-TOOLS = ("shardio none", "tar", "shardio zstd", "tar | zstd")
+TOOLS = ("shardio none", "tar", "shardio zstd", "tar | zstd", "shardio zstd -j 2", "shardio flac", "shardio flac -j 2")
 
 
-def corpora(work: Path, quick: bool) -> list[dict[str, Any]]:
+def corpora(work: Path, quick: bool, shared: Path = SHARED) -> list[dict[str, Any]]:
     """The corpora to pack: name, input path, and a description saying whether it is real or generated."""
-    if SHARED.is_dir():
-        found = [dict(name="fsdd", path=SHARED / "fsdd", about="real: FSDD, 3000 WAV PCM16 8 kHz, 0.14-2.3 s"),
-                 dict(name="asterisk", path=SHARED / "asterisk_core_sounds_en",
+    if shared.is_dir():
+        found = [dict(name="fsdd", path=shared / "fsdd", about="real: FSDD, 3000 WAV PCM16 8 kHz, 0.14-2.3 s"),
+                 dict(name="asterisk", path=shared / "asterisk_core_sounds_en",
                       about="real: Asterisk prompts, 568 WAV PCM16 8 kHz, 0.2-73 s")]
         for ext in ("flac", "mp3"):  # the LJ Speech folder holds each clip three times: link one format
             folder = work / f"ljspeech-{ext}"
             folder.mkdir()
-            for path in sorted((SHARED / "ljspeech_coqui" / "wavs").glob(f"*.{ext}")):
+            for path in sorted((shared / "ljspeech_coqui" / "wavs").glob(f"*.{ext}")):
                 (folder / path.name).symlink_to(path)
             found.append(dict(name=f"ljspeech-{ext}", path=folder,
                               about=f"real: LJ Speech, 32 {ext.upper()} 22.05 kHz, 1.1-10 s"))
@@ -82,6 +82,9 @@ def measure(corpus: dict[str, Any], work: Path, runs: int) -> dict[str, Any]:
     actions = {
         "shardio none": lambda: pack(root, out, compression="none", progress=False),
         "shardio zstd": lambda: pack(root, out, compression="zstd", zstd_level=3, progress=False),
+        "shardio zstd -j 2": lambda: pack(root, out, compression="zstd", zstd_level=3, progress=False, workers=2),
+        "shardio flac": lambda: pack(root, out, transcode="flac", progress=False),
+        "shardio flac -j 2": lambda: pack(root, out, transcode="flac", progress=False, workers=2),
         "tar": lambda: shell(f"{tar} -f '{out}/all.tar'"),
         "tar | zstd": lambda: shell(f"{tar} | zstd -3 -T1 -q -o '{out}/all.tar.zst'"),
     }
@@ -102,7 +105,9 @@ def measure(corpus: dict[str, Any], work: Path, runs: int) -> dict[str, Any]:
               "shardio zstd / tar | zstd (speed)":
                   results["shardio zstd"]["mb_per_s"] / results["tar | zstd"]["mb_per_s"],
               "shardio zstd / tar | zstd (size)":
-                  results["shardio zstd"]["output_bytes"] / results["tar | zstd"]["output_bytes"]}
+                  results["shardio zstd"]["output_bytes"] / results["tar | zstd"]["output_bytes"],
+              "shardio zstd -j 2 / -j 1 (speed)": results["shardio zstd"]["seconds"] / results["shardio zstd -j 2"]["seconds"],
+              "shardio flac -j 2 / -j 1 (speed)": results["shardio flac"]["seconds"] / results["shardio flac -j 2"]["seconds"]}
     return dict(name=corpus["name"], about=corpus["about"], files=len(files), input_bytes=input_bytes,
                 hours=hours, tools=results, ratios=ratios)
 
@@ -113,7 +118,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['runs']} run(s) per figure: median (min-max). Corpora: {report['source']}.", "",
              "shardio runs in-process and decodes every input to validate it, and fsyncs each shard; tar only "
              "copies bytes. zstd is level 3, one thread, for both; shardio writes one zstd frame per ~64 KiB of "
-             "samples (seekable), `tar | zstd` one stream.", ""]
+             "samples (seekable), `tar | zstd` one stream. `shardio flac` transcodes every input to FLAC (`.tar`); "
+             "`-j 2` adds a second worker thread (the writing thread reads inputs too with `-j 1`).", ""]
     for corpus in report["corpora"]:
         lines += [f"## {corpus['name']}", "",
                   f"{corpus['about']}; {corpus['files']} files, {corpus['input_bytes'] / 1e6:.1f} MB, "
@@ -130,20 +136,22 @@ def markdown(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one run per figure (and a smaller generated corpus)")
+    parser.add_argument("--corpora", type=Path, default=SHARED,
+                        help="the shared corpora folder (default: ../shared/corpora next to the repository)")
     args = parser.parse_args()
     if not (shutil.which("tar") and shutil.which("zstd")):
         sys.exit("this benchmark needs the tar and zstd command-line tools")
     runs = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="shardio-bench-") as tmp:
         work = Path(tmp)
-        chosen = corpora(work, args.quick)
+        chosen = corpora(work, args.quick, args.corpora.resolve())
         measured = []
         for corpus in chosen:
             print(f"{corpus['name']}: {corpus['about']}", file=sys.stderr)
             measured.append(measure(corpus, work, runs))
     zstd_version = subprocess.run(["zstd", "--version"], capture_output=True, text=True).stdout.strip()
     report = dict(benchmark="pack", quick=args.quick, runs=runs, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                  source="shared real corpora" if SHARED.is_dir() else "generated (shared corpora absent)",
+                  source="shared real corpora" if args.corpora.is_dir() else "generated (shared corpora absent)",
                   machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, libsndfile "
                           f"{soundfile.__libsndfile_version__}, {zstd_version.split(',')[0].strip('* ')}, "
                           f"load average {os.getloadavg()[0]:.1f} at the end",

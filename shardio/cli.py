@@ -79,8 +79,8 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
     parser.add_argument("--seed", type=int, default=0, help="the seed of --shuffle (default %(default)s)")
     parser.add_argument("-j", "--workers", type=_positive, default=None,
-                        help="processes reading and validating the inputs (default: one per CPU core but one, "
-                             "which writes the shards; 1 reads in this process)")
+                        help="threads reading and validating the inputs (default: one per CPU core but one, "
+                             "for the writing; 1: the writing thread reads them too)")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="raise: stop and list every bad input (default); skip: pack the rest and list "
                              "the bad ones in rejected.jsonl")

@@ -18,13 +18,12 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import InputError, InputProblem, OptionError
 from .folder import walk_folder
+from .source import Problems, Source, manifest_text, resolve_path, seconds_field, segment_keys
 
 __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
            "read_kaldi", "read_table"]
@@ -39,31 +38,6 @@ KEY_COLUMNS = ("id", "key")
 _TABLE_DELIMITERS = ("\t", "|", ",", ";")
 
 
-@dataclass(frozen=True)
-class Source:
-    """One input sample: an audio file, or a segment of one (``offset``/``duration`` in seconds)."""
-
-    key: str
-    audio_path: str
-    offset: float | None = None
-    duration: float | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    origin: str = ""
-    """Where the entry was listed (``train.jsonl:12``); empty for a file found in a folder."""
-
-    @cached_property
-    def ext(self) -> str:
-        """The audio file's extension, lower case, without the dot."""
-        name = os.path.basename(self.audio_path)
-        return os.path.splitext(name)[1][1:].lower()
-
-    @property
-    def where(self) -> str:
-        """The audio file, and the manifest line that listed it, for messages."""
-        return f"{self.audio_path} ({self.origin})" if self.origin else self.audio_path
-
-
-Problems = list[InputProblem]
 _Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None], Iterator[Source]]
 
 
@@ -115,42 +89,6 @@ def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]
     return public
 
 
-def _text(path: Path, encoding: str) -> str:
-    """A manifest's text; bytes that are not UTF-8 are an :class:`InputError` naming the file and line."""
-    data = path.read_bytes()
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError([InputProblem(f"{path}:{line}", "", f"byte {exc.start} of the file is not UTF-8 "
-                                       f"({exc.reason}); expected a UTF-8 text manifest")]) from None
-
-
-def _resolve(base: Path, audio: str) -> str:
-    path = Path(audio).expanduser()
-    return str(path if path.is_absolute() else base / path)
-
-
-def _float(value: Any, name: str) -> float | None:
-    if value is None or value == "":
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"field {name!r} is {value!r}, expected a number of seconds") from None
-    if not number >= 0:
-        raise ValueError(f"field {name!r} is {value!r}, expected a number of seconds >= 0")
-    return number
-
-
-def _segment_keys(entries: list[tuple[str, dict[str, Any]]]) -> None:
-    """Give segments of one audio file distinct keys: ``{stem}_{offset in ms}``."""
-    counts = Counter(path for path, entry in entries if "key" not in entry)
-    for path, entry in entries:
-        if "key" not in entry and counts[path] > 1 and entry.get("offset") is not None:
-            entry["key"] = f"{entry['stem']}_{round(entry['offset'] * 1000):08d}"
-
-
 def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt``/``.lab``
     sidecar is the transcript. Files of other formats are counted in ``left_out`` (see :mod:`shardio.folder`)."""
@@ -179,7 +117,7 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iter
 def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A NeMo-style JSONL manifest: ``audio_filepath``, ``duration``, ``text``, optional ``offset``."""
     entries: list[tuple[str, dict[str, Any]]] = []
-    with io.StringIO(_text(manifest, "utf-8-sig")) as handle:
+    with io.StringIO(manifest_text(manifest, "utf-8-sig")) as handle:
         for number, line in enumerate(handle, 1):
             where = f"{manifest}:{number}"
             if not line.strip():
@@ -191,12 +129,12 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
                 audio = record.pop("audio_filepath", None)
                 if not isinstance(audio, str) or not audio:
                     raise ValueError("no 'audio_filepath' string")
-                offset = _float(record.pop("offset", None), "offset")
-                duration = _float(record.pop("duration", None), "duration")
+                offset = seconds_field(record.pop("offset", None), "offset")
+                duration = seconds_field(record.pop("duration", None), "duration")
             except ValueError as exc:
                 problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
                 continue
-            path = _resolve(manifest.parent, audio)
+            path = resolve_path(manifest.parent, audio)
             entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
                                      "duration": duration if offset is not None else None}
             for name in KEY_COLUMNS:
@@ -205,7 +143,7 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
                     break
             entry["meta"] = record
             entries.append((path, entry))
-    _segment_keys(entries)
+    segment_keys(entries)
     for path, entry in entries:
         yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
                      duration=entry["duration"], meta=entry["meta"], origin=entry["where"])
@@ -216,7 +154,7 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
     table: dict[str, tuple[list[str], str]] = {}
     if not path.is_file():
         return table
-    with io.StringIO(_text(path, "utf-8")) as handle:
+    with io.StringIO(manifest_text(path, "utf-8")) as handle:
         for number, line in enumerate(handle, 1):
             parts = line.strip().split(maxsplit=fields - 1)
             if not parts:
@@ -246,7 +184,7 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
             problems.append(InputProblem(where, rec, f"wav.scp entry is a piped command ({command!r}); only "
                                          "plain file paths are supported: write the audio to files first"))
             continue
-        resolved = Path(_resolve(data_dir, command))
+        resolved = Path(resolve_path(data_dir, command))
         # Kaldi paths are relative to the recipe directory the tools run in, usually the cwd.
         paths[rec] = str(resolved if resolved.exists() or Path(command).is_absolute() else Path(command).resolve())
     segments = _kaldi_table(data_dir / "segments", problems, 4)
@@ -295,7 +233,7 @@ def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
 
 def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A TSV/CSV with a header (path column, text column, others kept), or LJSpeech's ``metadata.csv``."""
-    with io.StringIO(_text(table, "utf-8-sig"), newline="") as handle:
+    with io.StringIO(manifest_text(table, "utf-8-sig"), newline="") as handle:
         first = handle.readline()
         delimiter, has_header = _table_layout(table, first)
         handle.seek(0)
@@ -316,7 +254,7 @@ def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iter
                 audio = next((f"wavs/{row[0]}.{e}" for e in AUDIO_EXTENSIONS
                               if (table.parent / "wavs" / f"{row[0]}.{e}").exists()), f"wavs/{row[0]}.wav")
                 meta = {"text": row[2] or row[1], "raw_text": row[1]}
-                entries.append((_resolve(table.parent, audio), {"where": where, "stem": row[0], "key": row[0],
+                entries.append((resolve_path(table.parent, audio), {"where": where, "stem": row[0], "key": row[0],
                                 "offset": None, "duration": None, "meta": meta}))
                 continue
             if len(row) != len(header):
@@ -329,8 +267,8 @@ def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iter
             record = {name: value for i, (name, value) in enumerate(zip(header, row))
                       if i not in (path_column, text_column, key_column)}
             try:
-                offset = _float(record.pop("offset", None), "offset")
-                duration = _float(record.pop("duration", None), "duration")
+                offset = seconds_field(record.pop("offset", None), "offset")
+                duration = seconds_field(record.pop("duration", None), "duration")
             except ValueError as exc:
                 problems.append(InputProblem(where, "", str(exc)))
                 continue
@@ -339,8 +277,8 @@ def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iter
                                      "duration": duration if offset is not None else None, "meta": meta}
             if key_column is not None and row[key_column].strip():
                 entry["key"] = row[key_column].strip()
-            entries.append((_resolve(table.parent, audio), entry))
-    _segment_keys(entries)
+            entries.append((resolve_path(table.parent, audio), entry))
+    segment_keys(entries)
     for path, entry in entries:
         yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
                      duration=entry["duration"], meta=entry["meta"], origin=entry["where"])

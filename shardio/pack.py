@@ -1,7 +1,7 @@
 """pack: read a corpus, validate every input, and write the samples as shards plus an index.
 
-Each source's bytes are read and decoded once (see :mod:`shardio.preparation`; in a forkserver or spawn
-process pool when ``workers > 1``, whose results come back in input order, so the shards and index are
+Each source's bytes are read and decoded once (see :mod:`shardio.preparation`; in a pool of threads
+when ``workers > 1``, whose results come back in input order, so the shards and index are
 byte-identical whatever the worker count). Audio keeps its
 original bytes unless ``transcode`` asks for FLAC or WAV, or the source is a segment of a recording (cut and
 encoded as FLAC, or WAV with ``transcode="wav"``). Metadata goes into a ``{key}.json`` member.
@@ -17,14 +17,12 @@ import contextlib
 import glob
 import json
 import logging
-import multiprocessing
 import os
 import re
-import signal
 import sys
 import time
-from collections import Counter
-from typing import Any
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -46,10 +44,7 @@ DEFAULT_SHARD_BYTES = 256 * 10**6
 """Shard size (tar bytes) when neither ``samples_per_shard`` nor ``shard_bytes`` is given."""
 REJECTED_FILE = "rejected.jsonl"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_MIN_TASKS_PER_WORKER = 16  # fewer inputs than this per worker are read in-process: a pool costs seconds to start
-# Workers yield the CPU to this process, which writes, hashes and fsyncs every byte: with as many workers as
-# cores it would otherwise wait for a core while they decode ahead (the -j 2 slow-down on two cores)
-_WORKER_NICENESS = 10
+_AHEAD = 4  # results per worker thread prepared ahead of the writer
 
 
 @dataclass
@@ -72,8 +67,8 @@ class PackSummary:
 
 
 def default_workers() -> int:
-    """Pack's worker processes when none are asked for: one per CPU core this process may use, but one (for
-    the process that writes the shards); 1 (no pool: read in-process) on a machine of one or two cores."""
+    """Pack's workers when none are asked for: one per CPU core this process may use, but one (for the thread
+    that writes the shards); 1 (no pool: inputs read by the writing thread) on a machine of one or two cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 
@@ -106,8 +101,7 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     ``compression``: ``none`` (``.tar``) or ``zstd`` (``.tar.zst``, seekable frames) at ``zstd_level``.
     ``transcode``: ``flac`` or ``wav`` re-encodes every input (PCM stays exact); None keeps the bytes.
     ``shuffle``/``seed``: pack in a seeded random order. ``workers``: processes that read and validate (None:
-    :func:`default_workers`); this process writes and hashes the shards, ahead of the workers (they run at a
-    lower priority, so that it never waits for a core).
+    :func:`default_workers`), as threads; the calling thread writes and hashes the shards.
     ``on_error``: ``raise`` (:class:`~shardio.errors.InputError` listing every failing input, no index) or
     ``skip`` (leave them out, listed in ``rejected.jsonl``). ``require_text``: a transcript is required.
     ``rewrite_keys``: make keys that break the ``{key}.{ext}`` rule valid instead of rejecting them.
@@ -230,25 +224,24 @@ def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, tra
 
 
 def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputProblem, None, None]:
-    """Each task's result, in task order (so the output does not depend on ``workers``)."""
-    if workers <= 1 or len(tasks) < _MIN_TASKS_PER_WORKER * workers:
+    """Each task's result, in task order (so the output does not depend on ``workers``).
+
+    Workers are threads: reading, decoding and encoding run in libsndfile, numpy and file I/O, which release
+    the GIL, so threads overlap them with no process start-up (a forkserver pool spent seconds importing
+    before its first file) and no pickling of every file's bytes back to the writer. At most
+    ``_AHEAD * workers`` results wait for the writer, which bounds memory.
+    """
+    if workers <= 1:
         yield from map(prepare, tasks)
         return
-    # Never a plain fork of a process that may hold threads (tqdm, torch) and locks. The forkserver imports
-    # shardio once and forks each worker from it; spawn would import it (and torch) in every worker.
-    context: Any
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
-    else:
-        context = multiprocessing.get_context("spawn")
-    # Ctrl-C reaches the whole process group: only this process handles it, and terminates the pool on the way
-    # out (a worker interrupted while sending a result can leave the pool unable to stop)
-    with context.Pool(workers, initializer=_start_worker) as pool:
-        yield from pool.imap(prepare, tasks, chunksize=8)
-
-
-def _start_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(_WORKER_NICENESS)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="shardio-pack")
+    pending: deque[Future[Prepared | InputProblem]] = deque()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(prepare, task))
+            if len(pending) >= _AHEAD * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # on any exit (an error, Ctrl-C, the caller closing us): drop what has not started
+        pool.shutdown(wait=True, cancel_futures=True)

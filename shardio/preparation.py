@@ -1,6 +1,6 @@
 """One corpus input made ready for a shard: read, validated, and (when asked, or for a segment) encoded.
 
-:func:`prepare` runs in :func:`shardio.pack.pack`'s worker processes, so everything here is a plain function
+:func:`prepare` runs in :func:`shardio.pack.pack`'s worker threads, so everything here is a plain function
 of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
 (:func:`shardio.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are kept
 unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the recording

@@ -22,7 +22,7 @@ import pytest
 
 from audio_factory import audio_bytes, tone, write_text, write_tone
 from shardio.cli import build_parser, main
-from shardio.corpus import read_corpus, read_jsonl, read_kaldi, read_table
+from shardio.corpus import read_jsonl, read_kaldi, read_table
 from shardio.errors import FormatError, InputError, OptionError
 from shardio.folder import LOOP
 from shardio.index import Index
@@ -272,7 +272,7 @@ def test_verbose_either_side_help_defaults_version_and_descriptions(capsys: pyte
     text = " ".join(capsys.readouterr().out.split())
     for option in ("--samples-per-shard N roll", "--compression {none,zstd} shard compression",
                    "(default none)", "(default 3)", "--seed SEED the seed of --shuffle (default 0)",
-                   "--workers WORKERS processes reading", "--overwrite replace"):
+                   "--workers WORKERS threads reading", "--overwrite replace"):
         assert option in text
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -334,3 +334,20 @@ def test_index_files_follow_the_umask(wav_corpus: Path, tmp_path: Path) -> None:
         os.umask(previous)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "o").iterdir()}
     assert modes == {"index.json": 0o600, "index.npz": 0o600, "shard-000000.tar": 0o600}
+
+
+# -- 11: -j N without process start-up ---------------------------------------------------------------
+
+def _children() -> set[int]:
+    return {int(pid) for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_parallel_pack_starts_no_process_and_defaults_to_cores_but_one(wav_corpus: Path, tmp_path: Path) -> None:
+    from shardio.pack import default_workers
+
+    before = _children()
+    summary = pack(wav_corpus, tmp_path / "o", workers=3, transcode="flac", progress=False)
+    assert summary.samples == 48 and _children() <= before  # workers are threads: nothing to start or pickle
+    assert default_workers() == max(1, len(os.sched_getaffinity(0)) - 1)
