@@ -6,7 +6,8 @@ packed (and verified) as a short sample. Two headers say how long the audio is:
 * a WAV's ``data`` chunk size (a streaming writer's 0xFFFFFFFF, and RF64's, whose size is in ``ds64``,
   aside): the file must hold that many bytes after the chunk header;
 * an MP3's Xing/Info header (LAME and most VBR encoders write one): its stream byte count must fit in the
-  file, and its frame count must match what decodes, within the encoder's delay and padding.
+  file, and its frame count must match what decodes, within the encoder's delay and padding;
+* every Ogg page header (Vorbis, Opus) says how long its page is: the last page must be whole.
 
 An MP3 without a Xing/Info header (plain CBR, or a VBRI header) cannot be checked this way.
 """
@@ -32,6 +33,8 @@ def truncation_problem(data: bytes | memoryview, ext: str, decoded_frames: int |
         return _wav(view)
     if ext == "mp3":
         return _mp3(view, decoded_frames)
+    if ext in ("ogg", "oga", "opus"):
+        return _ogg(view)
     return None
 
 
@@ -83,4 +86,21 @@ def _mp3(view: memoryview, decoded_frames: int | None) -> str | None:
         if decoded_frames < claimed - _SLACK_FRAMES * per_frame:
             return (f"truncated: the MP3's header claims {fields['frames']} MPEG frames (about {claimed} samples), "
                     f"only {decoded_frames} samples decode (an interrupted download or copy?)")
+    return None
+
+
+def _ogg(view: memoryview) -> str | None:
+    position = 0
+    while position < len(view):
+        if bytes(view[position:position + 4]) != b"OggS":
+            return None  # not a page (trailing bytes of another kind): nothing this check can say
+        segments = view[position + 26] if position + 27 <= len(view) else None
+        if segments is not None and position + 27 + segments <= len(view):
+            size = 27 + segments + sum(view[position + 27:position + 27 + segments])
+        else:
+            size = 27 + (segments or 0)
+        if position + size > len(view):
+            return (f"truncated: the Ogg page at byte {position} is cut short (it needs at least {size} bytes, the "
+                    f"file holds {len(view) - position} from there; an interrupted download or copy?)")
+        position += size
     return None

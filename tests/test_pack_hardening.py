@@ -6,6 +6,7 @@ anything (``setpriv``), and the lock case holds the directory from a second real
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -14,11 +15,12 @@ import signal
 import struct
 import subprocess
 import sys
-import io
 import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audio_factory import audio_bytes, tone, write_text, write_tone
 from shardio.cli import build_parser, main
@@ -28,6 +30,7 @@ from shardio.folder import LOOP
 from shardio.index import Index
 from shardio.indexer import build_index
 from shardio.pack import pack
+from shardio.truncation import truncation_problem
 from shardio.verification import verify_dataset
 from shardio.writer import ShardWriter
 
@@ -138,13 +141,32 @@ def test_truncated_or_inflated_wav_and_half_mp3_are_rejected_at_pack_time(tmp_pa
     streaming[4:8] = streaming[at + 4:at + 8] = b"\xff\xff\xff\xff"
     (corpus / "streaming.wav").write_bytes(bytes(streaming))
     (corpus / "whole.mp3").write_bytes(mp3)
+    ogg = audio_bytes(tone(3.0, 16000), 16000, "ogg")
+    (corpus / "half_ogg.ogg").write_bytes(ogg[: len(ogg) // 2])  # decodes to 1 s of 3 without the check
+    (corpus / "whole_ogg.ogg").write_bytes(ogg)
     summary = pack(corpus, tmp_path / "out", on_error="skip", progress=False)
     reasons = {p.key: p.reason for p in summary.rejected}
-    assert sorted(reasons) == ["half", "half_frames", "inflated", "truncated"]
+    assert sorted(reasons) == ["half", "half_frames", "half_ogg", "inflated", "truncated"]
     assert all(reason.startswith("truncated: ") for reason in reasons.values())
     assert "data chunk claims 16000 bytes" in reasons["truncated"] and "chunk claims 16044" in reasons["inflated"]
     assert "Xing header claims 12636 bytes" in reasons["half"] and "MPEG frames" in reasons["half_frames"]
-    assert Index.load(tmp_path / "out").keys == ["streaming", "whole"]
+    assert "Ogg page at byte" in reasons["half_ogg"]
+    assert Index.load(tmp_path / "out").keys == ["streaming", "whole", "whole_ogg"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=st.integers(1, 400), channels=st.integers(1, 3), subtype=st.sampled_from(["PCM_16", "PCM_24", "FLOAT"]),
+       cut=st.floats(0.0, 1.0, exclude_max=True), trailing=st.booleans())
+def test_any_wav_cut_inside_its_samples_is_truncated_and_a_whole_one_is_not(
+        frames: int, channels: int, subtype: str, cut: float, trailing: bool) -> None:
+    whole = audio_bytes(tone(frames / 8000, 8000, channels), 8000, "wav", subtype)
+    if trailing:  # a chunk after the data chunk (LIST, as some editors write) is no truncation
+        whole += b"LIST" + struct.pack("<I", 4) + b"INFO"
+    assert truncation_problem(whole, "wav") is None
+    start = _data_chunk(whole) + 8
+    end = start + frames * channels * {"PCM_16": 2, "PCM_24": 3, "FLOAT": 4}[subtype]
+    problem = truncation_problem(whole[: start + int(cut * (end - start))], "wav")
+    assert problem is not None and problem.startswith("truncated: the WAV data chunk claims")
 
 
 def test_verify_decode_reports_a_truncated_member(tmp_path: Path) -> None:
