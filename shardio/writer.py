@@ -53,6 +53,7 @@ class ShardWriter:
             raise OptionError(f"max_bytes must be at least 1, not {max_bytes}")
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
+        self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
         self.directory = os.fspath(directory)
         writable_directory(self.directory)
         self._lock = DirectoryLock(self.directory)
@@ -61,12 +62,10 @@ class ShardWriter:
         except BaseException:
             self._lock.release()
             raise
-        self.prefix = prefix
         self.compression = compression
         self.max_samples = max_samples
         self.max_bytes = max_bytes
         self.frame_bytes = frame_bytes
-        self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
         self._builder = IndexBuilder(self.directory)
         self._keys: set[str] = set()
         self._file: BinaryIO | None = None
@@ -211,16 +210,18 @@ class ShardWriter:
         """Finish the last shard and write the index (last). Returns the index."""
         if self._closed:
             raise OptionError("this ShardWriter is already closed")
-        self._finish_shard()
-        self._closed = True
-        index = self._builder.build()
-        written = {s.name for s in index.shards}
-        for stale in self._shard_named():
-            if os.path.basename(stale) not in written:  # left by an earlier, interrupted run (checked at start)
-                os.unlink(stale)
-        index.save(self.directory)
-        os.unlink(self._journal)
-        self._lock.release()
+        try:
+            self._finish_shard()
+            self._closed = True
+            index = self._builder.build()
+            written = {s.name for s in index.shards}
+            for stale in self._shard_named():
+                if os.path.basename(stale) not in written:  # left by an earlier, interrupted run (checked at start)
+                    os.unlink(stale)
+            index.save(self.directory)
+            os.unlink(self._journal)
+        finally:  # failed or not, this writer is done with the directory
+            self._lock.release()
         return index
 
     def abort(self) -> None:
