@@ -1,8 +1,9 @@
 """The folder walk behind :func:`shardio.corpus.read_folder`: every file under a root, and what is left out.
 
-Symlinked sub-directories are followed, each real directory once: a link back to a directory already
-walked (a loop, or a second path to the same files) is left out and counted, as are files whose extension
-is not an audio format pack takes. A directory that cannot be listed is an
+Symlinked sub-directories are followed, each real directory once, by the first path the top-down walk
+meets (in one folder, real directories before links): any other path to it (a loop back up, or a second
+link to the same files) is left out and counted, as are files whose extension is not an audio format pack
+takes. A directory that cannot be listed is an
 :class:`~shardio.errors.InputError` naming it: a silent skip would lose its files unseen.
 """
 

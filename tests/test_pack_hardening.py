@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,29 @@ def test_parallel_pack_starts_no_process_and_defaults_to_cores_but_one(wav_corpu
     summary = pack(wav_corpus, tmp_path / "o", workers=3, transcode="flac", progress=False)
     assert summary.samples == 48 and _children() <= before  # workers are threads: nothing to start or pickle
     assert default_workers() == max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(parents=st.lists(st.integers(0, 50), min_size=1, max_size=6), files=st.lists(st.integers(0, 50), max_size=8),
+       links=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=5))
+def test_folder_walk_reads_every_reachable_file_once_through_any_links(
+        tmp_path_factory: pytest.TempPathFactory, parents: list[int], files: list[int],
+        links: list[tuple[int, int]]) -> None:
+    """Random trees with directory links anywhere (loops included): the walk ends, every audio file that can be
+    reached is read exactly once, and every link not followed is counted."""
+    from shardio.corpus import read_folder
+
+    root = tmp_path_factory.mktemp("tree")
+    dirs = [root]
+    for number, parent in enumerate(parents):  # each directory under an earlier one
+        dirs.append(dirs[parent % len(dirs)] / f"d{number}")
+        dirs[-1].mkdir()
+    for number, where in enumerate(files):
+        (dirs[where % len(dirs)] / f"f{number}.wav").write_bytes(b"")
+    for number, (where, target) in enumerate(links):
+        (dirs[where % len(dirs)] / f"l{number}").symlink_to(dirs[target % len(dirs)], target_is_directory=True)
+    left_out: Counter[str] = Counter()
+    sources = list(read_folder(root, left_out=left_out))
+    real = [os.path.realpath(s.audio_path) for s in sources]
+    assert sorted(real) == sorted({os.path.realpath(dirs[w % len(dirs)] / f"f{n}.wav") for n, w in enumerate(files)})
+    assert left_out[LOOP] == len(links)  # every link here points at a real directory that is walked anyway
