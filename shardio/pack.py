@@ -100,8 +100,8 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     ``samples_per_shard`` / ``shard_bytes`` (tar bytes): roll to a new shard (256 MB when neither is given).
     ``compression``: ``none`` (``.tar``) or ``zstd`` (``.tar.zst``, seekable frames) at ``zstd_level``.
     ``transcode``: ``flac`` or ``wav`` re-encodes every input (PCM stays exact); None keeps the bytes.
-    ``shuffle``/``seed``: pack in a seeded random order. ``workers``: processes that read and validate (None:
-    :func:`default_workers`), as threads; the calling thread writes and hashes the shards.
+    ``shuffle``/``seed``: pack in a seeded random order. ``workers``: threads that read and validate (None:
+    :func:`default_workers`); the calling thread writes and hashes the shards.
     ``on_error``: ``raise`` (:class:`~shardio.errors.InputError` listing every failing input, no index) or
     ``skip`` (leave them out, listed in ``rejected.jsonl``). ``require_text``: a transcript is required.
     ``rewrite_keys``: make keys that break the ``{key}.{ext}`` rule valid instead of rejecting them.
