@@ -108,7 +108,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     if summary.rejected:
         print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
     if summary.left_out:
-        print(f"left out (not audio inputs): {describe_left_out(summary.left_out)}")
+        print(f"left out: {describe_left_out(summary.left_out)}")
     return 0
 
 

@@ -59,7 +59,8 @@ def _wav(seconds: float = 0.5, rate: int = 8000) -> bytes:
 
 # -- 1-3, 5, 6: corpus reading ------------------------------------------------------------------------
 
-def test_folder_follows_symlinked_directories_once_and_counts_what_it_leaves_out(tmp_path: Path) -> None:
+def test_folder_follows_symlinked_directories_once_and_counts_what_it_leaves_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
     write_tone(corpus / "one.wav", 0.2)
     for i in range(3):
@@ -72,6 +73,8 @@ def test_folder_follows_symlinked_directories_once_and_counts_what_it_leaves_out
     summary = pack(corpus, tmp_path / "out", progress=False)
     assert Index.load(tmp_path / "out").keys == ["again/linked_0", "again/linked_1", "again/linked_2", "one"]
     assert summary.left_out == {".aiff": 2, ".m4a": 1, "(no extension)": 1, LOOP: 2}
+    assert main(["pack", str(corpus), str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert f"left out: 1 (no extension), 2 .aiff, 1 .m4a, 2 {LOOP}\n" in capsys.readouterr().out
 
 
 def test_unreadable_subdirectory_is_an_input_error_naming_it(tmp_path: Path) -> None:
