@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -406,3 +407,13 @@ def test_folder_walk_reads_every_reachable_file_once_through_any_links(
     real = [os.path.realpath(s.audio_path) for s in sources]
     assert sorted(real) == sorted({os.path.realpath(dirs[w % len(dirs)] / f"f{n}.wav") for n, w in enumerate(files)})
     assert left_out[LOOP] == len(links)  # every link here points at a real directory that is walked anyway
+
+
+def test_mp3_check_reads_past_an_id3_tag_and_lets_whole_files_through() -> None:
+    mp3 = audio_bytes(tone(2.0, 22050, 2), 22050, "mp3")  # MPEG-2 stereo: the Xing tag at another offset
+    tag = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + b"\0" * 128  # a syncsafe size of 128
+    frames = len(sf.read(io.BytesIO(mp3))[0])
+    assert truncation_problem(tag + mp3, "mp3", frames) is None
+    assert truncation_problem(tag + mp3 + b"TAG" + b"\0" * 125, "mp3", frames) is None  # an ID3v1 tag at the end
+    assert "claims" in str(truncation_problem(tag + mp3[: len(mp3) * 2 // 3], "mp3"))
+    assert "MPEG frames" in str(truncation_problem(tag + mp3, "mp3", frames // 2))
