@@ -264,8 +264,12 @@ def test_overwrite_message_names_the_flag_and_the_flag_works(wav_corpus: Path, t
 
 def test_a_second_writer_is_refused_naming_the_holder(wav_corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from shardio.writer import ShardWriter; "
-                               f"w = ShardWriter({str(out)!r}); print('held', flush=True); time.sleep(120)"],
+    holder = subprocess.Popen([sys.executable, "-c", "import io, time, numpy, soundfile; "
+                               "from shardio.writer import ShardWriter; "
+                               f"w = ShardWriter({str(out)!r}, max_samples=1); b = io.BytesIO(); "
+                               "soundfile.write(b, numpy.zeros(80), 8000, format='WAV'); "
+                               "[w.write(k, {'wav': b.getvalue()}, audio_ext='wav', num_frames=80, sample_rate=8000, "
+                               "channels=1) for k in 'ab']; print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
@@ -274,6 +278,7 @@ def test_a_second_writer_is_refused_naming_the_holder(wav_corpus: Path, tmp_path
         assert result.returncode == 3, result.stderr
         assert f"is being written by another shardio run (pid {holder.pid} on host" in result.stderr
         assert "Traceback" not in result.stderr and not (out / "index.json").exists()
+        assert (out / "shard-000000.tar").is_file()  # the holder's finished shard is untouched
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
