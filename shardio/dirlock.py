@@ -73,6 +73,11 @@ def _holder(fd: int) -> str:
     """The holder the lock file names, for the message: ``pid 123 on host h since ...``."""
     try:
         record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {int(record['pid'])} on host {str(record['host'])[:64]} since {str(record['since'])[:32]}"
+        host, since = (_printable(str(record[name]))[:64] for name in ("host", "since"))
+        return f"pid {int(record['pid'])} on host {host} since {since}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
