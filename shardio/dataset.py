@@ -12,6 +12,7 @@ state to save after that batch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +26,7 @@ from .assembly import Assembler, Decoding, Transform
 from .errors import OptionError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
+from .quarantine import check_extra, exclusions
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
 from .world import World
@@ -81,6 +83,7 @@ class ShardDataset(IterableDataset):
         self._explicit_world = world
         self._world: World | None = world
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
+        self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._reader: Reader | None = None
         self._reset(epoch=0)
 
@@ -122,7 +125,7 @@ class ShardDataset(IterableDataset):
     def _state(self, **fields: Any) -> LoaderState:
         return LoaderState(epoch=self._epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
                            world_size=self.ranks().world_size, history=self._history, start=self._start,
-                           **fields)
+                           extra=self._extra, **fields)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
@@ -155,6 +158,7 @@ class ShardDataset(IterableDataset):
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
+        self._extra = check_extra(loaded.extra, len(self.index))
         if worker_level:
             if loaded.world_size != world.world_size:
                 raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
@@ -180,7 +184,7 @@ class ShardDataset(IterableDataset):
         epoch = self._epoch if epoch is None else epoch
         history = self._history if epoch == self._epoch else ()
         world_size = self.ranks().world_size
-        key = (epoch, history, world_size)
+        key = (epoch, history, world_size, json.dumps(self._extra, sort_keys=True))
         if key not in self._plans:
             batching = self.batching if self.batched else replace(self.batching, batch_size=1)
             self._plans = {key: self._make_plan(epoch, history, world_size, batching)}
@@ -198,7 +202,7 @@ class ShardDataset(IterableDataset):
         """Plan an epoch (the one step a dataset over other index layouts, such as a mix, replaces)."""
         return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
                           epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
-                          history=history)
+                          history=history, exclude=exclusions(self._extra, epoch))
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) this rank yields in the current epoch."""

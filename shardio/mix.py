@@ -202,8 +202,13 @@ def _merge(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching, ordering: Ordering,
                  eligible: Mapping[str, np.ndarray], quotas: Mapping[str, int], *, seed: int,
-                 epoch: int) -> _Epoch:
-    """The epoch's occurrences in merged order: global ids, durations, slices and bucket keys."""
+                 epoch: int, cursors: Mapping[str, int] | None = None, since: int = 0) -> _Epoch:
+    """The epoch's occurrences in merged order: global ids, durations, slices and bucket keys.
+
+    Corpus ``c``'s slice of epoch ``e`` is stream positions ``[s + (e - since) * q, s + (e - since + 1) * q)``
+    with ``s = cursors[c]`` (0 by default): a re-mix (:mod:`shardio.remix`) restarts the quotas at epoch
+    ``since`` from where each corpus's stream stood.
+    """
     names = mix.names
     offsets = corpus_offsets([corpora[name].shard_ids.shape[0] for name in names])
     streams, keys, spans = [], [], []
@@ -211,7 +216,8 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
         shard_ids, _, num_shards = corpora[name]
         keep, quota, key = eligible[name], quotas[name], _corpus_key(name)
         size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
-        start, end = epoch * quota, (epoch + 1) * quota
+        start = (cursors or {}).get(name, 0) + (epoch - since) * quota
+        end = start + quota
         local, windows = [], []
         for p in range(start // size, (end - 1) // size + 1):
             order, window = window_order(shard_ids, num_shards, ordering, (seed, p, _MIX, key))
@@ -245,22 +251,29 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
 
 def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *, seed: int,
              epoch: int, world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
-             history: Sequence[Segment] = ()) -> EpochPlan:
+             history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = (),
+             cursors: Mapping[str, int] | None = None, since: int = 0) -> EpochPlan:
     """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
 
     Returns the same :class:`EpochPlan` shape as :func:`shardio.plan.plan_epoch`, over global ids (see the
     module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
+    ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
+    segment on. ``cursors`` and ``since``: each corpus's stream position at epoch ``since`` (a re-mix).
     """
-    if seed < 0 or epoch < 0:
-        raise OptionError(f"seed and epoch must be non-negative integers, not {seed} and {epoch}")
+    if seed < 0 or epoch < since or since < 0:
+        raise OptionError(f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
+                          f"mix took effect), not {seed} and {epoch}")
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = _check(columns, mix, batching)
     quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
-    occurrences = _occurrences(columns, mix, batching, ordering, eligible, quotas, seed=seed, epoch=epoch)
+    occurrences = _occurrences(columns, mix, batching, ordering, eligible, quotas, seed=seed, epoch=epoch,
+                               cursors=cursors, since=since)
     global_ids, durations = occurrences.global_ids, occurrences.durations
+    exclude = [(at, np.flatnonzero(np.isin(global_ids, ids))) for at, ids in exclude]
     plan = plan_segments(np.arange(global_ids.shape[0]), durations, seed=seed, epoch=epoch, world_size=world_size,
                          batching=batching, history=history, windows=occurrences.slices, buckets=occurrences.buckets,
-                         shuffle=ordering.shuffle, purpose=(_MIX,), limit=mix.epoch_size.batches)
+                         shuffle=ordering.shuffle, purpose=(_MIX,), limit=mix.epoch_size.batches,
+                         exclude=exclude)
     offsets = corpus_offsets([columns[name].shard_ids.shape[0] for name in mix.names])
     number = np.searchsorted(offsets, global_ids[plan.samples], side="right") - 1
     seconds = np.bincount(number, weights=durations[plan.samples], minlength=len(mix.names))

@@ -21,6 +21,7 @@ from .errors import OptionError
 from .index import Index, ShardInfo
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .plan import Batching, EpochPlan, Segment, options_of
+from .quarantine import exclusions
 from .storage import join
 
 __all__ = ["MixIndex", "MixedDataset"]
@@ -138,7 +139,8 @@ class MixedDataset(ShardDataset):
 
     def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
         return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
-                        batching=batching, ordering=self.ordering, history=history)
+                        batching=batching, ordering=self.ordering, history=history,
+                        exclude=exclusions(self._extra, epoch))
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         return {"corpus": self.index.corpus(sample_id)}

@@ -217,7 +217,7 @@ def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
 def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch: int, world_size: int,
                   batching: Batching, history: Sequence[Segment] = (), windows: np.ndarray | None = None,
                   buckets: np.ndarray | None = None, shuffle: bool = True, purpose: tuple[int, ...] = (),
-                  limit: int | None = None) -> EpochPlan:
+                  limit: int | None = None, exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
     """Plan an explicit ``order`` of distinct ids (into ``durations``): the core of every planner.
 
     Each segment of ``history`` is re-planned as it was played and the samples it consumed are taken out
@@ -225,8 +225,18 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
     order is sorted by (window, bucket) — stably, so the order within a bucket is kept —, batches form
     within buckets and, with ``shuffle``, the batch order is shuffled within windows by
     ``rng(seed, epoch, *purpose, 3, segment)``. ``limit``: the first segment has exactly that many batches
-    (cut, or filled by repeating), and later segments plan only what it held.
+    (cut, or filled by repeating), and later segments plan only what it held. ``exclude``: pairs
+    ``(segment number, ids)``; those ids are taken out of ``order`` before that segment is planned (a
+    quarantine at resume, :mod:`shardio.quarantine`), so that segment and every later one leave them out.
     """
+    def excluding(number: int, ids: np.ndarray) -> np.ndarray:
+        for at, gone in exclude:
+            if at == number:
+                mask = np.zeros(durations.shape[0], dtype=bool)
+                mask[np.asarray(gone, dtype=np.int64)] = True
+                ids = ids[~mask[ids]]
+        return ids
+
     def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
         grouping = None
         if windows is not None and buckets is not None:
@@ -235,6 +245,7 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
         return _plan_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
 
     for number, finished in enumerate(history):
+        order = excluding(number, order)
         plan = segment(number, order, finished.world_size)
         if not 0 <= finished.consumed <= plan.num_batches:
             raise OptionError(f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}")
@@ -245,17 +256,18 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
         done = np.zeros(durations.shape[0], dtype=bool)
         done[plan.consumed_samples(finished.consumed)] = True
         order = order[~done[order]]
-    return segment(len(history), order, world_size)
+    return segment(len(history), excluding(len(history), order), world_size)
 
 
 def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *, seed: int, epoch: int,
                world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
-               history: Sequence[Segment] = ()) -> EpochPlan:
+               history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
     """Plan ``epoch`` for ``world_size`` ranks, after the finished segments in ``history``.
 
     With an empty history this is the epoch as planned from its start. Each segment of ``history`` says
     how many batches per rank were consumed under which world size before the world changed; the samples
-    they did not consume are planned again, in epoch order, for the next segment.
+    they did not consume are planned again, in epoch order, for the next segment. ``exclude``: sample ids
+    left out from a segment on (see :func:`plan_segments`).
     """
     if seed < 0:
         raise OptionError(f"seed must be a non-negative integer, not {seed}")
@@ -270,7 +282,7 @@ def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *,
         buckets = np.zeros(durations.shape[0], dtype=np.int64)  # one bucket: steps balance cost only
     plan = plan_segments(order, durations, seed=seed, epoch=epoch, world_size=world_size, batching=batching,
                          history=history, windows=windows if buckets is not None else None, buckets=buckets,
-                         shuffle=ordering.shuffle)
+                         shuffle=ordering.shuffle, exclude=exclude)
     return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
 
 

@@ -1,0 +1,199 @@
+"""The data ledger (``shardio.trace``) and quarantine at resume, against real loaders on real shards.
+
+Trace must agree with what the loader yielded, batch for batch: ranks are explicit ``World`` datasets in
+one process, each read through a real 2-worker DataLoader, across an elastic resume and a mix. The
+hypothesis properties run on the pure planner side (``Trace`` over in-memory indexes), so they stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from datasets import make_uneven_dataset
+from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
+from shardio.mixed import MixedDataset
+from shardio.quarantine import quarantine, quarantine_report
+from shardio.trace import Trace
+
+Rows = dict[tuple[int, int, int], list[str]]  # (epoch, step, rank) -> keys
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("trace")
+    make_uneven_dataset(root, [9, 30, 2, 17, 11], seed=4, duration_range=(0.05, 0.3))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("trace_mix")
+    make_uneven_dataset(root / "big", [20, 14, 9], seed=1, duration_range=(0.05, 0.2))
+    make_uneven_dataset(root / "tiny", [3], seed=3, duration_range=(0.2, 0.3))
+    return {name: str(root / name) for name in ("big", "tiny")}
+
+
+def make(source: Any, world: World, **options: Any) -> ShardDataset:
+    options.setdefault("max_duration", 0.8)
+    return ShardDataset(source, world=world, seed=5, shuffle_shards=2, **options)
+
+
+def run(ds: ShardDataset, step0: int = 0, stop: int | None = None) -> tuple[Rows, list[dict[str, Any]]]:
+    """Keys per (epoch, step, rank) that a real 2-worker DataLoader yields, and the batches' states."""
+    rows, states = {}, []
+    for n, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
+        if stop is not None and n == stop:
+            break
+        rows[(batch["epoch"], step0 + batch["batch_index"], ds.ranks().rank)] = list(batch["keys"])
+        states.append(ds.state_after(batch))
+    return rows, states
+
+
+def traced(trace: Trace, epoch: int, first: int = 0) -> Rows:
+    return {(r.epoch, r.step, r.rank): trace.row(r)["keys"] for r in trace.epoch(epoch) if r.step >= first}
+
+
+def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resume(dataset_dir: Path) -> None:
+    seen: Rows = {}
+    first = {r: run(make(dataset_dir, World(r, 2)), stop=4) for r in range(2)}
+    for rows, _ in first.values():
+        seen.update(rows)
+    state = json.loads(json.dumps(first[0][1][-1]))  # 4 steps consumed under 2 ranks; 3 ranks go on
+    for r in range(3):
+        ds = make(dataset_dir, World(r, 3))
+        ds.load_state_dict(state)
+        seen.update(run(ds, step0=4)[0])
+    resumed_state = ds.state_dict()
+    trace = Trace(make(dataset_dir, World()), resumed_state)
+    assert trace.segments(0)[0][:2] == (2, 0) and trace.segments(0)[1][:2] == (3, 4)
+    assert traced(trace, 0) == seen
+    one = trace.steps(0, 5, rank=1)
+    assert len(one) == 1 and trace.row(one[0])["keys"] == seen[(0, 5, 1)]
+    key = seen[(0, 5, 1)][0]
+    assert {(f["epoch"], f["step"], f["rank"]) for f in trace.find([key], [0])} == \
+        {place for place, keys in seen.items() if key in keys}
+    with pytest.raises(OptionError, match="not in the dataset"):
+        trace.find(["no-such-key"], [0])
+
+
+def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str]) -> None:
+    def mix(world: World) -> MixedDataset:
+        return MixedDataset(sources, {"big": 0.7, "tiny": 0.3}, EpochSize(primary="big"), world=world, seed=2,
+                            shuffle_shards=2, batching=Batching(max_duration=0.9, num_buckets=2))
+    seen: Rows = {}
+    for r in range(2):
+        ds = mix(World(r, 2))
+        ds.set_epoch(1)
+        seen.update(run(ds)[0])
+    trace = Trace(mix(World()), mix(World(0, 2)).state_dict())
+    table = {(r.epoch, r.step, r.rank): trace.row(r) for r in trace.epoch(1)}
+    assert {place: row["keys"] for place, row in table.items()} == seen
+    assert {c for row in table.values() for c in row["corpus"]} == {"big", "tiny"}
+
+
+def test_quarantine_leaves_the_keys_out_and_keeps_everything_else_exactly_once(dataset_dir: Path) -> None:
+    world = 2
+    rows = {}
+    for r in range(world):
+        got, states = run(make(dataset_dir, World(r, world)), stop=3)
+        rows.update(got)
+    state = states[-1]
+    trace = Trace(make(dataset_dir, World()), state)
+    later = trace.row(trace.steps(0, 6, rank=1)[0])["keys"]
+    bad = [later[0], rows[(0, 1, 0)][0]]  # one still ahead, one already consumed
+    healed = quarantine(json.loads(json.dumps(state)), make(dataset_dir, World()), keys=bad, carry=True)
+    assert [row["key"] for row in quarantine_report(healed)] == sorted(bad, key=make(dataset_dir, World())
+                                                                        .index.keys.index)
+    after, lengths = Counter(), set()
+    for r in range(3):  # and the world grows at the same resume
+        ds = make(dataset_dir, World(r, 3))
+        ds.load_state_dict(healed)
+        lengths.add(len(ds))
+        got, _ = run(ds)
+        after.update(k for keys in got.values() for k in keys)
+    consumed = Counter(k for keys in rows.values() for k in keys)
+    everything = set(make(dataset_dir, World()).index.keys)
+    assert len(lengths) == 1 and bad[0] not in after
+    assert set(after) | set(consumed) == everything - {bad[0]}
+    assert not set(after) & set(consumed)
+    carried = make(dataset_dir, World(0, 1))
+    carried.load_state_dict(ds.state_dict())
+    carried.set_epoch(1)
+    next_epoch = [k for batch in carried for k in batch["keys"]]
+    assert set(next_epoch) == everything - set(bad) and len(next_epoch) == len(set(next_epoch))
+    assert quarantine_report(carried.state_dict()) == quarantine_report(healed)
+
+
+def test_quarantine_of_steps_skips_every_ranks_batch_there(dataset_dir: Path) -> None:
+    ds = make(dataset_dir, World(0, 2))
+    state = ds.state_dict()
+    trace = Trace(ds, state)
+    skipped = {k for record in trace.steps(0, 2, 4) for k in trace.row(record)["keys"]}
+    healed = quarantine(state, ds, steps=(2, 4))
+    left = Trace(ds, healed)
+    keys = [k for record in left.epoch(0) for k in left.row(record)["keys"]]
+    assert not skipped & set(keys) and set(keys) == set(ds.index.keys) - skipped
+    with pytest.raises(OptionError):
+        quarantine(state, ds)
+
+
+# -- properties on the planner side: in-memory indexes, no audio ------------------------------------
+
+def memory_index(shard_sizes: list[int], seed: int) -> Index:
+    rng = np.random.default_rng(seed)
+    n = sum(shard_sizes)
+    columns = {"shard": np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
+               "num_frames": rng.integers(100, 3000, n).astype(np.uint32),
+               "sample_rate": np.full(n, 1000, np.uint32)}
+    shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
+    return Index(root="", shards=shards, formats=["wav"], columns=columns, fingerprint=f"mem{seed}",
+                 _keys=[f"k{i}" for i in range(n)])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6), seed=st.integers(0, 50),
+       worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3), fractions=st.lists(st.floats(0, 1), min_size=2,
+                                                                                     max_size=2),
+       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0}, {"max_duration": 5.0, "num_buckets": 2}]),
+       remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6))
+def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
+        sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
+        remainder: str, bad: int) -> None:
+    index = memory_index(sizes, seed)
+    ds = ShardDataset(index, world=World(0, worlds[0]), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+    state = ds.state_dict()
+    for number, world in enumerate(worlds):  # the loader's own plans, segment after segment
+        ds = ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+        ds.load_state_dict(state)
+        plan, start = ds.plan(), ds.state_dict()["start"]
+        last = number == len(worlds) - 1
+        stop = plan.num_batches if last else start + int(fractions[number % 2] * (plan.num_batches - start))
+        trace = Trace(ds, ds.state_dict())
+        base = trace.segments(0)[-1][1]
+        for j in range(start, stop):
+            for r in range(world):
+                [record] = trace.steps(0, base + j, rank=r)
+                assert record.ids.tolist() == plan.batch(r, j).tolist()
+        if not last:
+            state = {**ds.state_dict(), "start": stop}
+    final = ds.state_dict()  # where the last stage started, under worlds[-1]
+    left = Trace(ds, final)
+    plan = left.plan(0, len(left.segments(0)) - 1)
+    remaining = set(plan.samples.tolist()) - set(plan.consumed_samples(final["start"]).tolist())
+    if not remaining:
+        return
+    victim = sorted(remaining)[bad % len(remaining)]
+    healed = quarantine(final, ds, keys=[index.keys[victim]])
+    after = Trace(ds, healed)
+    plan = after.plan(0, len(after.segments(0)) - 1)
+    assert sorted(plan.samples.tolist()) == sorted(remaining - {victim})  # each once, the victim never
+    assert plan.rank_batches.shape[0] == worlds[-1]  # equal counts for every rank, by the plan's shape
