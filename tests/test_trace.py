@@ -197,3 +197,33 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
     plan = after.plan(0, len(after.segments(0)) - 1)
     assert sorted(plan.samples.tolist()) == sorted(remaining - {victim})  # each once, the victim never
     assert plan.rank_batches.shape[0] == worlds[-1]  # equal counts for every rank, by the plan's shape
+
+
+def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state(
+        dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
+    ds = make(dataset_dir, World(0, 2))
+    state_path, out_path = tmp_path / "state.json", tmp_path / "healed.json"
+    state_path.write_text(json.dumps(ds.state_dict()))
+    trace = Trace(ds, ds.state_dict())
+    capsys.readouterr()
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "3", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows == [trace.row(r) for r in trace.steps(0, 3)] and [r["rank"] for r in rows] == [0, 1]
+    key = rows[1]["keys"][0]
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--key", key, "--json"]) == 0
+    assert [json.loads(line)["step"] for line in capsys.readouterr().out.splitlines()] == [3]
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "1", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("epoch,step,rank") and len(lines) - 1 >= len(ds.index.keys)
+    assert main(["quarantine", str(dataset_dir), "--state", str(state_path), "--key", key, "--out",
+                 str(out_path)]) == 0
+    assert key in capsys.readouterr().out
+    healed = make(dataset_dir, World(0, 1))
+    healed.load_state_dict(json.loads(out_path.read_text()))
+    assert key not in {k for batch in healed for k in batch["keys"]}
+    other = make(dataset_dir, World(0, 2), max_duration=0.5)
+    state_path.write_text(json.dumps(other.state_dict()))
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "999"]) == 2
+    assert "none in [999" in capsys.readouterr().err
