@@ -227,3 +227,43 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
     state_path.write_text(json.dumps(other.state_dict()))
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "999"]) == 2
     assert "none in [999" in capsys.readouterr().err
+
+
+def test_the_readme_worked_example_nan_trace_quarantine_resume(
+        dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from shardio.cli import main
+
+    poisoned = make(dataset_dir, World()).index.keys[40]
+
+    def poison(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        if sample["key"] == poisoned:
+            sample["audio"] = sample["audio"] * float("nan")
+        return sample
+
+    ds = make(dataset_dir, World(), transform=poison)
+    trained, checkpoint, nan_step = [], tmp_path / "ckpt.json", -1
+    for step, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
+        if not torch.isfinite(batch["audio"]).all():
+            nan_step = step
+            break
+        trained.append(list(batch["keys"]))
+        if step % 3 == 2:
+            checkpoint.write_text(json.dumps(ds.state_after(batch)))
+            kept = len(trained)
+    assert nan_step >= 3, "the poisoned key should come after the first checkpoint"
+    capsys.readouterr()
+    assert main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step), "--json"]) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert poisoned in row["keys"]
+    healed = tmp_path / "healed.json"
+    assert main(["quarantine", str(dataset_dir), "--state", str(checkpoint), "--key", poisoned,
+                 "--out", str(healed)]) == 0
+    resumed = make(dataset_dir, World(), transform=poison)
+    resumed.load_state_dict(json.loads(healed.read_text()))
+    after = [list(b["keys"]) for b in DataLoader(resumed, batch_size=None, num_workers=2)
+             if torch.isfinite(b["audio"]).all()]
+    assert len(after) == len(resumed)  # every batch finite
+    seen = Counter(k for keys in trained[:kept] + after for k in keys)
+    assert set(seen) == set(ds.index.keys) - {poisoned} and max(seen.values()) == 1
