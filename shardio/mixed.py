@@ -22,6 +22,7 @@ from .index import Index, ShardInfo
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .plan import Batching, EpochPlan, Segment, options_of
 from .quarantine import exclusions
+from .remix import streams_of
 from .storage import join
 
 __all__ = ["MixIndex", "MixedDataset"]
@@ -138,9 +139,10 @@ class MixedDataset(ShardDataset):
         return {**options_of(self.batching, self.ordering), "mix": self.mix.options(), "corpora": parts}
 
     def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
+        cursors, since = streams_of(self._extra)  # a re-mix (shardio.remix) restarts the quotas at `since`
         return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
                         batching=batching, ordering=self.ordering, history=history,
-                        exclude=exclusions(self._extra, epoch))
+                        exclude=exclusions(self._extra, epoch), cursors=cursors, since=since)
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         return {"corpus": self.index.corpus(sample_id)}
