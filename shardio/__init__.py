@@ -20,8 +20,11 @@ from .errors import (
 from .index import Index, ShardInfo
 from .mix import EpochSize, Mix
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
+from .quarantine import quarantine, quarantine_report
 from .reader import RetryPolicy
+from .remix import remix
 from .state import LoaderState
+from .trace import Trace
 from .world import World
 from .writer import ShardWriter
 
@@ -61,6 +64,10 @@ __all__ = [
     "EpochPlan",
     "plan_epoch",
     "LoaderState",
+    "Trace",
+    "quarantine",
+    "quarantine_report",
+    "remix",
     "RetryPolicy",
     "ShardioError",
     "OptionError",

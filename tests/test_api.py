@@ -18,7 +18,7 @@ PUBLIC = {
     "__version__", "ShardDataset", "MixedDataset", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
-    "OutputError", "StateError",
+    "OutputError", "StateError", "Trace", "quarantine", "quarantine_report", "remix",
 }
 
 
