@@ -82,9 +82,12 @@ class Trace:
             history = self.state.history if epoch == self.state.epoch else ()
             if segment > len(history):
                 raise OptionError(f"epoch {epoch} has {len(history) + 1} segments, not {segment + 1}")
-            world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-            self._plans[(epoch, segment)] = self.dataset._make_plan(epoch, history[:segment], world_size,
-                                                                    self._batching)
+            if epoch == self.state.epoch and segment == len(history):
+                self._plans[(epoch, segment)] = self.dataset.plan()  # planned when the state loaded
+            else:
+                world_size = history[segment].world_size if segment < len(history) else self.state.world_size
+                self._plans[(epoch, segment)] = self.dataset._make_plan(epoch, history[:segment], world_size,
+                                                                        self._batching)
         return self._plans[(epoch, segment)]
 
     def position_step(self) -> int:
