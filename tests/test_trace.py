@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from datasets import make_uneven_dataset
 from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
+from shardio.index import COLUMNS
 from shardio.mixed import MixedDataset
 from shardio.quarantine import quarantine, quarantine_report
 from shardio.trace import Trace
@@ -148,15 +149,15 @@ def test_quarantine_of_steps_skips_every_ranks_batch_there(dataset_dir: Path) ->
 
 # -- properties on the planner side: in-memory indexes, no audio ------------------------------------
 
-def memory_index(shard_sizes: list[int], seed: int) -> Index:
+def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
     rng = np.random.default_rng(seed)
     n = sum(shard_sizes)
-    columns = {"shard": np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
-               "num_frames": rng.integers(100, 3000, n).astype(np.uint32),
-               "sample_rate": np.full(n, 1000, np.uint32)}
+    columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
+    columns.update(shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
+                   num_frames=rng.integers(100, 3000, n).astype(np.uint32), sample_rate=np.full(n, 1000, np.uint32))
     shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
-    return Index(root="", shards=shards, formats=["wav"], columns=columns, fingerprint=f"mem{seed}",
-                 _keys=[f"k{i}" for i in range(n)])
+    return Index(root="", shards=shards, formats=["wav"], columns=columns, fingerprint=f"mem{prefix}{seed}",
+                 _keys=[f"{prefix}{i}" for i in range(n)])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,15 +165,23 @@ def memory_index(shard_sizes: list[int], seed: int) -> Index:
        worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3), fractions=st.lists(st.floats(0, 1), min_size=2,
                                                                                      max_size=2),
        batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0}, {"max_duration": 5.0, "num_buckets": 2}]),
-       remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6))
+       remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
         sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
-        remainder: str, bad: int) -> None:
+        remainder: str, bad: int, mix: bool) -> None:
     index = memory_index(sizes, seed)
-    ds = ShardDataset(index, world=World(0, worlds[0]), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+    small = memory_index([2, 1], seed + 1, prefix="small")
+
+    def build(world: int) -> ShardDataset:
+        if mix:  # the small corpus repeats within the epoch: a quarantine drops each occurrence
+            return MixedDataset({"main": index, "small": small}, {"main": 0.7, "small": 0.3}, EpochSize(primary="main"),
+                                world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+        return ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+
+    ds = build(worlds[0])
     state = ds.state_dict()
     for number, world in enumerate(worlds):  # the loader's own plans, segment after segment
-        ds = ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+        ds = build(world)
         ds.load_state_dict(state)
         plan, start = ds.plan(), ds.state_dict()["start"]
         last = number == len(worlds) - 1
@@ -188,14 +197,15 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
     final = ds.state_dict()  # where the last stage started, under worlds[-1]
     left = Trace(ds, final)
     plan = left.plan(0, len(left.segments(0)) - 1)
-    remaining = set(plan.samples.tolist()) - set(plan.consumed_samples(final["start"]).tolist())
+    remaining = Counter(plan.samples.tolist()) - Counter(plan.consumed_samples(final["start"]).tolist())
     if not remaining:
         return
     victim = sorted(remaining)[bad % len(remaining)]
-    healed = quarantine(final, ds, keys=[index.keys[victim]])
+    healed = quarantine(final, ds, keys=[ds.index.keys[victim]])
     after = Trace(ds, healed)
     plan = after.plan(0, len(after.segments(0)) - 1)
-    assert sorted(plan.samples.tolist()) == sorted(remaining - {victim})  # each once, the victim never
+    del remaining[victim]
+    assert Counter(plan.samples.tolist()) == remaining  # each occurrence once, the victim never
     assert plan.rank_batches.shape[0] == worlds[-1]  # equal counts for every rank, by the plan's shape
 
 
