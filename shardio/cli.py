@@ -238,13 +238,13 @@ def _run_bench(args: argparse.Namespace) -> int:
 # -- trace and quarantine (the data ledger) ------------------------------------------------------------
 
 def _add_trace(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("trace", help="which samples each rank's batch held at a step, or when a key is seen",
+    parser = subparsers.add_parser("trace", help="which samples each rank's batch held at a step, or where a key is",
                                    description="Answer from the plan alone (no audio read): the keys of every rank's "
                                                "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.")
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help="a saved loader state (JSON): the run's options and history")
+    parser.add_argument("--state", required=True, help="a saved loader state (JSON): the run's options, history")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, metavar="S", help="epoch step S (batches per rank since the epoch's start)")
+    what.add_argument("--step", type=int, metavar="S", help="epoch step S (batches per rank since epoch start)")
     what.add_argument("--key", action="append", metavar="K", help="a sample key (repeat for several)")
     what.add_argument("--epoch", type=int, metavar="E", help="the whole epoch E, one row per (step, rank)")
     parser.add_argument("--stop", type=int, metavar="S2", help="with --step: steps S to S2 - 1")
@@ -297,8 +297,9 @@ def _add_quarantine(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
     parser.add_argument("--state", required=True, help="the saved loader state (JSON)")
     parser.add_argument("--out", required=True, help="where to write the new state (JSON)")
-    parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeatable)")
-    parser.add_argument("--steps", type=_step_range, metavar="A:B", help="leave out every rank's batch at epoch steps A to B - 1")
+    parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeat)")
+    parser.add_argument("--steps", type=_step_range, metavar="A:B",
+                        help="leave out every rank's batch at epoch steps A to B - 1")
     parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
     parser.set_defaults(run=_run_quarantine)
 
@@ -315,7 +316,8 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     rows = quarantine_report(healed)
     print(f"quarantined {len(rows)} samples; resume from {args.out}")
     for row in rows:
-        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}" + ("\tcarried" if row["carry"] else ""))
+        carried = "\tcarried" if row["carry"] else ""
+        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{carried}")
     return 0
 
 

@@ -29,7 +29,8 @@ def read_state(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as handle:
             state = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: {exc})") from None
+        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: "
+                         f"{exc})") from None
     combine(find_states(state))  # a typed error now if there is none
     return dict(state)
 
@@ -60,12 +61,13 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     else:
         sources = dict(location.split("=", 1) for location in locations if "=" in location)
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
-            raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for each")
+            raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for "
+                              "each")
         ds = MixedDataset(sources, mix["weights"], EpochSize(**mix["epoch_size"]), weight_by=mix["weight_by"],
                           single_corpus_batches=mix["single_corpus_batches"], batching=batching, **common)
     if ds.index.fingerprint != loaded.index:
-        raise StateError(f"the state was saved for index {loaded.index}, the dataset's is {ds.index.fingerprint} "
-                         "(another dataset or a re-pack)")
+        raise StateError(f"the state was saved for index {loaded.index}, the dataset's is "
+                         f"{ds.index.fingerprint} (another dataset or a re-pack)")
     return ds
 
 
@@ -79,8 +81,8 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             continue
         seconds = sum(row["durations"])
         out.write(f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
-                  f"batch_index {row['batch_index']}, world {row['world_size']}): {len(row['keys'])} samples, "
-                  f"{seconds:.2f} s\n")
+                  f"batch_index {row['batch_index']}, world {row['world_size']}): "
+                  f"{len(row['keys'])} samples, {seconds:.2f} s\n")
         corpora = row.get("corpus") or [None] * len(row["keys"])
         for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
             out.write(f"  {key}\t{duration:.3f}" + (f"\t{corpus}" if corpus else "") + "\n")

@@ -53,7 +53,7 @@ def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, 
 
 
 def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """``extra`` of a loaded state, with its quarantine entries checked (a :class:`StateError` if malformed)."""
+    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed)."""
     entries = extra.get(_KEY, [])
     if not isinstance(entries, list):
         raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
@@ -65,8 +65,8 @@ def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
         if not fields_ok or any(not 0 <= i < num_samples for i in ids):
-            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an id "
-                             f"outside the dataset's {num_samples} samples")
+            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
+                             f"id outside the dataset's {num_samples} samples")
     return dict(extra)
 
 
@@ -125,6 +125,6 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for entry in loaded.extra.get(_KEY, []):
         for key, sample_id in zip(entry["keys"], entry["ids"]):
-            rows.append({"key": key, "id": sample_id, "epoch": entry["epoch"], "from_step": entry.get("from_step"),
-                         "steps": entry.get("steps"), "carry": entry["carry"]})
+            rows.append({"key": key, "id": sample_id, "epoch": entry["epoch"],
+                         "from_step": entry.get("from_step"), "steps": entry.get("steps"), "carry": entry["carry"]})
     return rows

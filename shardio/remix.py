@@ -61,7 +61,8 @@ def _cursors_at(dataset: MixedDataset, extra: Mapping[str, Any], epoch: int) -> 
     batching = dataset.batching if dataset.batched else replace(dataset.batching, batch_size=1)
     quotas = mix_quotas(dataset.index.columns_of(), dataset.mix, batching, seed=dataset.seed,
                         ordering=dataset.ordering)
-    return {**cursors, **{name: cursors.get(name, 0) + (epoch - since) * quota for name, quota in quotas.items()}}
+    now = {name: cursors.get(name, 0) + (epoch - since) * quota for name, quota in quotas.items()}
+    return {**cursors, **now}
 
 
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
@@ -79,12 +80,14 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         raise StateError(f"a re-mix happens at an epoch boundary: the state is at batch {loaded.position} of "
                          f"{probe.plan().num_batches} in epoch {loaded.epoch}; finish the epoch first")
     old_parts = dict(zip(old.index.names, (p.fingerprint for p in old.index.parts)))
-    changed = [n for n, p in zip(new.index.names, new.index.parts) if n in old_parts and old_parts[n] != p.fingerprint]
+    changed = [name for name, part in zip(new.index.names, new.index.parts)
+               if name in old_parts and old_parts[name] != part.fingerprint]
     if changed:
-        raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes cannot "
-                         "continue")
+        raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes "
+                         "cannot continue")
     if any(entry.get("carry") for entry in loaded.extra.get("quarantine", [])):
-        raise StateError("the state carries a quarantine (sample ids of the old mix): a re-mix cannot keep it")
+        raise StateError("the state carries a quarantine (sample ids of the old mix): a re-mix cannot "
+                         "keep it")
     cursors = _cursors_at(probe, loaded.extra, since)
     extra = {name: value for name, value in loaded.extra.items() if name not in (_KEY, "quarantine")}
     extra[_KEY] = {"since": since, "cursors": cursors}

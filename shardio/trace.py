@@ -96,7 +96,8 @@ class Trace:
 
     # -- questions ------------------------------------------------------------------------------------
 
-    def steps(self, epoch: int, first: int, stop: int | None = None, rank: int | None = None) -> list[StepRecord]:
+    def steps(self, epoch: int, first: int, stop: int | None = None,
+              rank: int | None = None) -> list[StepRecord]:
         """Every rank's (or ``rank``'s) batch at steps ``first`` to ``stop - 1`` (default: ``first`` only)."""
         stop = first + 1 if stop is None else stop
         if first < 0 or stop <= first:
@@ -142,8 +143,8 @@ class Trace:
                 dealt = plan.rank_batches[:, :count]
                 for position, batch in zip(positions.tolist(), batches.tolist()):
                     for r, j in np.argwhere(dealt == batch).tolist():
-                        found.append({"key": key_of[int(plan.samples[position])], "epoch": epoch, "step": start + j,
-                                      "rank": r, "segment": number, "batch_index": j})
+                        found.append({"key": key_of[int(plan.samples[position])], "epoch": epoch,
+                                      "step": start + j, "rank": r, "segment": number, "batch_index": j})
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:

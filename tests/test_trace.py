@@ -154,17 +154,19 @@ def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
     n = sum(shard_sizes)
     columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
     columns.update(shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
-                   num_frames=rng.integers(100, 3000, n).astype(np.uint32), sample_rate=np.full(n, 1000, np.uint32))
+                   num_frames=rng.integers(100, 3000, n).astype(np.uint32),
+                   sample_rate=np.full(n, 1000, np.uint32))
     shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
     return Index(root="", shards=shards, formats=["wav"], columns=columns, fingerprint=f"mem{prefix}{seed}",
                  _keys=[f"{prefix}{i}" for i in range(n)])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6), seed=st.integers(0, 50),
-       worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3), fractions=st.lists(st.floats(0, 1), min_size=2,
-                                                                                     max_size=2),
-       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0}, {"max_duration": 5.0, "num_buckets": 2}]),
+       worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       fractions=st.lists(st.floats(0, 1), min_size=2, max_size=2),
+       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0},
+                              {"max_duration": 5.0, "num_buckets": 2}]),
        remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
         sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
@@ -174,9 +176,11 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
 
     def build(world: int) -> ShardDataset:
         if mix:  # the small corpus repeats within the epoch: a quarantine drops each occurrence
-            return MixedDataset({"main": index, "small": small}, {"main": 0.7, "small": 0.3}, EpochSize(primary="main"),
-                                world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
-        return ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch)
+            return MixedDataset({"main": index, "small": small}, {"main": 0.7, "small": 0.3},
+                                EpochSize(primary="main"), world=World(0, world), seed=seed, shuffle_shards=2,
+                                remainder=remainder, **batch)
+        return ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder,
+                            **batch)
 
     ds = build(worlds[0])
     state = ds.state_dict()
@@ -264,7 +268,8 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
             kept = len(trained)
     assert nan_step == 14  # as in the README: after the checkpoint at step 11
     capsys.readouterr()
-    assert main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step), "--json"]) == 0
+    assert main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step),
+                 "--json"]) == 0
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert poisoned in row["keys"]
     healed = tmp_path / "healed.json"
