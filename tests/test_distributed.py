@@ -215,3 +215,23 @@ def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
                       batching=Batching(max_duration=MAX_DURATION), history=(Segment(3, STOP),))
     assert plan.num_batches == counts[0]
     assert sum(after.values()) - len(after) == plan.padded, "repeats beyond the plan's reported padding"
+    from shardio import ShardDataset, Trace, World
+
+    # the ledger names what each rank of both gloo groups trained on, step for step (the steps count on)
+    elastic = ShardDataset(dataset, max_duration=MAX_DURATION, seed=SEED, world=World(0, 2))
+    elastic.load_state_dict(json.loads(state.read_text()))
+    trace = Trace(elastic, elastic.state_dict())
+    for result in [*stopped, *resumed]:
+        first = 0 if result in stopped else STOP
+        rows = trace.steps(0, first, first + len(result["keys"]), rank=result["rank"])
+        assert [trace.row(row)["keys"] for row in rows] == result["keys"]
+
+
+def test_trace_names_every_ranks_batches_of_a_gloo_run(dataset: Path,
+                                                       uninterrupted: list[dict[str, Any]]) -> None:
+    from shardio import ShardDataset, Trace, World
+
+    ds = ShardDataset(dataset, max_duration=MAX_DURATION, seed=SEED, world=World(0, 3))
+    trace = Trace(ds, ds.state_dict())
+    for result in uninterrupted:
+        assert [trace.row(r)["keys"] for r in trace.epoch(0) if r.rank == result["rank"]] == result["keys"]
