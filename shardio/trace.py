@@ -143,8 +143,10 @@ class Trace:
                 dealt = plan.rank_batches[:, :count]
                 for position, batch in zip(positions.tolist(), batches.tolist()):
                     for r, j in np.argwhere(dealt == batch).tolist():
-                        found.append({"key": key_of[int(plan.samples[position])], "epoch": epoch,
-                                      "step": start + j, "rank": r, "segment": number, "batch_index": j})
+                        sample = int(plan.samples[position])
+                        found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
+                                      "segment": number, "batch_index": j,
+                                      **self.dataset._fields(sample)})  # a mix adds the corpus
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:

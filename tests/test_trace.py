@@ -86,7 +86,10 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
         trace.find(["no-such-key"], [0])
 
 
-def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str]) -> None:
+def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
     def mix(world: World) -> MixedDataset:
         return MixedDataset(sources, {"big": 0.7, "tiny": 0.3}, EpochSize(primary="big"), world=world, seed=2,
                             shuffle_shards=2, batching=Batching(max_duration=0.9, num_buckets=2))
@@ -99,6 +102,22 @@ def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str]) -> No
     table = {(r.epoch, r.step, r.rank): trace.row(r) for r in trace.epoch(1)}
     assert {place: row["keys"] for place, row in table.items()} == seen
     assert {c for row in table.values() for c in row["corpus"]} == {"big", "tiny"}
+    tiny = next(key for row in table.values() for key, c in zip(row["keys"], row["corpus"]) if c == "tiny")
+    found = trace.find([tiny], [1])  # the corpora share keys (s000_00000, ...): each is found, named
+    assert {(f["step"], f["rank"], f["corpus"]) for f in found} == {
+        (step, rank, c) for (_, step, rank), row in table.items()
+        for key, c in zip(row["keys"], row["corpus"]) if key == tiny}
+    assert {f["corpus"] for f in found} == {"big", "tiny"}
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(mix(World(0, 2)).state_dict()))
+    capsys.readouterr()
+    locations = [f"{name}={location}" for name, location in sources.items()]
+    assert main(["trace", *locations, "--state", str(state_path), "--step", "2", "--in-epoch", "1",
+                 "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows == [table[(1, 2, 0)], table[(1, 2, 1)]]
+    assert main(["trace", sources["big"], "--state", str(state_path), "--step", "2"]) == 2
+    assert "NAME=LOCATION" in capsys.readouterr().err
 
 
 def test_quarantine_leaves_the_keys_out_and_keeps_everything_else_exactly_once(dataset_dir: Path) -> None:
