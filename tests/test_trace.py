@@ -230,6 +230,17 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
     del remaining[victim]
     assert Counter(plan.samples.tolist()) == remaining  # each occurrence once, the victim never
     assert plan.rank_batches.shape[0] == worlds[-1]  # equal counts for every rank, by the plan's shape
+    if len(remaining) > 1:  # a second quarantine later in the same epoch, after one more step
+        healed = {**healed, "start": min(1, plan.num_batches)}
+        done = Counter(plan.consumed_samples(healed["start"]).tolist())
+        second = sorted(remaining - done or remaining)[bad % len(remaining - done or remaining)]
+        again = Trace(ds, quarantine(healed, ds, keys=[ds.index.keys[second]]))
+        left = again.plan(0, len(again.segments(0)) - 1)
+        expected = remaining - done
+        expected.pop(second, None)
+        assert Counter(left.samples.tolist()) == expected and victim not in expected
+        assert [row["key"] for row in quarantine_report(again.state.to_dict())] == \
+            [ds.index.keys[victim], ds.index.keys[second]]
 
 
 def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state(
