@@ -184,8 +184,8 @@ def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
 @given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6), seed=st.integers(0, 50),
        worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
        fractions=st.lists(st.floats(0, 1), min_size=2, max_size=2),
-       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0},
-                              {"max_duration": 5.0, "num_buckets": 2}]),
+       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0}, {"max_duration": 5.0, "num_buckets": 2},
+                              {"max_duration": 5.0, "num_buckets": 2, "sync_buckets": False}]),
        remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
         sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
@@ -267,6 +267,13 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
     healed = make(dataset_dir, World(0, 1))
     healed.load_state_dict(json.loads(out_path.read_text()))
     assert key not in {k for batch in healed for k in batch["keys"]}
+    for sync in (False, True):  # a bucketed run, with and without step-synchronised buckets
+        bucketed = make(dataset_dir, World(0, 2), num_buckets=2, sync_buckets=sync)
+        state_path.write_text(json.dumps(bucketed.state_dict()))
+        assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--json"]) == 0
+        table = Trace(bucketed, bucketed.state_dict())
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == \
+            [table.row(r) for r in table.epoch(0)]
     other = make(dataset_dir, World(0, 2), max_duration=0.5)
     state_path.write_text(json.dumps(other.state_dict()))
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "999"]) == 2
