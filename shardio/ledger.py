@@ -48,8 +48,8 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     mix, corpora = options.pop("mix", None), options.pop("corpora", None)
     ordering = {name: options.pop(name) for name in _ORDERING if name in options}
     if options.get("batch_cost") is not None:
-        raise OptionError(f"the run planned with batch_cost {options['batch_cost']!r}, a function the state names "
-                          "but does not hold: trace it from Python, shardio.Trace(dataset, state)")
+        raise OptionError(f"the run planned with batch_cost {options['batch_cost']!r}, a function the state "
+                          "names but does not hold: trace it from Python, shardio.Trace(dataset, state)")
     options.pop("batch_cost", None)
     options["sync_buckets"] = bool(options.get("sync_buckets", False))  # a state records it only when on
     try:

@@ -184,7 +184,8 @@ def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
 @given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6), seed=st.integers(0, 50),
        worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
        fractions=st.lists(st.floats(0, 1), min_size=2, max_size=2),
-       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0}, {"max_duration": 5.0, "num_buckets": 2},
+       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0},
+                              {"max_duration": 5.0, "num_buckets": 2},
                               {"max_duration": 5.0, "num_buckets": 2, "sync_buckets": False}]),
        remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
