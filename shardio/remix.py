@@ -16,8 +16,9 @@ returns a state for the new mix. The semantics:
 - **Added and dropped corpora.** A new corpus starts its stream at position 0; a dropped corpus's cursor
   stays in the state, so re-adding it later continues where it stopped. Corpora in both mixes must have
   the same index (fingerprint), else a :class:`~shardio.StateError`.
-- **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix) and the cursors;
-  quarantines that carry to later epochs name sample ids of the old mix and are refused.
+- **Quarantines** that still apply from epoch ``since`` (carried ones, and those made in that epoch) move
+  to the new mix's ids, as from the start of epoch ``since`` (those of a dropped corpus are left behind).
+- **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix) and the cursors.
 """
 
 from __future__ import annotations
@@ -65,6 +66,25 @@ def _cursors_at(dataset: MixedDataset, extra: Mapping[str, Any], epoch: int) -> 
     return {**cursors, **now}
 
 
+def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: MixedDataset,
+                       since: int) -> list[dict[str, Any]]:
+    """The quarantine entries that apply from epoch ``since``, on ``new``'s global ids, from its start."""
+    moved = []
+    for entry in entries:
+        if not (entry["carry"] or int(entry["epoch"]) >= since):
+            continue
+        ids, keys = [], []
+        for sample_id, key in zip(entry["ids"], entry["keys"]):
+            corpus = old.index.corpus(sample_id)
+            if corpus in new.index.names:
+                local = sample_id - int(old.index.offsets[old.index.names.index(corpus)])
+                ids.append(local + int(new.index.offsets[new.index.names.index(corpus)]))
+                keys.append(key)
+        if ids:
+            moved.append({**entry, "epoch": since, "segment": 0, "ids": ids, "keys": keys})
+    return moved
+
+
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
     """A state for ``new`` that continues ``state`` (saved from ``old``) at its epoch boundary, every
     corpus's passes continuing exactly (see the module docs)."""
@@ -85,12 +105,12 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     if changed:
         raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes "
                          "cannot continue")
-    if any(entry.get("carry") for entry in loaded.extra.get("quarantine", [])):
-        raise StateError("the state carries a quarantine (sample ids of the old mix): a re-mix cannot "
-                         "keep it")
     cursors = _cursors_at(probe, loaded.extra, since)
     extra = {name: value for name, value in loaded.extra.items() if name not in (_KEY, "quarantine")}
     extra[_KEY] = {"since": since, "cursors": cursors}
+    moved = _moved_quarantines(loaded.extra.get("quarantine", []), old, new, since)
+    if moved:
+        extra["quarantine"] = moved
     fresh = LoaderState(epoch=since, seed=loaded.seed, index=new.index.fingerprint, options=new.options,
                         world_size=loaded.world_size, extra=extra)
     return fresh.to_dict()

@@ -14,6 +14,7 @@ from datasets import make_uneven_dataset
 from shardio import Batching, EpochSize, Mix, StateError, World
 from shardio.mix import CorpusColumns, mix_quotas, plan_mix
 from shardio.mixed import MixedDataset
+from shardio.quarantine import quarantine
 from shardio.remix import remix
 
 
@@ -96,6 +97,27 @@ def test_remix_changes_weights_adds_and_drops_corpora_and_keeps_every_pass(sourc
     back = mixed(sources, {"big": 0.5, "mid": 0.5})
     again = remix(after_last, resumed, back)
     assert again["epoch"] == 4 and again["extra"]["remix"]["cursors"]["tiny"] > 0  # kept while dropped
+
+
+def test_a_carried_quarantine_moves_to_the_new_mix(sources: dict[str, str]) -> None:
+    old = mixed(sources, {"big": 0.5, "tiny": 0.5})
+    healed = quarantine(old.state_dict(), old, keys=["s000_00001"], carry=True)  # in big and in tiny
+    assert [old.index.corpus(i) for i in healed["extra"]["quarantine"][0]["ids"]] == ["big", "tiny"]
+    played = mixed(sources, {"big": 0.5, "tiny": 0.5})
+    played.load_state_dict(healed)
+    last = played.state_after(list(played)[-1])  # the epoch played to its end, without them
+    new = mixed(sources, {"big": 0.4, "mid": 0.3, "tiny": 0.3})  # mid comes first of tiny: tiny's ids move
+    moved = remix(last, played, new)
+    ids = moved["extra"]["quarantine"][0]["ids"]
+    assert [new.index.corpus(i) for i in ids] == ["big", "tiny"]
+    assert [new.index.keys[i] for i in ids] == ["s000_00001"] * 2
+    resumed = mixed(sources, {"big": 0.4, "mid": 0.3, "tiny": 0.3})
+    resumed.load_state_dict(moved)
+    for epoch in (1, 2):
+        resumed.set_epoch(epoch)
+        samples = set(resumed.plan().samples.tolist())
+        assert not samples & set(ids)
+        assert any(new.index.corpus(i) == "mid" and new.index.keys[i] == "s000_00001" for i in samples)
 
 
 def test_remix_mid_epoch_or_a_changed_corpus_is_refused(sources: dict[str, str], tmp_path: Path) -> None:
