@@ -64,7 +64,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: str(root / name) for name in ("big", "mid", "tiny")}
 
 
-def mixed(sources: dict[str, str], weights: dict[str, float], world: World = World(0, 2)) -> MixedDataset:
+def mixed(sources: dict[str, str], weights: dict[str, float],
+          world: World = World(0, 2)) -> MixedDataset:
     return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.006), world=world, seed=3,
                         shuffle_shards=2, batching=Batching(max_duration=2.0))
 
