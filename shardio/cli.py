@@ -316,8 +316,9 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     rows = quarantine_report(healed)
     print(f"quarantined {len(rows)} samples; resume from {args.out}")
     for row in rows:
-        carried = "\tcarried" if row["carry"] else ""
-        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{carried}")
+        notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + \
+            ("\tcarried" if row["carry"] else "")
+        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
     return 0
 
 

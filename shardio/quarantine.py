@@ -117,10 +117,13 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
             ids.extend(int(i) for i in record.ids)
     unique = sorted(set(ids))
     segment = len(loaded.history) + 1
-    entry = {"epoch": loaded.epoch, "segment": segment, "ids": unique,
-             "keys": [dataset.index.keys[i] for i in unique],
-             "steps": list(steps) if steps is not None else None, "carry": bool(carry),
-             "from_step": trace.position_step()}
+    entry: dict[str, Any] = {"epoch": loaded.epoch, "segment": segment, "ids": unique,
+                             "keys": [dataset.index.keys[i] for i in unique],
+                             "steps": list(steps) if steps is not None else None, "carry": bool(carry),
+                             "from_step": trace.position_step(), "consumed": _consumed(trace, unique)}
+    corpora = [dataset._fields(i).get("corpus") for i in unique]
+    if any(corpora):
+        entry["corpora"] = corpora
     extra = dict(loaded.extra)
     extra[_KEY] = [*extra.get(_KEY, []), entry]
     position = loaded.position
@@ -128,13 +131,29 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     return replace(loaded, history=history, start=0, yielded=0, extra=extra).to_dict()
 
 
+def _consumed(trace: Any, ids: list[int]) -> list[int]:
+    """Which of ``ids`` the epoch had already consumed at the state's position (they stay consumed)."""
+    state = trace.state
+    done: set[int] = set()
+    segments = trace.segments(state.epoch)
+    for number, (_, _, count) in enumerate(segments):
+        consumed = count if number < len(segments) - 1 else state.position
+        done.update(trace.plan(state.epoch, number).consumed_samples(consumed).tolist())
+    return [i for i in ids if i in done]
+
+
 def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every quarantined sample of ``state``: key, id, epoch, the epoch step the quarantine took effect at,
-    and whether it carries to later epochs."""
+    """Every quarantined sample of ``state``: key, id (and corpus, in a mix), epoch, the epoch step the
+    quarantine took effect at, whether the epoch had already consumed it then, and whether it carries to
+    later epochs."""
     loaded: LoaderState = combine(find_states(state))
     rows = []
     for entry in loaded.extra.get(_KEY, []):
-        for key, sample_id in zip(entry["keys"], entry["ids"]):
-            rows.append({"key": key, "id": sample_id, "epoch": entry["epoch"],
-                         "from_step": entry.get("from_step"), "steps": entry.get("steps"), "carry": entry["carry"]})
+        consumed = set(entry.get("consumed", []))
+        corpora = entry.get("corpora") or [None] * len(entry["ids"])
+        for key, sample_id, corpus in zip(entry["keys"], entry["ids"], corpora):
+            rows.append({"key": key, "id": sample_id, **({"corpus": corpus} if corpus else {}),
+                         "epoch": entry["epoch"], "from_step": entry.get("from_step"),
+                         "already_consumed": sample_id in consumed, "steps": entry.get("steps"),
+                         "carry": entry["carry"]})
     return rows

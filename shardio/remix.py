@@ -73,15 +73,17 @@ def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: Mi
     for entry in entries:
         if not (entry["carry"] or int(entry["epoch"]) >= since):
             continue
-        ids, keys = [], []
+        ids, keys, corpora = [], [], []
         for sample_id, key in zip(entry["ids"], entry["keys"]):
             corpus = old.index.corpus(sample_id)
             if corpus in new.index.names:
                 local = sample_id - int(old.index.offsets[old.index.names.index(corpus)])
                 ids.append(local + int(new.index.offsets[new.index.names.index(corpus)]))
                 keys.append(key)
+                corpora.append(corpus)
         if ids:
-            moved.append({**entry, "epoch": since, "segment": 0, "ids": ids, "keys": keys})
+            moved.append({**entry, "epoch": since, "segment": 0, "ids": ids, "keys": keys, "corpora": corpora,
+                          "consumed": []})
     return moved
 
 

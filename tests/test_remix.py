@@ -14,7 +14,7 @@ from datasets import make_uneven_dataset
 from shardio import Batching, EpochSize, Mix, StateError, World
 from shardio.mix import CorpusColumns, mix_quotas, plan_mix
 from shardio.mixed import MixedDataset
-from shardio.quarantine import quarantine
+from shardio.quarantine import quarantine, quarantine_report
 from shardio.remix import remix
 
 
@@ -104,6 +104,8 @@ def test_a_carried_quarantine_moves_to_the_new_mix(sources: dict[str, str]) -> N
     old = mixed(sources, {"big": 0.5, "tiny": 0.5})
     healed = quarantine(old.state_dict(), old, keys=["s000_00001"], carry=True)  # in big and in tiny
     assert [old.index.corpus(i) for i in healed["extra"]["quarantine"][0]["ids"]] == ["big", "tiny"]
+    assert [(r["key"], r["corpus"]) for r in quarantine_report(healed)] == [("s000_00001", "big"),
+                                                                           ("s000_00001", "tiny")]
     played = mixed(sources, {"big": 0.5, "tiny": 0.5})
     played.load_state_dict(healed)
     last = played.state_after(list(played)[-1])  # the epoch played to its end, without them

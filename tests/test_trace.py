@@ -131,8 +131,10 @@ def test_quarantine_leaves_the_keys_out_and_keeps_everything_else_exactly_once(d
     later = trace.row(trace.steps(0, 6, rank=1)[0])["keys"]
     bad = [later[0], rows[(0, 1, 0)][0]]  # one still ahead, one already consumed
     healed = quarantine(json.loads(json.dumps(state)), make(dataset_dir, World()), keys=bad, carry=True)
-    assert [row["key"] for row in quarantine_report(healed)] == sorted(bad, key=make(dataset_dir, World())
-                                                                        .index.keys.index)
+    report = quarantine_report(healed)
+    order = make(dataset_dir, World()).index.keys.index
+    assert [row["key"] for row in report] == sorted(bad, key=order)
+    assert {row["key"]: row["already_consumed"] for row in report} == {bad[0]: False, bad[1]: True}
     after, lengths = Counter(), set()
     for r in range(3):  # and the world grows at the same resume
         ds = make(dataset_dir, World(r, 3))
