@@ -66,8 +66,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def mixed(sources: dict[str, str], weights: dict[str, float],
           world: World = World(0, 2)) -> MixedDataset:
-    return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.006), world=world, seed=3,
-                        shuffle_shards=2, batching=Batching(max_duration=2.0))
+    return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.006), world=world,
+                        seed=3, shuffle_shards=2, batching=Batching(max_duration=2.0))
 
 
 def taken(ds: MixedDataset, epoch: int) -> Counter[tuple[str, str]]:
