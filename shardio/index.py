@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from . import indexchecks
 from .errors import FormatError, OptionError, ReadError
-from .storage import is_url, join, open_input, read_bytes, write_atomic
+from .storage import file_size, is_url, join, open_input, read_bytes, write_atomic
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
            "IndexBuilder"]
@@ -109,6 +110,10 @@ class Index:
         """The local path or URL of shard number ``shard``."""
         return join(self.root, self.shards[shard].name)
 
+    def shard_options(self, shard: int) -> dict[str, Any] | None:
+        """The fsspec options to open shard number ``shard`` with (the index's ``storage_options``)."""
+        return self.storage_options
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("durations", None)
@@ -147,12 +152,18 @@ class Index:
         return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
 
     @classmethod
-    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Index:
+    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *,
+             allow_outside_root: bool = False) -> Index:
         """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
 
         ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
         reading its shards. Remote reads are retried (see :mod:`shardio.storage`); the columns file must
         match the SHA-256 that ``index.json`` records. A remote index's keys are kept from this one read.
+
+        Shard names must be plain relative paths under the dataset root (see :mod:`shardio.indexchecks`);
+        ``allow_outside_root=True`` also takes ``..`` parts, absolute paths and symlinks that leave the root:
+        only for a trusted dataset whose shards really live elsewhere (``shardio index --out`` to another
+        directory writes such names).
         """
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
@@ -170,24 +181,21 @@ class Index:
         if header.get("version") != FORMAT_VERSION:
             raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
                               f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
-        columns_file = header.get("columns_file", INDEX_COLUMNS)
-        if not isinstance(columns_file, str) or not columns_file:
-            raise FormatError(f"{json_path}: 'columns_file' must be a file name, not {columns_file!r}")
+        columns_file = indexchecks.check_columns_file(header.get("columns_file", INDEX_COLUMNS), json_path)
         columns_path = join(root, columns_file)
-        try:
-            payload = read_bytes(columns_path, storage_options)
-        except FileNotFoundError:
-            raise FormatError(f"{columns_path}: index columns file is missing") from None
-        except OSError as exc:
-            raise ReadError(f"{columns_path}: cannot be read ({exc})") from None
+        payload = _read_columns(root, columns_path, indexchecks.columns_size_bound(header.get("samples"), json_path),
+                                storage_options)
         if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
             raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
                               f"records {header.get('columns_sha256')!r}: the index files do not belong together "
                               "or one is damaged; rebuild the index")
         try:
             archive = np.load(io.BytesIO(payload))
+            indexchecks.check_npz(archive.zip, columns_path)
             columns = {name: archive[name] for name in COLUMNS}
             keys = _load_keys(archive) if is_url(root) else None
+        except FormatError:
+            raise
         except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
             raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
         try:
@@ -198,6 +206,10 @@ class Index:
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
+        if header.get("samples") != len(index):
+            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold {len(index)}")
+        _check_names(index, json_path, allow_outside_root)
+        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path)
         if keys is not None and len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index
@@ -222,6 +234,30 @@ class Index:
             if counts[number] != shard.samples:
                 raise FormatError(f"{where}: shard {shard.name} lists {shard.samples} samples, "
                                   f"the columns hold {counts[number]}")
+
+
+def _read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:
+    """The columns file's bytes, its kind and size checked (against ``bound``) before it is read."""
+    try:
+        if is_url(path):
+            indexchecks.check_columns_size(file_size(path, storage_options), bound, path)
+        else:
+            indexchecks.check_local_columns(root, path, bound, path)
+        payload = read_bytes(path, storage_options)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: index columns file is missing") from None
+    except OSError as exc:
+        raise ReadError(f"{path}: cannot be read ({exc})") from None
+    indexchecks.check_columns_size(len(payload), bound, path)
+    return payload
+
+
+def _check_names(index: Index, where: str, allow_outside_root: bool) -> None:
+    names = [shard.name for shard in index.shards]
+    for name in names:
+        indexchecks.check_shard_name(name, where, allow_outside_root=allow_outside_root)
+    if not allow_outside_root and not is_url(index.root):
+        indexchecks.check_confined(index.root, names, where)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -19,23 +19,23 @@ content checksum. What this cannot see is a same-size shard whose member *data* 
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import logging
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from . import localshard
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
+from .filesystems import Filesystems
 from .index import STREAM_CODECS, Index
 from .localshard import LocalShard, short_read
-from .storage import RetryPolicy, filesystem, is_url, retrying
+from .storage import RetryPolicy, is_url, retrying
 from .tarformat import parse_members
+from .streams import decompress_prefix
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
@@ -78,7 +78,7 @@ class Reader:
         self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
-        self._fs: Any = None  # the fsspec filesystem of a remote dataset, made once
+        self._filesystems = Filesystems()  # fsspec filesystems, one per protocol and options
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
@@ -95,7 +95,7 @@ class Reader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _fs=None)
+                     _filesystems=Filesystems())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -113,7 +113,8 @@ class Reader:
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._fs = None
+        self._frame = None
+        self._filesystems = Filesystems()
         self._streams = OrderedDict()
         self.stats = ReadStats()
         self._pid = os.getpid()
@@ -133,9 +134,8 @@ class Reader:
         handle: Any
         try:
             if is_url(path):
-                if self._fs is None:
-                    self._fs = filesystem(path, self.index.storage_options)[0]
-                handle = (self._fs, self._fs._strip_protocol(path))
+                handle = self._filesystems.get(path, self.index.shard_options(shard), where, self.retry,
+                                               self._count_retry)
                 actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
             else:
                 handle = LocalShard(os.open(path, os.O_RDONLY), expected)
@@ -211,19 +211,17 @@ class Reader:
             return cached
         info = self.index.shards[shard]
         raw = self.read_range(shard, 0, info.bytes, where)
-        try:
-            if info.codec == "gzip":
-                data = gzip.decompress(raw)
-            elif info.codec == "bz2":
-                data = bz2.decompress(raw)
-            else:
-                data = self._decompressor.stream_reader(io.BytesIO(raw), read_across_frames=True).read()
-        except Exception as exc:  # noqa: BLE001 - every codec raises its own type
-            raise FormatError(f"{where}: cannot decompress the shard ({info.codec}): {exc}") from None
+        data = decompress_prefix(raw, info.codec, self._stream_need(shard), where)
         self._streams[shard] = data
         while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
             self._streams.popitem(last=False)
         return data
+
+    def _stream_need(self, shard: int) -> int:
+        """The decompressed bytes of a stream shard that its indexed samples span (all that is decompressed)."""
+        mine = self._columns["shard"] == shard
+        ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
+        return int(ends.max()) if ends.size else 0
 
     def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
@@ -291,7 +289,8 @@ class Reader:
             # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
             ext = name[stem:]
             if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
-                raise FormatError(f"{where}: found member {name!r} where the index expects key {key!r}")
+                shown = name if len(name) <= 120 else name[:120] + "..."
+                raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
             found[ext] = member
         if not found:
             raise FormatError(f"{where}: no members at the indexed offset")

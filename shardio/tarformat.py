@@ -110,21 +110,21 @@ def _octal(field: bytes, where: str) -> int:
     try:
         return int(text, 8)
     except ValueError:
-        raise FormatError(f"{where}: bad numeric field {field!r} in a tar header") from None
+        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits") from None
 
 
 def _check(header: bytes, where: str) -> None:
     stored = _octal(header[148:156], where)
     actual = sum(header) - sum(header[148:156]) + 8 * 32
     if stored != actual:
-        raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
+        raise FormatError(f"{where}: tar header checksum mismatch: not a tar header, or a damaged one")
 
 
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise FormatError(f"{where}: a tar member name is not UTF-8: {raw[:60]!r}") from None
+        raise FormatError(f"{where}: a tar member name ({len(raw)} bytes) is not UTF-8") from None
 
 
 def _pax_path(data: bytes, where: str) -> str | None:
@@ -138,7 +138,7 @@ def _pax_path(data: bytes, where: str) -> str | None:
         end = pos + length
         if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
             raise FormatError(f"{where}: malformed pax record at byte {pos} of the extended header "
-                              f"(length field {digits[:20]!r}, {len(data) - pos} bytes left)")
+                              f"({len(data) - pos} bytes left)")
         name, _, value = data[space + 1 : end - 1].partition(b"=")
         if name == b"path":
             path = _text(value, where)
