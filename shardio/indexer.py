@@ -20,7 +20,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import soundfile as sf
 import zstandard
@@ -39,7 +39,7 @@ _SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst
              (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_FRAME = 4 << 20
-_Sample = tuple[str, int, int, str, bytes]  # key, start, end, audio ext, audio bytes
+_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (the caller closes it)
 
 
 def shard_codec(name: str) -> str:
@@ -86,7 +86,7 @@ def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
 def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
     """Each sample of a tar stream: its key, byte span in the (decompressed) tar, and its audio member."""
     key: str | None = None
-    audio: tuple[str, bytes] | None = None
+    audio: tuple[str, IO[bytes]] | None = None
     others: list[str] = []
     boundary = start = end = 0
     for member, data in walk(stream, where):
@@ -106,13 +106,14 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
         if audio is None and ext.rsplit(".", 1)[-1].lower() in AUDIO_EXTENSIONS:
             audio = (ext, data)
         else:
+            data.close()
             others.append(ext)
         end = boundary = member.end
     if key is not None:
         yield _finish(key, start, end, audio, others, where)
 
 
-def _finish(key: str, start: int, end: int, audio: tuple[str, bytes] | None, others: list[str],
+def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str],
             where: str) -> _Sample:
     if audio is None:
         raise FormatError(f"{where}: sample {key!r} at offset {start} has no audio member (members: "
@@ -240,7 +241,8 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
             stream = tar_stream(raw, codec)
             for key, start, end, ext, data in _samples(stream, path):
                 try:
-                    facts = sf.info(io.BytesIO(data))
+                    with data:
+                        facts = sf.info(data)
                 except (sf.LibsndfileError, RuntimeError) as exc:
                     reason = getattr(exc, "error_string", None) or exc
                     raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 import struct
 import tarfile
+import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from .errors import FormatError
 
@@ -238,44 +239,76 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
     return found
 
 
-def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, bytes]]:
-    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data."""
+_CHUNK = 1 << 20
+_MAX_NAME_RECORD = 1 << 20  # a pax or GNU long-name header holding more than this is not a name
+SPOOL_BYTES = 8 << 20
+"""Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temporary file."""
+
+
+def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str, offset: int) -> None:
+    """Copy exactly ``size`` bytes of ``stream`` to ``sink`` in chunks (never one buffer of ``size``: a header
+    may claim any size)."""
+    left = size
+    while left:
+        data = stream.read(min(_CHUNK, left))
+        if not data:
+            raise FormatError(f"{where}: truncated tar stream at offset {offset + size - left}, expected "
+                              f"{left} more bytes")
+        sink(data)
+        left -= len(data)
+
+
+def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
+    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data as a
+    file positioned at its start: held in memory up to :data:`SPOOL_BYTES`, in a temporary file beyond, so
+    that memory stays bounded whatever sizes the headers claim. The caller closes each data file when done
+    with it (garbage collection closes the others)."""
     position = 0
-    pending: list[bytes] = []
+    pending: list[IO[bytes]] = []
 
     def read_exact(offset: int, size: int) -> bytes:
+        if size > _MAX_NAME_RECORD:
+            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more than "
+                              f"{_MAX_NAME_RECORD} for a name")
+        parts: list[bytes] = []
+        skip_to(offset)
+        _copy_exact(stream, size, parts.append, where, offset)
+        advance(size)
+        return b"".join(parts)
+
+    def advance(size: int) -> None:
         nonlocal position
-        if offset != position:
-            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
-        data = stream.read(size)
-        while len(data) < size:
-            more = stream.read(size - len(data))
-            if not more:
-                raise FormatError(f"{where}: truncated tar stream at offset {offset + len(data)}, "
-                                  f"expected {size - len(data)} more bytes")
-            data += more
         position += size
-        return data
+
+    def skip_to(offset: int) -> None:
+        if offset < position:
+            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
+        if offset > position:  # padding after the previous member
+            gap = offset - position
+            _copy_exact(stream, gap, lambda data: None, where, position)
+            advance(gap)
 
     def read_block(offset: int) -> bytes | None:
-        nonlocal position
-        if offset != position:
-            read_exact(position, offset - position)  # padding after the previous member
+        skip_to(offset)
         block = stream.read(BLOCK)
         while block and len(block) < BLOCK:  # decompressing streams may return short reads
             more = stream.read(BLOCK - len(block))
             if not more:
                 break
             block += more
-        position += len(block)
+        advance(len(block))
         return block if block else None
 
-    def read_data(offset: int, size: int) -> bytes:
-        return read_exact(offset, size)
-
     def skip_data(offset: int, size: int) -> None:
-        pending.append(read_exact(offset, size))
+        skip_to(offset)
+        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 - closed below
+        _copy_exact(stream, size, spool.write, where, offset)
+        advance(size)
+        spool.seek(0)
+        pending.append(spool)
 
-    for member in _walk_headers(read_block, read_data, skip_data, where):
+    for member in _walk_headers(read_block, read_exact, skip_data, where):
         yield member, pending.pop()
+        for spool in pending:  # the data of non-regular members
+            spool.close()
         pending.clear()
