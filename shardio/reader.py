@@ -202,16 +202,26 @@ class Reader:
             return memoryview(self.read_range(shard, offset, size, where))
         return handle.view(offset, size, where)
 
-    def _stream_bytes(self, shard: int, where: str) -> bytes:
-        """The whole decompressed tar of a stream-codec shard; recent ones stay in memory (up to
-        ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each once."""
+    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
+        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
+        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
+        once. A shard whose samples reach further is decompressed up to ``sample``'s end, uncached; a sample
+        ending past ``stream_cache_bytes`` is a :class:`FormatError` (the bound on what is decompressed)."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
             return cached
         info = self.index.shards[shard]
+        need = self._stream_need(shard)
+        if need > self.stream_cache_bytes:  # only as far as this sample, not cached
+            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
+            if need > self.stream_cache_bytes:
+                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
+                                  f"shard, past the reader's bound (stream_cache_bytes={self.stream_cache_bytes})"
+                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
+            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
         raw = self.read_range(shard, 0, info.bytes, where)
-        data = decompress_prefix(raw, info.codec, self._stream_need(shard), where)
+        data = decompress_prefix(raw, info.codec, need, where)
         self._streams[shard] = data
         while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
             self._streams.popitem(last=False)
@@ -264,7 +274,7 @@ class Reader:
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
         if codec in STREAM_CODECS:
-            data = self._stream_bytes(shard, where)
+            data = self._stream_bytes(shard, sample, where)
             start, end = frame_offset, frame_offset + member_size
         else:
             data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
