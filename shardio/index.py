@@ -225,7 +225,7 @@ class Index:
         if n and int(self.columns["shard"].max()) >= len(self.shards):
             raise FormatError(f"{where}: a sample names shard {int(self.columns['shard'].max())}, "
                               f"but the index lists {len(self.shards)} shards")
-        if n and int(self.columns["format"].max()) >= max(len(self.formats), 1):
+        if n and int(self.columns["format"].max()) >= len(self.formats):
             raise FormatError(f"{where}: a sample names an audio format the index does not list")
         counts = np.bincount(self.columns["shard"], minlength=len(self.shards))
         for number, shard in enumerate(self.shards):

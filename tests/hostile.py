@@ -38,11 +38,13 @@ def rewrite_columns(root: Path, change: Callable[[dict[str, np.ndarray]], None])
     rewrite_header(root, lambda header: header.update(columns_sha256=hashlib.sha256(payload).hexdigest()))
 
 
-def run_limited(code: str, *, headroom_mb: int, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh Python whose address space is limited, after shardio's imports, to what they
-    use plus ``headroom_mb`` MiB (so an allocation beyond that is a MemoryError or a crash)."""
+def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: str = ""
+                ) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh Python whose address space is limited, after shardio's imports (and the
+    modules ``preload`` names, comma-separated), to what they use plus ``headroom_mb`` MiB (so that an
+    allocation beyond that is a MemoryError or a crash)."""
     prelude = (
-        "import resource, shardio, shardio.indexer, numpy, soundfile\n"
+        f"import resource, shardio, shardio.indexer, numpy, soundfile{', ' + preload if preload else ''}\n"
         "def _vm():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmSize:'): return int(line.split()[1]) * 1024\n"
