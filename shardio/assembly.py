@@ -26,8 +26,7 @@ import torch
 
 from .collate import audio_block, collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
-from .errors import FormatError, ShardioError
-from .filesystems import RangeNotSupported
+from .errors import FormatError, RangeNotSupported, ShardioError
 from .reader import Reader
 
 __all__ = ["Assembler", "Decoding", "Transform"]

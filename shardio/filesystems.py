@@ -16,15 +16,10 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import ReadError
+from .errors import RangeNotSupported, ReadError
 from .storage import RetryPolicy, filesystem, retrying
 
-__all__ = ["Filesystems", "RangeNotSupported"]
-
-
-class RangeNotSupported(ReadError):
-    """An HTTP server that answers ranged requests with the whole file: no sample of it can be read by range.
-    Not skipped under ``on_error="skip"``: it fails the dataset (every sample would fail the same way)."""
+__all__ = ["Filesystems"]
 
 
 def _options_key(protocol: str, options: dict[str, Any] | None) -> str:

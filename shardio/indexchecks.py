@@ -67,7 +67,8 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
     if problem is not None:
         hint = "" if problem.startswith(("is not", "has a URL")) else (
             "; shard names must be plain relative paths under the dataset root (load it with "
-            "allow_outside_root=True if you trust this dataset and it really spans directories)")
+            "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really spans "
+            "directories)")
         raise FormatError(f"{where}: shard name {_shown(name)} {problem}{hint}")
 
 

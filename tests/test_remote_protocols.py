@@ -21,8 +21,7 @@ import pytest
 from datasets import make_uneven_dataset
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
-from shardio import EpochSize, Index, MixedDataset, ReadError, ShardDataset
-from shardio.filesystems import RangeNotSupported
+from shardio import EpochSize, Index, MixedDataset, RangeNotSupported, ReadError, ShardDataset
 
 pytestmark = pytest.mark.timeout(120)
 
