@@ -21,16 +21,16 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import indexchecks
 from .errors import FormatError, OptionError, ReadError
-from .storage import file_size, is_url, join, open_input, read_bytes, write_atomic
+from .storage import is_url, join, read_bytes, write_atomic
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
            "IndexBuilder"]
@@ -49,6 +49,7 @@ COLUMNS: dict[str, type] = {
     "channels": np.uint8,
     "format": np.uint8,
 }
+T = TypeVar("T")
 CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
 STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
 
@@ -102,8 +103,16 @@ class Index:
     def keys(self) -> list[str]:
         """Every sample's key, in index order (loaded on first use)."""
         if self._keys is None:
-            with open_input(join(self.root, INDEX_COLUMNS), self.storage_options) as handle:
-                self._keys = _load_keys(np.load(io.BytesIO(handle.read())))
+            path = join(self.root, INDEX_COLUMNS)
+            samples = sum(shard.samples for shard in self.shards)  # a mix's parts keep no columns
+            payload = indexchecks.read_columns(self.root, path, indexchecks.columns_size_bound(samples, path),
+                                               self.storage_options)
+            if self.columns_sha256 and hashlib.sha256(payload).hexdigest() != self.columns_sha256:
+                raise FormatError(f"{path}: changed since the index was loaded (its SHA-256 differs)")
+            keys = _unpack(payload, path, _load_keys)
+            if len(keys) != samples:
+                raise FormatError(f"{path}: {len(keys)} keys for {samples} samples")
+            self._keys = keys
         return self._keys
 
     def shard_path(self, shard: int) -> str:
@@ -182,22 +191,18 @@ class Index:
             raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
                               f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
         columns_file = indexchecks.check_columns_file(header.get("columns_file", INDEX_COLUMNS), json_path)
+        if columns_file != INDEX_COLUMNS:  # the keys are read from it later, by that name
+            raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; this shardio reads "
+                              f"{INDEX_COLUMNS!r}")
         columns_path = join(root, columns_file)
-        payload = _read_columns(root, columns_path, indexchecks.columns_size_bound(header.get("samples"), json_path),
+        payload = indexchecks.read_columns(root, columns_path, indexchecks.columns_size_bound(header.get("samples"), json_path),
                                 storage_options)
         if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
             raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
                               f"records {header.get('columns_sha256')!r}: the index files do not belong together "
                               "or one is damaged; rebuild the index")
-        try:
-            archive = np.load(io.BytesIO(payload))
-            indexchecks.check_npz(archive.zip, columns_path)
-            columns = {name: archive[name] for name in COLUMNS}
-            keys = _load_keys(archive) if is_url(root) else None
-        except FormatError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-            raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+        columns, keys = _unpack(payload, columns_path, lambda archive: (
+            {name: archive[name] for name in COLUMNS}, _load_keys(archive) if is_url(root) else None))
         try:
             shards = [_shard_info(entry) for entry in header["shards"]]
             index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
@@ -208,7 +213,7 @@ class Index:
         index.validate(json_path)
         if header.get("samples") != len(index):
             raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold {len(index)}")
-        _check_names(index, json_path, allow_outside_root)
+        indexchecks.check_names(index.root, [shard.name for shard in index.shards], json_path, allow_outside_root)
         indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path)
         if keys is not None and len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
@@ -236,28 +241,17 @@ class Index:
                                   f"the columns hold {counts[number]}")
 
 
-def _read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:
-    """The columns file's bytes, its kind and size checked (against ``bound``) before it is read."""
+def _unpack(payload: bytes, path: str, take: Callable[[Any], T]) -> T:
+    """``take(archive)`` of the columns file ``payload``, its arrays' claimed shapes checked against their bytes
+    first; any failure of a damaged archive is a :class:`FormatError`."""
     try:
-        if is_url(path):
-            indexchecks.check_columns_size(file_size(path, storage_options), bound, path)
-        else:
-            indexchecks.check_local_columns(root, path, bound, path)
-        payload = read_bytes(path, storage_options)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: index columns file is missing") from None
-    except OSError as exc:
-        raise ReadError(f"{path}: cannot be read ({exc})") from None
-    indexchecks.check_columns_size(len(payload), bound, path)
-    return payload
-
-
-def _check_names(index: Index, where: str, allow_outside_root: bool) -> None:
-    names = [shard.name for shard in index.shards]
-    for name in names:
-        indexchecks.check_shard_name(name, where, allow_outside_root=allow_outside_root)
-    if not allow_outside_root and not is_url(index.root):
-        indexchecks.check_confined(index.root, names, where)
+        archive = np.load(io.BytesIO(payload))
+        indexchecks.check_npz(archive.zip, path)
+        return take(archive)
+    except FormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
+        raise FormatError(f"{path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -20,14 +20,17 @@ import re
 import stat
 import zipfile
 
+from typing import Any
+
 import numpy as np
 
-from .errors import FormatError
+from .errors import FormatError, ReadError
+from .storage import file_size, is_url, read_bytes
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
-           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_npz",
+           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names", "check_npz",
            "check_shard_name",
-           "columns_size_bound"]
+           "columns_size_bound", "read_columns"]
 
 COLUMNS_OVERHEAD = 1 << 20
 """Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
@@ -73,7 +76,7 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
 
 
 def check_confined(root: str, names: list[str], where: str) -> None:
-    """For a local root: every shard path, symlinks resolved, lies inside the root (symlinks resolved)."""
+    """For a local root: every shard path, symlinks resolved, lies inside the root."""
     base = os.path.realpath(root)
     for name in names:
         resolved = os.path.realpath(os.path.join(root, name))
@@ -158,3 +161,27 @@ def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: lis
         raise FormatError(f"{where}: sample {first} (shard {_shown(shard)}; {bad.size - 1} more like it) claims "
                           f"{int(num_frames[first])} frames x {int(channels[first])} channels in a member of "
                           f"{int(member_size[first])} bytes, more than its format can hold")
+
+
+def read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:
+    """The columns file's bytes, its kind and size checked (against ``bound``) before it is read."""
+    try:
+        if is_url(path):
+            check_columns_size(file_size(path, storage_options), bound, path)
+        else:
+            check_local_columns(root, path, bound, path)
+        payload = read_bytes(path, storage_options)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: index columns file is missing") from None
+    except OSError as exc:
+        raise ReadError(f"{path}: cannot be read ({exc})") from None
+    check_columns_size(len(payload), bound, path)
+    return payload
+
+
+def check_names(root: str, names: list[str], where: str, allow_outside_root: bool) -> None:
+    """Every shard name (see :func:`check_shard_name`), and for a local root, where its symlinks lead."""
+    for name in names:
+        check_shard_name(name, where, allow_outside_root=allow_outside_root)
+    if not allow_outside_root and not is_url(root):
+        check_confined(root, names, where)

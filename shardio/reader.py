@@ -5,7 +5,7 @@ kernel cannot map it safely; see :mod:`shardio.localshard`), of a remote one a r
 ``.tar.zst`` sample is one zstd frame read and
 decompressed (the last frame is kept, since neighbouring samples often share it). Stream-compressed
 shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
-whole, once, and the last one is kept in memory.
+once, as far as their indexed samples reach (at most ``max_stream_bytes``), and recent ones are kept.
 
 Remote reads retry transient failures (connection errors, timeouts, 5xx) under a :class:`RetryPolicy`, then
 raise :class:`ReadError` naming the shard, key and offset.
@@ -70,11 +70,12 @@ class Reader:
     """
 
     def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
-                 stream_cache_bytes: int = 1 << 30) -> None:
+                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30) -> None:
         self.index = index
         self.retry = retry
         self.max_open = max_open
         self.stream_cache_bytes = stream_cache_bytes
+        self.max_stream_bytes = max_stream_bytes
         self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
@@ -205,19 +206,19 @@ class Reader:
     def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
         """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
         in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
-        once. A shard whose samples reach further is decompressed up to ``sample``'s end, uncached; a sample
-        ending past ``stream_cache_bytes`` is a :class:`FormatError` (the bound on what is decompressed)."""
+        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
+        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a :class:`FormatError`."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
             return cached
         info = self.index.shards[shard]
         need = self._stream_need(shard)
-        if need > self.stream_cache_bytes:  # only as far as this sample, not cached
+        if need > self.max_stream_bytes:  # only as far as this sample, not cached
             need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
-            if need > self.stream_cache_bytes:
+            if need > self.max_stream_bytes:
                 raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
-                                  f"shard, past the reader's bound (stream_cache_bytes={self.stream_cache_bytes})"
+                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
                                   "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
             return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
         raw = self.read_range(shard, 0, info.bytes, where)

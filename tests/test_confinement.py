@@ -206,7 +206,7 @@ _READ_FIRST = """
 from shardio import Index
 from shardio.errors import FormatError
 from shardio.reader import Reader
-reader = Reader(Index.load({root!r}), stream_cache_bytes=16 << 20)
+reader = Reader(Index.load({root!r}), max_stream_bytes=16 << 20)
 print(sorted(reader.members(0)))
 try:
     reader.members(len(reader.index) - 1)
@@ -232,7 +232,7 @@ def test_stream_shards_are_decompressed_within_the_cache_bound(tmp_path: Path) -
     assert build_index([shard]).keys == ["a", "b"]
     result = run_limited(_READ_FIRST.format(root=str(shard.parent)), headroom_mb=48)
     assert result.returncode == 0 and result.stdout.startswith("['wav']"), result.stderr[-2000:]
-    assert "FormatError" in result.stdout and "stream_cache_bytes" in result.stdout
+    assert "FormatError" in result.stdout and "max_stream_bytes" in result.stdout
 
 
 def test_indexing_streams_members_in_bounded_memory(tmp_path: Path) -> None:
