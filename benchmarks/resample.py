@@ -1,4 +1,5 @@
-"""Resampling: soxr (what ``shardio.decode.resample`` uses) against the hand-written polyphase sinc it replaced.
+"""Resampling: soxr (what ``shardio.decode.resample`` uses) against the hand-written polyphase sinc it
+replaced.
 
 Run ``python benchmarks/resample.py [--seconds 10] [--runs 5]``. For each rate pair (to and from 16 kHz,
 including the classic Mac rates 11127 and 22254 Hz and 44056 Hz, whose ratios to 16 kHz reduce to large
@@ -64,7 +65,8 @@ def polyphase_resample(audio: np.ndarray, orig_rate: int, new_rate: int, *, lowp
 
 
 @lru_cache(maxsize=32)
-def _sinc_kernel(orig: int, new: int, lowpass_width: int, rolloff: float, beta: float) -> tuple[np.ndarray, int]:
+def _sinc_kernel(orig: int, new: int, lowpass_width: int, rolloff: float,
+                 beta: float) -> tuple[np.ndarray, int]:
     base = min(orig, new) * rolloff
     width = math.ceil(lowpass_width * orig / base)
     if new * (2 * width + orig) > _CHUNK_ELEMENTS * 16:
@@ -96,7 +98,7 @@ def accuracy_db(function: Callable[..., np.ndarray], orig: int, new: int, second
 
 
 def alias_db(function: Callable[..., np.ndarray], orig: int, new: int, seconds: float) -> float | None:
-    """Output RMS of a tone at 1.3x the new Nyquist frequency, dB relative to the input (downsampling only)."""
+    """Output RMS of a tone at 1.3x the new Nyquist frequency, dB re the input (downsampling only)."""
     frequency = 1.3 * new / 2
     if new >= orig or frequency >= orig / 2:
         return None
@@ -105,7 +107,8 @@ def alias_db(function: Callable[..., np.ndarray], orig: int, new: int, seconds: 
     return round(float(20 * np.log10(np.sqrt(np.mean(out**2)) / np.sqrt(np.mean(tone**2)) + 1e-12)), 1)
 
 
-def timing(function: Callable[..., np.ndarray], orig: int, new: int, seconds: float, runs: int) -> dict[str, Any]:
+def timing(function: Callable[..., np.ndarray], orig: int, new: int, seconds: float,
+           runs: int) -> dict[str, Any]:
     audio = np.random.default_rng(0).uniform(-0.5, 0.5, (1, int(orig * seconds))).astype(np.float32)
     _sinc_kernel.cache_clear()
     started = time.perf_counter()
@@ -120,8 +123,8 @@ def timing(function: Callable[..., np.ndarray], orig: int, new: int, seconds: fl
             "min_s": round(min(times), 4), "max_s": round(max(times), 4)}
 
 
-def measure(name: str, function: Callable[..., np.ndarray], orig: int, new: int, args: argparse.Namespace
-            ) -> dict[str, Any]:
+def measure(function: Callable[..., np.ndarray], orig: int, new: int,
+            args: argparse.Namespace) -> dict[str, Any]:
     try:
         return {**timing(function, orig, new, args.seconds, args.runs),
                 "error_db": accuracy_db(function, orig, new, min(args.seconds, 2.0)),
@@ -133,8 +136,9 @@ def measure(name: str, function: Callable[..., np.ndarray], orig: int, new: int,
 def markdown(report: dict[str, Any]) -> str:
     lines = ["# Resampling: soxr vs the former polyphase sinc", "",
              f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
-             f"average {report['machine']['load_average'][0]:.1f}: a shared, loaded machine; timings are noisy). "
-             f"{report['seconds']} s of mono float32 audio per call; time: first call (filter build included) and "
+             f"average {report['machine']['load_average'][0]:.1f}: a shared, loaded machine; timings are "
+             f"noisy). {report['seconds']} s of mono float32 audio per call; time: first call (filter build "
+             "included) and "
              f"median of {report['runs']} more; error: RMS vs the exact band-limited signal (dB re signal); "
              "alias: a tone at 1.3x the new Nyquist (dB re input).", "",
              "| rates | old first s | old median s | soxr first s | soxr median s | speed-up (median) | "
@@ -147,7 +151,8 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{new['error_db']} | - | {new['alias_db']} |")
             continue
         lines.append(f"| {row['rates']} | {old['first_s']} | {old['median_s']} | {new['first_s']} | "
-                     f"{new['median_s']} | {old['median_s'] / max(new['median_s'], 1e-9):.1f}x | {old['error_db']} | "
+                     f"{new['median_s']} | {old['median_s'] / max(new['median_s'], 1e-9):.1f}x | "
+                     f"{old['error_db']} | "
                      f"{new['error_db']} | {old['alias_db']} | {new['alias_db']} |")
     failed = [row for row in report["results"] if "failed" in row["old"]]
     lines += [""] + [f"- old code, {row['rates']}: {row['old']['failed']}" for row in failed]
@@ -162,13 +167,12 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     for orig, new in PAIRS:
-        results.append({"rates": f"{orig} -> {new}", "old": measure("old", polyphase_resample, orig, new, args),
-                        "soxr": measure("soxr", soxr_resample, orig, new, args)})
+        results.append({"rates": f"{orig} -> {new}", "old": measure(polyphase_resample, orig, new, args),
+                        "soxr": measure(soxr_resample, orig, new, args)})
         print(results[-1])
     import soxr
 
-    report = {"command": "python benchmarks/resample.py " + " ".join(f"--{k} {v}" for k, v in
-                                                                    (("seconds", args.seconds), ("runs", args.runs))),
+    report = {"command": f"python benchmarks/resample.py --seconds {args.seconds} --runs {args.runs}",
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "load_average": list(os.getloadavg()), "python": platform.python_version(),
                           "numpy": np.__version__, "soxr": soxr.__version__},

@@ -285,10 +285,11 @@ def resample(audio: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     try:
         import soxr
     except ImportError:  # a core dependency: only a broken install lacks it
-        raise OptionError("resampling needs the soxr package (a dependency of shardio): pip install soxr") from None
+        raise OptionError("resampling needs the soxr package (a dependency of shardio): pip install soxr"
+                          ) from None
     channels, frames = audio.shape
     target = -(-frames * new_rate // orig_rate)
-    pad = -(-orig_rate // new_rate) + 1  # soxr rounds its output length: a few zeros make it at least `target`
+    pad = -(-orig_rate // new_rate) + 1  # soxr rounds its output length: zeros make it at least `target`
     padded = np.zeros((frames + pad, channels), np.float32)
     padded[:frames] = audio.T
     out = soxr.resample(padded, orig_rate, new_rate, quality="HQ")

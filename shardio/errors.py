@@ -85,7 +85,8 @@ class ReadError(ShardioError):
 
 class RangeNotSupported(ReadError):
     """An HTTP server that answers ranged requests with the whole file, so no sample can be read by range.
-    Not skipped under ``on_error="skip"``: it fails the dataset, since every sample would fail the same way."""
+    Not skipped under ``on_error="skip"``: it fails the dataset, since every sample would fail the same
+    way."""
 
 
 class DecodeError(ShardioError):

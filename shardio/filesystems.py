@@ -1,4 +1,4 @@
-"""Filesystems: a reader's fsspec filesystems, one per protocol and storage options, and what their servers can do.
+"""Filesystems: a reader's fsspec filesystems, one per protocol and options, and what their servers can do.
 
 A mix of corpora may read shards over several protocols (``http://`` and ``s3://``) with different options
 (endpoints, credentials): each ``(protocol, options)`` gets its own filesystem, made on first use.

@@ -195,8 +195,8 @@ class Index:
             raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; this shardio reads "
                               f"{INDEX_COLUMNS!r}")
         columns_path = join(root, columns_file)
-        payload = indexchecks.read_columns(root, columns_path, indexchecks.columns_size_bound(header.get("samples"), json_path),
-                                storage_options)
+        bound = indexchecks.columns_size_bound(header.get("samples"), json_path)
+        payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
         if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
             raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
                               f"records {header.get('columns_sha256')!r}: the index files do not belong together "
@@ -212,8 +212,9 @@ class Index:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
         if header.get("samples") != len(index):
-            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold {len(index)}")
-        indexchecks.check_names(index.root, [shard.name for shard in index.shards], json_path, allow_outside_root)
+            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
+                              f"{len(index)}")
+        indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
         indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path)
         if keys is not None and len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
@@ -242,8 +243,8 @@ class Index:
 
 
 def _unpack(payload: bytes, path: str, take: Callable[[Any], T]) -> T:
-    """``take(archive)`` of the columns file ``payload``, its arrays' claimed shapes checked against their bytes
-    first; any failure of a damaged archive is a :class:`FormatError`."""
+    """``take(archive)`` of the columns file ``payload``, its arrays' claimed shapes checked against their
+    bytes first; any failure of a damaged archive is a :class:`FormatError`."""
     try:
         archive = np.load(io.BytesIO(payload))
         indexchecks.check_npz(archive.zip, path)

@@ -28,14 +28,15 @@ from .errors import FormatError, ReadError
 from .storage import file_size, is_url, read_bytes
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
-           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names", "check_npz",
+           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
+           "check_npz",
            "check_shard_name",
            "columns_size_bound", "read_columns"]
 
 COLUMNS_OVERHEAD = 1 << 20
 """Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
 COLUMNS_BYTES_PER_SAMPLE = 34 + 8 + 1024
-"""Bytes of ``index.npz`` allowed per sample: 34 of columns, 8 of key offset and up to 1 KiB of key on average."""
+"""Bytes of ``index.npz`` allowed per sample: 34 of columns, 8 of key offset, 1 KiB of key on average."""
 FRAMES_PER_BYTE = {"wav": 4}
 """The most audio samples (``num_frames * channels``) one byte of a member may hold, by format: 4 for WAV
 (down to 2-bit ADPCM); :data:`COMPRESSED_FRAMES_PER_BYTE` for every other format."""
@@ -52,7 +53,8 @@ def _shown(name: str) -> str:
 
 
 def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None:
-    """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts, not absolute,
+    """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts, not
+    absolute,
     no URL scheme, no control characters. With ``allow_outside_root``, ``..`` parts and absolute local paths
     are taken too (never a URL scheme)."""
     problem = None
@@ -81,8 +83,9 @@ def check_confined(root: str, names: list[str], where: str) -> None:
     for name in names:
         resolved = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([base, resolved]) != base:
-            raise FormatError(f"{where}: shard {_shown(name)} resolves (through a symbolic link) to a file outside "
-                              "the dataset root; load it with allow_outside_root=True if you trust this dataset")
+            raise FormatError(f"{where}: shard {_shown(name)} resolves (through a symbolic link) to a file "
+                              "outside the dataset root; load it with allow_outside_root=True if you trust "
+                              "this dataset")
 
 
 def check_columns_file(name: object, where: str) -> str:
@@ -90,7 +93,8 @@ def check_columns_file(name: object, where: str) -> str:
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
             or _SCHEME.match(name) or any(ord(ch) < 32 for ch in name) or len(name) > 255:
         shown = _shown(name) if isinstance(name, str) else type(name).__name__
-        raise FormatError(f"{where}: 'columns_file' must be a plain file name in the dataset root, not {shown}")
+        raise FormatError(f"{where}: 'columns_file' must be a plain file name in the dataset root, not "
+                          f"{shown}")
     return name
 
 
@@ -111,8 +115,8 @@ def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
         return  # the read reports it
     base, resolved = os.path.realpath(root), os.path.realpath(path)
     if os.path.commonpath([base, resolved]) != base:
-        raise FormatError(f"{where}: the columns file resolves (through a symbolic link) to a file outside the "
-                          "dataset root")
+        raise FormatError(f"{where}: the columns file resolves (through a symbolic link) to a file outside "
+                          "the dataset root")
     if not stat.S_ISREG(info.st_mode):
         raise FormatError(f"{where}: the columns file is not a regular file")
     check_columns_size(info.st_size, bound, where)
@@ -121,8 +125,8 @@ def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
 def check_columns_size(size: int, bound: int, where: str) -> None:
     """A columns file of ``size`` bytes, at most ``bound``."""
     if size > bound:
-        raise FormatError(f"{where}: the columns file has {size} bytes, more than the {bound} that the sample "
-                          "count in index.json allows")
+        raise FormatError(f"{where}: the columns file has {size} bytes, more than the {bound} that the "
+                          "sample count in index.json allows")
 
 
 def check_npz(archive: zipfile.ZipFile, where: str) -> None:
@@ -138,12 +142,12 @@ def check_npz(archive: zipfile.ZipFile, where: str) -> None:
             shape, _, dtype = read_header(handle)
             header = handle.tell()
         except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a damaged archive
-            raise FormatError(f"{where}: member {_shown(info.filename)} is not a numpy array ({type(exc).__name__})"
-                              ) from None
+            raise FormatError(f"{where}: member {_shown(info.filename)} is not a numpy array "
+                              f"({type(exc).__name__})") from None
         claimed = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize if shape else 0
         if dtype.hasobject or claimed > info.file_size - header:
-            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and type "
-                              f"{dtype} ({claimed} bytes) in {info.file_size - header} bytes")
+            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
+                              f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes")
 
 
 def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str) -> None:
@@ -158,9 +162,9 @@ def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: lis
     if bad.size:
         first = int(bad[0])
         shard = shards[int(columns["shard"][first])]
-        raise FormatError(f"{where}: sample {first} (shard {_shown(shard)}; {bad.size - 1} more like it) claims "
-                          f"{int(num_frames[first])} frames x {int(channels[first])} channels in a member of "
-                          f"{int(member_size[first])} bytes, more than its format can hold")
+        raise FormatError(f"{where}: sample {first} (shard {_shown(shard)}; {bad.size - 1} more like it) "
+                          f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
+                          f"member of {int(member_size[first])} bytes, more than its format can hold")
 
 
 def read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:

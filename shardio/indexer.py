@@ -39,7 +39,7 @@ _SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst
              (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_FRAME = 4 << 20
-_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (the caller closes it)
+_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
 
 
 def shard_codec(name: str) -> str:

@@ -110,9 +110,9 @@ class MixedDataset(ShardDataset):
     for bucketing and duration filters) or the ``batch_size``/``max_duration``/... shortcuts. Every other
     keyword is :class:`ShardDataset`'s (``storage_options`` go to every corpus given by location; corpora on
     different stores or protocols, such as ``http://`` and ``s3://``, can each come as an
-    ``Index.load(url, options)``: every shard is read with its own corpus's options). Each sample carries ``corpus`` (a batch: ``batch["corpus"]``, a
-    list). ``state_dict()`` is one state for the whole mix; it records every corpus's index fingerprint
-    and the mix options, and refuses to load into a different mix.
+    ``Index.load(url, options)``: every shard is read with its own corpus's options). Each sample carries
+    ``corpus`` (a batch: ``batch["corpus"]``, a list). ``state_dict()`` is one state for the whole mix; it
+    records every corpus's index fingerprint and the mix options, and refuses to load into a different mix.
     """
 
     index: MixIndex

@@ -207,7 +207,8 @@ class Reader:
         """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
         in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
         once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
-        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a :class:`FormatError`."""
+        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
+        :class:`FormatError`."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
@@ -229,7 +230,7 @@ class Reader:
         return data
 
     def _stream_need(self, shard: int) -> int:
-        """The decompressed bytes of a stream shard that its indexed samples span (all that is decompressed)."""
+        """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""
         mine = self._columns["shard"] == shard
         ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
         return int(ends.max()) if ends.size else 0

@@ -41,8 +41,9 @@ def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
                 break
             out += chunk
     except (OSError, EOFError, ValueError, zstandard.ZstdError) as exc:
-        raise FormatError(f"{where}: cannot decompress the shard ({codec}): {type(exc).__name__}: {exc}") from None
+        raise FormatError(f"{where}: cannot decompress the shard ({codec}): {type(exc).__name__}: {exc}"
+                          ) from None
     if len(out) < need:
-        raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index places "
-                          f"samples up to byte {need}")
+        raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
+                          f"places samples up to byte {need}")
     return bytes(out)

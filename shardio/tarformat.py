@@ -242,10 +242,11 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
 _CHUNK = 1 << 20
 _MAX_NAME_RECORD = 1 << 20  # a pax or GNU long-name header holding more than this is not a name
 SPOOL_BYTES = 8 << 20
-"""Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temporary file."""
+"""Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temp file."""
 
 
-def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str, offset: int) -> None:
+def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str,
+                offset: int) -> None:
     """Copy exactly ``size`` bytes of ``stream`` to ``sink`` in chunks (never one buffer of ``size``: a header
     may claim any size)."""
     left = size
@@ -268,8 +269,8 @@ def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
 
     def read_exact(offset: int, size: int) -> bytes:
         if size > _MAX_NAME_RECORD:
-            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more than "
-                              f"{_MAX_NAME_RECORD} for a name")
+            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more "
+                              f"than {_MAX_NAME_RECORD} for a name")
         parts: list[bytes] = []
         skip_to(offset)
         _copy_exact(stream, size, parts.append, where, offset)

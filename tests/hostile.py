@@ -29,7 +29,7 @@ def rewrite_header(root: Path, change: Callable[[dict[str, Any]], None]) -> None
 
 
 def rewrite_columns(root: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
-    """Apply ``change`` to the arrays of ``root/index.npz`` and record the new file's SHA-256 in index.json."""
+    """Apply ``change`` to the arrays of ``root/index.npz``; record the new file's SHA-256 in index.json."""
     with np.load(io.BytesIO((root / "index.npz").read_bytes())) as archive:
         arrays = {name[:-4] if name.endswith(".npy") else name: archive[name] for name in archive.files}
     change(arrays)

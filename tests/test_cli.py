@@ -51,7 +51,7 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     assert main(["index", *map(str, sorted(out.glob("*.tar.zst"))[1:]), "--out", str(tmp_path / "idx")]) == 0
     assert "indexed" in capsys.readouterr().out
     assert Index.load(tmp_path / "idx", allow_outside_root=True).shards[0].name.startswith("../out/")
-    assert main(["verify", str(tmp_path / "idx")]) == 1  # shards outside the index's directory need the opt-in
+    assert main(["verify", str(tmp_path / "idx")]) == 1  # shards outside the index's directory: the opt-in
     assert "allow_outside_root" in capsys.readouterr().err
     assert main(["verify", "--allow-outside-root", str(tmp_path / "idx")]) == 0
 

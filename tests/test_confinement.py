@@ -48,8 +48,9 @@ def _shard(root: Path, number: int = 0) -> Path:
 # -- item 13: shard names ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../secret.tar", "{outside}/secret.tar", "sub/../../secret.tar", "./x/../x.tar",
-                                  "file:///etc/passwd", "http://example.invalid/x.tar", "", "a\0b.tar"])
+@pytest.mark.parametrize("name", ["../secret.tar", "{outside}/secret.tar", "sub/../../secret.tar",
+                                  "./x/../x.tar", "file:///etc/passwd", "http://example.invalid/x.tar", "",
+                                  "a\0b.tar"])
 def test_shard_names_outside_the_root_are_refused(dataset: Path, name: str) -> None:
     secret = dataset.parent / "secret.tar"
     shard = _shard(dataset)
@@ -153,7 +154,8 @@ def test_columns_file_size_is_bounded_by_the_sample_count(dataset: Path) -> None
 def test_npy_shapes_are_checked_against_the_bytes(dataset: Path) -> None:
     """numpy allocates the array an .npy header claims before reading it: a claim is checked first."""
     payload = io.BytesIO()
-    np.lib.format.write_array_header_1_0(payload, {"descr": "<u4", "fortran_order": False, "shape": (10**11,)})
+    claim = {"descr": "<u4", "fortran_order": False, "shape": (10**11,)}
+    np.lib.format.write_array_header_1_0(payload, claim)
     payload.write(b"\0" * 20)
 
     def forge(columns: dict[str, np.ndarray]) -> None:
@@ -167,7 +169,8 @@ def test_npy_shapes_are_checked_against_the_bytes(dataset: Path) -> None:
             target.writestr(info.filename, payload.getvalue() if info.filename == "shard.npy" else
                             source.read(info.filename))
     (dataset / "index.npz").write_bytes(out.getvalue())
-    rewrite_header(dataset, lambda header: header.update(columns_sha256=hashlib.sha256(out.getvalue()).hexdigest()))
+    digest = hashlib.sha256(out.getvalue()).hexdigest()
+    rewrite_header(dataset, lambda header: header.update(columns_sha256=digest))
     with pytest.raises(FormatError, match="claims an array of shape"):
         Index.load(dataset)
 
@@ -185,8 +188,8 @@ def test_num_frames_beyond_the_member_size_fails_at_load(dataset: Path) -> None:
 
 
 def _gzip_shard_with_a_big_tail(path: Path, tail_bytes: int, tail_name: str = "b.wav") -> None:
-    """A .tar.gz: one small WAV sample, then a member ``tail_name`` of ``tail_bytes`` bytes (a WAV header, then
-    zeros: a few hundred KB compressed)."""
+    """A .tar.gz: one small WAV sample, then a member ``tail_name`` of ``tail_bytes`` bytes (a WAV header,
+    then zeros: a few hundred KB compressed)."""
     audio = wav_bytes(np.zeros(800, np.float32), 8000)
     with gzip.open(path, "wb", compresslevel=1) as out:
         out.write(encode_sample("a", {"wav": audio}))
@@ -253,6 +256,8 @@ def test_a_huge_size_claim_in_a_tar_header_is_a_format_error(tmp_path: Path) -> 
         header[148:156] = b"%06o\0 " % sum(header)
         out.write(bytes(header) + b"\0" * 4096)
     code = (f"from shardio.indexer import build_index\nfrom shardio.errors import FormatError\n"
-            f"try:\n    build_index([{str(shard)!r}])\nexcept FormatError as exc:\n    print('FormatError', exc)\n")
+            f"try:\n    build_index([{str(shard)!r}])\n"
+            "except FormatError as exc:\n    print('FormatError', exc)\n")
     result = run_limited(code, headroom_mb=64)
-    assert result.returncode == 0 and result.stdout.startswith("FormatError"), result.stdout + result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("FormatError"), result.stdout

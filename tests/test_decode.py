@@ -221,7 +221,8 @@ def test_resampling_suppresses_tones_above_the_new_nyquist(orig: int, new: int, 
 @settings(max_examples=40, deadline=None)
 @given(frames=st.integers(1, 3000), channels=st.integers(1, 2),
        rates=st.sampled_from([(16000, 8000), (8000, 16000), (44100, 16000), (16000, 44100), (48000, 22050),
-                              (22050, 16000), (16000, 16000), (11127, 16000), (44056, 16000), (16000, 22254)]))
+                              (22050, 16000), (16000, 16000), (11127, 16000), (44056, 16000),
+                              (16000, 22254)]))
 def test_resampled_length_is_ceil_of_the_ratio(frames: int, channels: int, rates: tuple[int, int]) -> None:
     orig, new = rates
     audio = np.random.default_rng(frames).uniform(-1, 1, (channels, frames)).astype(np.float32)

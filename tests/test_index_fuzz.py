@@ -1,5 +1,6 @@
-"""Fuzzing a dataset's index as an attacker would (issue 13): hostile ``index.json`` fields (shard names, sizes,
-counts, paths) and hostile columns (with ``columns_sha256`` made to match, so that they get past the hash).
+"""Fuzzing a dataset's index as an attacker would (issue 13): hostile ``index.json`` fields (shard names,
+sizes, counts, paths) and hostile columns (with ``columns_sha256`` made to match, so that they get past the
+hash).
 
 Whatever the index says: ``Index.load`` and reading every sample raise only ``ShardioError``s, no file
 outside the dataset root is opened (an audit hook watches every ``open``), and no allocation goes beyond
