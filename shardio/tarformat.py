@@ -7,6 +7,7 @@ without ``tarfile``'s per-member overhead.
 
 from __future__ import annotations
 
+import io
 import re
 import struct
 import tarfile
@@ -302,10 +303,15 @@ def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
 
     def skip_data(offset: int, size: int) -> None:
         skip_to(offset)
-        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 - closed below
-        _copy_exact(stream, size, spool.write, where, offset)
+        if size <= SPOOL_BYTES:  # the usual case: one read, in memory
+            parts: list[bytes] = []
+            _copy_exact(stream, size, parts.append, where, offset)
+            spool: IO[bytes] = io.BytesIO(parts[0] if len(parts) == 1 else b"".join(parts))
+        else:
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+            _copy_exact(stream, size, spool.write, where, offset)
+            spool.seek(0)
         advance(size)
-        spool.seek(0)
         pending.append(spool)
 
     for member in _walk_headers(read_block, read_exact, skip_data, where):
