@@ -28,6 +28,7 @@ import zstandard
 from .corpus import AUDIO_EXTENSIONS
 from .errors import DecodeError, FormatError, OptionError, ReadError
 from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from .streams import describe
 from .tarformat import key_problem, split_name, walk
 from .writer import writable_directory
 
@@ -254,7 +255,7 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
             while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
                 pass
         except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise FormatError(f"{path}: cannot decompress the {codec} stream ({exc})") from None
+            raise FormatError(f"{path}: cannot decompress the {codec} stream ({describe(exc)})") from None
         while raw.read(1 << 20):
             pass
     return samples, (hashing.size, hashing.sha256.hexdigest())

@@ -10,15 +10,23 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import re
 from typing import Any
 
 import zstandard
 
 from .errors import FormatError
 
-__all__ = ["decompress_prefix"]
+__all__ = ["decompress_prefix", "describe"]
 
 _CHUNK = 1 << 20
+_BYTES_LITERAL = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
+
+
+def describe(exc: BaseException) -> str:
+    """A decompressor's error as text, with any bytes it quotes from the file left out (gzip's "Not a gzipped
+    file (b'ro')" quotes the first two)."""
+    return f"{type(exc).__name__}: {_BYTES_LITERAL.sub('<bytes>', str(exc))}"
 
 
 def _reader(raw: bytes, codec: str) -> Any:
@@ -41,8 +49,7 @@ def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
                 break
             out += chunk
     except (OSError, EOFError, ValueError, zstandard.ZstdError) as exc:
-        raise FormatError(f"{where}: cannot decompress the shard ({codec}): {type(exc).__name__}: {exc}"
-                          ) from None
+        raise FormatError(f"{where}: cannot decompress the shard ({codec}): {describe(exc)}") from None
     if len(out) < need:
         raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
                           f"places samples up to byte {need}")

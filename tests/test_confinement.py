@@ -30,9 +30,9 @@ SECRET = b"root:x:0:0:SECRET-PASSWORD-HASH:/root:/bin/bash\n"
 
 
 def leaks(text: str) -> bool:
-    """Whether ``text`` quotes any 5 bytes of :data:`SECRET` (or any escaped byte)."""
+    """Whether ``text`` quotes any 5 bytes of :data:`SECRET`, an escaped byte or a bytes literal."""
     secret = SECRET.decode()
-    return "\\x" in text or any(secret[i : i + 5] in text for i in range(len(secret) - 5))
+    return "\\x" in text or "b'" in text or 'b"' in text or any(secret[i : i + 5] in text for i in range(len(secret) - 5))
 
 
 @pytest.fixture
@@ -122,6 +122,22 @@ def test_skipped_samples_do_not_leak_file_content(dataset: Path, caplog: pytest.
         batch = next(iter(ShardDataset(dataset, batch_size=5, shuffle=False, on_error="skip")))
     assert len(batch["skipped"]) == 1 and len(batch["keys"]) == 4
     assert not leaks("".join(batch["skipped"])) and not leaks(caplog.text)
+
+
+def test_decompressor_errors_quote_no_file_bytes(tmp_path: Path) -> None:
+    """gzip's own message quotes the first bytes of a file that is not gzip ("Not a gzipped file (b'ro')")."""
+    shard = tmp_path / "ds" / "s.tar.gz"
+    shard.parent.mkdir()
+    shard.write_bytes(gzip.compress(encode_sample("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})))
+    build_index([shard])
+    size = shard.stat().st_size
+    shard.write_bytes((SECRET * (size // len(SECRET) + 1))[:size])
+    with pytest.raises(FormatError, match="cannot decompress") as caught:
+        Reader(Index.load(shard.parent)).members(0)
+    assert not leaks(str(caught.value))
+    with pytest.raises(FormatError, match="cannot decompress") as caught:
+        build_index([shard], out_dir=tmp_path / "again")
+    assert not leaks(str(caught.value))
 
 
 # -- item 14: columns_file ------------------------------------------------------------------------------
