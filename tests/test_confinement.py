@@ -80,6 +80,18 @@ def test_a_symlink_out_of_the_root_is_refused_unless_allowed(dataset: Path) -> N
     assert Index.load(dataset).fingerprint == index.fingerprint
 
 
+def test_a_symlinked_sub_directory_out_of_the_root_is_refused(dataset: Path) -> None:
+    shard = _shard(dataset)
+    elsewhere = dataset.parent / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(shard, elsewhere / shard.name)
+    os.symlink(elsewhere, dataset / "sub")
+    rewrite_header(dataset, lambda header: header["shards"][0].update(name=f"sub/{shard.name}"))
+    with pytest.raises(FormatError, match="outside the dataset root"):
+        Index.load(dataset)
+    assert Index.load(dataset, allow_outside_root=True).shard_path(0).endswith(f"sub/{shard.name}")
+
+
 def test_an_index_written_elsewhere_needs_the_opt_in(dataset: Path, tmp_path: Path) -> None:
     shards = sorted(dataset.glob("*.tar"))
     built = build_index(shards, out_dir=tmp_path / "index-only")
