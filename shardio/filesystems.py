@@ -33,7 +33,9 @@ async def _ranged_status(fs: Any, url: str) -> int:
     async with session.get(fs.encode_url(url), headers=headers, **kwargs) as response:
         if response.status >= 400 and response.status != 404:
             response.raise_for_status()  # classified by the caller's retries (5xx, 429: transient)
-        return int(response.status)  # the body is not read: the connection is closed instead
+        if response.status == 206:
+            await response.read()  # one byte: the connection goes back to the pool
+        return int(response.status)  # a 200's body (the whole file) is not read: the connection is dropped
 
 
 class Filesystems:

@@ -34,8 +34,8 @@ from .filesystems import Filesystems
 from .index import STREAM_CODECS, Index
 from .localshard import LocalShard, short_read
 from .storage import RetryPolicy, is_url, retrying
-from .tarformat import parse_members
 from .streams import decompress_prefix
+from .tarformat import parse_members
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
