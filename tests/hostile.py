@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from shardio.index import _npz_bytes
 
@@ -43,6 +44,8 @@ def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: s
     """Run ``code`` in a fresh Python whose address space is limited, after shardio's imports (and the
     modules ``preload`` names, comma-separated), to what they use plus ``headroom_mb`` MiB (so that an
     allocation beyond that is a MemoryError or a crash)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the address-space limit is measured from /proc/self/status (Linux)")
     prelude = (
         f"import resource, shardio, shardio.indexer, numpy, soundfile{', ' + preload if preload else ''}\n"
         "def _vm():\n"
