@@ -21,7 +21,7 @@ import pytest
 from datasets import make_uneven_dataset, wav_bytes
 from hostile import rewrite_columns, rewrite_header, run_limited
 
-from shardio import FormatError, Index, ShardDataset
+from shardio import FormatError, Index, ShardDataset, ShardWriter
 from shardio.indexchecks import columns_size_bound
 from shardio.indexer import build_index
 from shardio.reader import Reader
@@ -33,7 +33,7 @@ SECRET = b"root:x:0:0:SECRET-PASSWORD-HASH:/root:/bin/bash\n"
 def leaks(text: str) -> bool:
     """Whether ``text`` quotes any 5 bytes of :data:`SECRET`, an escaped byte or a bytes literal."""
     secret = SECRET.decode()
-    return "\\x" in text or "b'" in text or 'b"' in text or any(secret[i : i + 5] in text for i in range(len(secret) - 5))
+    return "\\x" in text or "byte 0x" in text or "b'" in text or 'b"' in text or any(secret[i : i + 5] in text for i in range(len(secret) - 5))
 
 
 @pytest.fixture
@@ -135,6 +135,16 @@ def test_skipped_samples_do_not_leak_file_content(dataset: Path, caplog: pytest.
         batch = next(iter(ShardDataset(dataset, batch_size=5, shuffle=False, on_error="skip")))
     assert len(batch["skipped"]) == 1 and len(batch["keys"]) == 4
     assert not leaks("".join(batch["skipped"])) and not leaks(caplog.text)
+
+
+def test_a_json_member_that_is_not_utf8_is_reported_without_its_bytes(tmp_path: Path) -> None:
+    writer = ShardWriter(tmp_path / "ds")
+    writer.write("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000), "json": b'{"a": "\xff"}'},
+                 audio_ext="wav", num_frames=80, sample_rate=8000, channels=1)
+    writer.close()
+    batch = next(iter(ShardDataset(tmp_path / "ds", batch_size=1, on_error="skip")))
+    assert len(batch["skipped"]) == 1 and "not UTF-8 at byte 7" in batch["skipped"][0]
+    assert not leaks(batch["skipped"][0])
 
 
 def test_decompressor_errors_quote_no_file_bytes(tmp_path: Path) -> None:
