@@ -215,7 +215,8 @@ class Index:
             raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
                               f"{len(index)}")
         indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
-        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path)
+        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path,
+                                 lambda sample: index.keys[sample])
         if keys is not None and len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index

@@ -18,6 +18,7 @@ import io
 import os
 import re
 import stat
+from collections.abc import Callable
 import zipfile
 
 from typing import Any
@@ -37,9 +38,10 @@ COLUMNS_OVERHEAD = 1 << 20
 """Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
 COLUMNS_BYTES_PER_SAMPLE = 34 + 8 + 1024
 """Bytes of ``index.npz`` allowed per sample: 34 of columns, 8 of key offset, 1 KiB of key on average."""
-FRAMES_PER_BYTE = {"wav": 4}
-"""The most audio samples (``num_frames * channels``) one byte of a member may hold, by format: 4 for WAV
-(down to 2-bit ADPCM); :data:`COMPRESSED_FRAMES_PER_BYTE` for every other format."""
+FRAMES_PER_BYTE = {"wav": 64}
+"""The most audio samples (``num_frames * channels``) one byte of a member may hold, by format: 64 for WAV
+(PCM holds at most 1, ADPCM 2, GSM 6.10 about 5, MPEG in WAV at low bit rates up to about 16);
+:data:`COMPRESSED_FRAMES_PER_BYTE` for every other format."""
 COMPRESSED_FRAMES_PER_BYTE = 8192
 """For compressed formats: digital silence in FLAC with 64k-frame blocks reaches a few thousand (libsndfile's
 4096-frame blocks: about 550; Opus about 400, Vorbis 250, MP3 30)."""
@@ -158,9 +160,10 @@ def check_npz(archive: zipfile.ZipFile, where: str) -> None:
                               f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes")
 
 
-def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str) -> None:
+def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str,
+                 key: Callable[[int], str] = str) -> None:
     """Every sample's ``num_frames * channels`` at most :data:`FRAMES_PER_BYTE` (by format) times its member
-    size, so that no batch is sized beyond what the bytes can hold."""
+    size, so that no batch is sized beyond what the bytes can hold. ``key(sample)`` names a sample."""
     num_frames, channels, member_size = columns["num_frames"], columns["channels"], columns["member_size"]
     ratios = np.array([FRAMES_PER_BYTE.get(name, COMPRESSED_FRAMES_PER_BYTE) for name in formats] or [1],
                       np.uint64)
@@ -170,7 +173,11 @@ def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: lis
     if bad.size:
         first = int(bad[0])
         shard = shards[int(columns["shard"][first])]
-        raise FormatError(f"{where}: sample {first} (shard {_shown(shard)}; {bad.size - 1} more like it) "
+        try:
+            name = _shown(key(first))
+        except FormatError:  # the keys cannot be read either
+            name = str(first)
+        raise FormatError(f"{where}: sample {name} (shard {_shown(shard)}; {bad.size - 1} more like it) "
                           f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
                           f"member of {int(member_size[first])} bytes, more than its format can hold")
 

@@ -222,7 +222,7 @@ def test_num_frames_beyond_the_member_size_fails_at_load(dataset: Path) -> None:
         columns["num_frames"][1] = 2_000_000_000
 
     rewrite_columns(dataset, inflate)
-    with pytest.raises(FormatError, match=r"sample 1 \(shard 'shard-000000.tar'.*2000000000 frames"):
+    with pytest.raises(FormatError, match=r"sample 's000_00001' \(shard 'shard-000000.tar'.*2000000000 frames"):
         Index.load(dataset)
 
 
