@@ -34,7 +34,7 @@ from .filesystems import Filesystems
 from .index import STREAM_CODECS, Index
 from .localshard import LocalShard, short_read
 from .storage import RetryPolicy, is_url, retrying
-from .streams import decompress_prefix
+from .streams import decompress_prefix, decompress_upto
 from .tarformat import parse_members
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 # A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
 # the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
 _MAX_FRAME_EXCESS = 256 << 20
+# A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
+_ONE_SHOT_FRAME = 64 << 20
 
 
 @dataclass
@@ -244,7 +246,10 @@ class Reader:
             claimed = zstandard.frame_content_size(raw)
             if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
                 raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
-            data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
+                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            else:  # the buffer grows only as the frame really decompresses, whatever its header claims
+                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
         except zstandard.ZstdError as exc:
             raise FormatError(f"{problem}: {exc}") from None
         self._frame = (shard, frame_offset, data)

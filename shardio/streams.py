@@ -17,7 +17,7 @@ import zstandard
 
 from .errors import FormatError
 
-__all__ = ["decompress_prefix", "describe"]
+__all__ = ["decompress_prefix", "decompress_upto", "describe"]
 
 _CHUNK = 1 << 20
 _BYTES_LITERAL = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
@@ -37,19 +37,26 @@ def _reader(raw: bytes, codec: str) -> Any:
     return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True)
 
 
-def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
-    """The first ``need`` decompressed bytes of ``raw`` (a whole ``codec`` stream): never more are made. A
-    stream that decompresses to fewer, or cannot be decompressed, is a :class:`FormatError`."""
+def decompress_upto(raw: bytes, codec: str, limit: int, where: str) -> bytes:
+    """``raw`` (a whole ``codec`` stream) decompressed, up to ``limit`` bytes: never more are made, and the
+    output grows in chunks as the data really decompresses (whatever a header claims)."""
     out = bytearray()
     try:
         stream = _reader(raw, codec)
-        while len(out) < need:
-            chunk = stream.read(min(_CHUNK, need - len(out)))
+        while len(out) < limit:
+            chunk = stream.read(min(_CHUNK, limit - len(out)))
             if not chunk:
                 break
             out += chunk
     except (OSError, EOFError, ValueError, zstandard.ZstdError) as exc:
         raise FormatError(f"{where}: cannot decompress the shard ({codec}): {describe(exc)}") from None
+    return bytes(out)
+
+
+def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
+    """The first ``need`` decompressed bytes of ``raw`` (a whole ``codec`` stream): never more are made. A
+    stream that decompresses to fewer, or cannot be decompressed, is a :class:`FormatError`."""
+    out = decompress_upto(raw, codec, need, where)
     if len(out) < need:
         raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
                           f"places samples up to byte {need}")

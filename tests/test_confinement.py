@@ -18,11 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from datasets import make_uneven_dataset, wav_bytes
 from hostile import rewrite_columns, rewrite_header, run_limited
 
-from shardio import FormatError, Index, ShardDataset, ShardWriter
+from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter
 from shardio.indexchecks import columns_size_bound
+from shardio.index import IndexBuilder
 from shardio.indexer import build_index
 from shardio.reader import Reader
 from shardio.tarformat import encode_sample, parse_members
@@ -275,6 +277,34 @@ def test_stream_shards_are_decompressed_within_the_cache_bound(tmp_path: Path) -
     result = run_limited(_READ_FIRST.format(root=str(shard.parent)), headroom_mb=48)
     assert result.returncode == 0 and result.stdout.startswith("['wav']"), result.stderr[-2000:]
     assert "FormatError" in result.stdout and "max_stream_bytes" in result.stdout
+
+
+_READ_ONE = """
+from shardio import Index
+from shardio.errors import FormatError
+from shardio.reader import Reader
+try:
+    Reader(Index.load({root!r})).members(0)
+except FormatError as exc:
+    print("FormatError", exc)
+"""
+
+
+def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path: Path) -> None:
+    """A frame that does not record its size, and an index placing 3 GiB in it: the old reader sized one buffer
+    of 3 GiB before decompressing; the buffer now grows only as the frame really decompresses."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    sample = encode_sample("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(sample)
+    (root / "s.tar.zst").write_bytes(frame)
+    builder = IndexBuilder(str(root))
+    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=0,
+                       member_size=3 << 30, num_frames=80, sample_rate=8000, channels=1, audio_ext="wav")
+    builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 0.01, "zstd"))
+    builder.build().save()
+    result = run_limited(_READ_ONE.format(root=str(root)), headroom_mb=256)
+    assert result.returncode == 0 and "runs past its frame" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
 def test_indexing_streams_members_in_bounded_memory(tmp_path: Path) -> None:
