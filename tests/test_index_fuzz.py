@@ -61,6 +61,7 @@ def watching_opens() -> Iterator[list[str]]:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fuzz-pristine")
     make_uneven_dataset(root / "ds", [3, 2], duration_range=(0.02, 0.05))
+    make_uneven_dataset(root / "dz", [3, 2], compression="zstd", duration_range=(0.02, 0.05))
     (root / "secret.tar").write_bytes(b"root:x:0:0:secret\n" * 4096)
     return root / "ds"
 
@@ -111,9 +112,10 @@ def mutate_header(root: Path, field: str, value: Any, shard: int) -> None:
 
 @FUZZ
 @given(field=st.sampled_from(sorted(HEADER_FIELDS)), shard=st.integers(0, 1), data=st.data())
-def test_hostile_index_json_fields(pristine: Path, tmp_path: Path, field: str, shard: int,
+@pytest.mark.parametrize("kind", ["ds", "dz"])
+def test_hostile_index_json_fields(pristine: Path, tmp_path: Path, kind: str, field: str, shard: int,
                                    data: st.DataObject) -> None:
-    root = tmp_path / "case" / "ds"
+    root = tmp_path / "case" / kind
     shutil.rmtree(root.parent, ignore_errors=True)
     shutil.copytree(pristine.parent, root.parent)
     mutate_header(root, field, data.draw(HEADER_FIELDS[field], label="value"), shard)
@@ -134,8 +136,10 @@ def mutate_columns(root: Path, column: str, rows: list[int], value: int) -> None
 @FUZZ
 @given(column=st.sampled_from(sorted(COLUMNS)), rows=st.lists(st.integers(0, 4), min_size=1, max_size=3),
        value=COLUMN_VALUES)
-def test_hostile_columns(pristine: Path, tmp_path: Path, column: str, rows: list[int], value: int) -> None:
-    root = tmp_path / "case" / "ds"
+@pytest.mark.parametrize("kind", ["ds", "dz"])
+def test_hostile_columns(pristine: Path, tmp_path: Path, kind: str, column: str, rows: list[int],
+                         value: int) -> None:
+    root = tmp_path / "case" / kind
     shutil.rmtree(root.parent, ignore_errors=True)
     shutil.copytree(pristine.parent, root.parent)
     mutate_columns(root, column, rows, value)
@@ -153,7 +157,7 @@ names = ["../secret.tar", "/dev/zero", "shard-000001.tar", "index.npz", "a/../..
 ints = [0, 1, 2**31, 2**32 - 1, 2**63, 10**18, 12345]
 pristine = Path({pristine!r})
 for case in range({cases}):
-    root = Path({scratch!r}) / str(case) / "ds"
+    root = Path({scratch!r}) / str(case) / ("ds", "dz")[case // 2 % 2]
     shutil.copytree(pristine.parent, root.parent)
     if case % 2:
         mutate_columns(root, rng.choice(sorted(COLUMNS)), [rng.randrange(5)], rng.choice(ints))
