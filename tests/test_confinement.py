@@ -35,7 +35,9 @@ SECRET = b"root:x:0:0:SECRET-PASSWORD-HASH:/root:/bin/bash\n"
 def leaks(text: str) -> bool:
     """Whether ``text`` quotes any 5 bytes of :data:`SECRET`, an escaped byte or a bytes literal."""
     secret = SECRET.decode()
-    return "\\x" in text or "byte 0x" in text or "b'" in text or 'b"' in text or any(secret[i : i + 5] in text for i in range(len(secret) - 5))
+    if "\\x" in text or "byte 0x" in text or "b'" in text or 'b"' in text:
+        return True
+    return any(secret[i : i + 5] in text for i in range(len(secret) - 5))
 
 
 @pytest.fixture
@@ -224,7 +226,7 @@ def test_num_frames_beyond_the_member_size_fails_at_load(dataset: Path) -> None:
         columns["num_frames"][1] = 2_000_000_000
 
     rewrite_columns(dataset, inflate)
-    with pytest.raises(FormatError, match=r"sample 's000_00001' \(shard 'shard-000000.tar'.*2000000000 frames"):
+    with pytest.raises(FormatError, match=r"sample 's000_00001' \(shard 'shard-000000.tar'.*2000000000 fr"):
         Index.load(dataset)
 
 
@@ -291,8 +293,8 @@ except FormatError as exc:
 
 
 def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path: Path) -> None:
-    """A frame that does not record its size, and an index placing 3 GiB in it: the old reader sized one buffer
-    of 3 GiB before decompressing; the buffer now grows only as the frame really decompresses."""
+    """A frame that does not record its size, and an index placing 3 GiB in it: the old reader sized one
+    buffer of 3 GiB before decompressing; the buffer now grows only as the frame really decompresses."""
     root = tmp_path / "ds"
     root.mkdir()
     sample = encode_sample("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})
@@ -304,7 +306,8 @@ def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path:
     builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 0.01, "zstd"))
     builder.build().save()
     result = run_limited(_READ_ONE.format(root=str(root)), headroom_mb=256)
-    assert result.returncode == 0 and "runs past its frame" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "runs past its frame" in result.stdout, result.stdout
 
 
 def test_indexing_streams_members_in_bounded_memory(tmp_path: Path) -> None:
