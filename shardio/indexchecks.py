@@ -46,7 +46,7 @@ COMPRESSED_FRAMES_PER_BYTE = 8192
 """For compressed formats: digital silence in FLAC with 64k-frame blocks reaches a few thousand (libsndfile's
 4096-frame blocks: about 550; Opus about 400, Vorbis 250, MP3 30)."""
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a colon alone is a file name character
 _NAME_LIMIT = 4096
 
 

@@ -69,6 +69,14 @@ def test_shard_names_outside_the_root_are_refused(dataset: Path, name: str) -> N
     assert "SECRET" not in str(caught.value)
 
 
+def test_plain_names_with_sub_directories_and_colons_are_taken(dataset: Path) -> None:
+    shard = _shard(dataset)
+    (dataset / "part:1").mkdir()
+    os.replace(shard, dataset / "part:1" / "a:b.tar")
+    rewrite_header(dataset, lambda header: header["shards"][0].update(name="part:1/a:b.tar"))
+    assert len(Reader(Index.load(dataset)).members(0)) == 2
+
+
 def test_a_symlink_out_of_the_root_is_refused_unless_allowed(dataset: Path) -> None:
     shard = _shard(dataset)
     elsewhere = dataset.parent / "elsewhere"
