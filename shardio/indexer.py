@@ -228,6 +228,11 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
         logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
     index = builder.build()
     index.save(root)
+    outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
+    if outside:
+        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset with "
+                       "Index.load(..., allow_outside_root=True), or --allow-outside-root", root, len(outside),
+                       outside[0])
     return index
 
 

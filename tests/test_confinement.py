@@ -105,9 +105,12 @@ def test_a_symlinked_sub_directory_out_of_the_root_is_refused(dataset: Path) -> 
     assert Index.load(dataset, allow_outside_root=True).shard_path(0).endswith(f"sub/{shard.name}")
 
 
-def test_an_index_written_elsewhere_needs_the_opt_in(dataset: Path, tmp_path: Path) -> None:
+def test_an_index_written_elsewhere_needs_the_opt_in(dataset: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     shards = sorted(dataset.glob("*.tar"))
-    built = build_index(shards, out_dir=tmp_path / "index-only")
+    with caplog.at_level(logging.WARNING):
+        built = build_index(shards, out_dir=tmp_path / "index-only")
+    assert "2 shards lie outside the index's directory" in caplog.text and "allow_outside_root" in caplog.text
     assert built.shards[0].name.startswith("../")
     with pytest.raises(FormatError, match="allow_outside_root=True"):
         Index.load(tmp_path / "index-only")
