@@ -230,9 +230,9 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     index.save(root)
     outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
     if outside:
-        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset with "
-                       "Index.load(..., allow_outside_root=True), or --allow-outside-root", root, len(outside),
-                       outside[0])
+        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+                       "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
+                       len(outside), outside[0])
     return index
 
 
