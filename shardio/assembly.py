@@ -26,7 +26,7 @@ import torch
 
 from .collate import audio_block, collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
-from .errors import FormatError, ShardioError
+from .errors import FormatError, RangeNotSupported, ShardioError
 from .reader import Reader
 
 __all__ = ["Assembler", "Decoding", "Transform"]
@@ -74,7 +74,8 @@ def _json_object(data: memoryview, where: str) -> dict[str, Any]:
         try:
             value = json.loads(bytes(data))
         except (ValueError, RecursionError) as exc:
-            raise FormatError(f"{where}: the json member is not valid JSON ({exc})") from None
+            detail = f"not UTF-8 at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            raise FormatError(f"{where}: the json member is not valid JSON ({detail})") from None
     if not isinstance(value, dict):
         raise FormatError(f"{where}: the json member holds a JSON {type(value).__name__}, expected an object "
                           "of metadata fields")
@@ -164,7 +165,7 @@ class Assembler:
 
     def _failed(self, position: int, sample_id: int, exc: ShardioError, skipped: list[tuple[int, str]]) -> None:
         """Raise ``exc`` again, or (``on_error="skip"``) log it and list the sample as skipped."""
-        if self.on_error == "raise":
+        if self.on_error == "raise" or isinstance(exc, RangeNotSupported):  # that one fails every sample
             raise exc
         skipped.append((position, self._skip(sample_id, exc)))
 

@@ -122,13 +122,16 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
                                                "histogram.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="take shard names outside the dataset directory (a trusted index written with "
+                             "'shardio index --out' elsewhere)")
     parser.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from .inspection import inspect_dataset, render_report
 
-    report = inspect_dataset(args.directory)
+    report = inspect_dataset(args.directory, allow_outside_root=args.allow_outside_root)
     print(json.dumps(report, indent=1) if args.json else render_report(report))
     return 0
 
@@ -142,13 +145,17 @@ def _add_verify(subparsers: argparse._SubParsersAction) -> None:
                                                "audio too); list every problem and exit 1 if there is any.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="take shard names outside the dataset directory (a trusted index written with "
+                             "'shardio index --out' elsewhere)")
     parser.set_defaults(run=_run_verify)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
     from .verification import verify_dataset
 
-    problems = verify_dataset(args.directory, decode=args.decode)
+    problems = verify_dataset(args.directory, decode=args.decode,
+                              allow_outside_root=args.allow_outside_root)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

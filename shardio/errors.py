@@ -8,6 +8,7 @@ Every error shardio raises on bad input, bad data or a bad state is a :class:`Sh
     ├── FormatError        shard or index bytes that are not what the format promises
     │   └── IntegrityError a shard whose size or hash differs from the index
     ├── ReadError          a shard that cannot be read (missing, or remote retries spent)
+    │   └── RangeNotSupported an HTTP server that ignores Range requests (fails the dataset)
     ├── DecodeError        a member whose audio cannot be decoded, or is empty or non-finite
     ├── OutputError        an output directory that cannot be written (a file, read-only, locked by a run)
     └── StateError         a saved loader state that does not fit this dataset or options
@@ -28,6 +29,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "ReadError",
+    "RangeNotSupported",
     "DecodeError",
     "OutputError",
     "StateError",
@@ -79,6 +81,12 @@ class IntegrityError(FormatError):
 
 class ReadError(ShardioError):
     """A shard or member that could not be read (missing file, I/O error, retries spent)."""
+
+
+class RangeNotSupported(ReadError):
+    """An HTTP server that answers ranged requests with the whole file, so no sample can be read by range.
+    Not skipped under ``on_error="skip"``: it fails the dataset, since every sample would fail the same
+    way."""
 
 
 class DecodeError(ShardioError):

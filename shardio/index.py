@@ -21,15 +21,16 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from . import indexchecks
 from .errors import FormatError, OptionError, ReadError
-from .storage import is_url, join, open_input, read_bytes, write_atomic
+from .storage import is_url, join, read_bytes, write_atomic
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
            "IndexBuilder"]
@@ -48,6 +49,7 @@ COLUMNS: dict[str, type] = {
     "channels": np.uint8,
     "format": np.uint8,
 }
+T = TypeVar("T")
 CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
 STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
 
@@ -101,13 +103,25 @@ class Index:
     def keys(self) -> list[str]:
         """Every sample's key, in index order (loaded on first use)."""
         if self._keys is None:
-            with open_input(join(self.root, INDEX_COLUMNS), self.storage_options) as handle:
-                self._keys = _load_keys(np.load(io.BytesIO(handle.read())))
+            path = join(self.root, INDEX_COLUMNS)
+            samples = sum(shard.samples for shard in self.shards)  # a mix's parts keep no columns
+            payload = indexchecks.read_columns(self.root, path, indexchecks.columns_size_bound(samples, path),
+                                               self.storage_options)
+            if self.columns_sha256 and hashlib.sha256(payload).hexdigest() != self.columns_sha256:
+                raise FormatError(f"{path}: changed since the index was loaded (its SHA-256 differs)")
+            keys = _unpack(payload, path, _load_keys)
+            if len(keys) != samples:
+                raise FormatError(f"{path}: {len(keys)} keys for {samples} samples")
+            self._keys = keys
         return self._keys
 
     def shard_path(self, shard: int) -> str:
         """The local path or URL of shard number ``shard``."""
         return join(self.root, self.shards[shard].name)
+
+    def shard_options(self, shard: int) -> dict[str, Any] | None:
+        """The fsspec options to open shard number ``shard`` with (the index's ``storage_options``)."""
+        return self.storage_options
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -147,12 +161,18 @@ class Index:
         return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
 
     @classmethod
-    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Index:
+    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *,
+             allow_outside_root: bool = False) -> Index:
         """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
 
         ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
         reading its shards. Remote reads are retried (see :mod:`shardio.storage`); the columns file must
         match the SHA-256 that ``index.json`` records. A remote index's keys are kept from this one read.
+
+        Shard names must be plain relative paths under the dataset root (see :mod:`shardio.indexchecks`);
+        ``allow_outside_root=True`` also takes ``..`` parts, absolute paths and symlinks that leave the root:
+        only for a trusted dataset whose shards really live elsewhere (``shardio index --out`` to another
+        directory writes such names).
         """
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
@@ -170,26 +190,19 @@ class Index:
         if header.get("version") != FORMAT_VERSION:
             raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
                               f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
-        columns_file = header.get("columns_file", INDEX_COLUMNS)
-        if not isinstance(columns_file, str) or not columns_file:
-            raise FormatError(f"{json_path}: 'columns_file' must be a file name, not {columns_file!r}")
+        columns_file = indexchecks.check_columns_file(header.get("columns_file", INDEX_COLUMNS), json_path)
+        if columns_file != INDEX_COLUMNS:  # the keys are read from it later, by that name
+            raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; this shardio reads "
+                              f"{INDEX_COLUMNS!r}")
         columns_path = join(root, columns_file)
-        try:
-            payload = read_bytes(columns_path, storage_options)
-        except FileNotFoundError:
-            raise FormatError(f"{columns_path}: index columns file is missing") from None
-        except OSError as exc:
-            raise ReadError(f"{columns_path}: cannot be read ({exc})") from None
+        bound = indexchecks.columns_size_bound(header.get("samples"), json_path)
+        payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
         if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
             raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
                               f"records {header.get('columns_sha256')!r}: the index files do not belong together "
                               "or one is damaged; rebuild the index")
-        try:
-            archive = np.load(io.BytesIO(payload))
-            columns = {name: archive[name] for name in COLUMNS}
-            keys = _load_keys(archive) if is_url(root) else None
-        except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-            raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+        columns, keys = _unpack(payload, columns_path, lambda archive: (
+            {name: archive[name] for name in COLUMNS}, _load_keys(archive) if is_url(root) else None))
         try:
             shards = [_shard_info(entry) for entry in header["shards"]]
             index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
@@ -198,6 +211,12 @@ class Index:
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
+        if header.get("samples") != len(index):
+            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
+                              f"{len(index)}")
+        indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
+        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path,
+                                 lambda sample: index.keys[sample])
         if keys is not None and len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index
@@ -213,7 +232,7 @@ class Index:
         if n and int(self.columns["shard"].max()) >= len(self.shards):
             raise FormatError(f"{where}: a sample names shard {int(self.columns['shard'].max())}, "
                               f"but the index lists {len(self.shards)} shards")
-        if n and int(self.columns["format"].max()) >= max(len(self.formats), 1):
+        if n and int(self.columns["format"].max()) >= len(self.formats):
             raise FormatError(f"{where}: a sample names an audio format the index does not list")
         counts = np.bincount(self.columns["shard"], minlength=len(self.shards))
         for number, shard in enumerate(self.shards):
@@ -222,6 +241,19 @@ class Index:
             if counts[number] != shard.samples:
                 raise FormatError(f"{where}: shard {shard.name} lists {shard.samples} samples, "
                                   f"the columns hold {counts[number]}")
+
+
+def _unpack(payload: bytes, path: str, take: Callable[[Any], T]) -> T:
+    """``take(archive)`` of the columns file ``payload``, its arrays' claimed shapes checked against their
+    bytes first; any failure of a damaged archive is a :class:`FormatError`."""
+    try:
+        archive = np.load(io.BytesIO(payload))
+        indexchecks.check_npz(archive.zip, path)
+        return take(archive)
+    except FormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
+        raise FormatError(f"{path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

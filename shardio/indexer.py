@@ -20,7 +20,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import soundfile as sf
 import zstandard
@@ -28,6 +28,7 @@ import zstandard
 from .corpus import AUDIO_EXTENSIONS
 from .errors import DecodeError, FormatError, OptionError, ReadError
 from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from .streams import describe
 from .tarformat import key_problem, split_name, walk
 from .writer import writable_directory
 
@@ -39,7 +40,7 @@ _SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst
              (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
 _ZSTD_MAGIC = 0xFD2FB528
 _SEEKABLE_FRAME = 4 << 20
-_Sample = tuple[str, int, int, str, bytes]  # key, start, end, audio ext, audio bytes
+_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
 
 
 def shard_codec(name: str) -> str:
@@ -86,7 +87,7 @@ def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
 def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
     """Each sample of a tar stream: its key, byte span in the (decompressed) tar, and its audio member."""
     key: str | None = None
-    audio: tuple[str, bytes] | None = None
+    audio: tuple[str, IO[bytes]] | None = None
     others: list[str] = []
     boundary = start = end = 0
     for member, data in walk(stream, where):
@@ -106,13 +107,14 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
         if audio is None and ext.rsplit(".", 1)[-1].lower() in AUDIO_EXTENSIONS:
             audio = (ext, data)
         else:
+            data.close()
             others.append(ext)
         end = boundary = member.end
     if key is not None:
         yield _finish(key, start, end, audio, others, where)
 
 
-def _finish(key: str, start: int, end: int, audio: tuple[str, bytes] | None, others: list[str],
+def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str],
             where: str) -> _Sample:
     if audio is None:
         raise FormatError(f"{where}: sample {key!r} at offset {start} has no audio member (members: "
@@ -226,6 +228,11 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
         logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
     index = builder.build()
     index.save(root)
+    outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
+    if outside:
+        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+                       "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
+                       len(outside), outside[0])
     return index
 
 
@@ -240,7 +247,8 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
             stream = tar_stream(raw, codec)
             for key, start, end, ext, data in _samples(stream, path):
                 try:
-                    facts = sf.info(io.BytesIO(data))
+                    with data:
+                        facts = sf.info(data)
                 except (sf.LibsndfileError, RuntimeError) as exc:
                     reason = getattr(exc, "error_string", None) or exc
                     raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
@@ -252,7 +260,7 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
             while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
                 pass
         except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise FormatError(f"{path}: cannot decompress the {codec} stream ({exc})") from None
+            raise FormatError(f"{path}: cannot decompress the {codec} stream ({describe(exc)})") from None
         while raw.read(1 << 20):
             pass
     return samples, (hashing.size, hashing.sha256.hexdigest())

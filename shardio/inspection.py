@@ -21,10 +21,11 @@ def _counts(values: np.ndarray, names: list[str] | None = None) -> dict[str, int
     return {(names[int(v)] if names else str(int(v))): int(c) for v, c in zip(unique, counts)}
 
 
-def inspect_dataset(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bool = False) -> dict[str, Any]:
     """A JSON-ready summary of the dataset at ``directory``: shards, samples, hours, bytes, codecs, audio
-    formats, sample rates, channels, duration statistics and a duration histogram."""
-    index = Index.load(directory)
+    formats, sample rates, channels, duration statistics and a duration histogram (``allow_outside_root``:
+    as :meth:`Index.load`'s)."""
+    index = Index.load(directory, allow_outside_root=allow_outside_root)
     durations = index.durations
     edges = [*HISTOGRAM_EDGES, float("inf")]
     binned = np.histogram(durations, bins=edges)[0] if len(index) else np.zeros(len(HISTOGRAM_EDGES), np.int64)

@@ -62,14 +62,17 @@ class MixIndex(Index):
             shards += [replace(s, name=join(index.root, s.name)) for s in index.shards]
         merged = {column: np.concatenate([part[column] for part in columns]) for column in columns[0]}
         remote = [indexes[n].storage_options for n in names if indexes[n].storage_options is not None]
-        if any(options != remote[0] for options in remote):
-            raise OptionError("the corpora have different storage_options; a mix reads every shard with one set")
         fingerprint = hashlib.sha256(json.dumps([[n, indexes[n].fingerprint] for n in names]).encode()).hexdigest()
         return cls(root="", shards=shards, formats=formats, columns=merged, fingerprint=fingerprint[:32],
                    names=names, offsets=corpus_offsets([len(indexes[n]) for n in names]),
                    shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
                    parts=[replace(indexes[n], columns={}) for n in names],
                    storage_options=remote[0] if remote else None)
+
+    def shard_options(self, shard: int) -> dict[str, Any] | None:
+        """The fsspec options of the corpus that shard number ``shard`` belongs to (corpora may differ)."""
+        part = int(np.searchsorted(self.shard_offsets, shard, side="right")) - 1
+        return self.parts[part].storage_options
 
     @property
     def keys(self) -> list[str]:
@@ -107,9 +110,11 @@ class MixedDataset(ShardDataset):
     ``sources`` maps corpus names to dataset locations (or loaded indexes); ``weights`` maps the same names
     to their shares; ``epoch_size`` says what an epoch is. Batching is ``batching`` (a :class:`Batching`,
     for bucketing and duration filters) or the ``batch_size``/``max_duration``/... shortcuts. Every other
-    keyword is :class:`ShardDataset`'s. Each sample carries ``corpus`` (a batch: ``batch["corpus"]``, a
-    list). ``state_dict()`` is one state for the whole mix; it records every corpus's index fingerprint
-    and the mix options, and refuses to load into a different mix.
+    keyword is :class:`ShardDataset`'s (``storage_options`` go to every corpus given by location; corpora on
+    different stores or protocols, such as ``http://`` and ``s3://``, can each come as an
+    ``Index.load(url, options)``: every shard is read with its own corpus's options). Each sample carries
+    ``corpus`` (a batch: ``batch["corpus"]``, a list). ``state_dict()`` is one state for the whole mix; it
+    records every corpus's index fingerprint and the mix options, and refuses to load into a different mix.
     """
 
     index: MixIndex

@@ -5,7 +5,7 @@ kernel cannot map it safely; see :mod:`shardio.localshard`), of a remote one a r
 ``.tar.zst`` sample is one zstd frame read and
 decompressed (the last frame is kept, since neighbouring samples often share it). Stream-compressed
 shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
-whole, once, and the last one is kept in memory.
+once, as far as their indexed samples reach (at most ``max_stream_bytes``), and recent ones are kept.
 
 Remote reads retry transient failures (connection errors, timeouts, 5xx) under a :class:`RetryPolicy`, then
 raise :class:`ReadError` naming the shard, key and offset.
@@ -19,22 +19,22 @@ content checksum. What this cannot see is a same-size shard whose member *data* 
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import logging
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from . import localshard
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
+from .filesystems import Filesystems
 from .index import STREAM_CODECS, Index
 from .localshard import LocalShard, short_read
-from .storage import RetryPolicy, filesystem, is_url, retrying
+from .storage import RetryPolicy, is_url, retrying
+from .streams import decompress_prefix, decompress_upto
 from .tarformat import parse_members
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 # A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
 # the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
 _MAX_FRAME_EXCESS = 256 << 20
+# A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
+_ONE_SHOT_FRAME = 64 << 20
 
 
 @dataclass
@@ -70,15 +72,16 @@ class Reader:
     """
 
     def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
-                 stream_cache_bytes: int = 1 << 30) -> None:
+                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30) -> None:
         self.index = index
         self.retry = retry
         self.max_open = max_open
         self.stream_cache_bytes = stream_cache_bytes
+        self.max_stream_bytes = max_stream_bytes
         self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
-        self._fs: Any = None  # the fsspec filesystem of a remote dataset, made once
+        self._filesystems = Filesystems()  # fsspec filesystems, one per protocol and options
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()
@@ -95,7 +98,7 @@ class Reader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _fs=None)
+                     _filesystems=Filesystems())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -113,7 +116,8 @@ class Reader:
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._fs = None
+        self._frame = None
+        self._filesystems = Filesystems()
         self._streams = OrderedDict()
         self.stats = ReadStats()
         self._pid = os.getpid()
@@ -133,9 +137,8 @@ class Reader:
         handle: Any
         try:
             if is_url(path):
-                if self._fs is None:
-                    self._fs = filesystem(path, self.index.storage_options)[0]
-                handle = (self._fs, self._fs._strip_protocol(path))
+                handle = self._filesystems.get(path, self.index.shard_options(shard), where, self.retry,
+                                               self._count_retry)
                 actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
             else:
                 handle = LocalShard(os.open(path, os.O_RDONLY), expected)
@@ -202,28 +205,37 @@ class Reader:
             return memoryview(self.read_range(shard, offset, size, where))
         return handle.view(offset, size, where)
 
-    def _stream_bytes(self, shard: int, where: str) -> bytes:
-        """The whole decompressed tar of a stream-codec shard; recent ones stay in memory (up to
-        ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each once."""
+    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
+        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
+        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
+        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
+        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
+        :class:`FormatError`."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
             return cached
         info = self.index.shards[shard]
+        need = self._stream_need(shard)
+        if need > self.max_stream_bytes:  # only as far as this sample, not cached
+            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
+            if need > self.max_stream_bytes:
+                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
+                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
+                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
+            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
         raw = self.read_range(shard, 0, info.bytes, where)
-        try:
-            if info.codec == "gzip":
-                data = gzip.decompress(raw)
-            elif info.codec == "bz2":
-                data = bz2.decompress(raw)
-            else:
-                data = self._decompressor.stream_reader(io.BytesIO(raw), read_across_frames=True).read()
-        except Exception as exc:  # noqa: BLE001 - every codec raises its own type
-            raise FormatError(f"{where}: cannot decompress the shard ({info.codec}): {exc}") from None
+        data = decompress_prefix(raw, info.codec, need, where)
         self._streams[shard] = data
         while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
             self._streams.popitem(last=False)
         return data
+
+    def _stream_need(self, shard: int) -> int:
+        """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""
+        mine = self._columns["shard"] == shard
+        ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
+        return int(ends.max()) if ends.size else 0
 
     def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
@@ -234,7 +246,10 @@ class Reader:
             claimed = zstandard.frame_content_size(raw)
             if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
                 raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
-            data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
+                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            else:  # the buffer grows only as the frame really decompresses, whatever its header claims
+                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
         except zstandard.ZstdError as exc:
             raise FormatError(f"{problem}: {exc}") from None
         self._frame = (shard, frame_offset, data)
@@ -266,7 +281,7 @@ class Reader:
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
         if codec in STREAM_CODECS:
-            data = self._stream_bytes(shard, where)
+            data = self._stream_bytes(shard, sample, where)
             start, end = frame_offset, frame_offset + member_size
         else:
             data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
@@ -291,7 +306,8 @@ class Reader:
             # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
             ext = name[stem:]
             if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
-                raise FormatError(f"{where}: found member {name!r} where the index expects key {key!r}")
+                shown = name if len(name) <= 120 else name[:120] + "..."
+                raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
             found[ext] = member
         if not found:
             raise FormatError(f"{where}: no members at the indexed offset")

@@ -7,13 +7,15 @@ without ``tarfile``'s per-member overhead.
 
 from __future__ import annotations
 
+import io
 import re
 import struct
 import tarfile
+import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from .errors import FormatError
 
@@ -110,21 +112,21 @@ def _octal(field: bytes, where: str) -> int:
     try:
         return int(text, 8)
     except ValueError:
-        raise FormatError(f"{where}: bad numeric field {field!r} in a tar header") from None
+        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits") from None
 
 
 def _check(header: bytes, where: str) -> None:
     stored = _octal(header[148:156], where)
     actual = sum(header) - sum(header[148:156]) + 8 * 32
     if stored != actual:
-        raise FormatError(f"{where}: tar header checksum mismatch (stored {stored}, computed {actual})")
+        raise FormatError(f"{where}: tar header checksum mismatch: not a tar header, or a damaged one")
 
 
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise FormatError(f"{where}: a tar member name is not UTF-8: {raw[:60]!r}") from None
+        raise FormatError(f"{where}: a tar member name ({len(raw)} bytes) is not UTF-8") from None
 
 
 def _pax_path(data: bytes, where: str) -> str | None:
@@ -138,7 +140,7 @@ def _pax_path(data: bytes, where: str) -> str | None:
         end = pos + length
         if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
             raise FormatError(f"{where}: malformed pax record at byte {pos} of the extended header "
-                              f"(length field {digits[:20]!r}, {len(data) - pos} bytes left)")
+                              f"({len(data) - pos} bytes left)")
         name, _, value = data[space + 1 : end - 1].partition(b"=")
         if name == b"path":
             path = _text(value, where)
@@ -238,44 +240,82 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
     return found
 
 
-def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, bytes]]:
-    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data."""
+_CHUNK = 1 << 20
+_MAX_NAME_RECORD = 1 << 20  # a pax or GNU long-name header holding more than this is not a name
+SPOOL_BYTES = 8 << 20
+"""Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temp file."""
+
+
+def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str,
+                offset: int) -> None:
+    """Copy exactly ``size`` bytes of ``stream`` to ``sink`` in chunks (never one buffer of ``size``: a header
+    may claim any size)."""
+    left = size
+    while left:
+        data = stream.read(min(_CHUNK, left))
+        if not data:
+            raise FormatError(f"{where}: truncated tar stream at offset {offset + size - left}, expected "
+                              f"{left} more bytes")
+        sink(data)
+        left -= len(data)
+
+
+def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
+    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data as a
+    file positioned at its start: held in memory up to :data:`SPOOL_BYTES`, in a temporary file beyond, so
+    that memory stays bounded whatever sizes the headers claim. The caller closes each data file when done
+    with it (garbage collection closes the others)."""
     position = 0
-    pending: list[bytes] = []
+    pending: list[IO[bytes]] = []
 
     def read_exact(offset: int, size: int) -> bytes:
+        if size > _MAX_NAME_RECORD:
+            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more "
+                              f"than {_MAX_NAME_RECORD} for a name")
+        parts: list[bytes] = []
+        skip_to(offset)
+        _copy_exact(stream, size, parts.append, where, offset)
+        advance(size)
+        return b"".join(parts)
+
+    def advance(size: int) -> None:
         nonlocal position
-        if offset != position:
-            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
-        data = stream.read(size)
-        while len(data) < size:
-            more = stream.read(size - len(data))
-            if not more:
-                raise FormatError(f"{where}: truncated tar stream at offset {offset + len(data)}, "
-                                  f"expected {size - len(data)} more bytes")
-            data += more
         position += size
-        return data
+
+    def skip_to(offset: int) -> None:
+        if offset < position:
+            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
+        if offset > position:  # padding after the previous member
+            gap = offset - position
+            _copy_exact(stream, gap, lambda data: None, where, position)
+            advance(gap)
 
     def read_block(offset: int) -> bytes | None:
-        nonlocal position
-        if offset != position:
-            read_exact(position, offset - position)  # padding after the previous member
+        skip_to(offset)
         block = stream.read(BLOCK)
         while block and len(block) < BLOCK:  # decompressing streams may return short reads
             more = stream.read(BLOCK - len(block))
             if not more:
                 break
             block += more
-        position += len(block)
+        advance(len(block))
         return block if block else None
 
-    def read_data(offset: int, size: int) -> bytes:
-        return read_exact(offset, size)
-
     def skip_data(offset: int, size: int) -> None:
-        pending.append(read_exact(offset, size))
+        skip_to(offset)
+        if size <= SPOOL_BYTES:  # the usual case: one read, in memory
+            parts: list[bytes] = []
+            _copy_exact(stream, size, parts.append, where, offset)
+            spool: IO[bytes] = io.BytesIO(parts[0] if len(parts) == 1 else b"".join(parts))
+        else:
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+            _copy_exact(stream, size, spool.write, where, offset)
+            spool.seek(0)
+        advance(size)
+        pending.append(spool)
 
-    for member in _walk_headers(read_block, read_data, skip_data, where):
+    for member in _walk_headers(read_block, read_exact, skip_data, where):
         yield member, pending.pop()
+        for spool in pending:  # the data of non-regular members
+            spool.close()
         pending.clear()

@@ -29,10 +29,12 @@ logger = logging.getLogger(__name__)
 _MAX_PER_SHARD = 20
 
 
-def verify_dataset(directory: str | os.PathLike[str], decode: bool = False) -> list[str]:
-    """Every problem found in the dataset at ``directory``, one line each; empty when it is sound."""
+def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
+                   allow_outside_root: bool = False) -> list[str]:
+    """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
+    ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere)."""
     try:
-        index = Index.load(directory)
+        index = Index.load(directory, allow_outside_root=allow_outside_root)
     except ShardioError as exc:
         return [str(exc)]
     problems: list[str] = []

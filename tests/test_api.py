@@ -18,7 +18,7 @@ PUBLIC = {
     "__version__", "ShardDataset", "MixedDataset", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
-    "OutputError", "StateError", "Trace", "quarantine", "quarantine_report", "remix",
+    "OutputError", "StateError", "RangeNotSupported", "Trace", "quarantine", "quarantine_report", "remix",
 }
 
 
@@ -35,6 +35,7 @@ def test_error_tree() -> None:
                  "StateError"):
         assert issubclass(getattr(shardio, name), ShardioError)
     assert issubclass(shardio.IntegrityError, shardio.FormatError)
+    assert issubclass(shardio.RangeNotSupported, shardio.ReadError)
     assert issubclass(OptionError, ValueError)
 
 

@@ -50,7 +50,10 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     (out / "index.json").unlink()
     assert main(["index", *map(str, sorted(out.glob("*.tar.zst"))[1:]), "--out", str(tmp_path / "idx")]) == 0
     assert "indexed" in capsys.readouterr().out
-    assert Index.load(tmp_path / "idx").shards[0].name.startswith("../out/")
+    assert Index.load(tmp_path / "idx", allow_outside_root=True).shards[0].name.startswith("../out/")
+    assert main(["verify", str(tmp_path / "idx")]) == 1  # shards outside the index's directory: the opt-in
+    assert "allow_outside_root" in capsys.readouterr().err
+    assert main(["verify", "--allow-outside-root", str(tmp_path / "idx")]) == 0
 
 
 def test_pack_options_reach_pack(wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
