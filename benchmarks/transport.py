@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio.benchmeasure import cpu_seconds, machine_facts
-from shardio.benchreport import write_results
+from shardio.bench.measure import cpu_seconds, machine_facts
+from shardio.bench.report import write_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SHAPE = (16, 1, 81920)

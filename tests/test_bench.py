@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("webdataset")
 
 from shardio.bench import run_bench
-from shardio.benchcases import numpy_floor, pcm_layout
+from shardio.bench.cases import numpy_floor, pcm_layout
 
 
 def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The measured cases of ``shardio bench``: loaders, decoder floors, resume, balance and a training-loop stall.
 
 Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
-read (samples and audio seconds); :mod:`shardio.bench` times it. WebDataset is imported only here, lazily
+read (samples and audio seconds); :mod:`shardio.bench.run` times it. WebDataset is imported only here, lazily
 (it is the ``bench`` extra), and uses the same decoder as users do today: soundfile on ``io.BytesIO``.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import soundfile
 from torch.utils.data import DataLoader
 
-from .collate import collate
-from .dataset import ShardDataset
-from .plan import Batching, plan_epoch
+from ..collate import collate
+from ..dataset import ShardDataset
+from ..plan import Batching, plan_epoch
 
 __all__ = [
     "Epoch",

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from .errors import OptionError
-from .index import INDEX_JSON, Index
-from .pack import pack
-from .reader import Reader
-from .writer import ShardWriter
+from ..errors import OptionError
+from ..index import INDEX_JSON, Index
+from ..pack import pack
+from ..reader import Reader
+from ..writer import ShardWriter
 
 __all__ = [
     "STREAM_COMPRESSORS",
@@ -105,7 +105,7 @@ def _numpy_corpus(out: Path, num_files: int, ext: str, rate: int) -> None:
 def _generate(out: Path, num_files: int, ext: str, rate: int) -> str:
     """Write a corpus of ``num_files`` 1-5 s utterances; returns how it was made."""
     try:
-        from .synth import make_corpus
+        from ..synth import make_corpus
     except ImportError:
         _numpy_corpus(out, num_files, ext, rate)
         return f"generated (numpy tones, {rate} Hz)"
@@ -201,7 +201,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
         paths.append(path)
     shutil.rmtree(Path(out_dir) / ".plain")
     try:
-        from .indexer import build_index
+        from ..indexer import build_index
     except ImportError:
         logger.warning("shardio.indexer is not available: %s shards are read with WebDataset only", codec)
         return Corpus(name=source.name, directory=str(directory), source=source.source,

@@ -7,7 +7,7 @@ raw floor (bytes already in memory); shard compression (none, zstd 1/3/19, gzip,
 speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
 and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
 with min and max; ratios (the targets) are medians of per-round ratios. Results go to ``bench.json``,
-``bench.md`` and ``bench.png`` (see :mod:`shardio.benchreport`).
+``bench.md`` and ``bench.png`` (see :mod:`shardio.bench.report`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import benchcases as cases
-from .benchdata import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
-from .benchmeasure import Case, machine_facts, measure_rounds, stats
-from .benchreport import evaluate_targets, write_report
-from .errors import OptionError
+from ..errors import OptionError
+from . import cases
+from .data import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
+from .measure import Case, machine_facts, measure_rounds, stats
+from .report import evaluate_targets, write_report
 
 __all__ = ["FULL", "QUICK", "BenchConfig", "run_bench"]
 
