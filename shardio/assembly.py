@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from . import blocks
 from .collate import audio_block, collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
 from .errors import FormatError, ShardioError
@@ -117,22 +118,28 @@ class Assembler:
         rows = block.numpy() if block is not None else None
         samples: list[dict[str, Any]] = []
         in_rows = rows is not None
-        for position, sample, audio in prepared:
-            try:
-                row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
-                samples.append(self._decode(sample, audio, epoch, row))
-            except ShardioError as exc:
-                self._failed(position, int(ids[position]), exc, skipped)
-                continue
-            # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
-            in_rows = in_rows and samples[-1]["audio"].base is rows
+        try:
+            for position, sample, audio in prepared:
+                try:
+                    row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
+                    samples.append(self._decode(sample, audio, epoch, row))
+                except ShardioError as exc:
+                    self._failed(position, int(ids[position]), exc, skipped)
+                    continue
+                # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
+                in_rows = in_rows and samples[-1]["audio"].base is rows
+        except BaseException:
+            blocks.release(block)
+            raise
         self.reader.stats.samples += len(samples)
         if self.batched:
+            if skipped:
+                blocks.release(block)
             batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
         batch["skipped"] = [text for _, text in sorted(skipped)]
-        return batch
+        return blocks.outgoing(batch)
 
     def _in_passes(self, ids: np.ndarray) -> bool:
         """Whether to read every sample before preparing any: when each read is a view of a memory map,

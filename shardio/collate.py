@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from . import blocks
 from .errors import OptionError
 
 __all__ = ["audio_block", "collate", "to_tensors"]
@@ -112,9 +113,10 @@ def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
     if get_worker_info() is None or total == start or any(d is None for d in dtypes):
         return [torch.from_numpy(np.zeros(shape, dtype=dtype)) for shape, dtype in specs]
-    if spare is not None and spare.is_shared() and spare.storage_offset() == 0 \
-            and spare.untyped_storage().nbytes() >= total:
-        storage = spare.untyped_storage()  # zero-filled, and not yet used behind the audio
+    if spare is not None and spare.is_shared() and spare.storage_offset() == 0 and blocks.usable(spare) >= total:
+        storage = spare.untyped_storage()  # not yet used behind the audio: zero-filled, unless a pooled block
+        if blocks.is_pooled(spare):
+            torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
     else:
         offsets = [offset - start for offset in offsets]
         storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
@@ -136,16 +138,20 @@ def audio_block(frames: Sequence[int], channels: int) -> torch.Tensor:
     :func:`shardio.decode.decode_audio`'s ``out``, row by row), then to give :func:`collate` as ``audio``,
     which zero-fills each row's padding.
 
-    In a DataLoader worker it lies in shared memory (zero-filled), with room behind it for the batch's
-    lengths and sample rates, so the whole batch crosses to the training process as one block. Elsewhere a
-    large block reuses the memory of an earlier batch that nothing references any more, so its contents
+    In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths and sample
+    rates, so the whole batch crosses to the training process as one block; a large one is a block of
+    :mod:`shardio.blocks`, reused once the trainer has dropped the batch it held. Elsewhere a large block reuses the memory of an earlier batch that nothing references any more, so its contents
     are undefined until written.
     """
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * 4
-    if get_worker_info() is None and nbytes >= _POOL_MIN_BYTES:
-        return torch.from_numpy(_POOL.take(nbytes).view(np.float32).reshape(shape))
+    if nbytes >= _POOL_MIN_BYTES:
+        if get_worker_info() is None:
+            return torch.from_numpy(_POOL.take(nbytes).view(np.float32).reshape(shape))
+        block = blocks.take(_aligned(nbytes) + 2 * _aligned(count * 8))
+        if block is not None:
+            return torch.empty(0, dtype=torch.float32).set_(block.untyped_storage(), 0, shape, _strides(shape))
     return _allocate([(shape, np.dtype(np.float32)), ((count,), int64), ((count,), int64)])[0]
 
 
@@ -157,7 +163,8 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
         return False
     if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
         return False
-    recycled = not audio.is_shared()  # a shared-memory block is created zero-filled; a pooled one is not
+    # a new shared-memory block is created zero-filled; a reused one (either pool) is not
+    recycled = not audio.is_shared() or blocks.is_pooled(audio)
     # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
     start, row_bytes = (0, 0) if in_rows else (block.ctypes.data, block.strides[0])
     for row, array in enumerate(arrays):
@@ -250,6 +257,8 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
             batch["lengths" if name == "audio" else f"{name}_lengths"] = lengths
         else:
             batch[name] = values
+    if audio is not None and batch.get("audio") is not audio:
+        blocks.release(audio)  # the samples did not fit it: the batch is made elsewhere
     for (name, content), tensor in zip(fills, _allocate(specs, audio if batch.get("audio") is audio else None)):
         out = tensor.numpy()
         if isinstance(content, list):

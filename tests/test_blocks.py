@@ -1,0 +1,69 @@
+"""Reused shared-memory batch blocks (shardio.blocks): DataLoader workers give exactly the batches of the
+0-worker path, a held batch is never overwritten, and dropped batches' blocks are reused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardio import ShardDataset, blocks
+from tests.datasets import make_uneven_dataset
+
+BATCH = 8  # samples of 2-5 s at 8 kHz: batches of 1.3-2.6 MB, over the 1 MiB where blocks are pooled
+
+
+@pytest.fixture(scope="module")
+def long_wavs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("long_wavs")
+    make_uneven_dataset(directory, [70, 50, 40], seed=5, duration_range=(2.0, 5.0))
+    return directory
+
+
+def _snapshot(batch: dict[str, Any]) -> tuple[list[str], torch.Tensor, torch.Tensor, int]:
+    return list(batch["keys"]), batch["audio"].clone(), batch["lengths"].clone(), int(batch["batch_index"])
+
+
+def _equal(a: tuple[list[str], torch.Tensor, torch.Tensor, int], b: tuple[list[str], torch.Tensor, torch.Tensor, int]
+           ) -> bool:
+    return a[0] == b[0] and a[3] == b[3] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
+def test_held_batches_from_workers_are_the_zero_worker_batches_and_never_overwritten(long_wavs: Path) -> None:
+    expected = [_snapshot(b) for b in ShardDataset(long_wavs, batch_size=BATCH, seed=2)]
+    assert len(expected) == 20 > 2 * blocks.LIMIT  # each worker runs out of blocks while all are held
+    loader = DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=2), batch_size=None, num_workers=2)
+    held = list(loader)  # every batch kept alive until the end: no block may be written again meanwhile
+    assert len(held) == len(expected)
+    for batch, want in zip(held, expected):
+        assert _equal(_snapshot(batch), want)
+        assert type(batch) is dict
+
+
+def test_dropped_blocks_are_reused_and_views_keep_theirs(long_wavs: Path) -> None:
+    expected = [_snapshot(b) for b in ShardDataset(long_wavs, batch_size=BATCH, seed=4)]
+    loader = DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=4), batch_size=None, num_workers=2)
+    pointers, views = set(), []
+    for position, batch in enumerate(loader):
+        assert _equal(_snapshot(batch), expected[position])
+        pointers.add(batch["audio"].data_ptr())
+        if position % 5 == 0:  # keep only a view of one row: its block must stay held for it
+            views.append((position, batch["audio"][1]))
+        del batch
+    assert len(pointers) < len(expected)  # dropped batches' blocks came back
+    for position, view in views:
+        assert torch.equal(view, expected[position][1][1])
+
+
+def test_epochs_from_workers_match_zero_workers(long_wavs: Path) -> None:
+    plain = ShardDataset(long_wavs, batch_size=BATCH, seed=7)
+    pooled = ShardDataset(long_wavs, batch_size=BATCH, seed=7)
+    loader = DataLoader(pooled, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        plain.set_epoch(epoch)
+        want = [_snapshot(b) for b in plain]
+        got = [_snapshot(b) for b in loader]
+        assert len(got) == len(want) and all(_equal(g, w) for g, w in zip(got, want))
