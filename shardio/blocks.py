@@ -17,13 +17,15 @@ plain dict whose audio is a view that releases the block when it dies.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
-from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from .errors import ReadError
 
 __all__ = ["LIMIT", "Outgoing", "is_pooled", "outgoing", "release", "take"]
 
@@ -31,40 +33,47 @@ LIMIT = 8
 """Blocks a worker keeps: the DataLoader's prefetch (2 per worker), the batches the trainer holds and pinning."""
 _TAIL = 64  # bytes kept free at the end of a block: its flag lies in the last one
 _HELD, _FREE = 1, 0
-_MAPPED_LIMIT = 64  # blocks the training process keeps mapped (over several workers and iterations)
+
+
+class _Block(NamedTuple):
+    tensor: torch.Tensor  # uint8, the whole shared storage
+    flag: np.ndarray  # its last byte
+    token: tuple[int, int]  # (worker pid, serial): names the block in the training process once it has it
 
 
 class _Pool:
-    """One worker's blocks: uint8 tensors over shared storages, with their flag bytes."""
+    """One worker's blocks, and which of them the training process has been sent already."""
 
     def __init__(self) -> None:
-        self.blocks: list[tuple[torch.Tensor, np.ndarray]] = []
-        self.by_pointer: dict[int, np.ndarray] = {}
+        self.blocks: list[_Block] = []
+        self.by_pointer: dict[int, _Block] = {}
+        self.sent: set[tuple[int, int]] = set()
+        self.serial = 0
         self.lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor | None:
         with self.lock:
-            free = [i for i, (_, flag) in enumerate(self.blocks) if flag[0] == _FREE]
+            free = [i for i, block in enumerate(self.blocks) if block.flag[0] == _FREE]
             for i in free:
-                block, flag = self.blocks[i]
-                if block.numel() - _TAIL >= nbytes:
-                    flag[0] = _HELD
-                    return block
+                block = self.blocks[i]
+                if block.tensor.numel() - _TAIL >= nbytes:
+                    block.flag[0] = _HELD
+                    return block.tensor
             if len(self.blocks) >= LIMIT and not free:
                 return None
             size = nbytes + nbytes // 4 + _TAIL  # room for a somewhat longer batch next time
             storage = torch.UntypedStorage._new_shared(size)
-            block = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,))
-            flag = block[size - 1 :].numpy()
-            flag[0] = _HELD
-            if free:
-                old, _ = self.blocks[free[0]]
-                self.by_pointer.pop(old.data_ptr(), None)
-                self.blocks[free[0]] = (block, flag)
+            tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,))
+            self.serial += 1
+            block = _Block(tensor, tensor[size - 1 :].numpy(), (os.getpid(), self.serial))
+            block.flag[0] = _HELD
+            if free:  # a free block too small for this batch: replaced
+                self.by_pointer.pop(self.blocks[free[0]].tensor.data_ptr(), None)
+                self.blocks[free[0]] = block
             else:
-                self.blocks.append((block, flag))
-            self.by_pointer[block.data_ptr()] = flag
-            return block
+                self.blocks.append(block)
+            self.by_pointer[tensor.data_ptr()] = block
+            return tensor
 
 
 _POOL = _Pool()
@@ -90,17 +99,33 @@ def is_pooled(tensor: torch.Tensor) -> bool:
 def release(tensor: torch.Tensor | None) -> None:
     """Give back the block of ``tensor`` when a batch did not end up in it (its audio went elsewhere)."""
     if tensor is not None:
-        flag = _POOL.by_pointer.get(tensor.untyped_storage().data_ptr())
-        if flag is not None:
-            flag[0] = _FREE
+        block = _POOL.by_pointer.get(tensor.untyped_storage().data_ptr())
+        if block is not None:
+            block.flag[0] = _FREE
 
 
 class Outgoing(dict[str, Any]):
     """A batch whose audio lies in a pooled block: pickled to the training process, it arrives as a plain dict
-    whose audio releases the block when the trainer drops it (see the module docs)."""
+    whose tensors in the block release it once the trainer has dropped them all (see the module docs).
+
+    The block's memory (a file descriptor, handed over through a socket) is sent the first time only; after
+    that the batch names the block and where each of its tensors lies in it."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _arrived, (dict(self),)
+        block = _POOL.by_pointer[self["audio"].untyped_storage().data_ptr()]
+        views, rest = {}, {}
+        for name, value in self.items():
+            if isinstance(value, torch.Tensor) and value.is_contiguous() \
+                    and value.untyped_storage().data_ptr() == block.tensor.data_ptr():
+                views[name] = (str(value.numpy().dtype), value.storage_offset() * value.element_size(),
+                               tuple(value.shape))
+            else:
+                rest[name] = value
+        with _POOL.lock:
+            first = block.token not in _POOL.sent
+            _POOL.sent.add(block.token)
+        storage = block.tensor.untyped_storage() if first else None
+        return _arrived, (block.token, storage, views, rest, list(self))
 
     def __copy__(self) -> Outgoing:  # DataLoader's default_convert copies the batch in the worker
         return Outgoing(self)
@@ -115,19 +140,37 @@ def outgoing(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Mapped:
-    """Blocks the training process has received, kept mapped (strong references, the oldest dropped first):
-    torch then finds a block again by its file instead of mapping it anew, page by page."""
+    """The blocks the training process has received, by token. Kept mapped while their worker lives (its
+    batches name them without sending them again); a new block's arrival drops those of exited workers."""
 
     def __init__(self) -> None:
-        self.storages: OrderedDict[int, torch.UntypedStorage] = OrderedDict()
+        self.storages: dict[tuple[int, int], torch.UntypedStorage] = {}
         self.lock = threading.Lock()
 
-    def keep(self, storage: torch.UntypedStorage) -> None:
+    def add(self, token: tuple[int, int], storage: torch.UntypedStorage) -> None:
         with self.lock:
-            self.storages[storage.data_ptr()] = storage
-            self.storages.move_to_end(storage.data_ptr())
-            while len(self.storages) > _MAPPED_LIMIT:
-                self.storages.popitem(last=False)
+            for pid in {known for known, _ in self.storages} - {token[0]}:
+                if not _alive(pid):
+                    self.storages = {t: s for t, s in self.storages.items() if t[0] != pid}
+            self.storages[token] = storage
+
+    def get(self, token: tuple[int, int]) -> torch.UntypedStorage:
+        storage = self.storages.get(token)
+        if storage is None:
+            raise ReadError(f"a batch names shared-memory block {token[1]} of DataLoader worker {token[0]}, which "
+                            "this process was never sent: a batch from a worker can be unpickled once, by the "
+                            "process that iterates the DataLoader")
+        return storage
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 _MAPPED = _Mapped()
@@ -137,15 +180,26 @@ def _set_free(flag: np.ndarray) -> None:
     flag[0] = _FREE
 
 
-def _arrived(batch: dict[str, Any]) -> dict[str, Any]:
-    """Unpickling an :class:`Outgoing` batch (in the training process): its audio becomes a tensor over an
-    array whose death clears the block's flag."""
-    audio = batch["audio"]
-    storage = audio.untyped_storage()
-    _MAPPED.keep(storage)
-    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-    flag = whole[storage.nbytes() - 1 :].numpy()
-    backing = audio.numpy()  # references `audio`, so the block stays mapped while the trainer uses it
-    weakref.finalize(backing, _set_free, flag)
-    batch["audio"] = torch.from_numpy(backing)
+def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
+             views: dict[str, tuple[str, int, tuple[int, ...]]], rest: dict[str, Any], order: list[str]
+             ) -> dict[str, Any]:
+    """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become tensors
+    over views of one array, whose death (that of every view) clears the block's flag."""
+    if storage is not None:
+        _MAPPED.add(token, storage)
+    else:
+        storage = _MAPPED.get(token)
+    size = storage.nbytes()
+    flag = torch.empty(0, dtype=torch.uint8).set_(storage, size - 1, (1,), (1,)).numpy()
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,)).numpy()
+    weakref.finalize(whole, _set_free, flag)
+    batch = {}
+    for name in order:
+        if name in views:
+            dtype, offset, shape = views[name]
+            count = int(np.prod(shape))
+            end = offset + count * np.dtype(dtype).itemsize
+            batch[name] = torch.from_numpy(whole[offset:end].view(dtype).reshape(shape))
+        else:
+            batch[name] = rest[name]
     return batch
