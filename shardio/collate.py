@@ -69,12 +69,6 @@ class _BlockPool:
 _POOL = _BlockPool(_POOL_BLOCKS)
 
 
-def reserve_blocks(ahead: int) -> None:
-    """Keep enough reusable blocks for ``ahead`` batches assembled ahead of the one the trainer waits for."""
-    with _POOL._lock:
-        _POOL._blocks = max(_POOL._blocks, _POOL_BLOCKS + ahead + 1)
-
-
 def _as_array(value: Any) -> np.ndarray | None:
     """``value`` as a numeric numpy array (CPU tensors are viewed, not copied), or None if it is not one."""
     if isinstance(value, np.ndarray):

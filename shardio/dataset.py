@@ -16,7 +16,6 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,6 @@ from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
-from .threads import assembled, check_threads
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -48,8 +46,7 @@ class ShardDataset(IterableDataset):
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
     be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
-    :meth:`Index.load`); ``retry`` bounds the retries of remote reads. ``threads=N`` assembles batches in N
-    threads of each iterating process (see :mod:`shardio.threads`): the same batches, in the same order.
+    :meth:`Index.load`); ``retry`` bounds the retries of remote reads.
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
@@ -61,9 +58,8 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None, threads: int = 0) -> None:
+                 storage_options: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.threads = check_threads(threads)
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if not isinstance(seed, int) or seed < 0:
@@ -234,11 +230,10 @@ class ShardDataset(IterableDataset):
         if self._reader is None:
             self._reader = Reader(self.index, retry=self.retry)
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform)
-        make = partial(Assembler, decoding=decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
-                       fields=self._fields)
-        order = worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]
-        batches = assembled(make, self._reader, ((plan.batch(world.rank, j), epoch) for j in order), self.threads)
-        for j, batch in zip(order, batches):
+        assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
+                              fields=self._fields)
+        for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
+            batch = assembler.batch(plan.batch(world.rank, j), epoch)
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch
