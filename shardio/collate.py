@@ -133,8 +133,8 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def audio_block(frames: Sequence[int], channels: int) -> torch.Tensor:
-    """A float32 ``(len(frames), channels, max(frames))`` batch to decode samples straight into (with
+def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)) -> torch.Tensor:
+    """A float32 (or ``dtype``) ``(len(frames), channels, max(frames))`` batch to decode samples straight into (with
     :func:`shardio.decode.decode_audio`'s ``out``, row by row), then to give :func:`collate` as ``audio``,
     which zero-fills each row's padding.
 
@@ -145,23 +145,25 @@ def audio_block(frames: Sequence[int], channels: int) -> torch.Tensor:
     """
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
-    nbytes = count * channels * shape[2] * 4
+    nbytes = count * channels * shape[2] * dtype.itemsize
     if nbytes >= _POOL_MIN_BYTES:
         if get_worker_info() is None:
-            return torch.from_numpy(_POOL.take(nbytes).view(np.float32).reshape(shape))
+            return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
         block = blocks.take(_aligned(nbytes) + 2 * _aligned(count * 8))
         if block is not None:
-            return torch.empty(0, dtype=torch.float32).set_(block.untyped_storage(), 0, shape, _strides(shape))
-    return _allocate([(shape, np.dtype(np.float32)), ((count,), int64), ((count,), int64)])[0]
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            return torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
+    return _allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
 
 
 def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: bool) -> bool:
     """Whether ``audio`` can be the batch of ``arrays``: each fits its row, where it is copied unless it was
     decoded there already (``in_rows``: the caller knows each is)."""
     block = audio.numpy()
-    if audio.dtype != torch.float32 or block.ndim != 3 or block.shape[0] != len(arrays):
+    if audio.dtype not in (torch.float32, torch.int16) or block.ndim != 3 or block.shape[0] != len(arrays):
         return False
-    if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
+    if any(a is None or a.ndim != 2 or a.dtype != block.dtype or a.shape[0] != block.shape[1]
+           or a.shape[1] > block.shape[2] for a in arrays):
         return False
     # a new shared-memory block is created zero-filled; a reused one (either pool) is not
     recycled = not audio.is_shared() or blocks.is_pooled(audio)

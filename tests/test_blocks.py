@@ -58,12 +58,29 @@ def test_dropped_blocks_are_reused_and_views_keep_theirs(long_wavs: Path) -> Non
         assert torch.equal(view, expected[position][1][1])
 
 
-def test_epochs_from_workers_match_zero_workers(long_wavs: Path) -> None:
-    plain = ShardDataset(long_wavs, batch_size=BATCH, seed=7)
-    pooled = ShardDataset(long_wavs, batch_size=BATCH, seed=7)
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+def test_epochs_from_workers_match_zero_workers(long_wavs: Path, dtype: str) -> None:
+    plain = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, dtype=dtype)  # int16: still over 1 MiB
+    pooled = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, dtype=dtype)
     loader = DataLoader(pooled, batch_size=None, num_workers=2, persistent_workers=True)
     for epoch in range(2):
         plain.set_epoch(epoch)
         want = [_snapshot(b) for b in plain]
         got = [_snapshot(b) for b in loader]
         assert len(got) == len(want) and all(_equal(g, w) for g, w in zip(got, want))
+
+
+def test_resume_through_workers_continues_onto_the_zero_worker_batches(long_wavs: Path) -> None:
+    expected = [_snapshot(b) for b in ShardDataset(long_wavs, batch_size=BATCH, seed=9)]
+    first = ShardDataset(long_wavs, batch_size=BATCH, seed=9)
+    held = []
+    for batch in DataLoader(first, batch_size=None, num_workers=2):
+        held.append(batch)  # held while the job "saves": its block must not change meanwhile
+        if len(held) == 7:
+            state = first.state_after(batch)
+            break
+    resumed = ShardDataset(long_wavs, batch_size=BATCH, seed=9)
+    resumed.load_state_dict(state)
+    rest = [_snapshot(b) for b in DataLoader(resumed, batch_size=None, num_workers=2)]
+    got = [_snapshot(b) for b in held] + rest
+    assert len(got) == len(expected) and all(_equal(g, w) for g, w in zip(got, expected))

@@ -41,6 +41,7 @@ __all__ = [
     "make_variant",
     "prepare_corpora",
     "shared_corpora",
+    "zstd_frames",
 ]
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,25 @@ def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, b
         for sample in range(len(index) if limit is None else min(limit, len(index))):
             ext = index.formats[int(index.columns["format"][sample])]
             found.append((ext, _sample_members(reader, sample)[ext]))
+    finally:
+        reader.close()
+    return found
+
+
+def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
+    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order (samples
+    that share a frame share its bytes)."""
+    index = Index.load(corpus.directory)
+    reader = Reader(index)
+    c = index.columns
+    frames: dict[tuple[int, int], bytes] = {}
+    found = []
+    try:
+        for sample in range(len(index)):
+            shard, offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
+            if (shard, offset) not in frames:
+                frames[shard, offset] = reader.read_range(shard, offset, int(c["frame_size"][sample]))
+            found.append((frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample])))
     finally:
         reader.close()
     return found
