@@ -101,10 +101,11 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None
-              ) -> list[torch.Tensor]:
+def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
+              pooled: bool = False) -> list[torch.Tensor]:
     """Zero tensors of the given shapes and numpy dtypes: in a DataLoader worker, views of one shared block
-    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough)."""
+    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with ``pooled``, a large
+    batch's block of :mod:`shardio.blocks`)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
@@ -119,7 +120,12 @@ def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor
             torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
     else:
         offsets = [offset - start for offset in offsets]
-        storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
+        block = blocks.take(total - start) if pooled and total - start >= _POOL_MIN_BYTES else None
+        if block is not None:
+            storage = block.untyped_storage()
+            block[: total - start].zero_()
+        else:
+            storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
     return [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
             for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
 
@@ -261,7 +267,9 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
             batch[name] = values
     if audio is not None and batch.get("audio") is not audio:
         blocks.release(audio)  # the samples did not fit it: the batch is made elsewhere
-    for (name, content), tensor in zip(fills, _allocate(specs, audio if batch.get("audio") is audio else None)):
+    spare = audio if batch.get("audio") is audio else None
+    pooled = spare is None and bool(fills) and fills[0][0] == "audio"  # samples collated in a worker
+    for (name, content), tensor in zip(fills, _allocate(specs, spare, pooled)):
         out = tensor.numpy()
         if isinstance(content, list):
             for row, array in enumerate(content):
@@ -269,7 +277,7 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
         else:
             out[...] = content
         batch[name] = tensor
-    return _ordered(batch, samples[0])
+    return blocks.outgoing(_ordered(batch, samples[0]))
 
 
 def _ordered(batch: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:

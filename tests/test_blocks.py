@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardio import ShardDataset, blocks
+from shardio.collate import collate
 from tests.datasets import make_uneven_dataset
 
 BATCH = 8  # samples of 2-5 s at 8 kHz: batches of 1.3-2.6 MB, over the 1 MiB where blocks are pooled
@@ -23,12 +24,15 @@ def long_wavs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _snapshot(batch: dict[str, Any]) -> tuple[list[str], torch.Tensor, torch.Tensor, int]:
-    return list(batch["keys"]), batch["audio"].clone(), batch["lengths"].clone(), int(batch["batch_index"])
+Snapshot = tuple[list[str], torch.Tensor, torch.Tensor, Any]
 
 
-def _equal(a: tuple[list[str], torch.Tensor, torch.Tensor, int], b: tuple[list[str], torch.Tensor, torch.Tensor, int]
-           ) -> bool:
+def _snapshot(batch: dict[str, Any]) -> Snapshot:
+    """Copies of what a batch holds (its block may be reused once it is dropped)."""
+    return list(batch["keys"]), batch["audio"].clone(), batch["lengths"].clone(), batch["batch_index"]
+
+
+def _equal(a: Snapshot, b: Snapshot) -> bool:
     return a[0] == b[0] and a[3] == b[3] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
 
 
@@ -84,3 +88,24 @@ def test_resume_through_workers_continues_onto_the_zero_worker_batches(long_wavs
     rest = [_snapshot(b) for b in DataLoader(resumed, batch_size=None, num_workers=2)]
     got = [_snapshot(b) for b in held] + rest
     assert len(got) == len(expected) and all(_equal(g, w) for g, w in zip(got, expected))
+
+
+def _samples(batches: list[dict[str, Any]]) -> list[tuple[int, str, torch.Tensor]]:
+    """(position in the plan, key, audio) of each sample of collated unbatched samples, in plan order."""
+    found = [(position, key, batch["audio"][row, :, : int(batch["lengths"][row])].clone())
+             for batch in batches for row, (position, key) in enumerate(zip(batch["batch_index"], batch["keys"]))]
+    return sorted(found, key=lambda sample: sample[0])
+
+
+def test_samples_collated_in_workers_use_blocks_and_match_zero_workers(long_wavs: Path) -> None:
+    def loader(workers: int) -> DataLoader:
+        return DataLoader(ShardDataset(long_wavs, seed=3), batch_size=BATCH, collate_fn=collate, num_workers=workers)
+
+    expected = _samples(list(loader(0)))
+    held = list(loader(2))  # all held: each worker runs out of blocks
+    assert len(held) > 2 * blocks.LIMIT
+    got = _samples(held)  # with workers the DataLoader batches each worker's samples: compare sample by sample
+    assert [s[:2] for s in got] == [s[:2] for s in expected]
+    assert all(torch.equal(g[2], w[2]) for g, w in zip(got, expected))
+    pointers = {batch["audio"].data_ptr() for batch in loader(2)}  # each dropped at once: blocks come back
+    assert len(pointers) < len(held)
