@@ -1,9 +1,10 @@
 """``shardio bench``: decode throughput against WebDataset and against the floors, on the same shards.
 
 :func:`run_bench` measures, in one run and interleaved round by round (so that a noisy machine slows every
-competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` and ``.tar.zst``;
-WebDataset + soundfile on the same ``.tar`` shards; the soundfile decoder floor and, for PCM WAV, the numpy
-raw floor (bytes already in memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
+competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` (and in unbatched mode,
+samples collated by the DataLoader) and ``.tar.zst``; WebDataset + soundfile on the same ``.tar`` shards with
+the same workers (the headline: what a training job sees); the soundfile decoder floor, for PCM WAV the numpy
+raw floor (bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
 speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
 and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
 with min and max; ratios (the targets) are medians of per-round ratios. Results go to ``bench.json``,
@@ -45,7 +46,7 @@ class BenchConfig:
     """Use only the first this many shared FLACs."""
     samples_per_shard: int = 100
     compression_samples: int = 200
-    reps: int = 7
+    reps: int = 5
     min_round_seconds: float = 0.5
     """A timed pass repeats its case until this long has passed: a pass of a fast case over a small corpus
     would otherwise last a tenth of a second, and its figure would be mostly scheduling noise."""
