@@ -24,6 +24,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
             assert (corpus, f"webdataset + soundfile .tar, {workers}w") in cases
         for workers in (0, 2):
             assert (corpus, f"shardio .tar unbatched (DataLoader batches), {workers}w") in cases
+        assert (corpus, "shardio .tar int16, 2w") in cases
         assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
         assert (corpus, "zstd-3 decompression floor (frames in memory)") in cases
         assert (corpus, "soundfile floor (bytes in memory)") in cases

@@ -59,29 +59,29 @@ def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
 
 
 def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                   persistent: bool = True, unbatched: bool = False) -> DataLoader:
+                   persistent: bool = True, unbatched: bool = False, dtype: str = "float32") -> DataLoader:
     """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
     dataset yields samples and the DataLoader batches them with :func:`shardio.collate.collate`."""
     persistent = persistent and workers > 0
     if unbatched:
-        return DataLoader(ShardDataset(directory, shuffle=shuffle), batch_size=batch_size, collate_fn=collate,
-                          num_workers=workers, persistent_workers=persistent)
-    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle)
+        return DataLoader(ShardDataset(directory, shuffle=shuffle, dtype=dtype), batch_size=batch_size,
+                          collate_fn=collate, num_workers=workers, persistent_workers=persistent)
+    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, dtype=dtype)
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
 
 
 def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                  fresh: bool = False, unbatched: bool = False) -> Epoch:
+                  fresh: bool = False, unbatched: bool = False, dtype: str = "float32") -> Epoch:
     """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
 
     ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
     shards (gzip, bz2) in memory, which on a bench-sized dataset would hide their decompression after the
     first round, while a real epoch over a large dataset decompresses every shard. ``unbatched``: see
-    :func:`shardio_loader`.
+    :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
     """
     def make() -> DataLoader:
         return shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle,
-                              unbatched=unbatched)
+                              unbatched=unbatched, dtype=dtype)
     if fresh:
         return lambda: _count(make())
     loader = make()

@@ -28,6 +28,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("zstd_vs_floor", "wav", ("zstd-3 >= 90% of its floor (decompressing the same frames + the .tar path), "
      "per core"), 0.9),
     ("zstd_vs_tar", "*", "(context) zstd-3 vs .tar, per core", 1 / 1.1),
+    ("int16_vs_float32_2w", "*", "(context) dtype='int16' vs float32 with 2 workers, per core", 1.0),
+    ("unbatched_vs_batched", "*", "(context) unbatched mode (the DataLoader collates) vs batched, 0 workers", 0.9),
 ]
 
 

@@ -71,13 +71,14 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
 
-    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False) -> Case:
+    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False, dtype: str = "float32") -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
         suffix += " unbatched (DataLoader batches)" if unbatched else ""
+        suffix += f" {dtype}" if dtype != "float32" else ""
         return Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
                      corpus.shard_bytes / 1e6,
                      partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size,
-                             unbatched=unbatched))
+                             unbatched=unbatched, dtype=dtype))
 
     def webdataset(workers: int) -> Case:
         return Case(plain.name, f"webdataset + soundfile .tar, {workers}w", "webdataset", "none", workers,
@@ -99,6 +100,7 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
               zstd.shard_bytes / 1e6, lambda: cases.zstd_floor(frames)),
         shardio(zstd, "zstd-3", zstd_first),
         *(case for workers in more for case in (shardio(plain, "none", workers), webdataset(workers))),
+        shardio(plain, "none", max(config.workers), dtype="int16"),
         shardio(plain, "none", first, unbatched=True),
         shardio(plain, "none", max(config.workers), unbatched=True),
         *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
@@ -117,6 +119,7 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "two_workers_vs_zero_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 0w", "cpu"),
     "two_workers_vs_one": ("shardio .tar, 2w", "shardio .tar, 1w", "wall"),
     "unbatched_vs_batched": ("shardio .tar unbatched (DataLoader batches), 0w", "shardio .tar, 0w", "cpu"),
+    "int16_vs_float32_2w": ("shardio .tar int16, 2w", "shardio .tar, 2w", "cpu"),
 }
 _ZSTD_FLOOR = ("shardio .tar.zst (zstd-3), 0w", "zstd-3 decompression floor (frames in memory)", "shardio .tar, 0w")
 """zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
