@@ -109,18 +109,29 @@ class Outgoing(dict[str, Any]):
     whose tensors in the block release it once the trainer has dropped them all (see the module docs).
 
     The block's memory (a file descriptor, handed over through a socket) is sent the first time only; after
-    that the batch names the block and where each of its tensors lies in it."""
+    that the batch names the block and where each of its tensors lies in it. A tensor of the block that is not
+    contiguous (a strided view made in the worker) is sent as a copy; a batch left with no tensor in its block
+    (the worker replaced them) gives the block back and is sent as a plain dict."""
+
+    block: _Block | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        block = _POOL.by_pointer[self["audio"].untyped_storage().data_ptr()]
+        block = self.block
         views, rest = {}, {}
         for name, value in self.items():
-            if isinstance(value, torch.Tensor) and value.is_contiguous() \
+            if block is not None and isinstance(value, torch.Tensor) \
                     and value.untyped_storage().data_ptr() == block.tensor.data_ptr():
-                views[name] = (str(value.numpy().dtype), value.storage_offset() * value.element_size(),
-                               tuple(value.shape))
+                if value.is_contiguous():
+                    views[name] = (str(value.numpy().dtype), value.storage_offset() * value.element_size(),
+                                   tuple(value.shape))
+                else:
+                    rest[name] = value.clone()
             else:
                 rest[name] = value
+        if block is None or not views:
+            if block is not None:
+                block.flag[0] = _FREE
+            return dict, (rest,)
         with _POOL.lock:
             first = block.token not in _POOL.sent
             _POOL.sent.add(block.token)
@@ -128,15 +139,22 @@ class Outgoing(dict[str, Any]):
         return _arrived, (block.token, storage, views, rest, list(self))
 
     def __copy__(self) -> Outgoing:  # DataLoader's default_convert copies the batch in the worker
-        return Outgoing(self)
+        copy = Outgoing(self)
+        copy.block = self.block
+        return copy
 
 
 def outgoing(batch: dict[str, Any]) -> dict[str, Any]:
     """``batch`` as an :class:`Outgoing` when its audio lies in a pooled block, else as it is."""
     audio = batch.get("audio")
-    if isinstance(audio, torch.Tensor) and is_pooled(audio):
-        return Outgoing(batch)
-    return batch
+    if isinstance(batch, Outgoing) or not isinstance(audio, torch.Tensor):
+        return batch
+    block = _POOL.by_pointer.get(audio.untyped_storage().data_ptr())
+    if block is None:
+        return batch
+    wrapped = Outgoing(batch)
+    wrapped.block = block
+    return wrapped
 
 
 class _Mapped:

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from shardio import ShardDataset, blocks
 from shardio.collate import collate
@@ -109,3 +110,35 @@ def test_samples_collated_in_workers_use_blocks_and_match_zero_workers(long_wavs
     assert all(torch.equal(g[2], w[2]) for g, w in zip(got, expected))
     pointers = {batch["audio"].data_ptr() for batch in loader(2)}  # each dropped at once: blocks come back
     assert len(pointers) < len(held)
+
+
+class _Reworked(IterableDataset):
+    """Post-processing in the worker, as trainers do: a strided view of the block, or audio replaced."""
+
+    def __init__(self, dataset: ShardDataset, replace: bool) -> None:
+        self.dataset, self.replace = dataset, replace
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.dataset:
+            if self.replace:
+                batch["audio"] = batch["audio"] * 2
+            else:
+                batch["strided"] = batch["audio"][:, :, ::2]
+            yield batch
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_batches_reworked_in_the_worker_are_never_overwritten(long_wavs: Path, replace: bool) -> None:
+    expected = [_snapshot(b) for b in ShardDataset(long_wavs, batch_size=BATCH, seed=6)]
+    dataset = _Reworked(ShardDataset(long_wavs, batch_size=BATCH, seed=6), replace)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    held = [batch if replace else batch["strided"] for batch in loader]  # only the strided view is kept
+    assert len(held) == len(expected)
+    for batch, (keys, audio, lengths, _) in zip(held, expected):
+        if replace:
+            assert batch["keys"] == keys and torch.equal(batch["lengths"], lengths)
+            assert torch.equal(batch["audio"], audio * 2)
+        else:
+            assert torch.equal(batch, audio[:, :, ::2])
+    more = list(DataLoader(dataset, batch_size=None, num_workers=2))  # blocks of replaced audio came back
+    assert len(more) == len(expected)
