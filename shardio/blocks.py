@@ -79,6 +79,15 @@ class _Pool:
 _POOL = _Pool()
 
 
+def _forked() -> None:
+    global _POOL
+    _POOL = _Pool()  # a child process (a DataLoader worker) writes into blocks of its own, never its parent's
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def take(nbytes: int) -> torch.Tensor | None:
     """A uint8 shared-memory block of at least ``nbytes`` usable bytes, marked as held, with undefined
     contents; None when the worker already keeps :data:`LIMIT` blocks and the trainer holds them all."""

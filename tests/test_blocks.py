@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardio import ShardDataset, blocks
@@ -142,3 +144,29 @@ def test_batches_reworked_in_the_worker_are_never_overwritten(long_wavs: Path, r
             assert torch.equal(batch, audio[:, :, ::2])
     more = list(DataLoader(dataset, batch_size=None, num_workers=2))  # blocks of replaced audio came back
     assert len(more) == len(expected)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.tuples(st.just("take"), st.integers(1, 3 << 20)),
+                          st.tuples(st.just("drop"), st.integers(0, 20))), max_size=40))
+def test_a_block_is_never_written_while_a_received_batch_holds_it(
+        monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, int]]) -> None:
+    monkeypatch.setattr(blocks, "_POOL", blocks._Pool())  # this process plays the worker and the trainer
+    monkeypatch.setattr(blocks, "_MAPPED", blocks._Mapped())
+    held: list[tuple[dict[str, Any], int]] = []
+    for step, (kind, value) in enumerate(steps):
+        if kind == "drop":
+            if held:
+                del held[value % len(held)]  # the trainer drops a batch: its block may be written again
+            continue
+        block = blocks.take(value)
+        assert len(blocks._POOL.blocks) <= blocks.LIMIT
+        if block is None:  # every pooled block is held: the worker would make a fresh one
+            assert len(held) >= blocks.LIMIT
+            continue
+        audio = block[: value - value % 4].view(torch.float32)
+        audio.fill_(float(step))  # the worker writes its batch
+        rebuild, args = blocks.outgoing({"audio": audio, "step": step}).__reduce__()
+        held.append((rebuild(*args), step))  # as the training process unpickles it
+        for batch, wrote in held:
+            assert batch["step"] == wrote and bool((batch["audio"] == float(wrote)).all())
