@@ -11,8 +11,10 @@ the last reference to the batch's audio (any view of it, the batch dict, a list 
 (``weakref.finalize`` on the array that backs the tensor it gives the trainer). A worker only writes into
 a block whose flag is clear; with none free it makes a new block, or (over :data:`LIMIT`) an unpooled one.
 
-The batch leaves the worker as a :class:`Outgoing` dict: unpickled in the training process it becomes a
-plain dict whose audio is a view that releases the block when it dies.
+The batch leaves the worker as an :class:`Outgoing` dict: unpickled in the training process it becomes a
+plain dict whose tensors in the block release it when the last of them dies. A block is sent (its file
+descriptor) once; later batches name it, and the training process keeps it mapped until its worker exits or
+replaces it with a larger one.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class _Pool:
         self.blocks: list[_Block] = []
         self.by_pointer: dict[int, _Block] = {}
         self.sent: set[tuple[int, int]] = set()
+        self.retired: list[tuple[int, int]] = []  # replaced blocks the training process still keeps mapped
         self.serial = 0
         self.lock = threading.Lock()
 
@@ -68,7 +71,11 @@ class _Pool:
             block = _Block(tensor, tensor[size - 1 :].numpy(), (os.getpid(), self.serial))
             block.flag[0] = _HELD
             if free:  # a free block too small for this batch: replaced
-                self.by_pointer.pop(self.blocks[free[0]].tensor.data_ptr(), None)
+                old = self.blocks[free[0]]
+                self.by_pointer.pop(old.tensor.data_ptr(), None)
+                if old.token in self.sent:
+                    self.sent.discard(old.token)
+                    self.retired.append(old.token)
                 self.blocks[free[0]] = block
             else:
                 self.blocks.append(block)
@@ -144,8 +151,9 @@ class Outgoing(dict[str, Any]):
         with _POOL.lock:
             first = block.token not in _POOL.sent
             _POOL.sent.add(block.token)
+            retired, _POOL.retired = _POOL.retired, []
         storage = block.tensor.untyped_storage() if first else None
-        return _arrived, (block.token, storage, views, rest, list(self))
+        return _arrived, (block.token, storage, views, rest, list(self), retired)
 
     def __copy__(self) -> Outgoing:  # DataLoader's default_convert copies the batch in the worker
         copy = Outgoing(self)
@@ -175,13 +183,21 @@ class _Mapped:
         self.lock = threading.Lock()
 
     def add(self, token: tuple[int, int], storage: torch.UntypedStorage) -> None:
+        """Keep ``storage``, the block ``token`` names; drop the blocks of workers that have exited."""
         with self.lock:
             for pid in {known for known, _ in self.storages} - {token[0]}:
                 if not _alive(pid):
                     self.storages = {t: s for t, s in self.storages.items() if t[0] != pid}
             self.storages[token] = storage
 
+    def drop(self, tokens: list[tuple[int, int]]) -> None:
+        """Forget blocks their worker has replaced (they are unmapped once no batch views them)."""
+        with self.lock:
+            for token in tokens:
+                self.storages.pop(token, None)
+
     def get(self, token: tuple[int, int]) -> torch.UntypedStorage:
+        """The block ``token`` names, received earlier."""
         storage = self.storages.get(token)
         if storage is None:
             raise ReadError(f"a batch names shared-memory block {token[1]} of DataLoader worker {token[0]}, which "
@@ -208,10 +224,11 @@ def _set_free(flag: np.ndarray) -> None:
 
 
 def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
-             views: dict[str, tuple[str, int, tuple[int, ...]]], rest: dict[str, Any], order: list[str]
-             ) -> dict[str, Any]:
+             views: dict[str, tuple[str, int, tuple[int, ...]]], rest: dict[str, Any], order: list[str],
+             retired: list[tuple[int, int]]) -> dict[str, Any]:
     """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become tensors
     over views of one array, whose death (that of every view) clears the block's flag."""
+    _MAPPED.drop(retired)
     if storage is not None:
         _MAPPED.add(token, storage)
     else:

@@ -7,6 +7,8 @@ utterances of 1-5 s, 35-135 ms with torch on 2 threads, 1-3 ms in numpy).
 In a DataLoader worker every tensor of a batch is carved out of one shared-memory block (as torch's default
 collate allocates in shared memory): the batch then travels to the main process as one file descriptor
 instead of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL).
+The block is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.blocks`), and after
+its first trip it is named, not sent.
 
 In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
 that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
@@ -104,8 +106,8 @@ def _aligned(nbytes: int) -> int:
 def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
               pooled: bool = False) -> list[torch.Tensor]:
     """Zero tensors of the given shapes and numpy dtypes: in a DataLoader worker, views of one shared block
-    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with ``pooled``, a large
-    batch's block of :mod:`shardio.blocks`)."""
+    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with ``pooled``, a block
+    of :mod:`shardio.blocks`)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
@@ -120,7 +122,7 @@ def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor
             torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
     else:
         offsets = [offset - start for offset in offsets]
-        block = blocks.take(total - start) if pooled and total - start >= _POOL_MIN_BYTES else None
+        block = blocks.take(total - start) if pooled else None
         if block is not None:
             storage = block.untyped_storage()
             block[: total - start].zero_()
@@ -145,16 +147,17 @@ def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype
     which zero-fills each row's padding.
 
     In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths and sample
-    rates, so the whole batch crosses to the training process as one block; a large one is a block of
-    :mod:`shardio.blocks`, reused once the trainer has dropped the batch it held. Elsewhere a large block reuses the memory of an earlier batch that nothing references any more, so its contents
+    rates, so the whole batch crosses to the training process as one block: a block of :mod:`shardio.blocks`,
+    reused once the trainer has dropped the batch it held. Elsewhere a large block reuses the memory of an earlier batch that nothing references any more, so its contents
     are undefined until written.
     """
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
-    if nbytes >= _POOL_MIN_BYTES:
-        if get_worker_info() is None:
+    if get_worker_info() is None:
+        if nbytes >= _POOL_MIN_BYTES:
             return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
+    elif nbytes:  # a fresh shared block costs system calls and page faults at any size
         block = blocks.take(_aligned(nbytes) + 2 * _aligned(count * 8))
         if block is not None:
             torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype

@@ -168,5 +168,7 @@ def test_a_block_is_never_written_while_a_received_batch_holds_it(
         audio.fill_(float(step))  # the worker writes its batch
         rebuild, args = blocks.outgoing({"audio": audio, "step": step}).__reduce__()
         held.append((rebuild(*args), step))  # as the training process unpickles it
+        # the training process keeps mapped only the worker's current blocks (replaced ones were dropped)
+        assert set(blocks._MAPPED.storages) <= {block.token for block in blocks._POOL.blocks}
         for batch, wrote in held:
             assert batch["step"] == wrote and bool((batch["audio"] == float(wrote)).all())
