@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from shardio.bench.report import write_results
+from shardio.benchreport import write_results
 from shardio.bucketing import batch_audio
 from shardio.plan import Batching, Ordering, plan_epoch, window_order
 from shardio.synth import duration_sample

@@ -24,7 +24,7 @@ from typing import Any
 
 import soundfile
 
-from shardio.bench.report import write_results
+from shardio.benchreport import write_results
 from shardio.corpus import read_corpus
 from shardio.pack import pack
 from shardio.synth import make_corpus

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.bench.report import write_results
+from shardio.benchreport import write_results
 from shardio.plan import Batching, EpochPlan, Segment, plan_epoch
 from shardio.synth import duration_sample
 
