@@ -146,7 +146,7 @@ def test_batches_reworked_in_the_worker_are_never_overwritten(long_wavs: Path, r
     assert len(more) == len(expected)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(st.tuples(st.just("take"), st.integers(1, 3 << 20)),
                           st.tuples(st.just("drop"), st.integers(0, 20))), max_size=40))
 def test_a_block_is_never_written_while_a_received_batch_holds_it(
