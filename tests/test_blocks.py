@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -166,7 +166,7 @@ def test_a_block_is_never_written_while_a_received_batch_holds_it(
             continue
         audio = block[: value - value % 4].view(torch.float32)
         audio.fill_(float(step))  # the worker writes its batch
-        rebuild, args = blocks.outgoing({"audio": audio, "step": step}).__reduce__()
+        rebuild, args = cast(tuple[Any, ...], blocks.outgoing({"audio": audio, "step": step}).__reduce__())
         held.append((rebuild(*args), step))  # as the training process unpickles it
         # the training process keeps mapped only the worker's current blocks (replaced ones were dropped)
         assert set(blocks._MAPPED.storages) <= {block.token for block in blocks._POOL.blocks}
