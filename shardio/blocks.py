@@ -34,6 +34,8 @@ __all__ = ["LIMIT", "Outgoing", "is_pooled", "outgoing", "release", "take"]
 LIMIT = 8
 """Blocks a worker keeps: the DataLoader's prefetch (2 per worker), the batches the trainer holds and pinning."""
 _TAIL = 64  # bytes kept free at the end of a block: its flag lies in the last one
+_SMALL = 4096  # tensors of the block up to this size travel as copies: a trainer keeping a batch's lengths
+# (for its logs) does not hold the whole block
 _HELD, _FREE = 1, 0
 
 
@@ -133,27 +135,29 @@ class Outgoing(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         block = self.block
-        views, rest = {}, {}
+        views, small, rest = {}, {}, {}
         for name, value in self.items():
             if block is not None and isinstance(value, torch.Tensor) \
                     and value.untyped_storage().data_ptr() == block.tensor.data_ptr():
-                if value.is_contiguous():
+                if value.is_contiguous() and value.nbytes <= _SMALL:
+                    small[name] = value.numpy().copy()  # pickled by value
+                elif value.is_contiguous():
                     views[name] = (str(value.numpy().dtype), value.storage_offset() * value.element_size(),
                                    tuple(value.shape))
                 else:
                     rest[name] = value.clone()
             else:
                 rest[name] = value
-        if block is None or not views:
+        if block is None or not views:  # nothing left in the block: copies go as torch sends tensors
             if block is not None:
                 block.flag[0] = _FREE
-            return dict, (rest,)
+            return dict, ({name: torch.from_numpy(small[name]) if name in small else rest[name] for name in self},)
         with _POOL.lock:
             first = block.token not in _POOL.sent
             _POOL.sent.add(block.token)
             retired, _POOL.retired = _POOL.retired, []
         storage = block.tensor.untyped_storage() if first else None
-        return _arrived, (block.token, storage, views, rest, list(self), retired)
+        return _arrived, (block.token, storage, views, small, rest, list(self), retired)
 
     def __copy__(self) -> Outgoing:  # DataLoader's default_convert copies the batch in the worker
         copy = Outgoing(self)
@@ -224,8 +228,8 @@ def _set_free(flag: np.ndarray) -> None:
 
 
 def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
-             views: dict[str, tuple[str, int, tuple[int, ...]]], rest: dict[str, Any], order: list[str],
-             retired: list[tuple[int, int]]) -> dict[str, Any]:
+             views: dict[str, tuple[str, int, tuple[int, ...]]], small: dict[str, np.ndarray], rest: dict[str, Any],
+             order: list[str], retired: list[tuple[int, int]]) -> dict[str, Any]:
     """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become tensors
     over views of one array, whose death (that of every view) clears the block's flag."""
     _MAPPED.drop(retired)
@@ -244,6 +248,8 @@ def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
             count = int(np.prod(shape))
             end = offset + count * np.dtype(dtype).itemsize
             batch[name] = torch.from_numpy(whole[offset:end].view(dtype).reshape(shape))
+        elif name in small:
+            batch[name] = torch.from_numpy(small[name])
         else:
             batch[name] = rest[name]
     return batch

@@ -172,3 +172,16 @@ def test_a_block_is_never_written_while_a_received_batch_holds_it(
         assert set(blocks._MAPPED.storages) <= {block.token for block in blocks._POOL.blocks}
         for batch, wrote in held:
             assert batch["step"] == wrote and bool((batch["audio"] == float(wrote)).all())
+
+
+def test_keeping_a_batch_s_lengths_does_not_hold_its_block(long_wavs: Path) -> None:
+    kept = [batch["lengths"] for batch in DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=8),
+                                                     batch_size=None, num_workers=2)]  # as a trainer's logs do
+    assert [lengths.tolist() for lengths in kept] == [
+        b["lengths"].tolist() for b in ShardDataset(long_wavs, batch_size=BATCH, seed=8)]
+    pointers = set()
+    for batch in DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=8), batch_size=None, num_workers=2):
+        kept.append(batch["lengths"])
+        pointers.add(batch["audio"].data_ptr())
+        del batch
+    assert len(pointers) < len(kept) // 2  # the blocks came back although every batch's lengths are kept
