@@ -36,11 +36,11 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
     if layout is not None:
         if layout.dtype != "<i2" or layout.frames == 0:
             return None
-        samples = np.frombuffer(view, np.int16, layout.frames * layout.channels, layout.offset)
+        samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
         source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
         target = _fits(out, layout.channels, layout.frames)
         if target is None:
-            return np.ascontiguousarray(source), layout.sample_rate
+            return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate
         np.copyto(target, source)
         return target, layout.sample_rate
     try:
