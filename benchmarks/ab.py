@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no shardio dataset at {args.dataset}: run 'python benchmarks/bench.py' first, "
                      "or name one")
     sys.path.insert(0, str(REPO))
-    from shardio.benchmeasure import machine_facts
+    from shardio.bench.measure import machine_facts
     from shardio.benchreport import write_results
 
     with tempfile.TemporaryDirectory() as scratch:

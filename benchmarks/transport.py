@@ -8,7 +8,8 @@ Run ``python benchmarks/transport.py [--runs 7] [--batches 200]``. A batch here 
 - a shared-memory block per batch, as a DataLoader worker must allocate it (torch's ``_new_shared``, what
   its default collate uses): create, write, free;
 - a 1-worker DataLoader whose worker yields such blocks: CPU milliseconds per batch in the worker and in the
-  training process, which reads one float per 4 KiB page (as a copy to the GPU touches every page).
+  training process, which reads one float per 4 KiB page (as a copy to the GPU touches every page);
+- the same with the blocks shardio's workers reuse once the trainer drops a batch (``shardio.blocks``).
 
 Writes ``benchmarks/results/transport.json`` and ``.md``.
 """
@@ -27,8 +28,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio.benchmeasure import cpu_seconds, machine_facts
-from shardio.benchreport import write_results
+from shardio import blocks
+from shardio.bench.measure import cpu_seconds, machine_facts
+from shardio.bench.report import write_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SHAPE = (16, 1, 81920)
@@ -72,9 +74,22 @@ class _Blocks(IterableDataset):
             yield {"audio": block}  # the shared tensor itself: torch.from_numpy of it would be copied again
 
 
-def across_processes(batches: int) -> tuple[float, float]:
+class _PooledBlocks(_Blocks):
+    """As shardio's workers do: batches written into blocks reused once the trainer drops them (shardio.blocks)."""
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for _ in range(self.batches):
+            block = blocks.take(NBYTES)
+            audio = (_shared_tensor() if block is None else
+                     torch.empty(0, dtype=torch.float32).set_(block.untyped_storage(), 0, SHAPE))
+            audio.numpy().fill(1.0)
+            yield blocks.outgoing({"audio": audio})
+
+
+def across_processes(batches: int, pooled: bool = False) -> tuple[float, float]:
     """(CPU seconds of the worker, of the training process) to move ``batches`` blocks through a DataLoader."""
-    loader = DataLoader(_Blocks(batches), batch_size=None, num_workers=1, persistent_workers=True)
+    dataset = _PooledBlocks(batches) if pooled else _Blocks(batches)
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, persistent_workers=True)
     for _ in loader:  # start the worker
         break
     main_before, total_before = time.process_time(), cpu_seconds()
@@ -87,7 +102,8 @@ def across_processes(batches: int) -> tuple[float, float]:
 def measure(runs: int, batches: int) -> list[dict[str, Any]]:
     """Every case, ``runs`` times interleaved."""
     pool = np.empty(SHAPE, np.float32)
-    timings: dict[str, list[float]] = {name: [] for name in ("reused", "fresh", "shared", "worker", "trainer")}
+    timings: dict[str, list[float]] = {name: [] for name in ("reused", "fresh", "shared", "worker", "trainer",
+                                                             "pooled worker", "pooled trainer")}
     for _ in range(runs):
         timings["reused"].append(in_process(lambda: pool, batches))
         timings["fresh"].append(in_process(lambda: np.empty(SHAPE, np.float32), batches))
@@ -95,12 +111,17 @@ def measure(runs: int, batches: int) -> list[dict[str, Any]]:
         worker, trainer = across_processes(batches)
         timings["worker"].append(worker)
         timings["trainer"].append(trainer)
+        worker, trainer = across_processes(batches, pooled=True)
+        timings["pooled worker"].append(worker)
+        timings["pooled trainer"].append(trainer)
     labels = {
         "reused": "private block, reused (num_workers=0 after the trainer drops a batch)",
         "fresh": "private block, fresh per batch",
         "shared": "shared-memory block per batch (a worker's), create + write + free",
         "worker": "1-worker DataLoader: the worker (shared block, write, send)",
         "trainer": "1-worker DataLoader: the training process (receive, read every page, free)",
+        "pooled worker": "1-worker DataLoader, reused blocks (shardio.blocks): the worker (write, send)",
+        "pooled trainer": "1-worker DataLoader, reused blocks: the training process (receive, read, release)",
     }
     return [{"case": labels[name], "ms_per_batch": _ms(values, batches),
              "us_per_page": round(1e6 * statistics.median(values) / batches / (NBYTES / PAGE), 3)}

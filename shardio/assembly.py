@@ -24,9 +24,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from . import blocks
 from .collate import audio_block, collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
-from .errors import FormatError, RangeNotSupported, ShardioError
+from .errors import FormatError, OptionError, RangeNotSupported, ShardioError
+from .pcm16 import DTYPES, decode_pcm16, to_int16
 from .reader import Reader
 
 __all__ = ["Assembler", "Decoding", "Transform"]
@@ -45,12 +47,19 @@ def _key_seed(key: str) -> int:
 @dataclass(frozen=True)
 class Decoding:
     """What a sample's audio becomes: mixed to ``mono``, resampled to ``sample_rate``, checked for NaN and
-    infinity (``check_finite``), then given to ``transform`` with the sample's seeded generator."""
+    infinity (``check_finite``), then given to ``transform`` with the sample's seeded generator, and at last
+    of ``dtype``."""
 
     mono: bool = False
     sample_rate: int | None = None
     check_finite: bool = True
     transform: Transform | None = None
+    dtype: str = "float32"
+    """``"float32"``, or ``"int16"`` (see :mod:`shardio.pcm16`)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
     @property
     def keeps_decoded_audio(self) -> bool:
@@ -118,22 +127,28 @@ class Assembler:
         rows = block.numpy() if block is not None else None
         samples: list[dict[str, Any]] = []
         in_rows = rows is not None
-        for position, sample, audio in prepared:
-            try:
-                row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
-                samples.append(self._decode(sample, audio, epoch, row))
-            except ShardioError as exc:
-                self._failed(position, int(ids[position]), exc, skipped)
-                continue
-            # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
-            in_rows = in_rows and samples[-1]["audio"].base is rows
+        try:
+            for position, sample, audio in prepared:
+                try:
+                    row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
+                    samples.append(self._decode(sample, audio, epoch, row))
+                except ShardioError as exc:
+                    self._failed(position, int(ids[position]), exc, skipped)
+                    continue
+                # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
+                in_rows = in_rows and samples[-1]["audio"].base is rows
+        except BaseException:
+            blocks.release(block)
+            raise
         self.reader.stats.samples += len(samples)
         if self.batched:
+            if skipped:
+                blocks.release(block)
             batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
         batch["skipped"] = [text for _, text in sorted(skipped)]
-        return batch
+        return blocks.outgoing(batch)
 
     def _in_passes(self, ids: np.ndarray) -> bool:
         """Whether to read every sample before preparing any: when each read is a view of a memory map,
@@ -184,7 +199,7 @@ class Assembler:
         channels = columns["channels"][ids].tolist()
         if channels.count(channels[0]) != len(channels):
             return None
-        return audio_block(columns["num_frames"][ids].tolist(), channels[0])
+        return audio_block(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
 
     def _prepare(self, position: int, sample_id: int, where: str, data: memoryview) -> _Prepared:
         """The middle pass over a sample, once its tar bytes are read: its members checked, its audio header
@@ -209,10 +224,17 @@ class Assembler:
         """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then the
         transform."""
         decoding = self.decoding
+        int16 = decoding.dtype == "int16"
+        stored = decode_pcm16(audio, row) if int16 and decoding.keeps_decoded_audio else None
+        if stored is not None:  # 16-bit PCM, as stored
+            sample["audio"], sample["sample_rate"] = stored
+            return sample
         sample["audio"], sample["sample_rate"] = decode_encoded(
             audio, mono=decoding.mono, sample_rate=decoding.sample_rate, check_finite=decoding.check_finite,
             out=row)
         if decoding.transform is not None:
             key = sample["key"]
             sample = decoding.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
+        if int16:
+            sample["audio"] = to_int16(sample["audio"])
         return sample

@@ -226,7 +226,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dataset", nargs="?", help="a shardio dataset directory (default: generate corpora)")
     parser.add_argument("--out-dir", default="bench-out", help="corpora, datasets and bench.json/.md/.png")
     parser.add_argument("--quick", action="store_true", help="tiny corpora, 2 rounds: a smoke test, not figures")
-    parser.add_argument("--reps", type=_positive, default=None, help="timed rounds (default 7)")
+    parser.add_argument("--reps", type=_positive, default=None, help="timed rounds (default 5)")
     parser.add_argument("--batch-size", type=_positive, default=16)
     parser.add_argument("--step-ms", type=float, default=10.0, help="training step of the stall figure (ms)")
     parser.set_defaults(run=_run_bench)

@@ -7,6 +7,8 @@ utterances of 1-5 s, 35-135 ms with torch on 2 threads, 1-3 ms in numpy).
 In a DataLoader worker every tensor of a batch is carved out of one shared-memory block (as torch's default
 collate allocates in shared memory): the batch then travels to the main process as one file descriptor
 instead of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL).
+The block is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.blocks`), and after
+its first trip it is named, not sent.
 
 In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
 that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from . import blocks
 from .errors import OptionError
 
 __all__ = ["audio_block", "collate", "to_tensors"]
@@ -100,10 +103,11 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None
-              ) -> list[torch.Tensor]:
+def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
+              pooled: bool = False) -> list[torch.Tensor]:
     """Zero tensors of the given shapes and numpy dtypes: in a DataLoader worker, views of one shared block
-    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough)."""
+    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with ``pooled``, a block
+    of :mod:`shardio.blocks`)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
@@ -112,12 +116,18 @@ def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
     if get_worker_info() is None or total == start or any(d is None for d in dtypes):
         return [torch.from_numpy(np.zeros(shape, dtype=dtype)) for shape, dtype in specs]
-    if spare is not None and spare.is_shared() and spare.storage_offset() == 0 \
-            and spare.untyped_storage().nbytes() >= total:
-        storage = spare.untyped_storage()  # zero-filled, and not yet used behind the audio
+    if spare is not None and spare.is_shared() and spare.storage_offset() == 0 and blocks.usable(spare) >= total:
+        storage = spare.untyped_storage()  # not yet used behind the audio: zero-filled, unless a pooled block
+        if blocks.is_pooled(spare):
+            torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
     else:
         offsets = [offset - start for offset in offsets]
-        storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
+        block = blocks.take(total - start) if pooled else None
+        if block is not None:
+            storage = block.untyped_storage()
+            block[: total - start].zero_()
+        else:
+            storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
     return [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
             for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
 
@@ -131,33 +141,41 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def audio_block(frames: Sequence[int], channels: int) -> torch.Tensor:
-    """A float32 ``(len(frames), channels, max(frames))`` batch to decode samples straight into (with
+def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)) -> torch.Tensor:
+    """A float32 (or ``dtype``) ``(len(frames), channels, max(frames))`` batch to decode samples straight into (with
     :func:`shardio.decode.decode_audio`'s ``out``, row by row), then to give :func:`collate` as ``audio``,
     which zero-fills each row's padding.
 
-    In a DataLoader worker it lies in shared memory (zero-filled), with room behind it for the batch's
-    lengths and sample rates, so the whole batch crosses to the training process as one block. Elsewhere a
-    large block reuses the memory of an earlier batch that nothing references any more, so its contents
+    In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths and sample
+    rates, so the whole batch crosses to the training process as one block: a block of :mod:`shardio.blocks`,
+    reused once the trainer has dropped the batch it held. Elsewhere a large block reuses the memory of an earlier batch that nothing references any more, so its contents
     are undefined until written.
     """
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
-    nbytes = count * channels * shape[2] * 4
-    if get_worker_info() is None and nbytes >= _POOL_MIN_BYTES:
-        return torch.from_numpy(_POOL.take(nbytes).view(np.float32).reshape(shape))
-    return _allocate([(shape, np.dtype(np.float32)), ((count,), int64), ((count,), int64)])[0]
+    nbytes = count * channels * shape[2] * dtype.itemsize
+    if get_worker_info() is None:
+        if nbytes >= _POOL_MIN_BYTES:
+            return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
+    elif nbytes:  # a fresh shared block costs system calls and page faults at any size
+        block = blocks.take(_aligned(nbytes) + 2 * _aligned(count * 8))
+        if block is not None:
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            return torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
+    return _allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
 
 
 def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: bool) -> bool:
     """Whether ``audio`` can be the batch of ``arrays``: each fits its row, where it is copied unless it was
     decoded there already (``in_rows``: the caller knows each is)."""
     block = audio.numpy()
-    if audio.dtype != torch.float32 or block.ndim != 3 or block.shape[0] != len(arrays):
+    if audio.dtype not in (torch.float32, torch.int16) or block.ndim != 3 or block.shape[0] != len(arrays):
         return False
-    if any(a is None or a.ndim != 2 or a.shape[0] != block.shape[1] or a.shape[1] > block.shape[2] for a in arrays):
+    if any(a is None or a.ndim != 2 or a.dtype != block.dtype or a.shape[0] != block.shape[1]
+           or a.shape[1] > block.shape[2] for a in arrays):
         return False
-    recycled = not audio.is_shared()  # a shared-memory block is created zero-filled; a pooled one is not
+    # a new shared-memory block is created zero-filled; a reused one (either pool) is not
+    recycled = not audio.is_shared() or blocks.is_pooled(audio)
     # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
     start, row_bytes = (0, 0) if in_rows else (block.ctypes.data, block.strides[0])
     for row, array in enumerate(arrays):
@@ -250,7 +268,11 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
             batch["lengths" if name == "audio" else f"{name}_lengths"] = lengths
         else:
             batch[name] = values
-    for (name, content), tensor in zip(fills, _allocate(specs, audio if batch.get("audio") is audio else None)):
+    if audio is not None and batch.get("audio") is not audio:
+        blocks.release(audio)  # the samples did not fit it: the batch is made elsewhere
+    spare = audio if batch.get("audio") is audio else None
+    pooled = spare is None and bool(fills) and fills[0][0] == "audio"  # samples collated in a worker
+    for (name, content), tensor in zip(fills, _allocate(specs, spare, pooled)):
         out = tensor.numpy()
         if isinstance(content, list):
             for row, array in enumerate(content):
@@ -258,7 +280,7 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
         else:
             out[...] = content
         batch[name] = tensor
-    return _ordered(batch, samples[0])
+    return blocks.outgoing(_ordered(batch, samples[0]))
 
 
 def _ordered(batch: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,8 @@ class ShardDataset(IterableDataset):
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
     be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
-    :meth:`Index.load`); ``retry`` bounds the retries of remote reads.
+    :meth:`Index.load`); ``retry`` bounds the retries of remote reads. ``dtype="int16"`` yields audio as int16
+    (16-bit PCM as stored; half the bytes; see :mod:`shardio.pcm16`).
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
@@ -60,7 +61,7 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, dtype: str = "float32") -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -78,6 +79,7 @@ class ShardDataset(IterableDataset):
         self.seed = seed
         self.mono, self.sample_rate, self.check_finite = mono, sample_rate, check_finite
         self.transform = transform
+        self.dtype = Decoding(dtype=dtype).dtype  # checked here, not at the first batch
         self.on_error = on_error
         self.retry = retry
         self._explicit_world = world
@@ -233,7 +235,7 @@ class ShardDataset(IterableDataset):
         self._running, self._yielded = world, skip
         if self._reader is None:
             self._reader = Reader(self.index, retry=self.retry)
-        decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform)
+        decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
         for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:

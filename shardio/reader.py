@@ -240,7 +240,7 @@ class Reader:
     def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
             return self._frame[2]
-        raw = self.read_range(shard, frame_offset, frame_size, where)
+        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
         problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
         try:
             claimed = zstandard.frame_content_size(raw)

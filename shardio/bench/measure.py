@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Self
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from .benchcases import Epoch
+    from .cases import Epoch
 
 __all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats"]
 

@@ -1,7 +1,7 @@
 """The measured cases of ``shardio bench``: loaders, decoder floors, resume, balance and a training-loop stall.
 
 Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
-read (samples and audio seconds); :mod:`shardio.bench` times it. WebDataset is imported only here, lazily
+read (samples and audio seconds); :mod:`shardio.bench.run` times it. WebDataset is imported only here, lazily
 (it is the ``bench`` extra), and uses the same decoder as users do today: soundfile on ``io.BytesIO``.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import soundfile
 from torch.utils.data import DataLoader
 
-from .collate import collate
-from .dataset import ShardDataset
-from .plan import Batching, plan_epoch
+from ..collate import collate
+from ..dataset import ShardDataset
+from ..plan import Batching, plan_epoch
 
 __all__ = [
     "Epoch",
@@ -37,6 +37,7 @@ __all__ = [
     "stall",
     "webdataset_epoch",
     "webdataset_skip_latency",
+    "zstd_floor",
 ]
 
 Epoch = Callable[[], tuple[int, float]]
@@ -58,24 +59,48 @@ def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
 
 
 def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                   persistent: bool = True) -> DataLoader:
-    """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches)."""
-    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle)
-    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent and workers > 0)
+                   persistent: bool = True, unbatched: bool = False, dtype: str = "float32") -> DataLoader:
+    """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
+    dataset yields samples and the DataLoader batches them with :func:`shardio.collate.collate`."""
+    persistent = persistent and workers > 0
+    if unbatched:
+        return DataLoader(ShardDataset(directory, shuffle=shuffle, dtype=dtype), batch_size=batch_size,
+                          collate_fn=collate, num_workers=workers, persistent_workers=persistent)
+    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, dtype=dtype)
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
 
 
 def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                  fresh: bool = False) -> Epoch:
+                  fresh: bool = False, unbatched: bool = False, dtype: str = "float32") -> Epoch:
     """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
 
     ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
     shards (gzip, bz2) in memory, which on a bench-sized dataset would hide their decompression after the
-    first round, while a real epoch over a large dataset decompresses every shard.
+    first round, while a real epoch over a large dataset decompresses every shard. ``unbatched``: see
+    :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
     """
+    def make() -> DataLoader:
+        return shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle,
+                              unbatched=unbatched, dtype=dtype)
     if fresh:
-        return lambda: _count(shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle))
-    loader = shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle)
+        return lambda: _count(make())
+    loader = make()
     return lambda: _count(loader)
+
+
+def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
+    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its zstd
+    frame decompressed from memory with one reused context, as a reader with random access must. The
+    floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.run`)."""
+    import zstandard
+
+    decompressor = zstandard.ZstdDecompressor()
+
+    def epoch() -> tuple[int, float]:
+        for frame, _seconds in frames:
+            decompressor.decompress(frame)
+        return len(frames), sum(seconds for _frame, seconds in frames)
+    return epoch
 
 
 def _soundfile_sample(ext: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

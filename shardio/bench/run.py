@@ -1,13 +1,14 @@
 """``shardio bench``: decode throughput against WebDataset and against the floors, on the same shards.
 
 :func:`run_bench` measures, in one run and interleaved round by round (so that a noisy machine slows every
-competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` and ``.tar.zst``;
-WebDataset + soundfile on the same ``.tar`` shards; the soundfile decoder floor and, for PCM WAV, the numpy
-raw floor (bytes already in memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
+competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` (and in unbatched mode,
+samples collated by the DataLoader) and ``.tar.zst``; WebDataset + soundfile on the same ``.tar`` shards with
+the same workers (the headline: what a training job sees); the soundfile decoder floor, for PCM WAV the numpy
+raw floor (bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
 speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
 and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
 with min and max; ratios (the targets) are medians of per-round ratios. Results go to ``bench.json``,
-``bench.md`` and ``bench.png`` (see :mod:`shardio.benchreport`).
+``bench.md`` and ``bench.png`` (see :mod:`shardio.bench.report`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import benchcases as cases
-from .benchdata import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
-from .benchmeasure import Case, machine_facts, measure_rounds, stats
-from .benchreport import evaluate_targets, write_report
-from .errors import OptionError
+from ..errors import OptionError
+from . import cases
+from .data import (Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files,
+                   zstd_frames)
+from .measure import Case, machine_facts, measure_rounds, stats
+from .report import evaluate_targets, write_report
 
 __all__ = ["FULL", "QUICK", "BenchConfig", "run_bench"]
 
@@ -44,7 +46,7 @@ class BenchConfig:
     """Use only the first this many shared FLACs."""
     samples_per_shard: int = 100
     compression_samples: int = 200
-    reps: int = 7
+    reps: int = 5
     min_round_seconds: float = 0.5
     """A timed pass repeats its case until this long has passed: a pass of a fast case over a small corpus
     would otherwise last a tenth of a second, and its figure would be mostly scheduling noise."""
@@ -65,20 +67,28 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
     """The cases in the order a round runs them: each next to the cases a target compares it with."""
     shards = shard_files(plain)
     members = audio_members(plain)
+    frames = zstd_frames(zstd)
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
 
-    def shardio(corpus: Corpus, codec: str, workers: int) -> Case:
+    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False, dtype: str = "float32") -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
+        suffix += " unbatched (DataLoader batches)" if unbatched else ""
+        suffix += f" {dtype}" if dtype != "float32" else ""
         return Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
                      corpus.shard_bytes / 1e6,
-                     partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size))
+                     partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size,
+                             unbatched=unbatched, dtype=dtype))
+
+    def webdataset(workers: int) -> Case:
+        return Case(plain.name, f"webdataset + soundfile .tar, {workers}w", "webdataset", "none", workers,
+                    plain.shard_bytes / 1e6,
+                    partial(cases.webdataset_epoch, shards, ext=ext, workers=workers, batch_size=batch_size))
 
     first, *more = config.workers
     zstd_first, *zstd_more = sorted({min(config.workers), max(config.workers)})
     return [
-        Case(plain.name, "webdataset + soundfile .tar, 0w", "webdataset", "none", 0, plain.shard_bytes / 1e6,
-              lambda: cases.webdataset_epoch(shards, ext=ext, workers=0, batch_size=batch_size)),
+        webdataset(first),
         shardio(plain, "none", first),
         Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
               lambda: cases.soundfile_floor(members)),
@@ -86,21 +96,34 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
               lambda: cases.numpy_floor(members)),
         Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
               lambda: cases.numpy_batch_floor(members, batch_size)),
+        Case(plain.name, "zstd-3 decompression floor (frames in memory)", "zstd floor", "zstd-3", 0,
+              zstd.shard_bytes / 1e6, lambda: cases.zstd_floor(frames)),
         shardio(zstd, "zstd-3", zstd_first),
-        *(shardio(plain, "none", workers) for workers in more),
+        *(case for workers in more for case in (shardio(plain, "none", workers), webdataset(workers))),
+        shardio(plain, "none", max(config.workers), dtype="int16"),
+        shardio(plain, "none", first, unbatched=True),
+        shardio(plain, "none", max(config.workers), unbatched=True),
         *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
     ]
 
 
 _PAIRS = {  # ratio name: (case, reference case, basis)
     "shardio_vs_webdataset": ("shardio .tar, 0w", "webdataset + soundfile .tar, 0w", "cpu"),
+    "shardio_vs_webdataset_2w": ("shardio .tar, 2w", "webdataset + soundfile .tar, 2w", "cpu"),
     "shardio_vs_soundfile_floor": ("shardio .tar, 0w", "soundfile floor (bytes in memory)", "cpu"),
+    "shardio_2w_vs_soundfile_floor": ("shardio .tar, 2w", "soundfile floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_batch_floor": ("shardio .tar, 0w", "numpy raw floor into padded batches", "cpu"),
     "zstd_vs_tar": ("shardio .tar.zst (zstd-3), 0w", "shardio .tar, 0w", "cpu"),
+    "two_workers_vs_zero": ("shardio .tar, 2w", "shardio .tar, 0w", "wall"),
+    "two_workers_vs_zero_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 0w", "cpu"),
     "two_workers_vs_one": ("shardio .tar, 2w", "shardio .tar, 1w", "wall"),
-    "two_workers_vs_one_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 1w", "cpu"),
+    "unbatched_vs_batched": ("shardio .tar unbatched (DataLoader batches), 0w", "shardio .tar, 0w", "cpu"),
+    "int16_vs_float32_2w": ("shardio .tar int16, 2w", "shardio .tar, 2w", "cpu"),
 }
+_ZSTD_FLOOR = ("shardio .tar.zst (zstd-3), 0w", "zstd-3 decompression floor (frames in memory)", "shardio .tar, 0w")
+"""zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
+(per CPU-s; the floor's time per sample is the sum of the two)."""
 
 
 def _ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str, Any]]:
@@ -110,6 +133,10 @@ def _ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str, Any]]:
         a, b = rates.get(f"{corpus}|{top}"), rates.get(f"{corpus}|{bottom}")
         if a and b:
             found[name] = {**stats([x / y for x, y in zip(a[basis], b[basis])]), "basis": basis}
+    zstd, floor, tar = (rates.get(f"{corpus}|{case}") for case in _ZSTD_FLOOR)
+    if zstd and floor and tar:
+        found["zstd_vs_floor"] = {**stats([z * (1 / f + 1 / t) for z, f, t in zip(zstd["cpu"], floor["cpu"],
+                                                                                       tar["cpu"])]), "basis": "cpu"}
     return found
 
 

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from .errors import OptionError
-from .index import INDEX_JSON, Index
-from .pack import pack
-from .reader import Reader
-from .writer import ShardWriter
+from ..errors import OptionError
+from ..index import INDEX_JSON, Index
+from ..pack import pack
+from ..reader import Reader
+from ..writer import ShardWriter
 
 __all__ = [
     "STREAM_COMPRESSORS",
@@ -41,6 +41,7 @@ __all__ = [
     "make_variant",
     "prepare_corpora",
     "shared_corpora",
+    "zstd_frames",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def _numpy_corpus(out: Path, num_files: int, ext: str, rate: int) -> None:
 def _generate(out: Path, num_files: int, ext: str, rate: int) -> str:
     """Write a corpus of ``num_files`` 1-5 s utterances; returns how it was made."""
     try:
-        from .synth import make_corpus
+        from ..synth import make_corpus
     except ImportError:
         _numpy_corpus(out, num_files, ext, rate)
         return f"generated (numpy tones, {rate} Hz)"
@@ -201,7 +202,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
         paths.append(path)
     shutil.rmtree(Path(out_dir) / ".plain")
     try:
-        from .indexer import build_index
+        from ..indexer import build_index
     except ImportError:
         logger.warning("shardio.indexer is not available: %s shards are read with WebDataset only", codec)
         return Corpus(name=source.name, directory=str(directory), source=source.source,
@@ -228,6 +229,25 @@ def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, b
         for sample in range(len(index) if limit is None else min(limit, len(index))):
             ext = index.formats[int(index.columns["format"][sample])]
             found.append((ext, _sample_members(reader, sample)[ext]))
+    finally:
+        reader.close()
+    return found
+
+
+def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
+    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order (samples
+    that share a frame share its bytes)."""
+    index = Index.load(corpus.directory)
+    reader = Reader(index)
+    c = index.columns
+    frames: dict[tuple[int, int], bytes] = {}
+    found = []
+    try:
+        for sample in range(len(index)):
+            shard, offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
+            if (shard, offset) not in frames:
+                frames[shard, offset] = reader.read_range(shard, offset, int(c["frame_size"][sample]))
+            found.append((frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample])))
     finally:
         reader.close()
     return found
