@@ -25,6 +25,7 @@ from .assembly import Assembler, Decoding, Transform
 from .errors import OptionError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
+from .rankplan import RankPlan, rank_plan
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
 from .world import World
@@ -81,6 +82,7 @@ class ShardDataset(IterableDataset):
         self._explicit_world = world
         self._world: World | None = world
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
+        self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
         self._reset(epoch=0)
 
@@ -168,10 +170,10 @@ class ShardDataset(IterableDataset):
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world.world_size, loaded.position, loaded.epoch)
         self._loaded = True
-        plan = self.plan()
-        if self._start > plan.num_batches:
+        share = self._share()
+        if self._start > share.num_batches:
             raise StateError(f"the state is at batch {self._start} of epoch {self._epoch}, which has only "
-                             f"{plan.num_batches} batches per rank")
+                             f"{share.num_batches} batches per rank")
 
     # -- planning ----------------------------------------------------------------------------------
 
@@ -202,7 +204,16 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) this rank yields in the current epoch."""
-        return self.plan().num_batches
+        return self._share().num_batches
+
+    def _share(self) -> RankPlan:
+        """This rank's part of the current epoch's plan (O(N / world)); the whole plan is not kept."""
+        history, world = self._history, self.ranks()
+        key = (self._epoch, history, world.world_size, world.rank)
+        if key not in self._shares:
+            self._shares = {key: rank_plan(self.plan(), world.rank)}
+            self._plans = {}
+        return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------
 
@@ -215,8 +226,12 @@ class ShardDataset(IterableDataset):
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
+        # A plan is O(N): a spawned or forkserver worker plans again rather than receive one; the index
+        # travels by reference to its mapped file (Index.__getstate__).
+        if get_worker_info() is None and not self._finished:
+            self._share()  # planned once here, in the rank's process, rather than in every worker
         state = dict(self.__dict__)
-        state["_reader"] = None
+        state.update(_reader=None, _plans={})
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -224,7 +239,7 @@ class ShardDataset(IterableDataset):
             self._reset(self._epoch + 1)
         self._loaded = False
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
-        plan = self.plan()
+        plan = self._share()
         epoch, skip = self._epoch, self._skip
         self._running, self._yielded = world, skip
         if self._reader is None:
@@ -233,7 +248,7 @@ class ShardDataset(IterableDataset):
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
         for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
-            batch = assembler.batch(plan.batch(world.rank, j), epoch)
+            batch = assembler.batch(plan.batch(j), epoch)
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch

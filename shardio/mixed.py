@@ -19,6 +19,7 @@ import numpy as np
 from .dataset import ShardDataset
 from .errors import OptionError
 from .index import Index, ShardInfo
+from .keys import ChainedKeys, Keys
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .plan import Batching, EpochPlan, Segment, options_of
 from .storage import join
@@ -70,10 +71,10 @@ class MixIndex(Index):
                    storage_options=remote[0] if remote else None)
 
     @property
-    def keys(self) -> list[str]:
-        """Every sample's key, in global id order (loaded from the parts on first use)."""
+    def keys(self) -> Keys:
+        """Every sample's key, in global id order (each decoded from its corpus's index when asked for)."""
         if self._keys is None:
-            self._keys = [key for part in self.parts for key in part.keys]
+            self._keys = ChainedKeys([part.keys for part in self.parts])
         return self._keys
 
     def corpus(self, sample_id: int) -> str:
@@ -88,7 +89,7 @@ class MixIndex(Index):
                                     int(self.shard_offsets[c + 1] - self.shard_offsets[c]))
                 for c, name in enumerate(self.names)}
 
-    def save(self, directory: str | None = None) -> None:
+    def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
         """A combined index lives in memory only; save each corpus's own index instead."""
         raise OptionError("a MixIndex is not saved: each corpus keeps its own index")
 
