@@ -47,7 +47,9 @@ class ShardDataset(IterableDataset):
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
     be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
-    :meth:`Index.load`); ``retry`` bounds the retries of remote reads.
+    :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
+    remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
+    :mod:`shardio.prefetch`; 0 reads each sample when it is needed).
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
@@ -59,7 +61,7 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, read_ahead: int = 64 << 20) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -79,6 +81,7 @@ class ShardDataset(IterableDataset):
         self.transform = transform
         self.on_error = on_error
         self.retry = retry
+        self.read_ahead = read_ahead
         self._explicit_world = world
         self._world: World | None = world
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
@@ -247,8 +250,11 @@ class ShardDataset(IterableDataset):
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
-        for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
-            batch = assembler.batch(plan.batch(j), epoch)
+        numbers = worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]
+        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
+        for k, ids in enumerate(batches):
+            j = numbers[k]
+            batch = assembler.batch(ids, epoch)
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch

@@ -25,15 +25,18 @@ import io
 import logging
 import os
 from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from . import localshard
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
 from .localshard import LocalShard, short_read
+from .prefetch import ReadAhead, Span
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
 
@@ -53,6 +56,10 @@ class ReadStats:
     samples: int = 0
     skipped: int = 0
     retries: int = 0
+    requests: int = 0
+    """Remote read requests made (each coalesced read-ahead request counts once)."""
+    bytes_fetched: int = 0
+    """Bytes those requests asked for."""
     errors: Counter[str] = field(default_factory=Counter)
     """Skipped samples by error type (``FormatError``, ``DecodeError``, ...)."""
 
@@ -86,6 +93,7 @@ class Reader:
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
         self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
+        self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
 
     @property
     def retries(self) -> int:
@@ -95,7 +103,7 @@ class Reader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _fs=None)
+                     _fs=None, _ahead=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -113,7 +121,7 @@ class Reader:
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._fs = None
+        self._frame = self._fs = self._ahead = None
         self._streams = OrderedDict()
         self.stats = ReadStats()
         self._pid = os.getpid()
@@ -177,12 +185,72 @@ class Reader:
                               f"shard ({self.index.shards[shard].bytes} bytes)")
         if isinstance(handle, LocalShard):
             return handle.read(offset, size, where)
+        if self._ahead is not None:
+            ahead = self._ahead.take(shard, offset, size)
+            if ahead is not None:
+                return ahead
+        self._count_request(size)
+        return self._fetch(handle, offset, size, where)
+
+    def _fetch(self, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
+        """``size`` bytes at ``offset`` of an open remote shard, with retries (safe in read-ahead threads)."""
         fs, path = handle
         data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
                         self._count_retry)
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
         return data
+
+    def _count_request(self, size: int) -> None:
+        self.stats.requests += 1
+        self.stats.bytes_fetched += size
+
+    def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
+                   max_gap: int = 64 << 10) -> Iterator[np.ndarray]:
+        """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
+        reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
+        and concurrently (:mod:`shardio.prefetch`). Local datasets, and ``budget=0``, read as they go."""
+        remote = [path for path in map(self.index.shard_path, range(len(self.index.shards))) if is_url(path)]
+        if not remote or budget <= 0:
+            yield from batches
+            return
+        if self._pid != os.getpid():
+            self._after_fork()
+        if self._fs is None:
+            self._fs = filesystem(remote[0], self.index.storage_options)[0]
+        self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
+                                max_gap=max_gap, on_request=self._count_request)
+        try:
+            yield from self._ahead.run(batches)
+        finally:
+            self._ahead = None
+
+    def _spans(self, ids: np.ndarray) -> list[Span]:
+        """The remote byte spans the samples ``ids`` read (a stream-codec shard: all of it)."""
+        c = self._columns
+        spans = []
+        for sample in ids.tolist():
+            shard = int(c["shard"][sample])
+            path = self.index.shard_path(shard)
+            if not is_url(path) or shard in self._broken:
+                continue
+            codec = self.index.shards[shard].codec
+            offset = int(c["frame_offset"][sample])
+            if codec in STREAM_CODECS:
+                if shard not in self._streams:
+                    spans.append(Span(shard, 0, self.index.shards[shard].bytes))
+            elif codec == "none":
+                spans.append(Span(shard, offset, offset + int(c["member_size"][sample])))
+            elif self._frame is None or self._frame[:2] != (shard, offset):
+                spans.append(Span(shard, offset, offset + int(c["frame_size"][sample])))
+        return [s for s in spans if s.end <= self.index.shards[s.shard].bytes]
+
+    def _fetch_span(self, span: Span) -> bytes:
+        if self._fs is None:
+            raise ReadError("no remote filesystem yet")  # the reader reads it itself
+        path = self._fs._strip_protocol(self.index.shard_path(span.shard))
+        where = f"shard {self.index.shard_path(span.shard)}, bytes {span.start} to {span.end} (read-ahead)"
+        return self._fetch((self._fs, path), span.start, span.end - span.start, where)
 
     def maps(self, shard: int) -> bool:
         """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may

@@ -1,0 +1,126 @@
+"""Read-ahead: a worker's remote reads, known from its plan, coalesced and fetched concurrently in advance.
+
+A worker knows every batch it will build (its share of the plan), so before it builds one it already
+asks for the bytes of the next ones. Per batch the byte spans of its samples are merged per shard where
+they touch or lie within ``max_gap`` bytes (one request for a run of a shard: :func:`coalesce`); the
+requests go to a bounded thread pool (``concurrency``), and batches are taken ahead while the bytes in
+flight or held stay within ``budget`` bytes (always at least the next batch). The reader asks
+:meth:`ReadAhead.take` first; what it does not hold (or what failed in the background) the reader reads
+itself, with its own retries and error messages, so a failure here costs a second try, never a sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Span", "ReadAhead", "coalesce"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Bytes ``[start, end)`` of shard number ``shard``."""
+
+    shard: int
+    start: int
+    end: int
+
+
+def coalesce(spans: Iterable[Span], max_gap: int) -> list[Span]:
+    """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other."""
+    merged: list[Span] = []
+    for span in sorted(spans, key=lambda s: (s.shard, s.start)):
+        last = merged[-1] if merged else None
+        if last is not None and last.shard == span.shard and span.start <= last.end + max_gap:
+            merged[-1] = Span(last.shard, last.start, max(last.end, span.end))
+        else:
+            merged.append(span)
+    return merged
+
+
+class _Fetch:
+    """One coalesced request, running or done."""
+
+    def __init__(self, span: Span, future: Future[bytes]) -> None:
+        self.span = span
+        self.future = future
+
+    def slice(self, offset: int, size: int) -> bytes | None:
+        try:
+            data = self.future.result()
+        except Exception as exc:  # noqa: BLE001 - the reader reads it again itself, and reports what fails
+            logger.debug("read-ahead of %s failed (%s: %s); the reader reads it itself", self.span,
+                         type(exc).__name__, exc)
+            return None
+        start = offset - self.span.start
+        return data[start : start + size] if start + size <= len(data) else None
+
+
+class ReadAhead:
+    """Fetches the spans of upcoming batches in the background.
+
+    ``spans_of(ids)`` gives the byte spans a batch of sample ids reads; ``fetch(span)`` reads one span
+    (it runs in the pool's threads). Use :meth:`run` around the batches, and :meth:`take` from the reader.
+    """
+
+    def __init__(self, spans_of: Callable[[np.ndarray], list[Span]], fetch: Callable[[Span], bytes], *,
+                 budget: int = 64 << 20, concurrency: int = 16, max_gap: int = 64 << 10,
+                 on_request: Callable[[int], None] | None = None) -> None:
+        self.spans_of = spans_of
+        self.fetch = fetch
+        self.budget = budget
+        self.max_gap = max_gap
+        self.on_request = on_request
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="shardio-read-ahead")
+        self._current: dict[int, list[_Fetch]] = {}
+
+    def run(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """The batches, in order; while the caller builds one, the next ones' bytes are fetched."""
+        upcoming = iter(batches)
+        pending: deque[tuple[np.ndarray, dict[int, list[_Fetch]], int]] = deque()
+        held = 0
+        try:
+            while True:
+                while not pending or held < self.budget:
+                    ids = next(upcoming, None)
+                    if ids is None:
+                        break
+                    fetches, size = self._submit(ids)
+                    pending.append((ids, fetches, size))
+                    held += size
+                if not pending:
+                    return
+                ids, self._current, size = pending.popleft()
+                yield ids
+                held -= size
+        finally:
+            self._current = {}
+            for _, fetches, _ in pending:
+                for fetch in (f for group in fetches.values() for f in group):
+                    fetch.future.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, ids: np.ndarray) -> tuple[dict[int, list[_Fetch]], int]:
+        fetches: dict[int, list[_Fetch]] = {}
+        size = 0
+        for span in coalesce(self.spans_of(ids), self.max_gap):
+            fetches.setdefault(span.shard, []).append(_Fetch(span, self._pool.submit(self.fetch, span)))
+            size += span.end - span.start
+            if self.on_request is not None:
+                self.on_request(span.end - span.start)
+        return fetches, size
+
+    def take(self, shard: int, offset: int, size: int) -> bytes | None:
+        """The ``size`` bytes at ``offset`` of shard ``shard`` when the current batch's read-ahead holds
+        them (waiting for its request), else None."""
+        for fetch in self._current.get(shard, ()):
+            if fetch.span.start <= offset and offset + size <= fetch.span.end:
+                return fetch.slice(offset, size)
+        return None
