@@ -22,12 +22,14 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .assembly import Assembler, Decoding, Transform
+from .cache import ShardCache
 from .errors import OptionError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .rankplan import RankPlan, rank_plan
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
+from .storage import cache_dir
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -49,7 +51,9 @@ class ShardDataset(IterableDataset):
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
     :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
     remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
-    :mod:`shardio.prefetch`; 0 reads each sample when it is needed).
+    :mod:`shardio.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
+    whole through a node-local disk cache of that size under :func:`~shardio.storage.cache_dir`, shared by
+    every process on the node (:mod:`shardio.cache`).
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
@@ -61,7 +65,8 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None, read_ahead: int = 64 << 20) -> None:
+                 storage_options: dict[str, Any] | None = None, read_ahead: int = 64 << 20,
+                 cache_bytes: int = 0) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -82,6 +87,7 @@ class ShardDataset(IterableDataset):
         self.on_error = on_error
         self.retry = retry
         self.read_ahead = read_ahead
+        self.cache_bytes = cache_bytes
         self._explicit_world = world
         self._world: World | None = world
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
@@ -209,6 +215,10 @@ class ShardDataset(IterableDataset):
         """Batches (or samples, when unbatched) this rank yields in the current epoch."""
         return self._share().num_batches
 
+    def _new_reader(self) -> Reader:
+        cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
+        return Reader(self.index, retry=self.retry, cache=cache)
+
     def _share(self) -> RankPlan:
         """This rank's part of the current epoch's plan (O(N / world)); the whole plan is not kept."""
         history, world = self._history, self.ranks()
@@ -225,7 +235,7 @@ class ShardDataset(IterableDataset):
         """This process's loading counters (samples, skipped by error type, retries); each DataLoader worker
         keeps its own, so in the training process they stay zero: there, count each batch's ``skipped``."""
         if self._reader is None:
-            self._reader = Reader(self.index, retry=self.retry)
+            self._reader = self._new_reader()
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
@@ -246,7 +256,7 @@ class ShardDataset(IterableDataset):
         epoch, skip = self._epoch, self._skip
         self._running, self._yielded = world, skip
         if self._reader is None:
-            self._reader = Reader(self.index, retry=self.retry)
+            self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)

@@ -80,6 +80,8 @@ class ReadAhead:
         self.on_request = on_request
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="shardio-read-ahead")
         self._current: dict[int, list[_Fetch]] = {}
+        self.met: set[int] = set()
+        """Shards the caller has already planned whole-shard reads for (its own bookkeeping)."""
 
     def run(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """The batches, in order; while the caller builds one, the next ones' bytes are fetched."""

@@ -25,18 +25,18 @@ import io
 import logging
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import zstandard
 
 from . import localshard
+from .cache import ShardCache
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .index import STREAM_CODECS, Index
-from .localshard import LocalShard, short_read
-from .prefetch import ReadAhead, Span
+from .localshard import LocalShard
+from .prefetch import ReadAhead
+from .remotereads import RemoteReads
 from .storage import RetryPolicy, filesystem, is_url, retrying
 from .tarformat import parse_members
 
@@ -69,7 +69,7 @@ class ReadStats:
         self.errors[type(exc).__name__] += 1
 
 
-class Reader:
+class Reader(RemoteReads):
     """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
 
     URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
@@ -77,8 +77,11 @@ class Reader:
     """
 
     def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
-                 stream_cache_bytes: int = 1 << 30) -> None:
+                 stream_cache_bytes: int = 1 << 30, cache: ShardCache | None = None) -> None:
         self.index = index
+        self.cache = cache
+        """The node-local cache remote shards are read through, whole (None: read by ranges)."""
+        self._from_cache: set[int] = set()  # shards open from the cache
         self.retry = retry
         self.max_open = max_open
         self.stream_cache_bytes = stream_cache_bytes
@@ -103,7 +106,7 @@ class Reader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _fs=None, _ahead=None)
+                     _fs=None, _ahead=None, _from_cache=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -123,6 +126,7 @@ class Reader:
         self.close()
         self._frame = self._fs = self._ahead = None
         self._streams = OrderedDict()
+        self._from_cache = set()
         self.stats = ReadStats()
         self._pid = os.getpid()
 
@@ -140,7 +144,12 @@ class Reader:
         expected = self.index.shards[shard].bytes
         handle: Any
         try:
-            if is_url(path):
+            cached = self._cached(shard, where) if is_url(path) and self.cache is not None else None
+            if cached is not None:
+                handle = LocalShard(os.open(cached, os.O_RDONLY), expected)
+                actual = os.fstat(handle.fd).st_size
+                self._from_cache.add(shard)
+            elif is_url(path):
                 if self._fs is None:
                     self._fs = filesystem(path, self.index.storage_options)[0]
                 handle = (self._fs, self._fs._strip_protocol(path))
@@ -191,66 +200,6 @@ class Reader:
                 return ahead
         self._count_request(size)
         return self._fetch(handle, offset, size, where)
-
-    def _fetch(self, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
-        """``size`` bytes at ``offset`` of an open remote shard, with retries (safe in read-ahead threads)."""
-        fs, path = handle
-        data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
-                        self._count_retry)
-        if len(data) != size:
-            raise short_read(where, size, offset, len(data))
-        return data
-
-    def _count_request(self, size: int) -> None:
-        self.stats.requests += 1
-        self.stats.bytes_fetched += size
-
-    def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
-                   max_gap: int = 64 << 10) -> Iterator[np.ndarray]:
-        """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
-        reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
-        and concurrently (:mod:`shardio.prefetch`). Local datasets, and ``budget=0``, read as they go."""
-        remote = [path for path in map(self.index.shard_path, range(len(self.index.shards))) if is_url(path)]
-        if not remote or budget <= 0:
-            yield from batches
-            return
-        if self._pid != os.getpid():
-            self._after_fork()
-        if self._fs is None:
-            self._fs = filesystem(remote[0], self.index.storage_options)[0]
-        self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
-                                max_gap=max_gap, on_request=self._count_request)
-        try:
-            yield from self._ahead.run(batches)
-        finally:
-            self._ahead = None
-
-    def _spans(self, ids: np.ndarray) -> list[Span]:
-        """The remote byte spans the samples ``ids`` read (a stream-codec shard: all of it)."""
-        c = self._columns
-        spans = []
-        for sample in ids.tolist():
-            shard = int(c["shard"][sample])
-            path = self.index.shard_path(shard)
-            if not is_url(path) or shard in self._broken:
-                continue
-            codec = self.index.shards[shard].codec
-            offset = int(c["frame_offset"][sample])
-            if codec in STREAM_CODECS:
-                if shard not in self._streams:
-                    spans.append(Span(shard, 0, self.index.shards[shard].bytes))
-            elif codec == "none":
-                spans.append(Span(shard, offset, offset + int(c["member_size"][sample])))
-            elif self._frame is None or self._frame[:2] != (shard, offset):
-                spans.append(Span(shard, offset, offset + int(c["frame_size"][sample])))
-        return [s for s in spans if s.end <= self.index.shards[s.shard].bytes]
-
-    def _fetch_span(self, span: Span) -> bytes:
-        if self._fs is None:
-            raise ReadError("no remote filesystem yet")  # the reader reads it itself
-        path = self._fs._strip_protocol(self.index.shard_path(span.shard))
-        where = f"shard {self.index.shard_path(span.shard)}, bytes {span.start} to {span.end} (read-ahead)"
-        return self._fetch((self._fs, path), span.start, span.end - span.start, where)
 
     def maps(self, shard: int) -> bool:
         """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may
@@ -323,13 +272,21 @@ class Reader:
 
     def sample_bytes(self, sample: int, where: str | None = None) -> memoryview:
         """The tar bytes (headers and data of every member) of sample number ``sample``."""
+        where = where or self.where(sample)
+        try:
+            return self._sample_bytes(sample, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._sample_bytes(sample, where)
+
+    def _sample_bytes(self, sample: int, where: str) -> memoryview:
         if self._pid != os.getpid():
             self._after_fork()
         c = self._columns
         shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
         frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
         member_offset = int(c["member_offset"][sample])
-        where = where or self.where(sample)
         codec = self.index.shards[shard].codec
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
@@ -351,7 +308,15 @@ class Reader:
 
     def split_members(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
         """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
-        checking each member belongs to its key."""
+        checking each member belongs to its key (a damaged shard from the node cache is fetched again)."""
+        try:
+            return self._split(sample, data, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._split(sample, self._sample_bytes(sample, where), where)
+
+    def _split(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
         key = self.index.keys[sample]
         found: dict[str, memoryview] = {}
         stem = len(key) + 1
