@@ -1,10 +1,11 @@
 """Read-ahead: a worker's remote reads, known from its plan, coalesced and fetched concurrently in advance.
 
 A worker knows every batch it will build (its share of the plan), so before it builds one it already
-asks for the bytes of the next ones. Per batch the byte spans of its samples are merged per shard where
-they touch or lie within ``max_gap`` bytes (one request for a run of a shard: :func:`coalesce`); the
-requests go to a bounded thread pool (``concurrency``), and batches are taken ahead while the bytes in
-flight or held stay within ``budget`` bytes (always at least the next batch). The reader asks
+asks for the bytes of the next ones. The byte spans of their samples are merged per shard where they touch
+or lie within ``max_gap`` bytes (one request for a run of a shard: :func:`coalesce`); the
+requests go to a bounded thread pool (``concurrency``). Batches are taken ahead in groups of about half
+of ``budget`` bytes (at least one batch), whose spans are coalesced together (a run of a shard read over
+several batches is one request); one group is read while the next is fetched. The reader asks
 :meth:`ReadAhead.take` first; what it does not hold (or what failed in the background) the reader reads
 itself, with its own retries and error messages, so a failure here costs a second try, never a sample.
 """
@@ -84,40 +85,56 @@ class ReadAhead:
         """Shards the caller has already planned whole-shard reads for (its own bookkeeping)."""
 
     def run(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """The batches, in order; while the caller builds one, the next ones' bytes are fetched."""
+        """The batches, in order; while the caller builds some, the next ones' bytes are fetched.
+
+        Batches are taken in groups of about half the budget (at least one batch); a group's spans are
+        coalesced together, so a run of a shard read over several batches is one request. One group is
+        read while the next is fetched: at most about ``budget`` bytes are held.
+        """
         upcoming = iter(batches)
-        pending: deque[tuple[np.ndarray, dict[int, list[_Fetch]], int]] = deque()
-        held = 0
+        pending: deque[tuple[list[np.ndarray], dict[int, list[_Fetch]]]] = deque()
         try:
             while True:
-                while not pending or held < self.budget:
-                    ids = next(upcoming, None)
-                    if ids is None:
+                while len(pending) < 2:
+                    group = self._group(upcoming)
+                    if group is None:
                         break
-                    fetches, size = self._submit(ids)
-                    pending.append((ids, fetches, size))
-                    held += size
+                    pending.append(group)
                 if not pending:
                     return
-                ids, self._current, size = pending.popleft()
-                yield ids
-                held -= size
+                group_ids, self._current = pending.popleft()
+                yield from group_ids
         finally:
             self._current = {}
-            for _, fetches, _ in pending:
+            for _, fetches in pending:
                 for fetch in (f for group in fetches.values() for f in group):
                     fetch.future.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _submit(self, ids: np.ndarray) -> tuple[dict[int, list[_Fetch]], int]:
-        fetches: dict[int, list[_Fetch]] = {}
+    def _group(self, upcoming: Iterator[np.ndarray]) -> tuple[list[np.ndarray], dict[int, list[_Fetch]]] | None:
+        """The next batches, up to about half the budget of spans (at least one), with their fetches submitted."""
+        group: list[np.ndarray] = []
+        spans: list[Span] = []
         size = 0
-        for span in coalesce(self.spans_of(ids), self.max_gap):
+        while size < self.budget // 2 or not group:
+            ids = next(upcoming, None)
+            if ids is None:
+                break
+            group.append(ids)
+            more = self.spans_of(ids)
+            spans += more
+            size += sum(span.end - span.start for span in more)
+        if not group:
+            return None
+        return group, self._submit(spans)
+
+    def _submit(self, spans: list[Span]) -> dict[int, list[_Fetch]]:
+        fetches: dict[int, list[_Fetch]] = {}
+        for span in coalesce(spans, self.max_gap):
             fetches.setdefault(span.shard, []).append(_Fetch(span, self._pool.submit(self.fetch, span)))
-            size += span.end - span.start
             if self.on_request is not None:
                 self.on_request(span.end - span.start)
-        return fetches, size
+        return fetches
 
     def take(self, shard: int, offset: int, size: int) -> bytes | None:
         """The ``size`` bytes at ``offset`` of shard ``shard`` when the current batch's read-ahead holds

@@ -34,15 +34,16 @@ def keys_of(batches: list[dict]) -> list[list[str]]:
     return [list(batch["keys"]) for batch in batches]
 
 
-def test_batches_reading_runs_of_a_shard_take_one_request_each(server: HTTPFileServer, local: Index) -> None:
+def test_runs_of_a_shard_take_one_request_each(server: HTTPFileServer, local: Index) -> None:
     expected = keys_of(list(ShardDataset(local.root, batch_size=8, shuffle=False)))
     counts = {}
-    for budget in (0, 1 << 20):
+    for budget in (0, 1, 1 << 20):
         dataset = ShardDataset(f"{server.url}/ds", batch_size=8, shuffle=False, read_ahead=budget)
         assert keys_of(list(dataset)) == expected
         counts[budget] = dataset.stats.requests
     assert counts[0] == len(local)  # one ranged request per sample
-    assert counts[1 << 20] == len(expected)  # one per batch: each batch is a run of one shard
+    assert counts[1] == len(expected)  # one batch ahead: one request per batch (each is a run of one shard)
+    assert counts[1 << 20] == len(local.shards)  # batches grouped: one request per run of a shard
 
 
 def test_shuffled_read_ahead_gives_the_same_batches(server: HTTPFileServer, local: Index) -> None:
