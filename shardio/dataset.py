@@ -106,11 +106,14 @@ class ShardDataset(IterableDataset):
         self._loaded = False
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept)."""
+        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept), and plan it
+        for this rank."""
         if epoch < 0:
             raise OptionError(f"epoch must be non-negative, not {epoch}")
         if not (self._loaded and epoch == self._epoch):
             self._reset(epoch)
+        if get_worker_info() is None:
+            self._share()  # planned here, once per rank: fork workers inherit it, others receive it pickled
 
     @property
     def epoch(self) -> int:
