@@ -7,7 +7,8 @@ For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fre
 
 - ``ShardDataset(...)`` construct time, then ``set_epoch(0)`` (which plans this rank's share) time;
 - time to the first batch with 0 workers, and with 2 workers started by ``fork`` and by ``forkserver``
-  (whose server preloads ``torch`` and ``shardio.dataset``, as a user should: else each worker imports torch);
+  (whose server preloads ``torch`` and ``shardio.dataset``, as a user should: else each worker imports torch;
+  the server's start, once per job and the same for any dataset, is timed apart);
 - after the first batch: RSS and PSS (``/proc/PID/smaps_rollup``) of the training process and of each
   worker, each also as the excess over a baseline: the training process right after importing shardio and
   torch, and a worker process started the same way that only imported shardio;
@@ -114,9 +115,16 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
     planned = time.perf_counter() - started
     after_construct = memory(os.getpid())
     ctx = multiprocessing.get_context(context)
-    if context == "forkserver":
-        # the server imports torch and shardio once; workers forked from it start without importing them
+    server_s = 0.0
+    if context == "forkserver" and workers:
+        # the server imports torch and shardio once; workers forked from it start without importing them. Its
+        # start (once per job, whatever the dataset) is timed apart from the first batch.
         ctx.set_forkserver_preload(["torch", "shardio.dataset"])
+        started = time.perf_counter()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        server_s = time.perf_counter() - started
     started = time.perf_counter()
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=ctx if workers else None)
     batches = iter(loader)
@@ -124,7 +132,7 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
     first = time.perf_counter() - started
     assert isinstance(batch["audio"], torch.Tensor)
     result: dict[str, Any] = {"construct_s": round(constructed, 3), "set_epoch_s": round(planned, 3),
-                              "first_batch_s": round(first, 3),
+                              "first_batch_s": round(first, 3), "forkserver_start_s": round(server_s, 3),
                               "train_baseline": baseline, "train_after_construct": after_construct,
                               "train": memory(os.getpid()), "state_bytes": len(json.dumps(dataset.state_dict()))}
     if workers:
