@@ -179,3 +179,22 @@ def test_a_pickled_dataset_holds_its_ranks_plan_not_the_corpus(tmp_path: Path) -
     # 1,400 more samples: about 1 KiB more of this rank's plan (ids as int32 and batch offsets); the index
     # alone would be 34 bytes a sample more, the whole plan 8 bytes a sample more
     assert sizes[1600] - sizes[200] < 1400 * 2
+
+
+def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardio import indexfile
+
+    monkeypatch.setattr(indexfile, "_SETTLED_S", 0.0)  # else a file changed in the last seconds is always hashed
+    hashed = []
+    original = ColumnsFile.verify
+    monkeypatch.setattr(ColumnsFile, "verify", lambda self: hashed.append(1) or original(self))
+    Index.load(dataset.root)
+    Index.load(dataset.root)
+    assert len(hashed) == 1  # the second load found the node's marker for this very file
+    path = Path(dataset.root, "index.columns")
+    data = bytearray(path.read_bytes())
+    data[4096 + 3] ^= 0x40
+    path.write_bytes(bytes(data))  # same size, same inode: its times differ
+    with pytest.raises(FormatError, match="damaged"):
+        Index.load(dataset.root)
+    assert len(hashed) == 2
