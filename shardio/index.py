@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -90,9 +89,10 @@ class Index:
     def __len__(self) -> int:
         return int(self.columns["shard"].shape[0])
 
-    @cached_property
+    @property
     def durations(self) -> np.ndarray:
-        """Seconds per sample (float64), derived from frames and sample rate."""
+        """Seconds per sample (float64), derived from frames and sample rate: computed on each use (8 bytes a
+        sample), not kept, so that a process's private memory does not grow with the corpus."""
         rate = np.maximum(self.columns["sample_rate"], 1).astype(np.float64)
         return self.columns["num_frames"].astype(np.float64) / rate
 
@@ -131,7 +131,6 @@ class Index:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("durations", None)
         if self._file is not None:  # the mapped file travels by reference: nothing of size N is pickled
             state.update(columns=None, _keys=None)
         return state

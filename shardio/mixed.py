@@ -84,8 +84,9 @@ class MixIndex(Index):
     def columns_of(self) -> dict[str, CorpusColumns]:
         """Each corpus's planner columns (views into the combined ones)."""
         shard = self.columns["shard"].astype(np.int64)
+        durations = self.durations
         return {name: CorpusColumns(shard[self.offsets[c]:self.offsets[c + 1]] - self.shard_offsets[c],
-                                    self.durations[self.offsets[c]:self.offsets[c + 1]],
+                                    durations[self.offsets[c]:self.offsets[c + 1]],
                                     int(self.shard_offsets[c + 1] - self.shard_offsets[c]))
                 for c, name in enumerate(self.names)}
 
