@@ -34,16 +34,29 @@ class Span:
     end: int
 
 
-def coalesce(spans: Iterable[Span], max_gap: int) -> list[Span]:
-    """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other."""
+def coalesce(spans: Iterable[Span], max_gap: int, dense: float = 0.5) -> list[Span]:
+    """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other; and a shard
+    whose spans cover at least ``dense`` of the bytes from its first to its last is read in one span (most of
+    it is wanted: one request, streamed, beats many)."""
     merged: list[Span] = []
+    wanted: dict[int, int] = {}
     for span in sorted(spans, key=lambda s: (s.shard, s.start)):
-        last = merged[-1] if merged else None
-        if last is not None and last.shard == span.shard and span.start <= last.end + max_gap:
-            merged[-1] = Span(last.shard, last.start, max(last.end, span.end))
+        previous = merged[-1] if merged else None
+        if previous is not None and previous.shard == span.shard and span.start <= previous.end + max_gap:
+            wanted[span.shard] += max(0, span.end - max(span.start, previous.end))
+            merged[-1] = Span(previous.shard, previous.start, max(previous.end, span.end))
         else:
+            wanted[span.shard] = wanted.get(span.shard, 0) + span.end - span.start
             merged.append(span)
-    return merged
+    first: dict[int, Span] = {}
+    last: dict[int, Span] = {}
+    for span in merged:
+        first.setdefault(span.shard, span)
+        last[span.shard] = span
+    whole = {shard for shard, span in first.items()
+             if wanted[shard] >= dense * (last[shard].end - span.start)}
+    return sorted([*(Span(shard, first[shard].start, last[shard].end) for shard in whole),
+                   *(span for span in merged if span.shard not in whole)], key=lambda s: (s.shard, s.start))
 
 
 class _Fetch:

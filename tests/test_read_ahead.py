@@ -82,3 +82,9 @@ def test_coalesced_spans_cover_exactly_the_runs(spans: list[Span], gap: int) -> 
     for m in merged:  # and each starts and ends on a span of its shard
         assert any(s.shard == m.shard and s.start == m.start for s in spans)
         assert any(s.shard == m.shard and s.end == m.end for s in spans)
+
+
+def test_a_mostly_wanted_shard_is_one_request() -> None:
+    spans = [Span(0, start, start + 100) for start in range(0, 1000, 200)]  # half of bytes 0-900 wanted
+    assert coalesce(spans, max_gap=10) == [Span(0, 0, 900)]
+    assert coalesce(spans, max_gap=10, dense=0.6) == spans  # not dense enough: a request per span
