@@ -172,16 +172,25 @@ def _add_index(subparsers: argparse._SubParsersAction) -> None:
                                    description="Build a shardio index for shards written by other tools "
                                                "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
                                                "audio facts read from each sample's audio member.")
-    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards")
+    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: "
+                                                  "dataset directories)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where to write the index (default: next to the shards)")
     parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="rewrite the format-1 index of each dataset directory given as the current format "
+                             "(same content and fingerprint, so saved loader states still resume)")
     parser.set_defaults(run=_run_index)
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from .indexer import build_index
+    from .indexer import build_index, upgrade_index
 
+    if args.upgrade:
+        for directory in args.shards:
+            upgraded = upgrade_index(directory)
+            print(f"{directory}: index format {upgraded}")
+        return 0
     index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
     print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
           f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")

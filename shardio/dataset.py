@@ -23,12 +23,15 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .assembly import Assembler, Decoding, Transform
+from .cache import ShardCache
 from .errors import OptionError, StateError
 from .index import Index
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .quarantine import check_extra, exclusions
+from .rankplan import RankPlan, rank_plan
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
+from .storage import cache_dir
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -48,8 +51,12 @@ class ShardDataset(IterableDataset):
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
     be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
-    :meth:`Index.load`); ``retry`` bounds the retries of remote reads. ``dtype="int16"`` yields audio as int16
-    (16-bit PCM as stored; half the bytes; see :mod:`shardio.pcm16`).
+    :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
+    remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
+    :mod:`shardio.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
+    whole through a node-local disk cache of that size under :func:`~shardio.storage.cache_dir`, shared by
+    every process on the node (:mod:`shardio.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
+    as stored; half the bytes; see :mod:`shardio.pcm16`).
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
@@ -61,7 +68,8 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
                  mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
                  on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None, dtype: str = "float32") -> None:
+                 storage_options: dict[str, Any] | None = None, dtype: str = "float32",
+                 read_ahead: int = 64 << 20, cache_bytes: int = 0) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -82,10 +90,13 @@ class ShardDataset(IterableDataset):
         self.dtype = Decoding(dtype=dtype).dtype  # checked here, not at the first batch
         self.on_error = on_error
         self.retry = retry
+        self.read_ahead = read_ahead
+        self.cache_bytes = cache_bytes
         self._explicit_world = world
         self._world: World | None = world
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
+        self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
         self._reset(epoch=0)
 
@@ -100,11 +111,14 @@ class ShardDataset(IterableDataset):
         self._loaded = False
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept)."""
+        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept), and plan it
+        for this rank."""
         if epoch < 0:
             raise OptionError(f"epoch must be non-negative, not {epoch}")
         if not (self._loaded and epoch == self._epoch):
             self._reset(epoch)
+        if get_worker_info() is None:
+            self._share()  # planned here, once per rank: fork workers inherit it, others receive it pickled
 
     @property
     def epoch(self) -> int:
@@ -174,10 +188,10 @@ class ShardDataset(IterableDataset):
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world.world_size, loaded.position, loaded.epoch)
         self._loaded = True
-        plan = self.plan()
-        if self._start > plan.num_batches:
+        share = self._share()
+        if self._start > share.num_batches:
             raise StateError(f"the state is at batch {self._start} of epoch {self._epoch}, which has only "
-                             f"{plan.num_batches} batches per rank")
+                             f"{share.num_batches} batches per rank")
 
     # -- planning ----------------------------------------------------------------------------------
 
@@ -208,7 +222,20 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) this rank yields in the current epoch."""
-        return self.plan().num_batches
+        return self._share().num_batches
+
+    def _new_reader(self) -> Reader:
+        cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
+        return Reader(self.index, retry=self.retry, cache=cache)
+
+    def _share(self) -> RankPlan:
+        """This rank's part of the current epoch's plan (O(N / world)); the whole plan is not kept."""
+        history, world = self._history, self.ranks()
+        key = (self._epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
+        if key not in self._shares:
+            self._shares = {key: rank_plan(self.plan(), world.rank)}
+            self._plans = {}
+        return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------
 
@@ -217,12 +244,16 @@ class ShardDataset(IterableDataset):
         """This process's loading counters (samples, skipped by error type, retries); each DataLoader worker
         keeps its own, so in the training process they stay zero: there, count each batch's ``skipped``."""
         if self._reader is None:
-            self._reader = Reader(self.index, retry=self.retry)
+            self._reader = self._new_reader()
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
+        # A plan is O(N): a spawned or forkserver worker plans again rather than receive one; the index
+        # travels by reference to its mapped file (Index.__getstate__).
+        if get_worker_info() is None and not self._finished:
+            self._share()  # planned once here, in the rank's process, rather than in every worker
         state = dict(self.__dict__)
-        state["_reader"] = None
+        state.update(_reader=None, _plans={})
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -230,16 +261,19 @@ class ShardDataset(IterableDataset):
             self._reset(self._epoch + 1)
         self._loaded = False
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
-        plan = self.plan()
+        plan = self._share()
         epoch, skip = self._epoch, self._skip
         self._running, self._yielded = world, skip
         if self._reader is None:
-            self._reader = Reader(self.index, retry=self.retry)
+            self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
-        for j in worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]:
-            batch = assembler.batch(plan.batch(world.rank, j), epoch)
+        numbers = worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]
+        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
+        for k, ids in enumerate(batches):
+            j = numbers[k]
+            batch = assembler.batch(ids, epoch)
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch

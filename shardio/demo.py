@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OptionError, StateError
-from .index import INDEX_COLUMNS, INDEX_JSON
+from .index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
 from .pack import pack
 from .synth import make_corpus
 
@@ -52,7 +52,7 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
     _clear(corpus, ["spk[0-9]*/spk[0-9]*_[0-9]*.wav", "spk[0-9]*/spk[0-9]*_[0-9]*.txt"])
     files = make_corpus(corpus, num_files=num_files)
     synth_seconds = time.perf_counter() - started
-    _clear(dataset, [INDEX_JSON, INDEX_COLUMNS, f"{_PREFIX}-[0-9]*.tar*"])  # the index goes first
+    _clear(dataset, [INDEX_JSON, INDEX_COLUMNS, INDEX_COLUMNS_V1, f"{_PREFIX}-[0-9]*.tar*"])  # the index goes first
     packed = pack(corpus, dataset, compression="zstd", samples_per_shard=_SAMPLES_PER_SHARD,
                   workers=max(1, workers), prefix=_PREFIX, progress=False)
     started = time.perf_counter()

@@ -3,9 +3,13 @@
 On disk a dataset directory holds its shards plus two index files, written last and atomically:
 
 - ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
-  the audio format names, the SHA-256 of the columns file and the index fingerprint;
-- ``index.npz``: one uncompressed numpy array per column (34 bytes a sample) and the keys, stored as one
-  UTF-8 blob plus end offsets so that they load only when asked for.
+  the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
+- ``index.columns`` (format 2): every column (34 bytes a sample) and the keys (a UTF-8 blob plus end
+  offsets), uncompressed and aligned, mapped read-only by every process that reads the index
+  (:mod:`shardio.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
+  Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
+  --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
+  fetched once per node into the local cache (:func:`shardio.storage.cache_dir`) and mapped from there.
 
 Per sample the columns say where its tar bytes are: ``frame_offset``/``frame_size`` locate the bytes to
 read from the shard file (a zstd frame, or the sample's own tar bytes in a plain ``.tar``), and
@@ -17,27 +21,27 @@ seeked) use ``frame_offset`` as the offset in the decompressed tar and are read 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import zipfile
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from . import indexchecks
+from . import indexchecks, indexfile
 from .errors import FormatError, OptionError, ReadError
+from .indexfile import ColumnsFile
+from .keys import Keys
 from .storage import is_url, join, read_bytes, write_atomic
 
-__all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "COLUMNS", "CODECS", "ShardInfo", "Index",
-           "IndexBuilder"]
+__all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS", "ShardInfo",
+           "Index", "IndexBuilder"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 INDEX_JSON = "index.json"
-INDEX_COLUMNS = "index.npz"
+INDEX_COLUMNS = "index.columns"
+INDEX_COLUMNS_V1 = "index.npz"
 COLUMNS: dict[str, type] = {
     "shard": np.uint32,
     "frame_offset": np.uint64,
@@ -49,7 +53,6 @@ COLUMNS: dict[str, type] = {
     "channels": np.uint8,
     "format": np.uint8,
 }
-T = TypeVar("T")
 CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
 STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
 
@@ -68,7 +71,8 @@ class ShardInfo:
 
 @dataclass
 class Index:
-    """A dataset's index: the shard table and the per-sample columns, plus lazily loaded keys."""
+    """A dataset's index: the shard table and the per-sample columns and keys (mapped read-only from the
+    columns file when loaded from disk, so every process on a node shares one copy)."""
 
     root: str
     shards: list[ShardInfo]
@@ -76,16 +80,23 @@ class Index:
     columns: dict[str, np.ndarray]
     fingerprint: str = ""
     columns_sha256: str = ""
-    _keys: list[str] | None = field(default=None, repr=False)
+    _keys: Keys | None = field(default=None, repr=False)
     storage_options: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     """fsspec options (endpoint, credentials) for a remote ``root``; the reader opens shards with them."""
+    _file: ColumnsFile | None = field(default=None, repr=False, compare=False)
+    """The mapped columns file the columns and keys are views of (None: they are in memory)."""
+
+    def __post_init__(self) -> None:
+        if self._keys is not None and not isinstance(self._keys, Keys):  # keys given as a list of strings
+            self._keys = Keys.of(self._keys)
 
     def __len__(self) -> int:
         return int(self.columns["shard"].shape[0])
 
-    @cached_property
+    @property
     def durations(self) -> np.ndarray:
-        """Seconds per sample (float64), derived from frames and sample rate."""
+        """Seconds per sample (float64), derived from frames and sample rate: computed on each use (8 bytes a
+        sample), not kept, so that a process's private memory does not grow with the corpus."""
         rate = np.maximum(self.columns["sample_rate"], 1).astype(np.float64)
         return self.columns["num_frames"].astype(np.float64) / rate
 
@@ -100,20 +111,23 @@ class Index:
         return float(self.durations.sum())
 
     @property
-    def keys(self) -> list[str]:
-        """Every sample's key, in index order (loaded on first use)."""
+    def keys(self) -> Keys:
+        """Every sample's key, in index order: a read-only sequence that decodes each key when asked."""
         if self._keys is None:
-            path = join(self.root, INDEX_COLUMNS)
-            samples = sum(shard.samples for shard in self.shards)  # a mix's parts keep no columns
-            payload = indexchecks.read_columns(self.root, path, indexchecks.columns_size_bound(samples, path),
-                                               self.storage_options)
-            if self.columns_sha256 and hashlib.sha256(payload).hexdigest() != self.columns_sha256:
-                raise FormatError(f"{path}: changed since the index was loaded (its SHA-256 differs)")
-            keys = _unpack(payload, path, _load_keys)
-            if len(keys) != samples:
-                raise FormatError(f"{path}: {len(keys)} keys for {samples} samples")
-            self._keys = keys
+            raise FormatError(f"{self.root}: this index has no keys")
         return self._keys
+
+    def key(self, sample: int) -> str:
+        """The key of sample number ``sample``."""
+        return self.keys.key(sample)
+
+    def lookup(self, key: str) -> int:
+        """The number of the first sample with ``key`` (``KeyError`` when there is none), without a table of
+        every key."""
+        found = self.keys.find(key)
+        if found is None:
+            raise KeyError(key)
+        return found
 
     def shard_path(self, shard: int) -> str:
         """The local path or URL of shard number ``shard``."""
@@ -125,18 +139,25 @@ class Index:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("durations", None)
+        if self._file is not None:  # the mapped file travels by reference: nothing of size N is pickled
+            state.update(columns=None, _keys=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._file is not None:
+            self.columns, self._keys = self._file.columns(), self._file.keys()
 
     # -- persistence -----------------------------------------------------------------------------
 
-    def save(self, directory: str | None = None) -> None:
-        """Write ``index.npz`` then ``index.json`` (each atomically): the JSON last marks completion."""
+    def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
+        """Write ``index.columns`` then ``index.json`` (each atomically): the JSON last marks completion.
+
+        ``keep_fingerprint`` keeps the fingerprint the index has (an upgrade of the same content)."""
         directory = directory or self.root
-        blob, ends = _encode_keys(self.keys)
-        payload = _npz_bytes({**self.columns, "keys_blob": blob, "keys_end": ends})
-        self.columns_sha256 = hashlib.sha256(payload).hexdigest()
-        self.fingerprint = self._compute_fingerprint()
+        payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys)
+        if not (keep_fingerprint and self.fingerprint):
+            self.fingerprint = self._compute_fingerprint()
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
         write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
 
@@ -150,6 +171,7 @@ class Index:
             "columns": {name: np.dtype(dtype).str for name, dtype in COLUMNS.items()},
             "columns_file": INDEX_COLUMNS,
             "columns_sha256": self.columns_sha256,
+            "keys_bytes": len(self.keys.blob),
             "shards": [asdict(s) for s in self.shards],
         }
 
@@ -166,8 +188,10 @@ class Index:
         """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
 
         ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
-        reading its shards. Remote reads are retried (see :mod:`shardio.storage`); the columns file must
-        match the SHA-256 that ``index.json`` records. A remote index's keys are kept from this one read.
+        reading its shards. Remote reads are retried (see :mod:`shardio.storage`). The columns file must carry
+        the digest ``index.json`` records, and its content is hashed against it here, once (DataLoader
+        workers receive the mapped file and check only its size and header). A remote columns file is
+        fetched into the node's cache once and mapped from there.
 
         Shard names must be plain relative paths under the dataset root (see :mod:`shardio.indexchecks`);
         ``allow_outside_root=True`` also takes ``..`` parts, absolute paths and symlinks that leave the root:
@@ -177,37 +201,25 @@ class Index:
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
-        try:
-            header = json.loads(read_bytes(json_path, storage_options))
-        except FileNotFoundError:
-            raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
-        except OSError as exc:
-            raise ReadError(f"{json_path}: cannot be read ({exc})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
-        if not isinstance(header, dict) or header.get("format") != "shardio-index":
-            raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
-        if header.get("version") != FORMAT_VERSION:
-            raise FormatError(f"{json_path}: index format version {header.get('version')!r}; this shardio "
-                              f"reads version {FORMAT_VERSION}: rebuild it with 'shardio index'")
-        columns_file = indexchecks.check_columns_file(header.get("columns_file", INDEX_COLUMNS), json_path)
-        if columns_file != INDEX_COLUMNS:  # the keys are read from it later, by that name
-            raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; this shardio reads "
-                              f"{INDEX_COLUMNS!r}")
+        header = _read_header(json_path, storage_options)
+        version = _check_version(header, json_path)
+        columns_file = _columns_file(header, version, json_path)
         columns_path = join(root, columns_file)
         bound = indexchecks.columns_size_bound(header.get("samples"), json_path)
-        payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
-        if hashlib.sha256(payload).hexdigest() != header.get("columns_sha256"):
-            raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but {json_path} "
-                              f"records {header.get('columns_sha256')!r}: the index files do not belong together "
-                              "or one is damaged; rebuild the index")
-        columns, keys = _unpack(payload, columns_path, lambda archive: (
-            {name: archive[name] for name in COLUMNS}, _load_keys(archive) if is_url(root) else None))
+        mapped = None
+        if version == 1:
+            payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
+            columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"), COLUMNS)
+        else:
+            if not is_url(columns_path):
+                indexchecks.check_local_columns(root, columns_path, bound, columns_path)
+            mapped = indexfile.map_columns(columns_path, header, COLUMNS, json_path, storage_options)
+            columns, keys = mapped.columns(), mapped.keys()
         try:
             shards = [_shard_info(entry) for entry in header["shards"]]
             index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
                         fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
-                        _keys=keys, storage_options=storage_options)
+                        _keys=keys, storage_options=storage_options, _file=mapped)
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
@@ -216,8 +228,8 @@ class Index:
                               f"{len(index)}")
         indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
         indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path,
-                                 lambda sample: index.keys[sample])
-        if keys is not None and len(keys) != len(index):
+                                 index.key)
+        if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index
 
@@ -243,41 +255,36 @@ class Index:
                                   f"the columns hold {counts[number]}")
 
 
-def _unpack(payload: bytes, path: str, take: Callable[[Any], T]) -> T:
-    """``take(archive)`` of the columns file ``payload``, its arrays' claimed shapes checked against their
-    bytes first; any failure of a damaged archive is a :class:`FormatError`."""
+def _read_header(json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     try:
-        archive = np.load(io.BytesIO(payload))
-        indexchecks.check_npz(archive.zip, path)
-        return take(archive)
-    except FormatError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-        raise FormatError(f"{path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+        header = json.loads(read_bytes(json_path, storage_options))
+    except FileNotFoundError:
+        raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+    except OSError as exc:
+        raise ReadError(f"{json_path}: cannot be read ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != "shardio-index":
+        raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
+    return header
 
 
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """An uncompressed ``.npz`` with fixed timestamps, so the same index gives the same bytes."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(member, "w", force_zip64=True) as handle:
-                np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
+def _check_version(header: dict[str, Any], json_path: str) -> int:
+    version = header.get("version")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
+                          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
+    return int(version)
 
 
-def _encode_keys(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [k.encode("utf-8") for k in keys]
-    ends = np.cumsum([len(e) for e in encoded], dtype=np.uint64) if encoded else np.zeros(0, np.uint64)
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
-
-
-def _load_keys(archive: Any) -> list[str]:
-    blob = archive["keys_blob"].tobytes()
-    ends = archive["keys_end"].tolist()
-    starts = [0, *ends[:-1]]
-    return [blob[s:e].decode("utf-8") for s, e in zip(starts, ends)]
+def _columns_file(header: dict[str, Any], version: int, json_path: str) -> str:
+    """The columns file's name: a plain name in the root, the one this version's index writes."""
+    expected = INDEX_COLUMNS_V1 if version == 1 else INDEX_COLUMNS
+    columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
+    if columns_file != expected:
+        raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
+                          f"{expected!r}")
+    return columns_file
 
 
 def _shard_info(entry: Any) -> ShardInfo:
@@ -334,6 +341,6 @@ class IndexBuilder:
         columns: dict[str, np.ndarray] = {name: np.asarray(values, dtype=COLUMNS[name])
                                           for name, values in self._rows.items()}
         index = Index(root=self.root, shards=list(self.shards), formats=list(self.formats), columns=columns,
-                      _keys=list(self._keys))
+                      _keys=Keys.of(self._keys))
         index.validate(self.root)
         return index

@@ -17,6 +17,7 @@ import bz2
 import gzip
 import hashlib
 import io
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -27,12 +28,12 @@ import zstandard
 
 from .corpus import AUDIO_EXTENSIONS
 from .errors import DecodeError, FormatError, OptionError, ReadError
-from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from .index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, Index, IndexBuilder, ShardInfo
 from .streams import describe
 from .tarformat import key_problem, split_name, walk
 from .writer import writable_directory
 
-__all__ = ["build_index", "shard_codec", "tar_stream"]
+__all__ = ["build_index", "shard_codec", "tar_stream", "upgrade_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +235,24 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                        "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
                        len(outside), outside[0])
     return index
+
+
+def upgrade_index(directory: str | os.PathLike[str]) -> str:
+    """Rewrite the index of the dataset in local ``directory`` in the current format, with the same content
+    and fingerprint (a saved loader state still resumes), and remove a format-1 ``index.npz``. Says what it
+    did: ``"1 -> 2"``, or ``"2 (already current)"``."""
+    directory = os.fspath(directory)
+    with open(os.path.join(directory, INDEX_JSON), "rb") as handle:
+        version = json.loads(handle.read()).get("version")
+    index = Index.load(directory)
+    if version == FORMAT_VERSION:
+        return f"{version} (already current)"
+    index.save(directory, keep_fingerprint=True)
+    old = os.path.join(directory, INDEX_COLUMNS_V1)
+    if os.path.exists(old):
+        os.unlink(old)
+    logger.info("%s: index upgraded from format %s to %s", directory, version, FORMAT_VERSION)
+    return f"{version} -> {FORMAT_VERSION}"
 
 
 def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]],

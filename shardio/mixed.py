@@ -19,6 +19,7 @@ import numpy as np
 from .dataset import ShardDataset
 from .errors import OptionError
 from .index import Index, ShardInfo
+from .keys import ChainedKeys, Keys
 from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .plan import Batching, EpochPlan, Segment, options_of
 from .quarantine import exclusions
@@ -75,10 +76,10 @@ class MixIndex(Index):
         return self.parts[part].storage_options
 
     @property
-    def keys(self) -> list[str]:
-        """Every sample's key, in global id order (loaded from the parts on first use)."""
+    def keys(self) -> Keys:
+        """Every sample's key, in global id order (each decoded from its corpus's index when asked for)."""
         if self._keys is None:
-            self._keys = [key for part in self.parts for key in part.keys]
+            self._keys = ChainedKeys([part.keys for part in self.parts])
         return self._keys
 
     def corpus(self, sample_id: int) -> str:
@@ -88,12 +89,13 @@ class MixIndex(Index):
     def columns_of(self) -> dict[str, CorpusColumns]:
         """Each corpus's planner columns (views into the combined ones)."""
         shard = self.columns["shard"].astype(np.int64)
+        durations = self.durations
         return {name: CorpusColumns(shard[self.offsets[c]:self.offsets[c + 1]] - self.shard_offsets[c],
-                                    self.durations[self.offsets[c]:self.offsets[c + 1]],
+                                    durations[self.offsets[c]:self.offsets[c + 1]],
                                     int(self.shard_offsets[c + 1] - self.shard_offsets[c]))
                 for c, name in enumerate(self.names)}
 
-    def save(self, directory: str | None = None) -> None:
+    def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
         """A combined index lives in memory only; save each corpus's own index instead."""
         raise OptionError("a MixIndex is not saved: each corpus keeps its own index")
 

@@ -29,10 +29,13 @@ import numpy as np
 import zstandard
 
 from . import localshard
+from .cache import ShardCache
 from .errors import FormatError, IntegrityError, ReadError, ShardioError
 from .filesystems import Filesystems
 from .index import STREAM_CODECS, Index
-from .localshard import LocalShard, short_read
+from .localshard import LocalShard
+from .prefetch import ReadAhead
+from .remotereads import RemoteReads
 from .storage import RetryPolicy, is_url, retrying
 from .streams import decompress_prefix, decompress_upto
 from .tarformat import parse_members
@@ -55,6 +58,10 @@ class ReadStats:
     samples: int = 0
     skipped: int = 0
     retries: int = 0
+    requests: int = 0
+    """Remote read requests made (each coalesced read-ahead request counts once)."""
+    bytes_fetched: int = 0
+    """Bytes those requests asked for."""
     errors: Counter[str] = field(default_factory=Counter)
     """Skipped samples by error type (``FormatError``, ``DecodeError``, ...)."""
 
@@ -64,7 +71,7 @@ class ReadStats:
         self.errors[type(exc).__name__] += 1
 
 
-class Reader:
+class Reader(RemoteReads):
     """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
 
     URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
@@ -72,8 +79,12 @@ class Reader:
     """
 
     def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
-                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30) -> None:
+                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30,
+                 cache: ShardCache | None = None) -> None:
         self.index = index
+        self.cache = cache
+        """The node-local cache remote shards are read through, whole (None: read by ranges)."""
+        self._from_cache: set[int] = set()  # shards open from the cache
         self.retry = retry
         self.max_open = max_open
         self.stream_cache_bytes = stream_cache_bytes
@@ -89,6 +100,7 @@ class Reader:
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
         self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
+        self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
 
     @property
     def retries(self) -> int:
@@ -98,7 +110,7 @@ class Reader:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _filesystems=Filesystems())
+                     _filesystems=Filesystems(), _ahead=None, _from_cache=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -116,9 +128,10 @@ class Reader:
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = None
+        self._frame = self._ahead = None
         self._filesystems = Filesystems()
         self._streams = OrderedDict()
+        self._from_cache = set()
         self.stats = ReadStats()
         self._pid = os.getpid()
 
@@ -136,9 +149,13 @@ class Reader:
         expected = self.index.shards[shard].bytes
         handle: Any
         try:
-            if is_url(path):
-                handle = self._filesystems.get(path, self.index.shard_options(shard), where, self.retry,
-                                               self._count_retry)
+            cached = self._cached(shard, where) if is_url(path) and self.cache is not None else None
+            if cached is not None:
+                handle = LocalShard(os.open(cached, os.O_RDONLY), expected)
+                actual = os.fstat(handle.fd).st_size
+                self._from_cache.add(shard)
+            elif is_url(path):
+                handle = self._remote(shard, where)
                 actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
             else:
                 handle = LocalShard(os.open(path, os.O_RDONLY), expected)
@@ -180,12 +197,12 @@ class Reader:
                               f"shard ({self.index.shards[shard].bytes} bytes)")
         if isinstance(handle, LocalShard):
             return handle.read(offset, size, where)
-        fs, path = handle
-        data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
-                        self._count_retry)
-        if len(data) != size:
-            raise short_read(where, size, offset, len(data))
-        return data
+        if self._ahead is not None:
+            ahead = self._ahead.take(shard, offset, size)
+            if ahead is not None:
+                return ahead
+        self._count_request(size)
+        return self._fetch(handle, offset, size, where)
 
     def maps(self, shard: int) -> bool:
         """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may
@@ -270,13 +287,21 @@ class Reader:
 
     def sample_bytes(self, sample: int, where: str | None = None) -> memoryview:
         """The tar bytes (headers and data of every member) of sample number ``sample``."""
+        where = where or self.where(sample)
+        try:
+            return self._sample_bytes(sample, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._sample_bytes(sample, where)
+
+    def _sample_bytes(self, sample: int, where: str) -> memoryview:
         if self._pid != os.getpid():
             self._after_fork()
         c = self._columns
         shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
         frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
         member_offset = int(c["member_offset"][sample])
-        where = where or self.where(sample)
         codec = self.index.shards[shard].codec
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
@@ -298,7 +323,15 @@ class Reader:
 
     def split_members(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
         """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
-        checking each member belongs to its key."""
+        checking each member belongs to its key (a damaged shard from the node cache is fetched again)."""
+        try:
+            return self._split(sample, data, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._split(sample, self._sample_bytes(sample, where), where)
+
+    def _split(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
         key = self.index.keys[sample]
         found: dict[str, memoryview] = {}
         stem = len(key) + 1

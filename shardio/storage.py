@@ -26,10 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
-from .errors import OptionError, ReadError
+from .errors import FormatError, OptionError, ReadError
 
 __all__ = [
     "RetryPolicy",
+    "cache_dir",
+    "fetch_to_cache",
     "file_size",
     "filesystem",
     "is_transient",
@@ -249,3 +251,54 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def cache_dir() -> str:
+    """The node-local cache directory: ``$SHARDIO_CACHE_DIR``, else ``shardio`` under ``$XDG_CACHE_HOME`` (by
+    default ``~/.cache``). Every process on a node that uses the same one shares what it holds."""
+    configured = os.environ.get("SHARDIO_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardio")
+
+
+def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[str, Any] | None,
+                   fits: Callable[[str], bool], retry: RetryPolicy = RetryPolicy()) -> str:
+    """The local path of a copy of remote ``location`` (``size`` bytes) in :func:`cache_dir` under ``name``,
+    fetched unless a copy of that size for which ``fits(path)`` holds is there. Processes that fetch at once
+    each write a temporary file and rename it into place, so none ever sees a partial copy."""
+    directory = cache_dir()
+    path = os.path.join(directory, name)
+    try:
+        if os.path.getsize(path) == size and fits(path):
+            return path
+    except OSError:
+        pass
+    fs, remote = filesystem(location, storage_options)
+
+    def fetch() -> None:
+        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + name, dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as out, fs.open(remote, "rb", block_size=1 << 22) as source:
+                while chunk := source.read(1 << 22):
+                    out.write(chunk)
+            got = os.path.getsize(temporary)
+            if got != size:
+                raise FormatError(f"{location}: {got} bytes, but index.json describes {size}: the index files "
+                                  "do not belong together or one is damaged; rebuild the index")
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        retrying(fetch, location, retry)
+    except (FileNotFoundError, FormatError, ReadError):
+        raise
+    except OSError as exc:  # the cache itself: a full disk, a read-only directory
+        raise ReadError(f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
+                        "writable local directory with room") from None
+    return path

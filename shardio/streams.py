@@ -29,7 +29,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_BYTES_LITERAL.sub('<bytes>', str(exc))}"
 
 
-def _reader(raw: bytes, codec: str) -> Any:
+def _reader(raw: bytes | memoryview, codec: str) -> Any:
     if codec == "gzip":
         return gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb")
     if codec == "bz2":
@@ -37,7 +37,7 @@ def _reader(raw: bytes, codec: str) -> Any:
     return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True)
 
 
-def decompress_upto(raw: bytes, codec: str, limit: int, where: str) -> bytes:
+def decompress_upto(raw: bytes | memoryview, codec: str, limit: int, where: str) -> bytes:
     """``raw`` (a whole ``codec`` stream) decompressed, up to ``limit`` bytes: never more are made, and the
     output grows in chunks as the data really decompresses (whatever a header claims)."""
     out = bytearray()

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from audio_factory import SHARED_CORPORA, make_folder_corpus, write_text, write_tone
+
+# -- the node-local cache ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test's node-local cache (``SHARDIO_CACHE_DIR``: remote index files, cached shards) is a
+    session temporary directory, never the user's ``~/.cache``; worker processes inherit it."""
+    directory = tmp_path_factory.mktemp("node_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SHARDIO_CACHE_DIR", str(directory))
+        yield directory
+
 
 # -- corpora for pack / index / verify / CLI tests ---------------------------------------------------
 

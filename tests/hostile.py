@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 import os
 import subprocess
 import sys
@@ -16,7 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardio.index import _npz_bytes
+from shardio import Index
+from shardio.index import COLUMNS
+from shardio.indexfile import encode
+from shardio.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,14 +33,50 @@ def rewrite_header(root: Path, change: Callable[[dict[str, Any]], None]) -> None
     path.write_text(json.dumps(header))
 
 
-def rewrite_columns(root: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
-    """Apply ``change`` to the arrays of ``root/index.npz``; record the new file's SHA-256 in index.json."""
-    with np.load(io.BytesIO((root / "index.npz").read_bytes())) as archive:
-        arrays = {name[:-4] if name.endswith(".npy") else name: archive[name] for name in archive.files}
-    change(arrays)
-    payload = _npz_bytes(arrays)
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An uncompressed ``.npz`` of ``arrays``, as index format 1 stored its columns."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def to_format1(root: Path) -> None:
+    """Rewrite the (format-2) index of ``root`` as format 1 wrote it: ``index.npz`` holding the columns, the
+    keys blob and their ends, and a version-1 header (same fingerprint)."""
+    index = Index.load(root)
+    payload = _npz_bytes({**index.columns, "keys_blob": np.frombuffer(bytes(index.keys.blob), np.uint8),
+                          "keys_end": np.asarray(index.keys.ends)})
     (root / "index.npz").write_bytes(payload)
-    rewrite_header(root, lambda header: header.update(columns_sha256=hashlib.sha256(payload).hexdigest()))
+
+    def change(header: dict[str, Any]) -> None:
+        header.update(version=1, columns_file="index.npz", columns_sha256=hashlib.sha256(payload).hexdigest())
+        header.pop("keys_bytes", None)
+
+    rewrite_header(root, change)
+    os.unlink(root / "index.columns")
+
+
+def rewrite_columns(root: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Apply ``change`` to the index columns of ``root`` (a format-1 ``index.npz`` or a format-2
+    ``index.columns``) and record the new file's SHA-256 in index.json."""
+    if (root / "index.npz").exists():
+        with np.load(io.BytesIO((root / "index.npz").read_bytes())) as archive:
+            arrays = {name[:-4] if name.endswith(".npy") else name: archive[name] for name in archive.files}
+        change(arrays)
+        payload = _npz_bytes(arrays)
+        (root / "index.npz").write_bytes(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+    else:
+        index = Index.load(root)
+        arrays = {name: np.array(column) for name, column in index.columns.items()}
+        change(arrays)
+        payload, digest = encode({name: arrays[name] for name in COLUMNS}, COLUMNS,
+                                 Keys(bytes(index.keys.blob), np.asarray(index.keys.ends), "columns"))
+        (root / "index.columns").write_bytes(payload)
+    rewrite_header(root, lambda header: header.update(columns_sha256=digest))
 
 
 def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: str = ""

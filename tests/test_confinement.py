@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zstandard
 from datasets import make_uneven_dataset, wav_bytes
-from hostile import rewrite_columns, rewrite_header, run_limited
+from hostile import rewrite_columns, rewrite_header, run_limited, to_format1
 
 from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter
 from shardio.indexchecks import columns_size_bound
@@ -188,14 +188,20 @@ def test_columns_file_must_be_a_plain_name_in_the_root(dataset: Path, name: obje
         Index.load(dataset)
 
 
-def test_columns_file_linked_to_a_device_is_not_read(dataset: Path) -> None:
-    os.replace(dataset / "index.npz", dataset / "real.npz")
-    os.symlink("/dev/zero", dataset / "index.npz")
+@pytest.mark.parametrize("version", [1, 2])
+def test_columns_file_linked_to_a_device_is_not_read(dataset: Path, version: int) -> None:
+    name = "index.columns"
+    if version == 1:
+        to_format1(dataset)
+        name = "index.npz"
+    os.replace(dataset / name, dataset / "real")
+    os.symlink("/dev/zero", dataset / name)
     with pytest.raises(FormatError, match="outside the dataset root|not a regular file"):
         Index.load(dataset)
 
 
 def test_columns_file_size_is_bounded_by_the_sample_count(dataset: Path) -> None:
+    to_format1(dataset)
     with open(dataset / "index.npz", "r+b") as handle:
         handle.truncate(columns_size_bound(5, "") + 1)  # the size is checked before anything is read
     with pytest.raises(FormatError, match="more than the .* that the sample count"):
@@ -215,6 +221,7 @@ def test_npy_shapes_are_checked_against_the_bytes(dataset: Path) -> None:
     def forge(columns: dict[str, np.ndarray]) -> None:
         columns["bogus"] = np.zeros(1, np.uint8)
 
+    to_format1(dataset)
     rewrite_columns(dataset, forge)
     raw = (dataset / "index.npz").read_bytes()
     out = io.BytesIO()

@@ -198,7 +198,7 @@ def test_damaged_index_json_fields(clean: Clean, scratch: Path, data: st.DataObj
 
 
 @FUZZ
-@given(name=st.sampled_from(["index.json", "index.npz"]), mutations=st.lists(MUTATION, min_size=1, max_size=3))
+@given(name=st.sampled_from(["index.json", "index.columns"]), mutations=st.lists(MUTATION, min_size=1, max_size=3))
 def test_damaged_index_bytes(clean: Clean, scratch: Path, name: str, mutations: list[tuple[str, int, Any]]) -> None:
     original = clean.files[name]
     with damaged(scratch, name, mutate(original, mutations), original):

@@ -290,7 +290,7 @@ def test_writer_replaces_an_interrupted_runs_shards_but_never_other_files(tmp_pa
     writer.abort()  # as an interrupted run: finished shards under final names, no index
     assert len(list(out.glob("shard-*.tar"))) == 2
     assert [s.name for s in _write(out, ["d"]).shards] == ["shard-000000.tar"]
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "index.npz", "shard-000000.tar"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.columns", "index.json", "shard-000000.tar"]
 
     other = tmp_path / "other"
     other.mkdir()

@@ -283,7 +283,7 @@ def test_a_second_writer_is_refused_naming_the_holder(wav_corpus: Path, tmp_path
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert pack(wav_corpus, out, progress=False).samples == 48  # the kernel dropped the dead holder's lock
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "index.npz", "shard-000000.tar"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.columns", "index.json", "shard-000000.tar"]
 
 
 def test_a_failed_pack_leaves_no_journal(tmp_path: Path) -> None:
@@ -368,7 +368,7 @@ def test_index_files_follow_the_umask(wav_corpus: Path, tmp_path: Path) -> None:
     finally:
         os.umask(previous)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "o").iterdir()}
-    assert modes == {"index.json": 0o600, "index.npz": 0o600, "shard-000000.tar": 0o600}
+    assert modes == {"index.json": 0o600, "index.columns": 0o600, "shard-000000.tar": 0o600}
 
 
 # -- 11: -j N without process start-up ---------------------------------------------------------------

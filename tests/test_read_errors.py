@@ -267,13 +267,13 @@ def test_index_from_an_older_format_version(dataset: Index) -> None:
     path = os.path.join(dataset.root, "index.json")
     header = json.loads(Path(path).read_text())
     Path(path).write_text(json.dumps({**header, "version": 0}))
-    with pytest.raises(FormatError, match=r"index format version 0; this shardio reads version 1"):
+    with pytest.raises(FormatError, match=r"index format version 0; this shardio reads versions 1, 2"):
         ShardDataset(dataset.root)
 
 
 def test_index_columns_from_another_dataset(dataset: Index, tmp_path: Path) -> None:
     other = make_uneven_dataset(tmp_path / "other", [4, 4], seed=3)
-    shutil.copyfile(os.path.join(other.root, "index.npz"), os.path.join(dataset.root, "index.npz"))
+    shutil.copyfile(os.path.join(other.root, "index.columns"), os.path.join(dataset.root, "index.columns"))
     with pytest.raises(FormatError, match="do not belong together"):
         Index.load(dataset.root)
 
