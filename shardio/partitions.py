@@ -1,0 +1,254 @@
+"""Partitioned packing: plan on a driver, pack each partition anywhere, merge in partition order.
+
+The engine-neutral unit of work of :func:`shardio.engines.pack_partitioned`:
+
+- :func:`plan_partitions` (driver, no audio read): read the corpus, check keys (unique over the whole
+  corpus), optionally permute by ``seed``, and cut the inputs into contiguous partitions of about
+  ``partition_bytes`` estimated output bytes (input file sizes). The plan is written to
+  ``_parts/plan.json`` with the fingerprint of its inputs and options.
+- :func:`pack_partition` (any process, any machine sharing ``out_dir``): validate and write partition ``p``'s
+  shards ``{prefix}-{p:05d}-{n:06d}.tar[.zst]`` in a private attempt directory, move them to ``out_dir``,
+  then publish its index part ``_parts/{p:05d}/`` with ``index.json`` last: that file is the commit marker.
+  Every attempt of a partition writes the same bytes, so retries and duplicate attempts are harmless.
+- :func:`merge_partitions` (driver): join the index parts in partition order (never completion order),
+  check keys are unique, write ``index.npz`` then ``index.json``, and remove ``_parts``.
+
+The result depends only on the input and the options, not on which engine ran the partitions, in which
+order, or how many attempts failed. A re-run with the same plan packs only partitions without a marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
+from .errors import FormatError, InputError, InputProblem, OptionError
+from .index import INDEX_JSON, Index
+from .pack import REJECTED_FILE, _assign_keys
+from .preparation import Task, prepare
+from .storage import write_atomic
+from .writer import ShardWriter
+
+__all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionPlan", "plan_partitions",
+           "pack_partition", "merge_partitions", "partition_done"]
+
+logger = logging.getLogger(__name__)
+
+PARTS_DIR = "_parts"
+DEFAULT_PARTITION_BYTES = 2 * 10**9
+"""Estimated output bytes of one partition when ``partition_bytes`` is not given."""
+_SEGMENT_BYTES_PER_SECOND = 32_000  # a segment's estimate: 16 kHz 16-bit mono
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """The options that shape a partition's shards (the same for every partition of a plan)."""
+
+    samples_per_shard: int | None = None
+    shard_bytes: int | None = 256 * 10**6
+    compression: str = "none"
+    zstd_level: int = 3
+    transcode: str | None = None
+    on_error: str = "raise"
+    prefix: str = "shard"
+
+
+@dataclass
+class PartitionPlan:
+    """What every partition packs: small enough to ship to each task, and JSON-serialisable."""
+
+    out_dir: str
+    options: PackOptions
+    partitions: list[list[Task]]
+    problems: list[InputProblem] = field(default_factory=list)
+    """Inputs rejected on the driver (key rule, duplicate keys, unknown formats)."""
+    fingerprint: str = ""
+
+    def to_json(self) -> str:
+        """The plan as canonical JSON (its fingerprint covers everything but the output directory)."""
+        return json.dumps(_plan_body(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _plan_body(plan: PartitionPlan) -> dict[str, Any]:
+    return {"options": asdict(plan.options),
+            "partitions": [[{"key": t.key, "source": asdict(t.source), "transcode": t.transcode} for t in part]
+                           for part in plan.partitions],
+            "problems": [asdict(p) for p in plan.problems]}
+
+
+def _estimate(source: Source) -> int:
+    if source.offset is not None and source.duration is not None:
+        return int(source.duration * _SEGMENT_BYTES_PER_SECOND)
+    try:
+        return os.path.getsize(source.audio_path)
+    except OSError:
+        return 0  # reported when the partition reads it
+
+
+def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
+                    options: PackOptions | None = None, partition_bytes: int = DEFAULT_PARTITION_BYTES,
+                    shuffle: bool = False, seed: int = 0, require_text: bool = False,
+                    rewrite_keys: bool = False) -> PartitionPlan:
+    """Read the corpus and cut it into partitions; writes ``_parts/plan.json`` (or checks an existing one)."""
+    options = options or PackOptions()
+    if partition_bytes < 1:
+        raise OptionError(f"partition_bytes must be at least 1, not {partition_bytes}")
+    if options.on_error not in ("raise", "skip"):
+        raise OptionError(f"on_error must be 'raise' or 'skip', not {options.on_error!r}")
+    out = os.fspath(out_dir)
+    if os.path.exists(os.path.join(out, INDEX_JSON)):
+        raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")
+    problems: list[InputProblem] = []
+    sources = list(read_corpus(input, kind, problems=problems))
+    if shuffle:
+        sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
+    tasks = _assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
+                         require_text=require_text)
+    if not sources and not problems:
+        problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
+                                     f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
+    partitions: list[list[Task]] = []
+    current: list[Task] = []
+    size = 0
+    for task in tasks:
+        current.append(task)
+        size += _estimate(task.source)
+        if size >= partition_bytes:
+            partitions.append(current)
+            current, size = [], 0
+    if current:
+        partitions.append(current)
+    plan = PartitionPlan(out, options, partitions, problems)
+    text = plan.to_json()
+    plan.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    path = os.path.join(out, PARTS_DIR, "plan.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            recorded = json.load(handle).get("fingerprint")
+        if recorded != plan.fingerprint:
+            raise OptionError(f"{path}: an earlier run planned other inputs or options (plan {recorded}, now "
+                              f"{plan.fingerprint}); remove {os.path.join(out, PARTS_DIR)} or use another directory")
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, json.dumps({"fingerprint": plan.fingerprint, "partitions": len(partitions),
+                                       "samples": len(tasks)}).encode())
+    logger.info("planned %d inputs in %d partitions (plan %s)", len(tasks), len(partitions), plan.fingerprint)
+    return plan
+
+
+def _part_dir(out: str, number: int) -> str:
+    return os.path.join(out, PARTS_DIR, f"{number:05d}")
+
+
+def partition_done(plan: PartitionPlan, number: int) -> bool:
+    """Whether partition ``number`` has published its index part (its commit marker)."""
+    return os.path.exists(os.path.join(_part_dir(plan.out_dir, number), INDEX_JSON))
+
+
+def pack_partition(plan: PartitionPlan, number: int) -> int:
+    """Pack partition ``number`` of ``plan`` (skipped when already committed); returns its sample count.
+
+    Idempotent: any number of attempts, concurrent or not, leave the same bytes.
+    """
+    if partition_done(plan, number):
+        return -1
+    options, out = plan.options, plan.out_dir
+    attempt = os.path.join(out, PARTS_DIR, f".attempt-{number:05d}-{uuid.uuid4().hex}")
+    writer = ShardWriter(attempt, prefix=f"{options.prefix}-{number:05d}", compression=options.compression,
+                         zstd_level=options.zstd_level, max_samples=options.samples_per_shard,
+                         max_bytes=options.shard_bytes)
+    try:
+        problems: list[InputProblem] = []
+        samples = input_bytes = 0
+        for task in plan.partitions[number]:
+            result = prepare(task)
+            if isinstance(result, InputProblem):
+                problems.append(result)
+                continue
+            if options.on_error == "raise" and problems:
+                continue  # no shard will be merged; validate the rest to list every problem
+            writer.write(result.key, result.members, audio_ext=result.audio_ext, num_frames=result.num_frames,
+                         sample_rate=result.sample_rate, channels=result.channels)
+            samples += 1
+            input_bytes += result.input_bytes
+        index = writer.close()
+        for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
+            os.replace(os.path.join(attempt, shard.name), os.path.join(out, shard.name))
+        part = _part_dir(out, number)
+        os.makedirs(part, exist_ok=True)
+        report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes}
+        write_atomic(os.path.join(part, "report.json"), json.dumps(report, sort_keys=True).encode())
+        os.replace(os.path.join(attempt, "index.npz"), os.path.join(part, "index.npz"))
+        os.replace(os.path.join(attempt, INDEX_JSON), os.path.join(part, INDEX_JSON))  # the commit marker, last
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        shutil.rmtree(attempt, ignore_errors=True)
+    return samples
+
+
+def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], int]:
+    """Join the committed index parts in partition order and write the dataset's index (last).
+
+    Returns ``(index, rejected inputs, input bytes)``; raises :class:`~shardio.errors.InputError` when
+    ``on_error="raise"`` and any input failed (no index is written then).
+    """
+    out = plan.out_dir
+    problems = list(plan.problems)
+    shards: list[Any] = []
+    formats: list[str] = []
+    columns: dict[str, list[np.ndarray]] = {}
+    keys: list[str] = []
+    input_bytes = 0
+    for number in range(len(plan.partitions)):
+        if not partition_done(plan, number):
+            raise FormatError(f"{_part_dir(out, number)}: partition {number} has no committed index part; "
+                              "pack it before merging")
+        part = Index.load(_part_dir(out, number))
+        with open(os.path.join(_part_dir(out, number), "report.json"), encoding="utf-8") as handle:
+            report = json.load(handle)
+        problems.extend(InputProblem(**p) for p in report["problems"])
+        input_bytes += int(report["input_bytes"])
+        remap = np.array([_format_id(formats, f) for f in part.formats] or [0], dtype=np.uint8)
+        for name, column in part.columns.items():
+            if name == "shard":
+                column = (column + len(shards)).astype(column.dtype)
+            elif name == "format":
+                column = remap[column]
+            columns.setdefault(name, []).append(column)
+        shards.extend(part.shards)
+        keys.extend(part.keys)
+    if problems and plan.options.on_error == "raise":
+        raise InputError(problems)
+    if not keys:
+        raise InputError(problems or [InputProblem(out, "", "no sample was packed")])
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
+    merged = Index(root=out, shards=shards, formats=formats,
+                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=keys)
+    merged.validate(out)
+    if plan.options.on_error == "skip":
+        lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
+                            ensure_ascii=False) + "\n" for p in problems]
+        write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
+    merged.save(out)
+    shutil.rmtree(os.path.join(out, PARTS_DIR), ignore_errors=True)
+    return merged, problems, input_bytes
+
+
+def _format_id(formats: list[str], ext: str) -> int:
+    if ext not in formats:
+        formats.append(ext)
+    return formats.index(ext)
