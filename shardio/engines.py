@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from .errors import OptionError
-from .pack import PackSummary
+from .pack import PackSummary, default_workers
 from .partitions import (DEFAULT_PARTITION_BYTES, PackOptions, PartitionPlan, merge_partitions, pack_partition,
                          partition_done, plan_partitions)
 
@@ -84,7 +84,7 @@ def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | 
 
 
 def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, engine: str | Engine = "local",
-                     workers: int = 1, address: str | None = None, kind: str | None = None,
+                     workers: int | None = 1, address: str | None = None, kind: str | None = None,
                      partition_bytes: int = DEFAULT_PARTITION_BYTES, samples_per_shard: int | None = None,
                      shard_bytes: int | None = None, compression: str = "none", zstd_level: int = 3,
                      transcode: str | None = None, shuffle: bool = False, seed: int = 0, on_error: str = "raise",
@@ -92,12 +92,14 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
                      progress: bool = True) -> PackSummary:
     """Pack like :func:`shardio.pack.pack`, in partitions of about ``partition_bytes`` input bytes, run by
     ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or a
-    local cluster of ``workers`` CPUs), or any :data:`Engine`. Shards are named
+    local cluster of ``workers`` CPUs; None: :func:`~shardio.pack.default_workers`), or any :data:`Engine`. Shards are named
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
+    if workers is None:
+        workers = default_workers()
     if not isinstance(workers, int) or workers < 1:
         raise OptionError(f"workers must be a whole number >= 1, not {workers!r}")
     if compression not in ("none", "zstd"):
@@ -127,5 +129,6 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
     seconds = time.perf_counter() - started
     return PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
                        bytes=sum(s.bytes for s in index.shards), seconds=seconds,
-                       mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes)
+                       mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
+                       left_out=plan.left_out)
 

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +72,8 @@ class PartitionPlan:
     partitions: list[list[Task]]
     problems: list[InputProblem] = field(default_factory=list)
     """Inputs rejected on the driver (key rule, duplicate keys, unknown formats)."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Files in a folder corpus that are not inputs (see :attr:`shardio.pack.PackSummary.left_out`)."""
     fingerprint: str = ""
 
     def to_json(self) -> str:
@@ -108,7 +111,8 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
     if os.path.exists(os.path.join(out, INDEX_JSON)):
         raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")
     problems: list[InputProblem] = []
-    sources = list(read_corpus(input, kind, problems=problems))
+    left_out: Counter[str] = Counter()
+    sources = list(read_corpus(input, kind, problems=problems, left_out=left_out))
     if shuffle:
         sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
     tasks = _assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
@@ -127,7 +131,7 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
             current, size = [], 0
     if current:
         partitions.append(current)
-    plan = PartitionPlan(out, options, partitions, problems)
+    plan = PartitionPlan(out, options, partitions, problems, dict(sorted(left_out.items())))
     text = plan.to_json()
     plan.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
     path = os.path.join(out, PARTS_DIR, "plan.json")
