@@ -31,7 +31,7 @@ __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", 
 logger = logging.getLogger(__name__)
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
-KINDS = ("folder", "jsonl", "kaldi", "tsv")
+KINDS = ("folder", "jsonl", "kaldi", "tsv", "hf")
 PATH_COLUMNS = ("path", "audio", "audio_path", "audio_filepath", "audio_file", "file")
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 KEY_COLUMNS = ("id", "key")
@@ -44,6 +44,10 @@ _Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which of :data:`KINDS` the corpus at ``path`` is, from its layout and file name."""
     location = Path(path)
+    from .importers.hf import is_hf_dataset
+
+    if location.exists() and is_hf_dataset(location):
+        return "hf"
     if location.is_dir():
         return "kaldi" if (location / "wav.scp").is_file() else "folder"
     if not location.exists():
@@ -288,5 +292,12 @@ read_folder = _collected(_read_folder)
 read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
 read_table = _collected(_read_table)
+def _read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
+    """A Hugging Face dataset (see :mod:`shardio.importers.hf`)."""
+    from .importers.hf import read_hf
+
+    return read_hf(path, problems, left_out)
+
+
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table}
+    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table, "hf": _collected(_read_hf)}

@@ -89,6 +89,8 @@ def _plan_body(plan: PartitionPlan) -> dict[str, Any]:
 
 
 def _estimate(source: Source) -> int:
+    if source.size is not None:
+        return source.size
     if source.offset is not None and source.duration is not None:
         return int(source.duration * _SEGMENT_BYTES_PER_SECOND)
     try:
