@@ -31,7 +31,7 @@ __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", 
 logger = logging.getLogger(__name__)
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
-KINDS = ("folder", "jsonl", "kaldi", "tsv", "hf")
+KINDS = ("folder", "jsonl", "kaldi", "tsv", "hf", "lhotse")
 PATH_COLUMNS = ("path", "audio", "audio_path", "audio_filepath", "audio_file", "file")
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 KEY_COLUMNS = ("id", "key")
@@ -45,9 +45,12 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which of :data:`KINDS` the corpus at ``path`` is, from its layout and file name."""
     location = Path(path)
     from .importers.hf import is_hf_dataset
+    from .importers.lhotse_cuts import is_lhotse
 
     if location.exists() and is_hf_dataset(location):
         return "hf"
+    if location.exists() and is_lhotse(location):
+        return "lhotse"
     if location.is_dir():
         return "kaldi" if (location / "wav.scp").is_file() else "folder"
     if not location.exists():
@@ -299,5 +302,13 @@ def _read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator
     return read_hf(path, problems, left_out)
 
 
+def _read_lhotse(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
+    """A Lhotse CutSet manifest or Shar directory (see :mod:`shardio.importers.lhotse_cuts`)."""
+    from .importers.lhotse_cuts import read_lhotse
+
+    return read_lhotse(path, problems, left_out)
+
+
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table, "hf": _collected(_read_hf)}
+    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table, "hf": _collected(_read_hf),
+    "lhotse": _collected(_read_lhotse)}
