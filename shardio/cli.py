@@ -63,7 +63,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("input", help="the corpus: a folder, a .jsonl manifest, a Kaldi data dir or a .tsv/.csv")
     parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet, unless "
                                         "--overwrite)")
-    parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv", "hf", "lhotse"),
+    parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv", "hf", "lhotse", "nemo"),
                         help="the corpus kind (default: detected from the input)")
     parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
                         help="roll to a new shard after this many tar bytes (default 256MB unless "

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from .errors import InputError, InputProblem, OptionError
 from .folder import walk_folder
+from .importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .source import Problems, Source, manifest_text, resolve_path, seconds_field, segment_keys
 
 __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
@@ -31,7 +32,7 @@ __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", 
 logger = logging.getLogger(__name__)
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
-KINDS = ("folder", "jsonl", "kaldi", "tsv", "hf", "lhotse")
+KINDS = ("folder", "jsonl", "kaldi", "tsv", *IMPORTED_KINDS)
 PATH_COLUMNS = ("path", "audio", "audio_path", "audio_filepath", "audio_file", "file")
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 KEY_COLUMNS = ("id", "key")
@@ -44,13 +45,9 @@ _Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which of :data:`KINDS` the corpus at ``path`` is, from its layout and file name."""
     location = Path(path)
-    from .importers.hf import is_hf_dataset
-    from .importers.lhotse_cuts import is_lhotse
-
-    if location.exists() and is_hf_dataset(location):
-        return "hf"
-    if location.exists() and is_lhotse(location):
-        return "lhotse"
+    imported = detect_imported(location) if location.exists() else None
+    if imported is not None:
+        return imported
     if location.is_dir():
         return "kaldi" if (location / "wav.scp").is_file() else "folder"
     if not location.exists():
@@ -295,20 +292,6 @@ read_folder = _collected(_read_folder)
 read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
 read_table = _collected(_read_table)
-def _read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """A Hugging Face dataset (see :mod:`shardio.importers.hf`)."""
-    from .importers.hf import read_hf
-
-    return read_hf(path, problems, left_out)
-
-
-def _read_lhotse(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """A Lhotse CutSet manifest or Shar directory (see :mod:`shardio.importers.lhotse_cuts`)."""
-    from .importers.lhotse_cuts import read_lhotse
-
-    return read_lhotse(path, problems, left_out)
-
-
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table, "hf": _collected(_read_hf),
-    "lhotse": _collected(_read_lhotse)}
+    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table,
+    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS}}
