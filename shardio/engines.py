@@ -40,7 +40,10 @@ def local_engine(workers: int = 1, *, progress: bool = False) -> Engine:
                     bar.update()
                 return
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-            with multiprocessing.get_context(method).Pool(min(workers, len(numbers))) as pool:
+            context = multiprocessing.get_context(method)
+            if method == "forkserver":  # the server imports shardio once; each worker forks from it
+                context.set_forkserver_preload(["shardio.partitions"])
+            with context.Pool(min(workers, len(numbers))) as pool:
                 for _ in pool.imap_unordered(_pack_one, [(plan, n) for n in numbers]):
                     bar.update()
 
