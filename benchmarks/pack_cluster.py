@@ -93,7 +93,7 @@ def main() -> None:
         costs = []
         for number in range(len(plan.partitions)):
             start = time.perf_counter()
-            pack_partition(plan, number)
+            pack_partition(plan.job(number))
             costs.append(time.perf_counter() - start)
         start = time.perf_counter()
         merge_partitions(plan)

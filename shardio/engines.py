@@ -1,7 +1,7 @@
 """Engines that run the partitions of a :class:`~shardio.partitions.PartitionPlan`: local processes or Ray.
 
-An engine is any callable ``engine(plan, numbers)`` that makes :func:`~shardio.partitions.pack_partition`
-run for each partition number, in any order, with any retries; :func:`pack_partitioned` then merges in
+An engine is any callable ``engine(plan, numbers)`` that runs :func:`~shardio.partitions.pack_partition`
+on ``plan.job(number)`` for each partition number, in any order, with any retries; :func:`pack_partitioned` then merges in
 partition order, so the dataset is byte-identical whichever engine ran the work.
 """
 
@@ -36,7 +36,7 @@ def local_engine(workers: int = 1, *, progress: bool = False) -> Engine:
         with tqdm(total=len(numbers), disable=not progress, file=sys.stderr, unit="partition", desc="pack") as bar:
             if workers <= 1 or len(numbers) <= 1:
                 for number in numbers:
-                    pack_partition(plan, number)
+                    pack_partition(plan.job(number))
                     bar.update()
                 return
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -44,14 +44,10 @@ def local_engine(workers: int = 1, *, progress: bool = False) -> Engine:
             if method == "forkserver":  # the server imports shardio once; each worker forks from it
                 context.set_forkserver_preload(["shardio.partitions"])
             with context.Pool(min(workers, len(numbers))) as pool:
-                for _ in pool.imap_unordered(_pack_one, [(plan, n) for n in numbers]):
+                for _ in pool.imap_unordered(pack_partition, (plan.job(n) for n in numbers)):
                     bar.update()
 
     return run
-
-
-def _pack_one(job: tuple[PartitionPlan, int]) -> int:
-    return pack_partition(*job)
 
 
 def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | None = None,
@@ -71,8 +67,7 @@ def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | 
                      log_to_driver=False, configure_logging=False)
         try:
             remote = ray.remote(max_retries=retries, retry_exceptions=False)(pack_partition)
-            plan_ref = ray.put(plan)
-            pending = [remote.remote(plan_ref, n) for n in numbers]
+            pending = [remote.remote(plan.job(n)) for n in numbers]
             with tqdm(total=len(pending), disable=not progress, file=sys.stderr, unit="partition",
                       desc="pack (ray)") as bar:
                 while pending:

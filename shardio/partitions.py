@@ -39,7 +39,7 @@ from .preparation import Task, prepare
 from .storage import write_atomic
 from .writer import ShardWriter
 
-__all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionPlan", "plan_partitions",
+__all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
            "pack_partition", "merge_partitions", "partition_done"]
 
 logger = logging.getLogger(__name__)
@@ -76,9 +76,23 @@ class PartitionPlan:
     """Files in a folder corpus that are not inputs (see :attr:`shardio.pack.PackSummary.left_out`)."""
     fingerprint: str = ""
 
+    def job(self, number: int) -> PartitionJob:
+        """What partition ``number``'s task needs (its inputs only: tasks never carry the whole plan)."""
+        return PartitionJob(self.out_dir, self.options, number, self.partitions[number])
+
     def to_json(self) -> str:
         """The plan as canonical JSON (its fingerprint covers everything but the output directory)."""
         return json.dumps(_plan_body(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    """One partition's unit of work: :func:`pack_partition` runs it anywhere that sees ``out_dir``."""
+
+    out_dir: str
+    options: PackOptions
+    number: int
+    tasks: list[Task]
 
 
 def _plan_body(plan: PartitionPlan) -> dict[str, Any]:
@@ -155,19 +169,19 @@ def _part_dir(out: str, number: int) -> str:
     return os.path.join(out, PARTS_DIR, f"{number:05d}")
 
 
-def partition_done(plan: PartitionPlan, number: int) -> bool:
+def partition_done(plan: PartitionPlan | PartitionJob, number: int) -> bool:
     """Whether partition ``number`` has published its index part (its commit marker)."""
     return os.path.exists(os.path.join(_part_dir(plan.out_dir, number), INDEX_JSON))
 
 
-def pack_partition(plan: PartitionPlan, number: int) -> int:
-    """Pack partition ``number`` of ``plan`` (skipped when already committed); returns its sample count.
-
-    Idempotent: any number of attempts, concurrent or not, leave the same bytes.
+def pack_partition(job: PartitionJob) -> int:
+    """Pack one partition (see :meth:`PartitionPlan.job`; skipped when already committed); returns its sample
+    count (-1 when skipped). Idempotent: any number of attempts, concurrent or not, leave the same bytes.
     """
-    if partition_done(plan, number):
+    number = job.number
+    if partition_done(job, number):
         return -1
-    options, out = plan.options, plan.out_dir
+    options, out = job.options, job.out_dir
     attempt = os.path.join(out, PARTS_DIR, f".attempt-{number:05d}-{uuid.uuid4().hex}")
     writer = ShardWriter(attempt, prefix=f"{options.prefix}-{number:05d}", compression=options.compression,
                          zstd_level=options.zstd_level, max_samples=options.samples_per_shard,
@@ -175,7 +189,7 @@ def pack_partition(plan: PartitionPlan, number: int) -> int:
     try:
         problems: list[InputProblem] = []
         samples = input_bytes = 0
-        for task in plan.partitions[number]:
+        for task in job.tasks:
             result = prepare(task)
             if isinstance(result, InputProblem):
                 problems.append(result)

@@ -53,7 +53,7 @@ def _attempt(plan: PartitionPlan, number: int, crash_after: int | None) -> None:
                 os._exit(9)
 
         writer.ShardWriter._finish_shard = dying  # type: ignore[method-assign]
-    pack_partition(plan, number)
+    pack_partition(plan.job(number))
 
 
 def chaos_engine(order_seed: int, failures: Sequence[int], duplicates: bool):
@@ -141,7 +141,7 @@ def test_rerun_packs_only_uncommitted_partitions(corpus: Path, tmp_path: Path) -
 
     def half(plan: PartitionPlan, numbers: Sequence[int]) -> None:
         for number in numbers[: len(numbers) // 2]:
-            pack_partition(plan, number)
+            pack_partition(plan.job(number))
         raise KeyboardInterrupt  # the driver dies before the rest
 
     with pytest.raises(KeyboardInterrupt):
@@ -150,7 +150,7 @@ def test_rerun_packs_only_uncommitted_partitions(corpus: Path, tmp_path: Path) -
     def record(plan: PartitionPlan, numbers: Sequence[int]) -> None:
         packed.extend(numbers)
         for number in numbers:
-            pack_partition(plan, number)
+            pack_partition(plan.job(number))
 
     pack_partitioned(corpus, out, engine=record, partition_bytes=30_000, samples_per_shard=4, progress=False)
     reference = tmp_path / "ref"
