@@ -103,7 +103,8 @@ def main() -> None:
                   machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, "
                           f"load average {os.getloadavg()[0]:.1f} at the end",
                   corpus=dict(files=files, input_bytes=input_bytes, about="generated WAV 16 kHz 1-5 s"),
-                  partition_bytes=PARTITION_BYTES, shard_bytes=SHARD_BYTES, figures=figures, ray_start_seconds=ray_start,
+                  partition_bytes=PARTITION_BYTES, shard_bytes=SHARD_BYTES, figures=figures,
+                  ray_start_seconds=ray_start,
                   partitions=len(costs), partition_seconds=costs, plan_seconds=plan_seconds,
                   merge_seconds=merge_seconds, projected_seconds=projection)
     write_results(RESULTS, "pack_cluster", report, markdown(report))

@@ -1,8 +1,8 @@
 """Engines that run the partitions of a :class:`~shardio.partitions.PartitionPlan`: local processes or Ray.
 
 An engine is any callable ``engine(plan, numbers)`` that runs :func:`~shardio.partitions.pack_partition`
-on ``plan.job(number)`` for each partition number, in any order, with any retries; :func:`pack_partitioned` then merges in
-partition order, so the dataset is byte-identical whichever engine ran the work.
+on ``plan.job(number)`` for each partition number, in any order, with any retries;
+:func:`pack_partitioned` then merges in partition order, so the dataset is byte-identical whichever engine ran the work.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
                      progress: bool = True) -> PackSummary:
     """Pack like :func:`shardio.pack.pack`, in partitions of about ``partition_bytes`` input bytes, run by
     ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or a
-    local cluster of ``workers`` CPUs; None: :func:`~shardio.pack.default_workers`), or any :data:`Engine`. Shards are named
+    local cluster of ``workers`` CPUs; None: :func:`~shardio.pack.default_workers`), or any :data:`Engine`.
+    Shards are named
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
     """

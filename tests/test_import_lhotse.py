@@ -80,7 +80,10 @@ def test_shar_members_are_copied_and_partitions_agree(corpus: tuple[list[Path], 
     stored = {}
     for tar in sorted((root / "shar").glob("recording.*.tar")):
         with tarfile.open(tar) as archive:
-            stored.update({i.name: archive.extractfile(i).read() for i in archive if i.name.endswith(".flac")})  # type: ignore[union-attr]
+            for info in archive:
+                handle = archive.extractfile(info)
+                if handle is not None and info.name.endswith(".flac"):
+                    stored[info.name] = handle.read()
     one, two = tmp_path / "one", tmp_path / "two"
     summary = pack_partitioned(root / "shar", one, partition_bytes=8_000, samples_per_shard=2, progress=False)
     pack_partitioned(root / "shar", two, workers=2, partition_bytes=8_000, samples_per_shard=2, progress=False)

@@ -182,3 +182,14 @@ def test_bad_inputs_are_listed_or_skipped(tmp_path: Path) -> None:
     summary = pack_partitioned(corpus, tmp_path / "skip", partition_bytes=20_000, on_error="skip", progress=False)
     assert summary.samples == 8 and [p.key for p in summary.rejected] == ["d0/broken"]
     assert "broken" in (tmp_path / "skip" / "rejected.jsonl").read_text()
+
+
+def test_cli_engine_local(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
+    args = ["pack", str(corpus), str(tmp_path / "cli"), "--engine", "local", "-j", "1", "--partition-size", "30KB",
+            "--samples-per-shard", "4", "--no-progress"]
+    assert main(args) == 0
+    assert f"packed {COUNT} samples" in capsys.readouterr().out
+    pack_partitioned(corpus, tmp_path / "api", partition_bytes=30_000, samples_per_shard=4, progress=False)
+    assert files(tmp_path / "cli") == files(tmp_path / "api")

@@ -1,1 +1,1 @@
-"""Importers: corpora other tools wrote (Hugging Face datasets, Lhotse) as :class:`~shardio.source.Source` s for pack."""
+"""Importers: corpora other tools wrote (Hugging Face, Lhotse, NeMo) as :class:`~shardio.source.Source` s."""

@@ -79,7 +79,7 @@ def _cuts(path: Path, problems: Problems) -> Iterator[tuple[str, dict[str, Any]]
         except json.JSONDecodeError as exc:
             problems.append(InputProblem(f"{path}:{number}", "", f"not a JSON cut ({exc.msg})"))
             continue
-        if not isinstance(cut, dict) or not isinstance(cut.get("id"), str) or not isinstance(cut.get("recording"), dict):
+        if not (isinstance(cut, dict) and isinstance(cut.get("id"), str) and isinstance(cut.get("recording"), dict)):
             problems.append(InputProblem(f"{path}:{number}", "", "not a cut with an 'id' and a 'recording'"))
             continue
         yield origin, cut
