@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -87,13 +88,15 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
                      shard_bytes: int | None = None, compression: str = "none", zstd_level: int = 3,
                      transcode: str | None = None, shuffle: bool = False, seed: int = 0, on_error: str = "raise",
                      require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
-                     progress: bool = True) -> PackSummary:
+                     progress: bool = True, storage_options: dict[str, Any] | None = None) -> PackSummary:
     """Pack like :func:`shardio.pack.pack`, in partitions of about ``partition_bytes`` input bytes, run by
     ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or a
     local cluster of ``workers`` CPUs; None: :func:`~shardio.pack.default_workers`), or any :data:`Engine`.
     Shards are named
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
+    ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes its
+    shards locally and uploads them, its index part last.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
@@ -109,7 +112,8 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
     options = PackOptions(samples_per_shard=samples_per_shard, shard_bytes=shard_bytes, compression=compression,
                           zstd_level=zstd_level, transcode=transcode, on_error=on_error, prefix=prefix)
     plan = plan_partitions(input, out_dir, kind=kind, options=options, partition_bytes=partition_bytes,
-                           shuffle=shuffle, seed=seed, require_text=require_text, rewrite_keys=rewrite_keys)
+                           shuffle=shuffle, seed=seed, require_text=require_text, rewrite_keys=rewrite_keys,
+                           storage_options=storage_options)
     run: Engine
     if engine == "local":
         run = local_engine(workers, progress=progress)

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -33,10 +34,10 @@ import numpy as np
 
 from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
 from .errors import FormatError, InputError, InputProblem, OptionError
-from .index import INDEX_JSON, Index
+from .index import INDEX_COLUMNS, INDEX_JSON, Index
+from .output import Output
 from .pack import REJECTED_FILE, _assign_keys
 from .preparation import Task, prepare
-from .storage import write_atomic
 from .writer import ShardWriter
 
 __all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
@@ -75,10 +76,17 @@ class PartitionPlan:
     left_out: dict[str, int] = field(default_factory=dict)
     """Files in a folder corpus that are not inputs (see :attr:`shardio.pack.PackSummary.left_out`)."""
     fingerprint: str = ""
+    storage_options: dict[str, Any] | None = None
+    """fsspec options for a URL ``out_dir`` (never written to the plan file)."""
+
+    @property
+    def output(self) -> Output:
+        """Where the dataset goes."""
+        return Output(self.out_dir, self.storage_options)
 
     def job(self, number: int) -> PartitionJob:
         """What partition ``number``'s task needs (its inputs only: tasks never carry the whole plan)."""
-        return PartitionJob(self.out_dir, self.options, number, self.partitions[number])
+        return PartitionJob(self.out_dir, self.options, number, self.partitions[number], self.storage_options)
 
     def to_json(self) -> str:
         """The plan as canonical JSON (its fingerprint covers everything but the output directory)."""
@@ -93,6 +101,12 @@ class PartitionJob:
     options: PackOptions
     number: int
     tasks: list[Task]
+    storage_options: dict[str, Any] | None = None
+
+    @property
+    def output(self) -> Output:
+        """Where the dataset goes."""
+        return Output(self.out_dir, self.storage_options)
 
 
 def _plan_body(plan: PartitionPlan) -> dict[str, Any]:
@@ -116,7 +130,7 @@ def _estimate(source: Source) -> int:
 def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
                     options: PackOptions | None = None, partition_bytes: int = DEFAULT_PARTITION_BYTES,
                     shuffle: bool = False, seed: int = 0, require_text: bool = False,
-                    rewrite_keys: bool = False) -> PartitionPlan:
+                    rewrite_keys: bool = False, storage_options: dict[str, Any] | None = None) -> PartitionPlan:
     """Read the corpus and cut it into partitions; writes ``_parts/plan.json`` (or checks an existing one)."""
     options = options or PackOptions()
     if partition_bytes < 1:
@@ -124,7 +138,8 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
     if options.on_error not in ("raise", "skip"):
         raise OptionError(f"on_error must be 'raise' or 'skip', not {options.on_error!r}")
     out = os.fspath(out_dir)
-    if os.path.exists(os.path.join(out, INDEX_JSON)):
+    output = Output(out, storage_options)
+    if output.exists(INDEX_JSON):
         raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")
     problems: list[InputProblem] = []
     left_out: Counter[str] = Counter()
@@ -147,31 +162,31 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
             current, size = [], 0
     if current:
         partitions.append(current)
-    plan = PartitionPlan(out, options, partitions, problems, dict(sorted(left_out.items())))
+    plan = PartitionPlan(out, options, partitions, problems, dict(sorted(left_out.items())),
+                         storage_options=storage_options)
     text = plan.to_json()
     plan.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-    path = os.path.join(out, PARTS_DIR, "plan.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            recorded = json.load(handle).get("fingerprint")
+    name = f"{PARTS_DIR}/plan.json"
+    if output.exists(name):
+        recorded = json.loads(output.read(name)).get("fingerprint")
         if recorded != plan.fingerprint:
-            raise OptionError(f"{path}: an earlier run planned other inputs or options (plan {recorded}, now "
-                              f"{plan.fingerprint}); remove {os.path.join(out, PARTS_DIR)} or use another directory")
+            raise OptionError(f"{output.path(name)}: an earlier run planned other inputs or options (plan "
+                              f"{recorded}, now {plan.fingerprint}); remove {output.path(PARTS_DIR)} or use "
+                              "another directory")
     else:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, json.dumps({"fingerprint": plan.fingerprint, "partitions": len(partitions),
+        output.write(name, json.dumps({"fingerprint": plan.fingerprint, "partitions": len(partitions),
                                        "samples": len(tasks)}).encode())
     logger.info("planned %d inputs in %d partitions (plan %s)", len(tasks), len(partitions), plan.fingerprint)
     return plan
 
 
-def _part_dir(out: str, number: int) -> str:
-    return os.path.join(out, PARTS_DIR, f"{number:05d}")
+def _part(number: int) -> str:
+    return f"{PARTS_DIR}/{number:05d}"
 
 
 def partition_done(plan: PartitionPlan | PartitionJob, number: int) -> bool:
     """Whether partition ``number`` has published its index part (its commit marker)."""
-    return os.path.exists(os.path.join(_part_dir(plan.out_dir, number), INDEX_JSON))
+    return plan.output.exists(f"{_part(number)}/{INDEX_JSON}")
 
 
 def pack_partition(job: PartitionJob) -> int:
@@ -181,8 +196,11 @@ def pack_partition(job: PartitionJob) -> int:
     number = job.number
     if partition_done(job, number):
         return -1
-    options, out = job.options, job.out_dir
-    attempt = os.path.join(out, PARTS_DIR, f".attempt-{number:05d}-{uuid.uuid4().hex}")
+    options, output = job.options, job.output
+    if output.remote:
+        attempt = tempfile.mkdtemp(prefix=f"shardio-part-{number:05d}-")
+    else:
+        attempt = output.path(f"{PARTS_DIR}/.attempt-{number:05d}-{uuid.uuid4().hex}")
     writer = ShardWriter(attempt, prefix=f"{options.prefix}-{number:05d}", compression=options.compression,
                          zstd_level=options.zstd_level, max_samples=options.samples_per_shard,
                          max_bytes=options.shard_bytes)
@@ -202,13 +220,12 @@ def pack_partition(job: PartitionJob) -> int:
             input_bytes += result.input_bytes
         index = writer.close()
         for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
-            os.replace(os.path.join(attempt, shard.name), os.path.join(out, shard.name))
-        part = _part_dir(out, number)
-        os.makedirs(part, exist_ok=True)
+            output.publish(os.path.join(attempt, shard.name), shard.name)
+        part = _part(number)
         report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes}
-        write_atomic(os.path.join(part, "report.json"), json.dumps(report, sort_keys=True).encode())
-        os.replace(os.path.join(attempt, "index.npz"), os.path.join(part, "index.npz"))
-        os.replace(os.path.join(attempt, INDEX_JSON), os.path.join(part, INDEX_JSON))  # the commit marker, last
+        output.write(f"{part}/report.json", json.dumps(report, sort_keys=True).encode())
+        output.publish(os.path.join(attempt, INDEX_COLUMNS), f"{part}/{INDEX_COLUMNS}")
+        output.publish(os.path.join(attempt, INDEX_JSON), f"{part}/{INDEX_JSON}")  # the commit marker, last
     except BaseException:
         writer.abort()
         raise
@@ -223,7 +240,7 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     Returns ``(index, rejected inputs, input bytes)``; raises :class:`~shardio.errors.InputError` when
     ``on_error="raise"`` and any input failed (no index is written then).
     """
-    out = plan.out_dir
+    out, output = plan.out_dir, plan.output
     problems = list(plan.problems)
     shards: list[Any] = []
     formats: list[str] = []
@@ -232,11 +249,10 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     input_bytes = 0
     for number in range(len(plan.partitions)):
         if not partition_done(plan, number):
-            raise FormatError(f"{_part_dir(out, number)}: partition {number} has no committed index part; "
+            raise FormatError(f"{output.path(_part(number))}: partition {number} has no committed index part; "
                               "pack it before merging")
-        part = Index.load(_part_dir(out, number))
-        with open(os.path.join(_part_dir(out, number), "report.json"), encoding="utf-8") as handle:
-            report = json.load(handle)
+        part = Index.load(output.path(_part(number)), plan.storage_options)
+        report = json.loads(output.read(f"{_part(number)}/report.json"))
         problems.extend(InputProblem(**p) for p in report["problems"])
         input_bytes += int(report["input_bytes"])
         remap = np.array([_format_id(formats, f) for f in part.formats] or [0], dtype=np.uint8)
@@ -257,14 +273,21 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
     merged = Index(root=out, shards=shards, formats=formats,
-                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=keys)
+                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=keys,
+                   storage_options=plan.storage_options)
     merged.validate(out)
     if plan.options.on_error == "skip":
         lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
                             ensure_ascii=False) + "\n" for p in problems]
-        write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
-    merged.save(out)
-    shutil.rmtree(os.path.join(out, PARTS_DIR), ignore_errors=True)
+        output.write(REJECTED_FILE, "".join(lines).encode("utf-8"))
+    if output.remote:
+        with tempfile.TemporaryDirectory(prefix="shardio-index-") as local:
+            merged.save(local)
+            output.publish(os.path.join(local, INDEX_COLUMNS), INDEX_COLUMNS)
+            output.publish(os.path.join(local, INDEX_JSON), INDEX_JSON)
+    else:
+        merged.save(out)
+    output.remove_tree(PARTS_DIR)
     return merged, problems, input_bytes
 
 
