@@ -28,9 +28,10 @@ _MAGIC = ((b"RIFF", "wav"), (b"RF64", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"
 
 
 def is_hf_dataset(path: Path) -> bool:
-    """Whether ``path`` is a saved dataset, a Parquet/Arrow file, or a folder of Parquet files."""
+    """Whether ``path`` is a saved dataset, a Parquet/Arrow file, or a folder of Parquet files (or ``data/``
+    of them, as on the hub)."""
     if path.is_dir():
-        return (path / "state.json").is_file() or any(path.glob("*.parquet")) or any(path.glob("*/*.parquet"))
+        return (path / "state.json").is_file() or any(path.glob("*.parquet")) or any(path.glob("data/*.parquet"))
     return path.suffix in (".parquet", ".arrow")
 
 
