@@ -101,14 +101,13 @@ def reference_files(corpus: Path, cache: dict[int, dict[str, str]], root: Path, 
     return cache[key]
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(partition_kb=st.integers(4, 120), order_seed=st.integers(0, 2**16),
-       failures=st.lists(st.integers(-1, 2), min_size=1, max_size=4), duplicates=st.booleans(),
-       compression=st.sampled_from(["none", "zstd"]))
-def test_any_order_failures_and_duplicates_give_the_bytes_of_j1(
-        corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
-        partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
-    root = tmp_path_factory.mktemp("chaos")
+CHAOS = dict(partition_kb=st.integers(4, 120), order_seed=st.integers(0, 2**16),
+             failures=st.lists(st.integers(-1, 2), min_size=1, max_size=4), duplicates=st.booleans(),
+             compression=st.sampled_from(["none", "zstd"]))
+
+
+def check_chaos(corpus: Path, reference: dict[int, dict[str, str]], root: Path, partition_kb: int,
+                order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
     expected = reference_files(corpus, reference, root, partition_kb * 1000, compression)
     out = root / "out"
     pack_partitioned(corpus, out, engine=chaos_engine(order_seed, failures, duplicates),
@@ -116,6 +115,31 @@ def test_any_order_failures_and_duplicates_give_the_bytes_of_j1(
                      progress=False)
     assert files(out) == expected
     assert len(Index.load(out)) == COUNT
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(**CHAOS)
+def test_any_order_failures_and_duplicates_give_the_bytes_of_j1(
+        corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
+        partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
+    check_chaos(corpus, reference, tmp_path_factory.mktemp("chaos"), partition_kb, order_seed, failures, duplicates,
+                compression)
+
+
+MANY = int(os.environ.get("SHARDIO_CHAOS_EXAMPLES", "0"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MANY, reason="set SHARDIO_CHAOS_EXAMPLES=N to run the property over N examples")
+@settings(max_examples=max(MANY, 1), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(**CHAOS)
+def test_any_order_failures_and_duplicates_give_the_bytes_of_j1_many(
+        corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
+        partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
+    """The same property over more examples (about 1 s each):
+    ``SHARDIO_CHAOS_EXAMPLES=100 pytest -m slow tests/test_partitions.py``."""
+    check_chaos(corpus, reference, tmp_path_factory.mktemp("chaos"), partition_kb, order_seed, failures, duplicates,
+                compression)
 
 
 def test_local_pool_matches_j1_and_reads_back(corpus: Path, tmp_path: Path) -> None:
