@@ -247,6 +247,7 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     columns: dict[str, list[np.ndarray]] = {}
     keys: list[str] = []
     input_bytes = 0
+    failed: list[int] = []
     for number in range(len(plan.partitions)):
         if not partition_done(plan, number):
             raise FormatError(f"{output.path(_part(number))}: partition {number} has no committed index part; "
@@ -254,6 +255,8 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         part = Index.load(output.path(_part(number)), plan.storage_options)
         report = json.loads(output.read(f"{_part(number)}/report.json"))
         problems.extend(InputProblem(**p) for p in report["problems"])
+        if report["problems"]:
+            failed.append(number)
         input_bytes += int(report["input_bytes"])
         remap = np.array([_format_id(formats, f) for f in part.formats] or [0], dtype=np.uint8)
         for name, column in part.columns.items():
@@ -265,6 +268,8 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         shards.extend(part.shards)
         keys.extend(part.keys)
     if problems and plan.options.on_error == "raise":
+        for number in failed:  # uncommitted again: a re-run after the inputs are mended packs them anew
+            output.remove_tree(_part(number))
         raise InputError(problems)
     if not keys:
         raise InputError(problems or [InputProblem(out, "", "no sample was packed")])

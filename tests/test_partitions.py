@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing
 import os
 import random
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,6 +204,18 @@ def test_bad_inputs_are_listed_or_skipped(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="broken"):
         pack_partitioned(corpus, tmp_path / "raise", partition_bytes=20_000, progress=False)
     assert not (tmp_path / "raise" / "index.json").exists()
+    # a failed partition is not committed: once the input is mended (same plan: one partition here), a re-run
+    # packs it again
+    with pytest.raises(InputError, match="broken"):
+        pack_partitioned(corpus, tmp_path / "mended", partition_bytes=10**9, progress=False)
+    good = (corpus / "d0" / "broken.wav").read_bytes()
+    shutil.copyfile(corpus / "d0" / "utt00000.wav", corpus / "d0" / "broken.wav")
+    try:
+        pack_partitioned(corpus, tmp_path / "mended", partition_bytes=10**9, progress=False)
+        pack_partitioned(corpus, tmp_path / "fresh", partition_bytes=10**9, progress=False)
+    finally:
+        (corpus / "d0" / "broken.wav").write_bytes(good)
+    assert files(tmp_path / "mended") == files(tmp_path / "fresh")
     summary = pack_partitioned(corpus, tmp_path / "skip", partition_bytes=20_000, on_error="skip", progress=False)
     assert summary.samples == 8 and [p.key for p in summary.rejected] == ["d0/broken"]
     assert "broken" in (tmp_path / "skip" / "rejected.jsonl").read_text()
