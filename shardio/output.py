@@ -6,6 +6,7 @@ index part's ``index.json`` last: a reader that sees that file sees the whole pa
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from typing import Any
@@ -58,6 +59,14 @@ class Output:
             return
         fs, _ = self._fs()
         fs.put_file(local, self.path(name))
+
+    def shard_files(self, prefix: str) -> list[str]:
+        """The names of partition shards (``{prefix}-PPPPP-NNNNNN.tar*``) under the root, sorted."""
+        pattern = f"{prefix}-[0-9][0-9][0-9][0-9][0-9]-[0-9]*.tar*"
+        if not self.remote:
+            return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(self.root), pattern)))
+        fs, _ = self._fs()
+        return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(self.path(pattern)))
 
     def remove_tree(self, name: str) -> None:
         """Remove the folder ``name`` and everything under it, if there."""

@@ -174,6 +174,10 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
                               f"{recorded}, now {plan.fingerprint}); remove {output.path(PARTS_DIR)} or use "
                               "another directory")
     else:
+        stale = output.shard_files(options.prefix)
+        if stale:
+            raise OptionError(f"{out} holds partition shards ({', '.join(stale[:3])}) of an earlier run with no plan; "
+                              "remove them or use another directory")
         output.write(name, json.dumps({"fingerprint": plan.fingerprint, "partitions": len(partitions),
                                        "samples": len(tasks)}).encode())
     logger.info("planned %d inputs in %d partitions (plan %s)", len(tasks), len(partitions), plan.fingerprint)

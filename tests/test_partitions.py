@@ -194,6 +194,11 @@ def test_a_changed_plan_is_refused(corpus: Path, tmp_path: Path) -> None:
         pack_partitioned(corpus, out, engine=nothing, partition_bytes=30_000, progress=False)
     with pytest.raises(OptionError, match="earlier run planned"):
         pack_partitioned(corpus, out, partition_bytes=50_000, progress=False)
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "shard-00001-000000.tar").write_bytes(b"")
+    with pytest.raises(OptionError, match="shard-00001-000000.tar"):
+        pack_partitioned(corpus, leftover, partition_bytes=50_000, progress=False)
 
 
 def test_bad_inputs_are_listed_or_skipped(tmp_path: Path) -> None:
