@@ -22,6 +22,7 @@ from .containers import table_member
 
 __all__ = ["is_hf_dataset", "read_hf"]
 
+_ROWS = 64  # rows made Python objects at once (their audio bytes included): bounded driver memory
 _TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 _KEY_COLUMNS = ("id", "key")
 _MAGIC = ((b"RIFF", "wav"), (b"RF64", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"), (b"ID3", "mp3"))
@@ -73,16 +74,16 @@ def _audio_column(schema: Any) -> str | None:
 def _batches(file: Path) -> Iterator[Any]:
     pa = _pyarrow()
     if file.suffix == ".parquet":
-        yield from pa.parquet.ParquetFile(file).iter_batches(batch_size=1024)
+        yield from pa.parquet.ParquetFile(file).iter_batches(batch_size=_ROWS)
         return
     source = pa.memory_map(str(file))
     try:
-        reader = pa.ipc.open_stream(source)
+        batches: Iterator[Any] = iter(pa.ipc.open_stream(source))
     except pa.ArrowInvalid:
         reader = pa.ipc.open_file(source)
-        yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
-        return
-    yield from reader
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    for batch in batches:  # memory-mapped: slices cost nothing until their rows become Python objects
+        yield from (batch.slice(start, _ROWS) for start in range(0, batch.num_rows, _ROWS))
 
 
 def _schema(file: Path) -> Any:
