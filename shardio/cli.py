@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from .errors import OutputError, ShardioError
+from .errors import OptionError, OutputError, ShardioError
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -63,7 +63,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("input", help="the corpus: a folder, a .jsonl manifest, a Kaldi data dir or a .tsv/.csv")
     parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet, unless "
                                         "--overwrite)")
-    parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv"),
+    parser.add_argument("--kind", choices=("folder", "jsonl", "kaldi", "tsv", "csv", "hf", "lhotse", "nemo"),
                         help="the corpus kind (default: detected from the input)")
     parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
                         help="roll to a new shard after this many tar bytes (default 256MB unless "
@@ -92,6 +92,12 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a dataset (or shard files of this prefix) already in OUT_DIR")
+    parser.add_argument("--engine", choices=("local", "ray"), default=None,
+                        help="pack in partitions run by this engine: local (-j processes) or ray (tasks on the "
+                             "cluster at --address, or a local one of -j CPUs); see shardio.engines")
+    parser.add_argument("--address", default=None, help="the Ray cluster to use ('auto': the running one)")
+    parser.add_argument("--partition-size", type=parse_size, default=None, metavar="SIZE",
+                        help="input bytes per partition with --engine (default 2GB)")
     parser.set_defaults(run=_run_pack)
 
 
@@ -99,6 +105,8 @@ def _run_pack(args: argparse.Namespace) -> int:
     from .pack import REJECTED_FILE, describe_left_out, pack
 
     kind = "tsv" if args.kind == "csv" else args.kind
+    if args.engine is not None or args.partition_size is not None:
+        return _run_partitioned(args, kind)
     summary = pack(args.input, args.out_dir, kind=kind, samples_per_shard=args.samples_per_shard,
                    shard_bytes=args.shard_size, compression=args.compression, zstd_level=args.zstd_level,
                    transcode=args.transcode, shuffle=args.shuffle, seed=args.seed, workers=args.workers,
@@ -110,6 +118,28 @@ def _run_pack(args: argparse.Namespace) -> int:
         print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
     if summary.left_out:
         print(f"left out: {describe_left_out(summary.left_out)}")
+    return 0
+
+
+def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
+    from .engines import pack_partitioned
+    from .pack import REJECTED_FILE
+    from .partitions import DEFAULT_PARTITION_BYTES
+
+    if args.overwrite:
+        raise OptionError("--overwrite does not apply to partitioned packing (--engine): use a new directory")
+    summary = pack_partitioned(args.input, args.out_dir, engine=args.engine or "local", workers=args.workers,
+                               address=args.address, kind=kind,
+                               partition_bytes=args.partition_size or DEFAULT_PARTITION_BYTES,
+                               samples_per_shard=args.samples_per_shard, shard_bytes=args.shard_size,
+                               compression=args.compression, zstd_level=args.zstd_level, transcode=args.transcode,
+                               shuffle=args.shuffle, seed=args.seed, on_error=args.on_error,
+                               require_text=args.require_text, rewrite_keys=args.rewrite_keys, prefix=args.prefix,
+                               progress=not args.no_progress)
+    print(f"packed {summary.samples} samples ({summary.hours:.3f} h) into {summary.shards} shards, "
+          f"{summary.bytes / 1e6:.1f} MB, in {summary.seconds:.1f} s ({summary.mb_per_s:.1f} MB/s of input)")
+    if summary.rejected:
+        print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from .errors import InputError, InputProblem, OptionError
 from .folder import walk_folder
+from .importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .source import Problems, Source, manifest_text, resolve_path, seconds_field, segment_keys
 
 __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
@@ -31,7 +32,7 @@ __all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", 
 logger = logging.getLogger(__name__)
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
-KINDS = ("folder", "jsonl", "kaldi", "tsv")
+KINDS = ("folder", "jsonl", "kaldi", "tsv", *IMPORTED_KINDS)
 PATH_COLUMNS = ("path", "audio", "audio_path", "audio_filepath", "audio_file", "file")
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 KEY_COLUMNS = ("id", "key")
@@ -44,6 +45,9 @@ _Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """Which of :data:`KINDS` the corpus at ``path`` is, from its layout and file name."""
     location = Path(path)
+    imported = detect_imported(location) if location.exists() else None
+    if imported is not None:
+        return imported
     if location.is_dir():
         return "kaldi" if (location / "wav.scp").is_file() else "folder"
     if not location.exists():
@@ -289,4 +293,5 @@ read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
 read_table = _collected(_read_table)
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table}
+    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table,
+    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS}}

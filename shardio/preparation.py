@@ -77,20 +77,23 @@ def prepare(task: Task) -> Prepared | InputProblem:
 def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, int]:
     """``(member ext, audio bytes, frames, sample rate, channels)`` of a validated source."""
     path = source.audio_path
+    data = _member_bytes(source) if source.member else b""
     if source.offset is not None:
-        info = _decoding(path, lambda: sf.info(path))
+        opened: Callable[[], str | io.BytesIO] = (lambda: io.BytesIO(data)) if source.member else (lambda: path)
+        info = _decoding(path, lambda: sf.info(opened()))
         start, stop = _segment_frames(source, info.frames, info.samplerate)
         if not (start == 0 and stop >= info.frames - round(_WHOLE_TOLERANCE * info.samplerate)):
-            audio, rate, subtype = _decoding(path, lambda: _read(path, source.ext, start, stop - start))
+            audio, rate, subtype = _decoding(path, lambda: _read(opened(), source.ext, start, stop - start))
             target = transcode or "flac"
             return target, _encode(audio, rate, subtype, target), len(audio), rate, audio.shape[1]
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise _Reject("file not found") from None
-    except OSError as exc:
-        raise _Reject(f"cannot read the file: {exc.strerror or exc}") from None
+    if not source.member:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            raise _Reject("file not found") from None
+        except OSError as exc:
+            raise _Reject(f"cannot read the file: {exc.strerror or exc}") from None
     if not data:
         raise _Reject("the file is empty (0 bytes)")
     _check_magic(data, source.ext)
@@ -104,6 +107,18 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
     audio, rate, subtype = _decoding(path, lambda: _read(io.BytesIO(data), source.ext, 0, -1))
     _check_complete(data, source.ext, len(audio))
     return transcode, _encode(audio, rate, subtype, transcode), len(audio), rate, audio.shape[1]
+
+
+def _member_bytes(source: Source) -> bytes:
+    """The bytes of audio stored inside another file (see :mod:`shardio.importers.containers`)."""
+    from .importers.containers import read_member
+
+    try:
+        return read_member(source.audio_path, source.member)
+    except FileNotFoundError:
+        raise _Reject("file not found") from None
+    except (OSError, KeyError, ValueError) as exc:
+        raise _Reject(f"cannot read member {source.member!r}: {exc}") from None
 
 
 def _check_complete(data: bytes, ext: str, frames: int) -> None:

@@ -25,17 +25,23 @@ class Source:
     meta: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
     """Where the entry was listed (``train.jsonl:12``); empty for a file found in a folder."""
+    member: str = ""
+    """For audio stored inside ``audio_path`` (a Parquet or Arrow table, a tar): where in it, as
+    :func:`shardio.importers.containers.read_member` reads it; its name ends with the audio's extension."""
+    size: int | None = None
+    """The audio's stored bytes, when an importer knows them without a file of their own (plan estimates)."""
 
     @cached_property
     def ext(self) -> str:
-        """The audio file's extension, lower case, without the dot."""
-        name = os.path.basename(self.audio_path)
+        """The audio's extension (of the member when there is one), lower case, without the dot."""
+        name = os.path.basename(self.member or self.audio_path)
         return os.path.splitext(name)[1][1:].lower()
 
     @property
     def where(self) -> str:
-        """The audio file, and the manifest line that listed it, for messages."""
-        return f"{self.audio_path} ({self.origin})" if self.origin else self.audio_path
+        """The audio file (and member), and the manifest line that listed it, for messages."""
+        file = f"{self.audio_path}:{self.member}" if self.member else self.audio_path
+        return f"{file} ({self.origin})" if self.origin else file
 
 
 Problems = list[InputProblem]

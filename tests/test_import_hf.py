@@ -1,0 +1,106 @@
+"""Hugging Face datasets as pack inputs: real datasets written by the ``datasets`` library (no hub)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from audio_factory import make_folder_corpus
+from shardio import Index
+from shardio.corpus import detect_kind, read_corpus
+from shardio.engines import pack_partitioned
+from shardio.errors import InputError
+from shardio.pack import pack
+
+pytest.importorskip("pyarrow")
+
+
+
+def members(out: Path) -> dict[str, bytes]:
+    """Every tar member of every shard of the dataset at ``out``."""
+    found = {}
+    for shard in Index.load(out).shards:
+        with tarfile.open(out / shard.name) as archive:
+            for info in archive:
+                handle = archive.extractfile(info)
+                assert handle is not None
+                found[info.name] = handle.read()
+    return found
+
+
+# tests/datasets.py shadows the ``datasets`` package here: the datasets are built in a child process
+BUILD = """
+import json, sys
+from pathlib import Path
+import datasets
+
+paths, root = [Path(p) for p in json.loads(sys.argv[1])], Path(sys.argv[2])
+rows = {"audio": [{"bytes": p.read_bytes(), "path": p.name} for p in paths],
+        "sentence": [f"words {i}" for i in range(len(paths))], "speaker": [i % 3 for i in range(len(paths))],
+        "id": [f"utt-{i:03d}" for i in range(len(paths))]}
+table = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+table.save_to_disk(str(root / "saved"))
+(root / "pq").mkdir()
+table.select(range(7)).to_parquet(str(root / "pq" / "train-00000.parquet"), batch_size=3)
+table.select(range(7, len(paths))).to_parquet(str(root / "pq" / "train-00001.parquet"), batch_size=3)
+by_path = {"audio": [str(p) for p in paths[:3]], "text": ["a", "b", "c"]}
+datasets.Dataset.from_dict(by_path).cast_column("audio", datasets.Audio()).to_parquet(str(root / "paths.parquet"))
+bad = {"audio": [{"bytes": b"RIFF....WAVEnot audio", "path": "bad.wav"}], "text": ["x"]}
+datasets.Dataset.from_dict(bad).cast_column("audio", datasets.Audio()).to_parquet(str(root / "bad.parquet"))
+"""
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("audio")
+    return make_folder_corpus(root, 12, formats=("wav", "flac", "ogg"), subdirs=1, seed=9)
+
+
+@pytest.fixture(scope="module")
+def hf(audio: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf")
+    result = subprocess.run([sys.executable, "-c", BUILD, json.dumps([str(p) for p in audio]), str(root)],
+                            cwd=root, capture_output=True, text=True, timeout=300)
+    if "No module named 'datasets'" in result.stderr:
+        pytest.skip("the datasets package is not installed")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return root
+
+
+def check(out: Path, audio: list[Path]) -> None:
+    found = members(out)
+    for i, path in enumerate(audio):
+        ext = path.suffix[1:]
+        assert found[f"utt-{i:03d}.{ext}"] == path.read_bytes()  # bytes copied as they are
+        meta = json.loads(found[f"utt-{i:03d}.json"])
+        assert meta["text"] == meta["sentence"] == f"words {i}" and meta["speaker"] == i % 3
+
+
+def test_saved_dataset_packs_with_its_bytes_and_columns(audio: list[Path], hf: Path, tmp_path: Path) -> None:
+    assert detect_kind(hf / "saved") == "hf"
+    summary = pack(hf / "saved", tmp_path / "out", samples_per_shard=5, progress=False)
+    assert summary.samples == len(audio)
+    check(tmp_path / "out", audio)
+
+
+def test_parquet_files_pack_alike_whatever_the_engine(audio: list[Path], hf: Path, tmp_path: Path) -> None:
+    pack(hf / "pq", tmp_path / "plain", samples_per_shard=4, progress=False)
+    check(tmp_path / "plain", audio)
+    one, two = tmp_path / "one", tmp_path / "two"
+    pack_partitioned(hf / "pq", one, partition_bytes=15_000, samples_per_shard=4, progress=False)
+    pack_partitioned(hf / "pq", two, workers=2, partition_bytes=15_000, samples_per_shard=4, progress=False)
+    check(one, audio)
+    assert len(Index.load(one).shards) > 2
+    assert {p.name: p.read_bytes() for p in one.iterdir()} == {p.name: p.read_bytes() for p in two.iterdir()}
+
+
+def test_paths_without_bytes_name_files_and_bad_rows_are_listed(audio: list[Path], hf: Path, tmp_path: Path) -> None:
+    sources = list(read_corpus(hf / "paths.parquet"))
+    assert [s.audio_path for s in sources] == [str(p) for p in audio[:3]] and not sources[0].member
+    with pytest.raises(InputError, match=r"bad\.parquet:audio/0/audio\.wav"):
+        pack(hf / "bad.parquet", tmp_path / "out", progress=False)
