@@ -11,7 +11,7 @@ The engine-neutral unit of work of :func:`shardio.engines.pack_partitioned`:
   then publish its index part ``_parts/{p:05d}/`` with ``index.json`` last: that file is the commit marker.
   Every attempt of a partition writes the same bytes, so retries and duplicate attempts are harmless.
 - :func:`merge_partitions` (driver): join the index parts in partition order (never completion order),
-  check keys are unique, write ``index.npz`` then ``index.json``, and remove ``_parts``.
+  check keys are unique, write the columns file then ``index.json``, and remove ``_parts``.
 
 The result depends only on the input and the options, not on which engine ran the partitions, in which
 order, or how many attempts failed. A re-run with the same plan packs only partitions without a marker.
@@ -35,6 +35,7 @@ import numpy as np
 from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
 from .errors import FormatError, InputError, InputProblem, OptionError
 from .index import INDEX_COLUMNS, INDEX_JSON, Index
+from .keys import Keys
 from .output import Output
 from .pack import REJECTED_FILE, _assign_keys
 from .preparation import Task, prepare
@@ -282,7 +283,7 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
     merged = Index(root=out, shards=shards, formats=formats,
-                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=keys,
+                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=Keys.of(keys),
                    storage_options=plan.storage_options)
     merged.validate(out)
     if plan.options.on_error == "skip":
