@@ -13,6 +13,7 @@ dataset with :class:`RangeNotSupported`, naming the server, rather than falling 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ class Filesystems:
     def __init__(self) -> None:
         self._made: dict[str, Any] = {}
         self._ranged: dict[str, bool] = {}  # "scheme://host" -> whether it answered a ranged GET with 206
+        self._lock = threading.Lock()  # read-ahead threads open shards too: one filesystem and one probe each
 
     def get(self, url: str, options: dict[str, Any] | None, where: str, retry: RetryPolicy,
             on_retry: Any = None) -> tuple[Any, str]:
@@ -52,11 +54,12 @@ class Filesystems:
         probed for ``Range`` support the first time one of its shards is opened."""
         protocol = url.split("://", 1)[0].lower()
         key = _options_key(protocol, options)
-        fs = self._made.get(key)
-        if fs is None:
-            fs = self._made[key] = filesystem(url, options)[0]
-        if protocol in ("http", "https"):
-            self._check_range(fs, url, where, retry, on_retry)
+        with self._lock:
+            fs = self._made.get(key)
+            if fs is None:
+                fs = self._made[key] = filesystem(url, options)[0]
+            if protocol in ("http", "https"):
+                self._check_range(fs, url, where, retry, on_retry)
         return fs, fs._strip_protocol(url)
 
     def _check_range(self, fs: Any, url: str, where: str, retry: RetryPolicy, on_retry: Any) -> None:
