@@ -1,0 +1,1 @@
+"""Trainer integrations (Lightning, Accelerate): each module imports its trainer, an optional extra, lazily."""
