@@ -117,8 +117,8 @@ class Assembler:
     def batch(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
         """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched).
 
-        ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.repeats`) becomes the batch's ``repeat``
-        field, a bool tensor over the samples it holds (a bool in an unbatched sample).
+        ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.repeats`) becomes the batch's
+        ``repeat`` field, a bool tensor over the samples it holds (a bool in an unbatched sample).
         """
         skipped: list[tuple[int, str]] = []
         located = self._located(ids.tolist(), skipped)

@@ -40,7 +40,7 @@ class Repeats:
             self._sample_flags = flags
 
     def flags(self, rank: int, j: int) -> np.ndarray:
-        """True for each sample of rank ``rank``'s ``j``-th batch that an earlier occurrence already counts."""
+        """True for each sample of rank ``rank``'s ``j``-th batch that an earlier occurrence counts."""
         plan = self.plan
         size = int(plan.offsets[plan.rank_batches[rank, j] + 1] - plan.offsets[plan.rank_batches[rank, j]])
         if self._sample_flags is None or self._slot_starts is None:

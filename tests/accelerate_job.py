@@ -1,4 +1,4 @@
-"""A tiny HF Accelerate training loop over a ShardDataset, run by ``accelerate launch`` in ``tests/test_accelerate.py``.
+"""A tiny HF Accelerate training loop over a ShardDataset, run by ``accelerate launch`` (test_accelerate.py).
 
 ``accelerate_job.py CONFIG.json``: every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl``;
 ``accelerator.save_state`` writes ``{ckpt}/step-{N}`` every ``every_n_steps`` steps and at each epoch end;

@@ -32,7 +32,8 @@ class NaiveCallback(pl.Callback):
     def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.state = trainer.train_dataloader.dataset.state_after(batch)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -99,7 +100,8 @@ def main(config: dict[str, Any]) -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                          max_epochs=config["max_epochs"], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
-                         use_distributed_sampler=False)
+                         use_distributed_sampler=False,
+                         reload_dataloaders_every_n_epochs=config.get("reload", 0))
     trainer.fit(model, ckpt_path=config.get("ckpt_path"))
 
 

@@ -4,7 +4,8 @@
 end; every rank kills itself at a given step; the run resumed with ``accelerator.load_state`` from the last
 checkpoint trains, per rank, on exactly the batches of the uninterrupted run (the dataset's plan) after it.
 ``accelerate launch --cpu`` with several processes runs one process (its multi-CPU path expects MPI), so the
-launch is ``--multi_gpu`` (torch.distributed.run underneath) and the script asks for ``Accelerator(cpu=True)``.
+launch is ``--multi_gpu`` (torch.distributed.run underneath) and the script asks for
+``Accelerator(cpu=True)``.
 The rest of the matrix is marked ``slow`` (``pytest -m slow tests/test_accelerate.py``).
 """
 
@@ -45,7 +46,8 @@ def planned(data: Path, world_size: int) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (both epochs, in step order)."""
     ranks = []
     for rank in range(world_size):
-        dataset = ShardDataset(data, batch_size=BATCH, seed=5, shuffle_shards=2, world=World(rank, world_size))
+        dataset = ShardDataset(data, batch_size=BATCH, seed=5, shuffle_shards=2,
+                               world=World(rank, world_size))
         batches = []
         for epoch in range(EPOCHS):
             dataset.set_epoch(epoch)
@@ -122,8 +124,10 @@ def test_resume_on_three_processes(data: Path, tmp_path: Path) -> None:
     assert step == 3
     resumed = run_job(data, tmp_path / "resumed", processes=3, resume_from=str(checkpoint))
     consumed = {key for batches in plan for batch in batches[:step] for key in batch}
-    rest = Counter(key for records in resumed for record in records if record["epoch"] == 0 for key in record["keys"])
-    assert set(rest) == {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)} - consumed
+    rest = Counter(key for records in resumed for record in records if record["epoch"] == 0
+                   for key in record["keys"])
+    everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
+    assert set(rest) == everything - consumed
     assert sum(rest.values()) - len(rest) < 3 * BATCH
     assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == \
         [batches[len(batches) // EPOCHS:] for batches in planned(data, 3)]

@@ -23,8 +23,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_shardio_imports_no_trainer() -> None:
-    done = _python("import sys, shardio, shardio.integrations; "
-                   "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'accelerate') if m in sys.modules))")
+    trainers = ('lightning', 'pytorch_lightning', 'accelerate')
+    done = _python(f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -42,7 +42,8 @@ def test_a_missing_extra_is_named() -> None:
     ])
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert "pip install 'shardio[lightning]'" in done.stdout and "pip install 'shardio[accelerate]'" in done.stdout
+    assert "pip install 'shardio[lightning]'" in done.stdout
+    assert "pip install 'shardio[accelerate]'" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_accelerate_progress_resumes_a_plain_loop_exactly(data: Path) -> None:
-    """The loop Accelerate runs, without the launcher: stop after 3 batches, save, resume in a fresh loader."""
+    """The loop Accelerate runs, without the launcher: stop after 3 batches, save, resume afresh."""
     pytest.importorskip("accelerate")
     from shardio.integrations.accelerate import LoaderProgress
 

@@ -55,7 +55,8 @@ def check_exactly_once(plan: EpochPlan) -> None:
 
 
 plans = st.fixed_dictionaries({
-    "n": st.integers(1, 120), "shards": st.integers(1, 9), "world": st.integers(1, 7), "seed": st.integers(0, 3),
+    "n": st.integers(1, 120), "shards": st.integers(1, 9), "world": st.integers(1, 7),
+    "seed": st.integers(0, 3),
     "remainder": st.sampled_from(["pad", "drop"]), "size": st.one_of(st.integers(1, 9), st.none()),
     "buckets": st.sampled_from([None, 3]),
 })
@@ -96,7 +97,8 @@ def test_padding_is_flagged_when_batches_run_short() -> None:
     plan = plan_epoch(np.zeros(2, np.int64), np.ones(2), 1, seed=0, epoch=0, world_size=3,
                       batching=Batching(batch_size=4))
     repeats = Repeats(plan)
-    assert [repeats.flags(rank, 0).tolist() for rank in range(3)] == [[False, False], [True, True], [True, True]]
+    flags = [repeats.flags(rank, 0).tolist() for rank in range(3)]
+    assert flags == [[False, False], [True, True], [True, True]]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +132,8 @@ def _example(data: Path, out: Path, ranks: int, *extra: str) -> dict[str, int]:
     if ranks > 1:
         command[1:2] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1",
                         f"--master_port={free_port()}", str(EXAMPLE)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), *sys.path]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), *sys.path]),
+           "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())

@@ -50,7 +50,7 @@ def evaluate(dataset_dir: str, batch_size: int, workers: int, count_repeats: boo
     totals = torch.zeros(3, dtype=torch.int64)  # word errors, reference words, utterances
     for batch in DataLoader(dataset, batch_size=None, num_workers=workers):
         for text, repeat in zip(batch["text"], batch["repeat"].tolist()):
-            if repeat and not count_repeats:  # a planned repeat: an earlier batch (here or on another rank) counts it
+            if repeat and not count_repeats:  # a planned repeat: an earlier batch (on some rank) counts it
                 continue
             reference = text.replace("_", " ").split()
             totals += torch.tensor([edit_distance(reference, recognise(text).split()), len(reference), 1])
@@ -73,7 +73,8 @@ def main() -> None:
     totals = evaluate(args.dataset, args.batch_size, args.workers, args.count_repeats)
     if not dist.is_initialized() or dist.get_rank() == 0:
         wer = totals["errors"] / max(1, totals["words"])
-        print(f"WER {wer:.4f}: {totals['errors']} errors / {totals['words']} words, {totals['utterances']} utterances")
+        print(f"WER {wer:.4f}: {totals['errors']} errors / {totals['words']} words, "
+              f"{totals['utterances']} utterances")
         if args.out is not None:
             args.out.write_text(json.dumps(totals))
     if dist.is_initialized():

@@ -1,1 +1,1 @@
-"""Trainer integrations (Lightning, Accelerate): each module imports its trainer, an optional extra, lazily."""
+"""Trainer integrations (Lightning, Accelerate); each module needs its trainer, an optional extra."""

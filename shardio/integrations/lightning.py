@@ -4,12 +4,16 @@ What Lightning does on its own (read in its 2.6 source and checked by ``tests/te
 
 - it saves a loader's state only when the object ``train_dataloader()`` returns has ``state_dict`` and
   ``load_state_dict``; a plain ``DataLoader`` saves nothing, so a resumed run restarts the epoch at batch 0;
-- it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset;
+- it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset: with DataLoader workers
+  every epoch replays epoch 0;
 - it calls ``iter()`` on the train loader inside ``FitLoop.setup_data()``, right after
   ``train_dataloader()``, before ``on_train_start`` and before the first ``on_train_epoch_start``; later
   epochs call ``iter()`` after ``on_train_epoch_start``; callbacks' ``load_state_dict`` runs before
-  ``train_dataloader()``;
-- it fetches one batch ahead, so a loader's own position is one batch past the batch being trained on.
+  ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
+  epoch end) uses that first iterator for the next epoch;
+- it fetches one batch ahead, so a loader's own position is past the batch being trained on; and with a
+  ``StatefulDataLoader`` it restores the loader's own state, which was not exact in every configuration
+  (with 0 workers the epoch after the resumed one replayed the resumed one's rest).
 
 So the callback takes the state from the batch that was trained on (``state_after(batch)`` in
 ``on_train_batch_end``, which runs before ``ModelCheckpoint`` saves), keeps it in the checkpoint as its
@@ -49,7 +53,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     A run resumed from any checkpoint (mid-epoch or at an epoch end) then trains on exactly the batches
     the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
-    ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own, one-batch-ahead state it replaces).
+    ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
     On another number of ranks every sample not yet trained on in the epoch is trained on exactly once.
     """
 
@@ -98,7 +102,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if self._dataset is not None and self._dataset.epoch != trainer.current_epoch:
             self._dataset.set_epoch(trainer.current_epoch)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         if self._dataset is None:
             raise StateError("ShardioCallback has no dataset: pass it through attach() in train_dataloader()")
         if not isinstance(batch, dict):
@@ -107,7 +112,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         self._state = self._dataset.state_after(batch)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        # A StatefulDataLoader's own state is a batch ahead (Lightning's prefetch): this callback's replaces it.
+        # Lightning would restore a StatefulDataLoader's own state after attach(): this one replaces it.
         loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if self._has_state(checkpoint) and loop.pop("combined_loader", None) is not None:
             logger.info("using ShardioCallback's loader state instead of the loader's own")
