@@ -57,7 +57,9 @@ class Model(pl.LightningModule):
 
     def train_dataloader(self) -> Any:
         config = self.config
-        dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+        sizes = {"max_duration": config["max_duration"]} if config.get("max_duration") else \
+            {"batch_size": config["batch_size"]}
+        dataset = ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
         if self.resume is not None:
             self.resume.attach(dataset)
         workers = config["workers"]

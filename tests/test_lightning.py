@@ -40,14 +40,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def planned(data: Path, world_size: int) -> list[list[list[str]]]:
-    """Per rank, the keys of every batch of the uninterrupted run (both epochs, in step order)."""
+def planned(data: Path, world_size: int, epochs: int = EPOCHS, **sizes: Any) -> list[list[list[str]]]:
+    """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
     ranks = []
     for rank in range(world_size):
-        dataset = ShardDataset(data, batch_size=BATCH, seed=5, shuffle_shards=2,
-                               world=World(rank, world_size))
+        dataset = ShardDataset(data, seed=5, shuffle_shards=2, world=World(rank, world_size),
+                               **(sizes or {"batch_size": BATCH}))
         batches = []
-        for epoch in range(EPOCHS):
+        for epoch in range(epochs):
             dataset.set_epoch(epoch)
             batches += [list(batch["keys"]) for batch in dataset]
         ranks.append(batches)
@@ -112,6 +112,14 @@ def test_resume_mid_epoch_with_workers(data: Path, tmp_path: Path) -> None:
 def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks: killed at step 6, the last checkpoint is the end of epoch 0 (step 5).
     assert check_resume(data, tmp_path, devices=2, kill_at=6) == 5
+
+
+def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path) -> None:
+    """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9."""
+    plan = planned(data, 1, epochs=3, max_duration=1.2)[0]
+    assert len(plan) == 28
+    trained = run_job(data, tmp_path / "run", devices=1, max_duration=1.2, max_epochs=3, every_n_steps=100)
+    assert keys(trained[0]) == plan
 
 
 def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:

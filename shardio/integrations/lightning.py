@@ -11,9 +11,11 @@ What Lightning does on its own (read in its 2.6 source and checked by ``tests/te
   epochs call ``iter()`` after ``on_train_epoch_start``; callbacks' ``load_state_dict`` runs before
   ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
   epoch end) uses that first iterator for the next epoch;
-- it fetches one batch ahead, so a loader's own position is past the batch being trained on; and with a
-  ``StatefulDataLoader`` it restores the loader's own state, which was not exact in every configuration
-  (with 0 workers the epoch after the resumed one replayed the resumed one's rest).
+- it takes the epoch length from ``len(loader)`` once, when it builds the loader, and ends every epoch
+  there (a shardio epoch's length varies with duration batching and after a resume on another world size);
+- it prefetches a batch (so a loader's own position is past the batch being trained on) only for loaders
+  without a length; and with a ``StatefulDataLoader`` it restores the loader's own state, which was not
+  exact in every configuration (with 0 workers, the epoch after the resumed one replayed the resumed rest).
 
 So the callback takes the state from the batch that was trained on (``state_after(batch)`` in
 ``on_train_batch_end``, which runs before ``ModelCheckpoint`` saves), keeps it in the checkpoint as its
@@ -99,8 +101,19 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
-        if self._dataset is not None and self._dataset.epoch != trainer.current_epoch:
+        if self._dataset is None:
+            return
+        if self._dataset.epoch != trainer.current_epoch:
             self._dataset.set_epoch(trainer.current_epoch)
+        # Lightning takes the epoch length from len(loader) once, when it builds the loader (max_batches, and
+        # the CombinedLoader's limits), and ends every epoch there; a shardio epoch's length varies (duration
+        # batching; the rest of an epoch resumed on another world size): a longer epoch would be cut short.
+        length = len(self._dataset)
+        if trainer.limit_train_batches == 1.0 and trainer.fit_loop.max_batches != length:
+            combined = getattr(trainer.fit_loop, "_combined_loader", None)  # Lightning 2.x
+            if combined is not None:
+                combined.limits = None  # its length is then len(loader), read again at each iter()
+            trainer.fit_loop.max_batches = length
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
