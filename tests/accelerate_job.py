@@ -34,6 +34,8 @@ def main(config: dict[str, Any]) -> None:
     if config["workers"]:
         options["persistent_workers"] = config["persistent"]
     loader = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
+    if config.get("prepare"):  # the pitfall, for tests/test_accelerate.py
+        loader = accelerator.prepare(loader)
     step = 0
     if config.get("resume_from"):
         accelerator.load_state(config["resume_from"])

@@ -87,11 +87,27 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class ValidatedModel(Model):
+    """Validates every ``val_every`` training batches (and checkpoints at each validation end)."""
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(ShardDataset(self.config["data"], batch_size=5, shuffle=False), batch_size=None)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.log("val_loss", batch["audio"].mean().abs(), sync_dist=True, batch_size=len(batch["keys"]))
+
+
 def main(config: dict[str, Any]) -> None:
-    model = Model(config)
+    model = ValidatedModel(config) if config.get("val_every") else Model(config)
+    if config.get("val_every"):  # a checkpoint at each validation end
+        middle = pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], save_top_k=-1, monitor="val_loss",
+                                              filename="val-{epoch}-{step}", save_on_train_epoch_end=False)
+    else:
+        middle = pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], save_top_k=-1,
+                                              every_n_train_steps=config["every_n_steps"],
+                                              filename="mid-{epoch}-{step}")
     callbacks: list[Any] = [
-        pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], every_n_train_steps=config["every_n_steps"],
-                                     save_top_k=-1, filename="mid-{epoch}-{step}"),
+        middle,
         pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], every_n_epochs=1, save_top_k=-1,
                                      filename="end-{epoch}-{step}", save_on_train_epoch_end=True)]
     if model.resume is not None:
@@ -103,7 +119,8 @@ def main(config: dict[str, Any]) -> None:
                          max_epochs=config["max_epochs"], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
                          use_distributed_sampler=False,
-                         reload_dataloaders_every_n_epochs=config.get("reload", 0))
+                         reload_dataloaders_every_n_epochs=config.get("reload", 0),
+                         val_check_interval=config.get("val_every"))
     trainer.fit(model, ckpt_path=config.get("ckpt_path"))
 
 

@@ -79,7 +79,8 @@ def run_job(data: Path, out: Path, *, processes: int = 2, expect_kill: bool = Fa
             pass
     assert (process.returncode != 0) == expect_kill, output[-4000:]
     if expect_kill:
-        assert "SIGKILL" in output, output[-4000:]
+        assert "SIGKILL" in output or options.get("prepare"), output[-4000:]
+    (out / "output.txt").write_text(output)
     return [[json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
             for rank in range(processes)]
 
@@ -131,3 +132,11 @@ def test_resume_on_three_processes(data: Path, tmp_path: Path) -> None:
     assert sum(rest.values()) - len(rest) < 3 * BATCH
     assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == \
         [batches[len(batches) // EPOCHS:] for batches in planned(data, 3)]
+
+
+@pytest.mark.slow
+def test_a_prepared_loader_fails(data: Path, tmp_path: Path) -> None:
+    """``prepare()`` dispatches an IterableDataset's batches from rank 0, concatenating them: shardio batches
+    (keys, metadata lists) cannot be, and rank 0 would be the only rank planning anyway."""
+    run_job(data, tmp_path / "run", prepare=True, expect_kill=True)
+    assert "Can only concatenate tensors" in (tmp_path / "run" / "output.txt").read_text()

@@ -114,6 +114,13 @@ def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None
     assert check_resume(data, tmp_path, devices=2, kill_at=6) == 5
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path: Path, workers: int) -> None:
+    # validation (and a checkpoint) every 4 batches of 9: at steps 4, 8, 9 (the epoch end), 13, 17 ...
+    assert check_resume(data, tmp_path, devices=1, kill_at=15, workers=workers, val_every=4) == 13
+
+
 def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path) -> None:
     """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9."""
     plan = planned(data, 1, epochs=3, max_duration=1.2)[0]
@@ -146,7 +153,8 @@ def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, pe
 
 @pytest.mark.slow
 def test_without_the_callback_every_epoch_replays_epoch_0(data: Path, tmp_path: Path) -> None:
-    """Lightning calls ``set_epoch`` on samplers only: with workers, each epoch pickles the dataset at epoch 0."""
+    """Lightning calls ``set_epoch`` on samplers only: with workers, each epoch starts from the dataset at
+    epoch 0 again."""
     plan = planned(data, 1)[0]
     trained = keys(run_job(data, tmp_path / "run", devices=1, callback="none", loader="stateful", workers=2,
                            kill_at_step=12, expect_kill=True)[0])
@@ -171,7 +179,8 @@ def test_stateful_loader_alone_does_not_resume_exactly(data: Path, tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.parametrize("reload", [0, 1])
 @pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
-def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: int, after: int, reload: int) -> None:
+def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: int, after: int,
+                                          reload: int) -> None:
     """Every sample not trained on before the checkpoint is trained on once in the rest of the epoch (and
     the planned padding of the new world's last round); the next epoch is the new world's whole epoch."""
     plan = planned(data, before)

@@ -98,6 +98,12 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             raise StateError("the checkpoint holds a shardio loader state that no dataset received: pass the "
                              "dataset through ShardioCallback.attach() in train_dataloader(), or the epoch "
                              "would restart at its first batch")
+        if self._dataset is None:  # a fresh run may do without attach(): epoch 0 needs nothing set
+            found = getattr(trainer.train_dataloader, "dataset", None) if trainer is not None else None
+            if not isinstance(found, ShardDataset):
+                raise StateError("ShardioCallback found no ShardDataset: pass it through attach() in "
+                                 "train_dataloader()")
+            self._dataset = found
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
