@@ -148,14 +148,15 @@ class Assembler:
             raise
         self.reader.stats.samples += len(samples)
         flags = np.zeros(len(kept), dtype=bool) if repeats is None else np.asarray(repeats, dtype=bool)[kept]
-        for sample, flag in zip(samples, flags.tolist()):
-            sample["repeat"] = np.array(flag) if self.batched else flag  # 0-d: collate stacks it into (B,)
         if self.batched:
             if skipped:
                 blocks.release(block)
-            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
+            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows,
+                            columns={"repeat": flags})
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
+            if samples:
+                batch["repeat"] = bool(flags[0])
         batch.setdefault("repeat", torch.zeros(0, dtype=torch.bool))
         batch["skipped"] = [text for _, text in sorted(skipped)]
         return blocks.outgoing(batch)

@@ -147,3 +147,15 @@ def test_example_totals_over_three_ranks_equal_one_process(data: Path, tmp_path:
     single = example.evaluate(str(data), batch_size=4, workers=0)
     assert single["utterances"] == 19 and single["errors"] > 0
     assert _example(data, tmp_path / "three.json", 3, "--workers", "1") == single
+
+
+def test_flags_follow_the_samples_a_batch_keeps_when_some_are_skipped(tmp_path: Path) -> None:
+    from test_read_errors import mixed_bad_dataset
+
+    index, reasons = mixed_bad_dataset(tmp_path / "bad")  # 12 samples, 7 of them unreadable
+    kept: Counter[str] = Counter()
+    for rank in range(3):  # 4 batches of 3 dealt to 3 ranks: 2 repeated
+        for batch in ShardDataset(index.root, batch_size=3, on_error="skip", world=World(rank, 3)):
+            assert batch["repeat"].shape == (len(batch["keys"]),)
+            kept.update(key for key, repeat in zip(batch["keys"], batch["repeat"].tolist()) if not repeat)
+    assert set(kept) == set(index.keys) - set(reasons) and set(kept.values()) == {1}
