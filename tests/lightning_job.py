@@ -72,6 +72,10 @@ class Model(pl.LightningModule):
             return StatefulDataLoader(dataset, **options)
         return DataLoader(dataset, **options)
 
+    def on_train_start(self) -> None:
+        estimate = {"estimated_stepping_batches": self.trainer.estimated_stepping_batches}
+        (Path(self.config["out"]) / f"estimate{self.global_rank}.json").write_text(json.dumps(estimate))
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         if self.trainer.global_step == self.config.get("kill_at_step"):
             os.kill(os.getpid(), signal.SIGKILL)

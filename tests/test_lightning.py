@@ -97,6 +97,10 @@ def check_resume(data: Path, tmp_path: Path, *, devices: int, kill_at: int, **op
     killed = run_job(data, tmp_path / "killed", devices=devices, kill_at_step=kill_at, expect_kill=True,
                      **options)
     assert [keys(records) for records in killed] == [batches[:kill_at] for batches in plan]
+    if "max_duration" not in options:  # fixed batch sizes: every epoch has the first one's length
+        estimates = [json.loads((tmp_path / "killed" / f"estimate{rank}.json").read_text())
+                     for rank in range(devices)]
+        assert [e["estimated_stepping_batches"] for e in estimates] == [len(batches) for batches in plan]
     checkpoint, step = last_checkpoint(tmp_path / "killed")
     assert 0 < step < kill_at
     resumed = run_job(data, tmp_path / "resumed", devices=devices, ckpt_path=str(checkpoint), **options)
