@@ -133,6 +133,7 @@ def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Pat
     assert keys(trained[0]) == plan
 
 
+@pytest.mark.slow
 def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
     """The pitfall: a state loaded in ``on_train_start`` comes after Lightning's first ``iter()``, which has
     started the workers with the dataset as it was (with 0 workers it happens to work: the generator has not
