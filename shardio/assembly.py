@@ -114,8 +114,12 @@ class Assembler:
         self.on_error = on_error
         self.fields = fields
 
-    def batch(self, ids: np.ndarray, epoch: int) -> dict[str, Any]:
-        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched)."""
+    def batch(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
+        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched).
+
+        ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.repeats`) becomes the batch's
+        ``repeat`` field, a bool tensor over the samples it holds (a bool in an unbatched sample).
+        """
         skipped: list[tuple[int, str]] = []
         located = self._located(ids.tolist(), skipped)
         prepared: Iterable[_Prepared]
@@ -126,6 +130,7 @@ class Assembler:
         block = self._audio_block(ids)
         rows = block.numpy() if block is not None else None
         samples: list[dict[str, Any]] = []
+        kept: list[int] = []
         in_rows = rows is not None
         try:
             for position, sample, audio in prepared:
@@ -135,18 +140,24 @@ class Assembler:
                 except ShardioError as exc:
                     self._failed(position, int(ids[position]), exc, skipped)
                     continue
+                kept.append(position)
                 # decoded into its row (decode_encoded returns a view of `row`) or into an array of its own
                 in_rows = in_rows and samples[-1]["audio"].base is rows
         except BaseException:
             blocks.release(block)
             raise
         self.reader.stats.samples += len(samples)
+        flags = np.zeros(len(kept), dtype=bool) if repeats is None else np.asarray(repeats, dtype=bool)[kept]
         if self.batched:
             if skipped:
                 blocks.release(block)
-            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows)
+            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows,
+                            columns={"repeat": flags})
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
+            if samples:
+                batch["repeat"] = bool(flags[0])
+        batch.setdefault("repeat", torch.zeros(0, dtype=torch.bool))
         batch["skipped"] = [text for _, text in sorted(skipped)]
         return blocks.outgoing(batch)
 

@@ -212,7 +212,7 @@ def to_tensors(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = None,
-            in_rows: bool = False) -> dict[str, Any]:
+            in_rows: bool = False, columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Batch samples: ``audio`` becomes ``(B, C, T)`` zero-padded with ``lengths``; other array fields are
     padded along their last axis with ``{name}_lengths`` (0-d arrays are stacked into ``(B,)``); ``keys``
     and every other field become lists.
@@ -223,7 +223,8 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
     audio as it is: no copy. A sample whose audio lies elsewhere is copied into its row; when one does not
     fit, ``audio`` is ignored and a new batch is made. ``in_rows`` tells that every sample's audio is the start
     of its row already (``decode_audio(..., out=audio[row])`` returned a view of the row): rows are then not
-    compared, only their padding zeroed.
+    compared, only their padding zeroed. ``columns`` are per-sample arrays of shape ``(B,)`` added as they are
+    (after the samples' fields), in the same memory block.
     """
     if not samples:
         return {"audio": torch.zeros((0, 1, 0)), "lengths": torch.zeros(0, dtype=torch.int64),
@@ -272,6 +273,9 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
         blocks.release(audio)  # the samples did not fit it: the batch is made elsewhere
     spare = audio if batch.get("audio") is audio else None
     pooled = spare is None and bool(fills) and fills[0][0] == "audio"  # samples collated in a worker
+    for name, column in (columns or {}).items():
+        fills.append((name, column))
+        specs.append((column.shape, column.dtype))
     for (name, content), tensor in zip(fills, _allocate(specs, spare, pooled)):
         out = tensor.numpy()
         if isinstance(content, list):
@@ -280,11 +284,12 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
         else:
             out[...] = content
         batch[name] = tensor
-    return blocks.outgoing(_ordered(batch, samples[0]))
+    return blocks.outgoing(_ordered(batch, samples[0], list(columns or ())))
 
 
-def _ordered(batch: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:
-    """``batch`` with its fields in the order of the samples' fields (each followed by its lengths)."""
+def _ordered(batch: dict[str, Any], first: dict[str, Any], last: list[str]) -> dict[str, Any]:
+    """``batch`` with its fields in the order of the samples' fields (each followed by its lengths), then
+    the fields named in ``last``."""
     order: list[str] = []
     for name in first:
         if name == "key":
@@ -292,4 +297,4 @@ def _ordered(batch: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:
             continue
         order.append(name)
         order.append("lengths" if name == "audio" else f"{name}_lengths")
-    return {name: batch[name] for name in order if name in batch}
+    return {name: batch[name] for name in [*order, *last] if name in batch}

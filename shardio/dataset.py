@@ -273,7 +273,7 @@ class ShardDataset(IterableDataset):
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
         for k, ids in enumerate(batches):
             j = numbers[k]
-            batch = assembler.batch(ids, epoch)
+            batch = assembler.batch(ids, epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = epoch, j
             self._yielded += 1
             yield batch

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .plan import EpochPlan
+from .repeats import Repeats
 
 __all__ = ["RankPlan", "rank_plan"]
 
@@ -24,6 +25,8 @@ class RankPlan:
     rank: int
     ids: np.ndarray
     offsets: np.ndarray
+    repeats: np.ndarray | None = None
+    """Per id, whether it is a planned repeat (:mod:`shardio.repeats`); None when none is."""
 
     @property
     def num_batches(self) -> int:
@@ -33,6 +36,12 @@ class RankPlan:
     def batch(self, j: int) -> np.ndarray:
         """The sample ids (``int64``) of this rank's ``j``-th batch."""
         return self.ids[self.offsets[j] : self.offsets[j + 1]].astype(np.int64)
+
+    def repeat_flags(self, j: int) -> np.ndarray:
+        """Per sample of batch ``j``, whether it is a planned repeat (counted by an earlier batch)."""
+        if self.repeats is None:
+            return np.zeros(int(self.offsets[j + 1] - self.offsets[j]), dtype=bool)
+        return self.repeats[self.offsets[j] : self.offsets[j + 1]]
 
 
 def rank_plan(plan: EpochPlan, rank: int) -> RankPlan:
@@ -46,4 +55,5 @@ def rank_plan(plan: EpochPlan, rank: int) -> RankPlan:
     positions = np.repeat(starts - offsets[:-1], sizes) + np.arange(int(offsets[-1]), dtype=np.int64)
     ids = plan.samples[positions]
     small = ids.size == 0 or int(ids.max()) < np.iinfo(np.int32).max
-    return RankPlan(rank, ids.astype(np.int32) if small else ids.astype(np.int64), offsets)
+    return RankPlan(rank, ids.astype(np.int32) if small else ids.astype(np.int64), offsets,
+                    Repeats(plan).rank_flags(rank))

@@ -1,0 +1,1 @@
+"""Trainer integrations (Lightning, Accelerate); each module needs its trainer, an optional extra."""

@@ -1,0 +1,147 @@
+"""Exact resume of a :class:`~shardio.ShardDataset` under PyTorch Lightning: :class:`ShardioCallback`.
+
+What Lightning does on its own (read in its 2.6 source and checked by ``tests/test_lightning.py``):
+
+- it saves a loader's state only when the object ``train_dataloader()`` returns has ``state_dict`` and
+  ``load_state_dict``; a plain ``DataLoader`` saves nothing, so a resumed run restarts the epoch at batch 0;
+- it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset: with DataLoader workers
+  every epoch replays epoch 0;
+- it calls ``iter()`` on the train loader inside ``FitLoop.setup_data()``, right after
+  ``train_dataloader()``, before ``on_train_start`` and before the first ``on_train_epoch_start``; later
+  epochs call ``iter()`` after ``on_train_epoch_start``; callbacks' ``load_state_dict`` runs before
+  ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
+  epoch end) uses that first iterator for the next epoch;
+- it takes the epoch length from ``len(loader)`` once, when it builds the loader, and ends every epoch
+  there (a shardio epoch's length varies with duration batching and after a resume on another world size);
+- it prefetches a batch (so a loader's own position is past the batch being trained on) only for loaders
+  without a length; and with a ``StatefulDataLoader`` it restores the loader's own state, which was not
+  exact in every configuration (with 0 workers, the epoch after the resumed one replayed the resumed rest).
+
+So the callback takes the state from the batch that was trained on (``state_after(batch)`` in
+``on_train_batch_end``, which runs before ``ModelCheckpoint`` saves), keeps it in the checkpoint as its
+own state, and applies a loaded state when ``train_dataloader()`` hands it the new dataset
+(:meth:`ShardioCallback.attach`), the only moment between the restore and the first ``iter()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..dataset import ShardDataset
+from ..errors import StateError
+from ..state import LoaderState
+from ._extras import require
+
+__all__ = ["ShardioCallback"]
+
+logger = logging.getLogger(__name__)
+
+# Subclassing the Callback of every Lightning installed makes the callback fit either package's Trainer.
+_BASES = tuple(module.Callback for module in require("lightning", "lightning.pytorch", "pytorch_lightning"))
+
+
+class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at import time
+    """Sets the epoch, saves the loader state after each trained batch in checkpoints, and restores it.
+
+    Give the callback to the ``Trainer`` and pass each dataset through :meth:`attach` when
+    ``train_dataloader()`` builds it (or give the dataset here when it is built once)::
+
+        resume = ShardioCallback()
+        trainer = Trainer(callbacks=[resume, ModelCheckpoint(...)], ...)
+
+        def train_dataloader(self):
+            return DataLoader(resume.attach(ShardDataset(...)), batch_size=None, num_workers=2)
+
+    A run resumed from any checkpoint (mid-epoch or at an epoch end) then trains on exactly the batches
+    the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
+    ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
+    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once.
+    """
+
+    def __init__(self, dataset: ShardDataset | None = None) -> None:
+        super().__init__()
+        self._dataset = dataset
+        self._state: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._trainer: Any = None
+
+    @property
+    def state(self) -> dict[str, Any] | None:
+        """The loader state after the last batch trained on (what the next checkpoint saves)."""
+        return self._state
+
+    def attach(self, dataset: ShardDataset) -> ShardDataset:
+        """Register the dataset ``train_dataloader()`` builds: a loaded checkpoint's state applies to it, or
+        else the trainer's current epoch. Returns ``dataset``."""
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"ShardioCallback.attach takes a ShardDataset, not {type(dataset).__name__}")
+        self._dataset = dataset
+        if self._pending is not None:
+            dataset.load_state_dict(self._pending)
+            self._pending = None
+            if LoaderState.from_dict(dataset.state_dict()).position >= len(dataset):
+                # Lightning resumes a checkpoint taken after an epoch's last batch with that first iterator
+                # as the next epoch's: so it must already be the next epoch.
+                dataset.set_epoch(dataset.epoch + 1)
+        elif self._trainer is not None:
+            dataset.set_epoch(self._trainer.current_epoch)
+        return dataset
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._pending is not None:
+            raise StateError("the checkpoint holds a shardio loader state that no dataset received: pass the "
+                             "dataset through ShardioCallback.attach() in train_dataloader(), or the epoch "
+                             "would restart at its first batch")
+        if self._dataset is None:  # a fresh run may do without attach(): epoch 0 needs nothing set
+            found = getattr(trainer.train_dataloader, "dataset", None) if trainer is not None else None
+            if not isinstance(found, ShardDataset):
+                raise StateError("ShardioCallback found no ShardDataset: pass it through attach() in "
+                                 "train_dataloader()")
+            self._dataset = found
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
+        if self._dataset is None:
+            return
+        if self._dataset.epoch != trainer.current_epoch:
+            self._dataset.set_epoch(trainer.current_epoch)
+        # Lightning takes the epoch length from len(loader) once, when it builds the loader (max_batches, and
+        # the CombinedLoader's limits), and ends every epoch there; a shardio epoch's length varies (duration
+        # batching; the rest of an epoch resumed on another world size): a longer epoch would be cut short.
+        length = len(self._dataset)
+        if trainer.limit_train_batches == 1.0 and trainer.fit_loop.max_batches != length:
+            combined = getattr(trainer.fit_loop, "_combined_loader", None)  # Lightning 2.x
+            if combined is not None:
+                combined.limits = None  # its length is then len(loader), read again at each iter()
+            trainer.fit_loop.max_batches = length
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._dataset is None:
+            raise StateError("ShardioCallback has no dataset: pass it through attach() in train_dataloader()")
+        if not isinstance(batch, dict):
+            raise StateError(f"ShardioCallback needs the batches ShardDataset yields (dicts with 'epoch' and "
+                             f"'batch_index'), got a {type(batch).__name__}")
+        self._state = self._dataset.state_after(batch)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # Lightning would restore a StatefulDataLoader's own state after attach(): this one replaces it.
+        loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if self._has_state(checkpoint) and loop.pop("combined_loader", None) is not None:
+            logger.info("using ShardioCallback's loader state instead of the loader's own")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self._state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._state = self._pending = state_dict.get("loader")
+
+    def _has_state(self, checkpoint: dict[str, Any]) -> bool:
+        return any(isinstance(value, dict) and value.get("loader") is not None
+                   for key, value in checkpoint.get("callbacks", {}).items() if key == self.state_key)

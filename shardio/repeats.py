@@ -1,0 +1,61 @@
+"""Repeats: which samples of an epoch plan are planned repeats, for exact metrics summed over ranks.
+
+With ``remainder="pad"`` the last round of batches is filled by repeating batches from the start of the epoch,
+so that every rank has the same number of batches; an epoch of a fixed number of batches (a mix's ``limit``)
+repeats batches too. Summed over ranks, a metric would count those samples twice. Every occurrence of a
+sample but its first is a repeat, where occurrences are ordered by round (batch ``j`` of every rank), then
+rank, then position in the batch: so the first occurrence always lies in a batch some rank trains on.
+
+Pure numpy on the plan, no I/O: every rank and worker computes the same flags independently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .plan import EpochPlan
+
+__all__ = ["Repeats"]
+
+
+class Repeats:
+    """The repeat flags of one plan: ``flags(rank, j)`` is a bool per sample of ``plan.batch(rank, j)``."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        slots = plan.rank_batches.T.ravel()  # round-major: round j, then rank
+        first_slot = np.zeros(slots.shape[0], dtype=bool)
+        first_slot[np.unique(slots, return_index=True)[1]] = True
+        self._first_slot = first_slot.reshape(plan.num_batches, plan.world_size).T
+        self._sample_flags: np.ndarray | None = None
+        self._slot_starts: np.ndarray | None = None
+        samples = plan.samples[plan.offsets[0] : plan.offsets[-1]]
+        if samples.shape[0] and np.bincount(samples).max() > 1:  # a sample in two different batches
+            sizes = np.diff(plan.offsets)[slots]
+            self._slot_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(self._slot_starts[:-1], sizes)
+            taken = plan.samples[np.repeat(plan.offsets[slots], sizes) + within]
+            flags = np.ones(taken.shape[0], dtype=bool)
+            flags[np.unique(taken, return_index=True)[1]] = False
+            self._sample_flags = flags
+
+    def flags(self, rank: int, j: int) -> np.ndarray:
+        """True for each sample of rank ``rank``'s ``j``-th batch that an earlier occurrence counts."""
+        plan = self.plan
+        size = int(plan.offsets[plan.rank_batches[rank, j] + 1] - plan.offsets[plan.rank_batches[rank, j]])
+        if self._sample_flags is None or self._slot_starts is None:
+            return np.full(size, not self._first_slot[rank, j])
+        start = int(self._slot_starts[j * plan.world_size + rank])
+        return self._sample_flags[start : start + size].copy()
+
+    def rank_flags(self, rank: int) -> np.ndarray | None:
+        """The flags of all of rank ``rank``'s batches, one after the other; None when none is a repeat."""
+        plan = self.plan
+        if self._sample_flags is None or self._slot_starts is None:
+            if self._first_slot[rank].all():
+                return None
+            sizes = np.diff(plan.offsets)[plan.rank_batches[rank]]
+            return np.repeat(~self._first_slot[rank], sizes)
+        flags = np.concatenate([self.flags(rank, j) for j in range(plan.num_batches)]) \
+            if plan.num_batches else np.zeros(0, dtype=bool)
+        return flags if flags.any() else None

@@ -1,0 +1,69 @@
+"""A tiny HF Accelerate training loop over a ShardDataset, run by ``accelerate launch`` (test_accelerate.py).
+
+``accelerate_job.py CONFIG.json``: every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl``;
+``accelerator.save_state`` writes ``{ckpt}/step-{N}`` every ``every_n_steps`` steps and at each epoch end;
+at global step ``kill_at_step`` every rank kills itself with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from shardio import ShardDataset
+from shardio.integrations.accelerate import track
+
+
+def main(config: dict[str, Any]) -> None:
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+    progress = track(accelerator, dataset)
+    options: dict[str, Any] = {"batch_size": None, "num_workers": config["workers"]}
+    if config["workers"]:
+        options["persistent_workers"] = config["persistent"]
+    loader = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
+    if config.get("prepare"):  # the pitfall, for tests/test_accelerate.py
+        loader = accelerator.prepare(loader)
+    step = 0
+    if config.get("resume_from"):
+        accelerator.load_state(config["resume_from"])
+        step = int(Path(config["resume_from"]).name.split("-")[1])
+    ckpt = Path(config["ckpt_dir"])
+    log = open(Path(config["out"]) / f"rank{accelerator.process_index}.jsonl", "a")
+    for epoch in range(progress.epoch, config["max_epochs"]):
+        dataset.set_epoch(epoch)  # keeps a state just loaded for this epoch
+        for batch in loader:
+            if step == config.get("kill_at_step"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            log.write(json.dumps({"epoch": epoch, "step": step, "keys": list(batch["keys"])}) + "\n")
+            log.flush()
+            features = batch["audio"].mean(dim=(1, 2)).unsqueeze(1)
+            loss = model(features).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            progress.update(batch)
+            step += 1
+            if step % config["every_n_steps"] == 0:
+                accelerator.save_state(str(ckpt / f"step-{step}"))
+        if step % config["every_n_steps"]:
+            accelerator.save_state(str(ckpt / f"step-{step}"))  # the epoch end
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(json.loads(Path(sys.argv[1]).read_text()))

@@ -1,0 +1,106 @@
+"""The trainer integrations' small contracts: import-light, a missing extra named, checks that refuse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from datasets import make_uneven_dataset
+
+from shardio import OptionError, ShardDataset, StateError, World
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_importing_shardio_imports_no_trainer() -> None:
+    trainers = ('lightning', 'pytorch_lightning', 'accelerate')
+    done = _python(f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_missing_extra_is_named() -> None:
+    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate")
+    code = "\n".join([
+        "import sys",
+        *(f"sys.modules[{name!r}] = None" for name in hidden),  # None: importing it raises ImportError
+        "for module in ('lightning', 'accelerate'):",
+        "    try:",
+        "        __import__(f'shardio.integrations.{module}')",
+        "    except ImportError as exc:",
+        "        print(exc)",
+    ])
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'shardio[lightning]'" in done.stdout
+    assert "pip install 'shardio[accelerate]'" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("integrations") / "data"
+    make_uneven_dataset(root, (5, 6, 3), seed=3)
+    return root
+
+
+def test_accelerate_progress_resumes_a_plain_loop_exactly(data: Path) -> None:
+    """The loop Accelerate runs, without the launcher: stop after 3 batches, save, resume afresh."""
+    pytest.importorskip("accelerate")
+    from shardio.integrations.accelerate import LoaderProgress
+
+    def loader(dataset: ShardDataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=None, num_workers=2)
+
+    straight = [list(b["keys"]) for b in loader(ShardDataset(data, batch_size=2, seed=1))]
+    dataset = ShardDataset(data, batch_size=2, seed=1)
+    progress = LoaderProgress(dataset)
+    assert progress.state_dict() == dataset.state_dict()
+    trained = []
+    for batch in loader(dataset):  # two workers: the main process sees batches only as they arrive
+        trained.append(list(batch["keys"]))
+        progress.update(batch)
+        if len(trained) == 3:
+            break
+    saved = progress.state_dict()
+    resumed = LoaderProgress(ShardDataset(data, batch_size=2, seed=1))
+    resumed.load_state_dict(saved)
+    assert resumed.epoch == 0
+    assert trained + [list(b["keys"]) for b in loader(resumed.dataset)] == straight
+
+
+def test_accelerate_track_refuses_a_dataset_planned_for_other_ranks(data: Path) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    from shardio.integrations.accelerate import track
+
+    accelerator = accelerate.Accelerator(cpu=True)  # one process: rank 0 of 1
+    with pytest.raises(OptionError, match="rank 1 of 2"):
+        track(accelerator, ShardDataset(data, batch_size=2, world=World(1, 2)))
+    progress = track(accelerator, ShardDataset(data, batch_size=2))
+    assert progress in accelerator._custom_objects
+
+
+def test_lightning_callback_refuses_to_restart_an_epoch_silently(data: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    from shardio.integrations.lightning import ShardioCallback
+
+    callback = ShardioCallback()
+    dataset = ShardDataset(data, batch_size=2)
+    batch = next(iter(dataset))
+    callback.load_state_dict({"loader": dataset.state_after(batch)})
+    with pytest.raises(StateError, match="attach"):
+        callback.on_train_start(None, None)  # the dataset was never attached: its epoch would restart
+    with pytest.raises(TypeError):
+        callback.attach([])  # type: ignore[arg-type]
+    fresh = callback.attach(ShardDataset(data, batch_size=2))
+    callback.on_train_start(None, None)
+    assert [list(b["keys"]) for b in fresh][0] != list(batch["keys"])

@@ -1,0 +1,206 @@
+"""Exact resume under PyTorch Lightning: real Trainer processes (DDP over gloo on CPU), killed with SIGKILL.
+
+Each case trains ``tests/lightning_job.py`` for two epochs, kills every rank mid-run, resumes from the last
+checkpoint it wrote (every 3 steps, and at each epoch end) and checks, per rank, that the batches trained
+on after the checkpoint are exactly those of the uninterrupted run (the dataset's own plan, which the killed
+run's batches must also follow up to its death). The multi-minute matrix is marked ``slow``
+(``pytest -m slow tests/test_lightning.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pytorch_lightning")
+
+from datasets import make_uneven_dataset
+from process_groups import free_port
+
+from shardio import ShardDataset, World
+
+JOB = Path(__file__).with_name("lightning_job.py")
+EPOCHS = 2
+BATCH = 3
+SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3 (the last padded) on 1 rank, 5 on 2, 3 on 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lightning") / "data"
+    make_uneven_dataset(root, SHARD_SIZES, seed=1)
+    return root
+
+
+def planned(data: Path, world_size: int, epochs: int = EPOCHS, **sizes: Any) -> list[list[list[str]]]:
+    """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
+    ranks = []
+    for rank in range(world_size):
+        dataset = ShardDataset(data, seed=5, shuffle_shards=2, world=World(rank, world_size),
+                               **(sizes or {"batch_size": BATCH}))
+        batches = []
+        for epoch in range(epochs):
+            dataset.set_epoch(epoch)
+            batches += [list(batch["keys"]) for batch in dataset]
+        ranks.append(batches)
+    return ranks
+
+
+def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,
+            **options: Any) -> list[list[dict[str, Any]]]:
+    """Run the job to its end (or its SIGKILL); every rank's trained batches."""
+    out.mkdir(parents=True)
+    config = {"data": str(data), "batch_size": BATCH, "workers": 0, "persistent": False, "loader": "plain",
+              "callback": "shardio", "devices": devices, "max_epochs": EPOCHS, "every_n_steps": 3,
+              "out": str(out), "ckpt_dir": str(out / "ckpt"), **options}
+    (out / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
+    process = subprocess.Popen([sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the ranks Lightning started, should one outlive rank 0
+        except ProcessLookupError:
+            pass
+    assert process.returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
+    return [[json.loads(line) for line in path.read_text().splitlines()]
+            for path in sorted(out.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))]
+
+
+def last_checkpoint(out: Path) -> tuple[Path, int]:
+    """The checkpoint with the highest step (an epoch-end one where both were written at that step)."""
+    found = [(int(path.stem.rsplit("step=", 1)[1]), path.stem.startswith("end"), path)
+             for path in (out / "ckpt").glob("*.ckpt")]
+    step, _, path = max(found)
+    return path, step
+
+
+def keys(records: list[dict[str, Any]]) -> list[list[str]]:
+    return [record["keys"] for record in records]
+
+
+def check_resume(data: Path, tmp_path: Path, *, devices: int, kill_at: int, **options: Any) -> int:
+    """Kill a run at step ``kill_at``, resume it from its last checkpoint, compare with the plan; the step."""
+    plan = planned(data, devices)
+    killed = run_job(data, tmp_path / "killed", devices=devices, kill_at_step=kill_at, expect_kill=True,
+                     **options)
+    assert [keys(records) for records in killed] == [batches[:kill_at] for batches in plan]
+    if "max_duration" not in options:  # fixed batch sizes: every epoch has the first one's length
+        estimates = [json.loads((tmp_path / "killed" / f"estimate{rank}.json").read_text())
+                     for rank in range(devices)]
+        assert [e["estimated_stepping_batches"] for e in estimates] == [len(batches) for batches in plan]
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert 0 < step <= kill_at
+    resumed = run_job(data, tmp_path / "resumed", devices=devices, ckpt_path=str(checkpoint), **options)
+    assert [keys(records) for records in resumed] == [batches[step:] for batches in plan]
+    return step
+
+
+def test_resume_mid_epoch_with_workers(data: Path, tmp_path: Path) -> None:
+    # 9 steps an epoch, a checkpoint every 3: killed at step 14, resumed from step 12 (mid-epoch 1).
+    assert check_resume(data, tmp_path, devices=1, kill_at=14, workers=2) == 12
+
+
+def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None:
+    # 5 steps an epoch on 2 ranks: killed in step 5 (after the epoch-end checkpoint), resumed from step 5.
+    assert check_resume(data, tmp_path, devices=2, kill_at=5) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path: Path, workers: int) -> None:
+    # validation (and a checkpoint) every 4 batches of 9: at steps 4, 8, 9 (the epoch end), 13, 17 ...
+    assert check_resume(data, tmp_path, devices=1, kill_at=15, workers=workers, val_every=4) == 13
+
+
+def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path) -> None:
+    """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9."""
+    plan = planned(data, 1, epochs=3, max_duration=1.2)[0]
+    assert len(plan) == 28
+    trained = run_job(data, tmp_path / "run", devices=1, max_duration=1.2, max_epochs=3, every_n_steps=100)
+    assert keys(trained[0]) == plan
+
+
+@pytest.mark.slow
+def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
+    """The pitfall: a state loaded in ``on_train_start`` comes after Lightning's first ``iter()``, which has
+    started the workers with the dataset as it was (with 0 workers it happens to work: the generator has not
+    started, since Lightning does not prefetch from a loader with a length)."""
+    plan = planned(data, 1)[0]
+    run_job(data, tmp_path / "killed", devices=1, callback="naive", workers=2, kill_at_step=5, expect_kill=True)
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert step == 3
+    resumed = keys(run_job(data, tmp_path / "resumed", devices=1, callback="naive", workers=2,
+                           ckpt_path=str(checkpoint))[0])
+    assert resumed[: 9 - step] == plan[: 9 - step]  # epoch 0 again from its first batch, cut at Lightning's
+    assert resumed != plan[step:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", ["plain", "stateful"])
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("devices,kill_at", [(1, 7), (1, 10), (2, 8), (3, 5)])
+def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, devices: int,
+                       kill_at: int) -> None:
+    check_resume(data, tmp_path, devices=devices, kill_at=kill_at, workers=workers, persistent=persistent,
+                 loader=loader)
+
+
+@pytest.mark.slow
+def test_without_the_callback_every_epoch_replays_epoch_0(data: Path, tmp_path: Path) -> None:
+    """Lightning calls ``set_epoch`` on samplers only: with workers, each epoch starts from the dataset at
+    epoch 0 again."""
+    plan = planned(data, 1)[0]
+    trained = keys(run_job(data, tmp_path / "run", devices=1, callback="none", loader="stateful", workers=2,
+                           kill_at_step=12, expect_kill=True)[0])
+    assert trained[:9] == plan[:9]
+    assert trained[9:] == plan[:3] != plan[9:12]
+
+
+@pytest.mark.slow
+def test_stateful_loader_alone_does_not_resume_exactly(data: Path, tmp_path: Path) -> None:
+    """Without the callback, Lightning restores a StatefulDataLoader's own state; in the process that
+    iterates (0 workers) the rest of the epoch is right, but the next epoch replays that rest."""
+    plan = planned(data, 1)[0]
+    run_job(data, tmp_path / "killed", devices=1, callback="none", loader="stateful", kill_at_step=5,
+            expect_kill=True)
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    resumed = keys(run_job(data, tmp_path / "resumed", devices=1, callback="none", loader="stateful",
+                           ckpt_path=str(checkpoint))[0])
+    assert step == 3 and resumed[:6] == plan[3:9]
+    assert resumed[6:] == plan[3:9] != plan[9:15]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reload", [0, 1])
+@pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
+def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: int, after: int,
+                                          reload: int) -> None:
+    """Every sample not trained on before the checkpoint is trained on once in the rest of the epoch (and
+    the planned padding of the new world's last round); the next epoch is the new world's whole epoch."""
+    plan = planned(data, before)
+    options = {"every_n_steps": 1, "reload": reload}
+    run_job(data, tmp_path / "killed", devices=before, kill_at_step=2, expect_kill=True, **options)
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert step == 2  # mid-epoch 0 for both worlds (5 and 3 steps an epoch)
+    resumed = run_job(data, tmp_path / "resumed", devices=after, ckpt_path=str(checkpoint), **options)
+    consumed = {key for batches in plan for batch in batches[:step] for key in batch}
+    rest = Counter(key for records in resumed for record in records if record["epoch"] == 0
+                   for key in record["keys"])
+    everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
+    assert set(rest) == everything - consumed
+    assert sum(rest.values()) - len(rest) < after * BATCH  # repeats: the padding of one last round at most
+    assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == \
+        [batches[len(batches) // EPOCHS:] for batches in planned(data, after)]
