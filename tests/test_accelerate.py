@@ -6,7 +6,7 @@ checkpoint trains, per rank, on exactly the batches of the uninterrupted run (th
 ``accelerate launch --cpu`` with several processes runs one process (its multi-CPU path expects MPI), so the
 launch is ``--multi_gpu`` (torch.distributed.run underneath) and the script asks for
 ``Accelerator(cpu=True)``.
-The rest of the matrix is marked ``slow`` (``pytest -m slow tests/test_accelerate.py``).
+The rest of the matrix is marked ``matrix``, left out by default (``pytest -m matrix tests/test_accelerate.py``).
 """
 
 from __future__ import annotations
@@ -109,14 +109,14 @@ def test_resume_mid_epoch_two_processes(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, kill_at=8, workers=2) == 6
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("kill_at", [4, 5, 8])  # resumed at step 3, the epoch end (5), 6
 def test_resume_matrix(data: Path, tmp_path: Path, workers: int, persistent: bool, kill_at: int) -> None:
     check_resume(data, tmp_path, kill_at=kill_at, workers=workers, persistent=persistent)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_resume_on_three_processes(data: Path, tmp_path: Path) -> None:
     """A 2-process checkpoint resumed on 3: every sample not yet trained on in the epoch, once."""
     plan = planned(data, 2)
@@ -134,7 +134,7 @@ def test_resume_on_three_processes(data: Path, tmp_path: Path) -> None:
         [batches[len(batches) // EPOCHS:] for batches in planned(data, 3)]
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_a_prepared_loader_fails(data: Path, tmp_path: Path) -> None:
     """``prepare()`` dispatches an IterableDataset's batches from rank 0, concatenating them: shardio batches
     (keys, metadata lists) cannot be, and rank 0 would be the only rank planning anyway."""

@@ -3,8 +3,8 @@
 Each case trains ``tests/lightning_job.py`` for two epochs, kills every rank mid-run, resumes from the last
 checkpoint it wrote (every 3 steps, and at each epoch end) and checks, per rank, that the batches trained
 on after the checkpoint are exactly those of the uninterrupted run (the dataset's own plan, which the killed
-run's batches must also follow up to its death). The multi-minute matrix is marked ``slow``
-(``pytest -m slow tests/test_lightning.py``).
+run's batches must also follow up to its death). The multi-minute matrix is marked ``matrix`` (left out by default)
+(``pytest -m matrix tests/test_lightning.py``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None
     assert check_resume(data, tmp_path, devices=2, kill_at=5) == 5
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path: Path, workers: int) -> None:
     # validation (and a checkpoint) every 4 batches of 9: at steps 4, 8, 9 (the epoch end), 13, 17 ...
@@ -133,7 +133,7 @@ def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Pat
     assert keys(trained[0]) == plan
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
     """The pitfall: a state loaded in ``on_train_start`` comes after Lightning's first ``iter()``, which has
     started the workers with the dataset as it was (with 0 workers it happens to work: the generator has not
@@ -148,7 +148,7 @@ def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
     assert resumed != plan[step:]
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("loader", ["plain", "stateful"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("devices,kill_at", [(1, 7), (1, 10), (2, 8), (3, 5)])
@@ -158,7 +158,7 @@ def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, pe
                  loader=loader)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_without_the_callback_every_epoch_replays_epoch_0(data: Path, tmp_path: Path) -> None:
     """Lightning calls ``set_epoch`` on samplers only: with workers, each epoch starts from the dataset at
     epoch 0 again."""
@@ -169,7 +169,7 @@ def test_without_the_callback_every_epoch_replays_epoch_0(data: Path, tmp_path: 
     assert trained[9:] == plan[:3] != plan[9:12]
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_stateful_loader_alone_does_not_resume_exactly(data: Path, tmp_path: Path) -> None:
     """Without the callback, Lightning restores a StatefulDataLoader's own state; in the process that
     iterates (0 workers) the rest of the epoch is right, but the next epoch replays that rest."""
@@ -183,7 +183,7 @@ def test_stateful_loader_alone_does_not_resume_exactly(data: Path, tmp_path: Pat
     assert resumed[6:] == plan[3:9] != plan[9:15]
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("reload", [0, 1])
 @pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
 def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: int, after: int,
