@@ -75,7 +75,7 @@ class Corpus:
 
 def shared_corpora() -> Path | None:
     """``<repository>/../shared/corpora`` when it exists (a development machine), else None."""
-    candidate = Path(__file__).resolve().parent.parent.parent / "shared" / "corpora"
+    candidate = Path(__file__).resolve().parents[3] / "shared" / "corpora"  # shardio/bench/data.py
     return candidate if candidate.is_dir() else None
 
 
