@@ -282,10 +282,11 @@ class ShardDataset(IterableDataset):
                           history=history, exclude=exclusions(self._extra, epoch))
 
     def __len__(self) -> int:
-        """Batches (or samples, when unbatched) this rank yields in its current iteration, or else its next
-        one: after a loaded state, the rest of the epoch."""
+        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
+        one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
+        the state's ``start``, as trainers that count batches from the saved index expect)."""
         at = self._live()
-        return self._share(at.epoch, at.history).num_batches - at.start
+        return self._share(at.epoch, at.history).num_batches
 
     def _new_reader(self) -> Reader:
         cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None

@@ -164,7 +164,7 @@ def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | N
         # StatefulDataLoader's own load_state_dict restores the workers only: the training process's len(ds)
         # does not know that position (ds.load_state_dict gives it to both)
         knows = not (case.loader == "stateful" and not case.ds_load and state is not None and epoch == first)
-        planned, yielded, restart = len(ds), 0, None
+        planned, yielded, restart = len(ds) - ds.state_dict()["start"], 0, None
         for batch in loader:
             records.append(record(batch))
             yielded += 1

@@ -202,7 +202,7 @@ def consumed_counts(dataset_dir: Path, world_size: int, stop: int, new_world: in
         last = make(dataset_dir, world=World(rank=rank, world_size=new_world), **options)
         if state is not None:
             last.load_state_dict(state)
-        lengths, plan = len(last), last.plan()
+        lengths, plan = len(last) - last.state_dict()["start"], last.plan()
         got = keys_of(iter(last))
         assert len(got) == lengths  # every rank yields what len() says (the rest of the epoch)
         counts.update(k for batch in got for k in batch)
