@@ -8,12 +8,18 @@ Progress: ``state_dict()`` is exact when iteration happens in this process (``nu
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
 sees iteration, so every batch carries ``epoch`` and ``batch_index`` and ``state_after(batch)`` gives the
 state to save after that batch.
+
+Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go into a shared block
+(:mod:`shardio.control`) that every worker, persistent ones too, reads when an iteration starts; inside a
+worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. The world is
+decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -32,6 +38,7 @@ from .rankplan import RankPlan, rank_plan
 from .reader import Reader, ReadStats, RetryPolicy
 from .state import LoaderState, combine, find_states
 from .storage import cache_dir
+from .control import Control, Instruction, extra_mark, slot_of
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -93,77 +100,110 @@ class ShardDataset(IterableDataset):
         self.read_ahead = read_ahead
         self.cache_bytes = cache_bytes
         self._explicit_world = world
-        self._world: World | None = world
+        self._world: World | None = world  # carried to spawned workers by __getstate__
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
-        self._reset(epoch=0)
+        self._control = Control()
+        self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
+        self._skip = 0  # batches of this worker's share already yielded, from a worker-level state
+        self._run: Instruction | None = None  # what this process's current (or last) iteration plays
+        self._run_generation = 0
+        self._yielded = 0
+        self._finished = False
 
     # -- progress ----------------------------------------------------------------------------------
 
-    def _reset(self, epoch: int, history: tuple[Segment, ...] = (), start: int = 0) -> None:
-        self._epoch, self._history, self._start = epoch, history, start
-        self._skip = 0  # this worker's batches already yielded, from a worker-level (StatefulDataLoader) state
-        self._yielded = 0
-        self._running: World | None = None
-        self._finished = False
-        self._loaded = False
-
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept), and plan it
-        for this rank."""
-        if epoch < 0:
-            raise OptionError(f"epoch must be non-negative, not {epoch}")
-        if not (self._loaded and epoch == self._epoch):
-            self._reset(epoch)
-        if get_worker_info() is None:
-            self._share()  # planned here, once per rank: fork workers inherit it, others receive it pickled
+        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept).
+
+        It reaches every DataLoader worker, persistent ones too, at their next iteration.
+        """
+        if type(epoch) is not int or epoch < 0:
+            raise OptionError(f"epoch must be a non-negative integer, not {epoch!r}")
+        if get_worker_info() is not None:
+            self._own, self._skip = Instruction(epoch), 0
+            return
+        current = self._control.instruction()
+        if not (current.loaded and current.epoch == epoch and not self._control.started()):
+            self._control.give(Instruction(epoch, extra=extra_mark(self._extra)))
+        given = self._control.instruction()
+        self._share(given.epoch, given.history)  # planned here, once per rank: workers inherit or receive it
+
+    def _slot(self) -> int:
+        info = get_worker_info()
+        return 0 if info is None else slot_of(info.id, info.num_workers)
+
+    def _upcoming(self) -> Instruction:
+        """What the next iteration of this process plays."""
+        return self._own if self._own is not None else self._control.upcoming(self._slot())
+
+    def _current(self) -> tuple[Instruction, int]:
+        """The iteration running in this process (or its last one) unless an instruction came since; and
+        the batches of it yielded here."""
+        if (self._run is not None and self._own is None
+                and self._run_generation == self._control.generation):
+            return self._run, self._yielded
+        return self._upcoming(), self._skip
+
+    def _live(self) -> Instruction:
+        """The iteration this process is in the middle of, else the next one (the training process, while its
+        workers play: the latest one begun until every worker has finished it)."""
+        if self._run is not None and self._own is None and self._run_generation == self._control.generation:
+            return self._upcoming() if self._finished else self._run
+        if self._own is None and get_worker_info() is None:
+            return self._control.current()
+        return self._upcoming()
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration plays (or the one being played)."""
-        return self._epoch
+        """The epoch this process is playing, else the one its next iteration plays."""
+        return self._live().epoch
 
     def ranks(self) -> World:
-        """Rank and world size: the explicit ``world``, else detected (and remembered in the main process)."""
+        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker)."""
         if self._explicit_world is not None:
             return replace(self._explicit_world, worker=0, num_workers=1)
-        if get_worker_info() is None or self._world is None:
-            self._world = World.detect()
-        return self._world
+        if self._world is not None and get_worker_info() is not None:
+            return self._world
+        return World.detect()
 
     @property
     def options(self) -> dict[str, object]:
         """The options that shape the plan (a state records them)."""
         return options_of(self.batching, self.ordering)
 
-    def _state(self, **fields: Any) -> LoaderState:
-        return LoaderState(epoch=self._epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
-                           world_size=self.ranks().world_size, history=self._history, start=self._start,
+    def _state(self, at: Instruction, **fields: Any) -> LoaderState:
+        return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
+                           world_size=self.ranks().world_size, history=at.history, start=at.start,
                            extra=self._extra, **fields)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
-        running = self._running or World()
-        return self._state(yielded=self._yielded, worker=running.worker,
-                           num_workers=running.num_workers).to_dict()
+        at, yielded = self._current()
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self._state(at, yielded=yielded, worker=worker, num_workers=workers).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The job state to save once ``batch`` (yielded by this dataset) has been consumed."""
         try:
-            epoch, index = int(batch["epoch"]), int(batch["batch_index"])
-        except (KeyError, TypeError) as exc:
-            raise OptionError(f"state_after needs a batch yielded by ShardDataset (missing {exc})") from None
-        history = self._history if epoch == self._epoch else ()
-        return replace(self._state(), epoch=epoch, history=history, start=index + 1).to_dict()
+            epoch, index = (_exact_int(batch[name]) for name in ("epoch", "batch_index"))
+        except (KeyError, TypeError):
+            raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
+                              "'batch_index' (a collate_fn must keep them)") from None
+        given = self._control.instruction()
+        history = given.history if epoch == given.epoch else ()
+        return self._state(Instruction(epoch, history, index + 1)).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: a shardio state, or a whole ``StatefulDataLoader`` state dict.
 
-        It applies to the next iteration only. With the same world size the job continues onto exactly the
-        batches an uninterrupted run would have seen; with another world size (or worker count) every sample
-        not yet consumed in the epoch is consumed exactly once in the rest of it.
+        It applies to the next iteration only (in every DataLoader worker, persistent ones too). With the
+        same world size the job continues onto exactly the batches an uninterrupted run would have seen; with
+        another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
+        once in the rest of it.
         """
         states = find_states(state)
         world = self.ranks()
@@ -174,31 +214,52 @@ class ShardDataset(IterableDataset):
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
-        self._extra = check_extra(loaded.extra, len(self.index))
+        extra = check_extra(loaded.extra, len(self.index))
+        skip = 0
         if worker_level:
             if loaded.world_size != world.world_size:
                 raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
                                  f"{world.world_size}: load the loader's whole state into a fresh dataset instead")
-            self._reset(loaded.epoch, loaded.history, loaded.start)
-            self._skip = loaded.yielded
+            instruction, skip = Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded
         elif loaded.world_size == world.world_size:
-            self._reset(loaded.epoch, loaded.history, loaded.position)
+            instruction = Instruction(loaded.epoch, loaded.history, loaded.position, True)
         else:
-            self._reset(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)))
+            instruction = Instruction(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)),
+                                      0, True)
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world.world_size, loaded.position, loaded.epoch)
-        self._loaded = True
-        share = self._share()
-        if self._start > share.num_batches:
-            raise StateError(f"the state is at batch {self._start} of epoch {self._epoch}, which has only "
-                             f"{share.num_batches} batches per rank")
+        self._extra, previous = extra, self._extra
+        try:
+            self._check_position(instruction)
+        except StateError:
+            self._extra = previous
+            raise
+        self._share(instruction.epoch, instruction.history)
+        if info is not None:
+            self._own, self._skip = instruction, skip
+        else:
+            self._control.give(replace(instruction, extra=extra_mark(extra)))
+
+    def _check_position(self, at: Instruction) -> None:
+        """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world."""
+        try:
+            plan = self._plan_of(at.epoch, at.history)
+        except OptionError as exc:  # the planner refuses a history segment beyond its plan
+            raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
+        if at.start > plan.num_batches:
+            raise StateError(f"state field start: the state is at batch {at.start} of epoch {at.epoch}, which has "
+                             f"only {plan.num_batches} batches per rank")
 
     # -- planning ----------------------------------------------------------------------------------
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The plan of ``epoch`` (default: the current one) for this world, after this epoch's segments."""
-        epoch = self._epoch if epoch is None else epoch
-        history = self._history if epoch == self._epoch else ()
+        """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
+        at = self._live()
+        if epoch is None or epoch == at.epoch:
+            return self._plan_of(at.epoch, at.history)
+        return self._plan_of(epoch, ())
+
+    def _plan_of(self, epoch: int, history: tuple[Segment, ...]) -> EpochPlan:
         world_size = self.ranks().world_size
         key = (epoch, history, world_size, json.dumps(self._extra, sort_keys=True))
         if key not in self._plans:
@@ -221,19 +282,22 @@ class ShardDataset(IterableDataset):
                           history=history, exclude=exclusions(self._extra, epoch))
 
     def __len__(self) -> int:
-        """Batches (or samples, when unbatched) this rank yields in the current epoch."""
-        return self._share().num_batches
+        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
+        one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
+        the state's ``start``, as trainers that count batches from the saved index expect)."""
+        at = self._live()
+        return self._share(at.epoch, at.history).num_batches
 
     def _new_reader(self) -> Reader:
         cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
         return Reader(self.index, retry=self.retry, cache=cache)
 
-    def _share(self) -> RankPlan:
-        """This rank's part of the current epoch's plan (O(N / world)); the whole plan is not kept."""
-        history, world = self._history, self.ranks()
-        key = (self._epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
+    def _share(self, epoch: int, history: tuple[Segment, ...]) -> RankPlan:
+        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept."""
+        world = self.ranks()
+        key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            self._shares = {key: rank_plan(self.plan(), world.rank)}
+            self._shares = {key: rank_plan(self._plan_of(epoch, history), world.rank)}
             self._plans = {}
         return self._shares[key]
 
@@ -248,37 +312,54 @@ class ShardDataset(IterableDataset):
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
-        # A plan is O(N): a spawned or forkserver worker plans again rather than receive one; the index
-        # travels by reference to its mapped file (Index.__getstate__).
-        if get_worker_info() is None and not self._finished:
-            self._share()  # planned once here, in the rank's process, rather than in every worker
+        # A plan is O(N): a spawned or forkserver worker receives this rank's share of it, never the whole;
+        # the index travels by reference to its mapped file (Index.__getstate__).
+        if get_worker_info() is None:
+            at = self._live()
+            self._share(at.epoch, at.history)
         state = dict(self.__dict__)
         state.update(_reader=None, _plans={})
+        if self._explicit_world is None and get_worker_info() is None:
+            # pickled for a spawn/forkserver worker: the world is known here (torch.distributed, environment)
+            # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
+            state["_world"] = self.ranks()
         return state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._finished:  # a persistent worker (or a re-iterated dataset) moves on to the next epoch
-            self._reset(self._epoch + 1)
-        self._loaded = False
+        at, skip = self._upcoming(), self._skip if self._own is not None else 0
+        if self._own is None and self._control.instruction().extra != extra_mark(self._extra):
+            raise OptionError("a state with quarantines or a re-mix (its 'extra') was loaded after this persistent "
+                              "DataLoader worker started, and cannot reach it: load the state before creating the "
+                              "DataLoader, or use persistent_workers=False")
+        slot = self._slot()
+        self._own, self._skip = None, 0
+        self._run, self._run_generation = at, self._control.begin(slot, at.epoch)
+        self._yielded, self._finished = skip, False
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
-        plan = self._share()
-        epoch, skip = self._epoch, self._skip
-        self._running, self._yielded = world, skip
+        plan = self._share(at.epoch, at.history)
         if self._reader is None:
             self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
-        numbers = worker_batches(plan.num_batches, self._start, world.worker, world.num_workers)[skip:]
+        numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
         for k, ids in enumerate(batches):
             j = numbers[k]
-            batch = assembler.batch(ids, epoch, plan.repeat_flags(j))
-            batch["epoch"], batch["batch_index"] = epoch, j
+            batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
+            batch["epoch"], batch["batch_index"] = at.epoch, j
             self._yielded += 1
             yield batch
         self._finished = True
+        self._control.finish(slot)
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
         return {}
+
+
+def _exact_int(value: Any) -> int:
+    """``value`` as an int when it is an integer (a Python, numpy or one-element torch integer), not a bool."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a batch index")
+    return operator.index(value)

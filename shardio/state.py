@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -71,20 +72,27 @@ class LoaderState:
         """Parse a state dict, with a :class:`StateError` for anything missing or malformed."""
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
-        if state.get("version") != STATE_VERSION:
+        if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
             raise StateError(f"loader state version {state.get('version')!r}; this shardio reads "
                              f"version {STATE_VERSION}")
-        try:
-            history = tuple(Segment(int(size), int(consumed)) for size, consumed in state["history"])
-            parsed = cls(epoch=int(state["epoch"]), seed=int(state["seed"]), index=str(state["index"]),
-                         options=dict(state["options"]), world_size=int(state["world_size"]), history=history,
-                         start=int(state["start"]), yielded=int(state["yielded"]), worker=int(state["worker"]),
-                         num_workers=int(state["num_workers"]), extra=dict(state.get("extra", {})))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed loader state: {exc!r}") from None
-        if min(parsed.epoch, parsed.start, parsed.yielded, parsed.worker) < 0 or parsed.world_size < 1:
-            raise StateError(f"loader state has negative or zero fields: {state}")
-        return parsed
+        for name in ("epoch", "seed", "index", "options", "world_size", "history", "start", "yielded", "worker",
+                     "num_workers"):
+            if name not in state:
+                raise StateError(f"malformed loader state: field {name} is missing")
+        ints = {name: _count(state, name, 1 if name in ("world_size", "num_workers") else 0)
+                for name in ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")}
+        if ints["worker"] >= ints["num_workers"]:
+            raise StateError(f"malformed loader state: field worker is {ints['worker']}, not below num_workers "
+                             f"{ints['num_workers']}")
+        for name in ("options", "extra"):
+            if not isinstance(state.get(name, {}), Mapping):
+                raise StateError(f"malformed loader state: field {name} must be a dict, not "
+                                 f"{type(state[name]).__name__}")
+        if not isinstance(state["index"], str):
+            raise StateError(f"malformed loader state: field index must be a string, not "
+                             f"{type(state['index']).__name__}")
+        return cls(index=state["index"], options=dict(state["options"]), history=_history(state["history"]),
+                   extra=dict(state.get("extra", {})), **ints)
 
     def differences(self, *, seed: int, index: str, options: Mapping[str, Any]) -> list[str]:
         """What differs between this state and a dataset with these settings (empty when compatible)."""
@@ -129,3 +137,26 @@ def combine(states: Iterable[LoaderState]) -> LoaderState:
         raise StateError(f"worker states do not describe one loader: {len(states)} states for "
                          f"{first.num_workers} workers, epochs/starts {sorted((e, s) for e, s, _, _ in shape)}")
     return first.at(first.start + sum(s.yielded for s in states))
+
+
+def _count(state: Mapping[str, Any], name: str, least: int) -> int:
+    """Field ``name``: an int (not a bool, float or string) of at least ``least``."""
+    value = state[name]
+    if type(value) is not int or value < least:
+        raise StateError(f"malformed loader state: field {name} must be an integer >= {least}, "
+                         f"not {reprlib.repr(value)}")
+    return value
+
+
+def _history(value: Any) -> tuple[Segment, ...]:
+    """Field ``history``: a list of ``[world_size >= 1, consumed >= 0]`` integer pairs."""
+    if not isinstance(value, (list, tuple)):
+        raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
+    segments = []
+    for number, item in enumerate(value):
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item)
+                or item[0] < 1 or item[1] < 0):
+            raise StateError(f"malformed loader state: field history[{number}] must be [world_size >= 1, "
+                             f"consumed >= 0] (integers), not {reprlib.repr(item)}")
+        segments.append(Segment(item[0], item[1]))
+    return tuple(segments)

@@ -92,5 +92,5 @@ def test_bad_states_are_state_errors() -> None:
         LoaderState.from_dict({**good, "version": 99})
     with pytest.raises(StateError, match="malformed"):
         LoaderState.from_dict({k: v for k, v in good.items() if k != "epoch"})
-    with pytest.raises(StateError, match="negative"):
+    with pytest.raises(StateError, match="field start must be an integer >= 0"):
         LoaderState.from_dict({**good, "start": -1})

@@ -181,9 +181,10 @@ def identity(batches: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def test_mixed_batches_name_their_corpus_and_follow_the_plan(sources: dict[str, str]) -> None:
     dataset = mixed(sources)
+    length, plan = len(dataset), dataset.plan()  # of the next iteration (after it: of the one after)
     batches = list(dataset)
-    assert len(batches) == len(dataset) == dataset.plan().num_batches
-    planned = [dataset.plan().batch(0, j).tolist() for j in range(len(batches))]
+    assert len(batches) == length == plan.num_batches
+    planned = [plan.batch(0, j).tolist() for j in range(len(batches))]
     assert [[(dataset.index.corpus(i), dataset.index.keys[i]) for i in ids] for ids in planned] == \
         [list(zip(b["corpus"], b["keys"])) for b in batches]
     rates = {name: set() for name in sources}
@@ -206,10 +207,11 @@ def test_mixed_dataset_resumes_exactly_and_elastically(sources: dict[str, str]) 
         resumed = mixed(sources, World(r, 3))
         resumed.load_state_dict(state)
         lengths.add(len(resumed))
+        plan = resumed.plan()  # the resumed epoch's (once iterated, the next epoch's)
         yielded += identity(list(resumed))
     index = resumed.index
     named = lambda ids: [(index.corpus(i), index.keys[i]) for i in ids.tolist()]  # noqa: E731
-    left = named(resumed.plan().samples)  # the rest of the epoch, batched (before padding the last round)
+    left = named(plan.samples)  # the rest of the epoch, batched (before padding the last round)
     assert len(lengths) == 1 and set(yielded) == set(left) and len(yielded) >= len(left)
     consumed = sum((identity(run[:3]) for run in runs), [])
     assert Counter(consumed) + Counter(left) == Counter(named(mixed(sources, World(0, 2)).plan().samples))

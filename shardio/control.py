@@ -1,0 +1,154 @@
+"""Control: the training process's instructions to its DataLoader workers, in a small shared-memory block.
+
+A DataLoader worker holds the copy of the dataset it was started with (a persistent worker keeps it for every
+epoch), so what the training process decides afterwards (``set_epoch``, ``load_state_dict``) would never reach
+it through that copy. The decisions live instead in one int64 tensor that the training process puts in shared
+memory when the dataset is made. Torch's DataLoader carries a shared tensor to fork, forkserver and spawn
+workers alike (by handle, never by value), and every process that iterates reads it at the start of each
+iteration. No files and no locks: the training process is the only writer of the instruction (it writes the
+fields, then bumps the generation), and each iterating process writes only its own slot.
+
+Semantics of an iteration (every configuration agrees): the first iteration after an instruction plays it
+(an epoch from its start, or a loaded position); each further iteration without a new instruction plays the
+epoch after the one that process last played, from its start (even when that one was left with ``break``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import OptionError, StateError
+from .plan import Segment
+
+__all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
+
+MAX_HISTORY = 32
+"""World-size changes one epoch's state can record (each elastic resume inside an epoch adds one)."""
+MAX_WORKERS = 1024
+"""DataLoader workers per rank that the block has slots for."""
+
+_GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
+_HISTORY = 6
+_SLOTS = _HISTORY + 2 * MAX_HISTORY  # then (generation seen, epoch last begun, finished) per iterating process
+_SIZE = _SLOTS + 3 * (1 + MAX_WORKERS)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What an iteration plays: ``epoch`` after its finished ``history`` segments, from batch ``start`` per rank.
+
+    ``loaded`` marks a position from a loaded state (a ``set_epoch`` of the same epoch keeps it); ``extra`` is
+    :func:`extra_mark` of the state's ``extra`` (quarantines, re-mixes) the training process plans with.
+    """
+
+    epoch: int
+    history: tuple[Segment, ...] = ()
+    start: int = 0
+    loaded: bool = False
+    extra: int = 0
+
+
+class Control:
+    """The shared block: the current instruction, its generation, and what each iterating process last played.
+
+    Slot 0 is the training process iterating itself (``num_workers=0``); slot ``1 + w`` is DataLoader worker ``w``.
+    """
+
+    def __init__(self) -> None:
+        self._block = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
+        self.give(Instruction(0))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        block = state["_block"]
+        # a worker receives the shared block itself; a deepcopy or a plain unpickle gets a block of its own
+        self._block = block if block.is_shared() else block.clone().share_memory_()
+
+    @property
+    def shared(self) -> bool:
+        """Whether the block is in shared memory (where DataLoader workers can see it)."""
+        return bool(self._block.is_shared())
+
+    @property
+    def generation(self) -> int:
+        """How many instructions have been given (the first, epoch 0, when the block was made)."""
+        return int(self._block[_GENERATION])
+
+    def give(self, instruction: Instruction) -> None:
+        """Make ``instruction`` what the next iteration of every process plays."""
+        if len(instruction.history) > MAX_HISTORY:
+            raise StateError(f"state field history: {len(instruction.history)} world-size changes in one epoch; "
+                             f"at most {MAX_HISTORY} are kept")
+        block = self._block
+        block[_LOADED], block[_EPOCH], block[_START] = int(instruction.loaded), instruction.epoch, instruction.start
+        block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra
+        for i, segment in enumerate(instruction.history):
+            block[_HISTORY + 2 * i], block[_HISTORY + 2 * i + 1] = segment.world_size, segment.consumed
+        block[_GENERATION] = self.generation + 1  # last: a reader that sees the new generation sees its fields
+
+    def instruction(self) -> Instruction:
+        """The last instruction given."""
+        values = self._block[:_SLOTS].tolist()
+        history = tuple(Segment(values[_HISTORY + 2 * i], values[_HISTORY + 2 * i + 1])
+                        for i in range(values[_HISTORY_LENGTH]))
+        return Instruction(values[_EPOCH], history, values[_START], bool(values[_LOADED]), values[_EXTRA])
+
+    def started(self) -> bool:
+        """Whether some process has begun an iteration since the last instruction."""
+        generation = self.generation
+        return any(seen == generation for seen, _, _ in self._slots())
+
+    def upcoming(self, slot: int) -> Instruction:
+        """What the next iteration of ``slot`` plays: the instruction, or the epoch after the slot's last."""
+        seen, epoch, _ = self._slots()[slot]
+        return Instruction(epoch + 1) if seen == self.generation else self.instruction()
+
+    def current(self) -> Instruction:
+        """The job's iteration as the training process sees it when workers play it: the latest epoch begun
+        under this instruction (the instruction itself before any), or the epoch after it once every process
+        that began it has finished its share."""
+        generation = self.generation
+        begun = [(epoch, finished) for seen, epoch, finished in self._slots() if seen == generation]
+        if not begun:
+            return self.instruction()
+        latest = max(epoch for epoch, _ in begun)
+        if all(finished for epoch, finished in begun if epoch == latest):
+            return Instruction(latest + 1)
+        given = self.instruction()
+        return given if latest == given.epoch else Instruction(latest)
+
+    def begin(self, slot: int, epoch: int) -> int:
+        """Record that ``slot`` begins playing ``epoch`` under the current instruction; that generation."""
+        generation = self.generation
+        at = _SLOTS + 3 * slot
+        self._block[at], self._block[at + 1], self._block[at + 2] = generation, epoch, 0
+        return generation
+
+    def finish(self, slot: int) -> None:
+        """Record that ``slot`` has played its share of the epoch it began."""
+        self._block[_SLOTS + 3 * slot + 2] = 1
+
+    def _slots(self) -> list[tuple[int, int, int]]:
+        values = self._block[_SLOTS:].tolist()
+        return list(zip(values[0::3], values[1::3], values[2::3]))
+
+
+def extra_mark(extra: dict[str, Any]) -> int:
+    """A 63-bit hash of a state's ``extra`` (0 for none), so a worker can tell whether it plans with the same."""
+    if not extra:
+        return 0
+    digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def slot_of(worker: int | None, num_workers: int) -> int:
+    """The slot of DataLoader worker ``worker`` (``None``: the training process iterating itself)."""
+    if worker is None:
+        return 0
+    if num_workers > MAX_WORKERS:
+        raise OptionError(f"{num_workers} DataLoader workers per rank; shardio supports at most {MAX_WORKERS}")
+    return 1 + worker

@@ -1,0 +1,291 @@
+"""The one resume harness (issue 12): run, stop, save, restore, compare, for every loader configuration.
+
+A :class:`Case` is one configuration (dataset, batching, loader, workers, start method, epochs, stop points,
+rollback). :func:`run` plays it as a job that is stopped at each stop point (everything dropped, as a killed
+process) and restarted from its saved state, the state travelling through JSON as a checkpoint would;
+:func:`uninterrupted` plays the same epochs without a stop. Same world: the two agree batch for batch, keys and
+augmentation draws. Another world: :func:`check_elastic` checks that the rest of the epoch is consumed exactly
+once, plus only the padding the new plan reports. Every life also checks that each rank yields ``len(ds)``.
+
+Rank processes (real gloo groups, launched by ``tests/process_groups.py``, ``torch.multiprocessing.spawn`` or
+``torchrun``) run :func:`rank_entry`, which plays one life of a case on its rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Record = tuple[int, tuple[str, ...], tuple[float, ...]]
+"""One consumed batch: its epoch, its keys and its augmentation draws."""
+
+SHARDS = {"main": (1, 9, 30, 3, 17, 2), "extra": (5, 11, 2)}
+"""Shard sizes of the test corpora: ``main`` alone, or mixed with ``extra``."""
+SEED = 7
+BATCHINGS: dict[str, dict[str, Any]] = {
+    "fixed": {"batch_size": 4},
+    "duration": {"max_duration": 1.5},
+    "bucketed": {"max_duration": 1.5, "num_buckets": 3, "quadratic_duration": 20.0},
+    "unbatched": {},
+}
+LOADERS = ("state_after", "in_process", "stateful")
+"""``state_after``: a plain DataLoader, ``ds.state_after(batch)``; ``in_process``: ``num_workers=0`` and
+``ds.state_dict()``; ``stateful``: torchdata's ``StatefulDataLoader`` and its own state."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration of the resume matrix."""
+
+    mixed: bool = False
+    batching: str = "duration"
+    loader: str = "state_after"
+    workers: int = 0
+    persistent: bool = False
+    start_method: str = "fork"
+    epoch: int = 0
+    epochs: int = 2
+    stops: tuple[int, ...] = ()
+    """Batch counts (from the start of the run) at which the job is stopped and restarted from its state."""
+    rollback: tuple[int, int] | None = None
+    """In the last life, after batch ``[1]`` of it, the same dataset and loader go back to the state saved
+    after batch ``[0]`` of it (and play on from there)."""
+    ds_load: bool = False
+    """A ``stateful`` restart loads the loader's whole state with ``ds.load_state_dict`` (the route for
+    another world or worker count) instead of ``loader.load_state_dict``."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.loader == "in_process" and self.workers:
+            raise ValueError("in_process runs without workers")
+        if self.persistent and not self.workers:
+            raise ValueError("persistent workers need workers")
+
+
+def gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """The augmentation: one draw from the sample's generator."""
+    sample["gain"] = float(rng.uniform())
+    return sample
+
+
+def write_corpora(root: Path) -> dict[str, str]:
+    """The test corpora under ``root``; their directories by name."""
+    from datasets import make_uneven_dataset
+
+    dirs = {}
+    for number, (name, sizes) in enumerate(SHARDS.items()):
+        make_uneven_dataset(root / name, sizes, seed=number, compression="zstd" if number else "none",
+                            duration_range=(0.05, 0.5))
+        dirs[name] = str(root / name)
+    return dirs
+
+
+def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
+    """The case's dataset (``world``: an explicit :class:`shardio.World`, or ``None`` to detect it)."""
+    from shardio import EpochSize, MixedDataset, ShardDataset
+
+    options: dict[str, Any] = {**BATCHINGS[case.batching], "seed": SEED, "shuffle_shards": 2, "world": world,
+                               "transform": gain, **case.extra}
+    if case.mixed:
+        return MixedDataset({"main": dirs["main"], "extra": dirs["extra"]}, {"main": 0.7, "extra": 0.3},
+                            EpochSize(primary="main"), **options)
+    return ShardDataset(dirs["main"], **options)
+
+
+def make_loader(case: Case, ds: Any) -> Any:
+    """The case's loader over ``ds``."""
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    options: dict[str, Any] = {"batch_size": None, "num_workers": case.workers}
+    if case.workers:
+        options.update(persistent_workers=case.persistent, multiprocessing_context=case.start_method)
+    return (StatefulDataLoader if case.loader == "stateful" else DataLoader)(ds, **options)
+
+
+def record(batch: dict[str, Any]) -> Record:
+    """What the harness compares of a batch."""
+    keys = list(batch["keys"]) if "keys" in batch else [batch["key"]]
+    gains = list(batch["gain"]) if "keys" in batch else [batch["gain"]]
+    return int(batch["epoch"]), tuple(keys), tuple(float(g) for g in gains)
+
+
+def save(case: Case, ds: Any, loader: Any, batch: dict[str, Any] | None) -> dict[str, Any]:
+    """The state the case's loader saves after ``batch`` (``None``: before the first), through JSON."""
+    if case.loader == "stateful":
+        state = loader.state_dict()
+    elif case.loader == "in_process" or batch is None:
+        state = ds.state_dict()
+    else:
+        state = ds.state_after(batch)
+    return json.loads(json.dumps(state))
+
+
+def restore(case: Case, ds: Any, loader: Any, state: dict[str, Any]) -> None:
+    """Load ``state`` the case's way."""
+    if case.loader == "stateful" and not case.ds_load:
+        loader.load_state_dict(state)
+    else:
+        ds.load_state_dict(state)
+
+
+def epoch_of(state: dict[str, Any]) -> int:
+    """The epoch a saved state (a shardio state or a whole StatefulDataLoader state) is in."""
+    from shardio.state import combine, find_states
+
+    return combine(find_states(state)).epoch
+
+
+def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | None,
+         stop: int | None, rollback: tuple[int, int] | None = None) -> tuple[list[Record], dict[str, Any] | None]:
+    """One life of the job: build, restore ``state``, train ``stop`` batches (``None``: to the end of the run);
+    the batches consumed and the state saved after the last. Checks ``len(ds)`` against what each epoch yields."""
+    ds = make_dataset(case, dirs, world)
+    loader = make_loader(case, ds)
+    first = case.epoch
+    if state is not None:
+        restore(case, ds, loader, state)
+        first = epoch_of(state)
+    records: list[Record] = []
+    states: dict[int, dict[str, Any] | None] = {0: state}
+    epoch, rolled = first, False
+    while epoch < case.epoch + case.epochs:
+        ds.set_epoch(epoch)
+        if states[0] is None:
+            states[0] = save(case, ds, loader, None)
+        if stop == len(records):
+            return records, states[len(records)]
+        # StatefulDataLoader's own load_state_dict restores the workers only: the training process's len(ds)
+        # does not know that position (ds.load_state_dict gives it to both)
+        knows = not (case.loader == "stateful" and not case.ds_load and state is not None and epoch == first)
+        planned, yielded, restart = len(ds) - ds.state_dict()["start"], 0, None
+        for batch in loader:
+            records.append(record(batch))
+            yielded += 1
+            states[len(records)] = save(case, ds, loader, batch)
+            if rollback is not None and not rolled and len(records) == rollback[1]:
+                restart = states[rollback[0]]
+                break
+            if stop == len(records):
+                return records, states[len(records)]
+        if restart is not None:
+            rolled = True
+            assert restart is not None
+            restore(case, ds, loader, restart)
+            epoch = epoch_of(restart)
+            continue
+        assert yielded == planned or not knows, f"epoch {epoch}: len(ds) said {planned}, the loader yielded {yielded}"
+        epoch += 1
+    return records, states[len(records)]
+
+
+def run(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
+    """The whole job, stopped at ``case.stops`` and restarted each time: every batch consumed, in order."""
+    records: list[Record] = []
+    state, done = None, 0
+    for stop in case.stops:
+        taken, state = life(case, dirs, world, state, stop - done)
+        records += taken
+        done = stop
+    taken, _ = life(case, dirs, world, state, None, case.rollback)
+    return records + taken
+
+
+def uninterrupted(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
+    """The case's epochs played straight through in this process."""
+    ds = make_dataset(case, dirs, world)
+    records: list[Record] = []
+    for epoch in range(case.epoch, case.epoch + case.epochs):
+        ds.set_epoch(epoch)
+        records += [record(batch) for batch in ds]
+    return records
+
+
+def expected(case: Case, straight: list[Record]) -> list[Record]:
+    """What :func:`run` must consume: the straight run, with the rollback's stretch played twice."""
+    base = case.stops[-1] if case.stops else 0
+    if case.rollback is None or base + case.rollback[1] > len(straight):  # the last life ends before it
+        return straight
+    first, second = case.rollback
+    return straight[:base + second] + straight[base + first:]
+
+
+def check_elastic(before: list[Record], after: list[Record], draws: list[Record], padded: int) -> None:
+    """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats."""
+    consumed = Counter(key for _, keys, _ in before for key in keys)
+    remaining = Counter(key for _, keys, _ in draws for key in keys) - consumed
+    assert not consumed - Counter(key for _, keys, _ in draws for key in keys), "consumed a key not drawn"
+    got = Counter(key for _, keys, _ in after for key in keys)
+    assert not remaining - got, f"lost in the elastic resume: {sorted((remaining - got).elements())[:5]}"
+    assert (got - remaining).total() == padded, f"{(got - remaining).total()} repeats, the plan reports {padded}"
+
+
+# -- rank processes ------------------------------------------------------------------------------
+
+
+def rank_entry(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
+    """One rank of a gloo group: join it as ``config["ranks"]`` says, play one life, write the result.
+
+    ``ranks``: ``env`` (``RANK``/``WORLD_SIZE`` set, as torchrun does), ``init`` (``init_process_group(rank=...,
+    world_size=...)`` with no such environment), ``explicit`` (``world=World(...)``, no environment either).
+    """
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from shardio import World
+
+    out = Path(config["out"])
+    try:
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            if config["ranks"] != "env" or name not in os.environ:
+                os.environ.pop(name, None)
+        if config["ranks"] == "env" and "RANK" not in os.environ:
+            os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                               "WORLD_SIZE": str(world_size)})
+        world = None
+        if config["ranks"] == "init":
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world_size, timeout=timedelta(seconds=60))
+        elif config["ranks"] == "env":
+            dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            world = World(rank=rank, world_size=world_size)
+        case = Case(**{**config["case"], "stops": tuple(config["case"]["stops"]),
+                       "rollback": None if config["case"]["rollback"] is None else tuple(config["case"]["rollback"])})
+        state = json.loads(Path(config["load"]).read_text()) if config.get("load") else None
+        if config.get("whole"):
+            records, saved = run(case, config["dirs"], world), None
+        else:
+            records, saved = life(case, config["dirs"], world, state, config.get("stop"))
+        result = {"rank": rank, "world_size": world_size, "records": records, "state": saved}
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:
+        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+
+
+def spawn_entry(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
+    """:func:`rank_entry` with ``torch.multiprocessing.spawn``'s argument order."""
+    rank_entry(rank, world_size, port, config)
+
+
+def case_config(case: Case) -> dict[str, Any]:
+    """``case`` as JSON-ready fields, for a rank process."""
+    return asdict(case)
+
+
+def records_of(result: dict[str, Any]) -> list[Record]:
+    """A rank's records back from JSON."""
+    return [(int(e), tuple(k), tuple(g)) for e, k, g in result["records"]]
