@@ -27,7 +27,8 @@ from shardio.integrations.lightning import ShardioCallback
 
 
 class NaiveCallback(pl.Callback):
-    """What one writes first: the state after each batch, loaded back in ``on_train_start`` (too late)."""
+    """What one writes first: the state after each batch, loaded back in a training hook, once Lightning's
+    ``iter()`` has started the epoch (too late: it applies to the next iteration only)."""
 
     def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
@@ -36,8 +37,9 @@ class NaiveCallback(pl.Callback):
                            batch_idx: int) -> None:
         self.state = trainer.train_dataloader.dataset.state_after(batch)
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.state is not None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.state is not None and not getattr(self, "loaded", False):
+            self.loaded = True  # the first batch has arrived: every worker has begun the epoch
             trainer.train_dataloader.dataset.load_state_dict(self.state)
 
     def state_dict(self) -> dict[str, Any]:

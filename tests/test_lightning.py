@@ -135,9 +135,10 @@ def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Pat
 
 @pytest.mark.matrix
 def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
-    """The pitfall: a state loaded in ``on_train_start`` comes after Lightning's first ``iter()``, which has
-    started the workers with the dataset as it was (with 0 workers it happens to work: the generator has not
-    started, since Lightning does not prefetch from a loader with a length)."""
+    """The pitfall: a state loaded in a training hook comes after Lightning's first ``iter()``, which has
+    started the epoch with the dataset as it was; the state applies to the next iteration only. (Loaded in
+    ``on_train_start``, before the first batch, it may or may not reach workers still starting up: only
+    ``ShardioCallback.attach`` in ``train_dataloader()`` is on time in every configuration.)"""
     plan = planned(data, 1)[0]
     run_job(data, tmp_path / "killed", devices=1, callback="naive", workers=2, kill_at_step=5, expect_kill=True)
     checkpoint, step = last_checkpoint(tmp_path / "killed")
