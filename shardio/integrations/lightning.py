@@ -4,8 +4,9 @@ What Lightning does on its own (read in its 2.6 source and checked by ``tests/te
 
 - it saves a loader's state only when the object ``train_dataloader()`` returns has ``state_dict`` and
   ``load_state_dict``; a plain ``DataLoader`` saves nothing, so a resumed run restarts the epoch at batch 0;
-- it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset: with DataLoader workers
-  every epoch replays epoch 0;
+- it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset, so the dataset never
+  hears which epoch Lightning is in (and Lightning's extra ``iter()`` in ``setup_data`` counts as an
+  iteration);
 - it calls ``iter()`` on the train loader inside ``FitLoop.setup_data()``, right after
   ``train_dataloader()``, before ``on_train_start`` and before the first ``on_train_epoch_start``; later
   epochs call ``iter()`` after ``on_train_epoch_start``; callbacks' ``load_state_dict`` runs before
