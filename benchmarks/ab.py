@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                      "or name one")
     sys.path.insert(0, str(REPO))
     from shardio.bench.measure import machine_facts
-    from shardio.benchreport import write_results
+    from shardio.bench.report import write_results
 
     with tempfile.TemporaryDirectory() as scratch:
         base = export_base(args.base, Path(scratch))

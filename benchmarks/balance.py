@@ -37,7 +37,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 from shardio import Index, ShardDataset, World
-from shardio.benchreport import write_results
+from shardio.bench.report import write_results
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

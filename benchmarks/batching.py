@@ -1,5 +1,5 @@
 """Batching efficiency: how much of each batch is audio, not padding, for fixed-size, max-duration and
-bucketed batching, as the planner forms them (``shardio.plan.plan_epoch``, metadata only).
+bucketed batching, as the planner forms them (``shardio.planning.plan.plan_epoch``, metadata only).
 
 Run ``python benchmarks/batching.py [--quick] [--plan-samples N]``. Corpora: the shared real corpora
 (``../shared/corpora``: FSDD digits and Asterisk prompts, durations read with ``soundfile.info``, no index
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from shardio.benchreport import write_results
-from shardio.bucketing import batch_audio
-from shardio.plan import Batching, Ordering, plan_epoch, window_order
+from shardio.bench.report import write_results
+from shardio.planning.bucketing import batch_audio
+from shardio.planning.plan import Batching, Ordering, plan_epoch, window_order
 from shardio.synth import duration_sample
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Pack throughput: ``shardio.pack`` (none and zstd) beside plain ``tar`` and ``tar | zstd`` over the same files.
+"""Pack throughput: ``shardio.packing.pack`` (none and zstd) beside plain ``tar`` and ``tar | zstd`` over the same files.
 
 Run ``python benchmarks/pack.py [--quick]``. Uses the shared real corpora (``../shared/corpora``: fsdd and
 asterisk are WAV, LJ Speech has FLAC and MP3) when present, else a generated speech-like corpus
@@ -24,9 +24,9 @@ from typing import Any
 
 import soundfile
 
-from shardio.benchreport import write_results
-from shardio.corpus import read_corpus
-from shardio.pack import pack
+from shardio.bench.report import write_results
+from shardio.packing.corpus import read_corpus
+from shardio.packing.pack import pack
 from shardio.synth import make_corpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardio.benchreport import write_results
-from shardio.engines import pack_partitioned
-from shardio.pack import pack
-from shardio.partitions import PackOptions, merge_partitions, pack_partition, plan_partitions
+from shardio.bench.report import write_results
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.pack import pack
+from shardio.packing.partitions import PackOptions, merge_partitions, pack_partition, plan_partitions
 from shardio.synth import make_corpus
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from shardio.benchreport import write_results
-from shardio.plan import Batching, EpochPlan, Segment, plan_epoch
+from shardio.bench.report import write_results
+from shardio.planning.plan import Batching, EpochPlan, Segment, plan_epoch
 from shardio.synth import duration_sample
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

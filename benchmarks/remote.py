@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    from shardio.benchreport import write_results
+    from shardio.bench.report import write_results
 
     work = Path(tempfile.mkdtemp(prefix="shardio-remote-"))
     try:

@@ -1,4 +1,4 @@
-"""Resampling: soxr (what ``shardio.decode.resample`` uses) against the hand-written polyphase sinc it
+"""Resampling: soxr (what ``shardio.reading.decode.resample`` uses) against the hand-written polyphase sinc it
 replaced.
 
 Run ``python benchmarks/resample.py [--seconds 10] [--runs 5]``. For each rate pair (to and from 16 kHz,
@@ -13,7 +13,7 @@ numbers), on ``--seconds`` of mono audio:
 - alias rejection: a tone at 1.3x the new Nyquist frequency (downsampling only); its output RMS in dB
   relative to its input RMS.
 
-The old implementation is kept here (it left ``shardio/decode.py``) for this comparison only. Writes
+The old implementation is kept here (it left ``shardio/reading/decode.py``) for this comparison only. Writes
 ``benchmarks/results/resample.json`` and ``.md``.
 """
 
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from shardio.benchreport import write_results
-from shardio.decode import resample as soxr_resample
+from shardio.bench.report import write_results
+from shardio.reading.decode import resample as soxr_resample
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 PAIRS = [(44100, 16000), (48000, 16000), (22050, 16000), (8000, 16000), (16000, 44100), (11127, 16000),

@@ -60,7 +60,7 @@ def memory(pid: int) -> dict[str, float]:
 def build(root: Path, n: int, per_shard: int) -> None:
     """A dataset of ``n`` samples: links to one real shard of ``per_shard`` samples, and its index."""
     from shardio import Index, ShardInfo, ShardWriter
-    from shardio.keys import Keys
+    from shardio.shards.keys import Keys
 
     if (root / "index.json").exists():
         return
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import tempfile
 
-    from shardio.benchreport import write_results
+    from shardio.bench.report import write_results
 
     data = Path(args.data or tempfile.gettempdir()) / "shardio-scale"
     sizes = []

@@ -34,7 +34,7 @@ from datasets import wav_bytes
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
 from shardio import Index, ShardDataset, ShardWriter
-from shardio.benchreport import write_results
+from shardio.bench.report import write_results
 
 logger = logging.getLogger("soak")
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan import NUM_SHARDS, columns  # noqa: E402  (the planner benchmark's synthetic columns)
 
 from shardio import Index, ShardDataset, ShardInfo, Trace, World  # noqa: E402
-from shardio.benchreport import write_results  # noqa: E402
+from shardio.bench.report import write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 WORLD, NEW_WORLD, MAX_DURATION, SEED, EPOCH = 8, 6, 600.0, 0, 1

@@ -9,7 +9,7 @@ Run ``python benchmarks/transport.py [--runs 7] [--batches 200]``. A batch here 
   its default collate uses): create, write, free;
 - a 1-worker DataLoader whose worker yields such blocks: CPU milliseconds per batch in the worker and in the
   training process, which reads one float per 4 KiB page (as a copy to the GPU touches every page);
-- the same with the blocks shardio's workers reuse once the trainer drops a batch (``shardio.blocks``).
+- the same with the blocks shardio's workers reuse once the trainer drops a batch (``shardio.reading.blocks``).
 
 Writes ``benchmarks/results/transport.json`` and ``.md``.
 """
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio import blocks
 from shardio.bench.measure import cpu_seconds, machine_facts
 from shardio.bench.report import write_results
+from shardio.reading import blocks
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SHAPE = (16, 1, 81920)
@@ -75,7 +75,7 @@ class _Blocks(IterableDataset):
 
 
 class _PooledBlocks(_Blocks):
-    """As shardio's workers do: batches written into blocks reused once the trainer drops them (shardio.blocks)."""
+    """As shardio's workers do: batches written into blocks reused once the trainer drops them (shardio.reading.blocks)."""
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for _ in range(self.batches):
@@ -120,7 +120,7 @@ def measure(runs: int, batches: int) -> list[dict[str, Any]]:
         "shared": "shared-memory block per batch (a worker's), create + write + free",
         "worker": "1-worker DataLoader: the worker (shared block, write, send)",
         "trainer": "1-worker DataLoader: the training process (receive, read every page, free)",
-        "pooled worker": "1-worker DataLoader, reused blocks (shardio.blocks): the worker (write, send)",
+        "pooled worker": "1-worker DataLoader, reused blocks (shardio.reading.blocks): the worker (write, send)",
         "pooled trainer": "1-worker DataLoader, reused blocks: the training process (receive, read, release)",
     }
     return [{"case": labels[name], "ms_per_batch": _ms(values, batches),

@@ -18,16 +18,16 @@ from .errors import (
     ShardioError,
     StateError,
 )
-from .index import Index, ShardInfo
-from .mix import EpochSize, Mix
-from .plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
-from .quarantine import quarantine, quarantine_report
-from .reader import RetryPolicy
-from .remix import remix
+from .ledger.quarantine import quarantine, quarantine_report
+from .ledger.remix import remix
+from .ledger.trace import Trace
+from .planning.mix import EpochSize, Mix
+from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
+from .reading.reader import RetryPolicy
+from .shards.index import Index, ShardInfo
+from .shards.writer import ShardWriter
 from .state import LoaderState
-from .trace import Trace
 from .world import World
-from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset, Transform

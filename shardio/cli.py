@@ -94,7 +94,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
                         help="replace a dataset (or shard files of this prefix) already in OUT_DIR")
     parser.add_argument("--engine", choices=("local", "ray"), default=None,
                         help="pack in partitions run by this engine: local (-j processes) or ray (tasks on the "
-                             "cluster at --address, or a local one of -j CPUs); see shardio.engines")
+                             "cluster at --address, or a local one of -j CPUs); see shardio.packing.engines")
     parser.add_argument("--address", default=None, help="the Ray cluster to use ('auto': the running one)")
     parser.add_argument("--partition-size", type=parse_size, default=None, metavar="SIZE",
                         help="input bytes per partition with --engine (default 2GB)")
@@ -102,7 +102,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_pack(args: argparse.Namespace) -> int:
-    from .pack import REJECTED_FILE, describe_left_out, pack
+    from .packing.pack import REJECTED_FILE, describe_left_out, pack
 
     kind = "tsv" if args.kind == "csv" else args.kind
     if args.engine is not None or args.partition_size is not None:
@@ -122,9 +122,9 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
-    from .engines import pack_partitioned
-    from .pack import REJECTED_FILE
-    from .partitions import DEFAULT_PARTITION_BYTES
+    from .packing.engines import pack_partitioned
+    from .packing.pack import REJECTED_FILE
+    from .packing.partitions import DEFAULT_PARTITION_BYTES
 
     if args.overwrite:
         raise OptionError("--overwrite does not apply to partitioned packing (--engine): use a new directory")
@@ -159,7 +159,7 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from .inspection import inspect_dataset, render_report
+    from .packing.inspection import inspect_dataset, render_report
 
     report = inspect_dataset(args.directory, allow_outside_root=args.allow_outside_root)
     print(json.dumps(report, indent=1) if args.json else render_report(report))
@@ -182,7 +182,7 @@ def _add_verify(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from .verification import verify_dataset
+    from .packing.verification import verify_dataset
 
     problems = verify_dataset(args.directory, decode=args.decode,
                               allow_outside_root=args.allow_outside_root)
@@ -214,7 +214,7 @@ def _add_index(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from .indexer import build_index, upgrade_index
+    from .packing.indexer import build_index, upgrade_index
 
     if args.upgrade:
         for directory in args.shards:
@@ -304,8 +304,8 @@ def _add_trace(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    from .ledger import open_for_state, read_state, write_rows, write_samples
-    from .trace import Trace
+    from .ledger.rebuild import open_for_state, read_state, write_rows, write_samples
+    from .ledger.trace import Trace
 
     state = read_state(args.state)
     trace = Trace(open_for_state(args.dataset, state), state)
@@ -352,8 +352,8 @@ def _add_quarantine(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_quarantine(args: argparse.Namespace) -> int:
-    from .ledger import open_for_state, read_state
-    from .quarantine import quarantine, quarantine_report
+    from .ledger.quarantine import quarantine, quarantine_report
+    from .ledger.rebuild import open_for_state, read_state
 
     state = read_state(args.state)
     healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .errors import OptionError, StateError
-from .plan import Segment
+from .planning.plan import Segment
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
 

@@ -28,17 +28,17 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .assembly import Assembler, Decoding, Transform
-from .cache import ShardCache
-from .errors import OptionError, StateError
-from .index import Index
-from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
-from .quarantine import check_extra, exclusions
-from .rankplan import RankPlan, rank_plan
-from .reader import Reader, ReadStats, RetryPolicy
-from .state import LoaderState, combine, find_states
-from .storage import cache_dir
 from .control import Control, Instruction, extra_mark, slot_of
+from .errors import OptionError, StateError
+from .ledger.quarantine import check_extra, exclusions
+from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
+from .planning.rankplan import RankPlan, rank_plan
+from .reading.assembly import Assembler, Decoding, Transform
+from .reading.cache import ShardCache
+from .reading.reader import Reader, ReadStats, RetryPolicy
+from .reading.storage import cache_dir
+from .shards.index import Index
+from .state import LoaderState, combine, find_states
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -52,7 +52,7 @@ class ShardDataset(IterableDataset):
     by ``batch_size`` or ``max_duration`` (padded seconds); with neither, single samples are yielded.
     ``num_buckets`` or ``duration_bins`` form batches within duration buckets (less padding; the batch
     order is shuffled per epoch); ``quadratic_duration``, ``min_duration`` and ``max_sample_duration``
-    are the cost and filters of :class:`~shardio.plan.Batching`; ``sync_buckets`` (on when bucketing) gives
+    are the cost and filters of :class:`~shardio.planning.plan.Batching`; ``sync_buckets`` (on when bucketing) gives
     all ranks batches of one bucket and of nearly equal cost (``batch_cost``/``batch_cost_name``) at every step.
     ``world`` gives the rank and world size explicitly; by default they come from ``torch.distributed``
     or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
@@ -60,10 +60,10 @@ class ShardDataset(IterableDataset):
     planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
     :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
     remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
-    :mod:`shardio.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
-    whole through a node-local disk cache of that size under :func:`~shardio.storage.cache_dir`, shared by
-    every process on the node (:mod:`shardio.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
-    as stored; half the bytes; see :mod:`shardio.pcm16`).
+    :mod:`shardio.reading.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
+    whole through a node-local disk cache of that size under :func:`~shardio.reading.storage.cache_dir`, shared by
+    every process on the node (:mod:`shardio.reading.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
+    as stored; half the bytes; see :mod:`shardio.reading.pcm16`).
     """
 
     def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,

@@ -1,7 +1,7 @@
 """The demo: shardio's main job on a built-in default corpus, end to end, with no data to download.
 
 :func:`run_demo` makes a synthetic speech corpus (:mod:`shardio.synth`), packs it into zstd shards with
-an index (:func:`shardio.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and a
+an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and a
 DataLoader, interrupting it halfway and resuming from the saved state, and returns (and logs) what it did
 and how fast.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OptionError, StateError
-from .index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
-from .pack import pack
+from .packing.pack import pack
+from .shards.index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
 from .synth import make_corpus
 
 __all__ = ["run_demo", "CORPUS_DIR", "DATASET_DIR"]

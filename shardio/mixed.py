@@ -1,4 +1,4 @@
-"""MixedDataset: a ShardDataset over several corpora mixed by weight, planned by :mod:`shardio.mix`.
+"""MixedDataset: a ShardDataset over several corpora mixed by weight, planned by :mod:`shardio.planning.mix`.
 
 Every sample and batch records its corpus; one state (with every index fingerprint and the mix options)
 describes the whole mix, with the same resume and equal-batch guarantees as a single corpus.
@@ -18,13 +18,13 @@ import numpy as np
 
 from .dataset import ShardDataset
 from .errors import OptionError
-from .index import Index, ShardInfo
-from .keys import ChainedKeys, Keys
-from .mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
-from .plan import Batching, EpochPlan, Segment, options_of
-from .quarantine import exclusions
-from .remix import streams_of
-from .storage import join
+from .ledger.quarantine import exclusions
+from .ledger.remix import streams_of
+from .planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
+from .planning.plan import Batching, EpochPlan, Segment, options_of
+from .reading.storage import join
+from .shards.index import Index, ShardInfo
+from .shards.keys import ChainedKeys, Keys
 
 __all__ = ["MixIndex", "MixedDataset"]
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .errors import StateError
-from .plan import Segment
+from .planning.plan import Segment
 
 __all__ = ["STATE_VERSION", "LoaderState", "combine", "find_states", "options_fingerprint"]
 

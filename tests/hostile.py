@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from shardio import Index
-from shardio.index import COLUMNS
-from shardio.indexfile import encode
-from shardio.keys import Keys
+from shardio.shards.index import COLUMNS
+from shardio.shards.indexfile import encode
+from shardio.shards.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,7 +87,7 @@ def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: s
     if not sys.platform.startswith("linux"):
         pytest.skip("the address-space limit is measured from /proc/self/status (Linux)")
     prelude = (
-        f"import resource, shardio, shardio.indexer, numpy, soundfile{', ' + preload if preload else ''}\n"
+        f"import resource, shardio, shardio.packing.indexer, numpy, soundfile{', ' + preload if preload else ''}\n"
         "def _vm():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmSize:'): return int(line.split()[1]) * 1024\n"

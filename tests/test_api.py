@@ -11,7 +11,7 @@ import pytest
 
 import shardio
 from shardio import OptionError, ShardioError, StateError, World
-from shardio.plan import Segment
+from shardio.planning.plan import Segment
 from shardio.state import LoaderState, combine, find_states
 
 PUBLIC = {

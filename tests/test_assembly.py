@@ -14,9 +14,9 @@ import soundfile
 import torch
 from audio_factory import audio_bytes, tone
 
-import shardio.localshard
+import shardio.reading.localshard
 from shardio import Index, ShardDataset, ShardWriter
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
 
 RATE = 8000
 KINDS = {  # name: (extension, soundfile subtype, channels)
@@ -86,16 +86,16 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
              for i in range(2)]
     plain = write(tmp_path / "plain", clips, ext="wav", channels=1, compression="none")
     zstd = write(tmp_path / "zstd", clips, ext="wav", channels=1, compression="zstd")
-    assert Reader(plain).maps(0) == shardio.localshard.CAN_MAP
+    assert Reader(plain).maps(0) == shardio.reading.localshard.CAN_MAP
     assert not Reader(zstd).maps(0)  # each sample is decompressed: held one at a time
-    monkeypatch.setattr(shardio.localshard, "CAN_MAP", False)
+    monkeypatch.setattr(shardio.reading.localshard, "CAN_MAP", False)
     assert not Reader(plain).maps(0)
 
 
 def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -> None:
     """Reading in passes holds views of every shard a batch touches; closing a shard's file on the way (the
     reader keeps ``max_open`` open) must leave the views already taken intact."""
-    from shardio.assembly import Assembler, Decoding
+    from shardio.reading.assembly import Assembler, Decoding
 
     clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
              for i in range(12)]

@@ -79,8 +79,8 @@ def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
     import soundfile
     import torch
 
-    from shardio.collate import audio_block, collate
-    from shardio.decode import decode_audio
+    from shardio.reading.collate import audio_block, collate
+    from shardio.reading.decode import decode_audio
 
     rng = np.random.default_rng(3)
     encoded = []

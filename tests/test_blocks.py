@@ -1,4 +1,4 @@
-"""Reused shared-memory batch blocks (shardio.blocks): DataLoader workers give exactly the batches of the
+"""Reused shared-memory batch blocks (shardio.reading.blocks): DataLoader workers give exactly the batches of the
 0-worker path, a held batch is never overwritten, and dropped batches' blocks are reused."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio import ShardDataset, blocks
-from shardio.collate import collate
+from shardio import ShardDataset
+from shardio.reading import blocks
+from shardio.reading.collate import collate
 from tests.datasets import make_uneven_dataset
 
 BATCH = 8  # samples of 2-5 s at 8 kHz: batches of 1.3-2.6 MB, over the 1 MiB where blocks are pooled

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardio.bucketing import bucket_edges, bucket_of, equal_duration_bins, padding_ratio, sample_cost
 from shardio.errors import OptionError
-from shardio.plan import Batching, Ordering, Segment, options_of, plan_epoch
+from shardio.planning.bucketing import (bucket_edges, bucket_of, equal_duration_bins, padding_ratio,
+                                        sample_cost)
+from shardio.planning.plan import Batching, Ordering, Segment, options_of, plan_epoch
 from shardio.synth import duration_sample
 
 

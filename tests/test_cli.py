@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardio.cli import main, parse_size
-from shardio.index import Index
+from shardio.shards.index import Index
 
 REPO = Path(__file__).resolve().parents[1]
 

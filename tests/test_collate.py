@@ -12,8 +12,8 @@ import torch
 from datasets import make_uneven_dataset
 
 from shardio import ShardDataset
-from shardio.decode import decode_audio
-from shardio.reader import Reader
+from shardio.reading.decode import decode_audio
+from shardio.reading.reader import Reader
 
 BATCH = 16
 

@@ -23,11 +23,11 @@ from datasets import make_uneven_dataset, wav_bytes
 from hostile import rewrite_columns, rewrite_header, run_limited, to_format1
 
 from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter
-from shardio.indexchecks import columns_size_bound
-from shardio.index import IndexBuilder
-from shardio.indexer import build_index
-from shardio.reader import Reader
-from shardio.tarformat import encode_sample, parse_members
+from shardio.packing.indexer import build_index
+from shardio.reading.reader import Reader
+from shardio.shards.index import IndexBuilder
+from shardio.shards.indexchecks import columns_size_bound
+from shardio.shards.tarformat import encode_sample, parse_members
 
 SECRET = b"root:x:0:0:SECRET-PASSWORD-HASH:/root:/bin/bash\n"
 
@@ -269,7 +269,7 @@ def _gzip_shard_with_a_big_tail(path: Path, tail_bytes: int, tail_name: str = "b
 _READ_FIRST = """
 from shardio import Index
 from shardio.errors import FormatError
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
 reader = Reader(Index.load({root!r}), max_stream_bytes=16 << 20)
 print(sorted(reader.members(0)))
 try:
@@ -302,7 +302,7 @@ def test_stream_shards_are_decompressed_within_the_cache_bound(tmp_path: Path) -
 _READ_ONE = """
 from shardio import Index
 from shardio.errors import FormatError
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
 try:
     Reader(Index.load({root!r})).members(0)
 except FormatError as exc:
@@ -331,7 +331,7 @@ def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path:
 def test_indexing_streams_members_in_bounded_memory(tmp_path: Path) -> None:
     shard = tmp_path / "big.tar.gz"
     _gzip_shard_with_a_big_tail(shard, 160 << 20)
-    code = f"from shardio.indexer import build_index\nprint(len(build_index([{str(shard)!r}])))\n"
+    code = f"from shardio.packing.indexer import build_index\nprint(len(build_index([{str(shard)!r}])))\n"
     result = run_limited(code, headroom_mb=64)
     assert result.returncode == 0 and result.stdout.strip() == "2", result.stderr[-2000:]
 
@@ -345,7 +345,7 @@ def test_a_huge_size_claim_in_a_tar_header_is_a_format_error(tmp_path: Path) -> 
         header[148:156] = b"        "
         header[148:156] = b"%06o\0 " % sum(header)
         out.write(bytes(header) + b"\0" * 4096)
-    code = (f"from shardio.indexer import build_index\nfrom shardio.errors import FormatError\n"
+    code = (f"from shardio.packing.indexer import build_index\nfrom shardio.errors import FormatError\n"
             f"try:\n    build_index([{str(shard)!r}])\n"
             "except FormatError as exc:\n    print('FormatError', exc)\n")
     result = run_limited(code, headroom_mb=64)

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from shardio.decode import _wav_layout, decode_audio, mix_to_mono, resample
 from shardio.errors import DecodeError, OptionError
+from shardio.reading.decode import _wav_layout, decode_audio, mix_to_mono, resample
 
 WAV_SUBTYPES = ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"]
 WHERE = "shard-000003.tar.zst:spk01/utt0042@81920"

@@ -9,8 +9,8 @@ import pytest
 
 from shardio.demo import CORPUS_DIR, DATASET_DIR, _read_back, run_demo
 from shardio.errors import OptionError
-from shardio.index import Index
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
+from shardio.shards.index import Index
 
 
 def test_demo_packs_and_reads_back(tmp_path: Path) -> None:

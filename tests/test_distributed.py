@@ -164,7 +164,7 @@ def interrupted(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 def test_every_rank_yields_the_same_number_of_batches(dataset: Path,
                                                       uninterrupted: list[dict[str, Any]]) -> None:
     from shardio import Index, plan_epoch
-    from shardio.plan import Batching
+    from shardio.planning.plan import Batching
 
     counts = [len(result["keys"]) for result in uninterrupted]
     assert counts[0] > STOP and counts == [counts[0]] * 3
@@ -198,7 +198,7 @@ def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
                                                               interrupted: tuple[list[dict[str, Any]], Path],
                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     from shardio import Index, Segment, plan_epoch
-    from shardio.plan import Batching
+    from shardio.planning.plan import Batching
 
     stopped, state = interrupted
     resumed = run_group(2, {"dataset": str(dataset), "load": str(state)}, tmp_path_factory.mktemp("elastic") / "out")

@@ -10,8 +10,8 @@ import pytest
 
 from audio_factory import make_folder_corpus
 from shardio.errors import OptionError
-from shardio.exporters.nemo import NEMO_MANIFEST, export_nemo
-from shardio.pack import pack
+from shardio.integrations.exporters.nemo import NEMO_MANIFEST, export_nemo
+from shardio.packing.pack import pack
 
 wds = pytest.importorskip("webdataset")
 

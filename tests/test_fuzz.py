@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from shardio import Index, ShardWriter
 from shardio.errors import ShardioError
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,10 +12,10 @@ import pytest
 
 from audio_factory import make_folder_corpus
 from shardio import Index
-from shardio.corpus import detect_kind, read_corpus
-from shardio.engines import pack_partitioned
 from shardio.errors import InputError
-from shardio.pack import pack
+from shardio.packing.corpus import detect_kind, read_corpus
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.pack import pack
 
 pytest.importorskip("pyarrow")
 

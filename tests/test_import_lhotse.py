@@ -12,9 +12,9 @@ import pytest
 
 from audio_factory import make_folder_corpus
 from shardio import Index
-from shardio.corpus import detect_kind
-from shardio.engines import pack_partitioned
-from shardio.pack import pack
+from shardio.packing.corpus import detect_kind
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.pack import pack
 
 BUILD = """
 import json, sys

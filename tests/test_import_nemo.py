@@ -11,9 +11,9 @@ import pytest
 
 from audio_factory import make_folder_corpus
 from shardio import Index
-from shardio.corpus import detect_kind
 from shardio.errors import InputError
-from shardio.pack import pack
+from shardio.packing.corpus import detect_kind
+from shardio.packing.pack import pack
 
 
 def write_tarred(root: Path, audio: list[Path]) -> Path:

@@ -23,9 +23,9 @@ from hostile import to_format1
 from remote_servers import HTTPFileServer
 from shardio import FormatError, Index, ShardDataset
 from shardio.cli import main
-from shardio.index import COLUMNS
-from shardio.indexfile import ColumnsFile, encode
-from shardio.keys import Keys
+from shardio.shards.index import COLUMNS
+from shardio.shards.indexfile import ColumnsFile, encode
+from shardio.shards.keys import Keys
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def test_a_pickled_dataset_holds_its_ranks_plan_not_the_corpus(tmp_path: Path) -
 
 
 def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio import indexfile
+    from shardio.shards import indexfile
 
     monkeypatch.setattr(indexfile, "_SETTLED_S", 0.0)  # else a file changed in the last seconds is always hashed
     hashed = []

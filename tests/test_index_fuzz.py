@@ -4,7 +4,7 @@ hash).
 
 Whatever the index says: ``Index.load`` and reading every sample raise only ``ShardioError``s, no file
 outside the dataset root is opened (an audit hook watches every ``open``), and no allocation goes beyond
-the documented bounds (:mod:`shardio.indexchecks`): the same fuzz runs in a subprocess whose address space
+the documented bounds (:mod:`shardio.shards.indexchecks`): the same fuzz runs in a subprocess whose address space
 is limited to its imports plus 256 MiB.
 """
 
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from shardio import Index, ShardDataset
 from shardio.errors import ShardioError
-from shardio.index import COLUMNS
+from shardio.shards.index import COLUMNS
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -151,7 +151,7 @@ import random, shutil, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_index_fuzz import check, mutate_columns, mutate_header
-from shardio.index import COLUMNS
+from shardio.shards.index import COLUMNS
 rng = random.Random(13)
 names = ["../secret.tar", "/dev/zero", "shard-000001.tar", "index.npz", "a/../../secret.tar"]
 ints = [0, 1, 2**31, 2**32 - 1, 2**63, 10**18, 12345]

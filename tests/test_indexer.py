@@ -18,11 +18,11 @@ import zstandard
 
 from audio_factory import audio_bytes, tone
 from shardio.errors import DecodeError, FormatError, OptionError, ReadError
-from shardio.index import Index
-from shardio.indexer import build_index
-from shardio.pack import pack
-from shardio.tarformat import parse_members
-from shardio.verification import verify_dataset
+from shardio.packing.indexer import build_index
+from shardio.packing.pack import pack
+from shardio.packing.verification import verify_dataset
+from shardio.shards.index import Index
+from shardio.shards.tarformat import parse_members
 
 SPECS = [("wav", 8000, 1, 0.3), ("flac", 16000, 2, 0.5), ("ogg", 22050, 1, 0.4), ("mp3", 16000, 1, 0.6),
          ("wav", 16000, 2, 0.2), ("flac", 8000, 1, 0.25), ("wav", 8000, 1, 0.1)]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import webdataset
 
-from shardio.index import Index
-from shardio.pack import pack
+from shardio.packing.pack import pack
+from shardio.shards.index import Index
 
 pytestmark = pytest.mark.skipif(not (shutil.which("tar") and shutil.which("zstd")), reason="needs tar and zstd")
 

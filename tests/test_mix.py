@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from datasets import make_uneven_dataset
 from shardio import OptionError, StateError, World
-from shardio.bucketing import bucket_of, sample_cost
-from shardio.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, mix_quotas, plan_mix
 from shardio.mixed import MixedDataset
-from shardio.plan import Batching, Ordering, Segment
+from shardio.planning.bucketing import bucket_of, sample_cost
+from shardio.planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, mix_quotas, plan_mix
+from shardio.planning.plan import Batching, Ordering, Segment
 
 ORDERING = Ordering(shuffle_shards=2)
 

@@ -34,9 +34,9 @@ GROUP_TIMEOUT_S = 120.0
 
 def make(sources: dict[str, str], world: Any = None) -> Any:
     """The mixed dataset every rank (and the test) builds."""
-    from shardio.mix import EpochSize
     from shardio.mixed import MixedDataset
-    from shardio.plan import Batching
+    from shardio.planning.mix import EpochSize
+    from shardio.planning.plan import Batching
 
     return MixedDataset(sources, WEIGHTS, EpochSize(primary="big"), seed=5, shuffle_shards=2, world=world,
                         batching=Batching(max_duration=1.5, num_buckets=2))

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from audio_factory import make_folder_corpus, tone, write_samples, write_text, write_tone
 from shardio.errors import OptionError
-from shardio.index import Index
-from shardio.writer import ShardWriter
-from shardio.pack import pack
-from shardio.tarformat import parse_members, walk
-from shardio.verification import verify_dataset
+from shardio.packing.pack import pack
+from shardio.packing.verification import verify_dataset
+from shardio.shards.index import Index
+from shardio.shards.tarformat import parse_members, walk
+from shardio.shards.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,15 +26,15 @@ from hypothesis import strategies as st
 
 from audio_factory import audio_bytes, tone, write_text, write_tone
 from shardio.cli import build_parser, main
-from shardio.corpus import read_jsonl, read_kaldi, read_table
 from shardio.errors import FormatError, InputError, OptionError
-from shardio.folder import LOOP
-from shardio.index import Index
-from shardio.indexer import build_index
-from shardio.pack import pack
-from shardio.truncation import truncation_problem
-from shardio.verification import verify_dataset
-from shardio.writer import ShardWriter
+from shardio.packing.corpus import read_jsonl, read_kaldi, read_table
+from shardio.packing.folder import LOOP
+from shardio.packing.indexer import build_index
+from shardio.packing.pack import pack
+from shardio.packing.truncation import truncation_problem
+from shardio.packing.verification import verify_dataset
+from shardio.shards.index import Index
+from shardio.shards.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_unreadable_subdirectory_is_an_input_error_naming_it(tmp_path: Path) -> 
         path.chmod(0o755)
     (corpus / "locked").chmod(0)
     try:
-        result = _unprivileged(f"from shardio.corpus import read_folder; list(read_folder({str(corpus)!r}))")
+        result = _unprivileged(f"from shardio.packing.corpus import read_folder; list(read_folder({str(corpus)!r}))")
     finally:
         (corpus / "locked").chmod(0o755)
     assert "InputError" in result.stderr and f"{corpus / 'locked'}: cannot list this directory" in result.stderr
@@ -265,7 +265,7 @@ def test_overwrite_message_names_the_flag_and_the_flag_works(wav_corpus: Path, t
 def test_a_second_writer_is_refused_naming_the_holder(wav_corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
     holder = subprocess.Popen([sys.executable, "-c", "import io, time, numpy, soundfile; "
-                               "from shardio.writer import ShardWriter; "
+                               "from shardio.shards.writer import ShardWriter; "
                                f"w = ShardWriter({str(out)!r}, max_samples=1); b = io.BytesIO(); "
                                "soundfile.write(b, numpy.zeros(80), 8000, format='WAV'); "
                                "[w.write(k, {'wav': b.getvalue()}, audio_ext='wav', num_frames=80, sample_rate=8000, "
@@ -334,7 +334,7 @@ def test_verify_lists_a_directory_or_unreadable_shard_and_goes_on(wav_corpus: Pa
         path.chmod(0o755)
     (out / "shard-000001.tar").chmod(0)
     (out / "shard-000002.tar").write_bytes(b"\0" * 10)
-    result = _unprivileged(f"import json; from shardio.verification import verify_dataset; "
+    result = _unprivileged(f"import json; from shardio.packing.verification import verify_dataset; "
                            f"print(json.dumps(verify_dataset({str(out)!r})))")
     problems = json.loads(result.stdout)
     assert any(p.startswith("shard-000001.tar: the shard file cannot be read (Permission denied)") for p in problems)
@@ -380,7 +380,7 @@ def _children() -> set[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_parallel_pack_starts_no_process_and_defaults_to_cores_but_one(wav_corpus: Path, tmp_path: Path) -> None:
-    from shardio.pack import default_workers
+    from shardio.packing.pack import default_workers
 
     before = _children()
     summary = pack(wav_corpus, tmp_path / "o", workers=3, transcode="flac", progress=False)
@@ -396,7 +396,7 @@ def test_folder_walk_reads_every_reachable_file_once_through_any_links(
         links: list[tuple[int, int]]) -> None:
     """Random trees with directory links anywhere (loops included): the walk ends, every audio file that can be
     reached is read exactly once, and every link not followed is counted."""
-    from shardio.corpus import read_folder
+    from shardio.packing.corpus import read_folder
 
     root = tmp_path_factory.mktemp("tree")
     dirs = [root]

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shardio import Index
-from shardio.engines import pack_partitioned
 from shardio.errors import InputError, OptionError
-from shardio.partitions import PARTS_DIR, PartitionPlan, pack_partition, partition_done
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.partitions import PARTS_DIR, PartitionPlan, pack_partition, partition_done
 
 from audio_factory import make_folder_corpus, write_text
 
@@ -42,7 +42,7 @@ _FAULTY: dict[int, int] = {}
 def _attempt(plan: PartitionPlan, number: int, crash_after: int | None) -> None:
     """One attempt of a partition in this (child) process; ``crash_after`` shards: die like a killed worker."""
     if crash_after is not None:
-        from shardio import writer
+        from shardio.shards import writer
 
         finish = writer.ShardWriter._finish_shard
         count = [0]
@@ -155,7 +155,7 @@ def test_local_pool_matches_j1_and_reads_back(corpus: Path, tmp_path: Path) -> N
     names = [s.name for s in index.shards]
     assert names == sorted(names) and all(n.startswith("shard-") and n.count("-") == 2 for n in names)
     assert len({n.split("-")[1] for n in names}) > 1  # several partitions
-    from shardio.verification import verify_dataset
+    from shardio.packing.verification import verify_dataset
 
     assert verify_dataset(one, decode=True) == []
 

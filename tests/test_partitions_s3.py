@@ -12,8 +12,8 @@ import pytest
 from audio_factory import make_folder_corpus
 from remote_servers import S3Server, aws_test_env
 from shardio import Index
-from shardio.engines import pack_partitioned
-from shardio.partitions import PartitionPlan, pack_partition
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.partitions import PartitionPlan, pack_partition
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shardio import ShardDataset, ShardWriter
 from shardio.errors import OptionError
-from shardio.pcm16 import to_int16
+from shardio.reading.pcm16 import to_int16
 from tests.audio_factory import audio_bytes
 from tests.datasets import make_uneven_dataset
 

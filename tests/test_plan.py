@@ -1,4 +1,4 @@
-"""Property tests of the pure planner (shardio.plan): coverage, equal batch counts, limits, determinism.
+"""Property tests of the pure planner (shardio.planning.plan): coverage, equal batch counts, limits, determinism.
 
 Corpora are synthetic index columns: shards of very different sizes (single-sample shards, fewer shards
 than ranks x workers, several thousand samples so that duration batching spans several blocks) and
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import OptionError
-from shardio.plan import (
+from shardio.planning.plan import (
     BLOCK,
     Batching,
     EpochPlan,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from audio_factory import make_folder_corpus
-from shardio.engines import pack_partitioned
-from shardio.partitions import PARTS_DIR
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.partitions import PARTS_DIR
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")

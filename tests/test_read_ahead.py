@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from datasets import make_uneven_dataset
 from remote_servers import HTTPFileServer
 from shardio import Index, RetryPolicy, ShardDataset
-from shardio.prefetch import Span, coalesce
+from shardio.reading.prefetch import Span, coalesce
 
 
 @pytest.fixture(scope="module")

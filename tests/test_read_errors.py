@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 
 from shardio import DecodeError, FormatError, Index, IntegrityError, ReadError, ShardDataset, ShardWriter
 from shardio.errors import ShardioError
-from shardio.reader import Reader
-from shardio.verification import verify_dataset
+from shardio.packing.verification import verify_dataset
+from shardio.reading.reader import Reader
 
 RATE = 8000
 
@@ -90,7 +90,7 @@ def test_truncated_shard_fails_at_open(dataset: Index) -> None:
 _TRUNCATE_WHILE_OPEN = """
 import os, sys
 from shardio import FormatError, Index
-from shardio.reader import Reader
+from shardio.reading.reader import Reader
 index = Index.load(sys.argv[1])
 in_shard_1 = [i for i in range(len(index)) if int(index.columns["shard"][i]) == 1]
 reader = Reader(index)

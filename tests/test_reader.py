@@ -11,10 +11,10 @@ import pytest
 import torch
 from datasets import make_uneven_dataset
 
-import shardio.localshard
+import shardio.reading.localshard
 from shardio import ShardDataset
-from shardio.indexer import build_index
-from shardio.reader import Reader
+from shardio.packing.indexer import build_index
+from shardio.reading.reader import Reader
 
 
 def test_shuffled_reads_of_gzip_shards_decompress_each_shard_once(tmp_path: Path) -> None:
@@ -51,9 +51,9 @@ def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkey
     index = make_uneven_dataset(tmp_path / "ds", [5, 7, 4], seed=4)
     mapped = list(ShardDataset(index.root, batch_size=4, seed=1))
     if why == "kernel":
-        monkeypatch.setattr(shardio.localshard, "CAN_MAP", False)
+        monkeypatch.setattr(shardio.reading.localshard, "CAN_MAP", False)
     else:
-        monkeypatch.setattr(shardio.localshard.mmap, "mmap", _no_mmap)
+        monkeypatch.setattr(shardio.reading.localshard.mmap, "mmap", _no_mmap)
     dataset = ShardDataset(index.root, batch_size=4, seed=1)
     read = list(dataset)
     assert dataset._reader is not None

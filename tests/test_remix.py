@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from datasets import make_uneven_dataset
 from shardio import Batching, EpochSize, Mix, StateError, World
-from shardio.mix import CorpusColumns, mix_quotas, plan_mix
+from shardio.ledger.quarantine import quarantine, quarantine_report
+from shardio.ledger.remix import remix
 from shardio.mixed import MixedDataset
-from shardio.quarantine import quarantine, quarantine_report
-from shardio.remix import remix
+from shardio.planning.mix import CorpusColumns, mix_quotas, plan_mix
 
 
 def whole_passes(counts: Counter[int], size: int, total: int) -> bool:

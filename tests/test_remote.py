@@ -23,8 +23,8 @@ from remote_servers import Faults, HTTPFileServer, S3Server, aws_test_env
 from torch.utils.data import DataLoader
 
 from shardio import FormatError, Index, ReadError, RetryPolicy, ShardDataset
-from shardio.reader import Reader
-from shardio.storage import filesystem, is_transient
+from shardio.reading.reader import Reader
+from shardio.reading.storage import filesystem, is_transient
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 

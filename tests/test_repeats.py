@@ -26,8 +26,8 @@ from datasets import make_uneven_dataset
 from process_groups import free_port
 
 from shardio import Batching, ShardDataset, World
-from shardio.plan import EpochPlan, Segment, plan_epoch, plan_segments
-from shardio.repeats import Repeats
+from shardio.planning.plan import EpochPlan, Segment, plan_epoch, plan_segments
+from shardio.planning.repeats import Repeats
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "tools" / "eval_example.py"
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from datasets import make_uneven_dataset
 from shardio import OptionError, ShardDataset, StateError, World
-from shardio.bucketing import bucket_edges, bucket_of, sample_cost
-from shardio.mix import CorpusColumns, EpochSize, Mix, plan_mix
-from shardio.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
-from shardio.rounds import underfull
+from shardio.planning.bucketing import bucket_edges, bucket_of, sample_cost
+from shardio.planning.mix import CorpusColumns, EpochSize, Mix, plan_mix
+from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
+from shardio.planning.rounds import underfull
 from shardio.synth import duration_sample
 
 Corpus = tuple[np.ndarray, np.ndarray, int]

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from datasets import make_uneven_dataset
 from remote_servers import HTTPFileServer
 from shardio import Index, ShardDataset
-from shardio.cache import ShardCache
+from shardio.reading.cache import ShardCache
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardio.decode import decode_audio
 from shardio.errors import OptionError
+from shardio.reading.decode import decode_audio
 from shardio.synth import FORMATS, duration_sample, make_corpus
 
 

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from shardio import FormatError
-from shardio.tarformat import encode_sample, parse_members
+from shardio.shards.tarformat import encode_sample, parse_members
 
 NAMES = [
     "short.wav",

@@ -1,4 +1,4 @@
-"""The data ledger (``shardio.trace``) and quarantine at resume, against real loaders on real shards.
+"""The data ledger (``shardio.ledger.trace``) and quarantine at resume, against real loaders on real shards.
 
 Trace must agree with what the loader yielded, batch for batch: ranks are explicit ``World`` datasets in
 one process, each read through a real 2-worker DataLoader, across an elastic resume and a mix. The
@@ -20,10 +20,10 @@ from torch.utils.data import DataLoader
 
 from datasets import make_uneven_dataset
 from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
-from shardio.index import COLUMNS
+from shardio.ledger.quarantine import quarantine, quarantine_report
+from shardio.ledger.trace import Trace
 from shardio.mixed import MixedDataset
-from shardio.quarantine import quarantine, quarantine_report
-from shardio.trace import Trace
+from shardio.shards.index import COLUMNS
 
 Rows = dict[tuple[int, int, int], list[str]]  # (epoch, step, rank) -> keys
 

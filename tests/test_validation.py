@@ -11,9 +11,9 @@ import pytest
 
 from audio_factory import audio_bytes, tone, write_samples, write_text, write_tone
 from shardio.errors import InputError, InputProblem
-from shardio.index import Index
-from shardio.pack import REJECTED_FILE, pack, rewrite_key
-from shardio.verification import verify_dataset
+from shardio.packing.pack import REJECTED_FILE, pack, rewrite_key
+from shardio.packing.verification import verify_dataset
+from shardio.shards.index import Index
 
 
 def failures(corpus: Path, out: Path, **options: object) -> list[InputProblem]:

@@ -9,10 +9,10 @@ import pytest
 
 from audio_factory import write_tone
 from shardio.errors import FormatError
-from shardio.index import Index
-from shardio.inspection import inspect_dataset, render_report
-from shardio.pack import pack
-from shardio.verification import verify_dataset
+from shardio.packing.inspection import inspect_dataset, render_report
+from shardio.packing.pack import pack
+from shardio.packing.verification import verify_dataset
+from shardio.shards.index import Index
 
 
 @pytest.fixture(params=["none", "zstd"])

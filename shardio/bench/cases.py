@@ -21,9 +21,9 @@ import numpy as np
 import soundfile
 from torch.utils.data import DataLoader
 
-from ..collate import collate
 from ..dataset import ShardDataset
-from ..plan import Batching, plan_epoch
+from ..planning.plan import Batching, plan_epoch
+from ..reading.collate import collate
 
 __all__ = [
     "Epoch",
@@ -61,7 +61,7 @@ def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
 def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
                    persistent: bool = True, unbatched: bool = False, dtype: str = "float32") -> DataLoader:
     """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
-    dataset yields samples and the DataLoader batches them with :func:`shardio.collate.collate`."""
+    dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`."""
     persistent = persistent and workers > 0
     if unbatched:
         return DataLoader(ShardDataset(directory, shuffle=shuffle, dtype=dtype), batch_size=batch_size,

@@ -8,8 +8,8 @@ Without a dataset directory the bench makes two corpora under ``out_dir``:
   the repository (it is not on users' clones), else generated 16 kHz FLAC utterances.
 
 Each dataset's variants (``zstd`` levels, ``gzip``, ``bz2``) are made from its samples' tar bytes: zstd ones
-with :class:`~shardio.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and indexing
-them with :func:`shardio.indexer.build_index` when that is available.
+with :class:`~shardio.shards.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and indexing
+them with :func:`shardio.packing.indexer.build_index` when that is available.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import numpy as np
 import soundfile
 
 from ..errors import OptionError
-from ..index import INDEX_JSON, Index
-from ..pack import pack
-from ..reader import Reader
-from ..writer import ShardWriter
+from ..packing.pack import pack
+from ..reading.reader import Reader
+from ..shards.index import INDEX_JSON, Index
+from ..shards.writer import ShardWriter
 
 __all__ = [
     "STREAM_COMPRESSORS",
@@ -168,7 +168,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     """Re-write ``source``'s first ``samples`` samples (all by default) with another codec; None if impossible.
 
     ``codec`` is ``none``, ``zstd`` (at ``level``), ``gzip`` or ``bz2``. The shard boundaries are kept.
-    Stream codecs need :func:`shardio.indexer.build_index`; without it the shards are written but not indexed
+    Stream codecs need :func:`shardio.packing.indexer.build_index`; without it the shards are written but not indexed
     and None is returned (the caller may still read them with WebDataset).
     """
     index = Index.load(source.directory)
@@ -202,9 +202,9 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
         paths.append(path)
     shutil.rmtree(Path(out_dir) / ".plain")
     try:
-        from ..indexer import build_index
+        from ..packing.indexer import build_index
     except ImportError:
-        logger.warning("shardio.indexer is not available: %s shards are read with WebDataset only", codec)
+        logger.warning("shardio.packing.indexer is not available: %s shards are read with WebDataset only", codec)
         return Corpus(name=source.name, directory=str(directory), source=source.source,
                       audio_format=source.audio_format, samples=count, audio_seconds=0.0, shards=len(paths),
                       shard_bytes=sum(p.stat().st_size for p in paths), codec=codec)

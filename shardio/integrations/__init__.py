@@ -1,1 +1,1 @@
-"""Trainer integrations (Lightning, Accelerate); each module needs its trainer, an optional extra."""
+"""Other tools: trainers (Lightning, Accelerate: each an optional extra), importers, exporters."""

@@ -1,1 +1,0 @@
-"""Importers: corpora other tools wrote (Hugging Face, Lhotse, NeMo) as :class:`~shardio.source.Source` s."""

@@ -1,0 +1,1 @@
+"""Importers: corpora other tools wrote (Hugging Face, Lhotse, NeMo) as :class:`~shardio.packing.source.Source` s."""

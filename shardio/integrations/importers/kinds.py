@@ -1,0 +1,44 @@
+"""The corpus kinds importers add to :func:`shardio.packing.corpus.read_corpus`, detected and imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ...packing.source import Problems, Source
+
+__all__ = ["IMPORTED_KINDS", "detect_imported", "imported_reader"]
+
+IMPORTED_KINDS: dict[str, tuple[str, str, str]] = {
+    "hf": ("hf", "is_hf_dataset", "read_hf"),
+    "lhotse": ("lhotse_cuts", "is_lhotse", "read_lhotse"),
+    "nemo": ("nemo", "is_nemo_manifest", "read_nemo"),
+}
+"""kind -> (module of :mod:`shardio.integrations.importers`, its detector, its reader)."""
+
+
+def _function(module: str, name: str) -> Callable[..., object]:
+    function: Callable[..., object] = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    return function
+
+
+def detect_imported(location: Path) -> str | None:
+    """The imported kind of the existing corpus at ``location``, or None."""
+    for kind, (module, detector, _) in IMPORTED_KINDS.items():
+        if _function(module, detector)(location):
+            return kind
+    return None
+
+
+def imported_reader(kind: str) -> Callable[[Path, Problems, Counter[str]], Iterator[Source]]:
+    """A reader for ``kind`` that imports its module on first use."""
+    module, _, name = IMPORTED_KINDS[kind]
+
+    def read(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
+        return _function(module, name)(path, problems, left_out)  # type: ignore[return-value]
+
+    read.__name__ = f"_read_{kind}"
+    read.__doc__ = f"A {kind} corpus (see :mod:`shardio.integrations.importers.{module}`)."
+    return read

@@ -1,0 +1,159 @@
+"""Quarantine at resume: continue an epoch without some samples, keeping exactly-once for all the others.
+
+:func:`quarantine` is surgery on a saved loader state (pure: it returns a new state dict, JSON-ready),
+which then loads like any other state. The semantics:
+
+- **What is left out.** The given ``keys`` (resolved to sample ids through the dataset's index; a key that
+  several corpora of a mix share is left out in each) and the samples of every rank's batch at the given
+  ``steps`` (epoch steps, counted as :mod:`shardio.ledger.trace` counts them: batches per rank since the epoch's
+  start, across elastic segments). In a mix, every occurrence of a quarantined sample is left out.
+- **From where.** From the state's position on: the position becomes a finished segment of the epoch's
+  history (as an elastic resume does) and the rest of the epoch is re-planned without the quarantined
+  samples, for the world that loads the state. Every sample the epoch still held that is not quarantined
+  is consumed exactly once in the rest of it, and every rank keeps the same number of batches. Samples
+  already consumed before the position (a step that was already trained on) stay consumed: quarantining
+  them changes nothing in this epoch (the report says so), only later epochs with ``carry``.
+- **Later epochs.** With ``carry=True`` the samples are left out of every later epoch too (from its
+  start); by default they come back at the next epoch.
+- **Record.** The state's ``extra["quarantine"]`` lists each quarantine: its epoch, segment number,
+  ids, keys, steps and ``carry``; states saved later keep it. :func:`quarantine_report` lists it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import OptionError, StateError
+from ..planning.plan import Segment
+from ..state import LoaderState, combine, find_states
+
+if TYPE_CHECKING:
+    from ..dataset import ShardDataset
+
+__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "resolve_keys"]
+
+_KEY = "quarantine"
+
+
+def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, list[int]]:
+    """The sample ids of each of ``keys`` (several where a mix's corpora share a key), with an
+    :class:`OptionError` naming the keys the index does not hold."""
+    wanted: dict[str, list[int]] = {key: [] for key in keys}
+    if len(wanted) <= 16 and isinstance(dataset_keys, list):  # a few keys: list.index scans in C
+        for key, found in wanted.items():
+            at = -1
+            try:
+                while True:
+                    at = dataset_keys.index(key, at + 1)
+                    found.append(at)
+            except ValueError:
+                pass
+    else:
+        for i, key in enumerate(dataset_keys):
+            if key in wanted:
+                wanted[key].append(i)
+    missing = [key for key, ids in wanted.items() if not ids]
+    if missing:
+        raise OptionError(f"{len(missing)} keys are not in the dataset's index: {missing[:10]}")
+    return wanted
+
+
+def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
+    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed)."""
+    entries = extra.get(_KEY, [])
+    if not isinstance(entries, list):
+        raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
+    for number, entry in enumerate(entries):
+        try:
+            ids = [int(i) for i in entry["ids"]]
+            fields_ok = (int(entry["epoch"]) >= 0 and int(entry["segment"]) >= 0
+                         and isinstance(entry["carry"], bool))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
+        if not fields_ok or any(not 0 <= i < num_samples for i in ids):
+            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
+                             f"id outside the dataset's {num_samples} samples")
+    return dict(extra)
+
+
+def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarray]]:
+    """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs (see the module docs)."""
+    found = []
+    for entry in extra.get(_KEY, []):
+        if int(entry["epoch"]) == epoch:
+            found.append((int(entry["segment"]), np.asarray(entry["ids"], dtype=np.int64)))
+        elif entry["carry"] and int(entry["epoch"]) < epoch:
+            found.append((0, np.asarray(entry["ids"], dtype=np.int64)))
+    return found
+
+
+def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
+               steps: tuple[int, int] | None = None, carry: bool = False) -> dict[str, Any]:
+    """A copy of ``state`` that resumes without ``keys`` and the batches of ``steps`` (``(first, stop)``,
+    every rank's) in the rest of the state's epoch, and in later ones with ``carry``.
+
+    ``state`` is a shardio state (or a whole ``StatefulDataLoader`` state) saved from ``dataset``'s data
+    and options. See the module docs for the exact semantics.
+    """
+    from .trace import Trace
+
+    loaded = combine(find_states(state))
+    keys = list(dict.fromkeys(keys))
+    if not keys and steps is None:
+        raise OptionError("quarantine needs keys or steps to leave out")
+    trace = Trace(dataset, state)
+    ids: list[int] = []
+    if keys:
+        ids = [i for found in resolve_keys(keys, dataset.index.keys).values() for i in found]
+    if steps is not None:
+        first, stop = steps
+        if not 0 <= first < stop:
+            raise OptionError(f"steps must be (first, stop) with 0 <= first < stop, not {steps}")
+        for record in trace.steps(loaded.epoch, first, stop):
+            ids.extend(int(i) for i in record.ids)
+    unique = sorted(set(ids))
+    segment = len(loaded.history) + 1
+    entry: dict[str, Any] = {"epoch": loaded.epoch, "segment": segment, "ids": unique,
+                             "keys": [dataset.index.keys[i] for i in unique],
+                             "steps": list(steps) if steps is not None else None, "carry": bool(carry),
+                             "from_step": trace.position_step(), "consumed": _consumed(trace, unique)}
+    corpora = [dataset._fields(i).get("corpus") for i in unique]
+    if any(corpora):
+        entry["corpora"] = corpora
+    extra = dict(loaded.extra)
+    extra[_KEY] = [*extra.get(_KEY, []), entry]
+    position = loaded.position
+    history = (*loaded.history, Segment(loaded.world_size, position))
+    return replace(loaded, history=history, start=0, yielded=0, extra=extra).to_dict()
+
+
+def _consumed(trace: Any, ids: list[int]) -> list[int]:
+    """Which of ``ids`` the epoch had already consumed at the state's position (they stay consumed)."""
+    state = trace.state
+    done: set[int] = set()
+    segments = trace.segments(state.epoch)
+    for number, (_, _, count) in enumerate(segments):
+        consumed = count if number < len(segments) - 1 else state.position
+        done.update(trace.plan(state.epoch, number).consumed_samples(consumed).tolist())
+    return [i for i in ids if i in done]
+
+
+def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every quarantined sample of ``state``: key, id (and corpus, in a mix), epoch, the epoch step the
+    quarantine took effect at, whether the epoch had already consumed it then, and whether it carries to
+    later epochs."""
+    loaded: LoaderState = combine(find_states(state))
+    rows = []
+    for entry in loaded.extra.get(_KEY, []):
+        consumed = set(entry.get("consumed", []))
+        corpora = entry.get("corpora") or [None] * len(entry["ids"])
+        for key, sample_id, corpus in zip(entry["keys"], entry["ids"], corpora):
+            rows.append({"key": key, "id": sample_id, **({"corpus": corpus} if corpus else {}),
+                         "epoch": entry["epoch"], "from_step": entry.get("from_step"),
+                         "already_consumed": sample_id in consumed, "steps": entry.get("steps"),
+                         "carry": entry["carry"]})
+    return rows

@@ -1,0 +1,106 @@
+"""The ledger's command-line side: open a dataset as a saved state describes it, and write the answers.
+
+``shardio trace`` and ``shardio quarantine`` take the dataset's location(s) and a saved state; the state
+records every option that shapes the plan (batching, ordering, seed, and for a mix the weights and epoch
+size), so the dataset is rebuilt from it exactly as the job that saved it planned.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from ..errors import OptionError, StateError
+from ..state import combine, find_states
+
+if TYPE_CHECKING:
+    from ..dataset import ShardDataset
+
+__all__ = ["open_for_state", "read_state", "write_rows", "write_samples"]
+
+_ORDERING = ("shuffle", "shuffle_shards")
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """A saved loader state from a JSON file (a shardio state, or a checkpoint dict holding one)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: "
+                         f"{exc})") from None
+    combine(find_states(state))  # a typed error now if there is none
+    return dict(state)
+
+
+def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardDataset:
+    """The dataset at ``locations`` (one directory, or ``NAME=LOCATION`` per corpus of a mix) with the
+    options ``state`` records. The index fingerprints must match the state's (a :class:`StateError`)."""
+    from ..dataset import ShardDataset
+    from ..mixed import MixedDataset
+    from ..planning.mix import EpochSize
+    from ..planning.plan import Batching
+
+    loaded = combine(find_states(state))
+    options = dict(loaded.options)
+    mix, corpora = options.pop("mix", None), options.pop("corpora", None)
+    ordering = {name: options.pop(name) for name in _ORDERING if name in options}
+    if options.get("batch_cost") is not None:
+        raise OptionError(f"the run planned with batch_cost {options['batch_cost']!r}, a function the state "
+                          "names but does not hold: trace it from Python, shardio.Trace(dataset, state)")
+    options.pop("batch_cost", None)
+    options["sync_buckets"] = bool(options.get("sync_buckets", False))  # a state records it only when on
+    try:
+        if options.get("duration_bins") is not None:
+            options["duration_bins"] = tuple(options["duration_bins"])
+        batching = Batching(**options)
+    except TypeError as exc:
+        raise StateError(f"the state's options are not a shardio plan's options: {exc}") from None
+    common: dict[str, Any] = {"seed": loaded.seed, **ordering}
+    if mix is None:
+        if len(locations) != 1:
+            raise OptionError(f"the state is of one dataset: give one location, not {list(locations)}")
+        ds: ShardDataset = ShardDataset(locations[0], **common, **vars(batching))
+    else:
+        sources = dict(location.split("=", 1) for location in locations if "=" in location)
+        if len(sources) != len(locations) or set(sources) != set(corpora or {}):
+            raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for "
+                              "each")
+        ds = MixedDataset(sources, mix["weights"], EpochSize(**mix["epoch_size"]), weight_by=mix["weight_by"],
+                          single_corpus_batches=mix["single_corpus_batches"], batching=batching, **common)
+    if ds.index.fingerprint != loaded.index:
+        raise StateError(f"the state was saved for index {loaded.index}, the dataset's is "
+                         f"{ds.index.fingerprint} (another dataset or a re-pack)")
+    return ds
+
+
+def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -> int:
+    """Write step rows (one per (epoch, step, rank)) as JSON Lines, or as readable text; return the count."""
+    count = 0
+    for row in rows:
+        count += 1
+        if as_json:
+            out.write(json.dumps(row) + "\n")
+            continue
+        seconds = sum(row["durations"])
+        out.write(f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
+                  f"batch_index {row['batch_index']}, world {row['world_size']}): "
+                  f"{len(row['keys'])} samples, {seconds:.2f} s\n")
+        corpora = row.get("corpus") or [None] * len(row["keys"])
+        for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
+            out.write(f"  {key}\t{duration:.3f}" + (f"\t{corpus}" if corpus else "") + "\n")
+    return count
+
+
+def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
+    """Write step rows as CSV, one line per sample: epoch, step, rank, segment, batch_index, key, duration,
+    corpus (empty outside a mix)."""
+    writer = csv.writer(out)
+    writer.writerow(["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus"])
+    for row in rows:
+        corpora = row.get("corpus") or [""] * len(row["keys"])
+        for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
+            writer.writerow([row["epoch"], row["step"], row["rank"], row["segment"], row["batch_index"], key,
+                             duration, corpus])

@@ -1,0 +1,163 @@
+"""The data ledger: which samples every rank's batch held at any step, answered offline from the plan.
+
+Every decision of the loader is a pure function of the index, the seed and the options a saved state
+records, so :class:`Trace` answers "which keys did rank 3 train on at step 41,207?" and "when was
+utterance X seen?" without reading a byte of audio. It plans with the dataset's own planner
+(``ShardDataset._make_plan``, so mixes, quarantines and re-mixes included) and follows the epoch's elastic
+history exactly as the loader played it.
+
+**Steps.** ``step`` counts batches per rank from the start of the epoch, across elastic segments: segment
+``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier segments'
+``consumed``; the last (current) segment runs under the state's world size to the end of the epoch. A
+yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
+of the earlier segments (the two agree when the world never changed). Epochs other than the state's are
+traced as planned from their start under the state's world size: the state records the elastic history
+of its own epoch only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import OptionError
+from ..planning.plan import EpochPlan
+from ..state import LoaderState, combine, find_states
+from ..world import World
+from .quarantine import resolve_keys
+
+if TYPE_CHECKING:
+    from ..dataset import ShardDataset
+
+__all__ = ["Trace", "StepRecord"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One rank's batch at one step: its sample ids (global ids in a mix)."""
+
+    epoch: int
+    step: int
+    segment: int
+    batch_index: int
+    """The batch's ``batch_index`` as the loader yields it (its index within the segment)."""
+    rank: int
+    world_size: int
+    ids: np.ndarray
+
+
+class Trace:
+    """The ledger of ``dataset`` (a :class:`~shardio.ShardDataset` or :class:`~shardio.MixedDataset`) as
+    the job that saved ``state`` plays it. ``dataset`` is not changed (a copy loads the state)."""
+
+    def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
+        self.state: LoaderState = combine(find_states(state))
+        ds = copy.copy(dataset)
+        ds._explicit_world = ds._world = World(0, self.state.world_size)
+        ds.load_state_dict(self.state.to_dict())
+        self.dataset = ds
+        self._batching = ds.batching if ds.batched else replace(ds.batching, batch_size=1)
+        self._plans: dict[tuple[int, int], EpochPlan] = {}
+
+    # -- the plan, segment by segment -----------------------------------------------------------------
+
+    def segments(self, epoch: int) -> list[tuple[int, int, int]]:
+        """``(world_size, first step, steps)`` of each segment of ``epoch``, in order."""
+        history = self.state.history if epoch == self.state.epoch else ()
+        found, first = [], 0
+        for finished in history:
+            found.append((finished.world_size, first, finished.consumed))
+            first += finished.consumed
+        last = self.plan(epoch, len(history))
+        found.append((self.state.world_size, first, last.num_batches))
+        return found
+
+    def plan(self, epoch: int, segment: int) -> EpochPlan:
+        """The loader's plan of segment ``segment`` of ``epoch``."""
+        if (epoch, segment) not in self._plans:
+            history = self.state.history if epoch == self.state.epoch else ()
+            if segment > len(history):
+                raise OptionError(f"epoch {epoch} has {len(history) + 1} segments, not {segment + 1}")
+            if epoch == self.state.epoch and segment == len(history):
+                self._plans[(epoch, segment)] = self.dataset.plan()  # planned when the state loaded
+            else:
+                world_size = history[segment].world_size if segment < len(history) else self.state.world_size
+                self._plans[(epoch, segment)] = self.dataset._make_plan(epoch, history[:segment], world_size,
+                                                                        self._batching)
+        return self._plans[(epoch, segment)]
+
+    def position_step(self) -> int:
+        """The epoch step the state stands at (the next batch to train on)."""
+        return sum(s.consumed for s in self.state.history) + self.state.position
+
+    # -- questions ------------------------------------------------------------------------------------
+
+    def steps(self, epoch: int, first: int, stop: int | None = None,
+              rank: int | None = None) -> list[StepRecord]:
+        """Every rank's (or ``rank``'s) batch at steps ``first`` to ``stop - 1`` (default: ``first`` only)."""
+        stop = first + 1 if stop is None else stop
+        if first < 0 or stop <= first:
+            raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
+        records = []
+        for number, (world_size, start, count) in enumerate(self.segments(epoch)):
+            overlap = range(max(first, start), min(stop, start + count))
+            if not overlap:
+                continue
+            if rank is not None and not 0 <= rank < world_size:
+                raise OptionError(f"rank {rank} is not in segment {number}'s world of {world_size}")
+            plan = self.plan(epoch, number)
+            for step in overlap:
+                for r in range(world_size) if rank is None else (rank,):
+                    j = step - start
+                    records.append(StepRecord(epoch, step, number, j, r, world_size, plan.batch(r, j)))
+        if not records:
+            total = sum(count for _, _, count in self.segments(epoch))
+            raise OptionError(f"epoch {epoch} has {total} steps; none in [{first}, {stop})")
+        return records
+
+    def epoch(self, epoch: int) -> Iterator[StepRecord]:
+        """Every (step, rank) batch of ``epoch``, in step order."""
+        for number, (world_size, start, count) in enumerate(self.segments(epoch)):
+            plan = self.plan(epoch, number)
+            for j in range(count):
+                for r in range(world_size):
+                    yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j))
+
+    def find(self, keys: Sequence[str], epochs: Iterable[int]) -> list[dict[str, Any]]:
+        """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
+        wanted = resolve_keys(keys, self.dataset.index.keys)
+        key_of = {i: key for key, ids in wanted.items() for i in ids}
+        ids = np.fromiter(key_of, dtype=np.int64)
+        found = []
+        for epoch in epochs:
+            for number, (world_size, start, count) in enumerate(self.segments(epoch)):
+                plan = self.plan(epoch, number)
+                positions = np.flatnonzero(np.isin(plan.samples, ids))
+                if positions.shape[0] == 0:
+                    continue
+                batches = np.searchsorted(plan.offsets, positions, side="right") - 1
+                dealt = plan.rank_batches[:, :count]
+                for position, batch in zip(positions.tolist(), batches.tolist()):
+                    for r, j in np.argwhere(dealt == batch).tolist():
+                        sample = int(plan.samples[position])
+                        found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
+                                      "segment": number, "batch_index": j,
+                                      **self.dataset._fields(sample)})  # a mix adds the corpus
+        return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
+
+    def row(self, record: StepRecord) -> dict[str, Any]:
+        """``record`` as a JSON-ready dict: its place, and its samples' keys, durations (and corpora)."""
+        index = self.dataset.index
+        ids = record.ids.tolist()
+        row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
+                               "segment": record.segment, "batch_index": record.batch_index,
+                               "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
+                               "durations": [round(float(index.durations[i]), 4) for i in ids]}
+        corpora = [self.dataset._fields(i).get("corpus") for i in ids]
+        if any(c is not None for c in corpora):
+            row["corpus"] = corpora
+        return row

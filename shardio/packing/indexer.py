@@ -1,0 +1,285 @@
+"""build_index: an index for existing WebDataset-style shards (``.tar``, ``.tar.gz``, ``.tar.zst``, ``.tar.bz2``).
+
+Shards written by other tools (``webdataset.ShardWriter``, WeNet, ``tar`` + ``zstd``) are walked once as a
+stream; members are grouped into samples by key (adjacent members sharing the part of their name before
+the first dot of the basename), the audio member is picked by extension and its frames, sample rate and
+channels are read with ``soundfile.info``. A sample's bytes run from the end of the previous sample's
+last member (so any pax header of its first member is included) to the end of its own last member.
+
+A ``.tar`` is seekable (codec ``none``). A multi-frame ``.tar.zst`` whose frames each hold whole samples
+(shardio's own layout) is seekable too (codec ``zstd``); any other ``.tar.zst`` is ``zstd-stream``, and ``.tar.gz`` and
+``.tar.bz2`` are ``gzip`` and ``bz2``: for those the offsets are in the decompressed tar.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import IO, Any, BinaryIO
+
+import soundfile as sf
+import zstandard
+
+from ..errors import DecodeError, FormatError, OptionError, ReadError
+from ..reading.streams import describe
+from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, Index, IndexBuilder, ShardInfo
+from ..shards.tarformat import key_problem, split_name, walk
+from ..shards.writer import writable_directory
+from .corpus import AUDIO_EXTENSIONS
+
+__all__ = ["build_index", "shard_codec", "tar_stream", "upgrade_index"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst", "zstd-stream"),
+             (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
+_ZSTD_MAGIC = 0xFD2FB528
+_SEEKABLE_FRAME = 4 << 20
+_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
+
+
+def shard_codec(name: str) -> str:
+    """The stream codec a shard's file name says it has: ``none``, ``gzip``, ``zstd-stream`` or ``bz2``."""
+    for suffix, codec in _SUFFIXES:
+        if name.endswith(suffix):
+            return codec
+    raise OptionError(f"{name}: not a shard name this indexer reads (expected one of "
+                      f"{', '.join(s for s, _ in _SUFFIXES)})")
+
+
+class _Hashing(io.RawIOBase):
+    """Counts and hashes every byte read through it from the shard file."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        count = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.sha256.update(memoryview(buffer)[:count])
+        self.size += count
+        return count
+
+
+def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
+    """The tar bytes of a shard file opened as ``raw``, decompressed as ``codec`` says (a stream codec, or
+    ``none``/``zstd``); :func:`~shardio.shards.tarformat.walk` completes the decompressors' short reads."""
+    if codec == "gzip":
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif codec == "bz2":
+        stream = bz2.BZ2File(raw, mode="rb")
+    elif codec in ("zstd-stream", "zstd"):
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    else:
+        stream = raw
+    return stream
+
+
+def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
+    """Each sample of a tar stream: its key, byte span in the (decompressed) tar, and its audio member."""
+    key: str | None = None
+    audio: tuple[str, IO[bytes]] | None = None
+    others: list[str] = []
+    boundary = start = end = 0
+    for member, data in walk(stream, where):
+        try:
+            member_key, ext = split_name(member.name)
+        except FormatError:
+            logger.warning("%s: skipping member %r, whose name is not {key}.{ext}", where, member.name)
+            boundary = member.end
+            continue
+        if member_key != key and (problem := key_problem(member_key)) is not None:
+            raise FormatError(f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
+                              f"which breaks pack's key rules: {problem}")
+        if member_key != key:
+            if key is not None:
+                yield _finish(key, start, end, audio, others, where)
+            key, audio, others, start = member_key, None, [], boundary
+        if audio is None and ext.rsplit(".", 1)[-1].lower() in AUDIO_EXTENSIONS:
+            audio = (ext, data)
+        else:
+            data.close()
+            others.append(ext)
+        end = boundary = member.end
+    if key is not None:
+        yield _finish(key, start, end, audio, others, where)
+
+
+def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str],
+            where: str) -> _Sample:
+    if audio is None:
+        raise FormatError(f"{where}: sample {key!r} at offset {start} has no audio member (members: "
+                          f"{', '.join('.' + e for e in others)}; expected one of "
+                          f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)})")
+    return key, start, end, audio[0], audio[1]
+
+
+def _zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
+    """``(compressed offset, compressed size, decompressed size)`` of each zstd frame, or None when a frame does
+    not record its decompressed size (then the shard can only be read as a stream)."""
+    frames: list[tuple[int, int, int]] = []
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        offset = 0
+        while offset < size:
+            handle.seek(offset)
+            head = handle.read(18)
+            magic = int.from_bytes(head[:4], "little")
+            if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
+                offset += 8 + int.from_bytes(head[4:8], "little")
+                continue
+            if magic != _ZSTD_MAGIC:
+                raise FormatError(f"{path}: not a zstd frame at offset {offset}")
+            try:
+                params = zstandard.get_frame_parameters(head)
+                position = offset + zstandard.frame_header_size(head)
+            except zstandard.ZstdError as exc:
+                raise FormatError(f"{path}: bad zstd frame header at offset {offset} ({exc})") from None
+            if params.content_size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR):
+                return None
+            last = False
+            while not last:
+                if position + 3 > size:
+                    raise FormatError(f"{path}: zstd frame at offset {offset} runs past the end of the file")
+                handle.seek(position)
+                block = int.from_bytes(handle.read(3), "little")
+                last, kind, block_size = bool(block & 1), (block >> 1) & 3, block >> 3
+                position += 3 + (1 if kind == 1 else block_size)
+            position += 4 if params.has_checksum else 0
+            frames.append((offset, position - offset, params.content_size))
+            offset = position
+    return frames
+
+
+def _seekable(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int, int]] | None:
+    """Per sample ``(frame offset, frame size, offset in the frame)`` when every sample lies in one frame and
+    frames are small (one sample, or at most ``_SEEKABLE_FRAME`` bytes): a whole-shard frame is no index."""
+    placed: list[tuple[int, int, int]] = []
+    per_frame: dict[int, int] = {}
+    number, frame_start = 0, 0
+    for start, end in spans:
+        while number < len(frames) and start >= frame_start + frames[number][2]:
+            frame_start += frames[number][2]
+            number += 1
+        if number == len(frames) or end > frame_start + frames[number][2]:
+            return None
+        placed.append((frames[number][0], frames[number][1], start - frame_start))
+        per_frame[number] = per_frame.get(number, 0) + 1
+    if any(count > 1 and frames[number][2] > _SEEKABLE_FRAME for number, count in per_frame.items()):
+        return None
+    return placed
+
+
+def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
+                overwrite: bool = False) -> Index:
+    """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
+
+    Shard names in the index are relative to the index's directory. An index already there is an
+    :class:`~shardio.errors.OptionError` unless ``overwrite`` (checkpoints of its dataset stop matching).
+    Sample keys follow pack's rules (:func:`~shardio.shards.tarformat.key_problem`: relative, no ``..``).
+    """
+    paths = [os.path.abspath(os.fspath(s)) for s in shards]
+    if not paths:
+        raise OptionError("build_index needs at least one shard")
+    root = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else \
+        os.path.commonpath([os.path.dirname(p) for p in paths])
+    writable_directory(root)
+    if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
+        raise OptionError(f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
+                          "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
+                          "replace it, or --out to write the new index elsewhere")
+    builder = IndexBuilder(root)
+    keys: set[str] = set()
+    for path in paths:
+        codec = shard_codec(path)
+        if not os.path.isfile(path):
+            raise ReadError(f"{path}: no such shard file")
+        samples, info = _index_shard(path, codec)
+        spans = [(start, end) for _, start, end, _, _ in samples]
+        placed = None
+        if codec == "zstd-stream":
+            frames = _zstd_frames(path)
+            placed = _seekable(frames, spans) if frames and len(frames) > 1 else None
+            codec = "zstd" if placed else codec
+        number = len(builder.shards)
+        duration = 0.0
+        repeated = [key for key, *_ in samples if key in keys]
+        if repeated:
+            logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
+                           repeated[0])
+        for i, (key, start, end, ext, (frames_, rate, channels)) in enumerate(samples):
+            keys.add(key)
+            frame_offset, frame_size, member_offset = placed[i] if placed else (start, end - start, 0)
+            builder.add_sample(key, shard=number, frame_offset=frame_offset, frame_size=frame_size,
+                               member_offset=member_offset, member_size=end - start, num_frames=frames_,
+                               sample_rate=rate, channels=channels, audio_ext=ext)
+            duration += frames_ / max(rate, 1)
+        builder.add_shard(ShardInfo(name=os.path.relpath(path, root), bytes=info[0], sha256=info[1],
+                                    samples=len(samples), duration=round(duration, 6), codec=codec))
+        logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
+    index = builder.build()
+    index.save(root)
+    outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
+    if outside:
+        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+                       "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
+                       len(outside), outside[0])
+    return index
+
+
+def upgrade_index(directory: str | os.PathLike[str]) -> str:
+    """Rewrite the index of the dataset in local ``directory`` in the current format, with the same content
+    and fingerprint (a saved loader state still resumes), and remove a format-1 ``index.npz``. Says what it
+    did: ``"1 -> 2"``, or ``"2 (already current)"``."""
+    directory = os.fspath(directory)
+    with open(os.path.join(directory, INDEX_JSON), "rb") as handle:
+        version = json.loads(handle.read()).get("version")
+    index = Index.load(directory)
+    if version == FORMAT_VERSION:
+        return f"{version} (already current)"
+    index.save(directory, keep_fingerprint=True)
+    old = os.path.join(directory, INDEX_COLUMNS_V1)
+    if os.path.exists(old):
+        os.unlink(old)
+    logger.info("%s: index upgraded from format %s to %s", directory, version, FORMAT_VERSION)
+    return f"{version} -> {FORMAT_VERSION}"
+
+
+def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]],
+                                                  tuple[int, str]]:
+    """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``."""
+    samples = []
+    with open(path, "rb") as handle:
+        hashing = _Hashing(handle)
+        raw = io.BufferedReader(hashing, 1 << 20)
+        try:
+            stream = tar_stream(raw, codec)
+            for key, start, end, ext, data in _samples(stream, path):
+                try:
+                    with data:
+                        facts = sf.info(data)
+                except (sf.LibsndfileError, RuntimeError) as exc:
+                    reason = getattr(exc, "error_string", None) or exc
+                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
+                                      f"decoded ({reason})") from None
+                if facts.frames <= 0:
+                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member has no frames")
+                samples.append((key, start, end, ext, (int(facts.frames), int(facts.samplerate),
+                                                       int(facts.channels))))
+            while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
+                pass
+        except (OSError, EOFError, zstandard.ZstdError) as exc:
+            raise FormatError(f"{path}: cannot decompress the {codec} stream ({describe(exc)})") from None
+        while raw.read(1 << 20):
+            pass
+    return samples, (hashing.size, hashing.sha256.hexdigest())

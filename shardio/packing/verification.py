@@ -1,0 +1,114 @@
+"""verify: check a dataset's shards against its index, and optionally decode every sample.
+
+Checks, per shard: the file exists and has the indexed size and SHA-256; every sample's bytes, read at the
+index's offsets (and decompressed as the shard's codec says), parse as tar members named ``{key}.{ext}`` with
+the indexed key and audio format. With ``decode=True`` every audio member must decode to non-empty, finite
+audio with the indexed frames, sample rate and channels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import ShardioError
+from ..reading.decode import decode_audio
+from ..reading.reader import Reader
+from ..reading.storage import file_size, open_input
+from ..shards.index import Index
+from .truncation import truncation_problem
+
+__all__ = ["verify_dataset"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_PER_SHARD = 20
+
+
+def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
+                   allow_outside_root: bool = False) -> list[str]:
+    """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
+    ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere)."""
+    try:
+        index = Index.load(directory, allow_outside_root=allow_outside_root)
+    except ShardioError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    reader = Reader(index)
+    by_shard = np.argsort(index.columns["shard"], kind="stable")
+    bounds = np.searchsorted(index.columns["shard"][by_shard], np.arange(len(index.shards) + 1))
+    try:
+        for number, shard in enumerate(index.shards):
+            rows = by_shard[bounds[number]:bounds[number + 1]]
+            found = list(_verify_shard(index, reader, number, rows, decode))
+            if len(found) > _MAX_PER_SHARD:
+                found = found[:_MAX_PER_SHARD] + [f"{shard.name}: ... and {len(found) - _MAX_PER_SHARD} more problems"]
+            problems += found
+            logger.info("verified %s: %s", shard.name, "ok" if not found else f"{len(found)} problems")
+    finally:
+        reader.close()
+    return problems
+
+
+def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, decode: bool) -> Iterator[str]:
+    shard = index.shards[number]
+    path = index.shard_path(number)
+    try:
+        size = file_size(path)
+        digest = hashlib.sha256()
+        with open_input(path) as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        yield f"{shard.name}: the shard file is missing ({path})"
+        return
+    except IsADirectoryError:
+        yield f"{shard.name}: a directory is where the shard file should be ({path}); expected a file"
+        return
+    except (OSError, ShardioError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        yield f"{shard.name}: the shard file cannot be read ({reason}); its samples were not checked"
+        return
+    if digest.hexdigest() != shard.sha256:
+        yield f"{shard.name}: SHA-256 {digest.hexdigest()}, the index says {shard.sha256}"
+    if size != shard.bytes:
+        yield f"{shard.name}: {size} bytes, the index says {shard.bytes} (truncated or replaced); its samples " \
+              "were not checked"
+        return
+    for row in rows:
+        yield from _check_sample(index, reader, int(row), decode)
+
+
+def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Iterator[str]:
+    """Parse the sample at its indexed offsets (the loader's own reader) and optionally decode its audio."""
+    key = index.keys[row]
+    where = f"{index.shards[int(index.columns['shard'][row])].name}: sample {key!r}"
+    audio_ext = index.formats[int(index.columns["format"][row])]
+    try:
+        members = reader.members(row)
+    except ShardioError as exc:
+        yield f"{where}: {exc}"
+        return
+    if audio_ext not in members:
+        yield f"{where}: no .{audio_ext} member (found {', '.join('.' + e for e in members)})"
+        return
+    if not decode:
+        return
+    try:
+        audio, rate = decode_audio(members[audio_ext], audio_ext, where=where)
+    except ShardioError as exc:
+        yield str(exc)
+        return
+    truncated = truncation_problem(members[audio_ext], audio_ext, audio.shape[1])
+    if truncated is not None:
+        yield f"{where}: {truncated}"
+    expected = (int(index.columns["num_frames"][row]), int(index.columns["sample_rate"][row]),
+                int(index.columns["channels"][row]))
+    actual = (audio.shape[1], rate, audio.shape[0])
+    if actual != expected:
+        yield f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index says " \
+              f"{expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"

@@ -1,0 +1,289 @@
+"""Multi-corpus mixing: several indexes, weighted, planned on metadata and resumable as one dataset.
+
+**Streams.** Each corpus is an endless stream of *passes*; pass ``p`` is one shuffled order of all its
+eligible samples (shards permuted, samples shuffled within shard windows), seeded by
+``(seed, p, corpus)`` and by nothing else. Every epoch takes the next ``quota`` samples of each stream:
+epoch ``e`` holds stream positions ``[e * quota, (e + 1) * quota)``. A small corpus therefore repeats
+(several passes in one epoch) and a large one is spread over epochs, and in both cases every sample is
+taken exactly once per pass of its corpus, pass after pass, across epoch boundaries.
+
+**Epoch size** (:class:`EpochSize`), and the quotas that follow from it and the weights: ``primary``
+(one pass over that corpus: its quota is its size), ``hours`` (that much audio in all), or ``batches``
+(exactly that many global batches, before the deal to ranks; quotas are sized on calibration plans
+with a 2-5% margin: the samples planned beyond the last batch are skipped, ``report["skipped"]``, so a
+pass may miss a few; a rare shortfall is filled by repeating batches, ``report["repeated"]``). Weights are shares of audio (``weight_by="duration"``) or of samples.
+
+**Plan.** The corpora's epoch slices are merged: position ``i`` of a corpus with quota ``q`` gets the
+key ``(i + u) / q`` (``u`` uniform), so every stretch of the epoch holds each corpus in its share. The
+merged epoch is cut into as many *slices* as the busiest corpus has shard windows; within a slice samples
+are bucketed and batched (optionally per corpus: ``single_corpus_batches``) and the batch order shuffled.
+Each occurrence (corpus, pass, sample) gets its own id in the planner, so the deal, the remainder and
+the elastic re-plan of :func:`shardio.planning.plan.plan_segments` apply unchanged: after a world-size change every
+occurrence not yet consumed is consumed exactly once; no pass of any corpus loses or repeats a sample.
+The plan's ``samples`` are *global* ids, ``offset[corpus] + local id`` with corpora in name order; a
+global id repeats when its corpus repeats within the epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import OptionError
+from . import bucketing
+from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, rng, window_order, with_report
+
+__all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "mix_quotas", "corpus_offsets"]
+
+logger = logging.getLogger(__name__)
+
+_MIX, _MERGE = 11, 12
+
+
+class CorpusColumns(NamedTuple):
+    """What the mix planner needs of one corpus: per-sample shard ids and durations, and the shard count."""
+
+    shard_ids: np.ndarray
+    durations: np.ndarray
+    num_shards: int
+
+
+@dataclass(frozen=True)
+class EpochSize:
+    """What one epoch of a mix is: give exactly one of the three."""
+
+    primary: str | None = None
+    """One pass over this corpus (the others in proportion to the weights)."""
+    hours: float | None = None
+    """This many hours of audio, over all corpora."""
+    batches: int | None = None
+    """Exactly this many global batches (all ranks together)."""
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("primary", "hours", "batches") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise OptionError(f"EpochSize needs exactly one of primary, hours or batches, got {given or 'none'}")
+        if self.hours is not None and not (self.hours > 0 and math.isfinite(self.hours)):
+            raise OptionError(f"EpochSize hours must be a positive number, not {self.hours}")
+        if self.batches is not None and (not isinstance(self.batches, int) or self.batches < 1):
+            raise OptionError(f"EpochSize batches must be a positive integer, not {self.batches!r}")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The corpora's weights (normalised), the epoch size and how batches draw from corpora."""
+
+    weights: Mapping[str, float]
+    epoch_size: EpochSize
+    weight_by: str = "duration"
+    """``duration``: weights are shares of audio seconds; ``samples``: shares of utterances."""
+    single_corpus_batches: bool = False
+    """Every batch draws from one corpus only."""
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in dict(self.weights).items() if not (isinstance(v, (int, float)) and v > 0
+                                                                  and math.isfinite(v))}
+        if not self.weights or bad:
+            raise OptionError(f"weights must map each corpus name to a positive number, got {dict(self.weights)}")
+        if self.weight_by not in ("duration", "samples"):
+            raise OptionError(f"weight_by must be 'duration' or 'samples', not {self.weight_by!r}")
+        primary = self.epoch_size.primary
+        if primary is not None and primary not in self.weights:
+            raise OptionError(f"EpochSize primary {primary!r} is not one of the corpora {sorted(self.weights)}")
+        total = float(sum(self.weights.values()))
+        object.__setattr__(self, "weights", {k: float(self.weights[k]) / total for k in sorted(self.weights)})
+
+    @property
+    def names(self) -> list[str]:
+        """Corpus names, in the order of the global id space."""
+        return list(self.weights)
+
+    def options(self) -> dict[str, Any]:
+        """The mix options as a JSON-ready dict (a loader state records them)."""
+        size = {k: v for k, v in vars(self.epoch_size).items() if v is not None}
+        return {"weights": dict(self.weights), "epoch_size": size, "weight_by": self.weight_by,
+                "single_corpus_batches": self.single_corpus_batches}
+
+
+def corpus_offsets(sizes: Sequence[int]) -> np.ndarray:
+    """Global id offsets: corpus ``c`` (in name order) holds ids ``[offsets[c], offsets[c + 1])``."""
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+
+
+def _corpus_key(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _check(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching) -> dict[str, np.ndarray]:
+    if set(corpora) != set(mix.weights):
+        raise OptionError(f"the weights name corpora {sorted(mix.weights)}, the mix has {sorted(corpora)}")
+    eligible = {}
+    for name in mix.names:
+        shard_ids, durations, _ = corpora[name]
+        if shard_ids.shape != durations.shape:
+            raise OptionError(f"corpus {name!r}: shard_ids and durations must have the same shape")
+        eligible[name] = batching.eligible(np.asarray(durations, dtype=np.float64))
+        if not eligible[name].any():
+            raise OptionError(f"corpus {name!r} has no sample within the batching's duration limits")
+    return eligible
+
+
+def _rates(corpora: Mapping[str, CorpusColumns], mix: Mix, eligible: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Samples of each corpus per second of epoch audio."""
+    means = {name: float(corpora[name].durations[eligible[name]].mean()) for name in mix.names}
+    if mix.weight_by == "duration":
+        return {name: w / max(means[name], 1e-9) for name, w in mix.weights.items()}
+    per_sample = sum(w * means[name] for name, w in mix.weights.items())
+    return {name: w / max(per_sample, 1e-9) for name, w in mix.weights.items()}
+
+
+def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix,
+               batching: Batching = Batching(), *, seed: int = 0, ordering: Ordering = Ordering()) -> dict[str, int]:
+    """Samples each corpus contributes to every epoch (the same for every epoch)."""
+    columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
+    eligible = _check(columns, mix, batching)
+    rates = _rates(columns, mix, eligible)
+    size = mix.epoch_size
+    if size.primary is not None:
+        seconds = float(eligible[size.primary].sum()) / rates[size.primary]
+    elif size.hours is not None:
+        seconds = size.hours * 3600.0
+    else:
+        assert size.batches is not None
+        per_batch = (batching.max_duration if batching.max_duration is not None
+                     else (batching.batch_size or 1) / sum(rates.values()))
+        # At least `batches` batches (none holds more than this); then shrink toward a 2-5% margin by a few
+        # secant steps on calibration plans of epoch 0 (partial batches make the count not proportional).
+        seconds = best = size.batches * per_batch
+        target, aim = 1.02 * (size.batches + 1), 1.05 * (size.batches + 1)
+        for _ in range(4):
+            trial = _occurrences(columns, mix, batching, ordering, eligible, _quotas(rates, seconds), seed=seed,
+                                 epoch=0)
+            found = plan_segments(np.arange(trial.global_ids.shape[0]), trial.durations, seed=seed, epoch=0,
+                                  world_size=1, batching=batching, windows=trial.slices, buckets=trial.buckets,
+                                  shuffle=ordering.shuffle, purpose=(_MIX,)).offsets.shape[0] - 1
+            if found >= target:
+                best = min(best, seconds)
+            seconds *= aim / max(found, 1)
+        seconds = best
+    return _quotas(rates, seconds)
+
+
+def _quotas(rates: Mapping[str, float], seconds: float) -> dict[str, int]:
+    return {name: max(1, int(round(rate * seconds))) for name, rate in rates.items()}
+
+
+class _Epoch(NamedTuple):
+    global_ids: np.ndarray  # per occurrence, in merged order
+    durations: np.ndarray
+    slices: np.ndarray
+    buckets: np.ndarray
+    edges: np.ndarray
+
+
+def _merge(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Where each element of each strictly increasing key array lands when all are merged; ties go to the
+    earlier array. Exact and the same on every machine (binary searches, no float sort)."""
+    places = []
+    for c, own in enumerate(keys):
+        place = np.arange(own.shape[0], dtype=np.int64)
+        for other, theirs in enumerate(keys):
+            if other != c:
+                place += np.searchsorted(theirs, own, side="right" if other < c else "left")
+        places.append(place)
+    return places
+
+
+def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching, ordering: Ordering,
+                 eligible: Mapping[str, np.ndarray], quotas: Mapping[str, int], *, seed: int,
+                 epoch: int, cursors: Mapping[str, int] | None = None, since: int = 0) -> _Epoch:
+    """The epoch's occurrences in merged order: global ids, durations, slices and bucket keys.
+
+    Corpus ``c``'s slice of epoch ``e`` is stream positions ``[s + (e - since) * q, s + (e - since + 1) * q)``
+    with ``s = cursors[c]`` (0 by default): a re-mix (:mod:`shardio.ledger.remix`) restarts the quotas at epoch
+    ``since`` from where each corpus's stream stood.
+    """
+    names = mix.names
+    offsets = corpus_offsets([corpora[name].shard_ids.shape[0] for name in names])
+    streams, keys, spans = [], [], []
+    for name in names:
+        shard_ids, _, num_shards = corpora[name]
+        keep, quota, key = eligible[name], quotas[name], _corpus_key(name)
+        size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
+        start = (cursors or {}).get(name, 0) + (epoch - since) * quota
+        end = start + quota
+        local, windows = [], []
+        for p in range(start // size, (end - 1) // size + 1):
+            order, window = window_order(shard_ids, num_shards, ordering, (seed, p, _MIX, key))
+            order = order[keep[order]][max(start - p * size, 0): min(end - p * size, size)]
+            local.append(order)
+            windows.append(p * width + window[order])
+        streams.append(np.concatenate(local))
+        jitter = rng(seed, epoch, _MIX, key, _MERGE).random(quota) if ordering.shuffle else 0.5
+        keys.append((np.arange(quota, dtype=np.float64) + jitter) / quota)
+        # A corpus within one shard window is local however often it repeats: it does not cut slices.
+        spans.append(int(windows[-1][-1] - windows[0][0]) + 1 if width > 1 else 1)
+    total, count = sum(quotas.values()), max(spans)
+    global_ids = np.empty(total, dtype=np.int64)
+    slices = np.empty(total, dtype=np.int64)
+    numbers = np.empty(total, dtype=np.int64)
+    for c, place in enumerate(_merge(keys)):
+        global_ids[place] = offsets[c] + streams[c]
+        slices[place] = np.minimum((keys[c] * count).astype(np.int64), count - 1)
+        numbers[place] = c
+    all_durations = np.concatenate([np.asarray(corpora[name].durations, dtype=np.float64) for name in names])
+    durations = all_durations[global_ids]
+    buckets, edges = np.zeros(total, dtype=np.int64), np.zeros(0)
+    if batching.bucketed:
+        weights = np.repeat([quotas[name] / int(eligible[name].sum()) for name in names], np.diff(offsets))
+        edges = bucketing.bucket_edges(all_durations, batching, weights)
+        buckets = bucketing.bucket_of(durations, edges)
+    if mix.single_corpus_batches:
+        buckets = buckets * len(names) + numbers
+    return _Epoch(global_ids, durations, slices, buckets, edges)
+
+
+def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *, seed: int,
+             epoch: int, world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
+             history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = (),
+             cursors: Mapping[str, int] | None = None, since: int = 0) -> EpochPlan:
+    """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
+
+    Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids (see the
+    module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
+    ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
+    segment on. ``cursors`` and ``since``: each corpus's stream position at epoch ``since`` (a re-mix).
+    """
+    if seed < 0 or epoch < since or since < 0:
+        raise OptionError(f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
+                          f"mix took effect), not {seed} and {epoch}")
+    columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
+    eligible = _check(columns, mix, batching)
+    quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
+    occurrences = _occurrences(columns, mix, batching, ordering, eligible, quotas, seed=seed, epoch=epoch,
+                               cursors=cursors, since=since)
+    global_ids, durations = occurrences.global_ids, occurrences.durations
+    exclude = [(at, np.flatnonzero(np.isin(global_ids, ids))) for at, ids in exclude]
+    plan = plan_segments(np.arange(global_ids.shape[0]), durations, seed=seed, epoch=epoch, world_size=world_size,
+                         batching=batching, history=history, windows=occurrences.slices, buckets=occurrences.buckets,
+                         shuffle=ordering.shuffle, purpose=(_MIX,), limit=mix.epoch_size.batches,
+                         exclude=exclude)
+    offsets = corpus_offsets([columns[name].shard_ids.shape[0] for name in mix.names])
+    number = np.searchsorted(offsets, global_ids[plan.samples], side="right") - 1
+    seconds = np.bincount(number, weights=durations[plan.samples], minlength=len(mix.names))
+    counts = np.bincount(number, minlength=len(mix.names))
+    share = seconds if mix.weight_by == "duration" else counts
+    stats = {name: {"samples": int(counts[c]), "seconds": round(float(seconds[c]), 3), "quota": quotas[name],
+                    "share": round(float(share[c] / max(share.sum(), 1e-9)), 6), "weight": mix.weights[name],
+                    "passes": round(quotas[name] / int(eligible[name].sum()), 6)}
+             for c, name in enumerate(mix.names)}
+    excluded = sum(int((~keep).sum()) for keep in eligible.values())
+    return with_report(replace(plan, samples=global_ids[plan.samples], excluded=excluded),
+                       samples=int(offsets[-1]), corpora=stats,
+                       **({"bucket_edges": occurrences.edges.round(6).tolist()} if batching.bucketed else {}))

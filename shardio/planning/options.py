@@ -1,0 +1,153 @@
+"""The planner's options: how an epoch's samples are ordered (:class:`Ordering`) and batched
+(:class:`Batching`), their validation, and the per-sample cost model that both the planner and the
+bucketing helpers use. Nothing here imports the planner, so :mod:`shardio.planning.plan` and
+:mod:`shardio.planning.bucketing` both build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import OptionError
+
+__all__ = ["Batching", "Ordering", "REMAINDERS", "sample_cost", "eligible"]
+
+REMAINDERS = ("pad", "drop")
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """How an epoch's samples are ordered."""
+
+    shuffle: bool = True
+    shuffle_shards: int = 16
+    """Samples mix across windows of this many consecutive (permuted) shards."""
+
+    def __post_init__(self) -> None:
+        if self.shuffle_shards < 1:
+            raise OptionError(f"shuffle_shards must be at least 1, not {self.shuffle_shards}")
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How samples are grouped into batches, and what happens to the last partial round of batches."""
+
+    batch_size: int | None = None
+    max_duration: float | None = None
+    """Padded seconds per batch: batch size x the longest sample's cost (its duration, or see
+    ``quadratic_duration``)."""
+    max_batch_size: int | None = None
+    remainder: str = "pad"
+    """``pad``: repeat batches from the epoch start to fill the last round; ``drop``: drop that round."""
+    num_buckets: int | None = None
+    """Bucket by duration into this many buckets of about equal total duration (estimated from the index)."""
+    duration_bins: tuple[float, ...] | None = None
+    """Explicit bucket edges in seconds (increasing): ``len(duration_bins) + 1`` buckets."""
+    quadratic_duration: float | None = None
+    """``Q``: a sample of ``d`` seconds costs ``d + d**2 / Q`` toward ``max_duration`` (as in Lhotse)."""
+    min_duration: float | None = None
+    """Leave out samples shorter than this many seconds."""
+    max_sample_duration: float | None = None
+    """Leave out samples longer than this many seconds."""
+    sync_buckets: bool | None = None
+    """Step-synchronised batches: at every step all ranks get batches of one bucket and of nearly equal cost
+    (:mod:`shardio.planning.rounds`). ``None`` (the default): on when bucketing; ``True`` without buckets balances
+    cost only (all samples are one bucket)."""
+    batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
+    """What a batch costs, ``batch_cost(durations) -> float`` (deterministic; a module-level function, so
+    that spawned DataLoader workers can pickle it), for balancing synchronised steps; default: padded
+    seconds, or the quadratic cost with ``quadratic_duration``."""
+    batch_cost_name: str | None = None
+    """The name a state records for ``batch_cost`` (required with it): a state saved under another name
+    does not load. Give a new name whenever the function changes."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.max_duration is not None:
+            raise OptionError("give batch_size or max_duration, not both")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise OptionError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.max_duration is not None and not self.max_duration > 0:
+            raise OptionError(f"max_duration must be positive, not {self.max_duration}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
+        if self.max_batch_size is not None and self.max_duration is None:
+            raise OptionError("max_batch_size caps duration batches: give it with max_duration, not batch_size")
+        if self.remainder not in REMAINDERS:
+            raise OptionError(f"remainder must be one of {REMAINDERS}, not {self.remainder!r}")
+        _check_buckets_and_filters(self)
+        _check_sync(self)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether batches form within duration buckets (and the batch order is shuffled)."""
+        return self.num_buckets is not None or self.duration_bins is not None
+
+    @property
+    def synchronised(self) -> bool:
+        """Whether every step's batches come from one bucket, at nearly equal cost (``sync_buckets``)."""
+        return self.sync_buckets is True or (self.bucketed and self.sync_buckets is None)
+
+    def eligible(self, durations: np.ndarray) -> np.ndarray:
+        """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
+        return eligible(durations, self)
+
+
+def _check_buckets_and_filters(b: Batching) -> None:
+    """Raise :class:`OptionError` for bucketing, cost and filter options that cannot work (and store
+    ``duration_bins`` as a tuple of floats)."""
+    if b.num_buckets is not None and b.duration_bins is not None:
+        raise OptionError("give num_buckets or duration_bins, not both")
+    if b.num_buckets is not None and (not isinstance(b.num_buckets, int) or b.num_buckets < 1):
+        raise OptionError(f"num_buckets must be an integer of at least 1, not {b.num_buckets!r}")
+    if b.duration_bins is not None:
+        bins = tuple(float(edge) for edge in b.duration_bins)
+        if any(not (e > 0 and np.isfinite(e)) for e in bins) or any(e >= f for e, f in zip(bins, bins[1:])):
+            raise OptionError(f"duration_bins must be positive, finite and strictly increasing, not {bins}")
+        object.__setattr__(b, "duration_bins", bins)
+    if b.quadratic_duration is not None:
+        if not b.quadratic_duration > 0:
+            raise OptionError(f"quadratic_duration must be positive, not {b.quadratic_duration}")
+        if b.max_duration is None:
+            raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
+    for name in ("min_duration", "max_sample_duration"):
+        value = getattr(b, name)
+        if value is not None and not (value >= 0 and np.isfinite(value)):
+            raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
+    if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
+        raise OptionError(f"min_duration ({b.min_duration}) is above max_sample_duration "
+                          f"({b.max_sample_duration}): every sample would be left out")
+
+
+def _check_sync(b: Batching) -> None:
+    if b.sync_buckets not in (None, True, False):
+        raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {b.sync_buckets!r}")
+    if b.batch_cost is not None and not callable(b.batch_cost):
+        raise OptionError(f"batch_cost must be a function of a batch's durations, not {b.batch_cost!r}")
+    if (b.batch_cost is None) != (b.batch_cost_name is None):
+        raise OptionError("give batch_cost and batch_cost_name together: a state records the cost by its name")
+    if b.batch_cost_name is not None and not (isinstance(b.batch_cost_name, str) and b.batch_cost_name):
+        raise OptionError(f"batch_cost_name must be a non-empty string, not {b.batch_cost_name!r}")
+    if b.batch_cost is not None and not b.synchronised:
+        raise OptionError("batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
+                          "with num_buckets or duration_bins)")
+
+
+def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:
+    """What a sample of ``d`` seconds costs in a batch: ``d``, or ``d + d**2 / quadratic`` (attention-like)."""
+    durations = np.asarray(durations, dtype=np.float64)
+    return durations if quadratic is None else durations + durations * durations / quadratic
+
+
+def eligible(durations: np.ndarray, batching: Batching) -> np.ndarray:
+    """Which samples ``batching`` can plan: within its duration filters, and alone within ``max_duration``."""
+    keep = np.ones(durations.shape[0], dtype=bool)
+    if batching.min_duration is not None:
+        keep &= durations >= batching.min_duration
+    if batching.max_sample_duration is not None:
+        keep &= durations <= batching.max_sample_duration
+    if batching.max_duration is not None:
+        keep &= sample_cost(durations, batching.quadratic_duration) <= batching.max_duration * (1 + 1e-9)
+    return keep

@@ -1,0 +1,320 @@
+"""The planner: pure functions from index metadata to every rank's batches for one epoch.
+
+No I/O and no torch. Given per-sample shard ids and durations, ``seed``, ``epoch``, the world size and the
+batching options, :func:`plan_epoch` decides the epoch order, the batches and which rank gets which batch.
+Every rank computes the same global plan independently, so ranks agree without any communication.
+
+The steps:
+
+1. **Order** (:func:`epoch_order`): shards are permuted per epoch, then samples are shuffled within
+   windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
+2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
+   ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
+   With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
+   duration bucket, batches form within a bucket, and the batch order is shuffled within each window
+   (:mod:`shardio.planning.bucketing`); with ``sync_buckets`` (the default when bucketing) the batches are instead
+   ordered in rounds of ``world_size`` of one bucket and nearly equal cost (:mod:`shardio.planning.rounds`).
+   Samples outside ``[min_duration, max_sample_duration]`` are left out.
+3. **Deal** (:func:`deal`): batch ``j * world_size + r`` goes to rank ``r``. The last partial round is
+   padded by repeating batches from the start of the epoch, or dropped (``remainder``); so every rank has
+   exactly the same number of batches, by construction.
+
+An elastic resume (a different world size mid-epoch) is a new *segment*: the samples that no rank has
+consumed yet are batched and dealt again over the new world (:func:`plan_epoch` with ``history``).
+
+Randomness comes from ``numpy.random.default_rng((seed, epoch, purpose))``: a function of the tuple,
+never of ``seed + epoch`` and never a mutated counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError
+from . import bucketing, rounds
+from .options import Batching, Ordering
+
+__all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "epoch_order", "batch_offsets", "deal", "plan_epoch",
+           "plan_segments", "worker_batches", "options_of", "rng"]
+
+_SHARDS, _SAMPLES, _BATCHES = 1, 2, 3
+
+
+def rng(seed: int, epoch: int, *purpose: int) -> np.random.Generator:
+    """The generator for ``purpose`` in ``epoch``: seeded by the tuple ``(seed, epoch, *purpose)``."""
+    return np.random.default_rng([seed, epoch, *purpose])
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A finished part of an epoch: ``consumed`` batches per rank were taken under ``world_size`` ranks."""
+
+    world_size: int
+    consumed: int
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch (segment) planned for all ranks. Batch ``j`` of rank ``r`` is ``batch(r, j)``."""
+
+    samples: np.ndarray
+    """Sample ids in batched order; global batch ``b`` is ``samples[offsets[b]:offsets[b + 1]]``."""
+    offsets: np.ndarray
+    rank_batches: np.ndarray
+    """``rank_batches[r, j]``: the global batch number of rank ``r``'s ``j``-th batch."""
+    excluded: int = 0
+    """Samples left out: alone above ``max_duration``, or outside the duration filters."""
+    dropped: int = 0
+    """Samples in the dropped last round (``remainder='drop'``)."""
+    padded: int = 0
+    """Samples repeated to fill the last round (``remainder='pad'``)."""
+    report: dict[str, Any] = field(default_factory=dict)
+    """What the plan did, for logs: counts, ``padding_ratio`` (padded seconds that are not audio),
+    ``step_efficiency`` (mean over steps of mean / max rank cost, under the cost model in use), ..."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks this plan deals to."""
+        return int(self.rank_batches.shape[0])
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per rank (the same on every rank)."""
+        return int(self.rank_batches.shape[1])
+
+    def batch(self, rank: int, j: int) -> np.ndarray:
+        """The sample ids of rank ``rank``'s ``j``-th batch."""
+        b = self.rank_batches[rank, j]
+        return self.samples[self.offsets[b] : self.offsets[b + 1]]
+
+    def consumed_samples(self, consumed: int) -> np.ndarray:
+        """Sample ids in the first ``consumed`` batches of every rank, each once (padding's repeats collapse)."""
+        taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
+        taken[self.rank_batches[:, :consumed].ravel()] = True
+        return self.samples[np.repeat(taken, np.diff(self.offsets))]
+
+
+def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
+                 key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The sample order for RNG ``key`` (``(seed, epoch)`` or longer), and every sample's shard window.
+
+    Shards are permuted, samples shuffled within windows of ``shuffle_shards`` consecutive shards;
+    ``windows[id]`` is sample ``id``'s window number, which does not decrease along the order.
+    """
+    n = shard_ids.shape[0]
+    if not ordering.shuffle:
+        windows = shard_ids.astype(np.int64) // ordering.shuffle_shards
+        return np.argsort(shard_ids, kind="stable").astype(np.int64), windows
+    position = np.empty(num_shards, dtype=np.int64)
+    position[rng(*key, _SHARDS).permutation(num_shards)] = np.arange(num_shards)
+    window = position[shard_ids] // ordering.shuffle_shards
+    # Stable: equal keys (rare) keep id order; numpy's default sort differs per CPU (SIMD), a stable one does not.
+    order = np.argsort((window << 32) | rng(*key, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64), kind="stable")
+    return order.astype(np.int64), window
+
+
+def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int,
+                ordering: Ordering = Ordering()) -> np.ndarray:
+    """All sample ids in this epoch's order: shards permuted, samples shuffled within shard windows."""
+    return window_order(shard_ids, num_shards, ordering, (seed, epoch))[0]
+
+
+BLOCK = bucketing.BLOCK
+batch_offsets = bucketing.batch_offsets
+
+
+def deal(num_batches: int, world_size: int, remainder: str,
+         seconds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
+
+    Round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) gives one batch to each
+    rank. Given each batch's audio ``seconds``, a round's batches go longest first to the ranks with the
+    least audio so far, so the ranks' audio totals stay within about one batch of each other over an
+    epoch (a loop over rounds, not samples); without it, batch ``j * world_size + r`` goes to rank ``r``.
+    """
+    per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
+    used = per_rank * world_size
+    if used <= num_batches:
+        chosen = np.arange(used, dtype=np.int64)
+    else:
+        chosen = np.concatenate([np.arange(num_batches), np.arange(used - num_batches) % num_batches])
+    left_out = np.arange(used, num_batches, dtype=np.int64)
+    rounds = chosen.reshape(per_rank, world_size)
+    if seconds is not None and world_size > 1 and per_rank > 0:
+        longest_first = np.take_along_axis(rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1)
+        ordered_seconds = seconds[longest_first].tolist()
+        totals = [0.0] * world_size
+        ranks = list(range(world_size))
+        receivers = []
+        for round_seconds in ordered_seconds:
+            ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
+            for rank, batch_seconds in zip(ranks, round_seconds):
+                totals[rank] += batch_seconds
+            receivers.append(list(ranks))
+        dealt = np.empty_like(rounds)
+        dealt[np.arange(per_rank)[:, None], np.array(receivers)] = longest_first
+        rounds = dealt
+    return rounds.T.copy(), left_out
+
+
+@dataclass(frozen=True)
+class _Grouping:
+    windows: np.ndarray  # per id: its window (batches never span windows; batch order shuffles within)
+    buckets: np.ndarray  # per id: its bucket key (batches never span buckets)
+    generator: np.random.Generator | None  # shuffles batches within windows; None keeps them in order
+
+
+def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
+                  grouping: _Grouping | None = None, limit: int | None = None) -> EpochPlan:
+    fits = batching.eligible(durations[order])
+    excluded = int(order.shape[0] - fits.sum())
+    order = order[fits]
+    starts = None
+    if grouping is not None:
+        runs = np.cumsum(bucketing.group_starts(grouping.windows[order])) - 1  # windows arrive in runs
+        key = runs * (int(grouping.buckets.max(initial=0)) + 1) + grouping.buckets[order]
+        sort = bucketing.stable_order(key)
+        order, starts = order[sort], bucketing.group_starts(key[sort])
+    offsets = batch_offsets(durations[order], batching, starts)
+    costs = None
+    if grouping is not None and offsets.shape[0] > 1:
+        if batching.synchronised:
+            order, offsets = rounds.compact(order, offsets, durations, grouping.buckets, batching)
+            first = order[offsets[:-1]]
+            costs = rounds.batch_costs(durations[order], offsets, batching)
+            perm = rounds.synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
+                                             grouping.generator)
+            costs = costs[perm]
+        else:
+            perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
+        order, offsets = bucketing.reorder_batches(order, offsets, perm)
+    costs = rounds.batch_costs(durations[order], offsets, batching) if costs is None else costs
+    report: dict[str, Any] = {"padding_ratio": round(bucketing.padding_ratio(durations[order], offsets), 6)}
+    num_batches = offsets.shape[0] - 1
+    if limit is not None and num_batches:
+        # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
+        kept = int(offsets[min(limit, num_batches)])
+        report.update(skipped=int(order.shape[0]) - kept, repeated=0)
+        kept_batches = np.arange(limit, dtype=np.int64) % num_batches
+        order, offsets = bucketing.reorder_batches(order, offsets, kept_batches)
+        report["repeated"], costs = max(0, int(order.shape[0]) - kept), costs[kept_batches]
+        num_batches = limit
+    if num_batches == 0:
+        return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded, report=report)
+    batch_seconds = np.add.reduceat(durations[order], offsets[:-1])
+    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, batch_seconds)
+    sizes = np.diff(offsets)
+    dropped = int(sizes[left_out].sum())
+    padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
+    report["step_efficiency"] = rounds.step_efficiency(costs[rank_batches])
+    return EpochPlan(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded, report=report)
+
+
+def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch: int, world_size: int,
+                  batching: Batching, history: Sequence[Segment] = (), windows: np.ndarray | None = None,
+                  buckets: np.ndarray | None = None, shuffle: bool = True, purpose: tuple[int, ...] = (),
+                  limit: int | None = None, exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
+    """Plan an explicit ``order`` of distinct ids (into ``durations``): the core of every planner.
+
+    Each segment of ``history`` is re-planned as it was played and the samples it consumed are taken out
+    of ``order``; the rest is planned for ``world_size``. With ``windows`` and ``buckets`` (per id), the
+    order is sorted by (window, bucket) — stably, so the order within a bucket is kept —, batches form
+    within buckets and, with ``shuffle``, the batch order is shuffled within windows by
+    ``rng(seed, epoch, *purpose, 3, segment)``. ``limit``: the first segment has exactly that many batches
+    (cut, or filled by repeating), and later segments plan only what it held. ``exclude``: pairs
+    ``(segment number, ids)``; those ids are taken out of ``order`` before that segment is planned (a
+    quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them out.
+    """
+    def excluding(number: int, ids: np.ndarray) -> np.ndarray:
+        for at, gone in exclude:
+            if at == number:
+                mask = np.zeros(durations.shape[0], dtype=bool)
+                mask[np.asarray(gone, dtype=np.int64)] = True
+                ids = ids[~mask[ids]]
+        return ids
+
+    def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
+        grouping = None
+        if windows is not None and buckets is not None:
+            generator = rng(seed, epoch, *purpose, _BATCHES, number) if shuffle else None
+            grouping = _Grouping(windows, buckets, generator)
+        return _plan_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
+
+    for number, finished in enumerate(history):
+        order = excluding(number, order)
+        plan = segment(number, order, finished.world_size)
+        if not 0 <= finished.consumed <= plan.num_batches:
+            raise OptionError(f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}")
+        if number == 0 and limit is not None:
+            held = np.zeros(durations.shape[0], dtype=bool)
+            held[plan.samples] = True
+            order = order[held[order]]
+        done = np.zeros(durations.shape[0], dtype=bool)
+        done[plan.consumed_samples(finished.consumed)] = True
+        order = order[~done[order]]
+    return segment(len(history), excluding(len(history), order), world_size)
+
+
+def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *, seed: int, epoch: int,
+               world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
+               history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
+    """Plan ``epoch`` for ``world_size`` ranks, after the finished segments in ``history``.
+
+    With an empty history this is the epoch as planned from its start. Each segment of ``history`` says
+    how many batches per rank were consumed under which world size before the world changed; the samples
+    they did not consume are planned again, in epoch order, for the next segment. ``exclude``: sample ids
+    left out from a segment on (see :func:`plan_segments`).
+    """
+    if seed < 0:
+        raise OptionError(f"seed must be a non-negative integer, not {seed}")
+    if shard_ids.shape != durations.shape:
+        raise OptionError("shard_ids and durations must have the same shape")
+    order, windows = window_order(shard_ids, num_shards, ordering, (seed, epoch))
+    buckets, extra = None, {}
+    if batching.bucketed:
+        edges = bucketing.bucket_edges(durations, batching)
+        buckets, extra = bucketing.bucket_of(durations, edges), {"bucket_edges": edges.round(6).tolist()}
+    elif batching.synchronised:
+        buckets = np.zeros(durations.shape[0], dtype=np.int64)  # one bucket: steps balance cost only
+    plan = plan_segments(order, durations, seed=seed, epoch=epoch, world_size=world_size, batching=batching,
+                         history=history, windows=windows if buckets is not None else None, buckets=buckets,
+                         shuffle=ordering.shuffle, exclude=exclude)
+    return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
+
+
+def with_report(plan: EpochPlan, **extra: Any) -> EpochPlan:
+    """``plan`` with its report filled in: the counts and the padding ratio, plus ``extra`` entries."""
+    report = {"samples": int(plan.samples.shape[0]), "planned": int(plan.samples.shape[0]),
+              "batches_per_rank": plan.num_batches, "excluded": plan.excluded, "dropped": plan.dropped,
+              "padded": plan.padded, **plan.report, **extra}
+    return replace(plan, report=report)
+
+
+def worker_batches(num_batches: int, start: int, worker: int, num_workers: int) -> range:
+    """The rank batches a DataLoader worker produces when iteration starts at batch ``start``.
+
+    Worker ``w`` takes batches ``start + w``, ``start + w + num_workers``, ...: the DataLoader asks its
+    workers in turn from worker 0, so the batches reach the trainer in plan order for any worker count.
+    """
+    return range(start + worker, num_batches, num_workers)
+
+
+def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
+    """The options that shape a plan, as a JSON-ready dict (recorded in a state): the JSON round trip of
+    the result compares equal to it (tuples become lists)."""
+    options: dict[str, object] = {f.name: getattr(batching, f.name) for f in fields(batching)
+                                  if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets")}
+    options.update(asdict(ordering))
+    if batching.duration_bins is not None:
+        options["duration_bins"] = list(batching.duration_bins)
+    # Recorded only when on, so a state saved before sync_buckets existed loads where the plan is the one it
+    # was saved under (no buckets, or sync_buckets=False) and is refused where it changed (synchronised).
+    if batching.synchronised:
+        options["sync_buckets"] = True
+    if batching.batch_cost_name is not None:
+        options["batch_cost"] = batching.batch_cost_name
+    return options

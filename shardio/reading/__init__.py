@@ -1,0 +1,1 @@
+"""Reading planned batches: storage, remote reads, decoding, collation and batch assembly."""

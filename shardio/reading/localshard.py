@@ -1,0 +1,89 @@
+"""LocalShard: one open local shard file, whose byte ranges are read without copies where the kernel allows.
+
+A range is a view of the file's memory map. Touching a mapped page past the end of a file that shrank after
+it was opened raises SIGBUS, which kills the process; so each range is first faulted in with
+``MADV_POPULATE_READ`` (Linux 5.14+), which instead fails with ``EFAULT``, and that becomes a typed error.
+Populating the range also replaces a page fault per 4 KiB by one call. Where the kernel lacks it (or on
+other systems), ranges are read with ``pread``.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import sys
+
+from ..errors import FormatError, ReadError
+
+__all__ = ["CAN_MAP", "LocalShard", "short_read"]
+
+_MADV_POPULATE_READ = 22  # <linux/mman.h>; Python 3.11's mmap module does not name it
+CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
+"""Whether local plain shards are read as views of a memory map here (else with ``pread``)."""
+
+
+class LocalShard:
+    """An open local shard file of ``size`` bytes (the size the index recorded, checked at open)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None  # of the map, sliced per range
+        self._mapping = CAN_MAP and size > 0
+
+    def close(self) -> None:
+        """Close the file. The map lives on (the mmap object holds its own descriptor) until the last view
+        of a range is gone."""
+        self._map = self._view = None
+        os.close(self.fd)
+
+    def read(self, offset: int, size: int, where: str) -> bytes:
+        """``size`` bytes at ``offset``, copied; a short read is a :class:`FormatError`."""
+        try:
+            data = os.pread(self.fd, size, offset)
+        except OSError as exc:
+            raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
+        if len(data) != size:
+            raise short_read(where, size, offset, len(data))
+        return data
+
+    def view(self, offset: int, size: int, where: str) -> memoryview:
+        """``size`` bytes at ``offset``, valid while the caller holds the view: of the map where it can be
+        used, else of a copy of their own (a batch holds all its samples' views before decoding any)."""
+        if self._mapping:
+            view = self._mapped(offset, size, where)
+            if view is not None:
+                return view
+        return memoryview(self.read(offset, size, where))
+
+    def _mapped(self, offset: int, size: int, where: str) -> memoryview | None:
+        """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""
+        if self._map is None:
+            try:
+                self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+            except (OSError, ValueError):  # a file system without mmap, or a file shorter than the index says
+                self._mapping = False
+                return None
+            self._view = memoryview(self._map)
+        assert self._view is not None
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._map.madvise(_MADV_POPULATE_READ, start, offset + size - start)
+        except OSError as exc:
+            if exc.errno != errno.EFAULT:  # EINVAL: a kernel before 5.14; read instead from now on
+                self._mapping = False
+                return None
+            actual = os.fstat(self.fd).st_size
+            if actual < offset + size:
+                raise short_read(where, size, offset, max(0, actual - offset)) from None
+            raise ReadError(f"{where}: reading {size} bytes at offset {offset} failed: an I/O error in the "
+                            "shard file's pages") from None
+        return self._view[offset : offset + size]
+
+
+def short_read(where: str, size: int, offset: int, got: int) -> FormatError:
+    """The error for ``got`` bytes where ``size`` were wanted at ``offset``: the file shrank after opening."""
+    return FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {got} "
+                       "(the shard changed after it was opened?)")

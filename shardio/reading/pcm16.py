@@ -1,0 +1,67 @@
+"""PCM16: audio as int16 (``ShardDataset(dtype="int16")``), half the bytes of float32 to move and to hold.
+
+16-bit PCM (WAV, and FLAC through libsndfile) is copied as it is stored, with no cast or scale: the model
+converts on the GPU (``batch["audio"].cuda().float() / 32768``, exactly the float32 batch). Anything else is
+decoded to float32 as usual (mixed, resampled, transformed), then rounded to the nearest step of 1/32768 and
+clipped to [-32768, 32767].
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import soundfile
+
+from ..errors import DecodeError
+from .decode import EncodedAudio
+
+__all__ = ["DTYPES", "decode_pcm16", "to_int16"]
+
+DTYPES = ("float32", "int16")
+"""The audio dtypes a dataset yields."""
+
+
+def to_int16(audio: Any) -> np.ndarray:
+    """Float audio (numpy, or a CPU tensor) in [-1, 1) as int16 steps of 1/32768, rounded and clipped."""
+    scaled = np.rint(np.asarray(audio, dtype=np.float32) * np.float32(32768.0))
+    return np.clip(scaled, -32768, 32767).astype(np.int16)
+
+
+def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndarray, int] | None:
+    """The int16 samples of 16-bit PCM audio, as stored (into ``out[:, :frames]``, an int16 ``(channels, T)``
+    array, when they fit), and its rate; None when the audio is not 16-bit PCM (decode it as float32)."""
+    view, ext, where, layout = encoded
+    if layout is not None:
+        if layout.dtype != "<i2" or layout.frames == 0:
+            return None
+        samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
+        source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
+        target = _fits(out, layout.channels, layout.frames)
+        if target is None:
+            return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate
+        np.copyto(target, source)
+        return target, layout.sample_rate
+    try:
+        with soundfile.SoundFile(io.BytesIO(view)) as sound:
+            if sound.subtype != "PCM_16" or sound.frames <= 0:
+                return None
+            if sound.seekable():
+                sound.seek(0)
+            target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
+            if target is not None:
+                return target[:, : sound.read(out=target[0]).shape[0]], int(sound.samplerate)
+            audio = sound.read(sound.frames, dtype="int16", always_2d=True)
+            return np.ascontiguousarray(audio.T), int(sound.samplerate)
+    except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:
+        detail = getattr(exc, "error_string", "") or str(exc)
+        raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
+                          f"expected a complete {ext} file that libsndfile can read") from exc
+
+
+def _fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | None:
+    if out is None or out.dtype != np.int16 or out.ndim != 2 or out.shape[0] != channels \
+            or not 0 < frames <= out.shape[1]:
+        return None
+    return out[:, :frames]

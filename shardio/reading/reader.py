@@ -1,0 +1,347 @@
+"""Reader: fetches one sample's tar members by offset, from local shards or fsspec URLs.
+
+A plain ``.tar`` sample of a local shard is a view of the shard's memory map (a positioned read where the
+kernel cannot map it safely; see :mod:`shardio.reading.localshard`), of a remote one a ranged request; a
+``.tar.zst`` sample is one zstd frame read and
+decompressed (the last frame is kept, since neighbouring samples often share it). Stream-compressed
+shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
+once, as far as their indexed samples reach (at most ``max_stream_bytes``), and recent ones are kept.
+
+Remote reads retry transient failures (connection errors, timeouts, 5xx) under a :class:`RetryPolicy`, then
+raise :class:`ReadError` naming the shard, key and offset.
+
+Integrity, per read and cheap: a shard's size must match the index when it is opened (a truncated or
+re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
+header's checksum must hold and every member must carry the indexed key; ``.tar.zst`` frames carry zstd's
+content checksum. What this cannot see is a same-size shard whose member *data* changed in a plain ``.tar``
+(headers and keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from ..errors import FormatError, IntegrityError, ReadError, ShardioError
+from ..shards.index import STREAM_CODECS, Index
+from ..shards.tarformat import parse_members
+from . import localshard
+from .cache import ShardCache
+from .filesystems import Filesystems
+from .localshard import LocalShard
+from .prefetch import ReadAhead
+from .remotereads import RemoteReads
+from .storage import RetryPolicy, is_url, retrying
+from .streams import decompress_prefix, decompress_upto
+
+__all__ = ["ReadStats", "Reader", "RetryPolicy"]
+
+logger = logging.getLogger(__name__)
+
+# A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
+# the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
+_MAX_FRAME_EXCESS = 256 << 20
+# A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
+_ONE_SHOT_FRAME = 64 << 20
+
+
+@dataclass
+class ReadStats:
+    """Counters of one process's loading: samples loaded, samples skipped (by error type) and retries."""
+
+    samples: int = 0
+    skipped: int = 0
+    retries: int = 0
+    requests: int = 0
+    """Remote read requests made (each coalesced read-ahead request counts once)."""
+    bytes_fetched: int = 0
+    """Bytes those requests asked for."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Skipped samples by error type (``FormatError``, ``DecodeError``, ...)."""
+
+    def skip(self, exc: BaseException) -> None:
+        """Count one sample skipped because of ``exc``."""
+        self.skipped += 1
+        self.errors[type(exc).__name__] += 1
+
+
+class Reader(RemoteReads):
+    """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
+
+    URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
+    worker) drops its parent's handles and counters on first use, and reopens.
+    """
+
+    def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
+                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30,
+                 cache: ShardCache | None = None) -> None:
+        self.index = index
+        self.cache = cache
+        """The node-local cache remote shards are read through, whole (None: read by ranges)."""
+        self._from_cache: set[int] = set()  # shards open from the cache
+        self.retry = retry
+        self.max_open = max_open
+        self.stream_cache_bytes = stream_cache_bytes
+        self.max_stream_bytes = max_stream_bytes
+        self.stats = ReadStats()
+        self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
+        self._filesystems = Filesystems()  # fsspec filesystems, one per protocol and options
+        self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
+        self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._columns = {name: column for name, column in index.columns.items()}
+        self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
+        self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
+        self._pid = os.getpid()
+        self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
+
+    @property
+    def retries(self) -> int:
+        """Remote reads retried so far in this process."""
+        return self.stats.retries
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
+                     _filesystems=Filesystems(), _ahead=None, _from_cache=set())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Close every open shard."""
+        for handle in self._handles.values():
+            if isinstance(handle, LocalShard):
+                handle.close()
+        self._handles.clear()
+
+    def _after_fork(self) -> None:
+        # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
+        self.close()
+        self._frame = self._ahead = None
+        self._filesystems = Filesystems()
+        self._streams = OrderedDict()
+        self._from_cache = set()
+        self.stats = ReadStats()
+        self._pid = os.getpid()
+
+    # -- raw bytes -------------------------------------------------------------------------------
+
+    def _open(self, shard: int, where: str) -> Any:
+        cached = self._handles.get(shard)
+        if cached is not None:
+            self._handles.move_to_end(shard)
+            return cached
+        if shard in self._broken:
+            known = self._broken[shard]
+            raise type(known)(f"{where}: {known}")
+        path = self.index.shard_path(shard)
+        expected = self.index.shards[shard].bytes
+        handle: Any
+        try:
+            cached = self._cached(shard, where) if is_url(path) and self.cache is not None else None
+            if cached is not None:
+                handle = LocalShard(os.open(cached, os.O_RDONLY), expected)
+                actual = os.fstat(handle.fd).st_size
+                self._from_cache.add(shard)
+            elif is_url(path):
+                handle = self._remote(shard, where)
+                actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
+            else:
+                handle = LocalShard(os.open(path, os.O_RDONLY), expected)
+                actual = os.fstat(handle.fd).st_size
+        except FileNotFoundError:
+            self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
+                                            "bytes)")
+            raise ReadError(f"{where}: {self._broken[shard]}") from None
+        except OSError as exc:
+            raise ReadError(f"{where}: the shard file cannot be opened: {exc}") from None
+        if actual != expected:
+            if isinstance(handle, LocalShard):
+                handle.close()
+            self._broken[shard] = IntegrityError(
+                f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
+                "truncated after indexing; re-run 'shardio index' or re-pack")
+            raise IntegrityError(f"{where}: {self._broken[shard]}")
+        self._handles[shard] = handle
+        if len(self._handles) > self.max_open:
+            _, oldest = self._handles.popitem(last=False)
+            if isinstance(oldest, LocalShard):
+                oldest.close()
+        return handle
+
+    def _count_retry(self, exc: BaseException) -> None:
+        self.stats.retries += 1
+
+    def read_range(self, shard: int, offset: int, size: int, where: str | None = None) -> bytes:
+        """``size`` bytes at ``offset`` of shard number ``shard``; short reads are an error.
+
+        ``where`` names the read in error messages (default: the shard file and offset).
+        """
+        if self._pid != os.getpid():
+            self._after_fork()
+        where = where or f"shard {self.index.shard_path(shard)}, offset {offset}"
+        handle = self._open(shard, where)
+        if offset + size > self.index.shards[shard].bytes:
+            raise FormatError(f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
+                              f"shard ({self.index.shards[shard].bytes} bytes)")
+        if isinstance(handle, LocalShard):
+            return handle.read(offset, size, where)
+        if self._ahead is not None:
+            ahead = self._ahead.take(shard, offset, size)
+            if ahead is not None:
+                return ahead
+        self._count_request(size)
+        return self._fetch(handle, offset, size, where)
+
+    def maps(self, shard: int) -> bool:
+        """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may
+        hold many at no cost), rather than copied or decompressed one by one."""
+        mapped = self._maps.get(shard)
+        if mapped is None:
+            info = self.index.shards[shard]
+            mapped = self._maps[shard] = (info.codec == "none" and localshard.CAN_MAP
+                                          and not is_url(self.index.shard_path(shard)))
+        return mapped
+
+    def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
+        """Like :meth:`read_range`, but a local shard's bytes are a view, without a copy (see
+        :class:`~shardio.reading.localshard.LocalShard`)."""
+        handle = self._open(shard, where)
+        if not isinstance(handle, LocalShard) or offset + size > handle.size:
+            return memoryview(self.read_range(shard, offset, size, where))
+        return handle.view(offset, size, where)
+
+    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
+        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
+        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
+        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
+        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
+        :class:`FormatError`."""
+        cached = self._streams.get(shard)
+        if cached is not None:
+            self._streams.move_to_end(shard)
+            return cached
+        info = self.index.shards[shard]
+        need = self._stream_need(shard)
+        if need > self.max_stream_bytes:  # only as far as this sample, not cached
+            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
+            if need > self.max_stream_bytes:
+                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
+                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
+                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
+            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
+        raw = self.read_range(shard, 0, info.bytes, where)
+        data = decompress_prefix(raw, info.codec, need, where)
+        self._streams[shard] = data
+        while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
+            self._streams.popitem(last=False)
+        return data
+
+    def _stream_need(self, shard: int) -> int:
+        """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""
+        mine = self._columns["shard"] == shard
+        ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
+        return int(ends.max()) if ends.size else 0
+
+    def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
+        if self._frame is not None and self._frame[:2] == (shard, frame_offset):
+            return self._frame[2]
+        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
+        problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
+        try:
+            claimed = zstandard.frame_content_size(raw)
+            if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
+                raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
+            if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
+                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            else:  # the buffer grows only as the frame really decompresses, whatever its header claims
+                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
+        except zstandard.ZstdError as exc:
+            raise FormatError(f"{problem}: {exc}") from None
+        self._frame = (shard, frame_offset, data)
+        return data
+
+    def where(self, sample: int) -> str:
+        """Names sample number ``sample`` in messages: its shard file, key and offset in the shard."""
+        c = self._columns
+        shard = int(c["shard"][sample])
+        label = self._labels.get(shard)
+        if label is None:
+            framed = self.index.shards[shard].codec not in ("none", *STREAM_CODECS)
+            label = self._labels[shard] = (f"shard {self.index.shard_path(shard)}", framed)
+        text = f"{label[0]}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
+        if label[1]:
+            text += f" (+{int(c['member_offset'][sample])} in the frame)"
+        return text
+
+    def sample_bytes(self, sample: int, where: str | None = None) -> memoryview:
+        """The tar bytes (headers and data of every member) of sample number ``sample``."""
+        where = where or self.where(sample)
+        try:
+            return self._sample_bytes(sample, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._sample_bytes(sample, where)
+
+    def _sample_bytes(self, sample: int, where: str) -> memoryview:
+        if self._pid != os.getpid():
+            self._after_fork()
+        c = self._columns
+        shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
+        frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
+        member_offset = int(c["member_offset"][sample])
+        codec = self.index.shards[shard].codec
+        if codec == "none":
+            return self._local_view(shard, frame_offset, member_size, where)
+        if codec in STREAM_CODECS:
+            data = self._stream_bytes(shard, sample, where)
+            start, end = frame_offset, frame_offset + member_size
+        else:
+            data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
+            start, end = member_offset, member_offset + member_size
+        if end > len(data):
+            raise FormatError(f"{where}: the sample runs past its frame ({end} > {len(data)} bytes)")
+        return memoryview(data)[start:end]
+
+    def members(self, sample: int, where: str | None = None) -> dict[str, memoryview]:
+        """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key (``where``,
+        when the caller already has it, names the sample in errors)."""
+        where = where or self.where(sample)
+        return self.split_members(sample, self.sample_bytes(sample, where), where)
+
+    def split_members(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
+        """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
+        checking each member belongs to its key (a damaged shard from the node cache is fetched again)."""
+        try:
+            return self._split(sample, data, where)
+        except FormatError:
+            if not self._refetch(sample, where):
+                raise
+            return self._split(sample, self._sample_bytes(sample, where), where)
+
+    def _split(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
+        key = self.index.keys[sample]
+        found: dict[str, memoryview] = {}
+        stem = len(key) + 1
+        for name, member in parse_members(data, where):
+            # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
+            ext = name[stem:]
+            if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
+                shown = name if len(name) <= 120 else name[:120] + "..."
+                raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
+            found[ext] = member
+        if not found:
+            raise FormatError(f"{where}: no members at the indexed offset")
+        return found

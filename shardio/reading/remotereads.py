@@ -1,0 +1,171 @@
+"""RemoteReads: the part of :class:`~shardio.reading.reader.Reader` that reads remote shards.
+
+Two ways to hide object-storage latency, both driven by the plan: read-ahead (the next batches' spans,
+coalesced per shard and fetched concurrently while the current batch is built: :mod:`shardio.reading.prefetch`),
+and the node-local shard cache (whole shards fetched once per node and mapped from local disk:
+:mod:`shardio.reading.cache`). With the cache, the read-ahead fetches the shards the next batches need into it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..shards.index import STREAM_CODECS, Index
+from .cache import ShardCache
+from .filesystems import Filesystems
+from .localshard import LocalShard, short_read
+from .prefetch import ReadAhead, Span
+from .storage import RetryPolicy, is_url, retrying
+
+__all__ = ["RemoteReads"]
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteReads:
+    """Remote range reads, read-ahead and the node cache, for a reader with these attributes."""
+
+    index: Index
+    retry: RetryPolicy
+    cache: ShardCache | None
+    stats: Any
+    _filesystems: Filesystems
+    _ahead: ReadAhead | None
+    _columns: dict[str, np.ndarray]
+    _broken: dict[int, Any]
+    _from_cache: set[int]
+    _handles: OrderedDict[int, Any]
+    _streams: OrderedDict[int, bytes]
+    _frame: tuple[int, int, bytes] | None
+    _pid: int
+    _after_fork: Callable[[], None]
+    _count_retry: Callable[[BaseException], None]
+
+    def _fetch(self, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
+        """``size`` bytes at ``offset`` of an open remote shard, with retries (safe in read-ahead threads)."""
+        fs, path = handle
+        data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
+                        self._count_retry)
+        if len(data) != size:
+            raise short_read(where, size, offset, len(data))
+        return data
+
+    def _remote(self, shard: int, where: str) -> tuple[Any, str]:
+        """The filesystem of remote shard ``shard`` (one per protocol and options) and its path there."""
+        return self._filesystems.get(self.index.shard_path(shard), self.index.shard_options(shard), where,
+                                     self.retry, self._count_retry)
+
+    def _count_request(self, size: int) -> None:
+        self.stats.requests += 1
+        self.stats.bytes_fetched += size
+
+    def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
+                   max_gap: int = 64 << 10) -> Iterator[np.ndarray]:
+        """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
+        reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
+        and concurrently (:mod:`shardio.reading.prefetch`). Local datasets, and ``budget=0``, read as they go."""
+        remote = [path for path in map(self.index.shard_path, range(len(self.index.shards))) if is_url(path)]
+        if not remote or budget <= 0:
+            yield from batches
+            return
+        if self._pid != os.getpid():
+            self._after_fork()
+        self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
+                                max_gap=max_gap, on_request=self._count_request)
+        try:
+            yield from self._ahead.run(batches)
+        finally:
+            self._ahead = None
+
+    def _spans(self, ids: np.ndarray) -> list[Span]:
+        """The remote byte spans the samples ``ids`` read (a stream-codec shard: all of it)."""
+        c = self._columns
+        spans = []
+        for sample in ids.tolist():
+            shard = int(c["shard"][sample])
+            path = self.index.shard_path(shard)
+            if not is_url(path) or shard in self._broken or shard in self._from_cache:
+                continue
+            if self.cache is not None:
+                spans += self._whole_shard(shard)
+                continue
+            codec = self.index.shards[shard].codec
+            offset = int(c["frame_offset"][sample])
+            if codec in STREAM_CODECS:
+                if shard not in self._streams:
+                    spans.append(Span(shard, 0, self.index.shards[shard].bytes))
+            elif codec == "none":
+                spans.append(Span(shard, offset, offset + int(c["member_size"][sample])))
+            elif self._frame is None or self._frame[:2] != (shard, offset):
+                spans.append(Span(shard, offset, offset + int(c["frame_size"][sample])))
+        return [s for s in spans if s.end <= self.index.shards[s.shard].bytes]
+
+    def _whole_shard(self, shard: int) -> list[Span]:
+        """With the node cache: the whole shard as one span, the first time the read-ahead meets it uncached
+        (a cached one is marked as about to be used, so it is evicted last)."""
+        assert self.cache is not None and self._ahead is not None
+        if shard in self._ahead.met:
+            return []
+        self._ahead.met.add(shard)
+        info = self.index.shards[shard]
+        if self.cache.lookup(info.sha256, info.bytes) is not None:
+            return []
+        return [Span(shard, 0, info.bytes)]
+
+    def _fetch_span(self, span: Span) -> bytes:
+        if self.cache is not None:  # a whole shard into the cache; the reader then maps it from there
+            self._cached(span.shard, f"shard {self.index.shard_path(span.shard)} (read-ahead)")
+            return b""
+        where = f"shard {self.index.shard_path(span.shard)}, bytes {span.start} to {span.end} (read-ahead)"
+        return self._fetch(self._remote(span.shard, where), span.start, span.end - span.start, where)
+
+    # -- the node cache ------------------------------------------------------------------------------
+
+    def _cached(self, shard: int, where: str) -> str | None:
+        """The local path of remote shard ``shard`` in the node cache, fetched whole if need be; None when it
+        cannot be cached (too big, or no room on the disk)."""
+        assert self.cache is not None
+        info = self.index.shards[shard]
+        found = self.cache.lookup(info.sha256, info.bytes)
+        if found is None:
+            found = self.cache.fill(info.sha256, info.bytes, lambda out: self._download(shard, out, where), where)
+        return found
+
+    def _download(self, shard: int, out: BinaryIO, where: str) -> None:
+        """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy)."""
+        url = self.index.shard_path(shard)
+        fs = self._remote(shard, where)[0]
+
+        def attempt() -> None:
+            out.seek(0)
+            out.truncate()
+            with fs.open(fs._strip_protocol(url), "rb", block_size=0 if url.startswith("http") else 1 << 22,
+                         cache_type="none") as source:
+                while chunk := source.read(1 << 22):
+                    out.write(chunk)
+
+        retrying(attempt, where, self.retry, self._count_retry)
+        self._count_request(self.index.shards[shard].bytes)
+
+    def _refetch(self, sample: int, where: str) -> bool:
+        """Whether sample ``sample``'s shard came from the node cache: then its entry is discarded (it failed a
+        check) and the shard is fetched again on the next read."""
+        shard = int(self._columns["shard"][sample])
+        if shard not in self._from_cache or self.cache is None:
+            return False
+        info = self.index.shards[shard]
+        logger.warning("%s: the node cache's copy of the shard failed a check; fetching it again", where)
+        self.cache.discard(info.sha256, info.bytes)
+        self._from_cache.discard(shard)
+        handle = self._handles.pop(shard, None)
+        if isinstance(handle, LocalShard):
+            handle.close()
+        self._streams.pop(shard, None)
+        self._frame = None
+        return True

@@ -1,0 +1,304 @@
+"""Where bytes live: local paths and fsspec URLs (``s3://``, ``gs://``, ``http://``), behind one face.
+
+Local paths use the operating system directly; anything with a scheme goes through fsspec, imported
+only when a URL is used (install the ``remote`` extra). ``storage_options`` (endpoint, credentials, ...) go
+to the fsspec filesystem as keyword arguments, e.g. ``{"endpoint_url": "http://127.0.0.1:9000", "key": ...,
+"secret": ...}`` for an S3-compatible server. The endpoint can also come from the environment:
+``AWS_ENDPOINT_URL_S3`` (read by botocore whenever a client is made), or ``FSSPEC_S3_ENDPOINT_URL`` (read
+by fsspec only when it is first imported, so set it before the process starts).
+
+Retries: remote reads retry transient failures (5xx, 408/429, dropped connections, timeouts) under one
+:class:`RetryPolicy`, then raise :class:`~shardio.errors.ReadError`. That is the only retry layer: unless the
+caller configures them, botocore's retries are set to a single attempt and s3fs's own retry loop to one
+try, since nested layers multiply (4 x 5 x 5 attempts and over a minute per read, measured against a
+dropping server). HTTP reads get socket timeouts (connect 30 s, read 60 s) instead of aiohttp's 5 minutes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+from ..errors import FormatError, OptionError, ReadError
+
+__all__ = [
+    "RetryPolicy",
+    "cache_dir",
+    "fetch_to_cache",
+    "file_size",
+    "filesystem",
+    "is_transient",
+    "is_url",
+    "join",
+    "open_input",
+    "read_bytes",
+    "retrying",
+    "write_atomic",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HTTP_CONNECT_TIMEOUT = 30.0
+HTTP_READ_TIMEOUT = 60.0
+# Exception class names (anywhere in the MRO) of connection-level failures in aiohttp and botocore, whose
+# types are not imported here: ServerDisconnectedError, ClientConnectionError, ClientPayloadError,
+# botocore's ConnectionClosedError, ReadTimeoutError, EndpointConnectionError, ResponseParserError, ...
+_TRANSIENT_NAMES = ("Timeout", "Connection", "Disconnect", "Payload", "IncompleteRead", "ResponseParser")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries for remote reads: ``attempts`` in all, waiting about ``backoff * 2**k`` seconds
+    (with +-25% jitter, at most ``max_backoff``) before retry ``k + 1``."""
+
+    attempts: int = 4
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
+            raise OptionError(f"a RetryPolicy needs attempts >= 1 and backoffs >= 0, not {self}")
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0 for the first)."""
+        return min(self.backoff * 2**retry, self.max_backoff) * random.uniform(0.75, 1.25)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from (explicit causes, else implicit contexts)."""
+    links = [exc]
+    while len(links) < 8:
+        following = links[-1].__cause__ or (None if links[-1].__suppress_context__ else links[-1].__context__)
+        if following is None or following in links:
+            break
+        links.append(following)
+    return links
+
+
+def _http_status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)  # aiohttp's ClientResponseError
+    if isinstance(status, int):
+        return status
+    response = getattr(exc, "response", None)  # botocore's ClientError (s3fs raises it as the cause)
+    if isinstance(response, dict):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int):
+            return code
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed remote read is worth retrying: a 5xx/408/429 answer, or a connection-level failure.
+
+    The HTTP status is looked for along the exception's cause chain, because fsspec and s3fs re-raise
+    (fsspec's HTTP ``size()`` turns a 503 into ``FileNotFoundError``; s3fs turns S3's 503 into ``OSError``).
+    A missing object or a refused permission is not transient.
+    """
+    links = _chain(exc)
+    for link in links:
+        status = _http_status(link)
+        if status is not None:
+            return status >= 500 or status in (408, 429)
+    for link in links:
+        if isinstance(link, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            continue
+        if isinstance(link, (ConnectionError, TimeoutError)):
+            return True
+        if any(word in cls.__name__ for cls in type(link).__mro__ for word in _TRANSIENT_NAMES):
+            return True
+    return False
+
+
+def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
+             on_retry: Callable[[BaseException], None] | None = None) -> T:
+    """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
+
+    A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing.
+    """
+    for attempt in range(1, retry.attempts + 1):
+        try:
+            return action()
+        except Exception as exc:  # every backend raises its own types: classified here
+            transient = is_transient(exc)
+            if not transient and isinstance(exc, FileNotFoundError):
+                raise
+            if not transient or attempt == retry.attempts:
+                how = f"after {attempt} attempt(s)" if transient else "(not retried: not a transient error)"
+                raise ReadError(f"{where}: read failed {how}: {type(exc).__name__}: {exc}") from exc
+            delay = retry.delay(attempt - 1)
+            logger.warning("%s: attempt %d of %d failed (%s: %s); retrying in %.2fs", where, attempt, retry.attempts,
+                           type(exc).__name__, exc, delay)
+            if on_retry is not None:
+                on_retry(exc)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` names a remote object (it has a ``scheme://`` other than ``file://``)."""
+    return "://" in location and not location.startswith("file://")
+
+
+def _local(location: str) -> str:
+    return location.removeprefix("file://")
+
+
+def join(root: str, name: str) -> str:
+    """``root`` and ``name`` joined with the separator the location kind uses."""
+    if is_url(root):
+        return root.rstrip("/") + "/" + name
+    return os.path.join(_local(root), name)
+
+
+def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` plus shardio's defaults for ``protocol`` (single-attempt lower layers, HTTP timeouts)."""
+    options = copy.deepcopy(options)
+    if protocol in ("s3", "s3a"):
+        config = options.setdefault("config_kwargs", {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        client = options.setdefault("client_kwargs", {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT,
+                                                           sock_read=HTTP_READ_TIMEOUT))
+    return options
+
+
+def filesystem(location: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem and path for a URL, made with ``storage_options`` and shardio's defaults."""
+    try:
+        import fsspec
+    except ImportError:
+        raise OptionError(f"{location}: reading URLs needs fsspec; install shardio[remote]") from None
+    protocol = location.split("://", 1)[0].lower()
+    try:
+        fs, path = fsspec.core.url_to_fs(location, **_with_defaults(protocol, storage_options or {}))
+    except ImportError as exc:
+        raise OptionError(f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[remote]") from None
+    except (TypeError, ValueError) as exc:
+        raise OptionError(f"{location}: storage options {sorted(storage_options or {})} do not fit the "
+                          f"{protocol}:// backend: {exc}") from None
+    if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
+        fs.retries = 1  # s3fs's own loop (not a constructor option): shardio's RetryPolicy retries instead
+    return fs, path
+
+
+def open_input(location: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
+    """Open a local file or URL for reading bytes (random access where the backend allows it)."""
+    if is_url(location):
+        fs, path = filesystem(location, storage_options)
+        return fs.open(path, "rb", block_size=0 if location.startswith("http") else None, cache_type="none")
+    return open(_local(location), "rb")
+
+
+def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
+               retry: RetryPolicy = RetryPolicy()) -> bytes:
+    """The whole content of a local file or URL; remote reads are retried under ``retry``.
+
+    Raises ``FileNotFoundError`` when there is nothing there, :class:`ReadError` when it cannot be read.
+    """
+    if not is_url(location):
+        with open(_local(location), "rb") as handle:
+            return handle.read()
+    fs, path = filesystem(location, storage_options)
+    return bytes(retrying(lambda: fs.cat_file(path), location, retry))
+
+
+def file_size(location: str, storage_options: dict[str, Any] | None = None) -> int:
+    """The size in bytes of a local file or remote object."""
+    if is_url(location):
+        fs, path = filesystem(location, storage_options)
+        return int(fs.size(path))
+    return os.path.getsize(_local(location))
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` under a temporary name in the same directory, then rename it to ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
+    try:
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def current_umask() -> int:
+    """The process's umask (read from ``/proc`` where it can be, since setting it to read it races threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def cache_dir() -> str:
+    """The node-local cache directory: ``$SHARDIO_CACHE_DIR``, else ``shardio`` under ``$XDG_CACHE_HOME`` (by
+    default ``~/.cache``). Every process on a node that uses the same one shares what it holds."""
+    configured = os.environ.get("SHARDIO_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardio")
+
+
+def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[str, Any] | None,
+                   fits: Callable[[str], bool], retry: RetryPolicy = RetryPolicy()) -> str:
+    """The local path of a copy of remote ``location`` (``size`` bytes) in :func:`cache_dir` under ``name``,
+    fetched unless a copy of that size for which ``fits(path)`` holds is there. Processes that fetch at once
+    each write a temporary file and rename it into place, so none ever sees a partial copy."""
+    directory = cache_dir()
+    path = os.path.join(directory, name)
+    try:
+        if os.path.getsize(path) == size and fits(path):
+            return path
+    except OSError:
+        pass
+    fs, remote = filesystem(location, storage_options)
+
+    def fetch() -> None:
+        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + name, dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as out, fs.open(remote, "rb", block_size=1 << 22) as source:
+                while chunk := source.read(1 << 22):
+                    out.write(chunk)
+            got = os.path.getsize(temporary)
+            if got != size:
+                raise FormatError(f"{location}: {got} bytes, but index.json describes {size}: the index files "
+                                  "do not belong together or one is damaged; rebuild the index")
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        retrying(fetch, location, retry)
+    except (FileNotFoundError, FormatError, ReadError):
+        raise
+    except OSError as exc:  # the cache itself: a full disk, a read-only directory
+        raise ReadError(f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
+                        "writable local directory with room") from None
+    return path

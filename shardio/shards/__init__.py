@@ -1,0 +1,1 @@
+"""The dataset on disk: tar members, the index (its file and checks), sample keys, writing shards."""

@@ -1,0 +1,346 @@
+"""The dataset index: one per dataset, columnar, versioned and fingerprinted.
+
+On disk a dataset directory holds its shards plus two index files, written last and atomically:
+
+- ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
+  the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
+- ``index.columns`` (format 2): every column (34 bytes a sample) and the keys (a UTF-8 blob plus end
+  offsets), uncompressed and aligned, mapped read-only by every process that reads the index
+  (:mod:`shardio.shards.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
+  Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
+  --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
+  fetched once per node into the local cache (:func:`shardio.reading.storage.cache_dir`) and mapped from there.
+
+Per sample the columns say where its tar bytes are: ``frame_offset``/``frame_size`` locate the bytes to
+read from the shard file (a zstd frame, or the sample's own tar bytes in a plain ``.tar``), and
+``member_offset``/``member_size`` locate the sample's members inside those bytes once decompressed.
+Shards with a stream codec (``gzip``, ``bz2``, ``zstd-stream``: shards from other tools that cannot be
+seeked) use ``frame_offset`` as the offset in the decompressed tar and are read as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, OptionError, ReadError
+from ..reading.storage import is_url, join, read_bytes, write_atomic
+from . import indexchecks, indexfile
+from .indexfile import ColumnsFile
+from .keys import Keys
+
+__all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS", "ShardInfo",
+           "Index", "IndexBuilder"]
+
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+INDEX_JSON = "index.json"
+INDEX_COLUMNS = "index.columns"
+INDEX_COLUMNS_V1 = "index.npz"
+COLUMNS: dict[str, type] = {
+    "shard": np.uint32,
+    "frame_offset": np.uint64,
+    "frame_size": np.uint32,
+    "member_offset": np.uint32,
+    "member_size": np.uint32,
+    "num_frames": np.uint32,
+    "sample_rate": np.uint32,
+    "channels": np.uint8,
+    "format": np.uint8,
+}
+CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
+STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the index records it."""
+
+    name: str
+    bytes: int
+    sha256: str
+    samples: int
+    duration: float
+    codec: str = "none"
+
+
+@dataclass
+class Index:
+    """A dataset's index: the shard table and the per-sample columns and keys (mapped read-only from the
+    columns file when loaded from disk, so every process on a node shares one copy)."""
+
+    root: str
+    shards: list[ShardInfo]
+    formats: list[str]
+    columns: dict[str, np.ndarray]
+    fingerprint: str = ""
+    columns_sha256: str = ""
+    _keys: Keys | None = field(default=None, repr=False)
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    """fsspec options (endpoint, credentials) for a remote ``root``; the reader opens shards with them."""
+    _file: ColumnsFile | None = field(default=None, repr=False, compare=False)
+    """The mapped columns file the columns and keys are views of (None: they are in memory)."""
+
+    def __post_init__(self) -> None:
+        if self._keys is not None and not isinstance(self._keys, Keys):  # keys given as a list of strings
+            self._keys = Keys.of(self._keys)
+
+    def __len__(self) -> int:
+        return int(self.columns["shard"].shape[0])
+
+    @property
+    def durations(self) -> np.ndarray:
+        """Seconds per sample (float64), derived from frames and sample rate: computed on each use (8 bytes a
+        sample), not kept, so that a process's private memory does not grow with the corpus."""
+        rate = np.maximum(self.columns["sample_rate"], 1).astype(np.float64)
+        return self.columns["num_frames"].astype(np.float64) / rate
+
+    @property
+    def shard_ids(self) -> np.ndarray:
+        """The shard number of every sample."""
+        return self.columns["shard"]
+
+    @property
+    def total_duration(self) -> float:
+        """Seconds of audio in the whole dataset."""
+        return float(self.durations.sum())
+
+    @property
+    def keys(self) -> Keys:
+        """Every sample's key, in index order: a read-only sequence that decodes each key when asked."""
+        if self._keys is None:
+            raise FormatError(f"{self.root}: this index has no keys")
+        return self._keys
+
+    def key(self, sample: int) -> str:
+        """The key of sample number ``sample``."""
+        return self.keys.key(sample)
+
+    def lookup(self, key: str) -> int:
+        """The number of the first sample with ``key`` (``KeyError`` when there is none), without a table of
+        every key."""
+        found = self.keys.find(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def shard_path(self, shard: int) -> str:
+        """The local path or URL of shard number ``shard``."""
+        return join(self.root, self.shards[shard].name)
+
+    def shard_options(self, shard: int) -> dict[str, Any] | None:
+        """The fsspec options to open shard number ``shard`` with (the index's ``storage_options``)."""
+        return self.storage_options
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self._file is not None:  # the mapped file travels by reference: nothing of size N is pickled
+            state.update(columns=None, _keys=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._file is not None:
+            self.columns, self._keys = self._file.columns(), self._file.keys()
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
+        """Write ``index.columns`` then ``index.json`` (each atomically): the JSON last marks completion.
+
+        ``keep_fingerprint`` keeps the fingerprint the index has (an upgrade of the same content)."""
+        directory = directory or self.root
+        payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys)
+        if not (keep_fingerprint and self.fingerprint):
+            self.fingerprint = self._compute_fingerprint()
+        write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
+        write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": "shardio-index",
+            "version": FORMAT_VERSION,
+            "samples": len(self),
+            "duration": round(self.total_duration, 3),
+            "formats": self.formats,
+            "columns": {name: np.dtype(dtype).str for name, dtype in COLUMNS.items()},
+            "columns_file": INDEX_COLUMNS,
+            "columns_sha256": self.columns_sha256,
+            "keys_bytes": len(self.keys.blob),
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+    def _compute_fingerprint(self) -> str:
+        canonical = json.dumps(self._header(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def _header_json(self) -> str:
+        return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
+
+    @classmethod
+    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *,
+             allow_outside_root: bool = False) -> Index:
+        """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
+
+        ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
+        reading its shards. Remote reads are retried (see :mod:`shardio.reading.storage`). The columns file must carry
+        the digest ``index.json`` records, and its content is hashed against it here, once (DataLoader
+        workers receive the mapped file and check only its size and header). A remote columns file is
+        fetched into the node's cache once and mapped from there.
+
+        Shard names must be plain relative paths under the dataset root (see :mod:`shardio.shards.indexchecks`);
+        ``allow_outside_root=True`` also takes ``..`` parts, absolute paths and symlinks that leave the root:
+        only for a trusted dataset whose shards really live elsewhere (``shardio index --out`` to another
+        directory writes such names).
+        """
+        location = os.fspath(location)
+        root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
+        json_path = join(root, INDEX_JSON)
+        header = _read_header(json_path, storage_options)
+        version = _check_version(header, json_path)
+        columns_file = _columns_file(header, version, json_path)
+        columns_path = join(root, columns_file)
+        bound = indexchecks.columns_size_bound(header.get("samples"), json_path)
+        mapped = None
+        if version == 1:
+            payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
+            columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"), COLUMNS)
+        else:
+            if not is_url(columns_path):
+                indexchecks.check_local_columns(root, columns_path, bound, columns_path)
+            mapped = indexfile.map_columns(columns_path, header, COLUMNS, json_path, storage_options)
+            columns, keys = mapped.columns(), mapped.keys()
+        try:
+            shards = [_shard_info(entry) for entry in header["shards"]]
+            index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
+                        fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
+                        _keys=keys, storage_options=storage_options, _file=mapped)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
+        index.validate(json_path)
+        if header.get("samples") != len(index):
+            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
+                              f"{len(index)}")
+        indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
+        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path,
+                                 index.key)
+        if len(keys) != len(index):
+            raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
+        return index
+
+    def validate(self, where: str) -> None:
+        """Cheap structural checks, so a damaged index fails here rather than mid-epoch."""
+        n = len(self)
+        for name, dtype in COLUMNS.items():
+            column = self.columns[name]
+            if column.dtype != np.dtype(dtype) or column.shape != (n,):
+                raise FormatError(f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
+                                  f"expected {np.dtype(dtype)} and ({n},)")
+        if n and int(self.columns["shard"].max()) >= len(self.shards):
+            raise FormatError(f"{where}: a sample names shard {int(self.columns['shard'].max())}, "
+                              f"but the index lists {len(self.shards)} shards")
+        if n and int(self.columns["format"].max()) >= len(self.formats):
+            raise FormatError(f"{where}: a sample names an audio format the index does not list")
+        counts = np.bincount(self.columns["shard"], minlength=len(self.shards))
+        for number, shard in enumerate(self.shards):
+            if shard.codec not in CODECS:
+                raise FormatError(f"{where}: shard {shard.name} has unknown codec {shard.codec!r}")
+            if counts[number] != shard.samples:
+                raise FormatError(f"{where}: shard {shard.name} lists {shard.samples} samples, "
+                                  f"the columns hold {counts[number]}")
+
+
+def _read_header(json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        header = json.loads(read_bytes(json_path, storage_options))
+    except FileNotFoundError:
+        raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+    except OSError as exc:
+        raise ReadError(f"{json_path}: cannot be read ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != "shardio-index":
+        raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
+    return header
+
+
+def _check_version(header: dict[str, Any], json_path: str) -> int:
+    version = header.get("version")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
+                          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
+    return int(version)
+
+
+def _columns_file(header: dict[str, Any], version: int, json_path: str) -> str:
+    """The columns file's name: a plain name in the root, the one this version's index writes."""
+    expected = INDEX_COLUMNS_V1 if version == 1 else INDEX_COLUMNS
+    columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
+    if columns_file != expected:
+        raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
+                          f"{expected!r}")
+    return columns_file
+
+
+def _shard_info(entry: Any) -> ShardInfo:
+    """A shard table entry of ``index.json``, with its field types checked (TypeError/ValueError otherwise)."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"a shard entry must be an object, not {entry!r}")
+    info = ShardInfo(**entry)
+    if not isinstance(info.name, str) or not info.name:
+        raise TypeError(f"shard name {info.name!r} is not a file name")
+    for name in ("bytes", "samples"):
+        value = getattr(info, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"shard {info.name}: {name} must be a non-negative integer, not {value!r}")
+    if not isinstance(info.codec, str):
+        raise TypeError(f"shard {info.name}: codec must be a string, not {info.codec!r}")
+    return info
+
+
+class IndexBuilder:
+    """Accumulates shards and samples in write order, then makes an :class:`Index`."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.shards: list[ShardInfo] = []
+        self.formats: list[str] = []
+        self._rows: dict[str, list[int]] = {name: [] for name in COLUMNS}
+        self._keys: list[str] = []
+
+    def format_id(self, ext: str) -> int:
+        """The number of audio format ``ext`` in this index's format table."""
+        if ext not in self.formats:
+            if len(self.formats) >= 255:
+                raise OptionError("more than 255 distinct audio formats in one dataset")
+            self.formats.append(ext)
+        return self.formats.index(ext)
+
+    def add_sample(self, key: str, *, shard: int, frame_offset: int, frame_size: int, member_offset: int,
+                   member_size: int, num_frames: int, sample_rate: int, channels: int, audio_ext: str) -> None:
+        """Record one sample of shard number ``shard`` (shards are numbered in the order they are added)."""
+        values = dict(shard=shard, frame_offset=frame_offset, frame_size=frame_size, member_offset=member_offset,
+                      member_size=member_size, num_frames=num_frames, sample_rate=sample_rate,
+                      channels=channels, format=self.format_id(audio_ext))
+        for name, value in values.items():
+            self._rows[name].append(value)
+        self._keys.append(key)
+
+    def add_shard(self, info: ShardInfo) -> int:
+        """Record a finished shard; returns its number."""
+        self.shards.append(info)
+        return len(self.shards) - 1
+
+    def build(self) -> Index:
+        """The finished index (not yet saved)."""
+        columns: dict[str, np.ndarray] = {name: np.asarray(values, dtype=COLUMNS[name])
+                                          for name, values in self._rows.items()}
+        index = Index(root=self.root, shards=list(self.shards), formats=list(self.formats), columns=columns,
+                      _keys=Keys.of(self._keys))
+        index.validate(self.root)
+        return index

@@ -1,0 +1,206 @@
+"""Load-time checks that keep a dataset's index from reaching outside its root or sizing huge allocations.
+
+An ``index.json`` is input like any other: it may come with a downloaded dataset. These checks run in
+:meth:`shardio.shards.index.Index.load`, each on its own, so that they survive changes of the on-disk layout:
+
+- shard names are plain relative paths under the dataset root (no ``..``, no absolute paths, no URL schemes,
+  and for a local root no symlink that leads out of it), unless the caller opts in with
+  ``allow_outside_root=True`` (what an index written by ``shardio index --out`` elsewhere needs);
+- ``columns_file`` is a plain file name in the root, a regular file, whose size is checked against a bound
+  from the sample count before it is read (:func:`columns_size_bound`);
+- every sample's ``num_frames`` is checked against its member's size (:func:`check_frames`), since the
+  loader sizes each batch's audio from it before decoding.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+from collections.abc import Callable
+import zipfile
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, ReadError
+from ..reading.storage import file_size, is_url, read_bytes
+
+__all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
+           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
+           "check_npz",
+           "check_shard_name",
+           "columns_size_bound", "read_columns"]
+
+COLUMNS_OVERHEAD = 1 << 20
+"""Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
+COLUMNS_BYTES_PER_SAMPLE = 34 + 8 + 1024
+"""Bytes of ``index.npz`` allowed per sample: 34 of columns, 8 of key offset, 1 KiB of key on average."""
+FRAMES_PER_BYTE = {"wav": 64}
+"""The most audio samples (``num_frames * channels``) one byte of a member may hold, by format: 64 for WAV
+(PCM holds at most 1, ADPCM 2, GSM 6.10 about 5, MPEG in WAV at low bit rates up to about 16);
+:data:`COMPRESSED_FRAMES_PER_BYTE` for every other format."""
+COMPRESSED_FRAMES_PER_BYTE = 8192
+"""For compressed formats: digital silence in FLAC with 64k-frame blocks reaches a few thousand (libsndfile's
+4096-frame blocks: about 550; Opus about 400, Vorbis 250, MP3 30)."""
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a colon alone is a file name character
+_NAME_LIMIT = 4096
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 200 else name[:200] + "...")
+
+
+def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None:
+    """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts, not
+    absolute,
+    no URL scheme, no control characters. With ``allow_outside_root``, ``..`` parts and absolute local paths
+    are taken too (never a URL scheme)."""
+    problem = None
+    parts = name.replace("\\", "/").split("/")
+    if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
+        problem = "is not a file name"
+    elif _SCHEME.match(name):
+        problem = "has a URL scheme; shard names are relative to the dataset's root"
+    elif allow_outside_root:
+        return
+    elif name.startswith(("/", "\\")) or os.path.isabs(name):
+        problem = "is an absolute path"
+    elif any(part in ("", ".", "..") for part in parts):
+        problem = "has '..', '.' or empty path parts"
+    if problem is not None:
+        hint = "" if problem.startswith(("is not", "has a URL")) else (
+            "; shard names must be plain relative paths under the dataset root (load it with "
+            "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really spans "
+            "directories)")
+        raise FormatError(f"{where}: shard name {_shown(name)} {problem}{hint}")
+
+
+def check_confined(root: str, names: list[str], where: str) -> None:
+    """For a local root: every shard path, symlinks resolved, lies inside the root. One directory scan finds
+    the links among plain names; only those, and names with sub-directories, are resolved."""
+    try:
+        with os.scandir(root) as entries:
+            links = {entry.name for entry in entries if entry.is_symlink()}
+    except OSError:
+        links = set()
+    base = os.path.realpath(root)
+    for name in names:
+        if "/" not in name and "\\" not in name and name not in links:
+            continue
+        resolved = os.path.realpath(os.path.join(root, name))
+        if os.path.commonpath([base, resolved]) != base:
+            raise FormatError(f"{where}: shard {_shown(name)} resolves (through a symbolic link) to a file "
+                              "outside the dataset root; load it with allow_outside_root=True if you trust "
+                              "this dataset")
+
+
+def check_columns_file(name: object, where: str) -> str:
+    """The ``columns_file`` of ``index.json``: a plain file name in the dataset root."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or _SCHEME.match(name) or any(ord(ch) < 32 for ch in name) or len(name) > 255:
+        shown = _shown(name) if isinstance(name, str) else type(name).__name__
+        raise FormatError(f"{where}: 'columns_file' must be a plain file name in the dataset root, not "
+                          f"{shown}")
+    return name
+
+
+def columns_size_bound(samples: object, where: str) -> int:
+    """The most bytes the columns file of an index of ``samples`` samples (the header's count) may have."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 1 << 40:
+        raise FormatError(f"{where}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
+                          f"{samples if isinstance(samples, int) else ''}".rstrip())
+    return COLUMNS_OVERHEAD + samples * COLUMNS_BYTES_PER_SAMPLE
+
+
+def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
+    """A local columns file must be a regular file inside ``root`` of at most ``bound`` bytes (checked
+    before it is read: ``/dev/zero`` or a huge file is refused, not read)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # the read reports it
+    base, resolved = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([base, resolved]) != base:
+        raise FormatError(f"{where}: the columns file resolves (through a symbolic link) to a file outside "
+                          "the dataset root")
+    if not stat.S_ISREG(info.st_mode):
+        raise FormatError(f"{where}: the columns file is not a regular file")
+    check_columns_size(info.st_size, bound, where)
+
+
+def check_columns_size(size: int, bound: int, where: str) -> None:
+    """A columns file of ``size`` bytes, at most ``bound``."""
+    if size > bound:
+        raise FormatError(f"{where}: the columns file has {size} bytes, more than the {bound} that the "
+                          "sample count in index.json allows")
+
+
+def check_npz(archive: zipfile.ZipFile, where: str) -> None:
+    """Every ``.npy`` member of a columns file holds as many bytes as its header's shape claims, so that
+    numpy, which allocates the claimed array before reading, allocates no more than the file holds."""
+    for info in archive.infolist():
+        try:
+            with archive.open(info) as member:
+                handle = io.BytesIO(member.read(1 << 16))  # an .npy header is at most a few KiB
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(handle)
+            header = handle.tell()
+        except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a damaged archive
+            raise FormatError(f"{where}: member {_shown(info.filename)} is not a numpy array "
+                              f"({type(exc).__name__})") from None
+        claimed = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize if shape else 0
+        if dtype.hasobject or claimed > info.file_size - header:
+            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
+                              f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes")
+
+
+def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str,
+                 key: Callable[[int], str] = str) -> None:
+    """Every sample's ``num_frames * channels`` at most :data:`FRAMES_PER_BYTE` (by format) times its member
+    size, so that no batch is sized beyond what the bytes can hold. ``key(sample)`` names a sample."""
+    num_frames, channels, member_size = columns["num_frames"], columns["channels"], columns["member_size"]
+    ratios = np.array([FRAMES_PER_BYTE.get(name, COMPRESSED_FRAMES_PER_BYTE) for name in formats] or [1],
+                      np.uint64)
+    claimed = num_frames.astype(np.uint64) * np.maximum(channels, 1).astype(np.uint64)
+    allowed = member_size.astype(np.uint64) * ratios[np.minimum(columns["format"], len(ratios) - 1)]
+    bad = np.flatnonzero(claimed > allowed)
+    if bad.size:
+        first = int(bad[0])
+        shard = shards[int(columns["shard"][first])]
+        try:
+            name = _shown(key(first))
+        except FormatError:  # the keys cannot be read either
+            name = str(first)
+        raise FormatError(f"{where}: sample {name} (shard {_shown(shard)}; {bad.size - 1} more like it) "
+                          f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
+                          f"member of {int(member_size[first])} bytes, more than its format can hold")
+
+
+def read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:
+    """The columns file's bytes, its kind and size checked (against ``bound``) before it is read."""
+    try:
+        if is_url(path):
+            check_columns_size(file_size(path, storage_options), bound, path)
+        else:
+            check_local_columns(root, path, bound, path)
+        payload = read_bytes(path, storage_options)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: index columns file is missing") from None
+    except OSError as exc:
+        raise ReadError(f"{path}: cannot be read ({exc})") from None
+    check_columns_size(len(payload), bound, path)
+    return payload
+
+
+def check_names(root: str, names: list[str], where: str, allow_outside_root: bool) -> None:
+    """Every shard name (see :func:`check_shard_name`), and for a local root, where its symlinks lead."""
+    for name in names:
+        check_shard_name(name, where, allow_outside_root=allow_outside_root)
+    if not allow_outside_root and not is_url(root):
+        check_confined(root, names, where)

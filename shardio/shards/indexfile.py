@@ -1,0 +1,251 @@
+"""The index's columns file (format 2): every column and the keys in one file, mapped read-only.
+
+Layout: a 64-byte header (``MAGIC``, then the SHA-256 of everything after the header), then one section
+per column of :data:`~shardio.shards.index.COLUMNS` in that order, then the keys' end offsets (``uint64``) and
+the keys' UTF-8 blob. Every section is little-endian, uncompressed and starts at a multiple of
+:data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
+``index.json``) and each column is a ``numpy`` view of one shared memory map: the page cache holds one
+copy however many processes on the node read it, and a process's private memory does not grow with it.
+
+Integrity, in two strengths. Every time the file is mapped (every process, every worker) its size must be
+the one the layout gives and its header must carry the digest ``index.json`` records: a columns file of
+another index, or a truncated one, is refused with :class:`FormatError` for the cost of one 64-byte read.
+:meth:`ColumnsFile.verify` hashes the whole content against that digest; :meth:`Index.load
+<shardio.shards.index.Index.load>` does it in the process that loads the index, never in DataLoader workers (which
+receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node: a
+file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
+last change is a few seconds old, so that any later change shows in its times), and the same file is not
+hashed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import mmap
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, ReadError
+from ..reading.storage import cache_dir, fetch_to_cache, is_url, read_bytes
+from . import indexchecks
+from .keys import Keys
+
+__all__ = ["ALIGN", "MAGIC", "ColumnsFile", "columns_bytes", "encode", "layout", "map_columns", "read_format1"]
+
+MAGIC = b"SHARDIO-COLUMNS2"
+HEADER = 64
+ALIGN = 4096  # mmap's granularity: the key blob gets a map of its own, which `find` searches in C
+_KEY_ENDS, _KEY_BLOB = "keys_end", "keys_blob"
+
+
+def _up(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def layout(columns: Mapping[str, Any], samples: int, key_bytes: int) -> dict[str, tuple[np.dtype, int, int]]:
+    """``{section: (little-endian dtype, byte offset, count)}`` for ``samples`` samples whose keys take
+    ``key_bytes``; ``columns`` maps column names to dtypes, in file order."""
+    sections: dict[str, tuple[np.dtype, int, int]] = {}
+    offset = HEADER
+    types = [*((name, np.dtype(dtype)) for name, dtype in columns.items()), (_KEY_ENDS, np.dtype(np.uint64))]
+    for name, dtype in types:
+        offset = _up(offset)
+        sections[name] = (dtype.newbyteorder("<"), offset, samples)
+        offset += dtype.itemsize * samples
+    sections[_KEY_BLOB] = (np.dtype(np.uint8), _up(offset), key_bytes)
+    return sections
+
+
+def columns_bytes(columns: Mapping[str, Any], samples: int, key_bytes: int) -> int:
+    """The size of a columns file for ``samples`` samples and ``key_bytes`` of keys."""
+    _, offset, count = layout(columns, samples, key_bytes)[_KEY_BLOB]
+    return offset + count
+
+
+def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys) -> tuple[bytes, str]:
+    """The columns file for ``columns`` and ``keys``, and its digest (the SHA-256 after the header)."""
+    samples = len(keys)
+    sections = layout(dtypes, samples, len(keys.blob))
+    body = bytearray(columns_bytes(dtypes, samples, len(keys.blob)) - HEADER)
+    arrays = {**columns, _KEY_ENDS: keys.ends}
+    for name, (dtype, offset, count) in sections.items():
+        data = bytes(keys.blob) if name == _KEY_BLOB else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
+        body[offset - HEADER : offset - HEADER + len(data)] = data
+    digest = hashlib.sha256(body).hexdigest()
+    header = MAGIC + bytes.fromhex(digest)
+    return header + bytes(HEADER - len(header)) + bytes(body), digest
+
+
+class ColumnsFile:
+    """A columns file mapped read-only: ``path`` must hold ``size`` bytes and carry ``digest``.
+
+    Pickles as its path, size and digest (not its content): the receiving process maps the file again and
+    repeats the cheap checks.
+    """
+
+    def __init__(self, path: str, dtypes: Mapping[str, Any], samples: int, key_bytes: int, digest: str,
+                 where: str | None = None) -> None:
+        self.path = path
+        self.dtypes = dict(dtypes)
+        self.samples = samples
+        self.key_bytes = key_bytes
+        self.digest = digest
+        self.where = where or path
+        self.size = columns_bytes(self.dtypes, samples, key_bytes)
+        self._map, self._blob = self._open()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return ColumnsFile, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where)
+
+    def _open(self) -> tuple[Any, Any]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FormatError(f"{self.where}: the index columns file is missing") from None
+        except OSError as exc:
+            raise ReadError(f"{self.where}: cannot be read ({exc})") from None
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != self.size:
+                raise FormatError(f"{self.where}: {actual} bytes, but index.json describes {self.samples} samples "
+                                  f"and {self.key_bytes} bytes of keys ({self.size} bytes): the index files do "
+                                  "not belong together or one is damaged; rebuild the index")
+            header = os.pread(fd, HEADER, 0)
+            if header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : len(MAGIC) + 32].hex() != self.digest:
+                raise FormatError(f"{self.where}: its header does not carry the digest index.json records "
+                                  f"({self.digest[:16]}...): the index files do not belong together or one is "
+                                  "damaged; rebuild the index")
+            _, blob_offset, blob_size = layout(self.dtypes, self.samples, self.key_bytes)[_KEY_BLOB]
+            try:
+                whole: Any = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
+                blob: Any = mmap.mmap(fd, blob_size, prot=mmap.PROT_READ, offset=blob_offset) if blob_size else b""
+            except (OSError, ValueError):  # a file system that cannot map files: read it into this process
+                whole = _read_all(fd, self.size, self.where)
+                blob = whole[blob_offset : blob_offset + blob_size]
+        finally:
+            os.close(fd)
+        return whole, blob
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column: a read-only view of the map."""
+        sections = layout(self.dtypes, self.samples, self.key_bytes)
+        return {name: np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(
+                    np.dtype(self.dtypes[name]))
+                for name, (dtype, offset, count) in sections.items() if name in self.dtypes}
+
+    def keys(self) -> Keys:
+        """The keys, decoded on demand from the mapped blob."""
+        dtype, offset, count = layout(self.dtypes, self.samples, self.key_bytes)[_KEY_ENDS]
+        ends = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(np.uint64)
+        return Keys(self._blob, ends, self.where)
+
+    def verify(self) -> None:
+        """Hash the whole content against the digest (:class:`FormatError` when a byte differs)."""
+        digest = hashlib.sha256(memoryview(self._map)[HEADER:]).hexdigest()
+        if digest != self.digest:
+            raise FormatError(f"{self.where}: SHA-256 {digest}, but index.json records {self.digest}: the index "
+                              "files do not belong together or one is damaged; rebuild the index")
+
+
+def _read_all(fd: int, size: int, where: str) -> bytes:
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 26), offset)
+        if not chunk:
+            raise FormatError(f"{where}: the file shrank while it was read ({offset} of {size} bytes)")
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _count(header: dict[str, Any], name: str, json_path: str) -> int:
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FormatError(f"{json_path}: {name!r} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, Any], json_path: str,
+                storage_options: dict[str, Any] | None) -> ColumnsFile:
+    """The format-2 columns file mapped (fetched into the node's cache first when remote) and hashed."""
+    samples, key_bytes = _count(header, "samples", json_path), _count(header, "keys_bytes", json_path)
+    digest = header.get("columns_sha256")
+    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise FormatError(f"{json_path}: 'columns_sha256' must be a SHA-256 in hex, not {digest!r}")
+    size = columns_bytes(dtypes, samples, key_bytes)
+    local = columns_path
+    if is_url(columns_path):
+        try:
+            local = fetch_to_cache(columns_path, f"index-{digest}.columns", size, storage_options,
+                                   lambda path: _fits(path, digest))
+        except FileNotFoundError:
+            raise FormatError(f"{columns_path}: index columns file is missing") from None
+    mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path)
+    marker = _verified_marker(local, digest)
+    if marker is None or not os.path.exists(marker):
+        mapped.verify()
+        _mark_verified(marker)
+    return mapped
+
+
+# A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it moves
+# its modification time past any file system's timestamp granularity, so the marker no longer matches.
+_SETTLED_S = 5.0
+
+
+def _verified_marker(path: str, digest: str) -> str | None:
+    """The node cache's marker for this very file (device, inode, size, times) holding ``digest``; None when
+    the file changed too recently to be told apart from a later change by its times."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if time.time() - info.st_mtime < _SETTLED_S or time.time() - info.st_ctime < _SETTLED_S:
+        return None
+    identity = f"{digest}-{info.st_dev}-{info.st_ino}-{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}"
+    return os.path.join(cache_dir(), "verified", identity)
+
+
+def _mark_verified(marker: str | None) -> None:
+    """Record that the file was hashed and matched (best effort: without it, the next load hashes again)."""
+    if marker is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "wb"):
+            pass
+    except OSError:
+        pass
+
+
+def _fits(path: str, digest: str) -> bool:
+    """Whether the cached file at ``path`` carries ``digest`` in its header (its size is checked by the cache)."""
+    with open(path, "rb") as handle:
+        head = handle.read(len(MAGIC) + 32)
+    return head == MAGIC + bytes.fromhex(digest)
+
+
+def read_format1(payload: bytes, columns_path: str, digest: Any,
+                 dtypes: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], Keys]:
+    """A format-1 ``index.npz``'s columns and keys from its bytes (read with a size bound by the caller),
+    hashed against ``digest`` and its arrays' shapes checked against their bytes before numpy allocates them
+    (``shardio index --upgrade`` turns it into a mapped format-2 file)."""
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
+                          f"records {digest!r}: the index files do not belong together "
+                          "or one is damaged; rebuild the index")
+    try:
+        archive = np.load(io.BytesIO(payload))
+        indexchecks.check_npz(archive.zip, columns_path)
+        columns = {name: archive[name] for name in dtypes}
+        keys = Keys(archive["keys_blob"].tobytes(), archive["keys_end"].astype(np.uint64), columns_path)
+    except FormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
+        raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+    return columns, keys

@@ -1,0 +1,321 @@
+"""POSIX tar members in WebDataset's ``{key}.{ext}`` convention: encode, parse and walk.
+
+shardio writes its own headers (ustar, with a pax record only for names ustar cannot hold) so that the
+bytes are deterministic, and parses them itself so that a sample can be decoded from a slice of a shard
+without ``tarfile``'s per-member overhead.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, BinaryIO
+
+from ..errors import FormatError
+
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "key_problem", "parse_members", "split_name",
+           "walk"]
+
+BLOCK = 512
+END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
+_KEY_EXT = re.compile(r"((?:.*/|)[^./]+)\.([^/]+)", re.DOTALL)
+_REGULAR = (b"0", b"\0", b"7")
+_ADLER_MOD = 65521
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member name into ``(key, ext)``: the key is the path up to the basename's first dot."""
+    match = _KEY_EXT.fullmatch(name)
+    if match is None:
+        raise FormatError(f"member name {name!r} is not of the form '{{key}}.{{ext}}'")
+    return match.group(1), match.group(2)
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a WebDataset key, or None when it can."""
+    if not key:
+        return "the key is empty"
+    if "." in key.rsplit("/", 1)[-1]:
+        return "the key's basename contains a '.', which readers take as the start of the extension"
+    if key.startswith("/") or key.endswith("/") or "//" in key:
+        return "the key must be a relative path with no empty parts"
+    if any(part in (".", "..") for part in key.split("/")):
+        return "the key must not contain '.' or '..' path parts"
+    if any(ord(ch) < 32 for ch in key):
+        return "the key contains a control character"
+    return None
+
+
+def _tarfile_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+_TEMPLATE = bytearray(_tarfile_header("", 0))
+
+
+def _header(name: str, size: int) -> bytes:
+    """A ustar header equal to ``tarfile``'s for these fields, built from a template (3x faster)."""
+    encoded = name.encode("utf-8")
+    if len(encoded) > 100 or not name.isascii() or size >= 8**11:
+        return _tarfile_header(name, size)  # a pax record carries long or non-ASCII names
+    header = bytearray(_TEMPLATE)
+    header[0 : len(encoded)] = encoded
+    header[124:136] = b"%011o\0" % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+def encode_sample(key: str, members: dict[str, bytes]) -> bytes:
+    """The tar bytes of one sample: a header, the data and its padding for each ``{key}.{ext}``."""
+    parts: list[bytes] = []
+    for ext, data in members.items():
+        parts += [_header(f"{key}.{ext}", len(data)), data, _padding(len(data))]
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One regular file member of a tar stream, located by byte offsets in that stream."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """The offset just past this member's padded data."""
+        return self.data_offset + self.size + (-self.size % BLOCK)
+
+
+def _octal(field: bytes, where: str) -> int:
+    text = field.split(b"\0", 1)[0].strip()
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits") from None
+
+
+def _check(header: bytes, where: str) -> None:
+    stored = _octal(header[148:156], where)
+    actual = sum(header) - sum(header[148:156]) + 8 * 32
+    if stored != actual:
+        raise FormatError(f"{where}: tar header checksum mismatch: not a tar header, or a damaged one")
+
+
+def _text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError(f"{where}: a tar member name ({len(raw)} bytes) is not UTF-8") from None
+
+
+def _pax_path(data: bytes, where: str) -> str | None:
+    """The ``path`` of a pax extended header: records of ``"<length> <name>=<value>\\n"``."""
+    path = None
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        digits = data[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else 0
+        end = pos + length
+        if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
+            raise FormatError(f"{where}: malformed pax record at byte {pos} of the extended header "
+                              f"({len(data) - pos} bytes left)")
+        name, _, value = data[space + 1 : end - 1].partition(b"=")
+        if name == b"path":
+            path = _text(value, where)
+        pos = end
+    return path
+
+
+def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable[[int, int], bytes],
+                  skip_data: Callable[[int, int], None], where: str) -> Iterator[Member]:
+    """Walk tar headers through three callbacks over a sequential stream (see :func:`walk`)."""
+    offset = 0
+    long_name: str | None = None
+    while True:
+        header = read_block(offset)
+        if header is None or not any(header):
+            return
+        if len(header) < BLOCK:
+            raise FormatError(f"{where}: truncated tar header at offset {offset} "
+                              f"({len(header)} of {BLOCK} bytes)")
+        header = bytes(header)
+        _check(header, f"{where} at offset {offset}")
+        size = _octal(header[124:136], where)
+        kind = header[156:157]
+        data_offset = offset + BLOCK
+        end = data_offset + size + (-size % BLOCK)
+        if kind in (b"x", b"L"):
+            raw = read_data(data_offset, size)
+            long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
+        elif kind == b"g":
+            skip_data(data_offset, size)
+        else:
+            name = long_name if long_name is not None else _name(header[:100], header[345:500], where)
+            long_name = None
+            skip_data(data_offset, size)
+            if kind in _REGULAR:
+                yield Member(name, offset, data_offset, size)
+        offset = end
+
+
+def _name(name: bytes, prefix: bytes, where: str) -> str:
+    """A member's path from its header's 100-byte name and 155-byte ustar prefix fields."""
+    end = name.find(b"\0")
+    base = _text(name[:end] if end >= 0 else name, where)
+    if not prefix[0]:
+        return base
+    return _text(prefix.split(b"\0", 1)[0], where) + "/" + base
+
+
+_USTAR = struct.Struct("100s24x11sx12x8sc188x155s12x")  # name, size digits, checksum, type flag, prefix
+
+
+def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, memoryview]]:
+    """The regular members of a tar byte range, as ``(name, data view)``; no copies of the data are made.
+
+    The reader's hot path, so one flat loop over the buffer rather than :func:`walk`'s callbacks. The fast
+    path reads the zero-padded octal fields that shardio, ``tarfile`` and GNU tar write, from one unpack, and
+    takes the header's byte sum from Adler-32, whose low half is ``1 + sum`` modulo 65521 (in C, 20x faster
+    than ``sum()``): a header then passes with a sum off by a multiple of 65521, which takes hundreds of
+    changed bytes. Anything else takes the general parse, which also ends the archive at a zero block.
+    """
+    view = memoryview(buffer)
+    total = len(view)
+    found: list[tuple[str, memoryview]] = []
+    offset, long_name = 0, None
+    while offset < total:
+        try:
+            raw_name, digits, checksum, kind, prefix = _USTAR.unpack_from(view, offset)
+            size = int(digits, 8)
+            fast = (int(checksum[:6], 8) + sum(checksum) - 8 * 32 + 1
+                    - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)) % _ADLER_MOD == 0
+        except (ValueError, struct.error):  # not zero-padded octal, or less than a block left
+            fast = False
+        if not fast:
+            header = view[offset : offset + BLOCK].tobytes()
+            if not header[0] and not any(header):
+                break
+            if len(header) < BLOCK:
+                raise FormatError(f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} "
+                                  "bytes)")
+            _check(header, f"{where} at offset {offset}")
+            size = _octal(header[124:136], where)
+            raw_name, kind, prefix = header[:100], header[156:157], header[345:500]
+        start = offset + BLOCK
+        if start + size > total:
+            raise FormatError(f"{where}: tar member data runs past the end ({start + size} > {total})")
+        if kind in (b"x", b"L"):
+            raw = view[start : start + size].tobytes()
+            long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
+        elif kind != b"g":
+            if long_name is None:
+                name = _name(raw_name, prefix, where)
+            else:
+                name, long_name = long_name, None
+            if kind in _REGULAR:
+                found.append((name, view[start : start + size]))
+        offset = start + size + (-size % BLOCK)
+    return found
+
+
+_CHUNK = 1 << 20
+_MAX_NAME_RECORD = 1 << 20  # a pax or GNU long-name header holding more than this is not a name
+SPOOL_BYTES = 8 << 20
+"""Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temp file."""
+
+
+def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str,
+                offset: int) -> None:
+    """Copy exactly ``size`` bytes of ``stream`` to ``sink`` in chunks (never one buffer of ``size``: a header
+    may claim any size)."""
+    left = size
+    while left:
+        data = stream.read(min(_CHUNK, left))
+        if not data:
+            raise FormatError(f"{where}: truncated tar stream at offset {offset + size - left}, expected "
+                              f"{left} more bytes")
+        sink(data)
+        left -= len(data)
+
+
+def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
+    """Walk a sequential tar stream (plain or decompressing), yielding each regular member and its data as a
+    file positioned at its start: held in memory up to :data:`SPOOL_BYTES`, in a temporary file beyond, so
+    that memory stays bounded whatever sizes the headers claim. The caller closes each data file when done
+    with it (garbage collection closes the others)."""
+    position = 0
+    pending: list[IO[bytes]] = []
+
+    def read_exact(offset: int, size: int) -> bytes:
+        if size > _MAX_NAME_RECORD:
+            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more "
+                              f"than {_MAX_NAME_RECORD} for a name")
+        parts: list[bytes] = []
+        skip_to(offset)
+        _copy_exact(stream, size, parts.append, where, offset)
+        advance(size)
+        return b"".join(parts)
+
+    def advance(size: int) -> None:
+        nonlocal position
+        position += size
+
+    def skip_to(offset: int) -> None:
+        if offset < position:
+            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
+        if offset > position:  # padding after the previous member
+            gap = offset - position
+            _copy_exact(stream, gap, lambda data: None, where, position)
+            advance(gap)
+
+    def read_block(offset: int) -> bytes | None:
+        skip_to(offset)
+        block = stream.read(BLOCK)
+        while block and len(block) < BLOCK:  # decompressing streams may return short reads
+            more = stream.read(BLOCK - len(block))
+            if not more:
+                break
+            block += more
+        advance(len(block))
+        return block if block else None
+
+    def skip_data(offset: int, size: int) -> None:
+        skip_to(offset)
+        if size <= SPOOL_BYTES:  # the usual case: one read, in memory
+            parts: list[bytes] = []
+            _copy_exact(stream, size, parts.append, where, offset)
+            spool: IO[bytes] = io.BytesIO(parts[0] if len(parts) == 1 else b"".join(parts))
+        else:
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+            _copy_exact(stream, size, spool.write, where, offset)
+            spool.seek(0)
+        advance(size)
+        pending.append(spool)
+
+    for member in _walk_headers(read_block, read_exact, skip_data, where):
+        yield member, pending.pop()
+        for spool in pending:  # the data of non-regular members
+            spool.close()
+        pending.clear()
