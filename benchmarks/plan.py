@@ -67,7 +67,7 @@ def timed(function: Callable[[], EpochPlan], runs: int) -> tuple[dict[str, Any],
             "max": round(max(seconds), 3), "runs": [round(s, 3) for s in seconds]}, plan
 
 
-def peak_mib(function: Callable[[], EpochPlan]) -> float:
+def peak_mib(function: Callable[[], Any]) -> float:
     """The tracemalloc peak of one call, in MiB (allocations made during the call only)."""
     tracemalloc.start()
     try:

@@ -138,7 +138,7 @@ def shardio_case(url: str, workers: int, **options: Any) -> tuple[int, float]:
 def webdataset_case(urls: list[str], workers: int) -> tuple[int, float]:
     from torch.utils.data import DataLoader
 
-    from shardio.benchcases import webdataset_pipeline
+    from shardio.bench.cases import webdataset_pipeline
 
     pipeline = webdataset_pipeline(urls, ext="flac", batch_size=BATCH)
     loader = DataLoader(pipeline, batch_size=None, num_workers=workers)

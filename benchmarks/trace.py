@@ -23,7 +23,6 @@ import resource
 import statistics
 import sys
 import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan import NUM_SHARDS, columns  # noqa: E402  (the planner benchmark's synthetic columns)
+from plan import NUM_SHARDS, columns, peak_mib  # noqa: E402  (the planner benchmark's columns and peak)
 
 from shardio import Index, ShardDataset, ShardInfo, Trace, World  # noqa: E402
 from shardio.bench.report import write_results  # noqa: E402
@@ -61,16 +60,6 @@ def timed(function: Callable[[], Any], runs: int) -> tuple[dict[str, Any], dict[
         cpu.append(time.process_time() - started_cpu)
     return tuple({"median": round(statistics.median(seconds), 3), "min": round(min(seconds), 3),  # type: ignore
                   "max": round(max(seconds), 3), "runs": [round(s, 3) for s in seconds]} for seconds in (wall, cpu))
-
-
-def peak_mib(function: Callable[[], Any]) -> float:
-    tracemalloc.start()
-    try:
-        function()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return round(peak / 2**20, 1)
 
 
 def main() -> None:

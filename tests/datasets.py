@@ -5,12 +5,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import tarfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile
 
-from shardio import Index, ShardWriter
+from shardio import Index, ShardDataset, ShardWriter, World
 
 __all__ = ["make_uneven_dataset", "wav_bytes"]
 
@@ -58,3 +61,29 @@ def make_uneven_dataset(directory: str | os.PathLike[str], shard_sizes: Sequence
     if counts != list(shard_sizes):  # the writer would have had to change for this to happen
         raise RuntimeError(f"ShardWriter wrote shards of {counts} samples, asked for {list(shard_sizes)}")
     return index
+
+
+def tar_members(out: Path) -> dict[str, bytes]:
+    """Every tar member of every shard of the dataset at ``out``, by member name (read with ``tarfile``)."""
+    found = {}
+    for shard in Index.load(out).shards:
+        with tarfile.open(out / shard.name) as archive:
+            for info in archive:
+                handle = archive.extractfile(info)
+                assert handle is not None
+                found[info.name] = handle.read()
+    return found
+
+
+def planned_keys(data: Path, world_size: int, epochs: int, **options: Any) -> list[list[list[str]]]:
+    """Per rank, the keys of every batch an uninterrupted run yields over ``epochs`` epochs (in step order),
+    each rank a ``ShardDataset(data, world=World(rank, world_size), **options)``."""
+    ranks = []
+    for rank in range(world_size):
+        dataset = ShardDataset(data, world=World(rank, world_size), **options)
+        batches = []
+        for epoch in range(epochs):
+            dataset.set_epoch(epoch)
+            batches += [list(batch["keys"]) for batch in dataset]
+        ranks.append(batches)
+    return ranks

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import socket
 import threading
 import time
@@ -19,10 +20,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-__all__ = ["Fault", "Faults", "HTTPFileServer", "S3Server", "aws_test_env"]
+__all__ = ["Fault", "Faults", "HTTPFileServer", "S3Server", "aws_test_env", "serve_copy"]
 
 LOOPBACK = "127.0.0.1"
 MAX_STALL = 5.0  # seconds: a stalled answer never waits longer, so a broken test cannot hang a server thread
@@ -323,3 +325,11 @@ class S3Server:
                 with open(path, "rb") as handle:
                     client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=handle.read())
         return f"s3://{bucket}/{prefix}"
+
+
+@contextmanager
+def serve_copy(dataset_root: str, workdir: Path) -> Iterator[HTTPFileServer]:
+    """An HTTP server over a copy of the dataset at ``dataset_root``, as ``ds`` under ``workdir``."""
+    shutil.copytree(dataset_root, workdir / "ds")
+    with HTTPFileServer(str(workdir)) as http:
+        yield http

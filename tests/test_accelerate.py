@@ -24,10 +24,9 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from datasets import make_uneven_dataset
+from datasets import make_uneven_dataset, planned_keys
 from process_groups import free_port
 
-from shardio import ShardDataset, World
 
 JOB = Path(__file__).with_name("accelerate_job.py")
 EPOCHS = 2
@@ -44,16 +43,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def planned(data: Path, world_size: int) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (both epochs, in step order)."""
-    ranks = []
-    for rank in range(world_size):
-        dataset = ShardDataset(data, batch_size=BATCH, seed=5, shuffle_shards=2,
-                               world=World(rank, world_size))
-        batches = []
-        for epoch in range(EPOCHS):
-            dataset.set_epoch(epoch)
-            batches += [list(batch["keys"]) for batch in dataset]
-        ranks.append(batches)
-    return ranks
+    return planned_keys(data, world_size, EPOCHS, batch_size=BATCH, seed=5, shuffle_shards=2)
 
 
 def run_job(data: Path, out: Path, *, processes: int = 2, expect_kill: bool = False,

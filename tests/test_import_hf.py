@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from audio_factory import make_folder_corpus
+from datasets import tar_members
 from shardio import Index
 from shardio.errors import InputError
 from shardio.packing.corpus import detect_kind, read_corpus
@@ -21,16 +21,6 @@ pytest.importorskip("pyarrow")
 
 
 
-def members(out: Path) -> dict[str, bytes]:
-    """Every tar member of every shard of the dataset at ``out``."""
-    found = {}
-    for shard in Index.load(out).shards:
-        with tarfile.open(out / shard.name) as archive:
-            for info in archive:
-                handle = archive.extractfile(info)
-                assert handle is not None
-                found[info.name] = handle.read()
-    return found
 
 
 # tests/datasets.py shadows the ``datasets`` package here: the datasets are built in a child process
@@ -73,7 +63,7 @@ def hf(audio: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def check(out: Path, audio: list[Path]) -> None:
-    found = members(out)
+    found = tar_members(out)
     for i, path in enumerate(audio):
         ext = path.suffix[1:]
         assert found[f"utt-{i:03d}.{ext}"] == path.read_bytes()  # bytes copied as they are

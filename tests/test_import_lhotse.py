@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from audio_factory import make_folder_corpus
+from datasets import tar_members
 from shardio import Index
 from shardio.packing.corpus import detect_kind
 from shardio.packing.engines import pack_partitioned
@@ -48,22 +49,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], Path]:
     return audio, root
 
 
-def members(out: Path) -> dict[str, bytes]:
-    found = {}
-    for shard in Index.load(out).shards:
-        with tarfile.open(out / shard.name) as archive:
-            for info in archive:
-                handle = archive.extractfile(info)
-                assert handle is not None
-                found[info.name] = handle.read()
-    return found
 
 
 def test_cutset_whole_cuts_keep_their_bytes_and_a_part_is_cut(corpus: tuple[list[Path], Path], tmp_path: Path) -> None:
     audio, root = corpus
     assert detect_kind(root / "cuts.jsonl.gz") == "lhotse"
     pack(root / "cuts.jsonl.gz", tmp_path / "out", progress=False)
-    found = members(tmp_path / "out")
+    found = tar_members(tmp_path / "out")
     for i, path in enumerate(audio):
         assert found[f"{path.stem}.wav"] == path.read_bytes()
         meta = json.loads(found[f"{path.stem}.json"])
@@ -88,7 +80,7 @@ def test_shar_members_are_copied_and_partitions_agree(corpus: tuple[list[Path], 
     summary = pack_partitioned(root / "shar", one, partition_bytes=8_000, samples_per_shard=2, progress=False)
     pack_partitioned(root / "shar", two, workers=2, partition_bytes=8_000, samples_per_shard=2, progress=False)
     assert summary.samples == len(audio) + 1
-    found = members(one)
+    found = tar_members(one)
     assert {name: found[name] for name in stored} == stored
     assert json.loads(found[f"{audio[3].stem}.json"])["text"] == "words 3"
     assert {p.name: p.read_bytes() for p in one.iterdir()} == {p.name: p.read_bytes() for p in two.iterdir()}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from audio_factory import make_folder_corpus
+from datasets import tar_members
 from shardio import Index
 from shardio.errors import InputError
 from shardio.packing.corpus import detect_kind
@@ -38,15 +39,6 @@ def write_tarred(root: Path, audio: list[Path]) -> Path:
     return manifest
 
 
-def members(out: Path) -> dict[str, bytes]:
-    found = {}
-    for shard in Index.load(out).shards:
-        with tarfile.open(out / shard.name) as archive:
-            for info in archive:
-                handle = archive.extractfile(info)
-                assert handle is not None
-                found[info.name] = handle.read()
-    return found
 
 
 def test_tarred_manifest_joins_members_and_sub_repeats(tmp_path: Path) -> None:
@@ -55,7 +47,7 @@ def test_tarred_manifest_joins_members_and_sub_repeats(tmp_path: Path) -> None:
     assert detect_kind(manifest) == "nemo"
     summary = pack(manifest, tmp_path / "out", progress=False)
     assert summary.samples == 7
-    found = members(tmp_path / "out")
+    found = tar_members(tmp_path / "out")
     for path in audio:
         assert found[path.name] == path.read_bytes()
         assert json.loads(found[f"{path.stem}.json"])["text"] == f"text of {path.stem}"

@@ -22,10 +22,9 @@ import pytest
 
 pytest.importorskip("pytorch_lightning")
 
-from datasets import make_uneven_dataset
+from datasets import make_uneven_dataset, planned_keys
 from process_groups import free_port
 
-from shardio import ShardDataset, World
 
 JOB = Path(__file__).with_name("lightning_job.py")
 EPOCHS = 2
@@ -42,16 +41,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def planned(data: Path, world_size: int, epochs: int = EPOCHS, **sizes: Any) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
-    ranks = []
-    for rank in range(world_size):
-        dataset = ShardDataset(data, seed=5, shuffle_shards=2, world=World(rank, world_size),
-                               **(sizes or {"batch_size": BATCH}))
-        batches = []
-        for epoch in range(epochs):
-            dataset.set_epoch(epoch)
-            batches += [list(batch["keys"]) for batch in dataset]
-        ranks.append(batches)
-    return ranks
+    return planned_keys(data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH}))
 
 
 def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,

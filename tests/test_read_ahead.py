@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from datasets import make_uneven_dataset
-from remote_servers import HTTPFileServer
+from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, RetryPolicy, ShardDataset
 from shardio.reading.prefetch import Span, coalesce
 
@@ -24,9 +23,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Index:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, local: Index) -> Iterator[HTTPFileServer]:
-    root = tmp_path_factory.mktemp("ahead-http")
-    shutil.copytree(local.root, root / "ds")
-    with HTTPFileServer(str(root)) as http:
+    with serve_copy(local.root, tmp_path_factory.mktemp("ahead-http")) as http:
         yield http
 
 

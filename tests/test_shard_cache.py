@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from datasets import make_uneven_dataset
-from remote_servers import HTTPFileServer
+from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, ShardDataset
 from shardio.reading.cache import ShardCache
 
@@ -26,9 +25,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Index:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, local: Index) -> Iterator[HTTPFileServer]:
-    root = tmp_path_factory.mktemp("cache-http")
-    shutil.copytree(local.root, root / "ds")
-    with HTTPFileServer(str(root)) as http:
+    with serve_copy(local.root, tmp_path_factory.mktemp("cache-http")) as http:
         yield http
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ...packing.source import Problems, Source
 
-__all__ = ["IMPORTED_KINDS", "detect_imported", "imported_reader"]
+__all__ = ["IMPORTED_KINDS", "detect_imported", "first_json_object", "imported_reader"]
 
 IMPORTED_KINDS: dict[str, tuple[str, str, str]] = {
     "hf": ("hf", "is_hf_dataset", "read_hf"),
@@ -22,6 +24,18 @@ IMPORTED_KINDS: dict[str, tuple[str, str, str]] = {
 def _function(module: str, name: str) -> Callable[..., object]:
     function: Callable[..., object] = getattr(importlib.import_module(f"{__package__}.{module}"), name)
     return function
+
+
+def first_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object on the first line (at most 1 MiB) of the manifest at ``path``, or None (a detector's
+    look at a file that may be any other kind of corpus)."""
+    with open(path, "rb") as handle:
+        first = handle.readline(1 << 20)
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def detect_imported(location: Path) -> str | None:

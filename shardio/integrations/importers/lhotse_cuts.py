@@ -21,6 +21,7 @@ from typing import Any
 
 from ...errors import InputProblem
 from ...packing.source import Problems, Source
+from .kinds import first_json_object
 
 __all__ = ["is_lhotse", "read_lhotse"]
 
@@ -39,13 +40,8 @@ def is_lhotse(path: Path) -> bool:
         return True
     if path.suffix != ".jsonl":
         return False
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 20)
-    try:
-        entry = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(entry, dict) and "recording" in entry and "supervisions" in entry
+    entry = first_json_object(path)
+    return entry is not None and "recording" in entry and "supervisions" in entry
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:

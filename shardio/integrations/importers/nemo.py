@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import InputProblem
 from ...packing.source import Problems, Source
+from .kinds import first_json_object
 
 __all__ = ["is_nemo_manifest", "read_nemo"]
 
@@ -27,13 +28,8 @@ def is_nemo_manifest(path: Path) -> bool:
     """Whether ``path`` is a JSON-lines manifest whose first entry has ``audio_filepath`` and ``shard_id``."""
     if path.is_dir() or path.suffix not in (".json", ".jsonl"):
         return False
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 20)
-    try:
-        entry = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(entry, dict) and "shard_id" in entry and "audio_filepath" in entry
+    entry = first_json_object(path)
+    return entry is not None and "shard_id" in entry and "audio_filepath" in entry
 
 
 def _listing(tar: Path) -> dict[str, int]:
