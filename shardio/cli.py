@@ -2,7 +2,8 @@
 ``quarantine``.
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
-``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`.
+``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
+(the data ledger's pair live in :mod:`shardio.ledger.commands`).
 Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
 :class:`~shardio.errors.ShardioError` (bad options, inputs or dataset), 3 a file or directory that cannot
 be read or written (:class:`~shardio.errors.OutputError`, or the system's error), 130 interrupted. Every
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .errors import OptionError, OutputError, ShardioError
+from .ledger.commands import add_quarantine, add_trace
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -281,96 +283,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- trace and quarantine (the data ledger) ------------------------------------------------------------
-
-def _add_trace(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("trace", help="which samples each rank's batch held at a step, or where a key is",
-                                   description="Answer from the plan alone (no audio read): the keys of every rank's "
-                                               "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.")
-    parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help="a saved loader state (JSON): the run's options, history")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, metavar="S", help="epoch step S (batches per rank since epoch start)")
-    what.add_argument("--key", action="append", metavar="K", help="a sample key (repeat for several)")
-    what.add_argument("--epoch", type=int, metavar="E", help="the whole epoch E, one row per (step, rank)")
-    parser.add_argument("--stop", type=int, metavar="S2", help="with --step: steps S to S2 - 1")
-    parser.add_argument("--rank", type=int, metavar="R", help="with --step: rank R only")
-    parser.add_argument("--in-epoch", type=int, metavar="E", help="with --step: this epoch (default: the state's)")
-    parser.add_argument("--epochs", type=int, default=1, metavar="N",
-                        help="with --key: search N epochs from the state's (default 1)")
-    parser.add_argument("--json", action="store_true", help="JSON Lines: one object per (epoch, step, rank)")
-    parser.add_argument("--csv", action="store_true", help="with --step/--epoch: CSV, one line per sample")
-    parser.set_defaults(run=_run_trace)
-
-
-def _run_trace(args: argparse.Namespace) -> int:
-    from .ledger.rebuild import open_for_state, read_state, write_rows, write_samples
-    from .ledger.trace import Trace
-
-    state = read_state(args.state)
-    trace = Trace(open_for_state(args.dataset, state), state)
-    if args.key:
-        epochs = range(trace.state.epoch, trace.state.epoch + max(args.epochs, 1))
-        for found in trace.find(args.key, epochs):
-            corpus = f" ({found['corpus']})" if "corpus" in found else ""
-            print(json.dumps(found) if args.json else
-                  f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank {found['rank']}")
-        return 0
-    if args.epoch is not None:
-        records = trace.epoch(args.epoch)
-    else:
-        epoch = trace.state.epoch if args.in_epoch is None else args.in_epoch
-        records = iter(trace.steps(epoch, args.step, args.stop, args.rank))
-    rows = (trace.row(record) for record in records)
-    if args.csv:
-        write_samples(rows, sys.stdout)
-    else:
-        write_rows(rows, sys.stdout, args.json or args.epoch is not None)
-    return 0
-
-
-def _step_range(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+):(\d+)", text)
-    if match is None or int(match.group(1)) >= int(match.group(2)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a step range A:B with A < B")
-    return int(match.group(1)), int(match.group(2))
-
-
-def _add_quarantine(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("quarantine", help="a state that resumes without some keys or steps",
-                                   description="Write a copy of a saved loader state whose resume leaves the given "
-                                               "keys (or every rank's batch at the given steps) out of the rest of "
-                                               "the epoch; every other remaining sample is still seen once.")
-    parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help="the saved loader state (JSON)")
-    parser.add_argument("--out", required=True, help="where to write the new state (JSON)")
-    parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeat)")
-    parser.add_argument("--steps", type=_step_range, metavar="A:B",
-                        help="leave out every rank's batch at epoch steps A to B - 1")
-    parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
-    parser.set_defaults(run=_run_quarantine)
-
-
-def _run_quarantine(args: argparse.Namespace) -> int:
-    from .ledger.quarantine import quarantine, quarantine_report
-    from .ledger.rebuild import open_for_state, read_state
-
-    state = read_state(args.state)
-    healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,
-                        carry=args.carry)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(healed, handle)
-    rows = quarantine_report(healed)
-    print(f"quarantined {len(rows)} samples; resume from {args.out}")
-    for row in rows:
-        notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + \
-            ("\tcarried" if row["carry"] else "")
-        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
-    return 0
-
-
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index,
-                                                                  _add_demo, _add_bench, _add_trace, _add_quarantine]
+                                                                  _add_demo, _add_bench, add_trace, add_quarantine]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 
