@@ -139,19 +139,26 @@ class ShardDataset(IterableDataset):
         """What the next iteration of this process plays."""
         return self._own if self._own is not None else self._control.upcoming(self._slot())
 
+    def _standing_run(self) -> Instruction | None:
+        """This process's current (or last) iteration, unless an instruction came since."""
+        if self._own is None and self._run_generation == self._control.generation:
+            return self._run
+        return None
+
     def _current(self) -> tuple[Instruction, int]:
         """The iteration running in this process (or its last one) unless an instruction came since; and
         the batches of it yielded here."""
-        if (self._run is not None and self._own is None
-                and self._run_generation == self._control.generation):
-            return self._run, self._yielded
+        run = self._standing_run()
+        if run is not None:
+            return run, self._yielded
         return self._upcoming(), self._skip
 
     def _live(self) -> Instruction:
         """The iteration this process is in the middle of, else the next one (the training process, while its
         workers play: the latest one begun until every worker has finished it)."""
-        if self._run is not None and self._own is None and self._run_generation == self._control.generation:
-            return self._upcoming() if self._finished else self._run
+        run = self._standing_run()
+        if run is not None:
+            return self._upcoming() if self._finished else run
         if self._own is None and get_worker_info() is None:
             return self._control.current()
         return self._upcoming()
@@ -344,8 +351,7 @@ class ShardDataset(IterableDataset):
                               fields=self._fields)
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
-        for k, ids in enumerate(batches):
-            j = numbers[k]
+        for j, ids in zip(numbers, batches):
             batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j
             self._yielded += 1
