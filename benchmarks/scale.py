@@ -158,7 +158,8 @@ def _idle_worker(ready: Any, release: Any) -> None:
 def run_case(root: Path, workers: int, context: str) -> dict[str, Any]:
     code = [sys.executable, __file__, "--child", str(root), str(workers), context]
     out = subprocess.run(code, capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
