@@ -209,6 +209,10 @@ def _add_index(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where to write the index (default: next to the shards)")
     parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    parser.add_argument("--nemo-manifest", default=None, metavar="MANIFEST",
+                        help="index a NeMo tarred dataset in place: the one directory given holds its "
+                             "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
+                             "fields are kept in the index; '-sub' repeats read the first copy)")
     parser.add_argument("--upgrade", action="store_true",
                         help="rewrite the format-1 index of each dataset directory given as the current format "
                              "(same content and fingerprint, so saved loader states still resume)")
@@ -223,7 +227,15 @@ def _run_index(args: argparse.Namespace) -> int:
             upgraded = upgrade_index(directory)
             print(f"{directory}: index format {upgraded}")
         return 0
-    index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
+    if args.nemo_manifest is not None:
+        from .integrations.importers.nemo_index import index_nemo
+
+        if len(args.shards) != 1 or args.out is not None:
+            raise OptionError("--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
+                              "writes the index there: no --out")
+        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite)
+    else:
+        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
     print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
           f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
     return 0

@@ -82,6 +82,16 @@ class MixIndex(Index):
             self._keys = ChainedKeys([part.keys for part in self.parts])
         return self._keys
 
+    def metadata(self, sample: int) -> dict[str, Any]:
+        """The metadata its corpus's index keeps for global id ``sample``."""
+        part = int(np.searchsorted(self.offsets, sample, side="right")) - 1
+        return self.parts[part].metadata(sample - int(self.offsets[part]))
+
+    def member_key(self, sample: int) -> str:
+        """The key of the tar members global id ``sample`` reads (see :meth:`Index.member_key`)."""
+        part = int(np.searchsorted(self.offsets, sample, side="right")) - 1
+        return self.parts[part].member_key(sample - int(self.offsets[part]))
+
     def corpus(self, sample_id: int) -> str:
         """The name of the corpus global id ``sample_id`` belongs to."""
         return self.names[int(np.searchsorted(self.offsets, sample_id, side="right")) - 1]

@@ -33,7 +33,7 @@ from ..shards.tarformat import key_problem, split_name, walk
 from ..shards.writer import writable_directory
 from .corpus import AUDIO_EXTENSIONS
 
-__all__ = ["build_index", "shard_codec", "tar_stream", "upgrade_index"]
+__all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def shard_codec(name: str) -> str:
                       f"{', '.join(s for s, _ in _SUFFIXES)})")
 
 
-class _Hashing(io.RawIOBase):
+class HashingReader(io.RawIOBase):
     """Counts and hashes every byte read through it from the shard file."""
 
     def __init__(self, raw: BinaryIO) -> None:
@@ -260,7 +260,7 @@ def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, 
     """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``."""
     samples = []
     with open(path, "rb") as handle:
-        hashing = _Hashing(handle)
+        hashing = HashingReader(handle)
         raw = io.BufferedReader(hashing, 1 << 20)
         try:
             stream = tar_stream(raw, codec)

@@ -2,8 +2,9 @@
 
 Checks, per shard: the file exists and has the indexed size and SHA-256; every sample's bytes, read at the
 index's offsets (and decompressed as the shard's codec says), parse as tar members named ``{key}.{ext}`` with
-the indexed key and audio format. With ``decode=True`` every audio member must decode to non-empty, finite
-audio with the indexed frames, sample rate and channels.
+the indexed key (or, for a sample that reads another's members, such as a NeMo ``-sub`` repeat, that
+key) and audio format, and metadata the index keeps decodes. With ``decode=True`` every audio member must
+decode to non-empty, finite audio with the indexed frames, sample rate and channels.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     where = f"{index.shards[int(index.columns['shard'][row])].name}: sample {key!r}"
     audio_ext = index.formats[int(index.columns["format"][row])]
     try:
+        index.metadata(row)  # metadata the index keeps must decode (a NeMo dataset indexed in place)
         members = reader.members(row)
     except ShardioError as exc:
         yield f"{where}: {exc}"

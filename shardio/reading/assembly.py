@@ -223,6 +223,8 @@ class Assembler:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
         sample: dict[str, Any] = {"key": index.keys[sample_id], "audio": None, "sample_rate": None,
                                   **self.fields(sample_id)}
+        for name, value in index.metadata(sample_id).items():  # kept in the index (a NeMo dataset's manifest)
+            sample.setdefault(name, value)
         if "json" in members:
             for name, value in _json_object(members["json"], where).items():
                 sample.setdefault(name, value)

@@ -332,7 +332,7 @@ class Reader(RemoteReads):
             return self._split(sample, self._sample_bytes(sample, where), where)
 
     def _split(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
-        key = self.index.keys[sample]
+        key = self.index.member_key(sample)
         found: dict[str, memoryview] = {}
         stem = len(key) + 1
         for name, member in parse_members(data, where):

@@ -5,7 +5,8 @@ On disk a dataset directory holds its shards plus two index files, written last 
 - ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
   the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
 - ``index.columns`` (format 2): every column (34 bytes a sample) and the keys (a UTF-8 blob plus end
-  offsets), uncompressed and aligned, mapped read-only by every process that reads the index
+  offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets too),
+  uncompressed and aligned, mapped read-only by every process that reads the index
   (:mod:`shardio.shards.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
   Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
   --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
@@ -33,6 +34,7 @@ from ..reading.storage import is_url, join, read_bytes, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
 from .keys import Keys
+from .metadata import Metadata
 
 __all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS", "ShardInfo",
            "Index", "IndexBuilder"]
@@ -85,6 +87,8 @@ class Index:
     """fsspec options (endpoint, credentials) for a remote ``root``; the reader opens shards with them."""
     _file: ColumnsFile | None = field(default=None, repr=False, compare=False)
     """The mapped columns file the columns and keys are views of (None: they are in memory)."""
+    _meta: Metadata | None = field(default=None, repr=False, compare=False)
+    """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
 
     def __post_init__(self) -> None:
         if self._keys is not None and not isinstance(self._keys, Keys):  # keys given as a list of strings
@@ -121,6 +125,21 @@ class Index:
         """The key of sample number ``sample``."""
         return self.keys.key(sample)
 
+    @property
+    def has_metadata(self) -> bool:
+        """Whether the index keeps per-sample metadata (an index made in place for a NeMo tarred dataset)."""
+        return self._meta is not None
+
+    def metadata(self, sample: int) -> dict[str, Any]:
+        """The metadata fields the index keeps for sample number ``sample`` (empty when it keeps none)."""
+        return {} if self._meta is None else self._meta.fields(sample)
+
+    def member_key(self, sample: int) -> str:
+        """The key of the tar members sample number ``sample`` reads: its own key, or, for a sample that
+        reads another's members (a NeMo ``-sub`` repeat), that one's."""
+        alias = None if self._meta is None else self._meta.member_key(sample)
+        return self.key(sample) if alias is None else alias
+
     def lookup(self, key: str) -> int:
         """The number of the first sample with ``key`` (``KeyError`` when there is none), without a table of
         every key."""
@@ -140,13 +159,13 @@ class Index:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if self._file is not None:  # the mapped file travels by reference: nothing of size N is pickled
-            state.update(columns=None, _keys=None)
+            state.update(columns=None, _keys=None, _meta=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._file is not None:
-            self.columns, self._keys = self._file.columns(), self._file.keys()
+            self.columns, self._keys, self._meta = self._file.columns(), self._file.keys(), self._file.metadata()
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -155,7 +174,7 @@ class Index:
 
         ``keep_fingerprint`` keeps the fingerprint the index has (an upgrade of the same content)."""
         directory = directory or self.root
-        payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys)
+        payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
         if not (keep_fingerprint and self.fingerprint):
             self.fingerprint = self._compute_fingerprint()
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
@@ -173,6 +192,7 @@ class Index:
             "columns_sha256": self.columns_sha256,
             "keys_bytes": len(self.keys.blob),
             "shards": [asdict(s) for s in self.shards],
+            **({} if self._meta is None else {"meta_bytes": len(self._meta.blob)}),
         }
 
     def _compute_fingerprint(self) -> str:
@@ -205,21 +225,22 @@ class Index:
         version = _check_version(header, json_path)
         columns_file = _columns_file(header, version, json_path)
         columns_path = join(root, columns_file)
-        bound = indexchecks.columns_size_bound(header.get("samples"), json_path)
+        bound = indexchecks.columns_size_bound(header.get("samples"), json_path, header.get("meta_bytes"))
         mapped = None
         if version == 1:
             payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
             columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"), COLUMNS)
+            meta = None
         else:
             if not is_url(columns_path):
                 indexchecks.check_local_columns(root, columns_path, bound, columns_path)
             mapped = indexfile.map_columns(columns_path, header, COLUMNS, json_path, storage_options)
-            columns, keys = mapped.columns(), mapped.keys()
+            columns, keys, meta = mapped.columns(), mapped.keys(), mapped.metadata()
         try:
             shards = [_shard_info(entry) for entry in header["shards"]]
             index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
                         fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
-                        _keys=keys, storage_options=storage_options, _file=mapped)
+                        _keys=keys, storage_options=storage_options, _file=mapped, _meta=meta)
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
         index.validate(json_path)
@@ -312,6 +333,7 @@ class IndexBuilder:
         self.formats: list[str] = []
         self._rows: dict[str, list[int]] = {name: [] for name in COLUMNS}
         self._keys: list[str] = []
+        self._meta: list[dict[str, Any]] | None = None
 
     def format_id(self, ext: str) -> int:
         """The number of audio format ``ext`` in this index's format table."""
@@ -322,8 +344,14 @@ class IndexBuilder:
         return self.formats.index(ext)
 
     def add_sample(self, key: str, *, shard: int, frame_offset: int, frame_size: int, member_offset: int,
-                   member_size: int, num_frames: int, sample_rate: int, channels: int, audio_ext: str) -> None:
-        """Record one sample of shard number ``shard`` (shards are numbered in the order they are added)."""
+                   member_size: int, num_frames: int, sample_rate: int, channels: int, audio_ext: str,
+                   meta: dict[str, Any] | None = None) -> None:
+        """Record one sample of shard number ``shard`` (shards are numbered in the order they are added);
+        ``meta``: metadata for the index to keep (given for one sample, the index keeps it for all)."""
+        if meta is not None and self._meta is None:
+            self._meta = [{} for _ in self._keys]
+        if self._meta is not None:
+            self._meta.append(meta or {})
         values = dict(shard=shard, frame_offset=frame_offset, frame_size=frame_size, member_offset=member_offset,
                       member_size=member_size, num_frames=num_frames, sample_rate=sample_rate,
                       channels=channels, format=self.format_id(audio_ext))
@@ -341,6 +369,7 @@ class IndexBuilder:
         columns: dict[str, np.ndarray] = {name: np.asarray(values, dtype=COLUMNS[name])
                                           for name, values in self._rows.items()}
         index = Index(root=self.root, shards=list(self.shards), formats=list(self.formats), columns=columns,
-                      _keys=Keys.of(self._keys))
+                      _keys=Keys.of(self._keys),
+                      _meta=None if self._meta is None else Metadata.of(self._meta, self.root))
         index.validate(self.root)
         return index

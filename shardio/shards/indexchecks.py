@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import FormatError, ReadError
 from ..reading.storage import file_size, is_url, read_bytes
+from .metadata import check_size
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
            "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
@@ -108,12 +109,14 @@ def check_columns_file(name: object, where: str) -> str:
     return name
 
 
-def columns_size_bound(samples: object, where: str) -> int:
-    """The most bytes the columns file of an index of ``samples`` samples (the header's count) may have."""
+def columns_size_bound(samples: object, where: str, meta_bytes: object = None) -> int:
+    """The most bytes the columns file of an index of ``samples`` samples (the header's count) may have, with
+    ``meta_bytes`` of per-sample metadata (the header's claim, itself bounded by the sample count)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 1 << 40:
         raise FormatError(f"{where}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
                           f"{samples if isinstance(samples, int) else ''}".rstrip())
-    return COLUMNS_OVERHEAD + samples * COLUMNS_BYTES_PER_SAMPLE
+    meta = 0 if meta_bytes is None else 8 * samples + check_size(samples, meta_bytes, where)
+    return COLUMNS_OVERHEAD + samples * COLUMNS_BYTES_PER_SAMPLE + meta
 
 
 def check_local_columns(root: str, path: str, bound: int, where: str) -> None:

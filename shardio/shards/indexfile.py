@@ -2,7 +2,8 @@
 
 Layout: a 64-byte header (``MAGIC``, then the SHA-256 of everything after the header), then one section
 per column of :data:`~shardio.shards.index.COLUMNS` in that order, then the keys' end offsets (``uint64``) and
-the keys' UTF-8 blob. Every section is little-endian, uncompressed and starts at a multiple of
+the keys' UTF-8 blob, and, only in an index with per-sample metadata (``meta_bytes`` in ``index.json``), the
+metadata's end offsets and JSON blob (:mod:`shardio.shards.metadata`). Every section is little-endian, uncompressed and starts at a multiple of
 :data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
 ``index.json``) and each column is a ``numpy`` view of one shared memory map: the page cache holds one
 copy however many processes on the node read it, and a process's private memory does not grow with it.
@@ -34,6 +35,7 @@ from ..errors import FormatError, ReadError
 from ..reading.storage import cache_dir, fetch_to_cache, is_url, read_bytes
 from . import indexchecks
 from .keys import Keys
+from .metadata import Metadata, check_size
 
 __all__ = ["ALIGN", "MAGIC", "ColumnsFile", "columns_bytes", "encode", "layout", "map_columns", "read_format1"]
 
@@ -41,15 +43,18 @@ MAGIC = b"SHARDIO-COLUMNS2"
 HEADER = 64
 ALIGN = 4096  # mmap's granularity: the key blob gets a map of its own, which `find` searches in C
 _KEY_ENDS, _KEY_BLOB = "keys_end", "keys_blob"
+_META_ENDS, _META_BLOB = "meta_end", "meta_blob"
 
 
 def _up(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def layout(columns: Mapping[str, Any], samples: int, key_bytes: int) -> dict[str, tuple[np.dtype, int, int]]:
+def layout(columns: Mapping[str, Any], samples: int, key_bytes: int,
+           meta_bytes: int | None = None) -> dict[str, tuple[np.dtype, int, int]]:
     """``{section: (little-endian dtype, byte offset, count)}`` for ``samples`` samples whose keys take
-    ``key_bytes``; ``columns`` maps column names to dtypes, in file order."""
+    ``key_bytes`` (and metadata ``meta_bytes``; None: the index has none); ``columns`` maps column names to
+    dtypes, in file order. The last section ends the file."""
     sections: dict[str, tuple[np.dtype, int, int]] = {}
     offset = HEADER
     types = [*((name, np.dtype(dtype)) for name, dtype in columns.items()), (_KEY_ENDS, np.dtype(np.uint64))]
@@ -58,23 +63,31 @@ def layout(columns: Mapping[str, Any], samples: int, key_bytes: int) -> dict[str
         sections[name] = (dtype.newbyteorder("<"), offset, samples)
         offset += dtype.itemsize * samples
     sections[_KEY_BLOB] = (np.dtype(np.uint8), _up(offset), key_bytes)
+    if meta_bytes is not None:
+        offset = _up(_up(offset) + key_bytes)
+        sections[_META_ENDS] = (np.dtype(np.uint64).newbyteorder("<"), offset, samples)
+        sections[_META_BLOB] = (np.dtype(np.uint8), _up(offset + 8 * samples), meta_bytes)
     return sections
 
 
-def columns_bytes(columns: Mapping[str, Any], samples: int, key_bytes: int) -> int:
-    """The size of a columns file for ``samples`` samples and ``key_bytes`` of keys."""
-    _, offset, count = layout(columns, samples, key_bytes)[_KEY_BLOB]
+def columns_bytes(columns: Mapping[str, Any], samples: int, key_bytes: int, meta_bytes: int | None = None) -> int:
+    """The size of a columns file for ``samples`` samples, ``key_bytes`` of keys and ``meta_bytes`` of
+    metadata (None: none)."""
+    _, offset, count = list(layout(columns, samples, key_bytes, meta_bytes).values())[-1]
     return offset + count
 
 
-def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys) -> tuple[bytes, str]:
-    """The columns file for ``columns`` and ``keys``, and its digest (the SHA-256 after the header)."""
+def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys,
+           meta: Metadata | None = None) -> tuple[bytes, str]:
+    """The columns file for ``columns``, ``keys`` and ``meta``, and its digest (the SHA-256 after the header)."""
     samples = len(keys)
-    sections = layout(dtypes, samples, len(keys.blob))
-    body = bytearray(columns_bytes(dtypes, samples, len(keys.blob)) - HEADER)
-    arrays = {**columns, _KEY_ENDS: keys.ends}
+    meta_bytes = None if meta is None else len(meta.blob)
+    sections = layout(dtypes, samples, len(keys.blob), meta_bytes)
+    body = bytearray(columns_bytes(dtypes, samples, len(keys.blob), meta_bytes) - HEADER)
+    arrays = {**columns, _KEY_ENDS: keys.ends, **({} if meta is None else {_META_ENDS: meta.ends})}
+    blobs = {_KEY_BLOB: keys.blob, **({} if meta is None else {_META_BLOB: meta.blob})}
     for name, (dtype, offset, count) in sections.items():
-        data = bytes(keys.blob) if name == _KEY_BLOB else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
+        data = bytes(blobs[name]) if name in blobs else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
         body[offset - HEADER : offset - HEADER + len(data)] = data
     digest = hashlib.sha256(body).hexdigest()
     header = MAGIC + bytes.fromhex(digest)
@@ -89,18 +102,20 @@ class ColumnsFile:
     """
 
     def __init__(self, path: str, dtypes: Mapping[str, Any], samples: int, key_bytes: int, digest: str,
-                 where: str | None = None) -> None:
+                 where: str | None = None, meta_bytes: int | None = None) -> None:
         self.path = path
         self.dtypes = dict(dtypes)
         self.samples = samples
         self.key_bytes = key_bytes
+        self.meta_bytes = meta_bytes
         self.digest = digest
         self.where = where or path
-        self.size = columns_bytes(self.dtypes, samples, key_bytes)
+        self.size = columns_bytes(self.dtypes, samples, key_bytes, meta_bytes)
         self._map, self._blob = self._open()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return ColumnsFile, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where)
+        return ColumnsFile, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where,
+                             self.meta_bytes)
 
     def _open(self) -> tuple[Any, Any]:
         try:
@@ -120,7 +135,7 @@ class ColumnsFile:
                 raise FormatError(f"{self.where}: its header does not carry the digest index.json records "
                                   f"({self.digest[:16]}...): the index files do not belong together or one is "
                                   "damaged; rebuild the index")
-            _, blob_offset, blob_size = layout(self.dtypes, self.samples, self.key_bytes)[_KEY_BLOB]
+            _, blob_offset, blob_size = self._layout()[_KEY_BLOB]
             try:
                 whole: Any = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
                 blob: Any = mmap.mmap(fd, blob_size, prot=mmap.PROT_READ, offset=blob_offset) if blob_size else b""
@@ -131,18 +146,31 @@ class ColumnsFile:
             os.close(fd)
         return whole, blob
 
+    def _layout(self) -> dict[str, tuple[np.dtype, int, int]]:
+        return layout(self.dtypes, self.samples, self.key_bytes, self.meta_bytes)
+
     def columns(self) -> dict[str, np.ndarray]:
         """Every column: a read-only view of the map."""
-        sections = layout(self.dtypes, self.samples, self.key_bytes)
+        sections = self._layout()
         return {name: np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(
                     np.dtype(self.dtypes[name]))
                 for name, (dtype, offset, count) in sections.items() if name in self.dtypes}
 
     def keys(self) -> Keys:
         """The keys, decoded on demand from the mapped blob."""
-        dtype, offset, count = layout(self.dtypes, self.samples, self.key_bytes)[_KEY_ENDS]
+        dtype, offset, count = self._layout()[_KEY_ENDS]
         ends = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(np.uint64)
         return Keys(self._blob, ends, self.where)
+
+    def metadata(self) -> Metadata | None:
+        """The per-sample metadata, decoded on demand from the map (None when the index has none)."""
+        if self.meta_bytes is None:
+            return None
+        sections = self._layout()
+        dtype, offset, count = sections[_META_ENDS]
+        ends = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(np.uint64)
+        _, blob_offset, blob_size = sections[_META_BLOB]
+        return Metadata(memoryview(self._map)[blob_offset : blob_offset + blob_size], ends, self.where)
 
     def verify(self) -> None:
         """Hash the whole content against the digest (:class:`FormatError` when a byte differs)."""
@@ -174,10 +202,11 @@ def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, 
                 storage_options: dict[str, Any] | None) -> ColumnsFile:
     """The format-2 columns file mapped (fetched into the node's cache first when remote) and hashed."""
     samples, key_bytes = _count(header, "samples", json_path), _count(header, "keys_bytes", json_path)
+    meta_bytes = None if "meta_bytes" not in header else check_size(samples, header["meta_bytes"], json_path)
     digest = header.get("columns_sha256")
     if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise FormatError(f"{json_path}: 'columns_sha256' must be a SHA-256 in hex, not {digest!r}")
-    size = columns_bytes(dtypes, samples, key_bytes)
+    size = columns_bytes(dtypes, samples, key_bytes, meta_bytes)
     local = columns_path
     if is_url(columns_path):
         try:
@@ -185,7 +214,7 @@ def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, 
                                    lambda path: _fits(path, digest))
         except FileNotFoundError:
             raise FormatError(f"{columns_path}: index columns file is missing") from None
-    mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path)
+    mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path, meta_bytes=meta_bytes)
     marker = _verified_marker(local, digest)
     if marker is None or not os.path.exists(marker):
         mapped.verify()

@@ -1,0 +1,250 @@
+"""A NeMo tarred audio dataset indexed in place: ``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
+
+NeMo's ``convert_to_tarred_audio_dataset`` writes shards ``audio_{shard_id}.tar`` (NeMo configs name them with
+a brace pattern such as ``audio__OP_0..N_CL_.tar``: give shardio the directory that holds them) and one
+manifest, a JSON line per sample with ``audio_filepath`` (the tar member's name) and ``shard_id``. Instead of
+copying the audio into new shards (``shardio pack tarred_audio_manifest.json``), :func:`index_nemo` writes a
+shardio index next to the tars, so the dataset reads as it is:
+
+- each manifest line is one sample, its key the member name up to the first dot; the other fields
+  (``text``, ``duration``, ...) are kept in the index (:mod:`shardio.shards.metadata`) and reach the loader's
+  samples where a ``{key}.json`` member's fields would;
+- NeMo stores a file listed twice in one shard once and names the repeats ``{name}-sub{n}.{ext}`` in the
+  manifest: such a line reads the first copy's member (the same bytes of the tar), under its own key
+  ``{name}-sub{n}`` and with its own text;
+- samples are ordered by shard (ascending ``shard_id``), then by manifest line.
+
+Strict joins, never silent: a manifest line that is not a tarred entry, names a path rather than a plain
+member name (``../x``), a shard that does not exist or a member its tar lacks; a member no line names; a tar
+``audio_{n}.tar`` in the directory that no line names; a duplicate key; a member that is not
+``{key}.{audio ext}`` (keys end at the first dot, so ``a.b.wav`` cannot be one): each is an
+:class:`~shardio.errors.InputProblem`, and all of them are raised together as one
+:class:`~shardio.errors.InputError`. A tar that cannot be parsed is a :class:`~shardio.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import soundfile as sf
+
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
+from ...packing.corpus import AUDIO_EXTENSIONS
+from ...packing.indexer import HashingReader
+from ...shards.index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
+from ...shards.tarformat import key_problem, split_name, walk
+from ...shards.writer import writable_directory
+
+__all__ = ["MANIFEST", "index_nemo"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "tarred_audio_manifest.json"
+"""The manifest's name in NeMo's layout (the default of :func:`index_nemo`)."""
+_SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]*)$")
+_SHARD = re.compile(r"^audio_(\d+)\.tar$")
+_MAX_LINE = 1 << 20
+_MAX_SHARD_ID = 1 << 31
+_NAME_LIMIT = 255
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One manifest line: where it is, its member name, shard and the fields it adds."""
+
+    where: str
+    name: str
+    shard: int
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Member:
+    start: int
+    end: int
+    ext: str
+    facts: tuple[int, int, int]  # frames, sample rate, channels
+
+
+def _name_problem(name: str) -> str | None:
+    """Why a manifest's ``audio_filepath`` cannot name a member of a NeMo tar (a plain file name)."""
+    if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
+        return "is not a file name"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is a path; a tarred NeMo manifest names tar members by their plain file name"
+    return None
+
+
+def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
+    """Every line of the manifest that is a tarred entry with a plain member name and a shard id."""
+    lines: list[_Line] = []
+    with open(manifest, "rb") as handle:
+        for number, raw in enumerate(iter(lambda: handle.readline(_MAX_LINE + 1), b""), 1):
+            where = f"{manifest}:{number}"
+            if len(raw) > _MAX_LINE:
+                problems.append(InputProblem(where, "", f"a line of more than {_MAX_LINE} bytes"))
+                handle.readline()  # the rest of that line, bounded by the file
+                continue
+            if not raw.strip():
+                continue
+            try:
+                entry = json.loads(raw)
+            except (ValueError, RecursionError):
+                problems.append(InputProblem(where, "", "not a JSON object"))
+                continue
+            name, shard = (entry.get("audio_filepath"), entry.get("shard_id")) if isinstance(entry, dict) else (None, None)
+            if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
+                problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
+                                             "and an integer 'shard_id'"))
+                continue
+            shown = name if len(name) <= 80 else name[:80] + "..."
+            if (problem := _name_problem(name)) is not None:
+                problems.append(InputProblem(where, "", f"audio_filepath {shown!r} {problem}"))
+                continue
+            if not 0 <= shard < _MAX_SHARD_ID:
+                problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
+                continue
+            meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
+            size = len(json.dumps(meta, ensure_ascii=False).encode())
+            if MEMBER_FIELD in meta or size > MAX_ENTRY_BYTES:
+                reason = f"uses the field name {MEMBER_FIELD!r}, which shardio reserves" if MEMBER_FIELD in meta \
+                    else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample"
+                problems.append(InputProblem(where, "", reason))
+                continue
+            lines.append(_Line(where, name, shard, meta))
+    return lines
+
+
+def _members(path: str, wanted: set[str], problems: list[InputProblem]) -> tuple[dict[str, _Member], int, str]:
+    """The members of the tar at ``path`` that ``wanted`` names (their spans and audio facts), and the tar's
+    ``(bytes, sha256)``; a member not wanted, or not ``{key}.{audio ext}``, is a problem."""
+    found: dict[str, _Member] = {}
+    with open(path, "rb") as handle:
+        hashing = HashingReader(handle)
+        raw = io.BufferedReader(hashing, 1 << 20)
+        boundary = 0
+        for member, data in walk(raw, path):
+            start, boundary = boundary, member.end  # a member's span includes its extended headers
+            with data:
+                where = f"{path}: member {member.name!r}"
+                if member.name not in wanted:
+                    problems.append(InputProblem(where, "", "no manifest line names this member"))
+                    continue
+                key, ext = split_name(member.name) if "." in member.name else (member.name, "")
+                if ext.lower() not in AUDIO_EXTENSIONS or key_problem(key) is not None:
+                    problems.append(InputProblem(where, "", "not a member name shardio can key: expected "
+                                                 f"{{key}}.{{ext}}, the key without '.', the ext one of "
+                                                 f"{', '.join(AUDIO_EXTENSIONS)}"))
+                    continue
+                try:
+                    info = sf.info(data)
+                except (sf.LibsndfileError, RuntimeError) as exc:
+                    reason = getattr(exc, "error_string", None) or exc
+                    problems.append(InputProblem(where, key, f"the audio cannot be read ({reason})"))
+                    continue
+                if info.frames <= 0:
+                    problems.append(InputProblem(where, key, "the audio has no frames"))
+                    continue
+                found[member.name] = _Member(start, member.end, ext, (int(info.frames), int(info.samplerate),
+                                                                       int(info.channels)))
+        while raw.read(1 << 20):  # the rest of the file (end-of-archive blocks), for its size and digest
+            pass
+    return found, hashing.size, hashing.sha256.hexdigest()
+
+
+def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
+            problems: list[InputProblem]) -> Iterator[tuple[_Line, str, _Member, dict[str, Any]]]:
+    """Each line of one shard as ``(line, key, member, metadata)``: a ``-sub{n}`` line the first copy's
+    member. Then a member no line read is a problem."""
+    used: set[str] = set()
+    for line in lines:
+        member_name, repeat = line.name, _SUB.match(line.name)
+        if member_name not in members and repeat is not None:
+            member_name = repeat["base"] + repeat["ext"]
+        key = split_name(line.name)[0] if "." in line.name else line.name
+        member = members.get(member_name)
+        if member is None:
+            problems.append(InputProblem(line.where, key, f"{os.path.basename(tar)} has no readable audio member "
+                                         f"{line.name!r}" + (f" (nor {member_name!r})" if member_name != line.name else "")))
+            continue
+        used.add(member_name)
+        meta = dict(line.meta)
+        member_key = split_name(member_name)[0]
+        if member_key != key:
+            meta[MEMBER_FIELD] = member_key
+        yield line, key, member, meta
+    for name in sorted(set(members) - used):
+        problems.append(InputProblem(f"{tar}: member {name!r}", "", "no manifest line names this member"))
+
+
+def _check_directory(directory: str) -> str:
+    if any(mark in directory for mark in ("_OP_", "_CL_", "{", "}")) or not os.path.isdir(directory):
+        raise OptionError(f"{directory}: expected the directory that holds the dataset's audio_{{shard_id}}.tar "
+                          "files (not a NeMo brace pattern such as audio__OP_0..N_CL_.tar)")
+    return os.path.abspath(directory)
+
+
+def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None, *,
+               overwrite: bool = False) -> Index:
+    """Index the NeMo tarred dataset in ``directory`` in place (see the module docstring) and return the index.
+
+    ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
+    ``index.columns``) is written into ``directory``; an index already there is an
+    :class:`~shardio.errors.OptionError` unless ``overwrite``. No audio is copied or changed.
+    """
+    root = _check_directory(os.fspath(directory))
+    manifest = os.path.join(root, MANIFEST) if manifest is None else os.fspath(manifest)
+    if not os.path.isfile(manifest):
+        raise ReadError(f"{manifest}: no such manifest file")
+    writable_directory(root)
+    if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
+        raise OptionError(f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to "
+                          "replace it")
+    problems: list[InputProblem] = []
+    by_shard: dict[int, list[_Line]] = {}
+    for line in _parse(manifest, problems):
+        by_shard.setdefault(line.shard, []).append(line)
+    present = {int(m[1]) for m in map(_SHARD.match, os.listdir(root)) if m}
+    for shard in sorted(present - set(by_shard)):
+        problems.append(InputProblem(os.path.join(root, f"audio_{shard}.tar"), "", "no manifest line names this "
+                                     "shard"))
+    builder = IndexBuilder(root)
+    first_line: dict[str, str] = {}
+    for shard in sorted(by_shard):
+        lines, tar = by_shard[shard], os.path.join(root, f"audio_{shard}.tar")
+        if shard not in present or not os.path.isfile(tar):
+            problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
+                         for line in lines[:1]]
+            continue
+        wanted = {line.name for line in lines} | {m["base"] + m["ext"] for m in map(_SUB.match, (line.name for line
+                                                                                               in lines)) if m}
+        members, size, digest = _members(tar, wanted, problems)
+        number, count, duration = len(builder.shards), 0, 0.0
+        for line, key, member, meta in _joined(lines, members, tar, problems):
+            if key in first_line:
+                problems.append(InputProblem(line.where, key, f"duplicate key (first at {first_line[key]})"))
+                continue
+            first_line[key] = line.where
+            frames, rate, channels = member.facts
+            builder.add_sample(key, shard=number, frame_offset=member.start, frame_size=member.end - member.start,
+                               member_offset=0, member_size=member.end - member.start, num_frames=frames,
+                               sample_rate=rate, channels=channels, audio_ext=member.ext, meta=meta)
+            count, duration = count + 1, duration + frames / max(rate, 1)
+        builder.add_shard(ShardInfo(name=os.path.basename(tar), bytes=size, sha256=digest, samples=count,
+                                    duration=round(duration, 6), codec="none"))
+        logger.info("indexed %s: %d samples", tar, count)
+    if problems:
+        raise InputError(problems)
+    if not builder.shards:
+        raise FormatError(f"{manifest}: names no samples")
+    index = builder.build()
+    index.save(root)
+    return index
