@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader
 
 import resume_harness as harness
 from audio_factory import make_folder_corpus
+from datasets import make_uneven_dataset
 from hostile import rewrite_header
-from shardio import Index, ShardDataset
+from shardio import EpochSize, Index, MixedDataset, ShardDataset
 from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError
 from shardio.integrations.importers.nemo_index import index_nemo
@@ -121,8 +122,23 @@ def test_cli_index_inspect_verify(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["verify", str(tmp_path), "--decode"]) == 0
     capsys.readouterr()
     assert main(["inspect", str(tmp_path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["samples"] == 5
+    report = json.loads(capsys.readouterr().out)
+    assert (report["samples"], report["metadata"]) == (5, "index")
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert "metadata     in the index" in capsys.readouterr().out
     assert main(["index", str(tmp_path / "audio__OP_0..1_CL_.tar"), "--nemo-manifest", str(manifest)]) == 2
+
+
+def test_a_mix_reads_each_corpus_text(nemo: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path) -> None:
+    root, expected = nemo
+    make_uneven_dataset(tmp_path / "packed", [3, 2])
+    ds = MixedDataset({"nemo": root, "packed": tmp_path / "packed"}, {"nemo": 0.5, "packed": 0.5},
+                      EpochSize(primary="nemo"), batch_size=4)
+    texts = {key: text for batch in DataLoader(ds, batch_size=None, num_workers=1)
+             for key, text in zip(batch["keys"], batch["text"])}
+    assert {key: texts[key] for key in expected if key in texts} == \
+        {key: value["text"] for key, value in expected.items() if key in texts}
+    assert any(key.endswith("-sub1") for key in texts) and all(texts[k] == k for k in texts if k.startswith("s0"))
 
 
 def test_resume_through_the_harness(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:

@@ -23,7 +23,8 @@ def _counts(values: np.ndarray, names: list[str] | None = None) -> dict[str, int
 
 def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bool = False) -> dict[str, Any]:
     """A JSON-ready summary of the dataset at ``directory``: shards, samples, hours, bytes, codecs, audio
-    formats, sample rates, channels, duration statistics and a duration histogram (``allow_outside_root``:
+    formats, sample rates, channels, where sample metadata lives (``metadata``: ``"index"`` for a dataset
+    indexed in place with its manifest, else ``"members"``), duration statistics and a duration histogram (``allow_outside_root``:
     as :meth:`Index.load`'s)."""
     index = Index.load(directory, allow_outside_root=allow_outside_root)
     durations = index.durations
@@ -47,6 +48,7 @@ def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bo
         "formats": _counts(index.columns["format"], index.formats),
         "sample_rates": _counts(index.columns["sample_rate"]),
         "channels": _counts(index.columns["channels"]),
+        "metadata": "index" if index.has_metadata else "members",
         "duration": stats,
         "histogram": histogram,
     }
@@ -71,6 +73,8 @@ def render_report(report: dict[str, Any], width: int = 40) -> str:
         f"max {stats['max']:.2f} s",
         "histogram (seconds: samples)",
     ]
+    if report.get("metadata") == "index":  # kept in the index (a NeMo dataset indexed in place)
+        lines.insert(8, "metadata     in the index")
     peak = max((b["samples"] for b in report["histogram"]), default=0) or 1
     for bin_ in report["histogram"]:
         label = f"{bin_['from']:>4g}-{bin_['to']:<4g}" if bin_["to"] is not None else f"{bin_['from']:>4g}+   "
