@@ -19,6 +19,7 @@ import resume_harness as harness
 from audio_factory import make_folder_corpus
 from datasets import make_uneven_dataset
 from hostile import rewrite_header
+from remote_servers import HTTPFileServer
 from shardio import EpochSize, Index, MixedDataset, ShardDataset
 from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError
@@ -139,6 +140,20 @@ def test_a_mix_reads_each_corpus_text(nemo: tuple[Path, dict[str, dict[str, Any]
     assert {key: texts[key] for key in expected if key in texts} == \
         {key: value["text"] for key, value in expected.items() if key in texts}
     assert any(key.endswith("-sub1") for key in texts) and all(texts[k] == k for k in texts if k.startswith("s0"))
+
+
+def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    """Remote: the read-ahead coalesces a repeat's span with its first copy's (the same bytes)."""
+    root, expected = nemo
+    with HTTPFileServer(str(root)) as server:
+        ds = ShardDataset(server.url, batch_size=4, seed=3, shuffle_shards=1)
+        local = {key: (audio, text) for batch in ShardDataset(root, batch_size=4, seed=3, shuffle_shards=1)
+                 for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])}
+        remote = [(key, audio, text) for batch in ds for key, audio, text in zip(batch["keys"], batch["audio"],
+                                                                                  batch["text"])]
+    assert sorted(key for key, _, _ in remote) == sorted(expected)
+    for key, audio, text in remote:
+        assert text == local[key][1] and bool((audio == local[key][0]).all())
 
 
 def test_resume_through_the_harness(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
