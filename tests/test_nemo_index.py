@@ -6,17 +6,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import resume_harness as harness
-from audio_factory import make_folder_corpus
+from audio_factory import audio_bytes, make_folder_corpus, tone
 from datasets import make_uneven_dataset
 from hostile import rewrite_header
 from remote_servers import HTTPFileServer
@@ -25,6 +29,7 @@ from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError
 from shardio.integrations.importers.nemo_index import index_nemo
 from shardio.packing.verification import verify_dataset
+from shardio.reading.reader import Reader
 from shardio.shards.metadata import MAX_BYTES_PER_SAMPLE
 
 LONG = "x" * 120  # a member name ustar cannot hold: the tar gets a pax header before it
@@ -239,3 +244,58 @@ def test_damaged_metadata_is_a_typed_error(tmp_path: Path) -> None:
     ends[0] = 10**9
     with pytest.raises(FormatError, match="metadata of sample 0 spans bytes 0 to 1000000000"):
         Metadata(bytes(blob), ends).fields(0)
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[list[list[str]], list[tuple[str, int, str]]]:
+    """Tar members per shard and manifest lines ``(audio_filepath, shard_id, text)`` in manifest order: every
+    member named once, some named again as ``-sub{n}`` repeats, lines of different shards interleaved."""
+    shards = draw(st.integers(1, 3))
+    files = draw(st.integers(1, 7))
+    placement = draw(st.lists(st.integers(0, shards - 1), min_size=files, max_size=files))
+    members: list[list[str]] = [[] for _ in range(shards)]
+    lines: list[tuple[str, int, str]] = []
+    for number, shard in enumerate(placement):
+        stem = f"{'p' * 110 if draw(st.booleans()) else ''}f{number}"  # some need a pax header
+        ext = draw(st.sampled_from(["wav", "flac"]))
+        members[shard].append(f"{stem}.{ext}")
+        lines.append((f"{stem}.{ext}", shard, f"text {number}"))
+        for repeat in range(1, draw(st.integers(0, 2)) + 1):
+            lines.append((f"{stem}-sub{repeat}.{ext}", shard, f"text {number} again {repeat}"))
+    used = [s for s in range(shards) if members[s]]
+    members = [members[s] for s in used]
+    lines = [(name, used.index(shard), text) for name, shard, text in draw(st.permutations(lines))]
+    return members, lines
+
+
+@settings(max_examples=25, deadline=None)
+@given(layout=layouts())
+def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]], list[tuple[str, int, str]]]) -> None:
+    members, lines = layout
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        stored: dict[str, bytes] = {}
+        for shard, names in enumerate(members):
+            with tarfile.open(root / f"audio_{shard}.tar", "w") as archive:
+                for number, name in enumerate(names):
+                    data = audio_bytes(tone(0.01 * (number + 1), 8000, seed=number), 8000, name.rsplit(".", 1)[1])
+                    stored[name] = data
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    archive.addfile(info, io.BytesIO(data))
+        (root / "tarred_audio_manifest.json").write_text("".join(
+            json.dumps({"audio_filepath": name, "shard_id": shard, "text": text}) + "\n" for name, shard, text in lines))
+        index = index_nemo(root)
+        reader = Reader(index)
+        try:
+            order = sorted(range(len(lines)), key=lambda i: (lines[i][1], i))  # by shard, then manifest order
+            assert [index.key(i) for i in range(len(index))] == [lines[i][0].rsplit(".", 1)[0] for i in order]
+            for sample, line in enumerate(order):
+                name, shard, text = lines[line]
+                member = re.sub(r"-sub\d+(\.[^.]*)$", r"\1", name)
+                assert int(index.columns["shard"][sample]) == shard
+                assert index.metadata(sample) == {"text": text}
+                assert bytes(reader.members(sample)[name.rsplit(".", 1)[1]]) == stored[member]
+        finally:
+            reader.close()
+        assert verify_dataset(root) == []
