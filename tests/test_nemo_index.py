@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
@@ -26,11 +27,14 @@ from hostile import rewrite_header
 from remote_servers import HTTPFileServer
 from shardio import EpochSize, Index, MixedDataset, ShardDataset
 from shardio.cli import main
-from shardio.errors import FormatError, InputError, OptionError
+from shardio.errors import FormatError, InputError, OptionError, ShardioError
 from shardio.integrations.importers.nemo_index import index_nemo
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
-from shardio.shards.metadata import MAX_BYTES_PER_SAMPLE
+from shardio.shards.index import COLUMNS
+from shardio.shards.indexfile import encode
+from shardio.shards.keys import Keys
+from shardio.shards.metadata import MAX_BYTES_PER_SAMPLE, Metadata
 
 LONG = "x" * 120  # a member name ustar cannot hold: the tar gets a pax header before it
 
@@ -235,8 +239,6 @@ def test_damaged_metadata_is_a_typed_error(tmp_path: Path) -> None:
     index = index_nemo(tmp_path)
     blob = bytearray(index._meta.blob)  # type: ignore[union-attr]
     blob[0:1] = b"["  # no longer an object
-    from shardio.shards.metadata import Metadata
-
     spoiled = Metadata(bytes(blob), index._meta.ends)  # type: ignore[union-attr]
     with pytest.raises(FormatError, match="metadata of sample 0 is not valid JSON"):
         spoiled.fields(0)
@@ -299,3 +301,34 @@ def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]]
         finally:
             reader.close()
         assert verify_dataset(root) == []
+
+
+HOSTILE_SIZES = st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 10**18]) | st.integers(0, 10**6)
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=64) | st.sampled_from([b"[]", b"{}", b'{"__member_key__": 7}', b'"x"', b"{" * 5000,
+                                                         b'{"__member_key__": "../../x"}']),
+       ends=st.lists(HOSTILE_SIZES, min_size=11, max_size=11), claimed=st.none() | HOSTILE_SIZES)
+def test_hostile_metadata_sections_give_typed_errors(nemo: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path,
+                                                     blob: bytes, ends: list[int], claimed: int | None) -> None:
+    """A columns file whose metadata (digest made to match) or its ``meta_bytes`` claim is hostile: loading,
+    reading every sample and verifying raise only ShardioErrors."""
+    root = tmp_path / "case"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(nemo[0], root, ignore=shutil.ignore_patterns("src"))
+    index = Index.load(root)
+    meta = Metadata(blob, np.array([e % 2**64 for e in ends], dtype=np.uint64))
+    payload, digest = encode({name: np.array(index.columns[name]) for name in COLUMNS}, COLUMNS,
+                             Keys(bytes(index.keys.blob), np.array(index.keys.ends)), meta)
+    (root / "index.columns").write_bytes(payload)
+    rewrite_header(root, lambda header: header.update(columns_sha256=digest,
+                                                      meta_bytes=len(blob) if claimed is None else claimed))
+    try:
+        loaded = Index.load(root)
+        for _ in ShardDataset(loaded, batch_size=2, shuffle=False, on_error="skip"):
+            pass
+        verify_dataset(root)
+    except ShardioError:
+        pass
