@@ -200,6 +200,8 @@ HOSTILE = {
     "a member no line names": (_extra_member, r"audio_0\.tar: member 'stray\.wav': no manifest line names this member"),
     "a tar no line names": (lambda r: (r / "audio_9.tar").write_bytes((r / "audio_0.tar").read_bytes()),
                             r"audio_9\.tar: no manifest line names this shard"),
+    "a dotted name": (lambda r: _append(r, {"audio_filepath": "a.b.wav", "shard_id": 0}),
+                      r"audio_filepath 'a\.b\.wav' is not \{key\}\.\{ext\} with a key that has no '\.'"),
     "not an entry": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": True}),
                      r"not a tarred NeMo entry"),
     "a reserved field": (lambda r: _append(r, {"audio_filepath": "utt00003.wav", "shard_id": 0,

@@ -16,7 +16,7 @@ shardio index next to the tars, so the dataset reads as it is:
 
 Strict joins, never silent: a manifest line that is not a tarred entry, names a path rather than a plain
 member name (``../x``), a shard that does not exist or a member its tar lacks; a member no line names; a tar
-``audio_{n}.tar`` in the directory that no line names; a duplicate key; a member that is not
+``audio_{n}.tar`` in the directory that no line names; a duplicate key; a name that is not
 ``{key}.{audio ext}`` (keys end at the first dot, so ``a.b.wav`` cannot be one): each is an
 :class:`~shardio.errors.InputProblem`, and all of them are raised together as one
 :class:`~shardio.errors.InputError`. A tar that cannot be parsed is a :class:`~shardio.errors.FormatError`.
@@ -62,6 +62,7 @@ class _Line:
 
     where: str
     name: str
+    key: str
     shard: int
     meta: dict[str, Any]
 
@@ -74,13 +75,18 @@ class _Member:
     facts: tuple[int, int, int]  # frames, sample rate, channels
 
 
-def _name_problem(name: str) -> str | None:
-    """Why a manifest's ``audio_filepath`` cannot name a member of a NeMo tar (a plain file name)."""
+def _split(name: str) -> tuple[str, str] | str:
+    """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
+    plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so ``a.b.wav`` is refused)."""
     if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
         return "is not a file name"
     if "/" in name or "\\" in name or name in (".", ".."):
         return "is a path; a tarred NeMo manifest names tar members by their plain file name"
-    return None
+    key, _, ext = name.partition(".")
+    if ext.lower() not in AUDIO_EXTENSIONS or key_problem(key) is not None:
+        return (f"is not {{key}}.{{ext}} with a key that has no '.' and an audio ext (one of "
+                f"{', '.join(AUDIO_EXTENSIONS)})")
+    return key, ext
 
 
 def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
@@ -106,8 +112,9 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
                                              "and an integer 'shard_id'"))
                 continue
             shown = name if len(name) <= 80 else name[:80] + "..."
-            if (problem := _name_problem(name)) is not None:
-                problems.append(InputProblem(where, "", f"audio_filepath {shown!r} {problem}"))
+            split = _split(name)
+            if isinstance(split, str):
+                problems.append(InputProblem(where, "", f"audio_filepath {shown!r} {split}"))
                 continue
             if not 0 <= shard < _MAX_SHARD_ID:
                 problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
@@ -119,13 +126,13 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
                     else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample"
                 problems.append(InputProblem(where, "", reason))
                 continue
-            lines.append(_Line(where, name, shard, meta))
+            lines.append(_Line(where, name, split[0], shard, meta))
     return lines
 
 
 def _members(path: str, wanted: set[str], problems: list[InputProblem]) -> tuple[dict[str, _Member], int, str]:
     """The members of the tar at ``path`` that ``wanted`` names (their spans and audio facts), and the tar's
-    ``(bytes, sha256)``; a member not wanted, or not ``{key}.{audio ext}``, is a problem."""
+    ``(bytes, sha256)``; a member not wanted (every wanted name is a valid ``{key}.{ext}``) is a problem."""
     found: dict[str, _Member] = {}
     with open(path, "rb") as handle:
         hashing = HashingReader(handle)
@@ -138,12 +145,7 @@ def _members(path: str, wanted: set[str], problems: list[InputProblem]) -> tuple
                 if member.name not in wanted:
                     problems.append(InputProblem(where, "", "no manifest line names this member"))
                     continue
-                key, ext = split_name(member.name) if "." in member.name else (member.name, "")
-                if ext.lower() not in AUDIO_EXTENSIONS or key_problem(key) is not None:
-                    problems.append(InputProblem(where, "", "not a member name shardio can key: expected "
-                                                 f"{{key}}.{{ext}}, the key without '.', the ext one of "
-                                                 f"{', '.join(AUDIO_EXTENSIONS)}"))
-                    continue
+                key, ext = split_name(member.name)
                 try:
                     info = sf.info(data)
                 except (sf.LibsndfileError, RuntimeError) as exc:
@@ -169,8 +171,7 @@ def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
         member_name, repeat = line.name, _SUB.match(line.name)
         if member_name not in members and repeat is not None:
             member_name = repeat["base"] + repeat["ext"]
-        key = split_name(line.name)[0] if "." in line.name else line.name
-        member = members.get(member_name)
+        key, member = line.key, members.get(member_name)
         if member is None:
             problems.append(InputProblem(line.where, key, f"{os.path.basename(tar)} has no readable audio member "
                                          f"{line.name!r}" + (f" (nor {member_name!r})" if member_name != line.name else "")))
