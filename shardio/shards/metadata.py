@@ -26,6 +26,7 @@ __all__ = ["MAX_BYTES_PER_SAMPLE", "MAX_ENTRY_BYTES", "MEMBER_FIELD", "Metadata"
 
 MEMBER_FIELD = "__member_key__"
 """The entry field that names the tar members' key when it differs from the sample's key."""
+_MEMBER_BYTES = MEMBER_FIELD.encode()
 MAX_ENTRY_BYTES = 1 << 16
 """The most bytes one sample's metadata may take (a transcript and a few fields need far less)."""
 MAX_BYTES_PER_SAMPLE = 4096
@@ -86,15 +87,19 @@ class Metadata:
     def __len__(self) -> int:
         return int(self._ends.shape[0])
 
-    def entry(self, i: int) -> dict[str, Any]:
-        """Entry number ``i`` as stored (``MEMBER_FIELD`` included), checked to be a bounded JSON object."""
+    def _raw(self, i: int) -> bytes:
         start = int(self._ends[i - 1]) if i else 0
         end = int(self._ends[i])
         if not 0 <= start <= end <= len(self._blob) or end - start > MAX_ENTRY_BYTES:
             raise FormatError(f"{self._where}: the metadata of sample {i} spans bytes {start} to {end} of a "
                               f"{len(self._blob)}-byte blob: the index is damaged")
+        return bytes(self._blob[start:end])
+
+    def entry(self, i: int, raw: bytes | None = None) -> dict[str, Any]:
+        """Entry number ``i`` as stored (``MEMBER_FIELD`` included), checked to be a bounded JSON object."""
+        raw = self._raw(i) if raw is None else raw
         try:
-            value = json.loads(bytes(self._blob[start:end]))
+            value = json.loads(raw.decode("utf-8"))  # str: json.loads skips its encoding detection
         except (ValueError, RecursionError):
             raise FormatError(f"{self._where}: the metadata of sample {i} is not valid JSON: the index is "
                               "damaged") from None
@@ -111,7 +116,10 @@ class Metadata:
 
     def member_key(self, i: int) -> str | None:
         """The key of the tar members sample ``i`` reads, when it is not its own key; else None."""
-        member = self.entry(i).get(MEMBER_FIELD)
+        raw = self._raw(i)
+        if _MEMBER_BYTES not in raw:  # the usual case, without decoding the entry
+            return None
+        member = self.entry(i, raw).get(MEMBER_FIELD)
         if member is not None and not isinstance(member, str):
             raise FormatError(f"{self._where}: sample {i}'s {MEMBER_FIELD!r} is not a string: the index is damaged")
         return member
