@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import re
 import shutil
 import tarfile
@@ -120,6 +121,10 @@ def test_index_keeps_metadata_and_shares_the_repeats_bytes(nemo: tuple[Path, dic
         assert index.columns[column][repeat] == index.columns[column][original]
     assert [s.name for s in index.shards] == ["audio_0.tar", "audio_1.tar", "audio_2.tar"]
     assert verify_dataset(root, decode=True) == []
+    state = pickle.dumps(index)  # as a spawned worker receives it: the mapped file by reference
+    assert len(state) < 4096
+    again = pickle.loads(state)
+    assert again.metadata(repeat) == index.metadata(repeat) and again.member_key(repeat) == index.key(original)
 
 
 def test_cli_index_inspect_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,6 +147,9 @@ def test_cli_index_inspect_verify(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_a_mix_reads_each_corpus_text(nemo: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path) -> None:
     root, expected = nemo
     make_uneven_dataset(tmp_path / "packed", [3, 2])
+    # an index without metadata is laid out as before: no 'meta_bytes', no metadata sections
+    assert "meta_bytes" not in json.loads((tmp_path / "packed" / "index.json").read_text())
+    assert not Index.load(tmp_path / "packed").has_metadata
     ds = MixedDataset({"nemo": root, "packed": tmp_path / "packed"}, {"nemo": 0.5, "packed": 0.5},
                       EpochSize(primary="nemo"), batch_size=4)
     texts = {key: text for batch in DataLoader(ds, batch_size=None, num_workers=1)
