@@ -88,7 +88,8 @@ def main() -> None:
                  "packed": sum(p.stat().st_size for p in packed.iterdir())}
         tars = sum(p.stat().st_size for p in source.glob("audio_*.tar"))
     report: dict[str, Any] = {
-        "command": f"python benchmarks/nemo_index.py --samples {args.samples} --shards {args.shards} --runs {args.runs}",
+        "command": f"python benchmarks/nemo_index.py --samples {args.samples} --shards {args.shards} "
+                   f"--runs {args.runs}",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_average": list(os.getloadavg())},
         "samples": len(index), "tar_bytes": tars, "added_bytes": added,
@@ -101,7 +102,8 @@ def main() -> None:
         f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load average "
         f"{report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.runs} rounds, the two "
         "ways side by side in each round).", "",
-        f"{report['samples']} samples ({args.samples} files + repeats) in {args.shards} tars, {tars / 1e6:.1f} MB.", "",
+        f"{report['samples']} samples ({args.samples} files + repeats) in {args.shards} tars, "
+        f"{tars / 1e6:.1f} MB.", "",
         "| | in place (`shardio index --nemo-manifest`) | packed (`shardio pack manifest`) |",
         "|---|---|---|",
         f"| build (s) | {med['index_in_place']:.3f} | {med['pack_copy']:.3f} |",

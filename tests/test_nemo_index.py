@@ -205,7 +205,8 @@ HOSTILE = {
                          r"\(key 'nowhere'\): audio_0\.tar has no readable audio member 'nowhere\.wav'"),
     "a duplicate key": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 0}),
                         r"\(key 'utt00000'\): duplicate key \(first at .*:1\)"),
-    "a member no line names": (_extra_member, r"audio_0\.tar: member 'stray\.wav': no manifest line names this member"),
+    "a member no line names": (_extra_member,
+                               r"audio_0\.tar: member 'stray\.wav': no manifest line names this member"),
     "a tar no line names": (lambda r: (r / "audio_9.tar").write_bytes((r / "audio_0.tar").read_bytes()),
                             r"audio_9\.tar: no manifest line names this shard"),
     "a dotted name": (lambda r: _append(r, {"audio_filepath": "a.b.wav", "shard_id": 0}),
@@ -282,7 +283,8 @@ def layouts(draw: st.DrawFn) -> tuple[list[list[str]], list[tuple[str, int, str]
 
 @settings(max_examples=25, deadline=None)
 @given(layout=layouts())
-def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]], list[tuple[str, int, str]]]) -> None:
+def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]], list[tuple[str, int, str]]]
+                                                   ) -> None:
     members, lines = layout
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -296,7 +298,8 @@ def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]]
                     info.size = len(data)
                     archive.addfile(info, io.BytesIO(data))
         (root / "tarred_audio_manifest.json").write_text("".join(
-            json.dumps({"audio_filepath": name, "shard_id": shard, "text": text}) + "\n" for name, shard, text in lines))
+            json.dumps({"audio_filepath": name, "shard_id": shard, "text": text}) + "\n"
+            for name, shard, text in lines))
         index = index_nemo(root)
         reader = Reader(index)
         try:

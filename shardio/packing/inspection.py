@@ -24,8 +24,8 @@ def _counts(values: np.ndarray, names: list[str] | None = None) -> dict[str, int
 def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bool = False) -> dict[str, Any]:
     """A JSON-ready summary of the dataset at ``directory``: shards, samples, hours, bytes, codecs, audio
     formats, sample rates, channels, where sample metadata lives (``metadata``: ``"index"`` for a dataset
-    indexed in place with its manifest, else ``"members"``), duration statistics and a duration histogram (``allow_outside_root``:
-    as :meth:`Index.load`'s)."""
+    indexed in place with its manifest, else ``"members"``), duration statistics and a duration histogram
+    (``allow_outside_root``: as :meth:`Index.load`'s)."""
     index = Index.load(directory, allow_outside_root=allow_outside_root)
     durations = index.durations
     edges = [*HISTOGRAM_EDGES, float("inf")]

@@ -2,9 +2,9 @@
 
 Layout: a 64-byte header (``MAGIC``, then the SHA-256 of everything after the header), then one section
 per column of :data:`~shardio.shards.index.COLUMNS` in that order, then the keys' end offsets (``uint64``) and
-the keys' UTF-8 blob, and, only in an index with per-sample metadata (``meta_bytes`` in ``index.json``), the
-metadata's end offsets and JSON blob (:mod:`shardio.shards.metadata`). Every section is little-endian, uncompressed and starts at a multiple of
-:data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
+the keys' UTF-8 blob, and, only in an index with per-sample metadata (``meta_bytes`` in ``index.json``),
+the metadata's end offsets and JSON blob (:mod:`shardio.shards.metadata`). Every section is little-endian,
+uncompressed and starts at a multiple of :data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
 ``index.json``) and each column is a ``numpy`` view of one shared memory map: the page cache holds one
 copy however many processes on the node read it, and a process's private memory does not grow with it.
 

@@ -106,7 +106,9 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
             except (ValueError, RecursionError):
                 problems.append(InputProblem(where, "", "not a JSON object"))
                 continue
-            name, shard = (entry.get("audio_filepath"), entry.get("shard_id")) if isinstance(entry, dict) else (None, None)
+            if not isinstance(entry, dict):
+                entry = {}
+            name, shard = entry.get("audio_filepath"), entry.get("shard_id")
             if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
                 problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
                                              "and an integer 'shard_id'"))
@@ -173,8 +175,9 @@ def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
             member_name = repeat["base"] + repeat["ext"]
         key, member = line.key, members.get(member_name)
         if member is None:
+            nor = f" (nor {member_name!r})" if member_name != line.name else ""
             problems.append(InputProblem(line.where, key, f"{os.path.basename(tar)} has no readable audio member "
-                                         f"{line.name!r}" + (f" (nor {member_name!r})" if member_name != line.name else "")))
+                                         f"{line.name!r}{nor}"))
             continue
         used.add(member_name)
         meta = dict(line.meta)
@@ -225,8 +228,8 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
             problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
                          for line in lines[:1]]
             continue
-        wanted = {line.name for line in lines} | {m["base"] + m["ext"] for m in map(_SUB.match, (line.name for line
-                                                                                               in lines)) if m}
+        repeated = (_SUB.match(line.name) for line in lines)
+        wanted = {line.name for line in lines} | {m["base"] + m["ext"] for m in repeated if m}
         members, size, digest = _members(tar, wanted, problems)
         number, count, duration = len(builder.shards), 0, 0.0
         for line, key, member, meta in _joined(lines, members, tar, problems):
