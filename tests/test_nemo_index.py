@@ -29,6 +29,7 @@ from remote_servers import HTTPFileServer
 from shardio import EpochSize, Index, MixedDataset, ShardDataset
 from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError, ShardioError
+from shardio.integrations.exporters.nemo import export_nemo
 from shardio.integrations.importers.nemo_index import index_nemo
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
@@ -171,6 +172,16 @@ def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, A
     assert sorted(key for key, _, _ in remote) == sorted(expected)
     for key, audio, text in remote:
         assert text == local[key][1] and bool((audio == local[key][0]).all())
+
+
+def test_export_back_to_nemo_keeps_text_and_repeats(nemo: tuple[Path, dict[str, dict[str, Any]]],
+                                                    tmp_path: Path) -> None:
+    root, expected = nemo
+    pattern = export_nemo(root, tmp_path / "manifest.json")
+    assert pattern == str(root / "{audio_0.tar,audio_1.tar,audio_2.tar}")
+    lines = [json.loads(line) for line in (tmp_path / "manifest.json").read_text().splitlines()]
+    assert {line["audio_filepath"].rsplit(".", 1)[0]: line["text"] for line in lines} == \
+        {key: value["text"] for key, value in expected.items()}
 
 
 def test_resume_through_the_harness(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:

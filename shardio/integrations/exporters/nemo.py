@@ -4,7 +4,8 @@ NeMo's tarred loaders read WebDataset-style tars and join each audio member with
 ``audio_filepath`` has the same base name. shardio's ``.tar`` shards are such tars (the ``{key}.json``
 members are ignored by NeMo), so the export only writes ``tarred_audio_manifest.json``: one line per sample
 in index order, ``audio_filepath`` = the audio member's name, ``shard_id`` = the shard's number, ``duration``
-and every field of the sample's metadata (``text``, ...). Give NeMo the manifest and the shards as a brace
+and every field of the sample's metadata (``text``, ...: its ``{key}.json`` member's, or what the index
+keeps for a NeMo dataset indexed in place). Give NeMo the manifest and the shards as a brace
 pattern (:func:`export_nemo` returns it). NeMo cannot seek into ``.tar.zst`` shards, and it keys entries by
 base name, so a zstd dataset or two keys with one base name are a typed error.
 """
@@ -33,10 +34,10 @@ def _lines(index: Index) -> Iterator[str]:
         for sample, key in enumerate(index.keys):
             ext = index.formats[int(index.columns["format"][sample])]
             members = reader.members(sample)
-            meta = {}
+            meta = index.metadata(sample)  # kept in the index (a NeMo dataset indexed in place), else {}
             if "json" in members:
                 try:
-                    meta = json.loads(bytes(members["json"]))
+                    meta = {**meta, **json.loads(bytes(members["json"]))}
                 except ValueError:
                     raise FormatError(f"{reader.where(sample)}: the {key}.json member is not JSON") from None
             entry = {**meta, "audio_filepath": f"{key}.{ext}", "shard_id": int(shard_ids[sample]),
