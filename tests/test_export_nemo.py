@@ -33,6 +33,13 @@ def test_manifest_joins_every_member_with_its_text(tmp_path: Path) -> None:
         data, text, shard_id, url = seen[path.stem]
         assert data == path.read_bytes() and text == f"utterance number {i}"
         assert url.endswith(f"shard-{shard_id:06d}.tar")
+    manifest = (tmp_path / "out" / NEMO_MANIFEST).read_bytes()
+    (tmp_path / "out" / NEMO_MANIFEST).write_text("a user's own manifest\n")
+    with pytest.raises(OptionError, match="overwrite=True"):
+        export_nemo(tmp_path / "out")
+    assert (tmp_path / "out" / NEMO_MANIFEST).read_text() == "a user's own manifest\n"
+    export_nemo(tmp_path / "out", overwrite=True)
+    assert (tmp_path / "out" / NEMO_MANIFEST).read_bytes() == manifest
 
 
 def test_zstd_datasets_and_clashing_base_names_are_refused(tmp_path: Path) -> None:

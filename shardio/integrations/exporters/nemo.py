@@ -47,9 +47,14 @@ def _lines(index: Index) -> Iterator[str]:
         reader.close()
 
 
-def export_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None) -> str:
+def export_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None, *,
+                overwrite: bool = False) -> str:
     """Write the NeMo manifest of the dataset at ``directory`` (default: ``tarred_audio_manifest.json`` in it)
-    and return the brace pattern of its shards for NeMo's ``tarred_audio_filepaths``."""
+    and return the brace pattern of its shards for NeMo's ``tarred_audio_filepaths``. An existing manifest
+    (for a NeMo dataset indexed in place, the user's own) is replaced only with ``overwrite=True``."""
+    path = os.fspath(manifest) if manifest is not None else os.path.join(os.fspath(directory), NEMO_MANIFEST)
+    if os.path.exists(path) and not overwrite:
+        raise OptionError(f"{path} exists; pass overwrite=True to replace it, or name another manifest path")
     index = Index.load(directory)
     codecs = sorted({s.codec for s in index.shards} - {"none"})
     if codecs:
@@ -62,7 +67,6 @@ def export_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[s
             raise OptionError(f"{directory}: keys {seen[base]!r} and {key!r} share the base name {base!r}, which "
                               "NeMo uses to join audio with the manifest")
         seen[base] = key
-    path = os.fspath(manifest) if manifest is not None else os.path.join(os.fspath(directory), NEMO_MANIFEST)
     write_atomic(path, "".join(_lines(index)).encode("utf-8"))
     return _pattern([s.name for s in index.shards], os.fspath(directory))
 
