@@ -19,7 +19,7 @@ import numpy as np
 from .dataset import ShardDataset
 from .errors import OptionError
 from .ledger.quarantine import exclusions
-from .ledger.remix import streams_of
+from .ledger.remix import mix_args
 from .planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .planning.plan import Batching, EpochPlan, Segment, options_of
 from .reading.storage import join
@@ -156,10 +156,10 @@ class MixedDataset(ShardDataset):
         return {**options_of(self.batching, self.ordering), "mix": self.mix.options(), "corpora": parts}
 
     def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
-        cursors, since = streams_of(self._extra)  # a re-mix (shardio.remix) restarts the quotas at `since`
         return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
                         batching=batching, ordering=self.ordering, history=history,
-                        exclude=exclusions(self._extra, epoch), cursors=cursors, since=since)
+                        exclude=exclusions(self._extra, epoch),
+                        **mix_args(self._extra, epoch, self.index.names))  # a re-mix's streams (shardio.remix)
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         return {"corpus": self.index.corpus(sample_id)}

@@ -2,23 +2,33 @@
 
 A state from one mix never loads into another (a :class:`~shardio.StateError` names the difference);
 :func:`remix` is the one explicit path. It takes the state, the dataset that saved it and the new one, and
-returns a state for the new mix. The semantics:
+returns a state for the new mix (small, JSON-ready; later loads need only the new mix's indexes). The
+semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.streams`: stream position
+``p`` is a fixed sample of pass ``p // size``; epoch ``e`` of a mix takes the next ``q`` positions):
 
-- **Where.** At an epoch boundary: the state is at the start of epoch ``E`` (nothing consumed, no
-  elastic history) and the new mix plays from epoch ``E``, or it is after the last batch of epoch ``E``
-  and the new mix plays from ``E + 1``. A state in the middle of an epoch is refused (finish the epoch).
-- **Pass accounting.** Each corpus is an endless stream of passes (:mod:`shardio.planning.mix`); under a mix
-  that took effect at epoch ``s`` with cursor ``k``, epoch ``e`` takes stream positions
-  ``[k + (e - s) * q, k + (e - s + 1) * q)`` (``q`` its quota). The re-mix sets each corpus's cursor to
-  where its stream stands at the boundary, so the new quotas continue each stream exactly: no sample of a
-  pass is seen twice and none is skipped, across the re-mix (the ``batches`` epoch size keeps its
-  documented skip of a few samples planned beyond the epoch's last batch).
-- **Added and dropped corpora.** A new corpus starts its stream at position 0; a dropped corpus's cursor
-  stays in the state, so re-adding it later continues where it stopped. Corpora in both mixes must have
-  the same index (fingerprint), else a :class:`~shardio.StateError`.
-- **Quarantines** that still apply from epoch ``since`` (carried ones, and those made in that epoch) move
-  to the new mix's ids, as from the start of epoch ``since`` (those of a dropped corpus are left behind).
-- **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix) and the cursors.
+- **At an epoch boundary.** A state at the start of epoch ``E`` (nothing consumed, no elastic history): the
+  new mix plays from epoch ``E``; after the last batch of ``E``: from ``E + 1``. Every stream continues where
+  it stood at the boundary.
+- **In the middle of an epoch** (any position, after any elastic history, also inside the rest of an epoch
+  that an earlier mid-epoch re-mix made): the old plan's occurrences not consumed yet (:mod:`.remainder`)
+  are known exactly. The rest of epoch ``E`` plays exactly the unconsumed stream positions of the corpora
+  the new mix keeps, each once, re-planned like an elastic resume for whatever world loads the state
+  (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays ``E``, position 0, no
+  history). New weights and added corpora take effect from ``E + 1``, where each kept corpus's stream
+  continues right after its epoch-``E`` slice. A corpus dropped here: its unconsumed positions of the
+  epoch-``E`` slice become its *pending* positions (as ranges), and re-adding it later replays exactly those
+  first, then continues after the slice. So no sample of a pass is seen twice and none is skipped, for every
+  corpus, across any sequence of re-mixes (pass accounting is of the loader's plan: the documented skips of
+  the ``batches`` epoch size, ``remainder='drop'`` and quarantines stay what they are).
+- **Corpora.** A new corpus starts its stream at position 0; a dropped corpus's stream (cursor and pending)
+  stays in the state, so re-adding it later continues it. A corpus must keep its index (fingerprint, recorded
+  for dropped ones too), else a :class:`~shardio.StateError`.
+- **Quarantines.** Those of epoch ``E`` are already out of the rest of ``E`` (the remainder excludes them);
+  those that apply from the new mix's first epoch ``since`` (carried ones) move to the new mix's ids, from
+  its start (those of a dropped corpus are left behind).
+- **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix), the ``cursors`` and
+  ``pending`` ranges of the streams there, the ``tail`` (epoch ``E`` and the positions of each corpus that the
+  rest of ``E`` plays), the index ``fingerprints`` and the ``events``; :func:`remix_report` lists them.
 """
 
 from __future__ import annotations
@@ -26,44 +36,88 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from ..errors import StateError
 from ..planning.mix import mix_quotas
+from ..planning.streams import Stream, expand, ranges_of
 from ..state import LoaderState, combine, find_states
 from ..world import World
 
 if TYPE_CHECKING:
     from ..mixed import MixedDataset
 
-__all__ = ["remix", "streams_of"]
+__all__ = ["remix", "remix_report", "mix_args", "Streams"]
 
 _KEY = "remix"
 
 
-def streams_of(extra: Mapping[str, Any]) -> tuple[dict[str, int], int]:
-    """The cursors and the first epoch (``since``) of the current mix, from a state's ``extra``."""
-    entry = extra.get(_KEY)
-    if entry is None:
-        return {}, 0
-    try:
-        cursors = {str(name): int(value) for name, value in dict(entry["cursors"]).items()}
-        since = int(entry["since"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateError(f"malformed loader state: extra.{_KEY}: {exc!r}") from None
-    if since < 0 or any(value < 0 for value in cursors.values()):
-        raise StateError(f"malformed loader state: extra.{_KEY} has negative fields: {entry}")
-    return cursors, since
+class Streams(NamedTuple):
+    """The current mix's streams, from a state's ``extra["remix"]``."""
+
+    since: int
+    streams: dict[str, Stream]
+    tail: tuple[int, dict[str, np.ndarray]] | None
+    fingerprints: dict[str, str]
+    events: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, extra: Mapping[str, Any]) -> Streams:
+        """Parse ``extra[\"remix\"]`` (no entry: every stream at 0 from epoch 0), a :class:`StateError` if
+        malformed."""
+        entry = extra.get(_KEY)
+        if entry is None:
+            return cls(0, {}, None, {}, [])
+        try:
+            since = int(entry["since"])
+            cursors = {str(name): int(value) for name, value in dict(entry["cursors"]).items()}
+            pending = {str(name): expand(value) for name, value in dict(entry.get("pending", {})).items()}
+            tail = entry.get("tail")
+            if tail is not None:
+                tail = (int(tail["epoch"]), {str(n): expand(v) for n, v in dict(tail["positions"]).items()})
+            fingerprints = {str(n): str(v) for n, v in dict(entry.get("fingerprints", {})).items()}
+            events = list(entry.get("events", []))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"malformed loader state: extra.{_KEY}: {exc!r}") from None
+        if since < 0 or any(value < 0 for value in cursors.values()) or (tail is not None and tail[0] >= since):
+            raise StateError(f"malformed loader state: extra.{_KEY} has a negative field or a tail epoch not "
+                             f"before since: since {since}, cursors {cursors}")
+        names = set(cursors) | set(pending)
+        streams = {name: Stream(cursors.get(name, 0), pending.get(name, Stream().pending)) for name in names}
+        return cls(since, streams, tail, fingerprints, events)
+
+    def to_extra(self) -> dict[str, Any]:
+        """The JSON-ready ``extra["remix"]``."""
+        entry: dict[str, Any] = {"since": self.since,
+                                 "cursors": {n: s.cursor for n, s in sorted(self.streams.items())}}
+        pending = {n: ranges_of(s.pending) for n, s in sorted(self.streams.items()) if s.pending.shape[0]}
+        if pending:
+            entry["pending"] = pending
+        if self.tail is not None:
+            entry["tail"] = {"epoch": self.tail[0],
+                             "positions": {n: ranges_of(p) for n, p in sorted(self.tail[1].items())}}
+        return {**entry, "fingerprints": dict(sorted(self.fingerprints.items())), "events": self.events}
 
 
-def _cursors_at(dataset: MixedDataset, extra: Mapping[str, Any], epoch: int) -> dict[str, int]:
-    """Every corpus's stream position at the start of ``epoch`` under ``dataset``'s mix (and ``extra``)."""
-    cursors, since = streams_of(extra)
+def mix_args(extra: Mapping[str, Any], epoch: int, names: list[str]) -> dict[str, Any]:
+    """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names``."""
+    parsed = Streams.of(extra)
+    if parsed.tail is not None and parsed.tail[0] == epoch:
+        unknown = sorted(set(parsed.tail[1]) - set(names))
+        if unknown:
+            raise StateError(f"the state's re-mix plays corpora {unknown} in the rest of epoch {epoch}, which "
+                             f"this mix of {names} lacks")
+        return {"tail": parsed.tail[1]}
+    return {"since": parsed.since, "cursors": {n: s.cursor for n, s in parsed.streams.items()},
+            "pending": {n: s.pending for n, s in parsed.streams.items()}}
+
+
+def _quotas(dataset: MixedDataset) -> dict[str, int]:
     batching = dataset.batching if dataset.batched else replace(dataset.batching, batch_size=1)
-    quotas = mix_quotas(dataset.index.columns_of(), dataset.mix, batching, seed=dataset.seed,
-                        ordering=dataset.ordering)
-    now = {name: cursors.get(name, 0) + (epoch - since) * quota for name, quota in quotas.items()}
-    return {**cursors, **now}
+    return mix_quotas(dataset.index.columns_of(), dataset.mix, batching, seed=dataset.seed,
+                      ordering=dataset.ordering)
 
 
 def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: MixedDataset,
@@ -88,31 +142,70 @@ def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: Mi
 
 
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
-    """A state for ``new`` that continues ``state`` (saved from ``old``) at its epoch boundary, every
-    corpus's passes continuing exactly (see the module docs)."""
+    """A state for ``new`` that continues ``state`` (saved from ``old``) at its position, at an epoch
+    boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
+    from .remainder import remaining_positions
+
     loaded: LoaderState = combine(find_states(state))
     probe = copy.copy(old)
     probe._explicit_world = probe._world = World(0, loaded.world_size)
     probe.load_state_dict(loaded.to_dict())  # the state must be old's: a StateError names what differs
-    if not loaded.history and loaded.position == 0:
-        since = loaded.epoch
-    elif loaded.position == probe.plan().num_batches:
-        since = loaded.epoch + 1
-    else:
-        raise StateError(f"a re-mix happens at an epoch boundary: the state is at batch {loaded.position} of "
-                         f"{probe.plan().num_batches} in epoch {loaded.epoch}; finish the epoch first")
-    old_parts = dict(zip(old.index.names, (p.fingerprint for p in old.index.parts)))
+    current = Streams.of(loaded.extra)
+    in_tail = current.tail is not None and current.tail[0] == loaded.epoch
+    fingerprints = {**current.fingerprints, **dict(zip(old.index.names, (p.fingerprint for p in old.index.parts)))}
     changed = [name for name, part in zip(new.index.names, new.index.parts)
-               if name in old_parts and old_parts[name] != part.fingerprint]
+               if name in fingerprints and fingerprints[name] != part.fingerprint]
     if changed:
         raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes "
                          "cannot continue")
-    cursors = _cursors_at(probe, loaded.extra, since)
+    fingerprints.update(zip(new.index.names, (p.fingerprint for p in new.index.parts)))
+    at_end = loaded.position == probe.plan().num_batches
+    since = loaded.epoch if not (loaded.history or loaded.position or in_tail) else loaded.epoch + 1
+    quotas = _quotas(probe)
+    streams = dict(current.streams)
+    for name in old.index.names:  # every stream of the old mix, right after its last epoch before `since`
+        streams[name] = streams.get(name, Stream()).advance((since - current.since) * quotas[name])
+    event: dict[str, Any] = {"epoch": loaded.epoch, "step": sum(s.consumed for s in loaded.history) + loaded.position,
+                             "old": dict(old.mix.weights), "new": dict(new.mix.weights), "corpora": {}}
+    tail = None
+    if since == loaded.epoch or at_end:
+        event["at"] = "start" if since == loaded.epoch else "end"
+    else:
+        event["at"] = "mid-epoch"
+        remaining, sizes = remaining_positions(probe, loaded)
+        tail = (loaded.epoch, {name: remaining[name] for name in new.index.names if name in remaining})
+        for name in old.index.names:
+            if name not in new.index.names:
+                held = streams[name]
+                streams[name] = Stream(held.cursor, np.concatenate([remaining[name], held.pending]))
+            event["corpora"][name] = {"slice": sizes[name], "remaining": int(remaining[name].shape[0])}
+    for name in sorted(set(old.index.names) | set(new.index.names)):
+        status = "kept" if name in old.index.names and name in new.index.names else (
+            "added" if name in new.index.names else "dropped")
+        held = streams.get(name, Stream())
+        event["corpora"][name] = {**event["corpora"].get(name, {}), "status": status, "cursor": held.cursor,
+                                  "pending": int(held.pending.shape[0])}
     extra = {name: value for name, value in loaded.extra.items() if name not in (_KEY, "quarantine")}
-    extra[_KEY] = {"since": since, "cursors": cursors}
+    extra[_KEY] = Streams(since, streams, tail, fingerprints, [*current.events, event]).to_extra()
     moved = _moved_quarantines(loaded.extra.get("quarantine", []), old, new, since)
     if moved:
         extra["quarantine"] = moved
-    fresh = LoaderState(epoch=since, seed=loaded.seed, index=new.index.fingerprint, options=new.options,
-                        world_size=loaded.world_size, extra=extra)
+    fresh = LoaderState(epoch=loaded.epoch if tail is not None else since, seed=loaded.seed,
+                        index=new.index.fingerprint, options=new.options, world_size=loaded.world_size,
+                        extra=extra)
     return fresh.to_dict()
+
+
+def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every re-mix ``state`` went through, one row per (re-mix, corpus): the epoch and epoch step it
+    happened at (``at``: ``start``, ``end`` or ``mid-epoch``), the corpus's ``status`` (kept, added,
+    dropped), its weights before and after, and for a mid-epoch re-mix its epoch-slice size (``slice``) and
+    the positions of it not yet consumed (``remaining``: played in the rest of the epoch if kept, pending for
+    its return if dropped); ``cursor``/``pending``: its stream after the re-mix."""
+    loaded: LoaderState = combine(find_states(state))
+    rows = []
+    for event in Streams.of(loaded.extra).events:
+        for name, fields in event["corpora"].items():
+            rows.append({"epoch": event["epoch"], "step": event["step"], "at": event["at"], "corpus": name,
+                         "old_weight": event["old"].get(name), "new_weight": event["new"].get(name), **fields})
+    return rows

@@ -38,8 +38,10 @@ import numpy as np
 from ..errors import OptionError
 from . import bucketing
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, rng, window_order, with_report
+from .streams import Stream
 
-__all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "mix_quotas", "corpus_offsets"]
+__all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets",
+           "stream_samples"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +165,8 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
         seconds = best = size.batches * per_batch
         target, aim = 1.02 * (size.batches + 1), 1.05 * (size.batches + 1)
         for _ in range(4):
-            trial = _occurrences(columns, mix, batching, ordering, eligible, _quotas(rates, seconds), seed=seed,
-                                 epoch=0)
+            trial = _occurrences(columns, mix, batching, ordering, eligible,
+                                 {n: np.arange(q) for n, q in _quotas(rates, seconds).items()}, seed=seed, epoch=0)
             found = plan_segments(np.arange(trial.global_ids.shape[0]), trial.durations, seed=seed, epoch=0,
                                   world_size=1, batching=batching, windows=trial.slices, buckets=trial.buckets,
                                   shuffle=ordering.shuffle, purpose=(_MIX,)).offsets.shape[0] - 1
@@ -185,6 +187,8 @@ class _Epoch(NamedTuple):
     slices: np.ndarray
     buckets: np.ndarray
     edges: np.ndarray
+    numbers: np.ndarray  # per occurrence: its corpus's number (name order)
+    positions: np.ndarray  # per occurrence: its position in its corpus's stream
 
 
 def _merge(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -200,80 +204,121 @@ def _merge(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
     return places
 
 
+def stream_samples(columns: CorpusColumns, keep: np.ndarray, ordering: Ordering, seed: int, name: str,
+                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The local sample ids at stream ``positions`` of corpus ``name`` (``keep``: its eligible samples), and
+    their shard windows (numbered on across passes)."""
+    shard_ids, _, num_shards = columns
+    size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
+    local = np.empty(positions.shape[0], dtype=np.int64)
+    windows = np.empty(positions.shape[0], dtype=np.int64)
+    passes = positions // size
+    for p in np.unique(passes).tolist():
+        order, window = window_order(shard_ids, num_shards, ordering, (seed, p, _MIX, _corpus_key(name)))
+        at = passes == p
+        local[at] = order[keep[order]][positions[at] - p * size]
+        windows[at] = p * width + window[local[at]]
+    return local, windows
+
+
 def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching, ordering: Ordering,
-                 eligible: Mapping[str, np.ndarray], quotas: Mapping[str, int], *, seed: int,
-                 epoch: int, cursors: Mapping[str, int] | None = None, since: int = 0) -> _Epoch:
+                 eligible: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray], *, seed: int,
+                 epoch: int) -> _Epoch:
     """The epoch's occurrences in merged order: global ids, durations, slices and bucket keys.
 
-    Corpus ``c``'s slice of epoch ``e`` is stream positions ``[s + (e - since) * q, s + (e - since + 1) * q)``
-    with ``s = cursors[c]`` (0 by default): a re-mix (:mod:`shardio.ledger.remix`) restarts the quotas at epoch
-    ``since`` from where each corpus's stream stood.
+    ``positions``: the stream positions each corpus plays this epoch (:mod:`shardio.planning.streams`).
     """
     names = mix.names
     offsets = corpus_offsets([corpora[name].shard_ids.shape[0] for name in names])
-    streams, keys, spans = [], [], []
+    streams, keys, spans = [], [], [1]
     for name in names:
-        shard_ids, _, num_shards = corpora[name]
-        keep, quota, key = eligible[name], quotas[name], _corpus_key(name)
-        size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
-        start = (cursors or {}).get(name, 0) + (epoch - since) * quota
-        end = start + quota
-        local, windows = [], []
-        for p in range(start // size, (end - 1) // size + 1):
-            order, window = window_order(shard_ids, num_shards, ordering, (seed, p, _MIX, key))
-            order = order[keep[order]][max(start - p * size, 0): min(end - p * size, size)]
-            local.append(order)
-            windows.append(p * width + window[order])
-        streams.append(np.concatenate(local))
-        jitter = rng(seed, epoch, _MIX, key, _MERGE).random(quota) if ordering.shuffle else 0.5
-        keys.append((np.arange(quota, dtype=np.float64) + jitter) / quota)
+        local, windows = stream_samples(corpora[name], eligible[name], ordering, seed, name, positions[name])
+        streams.append(local)
+        quota = local.shape[0]
+        jitter = rng(seed, epoch, _MIX, _corpus_key(name), _MERGE).random(quota) if ordering.shuffle else 0.5
+        keys.append((np.arange(quota, dtype=np.float64) + jitter) / max(quota, 1))
         # A corpus within one shard window is local however often it repeats: it does not cut slices.
-        spans.append(int(windows[-1][-1] - windows[0][0]) + 1 if width > 1 else 1)
-    total, count = sum(quotas.values()), max(spans)
+        if quota and corpora[name].num_shards > ordering.shuffle_shards:
+            spans.append(int(windows.max() - windows.min()) + 1)
+    total, count = sum(s.shape[0] for s in streams), max(spans)
     global_ids = np.empty(total, dtype=np.int64)
     slices = np.empty(total, dtype=np.int64)
     numbers = np.empty(total, dtype=np.int64)
+    stream_positions = np.empty(total, dtype=np.int64)
     for c, place in enumerate(_merge(keys)):
         global_ids[place] = offsets[c] + streams[c]
         slices[place] = np.minimum((keys[c] * count).astype(np.int64), count - 1)
         numbers[place] = c
+        stream_positions[place] = positions[names[c]]
     all_durations = np.concatenate([np.asarray(corpora[name].durations, dtype=np.float64) for name in names])
     durations = all_durations[global_ids]
     buckets, edges = np.zeros(total, dtype=np.int64), np.zeros(0)
     if batching.bucketed:
-        weights = np.repeat([quotas[name] / int(eligible[name].sum()) for name in names], np.diff(offsets))
+        weights = np.repeat([max(positions[name].shape[0], 1) / int(eligible[name].sum()) for name in names],
+                            np.diff(offsets))
         edges = bucketing.bucket_edges(all_durations, batching, weights)
         buckets = bucketing.bucket_of(durations, edges)
     if mix.single_corpus_batches:
         buckets = buckets * len(names) + numbers
-    return _Epoch(global_ids, durations, slices, buckets, edges)
+    return _Epoch(global_ids, durations, slices, buckets, edges, numbers, stream_positions)
 
 
-def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *, seed: int,
-             epoch: int, world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
-             history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = (),
-             cursors: Mapping[str, int] | None = None, since: int = 0) -> EpochPlan:
-    """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
+class _Args(NamedTuple):
+    columns: dict[str, CorpusColumns]
+    eligible: dict[str, np.ndarray]
+    quotas: dict[str, int]
 
-    Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids (see the
-    module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
-    ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
-    segment on. ``cursors`` and ``since``: each corpus's stream position at epoch ``since`` (a re-mix).
-    """
-    if seed < 0 or epoch < since or since < 0:
+
+def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *,
+                     seed: int, epoch: int, world_size: int, batching: Batching = Batching(),
+                     ordering: Ordering = Ordering(), history: Sequence[Segment] = (),
+                     exclude: Sequence[tuple[int, np.ndarray]] = (), cursors: Mapping[str, int] | None = None,
+                     since: int = 0, pending: Mapping[str, np.ndarray] | None = None,
+                     tail: Mapping[str, np.ndarray] | None = None) -> tuple[EpochPlan, _Epoch, _Args]:
+    """:func:`plan_mix`'s plan over *occurrence* numbers (into the returned occurrences), before the ids are
+    mapped to global ids: the re-mix (:mod:`shardio.ledger.remix`) reads stream positions from it."""
+    if seed < 0 or since < 0 or (epoch < since and tail is None):
         raise OptionError(f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
                           f"mix took effect), not {seed} and {epoch}")
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = _check(columns, mix, batching)
     quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
-    occurrences = _occurrences(columns, mix, batching, ordering, eligible, quotas, seed=seed, epoch=epoch,
-                               cursors=cursors, since=since)
-    global_ids, durations = occurrences.global_ids, occurrences.durations
+    if tail is not None:  # the rest of an epoch re-mixed mid-way: exactly these positions, no epoch size
+        positions = {name: np.asarray(tail.get(name, np.zeros(0)), dtype=np.int64) for name in mix.names}
+        quotas, limit = {name: int(found.shape[0]) for name, found in positions.items()}, None
+    else:
+        positions = {name: Stream((cursors or {}).get(name, 0), (pending or {}).get(name, Stream().pending))
+                     .take((epoch - since) * quota, quota) for name, quota in quotas.items()}
+        limit = mix.epoch_size.batches
+    occurrences = _occurrences(columns, mix, batching, ordering, eligible, positions, seed=seed, epoch=epoch)
+    global_ids = occurrences.global_ids
     exclude = [(at, np.flatnonzero(np.isin(global_ids, ids))) for at, ids in exclude]
-    plan = plan_segments(np.arange(global_ids.shape[0]), durations, seed=seed, epoch=epoch, world_size=world_size,
-                         batching=batching, history=history, windows=occurrences.slices, buckets=occurrences.buckets,
-                         shuffle=ordering.shuffle, purpose=(_MIX,), limit=mix.epoch_size.batches,
+    plan = plan_segments(np.arange(global_ids.shape[0]), occurrences.durations, seed=seed, epoch=epoch,
+                         world_size=world_size, batching=batching, history=history, windows=occurrences.slices,
+                         buckets=occurrences.buckets, shuffle=ordering.shuffle, purpose=(_MIX,), limit=limit,
                          exclude=exclude)
+    return plan, occurrences, _Args(columns, eligible, quotas)
+
+
+def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *, seed: int,
+             epoch: int, world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
+             history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = (),
+             cursors: Mapping[str, int] | None = None, since: int = 0,
+             pending: Mapping[str, np.ndarray] | None = None,
+             tail: Mapping[str, np.ndarray] | None = None) -> EpochPlan:
+    """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
+
+    Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids (see the
+    module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
+    ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
+    segment on. ``cursors``, ``pending`` and ``since``: each corpus's stream at epoch ``since`` (a re-mix,
+    :mod:`shardio.planning.streams`); ``tail``: this epoch plays exactly these stream positions of each
+    corpus instead (the rest of an epoch re-mixed mid-way).
+    """
+    plan, occurrences, (columns, eligible, quotas) = plan_occurrences(
+        corpora, mix, seed=seed, epoch=epoch, world_size=world_size, batching=batching, ordering=ordering,
+        history=history, exclude=exclude, cursors=cursors, since=since, pending=pending, tail=tail)
+    global_ids, durations = occurrences.global_ids, occurrences.durations
     offsets = corpus_offsets([columns[name].shard_ids.shape[0] for name in mix.names])
     number = np.searchsorted(offsets, global_ids[plan.samples], side="right") - 1
     seconds = np.bincount(number, weights=durations[plan.samples], minlength=len(mix.names))
