@@ -1,0 +1,153 @@
+"""Re-mix in the middle of an epoch (``shardio.remix``): every corpus's passes stay exact across it.
+
+The property plays a mix's epochs up to a stop point (same world, or after an elastic change 3 -> 2), re-mixes
+there (new weights, a corpus added, one dropped and later re-added), plays on under any world, and checks
+that the samples consumed, concatenated, are exactly each corpus's stream of passes from its start to where
+its stream stands at the end: no sample of a pass seen twice, none skipped. ``SHARDIO_REMIX_EXAMPLES=N`` draws
+more examples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from datasets import make_uneven_dataset
+from shardio import Batching, EpochSize, World
+from shardio.ledger.remix import remix, remix_report
+from shardio.mixed import MixedDataset
+from shardio.planning.mix import stream_samples
+from shardio.planning.plan import Segment
+from shardio.state import LoaderState
+
+EXAMPLES = int(os.environ.get("SHARDIO_REMIX_EXAMPLES", "40"))
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("remix_mid")
+    make_uneven_dataset(root / "a", [9, 4, 12, 7, 3, 8], seed=1, duration_range=(0.1, 0.3))
+    make_uneven_dataset(root / "b", [5, 6, 2, 4], seed=2, duration_range=(0.2, 0.6))
+    make_uneven_dataset(root / "c", [3, 4], seed=3, duration_range=(0.1, 0.4))
+    return {name: str(root / name) for name in "abc"}
+
+
+def mixed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None) -> MixedDataset:
+    return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.012), world=World(0, world),
+                        seed=SEED, shuffle_shards=2, batching=Batching(max_duration=1.2, num_buckets=buckets))
+
+
+class Ledger:
+    """What the runs consumed, per corpus: a multiset of local sample ids."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Counter[int]] = {}
+
+    def add(self, ds: MixedDataset, ids: np.ndarray) -> None:
+        for i in ids.tolist():
+            name = ds.index.corpus(i)
+            local = i - int(ds.index.offsets[ds.index.names.index(name)])
+            self.seen.setdefault(name, Counter())[local] += 1
+
+
+def play(ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, ...] = (),
+         upto: int | None = None) -> int:
+    """Consume ``epoch``'s current segment (after ``history``) up to batch ``upto`` (default: its end) in
+    ``ds``'s world; return the segment's batches per rank."""
+    plan = ds._plan_of(epoch, history)
+    ledger.add(ds, plan.consumed_samples(plan.num_batches if upto is None else upto))
+    assert plan.rank_batches.shape == (ds.ranks().world_size, plan.num_batches)
+    return plan.num_batches
+
+
+def state_at(ds: MixedDataset, epoch: int, history: tuple[Segment, ...], position: int) -> dict[str, Any]:
+    return LoaderState(epoch=epoch, seed=ds.seed, index=ds.index.fingerprint, options=ds.options,
+                       world_size=ds.ranks().world_size, history=history, start=position,
+                       extra=ds._extra).to_dict()
+
+
+def resumed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None,
+            state: dict[str, Any]) -> MixedDataset:
+    ds = mixed(sources, weights, world, buckets)
+    ds.load_state_dict(json.loads(json.dumps(state)))
+    return ds
+
+
+def expected(ds: MixedDataset, name: str, cursor: int, pending: list[list[int]]) -> Counter[int]:
+    """The local ids of corpus ``name``'s stream positions ``[0, cursor)`` except ``pending``."""
+    columns = ds.index.columns_of()[name]
+    keep = ds.batching.eligible(np.asarray(columns.durations, dtype=np.float64))
+    held = set(p for a, b in pending for p in range(a, b))
+    positions = np.array([p for p in range(cursor) if p not in held], dtype=np.int64)
+    return Counter(stream_samples(columns, keep, ds.ordering, ds.seed, name, positions)[0].tolist())
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), change=st.sampled_from(["weights", "add", "drop"]), epoch=st.integers(0, 1),
+       elastic=st.booleans(), world=st.integers(1, 3), buckets=st.sampled_from([None, 2]), again=st.booleans(),
+       weights=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3))
+def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], data: st.DataObject, change: str,
+                                                       epoch: int, elastic: bool, world: int,
+                                                       buckets: int | None, again: bool,
+                                                       weights: list[float]) -> None:
+    old_weights = {"a": weights[0], "b": weights[1]}
+    new_weights = {"weights": {"a": weights[1], "b": weights[2]}, "add": {**old_weights, "c": weights[2]},
+                   "drop": {"a": weights[2]}}[change]
+    ledger = Ledger()
+    old = mixed(sources, old_weights, 3 if elastic else 2, buckets)
+    for e in range(epoch):
+        play(old, ledger, e)
+    history: tuple[Segment, ...] = ()
+    if elastic:  # 3 ranks consume some batches, then 2
+        first = old._plan_of(epoch, ()).num_batches
+        k1 = data.draw(st.integers(0, first), label="k1")
+        play(old, ledger, epoch, upto=k1)
+        history = (Segment(3, k1),)
+        old = mixed(sources, old_weights, 2, buckets)
+    position = data.draw(st.integers(0, old._plan_of(epoch, history).num_batches), label="position")
+    play(old, ledger, epoch, history, upto=position)
+    saved = state_at(old, epoch, history, position)
+
+    state = remix(saved, old, mixed(sources, new_weights, 1, buckets))
+    assert state == remix(saved, old, mixed(sources, new_weights, 1, buckets))  # deterministic
+    assert len(json.dumps(state)) < 8000  # small: ranges, not ids
+    new, weights_now = resumed(sources, new_weights, world, buckets, state), new_weights
+    now = state["epoch"]
+    if now == epoch and again:  # a second re-mix inside the rest of the epoch, to all three corpora
+        tail = new._live().history
+        k = data.draw(st.integers(0, new._plan_of(epoch, tail).num_batches), label="k")
+        play(new, ledger, epoch, tail, upto=k)
+        third = {"a": weights[2], "b": weights[0], "c": weights[1]}
+        state = remix(state_at(new, epoch, tail, k), new, mixed(sources, third, 1, buckets))
+        new, weights_now, now = resumed(sources, third, world, buckets, state), third, state["epoch"]
+    if now == epoch:  # the rest of the epoch (whatever world loads it), then one epoch of the new mix
+        play(new, ledger, epoch, new._live().history)
+        now += 1
+    play(new, ledger, now)
+    last = now
+    if "b" not in weights_now:  # b comes back: first its pending positions, then on after its slice
+        new = resumed(sources, old_weights, world, buckets,
+                      remix(state_at(new, last, (), new._plan_of(last, ()).num_batches), new,
+                            mixed(sources, old_weights, 1, buckets)))
+        last += 1
+        play(new, ledger, last)
+    for _ in range(12):  # on until every stream's pending positions (a dropped corpus's) are replayed
+        final = remix(state_at(new, last, (), new._plan_of(last, ()).num_batches), new, new)
+        if not final["extra"]["remix"].get("pending"):
+            break
+        last += 1
+        play(new, ledger, last)
+    end, rows = final["extra"]["remix"], remix_report(final)
+    event(f"re-mixed at {rows[0]['at']}, {sum(1 for r in rows if r['at'] == 'mid-epoch') // 2} mid-epoch")
+    assert {row["status"] for row in rows} <= {"kept", "added", "dropped"} and rows[0]["epoch"] == epoch
+    assert not end.get("pending")
+    for name, seen in ledger.seen.items():
+        assert seen == expected(new, name, end["cursors"][name], []), name
