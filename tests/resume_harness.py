@@ -60,6 +60,8 @@ class Case:
     """A ``stateful`` restart loads the loader's whole state with ``ds.load_state_dict`` (the route for
     another world or worker count) instead of ``loader.load_state_dict``."""
     extra: dict[str, Any] = field(default_factory=dict)
+    weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
+    """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
 
     def __post_init__(self) -> None:
         if self.loader == "in_process" and self.workers:
@@ -93,8 +95,8 @@ def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
     options: dict[str, Any] = {**BATCHINGS[case.batching], "seed": SEED, "shuffle_shards": 2, "world": world,
                                "transform": gain, **case.extra}
     if case.mixed:
-        return MixedDataset({"main": dirs["main"], "extra": dirs["extra"]}, {"main": 0.7, "extra": 0.3},
-                            EpochSize(primary="main"), **options)
+        weights = dict(case.weights)
+        return MixedDataset({name: dirs[name] for name in weights}, weights, EpochSize(primary="main"), **options)
     return ShardDataset(dirs["main"], **options)
 
 

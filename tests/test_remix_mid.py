@@ -151,3 +151,33 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
     assert not end.get("pending")
     for name, seen in ledger.seen.items():
         assert seen == expected(new, name, end["cursors"][name], []), name
+
+
+def test_stateful_dataloader_with_workers_resumes_a_mid_epoch_remix(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Through the resume harness: a StatefulDataLoader with 2 workers stops mid-epoch, the state is re-mixed
+    (new weights), a fresh job with 2 workers plays the rest of the epoch and the next: it yields exactly
+    the re-mixed plan (keys and augmentation draws), and the epoch's samples are the old plan's, each once."""
+    from resume_harness import Case, life, make_dataset, record, write_corpora
+
+    dirs = write_corpora(tmp_path_factory.mktemp("remix_corpora"))
+    old_case = Case(mixed=True, loader="stateful", workers=2, epochs=2)
+    new_case = Case(mixed=True, loader="stateful", workers=2, epochs=2, ds_load=True,
+                    weights=(("main", 0.4), ("extra", 0.6)))
+    before, saved = life(old_case, dirs, None, None, 5)
+    assert saved is not None and len(before) == 5
+    state = remix(saved, make_dataset(old_case, dirs), make_dataset(new_case, dirs))
+    assert state["epoch"] == 0 and state["extra"]["remix"]["tail"]["epoch"] == 0
+    after, _ = life(new_case, dirs, None, json.loads(json.dumps(state)), None)
+
+    alone = make_dataset(new_case, dirs)  # the re-mixed state played in this process
+    alone.load_state_dict(state)
+    planned = []
+    for epoch in (0, 1):
+        alone.set_epoch(epoch)
+        planned += [record(batch) for batch in alone]
+    assert after == planned
+    straight = make_dataset(old_case, dirs)  # one rank: no padding, the epoch's samples are the old plan's
+    straight.set_epoch(0)
+    old_epoch = Counter(key for _, keys, _ in (record(b) for b in straight) for key in keys)
+    played = Counter(key for epoch, keys, _ in before + after if epoch == 0 for key in keys)
+    assert played == old_epoch
