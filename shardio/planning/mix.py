@@ -38,14 +38,14 @@ import numpy as np
 from ..errors import OptionError
 from . import bucketing
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, rng, window_order, with_report
-from .streams import Stream
+from .streams import MIX as _MIX
+from .streams import Stream, corpus_key, merge_places, stream_samples
 
-__all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets",
-           "stream_samples"]
+__all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets"]
 
 logger = logging.getLogger(__name__)
 
-_MIX, _MERGE = 11, 12
+_MERGE = 12
 
 
 class CorpusColumns(NamedTuple):
@@ -118,10 +118,6 @@ def corpus_offsets(sizes: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
 
 
-def _corpus_key(name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-
-
 def _check(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching) -> dict[str, np.ndarray]:
     if set(corpora) != set(mix.weights):
         raise OptionError(f"the weights name corpora {sorted(mix.weights)}, the mix has {sorted(corpora)}")
@@ -191,36 +187,6 @@ class _Epoch(NamedTuple):
     positions: np.ndarray  # per occurrence: its position in its corpus's stream
 
 
-def _merge(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Where each element of each strictly increasing key array lands when all are merged; ties go to the
-    earlier array. Exact and the same on every machine (binary searches, no float sort)."""
-    places = []
-    for c, own in enumerate(keys):
-        place = np.arange(own.shape[0], dtype=np.int64)
-        for other, theirs in enumerate(keys):
-            if other != c:
-                place += np.searchsorted(theirs, own, side="right" if other < c else "left")
-        places.append(place)
-    return places
-
-
-def stream_samples(columns: CorpusColumns, keep: np.ndarray, ordering: Ordering, seed: int, name: str,
-                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The local sample ids at stream ``positions`` of corpus ``name`` (``keep``: its eligible samples), and
-    their shard windows (numbered on across passes)."""
-    shard_ids, _, num_shards = columns
-    size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
-    local = np.empty(positions.shape[0], dtype=np.int64)
-    windows = np.empty(positions.shape[0], dtype=np.int64)
-    passes = positions // size
-    for p in np.unique(passes).tolist():
-        order, window = window_order(shard_ids, num_shards, ordering, (seed, p, _MIX, _corpus_key(name)))
-        at = passes == p
-        local[at] = order[keep[order]][positions[at] - p * size]
-        windows[at] = p * width + window[local[at]]
-    return local, windows
-
-
 def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching, ordering: Ordering,
                  eligible: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray], *, seed: int,
                  epoch: int) -> _Epoch:
@@ -235,7 +201,7 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
         local, windows = stream_samples(corpora[name], eligible[name], ordering, seed, name, positions[name])
         streams.append(local)
         quota = local.shape[0]
-        jitter = rng(seed, epoch, _MIX, _corpus_key(name), _MERGE).random(quota) if ordering.shuffle else 0.5
+        jitter = rng(seed, epoch, _MIX, corpus_key(name), _MERGE).random(quota) if ordering.shuffle else 0.5
         keys.append((np.arange(quota, dtype=np.float64) + jitter) / max(quota, 1))
         # A corpus within one shard window is local however often it repeats: it does not cut slices.
         if quota and corpora[name].num_shards > ordering.shuffle_shards:
@@ -245,7 +211,7 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
     slices = np.empty(total, dtype=np.int64)
     numbers = np.empty(total, dtype=np.int64)
     stream_positions = np.empty(total, dtype=np.int64)
-    for c, place in enumerate(_merge(keys)):
+    for c, place in enumerate(merge_places(keys)):
         global_ids[place] = offsets[c] + streams[c]
         slices[place] = np.minimum((keys[c] * count).astype(np.int64), count - 1)
         numbers[place] = c

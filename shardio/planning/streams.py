@@ -12,14 +12,20 @@ Positions travel in states as *ranges*: ``[[start, stop], ...]``, runs of consec
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import StateError
+from .options import Ordering
+from .plan import window_order
 
-__all__ = ["Stream", "expand", "ranges_of"]
+__all__ = ["Stream", "expand", "ranges_of", "stream_samples", "corpus_key", "merge_places"]
+
+MIX = 11
+"""The RNG purpose of mix planning (:mod:`shardio.planning.mix`)."""
 
 
 def expand(ranges: Sequence[Sequence[int]]) -> np.ndarray:
@@ -65,3 +71,38 @@ class Stream(NamedTuple):
         if count <= held:
             return Stream(self.cursor, self.pending[count:])
         return Stream(self.cursor + count - held, np.zeros(0, dtype=np.int64))
+
+
+def corpus_key(name: str) -> int:
+    """A corpus's number in RNG keys: a hash of its name."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def stream_samples(columns: tuple[np.ndarray, np.ndarray, int], keep: np.ndarray, ordering: Ordering, seed: int, name: str,
+                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The local sample ids at stream ``positions`` of corpus ``name`` (``keep``: its eligible samples), and
+    their shard windows (numbered on across passes)."""
+    shard_ids, _, num_shards = columns
+    size, width = int(keep.sum()), -(-max(num_shards, 1) // ordering.shuffle_shards)
+    local = np.empty(positions.shape[0], dtype=np.int64)
+    windows = np.empty(positions.shape[0], dtype=np.int64)
+    passes = positions // size
+    for p in np.unique(passes).tolist():
+        order, window = window_order(shard_ids, num_shards, ordering, (seed, p, MIX, corpus_key(name)))
+        at = passes == p
+        local[at] = order[keep[order]][positions[at] - p * size]
+        windows[at] = p * width + window[local[at]]
+    return local, windows
+
+
+def merge_places(keys: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Where each element of each strictly increasing key array lands when all are merged; ties go to the
+    earlier array. Exact and the same on every machine (binary searches, no float sort)."""
+    places = []
+    for c, own in enumerate(keys):
+        place = np.arange(own.shape[0], dtype=np.int64)
+        for other, theirs in enumerate(keys):
+            if other != c:
+                place += np.searchsorted(theirs, own, side="right" if other < c else "left")
+        places.append(place)
+    return places
