@@ -19,7 +19,7 @@ from .errors import (
     StateError,
 )
 from .ledger.quarantine import quarantine, quarantine_report
-from .ledger.remix import remix
+from .ledger.remix import remix, remix_report
 from .ledger.trace import Trace
 from .planning.mix import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
@@ -69,6 +69,7 @@ __all__ = [
     "quarantine",
     "quarantine_report",
     "remix",
+    "remix_report",
     "RetryPolicy",
     "ShardioError",
     "OptionError",

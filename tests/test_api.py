@@ -19,6 +19,7 @@ PUBLIC = {
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
     "OutputError", "StateError", "RangeNotSupported", "Trace", "quarantine", "quarantine_report", "remix",
+    "remix_report",
 }
 
 
