@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from datasets import make_uneven_dataset
-from shardio import Batching, EpochSize, World
+from shardio import Batching, EpochSize, StateError, World
 from shardio.ledger.remix import remix, remix_report
 from shardio.mixed import MixedDataset
 from shardio.planning.streams import stream_samples
@@ -181,3 +182,45 @@ def test_stateful_dataloader_with_workers_resumes_a_mid_epoch_remix(tmp_path_fac
     old_epoch = Counter(key for _, keys, _ in (record(b) for b in straight) for key in keys)
     played = Counter(key for epoch, keys, _ in before + after if epoch == 0 for key in keys)
     assert played == old_epoch
+
+
+def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[str, str]) -> None:
+    from shardio import Trace, quarantine
+
+    old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
+    saved = state_at(old, 0, (), 3)
+    state = remix(saved, old, mixed(sources, {"a": 0.3, "b": 0.7}, 1, None))
+    new = resumed(sources, {"a": 0.3, "b": 0.7}, 2, None, state)
+    plan = new._plan_of(0, ())
+    trace = Trace(new, state)
+    assert [r.ids.tolist() for r in trace.steps(0, 0, 2)] == [plan.batch(r, j).tolist() for j in (0, 1)
+                                                                for r in (0, 1)]
+    left_out = plan.batch(1, 2)  # quarantined before it is played: the rest of the epoch goes on without it
+    ahead = state_at(new, 0, (), 1)
+    cut = quarantine(ahead, new, keys=[new.index.keys[i] for i in left_out.tolist()])
+    gone = set(cut["extra"]["quarantine"][0]["ids"])  # a key both corpora hold: left out of each
+    assert gone >= set(left_out.tolist())
+    healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, None, cut)
+    rest = healed._plan_of(0, healed._live().history)
+    played = Counter(plan.consumed_samples(1).tolist()) + Counter(rest.consumed_samples(rest.num_batches).tolist())
+    assert not gone & set(rest.samples.tolist())
+    assert set(played) == set(plan.samples.tolist()) - (gone - set(plan.consumed_samples(1).tolist()))
+
+
+def test_a_malformed_or_foreign_remix_record_is_a_state_error(sources: dict[str, str], tmp_path: Path) -> None:
+    old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
+    state = remix(state_at(old, 0, (), 2), old, mixed(sources, {"a": 0.5}, 1, None))
+    for broken, match in ((["x"], "stream range"), ([[5, 3]], "stream range"), ([[-1, 2]], "stream range")):
+        bad = json.loads(json.dumps(state))
+        bad["extra"]["remix"]["tail"]["positions"]["a"] = broken
+        with pytest.raises(StateError, match=match):
+            mixed(sources, {"a": 0.5}, 2, None).load_state_dict(bad)
+    foreign = json.loads(json.dumps(state))
+    foreign["extra"]["remix"]["tail"]["positions"]["zz"] = [[0, 2]]
+    with pytest.raises(StateError, match="zz"):
+        mixed(sources, {"a": 0.5}, 2, None).load_state_dict(foreign)
+    make_uneven_dataset(tmp_path / "b2", [5, 4], seed=9)
+    at_end = state_at(resumed(sources, {"a": 0.5}, 2, None, state), 0, (), 0)
+    with pytest.raises(StateError, match="another index"):  # b comes back re-packed: its pending cannot continue
+        remix(at_end, mixed(sources, {"a": 0.5}, 2, None),
+              mixed({**sources, "b": str(tmp_path / "b2")}, {"a": 0.5, "b": 0.5}, 1, None))
