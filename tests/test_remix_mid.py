@@ -41,9 +41,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: str(root / name) for name in "abc"}
 
 
-def mixed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None) -> MixedDataset:
-    return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.012), world=World(0, world),
-                        seed=SEED, shuffle_shards=2, batching=Batching(max_duration=1.2, num_buckets=buckets))
+def mixed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None,
+          single: bool = False) -> MixedDataset:
+    """A mix of ``weights``' corpora; ``single``: one corpus per batch, an epoch of one pass over ``a``."""
+    size = EpochSize(primary="a") if single else EpochSize(hours=0.012)
+    return MixedDataset({n: sources[n] for n in weights}, weights, size, world=World(0, world), seed=SEED,
+                        shuffle_shards=2, batching=Batching(max_duration=1.2, num_buckets=buckets),
+                        single_corpus_batches=single)
 
 
 class Ledger:
@@ -75,9 +79,9 @@ def state_at(ds: MixedDataset, epoch: int, history: tuple[Segment, ...], positio
                        extra=ds._extra).to_dict()
 
 
-def resumed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None,
+def resumed(sources: dict[str, str], weights: dict[str, float], world: int, shape: tuple[int | None, bool],
             state: dict[str, Any]) -> MixedDataset:
-    ds = mixed(sources, weights, world, buckets)
+    ds = mixed(sources, weights, world, *shape)
     ds.load_state_dict(json.loads(json.dumps(state)))
     return ds
 
@@ -93,17 +97,18 @@ def expected(ds: MixedDataset, name: str, cursor: int, pending: list[list[int]])
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), change=st.sampled_from(["weights", "add", "drop"]), epoch=st.integers(0, 1),
-       elastic=st.booleans(), world=st.integers(1, 3), buckets=st.sampled_from([None, 2]), again=st.booleans(),
+       elastic=st.booleans(), world=st.integers(1, 3), again=st.booleans(),
+       shape=st.tuples(st.sampled_from([None, 2]), st.booleans()),
        weights=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3))
 def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], data: st.DataObject, change: str,
                                                        epoch: int, elastic: bool, world: int,
-                                                       buckets: int | None, again: bool,
+                                                       shape: tuple[int | None, bool], again: bool,
                                                        weights: list[float]) -> None:
     old_weights = {"a": weights[0], "b": weights[1]}
     new_weights = {"weights": {"a": weights[1], "b": weights[2]}, "add": {**old_weights, "c": weights[2]},
                    "drop": {"a": weights[2]}}[change]
     ledger = Ledger()
-    old = mixed(sources, old_weights, 3 if elastic else 2, buckets)
+    old = mixed(sources, old_weights, 3 if elastic else 2, *shape)
     for e in range(epoch):
         play(old, ledger, e)
     history: tuple[Segment, ...] = ()
@@ -112,32 +117,32 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
         k1 = data.draw(st.integers(0, first), label="k1")
         play(old, ledger, epoch, upto=k1)
         history = (Segment(3, k1),)
-        old = mixed(sources, old_weights, 2, buckets)
+        old = mixed(sources, old_weights, 2, *shape)
     position = data.draw(st.integers(0, old._plan_of(epoch, history).num_batches), label="position")
     play(old, ledger, epoch, history, upto=position)
     saved = state_at(old, epoch, history, position)
 
-    state = remix(saved, old, mixed(sources, new_weights, 1, buckets))
-    assert state == remix(saved, old, mixed(sources, new_weights, 1, buckets))  # deterministic
+    state = remix(saved, old, mixed(sources, new_weights, 1, *shape))
+    assert state == remix(saved, old, mixed(sources, new_weights, 1, *shape))  # deterministic
     assert len(json.dumps(state)) < 8000  # small: ranges, not ids
-    new, weights_now = resumed(sources, new_weights, world, buckets, state), new_weights
+    new, weights_now = resumed(sources, new_weights, world, shape, state), new_weights
     now = state["epoch"]
     if now == epoch and again:  # a second re-mix inside the rest of the epoch, to all three corpora
         tail = new._live().history
         k = data.draw(st.integers(0, new._plan_of(epoch, tail).num_batches), label="k")
         play(new, ledger, epoch, tail, upto=k)
         third = {"a": weights[2], "b": weights[0], "c": weights[1]}
-        state = remix(state_at(new, epoch, tail, k), new, mixed(sources, third, 1, buckets))
-        new, weights_now, now = resumed(sources, third, world, buckets, state), third, state["epoch"]
+        state = remix(state_at(new, epoch, tail, k), new, mixed(sources, third, 1, *shape))
+        new, weights_now, now = resumed(sources, third, world, shape, state), third, state["epoch"]
     if now == epoch:  # the rest of the epoch (whatever world loads it), then one epoch of the new mix
         play(new, ledger, epoch, new._live().history)
         now += 1
     play(new, ledger, now)
     last = now
     if "b" not in weights_now:  # b comes back: first its pending positions, then on after its slice
-        new = resumed(sources, old_weights, world, buckets,
+        new = resumed(sources, old_weights, world, shape,
                       remix(state_at(new, last, (), new._plan_of(last, ()).num_batches), new,
-                            mixed(sources, old_weights, 1, buckets)))
+                            mixed(sources, old_weights, 1, *shape)))
         last += 1
         play(new, ledger, last)
     for _ in range(12):  # on until every stream's pending positions (a dropped corpus's) are replayed
@@ -190,7 +195,7 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
     saved = state_at(old, 0, (), 3)
     state = remix(saved, old, mixed(sources, {"a": 0.3, "b": 0.7}, 1, None))
-    new = resumed(sources, {"a": 0.3, "b": 0.7}, 2, None, state)
+    new = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), state)
     plan = new._plan_of(0, ())
     trace = Trace(new, state)
     assert [r.ids.tolist() for r in trace.steps(0, 0, 2)] == [plan.batch(r, j).tolist() for j in (0, 1)
@@ -200,7 +205,7 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     cut = quarantine(ahead, new, keys=[new.index.keys[i] for i in left_out.tolist()])
     gone = set(cut["extra"]["quarantine"][0]["ids"])  # a key both corpora hold: left out of each
     assert gone >= set(left_out.tolist())
-    healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, None, cut)
+    healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), cut)
     rest = healed._plan_of(0, healed._live().history)
     played = Counter(plan.consumed_samples(1).tolist()) + Counter(rest.consumed_samples(rest.num_batches).tolist())
     assert not gone & set(rest.samples.tolist())
@@ -220,7 +225,7 @@ def test_a_malformed_or_foreign_remix_record_is_a_state_error(sources: dict[str,
     with pytest.raises(StateError, match="zz"):
         mixed(sources, {"a": 0.5}, 2, None).load_state_dict(foreign)
     make_uneven_dataset(tmp_path / "b2", [5, 4], seed=9)
-    at_end = state_at(resumed(sources, {"a": 0.5}, 2, None, state), 0, (), 0)
+    at_end = state_at(resumed(sources, {"a": 0.5}, 2, (None, False), state), 0, (), 0)
     with pytest.raises(StateError, match="another index"):  # b comes back re-packed: its pending cannot continue
         remix(at_end, mixed(sources, {"a": 0.5}, 2, None),
               mixed({**sources, "b": str(tmp_path / "b2")}, {"a": 0.5, "b": 0.5}, 1, None))
