@@ -78,8 +78,8 @@ def corpus_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
-def stream_samples(columns: tuple[np.ndarray, np.ndarray, int], keep: np.ndarray, ordering: Ordering, seed: int, name: str,
-                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stream_samples(columns: tuple[np.ndarray, np.ndarray, int], keep: np.ndarray, ordering: Ordering, seed: int,
+                   name: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The local sample ids at stream ``positions`` of corpus ``name`` (``keep``: its eligible samples), and
     their shard windows (numbered on across passes)."""
     shard_ids, _, num_shards = columns
