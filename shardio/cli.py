@@ -1,5 +1,5 @@
 """The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``, ``demo``, ``bench``, ``trace``,
-``quarantine``.
+``quarantine``, ``remix``.
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .errors import OptionError, OutputError, ShardioError
-from .ledger.commands import add_quarantine, add_trace
+from .ledger.commands import add_quarantine, add_remix, add_trace
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -296,7 +296,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index,
-                                                                  _add_demo, _add_bench, add_trace, add_quarantine]
+                                                                  _add_demo, _add_bench, add_trace, add_quarantine,
+                                                                  add_remix]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 

@@ -229,3 +229,20 @@ def test_a_malformed_or_foreign_remix_record_is_a_state_error(sources: dict[str,
     with pytest.raises(StateError, match="another index"):  # b comes back re-packed: its pending cannot continue
         remix(at_end, mixed(sources, {"a": 0.5}, 2, None),
               mixed({**sources, "b": str(tmp_path / "b2")}, {"a": 0.5, "b": 0.5}, 1, None))
+
+
+def test_the_cli_remixes_a_saved_state_mid_epoch(sources: dict[str, str], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
+    old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
+    saved = state_at(old, 0, (), 2)
+    (tmp_path / "state.json").write_text(json.dumps(saved))
+    args = ["remix", *(f"{n}={sources[n]}" for n in "abc"), "--state", str(tmp_path / "state.json"),
+            "--weight", "a=0.4", "--weight", "c=0.6", "--out", str(tmp_path / "new.json")]
+    assert main(args) == 0
+    written = json.loads((tmp_path / "new.json").read_text())
+    assert written == remix(saved, old, mixed(sources, {"a": 0.4, "c": 0.6}, 1, None))
+    out = capsys.readouterr().out
+    assert "mid-epoch" in out and "b\tdropped" in out and "pending" in out and "c\tadded" in out
+    assert main([*args[:-6], "--weight", "a=1", "--weight", "d=1", "--out", str(tmp_path / "x.json")]) == 2

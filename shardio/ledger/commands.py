@@ -1,4 +1,4 @@
-"""The data ledger's subcommands of the ``shardio`` command line: ``trace`` and ``quarantine``.
+"""The data ledger's subcommands of the ``shardio`` command line: ``trace``, ``quarantine`` and ``remix``.
 
 Each is a pair as in :mod:`shardio.cli`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
 """
@@ -10,7 +10,9 @@ import json
 import re
 import sys
 
-__all__ = ["add_quarantine", "add_trace"]
+from ..errors import OptionError
+
+__all__ = ["add_quarantine", "add_remix", "add_trace"]
 
 
 def add_trace(subparsers: argparse._SubParsersAction) -> None:
@@ -96,4 +98,60 @@ def _run_quarantine(args: argparse.Namespace) -> int:
         notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + \
             ("\tcarried" if row["carry"] else "")
         print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
+    return 0
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=WEIGHT") from None
+
+
+def add_remix(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("remix", help="a state of a mix that resumes under new weights or corpora",
+                                   description="Write a state for a new mix (weights changed, corpora added or "
+                                               "dropped) that continues a saved state of the old one, at an epoch "
+                                               "boundary or mid-epoch, every corpus's passes exact "
+                                               "(see shardio.remix).")
+    parser.add_argument("dataset", nargs="+", help="NAME=LOCATION for every corpus of the old and the new mix")
+    parser.add_argument("--state", required=True, help="the saved loader state of the old mix (JSON)")
+    parser.add_argument("--weight", type=_weight, action="append", required=True, metavar="NAME=W",
+                        help="a corpus of the new mix and its weight (repeat)")
+    parser.add_argument("--primary", help="the new mix's epoch is one pass over this corpus (default: the old "
+                                          "epoch size)")
+    parser.add_argument("--out", required=True, help="where to write the new state (JSON)")
+    parser.set_defaults(run=_run_remix)
+
+
+def _run_remix(args: argparse.Namespace) -> int:
+    from ..mixed import MixedDataset
+    from ..planning.mix import EpochSize
+    from ..state import combine, find_states
+    from .rebuild import open_for_state, read_state
+    from .remix import remix, remix_report
+
+    state = read_state(args.state)
+    sources = dict(location.split("=", 1) for location in args.dataset if "=" in location)
+    old_names = combine(find_states(state)).options.get("corpora") or {}
+    old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
+    weights = dict(args.weight)
+    missing = sorted(set(weights) - set(sources))
+    if not isinstance(old, MixedDataset) or missing:
+        raise OptionError(f"remix needs a mix's state and NAME=LOCATION for every corpus of the new mix "
+                          f"(missing: {missing})")
+    size = EpochSize(primary=args.primary) if args.primary else old.mix.epoch_size
+    new = MixedDataset({n: sources[n] for n in weights}, weights, size, weight_by=old.mix.weight_by,
+                       single_corpus_batches=old.mix.single_corpus_batches, batching=old.batching, seed=old.seed,
+                       shuffle=old.ordering.shuffle, shuffle_shards=old.ordering.shuffle_shards)
+    mixed = remix(state, old, new)
+    with open(args.out, "w", encoding="utf-8") as handle:
+        json.dump(mixed, handle)
+    event = remix_report(mixed)[-len(mixed["extra"]["remix"]["events"][-1]["corpora"]):]  # this re-mix's rows
+    print(f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from {args.out}")
+    for row in event:
+        extra = f"\t{row['remaining']} of its {row['slice']} positions this epoch left" if "slice" in row else ""
+        print(f"  {row['corpus']}\t{row['status']}\tweight {row['old_weight']} -> {row['new_weight']}{extra}"
+              + (f"\t{row['pending']} pending" if row["pending"] else ""))
     return 0
