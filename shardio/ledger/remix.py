@@ -10,8 +10,8 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
   new mix plays from epoch ``E``; after the last batch of ``E``: from ``E + 1``. Every stream continues where
   it stood at the boundary.
 - **In the middle of an epoch** (any position, after any elastic history, also inside the rest of an epoch
-  that an earlier mid-epoch re-mix made): the old plan's occurrences not consumed yet (:mod:`.remainder`)
-  are known exactly. The rest of epoch ``E`` plays exactly the unconsumed stream positions of the corpora
+  that an earlier mid-epoch re-mix made): the old plan's occurrences not consumed yet
+  (:mod:`shardio.ledger.remainder`) are known exactly. The rest of epoch ``E`` plays exactly the unconsumed stream positions of the corpora
   the new mix keeps, each once, re-planned like an elastic resume for whatever world loads the state
   (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays ``E``, position 0, no
   history). New weights and added corpora take effect from ``E + 1``, where each kept corpus's stream
@@ -29,6 +29,9 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
 - **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix), the ``cursors`` and
   ``pending`` ranges of the streams there, the ``tail`` (epoch ``E`` and the positions of each corpus that the
   rest of ``E`` plays), the index ``fingerprints`` and the ``events``; :func:`remix_report` lists them.
+  Position ranges keep it small (bounded by the slices being played, not by the corpora's size). The
+  ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new state shows the rest of ``E`` as re-planned;
+  the part played before the re-mix is traced from the old state.
 """
 
 from __future__ import annotations
