@@ -3,7 +3,8 @@
 **Streams.** Each corpus is an endless stream of *passes*; pass ``p`` is one shuffled order of all its
 eligible samples (shards permuted, samples shuffled within shard windows), seeded by
 ``(seed, p, corpus)`` and by nothing else. Every epoch takes the next ``quota`` samples of each stream:
-epoch ``e`` holds stream positions ``[e * quota, (e + 1) * quota)``. A small corpus therefore repeats
+epoch ``e`` holds stream positions ``[e * quota, (e + 1) * quota)`` (after a re-mix, the next ones from where
+the stream stood: :mod:`shardio.planning.streams`). A small corpus therefore repeats
 (several passes in one epoch) and a large one is spread over epochs, and in both cases every sample is
 taken exactly once per pass of its corpus, pass after pass, across epoch boundaries.
 
