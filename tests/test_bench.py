@@ -25,6 +25,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         for workers in (0, 2):
             assert (corpus, f"shardio .tar unbatched (DataLoader batches), {workers}w") in cases
         assert (corpus, "shardio .tar int16, 2w") in cases
+        assert (corpus, "shardio .tar, 2 processes x 0w (parallel floor)") in cases
         assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
         assert (corpus, "zstd-3 decompression floor (frames in memory)") in cases
         assert (corpus, "soundfile floor (bytes in memory)") in cases
@@ -44,7 +45,8 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         (loader, w) for loader in ("shardio", "webdataset + soundfile") for w in (1, 2)}
     assert {t["ratio"] for t in result["targets"]} >= {
         "shardio_vs_webdataset", "shardio_vs_webdataset_2w", "shardio_vs_numpy_floor", "shardio_vs_soundfile_floor",
-        "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s"}
+        "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
+        "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s"}
     assert result["targets"][0]["ratio"] == "shardio_vs_webdataset_2w"  # the headline: what a training job sees
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()
@@ -127,3 +129,21 @@ def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path:
     report = json.loads((tmp_path / "out" / "ab.json").read_text())
     assert len(report["us_per_sample"]["base"]["runs"]) == len(report["speedup"]["runs"]) == 2
     assert report["speedup"]["median"] > 0 and (tmp_path / "out" / "ab.md").read_text().startswith("# A/B")
+
+
+def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a_failing_reader(
+        tmp_path: Path) -> None:
+    from shardio.bench.parallel import parallel_floor
+    from shardio.errors import ReadError
+    from tests.datasets import make_uneven_dataset
+
+    data = tmp_path / "data"
+    make_uneven_dataset(data, [7, 4, 9])  # 20 samples: ranks of 2 with batches of 3 repeat some to even out
+    epoch = parallel_floor(str(data), processes=2, batch_size=3)
+    samples, seconds = epoch()
+    assert samples == 20 and seconds > 0
+    assert epoch() == (samples, seconds)  # the readers stay and read again
+    for shard in data.glob("*.tar"):
+        shard.write_bytes(b"")  # the readers' next epoch fails: the bench says which, instead of hanging
+    with pytest.raises(ReadError, match="reader process 0 of 2 failed"):
+        epoch()

@@ -28,6 +28,7 @@ from . import cases
 from .data import (Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files,
                    zstd_frames)
 from .measure import Case, machine_facts, measure_rounds, stats
+from .parallel import parallel_floor
 from .report import evaluate_targets, write_report
 
 __all__ = ["FULL", "QUICK", "BenchConfig", "run_bench"]
@@ -100,12 +101,18 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
               zstd.shard_bytes / 1e6, lambda: cases.zstd_floor(frames)),
         shardio(zstd, "zstd-3", zstd_first),
         *(case for workers in more for case in (shardio(plain, "none", workers), webdataset(workers))),
+        *([Case(plain.name, _PARALLEL, "parallel floor", "none", 0, plain.shard_bytes / 1e6,
+                partial(parallel_floor, plain.directory, processes=2, batch_size=batch_size))]
+          if 2 in more else []),
         shardio(plain, "none", max(config.workers), dtype="int16"),
         shardio(plain, "none", first, unbatched=True),
         shardio(plain, "none", max(config.workers), unbatched=True),
         *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
     ]
 
+
+_PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
+"""Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2 workers can reach here."""
 
 _PAIRS = {  # ratio name: (case, reference case, basis)
     "shardio_vs_webdataset": ("shardio .tar, 0w", "webdataset + soundfile .tar, 0w", "cpu"),
@@ -118,6 +125,9 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "two_workers_vs_zero": ("shardio .tar, 2w", "shardio .tar, 0w", "wall"),
     "two_workers_vs_zero_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 0w", "cpu"),
     "two_workers_vs_one": ("shardio .tar, 2w", "shardio .tar, 1w", "wall"),
+    "parallel_floor_vs_zero": (_PARALLEL, "shardio .tar, 0w", "wall"),
+    "parallel_floor_vs_zero_per_cpu_s": (_PARALLEL, "shardio .tar, 0w", "cpu"),
+    "two_workers_vs_parallel_floor_per_cpu_s": ("shardio .tar, 2w", _PARALLEL, "cpu"),
     "unbatched_vs_batched": ("shardio .tar unbatched (DataLoader batches), 0w", "shardio .tar, 0w", "cpu"),
     "int16_vs_float32_2w": ("shardio .tar int16, 2w", "shardio .tar, 2w", "cpu"),
 }
