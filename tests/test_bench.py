@@ -35,6 +35,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         assert row["samples"] == corpora[row["corpus"]]["samples"]  # every case read the whole corpus
         assert row["samples_per_s"]["min"] <= row["samples_per_s"]["median"] <= row["samples_per_s"]["max"]
         assert len(row["samples_per_s"]["runs"]) == 2 and row["peak_rss_mb"] > 0
+        assert 0 <= row["trainer_cpu_share"]["median"] <= 1
     codecs = {r["codec"] for r in result["compression"]}
     assert {"none", "zstd-1", "zstd-3", "zstd-19", "gzip", "bz2"} <= codecs
     assert {(r["position"], r["loader"]) for r in result["resume"]} >= {(0.9, "shardio, 0w"), (0.5, "shardio, 2w")}

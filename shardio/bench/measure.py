@@ -138,7 +138,9 @@ def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: fl
     come and go within seconds) weighs alike on two cases a target compares.
 
     Each pass records wall seconds and CPU seconds (this process and its workers): "per core" figures are
-    per CPU-second, which a machine shared with other jobs distorts far less than wall time.
+    per CPU-second, which a machine shared with other jobs distorts far less than wall time. The trainer's
+    CPU share is the part of them spent in this process (the one a training loop runs in: with workers, what
+    receiving batches costs it).
     """
     peaks: dict[str, int] = {}
     for case in tqdm(items, desc="bench warm-up", disable=not progress, leave=False):
@@ -149,18 +151,19 @@ def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: fl
             case.epoch()
         peaks[case.key] = rss.peak
     live = [case for case in items if case.epoch is not None]
-    runs: dict[str, list[tuple[float, float, int, float, int]]] = {case.key: [] for case in live}
+    runs: dict[str, list[tuple[float, float, int, float, int, float]]] = {case.key: [] for case in live}
     for rep in tqdm(range(reps), desc="bench rounds", disable=not progress, leave=False):
         for case in live if rep % 2 == 0 else live[::-1]:
             assert case.epoch is not None
-            used, started = cpu_seconds(), time.perf_counter()
+            used, own, started = cpu_seconds(), time.process_time(), time.perf_counter()
             samples, seconds = case.epoch()
             passes = 1
             while time.perf_counter() - started < min_seconds:
                 more = case.epoch()
                 samples, seconds, passes = samples + more[0], seconds + more[1], passes + 1
             elapsed = time.perf_counter() - started
-            runs[case.key].append((elapsed, max(cpu_seconds() - used, 1e-6), samples, seconds, passes))
+            total = max(cpu_seconds() - used, 1e-6)
+            runs[case.key].append((elapsed, total, samples, seconds, passes, (time.process_time() - own) / total))
     rows, rates = [], {}
     for case in live:
         done = runs[case.key]
@@ -177,5 +180,6 @@ def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: fl
                      "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
                      "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
                      "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
+                     "trainer_cpu_share": stats([min(r[5], 1.0) for r in done]),
                      "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
     return rows, rates

@@ -87,11 +87,13 @@ def markdown(result: dict[str, Any]) -> str:
     out += ["", "## Throughput (end to end: read, decompress, decode, collate)", "",
             ("Per CPU-s: samples per CPU-second of the loader's processes (main + workers), i.e. per core; "
             "cores used: CPU-seconds per wall second (below the worker count when the machine is shared). "
-            "MB: shard bytes (for floors, audio member bytes). Peak RSS: the process and its workers, summed."), ""]
+            "MB: shard bytes (for floors, audio member bytes). Trainer CPU: the share of that CPU spent in the "
+            "process that iterates (where a training loop runs). Peak RSS: the process and its workers, summed."), ""]
     out += _table(["corpus", "case", "samples/s (wall)", "samples per CPU-s", "audio s per CPU-s",
-                   "MB per CPU-s", "cores used", "peak RSS MB"],
+                   "MB per CPU-s", "cores used", "trainer CPU", "peak RSS MB"],
                   [[r["corpus"], r["case"], _fig(r["samples_per_s"]), _fig(r["samples_per_cpu_s"]),
                     _fig(r["audio_s_per_cpu_s"]), _fig(r["mb_per_cpu_s"], 1), _fig(r["cores_used"], 2),
+                    _fig(r["trainer_cpu_share"], 2) if "trainer_cpu_share" in r else "-",
                     f"{r['peak_rss_mb']:.0f}"] for r in result["throughput"]])
     out += ["", "## Shard compression (read in shard order, 0 workers)", ""]
     out += _table(["codec", "reader", "size vs .tar", "samples/s (wall)", "samples per CPU-s",
