@@ -136,7 +136,7 @@ def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a
         tmp_path: Path) -> None:
     from shardio.bench.parallel import parallel_floor
     from shardio.errors import ReadError
-    from tests.datasets import make_uneven_dataset
+    from datasets import make_uneven_dataset
 
     data = tmp_path / "data"
     make_uneven_dataset(data, [7, 4, 9])  # 20 samples: ranks of 2 with batches of 3 repeat some to even out
@@ -148,3 +148,26 @@ def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a
         shard.write_bytes(b"")  # the readers' next epoch fails: the bench says which, instead of hanging
     with pytest.raises(ReadError, match="reader process 0 of 2 failed"):
         epoch()
+
+
+def test_workers_script_splits_the_cpu_of_a_batch_by_thread(tmp_path: Path) -> None:
+    """``benchmarks/workers.py``: CPU per batch by thread role, for 0 and 2 workers and the parallel floor."""
+    import importlib.util
+
+    from datasets import make_uneven_dataset
+
+    from shardio.reading import blocks
+
+    make_uneven_dataset(tmp_path / "ds", [20, 20], duration_range=(1.0, 2.0))
+    spec = importlib.util.spec_from_file_location(
+        "workers_script", Path(__file__).resolve().parents[1] / "benchmarks" / "workers.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    figures = script.measure(str(tmp_path / "ds"), rounds=1, epochs=20)
+    assert set(figures) >= {"0 workers", "2 workers", "2 reader processes, 0 workers each (parallel floor)"}
+    for row in figures.values():
+        assert row["samples_per_s"] > 0
+        assert row["total"] == pytest.approx(sum(row[role] for role in script.ROLES))
+    assert figures["0 workers"]["worker main threads"] == 0  # (CPU counts in 10 ms ticks: no lower bounds here)
+    assert blocks.LIMIT == 8  # the bundles' extra blocks were the workers' own
