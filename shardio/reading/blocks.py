@@ -19,9 +19,11 @@ replaces it with a larger one.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -223,6 +225,11 @@ def _alive(pid: int) -> bool:
 _MAPPED = _Mapped()
 
 
+@cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
 def _set_free(flag: np.ndarray) -> None:
     flag[0] = _FREE
 
@@ -245,8 +252,7 @@ def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
     for name in order:
         if name in views:
             dtype, offset, shape = views[name]
-            count = int(np.prod(shape))
-            end = offset + count * np.dtype(dtype).itemsize
+            end = offset + math.prod(shape) * _itemsize(dtype)
             batch[name] = torch.from_numpy(whole[offset:end].view(dtype).reshape(shape))
         elif name in small:
             batch[name] = torch.from_numpy(small[name])
