@@ -128,6 +128,23 @@ def test_index_keeps_metadata_and_shares_the_repeats_bytes(nemo: tuple[Path, dic
     assert again.metadata(repeat) == index.metadata(repeat) and again.member_key(repeat) == index.key(original)
 
 
+def test_an_index_with_metadata_is_format_3_and_the_version_must_match(tmp_path: Path) -> None:
+    """An older shardio refuses a metadata index by its version, not by a confusing mismatch; a header whose
+    version and ``meta_bytes`` disagree is refused."""
+    write_tarred(tmp_path / "nemo")
+    index_nemo(tmp_path / "nemo")
+    assert json.loads((tmp_path / "nemo" / "index.json").read_text())["version"] == 3
+    make_uneven_dataset(tmp_path / "plain", [3])
+    assert json.loads((tmp_path / "plain" / "index.json").read_text())["version"] == 2
+    shutil.copytree(tmp_path / "nemo", tmp_path / "two")
+    rewrite_header(tmp_path / "two", lambda header: header.update(version=2))
+    with pytest.raises(FormatError, match="version-2 index cannot have 'meta_bytes'"):
+        Index.load(tmp_path / "two")
+    rewrite_header(tmp_path / "nemo", lambda header: header.pop("meta_bytes"))
+    with pytest.raises(FormatError, match="version-3 index must have 'meta_bytes'"):
+        Index.load(tmp_path / "nemo")
+
+
 def test_cli_index_inspect_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_tarred(tmp_path, count=4, shards=2)
     manifest = tmp_path / "tarred_audio_manifest.json"

@@ -28,7 +28,8 @@ import zstandard
 
 from ..errors import DecodeError, FormatError, OptionError, ReadError
 from ..reading.streams import describe
-from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, Index, IndexBuilder, ShardInfo
+from ..shards.index import (FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, IndexBuilder,
+                            ShardInfo)
 from ..shards.tarformat import key_problem, split_name, walk
 from ..shards.writer import writable_directory
 from .corpus import AUDIO_EXTENSIONS
@@ -240,12 +241,12 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
 def upgrade_index(directory: str | os.PathLike[str]) -> str:
     """Rewrite the index of the dataset in local ``directory`` in the current format, with the same content
     and fingerprint (a saved loader state still resumes), and remove a format-1 ``index.npz``. Says what it
-    did: ``"1 -> 2"``, or ``"2 (already current)"``."""
+    did: ``"1 -> 2"``, or ``"2 (already current)"`` (``3``: format 2 with per-sample metadata)."""
     directory = os.fspath(directory)
     with open(os.path.join(directory, INDEX_JSON), "rb") as handle:
         version = json.loads(handle.read()).get("version")
     index = Index.load(directory)
-    if version == FORMAT_VERSION:
+    if version in (FORMAT_VERSION, METADATA_VERSION):
         return f"{version} (already current)"
     index.save(directory, keep_fingerprint=True)
     old = os.path.join(directory, INDEX_COLUMNS_V1)

@@ -36,11 +36,12 @@ from .indexfile import ColumnsFile
 from .keys import Keys
 from .metadata import Metadata
 
-__all__ = ["FORMAT_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS", "ShardInfo",
+__all__ = ["FORMAT_VERSION", "METADATA_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS", "ShardInfo",
            "Index", "IndexBuilder"]
 
 FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+METADATA_VERSION = 3  # format 2 plus per-sample metadata: a shardio that cannot read it refuses it by version
+READ_VERSIONS = (1, 2, 3)
 INDEX_JSON = "index.json"
 INDEX_COLUMNS = "index.columns"
 INDEX_COLUMNS_V1 = "index.npz"
@@ -183,7 +184,7 @@ class Index:
     def _header(self) -> dict[str, Any]:
         return {
             "format": "shardio-index",
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if self._meta is None else METADATA_VERSION,
             "samples": len(self),
             "duration": round(self.total_duration, 3),
             "formats": self.formats,
@@ -295,6 +296,10 @@ def _check_version(header: dict[str, Any], json_path: str) -> int:
     if isinstance(version, bool) or version not in READ_VERSIONS:
         raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
                           f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
+    if (version == METADATA_VERSION) != ("meta_bytes" in header):
+        raise FormatError(f"{json_path}: a version-{version} index "
+                          f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
+                          "(per-sample metadata is format 3)")
     return int(version)
 
 
