@@ -25,7 +25,7 @@ from hostile import rewrite_columns, rewrite_header, run_limited, to_format1
 from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter
 from shardio.packing.indexer import build_index
 from shardio.reading.reader import Reader
-from shardio.shards.index import IndexBuilder
+from shardio.shards.builder import IndexBuilder
 from shardio.shards.indexchecks import columns_size_bound
 from shardio.shards.tarformat import encode_sample, parse_members
 

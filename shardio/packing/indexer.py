@@ -28,8 +28,8 @@ import zstandard
 
 from ..errors import DecodeError, FormatError, OptionError, ReadError
 from ..reading.streams import describe
-from ..shards.index import (FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, IndexBuilder,
-                            ShardInfo)
+from ..shards.builder import IndexBuilder
+from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
 from ..shards.tarformat import key_problem, split_name, walk
 from ..shards.writer import writable_directory
 from .corpus import AUDIO_EXTENSIONS

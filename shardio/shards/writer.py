@@ -23,7 +23,8 @@ import zstandard
 
 from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..packing.dirlock import DirectoryLock
-from .index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from .builder import IndexBuilder
+from .index import INDEX_JSON, Index, ShardInfo
 from .tarformat import END_OF_ARCHIVE, encode_sample, key_problem
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]

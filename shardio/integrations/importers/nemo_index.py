@@ -38,7 +38,8 @@ import soundfile as sf
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
 from ...packing.corpus import AUDIO_EXTENSIONS
 from ...packing.indexer import HashingReader
-from ...shards.index import INDEX_JSON, Index, IndexBuilder, ShardInfo
+from ...shards.builder import IndexBuilder
+from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
 from ...shards.tarformat import key_problem, split_name, walk
 from ...shards.writer import writable_directory
