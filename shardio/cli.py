@@ -3,7 +3,8 @@
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
-(the data ledger's pair live in :mod:`shardio.ledger.commands`).
+(the dataset's ``inspect``, ``verify`` and ``index`` live in :mod:`shardio.packing.commands`, the data
+ledger's in :mod:`shardio.ledger.commands`).
 Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
 :class:`~shardio.errors.ShardioError` (bad options, inputs or dataset), 3 a file or directory that cannot
 be read or written (:class:`~shardio.errors.OutputError`, or the system's error), 130 interrupted. Every
@@ -13,7 +14,6 @@ error is one line on stderr (an :class:`~shardio.errors.InputError` adds one lin
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from .errors import OptionError, OutputError, ShardioError
 from .ledger.commands import add_quarantine, add_remix, add_trace
+from .packing.commands import add_index, add_inspect, add_verify
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -145,102 +146,6 @@ def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
     return 0
 
 
-# -- inspect -----------------------------------------------------------------------------------------
-
-def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index",
-                                   description="Summarise a dataset from its index alone (no shard is read): shards, "
-                                               "samples, hours, codecs, formats, sample rates and a duration "
-                                               "histogram.")
-    parser.add_argument("directory", help="the dataset directory")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--allow-outside-root", action="store_true",
-                        help="take shard names outside the dataset directory (a trusted index written with "
-                             "'shardio index --out' elsewhere)")
-    parser.set_defaults(run=_run_inspect)
-
-
-def _run_inspect(args: argparse.Namespace) -> int:
-    from .packing.inspection import inspect_dataset, render_report
-
-    report = inspect_dataset(args.directory, allow_outside_root=args.allow_outside_root)
-    print(json.dumps(report, indent=1) if args.json else render_report(report))
-    return 0
-
-
-# -- verify ------------------------------------------------------------------------------------------
-
-def _add_verify(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)",
-                                   description="Check every shard's size and SHA-256 against the index and parse "
-                                               "every sample at its indexed offsets (with --decode, decode its "
-                                               "audio too); list every problem and exit 1 if there is any.")
-    parser.add_argument("directory", help="the dataset directory")
-    parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
-    parser.add_argument("--allow-outside-root", action="store_true",
-                        help="take shard names outside the dataset directory (a trusted index written with "
-                             "'shardio index --out' elsewhere)")
-    parser.set_defaults(run=_run_verify)
-
-
-def _run_verify(args: argparse.Namespace) -> int:
-    from .packing.verification import verify_dataset
-
-    problems = verify_dataset(args.directory, decode=args.decode,
-                              allow_outside_root=args.allow_outside_root)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(f"{args.directory}: {len(problems)} problems", file=sys.stderr)
-        return 1
-    print(f"{args.directory}: OK")
-    return 0
-
-
-# -- index -------------------------------------------------------------------------------------------
-
-def _add_index(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards",
-                                   description="Build a shardio index for shards written by other tools "
-                                               "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
-                                               "audio facts read from each sample's audio member.")
-    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: "
-                                                  "dataset directories)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where to write the index (default: next to the shards)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
-    parser.add_argument("--nemo-manifest", default=None, metavar="MANIFEST",
-                        help="index a NeMo tarred dataset in place: the one directory given holds its "
-                             "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
-                             "fields are kept in the index; '-sub' repeats read the first copy)")
-    parser.add_argument("--upgrade", action="store_true",
-                        help="rewrite the format-1 index of each dataset directory given as the current format "
-                             "(same content and fingerprint, so saved loader states still resume)")
-    parser.set_defaults(run=_run_index)
-
-
-def _run_index(args: argparse.Namespace) -> int:
-    from .packing.indexer import build_index, upgrade_index
-
-    if args.upgrade:
-        for directory in args.shards:
-            upgraded = upgrade_index(directory)
-            print(f"{directory}: index format {upgraded}")
-        return 0
-    if args.nemo_manifest is not None:
-        from .integrations.importers.nemo_index import index_nemo
-
-        if len(args.shards) != 1 or args.out is not None:
-            raise OptionError("--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
-                              "writes the index there: no --out")
-        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite)
-    else:
-        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
-    print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
-          f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
-    return 0
-
-
 # -- demo --------------------------------------------------------------------------------------------
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:
@@ -295,7 +200,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, _add_inspect, _add_verify, _add_index,
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, add_inspect, add_verify, add_index,
                                                                   _add_demo, _add_bench, add_trace, add_quarantine,
                                                                   add_remix]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""

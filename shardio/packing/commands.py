@@ -1,0 +1,113 @@
+"""The dataset's subcommands of the ``shardio`` command line: ``inspect``, ``verify`` and ``index``.
+
+Each is a pair as in :mod:`shardio.cli`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import OptionError
+
+__all__ = ["add_index", "add_inspect", "add_verify"]
+
+
+# -- inspect -----------------------------------------------------------------------------------------
+
+def add_inspect(subparsers: argparse._SubParsersAction) -> None:
+    """``shardio inspect``: summarise a dataset from its index."""
+    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index",
+                                   description="Summarise a dataset from its index alone (no shard is read): shards, "
+                                               "samples, hours, codecs, formats, sample rates and a duration "
+                                               "histogram.")
+    parser.add_argument("directory", help="the dataset directory")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="take shard names outside the dataset directory (a trusted index written with "
+                             "'shardio index --out' elsewhere)")
+    parser.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from .inspection import inspect_dataset, render_report
+
+    report = inspect_dataset(args.directory, allow_outside_root=args.allow_outside_root)
+    print(json.dumps(report, indent=1) if args.json else render_report(report))
+    return 0
+
+
+# -- verify ------------------------------------------------------------------------------------------
+
+def add_verify(subparsers: argparse._SubParsersAction) -> None:
+    """``shardio verify``: check shards against the index."""
+    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)",
+                                   description="Check every shard's size and SHA-256 against the index and parse "
+                                               "every sample at its indexed offsets (with --decode, decode its "
+                                               "audio too); list every problem and exit 1 if there is any.")
+    parser.add_argument("directory", help="the dataset directory")
+    parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="take shard names outside the dataset directory (a trusted index written with "
+                             "'shardio index --out' elsewhere)")
+    parser.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from .verification import verify_dataset
+
+    problems = verify_dataset(args.directory, decode=args.decode,
+                              allow_outside_root=args.allow_outside_root)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{args.directory}: {len(problems)} problems", file=sys.stderr)
+        return 1
+    print(f"{args.directory}: OK")
+    return 0
+
+
+# -- index -------------------------------------------------------------------------------------------
+
+def add_index(subparsers: argparse._SubParsersAction) -> None:
+    """``shardio index``: build an index for existing shards."""
+    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards",
+                                   description="Build a shardio index for shards written by other tools "
+                                               "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
+                                               "audio facts read from each sample's audio member.")
+    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: "
+                                                  "dataset directories)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where to write the index (default: next to the shards)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    parser.add_argument("--nemo-manifest", default=None, metavar="MANIFEST",
+                        help="index a NeMo tarred dataset in place: the one directory given holds its "
+                             "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
+                             "fields are kept in the index; '-sub' repeats read the first copy)")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="rewrite the format-1 index of each dataset directory given as the current format "
+                             "(same content and fingerprint, so saved loader states still resume)")
+    parser.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from .indexer import build_index, upgrade_index
+
+    if args.upgrade:
+        for directory in args.shards:
+            upgraded = upgrade_index(directory)
+            print(f"{directory}: index format {upgraded}")
+        return 0
+    if args.nemo_manifest is not None:
+        from ..integrations.importers.nemo_index import index_nemo
+
+        if len(args.shards) != 1 or args.out is not None:
+            raise OptionError("--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
+                              "writes the index there: no --out")
+        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite)
+    else:
+        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
+    print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
+          f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
+    return 0
