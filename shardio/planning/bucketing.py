@@ -18,7 +18,7 @@ from .options import Batching, eligible, sample_cost
 
 __all__ = ["BLOCK", "RESOLUTION", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",
            "bucket_of", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets", "batch_offsets",
-           "shuffle_batches", "reorder_batches", "batch_audio", "padding_ratio"]
+           "shuffle_batches", "reorder_batches", "batch_audio", "padding_ratio", "padding_of"]
 
 BLOCK = 2048
 """Greedy duration batching runs in lockstep over blocks of this many samples; no batch spans two blocks."""
@@ -164,6 +164,10 @@ def batch_audio(durations: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray,
 
 def padding_ratio(durations: np.ndarray, offsets: np.ndarray) -> float:
     """The share of padded batch seconds that is padding, not audio (0 when every batch is uniform)."""
-    audio, padded = batch_audio(durations, offsets)
+    return padding_of(*batch_audio(durations, offsets))
+
+
+def padding_of(audio: np.ndarray, padded: np.ndarray) -> float:
+    """:func:`padding_ratio` from the batches' seconds of audio and padded seconds (:func:`batch_audio`)."""
     total = float(padded.sum())
     return 0.0 if total <= 0 else 1.0 - float(audio.sum()) / total

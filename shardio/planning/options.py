@@ -90,6 +90,16 @@ class Batching:
         """Whether every step's batches come from one bucket, at nearly equal cost (``sync_buckets``)."""
         return self.sync_buckets is True or (self.bucketed and self.sync_buckets is None)
 
+    @property
+    def filters(self) -> bool:
+        """Whether some samples may be left out: a duration filter, or ``max_duration`` (a sample alone above it)."""
+        return self.max_duration is not None or self.min_duration is not None or self.max_sample_duration is not None
+
+    @property
+    def padded_cost(self) -> bool:
+        """Whether a batch costs its padded seconds (count x longest): no quadratic cost, no ``batch_cost``."""
+        return self.quadratic_duration is None and self.batch_cost is None
+
     def eligible(self, durations: np.ndarray) -> np.ndarray:
         """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
         return eligible(durations, self)
