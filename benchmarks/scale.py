@@ -131,6 +131,9 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+        ready = ctx.Process(target=_noop)  # the server answers once its preloads are imported: wait for that
+        ready.start()
+        ready.join()
         server_s = time.perf_counter() - started
     started = time.perf_counter()
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=ctx if workers else None)
@@ -153,6 +156,10 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
         idle.join()
     del batches
     return result
+
+
+def _noop() -> None:
+    pass
 
 
 def _idle_worker(ready: Any, release: Any) -> None:

@@ -37,6 +37,7 @@ from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
+from .sharing import shared
 from .shards.index import Index
 from .state import LoaderState, combine, find_states
 from .world import World
@@ -319,11 +320,12 @@ class ShardDataset(IterableDataset):
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
-        # A plan is O(N): a spawned or forkserver worker receives this rank's share of it, never the whole;
-        # the index travels by reference to its mapped file (Index.__getstate__).
+        # A plan is O(N): a spawned or forkserver worker receives this rank's share of it, in shared memory (by
+        # handle, not by value); the index travels by reference to its mapped file (Index.__getstate__).
         if get_worker_info() is None:
             at = self._live()
             self._share(at.epoch, at.history)
+            self._shares = {key: shared(plan) for key, plan in self._shares.items()}
         state = dict(self.__dict__)
         state.update(_reader=None, _plans={})
         if self._explicit_world is None and get_worker_info() is None:
