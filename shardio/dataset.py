@@ -37,6 +37,7 @@ from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
+from .memory import trim
 from .sharing import shared
 from .shards.index import Index
 from .state import LoaderState, combine, find_states
@@ -307,6 +308,7 @@ class ShardDataset(IterableDataset):
         if key not in self._shares:
             self._shares = {key: rank_plan(self._plan_of(epoch, history), world.rank)}
             self._plans = {}
+            trim()  # planning's transient arrays, freed: their memory back to the system
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------

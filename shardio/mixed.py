@@ -23,7 +23,8 @@ from .ledger.remix import mix_args
 from .planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
 from .planning.plan import Batching, EpochPlan, Segment, options_of
 from .reading.storage import join
-from .shards.index import Index, ShardInfo
+from .shards.chained import ChainedColumn
+from .shards.index import COLUMNS, Index, ShardInfo
 from .shards.keys import ChainedKeys, Keys
 
 __all__ = ["MixIndex", "MixedDataset"]
@@ -35,16 +36,20 @@ _BATCHING_OPTIONS = [f.name for f in fields(Batching)]
 
 @dataclass
 class MixIndex(Index):
-    """Several indexes as one: columns concatenated in corpus-name order, shards named by full location.
+    """Several indexes as one: columns chained in corpus-name order (views of each corpus's columns, never a
+    concatenated copy: :class:`~shardio.shards.chained.ChainedColumn`), shards named by full location.
 
     Global sample id ``offsets[c] + i`` is sample ``i`` of corpus ``names[c]``; keys load lazily from the
-    parts. The fingerprint hashes the corpus names and their index fingerprints.
+    parts. The fingerprint hashes the corpus names and their index fingerprints. Pickled (for a DataLoader
+    worker), it carries its parts, each by reference to its mapped columns file.
     """
 
     names: list[str] = field(default_factory=list)
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     shard_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     parts: list[Index] = field(default_factory=list, repr=False)
+    format_tables: list[np.ndarray] = field(default_factory=list, repr=False)
+    """Per corpus: its format numbers' numbers in the mix's ``formats``."""
 
     @classmethod
     def combine(cls, indexes: Mapping[str, Index]) -> MixIndex:
@@ -52,23 +57,39 @@ class MixIndex(Index):
         names = sorted(indexes)
         formats: list[str] = []
         shards: list[ShardInfo] = []
-        columns: list[dict[str, np.ndarray]] = []
+        tables = []
         for name in names:
             index = indexes[name]
-            remap = np.array([_position(formats, ext) for ext in index.formats] or [0], dtype=np.uint8)
-            part = dict(index.columns)
-            part["shard"] = (part["shard"] + len(shards)).astype(np.uint32)
-            part["format"] = remap[part["format"]]
-            columns.append(part)
+            tables.append(np.array([_position(formats, ext) for ext in index.formats] or [0], dtype=np.uint8))
             shards += [replace(s, name=join(index.root, s.name)) for s in index.shards]
-        merged = {column: np.concatenate([part[column] for part in columns]) for column in columns[0]}
         remote = [indexes[n].storage_options for n in names if indexes[n].storage_options is not None]
         fingerprint = hashlib.sha256(json.dumps([[n, indexes[n].fingerprint] for n in names]).encode()).hexdigest()
-        return cls(root="", shards=shards, formats=formats, columns=merged, fingerprint=fingerprint[:32],
-                   names=names, offsets=corpus_offsets([len(indexes[n]) for n in names]),
-                   shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
-                   parts=[replace(indexes[n], columns={}) for n in names],
-                   storage_options=remote[0] if remote else None)
+        combined = cls(root="", shards=shards, formats=formats, columns={}, fingerprint=fingerprint[:32],
+                       names=names, offsets=corpus_offsets([len(indexes[n]) for n in names]),
+                       shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
+                       parts=[indexes[n] for n in names], format_tables=tables,
+                       storage_options=remote[0] if remote else None)
+        combined.columns = combined._chained()
+        return combined
+
+    def _chained(self) -> dict[str, Any]:
+        columns = {}
+        for column, dtype in COLUMNS.items():
+            parts = [part.columns[column] for part in self.parts]
+            shifts = self.shard_offsets[:-1].tolist() if column == "shard" else None
+            tables = self.format_tables if column == "format" else None
+            columns[column] = ChainedColumn(parts, self.offsets, dtype, shifts=shifts, tables=tables)
+        return columns
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "columns": None, "_keys": None}  # the parts carry the columns
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.columns = self._chained()
 
     def shard_options(self, shard: int) -> dict[str, Any] | None:
         """The fsspec options of the corpus that shard number ``shard`` belongs to (corpora may differ)."""
@@ -97,13 +118,9 @@ class MixIndex(Index):
         return self.names[int(np.searchsorted(self.offsets, sample_id, side="right")) - 1]
 
     def columns_of(self) -> dict[str, CorpusColumns]:
-        """Each corpus's planner columns (views into the combined ones)."""
-        shard = self.columns["shard"].astype(np.int64)
-        durations = self.durations
-        return {name: CorpusColumns(shard[self.offsets[c]:self.offsets[c + 1]] - self.shard_offsets[c],
-                                    durations[self.offsets[c]:self.offsets[c + 1]],
-                                    int(self.shard_offsets[c + 1] - self.shard_offsets[c]))
-                for c, name in enumerate(self.names)}
+        """Each corpus's planner columns (its own, as mapped: nothing is concatenated)."""
+        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
+                for name, part in zip(self.names, self.parts)}
 
     def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
         """A combined index lives in memory only; save each corpus's own index instead."""

@@ -1,0 +1,36 @@
+"""Memory: hand the allocator's free memory back to the system after a large transient (planning an epoch).
+
+Planning an epoch allocates and frees several arrays of size N. glibc's ``malloc`` keeps freed memory of the
+sizes it served from its heap (every array under its mmap threshold, which rises to 32 MiB once a larger
+one has been freed), so a training process's resident memory would stay at its planning peak for the whole
+epoch, and DataLoader workers forked from it would inherit those pages. ``malloc_trim(0)`` returns them.
+Elsewhere (another C library, macOS) this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
+
+__all__ = ["trim"]
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        library = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        function: Callable[[int], int] = library.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return function
+
+
+def trim() -> bool:
+    """Return the C heap's free memory to the system; whether that could be asked (glibc)."""
+    function = _malloc_trim()
+    if function is None:
+        return False
+    function(0)
+    return True
