@@ -102,6 +102,10 @@ class Control:
         generation = self.generation
         return any(seen == generation for seen, _, _ in self._slots())
 
+    def workers_begun(self) -> bool:
+        """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
+        return any(seen for seen, _, _ in self._slots()[1:])
+
     def upcoming(self, slot: int) -> Instruction:
         """What the next iteration of ``slot`` plays: the instruction, or the epoch after the slot's last."""
         seen, epoch, _ = self._slots()[slot]

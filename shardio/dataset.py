@@ -37,6 +37,7 @@ from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
+from . import planfiles
 from .memory import trim
 from .sharing import shared
 from .shards.index import Index
@@ -106,6 +107,7 @@ class ShardDataset(IterableDataset):
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
+        self._plan_file: str | None = None  # the share last written for persistent workers (planfiles)
         self._reader: Reader | None = None
         self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
@@ -306,9 +308,16 @@ class ShardDataset(IterableDataset):
         world = self.ranks()
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            self._shares = {key: rank_plan(self._plan_of(epoch, history), world.rank)}
+            name = planfiles.digest(index=self.index.fingerprint, seed=self.seed, options=self.options, epoch=epoch,
+                                    history=history, world=world.world_size, rank=world.rank, extra=self._extra)
+            found = planfiles.load(name, world.rank, len(self.index)) if get_worker_info() is not None else None
+            self._shares = {key: found or rank_plan(self._plan_of(epoch, history), world.rank)}
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
+            if get_worker_info() is None and self._control.workers_begun():  # persistent workers map it
+                self._plan_file, previous = planfiles.save(name, self._shares[key]), self._plan_file
+                if previous is not None and previous != self._plan_file:
+                    planfiles.remove(previous)
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""Persistent DataLoader workers map the training process's plan of each later epoch instead of planning it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader, get_worker_info
+
+import shardio.dataset
+from datasets import make_uneven_dataset
+from shardio import ShardDataset, World
+from shardio.planning.rankplan import RankPlan
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6], duration_range=(0.01, 0.02)).root
+
+
+def epoch_keys(root: str, epoch: int) -> list[list[str]]:
+    dataset = ShardDataset(root, batch_size=3, world=World(rank=1, world_size=3))
+    dataset.set_epoch(epoch)
+    return [list(batch["keys"]) for batch in dataset]
+
+
+def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
+    dataset = ShardDataset(root, batch_size=3, world=World(rank=1, world_size=3))
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="fork")
+    played = []
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        played.append([list(batch["keys"]) for batch in loader])
+    return played
+
+
+def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    expected = [epoch_keys(root, epoch) for epoch in range(3)]
+    original = shardio.dataset.plan_epoch
+
+    def in_the_training_process_only(*args: Any, **kwargs: Any) -> Any:
+        if get_worker_info() is not None:
+            raise RuntimeError("a DataLoader worker planned a whole epoch")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(shardio.dataset, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
+    assert persistent_run(root, 3) == expected
+    assert len(os.listdir(tmp_path / "cache" / "plans")) == 1  # the share it wrote before was removed
+
+
+@pytest.mark.parametrize("damage", ["truncated", "ids beyond the index"])
+def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypatch: pytest.MonkeyPatch,
+                                                           damage: str) -> None:
+    expected = [epoch_keys(root, epoch) for epoch in range(2)]
+    save = shardio.planfiles.save
+
+    def damaged(name: str, plan: RankPlan) -> str | None:
+        path = save(name, plan)
+        assert path is not None
+        ids = os.path.join(path, "ids.npy")
+        if damage == "truncated":
+            os.truncate(ids, os.path.getsize(ids) - 3)
+        else:
+            np.save(ids, np.asarray(plan.ids) + 10_000)
+        return path
+
+    monkeypatch.setattr(shardio.planfiles, "save", damaged)
+    assert persistent_run(root, 2) == expected
