@@ -206,12 +206,13 @@ class _Grouping:
 
 def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
                   grouping: _Grouping | None = None, limit: int | None = None) -> EpochPlan:
+    seconds = durations[order]  # per position: gathered once for every step that needs it
     excluded = 0
     if batching.filters:
-        fits = batching.eligible(durations[order])
+        fits = batching.eligible(seconds)
         excluded = int(order.shape[0] - fits.sum())
-        order = order[fits] if excluded else order
-    seconds = durations[order]  # per position: gathered once for every step that needs it
+        order, seconds = (order[fits], seconds[fits]) if excluded else (order, seconds)
+        del fits
     starts = None
     if grouping is not None:
         runs = np.cumsum(bucketing.group_starts(grouping.windows[order])) - 1  # windows arrive in runs
