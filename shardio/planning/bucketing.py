@@ -99,12 +99,14 @@ def greedy_offsets(costs: np.ndarray, limit: float, cap: int, starts: np.ndarray
     blocks = -(-n // BLOCK)
 
     def by_step(values: np.ndarray, fill: float | bool) -> np.ndarray:  # row s: position s of every block
-        out = np.full(blocks * BLOCK, fill, dtype=values.dtype)
-        out[:n] = values
-        return out.reshape(blocks, BLOCK).T.copy()
+        out = np.full((BLOCK, blocks), fill, dtype=values.dtype)
+        whole = n // BLOCK
+        out[:, :whole] = values[: whole * BLOCK].reshape(whole, BLOCK).T
+        out[: n - whole * BLOCK, whole:] = values[whole * BLOCK :, None]  # the last, partial block
+        return out
 
-    columns = by_step(costs.astype(np.float64), 0.0)
-    forced = by_step(np.zeros(n, dtype=bool) if starts is None else starts.astype(bool), False)
+    columns = by_step(costs.astype(np.float64, copy=False), 0.0)
+    forced = np.zeros((BLOCK, blocks), dtype=bool) if starts is None else by_step(starts.astype(bool), False)
     begins = np.zeros((BLOCK, blocks), dtype=bool)
     longest = np.zeros(blocks, dtype=np.float64)
     count = np.zeros(blocks, dtype=np.int64)
