@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{case['first_batch_s']:.2f} s, train PSS {case['train']['pss']:.0f} MiB", flush=True)
         sizes.append({"samples": n, "shards": n // args.per_shard, "build_s": round(built, 1),
                       "index_bytes_per_sample": index_bytes / n, "cases": cases})
-    report = {"command": "python benchmarks/scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    given = list(argv if argv is not None else sys.argv[1:])
+    for flag in ("--data", "--out"):  # where this machine keeps them: not for the results
+        if flag in given[:-1]:
+            given[given.index(flag) + 1] = "DIR"
+    report = {"command": "python benchmarks/scale.py " + " ".join(given),
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "load_average_start": os.getloadavg()},
               "note": (f"world {WORLD_SIZE} (rank 0), batch_size {BATCH_SIZE}; one run per case in a fresh process; "
