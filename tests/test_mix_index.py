@@ -93,4 +93,5 @@ def test_a_chained_column_indexes_as_its_concatenation(sizes: list[int], data: s
     ids = np.array(data.draw(st.lists(st.integers(-total, total - 1), max_size=12) if total else st.just([])),
                    dtype=np.int64)
     assert np.array_equal(column[ids], whole[ids]) and column[ids].dtype == np.uint32
+    assert [column[int(i)] for i in ids] == whole[ids].tolist()
     assert np.array_equal(np.asarray(column), whole) and len(column) == total

@@ -14,6 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardio.planning.plan as planner
 
 from shardio.planning.mix import CorpusColumns, EpochSize, Mix, plan_mix
 from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
@@ -98,3 +102,22 @@ def digest(plan: EpochPlan) -> str:
 @pytest.mark.parametrize("name", list(CASES))
 def test_plan_digest_is_pinned(name: str) -> None:
     assert digest(CASES[name]()) == DIGESTS[name]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), groups=st.integers(1, 2**31 - 1),
+       ties=st.one_of(st.none(), st.integers(1, 2**32 - 1)), chunk=st.sampled_from([7, 1 << 20]),
+       packed=st.booleans())
+def test_the_window_order_is_a_stable_argsort(seed: int, n: int, groups: int, ties: int | None, chunk: int,
+                                              packed: bool) -> None:
+    """The planner's order by (group, tie, id): packed sorts (in chunks) or the stable argsort it replaces."""
+    generator = np.random.default_rng(seed)
+    group = generator.integers(0, groups, n)
+    tie = None if ties is None else generator.integers(0, ties, n)
+    key = group << 32 if tie is None else (group << 32) | tie
+    expected = np.argsort(key, kind="stable")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "_CHUNK", chunk)
+        patch.setattr(planner, "_PACKED_LIMIT", 1 << 32 if packed else 0)
+        got = planner._stable_order(group, None if tie is None else tie.copy())
+    assert got.dtype == np.int64 and np.array_equal(got, expected)

@@ -117,6 +117,7 @@ def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
 
 _LOW = np.uint64(0xFFFFFFFF)
 _CHUNK = 1 << 20
+_PACKED_LIMIT = 1 << 32
 
 
 def _stable_order(groups: np.ndarray, ties: np.ndarray | None = None) -> np.ndarray:
@@ -127,7 +128,7 @@ def _stable_order(groups: np.ndarray, ties: np.ndarray | None = None) -> np.ndar
     times faster than a stable argsort and in less memory; the result is the same on every machine.
     """
     n = groups.shape[0]
-    if n >= 1 << 32:  # an index no longer fits beside a key
+    if n >= _PACKED_LIMIT:  # an index no longer fits beside a key
         keys = groups.astype(np.int64) << 32 if ties is None else (groups.astype(np.int64) << 32) | ties
         return np.argsort(keys, kind="stable").astype(np.int64)
     packed = ties.view(np.uint64) if ties is not None and ties.dtype == np.int64 else \
