@@ -71,3 +71,19 @@ def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypat
 
     monkeypatch.setattr(shardio.planfiles, "save", damaged)
     assert persistent_run(root, 2) == expected
+
+
+def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    import errno
+
+    expected = [epoch_keys(root, epoch) for epoch in range(2)]
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shardio.planfiles.np, "save", full)
+    with caplog.at_level("WARNING", logger="shardio.planfiles"):
+        assert persistent_run(root, 2) == expected
+    assert "each worker plans the epoch by itself" in caplog.text
+    assert os.listdir(tmp_path / "cache" / "plans") == []  # no partial plan left behind

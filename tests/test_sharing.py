@@ -57,3 +57,18 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str) -
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx,
                         worker_init_fn=_check_shared)
     assert [list(b["keys"]) for b in loader] == expected
+
+
+def test_without_shared_memory_the_plan_stays_private(monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    import shardio.sharing
+
+    def no_space(array: np.ndarray) -> Any:
+        raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
+
+    monkeypatch.setattr(shardio.sharing, "_tensor", no_space)
+    plan = RankPlan(0, np.arange(6, dtype=np.int32), np.array([0, 2, 6]))
+    with caplog.at_level("WARNING", logger="shardio.sharing"):
+        assert shared(plan) is plan
+    assert "stays private" in caplog.text and "6 ids" in caplog.text
+    assert pickle.loads(ForkingPickler.dumps(plan)).batch(1).tolist() == [2, 3, 4, 5]  # a copy, by value
