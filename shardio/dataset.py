@@ -1,8 +1,10 @@
 """ShardDataset: a stateful IterableDataset that executes the epoch plan and resumes exactly.
 
-Each process (the main one, or each DataLoader worker) computes the same plan from the index, takes the
-batches of its rank and worker, reads and decodes only those samples, and yields collated batches. Every
-rank yields the same number of batches, so the state of rank 0 restores the whole job.
+The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
+batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
+the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.sharing`) or, persistent, maps
+the share of a later epoch from a plan file (:mod:`shardio.planfiles`); it plans by itself only when none of
+these holds. Every rank yields the same number of batches, so the state of rank 0 restores the whole job.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -28,19 +30,19 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from . import planfiles
 from .control import Control, Instruction, extra_mark, slot_of
 from .errors import OptionError, StateError
 from .ledger.quarantine import check_extra, exclusions
+from .memory import trim
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .planning.rankplan import RankPlan, rank_plan
 from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
-from . import planfiles
-from .memory import trim
-from .sharing import shared
 from .shards.index import Index
+from .sharing import shared
 from .state import LoaderState, combine, find_states
 from .world import World
 
