@@ -317,9 +317,7 @@ class ShardDataset(IterableDataset):
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
             if get_worker_info() is None and self._control.workers_begun():  # persistent workers map it
-                self._plan_file, previous = planfiles.save(name, self._shares[key]), self._plan_file
-                if previous is not None and previous != self._plan_file:
-                    planfiles.remove(previous)
+                self._plan_file = planfiles.publish(name, self._shares[key], self._plan_file)
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------

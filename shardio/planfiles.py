@@ -28,7 +28,7 @@ import numpy as np
 from .planning.rankplan import RankPlan
 from .reading.storage import cache_dir
 
-__all__ = ["digest", "save", "load", "remove", "STALE_S"]
+__all__ = ["digest", "save", "load", "publish", "STALE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,13 @@ def load(name: str, rank: int, samples: int) -> RankPlan | None:
     return RankPlan(rank, ids, offsets, repeats)
 
 
-def remove(path: str) -> None:
-    """Remove a plan this process wrote (workers that still map it keep their mapping)."""
-    shutil.rmtree(path, ignore_errors=True)
+def publish(name: str, plan: RankPlan, previous: str | None) -> str | None:
+    """:func:`save` ``plan`` as ``name``, then remove ``previous`` (the one this process wrote before, which
+    workers that still map it keep); the new path, or None."""
+    path = save(name, plan)
+    if previous is not None and previous != path:
+        shutil.rmtree(previous, ignore_errors=True)
+    return path
 
 
 def _prune(directory: str) -> None:
