@@ -2,9 +2,9 @@
 
 The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
 batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
-the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.sharing`) or, persistent, maps
-the share of a later epoch from a plan file (:mod:`shardio.planfiles`); it plans by itself only when none of
-these holds. Every rank yields the same number of batches, so the state of rank 0 restores the whole job.
+the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or,
+persistent, maps the share of a later epoch from a plan file (:mod:`shardio.workers.planfiles`); it plans by
+itself only when none of these holds. Every rank yields the same number of batches, so the state of rank 0 restores the whole job.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -12,9 +12,9 @@ sees iteration, so every batch carries ``epoch`` and ``batch_index`` and ``state
 state to save after that batch.
 
 Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go into a shared block
-(:mod:`shardio.control`) that every worker, persistent ones too, reads when an iteration starts; inside a
-worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. The world is
-decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
+(:mod:`shardio.workers.control`) that every worker, persistent ones too, reads when an iteration starts;
+inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. The
+world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import planfiles
-from .control import Control, Instruction, extra_mark, slot_of
+from .workers import planfiles
+from .workers.control import Control, Instruction, extra_mark, slot_of
 from .errors import OptionError, StateError
 from .ledger.quarantine import check_extra, exclusions
-from .memory import trim
+from .workers.memory import trim
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .planning.rankplan import RankPlan, rank_plan
 from .reading.assembly import Assembler, Decoding, Transform
@@ -42,7 +42,7 @@ from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
-from .sharing import shared
+from .workers.sharing import shared
 from .state import LoaderState, combine, find_states
 from .world import World
 

@@ -57,7 +57,7 @@ def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.
 def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypatch: pytest.MonkeyPatch,
                                                            damage: str) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
-    save = shardio.planfiles.save
+    save = shardio.workers.planfiles.save
 
     def damaged(name: str, plan: RankPlan) -> str | None:
         path = save(name, plan)
@@ -69,7 +69,7 @@ def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypat
             np.save(ids, np.asarray(plan.ids) + 10_000)
         return path
 
-    monkeypatch.setattr(shardio.planfiles, "save", damaged)
+    monkeypatch.setattr(shardio.workers.planfiles, "save", damaged)
     assert persistent_run(root, 2) == expected
 
 
@@ -82,8 +82,8 @@ def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.M
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shardio.planfiles.np, "save", full)
-    with caplog.at_level("WARNING", logger="shardio.planfiles"):
+    monkeypatch.setattr(shardio.workers.planfiles.np, "save", full)
+    with caplog.at_level("WARNING", logger="shardio.workers.planfiles"):
         assert persistent_run(root, 2) == expected
     assert "each worker plans the epoch by itself" in caplog.text
     assert os.listdir(tmp_path / "cache" / "plans") == []  # no partial plan left behind

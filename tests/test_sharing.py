@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from datasets import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
-from shardio.sharing import SharedRankPlan, shared
+from shardio.workers.sharing import SharedRankPlan, shared
 
 
 def test_a_dataset_pickled_for_workers_does_not_grow_with_the_plan(tmp_path: Path) -> None:
@@ -61,14 +61,14 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str) -
 
 def test_without_shared_memory_the_plan_stays_private(monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    import shardio.sharing
+    import shardio.workers.sharing
 
     def no_space(array: np.ndarray) -> Any:
         raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
 
-    monkeypatch.setattr(shardio.sharing, "_tensor", no_space)
+    monkeypatch.setattr(shardio.workers.sharing, "_tensor", no_space)
     plan = RankPlan(0, np.arange(6, dtype=np.int32), np.array([0, 2, 6]))
-    with caplog.at_level("WARNING", logger="shardio.sharing"):
+    with caplog.at_level("WARNING", logger="shardio.workers.sharing"):
         assert shared(plan) is plan
     assert "stays private" in caplog.text and "6 ids" in caplog.text
     assert pickle.loads(ForkingPickler.dumps(plan)).batch(1).tolist() == [2, 3, 4, 5]  # a copy, by value

@@ -3,7 +3,7 @@
 A rank's share of an epoch plan (:class:`~shardio.planning.rankplan.RankPlan`) is O(N / world). A DataLoader
 worker started by ``fork`` inherits it (the pages stay shared), but one started by ``spawn`` or ``forkserver``
 receives the dataset pickled, and would receive a copy of every array. :func:`shared` puts the arrays in torch
-shared-memory tensors (as :mod:`shardio.control` does for its block), and the result pickles as those tensors:
+shared-memory tensors (as :mod:`shardio.workers.control` does for its block), and the result pickles as those tensors:
 torch's DataLoader (``multiprocessing``'s ``ForkingPickler``) sends a shared tensor as a handle to the same memory,
 so every worker of the rank maps one copy and nothing of size N / world is pickled. A plain ``pickle`` still
 copies the values, so the plan also survives ``copy.deepcopy`` and a pickle to disk. No files and no locks.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .planning.rankplan import RankPlan
+from ..planning.rankplan import RankPlan
 
 __all__ = ["SharedRankPlan", "shared"]
 

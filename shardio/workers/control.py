@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .errors import OptionError, StateError
-from .planning.plan import Segment
+from ..errors import OptionError, StateError
+from ..planning.plan import Segment
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
 

@@ -1,7 +1,7 @@
 """Plan files: a rank's plan of a later epoch, from the training process to its persistent DataLoader workers.
 
 A persistent worker keeps the dataset it was started with: the share of the plan it received then
-(:mod:`shardio.sharing`) is for that epoch only. When the training process plans another epoch (``set_epoch``,
+(:mod:`shardio.workers.sharing`) is for that epoch only. When the training process plans another epoch (``set_epoch``,
 ``load_state_dict``) while such workers exist, it writes its share under :func:`~shardio.reading.storage.cache_dir`
 ``/plans/`` in a directory named by a digest of everything that shapes the plan (index fingerprint, seed,
 options, epoch, history, world, rank, extra, shardio version); each worker maps those files read-only (one copy
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .planning.rankplan import RankPlan
-from .reading.storage import cache_dir
+from ..planning.rankplan import RankPlan
+from ..reading.storage import cache_dir
 
 __all__ = ["digest", "save", "load", "publish", "STALE_S"]
 
@@ -44,7 +44,7 @@ def _directory() -> str:
 
 def digest(**key: Any) -> str:
     """The name of the plan that ``key`` (JSON-ready: everything that shapes a rank's plan) determines."""
-    from . import __version__
+    from .. import __version__
 
     text = json.dumps({**key, "shardio": __version__, "format": 1}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:40]

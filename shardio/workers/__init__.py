@@ -1,0 +1,1 @@
+"""What the training process hands its DataLoader workers: instructions (control), the rank's plan (sharing, planfiles)."""
