@@ -10,7 +10,6 @@ Elsewhere (another C library, macOS) this does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 
@@ -20,7 +19,7 @@ __all__ = ["trim"]
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
-        library = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        library = ctypes.CDLL(None)  # the process's own symbols: no file opened, no ldconfig run
         function: Callable[[int], int] = library.malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
