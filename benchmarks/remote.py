@@ -26,7 +26,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,14 +38,56 @@ BATCH = 16
 
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+    """The HTTP server, run in its own process (:class:`Server`): an object store is not in the trainer's process,
+    and a server thread there would compete for its GIL with the loader it measures."""
 
-    def __init__(self, root: str, latency: float, bandwidth: float) -> None:
+    daemon_threads = True
+    # socketserver's default backlog of 5 drops SYNs once more than 5 connections arrive at once (16 read-ahead
+    # threads in each of 2 workers do): each dropped SYN costs the client a 1 s retransmit, which no real object
+    # store charges.
+    request_queue_size = 1024
+
+    def __init__(self, root: str, latency: float, bandwidth: float, counters: Any) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root, self.latency, self.bandwidth = root, latency, bandwidth
-        self.lock = threading.Lock()
-        self.requests = 0
-        self.bytes = 0
+        self.counters = counters  # shared [requests, bytes]
+
+
+def _serve(root: str, latency: float, bandwidth: float, counters: Any, port: Any) -> None:
+    server = _Server(root, latency, bandwidth, counters)
+    port.value = server.server_address[1]
+    server.serve_forever()
+
+
+class Server:
+    """The benchmark's HTTP server in a child process; ``requests`` and ``bytes`` count what it served."""
+
+    def __init__(self, root: str, latency: float, bandwidth: float) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        self._counters = context.Array("q", 2)
+        port = context.Value("i", 0)
+        self._process = context.Process(target=_serve, args=(root, latency, bandwidth, self._counters, port),
+                                        daemon=True)
+        self._process.start()
+        while not port.value:
+            if not self._process.is_alive():
+                raise RuntimeError("the benchmark's HTTP server did not start")
+            time.sleep(0.01)
+        self.port = int(port.value)
+
+    def reset(self) -> None:
+        with self._counters.get_lock():
+            self._counters[0] = self._counters[1] = 0
+
+    def counts(self) -> tuple[int, int]:
+        with self._counters.get_lock():
+            return int(self._counters[0]), int(self._counters[1])
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.join()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -74,8 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
-        with self.server.lock:
-            self.server.requests += 1
+        with self.server.counters.get_lock():
+            self.server.counters[0] += 1
         if not body:
             return
         with open(path, "rb") as handle:
@@ -85,8 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = handle.read(min(left, 1 << 16))
                 self.wfile.write(chunk)
                 left -= len(chunk)
-                with self.server.lock:
-                    self.server.bytes += len(chunk)
+                with self.server.counters.get_lock():
+                    self.server.counters[1] += len(chunk)
                 if self.server.bandwidth:
                     time.sleep(len(chunk) / self.server.bandwidth)
 
@@ -151,10 +192,8 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
     from shardio import Index
 
     index = Index.load(dataset)
-    server = _Server(str(dataset.parent), latency_ms / 1000, bandwidth)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/ds"
+    server = Server(str(dataset.parent), latency_ms / 1000, bandwidth)
+    base = f"http://127.0.0.1:{server.port}/ds"
     rows = []
     try:
         for workers in (0, 2):
@@ -168,11 +207,9 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
             ]
             os.environ["SHARDIO_CACHE_DIR"] = cache
             for name, case in cases:
-                with server.lock:
-                    server.requests = server.bytes = 0
+                server.reset()
                 count, seconds = case()
-                with server.lock:
-                    requests, sent = server.requests, server.bytes
+                requests, sent = server.counts()
                 rows.append({"transport": "http", "latency_ms": latency_ms, "workers": workers, "case": name,
                              "samples": count, "seconds": round(seconds, 3), "samples_per_s": round(count / seconds, 1),
                              "requests_per_sample": round(requests / max(count, 1), 3),
@@ -180,7 +217,7 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
                 print(f"http {latency_ms:>3} ms {workers}w {name:<22} {count / seconds:8.1f} samples/s, "
                       f"{requests / max(count, 1):.3f} requests/sample", flush=True)
     finally:
-        server.shutdown()
+        server.stop()
     return rows
 
 

@@ -363,7 +363,8 @@ class ShardDataset(IterableDataset):
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
                               fields=self._fields)
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead)
+        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
+                                          share=1 / world.num_workers)
         for j, ids in zip(numbers, batches):
             batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j

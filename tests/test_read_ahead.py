@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader
 from datasets import make_uneven_dataset
 from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, RetryPolicy, ShardDataset
-from shardio.reading.prefetch import Span, coalesce
+from shardio.reading.prefetch import ReadAhead, Span, coalesce, dense_for
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,40 @@ def test_a_mostly_wanted_shard_is_one_request() -> None:
     spans = [Span(0, start, start + 100) for start in range(0, 1000, 200)]  # half of bytes 0-900 wanted
     assert coalesce(spans, max_gap=10) == [Span(0, 0, 900)]
     assert coalesce(spans, max_gap=10, dense=0.6) == spans  # not dense enough: a request per span
+
+
+def test_dense_threshold_follows_the_workers_share() -> None:
+    assert dense_for(1.0) == 0.5
+    assert dense_for(0.5) == 0.25
+    assert dense_for(1 / 8) == 0.25  # never below: 8 workers would each fetch 8x the bytes they use
+
+
+def test_requests_go_out_in_the_order_batches_need_them() -> None:
+    """The first batch's spans are requested first, even when their shard sorts last: its reader waits for
+    its own bytes, not for the whole group's."""
+    wanted = {0: [Span(5, 0, 10)], 1: [Span(0, 0, 10), Span(3, 0, 10)], 2: [Span(3, 20, 30), Span(1, 0, 10)]}
+    order: list[int] = []
+
+    def fetch(span: Span) -> bytes:
+        order.append(span.shard)
+        return bytes(span.end - span.start)
+
+    ahead = ReadAhead(lambda ids: wanted[int(ids[0])], fetch, concurrency=1, max_gap=0)
+    batches = [np.array([b]) for b in range(3)]
+    for ids in ahead.run(batches):
+        for span in wanted[int(ids[0])]:
+            assert ahead.take(span.shard, span.start, span.end - span.start) == bytes(span.end - span.start)
+    assert order == [5, 0, 3, 1]  # shard 3's two spans are dense enough to be one request
+
+
+def test_two_workers_read_runs_of_a_shard_in_few_requests(server: HTTPFileServer, local: Index) -> None:
+    """Interleaved DataLoader workers each read every other batch of a shard's run: still about one request
+    per shard and worker, not one per sample (exactly once, in plan order)."""
+    options = {"batch_size": 4, "shuffle_shards": 1, "seed": 3}
+    expected = keys_of(list(ShardDataset(local.root, **options)))
+    server.faults.clear()
+    dataset = ShardDataset(f"{server.url}/ds", **options)
+    assert keys_of(list(DataLoader(dataset, batch_size=None, num_workers=2))) == expected
+    reads = server.faults.count(".tar", method="GET")
+    samples = len(local)
+    assert reads <= 0.1 * samples + 2, f"{reads} ranged reads for {samples} samples"

@@ -5,13 +5,20 @@ asks for the bytes of the next ones. The byte spans of their samples are merged 
 or lie within ``max_gap`` bytes (one request for a run of a shard: :func:`coalesce`); the
 requests go to a bounded thread pool (``concurrency``). Batches are taken ahead in groups of about half
 of ``budget`` bytes (at least one batch), whose spans are coalesced together (a run of a shard read over
-several batches is one request); one group is read while the next is fetched. The reader asks
+several batches is one request); one group is read while the next is fetched, and a group's requests go
+to the pool in the order its batches need them (the first batch's first), so the first batch waits for its own
+bytes, not for the whole group's. A DataLoader worker reads only every ``num_workers``-th batch, so its spans
+cover at most about that share of a shard's run: ``share`` (1 / workers) lowers the density at which a
+shard is read whole accordingly (:func:`dense_for`), or interleaved workers would each read a run of a shard
+as a request per sample (measured with 2 workers, one shard per shuffle window: 0.28 requests a sample,
+against 0.06 with 0 workers). The reader asks
 :meth:`ReadAhead.take` first; what it does not hold (or what failed in the background) the reader reads
 itself, with its own retries and error messages, so a failure here costs a second try, never a sample.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Span", "ReadAhead", "coalesce"]
+__all__ = ["Span", "ReadAhead", "coalesce", "dense_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +41,19 @@ class Span:
     end: int
 
 
-def coalesce(spans: Iterable[Span], max_gap: int, dense: float = 0.5) -> list[Span]:
+DENSE = 0.5
+"""A reader that wants this share of the bytes from a shard's first wanted byte to its last reads them whole."""
+MIN_DENSE = 0.25
+"""The least density read whole, whatever the worker count: below it a worker fetches 4x the bytes it uses."""
+
+
+def dense_for(share: float) -> float:
+    """The density at which a reader getting ``share`` of the plan's batches (1 / DataLoader workers) reads a
+    shard's span whole: :data:`DENSE` scaled by ``share``, at least :data:`MIN_DENSE`."""
+    return max(MIN_DENSE, DENSE * min(1.0, share))
+
+
+def coalesce(spans: Iterable[Span], max_gap: int, dense: float = DENSE) -> list[Span]:
     """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other; and a shard
     whose spans cover at least ``dense`` of the bytes from its first to its last is read in one span (most of
     it is wanted: one request, streamed, beats many)."""
@@ -85,12 +104,13 @@ class ReadAhead:
     """
 
     def __init__(self, spans_of: Callable[[np.ndarray], list[Span]], fetch: Callable[[Span], bytes], *,
-                 budget: int = 64 << 20, concurrency: int = 16, max_gap: int = 64 << 10,
+                 budget: int = 64 << 20, concurrency: int = 16, max_gap: int = 64 << 10, share: float = 1.0,
                  on_request: Callable[[int], None] | None = None) -> None:
         self.spans_of = spans_of
         self.fetch = fetch
         self.budget = budget
         self.max_gap = max_gap
+        self.dense = dense_for(share)
         self.on_request = on_request
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="shardio-read-ahead")
         self._current: dict[int, list[_Fetch]] = {}
@@ -127,23 +147,36 @@ class ReadAhead:
     def _group(self, upcoming: Iterator[np.ndarray]) -> tuple[list[np.ndarray], dict[int, list[_Fetch]]] | None:
         """The next batches, up to about half the budget of spans (at least one), with their fetches submitted."""
         group: list[np.ndarray] = []
-        spans: list[Span] = []
+        spans: list[list[Span]] = []  # per batch of the group
         size = 0
         while size < self.budget // 2 or not group:
             ids = next(upcoming, None)
             if ids is None:
                 break
             group.append(ids)
-            more = self.spans_of(ids)
-            spans += more
-            size += sum(span.end - span.start for span in more)
+            spans.append(self.spans_of(ids))
+            size += sum(span.end - span.start for span in spans[-1])
         if not group:
             return None
         return group, self._submit(spans)
 
-    def _submit(self, spans: list[Span]) -> dict[int, list[_Fetch]]:
+    def _submit(self, spans: list[list[Span]]) -> dict[int, list[_Fetch]]:
+        """The coalesced requests of a group's spans (one list per batch), submitted in the order of the first
+        batch that needs each."""
+        merged = coalesce((span for batch in spans for span in batch), self.max_gap, self.dense)
+        starts: dict[int, list[int]] = {}  # per shard: its coalesced spans' starts, in order (coalesce sorts them)
+        first: dict[int, int] = {}  # per shard: the position of its first coalesced span
+        for position, span in enumerate(merged):
+            first.setdefault(span.shard, position)
+            starts.setdefault(span.shard, []).append(span.start)
+        need = [len(spans)] * len(merged)
+        for number, batch in enumerate(spans):
+            for span in batch:
+                position = first[span.shard] + bisect.bisect_right(starts[span.shard], span.start) - 1
+                need[position] = min(need[position], number)
         fetches: dict[int, list[_Fetch]] = {}
-        for span in coalesce(spans, self.max_gap):
+        for position in sorted(range(len(merged)), key=lambda p: need[p]):  # stable: shard order within a batch
+            span = merged[position]
             fetches.setdefault(span.shard, []).append(_Fetch(span, self._pool.submit(self.fetch, span)))
             if self.on_request is not None:
                 self.on_request(span.end - span.start)

@@ -66,10 +66,11 @@ class RemoteReads:
         self.stats.bytes_fetched += size
 
     def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
-                   max_gap: int = 64 << 10) -> Iterator[np.ndarray]:
+                   max_gap: int = 64 << 10, share: float = 1.0) -> Iterator[np.ndarray]:
         """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
         reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
-        and concurrently (:mod:`shardio.reading.prefetch`). Local datasets, and ``budget=0``, read as they go."""
+        and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's batches these are
+        (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go."""
         remote = [path for path in map(self.index.shard_path, range(len(self.index.shards))) if is_url(path)]
         if not remote or budget <= 0:
             yield from batches
@@ -77,7 +78,7 @@ class RemoteReads:
         if self._pid != os.getpid():
             self._after_fork()
         self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
-                                max_gap=max_gap, on_request=self._count_request)
+                                max_gap=max_gap, share=share, on_request=self._count_request)
         try:
             yield from self._ahead.run(batches)
         finally:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 from ..errors import FormatError, OptionError, ReadError
+from .inherited import remember
 
 __all__ = [
     "RetryPolicy",
@@ -190,6 +191,7 @@ def filesystem(location: str, storage_options: dict[str, Any] | None = None) -> 
                           f"{protocol}:// backend: {exc}") from None
     if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
         fs.retries = 1  # s3fs's own loop (not a constructor option): shardio's RetryPolicy retries instead
+    remember(fs)  # a forked worker keeps it rather than wait a second on its finalizer (reading.inherited)
     return fs, path
 
 
