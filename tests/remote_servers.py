@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-__all__ = ["Fault", "Faults", "HTTPFileServer", "S3Server", "aws_test_env", "serve_copy"]
+__all__ = ["Fault", "Faults", "GCSServer", "HTTPFileServer", "S3Server", "aws_test_env", "serve_copy"]
 
 LOOPBACK = "127.0.0.1"
 MAX_STALL = 5.0  # seconds: a stalled answer never waits longer, so a broken test cannot hang a server thread
@@ -325,6 +325,55 @@ class S3Server:
                 with open(path, "rb") as handle:
                     client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=handle.read())
         return f"s3://{bucket}/{prefix}"
+
+
+# -- GCS -------------------------------------------------------------------------------------------
+
+class GCSServer:
+    """``gcp-storage-emulator`` (Google Cloud Storage's JSON API, in memory) on loopback, read with gcsfs.
+
+    gcsfs's newer ``ExtendedGcsFileSystem`` first asks a gRPC control API for each bucket's type, which the
+    emulator does not serve (60 s of failed TLS handshakes, then it falls back to the plain filesystem): the
+    tests run gcsfs with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, set before gcsfs is imported.
+    """
+
+    def __init__(self) -> None:
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        from gcp_storage_emulator.server import create_server
+
+        with socket.socket() as probe:
+            probe.bind((LOOPBACK, 0))
+            self.port = probe.getsockname()[1]
+        self._server = create_server(LOOPBACK, self.port, in_memory=True, default_bucket="data")
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """gcsfs options for this server: its endpoint, anonymous access."""
+        return {"endpoint_url": f"http://{LOOPBACK}:{self.port}", "token": "anon", "project": "test"}
+
+    def __enter__(self) -> GCSServer:
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+
+    def filesystem(self) -> Any:
+        """A gcsfs filesystem of its own (not fsspec's cached instance) for setting up objects."""
+        import gcsfs
+
+        return gcsfs.GCSFileSystem(**self.storage_options, skip_instance_cache=True)
+
+    def upload(self, directory: str, prefix: str) -> str:
+        """Copy every file of ``directory`` under ``gs://data/prefix/``; returns that URL."""
+        fs = self.filesystem()
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as handle:
+                    fs.pipe(f"data/{prefix}/{name}", handle.read())
+        return f"gs://data/{prefix}"
 
 
 @contextmanager

@@ -185,10 +185,12 @@ def filesystem(location: str, storage_options: dict[str, Any] | None = None) -> 
     try:
         fs, path = fsspec.core.url_to_fs(location, **_with_defaults(protocol, storage_options or {}))
     except ImportError as exc:
-        raise OptionError(f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[remote]") from None
-    except (TypeError, ValueError) as exc:
+        extra = "gcs" if protocol in ("gs", "gcs") else "remote"
+        raise OptionError(f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[{extra}]") from None
+    except (TypeError, ValueError, KeyError) as exc:  # KeyError: gcsfs reading a credentials file it cannot use
         raise OptionError(f"{location}: storage options {sorted(storage_options or {})} do not fit the "
-                          f"{protocol}:// backend: {exc}") from None
+                          f"{protocol}:// backend, or its credentials cannot be used: {type(exc).__name__}: "
+                          f"{exc}") from None
     if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
         fs.retries = 1  # s3fs's own loop (not a constructor option): shardio's RetryPolicy retries instead
     remember(fs)  # a forked worker keeps it rather than wait a second on its finalizer (reading.inherited)
