@@ -12,6 +12,12 @@ where "used" is set both when a shard is read and when a worker's read-ahead sch
 (:meth:`touch`), so the shards the plan reads next are the last to be evicted. Removing an entry that a
 process still maps is safe (the file lives until it is unmapped). A full disk evicts more and tries once
 again; if that fails too the shard is read remotely, by ranges, and a warning says so.
+
+Housekeeping: an entry's lock file goes with it when it is evicted or discarded, and :meth:`ShardCache.prune`
+(``shardio cache --prune``) also removes lock files without an entry and the temporary files of fetches that
+died (older than ``stale`` seconds). A lock file is removed only by a process holding its lock, and a process
+that takes a lock checks that the file it locked is still the one under that name (else it locks again): two
+processes never both believe they hold one shard's lock, whatever is removed meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -68,8 +75,7 @@ class ShardCache:
             return None
         os.makedirs(self.directory, exist_ok=True)
         path = self._name(sha256, size)
-        with open(path + ".lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _locked(path + ".lock"):
             found = self.lookup(sha256, size)
             if found is not None:
                 return found
@@ -105,10 +111,40 @@ class ShardCache:
 
     def discard(self, sha256: str, size: int) -> None:
         """Remove the entry (a reader found it damaged); the next reader fetches it again."""
+        self._remove(self._name(sha256, size))
+
+    def _remove(self, path: str) -> bool:
+        """Remove an entry, then its lock file unless a process holds that lock; whether the entry was there."""
         try:
-            os.unlink(self._name(sha256, size))
+            os.unlink(path)
+            removed = True
         except FileNotFoundError:
-            pass
+            removed = False
+        _unlink_lock(path + ".lock")
+        return removed
+
+    def prune(self, stale: float = 3600.0) -> int:
+        """Evict down to ``max_bytes``, and remove lock files without an entry (unless held) and temporary files of
+        fetches older than ``stale`` seconds (a fetch that died); returns how many files went."""
+        self.evict(0)
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        now = time.time()
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if name.endswith(".shard.lock") and not os.path.exists(path[: -len(".lock")]):
+                removed += _unlink_lock(path)
+            elif name.startswith(".tmp-"):
+                try:
+                    if now - os.stat(path).st_mtime > stale:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
 
     def evict(self, need: int, keep: str = "") -> None:
         """Remove least recently used entries (never ``keep``) until ``need`` more bytes fit in ``max_bytes``."""
@@ -132,11 +168,8 @@ class ShardCache:
                 break
             if path == keep:
                 continue
-            try:
-                os.unlink(path)
-                total -= size
-            except FileNotFoundError:
-                total -= size
+            self._remove(path)
+            total -= size
 
     def used_bytes(self) -> int:
         """Bytes the entries take now."""
@@ -152,3 +185,50 @@ class ShardCache:
                 except FileNotFoundError:
                     pass
         return total
+
+
+class _locked:
+    """An exclusive ``flock`` on the lock file ``path``, taken on the file that is under that name once locked
+    (a holder may have removed the one this process opened, and another process may have made a new one)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._handle: BinaryIO | None = None
+
+    def __enter__(self) -> None:
+        while True:
+            handle = open(self.path, "a+b")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if _same_file(handle, self.path):
+                self._handle = handle
+                return
+            handle.close()
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._handle is not None
+        self._handle.close()
+
+
+def _same_file(handle: BinaryIO, path: str) -> bool:
+    try:
+        here, there = os.fstat(handle.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _unlink_lock(path: str) -> bool:
+    """Remove the lock file ``path`` when no process holds its lock (taken without waiting); whether it went."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a fetch holds it: it stays
+        if not _same_file(handle, path):
+            return False
+        os.unlink(path)  # while holding it: a process that opened it before sees it gone once it locks
+        return True
