@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from .errors import OptionError, OutputError, ShardioError
 from .ledger.commands import add_quarantine, add_remix, add_trace
 from .packing.commands import add_index, add_inspect, add_verify
+from .reading.commands import add_cache
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -202,7 +203,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, add_inspect, add_verify, add_index,
                                                                   _add_demo, _add_bench, add_trace, add_quarantine,
-                                                                  add_remix]
+                                                                  add_remix, add_cache]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 

@@ -125,3 +125,21 @@ def test_prune_of_a_cache_that_is_not_there_or_empty(tmp_path: Path, missing: bo
     if not missing:
         directory.mkdir()
     assert ShardCache(str(directory), SIZE).prune() == 0
+
+
+def test_the_cache_command_prunes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path))
+    cache = ShardCache(str(tmp_path / "shards"), 10 * SIZE)
+    for number in range(3):
+        assert cache.fill(digest(number), SIZE, lambda out, n=number: out.write(content(n)), "shard") is not None
+    orphan = tmp_path / "shards" / f"{digest(9)}-{SIZE}.shard.lock"
+    orphan.touch()
+    assert main(["cache"]) == 0 and orphan.exists()
+    assert "3 shards" in capsys.readouterr().out
+    assert main(["cache", "--prune", "--max-bytes", str(SIZE)]) == 0
+    assert "1 shards" in capsys.readouterr().out
+    assert not orphan.exists()
+    assert len(list((tmp_path / "shards").glob("*.lock"))) == 1

@@ -1,0 +1,42 @@
+"""The node cache's subcommand of the ``shardio`` command line: ``cache`` (what it holds; ``--prune``).
+
+A pair as in :mod:`shardio.cli`: ``add_cache(subparsers)`` builds its parser and sets ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["add_cache"]
+
+
+def add_cache(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("cache", help="the node-local shard cache: what it holds, and --prune",
+                                   description="Report the shard cache under $SHARDIO_CACHE_DIR (default "
+                                               "~/.cache/shardio); --prune removes lock files without an entry, "
+                                               "temporary files of dead fetches and, with --max-bytes, the least "
+                                               "recently used entries beyond that size. Safe while loaders run.")
+    parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
+    parser.add_argument("--max-bytes", type=int, default=None, metavar="N",
+                        help="with --prune: evict entries until the cache holds at most N bytes")
+    parser.add_argument("--stale", type=float, default=3600.0, metavar="SECONDS",
+                        help="with --prune: temporary files older than this are from dead fetches (default 3600)")
+    parser.set_defaults(run=_run_cache)
+
+
+def _run_cache(args: argparse.Namespace) -> int:
+    from .cache import ShardCache
+    from .storage import cache_dir
+
+    directory = os.path.join(cache_dir(), "shards")
+    cache = ShardCache(directory, args.max_bytes if args.max_bytes is not None else sys.maxsize)
+    removed = cache.prune(args.stale) if args.prune else 0
+    try:
+        entries = sum(name.endswith(".shard") for name in os.listdir(directory))
+    except FileNotFoundError:
+        entries = 0
+    pruned = f"; pruned {removed} files" if args.prune else ""
+    print(f"{directory}: {entries} shards, {cache.used_bytes()} bytes{pruned}")
+    return 0
