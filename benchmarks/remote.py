@@ -4,7 +4,9 @@ Run ``python benchmarks/remote.py [--latencies 0 5 20 50] [--samples 480] [--ban
 LibriSpeech-like corpus (16 kHz mono FLAC of 2-6 s of noise, a JSON transcript each) packed by shardio as
 plain ``.tar`` shards of ``--per-shard`` samples, served by a local HTTP server that answers byte ranges,
 waits ``latency`` before every answer (time to the first byte) and sends at most ``--bandwidth-mbps``
-per connection. Cases (one epoch each, ``batch_size=16``, decoded to tensors), at 0 and 2 workers:
+per connection. The server runs in a process of its own (not a thread competing for the loader's GIL) with a
+listen backlog of 1024 (socketserver's default of 5 dropped the SYNs of concurrent read-ahead connections:
+1 s TCP retransmits that no object store charges). Cases (one epoch each, ``batch_size=16``, decoded to tensors), at 0 and 2 workers:
 
 - ``shardio, ranges``: ``read_ahead=0``, one request per sample when it is needed (what main did);
 - ``shardio, read-ahead``: the default, coalesced and concurrent reads of the next batches;
