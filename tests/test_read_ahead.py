@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +124,17 @@ def test_two_workers_read_runs_of_a_shard_in_few_requests(server: HTTPFileServer
     reads = server.faults.count(".tar", method="GET")
     samples = len(local)
     assert reads <= 0.1 * samples + 2, f"{reads} ranged reads for {samples} samples"
+
+
+def test_shard_size_checks_run_concurrently_in_the_read_ahead(server: HTTPFileServer, local: Index) -> None:
+    """Each remote shard's size is checked once as it is opened; with read-ahead those checks run in its pool,
+    not in turn in the reader (3 shards whose HEAD answers each take 1 s: ~1 s, not 3)."""
+    expected = keys_of(list(ShardDataset(local.root, batch_size=8, seed=4)))
+    server.faults.clear()
+    server.faults.stall(len(local.shards), 1.0, match=".tar", method="HEAD")
+    started = time.perf_counter()
+    got = keys_of(list(ShardDataset(f"{server.url}/ds", batch_size=8, seed=4)))
+    seconds = time.perf_counter() - started
+    server.faults.clear()
+    assert got == expected
+    assert seconds < 2.5, f"{seconds:.2f} s: the size checks ran one after another"

@@ -116,6 +116,13 @@ class ReadAhead:
         self._current: dict[int, list[_Fetch]] = {}
         self.met: set[int] = set()
         """Shards the caller has already planned whole-shard reads for (its own bookkeeping)."""
+        self.sizes: dict[int, Future[int]] = {}
+        """Shards whose size the caller is checking in the pool (:meth:`background`), by shard number."""
+
+    def background(self, action: Callable[[], int]) -> Future[int]:
+        """``action`` run in the pool (a shard's size check: one request per shard, otherwise paid in turn by
+        the reader as it first opens each shard)."""
+        return self._pool.submit(action)
 
     def run(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """The batches, in order; while the caller builds some, the next ones' bytes are fetched.

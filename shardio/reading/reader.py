@@ -37,7 +37,7 @@ from .filesystems import Filesystems
 from .localshard import LocalShard
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
-from .storage import RetryPolicy, is_url, retrying
+from .storage import RetryPolicy, is_url
 from .streams import decompress_prefix, decompress_upto
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
@@ -156,7 +156,7 @@ class Reader(RemoteReads):
                 self._from_cache.add(shard)
             elif is_url(path):
                 handle = self._remote(shard, where)
-                actual = retrying(lambda: handle[0].size(handle[1]), where, self.retry, self._count_retry)
+                actual = self._remote_size(shard, where)
             else:
                 handle = LocalShard(os.open(path, os.O_RDONLY), expected)
                 actual = os.fstat(handle.fd).st_size
