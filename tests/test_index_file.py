@@ -165,9 +165,9 @@ def test_a_pickled_dataset_holds_its_ranks_plan_not_the_corpus(tmp_path: Path) -
 
 
 def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio.shards import indexfile
+    from shardio.shards import indexcache
 
-    monkeypatch.setattr(indexfile, "_SETTLED_S", 0.0)  # else a file changed in the last seconds is always hashed
+    monkeypatch.setattr(indexcache, "SETTLED_S", 0.0)  # else a file changed in the last seconds is always hashed
     hashed = []
     original = ColumnsFile.verify
     monkeypatch.setattr(ColumnsFile, "verify", lambda self: hashed.append(1) or original(self))
@@ -181,3 +181,32 @@ def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: 
     with pytest.raises(FormatError, match="damaged"):
         Index.load(dataset.root)
     assert len(hashed) == 2
+
+
+def test_prune_removes_index_files_unused_for_a_while(dataset: Index, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """Markers and fetched columns files untouched for ``unused_for`` go (a load touches what it uses);
+    temporary files of dead fetches go after ``stale``; a pruned marker only costs one more hash."""
+    import os
+    import time
+
+    from shardio.shards import indexcache
+
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(indexcache, "SETTLED_S", 0.0)
+    Index.load(dataset.root)
+    markers = list((tmp_path / "cache" / "verified").iterdir())
+    assert len(markers) == 1
+    old = time.time() - 3 * 86400
+    os.utime(markers[0], (old, old))
+    fetched, dead, fresh = (tmp_path / "cache" / n for n in ("index-ab.columns", ".tmp-x-index-ab.columns",
+                                                              "index-cd.columns"))
+    for path in (fetched, dead, fresh):
+        path.write_bytes(b"x")
+    os.utime(fetched, (old, old))
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
+    Index.load(dataset.root)  # uses the marker: touched, so kept
+    assert indexcache.prune(unused_for=86400, stale=3600) == 2
+    assert markers[0].exists() and fresh.exists() and not fetched.exists() and not dead.exists()
+    os.utime(markers[0], (old, old))
+    assert indexcache.prune(unused_for=86400) == 1 and not markers[0].exists()

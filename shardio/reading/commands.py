@@ -16,13 +16,17 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("cache", help="the node-local shard cache: what it holds, and --prune",
                                    description="Report the shard cache under $SHARDIO_CACHE_DIR (default "
                                                "~/.cache/shardio); --prune removes lock files without an entry, "
-                                               "temporary files of dead fetches and, with --max-bytes, the least "
-                                               "recently used entries beyond that size. Safe while loaders run.")
+                                               "temporary files of dead fetches, index files (hash markers, "
+                                               "fetched remote index columns) unused for --unused-days and, with "
+                                               "--max-bytes, the least recently used shards beyond that size. "
+                                               "Safe while loaders run.")
     parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
     parser.add_argument("--max-bytes", type=int, default=None, metavar="N",
                         help="with --prune: evict entries until the cache holds at most N bytes")
     parser.add_argument("--stale", type=float, default=3600.0, metavar="SECONDS",
                         help="with --prune: temporary files older than this are from dead fetches (default 3600)")
+    parser.add_argument("--unused-days", type=float, default=7.0, metavar="DAYS",
+                        help="with --prune: index files untouched this long go (default 7; made again when needed)")
     parser.set_defaults(run=_run_cache)
 
 
@@ -32,7 +36,11 @@ def _run_cache(args: argparse.Namespace) -> int:
 
     directory = os.path.join(cache_dir(), "shards")
     cache = ShardCache(directory, args.max_bytes if args.max_bytes is not None else sys.maxsize)
-    removed = cache.prune(args.stale) if args.prune else 0
+    removed = 0
+    if args.prune:
+        from ..shards import indexcache
+
+        removed = cache.prune(args.stale) + indexcache.prune(args.unused_days * 86400, args.stale)
     try:
         entries = sum(name.endswith(".shard") for name in os.listdir(directory))
     except FileNotFoundError:

@@ -16,7 +16,7 @@ another index, or a truncated one, is refused with :class:`FormatError` for the 
 receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node: a
 file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
 last change is a few seconds old, so that any later change shows in its times), and the same file is not
-hashed again.
+hashed again (markers: :mod:`shardio.shards.indexcache`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import hashlib
 import io
 import mmap
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..errors import FormatError, ReadError
 from ..reading.storage import cache_dir, fetch_to_cache, is_url, read_bytes
-from . import indexchecks
+from . import indexcache, indexchecks
 from .keys import Keys
 from .metadata import Metadata, check_size
 
@@ -215,41 +214,15 @@ def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, 
         except FileNotFoundError:
             raise FormatError(f"{columns_path}: index columns file is missing") from None
     mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path, meta_bytes=meta_bytes)
-    marker = _verified_marker(local, digest)
+    if local != columns_path:
+        indexcache.touch(local)
+    marker = indexcache.verified_marker(local, digest)
     if marker is None or not os.path.exists(marker):
         mapped.verify()
-        _mark_verified(marker)
+        indexcache.mark_verified(marker)
+    else:
+        indexcache.touch(marker)
     return mapped
-
-
-# A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it moves
-# its modification time past any file system's timestamp granularity, so the marker no longer matches.
-_SETTLED_S = 5.0
-
-
-def _verified_marker(path: str, digest: str) -> str | None:
-    """The node cache's marker for this very file (device, inode, size, times) holding ``digest``; None when
-    the file changed too recently to be told apart from a later change by its times."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    if time.time() - info.st_mtime < _SETTLED_S or time.time() - info.st_ctime < _SETTLED_S:
-        return None
-    identity = f"{digest}-{info.st_dev}-{info.st_ino}-{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}"
-    return os.path.join(cache_dir(), "verified", identity)
-
-
-def _mark_verified(marker: str | None) -> None:
-    """Record that the file was hashed and matched (best effort: without it, the next load hashes again)."""
-    if marker is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "wb"):
-            pass
-    except OSError:
-        pass
 
 
 def _fits(path: str, digest: str) -> bool:
