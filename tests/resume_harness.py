@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ class Case:
     ds_load: bool = False
     """A ``stateful`` restart loads the loader's whole state with ``ds.load_state_dict`` (the route for
     another world or worker count) instead of ``loader.load_state_dict``."""
+    resume_workers: int | None = None
+    """The workers of every life after the first (``None``: ``workers``); with ``stateful``, needs ``ds_load``."""
     extra: dict[str, Any] = field(default_factory=dict)
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
@@ -68,6 +70,8 @@ class Case:
             raise ValueError("in_process runs without workers")
         if self.persistent and not self.workers:
             raise ValueError("persistent workers need workers")
+        if self.resume_workers is not None and self.loader == "stateful" and not self.ds_load:
+            raise ValueError("a StatefulDataLoader's own state resumes the same workers only")
 
 
 def gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -191,11 +195,13 @@ def run(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
     """The whole job, stopped at ``case.stops`` and restarted each time: every batch consumed, in order."""
     records: list[Record] = []
     state, done = None, 0
-    for stop in case.stops:
-        taken, state = life(case, dirs, world, state, stop - done)
+    for number, stop in enumerate(case.stops):
+        lived = case if number == 0 or case.resume_workers is None else replace(case, workers=case.resume_workers)
+        taken, state = life(lived, dirs, world, state, stop - done)
         records += taken
         done = stop
-    taken, _ = life(case, dirs, world, state, None, case.rollback)
+    later = case if case.resume_workers is None else replace(case, workers=case.resume_workers)
+    taken, _ = life(later if case.stops else case, dirs, world, state, None, case.rollback)
     return records + taken
 
 
@@ -218,14 +224,60 @@ def expected(case: Case, straight: list[Record]) -> list[Record]:
     return straight[:base + second] + straight[base + first:]
 
 
-def check_elastic(before: list[Record], after: list[Record], draws: list[Record], padded: int) -> None:
-    """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats."""
+def check_same_world(case: Case, dirs: dict[str, str], world: Any = None) -> None:
+    """The stopped and restarted run consumes what the uninterrupted one does (:func:`expected`)."""
+    straight = uninterrupted(case, dirs, world)
+    got = run(case, dirs, world)
+    assert got == expected(case, straight), f"{case} diverged from the uninterrupted run"
+
+
+def check_elastic(before: list[Record], after: list[Record], draws: list[Record], padded: int,
+                  dropped: int = 0) -> None:
+    """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats, less
+    the ``dropped`` ones (``remainder="drop"``: ``draws`` then holds every sample once)."""
     consumed = Counter(key for _, keys, _ in before for key in keys)
     remaining = Counter(key for _, keys, _ in draws for key in keys) - consumed
     assert not consumed - Counter(key for _, keys, _ in draws for key in keys), "consumed a key not drawn"
     got = Counter(key for _, keys, _ in after for key in keys)
-    assert not remaining - got, f"lost in the elastic resume: {sorted((remaining - got).elements())[:5]}"
+    lost = remaining - got
+    assert lost.total() == dropped, f"{lost.total()} lost in the elastic resume (the plan drops {dropped}): " \
+        f"{sorted(lost.elements())[:5]}"
     assert (got - remaining).total() == padded, f"{(got - remaining).total()} repeats, the plan reports {padded}"
+
+
+def resumed_dataset(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any]) -> Any:
+    """The case's dataset for ``world`` with ``state`` loaded."""
+    ds = make_dataset(case, dirs, world)
+    ds.load_state_dict(state)
+    return ds
+
+
+def length(case: Case, dirs: dict[str, str], world: Any = None) -> int:
+    """Batches per rank in the case's first epoch."""
+    return sum(1 for record in uninterrupted(replace(case, epochs=1), dirs, world))
+
+
+def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, stop: int) -> None:
+    """``old`` ranks play ``stop`` batches of the epoch, then ``new`` ranks resume rank 0's state: the rest of
+    the epoch once (:func:`check_elastic`), with the resumed plan's padding, or less its dropped samples."""
+    from shardio import World
+
+    before, state = [], None
+    for rank in range(old):
+        records, saved = life(case, dirs, World(rank, old), None, stop)
+        before += records
+        state = saved if rank == 0 else state
+    assert state is not None
+    after = []
+    for rank in range(new):
+        records, _ = life(case, dirs, World(rank, new), state, None)
+        after += records
+    plan = resumed_dataset(case, dirs, World(0, new), state).plan()
+    if case.extra.get("remainder") == "drop":
+        every = make_dataset(case, dirs, World(0, 1)).index.keys
+        check_elastic(before, after, [(case.epoch, tuple(every), ())], 0, plan.dropped)
+    else:
+        check_elastic(before, after, uninterrupted(case, dirs, World(0, 1)), plan.padded)
 
 
 # -- rank processes ------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ import process_groups
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from resume_harness import (BATCHINGS, LOADERS, Case, case_config, check_elastic, expected, life, rank_entry,
-                            records_of, run, spawn_entry, uninterrupted, write_corpora)
+from resume_harness import (BATCHINGS, LOADERS, Case, case_config, check_elastic, check_same_world,
+                            check_world_change, length, rank_entry, records_of, resumed_dataset, spawn_entry,
+                            uninterrupted, write_corpora)
 
 from shardio import World
 
@@ -35,41 +36,6 @@ EXAMPLES = int(os.environ.get("SHARDIO_RESUME_EXAMPLES", "0"))
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return write_corpora(tmp_path_factory.mktemp("corpora"))
-
-
-def check_same_world(case: Case, dirs: dict[str, str], world: World | None = None) -> None:
-    straight = uninterrupted(case, dirs, world)
-    got = run(case, dirs, world)
-    assert got == expected(case, straight), f"{case} diverged from the uninterrupted run"
-
-
-def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, stop: int) -> None:
-    """``old`` ranks play ``stop`` batches of the epoch, then ``new`` ranks resume rank 0's state."""
-    before, state = [], None
-    for rank in range(old):
-        records, saved = life(case, dirs, World(rank, old), None, stop)
-        before += records
-        state = saved if rank == 0 else state
-    assert state is not None
-    after = []
-    for rank in range(new):
-        records, _ = life(case, dirs, World(rank, new), state, None)
-        after += records
-    resumed = _resumed(case, dirs, World(0, new), state)
-    check_elastic(before, after, uninterrupted(case, dirs, World(0, 1)), resumed.plan().padded)
-
-
-def _resumed(case: Case, dirs: dict[str, str], world: World, state: dict[str, Any]) -> Any:
-    from resume_harness import make_dataset
-
-    ds = make_dataset(case, dirs, world)
-    ds.load_state_dict(state)
-    return ds
-
-
-def length(case: Case, dirs: dict[str, str], world: World | None = None) -> int:
-    """Batches per rank in the case's first epoch."""
-    return sum(1 for record in uninterrupted(case, dirs, world) if record[0] == case.epoch)
 
 
 # -- the smoke subset (always) -------------------------------------------------------------------
@@ -156,7 +122,7 @@ def check_group_world_change(case: Case, dirs: dict[str, str], tmp_path: Path, l
     before = [r for result in first for r in records_of(result)]
     after = [r for result in second for r in records_of(result)]
     assert len(before) == old * stop
-    padded = _resumed(case, dirs, World(0, new), first[0]["state"]).plan().padded
+    padded = resumed_dataset(case, dirs, World(0, new), first[0]["state"]).plan().padded
     check_elastic(before, after, uninterrupted(case, dirs, World(0, 1)), padded)
 
 
