@@ -149,31 +149,79 @@ def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, pe
                  loader=loader)
 
 
-@pytest.mark.matrix
-@pytest.mark.xfail(strict=False, reason="issue 12 made an iteration without a new set_epoch play the next epoch, in every configuration; what Lightning without the callback now trains is not yet re-pinned")
-def test_without_the_callback_every_epoch_replays_epoch_0(data: Path, tmp_path: Path) -> None:
-    """Lightning calls ``set_epoch`` on samplers only: with workers, each epoch starts from the dataset at
-    epoch 0 again."""
-    plan = planned(data, 1)[0]
-    trained = keys(run_job(data, tmp_path / "run", devices=1, callback="none", loader="stateful", workers=2,
-                           kill_at_step=12, expect_kill=True)[0])
-    assert trained[:9] == plan[:9]
-    assert trained[9:] == plan[:3] != plan[9:12]
+def test_reloaded_dataloaders_train_every_epoch_with_workers(data: Path, tmp_path: Path) -> None:
+    """``reload_dataloaders_every_n_epochs``: Lightning calls ``iter()`` on each new loader in ``setup_data``
+    (its workers begin the epoch and prefetch) and again in the epoch loop; the callback stops the first
+    iterator's workers and sets the epoch between the two, so the second plays the epoch, not the next."""
+    plan = planned(data, 1, epochs=3)[0]
+    assert keys(run_job(data, tmp_path / "run", devices=1, workers=2, reload=1, max_epochs=3)[0]) == plan
 
 
 @pytest.mark.matrix
-@pytest.mark.xfail(strict=False, reason="issue 12 made an iteration without a new set_epoch play the next epoch, in every configuration; what Lightning without the callback now trains is not yet re-pinned")
-def test_stateful_loader_alone_does_not_resume_exactly(data: Path, tmp_path: Path) -> None:
-    """Without the callback, Lightning restores a StatefulDataLoader's own state; in the process that
-    iterates (0 workers) the rest of the epoch is right, but the next epoch replays that rest."""
-    plan = planned(data, 1)[0]
-    run_job(data, tmp_path / "killed", devices=1, callback="none", loader="stateful", kill_at_step=5,
-            expect_kill=True)
+@pytest.mark.parametrize("loader,persistent", [("plain", True), ("stateful", False), ("stateful", True)])
+def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, persistent: bool) -> None:
+    plan = planned(data, 1, epochs=3)[0]
+    trained = run_job(data, tmp_path / "run", devices=1, workers=2, reload=1, max_epochs=3, loader=loader,
+                      persistent=persistent)
+    assert keys(trained[0]) == plan
+
+
+# -- without ShardioCallback: what Lightning 2.6 trains (README, "Trainers") ---------------------------------
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("loader,workers", [("plain", 0), ("stateful", 2)])
+def test_without_the_callback_a_fresh_run_trains_each_epochs_plan(data: Path, tmp_path: Path, loader: str,
+                                                                  workers: int) -> None:
+    """Lightning calls ``iter()`` once per epoch (without reloads), and each iteration without ``set_epoch``
+    plays the next epoch: epoch e trains epoch e's plan."""
+    trained = run_job(data, tmp_path / "run", devices=1, callback="none", loader=loader, workers=workers,
+                      max_epochs=3)
+    assert keys(trained[0]) == planned(data, 1, epochs=3)[0]
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("loader,kill_at,step,rest", [("plain", 13, 12, 6), ("stateful", 10, 9, 9)])
+def test_without_the_callback_a_resumed_run_restarts_the_dataset_at_epoch_0(
+        data: Path, tmp_path: Path, loader: str, kill_at: int, step: int, rest: int) -> None:
+    """The resumed process's dataset starts at epoch 0 while Lightning is in epoch 1: a plain loader saves no
+    state (resumed mid-epoch 1 at step 12, Lightning's 6 remaining batches are epoch 0's first 6), and Lightning
+    restores a StatefulDataLoader's state only mid-epoch (from the epoch-end checkpoint at step 9, epoch 1
+    trains epoch 0's plan); every later epoch trains the plan of one epoch earlier than Lightning's."""
+    plan = planned(data, 1, epochs=3)[0]
+    run_job(data, tmp_path / "killed", devices=1, callback="none", loader=loader, workers=2, max_epochs=3,
+            kill_at_step=kill_at, expect_kill=True)
+    checkpoint, found = last_checkpoint(tmp_path / "killed")
+    assert found == step
+    resumed = run_job(data, tmp_path / "resumed", devices=1, callback="none", loader=loader, workers=2,
+                      max_epochs=3, ckpt_path=str(checkpoint))[0]
+    assert [record["epoch"] for record in resumed] == [1] * rest + [2] * 9
+    assert keys(resumed) == plan[:rest] + plan[9:18] != plan[step:]
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("workers", [0, 2])
+def test_without_the_callback_a_stateful_loader_resumes_mid_epoch_exactly(data: Path, tmp_path: Path,
+                                                                         workers: int) -> None:
+    """Lightning restores a StatefulDataLoader's own state before its first ``iter()``: from a mid-epoch
+    checkpoint, the rest of the epoch and the epochs after it are the uninterrupted run's."""
+    plan = planned(data, 1, epochs=3)[0]
+    run_job(data, tmp_path / "killed", devices=1, callback="none", loader="stateful", workers=workers,
+            max_epochs=3, kill_at_step=13, expect_kill=True)
     checkpoint, step = last_checkpoint(tmp_path / "killed")
-    resumed = keys(run_job(data, tmp_path / "resumed", devices=1, callback="none", loader="stateful",
-                           ckpt_path=str(checkpoint))[0])
-    assert step == 3 and resumed[:6] == plan[3:9]
-    assert resumed[6:] == plan[3:9] != plan[9:15]
+    assert step == 12
+    resumed = run_job(data, tmp_path / "resumed", devices=1, callback="none", loader="stateful", workers=workers,
+                      max_epochs=3, ckpt_path=str(checkpoint))
+    assert keys(resumed[0]) == plan[step:]
+
+
+@pytest.mark.matrix
+def test_without_the_callback_reloaded_dataloaders_replay_epoch_0(data: Path, tmp_path: Path) -> None:
+    """``reload_dataloaders_every_n_epochs`` builds a new dataset each epoch, at epoch 0 (with workers, the
+    extra ``iter()`` of ``setup_data`` may have begun it: the next, then, or epoch 0 again)."""
+    plan = planned(data, 1, epochs=3)[0]
+    trained = run_job(data, tmp_path / "run", devices=1, callback="none", workers=0, max_epochs=3, reload=1)
+    assert keys(trained[0]) == plan[:9] * 3
 
 
 @pytest.mark.matrix

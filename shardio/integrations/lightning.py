@@ -110,7 +110,13 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
         if self._dataset is None:
             return
-        if self._dataset.epoch != trainer.current_epoch:
+        if _iterates_again(trainer):
+            if getattr(trainer.fit_loop, "_last_train_dl_reload_epoch", None) == trainer.current_epoch:
+                # reloaded: setup_data's iter() of the new loader has started workers that begin this epoch
+                # (some maybe only after the set_epoch below) and that Lightning drops for its next iter()
+                _stop_workers(trainer)
+            self._dataset.set_epoch(trainer.current_epoch)
+        elif self._dataset.epoch != trainer.current_epoch:
             self._dataset.set_epoch(trainer.current_epoch)
         # Lightning takes the epoch length from len(loader) once, when it builds the loader (max_batches, and
         # the CombinedLoader's limits), and ends every epoch there; a shardio epoch's length varies (duration
@@ -146,3 +152,21 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     def _has_state(self, checkpoint: dict[str, Any]) -> bool:
         return any(isinstance(value, dict) and value.get("loader") is not None
                    for key, value in checkpoint.get("callbacks", {}).items() if key == self.state_key)
+
+
+def _iterates_again(trainer: Any) -> bool:
+    """Whether Lightning's epoch loop calls ``iter()`` on the train loader after ``on_train_epoch_start`` (the
+    condition of ``TrainingEpochLoop.on_run_start`` in 2.6: every epoch after the first, unless resuming)."""
+    fit_loop = trainer.fit_loop
+    return bool(trainer.current_epoch > 0 and not getattr(fit_loop, "is_resuming", False)
+                and not fit_loop.epoch_loop.restarting)
+
+
+def _stop_workers(trainer: Any) -> None:
+    """Shut down (and join) the workers of the train loader's current iterator; the next ``iter()`` starts new."""
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    for iterator in getattr(getattr(combined, "_iterator", None), "iterators", []):
+        if hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+    if combined is not None:
+        combined.reset()  # Lightning's own: drops the iterators (and a persistent loader's)
