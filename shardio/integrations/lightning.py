@@ -5,11 +5,13 @@ What Lightning does on its own (read in its 2.6 source and checked by ``tests/te
 - it saves a loader's state only when the object ``train_dataloader()`` returns has ``state_dict`` and
   ``load_state_dict``; a plain ``DataLoader`` saves nothing, so a resumed run restarts the epoch at batch 0;
 - it calls ``set_epoch`` on a loader's sampler only, never on an IterableDataset, so the dataset never
-  hears which epoch Lightning is in (and Lightning's extra ``iter()`` in ``setup_data`` counts as an
-  iteration);
+  hears which epoch Lightning is in (a fresh run still trains epoch e's plan in epoch e: one ``iter()`` per
+  epoch, each playing the next epoch; a resumed process's dataset starts at epoch 0);
 - it calls ``iter()`` on the train loader inside ``FitLoop.setup_data()``, right after
   ``train_dataloader()``, before ``on_train_start`` and before the first ``on_train_epoch_start``; later
-  epochs call ``iter()`` after ``on_train_epoch_start``; callbacks' ``load_state_dict`` runs before
+  epochs call ``iter()`` after ``on_train_epoch_start`` (with ``reload_dataloaders_every_n_epochs``, the new
+  loader's ``setup_data`` ``iter()`` too, whose workers begin the epoch before Lightning drops them);
+  callbacks' ``load_state_dict`` runs before
   ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
   epoch end) uses that first iterator for the next epoch;
 - it takes the epoch length from ``len(loader)`` once, when it builds the loader, and ends every epoch
