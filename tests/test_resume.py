@@ -54,7 +54,8 @@ def test_persistent_workers_resumed_in_a_later_epoch(dirs: dict[str, str]) -> No
     case = Case(batching="fixed", workers=2, persistent=True, epoch=1)
     check_same_world(Case(**{**case.__dict__, "stops": (4,)}), dirs)
     straight = uninterrupted(case, dirs)
-    gains = [{key: g for epoch, keys, draws in straight if epoch == e for key, g in zip(keys, draws)} for e in (1, 2)]
+    gains = [{key: g for epoch, keys, draws in straight if epoch == e for key, g in zip(keys, draws)}
+             for e in (1, 2)]
     assert gains[0].keys() == gains[1].keys() and all(gains[0][k] != gains[1][k] for k in gains[0])
 
 
