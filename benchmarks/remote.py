@@ -94,6 +94,7 @@ class Server:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else headers then body in two sends meet delayed ACKs: 40 ms a request
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
