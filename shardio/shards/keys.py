@@ -14,25 +14,21 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import FormatError
+from .spans import Spans, join_spans
 
 __all__ = ["ChainedKeys", "Keys", "encode_keys"]
 
 
 def encode_keys(keys: Sequence[str]) -> tuple[bytes, np.ndarray]:
     """The blob and end offsets (``uint64``) of ``keys``."""
-    encoded = [k.encode("utf-8") for k in keys]
-    ends = np.cumsum([len(e) for e in encoded], dtype=np.uint64) if encoded else np.zeros(0, np.uint64)
-    return b"".join(encoded), ends
+    return join_spans([k.encode("utf-8") for k in keys])
 
 
-class Keys(Sequence[str]):
+class Keys(Spans, Sequence[str]):
     """A read-only sequence of keys over ``blob`` (any buffer with ``find``: bytes or a memory map) and
     ``ends`` (the end offset of each key in the blob). ``where`` names the file in errors."""
 
-    def __init__(self, blob: Any, ends: np.ndarray, where: str = "index") -> None:
-        self._blob = blob
-        self._ends = ends
-        self._where = where
+    _what = "key {}"
 
     @classmethod
     def of(cls, keys: Sequence[str]) -> Keys:
@@ -41,27 +37,6 @@ class Keys(Sequence[str]):
             return keys
         blob, ends = encode_keys(keys)
         return cls(blob, ends)
-
-    @property
-    def blob(self) -> Any:
-        """The UTF-8 bytes of every key, back to back."""
-        return self._blob
-
-    @property
-    def ends(self) -> np.ndarray:
-        """Each key's end offset in :attr:`blob`."""
-        return self._ends
-
-    def __len__(self) -> int:
-        return int(self._ends.shape[0])
-
-    def _span(self, i: int) -> tuple[int, int]:
-        start = int(self._ends[i - 1]) if i else 0
-        end = int(self._ends[i])
-        if not 0 <= start <= end <= len(self._blob):
-            raise FormatError(f"{self._where}: key {i} spans bytes {start} to {end} of a {len(self._blob)}-byte "
-                              "key blob: the index is damaged")
-        return start, end
 
     def key(self, i: int) -> str:
         """Key number ``i`` (0 <= i < len)."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
+from .spans import Spans, join_spans
 
 __all__ = ["MAX_BYTES_PER_SAMPLE", "MAX_ENTRY_BYTES", "MEMBER_FIELD", "Metadata", "check_size", "encode_metadata"]
 
@@ -43,10 +44,9 @@ def encode_metadata(entries: Sequence[Mapping[str, Any]], where: str = "index") 
             raise FormatError(f"{where}: the metadata of sample {number} takes {len(data)} bytes, more than "
                               f"{MAX_ENTRY_BYTES}")
         encoded.append(data)
-    ends = np.cumsum([len(e) for e in encoded], dtype=np.uint64) if encoded else np.zeros(0, np.uint64)
-    total = int(ends[-1]) if encoded else 0
-    check_size(len(encoded), total, where)
-    return b"".join(encoded), ends
+    blob, ends = join_spans(encoded)
+    check_size(len(encoded), len(blob), where)
+    return blob, ends
 
 
 def check_size(samples: int, meta_bytes: object, where: str) -> int:
@@ -59,14 +59,11 @@ def check_size(samples: int, meta_bytes: object, where: str) -> int:
     return meta_bytes
 
 
-class Metadata:
+class Metadata(Spans):
     """Every sample's metadata over ``blob`` (bytes or a memory map) and ``ends`` (each entry's end offset);
     ``where`` names the file in errors."""
 
-    def __init__(self, blob: Any, ends: np.ndarray, where: str = "index") -> None:
-        self._blob = blob
-        self._ends = ends
-        self._where = where
+    _what = "the metadata of sample {}"
 
     @classmethod
     def of(cls, entries: Sequence[Mapping[str, Any]], where: str = "index") -> Metadata:
@@ -74,25 +71,8 @@ class Metadata:
         blob, ends = encode_metadata(entries, where)
         return cls(blob, ends, where)
 
-    @property
-    def blob(self) -> Any:
-        """The UTF-8 JSON of every entry, back to back."""
-        return self._blob
-
-    @property
-    def ends(self) -> np.ndarray:
-        """Each entry's end offset in :attr:`blob`."""
-        return self._ends
-
-    def __len__(self) -> int:
-        return int(self._ends.shape[0])
-
     def _raw(self, i: int) -> bytes:
-        start = int(self._ends[i - 1]) if i else 0
-        end = int(self._ends[i])
-        if not 0 <= start <= end <= len(self._blob) or end - start > MAX_ENTRY_BYTES:
-            raise FormatError(f"{self._where}: the metadata of sample {i} spans bytes {start} to {end} of a "
-                              f"{len(self._blob)}-byte blob: the index is damaged")
+        start, end = self._span(i, MAX_ENTRY_BYTES)
         return bytes(self._blob[start:end])
 
     def entry(self, i: int, raw: bytes | None = None) -> dict[str, Any]:
