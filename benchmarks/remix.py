@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan import NUM_SHARDS, columns  # noqa: E402  (the planner benchmark's columns)
 
 from shardio import EpochSize, Index, MixedDataset, ShardInfo, World, remix  # noqa: E402
+from shardio.bench.measure import timed  # noqa: E402
 from shardio.bench.report import write_results  # noqa: E402
+from shardio.shards.index import COLUMNS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 WORLD, NEW_WORLD, MAX_DURATION, BUCKETS, SEED, EPOCH = 8, 6, 600.0, 8, 0, 1
@@ -45,20 +45,9 @@ def synthetic_index(n: int, num_shards: int, name: str) -> Index:
     sizes = np.bincount(shard_ids, minlength=num_shards)
     cols = {"shard": shard_ids, "num_frames": np.round(durations * 16000).astype(np.uint32),
             "sample_rate": np.full(n, 16000, np.uint32), "format": np.zeros(n, np.uint8)}
+    cols.update({column: np.zeros(n, dtype) for column, dtype in COLUMNS.items() if column not in cols})
     shards = [ShardInfo(f"shard-{s:06d}.tar", 0, "", int(size), 0.0) for s, size in enumerate(sizes)]
     return Index(root="", shards=shards, formats=["wav"], columns=cols, fingerprint=f"synthetic-{name}-{n}")
-
-
-def timed(function: Callable[[], Any], runs: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Wall and CPU seconds of ``runs`` calls: median, min, max."""
-    wall, cpu = [], []
-    for _ in range(runs):
-        started, started_cpu = time.perf_counter(), time.process_time()
-        function()
-        wall.append(time.perf_counter() - started)
-        cpu.append(time.process_time() - started_cpu)
-    return tuple({"median": round(statistics.median(seconds), 3), "min": round(min(seconds), 3),  # type: ignore
-                  "max": round(max(seconds), 3)} for seconds in (wall, cpu))
 
 
 def ranges(state: dict[str, Any]) -> int:

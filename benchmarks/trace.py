@@ -20,10 +20,8 @@ import argparse
 import os
 import platform
 import resource
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan import NUM_SHARDS, columns, peak_mib  # noqa: E402  (the planner benchmark's columns and peak)
 
 from shardio import Index, ShardDataset, ShardInfo, Trace, World  # noqa: E402
+from shardio.bench.measure import timed  # noqa: E402
 from shardio.bench.report import write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -48,18 +47,6 @@ def synthetic_index(n: int) -> Index:
     shards = [ShardInfo(f"shard-{s:06d}.tar", 0, "", int(size), 0.0) for s, size in enumerate(sizes)]
     return Index(root="", shards=shards, formats=["wav"], columns=cols, fingerprint=f"synthetic-{n}",
                  _keys=[f"u{i:09d}" for i in range(n)])
-
-
-def timed(function: Callable[[], Any], runs: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Wall and CPU seconds of ``runs`` calls: median, min, max (CPU time is steadier on a shared machine)."""
-    wall, cpu = [], []
-    for _ in range(runs):
-        started, started_cpu = time.perf_counter(), time.process_time()
-        function()
-        wall.append(time.perf_counter() - started)
-        cpu.append(time.process_time() - started_cpu)
-    return tuple({"median": round(statistics.median(seconds), 3), "min": round(min(seconds), 3),  # type: ignore
-                  "max": round(max(seconds), 3), "runs": [round(s, 3) for s in seconds]} for seconds in (wall, cpu))
 
 
 def main() -> None:

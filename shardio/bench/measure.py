@@ -18,7 +18,7 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from .cases import Epoch
 
-__all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats"]
+__all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats", "timed"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -27,6 +27,18 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def stats(values: Sequence[float]) -> dict[str, Any]:
     """Median, min and max of ``values`` (and the values)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": list(values)}
+
+
+def timed(function: Callable[[], object], runs: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wall and CPU seconds (this process's) of ``runs`` calls of ``function``, each as :func:`stats` in
+    milliseconds' precision (CPU time is the steadier of the two on a shared machine)."""
+    wall, cpu = [], []
+    for _ in range(runs):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        function()
+        wall.append(round(time.perf_counter() - started, 3))
+        cpu.append(round(time.process_time() - started_cpu, 3))
+    return stats(wall), stats(cpu)
 
 
 def _descendants() -> list[int]:

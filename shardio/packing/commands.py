@@ -16,6 +16,12 @@ __all__ = ["add_index", "add_inspect", "add_verify"]
 
 # -- inspect -----------------------------------------------------------------------------------------
 
+def _allow_outside_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="take shard names outside the dataset directory (a trusted index written with "
+                             "'shardio index --out' elsewhere)")
+
+
 def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     """``shardio inspect``: summarise a dataset from its index."""
     parser = subparsers.add_parser("inspect", help="summarise a dataset from its index",
@@ -24,9 +30,7 @@ def add_inspect(subparsers: argparse._SubParsersAction) -> None:
                                                "histogram.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--allow-outside-root", action="store_true",
-                        help="take shard names outside the dataset directory (a trusted index written with "
-                             "'shardio index --out' elsewhere)")
+    _allow_outside_root(parser)
     parser.set_defaults(run=_run_inspect)
 
 
@@ -48,9 +52,7 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
                                                "audio too); list every problem and exit 1 if there is any.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
-    parser.add_argument("--allow-outside-root", action="store_true",
-                        help="take shard names outside the dataset directory (a trusted index written with "
-                             "'shardio index --out' elsewhere)")
+    _allow_outside_root(parser)
     parser.set_defaults(run=_run_verify)
 
 
