@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import shardio.planning.plan as planner
+import shardio.planning.stablesort as stablesort
 
 from shardio.planning.mix import CorpusColumns, EpochSize, Mix, plan_mix
 from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
@@ -117,7 +117,7 @@ def test_the_window_order_is_a_stable_argsort(seed: int, n: int, groups: int, ti
     key = group << 32 if tie is None else (group << 32) | tie
     expected = np.argsort(key, kind="stable")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(planner, "_CHUNK", chunk)
-        patch.setattr(planner, "_PACKED_LIMIT", 1 << 32 if packed else 0)
-        got = planner._stable_order(group, None if tie is None else tie.copy())
+        patch.setattr(stablesort, "_CHUNK", chunk)
+        patch.setattr(stablesort, "_PACKED_LIMIT", 1 << 32 if packed else 0)
+        got = stablesort.stable_order(group, None if tie is None else tie.copy())
     assert got.dtype == np.int64 and np.array_equal(got, expected)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import OptionError
 from . import bucketing, rounds
+from .stablesort import stable_order
 from .options import Batching, Ordering
 
 __all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "epoch_order", "batch_offsets", "deal", "plan_epoch",
@@ -115,50 +116,11 @@ def _ordered(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
     n = shard_ids.shape[0]
     narrow = np.int32 if num_shards < 1 << 31 else np.int64
     if not ordering.shuffle:
-        return _stable_order(shard_ids), (shard_ids // ordering.shuffle_shards).astype(narrow)
+        return stable_order(shard_ids), (shard_ids // ordering.shuffle_shards).astype(narrow)
     position = np.empty(num_shards, dtype=np.int64)
     position[rng(*key, _SHARDS).permutation(num_shards)] = np.arange(num_shards)
     window = (position // ordering.shuffle_shards).astype(narrow)[shard_ids]
-    return _stable_order(window, np.asarray(rng(*key, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))), window
-
-
-_LOW = np.uint64(0xFFFFFFFF)
-_CHUNK = 1 << 20
-_PACKED_LIMIT = 1 << 32
-
-
-def _stable_order(groups: np.ndarray, ties: np.ndarray | None = None) -> np.ndarray:
-    """``argsort((groups << 32) | ties, kind="stable")`` as int64 (``groups`` and ``ties`` in ``[0, 2**32)``).
-
-    Stable: equal keys keep id order (numpy's default argsort orders them differently per CPU). Done as
-    sorts of distinct packed values (a key and an index in one uint64), which numpy sorts with SIMD several
-    times faster than a stable argsort and in less memory; the result is the same on every machine.
-    """
-    n = groups.shape[0]
-    if n >= _PACKED_LIMIT:  # an index no longer fits beside a key
-        keys = groups.astype(np.int64) << 32 if ties is None else (groups.astype(np.int64) << 32) | ties
-        return np.argsort(keys, kind="stable").astype(np.int64)
-    packed = ties.view(np.uint64) if ties is not None and ties.dtype == np.int64 else \
-        np.asarray(groups if ties is None else ties).astype(np.uint64)  # the caller's int64 ties are overwritten
-    ids: np.ndarray | None = None
-    for at in range(0, n, _CHUNK):  # in chunks, so no temporary is of size n
-        packed[at : at + _CHUNK] <<= np.uint64(32)
-        packed[at : at + _CHUNK] |= np.arange(at, min(at + _CHUNK, n), dtype=np.uint64)
-    packed.sort()
-    if ties is not None:  # sorted by (tie, id): now stably by group, for (group, tie, id)
-        ids = packed.astype(np.uint32)  # the low halves: ids in (tie, id) order
-        for at in range(0, n, _CHUNK):
-            chunk = packed[at : at + _CHUNK]
-            chunk[:] = groups[ids[at : at + _CHUNK]]
-            chunk <<= np.uint64(32)
-            chunk |= np.arange(at, at + chunk.shape[0], dtype=np.uint64)
-        packed.sort()
-    packed &= _LOW
-    order = packed.view(np.int64)
-    if ids is not None:
-        for at in range(0, n, _CHUNK):
-            order[at : at + _CHUNK] = ids[order[at : at + _CHUNK]]
-    return order
+    return stable_order(window, np.asarray(rng(*key, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))), window
 
 
 def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int,
