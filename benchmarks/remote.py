@@ -1,6 +1,6 @@
 """Remote reads: shardio against WebDataset streaming, the same shards over HTTP with added latency.
 
-Run ``python benchmarks/remote.py [--latencies 0 5 20 50] [--samples 480] [--bandwidth-mbps 800]``. A
+Run ``python benchmarks/remote.py [--latencies 0 5 20 50] [--samples 480] [--reps 1] [--bandwidth-mbps 800]``. A
 LibriSpeech-like corpus (16 kHz mono FLAC of 2-6 s of noise, a JSON transcript each) packed by shardio as
 plain ``.tar`` shards of ``--per-shard`` samples, served by a local HTTP server that answers byte ranges,
 waits ``latency`` before every answer (time to the first byte) and sends at most ``--bandwidth-mbps``
@@ -191,7 +191,10 @@ def webdataset_case(urls: list[str], workers: int) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str) -> list[dict[str, Any]]:
+def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str, reps: int = 1
+             ) -> list[dict[str, Any]]:
+    """Every HTTP case at ``latency_ms``, ``reps`` rounds (each round every case once, in turn; a fresh cache
+    directory a round, so "cold" is cold): the median round's rate, and the range."""
     from shardio import Index
 
     index = Index.load(dataset)
@@ -200,7 +203,6 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
     rows = []
     try:
         for workers in (0, 2):
-            cache = os.path.join(cache_root, f"l{latency_ms}-w{workers}")
             cases: list[tuple[str, Any]] = [
                 ("shardio, ranges", lambda w=workers: shardio_case(base, w, read_ahead=0)),
                 ("shardio, read-ahead", lambda w=workers: shardio_case(base, w)),
@@ -208,17 +210,23 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
                 ("shardio, cache warm", lambda w=workers: shardio_case(base, w, cache_bytes=1 << 34)),
                 ("webdataset", lambda w=workers: webdataset_case([f"{base}/{s.name}" for s in index.shards], w)),
             ]
-            os.environ["SHARDIO_CACHE_DIR"] = cache
-            for name, case in cases:
-                server.reset()
-                count, seconds = case()
-                requests, sent = server.counts()
+            runs: dict[str, list[tuple[int, float, int, int]]] = {name: [] for name, _ in cases}
+            for rep in range(reps):
+                os.environ["SHARDIO_CACHE_DIR"] = os.path.join(cache_root, f"l{latency_ms}-w{workers}-r{rep}")
+                for name, case in cases:
+                    server.reset()
+                    count, seconds = case()
+                    runs[name].append((count, seconds, *server.counts()))
+            for name, measured in runs.items():
+                rates = sorted(count / seconds for count, seconds, _, _ in measured)
+                count, seconds, requests, sent = sorted(measured, key=lambda m: m[0] / m[1])[len(measured) // 2]
                 rows.append({"transport": "http", "latency_ms": latency_ms, "workers": workers, "case": name,
                              "samples": count, "seconds": round(seconds, 3), "samples_per_s": round(count / seconds, 1),
+                             "min": round(rates[0], 1), "max": round(rates[-1], 1),
                              "requests_per_sample": round(requests / max(count, 1), 3),
                              "bytes_per_sample": round(sent / max(count, 1))})
-                print(f"http {latency_ms:>3} ms {workers}w {name:<22} {count / seconds:8.1f} samples/s, "
-                      f"{requests / max(count, 1):.3f} requests/sample", flush=True)
+                print(f"http {latency_ms:>3} ms {workers}w {name:<22} {count / seconds:8.1f} samples/s "
+                      f"({rates[0]:.0f}-{rates[-1]:.0f}), {requests / max(count, 1):.3f} requests/sample", flush=True)
     finally:
         server.stop()
     return rows
@@ -257,8 +265,9 @@ def markdown(report: dict[str, Any]) -> str:
              "| transport | latency ms | workers | case | samples/s | requests/sample | bytes/sample |",
              "|---|---:|---:|---|---:|---:|---:|"]
     for row in report["rows"]:
+        spread = f" ({row['min']:.0f}-{row['max']:.0f})" if "min" in row else ""
         lines.append(f"| {row['transport']} | {row['latency_ms']} | {row['workers']} | {row['case']} | "
-                     f"{row['samples_per_s']:.1f} | {row.get('requests_per_sample', '-')} | "
+                     f"{row['samples_per_s']:.1f}{spread} | {row.get('requests_per_sample', '-')} | "
                      f"{row.get('bytes_per_sample', '-')} |")
     return "\n".join(lines) + "\n"
 
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=480)
     parser.add_argument("--per-shard", type=int, default=80)
     parser.add_argument("--bandwidth-mbps", type=float, default=800, help="per connection; 0: no cap")
+    parser.add_argument("--reps", type=int, default=1, help="rounds of the HTTP cases (medians, ranges)")
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         dataset = make_corpus(work, args.samples, args.per_shard)
         rows = []
         for latency in args.latencies:
-            rows += run_http(dataset, latency, args.bandwidth_mbps * 1e6 / 8, str(work / "cache"))
+            rows += run_http(dataset, latency, args.bandwidth_mbps * 1e6 / 8, str(work / "cache"), args.reps)
         if not args.no_s3:
             rows += run_s3(dataset)
     finally:
@@ -287,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python benchmarks/remote.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "note": (f"{args.samples} FLAC samples (2-6 s, 16 kHz) in .tar shards of {args.per_shard}; "
                        f"batch_size {BATCH}; bandwidth cap {args.bandwidth_mbps} Mbit/s per connection; one epoch "
-                       f"per case; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, "
+                       f"per case and round; HTTP: median of {args.reps} rounds (min-max); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, "
                        "loaded machine)."),
               "rows": rows}
     write_results(args.out, "remote", report, markdown(report))

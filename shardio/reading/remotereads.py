@@ -20,7 +20,7 @@ from ..shards.index import STREAM_CODECS, Index
 from .cache import ShardCache
 from .filesystems import Filesystems
 from .localshard import LocalShard, short_read
-from .prefetch import ReadAhead, Span
+from .prefetch import MAX_GAP, ReadAhead, Span
 from .storage import RetryPolicy, is_url, retrying
 
 __all__ = ["RemoteReads"]
@@ -66,7 +66,7 @@ class RemoteReads:
         self.stats.bytes_fetched += size
 
     def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
-                   max_gap: int = 64 << 10, share: float = 1.0) -> Iterator[np.ndarray]:
+                   max_gap: int = MAX_GAP, share: float = 1.0) -> Iterator[np.ndarray]:
         """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
         reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
         and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's batches these are
