@@ -44,8 +44,8 @@ class Span:
 MAX_GAP = 1 << 20
 """Spans of a shard this close are fetched as one request, the hole included: at ~100 MB/s a MiB takes ~10 ms,
 less than one more request's latency on object storage (20-100 ms). With 64 KiB, samples of ~100 KB shuffled
-over 12 shards took 0.7 requests a sample and ran below WebDataset at 50 ms (418 vs 485 samples/s); with 1 MiB,
-0.1 requests and 1,103 samples/s, for 2.7x the bytes (``benchmarks/remote.py``)."""
+over 12 shards took 0.7 requests a sample and ran below WebDataset at 50 ms (418 vs 485 samples/s); with
+1 MiB, 0.1 requests and 1,103 samples/s, for 2.7x the bytes (``benchmarks/remote.py``)."""
 DENSE = 0.5
 """A reader that wants this share of the bytes from a shard's first wanted byte to its last reads them whole."""
 MIN_DENSE = 0.25
