@@ -1,7 +1,7 @@
 """Remote reads: shardio against WebDataset streaming, the same shards over HTTP with added latency.
 
-Run ``python benchmarks/remote.py [--latencies 0 5 20 50] [--samples 480] [--reps 1] [--bandwidth-mbps 800]``. A
-LibriSpeech-like corpus (16 kHz mono FLAC of 2-6 s of noise, a JSON transcript each) packed by shardio as
+Run ``python benchmarks/remote.py [--latencies 0 5 20 50] [--samples 480] [--reps 1] [--bandwidth-mbps 800]``.
+A LibriSpeech-like corpus (16 kHz mono FLAC of 2-6 s of noise, a JSON transcript each) packed by shardio as
 plain ``.tar`` shards of ``--per-shard`` samples, served by a local HTTP server that answers byte ranges,
 waits ``latency`` before every answer (time to the first byte) and sends at most ``--bandwidth-mbps``
 per connection. The server runs in a process of its own (not a thread competing for the loader's GIL) with a

@@ -204,6 +204,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
 
 class _FileHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # Python's default of 5 drops concurrent read-ahead connections into 1 s retransmits
 
     def __init__(self, root: str, faults: Faults) -> None:
         self.root, self.faults = root, faults

@@ -65,6 +65,7 @@ def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(http: HT
         assert fs.cat_file(path, start=0, end=4) == bytes(range(4))
         _parents[:] = [weakref.ref(fs)]
         del fs
+    gc.collect()  # what earlier tests dropped (made outside shardio) is finalized here, not in the child
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     child = context.Process(target=_child_read, args=(url, results))
