@@ -311,13 +311,16 @@ def test_ctrl_c_stops_a_parallel_pack_cleanly(tmp_path: Path) -> None:
     process, _, out = _start_pack(tmp_path, "-j", "2", start_new_session=True, text=True)
     try:
         _wait_for(process, out / "shard-000001.tar.zst")
+        status = [line for line in open(f"/proc/{process.pid}/status").read().splitlines() if line.startswith("Sig")]
+        parent = [line for line in open("/proc/self/status").read().splitlines() if line.startswith("Sig")]
         os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
+        stderr += f"\nchild {status}\nparent {parent} {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert process.returncode == 130, stderr
+    assert process.returncode == 130, (stderr, sorted(p.name for p in out.iterdir()))
     assert "shardio pack: interrupted" in stderr
     assert not (out / "index.json").exists()
     assert not list(out.glob("shard-*")) and not list(out.glob(".*.partial")), sorted(out.iterdir())
