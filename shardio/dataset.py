@@ -42,7 +42,7 @@ from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
-from .workers.sharing import shared
+from .workers.sharing import shared, shared_table
 from .state import LoaderState, combine, find_states
 from .world import World
 
@@ -332,11 +332,13 @@ class ShardDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # A plan is O(N): a spawned or forkserver worker receives this rank's share of it, in shared memory (by
-        # handle, not by value); the index travels by reference to its mapped file (Index.__getstate__).
+        # handle, not by value), and the shard table too (O(shards)); the index's columns travel by reference to
+        # its mapped file (Index.__getstate__).
         if get_worker_info() is None:
             at = self._live()
             self._share(at.epoch, at.history)
             self._shares = {key: shared(plan) for key, plan in self._shares.items()}
+            self.index.share_tables(shared_table)
         state = dict(self.__dict__)
         state.update(_reader=None, _plans={})
         if self._explicit_world is None and get_worker_info() is None:

@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from .planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mi
 from .planning.plan import Batching, EpochPlan, Segment, options_of
 from .reading.storage import join
 from .shards.chained import ChainedColumn
-from .shards.index import COLUMNS, Index, ShardInfo
+from .shards.index import COLUMNS, Index, ShardInfo, ShardTable
 from .shards.keys import ChainedKeys, Keys
 
 __all__ = ["MixIndex", "MixedDataset"]
@@ -90,6 +90,12 @@ class MixIndex(Index):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.columns = self._chained()
+
+    def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
+        """Replace the mix's shard table and each corpus's by ``convert(table)``, in place."""
+        super().share_tables(convert)
+        for part in self.parts:
+            part.share_tables(convert)
 
     def shard_options(self, shard: int) -> dict[str, Any] | None:
         """The fsspec options of the corpus that shard number ``shard`` belongs to (corpora may differ)."""

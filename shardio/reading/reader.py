@@ -146,7 +146,7 @@ class Reader(RemoteReads):
             known = self._broken[shard]
             raise type(known)(f"{where}: {known}")
         path = self.index.shard_path(shard)
-        expected = self.index.shards[shard].bytes
+        expected = self.index.table.bytes_of(shard)
         handle: Any
         try:
             cached = self._cached(shard, where) if is_url(path) and self.cache is not None else None
@@ -192,9 +192,9 @@ class Reader(RemoteReads):
             self._after_fork()
         where = where or f"shard {self.index.shard_path(shard)}, offset {offset}"
         handle = self._open(shard, where)
-        if offset + size > self.index.shards[shard].bytes:
+        if offset + size > self.index.table.bytes_of(shard):
             raise FormatError(f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
-                              f"shard ({self.index.shards[shard].bytes} bytes)")
+                              f"shard ({self.index.table.bytes_of(shard)} bytes)")
         if isinstance(handle, LocalShard):
             return handle.read(offset, size, where)
         if self._ahead is not None:
@@ -278,7 +278,7 @@ class Reader(RemoteReads):
         shard = int(c["shard"][sample])
         label = self._labels.get(shard)
         if label is None:
-            framed = self.index.shards[shard].codec not in ("none", *STREAM_CODECS)
+            framed = self.index.table.codec_of(shard) not in ("none", *STREAM_CODECS)
             label = self._labels[shard] = (f"shard {self.index.shard_path(shard)}", framed)
         text = f"{label[0]}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
         if label[1]:
@@ -302,7 +302,7 @@ class Reader(RemoteReads):
         shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
         frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
         member_offset = int(c["member_offset"][sample])
-        codec = self.index.shards[shard].codec
+        codec = self.index.table.codec_of(shard)
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
         if codec in STREAM_CODECS:

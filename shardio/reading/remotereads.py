@@ -97,16 +97,16 @@ class RemoteReads:
                 spans += self._whole_shard(shard)
                 continue
             self._check_size_ahead(shard)
-            codec = self.index.shards[shard].codec
+            codec = self.index.table.codec_of(shard)
             offset = int(c["frame_offset"][sample])
             if codec in STREAM_CODECS:
                 if shard not in self._streams:
-                    spans.append(Span(shard, 0, self.index.shards[shard].bytes))
+                    spans.append(Span(shard, 0, self.index.table.bytes_of(shard)))
             elif codec == "none":
                 spans.append(Span(shard, offset, offset + int(c["member_size"][sample])))
             elif self._frame is None or self._frame[:2] != (shard, offset):
                 spans.append(Span(shard, offset, offset + int(c["frame_size"][sample])))
-        return [s for s in spans if s.end <= self.index.shards[s.shard].bytes]
+        return [s for s in spans if s.end <= self.index.table.bytes_of(s.shard)]
 
     def _check_size_ahead(self, shard: int) -> None:
         """Start the size check of a remote shard not yet opened, in the read-ahead's pool (else the reader makes
@@ -180,7 +180,7 @@ class RemoteReads:
                     out.write(chunk)
 
         retrying(attempt, where, self.retry, self._count_retry)
-        self._count_request(self.index.shards[shard].bytes)
+        self._count_request(self.index.table.bytes_of(shard))
 
     def _refetch(self, sample: int, where: str) -> bool:
         """Whether sample ``sample``'s shard came from the node cache: then its entry is discarded (it failed a

@@ -24,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,9 +36,10 @@ from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
 from .keys import Keys
 from .metadata import Metadata
+from .shardtable import CODECS, ShardInfo, ShardTable
 
 __all__ = ["FORMAT_VERSION", "METADATA_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS",
-           "ShardInfo", "Index"]
+           "ShardInfo", "ShardTable", "Index"]
 
 FORMAT_VERSION = 2
 METADATA_VERSION = 3  # format 2 plus per-sample metadata: a shardio that cannot read it refuses it by version
@@ -56,29 +58,19 @@ COLUMNS: dict[str, type] = {
     "channels": np.uint8,
     "format": np.uint8,
 }
-CODECS = ("none", "zstd", "zstd-stream", "gzip", "bz2")
 STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard as the index records it."""
-
-    name: str
-    bytes: int
-    sha256: str
-    samples: int
-    duration: float
-    codec: str = "none"
 
 
 @dataclass
 class Index:
     """A dataset's index: the shard table and the per-sample columns and keys (mapped read-only from the
-    columns file when loaded from disk, so every process on a node shares one copy)."""
+    columns file when loaded from disk, so every process on a node shares one copy).
+
+    ``shards`` may be given as any sequence of :class:`ShardInfo`; the index keeps it as a
+    :class:`~shardio.shards.shardtable.ShardTable` (a few arrays, not an object a shard)."""
 
     root: str
-    shards: list[ShardInfo]
+    shards: Sequence[ShardInfo]
     formats: list[str]
     columns: dict[str, np.ndarray]
     fingerprint: str = ""
@@ -92,11 +84,27 @@ class Index:
     """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
 
     def __post_init__(self) -> None:
+        try:
+            self.shards = ShardTable.of(self.shards, self.root or "index")
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"{self.root or 'index'}: a malformed shard entry ({exc})") from None
         if self._keys is not None and not isinstance(self._keys, Keys):  # keys given as a list of strings
             self._keys = Keys.of(self._keys)
 
     def __len__(self) -> int:
         return int(self.columns["shard"].shape[0])
+
+    @property
+    def table(self) -> ShardTable:
+        """The shard table, with its column accessors (``index.shards`` is the same table, as a sequence)."""
+        if not isinstance(self.shards, ShardTable):  # a list assigned after construction
+            self.shards = ShardTable.of(self.shards, self.root or "index")
+        return self.shards
+
+    def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
+        """Replace the shard table by ``convert(table)``, in place: how a dataset pickled for DataLoader workers
+        puts it in shared memory (:func:`shardio.workers.sharing.shared_table`)."""
+        self.shards = convert(self.table)
 
     @property
     def durations(self) -> np.ndarray:
@@ -151,7 +159,7 @@ class Index:
 
     def shard_path(self, shard: int) -> str:
         """The local path or URL of shard number ``shard``."""
-        return join(self.root, self.shards[shard].name)
+        return join(self.root, self.table.name(shard))
 
     def shard_options(self, shard: int) -> dict[str, Any] | None:
         """The fsspec options to open shard number ``shard`` with (the index's ``storage_options``)."""
@@ -192,7 +200,7 @@ class Index:
             "columns_file": INDEX_COLUMNS,
             "columns_sha256": self.columns_sha256,
             "keys_bytes": len(self.keys.blob),
-            "shards": [asdict(s) for s in self.shards],
+            "shards": self.table.entries(),
             **({} if self._meta is None else {"meta_bytes": len(self._meta.blob)}),
         }
 
@@ -238,7 +246,10 @@ class Index:
             mapped = indexfile.map_columns(columns_path, header, COLUMNS, json_path, storage_options)
             columns, keys, meta = mapped.columns(), mapped.keys(), mapped.metadata()
         try:
-            shards = [_shard_info(entry) for entry in header["shards"]]
+            entries = header["shards"]
+            if not isinstance(entries, list):
+                raise TypeError(f"'shards' must be a list, not {type(entries).__name__}")
+            shards = ShardTable.of(entries, json_path)
             index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
                         fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
                         _keys=keys, storage_options=storage_options, _file=mapped, _meta=meta)
@@ -248,9 +259,9 @@ class Index:
         if header.get("samples") != len(index):
             raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
                               f"{len(index)}")
-        indexchecks.check_names(index.root, [s.name for s in index.shards], json_path, allow_outside_root)
-        indexchecks.check_frames(index.columns, index.formats, [s.name for s in index.shards], json_path,
-                                 index.key)
+        names = index.table.names()
+        indexchecks.check_names(index.root, names, json_path, allow_outside_root)
+        indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
         if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         return index
@@ -268,13 +279,15 @@ class Index:
                               f"but the index lists {len(self.shards)} shards")
         if n and int(self.columns["format"].max()) >= len(self.formats):
             raise FormatError(f"{where}: a sample names an audio format the index does not list")
-        counts = np.bincount(self.columns["shard"], minlength=len(self.shards))
-        for number, shard in enumerate(self.shards):
-            if shard.codec not in CODECS:
-                raise FormatError(f"{where}: shard {shard.name} has unknown codec {shard.codec!r}")
-            if counts[number] != shard.samples:
-                raise FormatError(f"{where}: shard {shard.name} lists {shard.samples} samples, "
-                                  f"the columns hold {counts[number]}")
+        table = self.table
+        if len(table) and int(table.codecs.max()) >= len(CODECS):
+            raise FormatError(f"{where}: shard {table.name(int(table.codecs.argmax()))} has an unknown codec")
+        counts = np.bincount(self.columns["shard"], minlength=len(table))
+        wrong = np.flatnonzero(counts != table.samples)
+        if wrong.size:
+            number = int(wrong[0])
+            raise FormatError(f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
+                              f"the columns hold {counts[number]}")
 
 
 def _read_header(json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -311,19 +324,3 @@ def _columns_file(header: dict[str, Any], version: int, json_path: str) -> str:
         raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
                           f"{expected!r}")
     return columns_file
-
-
-def _shard_info(entry: Any) -> ShardInfo:
-    """A shard table entry of ``index.json``, with its field types checked (TypeError/ValueError otherwise)."""
-    if not isinstance(entry, dict):
-        raise TypeError(f"a shard entry must be an object, not {entry!r}")
-    info = ShardInfo(**entry)
-    if not isinstance(info.name, str) or not info.name:
-        raise TypeError(f"shard name {info.name!r} is not a file name")
-    for name in ("bytes", "samples"):
-        value = getattr(info, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"shard {info.name}: {name} must be a non-negative integer, not {value!r}")
-    if not isinstance(info.codec, str):
-        raise TypeError(f"shard {info.name}: codec must be a string, not {info.codec!r}")
-    return info
