@@ -101,6 +101,7 @@ class Reader(RemoteReads):
         self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
         self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
+        self._has_urls: bool | None = None  # whether any shard is a URL (looked at on the first read-ahead)
 
     @property
     def retries(self) -> int:

@@ -44,6 +44,7 @@ class RemoteReads:
     _streams: OrderedDict[int, bytes]
     _frame: tuple[int, int, bytes] | None
     _pid: int
+    _has_urls: bool | None
     _after_fork: Callable[[], None]
     _count_retry: Callable[[BaseException], None]
 
@@ -71,8 +72,7 @@ class RemoteReads:
         reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
         and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's batches these are
         (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go."""
-        remote = [path for path in map(self.index.shard_path, range(len(self.index.shards))) if is_url(path)]
-        if not remote or budget <= 0:
+        if budget <= 0 or not self._any_remote():
             yield from batches
             return
         if self._pid != os.getpid():
@@ -83,6 +83,12 @@ class RemoteReads:
             yield from self._ahead.run(batches)
         finally:
             self._ahead = None
+
+    def _any_remote(self) -> bool:
+        """Whether any shard is a URL: looked at once per reader (every shard's path, O(shards)), not per epoch."""
+        if self._has_urls is None:
+            self._has_urls = any(is_url(self.index.shard_path(s)) for s in range(len(self.index.shards)))
+        return self._has_urls
 
     def _spans(self, ids: np.ndarray) -> list[Span]:
         """The remote byte spans the samples ``ids`` read (a stream-codec shard: all of it)."""
