@@ -12,7 +12,11 @@ For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fre
 - after the first batch: RSS and PSS (``/proc/PID/smaps_rollup``) of the training process and of each
   worker, each also as the excess over a baseline: the training process right after importing shardio and
   torch, and a worker process started the same way that only imported shardio;
-- index bytes per sample (``index.json`` + ``index.columns``) and the JSON size of ``state_dict()``.
+- index bytes per sample (``index.json`` + ``index.columns``) and the JSON size of ``state_dict()``;
+- with ``--node-ranks K``: K training processes of one node (ranks 0 to K-1 of the world of 8) started at
+  once, each constructing the dataset and calling ``set_epoch(0)``, as the ranks of a node do at an epoch's
+  start: the slowest rank's ``set_epoch`` time, and each rank's peak memory while planning above its memory
+  before (``VmHWM``, reset before planning), summed over the node.
 
 Writes ``benchmarks/results/scale.json`` and ``.md``. The machine this was written on was shared and
 loaded: times are single runs and noisy; memory is what it is.
@@ -158,6 +162,45 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
     return result
 
 
+def node_rank(root: str, rank: int, cache: str) -> dict[str, Any]:
+    """One rank of a node, in this (fresh) process: construct, ``set_epoch(0)``, and what planning took."""
+    os.environ["SHARDIO_CACHE_DIR"] = cache  # the node's cache, shared by its ranks (plan files)
+    from shardio import ShardDataset, World
+
+    dataset = ShardDataset(root, batch_size=BATCH_SIZE, world=World(rank=rank, world_size=WORLD_SIZE))
+    before = memory(os.getpid())["rss"]
+    with open("/proc/self/clear_refs", "w") as handle:  # "5": the peak RSS (VmHWM) starts again from now
+        handle.write("5")
+    started = time.perf_counter()
+    dataset.set_epoch(0)
+    planned = time.perf_counter() - started
+    with open("/proc/self/status") as handle:
+        peak = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024
+    return {"rank": rank, "set_epoch_s": round(planned, 3), "transient_mib": round(max(0.0, peak - before), 1),
+            "batches": len(dataset)}
+
+
+def run_node(root: Path, ranks: int) -> dict[str, Any]:
+    """``ranks`` processes of one node, started together (see :func:`node_rank`), with a fresh node cache."""
+    import tempfile
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="shardio-node-") as cache:
+        started = time.perf_counter()
+        children = [subprocess.Popen([sys.executable, __file__, "--child-rank", str(root), str(rank), cache],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                    for rank in range(ranks)]
+        outs = [child.communicate(timeout=1800) for child in children]
+        wall = time.perf_counter() - started
+    for child, (_, err) in zip(children, outs):
+        if child.returncode != 0:
+            raise RuntimeError(err[-3000:])
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return {"ranks": ranks, "wall_s": round(wall, 2), "slowest_set_epoch_s": max(r["set_epoch_s"] for r in results),
+            "node_transient_mib": round(sum(r["transient_mib"] for r in results), 1), "per_rank": results}
+
+
 def _noop() -> None:
     pass
 
@@ -199,6 +242,18 @@ def markdown(report: dict[str, Any]) -> str:
                          f"| {case['name']} | {case['construct_s']:.2f} | {case['set_epoch_s']:.2f} "
                          f"| {case['first_batch_s']:.2f} | {excess(case['train'], case['train_baseline'])} "
                          f"| {wpss or '-'} | {wrss or '-'} |")
+    nodes = [size for size in report["sizes"] if "node" in size]
+    if nodes:
+        lines += ["", "Ranks of one node starting an epoch together (each constructs and calls `set_epoch(0)`); "
+                  "planning memory: each rank's peak RSS while planning above its RSS before, summed.", "",
+                  "| samples | ranks | slowest set_epoch s | each rank's set_epoch s | planning memory, node MiB "
+                  "| each rank's MiB |", "|---|---:|---:|---|---:|---|"]
+        for size in nodes:
+            node = size["node"]
+            times = " / ".join(f"{r['set_epoch_s']:.2f}" for r in node["per_rank"])
+            peaks = " / ".join(f"{r['transient_mib']:.0f}" for r in node["per_rank"])
+            lines.append(f"| {size['samples']:,} | {node['ranks']} | {node['slowest_set_epoch_s']:.2f} | {times} "
+                         f"| {node['node_transient_mib']:.0f} | {peaks} |")
     return "\n".join(lines) + "\n"
 
 
@@ -208,10 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--data", default=None, help="where the synthetic datasets go (default: a temp dir)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--node-ranks", type=int, default=0,
+                        help="also start this many ranks of one node at once and measure their planning")
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-rank", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.child[2])))
+        return 0
+    if args.child_rank:
+        print(json.dumps(node_rank(args.child_rank[0], int(args.child_rank[1]), args.child_rank[2])))
         return 0
     import tempfile
 
@@ -232,8 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             cases.append({"name": name, **case})
             print(f"{n:>11,} {name:<22} construct {case['construct_s']:.2f} s, first batch "
                   f"{case['first_batch_s']:.2f} s, train PSS {case['train']['pss']:.0f} MiB", flush=True)
-        sizes.append({"samples": n, "shards": n // args.per_shard, "build_s": round(built, 1),
-                      "index_bytes_per_sample": index_bytes / n, "cases": cases})
+        entry = {"samples": n, "shards": n // args.per_shard, "build_s": round(built, 1),
+                 "index_bytes_per_sample": index_bytes / n, "cases": cases}
+        if args.node_ranks:
+            entry["node"] = run_node(root, args.node_ranks)
+            print(f"{n:>11,} {args.node_ranks} ranks of a node: slowest set_epoch {entry['node']['slowest_set_epoch_s']:.2f} s, "
+                  f"planning memory {entry['node']['node_transient_mib']:.0f} MiB in all", flush=True)
+        sizes.append(entry)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--data", "--out"):  # where this machine keeps them: not for the results
         if flag in given[:-1]:
