@@ -197,3 +197,21 @@ def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Pat
     assert result.stderr.count("this process plans each epoch by itself") == 4  # once per worker process
     if unwritable == "read-only":
         assert os.listdir(cache) == []
+
+
+def test_the_cache_command_prunes_day_old_plans_and_locks(root: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from shardio.cli import main
+
+    directory = tmp_path / "cache" / "plans"
+    plan = RankPlan(0, np.arange(4, dtype=np.int32), np.array([0, 4]))
+    for name in ("old", "new"):
+        assert planfiles.save(name, plan) is not None
+        (directory / f"{name}.lock").touch()
+    (directory / ".tmp-dead").mkdir()
+    day_ago = time.time() - planfiles.STALE_S - 60
+    for name in ("old", "old.lock", ".tmp-dead"):
+        os.utime(directory / name, (day_ago, day_ago))
+    assert main(["cache", "--prune"]) == 0
+    assert "pruned 3 files" in capsys.readouterr().out
+    assert sorted(os.listdir(directory)) == ["new", "new.lock"]
