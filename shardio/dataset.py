@@ -388,7 +388,7 @@ class ShardDataset(IterableDataset):
         finally:
             # every worker of the rank holds its plan: the epoch's plan file (whoever wrote it) is not needed
             info = get_worker_info()
-            if info is not None and self._control.all_begun(at.epoch, info.num_workers):
+            if info is not None and self._share_name and self._control.all_begun(at.epoch, info.num_workers):
                 planfiles.remove(planfiles.path(self._share_name))
         self._finished = True
         self._control.finish(slot)
