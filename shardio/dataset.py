@@ -3,10 +3,11 @@
 The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
 batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
 the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it
-from a plan file (:mod:`shardio.workers.planfiles`): the training process writes one when it plans while workers
-exist (persistent ones then map each later epoch), and an epoch it did not plan (epochs advancing without
-``set_epoch``) is planned by one worker of the rank under a lock while the others wait and map its file. A worker
-plans by itself only when the cache directory cannot hold the file or the lock. Every rank yields the same number of batches, so the state of rank 0 restores the whole job.
+from a plan file (:mod:`shardio.workers.planfiles`): the training process writes one when it plans while
+workers exist (persistent ones then map each later epoch), and an epoch it did not plan (epochs advancing
+without ``set_epoch``) is planned by one worker of the rank under a lock while the others wait and map its
+file. A worker plans by itself only when the cache directory cannot hold the file or the lock. Every rank
+yields the same number of batches, so the state of rank 0 restores the whole job.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -112,7 +113,7 @@ class ShardDataset(IterableDataset):
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._share_name = ""  # the plan file's name of the current share (planfiles)
-        self._plan_file: tuple[int, str] | None = None  # (pid, path): the share this process last wrote (planfiles)
+        self._plan_file: tuple[int, str] | None = None  # (pid, path) of the share this process last wrote
         self._reader: Reader | None = None
         self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)

@@ -107,7 +107,7 @@ class Control:
         return any(seen for seen, _, _ in self._slots()[1:])
 
     def all_begun(self, epoch: int, workers: int) -> bool:
-        """Whether DataLoader workers ``0 .. workers - 1`` have all begun ``epoch`` under the last instruction."""
+        """Whether DataLoader workers ``0 .. workers - 1`` all began ``epoch`` under the last instruction."""
         generation = self.generation
         return all(seen == generation and begun == epoch for seen, begun, _ in self._slots()[1 : 1 + workers])
 

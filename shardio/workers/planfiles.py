@@ -4,11 +4,11 @@ A DataLoader worker holds the share of the plan it inherited or received (:mod:`
 that epoch only. When a later epoch begins without the training process planning it first (a persistent worker
 after ``set_epoch``; any worker when epochs advance without ``set_epoch``), the worker needs the whole epoch's
 plan, O(N) to compute. Instead, :func:`obtain` maps the rank's share from a file under
-:func:`~shardio.reading.storage.cache_dir` ``/plans/``, in a directory named by a digest of everything that shapes
-the plan (index fingerprint, seed, options, epoch, history, world, rank, extra, shardio version): one copy in
-the page cache for the rank. The first process that finds no file takes the plan's lock
-(:class:`~shardio.workers.planlock.PlanLock`), plans, writes the file and releases the lock; the others wait for
-it (at most :data:`WAIT_S`) and map the file. The training process writes the file when it plans an epoch
+:func:`~shardio.reading.storage.cache_dir` ``/plans/``, in a directory named by a digest of everything that
+shapes the plan (index fingerprint, seed, options, epoch, history, world, rank, extra, shardio version): one
+copy in the page cache for the rank. The first process that finds no file takes the plan's lock
+(:class:`~shardio.workers.planlock.PlanLock`), plans, writes the file and releases the lock; the others wait
+for it (at most :data:`WAIT_S`) and map the file. The training process writes the file when it plans an epoch
 while workers exist (``set_epoch``, ``load_state_dict``), so persistent workers find it.
 
 The content is a function of the name, so a file is never rewritten: written under a temporary name, renamed
@@ -87,8 +87,8 @@ def save(name: str, plan: RankPlan) -> str | None:
     except OSError as exc:
         if os.path.isdir(path):  # another process of the node renamed the same plan into place first
             return path
-        logger.warning("cannot write the rank's plan for its other processes under %s (%s): each worker plans the "
-                       "epoch by itself", directory, exc)
+        logger.warning("cannot write the rank's plan for its other processes under %s (%s): each worker "
+                       "plans the epoch by itself", directory, exc)
         return None
     return path
 
@@ -125,8 +125,8 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], RankPlan]) -> 
         os.makedirs(_directory(), exist_ok=True)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
-        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the rank's plan "
-                   "under %s (%s): this process plans each epoch by itself", _directory(), exc)
+        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the rank's "
+                   "plan under %s (%s): this process plans each epoch by itself", _directory(), exc)
         _lock_warned = True
         return make(), None
     if not held:

@@ -1,10 +1,10 @@
 """PlanLock: one process of a node plans a rank's epoch while the others that need the same plan wait for it.
 
-An exclusive ``fcntl.flock`` on ``<name>.lock`` beside plan ``name`` (:mod:`shardio.workers.planfiles`), taken
-with ``LOCK_NB`` and polled until a deadline: never an unbounded wait. The kernel drops a dead holder's lock. The
-holder removes the lock file when it releases it (a process that opened it just before is told apart by its
-inode, and locks again), so lock files outlive a hold only when their holder was killed. The lock saves work
-only: whoever holds it or not, a plan file's content is a function of its name.
+An exclusive ``fcntl.flock`` on ``<name>.lock`` beside plan ``name`` (:mod:`shardio.workers.planfiles`),
+taken with ``LOCK_NB`` and polled until a deadline: never an unbounded wait. The kernel drops a dead holder's
+lock. The holder removes the lock file when it releases it (a process that opened it just before is told apart
+by its inode, and locks again), so lock files outlive a hold only when their holder was killed. The lock saves
+work only: whoever holds it or not, a plan file's content is a function of its name.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ POLL_S = 0.03
 
 
 class PlanLock:
-    """The planning lock of the lock file ``path``: :meth:`acquire`, then :meth:`release` once the plan is written.
+    """The planning lock of lock file ``path``: :meth:`acquire`, then :meth:`release` once the plan is saved.
 
     ``waited`` tells whether another process held it when this one asked (it then planned, or tried to).
     """
