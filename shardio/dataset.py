@@ -2,9 +2,12 @@
 
 The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
 batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
-the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or,
-persistent, maps the share of a later epoch from a plan file (:mod:`shardio.workers.planfiles`); it plans by
-itself only when none of these holds. Every rank yields the same number of batches, so the state of rank 0 restores the whole job.
+the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it
+from a plan file (:mod:`shardio.workers.planfiles`): the training process writes one when it plans while
+workers exist (persistent ones then map each later epoch), and an epoch it did not plan (epochs advancing
+without ``set_epoch``) is planned by one worker of the rank under a lock while the others wait and map its
+file. A worker plans by itself only when the cache directory cannot hold the file or the lock. Every rank
+yields the same number of batches, so the state of rank 0 restores the whole job.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -109,7 +112,8 @@ class ShardDataset(IterableDataset):
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
-        self._plan_file: str | None = None  # the share last written for persistent workers (planfiles)
+        self._share_name = ""  # the plan file's name of the current share (planfiles)
+        self._plan_file: tuple[int, str] | None = None  # (pid, path) of the share this process last wrote
         self._reader: Reader | None = None
         self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
@@ -312,12 +316,23 @@ class ShardDataset(IterableDataset):
         if key not in self._shares:
             name = planfiles.digest(index=self.index.fingerprint, seed=self.seed, options=self.options, epoch=epoch,
                                     history=history, world=world.world_size, rank=world.rank, extra=self._extra)
-            found = planfiles.load(name, world.rank, len(self.index)) if get_worker_info() is not None else None
-            self._shares = {key: found or rank_plan(self._plan_of(epoch, history), world.rank)}
+
+            def make() -> RankPlan:
+                return rank_plan(self._plan_of(epoch, history), world.rank)
+
+            if get_worker_info() is not None or self._control.workers_begun():
+                # one process of the rank plans, its other workers (persistent ones too) map its plan file
+                share, written = planfiles.obtain(name, world.rank, len(self.index), make)
+            else:  # workers to come inherit it (fork) or receive it (spawn, forkserver: __getstate__)
+                share, written = make(), None
+            self._shares, self._share_name = {key: share}, name
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
-            if get_worker_info() is None and self._control.workers_begun():  # persistent workers map it
-                self._plan_file = planfiles.publish(name, self._shares[key], self._plan_file)
+            if written is not None:
+                pid, previous = self._plan_file or (0, None)
+                if previous != written and pid == os.getpid():  # not one a fork's parent wrote
+                    planfiles.remove(previous)
+                self._plan_file = (os.getpid(), written)
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -355,10 +370,10 @@ class ShardDataset(IterableDataset):
                               "DataLoader, or use persistent_workers=False")
         slot = self._slot()
         self._own, self._skip = None, 0
+        plan = self._share(at.epoch, at.history)  # before begin: a worker that has begun has its plan
         self._run, self._run_generation = at, self._control.begin(slot, at.epoch)
         self._yielded, self._finished = skip, False
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
-        plan = self._share(at.epoch, at.history)
         if self._reader is None:
             self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
@@ -367,11 +382,17 @@ class ShardDataset(IterableDataset):
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
                                           share=1 / world.num_workers)
-        for j, ids in zip(numbers, batches):
-            batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
-            batch["epoch"], batch["batch_index"] = at.epoch, j
-            self._yielded += 1
-            yield batch
+        try:
+            for j, ids in zip(numbers, batches):
+                batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
+                batch["epoch"], batch["batch_index"] = at.epoch, j
+                self._yielded += 1
+                yield batch
+        finally:
+            # every worker of the rank holds its plan: the epoch's plan file (whoever wrote it) is not needed
+            info = get_worker_info()
+            if info is not None and self._share_name and self._control.all_begun(at.epoch, info.num_workers):
+                planfiles.remove(planfiles.path(self._share_name))
         self._finished = True
         self._control.finish(slot)
 

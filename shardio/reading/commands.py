@@ -17,7 +17,8 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
                                    description="Report the shard cache under $SHARDIO_CACHE_DIR (default "
                                                "~/.cache/shardio); --prune removes lock files without an entry, "
                                                "temporary files of dead fetches, index files (hash markers, "
-                                               "fetched remote index columns) unused for --unused-days and, with "
+                                               "fetched remote index columns) unused for --unused-days, plan "
+                                               "files older than a day and, with "
                                                "--max-bytes, the least recently used shards beyond that size. "
                                                "Safe while loaders run.")
     parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
@@ -39,8 +40,10 @@ def _run_cache(args: argparse.Namespace) -> int:
     removed = 0
     if args.prune:
         from ..shards import indexcache
+        from ..workers import planfiles
 
-        removed = cache.prune(args.stale) + indexcache.prune(args.unused_days * 86400, args.stale)
+        removed = (cache.prune(args.stale) + indexcache.prune(args.unused_days * 86400, args.stale)
+                   + planfiles.prune())
     try:
         entries = sum(name.endswith(".shard") for name in os.listdir(directory))
     except FileNotFoundError:

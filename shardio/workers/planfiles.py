@@ -1,15 +1,21 @@
-"""Plan files: a rank's plan of a later epoch, from the training process to its persistent DataLoader workers.
+"""Plan files: a rank's plan of an epoch, planned by one process of the rank and mapped by its other workers.
 
-A persistent worker keeps the dataset it was started with: the share of the plan it received then
-(:mod:`shardio.workers.sharing`) is for that epoch only. When the training process plans another epoch (``set_epoch``,
-``load_state_dict``) while such workers exist, it writes its share under :func:`~shardio.reading.storage.cache_dir`
-``/plans/`` in a directory named by a digest of everything that shapes the plan (index fingerprint, seed,
-options, epoch, history, world, rank, extra, shardio version); each worker maps those files read-only (one copy
-in the page cache for the rank) instead of planning the whole epoch itself. The content is a function of the
-name, so a file is never rewritten and no lock is needed: written under a temporary name, renamed into place.
-A missing or unreadable file (another node's cache, a full disk) only means the worker plans by itself.
-The training process removes the share it wrote before once it writes the next one, and any share left
-for a day (by a job that was killed).
+A DataLoader worker holds the share of the plan it inherited or received (:mod:`shardio.workers.sharing`) for
+that epoch only. When a later epoch begins without the training process planning it first (a persistent worker
+after ``set_epoch``; any worker when epochs advance without ``set_epoch``), the worker needs the whole epoch's
+plan, O(N) to compute. Instead, :func:`obtain` maps the rank's share from a file under
+:func:`~shardio.reading.storage.cache_dir` ``/plans/``, in a directory named by a digest of everything that
+shapes the plan (index fingerprint, seed, options, epoch, history, world, rank, extra, shardio version): one
+copy in the page cache for the rank. The first process that finds no file takes the plan's lock
+(:class:`~shardio.workers.planlock.PlanLock`), plans, writes the file and releases the lock; the others wait
+for it (at most :data:`WAIT_S`) and map the file. The training process writes the file when it plans an epoch
+while workers exist (``set_epoch``, ``load_state_dict``), so persistent workers find it.
+
+The content is a function of the name, so a file is never rewritten: written under a temporary name, renamed
+into place, checked when mapped. Anything that fails around the files or the lock (another node's cache, a
+full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the process plans
+by itself. A process removes the share it wrote before once it writes the next one, and any entry left for a
+day (by a job that was killed) goes when a share is written or by ``shardio cache --prune``.
 """
 
 from __future__ import annotations
@@ -21,25 +27,35 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..planning.rankplan import RankPlan
 from ..reading.storage import cache_dir
+from .planlock import PlanLock
 
-__all__ = ["digest", "save", "load", "publish", "STALE_S"]
+__all__ = ["digest", "save", "load", "obtain", "path", "remove", "prune", "STALE_S", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
 STALE_S = 86400.0
-"""A plan directory older than this (a killed job's) is removed when a training process writes one."""
+"""A plan directory or lock file older than this (a killed job's) is removed when a process writes a plan."""
+WAIT_S = 600.0
+"""Seconds a process waits for another one of the node to plan what it needs, before planning it itself."""
 
 _ARRAYS = ("ids", "offsets", "repeats")
+_lock_warned = False  # once per process (and its forks): the cache directory stays as it is
 
 
 def _directory() -> str:
     return os.path.join(cache_dir(), "plans")
+
+
+def path(name: str) -> str:
+    """Where plan ``name``'s files are (or would be)."""
+    return os.path.join(_directory(), name)
 
 
 def digest(**key: Any) -> str:
@@ -58,7 +74,7 @@ def save(name: str, plan: RankPlan) -> str | None:
         return path
     try:
         os.makedirs(directory, exist_ok=True)
-        _prune(directory)
+        prune()
         temporary = tempfile.mkdtemp(prefix=".tmp-", dir=directory)
         try:
             for array_name, array in zip(_ARRAYS, (plan.ids, plan.offsets, plan.repeats)):
@@ -71,7 +87,7 @@ def save(name: str, plan: RankPlan) -> str | None:
     except OSError as exc:
         if os.path.isdir(path):  # another process of the node renamed the same plan into place first
             return path
-        logger.warning("cannot write the rank's plan for persistent DataLoader workers under %s (%s): each worker "
+        logger.warning("cannot write the rank's plan for its other processes under %s (%s): each worker "
                        "plans the epoch by itself", directory, exc)
         return None
     return path
@@ -97,20 +113,62 @@ def load(name: str, rank: int, samples: int) -> RankPlan | None:
     return RankPlan(rank, ids, offsets, repeats)
 
 
-def publish(name: str, plan: RankPlan, previous: str | None) -> str | None:
-    """:func:`save` ``plan`` as ``name``, then remove ``previous`` (the one this process wrote before, which
-    workers that still map it keep); the new path, or None."""
-    path = save(name, plan)
-    if previous is not None and previous != path:
-        shutil.rmtree(previous, ignore_errors=True)
-    return path
+def obtain(name: str, rank: int, samples: int, make: Callable[[], RankPlan]) -> tuple[RankPlan, str | None]:
+    """Plan ``name`` mapped from its file, else ``make()`` once on the node under its lock and written for
+    the others; the plan, and the path of the file this process wrote (None when it wrote none)."""
+    global _lock_warned
+    found = load(name, rank, samples)
+    if found is not None:
+        return found, None
+    lock = PlanLock(os.path.join(_directory(), name + ".lock"))
+    try:
+        os.makedirs(_directory(), exist_ok=True)
+        held = lock.acquire(WAIT_S)
+    except OSError as exc:
+        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the rank's "
+                   "plan under %s (%s): this process plans each epoch by itself", _directory(), exc)
+        _lock_warned = True
+        return make(), None
+    if not held:
+        logger.warning("waited %.0f s for another process to plan the rank's epoch (%s): planning it here",
+                       WAIT_S, name)
+        return make(), None
+    try:
+        found = load(name, rank, samples)
+        if found is not None:
+            return found, None
+        if not lock.waited:
+            plan = make()
+            return plan, save(name, plan)
+    finally:
+        lock.release()
+    # the holder we waited for wrote no file (a full disk, or it died): plan alongside the others, not in turn
+    return make(), None
 
 
-def _prune(directory: str) -> None:
+def remove(path: str | None) -> None:
+    """Remove the plan directory ``path`` (None: nothing); processes that map its files keep them."""
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(older_than: float = STALE_S) -> int:
+    """Remove plan directories, lock files and temporary directories untouched for ``older_than`` seconds;
+    how many went. Safe while loaders run: a process that finds no plan file plans the epoch again."""
     now = time.time()
-    for entry in os.scandir(directory):
+    removed = 0
+    try:
+        entries = list(os.scandir(_directory()))
+    except OSError:
+        return 0
+    for entry in entries:
         try:
-            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_S:
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed += 1
         except OSError:
             pass
+    return removed
