@@ -223,11 +223,18 @@ def test_pack_refuses_a_finished_dataset_and_bad_options(wav_corpus: Path, tmp_p
 
 def _start_pack(tmp_path: Path, *options: str, **popen: Any) -> tuple[subprocess.Popen[Any], Path, Path]:
     """``shardio pack`` of 600 short WAVs into FLAC/zstd shards of 25 samples, started in the background:
-    the process, the corpus and the output directory."""
+    the process, the corpus and the output directory.
+
+    The command line starts with SIGINT at Python's default handler, as in a terminal's foreground: a child
+    inherits an ignored SIGINT, and glibc's ``system()`` ignores SIGINT and SIGQUIT process-wide while it runs,
+    so a library calling it in a thread of this process now and then (seen in full runs) made a child deaf to
+    Ctrl-C."""
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "shardio.cli", "pack", str(corpus), str(out), "--samples-per-shard", "25",
+    shardio = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from shardio.cli import main; sys.exit(main())")
+    command = [sys.executable, "-c", shardio, "pack", str(corpus), str(out), "--samples-per-shard", "25",
                "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress", *options]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     return process, corpus, out
