@@ -112,8 +112,6 @@ class ShardDataset(IterableDataset):
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
-        self._share_name = ""  # the plan file's name of the current share (planfiles)
-        self._plan_file: tuple[int, str] | None = None  # (pid, path) of the share this process last wrote
         self._reader: Reader | None = None
         self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
@@ -258,14 +256,18 @@ class ShardDataset(IterableDataset):
             self._control.give(replace(instruction, extra=extra_mark(extra)))
 
     def _check_position(self, at: Instruction) -> None:
-        """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world."""
+        """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
+
+        Checked on this rank's share (mapped from the node's plan where there is one: its batch count is every
+        rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
+        with the same inputs."""
         try:
-            plan = self._plan_of(at.epoch, at.history)
+            share = self._share(at.epoch, at.history)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
             raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
-        if at.start > plan.num_batches:
+        if at.start > share.num_batches:
             raise StateError(f"state field start: the state is at batch {at.start} of epoch {at.epoch}, which has "
-                             f"only {plan.num_batches} batches per rank")
+                             f"only {share.num_batches} batches per rank")
 
     # -- planning ----------------------------------------------------------------------------------
 
@@ -314,25 +316,17 @@ class ShardDataset(IterableDataset):
         world = self.ranks()
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            name = planfiles.digest(index=self.index.fingerprint, seed=self.seed, options=self.options, epoch=epoch,
-                                    history=history, world=world.world_size, rank=world.rank, extra=self._extra)
-
-            def make() -> RankPlan:
-                return rank_plan(self._plan_of(epoch, history), world.rank)
-
-            if get_worker_info() is not None or self._control.workers_begun():
-                # one process of the rank plans, its other workers (persistent ones too) map its plan file
-                share, written = planfiles.obtain(name, world.rank, len(self.index), make)
+            if get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun():
+                # planned once per node: the ranks of the node and their workers map their part of its files
+                job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
+                       "world": world.world_size, "extra": self._extra}
+                share = planfiles.obtain(planfiles.name(job, epoch, history), world.rank, len(self.index),
+                                         lambda: self._plan_of(epoch, history))
             else:  # workers to come inherit it (fork) or receive it (spawn, forkserver: __getstate__)
-                share, written = make(), None
-            self._shares, self._share_name = {key: share}, name
+                share = rank_plan(self._plan_of(epoch, history), world.rank)
+            self._shares = {key: share}
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
-            if written is not None:
-                pid, previous = self._plan_file or (0, None)
-                if previous != written and pid == os.getpid():  # not one a fork's parent wrote
-                    planfiles.remove(previous)
-                self._plan_file = (os.getpid(), written)
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -382,17 +376,11 @@ class ShardDataset(IterableDataset):
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
                                           share=1 / world.num_workers)
-        try:
-            for j, ids in zip(numbers, batches):
-                batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
-                batch["epoch"], batch["batch_index"] = at.epoch, j
-                self._yielded += 1
-                yield batch
-        finally:
-            # every worker of the rank holds its plan: the epoch's plan file (whoever wrote it) is not needed
-            info = get_worker_info()
-            if info is not None and self._share_name and self._control.all_begun(at.epoch, info.num_workers):
-                planfiles.remove(planfiles.path(self._share_name))
+        for j, ids in zip(numbers, batches):
+            batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
+            batch["epoch"], batch["batch_index"] = at.epoch, j
+            self._yielded += 1
+            yield batch
         self._finished = True
         self._control.finish(slot)
 
