@@ -15,8 +15,8 @@ through a job (index fingerprint, seed, options, world size, a state's ``extra``
 covers everything that shapes the plan (those, the epoch and its history of world-size changes), never the
 rank. The content is a function of the name, so a file is never rewritten: written under a temporary name,
 renamed into place, checked when mapped. Anything that fails around the files or the lock (another node's
-cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline, a damaged file)
-only means the process plans by itself.
+cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the
+process plans by itself; a damaged plan is planned again and replaced by the process that takes its lock.
 
 Clean-up: the process that writes epoch ``E``'s plan removes its job's plans of epochs ``E - 2`` and before
 (the ranks of a job are within an epoch of each other; a process that still needed one plans it again:
@@ -136,6 +136,8 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
         if found is not None:
             return found
         if not lock.waited:
+            if os.path.isdir(path(name)):  # there but damaged (load said so): replaced, for the node's others
+                shutil.rmtree(path(name), ignore_errors=True)
             plan = make()
             mapped = load(name, rank, samples) if save(name, plan, samples) is not None else None
             return mapped if mapped is not None else rank_plan(plan, rank)
