@@ -1,13 +1,14 @@
 """ShardDataset: a stateful IterableDataset that executes the epoch plan and resumes exactly.
 
-The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
-batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
-the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it
-from a plan file (:mod:`shardio.workers.planfiles`): the training process writes one when it plans while
-workers exist (persistent ones then map each later epoch), and an epoch it did not plan (epochs advancing
-without ``set_epoch``) is planned by one worker of the rank under a lock while the others wait and map its
-file. A worker plans by itself only when the cache directory cannot hold the file or the lock. Every rank
-yields the same number of batches, so the state of rank 0 restores the whole job.
+The training process holds its rank's share of an epoch's plan (``set_epoch``); each DataLoader worker takes
+its batches of that share, reads and decodes only those samples, and yields collated batches. An epoch's plan
+is computed once per node (:mod:`shardio.workers.planfiles`): the first process that needs it (a rank's
+training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
+training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
+process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it. A
+process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
+same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -137,7 +138,7 @@ class ShardDataset(IterableDataset):
         if not (current.loaded and current.epoch == epoch and not self._control.started()):
             self._control.give(Instruction(epoch, extra=extra_mark(self._extra)))
         given = self._control.instruction()
-        self._share(given.epoch, given.history)  # planned here, once per rank: workers inherit or receive it
+        self._share(given.epoch, given.history)  # here, before workers: they inherit, receive or map it
 
     def _slot(self) -> int:
         info = get_worker_info()

@@ -1,4 +1,4 @@
-"""The ranks of a node plan an epoch once: one process plans and writes every rank's share, the others map theirs."""
+"""The ranks of a node plan an epoch once: one process plans and writes every rank's share; the others map."""
 
 from __future__ import annotations
 

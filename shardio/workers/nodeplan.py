@@ -4,7 +4,8 @@ The files (``numpy`` ``.npy``, mapped read-only by :func:`read`), ranks one afte
 
 - ``ids.npy``: every rank's sample ids, rank 0's batches first, then rank 1's, ... (``int32`` where the
   dataset's ids fit, else ``int64``);
-- ``starts.npy``: ``world + 1`` ``int64`` positions in ``ids``: rank ``r``'s ids are ``ids[starts[r]:starts[r + 1]]``;
+- ``starts.npy``: ``world + 1`` ``int64`` positions in ``ids``: rank ``r``'s ids are
+  ``ids[starts[r]:starts[r + 1]]``;
 - ``offsets.npy``: ``world x (batches + 1)`` ``int64``; row ``r`` is rank ``r``'s batch offsets (as
   :class:`~shardio.planning.rankplan.RankPlan`'s, relative to ``starts[r]``);
 - ``repeats.npy``, only when some sample is a planned repeat: a ``bool`` per id, like ``ids``.
@@ -63,7 +64,8 @@ def write(directory: str, plan: EpochPlan, samples: int) -> None:
                     _header(flags_file, np.dtype(np.bool_), int(starts[-1]))
                     np.zeros(int(starts[rank]), dtype=np.bool_).tofile(flags_file)  # the ranks before: none
                 if flags_file is not None:
-                    flags = share.repeats if share.repeats is not None else np.zeros(share.ids.shape[0], np.bool_)
+                    none = np.zeros(share.ids.shape[0], np.bool_)
+                    flags = share.repeats if share.repeats is not None else none
                     flags.tofile(flags_file)
                 del share
     finally:
@@ -84,7 +86,8 @@ def read(directory: str, rank: int, samples: int) -> RankPlan | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, EOFError) as exc:
-        logger.warning("the node plan under %s cannot be read (%s): planning the epoch here instead", directory, exc)
+        logger.warning("the node plan under %s cannot be read (%s): planning the epoch here instead",
+                       directory, exc)
         return None
     share = _share(rank, samples, ids, starts, offsets, repeats)
     if share is None:

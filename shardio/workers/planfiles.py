@@ -76,7 +76,8 @@ def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
     from .. import __version__
 
     constant = {**job, "shardio": __version__, "format": 2}
-    return f"{_hash(constant)[:12]}-e{epoch:06d}-{_hash({**constant, 'epoch': epoch, 'history': history})[:32]}"
+    plan = _hash({**constant, "epoch": epoch, "history": history})
+    return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
 
 
 def save(name: str, plan: EpochPlan, samples: int) -> str | None:
@@ -129,7 +130,8 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
         _lock_warned = True
         return rank_plan(make(), rank)
     if not held:
-        logger.warning("waited %.0f s for another process to plan the epoch (%s): planning it here", WAIT_S, name)
+        logger.warning("waited %.0f s for another process to plan the epoch (%s): planning it here",
+                       WAIT_S, name)
         return rank_plan(make(), rank)
     try:
         found = load(name, rank, samples)
