@@ -1,13 +1,14 @@
 """ShardDataset: a stateful IterableDataset that executes the epoch plan and resumes exactly.
 
-The training process plans its rank's share of an epoch (``set_epoch``); each DataLoader worker takes its
-batches of that share, reads and decodes only those samples, and yields collated batches. A worker inherits
-the share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it
-from a plan file (:mod:`shardio.workers.planfiles`): the training process writes one when it plans while
-workers exist (persistent ones then map each later epoch), and an epoch it did not plan (epochs advancing
-without ``set_epoch``) is planned by one worker of the rank under a lock while the others wait and map its
-file. A worker plans by itself only when the cache directory cannot hold the file or the lock. Every rank
-yields the same number of batches, so the state of rank 0 restores the whole job.
+The training process holds its rank's share of an epoch's plan (``set_epoch``); each DataLoader worker takes
+its batches of that share, reads and decodes only those samples, and yields collated batches. An epoch's plan
+is computed once per node (:mod:`shardio.workers.planfiles`): the first process that needs it (a rank's
+training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
+training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
+process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it. A
+process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
+same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -112,8 +113,6 @@ class ShardDataset(IterableDataset):
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
-        self._share_name = ""  # the plan file's name of the current share (planfiles)
-        self._plan_file: tuple[int, str] | None = None  # (pid, path) of the share this process last wrote
         self._reader: Reader | None = None
         self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
@@ -139,7 +138,7 @@ class ShardDataset(IterableDataset):
         if not (current.loaded and current.epoch == epoch and not self._control.started()):
             self._control.give(Instruction(epoch, extra=extra_mark(self._extra)))
         given = self._control.instruction()
-        self._share(given.epoch, given.history)  # planned here, once per rank: workers inherit or receive it
+        self._share(given.epoch, given.history)  # here, before workers: they inherit, receive or map it
 
     def _slot(self) -> int:
         info = get_worker_info()
@@ -258,14 +257,18 @@ class ShardDataset(IterableDataset):
             self._control.give(replace(instruction, extra=extra_mark(extra)))
 
     def _check_position(self, at: Instruction) -> None:
-        """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world."""
+        """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
+
+        Checked on this rank's share (mapped from the node's plan where there is one: its batch count is every
+        rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
+        with the same inputs."""
         try:
-            plan = self._plan_of(at.epoch, at.history)
+            share = self._share(at.epoch, at.history)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
             raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
-        if at.start > plan.num_batches:
+        if at.start > share.num_batches:
             raise StateError(f"state field start: the state is at batch {at.start} of epoch {at.epoch}, which has "
-                             f"only {plan.num_batches} batches per rank")
+                             f"only {share.num_batches} batches per rank")
 
     # -- planning ----------------------------------------------------------------------------------
 
@@ -314,25 +317,17 @@ class ShardDataset(IterableDataset):
         world = self.ranks()
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            name = planfiles.digest(index=self.index.fingerprint, seed=self.seed, options=self.options, epoch=epoch,
-                                    history=history, world=world.world_size, rank=world.rank, extra=self._extra)
-
-            def make() -> RankPlan:
-                return rank_plan(self._plan_of(epoch, history), world.rank)
-
-            if get_worker_info() is not None or self._control.workers_begun():
-                # one process of the rank plans, its other workers (persistent ones too) map its plan file
-                share, written = planfiles.obtain(name, world.rank, len(self.index), make)
+            if get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun():
+                # planned once per node: the ranks of the node and their workers map their part of its files
+                job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
+                       "world": world.world_size, "extra": self._extra}
+                share = planfiles.obtain(planfiles.name(job, epoch, history), world.rank, len(self.index),
+                                         lambda: self._plan_of(epoch, history))
             else:  # workers to come inherit it (fork) or receive it (spawn, forkserver: __getstate__)
-                share, written = make(), None
-            self._shares, self._share_name = {key: share}, name
+                share = rank_plan(self._plan_of(epoch, history), world.rank)
+            self._shares = {key: share}
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
-            if written is not None:
-                pid, previous = self._plan_file or (0, None)
-                if previous != written and pid == os.getpid():  # not one a fork's parent wrote
-                    planfiles.remove(previous)
-                self._plan_file = (os.getpid(), written)
         return self._shares[key]
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -382,17 +377,11 @@ class ShardDataset(IterableDataset):
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
                                           share=1 / world.num_workers)
-        try:
-            for j, ids in zip(numbers, batches):
-                batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
-                batch["epoch"], batch["batch_index"] = at.epoch, j
-                self._yielded += 1
-                yield batch
-        finally:
-            # every worker of the rank holds its plan: the epoch's plan file (whoever wrote it) is not needed
-            info = get_worker_info()
-            if info is not None and self._share_name and self._control.all_begun(at.epoch, info.num_workers):
-                planfiles.remove(planfiles.path(self._share_name))
+        for j, ids in zip(numbers, batches):
+            batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
+            batch["epoch"], batch["batch_index"] = at.epoch, j
+            self._yielded += 1
+            yield batch
         self._finished = True
         self._control.finish(slot)
 

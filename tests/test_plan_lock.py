@@ -1,10 +1,11 @@
-"""One process per rank plans an epoch; the rank's other DataLoader workers wait for it and map its plan file."""
+"""One process of a node plans an epoch; the node's other processes that need it wait for it and map its plan file."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader
 import shardio.dataset
 from datasets import make_uneven_dataset
 from shardio import ShardDataset, World
-from shardio.planning.rankplan import RankPlan
+from shardio.planning.plan import EpochPlan
 from shardio.workers import planfiles
 from shardio.workers.planlock import PlanLock
 
@@ -53,6 +54,19 @@ def planned(log: Path) -> list[tuple[int, int]]:
     return [(int(pid), int(epoch)) for pid, epoch in (line.split() for line in log.read_text().splitlines())]
 
 
+def epochs_on_disk(cache: Path) -> list[int]:
+    """The epochs whose node plans are under ``cache``'s ``plans/`` (and nothing else is there)."""
+    names = os.listdir(cache / "plans")
+    matches = [re.fullmatch(r"[0-9a-f]{12}-e([0-9]{6})-[0-9a-f]{32}", name) for name in names]
+    assert all(matches), names
+    return sorted(int(match.group(1)) for match in matches if match)
+
+
+def small_plan(samples: int, sizes: list[int]) -> EpochPlan:
+    """A one-rank plan of ids ``0 .. samples - 1`` in batches of ``sizes``."""
+    return EpochPlan(np.arange(samples), np.concatenate([[0], np.cumsum(sizes)]), np.arange(len(sizes))[None, :])
+
+
 def played(root: str, epochs: int, workers: int, persistent: bool = False) -> list[list[list[str]]]:
     """The keys of ``epochs`` epochs played without ``set_epoch`` (each iteration plays the next epoch)."""
     dataset = ShardDataset(root, batch_size=3, world=WORLD)
@@ -68,6 +82,7 @@ def played(root: str, epochs: int, workers: int, persistent: bool = False) -> li
 def test_one_process_of_the_rank_plans_each_epoch(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   workers: int, persistent: bool) -> None:
     expected = played(root, 3, 0)
+    shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of that run (world 3: node plans)
     log = tmp_path / "planned"
     monkeypatch.setattr(shardio.dataset, "plan_epoch", shardio.dataset.plan_epoch)  # restored afterwards
     count_plans(log)
@@ -75,23 +90,22 @@ def test_one_process_of_the_rank_plans_each_epoch(root: str, tmp_path: Path, mon
     plannings = planned(log)
     assert sorted(epoch for _, epoch in plannings) == [0, 1, 2]  # once per epoch, not once per worker
     assert os.getpid() not in {pid for pid, _ in plannings}  # by a worker: the training process never planned
-    # a worker removes the plan file it wrote once its iteration ends: no epoch's plan is left behind
-    assert os.listdir(tmp_path / "cache" / "plans") == []
+    assert epochs_on_disk(tmp_path / "cache") == [1, 2]  # epoch 2's writer removed epoch 0's
 
 
 def contend(log: str, barrier: Any, results: Any) -> None:
     """One of two processes that need plan ``contended`` at once: record how it got it."""
-    plan = RankPlan(0, np.arange(12, dtype=np.int32), np.array([0, 5, 12]))
+    plan = small_plan(12, [5, 7])
 
-    def make() -> RankPlan:
+    def make() -> EpochPlan:
         with open(log, "a") as file:
             file.write(f"{os.getpid()}\n")
         time.sleep(0.5)  # long enough for the other to find no file and wait on the lock
         return plan
 
     barrier.wait()
-    got, written = planfiles.obtain("contended", 0, 12, make)
-    results.put((os.getpid(), written, isinstance(got.ids, np.memmap), got.ids.tolist(), got.offsets.tolist()))
+    got = planfiles.obtain("contended", 0, 12, make)
+    results.put((os.getpid(), isinstance(got.ids, np.memmap), got.ids.tolist(), got.offsets.tolist()))
 
 
 def test_of_two_processes_contending_one_plans_the_other_maps(root: str, tmp_path: Path) -> None:
@@ -107,10 +121,8 @@ def test_of_two_processes_contending_one_plans_the_other_maps(root: str, tmp_pat
         assert process.exitcode == 0
     planners = (tmp_path / "planned").read_text().split()
     assert len(planners) == 1
-    by_pid = {pid: (written, mapped) for pid, written, mapped, _, _ in outcomes}
-    assert by_pid[int(planners[0])] == (str(tmp_path / "cache" / "plans" / "contended"), False)
-    assert [mapped for pid, (_, mapped) in by_pid.items() if pid != int(planners[0])] == [True]
-    assert all(ids == list(range(12)) and offsets == [0, 5, 12] for _, _, _, ids, offsets in outcomes)
+    assert all(mapped for _, mapped, _, _ in outcomes)  # the planner too maps what it wrote
+    assert all(ids == list(range(12)) and offsets == [0, 5, 12] for _, _, ids, offsets in outcomes)
     assert os.listdir(tmp_path / "cache" / "plans") == ["contended"]  # the lock file went with its release
 
 
@@ -135,20 +147,18 @@ def test_a_killed_holder_does_not_block_the_next(root: str, tmp_path: Path) -> N
     os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
     holder.join(30)
     assert os.path.exists(lock_file)  # left behind, unlocked by the kernel
-    plan = RankPlan(0, np.arange(4, dtype=np.int32), np.array([0, 4]))
     begun = time.monotonic()
-    got, written = planfiles.obtain("killed", 0, 4, lambda: plan)
-    assert time.monotonic() - begun < 2 and got is plan
-    assert written == str(tmp_path / "cache" / "plans" / "killed")
+    got = planfiles.obtain("killed", 0, 4, lambda: small_plan(4, [4]))
+    assert time.monotonic() - begun < 2 and got.ids.tolist() == [0, 1, 2, 3]
     assert os.listdir(tmp_path / "cache" / "plans") == ["killed"]
 
 
 def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = played(root, 2, 0)
-    monkeypatch.setattr(planfiles, "digest", lambda **key: f"epoch-{key['epoch']}")
+    monkeypatch.setattr(planfiles, "name", lambda job, epoch, history: f"epoch-{epoch}")
     monkeypatch.setattr(planfiles, "WAIT_S", 0.3)
     directory = tmp_path / "cache" / "plans"
-    os.makedirs(directory)
+    os.makedirs(directory, exist_ok=True)
     context = multiprocessing.get_context("fork")
     ready, stop = context.Event(), context.Event()
     holder = context.Process(target=hold, args=([str(directory / f"epoch-{e}.lock") for e in (0, 1)], ready, stop))
@@ -194,7 +204,8 @@ def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Pat
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["workers"] == outcome["alone"]
     assert sorted(epoch for _, epoch in outcome["planned"]) == [0, 0, 1, 1]  # each worker by itself
-    assert result.stderr.count("this process plans each epoch by itself") == 4  # once per worker process
+    # once per process: each worker, and the training process playing the world-3 epochs alone
+    assert result.stderr.count("this process plans each epoch by itself") == 5
     if unwritable == "read-only":
         assert os.listdir(cache) == []
 
@@ -204,9 +215,8 @@ def test_the_cache_command_prunes_day_old_plans_and_locks(root: str, tmp_path: P
     from shardio.cli import main
 
     directory = tmp_path / "cache" / "plans"
-    plan = RankPlan(0, np.arange(4, dtype=np.int32), np.array([0, 4]))
     for name in ("old", "new"):
-        assert planfiles.save(name, plan) is not None
+        assert planfiles.save(name, small_plan(4, [4]), 4) is not None
         (directory / f"{name}.lock").touch()
     (directory / ".tmp-dead").mkdir()
     day_ago = time.time() - planfiles.STALE_S - 60

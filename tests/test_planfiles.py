@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from torch.utils.data import DataLoader, get_worker_info
 import shardio.dataset
 from datasets import make_uneven_dataset
 from shardio import ShardDataset, World
-from shardio.planning.rankplan import RankPlan
+from shardio.planning.plan import EpochPlan
+from test_plan_lock import epochs_on_disk
 
 
 @pytest.fixture
@@ -41,6 +43,7 @@ def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
 
 def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(3)]
+    shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of those runs (world 3: node plans)
     original = shardio.dataset.plan_epoch
 
     def in_the_training_process_only(*args: Any, **kwargs: Any) -> Any:
@@ -50,23 +53,26 @@ def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.
 
     monkeypatch.setattr(shardio.dataset, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
     assert persistent_run(root, 3) == expected
-    assert os.listdir(tmp_path / "cache" / "plans") == []  # each went once every worker had its share
+    assert epochs_on_disk(tmp_path / "cache") == [1, 2]  # epoch 2's writer removed epoch 0's
 
 
-@pytest.mark.parametrize("damage", ["truncated", "ids beyond the index"])
+@pytest.mark.parametrize("damage", ["truncated", "ids beyond the index", "starts of another shape"])
 def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypatch: pytest.MonkeyPatch,
-                                                           damage: str) -> None:
+                                                           tmp_path: Path, damage: str) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
+    shutil.rmtree(tmp_path / "cache" / "plans")
     save = shardio.workers.planfiles.save
 
-    def damaged(name: str, plan: RankPlan) -> str | None:
-        path = save(name, plan)
+    def damaged(name: str, plan: EpochPlan, samples: int) -> str | None:
+        path = save(name, plan, samples)
         assert path is not None
         ids = os.path.join(path, "ids.npy")
         if damage == "truncated":
             os.truncate(ids, os.path.getsize(ids) - 3)
+        elif damage == "ids beyond the index":
+            np.save(ids, np.load(ids) + 10_000)
         else:
-            np.save(ids, np.asarray(plan.ids) + 10_000)
+            np.save(os.path.join(path, "starts.npy"), np.load(os.path.join(path, "starts.npy"))[:-1])
         return path
 
     monkeypatch.setattr(shardio.workers.planfiles, "save", damaged)
@@ -78,12 +84,13 @@ def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.M
     import errno
 
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
+    shutil.rmtree(tmp_path / "cache" / "plans")
 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shardio.workers.planfiles.np, "save", full)
+    monkeypatch.setattr(shardio.workers.nodeplan.np, "save", full)
     with caplog.at_level("WARNING", logger="shardio.workers.planfiles"):
         assert persistent_run(root, 2) == expected
-    assert "each worker plans the epoch by itself" in caplog.text
+    assert "each process plans the epoch by itself" in caplog.text
     assert os.listdir(tmp_path / "cache" / "plans") == []  # no partial plan left behind

@@ -44,8 +44,10 @@ class RankPlan:
         return self.repeats[self.offsets[j] : self.offsets[j + 1]]
 
 
-def rank_plan(plan: EpochPlan, rank: int) -> RankPlan:
-    """Rank ``rank``'s part of ``plan``: the same batches, in the same order, as ``plan.batch(rank, j)``."""
+def rank_plan(plan: EpochPlan, rank: int, repeats: Repeats | None = None) -> RankPlan:
+    """Rank ``rank``'s part of ``plan``: the same batches, in the same order, as ``plan.batch(rank, j)``.
+
+    ``repeats`` is ``Repeats(plan)`` when the caller cuts out several ranks (it is O(N) to make)."""
     batches = plan.rank_batches[rank]
     starts, ends = plan.offsets[batches], plan.offsets[batches + 1]
     sizes = (ends - starts).astype(np.int64)
@@ -56,4 +58,4 @@ def rank_plan(plan: EpochPlan, rank: int) -> RankPlan:
     ids = plan.samples[positions]
     small = ids.size == 0 or int(ids.max()) < np.iinfo(np.int32).max
     return RankPlan(rank, ids.astype(np.int32) if small else ids.astype(np.int64), offsets,
-                    Repeats(plan).rank_flags(rank))
+                    (Repeats(plan) if repeats is None else repeats).rank_flags(rank))

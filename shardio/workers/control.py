@@ -106,11 +106,6 @@ class Control:
         """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
         return any(seen for seen, _, _ in self._slots()[1:])
 
-    def all_begun(self, epoch: int, workers: int) -> bool:
-        """Whether DataLoader workers ``0 .. workers - 1`` all began ``epoch`` under the last instruction."""
-        generation = self.generation
-        return all(seen == generation and begun == epoch for seen, begun, _ in self._slots()[1 : 1 + workers])
-
     def upcoming(self, slot: int) -> Instruction:
         """What the next iteration of ``slot`` plays: the instruction, or the epoch after the slot's last."""
         seen, epoch, _ = self._slots()[slot]

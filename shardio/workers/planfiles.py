@@ -1,21 +1,28 @@
-"""Plan files: a rank's plan of an epoch, planned by one process of the rank and mapped by its other workers.
+"""Plan files: an epoch's plan, computed once per node and mapped by every process of the node that needs it.
 
-A DataLoader worker holds the share of the plan it inherited or received (:mod:`shardio.workers.sharing`) for
-that epoch only. When a later epoch begins without the training process planning it first (a persistent worker
-after ``set_epoch``; any worker when epochs advance without ``set_epoch``), the worker needs the whole epoch's
-plan, O(N) to compute. Instead, :func:`obtain` maps the rank's share from a file under
-:func:`~shardio.reading.storage.cache_dir` ``/plans/``, in a directory named by a digest of everything that
-shapes the plan (index fingerprint, seed, options, epoch, history, world, rank, extra, shardio version): one
-copy in the page cache for the rank. The first process that finds no file takes the plan's lock
-(:class:`~shardio.workers.planlock.PlanLock`), plans, writes the file and releases the lock; the others wait
-for it (at most :data:`WAIT_S`) and map the file. The training process writes the file when it plans an epoch
-while workers exist (``set_epoch``, ``load_state_dict``), so persistent workers find it.
+Planning an epoch is O(N) (the plan is global: every rank's batches come out of one ordering of every shard
+window), and every process that iterates needs its rank's share: the training process of each rank (with a
+world size above 1, or once its DataLoader workers have begun) and each DataLoader worker that begins an epoch
+the training process did not plan for it. :func:`obtain` gives a process its rank's share: mapped from the
+node plan under :func:`~shardio.reading.storage.cache_dir` ``/plans/`` when it is there; else the process
+takes the plan's lock (:class:`~shardio.workers.planlock.PlanLock`), looks again, plans the whole epoch,
+writes every rank's share (:mod:`shardio.workers.nodeplan`) and releases the lock, while the node's other
+processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) and map their part. So the
+ranks of a node plan an epoch once, and the page cache holds one copy of it.
 
-The content is a function of the name, so a file is never rewritten: written under a temporary name, renamed
-into place, checked when mapped. Anything that fails around the files or the lock (another node's cache, a
-full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the process plans
-by itself. A process removes the share it wrote before once it writes the next one, and any entry left for a
-day (by a job that was killed) goes when a share is written or by ``shardio cache --prune``.
+Names: ``{job}-e{epoch:06d}-{digest}`` (:func:`name`). ``job`` is a short digest of what stays the same
+through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio version); ``digest``
+covers everything that shapes the plan (those, the epoch and its history of world-size changes), never the
+rank. The content is a function of the name, so a file is never rewritten: written under a temporary name,
+renamed into place, checked when mapped. Anything that fails around the files or the lock (another node's
+cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the
+process plans by itself; a damaged plan is planned again and replaced by the process that takes its lock.
+
+Clean-up: the process that writes epoch ``E``'s plan removes its job's plans of epochs ``E - 2`` and before
+(the ranks of a job are within an epoch of each other; a process that still needed one plans it again:
+slower, never wrong), so a job keeps about two epochs' plans on a node. Any entry left for a day (a killed
+job's, or a job's that changed its world size or ``extra``) goes when a plan is written, or by
+``shardio cache --prune``.
 """
 
 from __future__ import annotations
@@ -24,19 +31,20 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
-from ..planning.rankplan import RankPlan
+from ..planning.plan import EpochPlan
+from ..planning.rankplan import RankPlan, rank_plan
 from ..reading.storage import cache_dir
+from . import nodeplan
 from .planlock import PlanLock
 
-__all__ = ["digest", "save", "load", "obtain", "path", "remove", "prune", "STALE_S", "WAIT_S"]
+__all__ = ["name", "save", "load", "obtain", "path", "clean", "prune", "STALE_S", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +53,7 @@ STALE_S = 86400.0
 WAIT_S = 600.0
 """Seconds a process waits for another one of the node to plan what it needs, before planning it itself."""
 
-_ARRAYS = ("ids", "offsets", "repeats")
+_NAME = re.compile(r"^([0-9a-f]+)-e([0-9]+)-[0-9a-f]+$")
 _lock_warned = False  # once per process (and its forks): the cache directory stays as it is
 
 
@@ -58,98 +66,106 @@ def path(name: str) -> str:
     return os.path.join(_directory(), name)
 
 
-def digest(**key: Any) -> str:
-    """The name of the plan that ``key`` (JSON-ready: everything that shapes a rank's plan) determines."""
+def _hash(key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
+    """The name of epoch ``epoch``'s plan (after world-size changes ``history``) in job ``job`` (JSON-ready:
+    everything that shapes the plan and stays the same through a job, never the rank)."""
     from .. import __version__
 
-    text = json.dumps({**key, "shardio": __version__, "format": 1}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
+    constant = {**job, "shardio": __version__, "format": 2}
+    plan = _hash({**constant, "epoch": epoch, "history": history})
+    return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
 
 
-def save(name: str, plan: RankPlan) -> str | None:
-    """Write ``plan`` as plan ``name`` (unless it is there); its path, or None when it cannot be written."""
+def save(name: str, plan: EpochPlan, samples: int) -> str | None:
+    """Write every rank's share of ``plan`` (ids below ``samples``) as plan ``name`` (unless it is there); its
+    path, or None when it cannot be written. Removes the job's plans of two epochs before and older."""
     directory = _directory()
-    path = os.path.join(directory, name)
-    if os.path.isdir(path):
-        return path
+    target = os.path.join(directory, name)
+    if os.path.isdir(target):
+        return target
     try:
         os.makedirs(directory, exist_ok=True)
         prune()
+        clean(name)
         temporary = tempfile.mkdtemp(prefix=".tmp-", dir=directory)
         try:
-            for array_name, array in zip(_ARRAYS, (plan.ids, plan.offsets, plan.repeats)):
-                if array is not None:
-                    np.save(os.path.join(temporary, array_name + ".npy"), array)
-            os.replace(temporary, path)
+            nodeplan.write(temporary, plan, samples)
+            os.replace(temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
     except OSError as exc:
-        if os.path.isdir(path):  # another process of the node renamed the same plan into place first
-            return path
-        logger.warning("cannot write the rank's plan for its other processes under %s (%s): each worker "
-                       "plans the epoch by itself", directory, exc)
+        if os.path.isdir(target):  # another process of the node renamed the same plan into place first
+            return target
+        logger.warning("cannot write the epoch's plan for the node's other processes under %s (%s): each "
+                       "process plans the epoch by itself", directory, exc)
         return None
-    return path
+    return target
 
 
 def load(name: str, rank: int, samples: int) -> RankPlan | None:
-    """Plan ``name`` mapped read-only, if it is there and consistent (ids below ``samples``); else None."""
-    path = os.path.join(_directory(), name)
-    try:
-        ids, offsets = (np.load(os.path.join(path, n + ".npy"), mmap_mode="r") for n in _ARRAYS[:2])
-        repeats_path = os.path.join(path, "repeats.npy")
-        repeats = np.load(repeats_path, mmap_mode="r") if os.path.exists(repeats_path) else None
-    except (OSError, ValueError, EOFError):
-        return None
-    consistent = (ids.ndim == offsets.ndim == 1 and ids.dtype.kind == "i" and offsets.dtype == np.int64
-                  and offsets.shape[0] >= 1 and offsets[0] == 0 and offsets[-1] == ids.shape[0]
-                  and bool(np.all(offsets[1:] >= offsets[:-1]))
-                  and (ids.shape[0] == 0 or 0 <= int(ids.min()) and int(ids.max()) < samples)
-                  and (repeats is None or (repeats.dtype == np.bool_ and repeats.shape == ids.shape)))
-    if not consistent:
-        logger.warning("the plan files under %s are inconsistent: planning the epoch here instead", path)
-        return None
-    return RankPlan(rank, ids, offsets, repeats)
+    """Rank ``rank``'s share of plan ``name``, mapped read-only, if it is there and consistent (ids below
+    ``samples``); else None."""
+    return nodeplan.read(path(name), rank, samples)
 
 
-def obtain(name: str, rank: int, samples: int, make: Callable[[], RankPlan]) -> tuple[RankPlan, str | None]:
-    """Plan ``name`` mapped from its file, else ``make()`` once on the node under its lock and written for
-    the others; the plan, and the path of the file this process wrote (None when it wrote none)."""
+def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) -> RankPlan:
+    """Rank ``rank``'s share of plan ``name``: mapped from its file, else ``make()`` (the whole epoch's plan)
+    once on the node under its lock, written for every rank of the node, and this rank's part of it."""
     global _lock_warned
     found = load(name, rank, samples)
     if found is not None:
-        return found, None
-    lock = PlanLock(os.path.join(_directory(), name + ".lock"))
+        return found
+    lock = PlanLock(path(name) + ".lock")
     try:
         os.makedirs(_directory(), exist_ok=True)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
-        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the rank's "
+        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the node's "
                    "plan under %s (%s): this process plans each epoch by itself", _directory(), exc)
         _lock_warned = True
-        return make(), None
+        return rank_plan(make(), rank)
     if not held:
-        logger.warning("waited %.0f s for another process to plan the rank's epoch (%s): planning it here",
+        logger.warning("waited %.0f s for another process to plan the epoch (%s): planning it here",
                        WAIT_S, name)
-        return make(), None
+        return rank_plan(make(), rank)
     try:
         found = load(name, rank, samples)
         if found is not None:
-            return found, None
+            return found
         if not lock.waited:
+            if os.path.isdir(path(name)):  # there but damaged (load said so): replaced, for the node's others
+                shutil.rmtree(path(name), ignore_errors=True)
             plan = make()
-            return plan, save(name, plan)
+            mapped = load(name, rank, samples) if save(name, plan, samples) is not None else None
+            return mapped if mapped is not None else rank_plan(plan, rank)
     finally:
         lock.release()
     # the holder we waited for wrote no file (a full disk, or it died): plan alongside the others, not in turn
-    return make(), None
+    return rank_plan(make(), rank)
 
 
-def remove(path: str | None) -> None:
-    """Remove the plan directory ``path`` (None: nothing); processes that map its files keep them."""
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
+def clean(name: str) -> int:
+    """Remove the plans of plan ``name``'s job from two epochs before it and older; how many went."""
+    match = _NAME.match(name)
+    if match is None:
+        return 0
+    job, epoch = match.group(1), int(match.group(2))
+    removed = 0
+    try:
+        entries = list(os.scandir(_directory()))
+    except OSError:
+        return 0
+    for entry in entries:
+        other = _NAME.match(entry.name)
+        if other is not None and other.group(1) == job and int(other.group(2)) <= epoch - 2:
+            shutil.rmtree(entry.path, ignore_errors=True)  # a process that maps its files keeps them
+            removed += 1
+    return removed
 
 
 def prune(older_than: float = STALE_S) -> int:

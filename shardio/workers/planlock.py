@@ -1,4 +1,4 @@
-"""PlanLock: one process of a node plans a rank's epoch while the others that need the same plan wait for it.
+"""PlanLock: one process of a node plans an epoch while the others that need the same plan wait for it.
 
 An exclusive ``fcntl.flock`` on ``<name>.lock`` beside plan ``name`` (:mod:`shardio.workers.planfiles`),
 taken with ``LOCK_NB`` and polled until a deadline: never an unbounded wait. The kernel drops a dead holder's

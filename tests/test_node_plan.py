@@ -1,0 +1,142 @@
+"""The ranks of a node plan an epoch once: one process plans and writes every rank's share; the others map."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shardio.dataset
+from datasets import make_uneven_dataset
+from shardio import ShardDataset, World
+from shardio.workers import planfiles
+from test_plan_lock import count_plans, epochs_on_disk, planned
+
+WORLD_SIZE = 3
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(shardio.dataset, "plan_epoch", shardio.dataset.plan_epoch)  # restored afterwards
+    return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6, 11], duration_range=(0.01, 0.02)).root
+
+
+def dataset(root: str, rank: int, world_size: int = WORLD_SIZE) -> ShardDataset:
+    return ShardDataset(root, batch_size=3, seed=5, world=World(rank=rank, world_size=world_size))
+
+
+def keys(batches: Any) -> list[list[str]]:
+    return [list(batch["keys"]) for batch in batches]
+
+
+def in_memory(root: str, rank: int, state: dict[str, Any] | None = None, world_size: int = WORLD_SIZE,
+              epoch: int = 0) -> list[list[str]]:
+    """Rank ``rank``'s batches (from ``state``'s position, else epoch ``epoch``'s start), from the whole plan
+    computed in this process (``ShardDataset.plan`` writes no file)."""
+    ds = dataset(root, rank, world_size)
+    if state is None:
+        plan, start = ds.plan(epoch), 0
+    else:
+        ds.load_state_dict(state)
+        plan, start = ds.plan(), ds.state_dict()["start"]
+    return [[ds.index.keys[int(i)] for i in plan.batch(rank, j)] for j in range(start, plan.num_batches)]
+
+
+def rank_process(root: str, rank: int, log: str, barrier: Any, results: Any, state: dict[str, Any]) -> None:
+    """One rank's training process (started by spawn): ``set_epoch(0)`` with the other ranks at once, then a
+    fresh dataset that loads ``state``; counts each whole-epoch planning in ``log``."""
+    count_plans(Path(log))
+    ds = dataset(root, rank)
+    barrier.wait()
+    ds.set_epoch(0)
+    first = keys(ds)
+    planned_before = len(planned(Path(log)))
+    resumed = dataset(root, rank)
+    resumed.load_state_dict(state)
+    results.put((rank, first, len(planned(Path(log))) - planned_before, keys(resumed)))
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_the_ranks_of_a_node_plan_an_epoch_once(root: str, tmp_path: Path, start_method: str) -> None:
+    state = dataset(root, 0).state_after({"epoch": 0, "batch_index": 1})
+    context = multiprocessing.get_context(start_method)
+    barrier, results = context.Barrier(WORLD_SIZE), context.Queue()
+    log = tmp_path / "planned"
+    processes = [context.Process(target=rank_process, args=(root, rank, str(log), barrier, results, state))
+                 for rank in range(WORLD_SIZE)]
+    for process in processes:
+        process.start()
+    outcomes = sorted(results.get(timeout=240) for _ in processes)
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    assert len(planned(log)) == 1  # one whole-epoch planning on the node, for every rank
+    for rank, first, planned_by_load, resumed in outcomes:
+        assert first == in_memory(root, rank)
+        assert planned_by_load == 0  # load_state_dict checked the position on the mapped share
+        assert resumed == in_memory(root, rank, state)
+    assert epochs_on_disk(tmp_path / "cache") == [0]
+
+
+@pytest.mark.parametrize("damage", ["truncated ids", "starts of another shape", "offsets of another shape"])
+def test_a_damaged_node_plan_is_not_used(root: str, tmp_path: Path, damage: str,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    expected = [in_memory(root, rank) for rank in range(WORLD_SIZE)]
+    dataset(root, 0).set_epoch(0)
+    (name,) = os.listdir(tmp_path / "cache" / "plans")
+    path = planfiles.path(name)
+    if damage == "truncated ids":
+        os.truncate(os.path.join(path, "ids.npy"), os.path.getsize(os.path.join(path, "ids.npy")) - 5)
+    elif damage == "starts of another shape":
+        np.save(os.path.join(path, "starts.npy"), np.load(os.path.join(path, "starts.npy"))[1:])
+    else:
+        np.save(os.path.join(path, "offsets.npy"), np.load(os.path.join(path, "offsets.npy"))[:2])
+    log = tmp_path / "planned"
+    count_plans(log)
+    for rank in (2, 0, 1):
+        ds = dataset(root, rank)
+        with caplog.at_level(logging.WARNING, logger="shardio.workers.nodeplan"):
+            ds.set_epoch(0)
+        assert keys(ds) == expected[rank]
+    assert "planning the epoch here instead" in caplog.text
+    assert len(planned(log)) == 1  # the first rank planned by itself and replaced the plan; the others map it
+    assert epochs_on_disk(tmp_path / "cache") == [0]
+
+
+def test_a_job_keeps_the_plans_of_its_last_two_epochs(root: str, tmp_path: Path) -> None:
+    ds = dataset(root, 1)
+    for epoch in range(5):
+        ds.set_epoch(epoch)
+        assert keys(ds) == in_memory(root, 1, epoch=epoch)
+    assert epochs_on_disk(tmp_path / "cache") == [3, 4]  # no lock file either
+    other = ShardDataset(root, batch_size=4, seed=5, world=World(rank=0, world_size=WORLD_SIZE))
+    other.set_epoch(7)  # another job (other options): its own name, and it leaves this job's plans alone
+    assert epochs_on_disk(tmp_path / "cache") == [3, 4, 7]
+
+
+def test_an_elastic_resume_maps_the_new_worlds_node_plan(root: str, tmp_path: Path) -> None:
+    state = dataset(root, 2).state_after({"epoch": 1, "batch_index": 2})  # saved at world 3
+    expected = [in_memory(root, rank, state, world_size=2) for rank in range(2)]
+    shutil.rmtree(tmp_path / "cache" / "plans")  # what their load_state_dict wrote
+    log = tmp_path / "planned"
+    count_plans(log)
+    for rank in range(2):
+        resumed = dataset(root, rank, world_size=2)
+        resumed.load_state_dict(state)
+        assert keys(resumed) == expected[rank]
+    assert len(planned(log)) == 1  # rank 0 planned the world-2 segment; rank 1 mapped it
+    assert epochs_on_disk(tmp_path / "cache") == [1]
+
+
+def test_one_rank_without_workers_plans_in_memory(root: str, tmp_path: Path) -> None:
+    ds = dataset(root, 0, world_size=1)
+    ds.set_epoch(0)
+    assert keys(ds) == in_memory(root, 0, world_size=1)
+    assert not os.path.exists(tmp_path / "cache" / "plans")
