@@ -5,7 +5,9 @@ synthetic: one real shard of ``--per-shard`` short WAV samples, and ``N / per_sh
 symbolic links to it, with an index written directly (the same keys in every shard, which the index allows).
 For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fresh Python process:
 
-- ``ShardDataset(...)`` construct time, then ``set_epoch(0)`` (which plans this rank's share) time;
+- ``ShardDataset(...)`` construct time, then ``set_epoch(0)`` time: each case starts with no plan files in
+  the benchmark's node cache (``DATA/shardio-scale/cache``), so it plans epoch 0 (with world 8 it writes
+  every rank's share for the node, :mod:`shardio.workers.planfiles`);
 - time to the first batch with 0 workers, and with 2 workers started by ``fork`` and by ``forkserver``
   (whose server preloads ``torch`` and ``shardio.dataset``, as a user should: else each worker imports torch;
   the server's start, once per job and the same for any dataset, is timed apart);
@@ -213,6 +215,9 @@ def _idle_worker(ready: Any, release: Any) -> None:
 
 
 def run_case(root: Path, workers: int, context: str) -> dict[str, Any]:
+    # plans are computed once per node and kept as files (shardio.workers.planfiles): a case that found the
+    # previous case's would time a lookup, so each case starts without them (the index's hash markers stay)
+    shutil.rmtree(os.path.join(os.environ["SHARDIO_CACHE_DIR"], "plans"), ignore_errors=True)
     code = [sys.executable, __file__, "--child", str(root), str(workers), context]
     out = subprocess.run(code, capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     from shardio.bench.report import write_results
 
     data = Path(args.data or tempfile.gettempdir()) / "shardio-scale"
+    os.environ["SHARDIO_CACHE_DIR"] = str(data / "cache")  # the benchmark's own node cache, not the user's
     sizes = []
     for n in args.sizes:
         root = data / f"n{n}"
