@@ -155,36 +155,36 @@ def clean(name: str) -> int:
     if match is None:
         return 0
     job, epoch = match.group(1), int(match.group(2))
-    removed = 0
-    try:
-        entries = list(os.scandir(_directory()))
-    except OSError:
-        return 0
-    for entry in entries:
+
+    def earlier(entry: os.DirEntry[str]) -> bool:
         other = _NAME.match(entry.name)
-        if other is not None and other.group(1) == job and int(other.group(2)) <= epoch - 2:
-            shutil.rmtree(entry.path, ignore_errors=True)  # a process that maps its files keeps them
-            removed += 1
-    return removed
+        return other is not None and other.group(1) == job and int(other.group(2)) <= epoch - 2
+
+    return _remove_where(earlier)  # a process that maps a removed plan's files keeps them
 
 
 def prune(older_than: float = STALE_S) -> int:
     """Remove plan directories, lock files and temporary directories untouched for ``older_than`` seconds;
     how many went. Safe while loaders run: a process that finds no plan file plans the epoch again."""
     now = time.time()
-    removed = 0
+    return _remove_where(lambda entry: now - entry.stat(follow_symlinks=False).st_mtime > older_than)
+
+
+def _remove_where(chosen: Callable[[os.DirEntry[str]], bool]) -> int:
+    """Remove the entries of the plans directory that ``chosen`` picks (directories whole); how many went."""
     try:
         entries = list(os.scandir(_directory()))
     except OSError:
         return 0
+    removed = 0
     for entry in entries:
         try:
-            if now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+            if chosen(entry):
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)
                 else:
                     os.unlink(entry.path)
                 removed += 1
-        except OSError:
+        except OSError:  # gone already (another process of the node), or not ours to remove
             pass
     return removed
