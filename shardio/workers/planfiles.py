@@ -11,7 +11,7 @@ processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) a
 ranks of a node plan an epoch once, and the page cache holds one copy of it.
 
 Names: ``{job}-e{epoch:06d}-{digest}`` (:func:`name`). ``job`` is a short digest of what stays the same
-through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio version); ``digest``
+through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio version and source); ``digest``
 covers everything that shapes the plan (those, the epoch and its history of world-size changes), never the
 rank. The content is a function of the name, so a file is never rewritten: written under a temporary name,
 renamed into place, checked when mapped. Anything that fails around the files or the lock (another node's
@@ -27,6 +27,7 @@ job's, or a job's that changed its world size or ``extra``) goes when a plan is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..planning.plan import EpochPlan
@@ -70,12 +72,23 @@ def _hash(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+@functools.cache
+def _code() -> str:
+    """A digest of shardio's own source: plans made by other code (a development checkout between two versions)
+    are never taken for this code's."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
 def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
     """The name of epoch ``epoch``'s plan (after world-size changes ``history``) in job ``job`` (JSON-ready:
     everything that shapes the plan and stays the same through a job, never the rank)."""
     from .. import __version__
 
-    constant = {**job, "shardio": __version__, "format": 2}
+    constant = {**job, "shardio": __version__, "code": _code(), "format": 2}
     plan = _hash({**constant, "epoch": epoch, "history": history})
     return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
 
