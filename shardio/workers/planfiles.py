@@ -11,12 +11,13 @@ processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) a
 ranks of a node plan an epoch once, and the page cache holds one copy of it.
 
 Names: ``{job}-e{epoch:06d}-{digest}`` (:func:`name`). ``job`` is a short digest of what stays the same
-through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio version and source); ``digest``
-covers everything that shapes the plan (those, the epoch and its history of world-size changes), never the
-rank. The content is a function of the name, so a file is never rewritten: written under a temporary name,
-renamed into place, checked when mapped. Anything that fails around the files or the lock (another node's
-cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the
-process plans by itself; a damaged plan is planned again and replaced by the process that takes its lock.
+through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio's version and
+source); ``digest`` covers everything that shapes the plan (those, the epoch and its history of world-size
+changes), never the rank. The content is a function of the name, so a file is never rewritten: written under a
+temporary name, renamed into place, checked when mapped. Anything that fails around the files or the lock
+(another node's cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline)
+only means the process plans by itself; a damaged plan is planned again and replaced by the process that takes
+its lock.
 
 Clean-up: the process that writes epoch ``E``'s plan removes its job's plans of epochs ``E - 2`` and before
 (the ranks of a job are within an epoch of each other; a process that still needed one plans it again:
