@@ -341,9 +341,9 @@ class ShardDataset(IterableDataset):
         return self._reader.stats
 
     def __getstate__(self) -> dict[str, Any]:
-        # A plan is O(N): a spawned or forkserver worker receives this rank's share of it, in shared memory (by
-        # handle, not by value), and the shard table too (O(shards)); the index's columns travel by reference to
-        # its mapped file (Index.__getstate__).
+        # A plan is O(N): a spawned or forkserver worker receives this rank's share of it by reference to the
+        # node plan's files it is mapped from, else in shared memory (by handle, not by value), and the shard
+        # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
         if get_worker_info() is None:
             at = self._live()
             self._share(at.epoch, at.history)
@@ -356,6 +356,12 @@ class ShardDataset(IterableDataset):
             # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
             state["_world"] = self.ranks()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # a share mapped from the node's plan travels as its name (workers.nodeplan): where its files are gone
+        # it arrives as None, and this process obtains the plan again
+        self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         at, skip = self._upcoming(), self._skip if self._own is not None else 0

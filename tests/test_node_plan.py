@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,37 @@ def test_one_rank_without_workers_plans_in_memory(root: str, tmp_path: Path) -> 
     ds.set_epoch(0)
     assert keys(ds) == in_memory(root, 0, world_size=1)
     assert not os.path.exists(tmp_path / "cache" / "plans")
+
+
+def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp_path: Path) -> None:
+    """Pickled for a spawn/forkserver worker (torch's ForkingPickler), a share mapped from the node plan is a
+    reference to its files, not its ids nor a shared-memory copy; where the files are gone the worker plans."""
+    import torch.multiprocessing  # noqa: F401  (registers its reductions of tensors with ForkingPickler)
+    from multiprocessing.reduction import ForkingPickler
+    from torch.utils.data import DataLoader
+
+    from shardio.workers.nodeplan import MappedRankPlan
+
+    ds = dataset(root, 1)
+    ds.set_epoch(0)
+    (share,) = ds._shares.values()
+    assert isinstance(share, MappedRankPlan)
+    sent = bytes(ForkingPickler.dumps(share))
+    assert len(sent) < 400 and b"torch" not in sent  # a name, not the ids, nor a shared-memory handle
+    received = pickle.loads(bytes(ForkingPickler.dumps(ds)))
+    (again,) = received._shares.values()
+    assert isinstance(again, MappedRankPlan) and np.array_equal(again.ids, share.ids)
+
+    context = multiprocessing.get_context("spawn")
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    assert keys(loader) == in_memory(root, 1)  # each spawned worker mapped the node plan
+
+    expected = in_memory(root, 1)
+    pickled = bytes(ForkingPickler.dumps(ds))
+    shutil.rmtree(tmp_path / "cache" / "plans")  # gone before the worker maps it: it obtains the plan again
+    log = tmp_path / "planned"
+    count_plans(log)
+    gone = pickle.loads(pickled)
+    assert gone._shares == {}
+    assert keys(gone) == expected
+    assert len(planned(log)) == 1

@@ -1,4 +1,5 @@
-"""A rank's plan reaches spawn and forkserver DataLoader workers through shared memory, not pickled by value."""
+"""A rank's plan reaches spawn and forkserver DataLoader workers through shared memory, or mapped from the node
+plan's files, never pickled by value."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from datasets import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
+from shardio.workers.nodeplan import MappedRankPlan
 from shardio.workers.sharing import SharedRankPlan, shared
 
 
@@ -40,20 +42,28 @@ def test_a_shared_plan_is_the_same_plan_by_handle_or_by_value() -> None:
 
 
 def _check_shared(worker: int) -> None:
+    """The worker's share is in shared memory (one rank alone plans in memory), or mapped from the node plan's
+    files (with several ranks): never a copy of the ids."""
     info = get_worker_info()
     assert info is not None
     shares = list(info.dataset._shares.values())  # type: ignore[union-attr]
-    if not (len(shares) == 1 and isinstance(shares[0], SharedRankPlan) and shares[0].tensors[0].is_shared()):
+    if info.dataset.ranks().world_size > 1:  # type: ignore[union-attr]
+        received = len(shares) == 1 and isinstance(shares[0], MappedRankPlan)
+    else:
+        received = len(shares) == 1 and isinstance(shares[0], SharedRankPlan) and shares[0].tensors[0].is_shared()
+    if not received:
         raise RuntimeError(f"worker {worker} received its rank's plan by value: {shares!r:.200}")
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
 @pytest.mark.parametrize("context", ["forkserver"])
-def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str) -> None:
+def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str, world_size: int) -> None:
     root = make_uneven_dataset(tmp_path / "ds", [30, 7, 19], duration_range=(0.01, 0.02)).root
-    expected = [list(b["keys"]) for b in ShardDataset(root, batch_size=3, world=World(rank=1, world_size=3))]
+    world = World(rank=world_size - 1, world_size=world_size)
+    expected = [list(b["keys"]) for b in ShardDataset(root, batch_size=3, world=world)]
     ctx: Any = multiprocessing.get_context(context)
     ctx.set_forkserver_preload(["torch", "shardio.dataset"])
-    dataset = ShardDataset(root, batch_size=3, world=World(rank=1, world_size=3))
+    dataset = ShardDataset(root, batch_size=3, world=world)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx,
                         worker_init_fn=_check_shared)
     assert [list(b["keys"]) for b in loader] == expected

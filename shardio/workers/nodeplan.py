@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -27,9 +28,22 @@ from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
 from ..planning.repeats import Repeats
 
-__all__ = ["write", "read", "ids_dtype"]
+__all__ = ["MappedRankPlan", "write", "read", "ids_dtype"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MappedRankPlan(RankPlan):
+    """A rank's share mapped from the node plan in ``directory``: it pickles as that reference, not as its
+    arrays, so a spawn or forkserver DataLoader worker maps the same files (nothing in shared memory, nothing
+    copied). Unpickled where the files are gone or damaged, it becomes None: the receiver plans again."""
+
+    directory: str = ""
+    samples: int = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return read, (self.directory, self.rank, self.samples)
 
 
 def ids_dtype(samples: int) -> np.dtype:
@@ -75,7 +89,7 @@ def write(directory: str, plan: EpochPlan, samples: int) -> None:
     np.save(os.path.join(directory, "offsets.npy"), offsets)
 
 
-def read(directory: str, rank: int, samples: int) -> RankPlan | None:
+def read(directory: str, rank: int, samples: int) -> MappedRankPlan | None:
     """Rank ``rank``'s share from ``directory``, as read-only views of the mapped files, if they are there and
     consistent (ids below ``samples``); else None (a warning when they are there but damaged or foreign)."""
     try:
@@ -89,15 +103,15 @@ def read(directory: str, rank: int, samples: int) -> RankPlan | None:
         logger.warning("the node plan under %s cannot be read (%s): planning the epoch here instead",
                        directory, exc)
         return None
-    share = _share(rank, samples, ids, starts, offsets, repeats)
+    share = _share(directory, rank, samples, ids, starts, offsets, repeats)
     if share is None:
         logger.warning("the node plan under %s is inconsistent for rank %d: planning the epoch here instead",
                        directory, rank)
     return share
 
 
-def _share(rank: int, samples: int, ids: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
-           repeats: np.ndarray | None) -> RankPlan | None:
+def _share(directory: str, rank: int, samples: int, ids: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
+           repeats: np.ndarray | None) -> MappedRankPlan | None:
     """Rank ``rank``'s views, or None where the arrays are not a node plan of a dataset of ``samples`` ids."""
     if not (ids.ndim == 1 and ids.dtype.kind == "i" and starts.dtype == offsets.dtype == np.int64
             and offsets.ndim == 2 and starts.shape == (offsets.shape[0] + 1,) and 0 <= rank < offsets.shape[0]
@@ -111,4 +125,5 @@ def _share(rank: int, samples: int, ids: np.ndarray, starts: np.ndarray, offsets
     if not (row[0] == 0 and row[-1] == end - begin and bool(np.all(row[1:] >= row[:-1]))
             and (mine.shape[0] == 0 or (0 <= int(mine.min()) and int(mine.max()) < samples))):
         return None
-    return RankPlan(rank, mine, row, None if repeats is None else repeats[begin:end])
+    return MappedRankPlan(rank, mine, row, None if repeats is None else repeats[begin:end], directory=directory,
+                          samples=samples)
