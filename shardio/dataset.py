@@ -317,13 +317,14 @@ class ShardDataset(IterableDataset):
         world = self.ranks()
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            if get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun():
+            others = get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun()
+            if others and self.index.fingerprinted:  # an index made in memory has no name to plan under
                 # planned once per node: the ranks of the node and their workers map their part of its files
                 job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
                        "world": world.world_size, "extra": self._extra}
                 share = planfiles.obtain(planfiles.name(job, epoch, history), world.rank, len(self.index),
                                          lambda: self._plan_of(epoch, history))
-            else:  # workers to come inherit it (fork) or receive it (spawn, forkserver: __getstate__)
+            else:  # one rank without workers yet (they inherit or receive it), or an index made in memory
                 share = rank_plan(self._plan_of(epoch, history), world.rank)
             self._shares = {key: share}
             self._plans = {}

@@ -91,6 +91,11 @@ class MixIndex(Index):
         self.__dict__.update(state)
         self.columns = self._chained()
 
+    @property
+    def fingerprinted(self) -> bool:
+        """Whether the fingerprint names this mix: every corpus's index is fingerprinted (see :class:`Index`)."""
+        return all(part.fingerprinted for part in self.parts)
+
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
         """Replace the mix's shard table and each corpus's by ``convert(table)``, in place."""
         super().share_tables(convert)

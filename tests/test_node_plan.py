@@ -175,3 +175,30 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
     assert gone._shares == {}
     assert keys(gone) == expected
     assert len(planned(log)) == 1
+
+
+def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path) -> None:
+    """Plan files are named by the index fingerprint: an index made in memory, whose fingerprint was given rather
+    than computed from its content, never writes or maps one (two such indexes may share a fingerprint)."""
+    from shardio import Index
+
+    loaded = Index.load(root)
+    assert loaded.fingerprinted
+
+    def in_memory_copy(scale: int) -> Index:
+        columns = {name: np.array(column) for name, column in loaded.columns.items()}
+        columns["num_frames"] = columns["num_frames"] * np.uint32(scale)
+        return Index(root=loaded.root, shards=list(loaded.shards), formats=list(loaded.formats), columns=columns,
+                     fingerprint=loaded.fingerprint, _keys=list(loaded.keys))
+
+    for scale in (1, 7):  # the same given fingerprint, other durations: other plans
+        index = in_memory_copy(scale)
+        assert not index.fingerprinted
+        ds = ShardDataset(index, max_duration=0.05, seed=5, world=World(rank=1, world_size=WORLD_SIZE))
+        ds.set_epoch(0)
+        plan = ds.plan(0)
+        assert keys(ds) == [[index.keys[int(i)] for i in plan.batch(1, j)] for j in range(plan.num_batches)]
+    assert not os.path.exists(tmp_path / "cache" / "plans")
+    (tmp_path / "saved").mkdir()
+    index.save(str(tmp_path / "saved"))
+    assert index.fingerprinted and index.fingerprint != loaded.fingerprint

@@ -82,6 +82,8 @@ class Index:
     """The mapped columns file the columns and keys are views of (None: they are in memory)."""
     _meta: Metadata | None = field(default=None, repr=False, compare=False)
     """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
+    _digested: bool = field(default=False, repr=False, compare=False)
+    """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
 
     def __post_init__(self) -> None:
         try:
@@ -105,6 +107,13 @@ class Index:
         """Replace the shard table by ``convert(table)``, in place: how a dataset pickled for DataLoader workers
         puts it in shared memory (:func:`shardio.workers.sharing.shared_table`)."""
         self.shards = convert(self.table)
+
+    @property
+    def fingerprinted(self) -> bool:
+        """Whether :attr:`fingerprint` names this content: an index loaded from disk or saved there (where it is the
+        digest of what was written), not one made in memory with whatever fingerprint it was given. Derived data
+        keyed by the fingerprint, such as the node's plan files, is kept only for such an index."""
+        return self._digested
 
     @property
     def durations(self) -> np.ndarray:
@@ -185,7 +194,7 @@ class Index:
         directory = directory or self.root
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
         if not (keep_fingerprint and self.fingerprint):
-            self.fingerprint = self._compute_fingerprint()
+            self.fingerprint, self._digested = self._compute_fingerprint(), True
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
         write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
 
@@ -264,6 +273,7 @@ class Index:
         indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
         if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
+        index._digested = True
         return index
 
     def validate(self, where: str) -> None:
