@@ -46,9 +46,9 @@ BATCH_SIZE = 32
 
 
 def memory(pid: int) -> dict[str, float]:
-    """RSS and PSS of process ``pid`` in MiB, and the PSS of its map of ``index.columns`` (page cache that the
-    node's processes share: a page mapped by k processes counts 1/k in each)."""
-    fields = {"rss": 0.0, "pss": 0.0, "index_pss": 0.0}
+    """RSS and PSS of process ``pid`` in MiB, and the PSS of its maps of ``index.columns`` and of the node's plan
+    files (page cache that the node's processes share: a page mapped by k processes counts 1/k in each)."""
+    fields = {"rss": 0.0, "pss": 0.0, "index_pss": 0.0, "plan_pss": 0.0}
     mapping = ""
     with open(f"/proc/{pid}/smaps") as handle:
         for line in handle:
@@ -61,6 +61,8 @@ def memory(pid: int) -> dict[str, float]:
                 fields[name.lower()] += value
                 if name == "Pss" and mapping.endswith("index.columns"):
                     fields["index_pss"] += value
+                elif name == "Pss" and f"{os.sep}plans{os.sep}" in mapping:
+                    fields["plan_pss"] += value
     return {k: round(v, 1) for k, v in fields.items()}
 
 
@@ -230,15 +232,16 @@ def run_case(root: Path, workers: int, context: str) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     lines = ["# shardio scale", "", report["note"], "",
              "PSS excess: over the baseline process (the training process right after its imports; a worker that "
-             "only imported shardio), leaving out the shared page cache of the mapped `index.columns` (its PSS is "
-             "the `index` figure).", "",
+             "only imported shardio), leaving out the shared page cache of the mapped `index.columns` and of the "
+             "node's plan files (their PSS: the `index / plan` figures in brackets).", "",
              "| samples | index B/sample | state B | case | construct s | set_epoch s | first batch s "
-             "| train PSS excess MiB (index) | each worker's PSS excess MiB (index) | worker RSS MiB |",
+             "| train PSS excess MiB (index / plan) | each worker's PSS excess MiB (index / plan) | worker RSS MiB |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for size in report["sizes"]:
         for case in size["cases"]:
             def excess(now: dict[str, float], base: dict[str, float]) -> str:
-                return f"{now['pss'] - now['index_pss'] - base['pss']:+.0f} ({now['index_pss']:.0f})"
+                plan = now.get("plan_pss", 0.0)
+                return f"{now['pss'] - now['index_pss'] - plan - base['pss']:+.0f} ({now['index_pss']:.0f} / {plan:.0f})"
 
             workers = case.get("workers", [])
             wpss = " / ".join(excess(w, case["worker_baseline"]) for w in workers)
