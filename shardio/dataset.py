@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -40,14 +39,14 @@ from .errors import OptionError, StateError
 from .ledger.quarantine import check_extra, exclusions
 from .workers.memory import trim
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
-from .planning.rankplan import RankPlan, rank_plan
+from .planning.rankplan import RankPlan
 from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
 from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
 from .workers.sharing import shared, shared_table
-from .state import LoaderState, combine, find_states
+from .state import LoaderState, batch_position, combine, find_states
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -204,11 +203,7 @@ class ShardDataset(IterableDataset):
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The job state to save once ``batch`` (yielded by this dataset) has been consumed."""
-        try:
-            epoch, index = (_exact_int(batch[name]) for name in ("epoch", "batch_index"))
-        except (KeyError, TypeError):
-            raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
-                              "'batch_index' (a collate_fn must keep them)") from None
+        epoch, index = batch_position(batch)
         given = self._control.instruction()
         history = given.history if epoch == given.epoch else ()
         return self._state(Instruction(epoch, history, index + 1)).to_dict()
@@ -318,14 +313,11 @@ class ShardDataset(IterableDataset):
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
             others = get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun()
-            if others and self.index.fingerprinted:  # an index made in memory has no name to plan under
-                # planned once per node: the ranks of the node and their workers map their part of its files
-                job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
-                       "world": world.world_size, "extra": self._extra}
-                share = planfiles.obtain(planfiles.name(job, epoch, history), world.rank, len(self.index),
-                                         lambda: self._plan_of(epoch, history))
-            else:  # one rank without workers yet (they inherit or receive it), or an index made in memory
-                share = rank_plan(self._plan_of(epoch, history), world.rank)
+            job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
+                   "world": world.world_size, "extra": self._extra}
+            # once per node where others may need it and the index's fingerprint names its content
+            share = planfiles.share(job, epoch, history, world.rank, len(self.index),
+                                    lambda: self._plan_of(epoch, history), others and self.index.fingerprinted)
             self._shares = {key: share}
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
@@ -396,9 +388,3 @@ class ShardDataset(IterableDataset):
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
         return {}
 
-
-def _exact_int(value: Any) -> int:
-    """``value`` as an int when it is an integer (a Python, numpy or one-element torch integer), not a bool."""
-    if isinstance(value, bool):
-        raise TypeError("a bool is not a batch index")
-    return operator.index(value)

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .errors import StateError
+from .errors import OptionError, StateError
 from .planning.plan import Segment
 
-__all__ = ["STATE_VERSION", "LoaderState", "combine", "find_states", "options_fingerprint"]
+__all__ = ["STATE_VERSION", "LoaderState", "batch_position", "combine", "find_states", "options_fingerprint"]
 
 STATE_VERSION = 1
 _FORMAT = "shardio-state"
@@ -160,3 +161,17 @@ def _history(value: Any) -> tuple[Segment, ...]:
                              f"consumed >= 0] (integers), not {reprlib.repr(item)}")
         segments.append(Segment(item[0], item[1]))
     return tuple(segments)
+
+
+def batch_position(batch: Mapping[str, Any]) -> tuple[int, int]:
+    """A yielded batch's ``(epoch, batch_index)``: integers (Python, numpy or one-element torch), never bools."""
+    def exact(value: Any) -> int:
+        if isinstance(value, bool):
+            raise TypeError("a bool is not a batch index")
+        return operator.index(value)
+
+    try:
+        return exact(batch["epoch"]), exact(batch["batch_index"])
+    except (KeyError, TypeError):
+        raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
+                          "'batch_index' (a collate_fn must keep them)") from None
