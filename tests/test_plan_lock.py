@@ -175,6 +175,24 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
         holder.join(30)
 
 
+def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "epoch.lock")
+    holder = PlanLock(path)
+    assert holder.acquire(1.0)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 8:
+            holder.release()
+
+    monkeypatch.setattr(time, "sleep", pause)
+    waiter = PlanLock(path)
+    assert waiter.acquire(600.0) and waiter.waited
+    waiter.release()
+    assert pauses == [0.001, 0.002, 0.004, 0.008, 0.016, 0.03, 0.03, 0.03]
+
+
 def unwritable_run(root: str, log: str) -> None:
     """Play 2 epochs on 2 fork workers and 0 workers; print both, and the plannings (run in a subprocess)."""
     count_plans(Path(log))
