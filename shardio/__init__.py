@@ -32,6 +32,7 @@ from .world import World
 if TYPE_CHECKING:
     from .dataset import ShardDataset, Transform
     from .mixed import MixedDataset
+    from .workers.loader import ShardLoader
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,10 @@ def __getattr__(name: str) -> Any:
         from . import dataset
 
         return getattr(dataset, name)
+    if name == "ShardLoader":
+        from .workers.loader import ShardLoader
+
+        return ShardLoader
     if name == "MixedDataset":
         from .mixed import MixedDataset
 
@@ -52,6 +57,7 @@ __all__ = [
     "__version__",
     "ShardDataset",
     "MixedDataset",
+    "ShardLoader",
     "Mix",
     "EpochSize",
     "Transform",

@@ -139,6 +139,10 @@ class ShardDataset(IterableDataset):
         given = self._control.instruction()
         self._share(given.epoch, given.history)  # here, before workers: they inherit, receive or map it
 
+    def _instructions(self) -> int:
+        """How many instructions (``set_epoch``, ``load_state_dict``) this dataset has been given."""
+        return self._control.generation
+
     def _slot(self) -> int:
         info = get_worker_info()
         return 0 if info is None else slot_of(info.id, info.num_workers)

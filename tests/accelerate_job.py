@@ -18,7 +18,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset
+from shardio import ShardDataset, ShardLoader
 from shardio.integrations.accelerate import track
 
 
@@ -33,7 +33,9 @@ def main(config: dict[str, Any]) -> None:
     options: dict[str, Any] = {"batch_size": None, "num_workers": config["workers"]}
     if config["workers"]:
         options["persistent_workers"] = config["persistent"]
-    loader = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
+    loader: Any = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
+    if config.get("loader") == "shardio":
+        loader = ShardLoader(dataset, num_workers=config["workers"], persistent_workers=config.get("persistent", True))
     if config.get("prepare"):  # the pitfall, for tests/test_accelerate.py
         loader = accelerator.prepare(loader)
     step = 0

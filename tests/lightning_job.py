@@ -22,7 +22,7 @@ try:
 except ImportError:
     import pytorch_lightning as pl
 
-from shardio import ShardDataset
+from shardio import ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 
 
@@ -68,6 +68,8 @@ class Model(pl.LightningModule):
         options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
         if workers:
             options["persistent_workers"] = config["persistent"]
+        if config["loader"] == "shardio":
+            return ShardLoader(dataset, num_workers=workers, persistent_workers=config["persistent"])
         if config["loader"] == "stateful":
             from torchdata.stateful_dataloader import StatefulDataLoader
 

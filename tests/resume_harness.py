@@ -34,9 +34,10 @@ BATCHINGS: dict[str, dict[str, Any]] = {
     "bucketed": {"max_duration": 1.5, "num_buckets": 3, "quadratic_duration": 20.0},
     "unbatched": {},
 }
-LOADERS = ("state_after", "in_process", "stateful")
+LOADERS = ("state_after", "in_process", "stateful", "shardio")
 """``state_after``: a plain DataLoader, ``ds.state_after(batch)``; ``in_process``: ``num_workers=0`` and
-``ds.state_dict()``; ``stateful``: torchdata's ``StatefulDataLoader`` and its own state."""
+``ds.state_dict()``; ``stateful``: torchdata's ``StatefulDataLoader`` and its own state; ``shardio``:
+:class:`shardio.ShardLoader` and its own state (batched datasets only)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Case:
             raise ValueError("in_process runs without workers")
         if self.persistent and not self.workers:
             raise ValueError("persistent workers need workers")
+        if self.loader == "shardio" and self.batching == "unbatched":
+            raise ValueError("ShardLoader hands over batches only")
         if self.resume_workers is not None and self.loader == "stateful" and not self.ds_load:
             raise ValueError("a StatefulDataLoader's own state resumes the same workers only")
 
@@ -109,6 +112,11 @@ def make_loader(case: Case, ds: Any) -> Any:
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    from shardio import ShardLoader
+
+    if case.loader == "shardio":
+        return ShardLoader(ds, num_workers=case.workers, persistent_workers=case.persistent,
+                           multiprocessing_context=case.start_method)
     options: dict[str, Any] = {"batch_size": None, "num_workers": case.workers}
     if case.workers:
         options.update(persistent_workers=case.persistent, multiprocessing_context=case.start_method)
@@ -124,7 +132,7 @@ def record(batch: dict[str, Any]) -> Record:
 
 def save(case: Case, ds: Any, loader: Any, batch: dict[str, Any] | None) -> dict[str, Any]:
     """The state the case's loader saves after ``batch`` (``None``: before the first), through JSON."""
-    if case.loader == "stateful":
+    if case.loader in ("stateful", "shardio"):
         state = loader.state_dict()
     elif case.loader == "in_process" or batch is None:
         state = ds.state_dict()
@@ -135,7 +143,7 @@ def save(case: Case, ds: Any, loader: Any, batch: dict[str, Any] | None) -> dict
 
 def restore(case: Case, ds: Any, loader: Any, state: dict[str, Any]) -> None:
     """Load ``state`` the case's way."""
-    if case.loader == "stateful" and not case.ds_load:
+    if case.loader in ("stateful", "shardio") and not case.ds_load:
         loader.load_state_dict(state)
     else:
         ds.load_state_dict(state)

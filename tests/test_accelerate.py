@@ -99,11 +99,16 @@ def test_resume_mid_epoch_two_processes(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, kill_at=8, workers=2) == 6
 
 
+def test_resume_mid_epoch_two_processes_with_the_shard_loader(data: Path, tmp_path: Path) -> None:
+    assert check_resume(data, tmp_path, kill_at=8, workers=2, loader="shardio") == 6
+
+
 @pytest.mark.matrix
+@pytest.mark.parametrize("loader", ["plain", "shardio"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("kill_at", [4, 5, 8])  # resumed at step 3, the epoch end (5), 6
-def test_resume_matrix(data: Path, tmp_path: Path, workers: int, persistent: bool, kill_at: int) -> None:
-    check_resume(data, tmp_path, kill_at=kill_at, workers=workers, persistent=persistent)
+def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, kill_at: int) -> None:
+    check_resume(data, tmp_path, kill_at=kill_at, workers=workers, persistent=persistent, loader=loader)
 
 
 @pytest.mark.matrix

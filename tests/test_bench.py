@@ -25,6 +25,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         for workers in (0, 2):
             assert (corpus, f"shardio .tar unbatched (DataLoader batches), {workers}w") in cases
         assert (corpus, "shardio .tar int16, 2w") in cases
+        assert (corpus, "shardio .tar ShardLoader, 2w") in cases
         assert (corpus, "shardio .tar, 2 processes x 0w (parallel floor)") in cases
         assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
         assert (corpus, "zstd-3 decompression floor (frames in memory)") in cases
@@ -43,11 +44,12 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
     assert [r["world_size"] for r in shardio_balance] == [2, 4, 8]
     assert all(r["batch_spread"] == 0 for r in shardio_balance)  # every rank the same number of batches
     assert {(r["loader"], r["workers"]) for r in result["stall"]} == {
-        (loader, w) for loader in ("shardio", "webdataset + soundfile") for w in (1, 2)}
+        (loader, w) for loader in ("shardio", "shardio ShardLoader", "webdataset + soundfile") for w in (1, 2)}
     assert {t["ratio"] for t in result["targets"]} >= {
         "shardio_vs_webdataset", "shardio_vs_webdataset_2w", "shardio_vs_numpy_floor", "shardio_vs_soundfile_floor",
         "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
-        "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s"}
+        "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s",
+        "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s"}
     assert result["targets"][0]["ratio"] == "shardio_vs_webdataset_2w"  # the headline: what a training job sees
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()

@@ -103,6 +103,11 @@ def test_resume_mid_epoch_with_workers(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, devices=1, kill_at=14, workers=2) == 12
 
 
+def test_resume_mid_epoch_with_the_shard_loader_on_two_ranks(data: Path, tmp_path: Path) -> None:
+    # 5 steps an epoch on 2 ranks, each iterating a ShardLoader with 2 workers: killed at 8, resumed at 6.
+    assert check_resume(data, tmp_path, devices=2, kill_at=8, workers=2, persistent=True, loader="shardio") == 6
+
+
 def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks: killed in step 5 (after the epoch-end checkpoint), resumed from step 5.
     assert check_resume(data, tmp_path, devices=2, kill_at=5) == 5
@@ -140,7 +145,7 @@ def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize("loader", ["plain", "stateful"])
+@pytest.mark.parametrize("loader", ["plain", "stateful", "shardio"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("devices,kill_at", [(1, 7), (1, 10), (2, 8), (3, 5)])
 def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, devices: int,
@@ -158,7 +163,8 @@ def test_reloaded_dataloaders_train_every_epoch_with_workers(data: Path, tmp_pat
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize("loader,persistent", [("plain", True), ("stateful", False), ("stateful", True)])
+@pytest.mark.parametrize("loader,persistent", [("plain", True), ("stateful", False), ("stateful", True),
+                                               ("shardio", True)])
 def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, persistent: bool) -> None:
     plan = planned(data, 1, epochs=3)[0]
     trained = run_job(data, tmp_path / "run", devices=1, workers=2, reload=1, max_epochs=3, loader=loader,

@@ -68,7 +68,19 @@ def test_stateful_state_into_the_dataset_with_three_workers(dirs: dict[str, str]
     check_same_world(Case(loader="stateful", workers=3, stops=(1,), ds_load=True), dirs)
 
 
-@pytest.mark.parametrize("old,new,loader", [(3, 2, "state_after"), (2, 3, "stateful")])
+def test_shard_loader_mix_spawn_stopped_across_the_epoch_boundary_and_rolled_back(dirs: dict[str, str]) -> None:
+    case = Case(mixed=True, batching="bucketed", loader="shardio", workers=2, start_method="spawn")
+    n = length(case, dirs)
+    check_same_world(Case(**{**case.__dict__, "stops": (1, n, n + 2), "rollback": (1, 3)}), dirs)
+
+
+def test_shard_loader_persistent_workers_resume_with_another_worker_count(dirs: dict[str, str]) -> None:
+    n = length(Case(batching="fixed"), dirs)
+    check_same_world(Case(batching="fixed", loader="shardio", workers=3, persistent=True, stops=(n // 2,),
+                          resume_workers=1), dirs)
+
+
+@pytest.mark.parametrize("old,new,loader", [(3, 2, "state_after"), (2, 3, "stateful"), (3, 2, "shardio")])
 def test_world_change_consumes_the_rest_once(dirs: dict[str, str], old: int, new: int, loader: str) -> None:
     case = Case(mixed=loader == "stateful", loader=loader, workers=1, epochs=1, ds_load=True)
     check_world_change(case, dirs, old, new, stop=length(case, dirs, World(0, old)) // 2)
@@ -152,7 +164,8 @@ def cases(draw: st.DrawFn) -> Case:
     loader = draw(st.sampled_from(LOADERS))
     workers = 0 if loader == "in_process" else draw(st.integers(0, 3))
     persistent = workers > 0 and draw(st.booleans())
-    return Case(mixed=draw(st.booleans()), batching=draw(st.sampled_from(sorted(BATCHINGS))), loader=loader,
+    batchings = sorted(set(BATCHINGS) - ({"unbatched"} if loader == "shardio" else set()))
+    return Case(mixed=draw(st.booleans()), batching=draw(st.sampled_from(batchings)), loader=loader,
                 workers=workers, persistent=persistent,
                 start_method=draw(st.sampled_from(["fork", "forkserver", "spawn"])) if workers else "fork",
                 epoch=draw(st.integers(0, 3)), ds_load=loader == "stateful" and draw(st.booleans()))

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from ..dataset import ShardDataset
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
+from ..workers.loader import ShardLoader
 
 __all__ = [
     "Epoch",
@@ -59,10 +60,15 @@ def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
 
 
 def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                   persistent: bool = True, unbatched: bool = False, dtype: str = "float32") -> DataLoader:
+                   persistent: bool = True, unbatched: bool = False, dtype: str = "float32",
+                   lean: bool = False) -> Iterable[dict[str, Any]]:
     """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
-    dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`."""
+    dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`;
+    ``lean``: a :class:`~shardio.ShardLoader` instead of the DataLoader."""
     persistent = persistent and workers > 0
+    if lean:
+        return ShardLoader(ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, dtype=dtype),
+                           num_workers=workers, persistent_workers=persistent)
     if unbatched:
         return DataLoader(ShardDataset(directory, shuffle=shuffle, dtype=dtype), batch_size=batch_size,
                           collate_fn=collate, num_workers=workers, persistent_workers=persistent)
@@ -71,17 +77,17 @@ def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bo
 
 
 def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                  fresh: bool = False, unbatched: bool = False, dtype: str = "float32") -> Epoch:
+                  fresh: bool = False, unbatched: bool = False, dtype: str = "float32", lean: bool = False) -> Epoch:
     """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
 
     ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
     shards (gzip, bz2) in memory, which on a bench-sized dataset would hide their decompression after the
-    first round, while a real epoch over a large dataset decompresses every shard. ``unbatched``: see
-    :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
+    first round, while a real epoch over a large dataset decompresses every shard. ``unbatched`` and ``lean``:
+    see :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
     """
-    def make() -> DataLoader:
+    def make() -> Iterable[dict[str, Any]]:
         return shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle,
-                              unbatched=unbatched, dtype=dtype)
+                              unbatched=unbatched, dtype=dtype, lean=lean)
     if fresh:
         return lambda: _count(make())
     loader = make()

@@ -15,16 +15,25 @@ TARGETS: list[tuple[str, str, str, float]] = [
     # (ratio name, audio format it applies to ("*": any), description, threshold: the ratio must be >= it)
     ("shardio_vs_webdataset_2w", "wav", ("headline: through DataLoader with 2 workers, shardio >= 5x WebDataset + "
      "soundfile with 2 workers, per core (PCM WAV)"), 5.0),
+    ("shard_loader_vs_webdataset_2w", "wav", ("shardio's ShardLoader with 2 workers >= 5x WebDataset + soundfile "
+     "through DataLoader with 2 workers, per core (PCM WAV)"), 5.0),
     ("shardio_vs_webdataset", "wav", "shardio >= 5x WebDataset + soundfile, 0 workers, per core (PCM WAV)", 5.0),
     ("two_workers_vs_zero", "*", "2 workers >= 1.8x 0 workers (wall samples/s; needs 2 free cores)", 1.8),
     ("two_workers_vs_zero_per_cpu_s", "*", ("loader CPU per sample with 2 workers at most 1.15x 0 workers "
      "(per CPU-s ratio >= 1/1.15)"), 1 / 1.15),
+    ("shard_loader_vs_zero", "*", "ShardLoader, 2 workers >= 1.8x 0 workers (wall samples/s; needs 2 free cores)",
+     1.8),
+    ("shard_loader_vs_zero_per_cpu_s", "*", ("loader CPU per sample with ShardLoader's 2 workers at most 1.15x 0 "
+     "workers (per CPU-s ratio >= 1/1.15)"), 1 / 1.15),
+    ("shard_loader_vs_dataloader_2w", "*", "(context) ShardLoader vs DataLoader, 2 workers each, per CPU-s", 1.0),
     ("parallel_floor_vs_zero", "*", ("(context) the machine: 2 reader processes at once, 0 workers each, vs one "
      "(wall samples/s): the most 2 workers can reach here"), 1.8),
     ("parallel_floor_vs_zero_per_cpu_s", "*", ("(context) the machine: 2 reader processes at once vs one, per "
      "CPU-s (shared caches, memory bandwidth, neighbours)"), 1 / 1.15),
     ("two_workers_vs_parallel_floor_per_cpu_s", "*", ("(context) the transport: 2 workers vs 2 reader processes "
      "at once, per CPU-s (the DataLoader's hand-off alone)"), 1 / 1.15),
+    ("shard_loader_vs_parallel_floor_per_cpu_s", "*", ("(context) ShardLoader's transport: 2 workers vs 2 reader "
+     "processes at once, per CPU-s"), 1 / 1.15),
     ("shardio_vs_numpy_floor", "wav", "shardio >= 50% of the numpy raw floor, per core (PCM WAV)", 0.5),
     ("shardio_vs_numpy_batch_floor", "wav", "(context) shardio vs the numpy floor writing padded batches, per core",
      0.5),

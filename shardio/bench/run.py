@@ -72,14 +72,16 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
 
-    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False, dtype: str = "float32") -> Case:
+    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False, dtype: str = "float32",
+                lean: bool = False) -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
         suffix += " unbatched (DataLoader batches)" if unbatched else ""
+        suffix += " ShardLoader" if lean else ""
         suffix += f" {dtype}" if dtype != "float32" else ""
         return Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
                      corpus.shard_bytes / 1e6,
                      partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size,
-                             unbatched=unbatched, dtype=dtype))
+                             unbatched=unbatched, dtype=dtype, lean=lean))
 
     def webdataset(workers: int) -> Case:
         return Case(plain.name, f"webdataset + soundfile .tar, {workers}w", "webdataset", "none", workers,
@@ -100,7 +102,8 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
         Case(plain.name, "zstd-3 decompression floor (frames in memory)", "zstd floor", "zstd-3", 0,
               zstd.shard_bytes / 1e6, lambda: cases.zstd_floor(frames)),
         shardio(zstd, "zstd-3", zstd_first),
-        *(case for workers in more for case in (shardio(plain, "none", workers), webdataset(workers))),
+        *(case for workers in more for case in (shardio(plain, "none", workers), shardio(plain, "none", workers, lean=True),
+                                                webdataset(workers))),
         *([Case(plain.name, _PARALLEL, "parallel floor", "none", 0, plain.shard_bytes / 1e6,
                 partial(parallel_floor, plain.directory, processes=2, batch_size=batch_size))]
           if 2 in more else []),
@@ -114,9 +117,17 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
 _PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
 """Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2 workers can reach here."""
 
+_LEAN = "shardio .tar ShardLoader, 2w"
+"""shardio's own loader (:class:`~shardio.ShardLoader`) with 2 workers: the set-up the README recommends."""
+
 _PAIRS = {  # ratio name: (case, reference case, basis)
     "shardio_vs_webdataset": ("shardio .tar, 0w", "webdataset + soundfile .tar, 0w", "cpu"),
     "shardio_vs_webdataset_2w": ("shardio .tar, 2w", "webdataset + soundfile .tar, 2w", "cpu"),
+    "shard_loader_vs_webdataset_2w": (_LEAN, "webdataset + soundfile .tar, 2w", "cpu"),
+    "shard_loader_vs_zero": (_LEAN, "shardio .tar, 0w", "wall"),
+    "shard_loader_vs_zero_per_cpu_s": (_LEAN, "shardio .tar, 0w", "cpu"),
+    "shard_loader_vs_parallel_floor_per_cpu_s": (_LEAN, _PARALLEL, "cpu"),
+    "shard_loader_vs_dataloader_2w": (_LEAN, "shardio .tar, 2w", "cpu"),
     "shardio_vs_soundfile_floor": ("shardio .tar, 0w", "soundfile floor (bytes in memory)", "cpu"),
     "shardio_2w_vs_soundfile_floor": ("shardio .tar, 2w", "soundfile floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
@@ -203,6 +214,8 @@ def _stall(corpus: Corpus, config: BenchConfig, batch_size: int, step_ms: float)
     for workers in (1, 2):
         makers = {"shardio": lambda w=workers: cases.shardio_loader(corpus.directory, workers=w,
                                                                     batch_size=batch_size, persistent=False),
+                  "shardio ShardLoader": lambda w=workers: cases.shardio_loader(
+                      corpus.directory, workers=w, batch_size=batch_size, persistent=False, lean=True),
                   "webdataset + soundfile": lambda w=workers: cases.DataLoader(
                       cases.webdataset_pipeline(shards, ext=ext, batch_size=batch_size), batch_size=None,
                       num_workers=w)}

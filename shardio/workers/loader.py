@@ -1,0 +1,342 @@
+"""ShardLoader: a shardio dataset's batches from worker processes, each on a pipe of its own.
+
+torch's DataLoader moves every batch through an index queue, a result queue and its feeder thread, and a
+pickle of the batch in each direction; on a fast codec that hand-off costs as much CPU as decoding
+(``benchmarks/results/workers.md``). A shardio dataset needs none of it: its workers know their batches from
+the plan. Here each worker has one duplex pipe. The training process starts an iteration with ``prefetch``
+credits per worker and gives a credit back for each batch it takes; a worker sends each batch as soon as it
+holds a credit. The audio travels in a reused shared-memory block, named after its first trip
+(:mod:`shardio.reading.blocks`), so a batch costs one small message each way.
+
+Order: batches are taken from the workers in turn, worker 0 first, skipping those that have finished, as the
+DataLoader does; the plan gives worker ``w`` batches ``start + w``, ``start + w + n``, ... (see
+:func:`~shardio.planning.plan.worker_batches`), so the order is the plan's for any worker count, and it
+matches ``num_workers=0`` batch for batch.
+
+Workers run the dataset exactly as DataLoader workers do (``torch.utils.data.get_worker_info()`` says which
+one), so planning, instructions (``set_epoch``, ``load_state_dict``) and persistent workers behave as they do
+under a DataLoader. A worker's exception is raised in the training process with the worker's traceback as a
+note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401  registers the reducers that send tensors between processes
+from torch.utils.data._utils import worker as torch_worker
+from torch.utils.data._utils.pin_memory import pin_memory
+
+from ..dataset import ShardDataset
+from ..errors import OptionError
+
+__all__ = ["ShardLoader"]
+
+logger = logging.getLogger(__name__)
+
+_START, _CREDIT, _STOP, _EXIT = "start", "credit", "stop", "exit"  # training process -> worker
+_BATCH, _END, _STOPPED, _ERROR = "batch", "end", "stopped", "error"  # worker -> training process
+_WATCH_S = 1.0
+"""How often a process waiting on its pipe looks whether the other side is still alive."""
+_JOIN_S = 5.0
+"""How long a closing loader waits for a worker to exit before terminating it."""
+
+
+class _Worker(NamedTuple):
+    process: Any  # a multiprocessing Process of the loader's context
+    pipe: Connection
+
+
+class ShardLoader:
+    """Iterates a batched :class:`~shardio.ShardDataset` (or :class:`~shardio.MixedDataset`) in
+    ``num_workers`` processes, with a fraction of a DataLoader's per-batch cost (see the module docs).
+
+    ``prefetch``: batches each worker may have ready ahead of the training process. ``persistent_workers``:
+    keep the workers between iterations (epochs). ``multiprocessing_context``: ``"fork"``,
+    ``"forkserver"``, ``"spawn"`` or a context (default: the platform's). ``pin_memory``: batches in pinned
+    memory for asynchronous copies to the GPU. ``timeout``: seconds to wait for a batch before failing (0:
+    no limit; a dead worker fails at once either way). ``num_workers=0`` iterates in this process.
+
+    :meth:`state_dict` is the job's state after the last batch this loader yielded (exact, with any number of
+    workers); :meth:`load_state_dict` continues from a state, as :meth:`ShardDataset.load_state_dict
+    <shardio.ShardDataset.load_state_dict>` does.
+    """
+
+    def __init__(self, dataset: ShardDataset, *, num_workers: int = 2, prefetch: int = 2,
+                 persistent_workers: bool = True, multiprocessing_context: Any = None, pin_memory: bool = False,
+                 timeout: float = 0.0) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise OptionError(f"ShardLoader iterates a shardio ShardDataset or MixedDataset, not a "
+                              f"{type(dataset).__name__}; use torch's DataLoader for other datasets")
+        if not dataset.batched:
+            raise OptionError("ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
+                              "(or batch its samples with a DataLoader's batch_size and collate_fn)")
+        for name, value, least in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
+            if type(value) is not int or value < least:
+                raise OptionError(f"{name} must be an integer of at least {least}, not {value!r}")
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise OptionError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.persistent_workers = persistent_workers
+        self.timeout = float(timeout)
+        self._context: Any = (multiprocessing.get_context(multiprocessing_context)
+                         if multiprocessing_context is None or isinstance(multiprocessing_context, str)
+                         else multiprocessing_context)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self.pin_memory:
+            warnings.warn("pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2)
+        self._workers: list[_Worker] = []
+        self._running: set[int] = set()  # workers in the middle of an iteration
+        self._iteration = 0  # iterations begun; an older iterator that is resumed fails
+        self._last: tuple[int, dict[str, Any]] | None = None  # (instruction generation, last batch yielded)
+
+    def __len__(self) -> int:
+        """Batches per rank in the dataset's current (or next) epoch: ``len(dataset)``."""
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``dataset.set_epoch(epoch)``: the next iteration plays ``epoch`` from its start."""
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The job's state after the last batch yielded (before any: the dataset's own state)."""
+        if self._last is not None and self._last[0] == self.dataset._instructions():
+            return self.dataset.state_after(self._last[1])
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (this loader's, a dataset's, or a ``StatefulDataLoader``'s) at the next
+        iteration; with another world size or worker count, every sample not yet consumed in its epoch is
+        consumed exactly once in the rest of it."""
+        self.dataset.load_state_dict(state)
+        self._last = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The batches of the next iteration. Nothing starts before the first ``next()`` (Lightning calls
+        ``iter()`` once only to check that a loader is iterable); that first ``next()`` stops an earlier
+        iteration left unfinished."""
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[dict[str, Any]]:
+        self._iteration += 1
+        iteration = self._iteration
+        self._halt()
+        self._last = None
+        if self.num_workers == 0:
+            for batch in self.dataset:
+                self._check(iteration)
+                self._last = (self.dataset._instructions(), batch)
+                yield pin_memory(batch) if self.pin_memory else batch
+            return
+        self._start()
+        for worker in self._workers:
+            worker.pipe.send((_START, self.prefetch))
+        self._running = set(range(self.num_workers))
+        turn = 0
+        try:
+            while self._running:
+                number = turn % self.num_workers
+                turn += 1
+                if number not in self._running:
+                    continue
+                kind, payload = self._receive(number)
+                if kind == _BATCH:
+                    self._workers[number].pipe.send(_CREDIT)
+                    self._last = (self.dataset._instructions(), payload)
+                    yield pin_memory(payload) if self.pin_memory else payload
+                    self._check(iteration)
+                    continue
+                self._running.discard(number)
+                if kind == _ERROR:
+                    raise payload
+        finally:
+            if iteration == self._iteration:
+                self._halt()
+                if not self.persistent_workers:
+                    self._shutdown()
+
+    def _check(self, iteration: int) -> None:
+        if iteration != self._iteration:
+            raise RuntimeError("this ShardLoader iterator was superseded: a newer iteration of the loader began")
+
+    # -- workers ------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._workers and all(worker.process.is_alive() for worker in self._workers):
+            return
+        self._shutdown()
+        base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        for number in range(self.num_workers):
+            ours, theirs = self._context.Pipe(duplex=True)
+            process = self._context.Process(target=_serve, name=f"shardio-loader-{number}", daemon=True,
+                                            args=(theirs, self.dataset, number, self.num_workers, base_seed,
+                                                  os.getpid()))
+            process.start()
+            theirs.close()
+            self._workers.append(_Worker(process, ours))
+
+    def _receive(self, number: int) -> tuple[str, Any]:
+        """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
+        worker = self._workers[number]
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        while True:
+            left = _WATCH_S if deadline is None else min(_WATCH_S, deadline - time.monotonic())
+            if worker.pipe.poll() or wait([worker.pipe, worker.process.sentinel], max(left, 0.0)):
+                if worker.pipe.poll():
+                    try:
+                        message: tuple[str, Any] = worker.pipe.recv()
+                        return message
+                    except (EOFError, OSError):  # the worker is gone: its exit code says how
+                        pass
+                worker.process.join(_JOIN_S)
+                if not worker.process.is_alive():
+                    code = worker.process.exitcode
+                    self._shutdown()
+                    raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) exited "
+                                       f"unexpectedly with exit code {code}" +
+                                       (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
+            if deadline is not None and time.monotonic() >= deadline:
+                self._shutdown()
+                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch in "
+                                   f"{self.timeout:g} s (timeout)")
+
+    def _halt(self) -> None:
+        """Stop the iteration the workers are in, taking (and dropping) what they had sent."""
+        try:
+            for number in self._running:
+                self._workers[number].pipe.send(_STOP)
+            for number in sorted(self._running):
+                while self._receive(number)[0] == _BATCH:
+                    pass
+        except (OSError, RuntimeError):
+            logger.debug("a shardio loader worker died while its iteration was stopped", exc_info=True)
+            self._shutdown()
+        self._running = set()
+
+    def _shutdown(self) -> None:
+        """End every worker: asked first, then terminated."""
+        workers, self._workers, self._running = self._workers, [], set()
+        for worker in workers:
+            try:
+                worker.pipe.send(_EXIT)
+            except OSError:
+                pass
+        for worker in workers:
+            worker.process.join(_JOIN_S)
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(_JOIN_S)
+            worker.pipe.close()
+
+    def close(self) -> None:
+        """Stop and end the workers (a later iteration starts new ones)."""
+        self._iteration += 1
+        self._halt()
+        self._shutdown()
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._shutdown()
+        except Exception:  # interpreter shutdown: the workers are daemons and end with this process
+            pass
+
+
+def _serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, base_seed: int,
+           parent: int) -> None:
+    """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
+    _default_signals()
+    torch.set_num_threads(1)
+    seed = base_seed + number
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
+    try:
+        while True:
+            message = _message(pipe, parent)
+            if message is None or message == _EXIT:
+                return
+            if isinstance(message, tuple) and message[0] == _START:
+                if not _iterate(pipe, dataset, message[1], parent):
+                    return
+    except KeyboardInterrupt:  # the training process is interrupted too, and says so
+        return
+
+
+def _default_signals() -> None:
+    """Python's default signal handlers: a forked worker inherits the training process's, and a trainer's
+    (Lightning's SIGTERM handler broadcasts to the process group) must not run here. SIGINT still raises
+    KeyboardInterrupt, on which a worker exits quietly."""
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+
+
+def _iterate(pipe: Connection, dataset: ShardDataset, credits: int, parent: int) -> bool:
+    """One iteration; False when the worker is to exit."""
+    try:
+        for batch in dataset:
+            while credits == 0 or pipe.poll():
+                message = _message(pipe, parent)
+                if message is None or message == _EXIT:
+                    return False
+                if message == _STOP:
+                    pipe.send((_STOPPED, None))
+                    return True
+                credits += message == _CREDIT
+            pipe.send((_BATCH, batch))
+            credits -= 1
+    except Exception as exc:
+        pipe.send((_ERROR, _portable(exc)))
+        return True
+    pipe.send((_END, None))
+    return True
+
+
+def _message(pipe: Connection, parent: int) -> Any:
+    """The next message from the training process; None once it is gone."""
+    try:
+        while not pipe.poll(_WATCH_S):
+            if os.getppid() != parent:
+                return None
+        return pipe.recv()
+    except (EOFError, OSError):
+        return None
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
+    info = torch_worker.get_worker_info()
+    where = f"in shardio loader worker {info.id if info else '?'} (pid {os.getpid()})"
+    text = "".join(traceback.format_exception(exc))
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__} {where}:\n{text}")
+    copy.add_note(f"raised {where}:\n{text}")
+    return copy

@@ -1,0 +1,201 @@
+"""ShardLoader (shardio.workers.loader): the 0-worker batches in the 0-worker order from real worker processes
+(fork, forkserver, spawn), an exact state after any batch, held batches never overwritten, and a worker's
+error, death or silence raised in the training process instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import get_worker_info
+
+from shardio import FormatError, OptionError, ShardDataset, ShardLoader
+from shardio.reading import blocks
+from tests.datasets import make_uneven_dataset
+
+OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("loader")
+    make_uneven_dataset(directory, [7, 12, 4, 9], seed=3)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def long_wavs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("long_wavs")
+    make_uneven_dataset(directory, [40, 30], seed=5, duration_range=(2.0, 5.0))  # batches of 8: over 1 MiB
+    return directory
+
+
+def keys(batches: Any) -> list[tuple[str, ...]]:
+    return [tuple(batch["keys"]) for batch in batches]
+
+
+def straight(data: Path, epochs: range, **options: Any) -> list[list[tuple[str, ...]]]:
+    ds = ShardDataset(data, **{**OPTIONS, **options})
+    played = []
+    for epoch in epochs:
+        ds.set_epoch(epoch)
+        played.append(keys(ds))
+    return played
+
+
+@pytest.mark.parametrize("method,workers,persistent", [("fork", 1, True), ("fork", 3, False),
+                                                        ("forkserver", 2, True), ("spawn", 2, False)])
+def test_epochs_are_the_zero_worker_epochs(data: Path, method: str, workers: int, persistent: bool) -> None:
+    with ShardLoader(ShardDataset(data, **OPTIONS), num_workers=workers, persistent_workers=persistent,
+                     multiprocessing_context=method) as loader:
+        played = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert len(loader) == len(straight(data, range(epoch, epoch + 1))[0])
+            played.append(keys(loader))
+    assert played == straight(data, range(3))
+
+
+def test_epochs_advance_without_set_epoch_and_zero_workers_iterate_here(data: Path) -> None:
+    for workers in (0, 2):
+        loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=workers)
+        assert [keys(loader) for _ in range(2)] == straight(data, range(2))
+        loader.close()
+
+
+@pytest.mark.parametrize("workers_after", [2, 3, 0])
+def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int) -> None:
+    expected = [key for epoch in straight(data, range(2)) for key in epoch]
+    n = len(straight(data, range(1))[0])
+    for stop in (0, 1, n - 1, n, n + 2):
+        first = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2)
+        got: list[tuple[str, ...]] = []
+        state = first.state_dict()
+        for epoch in range(2):
+            first.set_epoch(epoch)
+            for batch in first:
+                if len(got) == stop:
+                    break
+                got.append(tuple(batch["keys"]))
+                state = first.state_dict()
+            if len(got) == stop:
+                break
+        first.close()
+        state = json.loads(json.dumps(state))
+        second = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=workers_after)
+        second.load_state_dict(state)
+        for epoch in range(state["epoch"], 2):
+            second.set_epoch(epoch)
+            got += keys(second)
+        second.close()
+        assert got == expected, f"stopped after {stop} batches"
+
+
+def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(data: Path) -> None:
+    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2)
+    iter(loader)  # begins nothing: Lightning calls iter() to check that a loader is iterable
+    first = iter(loader)
+    next(first)
+    assert keys(loader) == straight(data, range(1, 2))[0]  # a new iteration supersedes the old one
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)
+    loader.close()
+
+
+def test_held_batches_are_never_overwritten(long_wavs: Path) -> None:
+    options = {"batch_size": 8, "seed": 2}
+    expected = [(list(b["keys"]), b["audio"].clone()) for b in ShardDataset(long_wavs, **options)]
+    assert len(expected) > blocks.LIMIT  # each worker runs out of blocks while all are held
+    with ShardLoader(ShardDataset(long_wavs, **options), num_workers=2, prefetch=3) as loader:
+        held = list(loader)  # every batch alive until the end: no block may be written again meanwhile
+    assert [b["keys"] for b in held] == [k for k, _ in expected]
+    for batch, (_, audio) in zip(held, expected):
+        assert torch.equal(batch["audio"], audio)
+
+
+def test_a_worker_error_is_raised_typed_with_the_worker_s_traceback(tmp_path: Path) -> None:
+    index = make_uneven_dataset(tmp_path, [6, 6], seed=1)
+    shard = Path(index.shard_path(1))
+    raw = bytearray(shard.read_bytes())
+    raw[int(index.columns["frame_offset"][9]) + 3] ^= 0xFF  # a byte of sample 9's member name
+    shard.write_bytes(bytes(raw))
+    loader = ShardLoader(ShardDataset(tmp_path, batch_size=2, shuffle=False), num_workers=2)
+    with pytest.raises(FormatError, match="tar header checksum mismatch") as raised:
+        list(loader)
+    assert "raised in shardio loader worker" in "".join(raised.value.__notes__)
+    assert str(shard) in str(raised.value) and index.keys[9] in str(raised.value)
+    loader.close()
+
+
+def _stall(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    if os.environ.get("SHARDIO_TEST_STALL"):
+        time.sleep(60)
+    return sample
+
+
+def _stall_worker_1(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    info = get_worker_info()
+    if os.environ.get("SHARDIO_TEST_STALL") and info is not None and info.id == 1:
+        time.sleep(60)
+    return sample
+
+
+def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
+    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), num_workers=2)
+    iterator = iter(loader)
+    next(iterator)  # worker 0's first batch; worker 1 is stuck in its first
+    victim = loader._workers[1].process
+    threading.Timer(0.5, os.kill, (victim.pid, signal.SIGKILL)).start()
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim.pid}\) exited unexpectedly .*signal 9"):
+        next(iterator)
+    assert time.monotonic() - began < 30
+    assert not loader._workers  # the other one was ended too
+
+
+def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
+    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=_stall), num_workers=1, timeout=0.5)
+    with pytest.raises(RuntimeError, match=r"gave no batch in 0.5 s"):
+        next(iter(loader))
+    assert not loader._workers
+
+
+def test_refusals(data: Path) -> None:
+    with pytest.raises(OptionError, match="batch_size or max_duration"):
+        ShardLoader(ShardDataset(data))
+    with pytest.raises(OptionError, match="not a list"):
+        ShardLoader([1, 2])  # type: ignore[arg-type]
+    for bad in ({"num_workers": -1}, {"prefetch": 0}, {"timeout": -1}, {"num_workers": 1.5}):
+        with pytest.raises(OptionError):
+            ShardLoader(ShardDataset(data, **OPTIONS), **bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the warning without an accelerator")
+def test_pin_memory_without_an_accelerator_warns_and_yields_plain_batches(data: Path) -> None:
+    with pytest.warns(UserWarning, match="no accelerator"):
+        loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=0, pin_memory=True)
+    assert keys(loader) == straight(data, range(1))[0]
+
+
+def test_workers_do_not_run_the_training_process_s_signal_handlers(data: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "handled"
+    previous = signal.signal(signal.SIGTERM, lambda *_: marker.write_text(str(os.getpid())))  # as Lightning's
+    try:
+        loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=1, multiprocessing_context="fork")
+        next(iter(loader))
+        worker = loader._workers[0].process
+        worker.terminate()  # what multiprocessing does to daemonic workers when the training process exits
+        worker.join(30)
+        assert worker.exitcode == -signal.SIGTERM and not marker.exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
