@@ -6,6 +6,9 @@ temporary directory. Cases, read in interleaved rounds (batches of 16, shuffled,
 
 - 0 workers: the training process reads, decodes and batches;
 - 2 workers: the plain ``DataLoader(num_workers=2)`` users run;
+- :class:`shardio.ShardLoader` with 2 workers (its default prefetch of 2 batches per worker, and 1);
+- 2 decoding threads in the training process (an experiment, not an API: batches built by a thread pool, each
+  thread with its own reader, handed over in order), the option of decoding without any transport;
 - 2 reader processes at once, 0 workers each, one rank of the plan each (:mod:`shardio.bench.parallel`): what
   two cores of the machine give the reading itself, with no hand-off;
 - 2 workers that hand over 8 batches at a time (an experiment, not an API: the trainer unpacks them), to see
@@ -31,6 +34,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardio.bench.cases import _count, shardio_epoch
@@ -38,7 +45,9 @@ from shardio.bench.measure import _descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
 from shardio.dataset import ShardDataset
-from shardio.reading import blocks
+from shardio.reading import blocks, collate
+from shardio.reading.assembly import Assembler, Decoding
+from shardio.workers.loader import ShardLoader
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 BATCH = 16
@@ -83,6 +92,39 @@ def _bundled_epoch(directory: str) -> Callable[[], tuple[int, float]]:
     return lambda: _count(batch for bundle in loader for batch in bundle)
 
 
+def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, float]]:
+    """Batches built by ``threads`` threads of this process, each with its own reader, handed over in order."""
+    collate._POOL = collate._BlockPool(4 + 2 * threads)  # every thread's batch in flight takes a block
+    dataset = ShardDataset(directory, batch_size=BATCH)
+    local = threading.local()
+    pool = ThreadPoolExecutor(threads)
+    epochs = iter(range(1 << 30))
+
+    def build(plan: Any, epoch: int, number: int) -> dict[str, Any]:
+        if not hasattr(local, "assembler"):
+            local.assembler = Assembler(dataset._new_reader(), Decoding(), seed=dataset.seed, batched=True,
+                                        on_error="raise", fields=dataset._fields)
+        return local.assembler.batch(plan.batch(number), epoch, plan.repeat_flags(number))
+
+    def batches() -> Iterator[dict[str, Any]]:
+        epoch = next(epochs)
+        dataset.set_epoch(epoch)
+        plan = dataset._share(epoch, ())
+        pending: deque[Future[dict[str, Any]]] = deque()
+        for number in range(plan.num_batches):
+            pending.append(pool.submit(build, plan, epoch, number))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    return lambda: _count(batches())
+
+
+def _lean_epoch(directory: str, prefetch: int) -> Callable[[], tuple[int, float]]:
+    loader = ShardLoader(ShardDataset(directory, batch_size=BATCH), num_workers=2, prefetch=prefetch)
+    return lambda: _count(loader)
+
+
 def _tiny_epoch(batches: int) -> Callable[[], tuple[int, float]]:
     loader = DataLoader(_Tiny(batches), batch_size=None, num_workers=2, persistent_workers=True)
     return lambda: (BATCH * sum(1 for _ in loader), 0.0)
@@ -119,6 +161,9 @@ def measure(directory: str, rounds: int, epochs: int) -> dict[str, Any]:
     batches = len(ShardDataset(directory, batch_size=BATCH))
     cases = {"0 workers": shardio_epoch(directory, workers=0, batch_size=BATCH),
              "2 workers": shardio_epoch(directory, workers=2, batch_size=BATCH),
+             "ShardLoader, 2 workers": _lean_epoch(directory, prefetch=2),
+             "ShardLoader, 2 workers, prefetch 1": _lean_epoch(directory, prefetch=1),
+             "2 decoding threads in the training process (experiment)": _threaded_epoch(directory, 2),
              "2 reader processes, 0 workers each (parallel floor)": parallel_floor(directory, processes=2,
                                                                                    batch_size=BATCH),
              f"2 workers, {BUNDLE} batches per hand-off (experiment)": _bundled_epoch(directory),
