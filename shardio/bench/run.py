@@ -2,8 +2,9 @@
 
 :func:`run_bench` measures, in one run and interleaved round by round (so that a noisy machine slows every
 competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` (and in unbatched mode,
-samples collated by the DataLoader) and ``.tar.zst``; WebDataset + soundfile on the same ``.tar`` shards with
-the same workers (the headline: what a training job sees); the soundfile decoder floor, for PCM WAV the numpy
+samples collated by the DataLoader) and ``.tar.zst``, and with 1 and 2 workers of its own
+:class:`~shardio.ShardLoader` (the headline: the set-up the README recommends); WebDataset + soundfile on the
+same ``.tar`` shards through a DataLoader with the same workers; the soundfile decoder floor, for PCM WAV the numpy
 raw floor (bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
 speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
 and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
