@@ -160,15 +160,18 @@ def test_torchrun_group_same_world(dirs: dict[str, str], tmp_path: Path) -> None
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
-    loader = draw(st.sampled_from(LOADERS))
+def cases(draw: st.DrawFn, loaders: tuple[str, ...] = LOADERS) -> Case:
+    loader = draw(st.sampled_from(loaders))
     workers = 0 if loader == "in_process" else draw(st.integers(0, 3))
     persistent = workers > 0 and draw(st.booleans())
     batchings = sorted(set(BATCHINGS) - ({"unbatched"} if loader == "shardio" else set()))
+    # a ShardLoader's state is the dataset's: it resumes with another worker count too
+    resume_workers = draw(st.none() | st.integers(1 if persistent else 0, 3)) if loader == "shardio" else None
     return Case(mixed=draw(st.booleans()), batching=draw(st.sampled_from(batchings)), loader=loader,
                 workers=workers, persistent=persistent,
                 start_method=draw(st.sampled_from(["fork", "forkserver", "spawn"])) if workers else "fork",
-                epoch=draw(st.integers(0, 3)), ds_load=loader == "stateful" and draw(st.booleans()))
+                epoch=draw(st.integers(0, 3)), ds_load=loader == "stateful" and draw(st.booleans()),
+                resume_workers=resume_workers)
 
 
 @pytest.mark.slow
@@ -176,7 +179,19 @@ def cases(draw: st.DrawFn) -> Case:
 @settings(max_examples=max(EXAMPLES, 1), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_full_matrix(dirs: dict[str, str], data: st.DataObject) -> None:
-    case = data.draw(cases())
+    check_drawn(dirs, data, data.draw(cases()))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not EXAMPLES, reason="the full matrix runs with SHARDIO_RESUME_EXAMPLES=N")
+@settings(max_examples=max(EXAMPLES, 1), deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_full_matrix_of_the_shard_loader(dirs: dict[str, str], data: st.DataObject) -> None:
+    check_drawn(dirs, data, data.draw(cases(("shardio",))))
+
+
+def check_drawn(dirs: dict[str, str], data: st.DataObject, case: Case) -> None:
+    """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change."""
     if data.draw(st.booleans()):
         n = length(case, dirs)
         stops = tuple(sorted(data.draw(st.lists(st.integers(0, 2 * n), max_size=3))))
