@@ -38,8 +38,12 @@ class NaiveCallback(pl.Callback):
         self.state = trainer.train_dataloader.dataset.state_after(batch)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.state is not None and not getattr(self, "loaded", False):
-            self.loaded = True  # the first batch has arrived: every worker has begun the epoch
+        self.seen = getattr(self, "seen", 0) + 1
+        if self.state is not None and self.seen >= max(1, trainer.train_dataloader.num_workers) \
+                and not getattr(self, "loaded", False):
+            # every worker has delivered a batch, so every one has begun the epoch (after the first batch alone,
+            # a worker still starting up on a loaded machine would begin it with the state loaded here)
+            self.loaded = True
             trainer.train_dataloader.dataset.load_state_dict(self.state)
 
     def state_dict(self) -> dict[str, Any]:

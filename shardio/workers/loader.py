@@ -42,6 +42,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 from ..dataset import ShardDataset
 from ..errors import OptionError
+from ..state import batch_position
 
 __all__ = ["ShardLoader"]
 
@@ -103,7 +104,8 @@ class ShardLoader:
         self._workers: list[_Worker] = []
         self._running: set[int] = set()  # workers in the middle of an iteration
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
-        self._last: tuple[int, dict[str, Any]] | None = None  # (instruction generation, last batch yielded)
+        # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
+        self._last: tuple[int, dict[str, int]] | None = None
 
     def __len__(self) -> int:
         """Batches per rank in the dataset's current (or next) epoch: ``len(dataset)``."""
@@ -140,7 +142,7 @@ class ShardLoader:
         if self.num_workers == 0:
             for batch in self.dataset:
                 self._check(iteration)
-                self._last = (self.dataset._instructions(), batch)
+                self._last = (self.dataset._instructions(), _position(batch))
                 yield pin_memory(batch) if self.pin_memory else batch
             return
         self._start()
@@ -157,7 +159,7 @@ class ShardLoader:
                 kind, payload = self._receive(number)
                 if kind == _BATCH:
                     self._workers[number].pipe.send(_CREDIT)
-                    self._last = (self.dataset._instructions(), payload)
+                    self._last = (self.dataset._instructions(), _position(payload))
                     yield pin_memory(payload) if self.pin_memory else payload
                     self._check(iteration)
                     continue
@@ -260,6 +262,11 @@ class ShardLoader:
             self._shutdown()
         except Exception:  # interpreter shutdown: the workers are daemons and end with this process
             pass
+
+
+def _position(batch: dict[str, Any]) -> dict[str, int]:
+    epoch, index = batch_position(batch)
+    return {"epoch": epoch, "batch_index": index}
 
 
 def _serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, base_seed: int,
