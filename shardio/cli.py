@@ -155,7 +155,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
                                                "through ShardDataset, interrupt and resume it, print a summary.")
     parser.add_argument("out_dir", nargs="?", default="demo-out", help="where to write (default: demo-out)")
     parser.add_argument("--files", type=_positive, default=200, help="utterances to make (default 200)")
-    parser.add_argument("-j", "--workers", type=int, default=2, help="DataLoader and pack workers (default 2)")
+    parser.add_argument("-j", "--workers", type=int, default=2, help="loader and pack workers (default 2)")
     parser.set_defaults(run=_run_demo)
 
 
@@ -168,7 +168,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(f"packed:   {summary['shards']} zstd shards, {summary['bytes'] / 1e6:.1f} MB, in {summary['dataset_dir']} "
           f"({summary['pack_seconds']:.1f} s)")
     print(f"read:     {summary['read_back_samples']} samples in {summary['read_back_batches']} batches "
-          f"(max 30 padded seconds each) through ShardDataset + DataLoader({args.workers} workers)")
+          f"(max 30 padded seconds each) through ShardDataset + ShardLoader({args.workers} workers)")
     print(f"resumed:  interrupted at batch {summary['resumed_at_batch']}, resumed from the saved state: "
           f"the same keys as an uninterrupted epoch ({summary['read_back_seconds']:.1f} s)")
     print(f"next:     shardio inspect {summary['dataset_dir']}")

@@ -2,7 +2,7 @@
 
 :func:`run_demo` makes a synthetic speech corpus (:mod:`shardio.synth`), packs it into zstd shards with
 an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and a
-DataLoader, interrupting it halfway and resuming from the saved state, and returns (and logs) what it did
+:class:`~shardio.ShardLoader`, interrupting it halfway and resuming from the saved state, and returns (and logs) what it did
 and how fast.
 """
 
@@ -69,7 +69,7 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
         "read_back_samples": samples,
         "read_back_batches": read["batches"],
         "resumed_at_batch": read["resumed_at_batch"],
-        "read_back_seconds": read_seconds,  # two passes over the epoch, DataLoader start-up included
+        "read_back_seconds": read_seconds,  # two passes over the epoch, worker start-up included
         "corpus_dir": str(corpus),
         "dataset_dir": str(dataset),
     }
@@ -88,30 +88,29 @@ def _clear(directory: Path, patterns: list[str]) -> None:
 
 
 def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
-    """Train-style read of one epoch through :class:`ShardDataset` and a DataLoader, interrupted halfway.
+    """Train-style read of one epoch through :class:`ShardDataset` and a :class:`ShardLoader`, interrupted halfway.
 
-    The first half of the epoch is read, the state saved, and a fresh dataset and loader resume from it;
-    the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.
+    The first half of the epoch is read, the loader's state saved, and a fresh dataset and loader resume from
+    it; the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.
     """
-    from torch.utils.data import DataLoader
-
     from .dataset import ShardDataset
+    from .workers.loader import ShardLoader
 
-    def loader(dataset: ShardDataset) -> DataLoader:
-        return DataLoader(dataset, batch_size=None, num_workers=workers)
+    def loader() -> ShardLoader:
+        return ShardLoader(ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0), num_workers=workers)
 
-    dataset = ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0)
-    straight = [list(batch["keys"]) for batch in loader(dataset)]
+    with loader() as whole:
+        straight = [list(batch["keys"]) for batch in whole]
     half = len(straight) // 2
-    first = ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0)
     seen: list[list[str]] = []
-    state: dict[str, Any] = first.state_dict()
-    for batch, _ in zip(loader(first), range(half)):
-        seen.append(list(batch["keys"]))
-        state = first.state_after(batch)
-    resumed = ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0)
-    resumed.load_state_dict(state)
-    seen += [list(batch["keys"]) for batch in loader(resumed)]
+    with loader() as first:
+        state: dict[str, Any] = first.state_dict()
+        for batch, _ in zip(first, range(half)):
+            seen.append(list(batch["keys"]))
+            state = first.state_dict()
+    with loader() as resumed:
+        resumed.load_state_dict(state)
+        seen += [list(batch["keys"]) for batch in resumed]
     if seen != straight:
         raise StateError("the demo's resumed epoch differs from the uninterrupted one")
     samples = sum(len(keys) for keys in straight)
