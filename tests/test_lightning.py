@@ -58,7 +58,11 @@ def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=300)
+        output, _ = process.communicate(timeout=240)  # under pytest-timeout's 300 s, to say what hung
+    except subprocess.TimeoutExpired:
+        listing = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:32,etime,args", "-s", str(process.pid)],
+                                 capture_output=True, text=True).stdout
+        raise AssertionError(f"the job's processes outlived 240 s (stdout still open):\n{listing}") from None
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # the ranks Lightning started, should one outlive rank 0
