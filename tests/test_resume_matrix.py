@@ -145,6 +145,13 @@ def test_gloo_group_from_init_process_group_changes_world(dirs: dict[str, str], 
                              stop=length(case, dirs, World(0, 3)) // 2)
 
 
+def test_gloo_group_with_shard_loaders_changes_world(dirs: dict[str, str], tmp_path: Path) -> None:
+    """Each rank of a real gloo group (RANK/WORLD_SIZE set) iterates a ShardLoader with 2 spawned workers: 3 -> 2."""
+    case = Case(loader="shardio", workers=2, start_method="spawn", epochs=1)
+    check_group_world_change(case, dirs, tmp_path, "forkserver", "env", 3, 2,
+                             stop=length(case, dirs, World(0, 3)) // 2)
+
+
 def test_torchrun_group_same_world(dirs: dict[str, str], tmp_path: Path) -> None:
     case = Case(workers=2, persistent=True, epochs=2)
     n = length(case, dirs, World(0, 2))
