@@ -31,7 +31,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -132,9 +132,6 @@ class ShardLoader:
         """The batches of the next iteration. Nothing starts before the first ``next()`` (Lightning calls
         ``iter()`` once only to check that a loader is iterable); that first ``next()`` stops an earlier
         iteration left unfinished."""
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[dict[str, Any]]:
         self._iteration += 1
         iteration = self._iteration
         self._halt()
@@ -142,8 +139,7 @@ class ShardLoader:
         if self.num_workers == 0:
             for batch in self.dataset:
                 self._check(iteration)
-                self._last = (self.dataset._instructions(), _position(batch))
-                yield pin_memory(batch) if self.pin_memory else batch
+                yield self._handed(batch)
             return
         self._start()
         for worker in self._workers:
@@ -159,8 +155,7 @@ class ShardLoader:
                 kind, payload = self._receive(number)
                 if kind == _BATCH:
                     self._workers[number].pipe.send(_CREDIT)
-                    self._last = (self.dataset._instructions(), _position(payload))
-                    yield pin_memory(payload) if self.pin_memory else payload
+                    yield self._handed(payload)
                     self._check(iteration)
                     continue
                 self._running.discard(number)
@@ -171,6 +166,11 @@ class ShardLoader:
                 self._halt()
                 if not self.persistent_workers:
                     self._shutdown()
+
+    def _handed(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``batch`` as the trainer gets it (pinned, with ``pin_memory``), its position kept for :meth:`state_dict`."""
+        self._last = (self.dataset._instructions(), _position(batch))
+        return pin_memory(batch) if self.pin_memory else batch
 
     def _check(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -198,20 +198,18 @@ class ShardLoader:
         deadline = time.monotonic() + self.timeout if self.timeout else None
         while True:
             left = _WATCH_S if deadline is None else min(_WATCH_S, deadline - time.monotonic())
-            if worker.pipe.poll() or wait([worker.pipe, worker.process.sentinel], max(left, 0.0)):
-                if worker.pipe.poll():
-                    try:
-                        message: tuple[str, Any] = worker.pipe.recv()
-                        return message
-                    except (EOFError, OSError):  # the worker is gone: its exit code says how
-                        pass
-                worker.process.join(_JOIN_S)
-                if not worker.process.is_alive():
-                    code = worker.process.exitcode
-                    self._shutdown()
-                    raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) exited "
-                                       f"unexpectedly with exit code {code}" +
-                                       (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
+            if worker.pipe.poll(max(left, 0.0)):
+                try:
+                    message: tuple[str, Any] = worker.pipe.recv()
+                    return message
+                except (EOFError, OSError):  # the worker closed its end: it is exiting, its exit code says how
+                    worker.process.join(_JOIN_S)
+            if not worker.process.is_alive():
+                code = worker.process.exitcode
+                self._shutdown()
+                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) exited "
+                                   f"unexpectedly with exit code {code}" +
+                                   (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
             if deadline is not None and time.monotonic() >= deadline:
                 self._shutdown()
                 raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch in "
