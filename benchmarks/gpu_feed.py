@@ -8,9 +8,10 @@ CUDA the model runs on the CPU and the figures say so (they then measure nothing
 - Model: features on the device (STFT, a fixed 80-band projection, log), then a stack of 1-D convolutions;
   AdamW, bf16 autocast on CUDA. Every batch is cropped or zero-padded on the device to ``--crop`` seconds,
   so every step costs the GPU the same.
-- Loaders, through a plain ``DataLoader`` with ``pin_memory`` on CUDA and persistent workers: shardio
-  (``ShardDataset(batch_size=B)``, float32 and ``dtype="int16"``) and WebDataset + soundfile (decoding
-  from ``io.BytesIO``, batched with the same collate), for each worker count.
+- Loaders, with ``pin_memory`` on CUDA and persistent workers: shardio through ``ShardLoader`` (the
+  recommended set-up, float32) and through a plain ``DataLoader`` (``ShardDataset(batch_size=B)``, float32
+  and ``dtype="int16"``), and WebDataset + soundfile through a ``DataLoader`` (decoding from
+  ``io.BytesIO``, batched with the same collate), for each worker count.
 - Measured: the compute ceiling (steps/s on one batch already on the device), then, per loader, ``--steps``
   timed steps after ``--warmup`` steps: steps/s, **GPU busy share** = ceiling step time x steps / wall
   time (1.0: the GPU never waited for data), and the share of the loop spent inside ``next(loader)``.
@@ -35,9 +36,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardio import ShardDataset  # noqa: E402
+from shardio import ShardDataset, ShardLoader  # noqa: E402
 from shardio.bench.cases import webdataset_pipeline  # noqa: E402
 from shardio.bench.data import dataset_corpus, shard_files  # noqa: E402
+from shardio.bench.measure import cpu_seconds  # noqa: E402
 from shardio.bench.report import write_results  # noqa: E402
 from shardio.packing.pack import pack  # noqa: E402
 from shardio.synth import duration_sample, make_corpus  # noqa: E402
@@ -119,6 +121,7 @@ def feed(trainer: Trainer, loader: Iterable[dict[str, Any]], crop: int, warmup: 
         trainer.step(_on_device(next(batches), trainer.device, crop))
     trainer.sync()
     waited = 0.0
+    cpu = cpu_seconds()
     started = time.perf_counter()
     for _ in range(steps):
         asked = time.perf_counter()
@@ -127,22 +130,24 @@ def feed(trainer: Trainer, loader: Iterable[dict[str, Any]], crop: int, warmup: 
         trainer.step(_on_device(batch, trainer.device, crop))
     trainer.sync()
     wall = time.perf_counter() - started
-    return {"wall_s": wall, "wait_s": waited}
+    return {"wall_s": wall, "wait_s": waited, "cpu_s": cpu_seconds() - cpu}
 
 
-def loaders(directory: str, workers: int, batch_size: int, pin: bool) -> dict[str, DataLoader]:
-    """The compared loaders over one dataset, each a plain DataLoader."""
+def loaders(directory: str, workers: int, batch_size: int, pin: bool) -> dict[str, Iterable[dict[str, Any]]]:
+    """The compared loaders over one dataset: shardio's ShardLoader, then plain DataLoaders."""
     persistent = workers > 0
-    made = {}
+    made: dict[str, Iterable[dict[str, Any]]] = {
+        "shardio ShardLoader float32": ShardLoader(ShardDataset(directory, batch_size=batch_size),
+                                                   num_workers=workers, pin_memory=pin)}
     for dtype in ("float32", "int16"):
         dataset = ShardDataset(directory, batch_size=batch_size, dtype=dtype)
-        made[f"shardio {dtype}"] = DataLoader(dataset, batch_size=None, num_workers=workers,
-                                              persistent_workers=persistent, pin_memory=pin)
+        made[f"shardio DataLoader {dtype}"] = DataLoader(dataset, batch_size=None, num_workers=workers,
+                                                         persistent_workers=persistent, pin_memory=pin)
     ext = "flac" if "flac" in directory else "wav"
     pipeline = webdataset_pipeline(shard_files(dataset_corpus(directory, "x", "x")), ext=ext,
                                    batch_size=batch_size)
-    made["webdataset + soundfile"] = DataLoader(pipeline, batch_size=None, num_workers=workers,
-                                                persistent_workers=persistent, pin_memory=pin)
+    made["webdataset + soundfile DataLoader"] = DataLoader(pipeline, batch_size=None, num_workers=workers,
+                                                           persistent_workers=persistent, pin_memory=pin)
     return made
 
 
@@ -183,9 +188,11 @@ def main() -> int:
                 rows.append({"corpus": ext, "loader": name, "workers": workers, **measured,
                              "steps_per_s": args.steps / measured["wall_s"],
                              "gpu_busy": floor_s * args.steps / measured["wall_s"],
-                             "wait_share": measured["wait_s"] / measured["wall_s"]})
-                print(f"{ext:4} {name:24} {workers}w  {rows[-1]['steps_per_s']:6.1f} steps/s  "
-                      f"busy {rows[-1]['gpu_busy']:.2f}  in next() {rows[-1]['wait_share']:.2f}", flush=True)
+                             "wait_share": measured["wait_s"] / measured["wall_s"],
+                             "cpu_ms_per_step": 1000 * measured["cpu_s"] / args.steps})
+                print(f"{ext:4} {name:36} {workers}w  {rows[-1]['steps_per_s']:6.1f} steps/s  "
+                      f"busy {rows[-1]['gpu_busy']:.2f}  in next() {rows[-1]['wait_share']:.2f}  "
+                      f"CPU {rows[-1]['cpu_ms_per_step']:.0f} ms/step", flush=True)
     name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "CPU"
     report = {"device": name, "cpus": os.cpu_count(), "torch": torch.__version__, "files": args.files,
               "batch_size": args.batch_size, "crop_s": args.crop, "width": args.width, "depth": args.depth,
@@ -198,10 +205,12 @@ def main() -> int:
              f"Ceiling (batch already on the device): {1000 * floor_s:.1f} ms a step. One run of "
              f"{args.steps} steps after {args.warmup} warm-up steps per row.", "",
              "GPU busy: ceiling step time x steps / wall time (1.00: the GPU never waited for data). "
-             "In next(): share of the loop's wall time spent waiting for the loader.", "",
-             "| corpus | loader | workers | steps/s | GPU busy | in next() |", "|---|---|---:|---:|---:|---:|"]
+             "In next(): share of the loop's wall time spent waiting for the loader. CPU: CPU time of the training "
+             "process and its workers per step (the training loop's own share is the same in every row).", "",
+             "| corpus | loader | workers | steps/s | GPU busy | in next() | CPU ms/step |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['corpus']} | {r['loader']} | {r['workers']} | {r['steps_per_s']:.1f} | {r['gpu_busy']:.2f} | "
-              f"{r['wait_share']:.2f} |" for r in rows]
+              f"{r['wait_share']:.2f} | {r['cpu_ms_per_step']:.0f} |" for r in rows]
     write_results(args.results, "gpu_feed", report, "\n".join(lines) + "\n")
     return 0
 

@@ -62,6 +62,8 @@ class Case:
     another world or worker count) instead of ``loader.load_state_dict``."""
     resume_workers: int | None = None
     """The workers of every life after the first (``None``: ``workers``); with ``stateful``, needs ``ds_load``."""
+    pin_memory: bool = False
+    """A ShardLoader pins its batches (in its pin-memory thread); see :func:`make_loader`."""
     extra: dict[str, Any] = field(default_factory=dict)
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
@@ -73,6 +75,8 @@ class Case:
             raise ValueError("persistent workers need workers")
         if self.loader == "shardio" and self.batching == "unbatched":
             raise ValueError("ShardLoader hands over batches only")
+        if self.pin_memory and self.loader != "shardio":
+            raise ValueError("pin_memory is a ShardLoader case")
         if self.resume_workers is not None and self.loader == "stateful" and not self.ds_load:
             raise ValueError("a StatefulDataLoader's own state resumes the same workers only")
 
@@ -115,12 +119,25 @@ def make_loader(case: Case, ds: Any) -> Any:
     from shardio import ShardLoader
 
     if case.loader == "shardio":
-        return ShardLoader(ds, num_workers=case.workers, persistent_workers=case.persistent,
-                           multiprocessing_context=case.start_method)
+        import torch
+
+        from shardio.workers import pinning
+
+        accelerated = torch.cuda.is_available()
+        loader = ShardLoader(ds, num_workers=case.workers, persistent_workers=case.persistent,
+                             multiprocessing_context=case.start_method, pin_memory=case.pin_memory and accelerated)
+        if case.pin_memory and not accelerated:  # the same path, with a copy standing in for page-locking
+            loader.pin_memory = True
+            pinning.pin_memory = _copied
+        return loader
     options: dict[str, Any] = {"batch_size": None, "num_workers": case.workers}
     if case.workers:
         options.update(persistent_workers=case.persistent, multiprocessing_context=case.start_method)
     return (StatefulDataLoader if case.loader == "stateful" else DataLoader)(ds, **options)
+
+
+def _copied(batch: dict[str, Any]) -> dict[str, Any]:
+    return {name: value.clone() if hasattr(value, "clone") else value for name, value in batch.items()}
 
 
 def record(batch: dict[str, Any]) -> Record:

@@ -1,6 +1,7 @@
 """ShardLoader (shardio.workers.loader): the 0-worker batches in the 0-worker order from real worker processes
 (fork, forkserver, spawn), an exact state after any batch, held batches never overwritten, and a worker's
-error, death or silence raised in the training process instead of a hang."""
+error, death or silence raised in the training process instead of a hang; each with batches pinned by the
+pin-memory thread too (with a stand-in for torch's pinning where there is no accelerator)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch.utils.data import get_worker_info
 
 from shardio import FormatError, OptionError, ShardDataset, ShardLoader
 from shardio.reading import blocks
+from shardio.workers import pinning
 from tests.datasets import make_uneven_dataset
 
 OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}
@@ -38,6 +40,37 @@ def long_wavs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "pinned"])
+def pin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]] | None:
+    """None, or (pinned) the copies that loaders made by :func:`loader_for` pinned: without an accelerator a
+    clone stands in for torch's pinning, recording the thread that made it and that thread's intra-op threads."""
+    if not request.param:
+        return None
+    copies: list[tuple[str, int]] = []
+
+    def clone(batch: dict[str, Any]) -> dict[str, Any]:
+        copies.append((threading.current_thread().name, torch.get_num_threads()))
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(pinning, "pin_memory", clone)
+    return copies
+
+
+def loader_for(dataset: ShardDataset, pin: list[tuple[str, int]] | None, **options: Any) -> ShardLoader:
+    loader = ShardLoader(dataset, **options)
+    loader.pin_memory = pin is not None
+    return loader
+
+
+def pinned_in_their_thread(pin: list[tuple[str, int]] | None) -> bool:
+    """True unless batches were pinned outside the pin-memory thread or with more than one intra-op thread;
+    and once every loader is closed, no pin-memory thread is left."""
+    alive = [t for t in threading.enumerate() if t.name == "shardio-pin-memory"]
+    return not alive and (pin is None or torch.cuda.is_available()
+                          or bool(pin) and set(pin) == {("shardio-pin-memory", 1)})
+
+
 def keys(batches: Any) -> list[tuple[str, ...]]:
     return [tuple(batch["keys"]) for batch in batches]
 
@@ -53,15 +86,17 @@ def straight(data: Path, epochs: range, **options: Any) -> list[list[tuple[str, 
 
 @pytest.mark.parametrize("method,workers,persistent", [("fork", 1, True), ("fork", 3, False),
                                                         ("forkserver", 2, True), ("spawn", 2, False)])
-def test_epochs_are_the_zero_worker_epochs(data: Path, method: str, workers: int, persistent: bool) -> None:
-    with ShardLoader(ShardDataset(data, **OPTIONS), num_workers=workers, persistent_workers=persistent,
-                     multiprocessing_context=method) as loader:
+def test_epochs_are_the_zero_worker_epochs(data: Path, method: str, workers: int, persistent: bool,
+                                           pin: list[tuple[str, int]] | None) -> None:
+    with loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=workers, persistent_workers=persistent,
+                    multiprocessing_context=method) as loader:
         played = []
         for epoch in range(3):
             loader.set_epoch(epoch)
             assert len(loader) == len(straight(data, range(epoch, epoch + 1))[0])
             played.append(keys(loader))
     assert played == straight(data, range(3))
+    assert pinned_in_their_thread(pin)
 
 
 def test_epochs_advance_without_set_epoch_and_zero_workers_iterate_here(data: Path) -> None:
@@ -72,11 +107,12 @@ def test_epochs_advance_without_set_epoch_and_zero_workers_iterate_here(data: Pa
 
 
 @pytest.mark.parametrize("workers_after", [2, 3, 0])
-def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int) -> None:
+def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int,
+                                                 pin: list[tuple[str, int]] | None) -> None:
     expected = [key for epoch in straight(data, range(2)) for key in epoch]
     n = len(straight(data, range(1))[0])
     for stop in (0, 1, n - 1, n, n + 2):
-        first = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2)
+        first = loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=2)
         got: list[tuple[str, ...]] = []
         state = first.state_dict()
         for epoch in range(2):
@@ -90,17 +126,19 @@ def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int)
                 break
         first.close()
         state = json.loads(json.dumps(state))
-        second = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=workers_after)
+        second = loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=workers_after)
         second.load_state_dict(state)
         for epoch in range(state["epoch"], 2):
             second.set_epoch(epoch)
             got += keys(second)
         second.close()
         assert got == expected, f"stopped after {stop} batches"
+        assert pinned_in_their_thread(pin if workers_after else None)
 
 
-def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(data: Path) -> None:
-    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2)
+def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(data: Path,
+                                                                    pin: list[tuple[str, int]] | None) -> None:
+    loader = loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=2)
     iter(loader)  # begins nothing: Lightning calls iter() to check that a loader is iterable
     first = iter(loader)
     next(first)
@@ -108,31 +146,34 @@ def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(data: Path
     with pytest.raises(RuntimeError, match="superseded"):
         next(first)
     loader.close()
+    assert pinned_in_their_thread(pin)
 
 
-def test_held_batches_are_never_overwritten(long_wavs: Path) -> None:
+def test_held_batches_are_never_overwritten(long_wavs: Path, pin: list[tuple[str, int]] | None) -> None:
     options = {"batch_size": 8, "seed": 2}
     expected = [(list(b["keys"]), b["audio"].clone()) for b in ShardDataset(long_wavs, **options)]
     assert len(expected) > blocks.LIMIT  # each worker runs out of blocks while all are held
-    with ShardLoader(ShardDataset(long_wavs, **options), num_workers=2, prefetch=3) as loader:
+    with loader_for(ShardDataset(long_wavs, **options), pin, num_workers=2, prefetch=3) as loader:
         held = list(loader)  # every batch alive until the end: no block may be written again meanwhile
     assert [b["keys"] for b in held] == [k for k, _ in expected]
     for batch, (_, audio) in zip(held, expected):
         assert torch.equal(batch["audio"], audio)
 
 
-def test_a_worker_error_is_raised_typed_with_the_worker_s_traceback(tmp_path: Path) -> None:
+def test_a_worker_error_is_raised_typed_with_the_worker_s_traceback(tmp_path: Path,
+                                                                   pin: list[tuple[str, int]] | None) -> None:
     index = make_uneven_dataset(tmp_path, [6, 6], seed=1)
     shard = Path(index.shard_path(1))
     raw = bytearray(shard.read_bytes())
     raw[int(index.columns["frame_offset"][9]) + 3] ^= 0xFF  # a byte of sample 9's member name
     shard.write_bytes(bytes(raw))
-    loader = ShardLoader(ShardDataset(tmp_path, batch_size=2, shuffle=False), num_workers=2)
+    loader = loader_for(ShardDataset(tmp_path, batch_size=2, shuffle=False), pin, num_workers=2)
     with pytest.raises(FormatError, match="tar header checksum mismatch") as raised:
         list(loader)
     assert "raised in shardio loader worker" in "".join(raised.value.__notes__)
     assert str(shard) in str(raised.value) and index.keys[9] in str(raised.value)
     loader.close()
+    assert pinned_in_their_thread(pin)
 
 
 def _stall(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -148,9 +189,10 @@ def _stall_worker_1(sample: dict[str, Any], rng: np.random.Generator) -> dict[st
     return sample
 
 
-def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              pin: list[tuple[str, int]] | None) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
-    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), num_workers=2)
+    loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), pin, num_workers=2)
     iterator = iter(loader)
     next(iterator)  # worker 0's first batch; worker 1 is stuck in its first
     victim = loader._workers[1].process
@@ -160,6 +202,8 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
         next(iterator)
     assert time.monotonic() - began < 30
     assert not loader._workers  # the other one was ended too
+    loader.close()
+    assert pinned_in_their_thread(pin)
 
 
 def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,6 +229,19 @@ def test_pin_memory_without_an_accelerator_warns_and_yields_plain_batches(data: 
     with pytest.warns(UserWarning, match="no accelerator"):
         loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=0, pin_memory=True)
     assert keys(loader) == straight(data, range(1))[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator to pin memory for")
+def test_pin_memory_on_an_accelerator_yields_pinned_copies_that_outlive_the_blocks(long_wavs: Path) -> None:
+    options = {"batch_size": 8, "seed": 2}
+    expected = list(ShardDataset(long_wavs, **options))
+    with ShardLoader(ShardDataset(long_wavs, **options), num_workers=2, pin_memory=True, prefetch=3) as loader:
+        held = list(loader)  # every batch kept: more batches than blocks in flight
+    assert keys(held) == keys(expected)
+    for got, want in zip(held, expected):
+        assert got["audio"].is_pinned() and got["lengths"].is_pinned()
+        assert torch.equal(got["audio"], want["audio"]) and torch.equal(got["lengths"], want["lengths"])
+        assert torch.equal(got["audio"].to("cuda", non_blocking=True).cpu(), want["audio"])
 
 
 def test_workers_do_not_run_the_training_process_s_signal_handlers(data: Path, tmp_path: Path) -> None:

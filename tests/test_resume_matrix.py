@@ -68,8 +68,8 @@ def test_stateful_state_into_the_dataset_with_three_workers(dirs: dict[str, str]
     check_same_world(Case(loader="stateful", workers=3, stops=(1,), ds_load=True), dirs)
 
 
-def test_shard_loader_mix_spawn_stopped_across_the_epoch_boundary_and_rolled_back(dirs: dict[str, str]) -> None:
-    case = Case(mixed=True, batching="bucketed", loader="shardio", workers=2, start_method="spawn")
+def test_shard_loader_mix_spawn_pinned_stopped_across_the_epoch_boundary_and_rolled_back(dirs: dict[str, str]) -> None:
+    case = Case(mixed=True, batching="bucketed", loader="shardio", workers=2, start_method="spawn", pin_memory=True)
     n = length(case, dirs)
     check_same_world(Case(**{**case.__dict__, "stops": (1, n, n + 2), "rollback": (1, 3)}), dirs)
 
@@ -178,7 +178,7 @@ def cases(draw: st.DrawFn, loaders: tuple[str, ...] = LOADERS) -> Case:
                 workers=workers, persistent=persistent,
                 start_method=draw(st.sampled_from(["fork", "forkserver", "spawn"])) if workers else "fork",
                 epoch=draw(st.integers(0, 3)), ds_load=loader == "stateful" and draw(st.booleans()),
-                resume_workers=resume_workers)
+                resume_workers=resume_workers, pin_memory=loader == "shardio" and draw(st.booleans()))
 
 
 @pytest.mark.slow

@@ -24,34 +24,24 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
-import random
-import signal
 import time
-import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
-import torch.multiprocessing  # noqa: F401  registers the reducers that send tensors between processes
-from torch.utils.data._utils import worker as torch_worker
-from torch.utils.data._utils.pin_memory import pin_memory
 
 from ..dataset import ShardDataset
 from ..errors import OptionError
 from ..state import batch_position
+from .pinning import Pinner, pinned
+from .server import BATCH, CREDIT, ERROR, EXIT, START, STOP, WATCH_S, serve
 
 __all__ = ["ShardLoader"]
 
 logger = logging.getLogger(__name__)
 
-_START, _CREDIT, _STOP, _EXIT = "start", "credit", "stop", "exit"  # training process -> worker
-_BATCH, _END, _STOPPED, _ERROR = "batch", "end", "stopped", "error"  # worker -> training process
-_WATCH_S = 1.0
-"""How often a process waiting on its pipe looks whether the other side is still alive."""
 _JOIN_S = 5.0
 """How long a closing loader waits for a worker to exit before terminating it."""
 
@@ -68,8 +58,9 @@ class ShardLoader:
     ``prefetch``: batches each worker may have ready ahead of the training process. ``persistent_workers``:
     keep the workers between iterations (epochs). ``multiprocessing_context``: ``"fork"``,
     ``"forkserver"``, ``"spawn"`` or a context (default: the platform's). ``pin_memory``: batches in pinned
-    memory for asynchronous copies to the GPU. ``timeout``: seconds to wait for a batch before failing (0:
-    no limit; a dead worker fails at once either way). ``num_workers=0`` iterates in this process.
+    memory for asynchronous copies to the GPU, copied by a thread of their own (:mod:`.pinning`) when there
+    are workers. ``timeout``: seconds to wait for a batch before failing (0: no limit; a dead worker fails at
+    once either way). ``num_workers=0`` iterates in this process.
 
     :meth:`state_dict` is the job's state after the last batch this loader yielded (exact, with any number of
     workers); :meth:`load_state_dict` continues from a state, as :meth:`ShardDataset.load_state_dict
@@ -106,6 +97,7 @@ class ShardLoader:
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
         # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
         self._last: tuple[int, dict[str, int]] | None = None
+        self._pinner: Pinner | None = None  # the pin-memory thread of the iteration in progress
 
     def __len__(self) -> int:
         """Batches per rank in the dataset's current (or next) epoch: ``len(dataset)``."""
@@ -134,16 +126,31 @@ class ShardLoader:
         iteration left unfinished."""
         self._iteration += 1
         iteration = self._iteration
+        self._stop_pinning()
         self._halt()
         self._last = None
         if self.num_workers == 0:
             for batch in self.dataset:
                 self._check(iteration)
-                yield self._handed(batch)
+                yield self._handed(pinned(batch) if self.pin_memory else batch)
             return
+        taken = self._taken(iteration)
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        pinner = self._pinner = Pinner(taken, depth=self.prefetch, device=device) if self.pin_memory else None
+        try:
+            for batch in taken if pinner is None else pinner:
+                yield self._handed(batch)
+                self._check(iteration)
+        finally:
+            if pinner is not None:
+                pinner.stop()
+            taken.close()
+
+    def _taken(self, iteration: int) -> Generator[dict[str, Any], None, None]:
+        """The batches of iteration ``iteration`` from the workers, in the plan's order, as they arrive."""
         self._start()
         for worker in self._workers:
-            worker.pipe.send((_START, self.prefetch))
+            worker.pipe.send((START, self.prefetch))
         self._running = set(range(self.num_workers))
         turn = 0
         try:
@@ -153,13 +160,12 @@ class ShardLoader:
                 if number not in self._running:
                     continue
                 kind, payload = self._receive(number)
-                if kind == _BATCH:
-                    self._workers[number].pipe.send(_CREDIT)
-                    yield self._handed(payload)
-                    self._check(iteration)
+                if kind == BATCH:
+                    self._workers[number].pipe.send(CREDIT)
+                    yield payload
                     continue
                 self._running.discard(number)
-                if kind == _ERROR:
+                if kind == ERROR:
                     raise payload
         finally:
             if iteration == self._iteration:
@@ -168,9 +174,9 @@ class ShardLoader:
                     self._shutdown()
 
     def _handed(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """``batch`` as the trainer gets it (pinned, with ``pin_memory``), its position kept for :meth:`state_dict`."""
+        """``batch``, its position kept for :meth:`state_dict`."""
         self._last = (self.dataset._instructions(), _position(batch))
-        return pin_memory(batch) if self.pin_memory else batch
+        return batch
 
     def _check(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -185,7 +191,7 @@ class ShardLoader:
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         for number in range(self.num_workers):
             ours, theirs = self._context.Pipe(duplex=True)
-            process = self._context.Process(target=_serve, name=f"shardio-loader-{number}", daemon=True,
+            process = self._context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
                                             args=(theirs, self.dataset, number, self.num_workers, base_seed,
                                                   os.getpid()))
             process.start()
@@ -197,7 +203,7 @@ class ShardLoader:
         worker = self._workers[number]
         deadline = time.monotonic() + self.timeout if self.timeout else None
         while True:
-            left = _WATCH_S if deadline is None else min(_WATCH_S, deadline - time.monotonic())
+            left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
             if worker.pipe.poll(max(left, 0.0)):
                 try:
                     message: tuple[str, Any] = worker.pipe.recv()
@@ -215,13 +221,19 @@ class ShardLoader:
                 raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch in "
                                    f"{self.timeout:g} s (timeout)")
 
+    def _stop_pinning(self) -> None:
+        """End the pin-memory thread of an earlier iteration, which may still be taking its batches."""
+        if self._pinner is not None:
+            self._pinner.stop()
+            self._pinner = None
+
     def _halt(self) -> None:
         """Stop the iteration the workers are in, taking (and dropping) what they had sent."""
         try:
             for number in self._running:
-                self._workers[number].pipe.send(_STOP)
+                self._workers[number].pipe.send(STOP)
             for number in sorted(self._running):
-                while self._receive(number)[0] == _BATCH:
+                while self._receive(number)[0] == BATCH:
                     pass
         except (OSError, RuntimeError):
             logger.debug("a shardio loader worker died while its iteration was stopped", exc_info=True)
@@ -233,7 +245,7 @@ class ShardLoader:
         workers, self._workers, self._running = self._workers, [], set()
         for worker in workers:
             try:
-                worker.pipe.send(_EXIT)
+                worker.pipe.send(EXIT)
             except OSError:
                 pass
         for worker in workers:
@@ -246,6 +258,7 @@ class ShardLoader:
     def close(self) -> None:
         """Stop and end the workers (a later iteration starts new ones)."""
         self._iteration += 1
+        self._stop_pinning()
         self._halt()
         self._shutdown()
 
@@ -257,6 +270,7 @@ class ShardLoader:
 
     def __del__(self) -> None:
         try:
+            self._stop_pinning()
             self._shutdown()
         except Exception:  # interpreter shutdown: the workers are daemons and end with this process
             pass
@@ -265,83 +279,3 @@ class ShardLoader:
 def _position(batch: dict[str, Any]) -> dict[str, int]:
     epoch, index = batch_position(batch)
     return {"epoch": epoch, "batch_index": index}
-
-
-def _serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, base_seed: int,
-           parent: int) -> None:
-    """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
-    _default_signals()
-    torch.set_num_threads(1)
-    seed = base_seed + number
-    random.seed(seed)
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
-    try:
-        while True:
-            message = _message(pipe, parent)
-            if message is None or message == _EXIT:
-                return
-            if isinstance(message, tuple) and message[0] == _START:
-                if not _iterate(pipe, dataset, message[1], parent):
-                    return
-    except KeyboardInterrupt:  # the training process is interrupted too, and says so
-        return
-
-
-def _default_signals() -> None:
-    """Python's default signal handlers: a forked worker inherits the training process's, and a trainer's
-    (Lightning's SIGTERM handler broadcasts to the process group) must not run here. SIGINT still raises
-    KeyboardInterrupt, on which a worker exits quietly."""
-    for number in signal.valid_signals():
-        try:
-            handler = signal.getsignal(number)
-        except (OSError, ValueError):
-            continue
-        if callable(handler) and handler is not signal.default_int_handler:
-            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
-
-
-def _iterate(pipe: Connection, dataset: ShardDataset, credits: int, parent: int) -> bool:
-    """One iteration; False when the worker is to exit."""
-    try:
-        for batch in dataset:
-            while credits == 0 or pipe.poll():
-                message = _message(pipe, parent)
-                if message is None or message == _EXIT:
-                    return False
-                if message == _STOP:
-                    pipe.send((_STOPPED, None))
-                    return True
-                credits += message == _CREDIT
-            pipe.send((_BATCH, batch))
-            credits -= 1
-    except Exception as exc:
-        pipe.send((_ERROR, _portable(exc)))
-        return True
-    pipe.send((_END, None))
-    return True
-
-
-def _message(pipe: Connection, parent: int) -> Any:
-    """The next message from the training process; None once it is gone."""
-    try:
-        while not pipe.poll(_WATCH_S):
-            if os.getppid() != parent:
-                return None
-        return pipe.recv()
-    except (EOFError, OSError):
-        return None
-
-
-def _portable(exc: Exception) -> Exception:
-    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
-    info = torch_worker.get_worker_info()
-    where = f"in shardio loader worker {info.id if info else '?'} (pid {os.getpid()})"
-    text = "".join(traceback.format_exception(exc))
-    try:
-        copy = pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__} {where}:\n{text}")
-    copy.add_note(f"raised {where}:\n{text}")
-    return copy

@@ -1,0 +1,111 @@
+"""Server: a ShardLoader worker process, which plays the dataset's batches over its pipe, one per credit.
+
+The protocol, both ends: the training process sends ``(START, credits)`` to begin an iteration, ``CREDIT``
+for each batch it takes, ``STOP`` to end an iteration early and ``EXIT``; the worker answers ``BATCH``
+(the batch, its audio in a reused shared-memory block), ``END``, ``STOPPED`` or ``ERROR`` (the exception,
+with the worker's traceback as a note). Either side looks every :data:`WATCH_S` whether the other is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401  registers the reducers that send tensors between processes
+from torch.utils.data._utils import worker as torch_worker
+
+from ..dataset import ShardDataset
+
+__all__ = ["BATCH", "CREDIT", "END", "ERROR", "EXIT", "START", "STOP", "STOPPED", "WATCH_S", "serve"]
+
+START, CREDIT, STOP, EXIT = "start", "credit", "stop", "exit"  # training process -> worker
+BATCH, END, STOPPED, ERROR = "batch", "end", "stopped", "error"  # worker -> training process
+WATCH_S = 1.0
+"""How often a process waiting on its pipe looks whether the other side is still alive."""
+
+
+def serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, base_seed: int,
+           parent: int) -> None:
+    """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
+    _default_signals()
+    torch.set_num_threads(1)
+    seed = base_seed + number
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
+    try:
+        while True:
+            message = _message(pipe, parent)
+            if message is None or message == EXIT:
+                return
+            if isinstance(message, tuple) and message[0] == START:
+                if not _iterate(pipe, dataset, message[1], parent):
+                    return
+    except KeyboardInterrupt:  # the training process is interrupted too, and says so
+        return
+
+
+def _default_signals() -> None:
+    """Python's default signal handlers: a forked worker inherits the training process's, and a trainer's
+    (Lightning's SIGTERM handler broadcasts to the process group) must not run here. SIGINT still raises
+    KeyboardInterrupt, on which a worker exits quietly."""
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+
+
+def _iterate(pipe: Connection, dataset: ShardDataset, credits: int, parent: int) -> bool:
+    """One iteration; False when the worker is to exit."""
+    try:
+        for batch in dataset:
+            while credits == 0 or pipe.poll():
+                message = _message(pipe, parent)
+                if message is None or message == EXIT:
+                    return False
+                if message == STOP:
+                    pipe.send((STOPPED, None))
+                    return True
+                credits += message == CREDIT
+            pipe.send((BATCH, batch))
+            credits -= 1
+    except Exception as exc:
+        pipe.send((ERROR, _portable(exc)))
+        return True
+    pipe.send((END, None))
+    return True
+
+
+def _message(pipe: Connection, parent: int) -> Any:
+    """The next message from the training process; None once it is gone."""
+    try:
+        while not pipe.poll(WATCH_S):
+            if os.getppid() != parent:
+                return None
+        return pipe.recv()
+    except (EOFError, OSError):
+        return None
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
+    info = torch_worker.get_worker_info()
+    where = f"in shardio loader worker {info.id if info else '?'} (pid {os.getpid()})"
+    text = "".join(traceback.format_exception(exc))
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__} {where}:\n{text}")
+    copy.add_note(f"raised {where}:\n{text}")
+    return copy
