@@ -49,7 +49,8 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         "shardio_vs_webdataset", "shardio_vs_webdataset_2w", "shardio_vs_numpy_floor", "shardio_vs_soundfile_floor",
         "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
         "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s",
-        "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s"}
+        "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s",
+        "shard_loader_vs_soundfile_floor"}
     assert result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"  # the headline: the recommended set-up
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()

@@ -131,6 +131,7 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "shard_loader_vs_dataloader_2w": (_LEAN, "shardio .tar, 2w", "cpu"),
     "shardio_vs_soundfile_floor": ("shardio .tar, 0w", "soundfile floor (bytes in memory)", "cpu"),
     "shardio_2w_vs_soundfile_floor": ("shardio .tar, 2w", "soundfile floor (bytes in memory)", "cpu"),
+    "shard_loader_vs_soundfile_floor": (_LEAN, "soundfile floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_batch_floor": ("shardio .tar, 0w", "numpy raw floor into padded batches", "cpu"),
     "zstd_vs_tar": ("shardio .tar.zst (zstd-3), 0w", "shardio .tar, 0w", "cpu"),
