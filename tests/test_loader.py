@@ -206,12 +206,15 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
     assert pinned_in_their_thread(pin)
 
 
-def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch,
+                                              pin: list[tuple[str, int]] | None) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
-    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=_stall), num_workers=1, timeout=0.5)
+    loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall), pin, num_workers=1, timeout=0.5)
     with pytest.raises(RuntimeError, match=r"gave no batch in 0.5 s"):
         next(iter(loader))
     assert not loader._workers
+    loader.close()
+    assert pinned_in_their_thread(None)  # no batch was pinned, and the thread is gone
 
 
 def test_refusals(data: Path) -> None:
