@@ -196,9 +196,9 @@ def main() -> int:
     name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "CPU"
     command = (f"python benchmarks/gpu_feed.py --files {args.files} --steps {args.steps} --workers "
                + " ".join(str(w) for w in args.workers))
-    report = {"command": command, "device": name, "cpus": os.cpu_count(), "torch": torch.__version__, "files": args.files,
-              "batch_size": args.batch_size, "crop_s": args.crop, "width": args.width, "depth": args.depth,
-              "ceiling_step_ms": 1000 * floor_s, "rows": rows}
+    report = {"command": command, "device": name, "cpus": os.cpu_count(), "torch": torch.__version__,
+              "files": args.files, "batch_size": args.batch_size, "crop_s": args.crop, "width": args.width,
+              "depth": args.depth, "ceiling_step_ms": 1000 * floor_s, "rows": rows}
     lines = ["# shardio gpu_feed", "",
              f"`{command}` on {name} with {os.cpu_count()} CPU cores (torch {torch.__version__}). "
              f"{args.files} utterances with LibriSpeech-like durations, batch {args.batch_size}, every batch "
