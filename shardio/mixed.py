@@ -119,6 +119,11 @@ class MixIndex(Index):
         part = int(np.searchsorted(self.offsets, sample, side="right")) - 1
         return self.parts[part].metadata(sample - int(self.offsets[part]))
 
+    @property
+    def has_metadata(self) -> bool:
+        """Whether some corpus's index keeps per-sample metadata."""
+        return any(part.has_metadata for part in self.parts)
+
     def member_key(self, sample: int) -> str:
         """The key of the tar members global id ``sample`` reads (see :meth:`Index.member_key`)."""
         part = int(np.searchsorted(self.offsets, sample, side="right")) - 1

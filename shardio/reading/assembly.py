@@ -91,6 +91,10 @@ def _json_object(data: memoryview, where: str) -> dict[str, Any]:
     return value
 
 
+_Located = tuple[int, int, str, str, memoryview]
+"""A sample read: its position in the batch's ids, its id, its key, its name in messages, its tar bytes."""
+
+
 class _Prepared(NamedTuple):
     position: int  # in the batch's sample ids
     sample: dict[str, Any]  # every field but the audio and its rate
@@ -167,23 +171,23 @@ class Assembler:
         shards = set(self.reader.index.columns["shard"][ids].tolist())
         return all(self.reader.maps(shard) for shard in shards)
 
-    def _located(self, sample_ids: list[int], skipped: list[tuple[int, str]]
-                 ) -> Iterator[tuple[int, int, str, memoryview]]:
-        """``(position, sample id, where, tar bytes)`` of each sample that could be read."""
+    def _located(self, sample_ids: list[int], skipped: list[tuple[int, str]]) -> Iterator[_Located]:
+        """Each sample that could be read, with its key, its name in messages and its tar bytes."""
+        reader, keys = self.reader, self.reader.index.keys
         for position, sample_id in enumerate(sample_ids):
             try:
-                where = self.reader.where(sample_id)
-                data = self.reader.sample_bytes(sample_id, where)
+                key = keys.key(sample_id)
+                where = reader.where(sample_id, key)
+                data = reader.sample_bytes(sample_id, where)
             except ShardioError as exc:
                 self._failed(position, sample_id, exc, skipped)
                 continue
-            yield position, sample_id, where, data
+            yield position, sample_id, key, where, data
 
-    def _prepared(self, located: Iterable[tuple[int, int, str, memoryview]], skipped: list[tuple[int, str]]
-                  ) -> Iterator[_Prepared]:
-        for position, sample_id, where, data in located:
+    def _prepared(self, located: Iterable[_Located], skipped: list[tuple[int, str]]) -> Iterator[_Prepared]:
+        for position, sample_id, key, where, data in located:
             try:
-                prepared = self._prepare(position, sample_id, where, data)
+                prepared = self._prepare(position, sample_id, key, where, data)
             except ShardioError as exc:
                 self._failed(position, sample_id, exc, skipped)
                 continue
@@ -212,19 +216,19 @@ class Assembler:
             return None
         return audio_block(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
 
-    def _prepare(self, position: int, sample_id: int, where: str, data: memoryview) -> _Prepared:
+    def _prepare(self, position: int, sample_id: int, key: str, where: str, data: memoryview) -> _Prepared:
         """The middle pass over a sample, once its tar bytes are read: its members checked, its audio header
         and metadata read."""
         reader = self.reader
         index = reader.index
-        members = reader.split_members(sample_id, data, where)
+        members = reader.split_members(sample_id, data, where, key)
         ext = index.formats[int(index.columns["format"][sample_id])]
         if ext not in members:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
-        sample: dict[str, Any] = {"key": index.keys[sample_id], "audio": None, "sample_rate": None,
-                                  **self.fields(sample_id)}
-        for name, value in index.metadata(sample_id).items():  # kept in the index (a NeMo dataset's manifest)
-            sample.setdefault(name, value)
+        sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
+        if index.has_metadata:
+            for name, value in index.metadata(sample_id).items():  # kept in the index (a NeMo dataset's manifest)
+                sample.setdefault(name, value)
         if "json" in members:
             for name, value in _json_object(members["json"], where).items():
                 sample.setdefault(name, value)

@@ -273,15 +273,16 @@ class Reader(RemoteReads):
         self._frame = (shard, frame_offset, data)
         return data
 
-    def where(self, sample: int) -> str:
-        """Names sample number ``sample`` in messages: its shard file, key and offset in the shard."""
+    def where(self, sample: int, key: str | None = None) -> str:
+        """Names sample number ``sample`` (whose ``key`` the caller may know already) in messages: its shard
+        file, key and offset in the shard."""
         c = self._columns
         shard = int(c["shard"][sample])
         label = self._labels.get(shard)
         if label is None:
             framed = self.index.table.codec_of(shard) not in ("none", *STREAM_CODECS)
             label = self._labels[shard] = (f"shard {self.index.shard_path(shard)}", framed)
-        text = f"{label[0]}, key {self.index.keys[sample]!r}, offset {int(c['frame_offset'][sample])}"
+        text = f"{label[0]}, key {self.index.key(sample) if key is None else key!r}, offset {int(c['frame_offset'][sample])}"
         if label[1]:
             text += f" (+{int(c['member_offset'][sample])} in the frame)"
         return text
@@ -322,18 +323,21 @@ class Reader(RemoteReads):
         where = where or self.where(sample)
         return self.split_members(sample, self.sample_bytes(sample, where), where)
 
-    def split_members(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
+    def split_members(self, sample: int, data: memoryview, where: str, key: str | None = None
+                      ) -> dict[str, memoryview]:
         """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
-        checking each member belongs to its key (a damaged shard from the node cache is fetched again)."""
+        checking each member belongs to its key (a damaged shard from the node cache is fetched again).
+        ``key``: the sample's own key, when the caller has it."""
         try:
-            return self._split(sample, data, where)
+            return self._split(sample, data, where, key)
         except FormatError:
             if not self._refetch(sample, where):
                 raise
-            return self._split(sample, self._sample_bytes(sample, where), where)
+            return self._split(sample, self._sample_bytes(sample, where), where, key)
 
-    def _split(self, sample: int, data: memoryview, where: str) -> dict[str, memoryview]:
-        key = self.index.member_key(sample)
+    def _split(self, sample: int, data: memoryview, where: str, key: str | None) -> dict[str, memoryview]:
+        if key is None or self.index.has_metadata:  # metadata may name another sample's members
+            key = self.index.member_key(sample)
         found: dict[str, memoryview] = {}
         stem = len(key) + 1
         for name, member in parse_members(data, where):

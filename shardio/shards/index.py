@@ -154,7 +154,7 @@ class Index:
 
     def member_key(self, sample: int) -> str:
         """The key of the tar members sample number ``sample`` reads: its own key, or, for a sample that
-        reads another's members (a NeMo ``-sub`` repeat), that one's."""
+        reads another's members (a NeMo ``-sub`` repeat), that one's (only an index with metadata has such)."""
         alias = None if self._meta is None else self._meta.member_key(sample)
         return self.key(sample) if alias is None else alias
 
