@@ -161,7 +161,8 @@ class Assembler:
             batch = to_tensors(samples[0]) if samples else collate([])
             if samples:
                 batch["repeat"] = bool(flags[0])
-        batch.setdefault("repeat", torch.zeros(0, dtype=torch.bool))
+        if "repeat" not in batch:
+            batch["repeat"] = torch.zeros(0, dtype=torch.bool)
         batch["skipped"] = [text for _, text in sorted(skipped)]
         return blocks.outgoing(batch)
 

@@ -171,8 +171,8 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
     block = audio.numpy()
     if audio.dtype not in (torch.float32, torch.int16) or block.ndim != 3 or block.shape[0] != len(arrays):
         return False
-    if any(a is None or a.ndim != 2 or a.dtype != block.dtype or a.shape[0] != block.shape[1]
-           or a.shape[1] > block.shape[2] for a in arrays):
+    if not in_rows and any(a is None or a.ndim != 2 or a.dtype != block.dtype or a.shape[0] != block.shape[1]
+                           or a.shape[1] > block.shape[2] for a in arrays):
         return False
     # a new shared-memory block is created zero-filled; a reused one (either pool) is not
     recycled = not audio.is_shared() or blocks.is_pooled(audio)

@@ -44,6 +44,10 @@ __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
 logger = logging.getLogger(__name__)
 
+_PROCESS = [os.getpid()]  # this process's pid, kept current across fork: no system call per read
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
+
 # A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
 # the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
 _MAX_FRAME_EXCESS = 256 << 20
@@ -189,7 +193,7 @@ class Reader(RemoteReads):
 
         ``where`` names the read in error messages (default: the shard file and offset).
         """
-        if self._pid != os.getpid():
+        if self._pid != _PROCESS[0]:
             self._after_fork()
         where = where or f"shard {self.index.shard_path(shard)}, offset {offset}"
         handle = self._open(shard, where)
@@ -298,15 +302,15 @@ class Reader(RemoteReads):
             return self._sample_bytes(sample, where)
 
     def _sample_bytes(self, sample: int, where: str) -> memoryview:
-        if self._pid != os.getpid():
+        if self._pid != _PROCESS[0]:
             self._after_fork()
         c = self._columns
-        shard, frame_offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
-        frame_size, member_size = int(c["frame_size"][sample]), int(c["member_size"][sample])
-        member_offset = int(c["member_offset"][sample])
+        shard, frame_offset, member_size = int(c["shard"][sample]), int(c["frame_offset"][sample]), \
+            int(c["member_size"][sample])
         codec = self.index.table.codec_of(shard)
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)
+        frame_size, member_offset = int(c["frame_size"][sample]), int(c["member_offset"][sample])
         if codec in STREAM_CODECS:
             data = self._stream_bytes(shard, sample, where)
             start, end = frame_offset, frame_offset + member_size
