@@ -243,3 +243,27 @@ def test_the_cache_command_prunes_day_old_plans_and_locks(root: str, tmp_path: P
     assert main(["cache", "--prune"]) == 0
     assert "pruned 3 files" in capsys.readouterr().out
     assert sorted(os.listdir(directory)) == ["new", "new.lock"]
+
+
+def test_writing_plans_prunes_day_old_entries_at_most_every_ten_minutes(root: str, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "cache" / "plans"
+    clock = [1000.0]
+    monkeypatch.setattr(planfiles.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(planfiles, "_pruned_at", None)
+    day_ago = time.time() - planfiles.STALE_S - 60
+
+    def stale(name: str) -> None:
+        (directory / name).mkdir(parents=True)
+        os.utime(directory / name, (day_ago, day_ago))
+
+    stale("killed-job-1")
+    assert planfiles.save("a", small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == ["a"]  # the process's first plan looked
+    stale("killed-job-2")
+    clock[0] += planfiles.PRUNE_EVERY_S - 1
+    assert planfiles.save("b", small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == ["a", "b", "killed-job-2"]  # not again so soon
+    clock[0] += 1
+    assert planfiles.save("c", small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == ["a", "b", "c"]

@@ -22,8 +22,9 @@ its lock.
 Clean-up: the process that writes epoch ``E``'s plan removes its job's plans of epochs ``E - 2`` and before
 (the ranks of a job are within an epoch of each other; a process that still needed one plans it again:
 slower, never wrong), so a job keeps about two epochs' plans on a node. Any entry left for a day (a killed
-job's, or a job's that changed its world size or ``extra``) goes when a plan is written, or by
-``shardio cache --prune``.
+job's, or a job's that changed its world size or ``extra``) goes when a plan is written (each process looks
+for such entries at most every :data:`PRUNE_EVERY_S`: a listing of the directory with a ``stat`` of each entry
+costs ~1 ms an epoch on a busy node), or by ``shardio cache --prune``.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ STALE_S = 86400.0
 """A plan directory or lock file older than this (a killed job's) is removed when a process writes a plan."""
 WAIT_S = 600.0
 """Seconds a process waits for another one of the node to plan what it needs, before planning it itself."""
+PRUNE_EVERY_S = 600.0
+"""A process that writes plans looks for stale entries at most this often."""
 
 _NAME = re.compile(r"^([0-9a-f]+)-e([0-9]+)-[0-9a-f]+$")
 _lock_warned = False  # once per process (and its forks): the cache directory stays as it is
+_pruned_at: float | None = None  # when this process last looked for stale entries (time.monotonic)
 
 
 def _directory() -> str:
@@ -103,7 +107,7 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
         return target
     try:
         os.makedirs(directory, exist_ok=True)
-        prune()
+        _prune_now_and_then()
         clean(name)
         temporary = tempfile.mkdtemp(prefix=".tmp-", dir=directory)
         try:
@@ -191,6 +195,15 @@ def prune(older_than: float = STALE_S) -> int:
     how many went. Safe while loaders run: a process that finds no plan file plans the epoch again."""
     now = time.time()
     return _remove_where(lambda entry: now - entry.stat(follow_symlinks=False).st_mtime > older_than)
+
+
+def _prune_now_and_then() -> None:
+    """:func:`prune`, unless this process did within :data:`PRUNE_EVERY_S`."""
+    global _pruned_at
+    now = time.monotonic()
+    if _pruned_at is None or now - _pruned_at >= PRUNE_EVERY_S:
+        prune()
+        _pruned_at = now
 
 
 def _remove_where(chosen: Callable[[os.DirEntry[str]], bool]) -> int:
