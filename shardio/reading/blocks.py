@@ -137,23 +137,31 @@ class Outgoing(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         block = self.block
-        views, small, rest = {}, {}, {}
+        # whether a tensor lies in the block, by its address (a storage object per tensor costs ~3 us)
+        start = block.tensor.data_ptr() if block is not None else 0
+        end = start + block.tensor.numel() if block is not None else 0
+        views: dict[str, tuple[str, int, tuple[int, ...]]] = {}
+        small: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+        rest: dict[str, Any] = {}
         for name, value in self.items():
-            if block is not None and isinstance(value, torch.Tensor) \
-                    and value.untyped_storage().data_ptr() == block.tensor.data_ptr():
-                if value.is_contiguous() and value.nbytes <= _SMALL:
-                    small[name] = value.numpy().copy()  # pickled by value
-                elif value.is_contiguous():
-                    views[name] = (str(value.numpy().dtype), value.storage_offset() * value.element_size(),
-                                   tuple(value.shape))
-                else:
-                    rest[name] = value.clone()
-            else:
+            inside = False
+            if block is not None and isinstance(value, torch.Tensor) and value.is_cpu:
+                pointer = value.data_ptr()
+                inside = start <= pointer < end if value.numel() else value.untyped_storage().data_ptr() == start
+            if not inside:
                 rest[name] = value
+                continue
+            array = value.numpy()
+            if not array.flags.c_contiguous:
+                rest[name] = value.clone()
+            elif array.nbytes <= _SMALL:
+                small[name] = (array.dtype.str, array.shape, array.tobytes())  # by value: cheaper than an array
+            else:
+                views[name] = (array.dtype.str, pointer - start, array.shape)
         if block is None or not views:  # nothing left in the block: copies go as torch sends tensors
             if block is not None:
                 block.flag[0] = _FREE
-            return dict, ({name: torch.from_numpy(small[name]) if name in small else rest[name] for name in self},)
+            return dict, ({name: _small_tensor(*small[name]) if name in small else rest[name] for name in self},)
         with _POOL.lock:
             first = block.token not in _POOL.sent
             _POOL.sent.add(block.token)
@@ -180,21 +188,29 @@ def outgoing(batch: dict[str, Any]) -> dict[str, Any]:
     return wrapped
 
 
+class _Received(NamedTuple):
+    memory: memoryview  # the whole block (its storage kept alive through it)
+    flag: np.ndarray  # its last byte
+
+
 class _Mapped:
     """The blocks the training process has received, by token. Kept mapped while their worker lives (its
     batches name them without sending them again); a new block's arrival drops those of exited workers."""
 
     def __init__(self) -> None:
-        self.storages: dict[tuple[int, int], torch.UntypedStorage] = {}
+        self.storages: dict[tuple[int, int], _Received] = {}
         self.lock = threading.Lock()
 
     def add(self, token: tuple[int, int], storage: torch.UntypedStorage) -> None:
         """Keep ``storage``, the block ``token`` names; drop the blocks of workers that have exited."""
+        size = storage.nbytes()
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,)).numpy()
+        received = _Received(whole.data, whole[size - 1 :])
         with self.lock:
             for pid in {known for known, _ in self.storages} - {token[0]}:
                 if not _alive(pid):
                     self.storages = {t: s for t, s in self.storages.items() if t[0] != pid}
-            self.storages[token] = storage
+            self.storages[token] = received
 
     def drop(self, tokens: list[tuple[int, int]]) -> None:
         """Forget blocks their worker has replaced (they are unmapped once no batch views them)."""
@@ -202,14 +218,14 @@ class _Mapped:
             for token in tokens:
                 self.storages.pop(token, None)
 
-    def get(self, token: tuple[int, int]) -> torch.UntypedStorage:
+    def get(self, token: tuple[int, int]) -> _Received:
         """The block ``token`` names, received earlier."""
-        storage = self.storages.get(token)
-        if storage is None:
+        received = self.storages.get(token)
+        if received is None:
             raise ReadError(f"a batch names shared-memory block {token[1]} of DataLoader worker {token[0]}, which "
                             "this process was never sent: a batch from a worker can be unpickled once, by the "
                             "process that iterates the DataLoader")
-        return storage
+        return received
 
 
 def _alive(pid: int) -> bool:
@@ -230,23 +246,28 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
+def _small_tensor(dtype: str, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
+    """A tensor of its own holding ``data`` (a small tensor of a batch, sent by value)."""
+    return torch.from_numpy(np.frombuffer(bytearray(data), dtype).reshape(shape))
+
+
 def _set_free(flag: np.ndarray) -> None:
     flag[0] = _FREE
 
 
 def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
-             views: dict[str, tuple[str, int, tuple[int, ...]]], small: dict[str, np.ndarray], rest: dict[str, Any],
+             views: dict[str, tuple[str, int, tuple[int, ...]]],
+             small: dict[str, tuple[str, tuple[int, ...], bytes]], rest: dict[str, Any],
              order: list[str], retired: list[tuple[int, int]]) -> dict[str, Any]:
     """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become tensors
     over views of one array, whose death (that of every view) clears the block's flag."""
     _MAPPED.drop(retired)
     if storage is not None:
         _MAPPED.add(token, storage)
-    else:
-        storage = _MAPPED.get(token)
-    size = storage.nbytes()
-    flag = torch.empty(0, dtype=torch.uint8).set_(storage, size - 1, (1,), (1,)).numpy()
-    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,)).numpy()
+    memory, flag = _MAPPED.get(token)
+    # an array of this batch's own over the block: the views below lead back to it (never to an array that
+    # outlives the batch), so its death is that of the batch's last view
+    whole = np.frombuffer(memory, np.uint8)
     weakref.finalize(whole, _set_free, flag)
     batch = {}
     for name in order:
@@ -255,7 +276,7 @@ def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
             end = offset + math.prod(shape) * _itemsize(dtype)
             batch[name] = torch.from_numpy(whole[offset:end].view(dtype).reshape(shape))
         elif name in small:
-            batch[name] = torch.from_numpy(small[name])
+            batch[name] = _small_tensor(*small[name])
         else:
             batch[name] = rest[name]
     return batch

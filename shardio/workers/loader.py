@@ -27,7 +27,6 @@ import os
 import time
 import warnings
 from collections.abc import Generator, Iterator
-from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +34,7 @@ import torch
 from ..dataset import ShardDataset
 from ..errors import OptionError
 from ..state import batch_position
+from .channel import Channel
 from .pinning import Pinner, pinned
 from .server import BATCH, CREDIT, ERROR, EXIT, START, STOP, WATCH_S, serve
 
@@ -48,7 +48,7 @@ _JOIN_S = 5.0
 
 class _Worker(NamedTuple):
     process: Any  # a multiprocessing Process of the loader's context
-    pipe: Connection
+    channel: Channel
 
 
 class ShardLoader:
@@ -150,7 +150,7 @@ class ShardLoader:
         """The batches of iteration ``iteration`` from the workers, in the plan's order, as they arrive."""
         self._start()
         for worker in self._workers:
-            worker.pipe.send((START, self.prefetch))
+            worker.channel.send((START, self.prefetch))
         self._running = set(range(self.num_workers))
         turn = 0
         try:
@@ -161,7 +161,7 @@ class ShardLoader:
                     continue
                 kind, payload = self._receive(number)
                 if kind == BATCH:
-                    self._workers[number].pipe.send(CREDIT)
+                    self._workers[number].channel.send(CREDIT)
                     yield payload
                     continue
                 self._running.discard(number)
@@ -196,7 +196,7 @@ class ShardLoader:
                                                   os.getpid()))
             process.start()
             theirs.close()
-            self._workers.append(_Worker(process, ours))
+            self._workers.append(_Worker(process, Channel(ours)))
 
     def _receive(self, number: int) -> tuple[str, Any]:
         """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
@@ -204,9 +204,9 @@ class ShardLoader:
         deadline = time.monotonic() + self.timeout if self.timeout else None
         while True:
             left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
-            if worker.pipe.poll(max(left, 0.0)):
+            if worker.channel.ready(left):
                 try:
-                    message: tuple[str, Any] = worker.pipe.recv()
+                    message: tuple[str, Any] = worker.channel.receive()
                     return message
                 except (EOFError, OSError):  # the worker closed its end: it is exiting, its exit code says how
                     worker.process.join(_JOIN_S)
@@ -231,7 +231,7 @@ class ShardLoader:
         """Stop the iteration the workers are in, taking (and dropping) what they had sent."""
         try:
             for number in self._running:
-                self._workers[number].pipe.send(STOP)
+                self._workers[number].channel.send(STOP)
             for number in sorted(self._running):
                 while self._receive(number)[0] == BATCH:
                     pass
@@ -245,7 +245,7 @@ class ShardLoader:
         workers, self._workers, self._running = self._workers, [], set()
         for worker in workers:
             try:
-                worker.pipe.send(EXIT)
+                worker.channel.send(EXIT)
             except OSError:
                 pass
         for worker in workers:
@@ -253,7 +253,7 @@ class ShardLoader:
             if worker.process.is_alive():
                 worker.process.terminate()
                 worker.process.join(_JOIN_S)
-            worker.pipe.close()
+            worker.channel.close()
 
     def close(self) -> None:
         """Stop and end the workers (a later iteration starts new ones)."""

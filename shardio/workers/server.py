@@ -22,6 +22,7 @@ import torch.multiprocessing  # noqa: F401  registers the reducers that send ten
 from torch.utils.data._utils import worker as torch_worker
 
 from ..dataset import ShardDataset
+from .channel import Channel
 
 __all__ = ["BATCH", "CREDIT", "END", "ERROR", "EXIT", "START", "STOP", "STOPPED", "WATCH_S", "serve"]
 
@@ -41,13 +42,14 @@ def serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, ba
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
+    channel = Channel(pipe)
     try:
         while True:
-            message = _message(pipe, parent)
+            message = _message(channel, parent)
             if message is None or message == EXIT:
                 return
             if isinstance(message, tuple) and message[0] == START:
-                if not _iterate(pipe, dataset, message[1], parent):
+                if not _iterate(channel, dataset, message[1], parent):
                     return
     except KeyboardInterrupt:  # the training process is interrupted too, and says so
         return
@@ -66,34 +68,34 @@ def _default_signals() -> None:
             signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
-def _iterate(pipe: Connection, dataset: ShardDataset, credits: int, parent: int) -> bool:
+def _iterate(channel: Channel, dataset: ShardDataset, credits: int, parent: int) -> bool:
     """One iteration; False when the worker is to exit."""
     try:
         for batch in dataset:
-            while credits == 0 or pipe.poll():
-                message = _message(pipe, parent)
+            while credits == 0 or channel.ready():
+                message = _message(channel, parent)
                 if message is None or message == EXIT:
                     return False
                 if message == STOP:
-                    pipe.send((STOPPED, None))
+                    channel.send((STOPPED, None))
                     return True
                 credits += message == CREDIT
-            pipe.send((BATCH, batch))
+            channel.send((BATCH, batch))
             credits -= 1
     except Exception as exc:
-        pipe.send((ERROR, _portable(exc)))
+        channel.send((ERROR, _portable(exc)))
         return True
-    pipe.send((END, None))
+    channel.send((END, None))
     return True
 
 
-def _message(pipe: Connection, parent: int) -> Any:
+def _message(channel: Channel, parent: int) -> Any:
     """The next message from the training process; None once it is gone."""
     try:
-        while not pipe.poll(WATCH_S):
+        while not channel.ready(WATCH_S):
             if os.getppid() != parent:
                 return None
-        return pipe.recv()
+        return channel.receive()
     except (EOFError, OSError):
         return None
 
