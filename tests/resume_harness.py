@@ -186,15 +186,17 @@ def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | N
     records: list[Record] = []
     states: dict[int, dict[str, Any] | None] = {0: state}
     epoch, rolled = first, False
+    # StatefulDataLoader's own load_state_dict restores the workers only (without workers, the dataset at its next
+    # iter()): until its iteration begins, the training process's len(ds) does not know the loaded position
+    # (ds.load_state_dict gives it to both)
+    loaded_unseen = case.loader == "stateful" and not case.ds_load and state is not None
     while epoch < case.epoch + case.epochs:
         ds.set_epoch(epoch)
         if states[0] is None:
             states[0] = save(case, ds, loader, None)
         if stop == len(records):
             return records, states[len(records)]
-        # StatefulDataLoader's own load_state_dict restores the workers only: the training process's len(ds)
-        # does not know that position (ds.load_state_dict gives it to both)
-        knows = not (case.loader == "stateful" and not case.ds_load and state is not None and epoch == first)
+        knows, loaded_unseen = not loaded_unseen, False
         planned, yielded, restart = len(ds) - ds.state_dict()["start"], 0, None
         for batch in loader:
             records.append(record(batch))
@@ -209,6 +211,7 @@ def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | N
             rolled = True
             assert restart is not None
             restore(case, ds, loader, restart)
+            loaded_unseen = case.loader == "stateful" and not case.ds_load
             epoch = epoch_of(restart)
             continue
         assert yielded == planned or not knows, f"epoch {epoch}: len(ds) said {planned}, the loader yielded {yielded}"

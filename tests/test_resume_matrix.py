@@ -64,6 +64,11 @@ def test_forkserver_persistent_worker_rollback_across_epochs(dirs: dict[str, str
                           stops=(n // 3,), rollback=(1, n)), dirs)
 
 
+def test_stateful_dataloader_in_process_rolled_back_within_its_first_epoch(dirs: dict[str, str]) -> None:
+    # the rolled-back iteration yields the rest of the epoch, which len(ds) learns only once it begins
+    check_same_world(Case(batching="bucketed", loader="stateful", epochs=2, rollback=(1, 2)), dirs)
+
+
 def test_stateful_state_into_the_dataset_with_three_workers(dirs: dict[str, str]) -> None:
     check_same_world(Case(loader="stateful", workers=3, stops=(1,), ds_load=True), dirs)
 
