@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("webdataset")
 
 from shardio.bench import run_bench
-from shardio.bench.cases import numpy_floor, pcm_layout
+from shardio.bench.floors import numpy_floor, pcm_layout
 
 
 def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
@@ -32,6 +32,8 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         assert (corpus, "soundfile floor (bytes in memory)") in cases
     assert ("wav16k", "numpy raw floor (bytes in memory)") in cases
     assert ("flac", "numpy raw floor (bytes in memory)") not in cases  # no raw floor for FLAC
+    python_floor = "pure-Python floor (mapped .tar: members, key, JSON, WAV header, cast into reused rows)"
+    assert ("wav16k", python_floor) in cases and ("flac", python_floor) not in cases
     for row in result["throughput"]:
         assert row["samples"] == corpora[row["corpus"]]["samples"]  # every case read the whole corpus
         assert row["samples_per_s"]["min"] <= row["samples_per_s"]["median"] <= row["samples_per_s"]["max"]
@@ -50,7 +52,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
         "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s",
         "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s",
-        "shard_loader_vs_soundfile_floor"}
+        "shard_loader_vs_soundfile_floor", "shardio_vs_python_floor", "python_floor_vs_webdataset"}
     assert result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"  # the headline: the recommended set-up
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()
@@ -73,6 +75,20 @@ def test_numpy_floor_reads_pcm_and_refuses_other_formats() -> None:
     floor = numpy_floor([("wav", wav)])
     assert floor is not None and floor() == (1, 0.1)
     assert numpy_floor([("flac", b"fLaC....")]) is None
+
+
+def test_python_floor_reads_every_sample_of_a_wav_dataset_and_refuses_others(tmp_path: Path) -> None:
+    from shardio.bench.floors import python_floor
+    from tests.datasets import make_uneven_dataset
+
+    index = make_uneven_dataset(tmp_path / "tar", [5, 3, 4], duration_range=(0.05, 0.2))
+    floor = python_floor(index.root, 4)
+    assert floor is not None
+    samples, seconds = floor()
+    assert samples == 12 and seconds == pytest.approx(float(index.durations.sum()), rel=1e-6)
+    assert floor() == pytest.approx((samples, seconds))  # another shuffle, the same samples
+    zstd = make_uneven_dataset(tmp_path / "zstd", [3], duration_range=(0.05, 0.2), compression="zstd")
+    assert python_floor(zstd.root, 4) is None  # plain .tar shards only
 
 
 # -- the in-place batch path (decode_audio(out=...) into collate's audio_block) ---------------------

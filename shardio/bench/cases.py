@@ -1,4 +1,5 @@
-"""The measured cases of ``shardio bench``: loaders, decoder floors, resume, balance and a training-loop stall.
+"""The measured cases of ``shardio bench``: loaders, resume, balance and a training-loop stall (the floors they are
+compared with are in :mod:`shardio.bench.floors`).
 
 Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
 read (samples and audio seconds); :mod:`shardio.bench.run` times it. WebDataset is imported only here, lazily
@@ -11,7 +12,6 @@ import io
 import itertools
 import math
 import os
-import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -29,16 +29,11 @@ from ..workers.loader import ShardLoader
 __all__ = [
     "Epoch",
     "balance",
-    "numpy_batch_floor",
-    "numpy_floor",
-    "pcm_layout",
     "resume_latency",
     "shardio_epoch",
-    "soundfile_floor",
     "stall",
     "webdataset_epoch",
     "webdataset_skip_latency",
-    "zstd_floor",
 ]
 
 Epoch = Callable[[], tuple[int, float]]
@@ -94,21 +89,6 @@ def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: boo
     return lambda: _count(loader)
 
 
-def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
-    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its zstd
-    frame decompressed from memory with one reused context, as a reader with random access must. The
-    floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.run`)."""
-    import zstandard
-
-    decompressor = zstandard.ZstdDecompressor()
-
-    def epoch() -> tuple[int, float]:
-        for frame, _seconds in frames:
-            decompressor.decompress(frame)
-        return len(frames), sum(seconds for _frame, seconds in frames)
-    return epoch
-
-
 def _soundfile_sample(ext: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def decode(sample: dict[str, Any]) -> dict[str, Any]:
         audio, rate = soundfile.read(io.BytesIO(sample[ext]), dtype="float32", always_2d=True)
@@ -131,92 +111,6 @@ def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_siz
     pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size)
     loader = DataLoader(pipeline, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
     return lambda: _count(loader)
-
-
-def soundfile_floor(members: Sequence[tuple[str, bytes]]) -> Epoch:
-    """The decoder floor: soundfile on each audio member's bytes, already in memory, in a tight loop."""
-    def epoch() -> tuple[int, float]:
-        seconds = 0.0
-        for _ext, data in members:
-            audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-            seconds += audio.shape[0] / rate
-        return len(members), seconds
-    return epoch
-
-
-def pcm_layout(data: bytes) -> tuple[int, int, int, int, int] | None:
-    """``(data offset, frames, channels, rate, bits)`` of a PCM 16/32-bit or float32 WAV, else None."""
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return None
-    position, fmt = 12, None
-    while position + 8 <= len(data):
-        chunk, size = data[position : position + 4], struct.unpack_from("<I", data, position + 4)[0]
-        if chunk == b"fmt ":
-            fmt = struct.unpack_from("<HHIIHH", data, position + 8)
-        elif chunk == b"data" and fmt is not None:
-            tag, channels, rate, _, _, bits = fmt
-            if (tag, bits) not in ((1, 16), (1, 32), (3, 32)):
-                return None
-            size = min(size, len(data) - position - 8)
-            return position + 8, size // (channels * bits // 8), channels, rate, bits * (1 if tag == 1 else -1)
-        position += 8 + size + (size & 1)
-    return None
-
-
-_PCM_KINDS = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)),
-              -32: ("<f4", np.float32(1.0))}
-"""``pcm_layout``'s signed bits -> (numpy dtype of the stored samples, scale to float32)."""
-
-
-def _all_pcm(members: Sequence[tuple[str, bytes]]) -> bool:
-    """Whether there are members and :func:`pcm_layout` reads every one (the raw floors apply)."""
-    return bool(members) and all(pcm_layout(data) is not None for _ext, data in members)
-
-
-def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
-    """The raw floor for PCM WAV: header walk, ``frombuffer``, cast and scale to float32; no audio library."""
-    if not _all_pcm(members):
-        return None
-    kinds = _PCM_KINDS
-
-    def epoch() -> tuple[int, float]:
-        seconds = 0.0
-        for _ext, data in members:
-            offset, frames, channels, rate, bits = pcm_layout(data)  # type: ignore[misc]
-            dtype, scale = kinds[bits]
-            audio = np.frombuffer(data, dtype, frames * channels, offset).astype(np.float32)
-            audio *= scale
-            audio = audio.reshape(frames, channels).T
-            seconds += frames / rate
-        return len(members), seconds
-    return epoch
-
-
-def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> Epoch | None:
-    """The raw floor of a loader that yields padded batches: as :func:`numpy_floor`, but each sample is cast
-    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on (fresh memory, not cache)."""
-    if not _all_pcm(members):
-        return None
-    kinds = _PCM_KINDS
-
-    def epoch() -> tuple[int, float]:
-        seconds, kept = 0.0, None
-        for start in range(0, len(members), batch_size):
-            chunk = [(data, pcm_layout(data)) for _ext, data in members[start : start + batch_size]]
-            channels, longest = chunk[0][1][2], max(layout[1] for _, layout in chunk)  # type: ignore[index]
-            batch = np.zeros((len(chunk), channels, longest), np.float32)
-            for row, (data, layout) in enumerate(chunk):
-                offset, frames, channels, rate, bits = layout  # type: ignore[misc]
-                dtype, scale = kinds[bits]
-                target = batch[row, :, :frames]
-                np.copyto(target, np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
-                          casting="unsafe")
-                target *= scale
-                seconds += frames / rate
-            kept = batch  # the consumer holds the batch while the next one is made
-        del kept
-        return len(members), seconds
-    return epoch
 
 
 def resume_latency(directory: str, *, fraction: float, batch_size: int, workers: int) -> float:

@@ -37,6 +37,9 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("shardio_vs_numpy_floor", "wav", "shardio >= 50% of the numpy raw floor, per core (PCM WAV)", 0.5),
     ("shardio_vs_numpy_batch_floor", "wav", "(context) shardio vs the numpy floor writing padded batches, per core",
      0.5),
+    ("shardio_vs_python_floor", "wav", "(context) shardio vs the pure-Python floor, 0 workers, per core", 0.8),
+    ("python_floor_vs_webdataset", "wav", ("(context) the pure-Python floor vs WebDataset + soundfile, 0 workers, "
+     "per core: the most a loader in Python reaches"), 5.0),
     ("shardio_vs_soundfile_floor", "flac", "shardio >= 90% of the soundfile decode floor, per core (FLAC)", 0.9),
     ("shard_loader_vs_soundfile_floor", "flac", ("shardio's ShardLoader with 2 workers >= 90% of the soundfile "
      "decode floor, per core (FLAC)"), 0.9),

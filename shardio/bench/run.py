@@ -25,7 +25,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import OptionError
-from . import cases
+from . import cases, floors
 from .data import (Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files,
                    zstd_frames)
 from .measure import Case, machine_facts, measure_rounds, stats
@@ -95,13 +95,15 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
         webdataset(first),
         shardio(plain, "none", first),
         Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
-              lambda: cases.soundfile_floor(members)),
+              lambda: floors.soundfile_floor(members)),
         Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
-              lambda: cases.numpy_floor(members)),
+              lambda: floors.numpy_floor(members)),
         Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
-              lambda: cases.numpy_batch_floor(members, batch_size)),
+              lambda: floors.numpy_batch_floor(members, batch_size)),
+        Case(plain.name, _PYTHON_FLOOR, "python floor", "none", 0, plain.shard_bytes / 1e6,
+             lambda: floors.python_floor(plain.directory, batch_size)),
         Case(plain.name, "zstd-3 decompression floor (frames in memory)", "zstd floor", "zstd-3", 0,
-              zstd.shard_bytes / 1e6, lambda: cases.zstd_floor(frames)),
+              zstd.shard_bytes / 1e6, lambda: floors.zstd_floor(frames)),
         shardio(zstd, "zstd-3", zstd_first),
         *(case for workers in more for case in (shardio(plain, "none", workers), shardio(plain, "none", workers, lean=True),
                                                 webdataset(workers))),
@@ -117,6 +119,9 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
 
 _PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
 """Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2 workers can reach here."""
+
+_PYTHON_FLOOR = "pure-Python floor (mapped .tar: members, key, JSON, WAV header, cast into reused rows)"
+""":func:`~shardio.bench.floors.python_floor`: the per-sample work shardio must do, in the least Python."""
 
 _LEAN = "shardio .tar ShardLoader, 2w"
 """shardio's own loader (:class:`~shardio.ShardLoader`) with 2 workers: the set-up the README recommends."""
@@ -134,6 +139,8 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "shard_loader_vs_soundfile_floor": (_LEAN, "soundfile floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_batch_floor": ("shardio .tar, 0w", "numpy raw floor into padded batches", "cpu"),
+    "shardio_vs_python_floor": ("shardio .tar, 0w", _PYTHON_FLOOR, "cpu"),
+    "python_floor_vs_webdataset": (_PYTHON_FLOOR, "webdataset + soundfile .tar, 0w", "cpu"),
     "zstd_vs_tar": ("shardio .tar.zst (zstd-3), 0w", "shardio .tar, 0w", "cpu"),
     "two_workers_vs_zero": ("shardio .tar, 2w", "shardio .tar, 0w", "wall"),
     "two_workers_vs_zero_per_cpu_s": ("shardio .tar, 2w", "shardio .tar, 0w", "cpu"),
