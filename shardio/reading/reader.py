@@ -286,7 +286,8 @@ class Reader(RemoteReads):
         if label is None:
             framed = self.index.table.codec_of(shard) not in ("none", *STREAM_CODECS)
             label = self._labels[shard] = (f"shard {self.index.shard_path(shard)}", framed)
-        text = f"{label[0]}, key {self.index.key(sample) if key is None else key!r}, offset {int(c['frame_offset'][sample])}"
+        key = self.index.key(sample) if key is None else key
+        text = f"{label[0]}, key {key!r}, offset {int(c['frame_offset'][sample])}"
         if label[1]:
             text += f" (+{int(c['member_offset'][sample])} in the frame)"
         return text
