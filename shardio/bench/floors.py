@@ -137,8 +137,7 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
     columns = index.columns
     shard_of, offset_of = columns["shard"].tolist(), columns["frame_offset"].tolist()
     size_of = columns["member_size"].tolist()
-    maps = [mmap.mmap(os.open(index.shard_path(shard), os.O_RDONLY), 0, prot=mmap.PROT_READ)
-            for shard in range(len(index.shards))]
+    maps = [_mapped(index.shard_path(shard)) for shard in range(len(index.shards))]
     views = [memoryview(mapped) for mapped in maps]
     keys = [index.key(sample) for sample in range(len(index))]
     longest = int(columns["num_frames"].max()) if len(index) else 0
@@ -183,3 +182,12 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
             float(batch.reshape(-1)[::1024].sum())  # as the loaders' consumer touches each page
         return len(order), seconds
     return epoch
+
+
+def _mapped(path: str) -> mmap.mmap:
+    """The file at ``path``, mapped read-only (the map keeps a descriptor of its own)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        return mmap.mmap(descriptor, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(descriptor)

@@ -61,7 +61,7 @@ class Control:
 
     def __init__(self) -> None:
         self._block = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
-        self._values = self._block.numpy()  # the same memory: a numpy read is ~50x cheaper than a tensor's
+        self._values = self._block.numpy()  # the same memory, read and written through numpy: ~50x cheaper
         self.give(Instruction(0))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class Control:
         if len(instruction.history) > MAX_HISTORY:
             raise StateError(f"state field history: {len(instruction.history)} world-size changes in one epoch; "
                              f"at most {MAX_HISTORY} are kept")
-        block = self._block
+        block = self._values
         block[_LOADED], block[_EPOCH], block[_START] = int(instruction.loaded), instruction.epoch, instruction.start
         block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra
         for i, segment in enumerate(instruction.history):
@@ -97,7 +97,7 @@ class Control:
 
     def instruction(self) -> Instruction:
         """The last instruction given."""
-        values = self._block[:_SLOTS].tolist()
+        values = self._values[:_SLOTS].tolist()
         history = tuple(Segment(values[_HISTORY + 2 * i], values[_HISTORY + 2 * i + 1])
                         for i in range(values[_HISTORY_LENGTH]))
         return Instruction(values[_EPOCH], history, values[_START], bool(values[_LOADED]), values[_EXTRA])
@@ -134,15 +134,15 @@ class Control:
         """Record that ``slot`` begins playing ``epoch`` under the current instruction; that generation."""
         generation = self.generation
         at = _SLOTS + 3 * slot
-        self._block[at], self._block[at + 1], self._block[at + 2] = generation, epoch, 0
+        self._values[at : at + 3] = generation, epoch, 0
         return generation
 
     def finish(self, slot: int) -> None:
         """Record that ``slot`` has played its share of the epoch it began."""
-        self._block[_SLOTS + 3 * slot + 2] = 1
+        self._values[_SLOTS + 3 * slot + 2] = 1
 
     def _slots(self) -> list[tuple[int, int, int]]:
-        values = self._block[_SLOTS:].tolist()
+        values = self._values[_SLOTS:].tolist()
         return list(zip(values[0::3], values[1::3], values[2::3]))
 
 

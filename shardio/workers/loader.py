@@ -135,8 +135,10 @@ class ShardLoader:
                 yield self._handed(pinned(batch) if self.pin_memory else batch)
             return
         taken = self._taken(iteration)
-        device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        pinner = self._pinner = Pinner(taken, depth=self.prefetch, device=device) if self.pin_memory else None
+        pinner = None
+        if self.pin_memory:
+            device = torch.cuda.current_device() if torch.cuda.is_available() else None
+            pinner = self._pinner = Pinner(taken, depth=self.prefetch, device=device)
         try:
             for batch in taken if pinner is None else pinner:
                 yield self._handed(batch)
