@@ -45,7 +45,7 @@ from shardio.bench.measure import _descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
 from shardio.dataset import ShardDataset
-from shardio.reading import blocks, collate
+from shardio.reading import batchmemory, blocks
 from shardio.reading.assembly import Assembler, Decoding
 from shardio.workers.loader import ShardLoader
 
@@ -94,7 +94,7 @@ def _bundled_epoch(directory: str) -> Callable[[], tuple[int, float]]:
 
 def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, float]]:
     """Batches built by ``threads`` threads of this process, each with its own reader, handed over in order."""
-    collate._POOL = collate._BlockPool(4 + 2 * threads)  # every thread's batch in flight takes a block
+    batchmemory._POOL = batchmemory._BlockPool(4 + 2 * threads)  # every thread's batch in flight takes a block
     dataset = ShardDataset(directory, batch_size=BATCH)
     local = threading.local()
     pool = ThreadPoolExecutor(threads)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from shardio.errors import DecodeError, OptionError
-from shardio.reading.decode import _wav_layout, decode_audio, mix_to_mono, resample
+from shardio.reading.decode import wav_layout, decode_audio, mix_to_mono, resample
 
 WAV_SUBTYPES = ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"]
 WHERE = "shard-000003.tar.zst:spk01/utt0042@81920"
@@ -65,7 +65,7 @@ def assert_same_as_soundfile(data: bytes | memoryview, *, fast: bool = True,
                              check_finite: bool = True) -> None:
     expected, rate = reference(bytes(data))
     audio, got_rate = decode_audio(data, "wav", check_finite=check_finite)
-    assert (_wav_layout(memoryview(data)) is not None) == fast
+    assert (wav_layout(memoryview(data)) is not None) == fast
     assert audio.dtype == np.float32 and audio.flags.c_contiguous
     assert got_rate == rate
     np.testing.assert_array_equal(audio, expected, strict=True)

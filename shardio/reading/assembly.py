@@ -14,8 +14,6 @@ goes").
 from __future__ import annotations
 
 import hashlib
-import json
-import json.scanner
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -28,6 +26,8 @@ from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError
 from . import blocks
 from .collate import audio_block, collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
+from .fields import add_member_fields
+from .lane import Lane
 from .pcm16 import DTYPES, decode_pcm16, to_int16
 from .reader import Reader
 
@@ -67,30 +67,6 @@ class Decoding:
         return not self.mono and self.sample_rate is None and self.transform is None
 
 
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed takes it for a class
-
-
-def _json_object(data: memoryview, where: str) -> dict[str, Any]:
-    """The object in a json member. Text the scanner takes whole skips json.loads's encoding detection and
-    whitespace matching (a third of its cost); anything else (a BOM, UTF-16, surrounding whitespace, an
-    error) goes through json.loads, which decides."""
-    try:
-        text = str(data, "utf-8")
-        value, end = _scan_json(text, 0)
-        if end != len(text):
-            raise ValueError("trailing text")
-    except (ValueError, StopIteration, RecursionError):  # JSONDecodeError, UnicodeDecodeError: ValueErrors
-        try:
-            value = json.loads(bytes(data))
-        except (ValueError, RecursionError) as exc:
-            detail = f"not UTF-8 at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else str(exc)
-            raise FormatError(f"{where}: the json member is not valid JSON ({detail})") from None
-    if not isinstance(value, dict):
-        raise FormatError(f"{where}: the json member holds a JSON {type(value).__name__}, expected an object "
-                          "of metadata fields")
-    return value
-
-
 _Located = tuple[int, int, str, str, memoryview]
 """A sample read: its position in the batch's ids, its id, its key, its name in messages, its tar bytes."""
 
@@ -117,6 +93,8 @@ class Assembler:
         self.batched = batched
         self.on_error = on_error
         self.fields = fields
+        self._lane = Lane(reader, decoding.dtype, fields) if Lane.serves(
+            reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio) else None
 
     def batch(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
         """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched).
@@ -124,6 +102,10 @@ class Assembler:
         ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.planning.repeats`) becomes the batch's
         ``repeat`` field, a bool tensor over the samples it holds (a bool in an unbatched sample).
         """
+        if self._lane is not None:
+            common = self._lane.batch(ids, repeats)
+            if common is not None:
+                return common
         skipped: list[tuple[int, str]] = []
         located = self._located(ids.tolist(), skipped)
         prepared: Iterable[_Prepared]
@@ -230,11 +212,7 @@ class Assembler:
         if index.has_metadata:
             for name, value in index.metadata(sample_id).items():  # kept in the index (a NeMo dataset's manifest)
                 sample.setdefault(name, value)
-        if "json" in members:
-            for name, value in _json_object(members["json"], where).items():
-                sample.setdefault(name, value)
-        if "txt" in members:  # kept beside a .json (webdataset's wav + txt + json); the JSON's "text" wins
-            sample.setdefault("text", bytes(members["txt"]).decode("utf-8", errors="replace"))
+        add_member_fields(sample, members, where)
         return _Prepared(position, sample, read_header(members[ext], ext, where=where))
 
     def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,

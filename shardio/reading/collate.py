@@ -2,73 +2,28 @@
 
 Padding is done in numpy into buffers wrapped by ``torch.from_numpy`` (no copy): torch's own indexed copies
 run on its intra-op thread pool, which on a small, busy machine cost 20-50x the copy itself (measured: 16
-utterances of 1-5 s, 35-135 ms with torch on 2 threads, 1-3 ms in numpy).
-
-In a DataLoader worker every tensor of a batch is carved out of one shared-memory block (as torch's default
-collate allocates in shared memory): the batch then travels to the main process as one file descriptor
-instead of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL).
-The block is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.reading.blocks`), and after
-its first trip it is named, not sent.
-
-In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
-that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
-fill or a page fault per 4 KiB, about a tenth of a WAV batch's whole loading time.
+utterances of 1-5 s, 35-135 ms with torch on 2 threads, 1-3 ms in numpy). Where the tensors live is
+:mod:`shardio.reading.batchmemory`'s choice.
 """
 
 from __future__ import annotations
 
-import math
-import sys
-import threading
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from ..errors import OptionError
 from . import blocks
+from .batchmemory import allocate, audio_block
 
-__all__ = ["audio_block", "collate", "to_tensors"]
-
-_ALIGN = 64
-_POOL_BLOCKS = 4  # batches the iterating process keeps for reuse: the trainer holds one or two at a time
-_POOL_MIN_BYTES = 1 << 20  # smaller batches are cheap to allocate
+__all__ = ["PLAIN_TYPES", "audio_block", "clear_padding", "collate", "to_tensors"]
 
 
-class _BlockPool:
-    """Memory for batches that is reused once nothing but the pool references it.
 
-    A block handed out is a view of one of the pool's arrays, and every view (numpy, or a tensor made by
-    ``torch.from_numpy``) holds a reference to that array: one referenced by the pool alone is unused.
-    """
-
-    def __init__(self, blocks: int) -> None:
-        self._arrays: list[np.ndarray] = []
-        self._blocks = blocks
-        self._lock = threading.Lock()  # datasets iterated in several threads share the pool
-
-    def _unused(self, slot: int) -> bool:
-        return sys.getrefcount(self._arrays[slot]) <= 2  # the pool's list, and getrefcount's argument
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of uninitialised uint8 memory: an unused pooled array, or a new one."""
-        with self._lock:
-            free = [slot for slot in range(len(self._arrays)) if self._unused(slot)]
-            for slot in free:
-                if self._arrays[slot].nbytes >= nbytes:
-                    return self._arrays[slot][:nbytes]
-            array = np.empty(nbytes + nbytes // 4, np.uint8)  # room for a somewhat longer batch next time
-            if free:
-                self._arrays[free[0]] = array
-            elif len(self._arrays) < self._blocks:
-                self._arrays.append(array)
-            return array[:nbytes]
-
-
-_POOL = _BlockPool(_POOL_BLOCKS)
+PLAIN_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
+"""Types of field values that are never arrays (so a field of only these is a list in the batch)."""
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -91,79 +46,6 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-@cache
-def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
-    try:
-        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-    except TypeError:
-        return None
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-def _allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
-              pooled: bool = False) -> list[torch.Tensor]:
-    """Zero tensors of the given shapes and numpy dtypes: in a DataLoader worker, views of one shared block
-    (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with ``pooled``, a block
-    of :mod:`shardio.reading.blocks`)."""
-    start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
-    offsets, total = [], start
-    for shape, dtype in specs:
-        offsets.append(total)
-        total += _aligned(math.prod(shape) * dtype.itemsize)
-    dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if get_worker_info() is None or total == start or any(d is None for d in dtypes):
-        return [torch.from_numpy(np.zeros(shape, dtype=dtype)) for shape, dtype in specs]
-    if spare is not None and spare.is_shared() and spare.storage_offset() == 0 and blocks.usable(spare) >= total:
-        storage = spare.untyped_storage()  # not yet used behind the audio: zero-filled, unless a pooled block
-        if blocks.is_pooled(spare):
-            torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
-    else:
-        offsets = [offset - start for offset in offsets]
-        block = blocks.take(total - start) if pooled else None
-        if block is not None:
-            storage = block.untyped_storage()
-            block[: total - start].zero_()
-        else:
-            storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
-    return [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
-            for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
-
-
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-contiguous strides, in elements."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)) -> torch.Tensor:
-    """A float32 (or ``dtype``) ``(len(frames), channels, max(frames))`` batch to decode samples straight into (with
-    :func:`shardio.reading.decode.decode_audio`'s ``out``, row by row), then to give :func:`collate` as ``audio``,
-    which zero-fills each row's padding.
-
-    In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths and sample
-    rates, so the whole batch crosses to the training process as one block: a block of :mod:`shardio.reading.blocks`,
-    reused once the trainer has dropped the batch it held. Elsewhere a large block reuses the memory of an earlier batch that nothing references any more, so its contents
-    are undefined until written.
-    """
-    count, int64 = len(frames), np.dtype(np.int64)
-    shape = (count, channels, max(frames, default=0))
-    nbytes = count * channels * shape[2] * dtype.itemsize
-    if get_worker_info() is None:
-        if nbytes >= _POOL_MIN_BYTES:
-            return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
-    elif nbytes:  # a fresh shared block costs system calls and page faults at any size
-        block = blocks.take(_aligned(nbytes) + 2 * _aligned(count * 8))
-        if block is not None:
-            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-            return torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
-    return _allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
-
 
 def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: bool) -> bool:
     """Whether ``audio`` can be the batch of ``arrays``: each fits its row, where it is copied unless it was
@@ -175,18 +57,30 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
                            or a.shape[1] > block.shape[2] for a in arrays):
         return False
     # a new shared-memory block is created zero-filled; a reused one (either pool) is not
-    recycled = not audio.is_shared() or blocks.is_pooled(audio)
-    # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
-    start, row_bytes = (0, 0) if in_rows else (block.ctypes.data, block.strides[0])
-    for row, array in enumerate(arrays):
-        assert array is not None
-        if not in_rows:
+    if not in_rows:  # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
+        start, row_bytes = block.ctypes.data, block.strides[0]
+        for row, array in enumerate(arrays):
+            assert array is not None
             target = block[row, :, : array.shape[1]]
             if array.ctypes.data != start + row * row_bytes or array.strides != target.strides:
                 target[...] = array
-        if recycled:
-            block[row, :, array.shape[1] :] = 0
+    clear_padding(audio, block, [array.shape[1] for array in arrays if array is not None])
     return True
+
+
+def clear_padding(audio: torch.Tensor, block: np.ndarray, lengths: list[int]) -> None:
+    """Zero each row of ``audio``, an :func:`audio_block` (``block`` its numpy view), past its length in
+    ``lengths``, unless its memory is new and so zero already; a mono block through its flat view, whose
+    slices cost a third of the 3-d ones."""
+    if audio.untyped_storage().is_shared() and not blocks.is_pooled(audio):  # a new shared-memory file
+        return
+    if block.shape[1] != 1 or not block.flags.c_contiguous:
+        for row, length in enumerate(lengths):
+            block[row, :, length:] = 0
+        return
+    flat, width = block.reshape(-1), block.shape[2]
+    for row, length in enumerate(lengths):
+        flat[row * width + length : (row + 1) * width] = 0
 
 
 def _pad_last_torch(tensors: list[torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +137,9 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
             fills.append((name, np.asarray(values, dtype=np.int64)))
             specs.append(((count,), int64))
             continue
+        if PLAIN_TYPES.issuperset(map(type, values)):  # JSON's values: listed as they are
+            batch[name] = values
+            continue
         arrays = [_as_array(v) for v in values]
         if name == "audio" and audio is not None and _in_place(audio, arrays, in_rows):
             batch["audio"] = audio
@@ -276,8 +173,7 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
     for name, column in (columns or {}).items():
         fills.append((name, column))
         specs.append((column.shape, column.dtype))
-    for (name, content), tensor in zip(fills, _allocate(specs, spare, pooled)):
-        out = tensor.numpy()
+    for (name, content), (tensor, out) in zip(fills, allocate(specs, spare, pooled)):
         if isinstance(content, list):
             for row, array in enumerate(content):
                 out[row, ..., : array.shape[-1]] = array
@@ -298,3 +194,4 @@ def _ordered(batch: dict[str, Any], first: dict[str, Any], last: list[str]) -> d
         order.append(name)
         order.append("lengths" if name == "audio" else f"{name}_lengths")
     return {name: batch[name] for name in [*order, *last] if name in batch}
+

@@ -40,7 +40,7 @@ _SAMPLE_KINDS: dict[tuple[int, int], tuple[str, np.float32]] = {
 }
 
 
-class _WavLayout(NamedTuple):
+class WavLayout(NamedTuple):
     offset: int
     frames: int
     channels: int
@@ -59,7 +59,7 @@ class EncodedAudio(NamedTuple):
     view: memoryview
     ext: str
     where: str
-    layout: _WavLayout | None
+    layout: WavLayout | None
 
 
 def read_header(data: bytes | bytearray | memoryview, ext: str, *, where: str = "") -> EncodedAudio:
@@ -75,7 +75,7 @@ def read_header(data: bytes | bytearray | memoryview, ext: str, *, where: str = 
     where = where or "<audio bytes>"
     layout = None
     if ext in ("wav", "wave"):
-        layout = _wav_layout(view)
+        layout = wav_layout(view)
         if layout is None:
             logger.debug("%s: WAV fast path does not apply; decoding with soundfile", where)
     return EncodedAudio(view, ext, where, layout)
@@ -110,7 +110,7 @@ def decode_encoded(encoded: EncodedAudio, *, mono: bool = False, sample_rate: in
     if out is not None and (mono or sample_rate is not None or out.dtype != np.float32 or out.ndim != 2):
         out = None  # the decoded audio is not the final audio: no point in writing it there
     if layout is not None:
-        audio, rate, maybe_nonfinite = _convert_wav(view, layout, out)
+        audio, rate, maybe_nonfinite = convert_wav(view, layout, out)
     else:  # the one place to choose another backend (such as torchaudio)
         audio, rate, maybe_nonfinite = _decode_soundfile(view, ext, where, out)
     if audio.shape[1] == 0:
@@ -165,7 +165,7 @@ def _decode_soundfile(view: memoryview, ext: str, where: str, out: np.ndarray | 
     return audio, rate, not subtype.startswith(_INTEGER_SUBTYPES)
 
 
-def _convert_wav(view: memoryview, layout: _WavLayout, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:
+def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:
     """The samples of a WAV whose layout the fast path read, as float32 (written into ``out`` if it fits)."""
     count = layout.frames * layout.channels
     if layout.dtype == "i3":
@@ -200,7 +200,7 @@ def _convert_wav(view: memoryview, layout: _WavLayout, out: np.ndarray | None) -
 _CANONICAL = struct.Struct("<4s4x4s4sIHHIIHH4sI")
 
 
-def _wav_layout(view: memoryview) -> _WavLayout | None:
+def wav_layout(view: memoryview) -> WavLayout | None:
     """Where a RIFF/WAVE buffer's samples lie, or None when the fast path should leave it to soundfile."""
     size = len(view)
     if size >= _CANONICAL.size:  # one unpack, no chunk walk
@@ -232,7 +232,7 @@ def _wav_layout(view: memoryview) -> _WavLayout | None:
     return None
 
 
-def _data_layout(fmt: tuple[int, int, int, int, int], body: int, chunk_size: int, size: int) -> _WavLayout | None:
+def _data_layout(fmt: tuple[int, int, int, int, int], body: int, chunk_size: int, size: int) -> WavLayout | None:
     """The layout of a data chunk of ``chunk_size`` bytes at ``body`` in a buffer of ``size`` bytes."""
     if chunk_size == 0:  # may mean "not closed properly", which libsndfile repairs in its own way
         return None
@@ -240,7 +240,7 @@ def _data_layout(fmt: tuple[int, int, int, int, int], body: int, chunk_size: int
     dtype, scale = _SAMPLE_KINDS[(tag, bits)]
     # a declared size beyond the buffer (truncated, or 0xFFFFFFFF while streaming) reads what is there
     frames = min(chunk_size, size - body) // block_align
-    return _WavLayout(body, frames, channels, rate, dtype, scale)
+    return WavLayout(body, frames, channels, rate, dtype, scale)
 
 
 def _read_fmt(view: memoryview, body: int, chunk_size: int) -> tuple[int, int, int, int, int] | None:

@@ -52,14 +52,13 @@ class LocalShard:
     def view(self, offset: int, size: int, where: str) -> memoryview:
         """``size`` bytes at ``offset``, valid while the caller holds the view: of the map where it can be
         used, else of a copy of their own (a batch holds all its samples' views before decoding any)."""
-        if self._mapping:
-            view = self._mapped(offset, size, where)
-            if view is not None:
-                return view
-        return memoryview(self.read(offset, size, where))
+        view = self.mapped(offset, size, where)
+        return view if view is not None else memoryview(self.read(offset, size, where))
 
-    def _mapped(self, offset: int, size: int, where: str) -> memoryview | None:
+    def mapped(self, offset: int, size: int, where: str) -> memoryview | None:
         """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""
+        if not self._mapping:
+            return None
         if self._map is None:
             try:
                 self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)

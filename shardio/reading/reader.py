@@ -219,6 +219,25 @@ class Reader(RemoteReads):
                                           and not is_url(self.index.shard_path(shard)))
         return mapped
 
+    def mapped_bytes(self, sample: int) -> memoryview | None:
+        """The tar bytes of sample number ``sample`` as a view of its shard's memory map, its pages faulted in;
+        None where they are not one (a compressed or remote shard, a shard that cannot be mapped or opened, a
+        read that fails: :meth:`sample_bytes` reads those, and says why it cannot)."""
+        if self._pid != _PROCESS[0]:
+            self._after_fork()
+        c = self._columns
+        shard = int(c["shard"][sample])
+        if not self.maps(shard):
+            return None
+        offset, size = int(c["frame_offset"][sample]), int(c["member_size"][sample])
+        try:
+            handle = self._open(shard, "")
+            if not isinstance(handle, LocalShard) or offset + size > handle.size:
+                return None
+            return handle.mapped(offset, size, "")
+        except ShardioError:
+            return None
+
     def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
         """Like :meth:`read_range`, but a local shard's bytes are a view, without a copy (see
         :class:`~shardio.reading.localshard.LocalShard`)."""

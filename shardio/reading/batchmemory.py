@@ -1,0 +1,142 @@
+"""Batch memory: where a batch's tensors live, so that the memory of a batch is reused, not faulted in anew.
+
+In a DataLoader worker every tensor of a batch is carved out of one shared-memory block (as torch's default
+collate allocates in shared memory): the batch then travels to the main process as one file descriptor
+instead of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL).
+The block is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.reading.blocks`), and after
+its first trip it is named, not sent.
+
+In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
+that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
+fill or a page fault per 4 KiB, about a tenth of a WAV batch's whole loading time.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from . import blocks
+
+__all__ = ["allocate", "audio_block"]
+
+_ALIGN = 64
+_POOL_BLOCKS = 4  # batches the iterating process keeps for reuse: the trainer holds one or two at a time
+_POOL_MIN_BYTES = 1 << 20  # smaller batches are cheap to allocate
+
+
+class _BlockPool:
+    """Memory for batches that is reused once nothing but the pool references it.
+
+    A block handed out is a view of one of the pool's arrays, and every view (numpy, or a tensor made by
+    ``torch.from_numpy``) holds a reference to that array: one referenced by the pool alone is unused.
+    """
+
+    def __init__(self, blocks: int) -> None:
+        self._arrays: list[np.ndarray] = []
+        self._blocks = blocks
+        self._lock = threading.Lock()  # datasets iterated in several threads share the pool
+
+    def _unused(self, slot: int) -> bool:
+        return sys.getrefcount(self._arrays[slot]) <= 2  # the pool's list, and getrefcount's argument
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of uninitialised uint8 memory: an unused pooled array, or a new one."""
+        with self._lock:
+            free = [slot for slot in range(len(self._arrays)) if self._unused(slot)]
+            for slot in free:
+                if self._arrays[slot].nbytes >= nbytes:
+                    return self._arrays[slot][:nbytes]
+            array = np.empty(nbytes + nbytes // 4, np.uint8)  # room for a somewhat longer batch next time
+            if free:
+                self._arrays[free[0]] = array
+            elif len(self._arrays) < self._blocks:
+                self._arrays.append(array)
+            return array[:nbytes]
+
+
+_POOL = _BlockPool(_POOL_BLOCKS)
+
+@cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return None
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
+             pooled: bool = False) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """Zero tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker,
+    views of one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough;
+    with ``pooled``, a block of :mod:`shardio.reading.blocks`)."""
+    start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
+    offsets, total = [], start
+    for shape, dtype in specs:
+        offsets.append(total)
+        total += _aligned(math.prod(shape) * dtype.itemsize)
+    dtypes = [_torch_dtype(dtype) for _, dtype in specs]
+    if get_worker_info() is None or total == start or any(d is None for d in dtypes):
+        arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
+        return [(torch.from_numpy(array), array) for array in arrays]
+    if spare is not None and spare.untyped_storage().is_shared() and spare.storage_offset() == 0 \
+            and blocks.usable(spare) >= total:
+        storage = spare.untyped_storage()  # not yet used behind the audio: zero-filled, unless a pooled block
+        if blocks.is_pooled(spare):
+            torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
+    else:
+        offsets = [offset - start for offset in offsets]
+        block = blocks.take(total - start) if pooled else None
+        if block is not None:
+            storage = block.untyped_storage()
+            block[: total - start].zero_()
+        else:
+            storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
+    tensors = [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
+               for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
+    return [(tensor, tensor.numpy()) for tensor in tensors]
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-contiguous strides, in elements."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)) -> torch.Tensor:
+    """A float32 (or ``dtype``) ``(len(frames), channels, max(frames))`` batch to decode samples straight into
+    (with :func:`shardio.reading.decode.decode_audio`'s ``out``, row by row), then to give
+    :func:`~shardio.reading.collate.collate` as ``audio``, which zero-fills each row's padding.
+
+    In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths, sample rates
+    and repeat flags, so the whole batch crosses to the training process as one block: a block of
+    :mod:`shardio.reading.blocks`, reused once the trainer has dropped the batch it held. Elsewhere a large block
+    reuses the memory of an earlier batch that nothing references any more, so its contents are undefined
+    until written.
+    """
+    count, int64 = len(frames), np.dtype(np.int64)
+    shape = (count, channels, max(frames, default=0))
+    nbytes = count * channels * shape[2] * dtype.itemsize
+    if get_worker_info() is None:
+        if nbytes >= _POOL_MIN_BYTES:
+            return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
+    elif nbytes:  # a fresh shared block costs system calls and page faults at any size
+        block = blocks.take(_aligned(nbytes) + 3 * _aligned(count * 8))
+        if block is not None:
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            return torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
+    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0][0]

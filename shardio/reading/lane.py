@@ -1,0 +1,150 @@
+"""Lane: a batch of the common case in fewer steps, or None to leave the batch to the general assembly.
+
+The common case is how shardio packs speech: local plain ``.tar`` shards read as views of their memory maps,
+integer PCM WAV that the decoder's header parser reads, audio decoded straight into the batch (no mono mix,
+resampling or transform) as float32 or as stored 16-bit samples, and an index without per-sample metadata.
+There the general path's layers (a sample's name in messages built before any error could need it, a record
+per sample between the passes, the decoder's dispatch, collate's checks of each row) cost a good part of
+what reading, checking and converting the samples does (see the README, "Where the time goes").
+
+The lane does the same work in the same three passes (every sample's bytes, then each sample's members, JSON
+and header, then the conversions into the batch's rows), builds the same sample dicts and collates them with
+the same :func:`~shardio.reading.collate.collate`: its batches are the general path's
+(``tests/test_lane.py`` holds them equal over generated datasets). It gives up at the first thing it does
+not expect (a shard that is not mapped, a member of another key, JSON that does not parse, a WAV header the
+parser leaves to soundfile, float samples, which must be checked for NaN, a header that disagrees with the
+index) before it has counted or logged anything, and the general path builds the whole batch: its errors,
+skips and messages stay the only ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ShardioError
+from . import blocks
+from .batchmemory import allocate, audio_block
+from .collate import PLAIN_TYPES, clear_padding
+from .decode import EncodedAudio, WavLayout, convert_wav, wav_layout
+from .fields import add_member_fields
+from .pcm16 import decode_pcm16
+from .reader import Reader
+
+__all__ = ["Lane"]
+
+_WAV = ("wav", "wave")
+_COLLATE_OWNS = frozenset({"keys", "lengths", "repeat"})
+"""Names of a batch's own fields that a sample's field of the same name would meet in collate."""
+
+
+class Lane:
+    """The common case's batches (see the module) for one process's :class:`Reader`: ``dtype`` is the
+    batch's audio dtype (``"float32"`` or ``"int16"``) and ``fields(sample_id)`` the fields a sample has
+    before its members' (as :class:`~shardio.reading.assembly.Assembler` takes them)."""
+
+    def __init__(self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]]) -> None:
+        self.reader = reader
+        self.int16 = dtype == "int16"
+        self.fields = fields
+        columns = reader.index.columns
+        self._format, self._frames, self._channels = columns["format"], columns["num_frames"], columns["channels"]
+
+    @staticmethod
+    def serves(reader: Reader, *, batched: bool, keeps_decoded_audio: bool) -> bool:
+        """Whether a dataset's batches may take the lane at all (each batch may still leave it)."""
+        return batched and keeps_decoded_audio and not reader.index.has_metadata
+
+    def batch(self, ids: np.ndarray, repeats: np.ndarray | None) -> dict[str, Any] | None:
+        """The collated batch of sample ids ``ids`` (with its ``repeat`` flags and an empty ``skipped``), as the
+        general path would make it; None where the general path must make it."""
+        count = len(ids)
+        channels = self._channels[ids].tolist()
+        if not count or channels.count(channels[0]) != count:
+            return None
+        sample_ids = ids.tolist()
+        read = []
+        for sample_id in sample_ids:
+            data = self.reader.mapped_bytes(sample_id)
+            if data is None:
+                return None
+            read.append(data)
+        frames = self._frames[ids].tolist()
+        prepared = self._prepared(sample_ids, read, channels[0], max(frames))
+        if prepared is None:
+            return None
+        samples, audio = prepared
+        block = audio_block(frames, channels[0], np.dtype(np.int16 if self.int16 else np.float32))
+        rows = block.numpy()
+        rates: list[int] = []
+        try:
+            for sample, row, (view, layout) in zip(samples, rows, audio):
+                if self.int16:
+                    stored = decode_pcm16(EncodedAudio(view, "wav", sample["key"], layout), row)
+                    assert stored is not None  # 16-bit PCM: _prepared saw to it
+                    sample["audio"], rate = stored
+                else:
+                    sample["audio"], rate, _ = convert_wav(view, layout, row)
+                rates.append(rate)
+            clear_padding(block, rows, [layout.frames for _, layout in audio])
+        except BaseException:
+            blocks.release(block)
+            raise
+        self.reader.stats.samples += count
+        flags = np.zeros(count, dtype=bool) if repeats is None else np.asarray(repeats, dtype=bool)
+        return self._collated(samples, block, [layout.frames for _, layout in audio], rates, flags)
+
+    @staticmethod
+    def _collated(samples: list[dict[str, Any]], block: torch.Tensor, lengths: list[int], rates: list[int],
+                  flags: np.ndarray) -> dict[str, Any]:
+        """The batch :func:`~shardio.reading.collate.collate` makes of ``samples`` (decoded into the rows of
+        ``block``) with the ``repeat`` column ``flags``, and an empty ``skipped``: what it does with fields of
+        plain values (lists), in its order (see :meth:`_prepared`), its small tensors behind the audio."""
+        int64 = np.dtype(np.int64)
+        columns = {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64), "repeat": flags}
+        tensors = dict(zip(columns, allocate([(column.shape, column.dtype) for column in columns.values()],
+                                             spare=block)))
+        for name, (_, out) in tensors.items():
+            out[...] = columns[name]
+        batch: dict[str, Any] = {"keys": [sample["key"] for sample in samples], "audio": block,
+                                 "lengths": tensors["lengths"][0], "sample_rate": tensors["sample_rate"][0]}
+        for name in list(samples[0])[3:]:
+            batch[name] = [sample.get(name) for sample in samples]
+        batch["repeat"] = tensors["repeat"][0]
+        batch = blocks.outgoing(batch)
+        batch["skipped"] = []
+        return batch
+
+    def _prepared(self, sample_ids: list[int], read: list[memoryview], channels: int, longest: int
+                  ) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]] | None:
+        """The middle pass: each sample's dict (key and member fields) and its audio member with its layout,
+        every layout one the rows of a ``(B, channels, longest)`` batch take."""
+        reader, formats, int16 = self.reader, self.reader.index.formats, self.int16
+        samples: list[dict[str, Any]] = []
+        audio: list[tuple[memoryview, WavLayout]] = []
+        for sample_id, data, number in zip(sample_ids, read, self._format[sample_ids].tolist()):
+            key = reader.index.keys.key(sample_id)
+            ext = formats[number]
+            if ext not in _WAV:
+                return None
+            try:
+                members = reader.split_members(sample_id, data, key, key)
+                view = members[ext]
+                layout = wav_layout(view)
+                if layout is None or not 0 < layout.frames <= longest or layout.channels != channels \
+                        or layout.scale == 1.0 or (int16 and layout.dtype != "<i2"):
+                    return None
+                sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
+                add_member_fields(sample, members, key)
+            except (ShardioError, KeyError):
+                return None
+            samples.append(sample)
+            audio.append((view, layout))
+        names = list(samples[0])[3:]  # after key, audio and sample_rate: as collate lists them, if plain values
+        if _COLLATE_OWNS.intersection(names) or any(not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples])
+                                                  for name in names):
+            return None
+        return samples, audio
