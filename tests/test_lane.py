@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,12 +19,14 @@ import pytest
 import soundfile
 import torch
 from audio_factory import audio_bytes, tone
+from remote_servers import serve_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardio import ShardDataset, ShardWriter
 from shardio.errors import ShardioError
+from shardio.packing.indexer import build_index
 from shardio.reading.lane import Lane
 
 RATE = 8000
@@ -66,8 +69,8 @@ def samples(draw: st.DrawFn) -> dict[str, Any]:
             "json": draw(st.sampled_from(JSONS)), "txt": draw(st.sampled_from([None, "spoken", "caf\xe9"]))}
 
 
-def _write(directory: Path, drawn: list[dict[str, Any]]) -> str:
-    with ShardWriter(directory, max_samples=3) as writer:
+def _write(directory: Path, drawn: list[dict[str, Any]], compression: str = "none") -> str:
+    with ShardWriter(directory, max_samples=3, compression=compression) as writer:
         for number, sample in enumerate(drawn):
             key = f"utt{number:03d}"
             members = {sample["ext"]: sample["data"]}
@@ -122,11 +125,12 @@ def _epoch(root: str, workers: int = 0, **options: Any) -> list[dict[str, Any]] 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=st.lists(samples(), min_size=1, max_size=9), batch_size=st.integers(1, 4),
-       dtype=st.sampled_from(["float32", "int16"]), on_error=st.sampled_from(["skip", "raise"]))
+       dtype=st.sampled_from(["float32", "int16"]), on_error=st.sampled_from(["skip", "raise"]),
+       compression=st.sampled_from(["none", "none", "zstd"]))
 def test_the_lane_batches_are_the_general_paths(drawn: list[dict[str, Any]], batch_size: int, dtype: str,
-                                                  on_error: str) -> None:
+                                                  on_error: str, compression: str) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        root = _write(Path(directory) / "ds", drawn)
+        root = _write(Path(directory) / "ds", drawn, "none" if any(s["other_key"] for s in drawn) else compression)
         options = {"batch_size": batch_size, "dtype": dtype, "on_error": on_error}
         with_lane = _epoch(root, **options)
         with _general_path_only():
@@ -185,14 +189,39 @@ def test_the_lane_leaves_a_batch_with_anything_unusual_to_the_general_path(tmp_p
     assert batches[2]["skipped"][0].startswith("utt004: ")
 
 
-def test_the_lane_does_not_serve_compressed_shards(tmp_path: Path) -> None:
-    with ShardWriter(tmp_path / "ds", compression="zstd") as writer:
-        for n in range(4):
-            writer.write(f"k{n}", {"wav": audio_bytes(tone(0.02, RATE), RATE, "wav", "PCM_16")}, audio_ext="wav",
-                         num_frames=160, sample_rate=RATE, channels=1)
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_the_lane_serves_local_compressed_shards(tmp_path: Path, compression: str) -> None:
+    clips = [audio_bytes(tone(0.02 * (1 + n), RATE, seed=n), RATE, "wav", "PCM_16") for n in range(4)]
+    if compression == "zstd":
+        with ShardWriter(tmp_path / "ds", compression="zstd") as writer:
+            for n, clip in enumerate(clips):
+                writer.write(f"k{n}", {"wav": clip}, audio_ext="wav", num_frames=160 * (1 + n), sample_rate=RATE,
+                             channels=1)
+        root = str(tmp_path / "ds")
+    else:  # a stream-compressed shard of another tool, indexed in place
+        with tarfile.open(tmp_path / "shard-000000.tar.gz", "w:gz") as tar:
+            for n, clip in enumerate(clips):
+                info = tarfile.TarInfo(f"k{n}.wav")
+                info.size = len(clip)
+                tar.addfile(info, io.BytesIO(clip))
+        root = build_index([str(tmp_path / "shard-000000.tar.gz")]).root
     with _counting_lane() as served:
-        assert sum(len(batch["keys"]) for batch in ShardDataset(str(tmp_path / "ds"), batch_size=2)) == 4
+        batches = list(ShardDataset(root, batch_size=2, shuffle=False))
+    assert served == [True, True]
+    assert [batch["keys"] for batch in batches] == [["k0", "k1"], ["k2", "k3"]]
+    with _general_path_only():
+        general = _epoch(root, batch_size=2, shuffle=False)
+    assert _epoch(root, batch_size=2, shuffle=False) == general
+
+
+def test_the_lane_does_not_serve_remote_shards(tmp_path: Path) -> None:
+    drawn = [{"ext": "wav", "data": audio_bytes(tone(0.02, RATE, seed=n), RATE, "wav", "PCM_16"), "channels": 1,
+              "frames": 160, "other_key": False, "json": None, "txt": None} for n in range(4)]
+    root = _write(tmp_path / "ds", drawn)
+    with serve_copy(root, tmp_path / "served") as http, _counting_lane() as served:
+        batches = list(ShardDataset(f"{http.url}/ds", batch_size=2, shuffle=False))
     assert served == [False, False]
+    assert [batch["keys"] for batch in batches] == [["utt000", "utt001"], ["utt002", "utt003"]]
 
 
 def test_an_unused_row_of_a_reused_block_is_zero(tmp_path: Path) -> None:

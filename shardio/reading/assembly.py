@@ -24,7 +24,8 @@ import torch
 
 from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError
 from . import blocks
-from .collate import audio_block, collate, to_tensors
+from .batchmemory import audio_rows
+from .collate import collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
 from .fields import add_member_fields
 from .lane import Lane
@@ -113,8 +114,7 @@ class Assembler:
             prepared = list(self._prepared(list(located), skipped))
         else:  # each sample read, prepared and decoded in turn: a batch of decompressed samples outgrows caches
             prepared = self._prepared(located, skipped)
-        block = self._audio_block(ids)
-        rows = block.numpy() if block is not None else None
+        block, rows = self._audio_block(ids)
         samples: list[dict[str, Any]] = []
         kept: list[int] = []
         in_rows = rows is not None
@@ -188,16 +188,17 @@ class Assembler:
         self.reader.stats.skip(exc)
         return f"{key}: {exc}"
 
-    def _audio_block(self, ids: np.ndarray) -> torch.Tensor | None:
-        """The batch's audio sized from the index, for samples to decode straight into; None when the decoded
-        audio is not what the batch holds (mono mix, resampling, a transform) or the channels differ."""
+    def _audio_block(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray] | tuple[None, None]:
+        """The batch's audio sized from the index, for samples to decode straight into, and its numpy view;
+        None when the decoded audio is not what the batch holds (mono mix, resampling, a transform) or the
+        channels differ."""
         if not self.batched or not self.decoding.keeps_decoded_audio or ids.shape[0] == 0:
-            return None
+            return None, None
         columns = self.reader.index.columns
         channels = columns["channels"][ids].tolist()
         if channels.count(channels[0]) != len(channels):
-            return None
-        return audio_block(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
+            return None, None
+        return audio_rows(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
 
     def _prepare(self, position: int, sample_id: int, key: str, where: str, data: memoryview) -> _Prepared:
         """The middle pass over a sample, once its tar bytes are read: its members checked, its audio header

@@ -25,7 +25,7 @@ from torch.utils.data import get_worker_info
 
 from . import blocks
 
-__all__ = ["allocate", "audio_block"]
+__all__ = ["allocate", "audio_block", "audio_rows", "columns_behind"]
 
 _ALIGN = 64
 _POOL_BLOCKS = 4  # batches the iterating process keeps for reuse: the trainer holds one or two at a time
@@ -128,15 +128,35 @@ def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype
     reuses the memory of an earlier batch that nothing references any more, so its contents are undefined
     until written.
     """
+    return audio_rows(frames, channels, dtype)[0]
+
+
+def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)
+               ) -> tuple[torch.Tensor, np.ndarray]:
+    """An :func:`audio_block` and its numpy view (``Tensor.numpy`` costs microseconds)."""
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
     if get_worker_info() is None:
         if nbytes >= _POOL_MIN_BYTES:
-            return torch.from_numpy(_POOL.take(nbytes).view(dtype).reshape(shape))
+            rows = _POOL.take(nbytes).view(dtype).reshape(shape)
+            return torch.from_numpy(rows), rows
     elif nbytes:  # a fresh shared block costs system calls and page faults at any size
         block = blocks.take(_aligned(nbytes) + 3 * _aligned(count * 8))
         if block is not None:
             torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-            return torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
-    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0][0]
+            tensor = torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
+            return tensor, tensor.numpy()
+    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
+
+
+def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """A batch's per-sample ``columns`` (new arrays, of shape ``(B,)``) as tensors: in a DataLoader worker,
+    copies behind ``audio`` (an :func:`audio_block`) in its shared block, as :func:`allocate` places them;
+    elsewhere the arrays themselves."""
+    if get_worker_info() is None:
+        return {name: torch.from_numpy(column) for name, column in columns.items()}
+    made = allocate([(column.shape, column.dtype) for column in columns.values()], spare=audio)
+    for (_, out), column in zip(made, columns.values()):
+        out[...] = column
+    return {name: tensor for name, (tensor, _) in zip(columns, made)}

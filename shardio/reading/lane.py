@@ -27,7 +27,7 @@ import torch
 
 from ..errors import ShardioError
 from . import blocks
-from .batchmemory import allocate, audio_block
+from .batchmemory import audio_rows, columns_behind
 from .collate import PLAIN_TYPES, clear_padding
 from .decode import EncodedAudio, WavLayout, convert_wav, wav_layout
 from .fields import add_member_fields
@@ -37,6 +37,12 @@ from .reader import Reader
 __all__ = ["Lane"]
 
 _WAV = ("wav", "wave")
+
+
+class _Unusual(Exception):
+    """Something the lane leaves to the general path."""
+
+
 _COLLATE_OWNS = frozenset({"keys", "lengths", "repeat"})
 """Names of a batch's own fields that a sample's field of the same name would meet in collate."""
 
@@ -51,7 +57,8 @@ class Lane:
         self.int16 = dtype == "int16"
         self.fields = fields
         columns = reader.index.columns
-        self._format, self._frames, self._channels = columns["format"], columns["num_frames"], columns["channels"]
+        self._shard, self._format = columns["shard"], columns["format"]
+        self._frames, self._channels = columns["num_frames"], columns["channels"]
 
     @staticmethod
     def serves(reader: Reader, *, batched: bool, keeps_decoded_audio: bool) -> bool:
@@ -65,37 +72,79 @@ class Lane:
         channels = self._channels[ids].tolist()
         if not count or channels.count(channels[0]) != count:
             return None
-        sample_ids = ids.tolist()
-        read = []
-        for sample_id in sample_ids:
-            data = self.reader.mapped_bytes(sample_id)
-            if data is None:
-                return None
-            read.append(data)
-        frames = self._frames[ids].tolist()
-        prepared = self._prepared(sample_ids, read, channels[0], max(frames))
-        if prepared is None:
-            return None
-        samples, audio = prepared
-        block = audio_block(frames, channels[0], np.dtype(np.int16 if self.int16 else np.float32))
-        rows = block.numpy()
-        rates: list[int] = []
+        sample_ids, frames = ids.tolist(), self._frames[ids].tolist()
+        shape = (channels[0], max(frames))
+        dtype = np.dtype(np.int16 if self.int16 else np.float32)
+        samples: list[dict[str, Any]] = []
+        audio: list[tuple[memoryview, WavLayout]] = []
+        block: torch.Tensor | None = None
+        formats = self.reader.index.formats
+        exts = [formats[number] for number in self._format[ids].tolist()]
         try:
-            for sample, row, (view, layout) in zip(samples, rows, audio):
-                if self.int16:
-                    stored = decode_pcm16(EncodedAudio(view, "wav", sample["key"], layout), row)
-                    assert stored is not None  # 16-bit PCM: _prepared saw to it
-                    sample["audio"], rate = stored
-                else:
-                    sample["audio"], rate, _ = convert_wav(view, layout, row)
-                rates.append(rate)
-            clear_padding(block, rows, [layout.frames for _, layout in audio])
-        except BaseException:
+            if all(map(self.reader.maps, set(self._shard[ids].tolist()))):  # the passes of the general path
+                read = [self._read(sample_id) for sample_id in sample_ids]
+                for sample_id, data, ext in zip(sample_ids, read, exts):
+                    self._prepare(sample_id, data, ext, shape, samples, audio)
+                _check_fields(samples)
+                block, rows = audio_rows(frames, shape[0], dtype)
+                rates = [self._decode(row, sample, encoded) for row, sample, encoded in zip(rows, samples, audio)]
+            else:  # decompressed samples outgrow the caches: each read, prepared and decoded in turn
+                block, rows = audio_rows(frames, shape[0], dtype)
+                rates = []
+                for sample_id, ext, row in zip(sample_ids, exts, rows):
+                    self._prepare(sample_id, self._read(sample_id), ext, shape, samples, audio)
+                    rates.append(self._decode(row, samples[-1], audio[-1]))
+                _check_fields(samples)
+            lengths = [layout.frames for _, layout in audio]
+            clear_padding(block, rows, lengths)
+        except BaseException as exc:
             blocks.release(block)
+            if isinstance(exc, _Unusual):
+                return None
             raise
         self.reader.stats.samples += count
-        flags = np.zeros(count, dtype=bool) if repeats is None else np.asarray(repeats, dtype=bool)
-        return self._collated(samples, block, [layout.frames for _, layout in audio], rates, flags)
+        flags = np.zeros(count, dtype=bool) if repeats is None else np.array(repeats, dtype=bool)  # a copy
+        return self._collated(samples, block, lengths, rates, flags)
+
+    def _read(self, sample_id: int) -> memoryview:
+        data = self.reader.local_bytes(sample_id)
+        if data is None:
+            raise _Unusual
+        return data
+
+    def _prepare(self, sample_id: int, data: memoryview, ext: str, shape: tuple[int, int],
+                 samples: list[dict[str, Any]], audio: list[tuple[memoryview, WavLayout]]) -> None:
+        """The middle pass over a sample whose audio member is ``ext``: its dict (key and member fields) to
+        ``samples``, its audio member with its layout to ``audio``, when the layout fits a row of ``shape``
+        (channels, frames)."""
+        reader = self.reader
+        key = reader.index.keys.key(sample_id)
+        if ext not in _WAV:
+            raise _Unusual
+        try:
+            members = reader.split_members(sample_id, data, key, key)
+            view = members[ext]
+            sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
+            add_member_fields(sample, members, key)
+        except (ShardioError, KeyError):
+            raise _Unusual from None
+        layout = wav_layout(view)
+        if layout is None or not 0 < layout.frames <= shape[1] or layout.channels != shape[0] \
+                or layout.scale == 1.0 or (self.int16 and layout.dtype != "<i2"):
+            raise _Unusual
+        samples.append(sample)
+        audio.append((view, layout))
+
+    def _decode(self, row: np.ndarray, sample: dict[str, Any], encoded: tuple[memoryview, WavLayout]) -> int:
+        """Decode a sample's audio into its ``row`` of the batch; its rate."""
+        view, layout = encoded
+        if self.int16:
+            stored = decode_pcm16(EncodedAudio(view, "wav", sample["key"], layout), row)
+            assert stored is not None  # 16-bit PCM: _prepare saw to it
+            sample["audio"], rate = stored
+        else:
+            sample["audio"], rate, _ = convert_wav(view, layout, row)
+        return rate
 
     @staticmethod
     def _collated(samples: list[dict[str, Any]], block: torch.Tensor, lengths: list[int], rates: list[int],
@@ -104,47 +153,22 @@ class Lane:
         ``block``) with the ``repeat`` column ``flags``, and an empty ``skipped``: what it does with fields of
         plain values (lists), in its order (see :meth:`_prepared`), its small tensors behind the audio."""
         int64 = np.dtype(np.int64)
-        columns = {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64), "repeat": flags}
-        tensors = dict(zip(columns, allocate([(column.shape, column.dtype) for column in columns.values()],
-                                             spare=block)))
-        for name, (_, out) in tensors.items():
-            out[...] = columns[name]
+        tensors = columns_behind(block, {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64),
+                                         "repeat": flags})
         batch: dict[str, Any] = {"keys": [sample["key"] for sample in samples], "audio": block,
-                                 "lengths": tensors["lengths"][0], "sample_rate": tensors["sample_rate"][0]}
+                                 "lengths": tensors["lengths"], "sample_rate": tensors["sample_rate"]}
         for name in list(samples[0])[3:]:
             batch[name] = [sample.get(name) for sample in samples]
-        batch["repeat"] = tensors["repeat"][0]
+        batch["repeat"] = tensors["repeat"]
         batch = blocks.outgoing(batch)
         batch["skipped"] = []
         return batch
 
-    def _prepared(self, sample_ids: list[int], read: list[memoryview], channels: int, longest: int
-                  ) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]] | None:
-        """The middle pass: each sample's dict (key and member fields) and its audio member with its layout,
-        every layout one the rows of a ``(B, channels, longest)`` batch take."""
-        reader, formats, int16 = self.reader, self.reader.index.formats, self.int16
-        samples: list[dict[str, Any]] = []
-        audio: list[tuple[memoryview, WavLayout]] = []
-        for sample_id, data, number in zip(sample_ids, read, self._format[sample_ids].tolist()):
-            key = reader.index.keys.key(sample_id)
-            ext = formats[number]
-            if ext not in _WAV:
-                return None
-            try:
-                members = reader.split_members(sample_id, data, key, key)
-                view = members[ext]
-                layout = wav_layout(view)
-                if layout is None or not 0 < layout.frames <= longest or layout.channels != channels \
-                        or layout.scale == 1.0 or (int16 and layout.dtype != "<i2"):
-                    return None
-                sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
-                add_member_fields(sample, members, key)
-            except (ShardioError, KeyError):
-                return None
-            samples.append(sample)
-            audio.append((view, layout))
-        names = list(samples[0])[3:]  # after key, audio and sample_rate: as collate lists them, if plain values
-        if _COLLATE_OWNS.intersection(names) or any(not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples])
-                                                  for name in names):
-            return None
-        return samples, audio
+
+def _check_fields(samples: list[dict[str, Any]]) -> None:
+    """That the fields collate gives the batch (those the first sample names, after its key, audio and rate)
+    are lists of plain values, none named as a field of the batch's own."""
+    names = list(samples[0])[3:]
+    if not _COLLATE_OWNS.isdisjoint(names) \
+            or any(not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples]) for name in names):
+        raise _Unusual

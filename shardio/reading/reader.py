@@ -102,6 +102,7 @@ class Reader(RemoteReads):
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
+        self._local: dict[int, bool] = {}  # shard -> a local file
         self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
         self._pid = os.getpid()
         self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
@@ -219,22 +220,18 @@ class Reader(RemoteReads):
                                           and not is_url(self.index.shard_path(shard)))
         return mapped
 
-    def mapped_bytes(self, sample: int) -> memoryview | None:
-        """The tar bytes of sample number ``sample`` as a view of its shard's memory map, its pages faulted in;
-        None where they are not one (a compressed or remote shard, a shard that cannot be mapped or opened, a
-        read that fails: :meth:`sample_bytes` reads those, and says why it cannot)."""
-        if self._pid != _PROCESS[0]:
-            self._after_fork()
-        c = self._columns
-        shard = int(c["shard"][sample])
-        if not self.maps(shard):
+    def local_bytes(self, sample: int) -> memoryview | None:
+        """The tar bytes of sample number ``sample`` where its shard is a local file (a view of its memory map
+        where :meth:`maps`, else read or decompressed); None where the shard is remote or the read fails:
+        :meth:`sample_bytes` reads those, and says why it cannot."""
+        shard = int(self._columns["shard"][sample])
+        local = self._local.get(shard)
+        if local is None:
+            local = self._local[shard] = not is_url(self.index.shard_path(shard))
+        if not local:
             return None
-        offset, size = int(c["frame_offset"][sample]), int(c["member_size"][sample])
         try:
-            handle = self._open(shard, "")
-            if not isinstance(handle, LocalShard) or offset + size > handle.size:
-                return None
-            return handle.mapped(offset, size, "")
+            return self._sample_bytes(sample, "")
         except ShardioError:
             return None
 
