@@ -16,7 +16,7 @@ import pytest
 import shardio.dataset
 from datasets import make_uneven_dataset
 from shardio import ShardDataset, World
-from shardio.workers import planfiles
+from shardio.workers import nodeplan, planfiles
 from test_plan_lock import count_plans, epochs_on_disk, planned
 
 WORLD_SIZE = 3
@@ -202,3 +202,24 @@ def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path)
     (tmp_path / "saved").mkdir()
     index.save(str(tmp_path / "saved"))
     assert index.fingerprinted and index.fingerprint != loaded.fingerprint
+
+
+@pytest.mark.parametrize("array", [np.arange(5, dtype=np.int64), np.arange(12, dtype=np.int64).reshape(2, 6),
+                                   np.arange(7, dtype=np.int32), np.array([True, False, True]),
+                                   np.zeros(0, np.int32), np.arange(3, dtype=">i8"), np.arange(4.0),
+                                   np.arange(24, dtype=np.int64).reshape(2, 3, 4)])
+def test_a_plan_file_reads_back_as_numpy_saved_it_read_only(tmp_path: Path, array: np.ndarray) -> None:
+    """The headers nodeplan writes take a short path; any other goes through np.load: the same array."""
+    path = str(tmp_path / "a.npy")
+    np.save(path, array)
+    mapped = nodeplan._mapped(path)
+    assert mapped.dtype == array.dtype and mapped.shape == array.shape and np.array_equal(mapped, array)
+    assert not mapped.flags.writeable
+
+
+def test_a_truncated_plan_file_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "a.npy")
+    np.save(path, np.arange(100, dtype=np.int64))
+    os.truncate(path, 128 + 8 * 99)
+    with pytest.raises(ValueError):
+        nodeplan._mapped(path)

@@ -182,8 +182,11 @@ def clean(name: str) -> int:
     if match is None:
         return 0
     job, epoch = match.group(1), int(match.group(2))
+    prefix = job + "-e"
 
     def earlier(entry: os.DirEntry[str]) -> bool:
+        if not entry.name.startswith(prefix):  # another job's (most entries of a shared cache): no pattern
+            return False
         other = _NAME.match(entry.name)
         return other is not None and other.group(1) == job and int(other.group(2)) <= epoch - 2
 
