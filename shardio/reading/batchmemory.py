@@ -90,22 +90,31 @@ def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor 
     if get_worker_info() is None or total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
         return [(torch.from_numpy(array), array) for array in arrays]
+    memory = blocks.memory_of(spare) if spare is not None else None
+    if memory is not None and memory.nbytes >= total:  # a pooled block: what lies behind the audio is not zero
+        memory[start:total] = 0
+        return _views(memory, specs, offsets)
     if spare is not None and spare.untyped_storage().is_shared() and spare.storage_offset() == 0 \
             and blocks.usable(spare) >= total:
-        storage = spare.untyped_storage()  # not yet used behind the audio: zero-filled, unless a pooled block
-        if blocks.is_pooled(spare):
-            torch.empty(0, dtype=torch.uint8).set_(storage, start, (total - start,), (1,)).zero_()
+        storage = spare.untyped_storage()  # a new shared-memory file: zero-filled behind the audio
     else:
         offsets = [offset - start for offset in offsets]
-        block = blocks.take(total - start) if pooled else None
-        if block is not None:
-            storage = block.untyped_storage()
-            block[: total - start].zero_()
-        else:
-            storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
+        memory = blocks.take_memory(total - start) if pooled else None
+        if memory is not None:
+            memory[: total - start] = 0
+            return _views(memory, specs, offsets)
+        storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
     tensors = [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
                for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
     return [(tensor, tensor.numpy()) for tensor in tensors]
+
+
+def _views(memory: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]], offsets: list[int]
+           ) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """Arrays of ``specs`` at ``offsets`` in ``memory`` (uint8), each with a tensor over it."""
+    arrays = [memory[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+              for (shape, dtype), offset in zip(specs, offsets)]
+    return [(torch.from_numpy(array), array) for array in arrays]
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -142,11 +151,10 @@ def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(
             rows = _POOL.take(nbytes).view(dtype).reshape(shape)
             return torch.from_numpy(rows), rows
     elif nbytes:  # a fresh shared block costs system calls and page faults at any size
-        block = blocks.take(_aligned(nbytes) + 3 * _aligned(count * 8))
-        if block is not None:
-            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-            tensor = torch.empty(0, dtype=torch_dtype).set_(block.untyped_storage(), 0, shape, _strides(shape))
-            return tensor, tensor.numpy()
+        memory = blocks.take_memory(_aligned(nbytes) + 3 * _aligned(count * 8))
+        if memory is not None:
+            rows = memory[:nbytes].view(dtype).reshape(shape)
+            return torch.from_numpy(rows), rows
     return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
 
 
