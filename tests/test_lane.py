@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from shardio import ShardDataset, ShardWriter
 from shardio.errors import ShardioError
 from shardio.packing.indexer import build_index
+from shardio.reading import lane
 from shardio.reading.lane import Lane
 
 RATE = 8000
@@ -189,8 +190,11 @@ def test_the_lane_leaves_a_batch_with_anything_unusual_to_the_general_path(tmp_p
     assert batches[2]["skipped"][0].startswith("utt004: ")
 
 
+@pytest.mark.parametrize("pass_bytes", [lane.PASS_BYTES, 0])  # read in passes, or each sample in turn
 @pytest.mark.parametrize("compression", ["zstd", "gzip"])
-def test_the_lane_serves_local_compressed_shards(tmp_path: Path, compression: str) -> None:
+def test_the_lane_serves_local_compressed_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compression: str,
+                                                 pass_bytes: int) -> None:
+    monkeypatch.setattr(lane, "PASS_BYTES", pass_bytes)
     clips = [audio_bytes(tone(0.02 * (1 + n), RATE, seed=n), RATE, "wav", "PCM_16") for n in range(4)]
     if compression == "zstd":
         with ShardWriter(tmp_path / "ds", compression="zstd") as writer:

@@ -1,20 +1,21 @@
 """Lane: a batch of the common case in fewer steps, or None to leave the batch to the general assembly.
 
-The common case is how shardio packs speech: local plain ``.tar`` shards read as views of their memory maps,
-integer PCM WAV that the decoder's header parser reads, audio decoded straight into the batch (no mono mix,
-resampling or transform) as float32 or as stored 16-bit samples, and an index without per-sample metadata.
-There the general path's layers (a sample's name in messages built before any error could need it, a record
-per sample between the passes, the decoder's dispatch, collate's checks of each row) cost a good part of
-what reading, checking and converting the samples does (see the README, "Where the time goes").
+The common case is how shardio packs speech: local shards (plain ``.tar`` read as views of their memory maps,
+or compressed), integer PCM WAV that the decoder's header parser reads, audio decoded straight into the batch
+(no mono mix, resampling or transform) as float32 or as stored 16-bit samples, and an index without
+per-sample metadata. There the general path's layers (a sample's name in messages built before any error
+could need it, a record per sample between the passes, the decoder's dispatch, collate's checks of each row
+and of each field's values) cost a good part of what reading, checking and converting the samples does:
+the lane makes a WAV batch ~10% cheaper (``benchmarks/ab.py``; README, "Where the time goes").
 
-The lane does the same work in the same three passes (every sample's bytes, then each sample's members, JSON
-and header, then the conversions into the batch's rows), builds the same sample dicts and collates them with
-the same :func:`~shardio.reading.collate.collate`: its batches are the general path's
-(``tests/test_lane.py`` holds them equal over generated datasets). It gives up at the first thing it does
-not expect (a shard that is not mapped, a member of another key, JSON that does not parse, a WAV header the
-parser leaves to soundfile, float samples, which must be checked for NaN, a header that disagrees with the
-index) before it has counted or logged anything, and the general path builds the whole batch: its errors,
-skips and messages stay the only ones.
+The lane does the same work, in passes as the general path does (every sample's bytes, then each sample's
+members, JSON and header, then the conversions into the batch's rows) where the reads are views of maps or
+their decompressed frames are small, and builds the batch :func:`~shardio.reading.collate.collate` would:
+``tests/test_lane.py`` holds its batches equal to the general path's over generated datasets. It gives up
+at the first thing it does not expect (a remote shard, a failed read, a member of another key, JSON that
+does not parse, a field collate would not list, a WAV header the parser leaves to soundfile, float samples,
+which must be checked for NaN, a header that disagrees with the index) before it has counted or logged
+anything, and the general path builds the whole batch: its errors, skips and messages stay the only ones.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from .reader import Reader
 __all__ = ["Lane"]
 
 _WAV = ("wav", "wave")
+PASS_BYTES = 32 << 20
+"""Decompressed bytes a batch may hold at once to be read in passes (a few batches' worth of cache)."""
 
 
 class _Unusual(Exception):
@@ -59,6 +62,7 @@ class Lane:
         columns = reader.index.columns
         self._shard, self._format = columns["shard"], columns["format"]
         self._frames, self._channels = columns["num_frames"], columns["channels"]
+        self._member_offset, self._member_size = columns["member_offset"], columns["member_size"]
 
     @staticmethod
     def serves(reader: Reader, *, batched: bool, keeps_decoded_audio: bool) -> bool:
@@ -81,14 +85,14 @@ class Lane:
         formats = self.reader.index.formats
         exts = [formats[number] for number in self._format[ids].tolist()]
         try:
-            if all(map(self.reader.maps, set(self._shard[ids].tolist()))):  # the passes of the general path
+            if self._in_passes(ids):
                 read = [self._read(sample_id) for sample_id in sample_ids]
                 for sample_id, data, ext in zip(sample_ids, read, exts):
                     self._prepare(sample_id, data, ext, shape, samples, audio)
                 _check_fields(samples)
                 block, rows = audio_rows(frames, shape[0], dtype)
                 rates = [self._decode(row, sample, encoded) for row, sample, encoded in zip(rows, samples, audio)]
-            else:  # decompressed samples outgrow the caches: each read, prepared and decoded in turn
+            else:  # each read, prepared and decoded in turn
                 block, rows = audio_rows(frames, shape[0], dtype)
                 rates = []
                 for sample_id, ext, row in zip(sample_ids, exts, rows):
@@ -105,6 +109,15 @@ class Lane:
         self.reader.stats.samples += count
         flags = np.zeros(count, dtype=bool) if repeats is None else np.array(repeats, dtype=bool)  # a copy
         return self._collated(samples, block, lengths, rates, flags)
+
+    def _in_passes(self, ids: np.ndarray) -> bool:
+        """Whether to read every sample of the batch before preparing any (the general path's passes, see
+        :mod:`~shardio.reading.assembly`): where each read is a view of a memory map, or the frames it
+        decompresses to hold (at most each sample's frame up to its end) are at most :data:`PASS_BYTES`.
+        Decompressed WAV zstd-3 batches were 5% cheaper so (``benchmarks/ab.py``)."""
+        if all(map(self.reader.maps, set(self._shard[ids].tolist()))):
+            return True
+        return int(self._member_offset[ids].sum(dtype=np.int64) + self._member_size[ids].sum(dtype=np.int64)) <= PASS_BYTES
 
     def _read(self, sample_id: int) -> memoryview:
         data = self.reader.local_bytes(sample_id)
