@@ -117,7 +117,8 @@ class Lane:
         Decompressed WAV zstd-3 batches were 5% cheaper so (``benchmarks/ab.py``)."""
         if all(map(self.reader.maps, set(self._shard[ids].tolist()))):
             return True
-        return int(self._member_offset[ids].sum(dtype=np.int64) + self._member_size[ids].sum(dtype=np.int64)) <= PASS_BYTES
+        held = self._member_offset[ids].sum(dtype=np.int64) + self._member_size[ids].sum(dtype=np.int64)
+        return int(held) <= PASS_BYTES
 
     def _read(self, sample_id: int) -> memoryview:
         data = self.reader.local_bytes(sample_id)
