@@ -37,7 +37,7 @@ from .reader import Reader
 
 __all__ = ["Lane"]
 
-_WAV = ("wav", "wave")
+_WAV = frozenset({"wav", "wave"})
 PASS_BYTES = 32 << 20
 """Decompressed bytes a batch may hold at once to be read in passes (a few batches' worth of cache)."""
 
@@ -76,14 +76,16 @@ class Lane:
         channels = self._channels[ids].tolist()
         if not count or channels.count(channels[0]) != count:
             return None
+        formats = self.reader.index.formats
+        exts = [formats[number] for number in self._format[ids].tolist()]
+        if not _WAV.issuperset(exts):  # before any read: a FLAC dataset's batches leave at once
+            return None
         sample_ids, frames = ids.tolist(), self._frames[ids].tolist()
         shape = (channels[0], max(frames))
         dtype = np.dtype(np.int16 if self.int16 else np.float32)
         samples: list[dict[str, Any]] = []
         audio: list[tuple[memoryview, WavLayout]] = []
         block: torch.Tensor | None = None
-        formats = self.reader.index.formats
-        exts = [formats[number] for number in self._format[ids].tolist()]
         try:
             if self._in_passes(ids):
                 read = [self._read(sample_id) for sample_id in sample_ids]
@@ -114,7 +116,7 @@ class Lane:
         """Whether to read every sample of the batch before preparing any (the general path's passes, see
         :mod:`~shardio.reading.assembly`): where each read is a view of a memory map, or the frames it
         decompresses to hold (at most each sample's frame up to its end) are at most :data:`PASS_BYTES`.
-        Decompressed WAV zstd-3 batches were 5% cheaper so (``benchmarks/ab.py``)."""
+        Decompressed WAV zstd-3 batches were ~7% cheaper so (``benchmarks/ab.py``)."""
         if all(map(self.reader.maps, set(self._shard[ids].tolist()))):
             return True
         held = self._member_offset[ids].sum(dtype=np.int64) + self._member_size[ids].sum(dtype=np.int64)
@@ -133,8 +135,6 @@ class Lane:
         (channels, frames)."""
         reader = self.reader
         key = reader.index.keys.key(sample_id)
-        if ext not in _WAV:
-            raise _Unusual
         try:
             members = reader.split_members(sample_id, data, key, key)
             view = members[ext]
@@ -165,7 +165,7 @@ class Lane:
                   flags: np.ndarray) -> dict[str, Any]:
         """The batch :func:`~shardio.reading.collate.collate` makes of ``samples`` (decoded into the rows of
         ``block``) with the ``repeat`` column ``flags``, and an empty ``skipped``: what it does with fields of
-        plain values (lists), in its order (see :meth:`_prepared`), its small tensors behind the audio."""
+        plain values (lists), in its order (see :func:`_check_fields`), its small tensors behind the audio."""
         int64 = np.dtype(np.int64)
         tensors = columns_behind(block, {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64),
                                          "repeat": flags})
