@@ -3,10 +3,11 @@
 torch's DataLoader moves every batch through an index queue, a result queue and its feeder thread, and a
 pickle of the batch in each direction; on a fast codec that hand-off costs as much CPU as decoding
 (``benchmarks/results/workers.md``). A shardio dataset needs none of it: its workers know their batches from
-the plan. Here each worker has one duplex pipe. The training process starts an iteration with ``prefetch``
-credits per worker and gives a credit back for each batch it takes; a worker sends each batch as soon as it
-holds a credit. The audio travels in a reused shared-memory block, named after its first trip
-(:mod:`shardio.reading.blocks`), so a batch costs one small message each way.
+the plan. Here each worker has one duplex pipe and a count of credits in shared memory
+(:mod:`.credits`). The training process starts an iteration with ``prefetch`` credits per worker and grants
+one more for each batch it takes; a worker sends each batch as soon as it holds a credit. The audio travels
+in a reused shared-memory block, named after its first trip (:mod:`shardio.reading.blocks`), so a batch
+costs one small message, and its credit no system call.
 
 Order: batches are taken from the workers in turn, worker 0 first, skipping those that have finished, as the
 DataLoader does; the plan gives worker ``w`` batches ``start + w``, ``start + w + n``, ... (see
@@ -35,8 +36,9 @@ from ..dataset import ShardDataset
 from ..errors import OptionError
 from ..state import batch_position
 from .channel import Channel
+from .credits import Credits
 from .pinning import Pinner, pinned
-from .server import BATCH, CREDIT, ERROR, EXIT, START, STOP, WATCH_S, serve
+from .server import BATCH, ERROR, EXIT, START, STOP, WATCH_S, serve
 
 __all__ = ["ShardLoader"]
 
@@ -49,6 +51,7 @@ _JOIN_S = 5.0
 class _Worker(NamedTuple):
     process: Any  # a multiprocessing Process of the loader's context
     channel: Channel
+    credits: Credits
 
 
 class ShardLoader:
@@ -152,7 +155,7 @@ class ShardLoader:
         """The batches of iteration ``iteration`` from the workers, in the plan's order, as they arrive."""
         self._start()
         for worker in self._workers:
-            worker.channel.send((START, self.prefetch))
+            worker.channel.send((START, worker.credits.reset(self.prefetch)))
         self._running = set(range(self.num_workers))
         turn = 0
         try:
@@ -163,7 +166,7 @@ class ShardLoader:
                     continue
                 kind, payload = self._receive(number)
                 if kind == BATCH:
-                    self._workers[number].channel.send(CREDIT)
+                    self._workers[number].credits.grant()
                     yield payload
                     continue
                 self._running.discard(number)
@@ -193,12 +196,13 @@ class ShardLoader:
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         for number in range(self.num_workers):
             ours, theirs = self._context.Pipe(duplex=True)
+            credits = Credits(self._context)
             process = self._context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
-                                            args=(theirs, self.dataset, number, self.num_workers, base_seed,
-                                                  os.getpid()))
+                                            args=(theirs, credits, self.dataset, number, self.num_workers,
+                                                  base_seed, os.getpid()))
             process.start()
             theirs.close()
-            self._workers.append(_Worker(process, Channel(ours)))
+            self._workers.append(_Worker(process, Channel(ours), credits))
 
     def _receive(self, number: int) -> tuple[str, Any]:
         """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
@@ -233,6 +237,7 @@ class ShardLoader:
         """Stop the iteration the workers are in, taking (and dropping) what they had sent."""
         try:
             for number in self._running:
+                self._workers[number].credits.interrupt()
                 self._workers[number].channel.send(STOP)
             for number in sorted(self._running):
                 while self._receive(number)[0] == BATCH:
@@ -247,6 +252,7 @@ class ShardLoader:
         workers, self._workers, self._running = self._workers, [], set()
         for worker in workers:
             try:
+                worker.credits.interrupt()
                 worker.channel.send(EXIT)
             except OSError:
                 pass

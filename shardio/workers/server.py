@@ -1,9 +1,11 @@
 """Server: a ShardLoader worker process, which plays the dataset's batches over its pipe, one per credit.
 
-The protocol, both ends: the training process sends ``(START, credits)`` to begin an iteration, ``CREDIT``
-for each batch it takes, ``STOP`` to end an iteration early and ``EXIT``; the worker answers ``BATCH``
-(the batch, its audio in a reused shared-memory block), ``END``, ``STOPPED`` or ``ERROR`` (the exception,
-with the worker's traceback as a note). Either side looks every :data:`WATCH_S` whether the other is alive.
+The protocol, both ends: the training process sends ``(START, interruptions)`` to begin an iteration (the
+worker's :class:`~shardio.workers.credits.Credits` set to its prefetch, and the interruption count the
+iteration starts from), grants a credit in shared memory for each batch it takes, and sends ``STOP`` to end
+an iteration early or ``EXIT`` (each announced through the credits); the worker answers ``BATCH`` (the
+batch, its audio in a reused shared-memory block), ``END``, ``STOPPED`` or ``ERROR`` (the exception, with the
+worker's traceback as a note). Either side looks every :data:`WATCH_S` whether the other is alive.
 """
 
 from __future__ import annotations
@@ -23,17 +25,18 @@ from torch.utils.data._utils import worker as torch_worker
 
 from ..dataset import ShardDataset
 from .channel import Channel
+from .credits import Credits
 
-__all__ = ["BATCH", "CREDIT", "END", "ERROR", "EXIT", "START", "STOP", "STOPPED", "WATCH_S", "serve"]
+__all__ = ["BATCH", "END", "ERROR", "EXIT", "START", "STOP", "STOPPED", "WATCH_S", "serve"]
 
-START, CREDIT, STOP, EXIT = "start", "credit", "stop", "exit"  # training process -> worker
+START, STOP, EXIT = "start", "stop", "exit"  # training process -> worker
 BATCH, END, STOPPED, ERROR = "batch", "end", "stopped", "error"  # worker -> training process
 WATCH_S = 1.0
 """How often a process waiting on its pipe looks whether the other side is still alive."""
 
 
-def serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, base_seed: int,
-           parent: int) -> None:
+def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int, base_seed: int,
+          parent: int) -> None:
     """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
     _default_signals()
     torch.set_num_threads(1)
@@ -49,7 +52,7 @@ def serve(pipe: Connection, dataset: ShardDataset, number: int, workers: int, ba
             if message is None or message == EXIT:
                 return
             if isinstance(message, tuple) and message[0] == START:
-                if not _iterate(channel, dataset, message[1], parent):
+                if not _iterate(channel, credits, dataset, message[1], parent):
                     return
     except KeyboardInterrupt:  # the training process is interrupted too, and says so
         return
@@ -68,20 +71,20 @@ def _default_signals() -> None:
             signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
 
 
-def _iterate(channel: Channel, dataset: ShardDataset, credits: int, parent: int) -> bool:
-    """One iteration; False when the worker is to exit."""
+def _iterate(channel: Channel, credits: Credits, dataset: ShardDataset, since: int, parent: int) -> bool:
+    """One iteration, begun at interruption count ``since``; False when the worker is to exit."""
     try:
         for batch in dataset:
-            while credits == 0 or channel.ready():
-                message = _message(channel, parent)
-                if message is None or message == EXIT:
+            while not (credits.take(WATCH_S) and not credits.interrupted(since)):
+                if credits.interrupted(since):  # told to read the pipe: STOP or EXIT is there
+                    message = _message(channel, parent)
+                    if message == STOP:
+                        channel.send((STOPPED, None))
+                        return True
                     return False
-                if message == STOP:
-                    channel.send((STOPPED, None))
-                    return True
-                credits += message == CREDIT
+                if os.getppid() != parent:
+                    return False
             channel.send((BATCH, batch))
-            credits -= 1
     except Exception as exc:
         channel.send((ERROR, _portable(exc)))
         return True
