@@ -5,7 +5,7 @@ pickle of the batch in each direction; on a fast codec that hand-off costs as mu
 (``benchmarks/results/workers.md``). A shardio dataset needs none of it: its workers know their batches from
 the plan. Here each worker has one duplex pipe and a count of credits in shared memory
 (:mod:`.credits`). The training process starts an iteration with ``prefetch`` credits per worker and grants
-one more for each batch it takes; a worker sends each batch as soon as it holds a credit. The audio travels
+one more for each batch it takes; a worker makes and sends a batch for each credit it holds. The audio travels
 in a reused shared-memory block, named after its first trip (:mod:`shardio.reading.blocks`), so a batch
 costs one small message, and its credit no system call.
 
