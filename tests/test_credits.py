@@ -5,6 +5,7 @@ and that an interruption wakes while it waits for a credit."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from shardio import ShardDataset, ShardLoader
 from shardio.workers import server
+from shardio.workers.channel import Channel
 from shardio.workers.credits import Credits
 from tests.datasets import make_uneven_dataset
 
@@ -96,3 +98,23 @@ def test_an_interruption_wakes_a_worker_waiting_for_a_credit(data: Path, monkeyp
         second = [batch["keys"] for batch in loader]  # stops the first iteration: STOP to each worker
         assert time.monotonic() - began < 30
         assert len(second) == len(loader)
+
+
+def test_an_iteration_stopped_right_after_start_still_begins_its_epoch(data: Path) -> None:
+    """A worker told to stop before its first batch (a slow worker's START and STOP arrive together) still makes
+    that batch: it begins the epoch, so the worker's next iteration plays the next epoch, as the others do."""
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe(duplex=True)
+    credits = Credits(context)
+    since = credits.reset(2)
+    credits.interrupt()
+    ours.send(server.STOP)
+    dataset = ShardDataset(data, batch_size=3, seed=1)
+    assert server._iterate(Channel(theirs), credits, dataset, since, os.getppid())
+    sent = []
+    while ours.poll(1.0):
+        sent.append(ours.recv()[0])
+    assert sent == [server.BATCH, server.STOPPED]
+    after = ShardDataset(data, batch_size=3, seed=1)
+    after.set_epoch(1)
+    assert [list(b["keys"]) for b in dataset] == [list(b["keys"]) for b in after]
