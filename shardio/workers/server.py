@@ -88,21 +88,29 @@ def _iterate(channel: Channel, credits: Credits, dataset: ShardDataset, since: i
         batch = next(batches, _DONE)
         while batch is not _DONE:
             channel.send((BATCH, batch))
-            while not (credits.take(WATCH_S) and not credits.interrupted(since)):
-                if credits.interrupted(since):  # told to read the pipe: STOP or EXIT is there
-                    message = _message(channel, parent)
-                    if message == STOP:
-                        channel.send((STOPPED, None))
-                        return True
-                    return False
-                if os.getppid() != parent:
-                    return False
+            ending = _next_credit(channel, credits, since, parent)
+            if ending == STOP:
+                channel.send((STOPPED, None))
+                return True
+            if ending == EXIT:
+                return False
             batch = next(batches, _DONE)
     except Exception as exc:
         channel.send((ERROR, _portable(exc)))
         return True
     channel.send((END, None))
     return True
+
+
+def _next_credit(channel: Channel, credits: Credits, since: int, parent: int) -> str | None:
+    """Wait for a credit: None once one is taken, else what ends the iteration instead: ``STOP``, or ``EXIT``
+    (also when the training process is gone)."""
+    while not (credits.take(WATCH_S) and not credits.interrupted(since)):
+        if credits.interrupted(since):  # told to read the pipe: STOP or EXIT is there
+            return STOP if _message(channel, parent) == STOP else EXIT
+        if os.getppid() != parent:
+            return EXIT
+    return None
 
 
 def _message(channel: Channel, parent: int) -> Any:
