@@ -4,7 +4,8 @@ PCM and IEEE-float WAV take a fast path: the RIFF header is parsed straight from
 samples converted with ``numpy.frombuffer``, scaled exactly as libsndfile scales them (``int16 / 2**15``,
 ``int24 / 2**23``, ``int32 / 2**31``, ``(uint8 - 128) / 2**7``; floats are cast), so the values are
 identical to ``soundfile.read(..., dtype="float32")``. Anything the fast path does not recognise, and every
-other format (flac, ogg, mp3, opus, ...), is decoded by soundfile from ``io.BytesIO``.
+other format (flac, ogg, mp3, opus, ...), is decoded by soundfile, FLAC from a file in memory (:mod:`shardio.reading.memoryfile`),
+the others from ``io.BytesIO``.
 
 Optional post-processing: a mono mix (the mean of the channels) and band-limited resampling between any
 two rates with soxr (libsoxr).
@@ -21,6 +22,7 @@ import numpy as np
 import soundfile
 
 from ..errors import DecodeError, OptionError
+from .memoryfile import FILE_FORMATS, read_as_file
 
 __all__ = ["EncodedAudio", "decode_audio", "decode_encoded", "mix_to_mono", "read_header", "resample"]
 
@@ -148,21 +150,29 @@ _INTEGER_SUBTYPES = ("PCM_", "ULAW", "ALAW", "DPCM", "DWVW", "IMA_ADPCM", "MS_AD
 
 def _decode_soundfile(view: memoryview, ext: str, where: str, out: np.ndarray | None = None
                       ) -> tuple[np.ndarray, int, bool]:
+    decoded = read_as_file(view, lambda sound: _read_float32(sound, out)) if ext in FILE_FORMATS else None
+    if decoded is not None:
+        return decoded
     try:
         with soundfile.SoundFile(io.BytesIO(view)) as sound:
-            rate, subtype = int(sound.samplerate), sound.subtype
-            if sound.seekable():
-                sound.seek(0)  # as soundfile.read does: MP3 decodes (slightly) differently without it
-            target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
-            if target is not None:  # mono: libsndfile writes straight into the caller's row
-                audio = target[:, : sound.read(out=target[0]).shape[0]]
-            else:
-                audio = np.ascontiguousarray(sound.read(sound.frames, dtype="float32", always_2d=True).T)
+            return _read_float32(sound, out)
     except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:  # LibsndfileError: a RuntimeError
         detail = getattr(exc, "error_string", "") or str(exc)  # without soundfile's "<BytesIO object at ..>"
         raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
                           f"expected a complete {ext} file that libsndfile can read") from exc
-    return audio, rate, not subtype.startswith(_INTEGER_SUBTYPES)
+
+
+def _read_float32(sound: soundfile.SoundFile, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:
+    """The audio of an open sound as float32 (into ``out`` when it is mono and fits), its rate, and whether
+    its samples may be other than finite."""
+    if sound.seekable():
+        sound.seek(0)  # as soundfile.read does: MP3 decodes (slightly) differently without it
+    target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
+    if target is not None:  # mono: libsndfile writes straight into the caller's row
+        audio = target[:, : sound.read(out=target[0]).shape[0]]
+    else:
+        audio = np.ascontiguousarray(sound.read(sound.frames, dtype="float32", always_2d=True).T)
+    return audio, int(sound.samplerate), not sound.subtype.startswith(_INTEGER_SUBTYPES)
 
 
 def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:

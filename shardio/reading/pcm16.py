@@ -16,6 +16,7 @@ import soundfile
 
 from ..errors import DecodeError
 from .decode import EncodedAudio
+from .memoryfile import FILE_FORMATS, read_as_file
 
 __all__ = ["DTYPES", "decode_pcm16", "to_int16"]
 
@@ -43,21 +44,30 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
             return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate
         np.copyto(target, source)
         return target, layout.sample_rate
+    decoded = read_as_file(view, lambda sound: _read_int16(sound, out)) if ext in FILE_FORMATS else None
+    if decoded is not None:
+        return decoded
     try:
         with soundfile.SoundFile(io.BytesIO(view)) as sound:
-            if sound.subtype != "PCM_16" or sound.frames <= 0:
-                return None
-            if sound.seekable():
-                sound.seek(0)
-            target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
-            if target is not None:
-                return target[:, : sound.read(out=target[0]).shape[0]], int(sound.samplerate)
-            audio = sound.read(sound.frames, dtype="int16", always_2d=True)
-            return np.ascontiguousarray(audio.T), int(sound.samplerate)
+            return _read_int16(sound, out)
     except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:
         detail = getattr(exc, "error_string", "") or str(exc)
         raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
                           f"expected a complete {ext} file that libsndfile can read") from exc
+
+
+def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None) -> tuple[np.ndarray, int] | None:
+    """The samples of an open 16-bit PCM sound, as stored (into ``out`` when it is mono and fits), and its
+    rate; None for any other sound."""
+    if sound.subtype != "PCM_16" or sound.frames <= 0:
+        return None
+    if sound.seekable():
+        sound.seek(0)
+    target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
+    if target is not None:
+        return target[:, : sound.read(out=target[0]).shape[0]], int(sound.samplerate)
+    audio = sound.read(sound.frames, dtype="int16", always_2d=True)
+    return np.ascontiguousarray(audio.T), int(sound.samplerate)
 
 
 def _fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | None:
