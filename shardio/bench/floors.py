@@ -15,11 +15,13 @@ import numpy as np
 import soundfile
 
 from ..reading.localshard import CAN_MAP
+from ..reading.memoryfile import FILE_FORMATS, read_as_file
 from ..shards.index import Index
 from ..shards.tarformat import parse_members
 from .cases import Epoch
 
-__all__ = ["numpy_batch_floor", "numpy_floor", "pcm_layout", "python_floor", "soundfile_floor", "zstd_floor"]
+__all__ = ["memory_file_floor", "numpy_batch_floor", "numpy_floor", "pcm_layout", "python_floor", "soundfile_floor",
+           "zstd_floor"]
 
 _MADV_POPULATE_READ = 22  # as shardio's reader faults a sample's pages in (Linux 5.14+)
 
@@ -31,6 +33,24 @@ def soundfile_floor(members: Sequence[tuple[str, bytes]]) -> Epoch:
         for _ext, data in members:
             audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
             seconds += audio.shape[0] / rate
+        return len(members), seconds
+    return epoch
+
+
+def memory_file_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
+    """The decoder floor as shardio reads FLAC: soundfile on each member's bytes copied into a memory file
+    (:mod:`shardio.reading.memoryfile`); None where the members are of other formats, or there is no memfd."""
+    if not members or any(ext not in FILE_FORMATS for ext, _data in members) \
+            or read_as_file(memoryview(members[0][1]), lambda sound: sound.read()) is None:
+        return None
+
+    def epoch() -> tuple[int, float]:
+        seconds = 0.0
+        for _ext, data in members:
+            decoded = read_as_file(memoryview(data), lambda sound: (sound.read(dtype="float32", always_2d=True),
+                                                                   sound.samplerate))
+            assert decoded is not None, "a member the memory file read once no longer reads"
+            seconds += decoded[0].shape[0] / decoded[1]
         return len(members), seconds
     return epoch
 

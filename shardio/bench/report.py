@@ -45,6 +45,10 @@ TARGETS: list[tuple[str, str, str, float]] = [
      "decode floor, per core (FLAC)"), 0.9),
     ("shardio_2w_vs_soundfile_floor", "flac", ("through DataLoader with 2 workers, shardio >= 90% of the soundfile "
      "decode floor, per core (FLAC)"), 0.9),
+    ("shardio_vs_memory_file_floor", "flac", ("(context) shardio vs the soundfile floor reading a memory file, as "
+     "shardio does, 0 workers, per core (FLAC)"), 0.9),
+    ("shard_loader_vs_memory_file_floor", "flac", ("(context) ShardLoader with 2 workers vs the soundfile floor "
+     "reading a memory file, per core (FLAC)"), 0.9),
     ("zstd_vs_floor", "wav", ("zstd-3 >= 90% of its floor (decompressing the same frames + the .tar path), "
      "per core"), 0.9),
     ("zstd_vs_tar", "*", "(context) zstd-3 vs .tar, per core", 1 / 1.1),

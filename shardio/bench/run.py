@@ -96,6 +96,7 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
         shardio(plain, "none", first),
         Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
               lambda: floors.soundfile_floor(members)),
+        Case(plain.name, _FILE_FLOOR, "soundfile floor", "-", 0, member_mb, lambda: floors.memory_file_floor(members)),
         Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
               lambda: floors.numpy_floor(members)),
         Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
@@ -123,6 +124,8 @@ _PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
 _PYTHON_FLOOR = "pure-Python floor (mapped .tar: members, key, JSON, WAV header, cast into reused rows)"
 """:func:`~shardio.bench.floors.python_floor`: the per-sample work shardio must do, in the least Python."""
 
+_FILE_FLOOR = "soundfile floor (bytes in a memory file, as shardio reads FLAC)"
+
 _LEAN = "shardio .tar ShardLoader, 2w"
 """shardio's own loader (:class:`~shardio.ShardLoader`) with 2 workers: the set-up the README recommends."""
 
@@ -137,6 +140,8 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "shardio_vs_soundfile_floor": ("shardio .tar, 0w", "soundfile floor (bytes in memory)", "cpu"),
     "shardio_2w_vs_soundfile_floor": ("shardio .tar, 2w", "soundfile floor (bytes in memory)", "cpu"),
     "shard_loader_vs_soundfile_floor": (_LEAN, "soundfile floor (bytes in memory)", "cpu"),
+    "shardio_vs_memory_file_floor": ("shardio .tar, 0w", _FILE_FLOOR, "cpu"),
+    "shard_loader_vs_memory_file_floor": (_LEAN, _FILE_FLOOR, "cpu"),
     "shardio_vs_numpy_floor": ("shardio .tar, 0w", "numpy raw floor (bytes in memory)", "cpu"),
     "shardio_vs_numpy_batch_floor": ("shardio .tar, 0w", "numpy raw floor into padded batches", "cpu"),
     "shardio_vs_python_floor": ("shardio .tar, 0w", _PYTHON_FLOOR, "cpu"),
