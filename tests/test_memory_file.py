@@ -175,3 +175,15 @@ def test_a_threads_file_is_closed_when_the_thread_ends() -> None:
     thread.join()
     with pytest.raises(OSError):
         os.fstat(opened[0])
+
+
+def test_a_file_that_held_a_long_recording_is_emptied_after_its_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memoryfile, "KEPT_BYTES", 2000)
+    fd = memoryfile._descriptor()
+    assert fd is not None
+    short, long = _flac(0.05, 1, "PCM_16", 0), _flac(1.0, 1, "PCM_16", 1)
+    assert len(short) < 2000 < len(long)
+    for data, kept in ((short, len(short)), (long, 0)):
+        decoded = memoryfile.read_as_file(memoryview(data), lambda sound: sound.read(dtype="float32"))
+        assert decoded is not None and decoded.shape == (_frames(data),)
+        assert os.fstat(fd).st_size == kept

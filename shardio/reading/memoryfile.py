@@ -10,11 +10,13 @@ this system) gives None, and the caller decodes from ``io.BytesIO`` as before: e
 those of the in-memory path. (Decoding straight from the shard file, at the member's offset, was ~2% cheaper
 still, but libsndfile then reads on past the member's end: a stream cut short decoded the next member's frames.)
 
-Each thread of each process writes a file of its own, which holds the last bytes it decoded.
+Each thread of each process writes a file of its own, which holds the last bytes it decoded, unless they were
+more than :data:`KEPT_BYTES`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -22,11 +24,14 @@ from typing import TypeVar
 
 import soundfile
 
-__all__ = ["FILE_FORMATS", "read_as_file"]
+__all__ = ["FILE_FORMATS", "KEPT_BYTES", "read_as_file"]
 
 FILE_FORMATS = frozenset({"flac"})
 """Extensions decoded through a memory file: those whose samples are checked to be the in-memory path's
 (``tests/test_memory_file.py``)."""
+
+KEPT_BYTES = 4 << 20
+"""A file that held more than this is emptied after its read, so that a long recording's bytes are not held."""
 
 _Result = TypeVar("_Result")
 
@@ -73,3 +78,7 @@ def read_as_file(data: memoryview, read: Callable[[soundfile.SoundFile], _Result
             return result if frames > 0 and sound.tell() == frames else None
     except (RuntimeError, ValueError, TypeError, EOFError, OSError):  # LibsndfileError is a RuntimeError
         return None
+    finally:
+        if len(data) > KEPT_BYTES:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
