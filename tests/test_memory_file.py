@@ -131,7 +131,8 @@ def test_a_stream_cut_short_fails_or_is_skipped_as_from_its_bytes(
     _same(list(ShardDataset(tmp_path, **skipping)), _bytes_only(tmp_path, **skipping))
 
 
-def test_forked_workers_decode_as_the_training_process_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_workers_decode_as_the_training_process_does(tmp_path: Path, start_method: str) -> None:
     data = [_flac(0.1 + 0.02 * seed, 2 if seed % 2 else 1, "PCM_16", seed) for seed in range(12)]
     with ShardWriter(tmp_path, max_samples=3) as writer:
         for number, flac in enumerate(data):  # mono and stereo: the unbatched path
@@ -139,7 +140,7 @@ def test_forked_workers_decode_as_the_training_process_does(tmp_path: Path) -> N
                          sample_rate=RATE, channels=2 if number % 2 else 1)
     in_process = sorted((sample["key"], sample["audio"].numpy().tobytes()) for sample in ShardDataset(tmp_path))
     loader = torch.utils.data.DataLoader(ShardDataset(tmp_path), batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork")
+                                         multiprocessing_context=start_method)
     in_workers = sorted((sample["key"], sample["audio"].numpy().tobytes()) for sample in loader)
     assert in_workers == in_process and len(in_process) == len(data)
 
