@@ -4,8 +4,8 @@ PCM and IEEE-float WAV take a fast path: the RIFF header is parsed straight from
 samples converted with ``numpy.frombuffer``, scaled exactly as libsndfile scales them (``int16 / 2**15``,
 ``int24 / 2**23``, ``int32 / 2**31``, ``(uint8 - 128) / 2**7``; floats are cast), so the values are
 identical to ``soundfile.read(..., dtype="float32")``. Anything the fast path does not recognise, and every
-other format (flac, ogg, mp3, opus, ...), is decoded by soundfile, FLAC from a file in memory (:mod:`shardio.reading.memoryfile`),
-the others from ``io.BytesIO``.
+other format (flac, ogg, mp3, opus, ...), is decoded by soundfile: FLAC from a file in memory
+(:mod:`shardio.reading.memoryfile`), the others from ``io.BytesIO``.
 
 Optional post-processing: a mono mix (the mean of the channels) and band-limited resampling between any
 two rates with soxr (libsoxr).

@@ -2,7 +2,7 @@
 
 soundfile reads in-memory bytes through libsndfile's virtual I/O, which calls back into Python for each read and
 each position asked: about 120 calls for a 6 s FLAC clip. Given a file, libsndfile reads with system calls
-instead: a FLAC batch decodes ~5% cheaper (README, "Read throughput"), for one copy of the bytes into the file.
+instead: a FLAC sample decodes ~4% cheaper (README, "Read throughput"), for one copy of its bytes into the file.
 
 The file holds exactly the member's bytes, so libsndfile sees what it sees in memory. A result is taken only
 where the read returned every frame the header promises; anything else (an error, a short read, no memfd on
@@ -44,7 +44,8 @@ class _Descriptor:
         self.pid = os.getpid()
 
     def __del__(self) -> None:
-        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 _LOCAL = threading.local()
