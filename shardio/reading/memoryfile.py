@@ -7,8 +7,8 @@ instead: a FLAC sample decodes ~4% cheaper (README, "Read throughput"), for one 
 The file holds exactly the member's bytes, so libsndfile sees what it sees in memory. A result is taken only
 where the read returned every frame the header promises; anything else (an error, a short read, no memfd on
 this system) gives None, and the caller decodes from ``io.BytesIO`` as before: errors and their messages stay
-those of the in-memory path. (Decoding straight from the shard file, at the member's offset, was ~2% cheaper
-still, but libsndfile then reads on past the member's end: a stream cut short decoded the next member's frames.)
+those of the in-memory path. (Decoding straight from the shard file, at the member's offset, was cheaper still,
+but libsndfile then reads on past the member's end: a stream cut short decoded the next member's frames.)
 
 Each thread of each process writes a file of its own, which holds the last bytes it decoded, unless they were
 more than :data:`KEPT_BYTES`.
