@@ -162,11 +162,20 @@ def test_each_thread_and_each_forked_process_writes_a_file_of_its_own() -> None:
     mine = _inode()
     assert _inode() == mine  # kept for the next decode
     theirs: list[int] = []
-    thread = threading.Thread(target=lambda: theirs.append(_inode()))
+    done = threading.Event()
+
+    def other_thread() -> None:
+        theirs.append(_inode())
+        done.wait(60)  # its file stays open while the others are compared with it
+
+    thread = threading.Thread(target=other_thread)
     thread.start()
-    thread.join()
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        child = pool.apply(_inode)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            child = pool.apply(_inode)
+    finally:
+        done.set()
+        thread.join()
     assert len({mine, theirs[0], child}) == 3
 
 
