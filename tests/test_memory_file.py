@@ -21,8 +21,6 @@ from audio_factory import audio_bytes, tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import shardio.reading.decode
-import shardio.reading.pcm16
 from shardio import ShardDataset, ShardWriter
 from shardio.errors import DecodeError
 from shardio.reading import memoryfile
@@ -30,34 +28,31 @@ from shardio.reading import memoryfile
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memory files are Linux's memfd")
 
 RATE = 8000
-_MODULES = (shardio.reading.decode, shardio.reading.pcm16)
 
 
 @pytest.fixture
 def paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
     """Counts the decodes each path gave: ``file`` (from a memory file) and ``bytes`` (left to ``io.BytesIO``)."""
     counts: collections.Counter[str] = collections.Counter()
+    read_as_file = memoryfile.read_as_file
 
     def counted(data: memoryview, read: Any) -> Any:
-        result = memoryfile.read_as_file(data, read)
+        result = read_as_file(data, read)
         counts["bytes" if result is None else "file"] += 1
         return result
 
-    for module in _MODULES:
-        monkeypatch.setattr(module, "read_as_file", counted)
+    monkeypatch.setattr(memoryfile, "read_as_file", counted)
     yield counts
 
 
 def _bytes_only(directory: Path, **options: Any) -> list[dict[str, Any]]:
     """The batches with every member decoded from its bytes through ``io.BytesIO`` (the path before)."""
-    saved = [module.read_as_file for module in _MODULES]
-    for module in _MODULES:
-        module.read_as_file = lambda data, read: None  # type: ignore[attr-defined]
+    saved = memoryfile.read_as_file
+    memoryfile.read_as_file = lambda data, read: None  # type: ignore[assignment]
     try:
         return list(ShardDataset(directory, **options))
     finally:
-        for module, read in zip(_MODULES, saved):
-            module.read_as_file = read  # type: ignore[attr-defined]
+        memoryfile.read_as_file = saved
 
 
 def _write(directory: Path, members: list[tuple[bytes, int]], channels: int) -> None:

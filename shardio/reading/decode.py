@@ -13,7 +13,6 @@ two rates with soxr (libsoxr).
 
 from __future__ import annotations
 
-import io
 import logging
 import struct
 from typing import NamedTuple
@@ -22,7 +21,7 @@ import numpy as np
 import soundfile
 
 from ..errors import DecodeError, OptionError
-from .memoryfile import FILE_FORMATS, read_as_file
+from .memoryfile import read_sound
 
 __all__ = ["EncodedAudio", "decode_audio", "decode_encoded", "mix_to_mono", "read_header", "resample"]
 
@@ -150,16 +149,7 @@ _INTEGER_SUBTYPES = ("PCM_", "ULAW", "ALAW", "DPCM", "DWVW", "IMA_ADPCM", "MS_AD
 
 def _decode_soundfile(view: memoryview, ext: str, where: str, out: np.ndarray | None = None
                       ) -> tuple[np.ndarray, int, bool]:
-    decoded = read_as_file(view, lambda sound: _read_float32(sound, out)) if ext in FILE_FORMATS else None
-    if decoded is not None:
-        return decoded
-    try:
-        with soundfile.SoundFile(io.BytesIO(view)) as sound:
-            return _read_float32(sound, out)
-    except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:  # LibsndfileError: a RuntimeError
-        detail = getattr(exc, "error_string", "") or str(exc)  # without soundfile's "<BytesIO object at ..>"
-        raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
-                          f"expected a complete {ext} file that libsndfile can read") from exc
+    return read_sound(view, ext, where, lambda sound: _read_float32(sound, out))
 
 
 def _read_float32(sound: soundfile.SoundFile, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:

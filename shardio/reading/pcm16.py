@@ -8,15 +8,13 @@ clipped to [-32768, 32767].
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 import soundfile
 
-from ..errors import DecodeError
 from .decode import EncodedAudio
-from .memoryfile import FILE_FORMATS, read_as_file
+from .memoryfile import read_sound
 
 __all__ = ["DTYPES", "decode_pcm16", "to_int16"]
 
@@ -44,16 +42,7 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
             return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate
         np.copyto(target, source)
         return target, layout.sample_rate
-    decoded = read_as_file(view, lambda sound: _read_int16(sound, out)) if ext in FILE_FORMATS else None
-    if decoded is not None:
-        return decoded
-    try:
-        with soundfile.SoundFile(io.BytesIO(view)) as sound:
-            return _read_int16(sound, out)
-    except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:
-        detail = getattr(exc, "error_string", "") or str(exc)
-        raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
-                          f"expected a complete {ext} file that libsndfile can read") from exc
+    return read_sound(view, ext, where, lambda sound: _read_int16(sound, out))
 
 
 def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None) -> tuple[np.ndarray, int] | None:
