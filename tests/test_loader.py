@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from shardio import FormatError, OptionError, ShardDataset, ShardLoader
 from shardio.reading import blocks
-from shardio.workers import pinning
+from shardio.workers import pinning, server
 from tests.datasets import make_uneven_dataset
 
 OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}
@@ -204,6 +206,53 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
     assert not loader._workers  # the other one was ended too
     loader.close()
     assert pinned_in_their_thread(pin)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, method: str) -> None:
+    """A worker waiting for a credit, or between iterations, looks every ``WATCH_S`` whether the training process
+    is gone; under forkserver its parent is the fork server, not the training process."""
+    with ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, persistent_workers=True,
+                     multiprocessing_context=method) as loader:
+        played = []
+        for number, batch in enumerate(loader):
+            played.append(tuple(batch["keys"]))
+            if number == 0:
+                time.sleep(2.5 * server.WATCH_S)  # a long step: the workers wait for credits
+        time.sleep(2.5 * server.WATCH_S)  # between epochs: they wait for START
+        played_next = keys(loader)
+    assert [played, played_next] == straight(data, range(2))
+
+
+def _orphaned_workers_exit(data: str, method: str) -> None:
+    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, multiprocessing_context=method)
+    next(iter(loader))
+    print(" ".join(str(worker.process.pid) for worker in loader._workers), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the training process dies without a word to its workers
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_exit_once_the_training_process_is_killed(data: Path, method: str) -> None:
+    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent.parent), str(Path(__file__).parent)]!r}\n"
+            f"from tests.test_loader import _orphaned_workers_exit\n"
+            f"if __name__ == '__main__':\n    _orphaned_workers_exit({str(data)!r}, {method!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, "an orphaned worker kept running"
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie no one reaps has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import time
 import warnings
 from collections.abc import Generator, Iterator
@@ -199,7 +198,7 @@ class ShardLoader:
             credits = Credits(self._context)
             process = self._context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
                                             args=(theirs, credits, self.dataset, number, self.num_workers,
-                                                  base_seed, os.getpid()))
+                                                  base_seed))
             process.start()
             theirs.close()
             self._workers.append(_Worker(process, Channel(ours), credits))

@@ -38,9 +38,12 @@ WATCH_S = 1.0
 _DONE = object()
 
 
-def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int, base_seed: int,
-          parent: int) -> None:
+def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int,
+          base_seed: int) -> None:
     """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
+    # the process that forked this one: the training process, or under forkserver the fork server, which exits
+    # with the training process. Either way this worker is orphaned (and exits) once its parent changes
+    parent = os.getppid()
     _default_signals()
     torch.set_num_threads(1)
     seed = base_seed + number
