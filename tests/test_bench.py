@@ -26,6 +26,9 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
             assert (corpus, f"shardio .tar unbatched (DataLoader batches), {workers}w") in cases
         assert (corpus, "shardio .tar int16, 2w") in cases
         assert (corpus, "shardio .tar ShardLoader, 2w") in cases
+        assert (corpus, "shardio .tar int16, 0w") in cases
+        assert (corpus, "shardio .tar ShardLoader int16, 2w") in cases
+        assert (corpus, "webdataset + soundfile .tar int16, 2w") in cases  # int16 compared with int16
         assert (corpus, "shardio .tar, 2 processes x 0w (parallel floor)") in cases
         assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
         assert (corpus, "zstd-3 decompression floor (frames in memory)") in cases
@@ -52,7 +55,8 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
         "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s",
         "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s",
-        "shard_loader_vs_soundfile_floor", "shardio_vs_python_floor", "python_floor_vs_webdataset"}
+        "shard_loader_vs_soundfile_floor", "shardio_vs_python_floor", "python_floor_vs_webdataset",
+        "int16_vs_float32_0w", "int16_shard_loader_vs_webdataset_2w", "int16_shard_loader_vs_zero_per_cpu_s"}
     assert result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"  # the headline: the recommended set-up
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()

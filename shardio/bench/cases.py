@@ -89,26 +89,30 @@ def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: boo
     return lambda: _count(loader)
 
 
-def _soundfile_sample(ext: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _soundfile_sample(ext: str, dtype: str = "float32") -> Callable[[dict[str, Any]], dict[str, Any]]:
     def decode(sample: dict[str, Any]) -> dict[str, Any]:
-        audio, rate = soundfile.read(io.BytesIO(sample[ext]), dtype="float32", always_2d=True)
+        audio, rate = soundfile.read(io.BytesIO(sample[ext]), dtype=dtype, always_2d=True)
         return {"key": sample["__key__"], "audio": audio.T, "sample_rate": rate}
     return decode
 
 
-def webdataset_pipeline(shards: Sequence[str], *, ext: str, batch_size: int, decode: bool = True) -> Any:
-    """WebDataset over ``shards`` in order, decoding ``ext`` with soundfile and batching with shardio's collate."""
+def webdataset_pipeline(shards: Sequence[str], *, ext: str, batch_size: int, decode: bool = True,
+                        dtype: str = "float32") -> Any:
+    """WebDataset over ``shards`` in order, decoding ``ext`` with soundfile (to ``dtype``) and batching with
+    shardio's collate."""
     import webdataset as wds
 
     pipeline = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False)
     if decode:
-        pipeline = pipeline.map(_soundfile_sample(ext)).batched(batch_size, collation_fn=collate, partial=True)
+        pipeline = pipeline.map(_soundfile_sample(ext, dtype)).batched(batch_size, collation_fn=collate, partial=True)
     return pipeline
 
 
-def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_size: int) -> Epoch:
-    """What users have today: WebDataset + soundfile from ``io.BytesIO``, same batching and collate."""
-    pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size)
+def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_size: int,
+                     dtype: str = "float32") -> Epoch:
+    """What users have today: WebDataset + soundfile from ``io.BytesIO``, same batching and collate (audio as
+    ``dtype``: soundfile reads 16-bit PCM as int16 as stored, as shardio's ``dtype="int16"`` does)."""
+    pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size, dtype=dtype)
     loader = DataLoader(pipeline, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
     return lambda: _count(loader)
 

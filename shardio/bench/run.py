@@ -2,14 +2,15 @@
 
 :func:`run_bench` measures, in one run and interleaved round by round (so that a noisy machine slows every
 competitor alike): shardio end to end with 0, 1 and 2 DataLoader workers on ``.tar`` (and in unbatched mode,
-samples collated by the DataLoader) and ``.tar.zst``, and with 1 and 2 workers of its own
-:class:`~shardio.ShardLoader` (the headline: the set-up the README recommends); WebDataset + soundfile on the
-same ``.tar`` shards through a DataLoader with the same workers; the soundfile decoder floor, for PCM WAV the numpy
-raw floor (bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression (none, zstd 1/3/19, gzip, bz2: size and read
-speed); resume latency at 0/50/90% of an epoch; per-rank balance against WebDataset's ``split_by_node``;
-and the share of a training loop's time spent waiting for data. Figures are medians of several rounds
-with min and max; ratios (the targets) are medians of per-round ratios. Results go to ``bench.json``,
-``bench.md`` and ``bench.png`` (see :mod:`shardio.bench.report`).
+samples collated by the DataLoader) and ``.tar.zst``; with 1 and 2 workers of its own
+:class:`~shardio.ShardLoader` (the headline: the set-up the README recommends); ``dtype="int16"`` with 0 and 2
+workers; WebDataset + soundfile on the same ``.tar`` shards through a DataLoader with the same workers (and
+reading int16 with 2); the soundfile decoder floor, for PCM WAV the numpy raw floor
+(bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression
+(none, zstd 1/3/19, gzip, bz2: size and read speed); resume latency at 0/50/90% of an epoch; per-rank balance
+against WebDataset's ``split_by_node``; and the share of a training loop's time spent waiting for data. Figures
+are medians of several rounds with min and max; ratios (the targets) are medians of per-round ratios. Results
+go to ``bench.json``, ``bench.md`` and ``bench.png`` (see :mod:`shardio.bench.report`).
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
                      partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size,
                              unbatched=unbatched, dtype=dtype, lean=lean))
 
-    def webdataset(workers: int) -> Case:
-        return Case(plain.name, f"webdataset + soundfile .tar, {workers}w", "webdataset", "none", workers,
+    def webdataset(workers: int, dtype: str = "float32") -> Case:
+        suffix = f" {dtype}" if dtype != "float32" else ""
+        return Case(plain.name, f"webdataset + soundfile .tar{suffix}, {workers}w", "webdataset", "none", workers,
                     plain.shard_bytes / 1e6,
-                    partial(cases.webdataset_epoch, shards, ext=ext, workers=workers, batch_size=batch_size))
+                    partial(cases.webdataset_epoch, shards, ext=ext, workers=workers, batch_size=batch_size,
+                            dtype=dtype))
 
     first, *more = config.workers
     zstd_first, *zstd_more = sorted({min(config.workers), max(config.workers)})
@@ -112,6 +115,9 @@ def _throughput_cases(plain: Corpus, zstd: Corpus, config: BenchConfig, batch_si
                 partial(parallel_floor, plain.directory, processes=2, batch_size=batch_size))]
           if 2 in more else []),
         shardio(plain, "none", max(config.workers), dtype="int16"),
+        shardio(plain, "none", first, dtype="int16"),
+        shardio(plain, "none", max(config.workers), dtype="int16", lean=True),
+        webdataset(max(config.workers), dtype="int16"),
         shardio(plain, "none", first, unbatched=True),
         shardio(plain, "none", max(config.workers), unbatched=True),
         *(shardio(zstd, "zstd-3", workers) for workers in zstd_more),
@@ -128,6 +134,10 @@ _FILE_FLOOR = "soundfile floor (bytes in a memory file, as shardio reads FLAC)"
 
 _LEAN = "shardio .tar ShardLoader, 2w"
 """shardio's own loader (:class:`~shardio.ShardLoader`) with 2 workers: the set-up the README recommends."""
+
+_LEAN_INT16 = "shardio .tar ShardLoader int16, 2w"
+"""The same with ``dtype="int16"``, compared with WebDataset reading int16 too (soundfile copies 16-bit PCM as
+stored, as shardio does)."""
 
 _PAIRS = {  # ratio name: (case, reference case, basis)
     "shardio_vs_webdataset": ("shardio .tar, 0w", "webdataset + soundfile .tar, 0w", "cpu"),
@@ -155,6 +165,9 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "two_workers_vs_parallel_floor_per_cpu_s": ("shardio .tar, 2w", _PARALLEL, "cpu"),
     "unbatched_vs_batched": ("shardio .tar unbatched (DataLoader batches), 0w", "shardio .tar, 0w", "cpu"),
     "int16_vs_float32_2w": ("shardio .tar int16, 2w", "shardio .tar, 2w", "cpu"),
+    "int16_vs_float32_0w": ("shardio .tar int16, 0w", "shardio .tar, 0w", "cpu"),
+    "int16_shard_loader_vs_webdataset_2w": (_LEAN_INT16, "webdataset + soundfile .tar int16, 2w", "cpu"),
+    "int16_shard_loader_vs_zero_per_cpu_s": (_LEAN_INT16, "shardio .tar int16, 0w", "cpu"),
 }
 _ZSTD_FLOOR = ("shardio .tar.zst (zstd-3), 0w", "zstd-3 decompression floor (frames in memory)", "shardio .tar, 0w")
 """zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
