@@ -56,6 +56,8 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("int16_vs_float32_0w", "*", "(context) dtype='int16' vs float32, 0 workers, per core", 1.0),
     ("int16_shard_loader_vs_webdataset_2w", "wav", ("(context) int16 on both sides: ShardLoader with 2 workers vs "
      "WebDataset + soundfile reading int16 with 2 workers, per core (PCM WAV)"), 5.0),
+    ("webdataset_int16_vs_float32_2w", "*", ("(context) WebDataset + soundfile, int16 vs float32 with 2 workers, "
+     "per core (libsndfile's own float conversion)"), 1.0),
     ("int16_shard_loader_vs_zero_per_cpu_s", "*", ("(context) int16: loader CPU per sample with ShardLoader's 2 "
      "workers vs 0 workers (per CPU-s ratio)"), 1 / 1.15),
     ("unbatched_vs_batched", "*", "(context) unbatched mode (the DataLoader collates) vs batched, 0 workers", 0.9),

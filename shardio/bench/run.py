@@ -168,6 +168,8 @@ _PAIRS = {  # ratio name: (case, reference case, basis)
     "int16_vs_float32_0w": ("shardio .tar int16, 0w", "shardio .tar, 0w", "cpu"),
     "int16_shard_loader_vs_webdataset_2w": (_LEAN_INT16, "webdataset + soundfile .tar int16, 2w", "cpu"),
     "int16_shard_loader_vs_zero_per_cpu_s": (_LEAN_INT16, "shardio .tar int16, 0w", "cpu"),
+    "webdataset_int16_vs_float32_2w": ("webdataset + soundfile .tar int16, 2w", "webdataset + soundfile .tar, 2w",
+                                       "cpu"),
 }
 _ZSTD_FLOOR = ("shardio .tar.zst (zstd-3), 0w", "zstd-3 decompression floor (frames in memory)", "shardio .tar, 0w")
 """zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
