@@ -115,6 +115,25 @@ def test_samples_collated_in_workers_use_blocks_and_match_zero_workers(long_wavs
     assert len(pointers) < len(held)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_collated_into_reused_memory_are_zero_padded(long_wavs: Path, workers: int) -> None:
+    # each batch is dropped once the next is made, so later batches reuse earlier batches' memory (a block of
+    # each worker, or with 0 workers the process's pool), which is not zeroed: their padding must be
+    decoded = {sample["key"]: sample["audio"] for sample in ShardDataset(long_wavs, seed=7)}
+    loader = DataLoader(ShardDataset(long_wavs, seed=7), batch_size=BATCH, collate_fn=collate, num_workers=workers)
+    pointers, batches, padded_rows = set(), 0, 0
+    for batch in loader:
+        audio, lengths = batch["audio"], batch["lengths"].tolist()
+        assert audio.shape == (len(lengths), 1, max(lengths))
+        for row, (key, length) in enumerate(zip(batch["keys"], lengths)):
+            assert torch.equal(audio[row, :, :length], decoded[key])
+            assert not audio[row, :, length:].any()
+            padded_rows += length < audio.shape[2]
+        pointers.add(audio.data_ptr())
+        batches += 1
+    assert batches > len(pointers) and padded_rows > batches  # memory came back, and rows had padding to clear
+
+
 class _Reworked(IterableDataset):
     """Post-processing in the worker, as trainers do: a strided view of the block, or audio replaced."""
 
