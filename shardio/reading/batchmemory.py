@@ -78,19 +78,16 @@ def _aligned(nbytes: int) -> int:
 
 def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
              pooled: bool = False) -> list[tuple[torch.Tensor, np.ndarray]]:
-    """Tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker, views of
-    one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with
-    ``pooled``, a block of :mod:`shardio.reading.blocks`). Zero, unless ``pooled``: then their contents are
-    undefined (reused memory, in the process that iterates too), and the caller writes every element."""
+    """Zero tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker,
+    views of one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough;
+    with ``pooled``, a block of :mod:`shardio.reading.blocks`)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
         offsets.append(total)
         total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if get_worker_info() is None:
-        return [_private(shape, dtype, reuse=pooled) for shape, dtype in specs]
-    if total == start or any(d is None for d in dtypes):
+    if get_worker_info() is None or total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
         return [(torch.from_numpy(array), array) for array in arrays]
     memory = blocks.memory_of(spare) if spare is not None else None
@@ -104,19 +101,12 @@ def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor 
         offsets = [offset - start for offset in offsets]
         memory = blocks.take_memory(total - start) if pooled else None
         if memory is not None:
+            memory[: total - start] = 0
             return _views(memory, specs, offsets)
         storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
     tensors = [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
                for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
     return [(tensor, tensor.numpy()) for tensor in tensors]
-
-
-def _private(shape: tuple[int, ...], dtype: np.dtype, reuse: bool) -> tuple[torch.Tensor, np.ndarray]:
-    """A private array and its tensor: zeros, or (``reuse``, when large) unused memory of the pool, as is."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    array = _POOL.take(nbytes).view(dtype).reshape(shape) if reuse and nbytes >= _POOL_MIN_BYTES \
-        else np.zeros(shape, dtype=dtype)
-    return torch.from_numpy(array), array
 
 
 def _views(memory: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]], offsets: list[int]
