@@ -134,6 +134,32 @@ def test_samples_collated_into_reused_memory_are_zero_padded(long_wavs: Path, wo
     assert batches > len(pointers) and padded_rows > batches  # memory came back, and rows had padding to clear
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+def test_unbatched_samples_are_never_overwritten_while_held_and_their_memory_comes_back(
+        long_wavs: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardio.reading import batchmemory
+
+    arena = batchmemory._SampleArena()  # this test's own, empty
+    monkeypatch.setattr(batchmemory, "_SAMPLES", arena)
+
+    def block_of(audio: torch.Tensor) -> int | None:  # which of the arena's pooled blocks holds the sample
+        start = audio.data_ptr()
+        found = [n for n, block in enumerate(arena._pool._arrays)
+                 if block.ctypes.data <= start < block.ctypes.data + block.nbytes]
+        return found[0] if found else None
+
+    expected = {b["keys"][0]: b["audio"][0, :, : int(b["lengths"][0])].clone()  # batches of one: not the arena
+                for b in ShardDataset(long_wavs, batch_size=1, seed=8, dtype=dtype)}
+    blocks_used = set()
+    for sample in ShardDataset(long_wavs, seed=9, dtype=dtype):  # each dropped before the next is decoded
+        assert torch.equal(sample["audio"], expected[sample["key"]])
+        blocks_used.add(block_of(sample["audio"]))
+    assert None not in blocks_used and len(blocks_used) <= 2  # every sample in the same few blocks
+    held = list(ShardDataset(long_wavs, seed=8, dtype=dtype))  # every sample kept: no memory may be reused
+    assert len(held) == len(expected) == 160
+    assert all(torch.equal(s["audio"], expected[s["key"]]) for s in held)
+
+
 class _Reworked(IterableDataset):
     """Post-processing in the worker, as trainers do: a strided view of the block, or audio replaced."""
 

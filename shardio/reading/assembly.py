@@ -24,7 +24,7 @@ import torch
 
 from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError
 from . import blocks
-from .batchmemory import audio_rows
+from .batchmemory import audio_rows, sample_row
 from .collate import collate, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
 from .fields import add_member_fields
@@ -114,7 +114,7 @@ class Assembler:
             prepared = list(self._prepared(list(located), skipped))
         else:  # each sample read, prepared and decoded in turn: a batch of decompressed samples outgrows caches
             prepared = self._prepared(located, skipped)
-        block, rows = self._audio_block(ids)
+        block, rows = self._audio_block(ids) if self.batched else (None, self._sample_rows(ids))
         samples: list[dict[str, Any]] = []
         kept: list[int] = []
         in_rows = rows is not None
@@ -199,6 +199,17 @@ class Assembler:
         if channels.count(channels[0]) != len(channels):
             return None, None
         return audio_rows(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
+
+    def _sample_rows(self, ids: np.ndarray) -> np.ndarray | None:
+        """For an unbatched dataset's sample, reused memory sized from the index to decode it into (as a batch
+        of one row); None when its decoded audio is not what the sample holds."""
+        if not self.decoding.keeps_decoded_audio or ids.shape[0] != 1:
+            return None
+        columns, sample_id = self.reader.index.columns, int(ids[0])
+        frames, channels = int(columns["num_frames"][sample_id]), int(columns["channels"][sample_id])
+        if frames <= 0 or channels <= 0:
+            return None
+        return sample_row(frames, channels, np.dtype(self.decoding.dtype))[None]
 
     def _prepare(self, position: int, sample_id: int, key: str, where: str, data: memoryview) -> _Prepared:
         """The middle pass over a sample, once its tar bytes are read: its members checked, its audio header

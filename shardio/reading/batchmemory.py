@@ -25,7 +25,7 @@ from torch.utils.data import get_worker_info
 
 from . import blocks
 
-__all__ = ["allocate", "audio_block", "audio_rows", "columns_behind"]
+__all__ = ["allocate", "audio_block", "audio_rows", "columns_behind", "sample_row"]
 
 _ALIGN = 64
 _POOL_BLOCKS = 4  # batches the iterating process keeps for reuse: the trainer holds one or two at a time
@@ -64,6 +64,37 @@ class _BlockPool:
 
 _POOL = _BlockPool(_POOL_BLOCKS)
 
+_SAMPLE_BLOCK_BYTES = 4 << 20
+
+
+class _SampleArena:
+    """Memory for single samples' audio (an unbatched dataset's), carved one sample after another out of
+    blocks of a pool of their own: a block is reused once none of its samples is referenced any more.
+
+    A sample's own ``np.empty`` (~190 KB for 3 s of 16 kHz float32) is, in a process that frees no large
+    block, a fresh mapping faulted in page by page: glibc's adaptive mmap threshold stays at 128 KiB.
+    """
+
+    def __init__(self) -> None:
+        self._pool = _BlockPool(_POOL_BLOCKS)
+        self._block: np.ndarray | None = None
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of uninitialised uint8 memory."""
+        with self._lock:
+            if self._block is None or self._used + nbytes > self._block.nbytes:
+                self._block = None  # the pool may hand it out again once its samples are gone
+                self._block = self._pool.take(max(nbytes, _SAMPLE_BLOCK_BYTES))
+                self._used = 0
+            start = self._used
+            self._used += _aligned(nbytes)
+            return self._block[start : start + nbytes]
+
+
+_SAMPLES = _SampleArena()
+
 @cache
 def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     try:
@@ -78,16 +109,19 @@ def _aligned(nbytes: int) -> int:
 
 def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
              pooled: bool = False) -> list[tuple[torch.Tensor, np.ndarray]]:
-    """Zero tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker,
-    views of one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough;
-    with ``pooled``, a block of :mod:`shardio.reading.blocks`)."""
+    """Tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker, views of
+    one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with
+    ``pooled``, a block of :mod:`shardio.reading.blocks`). Zero, unless ``pooled``: then their contents are
+    undefined (reused memory, in the process that iterates too), and the caller writes every element."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
         offsets.append(total)
         total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if get_worker_info() is None or total == start or any(d is None for d in dtypes):
+    if get_worker_info() is None:
+        return [_private(shape, dtype, reuse=pooled) for shape, dtype in specs]
+    if total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
         return [(torch.from_numpy(array), array) for array in arrays]
     memory = blocks.memory_of(spare) if spare is not None else None
@@ -101,12 +135,19 @@ def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor 
         offsets = [offset - start for offset in offsets]
         memory = blocks.take_memory(total - start) if pooled else None
         if memory is not None:
-            memory[: total - start] = 0
             return _views(memory, specs, offsets)
         storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
     tensors = [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
                for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
     return [(tensor, tensor.numpy()) for tensor in tensors]
+
+
+def _private(shape: tuple[int, ...], dtype: np.dtype, reuse: bool) -> tuple[torch.Tensor, np.ndarray]:
+    """A private array and its tensor: zeros, or (``reuse``, when large) unused memory of the pool, as is."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    array = _POOL.take(nbytes).view(dtype).reshape(shape) if reuse and nbytes >= _POOL_MIN_BYTES \
+        else np.zeros(shape, dtype=dtype)
+    return torch.from_numpy(array), array
 
 
 def _views(memory: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]], offsets: list[int]
@@ -156,6 +197,12 @@ def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(
             rows = memory[:nbytes].view(dtype).reshape(shape)
             return torch.from_numpy(rows), rows
     return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
+
+
+def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """Uninitialised ``(channels, frames)`` memory for one sample's audio to be decoded into (an unbatched
+    dataset's), reused once the sample is gone (see :class:`_SampleArena`)."""
+    return _SAMPLES.take(channels * frames * dtype.itemsize).view(dtype).reshape(channels, frames)
 
 
 def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

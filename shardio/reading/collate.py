@@ -177,6 +177,8 @@ def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = N
         if isinstance(content, list):
             for row, array in enumerate(content):
                 out[row, ..., : array.shape[-1]] = array
+                if pooled:  # reused memory: the padding may hold an earlier batch's
+                    out[row, ..., array.shape[-1] :] = 0
         else:
             out[...] = content
         batch[name] = tensor
