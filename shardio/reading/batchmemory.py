@@ -8,7 +8,8 @@ its first trip it is named, not sent.
 
 In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
 that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
-fill or a page fault per 4 KiB, about a tenth of a WAV batch's whole loading time.
+fill or a page fault per 4 KiB, about a tenth of a WAV batch's whole loading time. An unbatched dataset's
+samples are decoded into reused memory too (:func:`sample_row`), in every process.
 """
 
 from __future__ import annotations
