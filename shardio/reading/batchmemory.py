@@ -96,6 +96,7 @@ class _SampleArena:
 
 _SAMPLES = _SampleArena()
 
+
 @cache
 def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     try:
