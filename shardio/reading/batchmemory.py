@@ -190,10 +190,8 @@ def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
     if get_worker_info() is None:
-        if nbytes >= _POOL_MIN_BYTES:
-            rows = _POOL.take(nbytes).view(dtype).reshape(shape)
-            return torch.from_numpy(rows), rows
-    elif nbytes:  # a fresh shared block costs system calls and page faults at any size
+        return _private(shape, dtype, reuse=True)
+    if nbytes:  # a fresh shared block costs system calls and page faults at any size
         memory = blocks.take_memory(_aligned(nbytes) + 3 * _aligned(count * 8))
         if memory is not None:
             rows = memory[:nbytes].view(dtype).reshape(shape)

@@ -38,7 +38,6 @@ KEPT_BYTES = 4 << 20
 """A file that held more than this is emptied after its read, so that a long recording's bytes are not held."""
 
 _Result = TypeVar("_Result")
-_Read = TypeVar("_Read")
 
 
 class _Descriptor:
@@ -90,7 +89,7 @@ def read_as_file(data: memoryview, read: Callable[[soundfile.SoundFile], _Result
                 os.ftruncate(fd, 0)
 
 
-def read_sound(view: memoryview, ext: str, where: str, read: Callable[[soundfile.SoundFile], _Read]) -> _Read:
+def read_sound(view: memoryview, ext: str, where: str, read: Callable[[soundfile.SoundFile], _Result]) -> _Result:
     """``read(sound)`` of audio bytes opened by soundfile: from a memory file for the formats it takes (where
     that gives a result), else from ``io.BytesIO``; a :class:`~shardio.errors.DecodeError` naming ``where`` for
     bytes libsndfile cannot read."""
