@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from audio_factory import audio_bytes, tone, write_text, write_tone
 from shardio.cli import build_parser, main
 from shardio.errors import FormatError, InputError, OptionError
-from shardio.packing.corpus import read_jsonl, read_kaldi, read_table
-from shardio.packing.folder import LOOP
+from shardio.packing.corpus import read_folder, read_jsonl, read_kaldi, read_table
+from shardio.packing.folder import LOOP, UNUSED_SIDECAR
 from shardio.packing.indexer import build_index
 from shardio.packing.pack import pack
 from shardio.packing.truncation import truncation_problem
@@ -76,6 +76,27 @@ def test_folder_follows_symlinked_directories_once_and_counts_what_it_leaves_out
     assert summary.left_out == {".aiff": 2, ".m4a": 1, "(no extension)": 1, LOOP: 2}
     assert main(["pack", str(corpus), str(tmp_path / "cli"), "--no-progress"]) == 0
     assert f"left out: 1 (no extension), 2 .aiff, 1 .m4a, 2 {LOOP}\n" in capsys.readouterr().out
+
+
+def test_folder_counts_transcripts_no_sample_uses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "corpus"
+    for stem in ("a", "b", "c"):
+        write_tone(corpus / f"{stem}.wav", 0.2)
+    write_text(corpus / "a.TXT", "upper case extension")  # a's transcript, whatever the case
+    write_text(corpus / "b.txt", "the txt wins")
+    write_text(corpus / "b.lab", "beside the txt: unused")
+    write_text(corpus / "c.lab", "a lab alone")
+    write_text(corpus / "gone.txt", "its audio never arrived")  # a lost download must not vanish unseen
+    write_text(corpus / "sub" / "gone.lab", "nor here")
+    left_out: Counter[str] = Counter()
+    sources = list(read_folder(corpus, left_out=left_out))
+    assert [(source.key, source.meta["text"]) for source in sources] \
+        == [("a", "upper case extension"), ("b", "the txt wins"), ("c", "a lab alone")]
+    summary = pack(corpus, tmp_path / "out", progress=False)
+    assert Index.load(tmp_path / "out").keys == ["a", "b", "c"]
+    assert left_out == summary.left_out == {UNUSED_SIDECAR.format(".txt"): 1, UNUSED_SIDECAR.format(".lab"): 2}
+    assert main(["pack", str(corpus), str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert "left out: 2 .lab no sample uses, 1 .txt no sample uses\n" in capsys.readouterr().out
 
 
 def test_unreadable_subdirectory_is_an_input_error_naming_it(tmp_path: Path) -> None:
@@ -396,8 +417,6 @@ def test_folder_walk_reads_every_reachable_file_once_through_any_links(
         links: list[tuple[int, int]]) -> None:
     """Random trees with directory links anywhere (loops included): the walk ends, every audio file that can be
     reached is read exactly once, and every link not followed is counted."""
-    from shardio.packing.corpus import read_folder
-
     root = tmp_path_factory.mktemp("tree")
     dirs = [root]
     for number, parent in enumerate(parents):  # each directory under an earlier one

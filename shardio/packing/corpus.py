@@ -94,16 +94,14 @@ def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]
 
 
 def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt``/``.lab``
-    sidecar is the transcript. Files of other formats are counted in ``left_out`` (see :mod:`shardio.packing.folder`)."""
-    found = walk_folder(root, AUDIO_EXTENSIONS, left_out)
-    names = set(found)
-    for name in found:
-        stem, _, ext = name.rpartition(".")
-        if ext.lower() not in AUDIO_EXTENSIONS:
-            continue
+    """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt`` (else
+    ``.lab``) sidecar of the same name is the transcript. Files of other formats, and sidecars no sample uses,
+    are counted in ``left_out`` (see :mod:`shardio.packing.folder`)."""
+    audio, transcripts = walk_folder(root, AUDIO_EXTENSIONS, left_out)
+    for name in audio:
+        stem = name.rpartition(".")[0]
         meta: dict[str, Any] = {}
-        sidecar = next((s for s in (f"{stem}.txt", f"{stem}.lab") if s in names), None)
+        sidecar = transcripts.get(name)
         if sidecar is not None:
             try:
                 meta["text"] = (root / sidecar).read_bytes().decode("utf-8").strip()

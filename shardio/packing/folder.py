@@ -3,7 +3,8 @@
 Symlinked sub-directories are followed, each real directory once, by the first path the top-down walk
 meets (in one folder, real directories before links): any other path to it (a loop back up, or a second
 link to the same files) is left out and counted, as are files whose extension is not an audio format pack
-takes. A directory that cannot be listed is an
+takes, and transcript sidecars that no sample uses (no audio file of their name, often a sign of a missing
+download; a ``.lab`` beside the ``.txt`` that is used; a second one differing only in the extension's case). A directory that cannot be listed is an
 :class:`~shardio.errors.InputError` naming it: a silent skip would lose its files unseen.
 """
 
@@ -15,12 +16,15 @@ from pathlib import Path
 
 from ..errors import InputError, InputProblem
 
-__all__ = ["LOOP", "SIDECARS", "walk_folder"]
+__all__ = ["LOOP", "SIDECARS", "UNUSED_SIDECAR", "walk_folder"]
 
 SIDECARS = ("txt", "lab")
-"""Extensions of transcript sidecars: ``{stem}.txt`` (or ``.lab``) next to ``{stem}.{audio ext}``."""
+"""Extensions of transcript sidecars, in order of preference: ``{stem}.txt`` (or ``.lab``, any case) next to
+``{stem}.{audio ext}``."""
 LOOP = "symlinked directories already walked"
 """The ``left_out`` entry counting directory links to a directory already walked (loops, duplicates)."""
+UNUSED_SIDECAR = "{} no sample uses"
+"""The ``left_out`` entry (formatted with ``.txt`` or ``.lab``) counting sidecars that are no sample's transcript."""
 
 
 def _unreadable(error: OSError) -> None:
@@ -28,11 +32,14 @@ def _unreadable(error: OSError) -> None:
                                    f"({error.strerror or error}); expected a readable directory")])
 
 
-def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter[str]) -> list[str]:
-    """The non-hidden files under ``root`` (posix paths relative to it, sorted) that are audio or sidecars.
+def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter[str]
+                ) -> tuple[list[str], dict[str, str]]:
+    """The non-hidden audio files under ``root`` (posix paths relative to it, sorted), and the transcript
+    sidecar of each one that has one (audio path -> sidecar path).
 
-    Every other file is counted in ``left_out`` by its extension (``.aiff``; ``(no extension)``), and each
-    directory link not followed under :data:`LOOP`. Hidden files and directories (``.name``) are not inputs.
+    Every other file is counted in ``left_out`` by its extension (``.aiff``; ``(no extension)``), each
+    sidecar that is no audio file's transcript under :data:`UNUSED_SIDECAR`, and each directory link not
+    followed under :data:`LOOP`. Hidden files and directories (``.name``) are not inputs.
     """
     found: list[str] = []
     top = os.stat(root)
@@ -62,5 +69,30 @@ def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter
                 found.append((relative / name).as_posix())
             else:
                 left_out["." + ext if ext else "(no extension)"] += 1
-    return sorted(found)
+    return _pair_sidecars(sorted(found), audio_extensions, left_out)
+
+
+def _pair_sidecars(found: list[str], audio_extensions: tuple[str, ...], left_out: Counter[str]
+                   ) -> tuple[list[str], dict[str, str]]:
+    """``found`` split into its audio files and each one's sidecar, unused sidecars counted in ``left_out``."""
+    audio: list[str] = []
+    sidecars: dict[tuple[str, str], str] = {}  # (stem, "txt" or "lab") -> path, the first in sorted order
+    for name in found:
+        stem, _, ext = name.rpartition(".")
+        if ext.lower() in audio_extensions:
+            audio.append(name)
+        else:
+            sidecars.setdefault((stem, ext.lower()), name)
+    transcripts: dict[str, str] = {}
+    for name in audio:
+        stem = name.rpartition(".")[0]
+        sidecar = next((sidecars[stem, ext] for ext in SIDECARS if (stem, ext) in sidecars), None)
+        if sidecar is not None:
+            transcripts[name] = sidecar
+    used = set(transcripts.values())
+    for name in found:
+        ext = name.rpartition(".")[2].lower()
+        if ext in SIDECARS and name not in used:
+            left_out[UNUSED_SIDECAR.format("." + ext)] += 1
+    return audio, transcripts
 
