@@ -4,8 +4,9 @@ Symlinked sub-directories are followed, each real directory once, by the first p
 meets (in one folder, real directories before links): any other path to it (a loop back up, or a second
 link to the same files) is left out and counted, as are files whose extension is not an audio format pack
 takes, and transcript sidecars that no sample uses (no audio file of their name, often a sign of a missing
-download; a ``.lab`` beside the ``.txt`` that is used; a second one differing only in the extension's case). A directory that cannot be listed is an
-:class:`~shardio.errors.InputError` naming it: a silent skip would lose its files unseen.
+download; a ``.lab`` beside the ``.txt`` that is used; a second one differing only in the extension's case).
+A directory that cannot be listed is an :class:`~shardio.errors.InputError` naming it: a silent skip would
+lose its files unseen.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ SIDECARS = ("txt", "lab")
 LOOP = "symlinked directories already walked"
 """The ``left_out`` entry counting directory links to a directory already walked (loops, duplicates)."""
 UNUSED_SIDECAR = "{} no sample uses"
-"""The ``left_out`` entry (formatted with ``.txt`` or ``.lab``) counting sidecars that are no sample's transcript."""
+"""The ``left_out`` entry (formatted with ``.txt`` or ``.lab``) counting sidecars that are no sample's
+transcript."""
 
 
 def _unreadable(error: OSError) -> None:
