@@ -126,6 +126,14 @@ def test_duplicate_keys(tmp_path: Path) -> None:
     problem = only_failure(corpus, tmp_path / "out")
     assert problem.source.startswith(str(tmp_path / "in" / "good1.wav")) and problem.key == "same"
     assert "duplicate key 'same'" in problem.reason and str(tmp_path / "in" / "good0.wav") in problem.reason
+    assert "two audio formats" not in problem.reason
+
+
+def test_one_name_in_two_formats_says_so(tmp_path: Path) -> None:
+    write_tone(good_corpus(tmp_path / "in") / "good0.flac", 0.2, 8000)
+    problem = only_failure(tmp_path / "in", tmp_path / "out")
+    assert problem.key == "good0" and "duplicate key 'good0'" in problem.reason
+    assert "the same name in two audio formats: keep one" in problem.reason
 
 
 def test_key_breaking_the_member_rule_and_rewrite(tmp_path: Path) -> None:

@@ -212,7 +212,9 @@ def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, tra
         elif key in seen:
             other = seen[key]
             other_was = f" (rewritten from {other.key!r})" if other.key != key else ""
-            reason = f"duplicate key {key!r}{was}: {other.where} has the same key{other_was}"
+            formats = ("; the same name in two audio formats: keep one, or pack a manifest that lists one of them"
+                       if other.ext != source.ext else "")
+            reason = f"duplicate key {key!r}{was}: {other.where} has the same key{other_was}{formats}"
         elif require_text and not str(source.meta.get("text") or "").strip():
             reason = "no transcript: require_text asks for a non-empty 'text' for every input"
         if reason is not None:
