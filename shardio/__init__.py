@@ -32,6 +32,7 @@ from .world import World
 if TYPE_CHECKING:
     from .dataset import ShardDataset, Transform
     from .mixed import MixedDataset
+    from .reading.collate import collate
     from .workers.loader import ShardLoader
 
 __version__ = "0.1.0"
@@ -43,6 +44,10 @@ def __getattr__(name: str) -> Any:
         from . import dataset
 
         return getattr(dataset, name)
+    if name == "collate":
+        from .reading.collate import collate
+
+        return collate
     if name == "ShardLoader":
         from .workers.loader import ShardLoader
 
@@ -58,6 +63,7 @@ __all__ = [
     "ShardDataset",
     "MixedDataset",
     "ShardLoader",
+    "collate",
     "Mix",
     "EpochSize",
     "Transform",

@@ -15,7 +15,7 @@ from shardio.planning.plan import Segment
 from shardio.state import LoaderState, combine, find_states
 
 PUBLIC = {
-    "__version__", "ShardDataset", "MixedDataset", "ShardLoader", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
+    "__version__", "ShardDataset", "MixedDataset", "ShardLoader", "collate", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
     "OutputError", "StateError", "RangeNotSupported", "Trace", "quarantine", "quarantine_report", "remix",

@@ -105,7 +105,7 @@ def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
     import soundfile
     import torch
 
-    from shardio.reading.collate import audio_block, collate
+    from shardio.reading.collate import audio_block, collate, collate_into
     from shardio.reading.decode import decode_audio
 
     rng = np.random.default_rng(3)
@@ -124,12 +124,12 @@ def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
         audio, rate = decode_audio(data, ext, out=rows[i])
         assert np.shares_memory(audio, rows[i])  # decoded in place
         samples.append({"key": str(i), "audio": audio, "sample_rate": rate})
-    batch = collate(samples, audio=block)
+    batch = collate_into(samples, audio=block)
     assert batch["audio"] is block
     for name in ("audio", "lengths", "sample_rate"):
         assert torch.equal(batch[name], plain[name]), name
     too_small = audio_block([10, 10, 10], 1)  # a sample that does not fit: a new batch, same content
-    assert torch.equal(collate(samples, audio=too_small)["audio"], plain["audio"])
+    assert torch.equal(collate_into(samples, audio=too_small)["audio"], plain["audio"])
 
 
 def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path: Path) -> None:

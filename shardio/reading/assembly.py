@@ -25,7 +25,7 @@ import torch
 from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError
 from . import blocks
 from .batchmemory import audio_rows, sample_row
-from .collate import collate, to_tensors
+from .collate import collate, collate_into, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
 from .fields import add_member_fields
 from .lane import Lane
@@ -137,8 +137,8 @@ class Assembler:
         if self.batched:
             if skipped:
                 blocks.release(block)
-            batch = collate(samples, audio=block if not skipped else None, in_rows=in_rows,
-                            columns={"repeat": flags})
+            batch = collate_into(samples, audio=block if not skipped else None, in_rows=in_rows,
+                                 columns={"repeat": flags})
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
             if samples:

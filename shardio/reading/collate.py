@@ -18,7 +18,7 @@ from ..errors import OptionError
 from . import blocks
 from .batchmemory import allocate, audio_block
 
-__all__ = ["PLAIN_TYPES", "audio_block", "clear_padding", "collate", "to_tensors"]
+__all__ = ["PLAIN_TYPES", "audio_block", "clear_padding", "collate", "collate_into", "to_tensors"]
 
 
 
@@ -105,13 +105,21 @@ def to_tensors(sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def collate(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = None,
-            in_rows: bool = False, columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Batch samples: ``audio`` becomes ``(B, C, T)`` zero-padded with ``lengths``; other array fields are
-    padded along their last axis with ``{name}_lengths`` (0-d arrays are stacked into ``(B,)``); ``keys``
-    and every other field become lists.
+def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``collate_fn`` for samples of an unbatched dataset: ``DataLoader(ds, batch_size=16,
+    collate_fn=shardio.collate)``. ``audio`` becomes ``(B, C, T)``, zero-padded, with ``lengths``; other
+    array fields are padded along their last axis with ``{name}_lengths`` (0-d arrays are stacked into
+    ``(B,)``); ``keys`` and every other field (``epoch`` and ``batch_index`` too) become lists.
 
-    An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``).
+    An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
+    worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
+    """
+    return collate_into(samples)
+
+
+def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = None,
+                 in_rows: bool = False, columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """:func:`collate`, into the memory the caller has decoded the samples' audio into.
 
     ``audio``, an :func:`audio_block` whose rows hold the samples' audio (decoded there), becomes the batch's
     audio as it is: no copy. A sample whose audio lies elsewhere is copied into its row; when one does not

@@ -77,7 +77,7 @@ class ShardLoader:
                               f"{type(dataset).__name__}; use torch's DataLoader for other datasets")
         if not dataset.batched:
             raise OptionError("ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
-                              "(or batch its samples with a DataLoader's batch_size and collate_fn)")
+                              "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)")
         for name, value, least in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
             if type(value) is not int or value < least:
                 raise OptionError(f"{name} must be an integer of at least {least}, not {value!r}")
