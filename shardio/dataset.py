@@ -46,7 +46,7 @@ from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
 from .workers.sharing import shared, shared_table
-from .state import LoaderState, batch_position, combine, find_states
+from .state import LoaderState, batch_position, combine, find_states, steps_after_snapshot
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -225,7 +225,7 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
                         and (states[0].worker, states[0].num_workers) == (info.id, info.num_workers))
-        loaded = states[0] if worker_level else combine(states)
+        loaded = states[0] if worker_level else combine(states, steps_after_snapshot(state))
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))

@@ -6,7 +6,10 @@ changes), where iteration of the current segment started (``start``, in batches 
 batches have been yielded since, plus the seed and the fingerprints of the index and of the plan options.
 
 Inside a DataLoader worker (torchdata's ``StatefulDataLoader`` takes states there) ``yielded`` counts that
-worker's batches only; :func:`combine` adds up the workers' states into the job position.
+worker's batches only; :func:`combine` adds up the workers' states into the job position, where what they
+consumed together is the plan's first batches (it is not when a DataLoader batches an unbatched dataset's
+samples with several workers, between rounds, and such states are refused), and :func:`job_state` adds the
+batches a ``StatefulDataLoader`` yielded after its last snapshot of them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 from .errors import OptionError, StateError
 from .planning.plan import Segment
 
-__all__ = ["STATE_VERSION", "LoaderState", "batch_position", "combine", "find_states", "options_fingerprint"]
+__all__ = ["STATE_VERSION", "LoaderState", "batch_position", "combine", "find_states", "job_state",
+           "options_fingerprint", "steps_after_snapshot"]
 
 STATE_VERSION = 1
 _FORMAT = "shardio-state"
@@ -124,20 +128,72 @@ def find_states(container: Any) -> list[LoaderState]:
     return found
 
 
-def combine(states: Iterable[LoaderState]) -> LoaderState:
-    """The job-level state from one job-level state, or from the states of all workers of one loader."""
+def combine(states: Iterable[LoaderState], steps_after: int = 0) -> LoaderState:
+    """The job-level state from one job-level state, or from the states of all workers of one loader; plus
+    ``steps_after`` batches the loader yielded after those states (:func:`steps_after_snapshot`).
+
+    Workers take the plan's batches in turn (worker ``w`` those ``start + w``, ``start + w + num_workers``,
+    ...), so the workers' states describe a position only where what they yielded together is the plan's
+    first batches; anything else (a DataLoader that batches an unbatched dataset's samples, several at a time
+    from one worker, or that yields out of order) is a :class:`StateError`, not a position that would repeat
+    or lose samples."""
     states = list(states)
     if not states:
         raise StateError("not a shardio loader state: found no dict with format 'shardio-state' in it")
-    if len(states) == 1 and states[0].num_workers == 1:
-        return states[0]
     first = states[0]
+    if steps_after and first.options.get("batch_size") is None and first.options.get("max_duration") is None:
+        raise StateError(f"this StatefulDataLoader state was saved {steps_after} step(s) after its last snapshot "
+                         "(snapshot_every_n_steps > 1) and its dataset is unbatched, so how many samples those "
+                         "steps took is not in it: save it at a snapshot step, or load it with the loader's own "
+                         "load_state_dict")
+    if len(states) == 1 and first.num_workers == 1:
+        return first.at(first.position + steps_after) if steps_after else first
     by_worker = {s.worker: s for s in states}
     shape = {(s.epoch, s.start, s.num_workers, s.history) for s in states}
     if len(shape) != 1 or len(by_worker) != first.num_workers or len(states) != first.num_workers:
         raise StateError(f"worker states do not describe one loader: {len(states)} states for "
                          f"{first.num_workers} workers, epochs/starts {sorted((e, s) for e, s, _, _ in shape)}")
-    return first.at(first.start + sum(s.yielded for s in states))
+    total, workers = sum(s.yielded for s in states), first.num_workers
+    prefix = [max(0, -(-(total - worker) // workers)) for worker in range(workers)]  # each worker's share of it
+    taken = [by_worker[worker].yielded for worker in range(workers)]
+    if taken != prefix:
+        raise StateError(f"the {workers} workers' states do not describe a position: they yielded {taken} "
+                         f"(samples or batches) of epoch {first.epoch}, where the plan's first {total} would be "
+                         f"{prefix}. A DataLoader that batches an unbatched dataset's samples (batch_size > 1) "
+                         "takes them from one worker at a time, so a state between rounds of workers cannot resume "
+                         "another world or worker count: load it with the loader's own load_state_dict, batch in "
+                         "the dataset (ShardDataset(batch_size=...), DataLoader(batch_size=None)), or save after "
+                         "a whole round")
+    return first.at(first.start + total + steps_after)
+
+
+def steps_after_snapshot(container: Any) -> int:
+    """The batches a ``StatefulDataLoader`` with workers yielded after the snapshot of its workers' states in
+    ``container`` (its state dict, or a checkpoint holding it): ``snapshot_every_n_steps > 1`` leaves up to
+    that many less one. 0 where there is no such state."""
+    found: list[int] = []
+    stack = [container]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if "_snapshot" in item and "_steps_since_snapshot" in item:
+                steps = item["_steps_since_snapshot"]
+                if type(steps) is not int or steps < 0:
+                    raise StateError(f"malformed StatefulDataLoader state: _steps_since_snapshot must be an "
+                                     f"integer >= 0, not {reprlib.repr(steps)}")
+                found.append(steps)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    if len(found) > 1:
+        raise StateError(f"{len(found)} StatefulDataLoader states in one checkpoint: load the one of this dataset")
+    return found[0] if found else 0
+
+
+def job_state(container: Any) -> LoaderState:
+    """The job-level state in ``container``: a shardio state, a StatefulDataLoader's whole state, or a
+    checkpoint holding one (see :func:`combine` and :func:`steps_after_snapshot`)."""
+    return combine(find_states(container), steps_after_snapshot(container))
 
 
 def _count(state: Mapping[str, Any], name: str, least: int) -> int:
@@ -173,5 +229,13 @@ def batch_position(batch: Mapping[str, Any]) -> tuple[int, int]:
     try:
         return exact(batch["epoch"]), exact(batch["batch_index"])
     except (KeyError, TypeError):
-        raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
-                          "'batch_index' (a collate_fn must keep them)") from None
+        pass
+    if isinstance(batch.get("batch_index"), (list, tuple)):
+        raise OptionError(f"state_after takes a batch ShardDataset yielded; this one holds "
+                          f"{len(batch['batch_index'])} samples a DataLoader batched (its 'batch_index' is a list), "
+                          "which several workers hand over out of plan order, so no position describes them: batch "
+                          "in the dataset (ShardDataset(batch_size=...) or max_duration, with DataLoader(batch_size="
+                          "None)), or use torchdata's StatefulDataLoader and its state, or num_workers=0 and "
+                          "ds.state_dict()")
+    raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
+                      "'batch_index' (a collate_fn must keep them)")

@@ -33,7 +33,11 @@ BATCHINGS: dict[str, dict[str, Any]] = {
     "duration": {"max_duration": 1.5},
     "bucketed": {"max_duration": 1.5, "num_buckets": 3, "quadratic_duration": 20.0},
     "unbatched": {},
+    "collated": {},
 }
+"""The dataset's batching; ``collated``: unbatched samples that the DataLoader batches, :data:`COLLATED` at a
+time, with ``shardio.collate`` (a worker's batch is its next samples: with several workers, out of plan order)."""
+COLLATED = 3
 LOADERS = ("state_after", "in_process", "stateful", "shardio")
 """``state_after``: a plain DataLoader, ``ds.state_after(batch)``; ``in_process``: ``num_workers=0`` and
 ``ds.state_dict()``; ``stateful``: torchdata's ``StatefulDataLoader`` and its own state; ``shardio``:
@@ -64,6 +68,9 @@ class Case:
     """The workers of every life after the first (``None``: ``workers``); with ``stateful``, needs ``ds_load``."""
     pin_memory: bool = False
     """A ShardLoader pins its batches (in its pin-memory thread); see :func:`make_loader`."""
+    snapshot_every: int = 1
+    """A StatefulDataLoader's ``snapshot_every_n_steps`` (its workers' states lag the batches by up to this less
+    one; a state loaded into the dataset counts the batches since)."""
     extra: dict[str, Any] = field(default_factory=dict)
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
@@ -79,6 +86,17 @@ class Case:
             raise ValueError("pin_memory is a ShardLoader case")
         if self.resume_workers is not None and self.loader == "stateful" and not self.ds_load:
             raise ValueError("a StatefulDataLoader's own state resumes the same workers only")
+        if self.snapshot_every != 1 and self.loader != "stateful":
+            raise ValueError("snapshot_every is a StatefulDataLoader case")
+        if self.batching == "collated" and self.loader == "shardio":
+            raise ValueError("ShardLoader hands over the dataset's batches only")
+        # refused loudly (tests/test_resume_refusals.py): a state that no position describes
+        if self.batching == "collated" and self.loader == "state_after":
+            raise ValueError("state_after refuses a batch the DataLoader made of several samples")
+        if self.batching == "collated" and self.ds_load and self.workers > 1:
+            raise ValueError("several workers' states between rounds of collated samples are refused")
+        if self.ds_load and self.snapshot_every != 1 and self.batching in ("unbatched", "collated"):
+            raise ValueError("an unbatched dataset's state after a snapshot's last step is refused")
 
 
 def gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -116,7 +134,7 @@ def make_loader(case: Case, ds: Any) -> Any:
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from shardio import ShardLoader
+    from shardio import ShardLoader, collate
 
     if case.loader == "shardio":
         import torch
@@ -131,9 +149,22 @@ def make_loader(case: Case, ds: Any) -> Any:
             pinning.pin_memory = _copied
         return loader
     options: dict[str, Any] = {"batch_size": None, "num_workers": case.workers}
+    if case.batching == "collated":
+        options.update(batch_size=COLLATED, collate_fn=collate)
     if case.workers:
         options.update(persistent_workers=case.persistent, multiprocessing_context=case.start_method)
-    return (StatefulDataLoader if case.loader == "stateful" else DataLoader)(ds, **options)
+    if case.loader == "stateful":
+        return StatefulDataLoader(ds, snapshot_every_n_steps=case.snapshot_every, **options)
+    return DataLoader(ds, **options)
+
+
+def loader_batches(case: Case, samples: int, start: int) -> int:
+    """The batches the case's loader yields for a rank's ``samples`` batches (or samples) from ``start``: a
+    collated case's workers each batch their own share, :data:`COLLATED` samples at a time."""
+    if case.batching != "collated":
+        return samples - start
+    workers = max(case.workers, 1)
+    return sum(-(-len(range(start + worker, samples, workers)) // COLLATED) for worker in range(workers))
 
 
 def _copied(batch: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +175,9 @@ def record(batch: dict[str, Any]) -> Record:
     """What the harness compares of a batch."""
     keys = list(batch["keys"]) if "keys" in batch else [batch["key"]]
     gains = list(batch["gain"]) if "keys" in batch else [batch["gain"]]
-    return int(batch["epoch"]), tuple(keys), tuple(float(g) for g in gains)
+    epochs = set(batch["epoch"]) if isinstance(batch["epoch"], list) else {int(batch["epoch"])}  # a collated batch's
+    assert len(epochs) == 1, f"a batch of samples from epochs {sorted(epochs)}"
+    return epochs.pop(), tuple(keys), tuple(float(g) for g in gains)
 
 
 def save(case: Case, ds: Any, loader: Any, batch: dict[str, Any] | None) -> dict[str, Any]:
@@ -168,9 +201,11 @@ def restore(case: Case, ds: Any, loader: Any, state: dict[str, Any]) -> None:
 
 def epoch_of(state: dict[str, Any]) -> int:
     """The epoch a saved state (a shardio state or a whole StatefulDataLoader state) is in."""
-    from shardio.state import combine, find_states
+    from shardio.state import find_states
 
-    return combine(find_states(state)).epoch
+    epochs = {found.epoch for found in find_states(state)}  # its workers' states, which need not combine
+    assert len(epochs) == 1, f"a state of epochs {sorted(epochs)}"
+    return epochs.pop()
 
 
 def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | None,
@@ -197,7 +232,7 @@ def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | N
         if stop == len(records):
             return records, states[len(records)]
         knows, loaded_unseen = not loaded_unseen, False
-        planned, yielded, restart = len(ds) - ds.state_dict()["start"], 0, None
+        planned, yielded, restart = loader_batches(case, len(ds), ds.state_dict()["start"]), 0, None
         for batch in loader:
             records.append(record(batch))
             yielded += 1
@@ -234,7 +269,10 @@ def run(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
 
 
 def uninterrupted(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
-    """The case's epochs played straight through in this process."""
+    """The case's epochs played straight through in this process (a collated case: by its loader, whose
+    workers' batches are what it yields)."""
+    if case.batching == "collated":
+        return life(replace(case, stops=(), rollback=None), dirs, world, None, None)[0]
     ds = make_dataset(case, dirs, world)
     records: list[Record] = []
     for epoch in range(case.epoch, case.epoch + case.epochs):

@@ -72,8 +72,10 @@ def test_rank0_state_restores_every_rank(dirs: dict[str, str]) -> None:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_stops_resume_exactly(dirs: dict[str, str], data: st.DataObject) -> None:
-    case = Case(batching=data.draw(st.sampled_from(sorted(BATCHINGS))), epoch=data.draw(st.integers(0, 3)),
-                epochs=1)
+    batching = data.draw(st.sampled_from(sorted(BATCHINGS)))
+    # state_after refuses a batch the DataLoader made of several samples: those resume from ds.state_dict()
+    case = Case(batching=batching, loader="in_process" if batching == "collated" else "state_after",
+                epoch=data.draw(st.integers(0, 3)), epochs=1)
     stops = data.draw(st.lists(st.integers(0, length(case, dirs)), min_size=1, max_size=3))
     check_same_world(Case(**{**case.__dict__, "stops": tuple(sorted(stops))}), dirs)
 

@@ -85,6 +85,28 @@ def test_shard_loader_persistent_workers_resume_with_another_worker_count(dirs: 
                           resume_workers=1), dirs)
 
 
+def test_collated_samples_with_persistent_workers_resume_from_the_loaders_own_state(dirs: dict[str, str]) -> None:
+    case = Case(batching="collated", loader="stateful", workers=2, persistent=True)
+    n = length(case, dirs)
+    check_same_world(Case(**{**case.__dict__, "stops": (1, n // 2 + 1, n + 2), "rollback": (1, 4)}), dirs)
+
+
+def test_collated_samples_in_process_stopped_and_resumed_by_another_world(dirs: dict[str, str]) -> None:
+    case = Case(mixed=True, batching="collated", loader="in_process")
+    n = length(case, dirs)
+    check_same_world(Case(**{**case.__dict__, "stops": (1, n - 1, n + 1)}), dirs)
+    case = Case(batching="collated", loader="in_process", epochs=1)
+    check_world_change(case, dirs, 3, 2, stop=length(case, dirs, World(0, 3)) // 2 + 1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stateful_state_between_snapshots_into_the_dataset(dirs: dict[str, str], workers: int) -> None:
+    """snapshot_every_n_steps=3: the workers' states lag up to 2 batches; the dataset counts them."""
+    case = Case(batching="fixed", loader="stateful", workers=workers, snapshot_every=3, ds_load=True)
+    n = length(case, dirs)
+    check_same_world(Case(**{**case.__dict__, "stops": (1, 5, n + 1), "rollback": (1, 5)}), dirs)
+
+
 @pytest.mark.parametrize("old,new,loader", [(3, 2, "state_after"), (2, 3, "stateful"), (3, 2, "shardio")])
 def test_world_change_consumes_the_rest_once(dirs: dict[str, str], old: int, new: int, loader: str) -> None:
     case = Case(mixed=loader == "stateful", loader=loader, workers=1, epochs=1, ds_load=True)
@@ -176,13 +198,19 @@ def cases(draw: st.DrawFn, loaders: tuple[str, ...] = LOADERS) -> Case:
     loader = draw(st.sampled_from(loaders))
     workers = 0 if loader == "in_process" else draw(st.integers(0, 3))
     persistent = workers > 0 and draw(st.booleans())
-    batchings = sorted(set(BATCHINGS) - ({"unbatched"} if loader == "shardio" else set()))
+    batchings = sorted(set(BATCHINGS) - ({"unbatched", "collated"} if loader == "shardio" else set())
+                       - ({"collated"} if loader == "state_after" else set()))
+    batching = draw(st.sampled_from(batchings))
     # a ShardLoader's state is the dataset's: it resumes with another worker count too
     resume_workers = draw(st.none() | st.integers(1 if persistent else 0, 3)) if loader == "shardio" else None
-    return Case(mixed=draw(st.booleans()), batching=draw(st.sampled_from(batchings)), loader=loader,
+    # the loader's state into the dataset: not between rounds of several workers' collated samples
+    ds_load = loader == "stateful" and not (batching == "collated" and workers > 1) and draw(st.booleans())
+    unbatched = batching in ("unbatched", "collated")
+    snapshot_every = draw(st.sampled_from([1, 3])) if loader == "stateful" and not (ds_load and unbatched) else 1
+    return Case(mixed=draw(st.booleans()), batching=batching, loader=loader,
                 workers=workers, persistent=persistent,
                 start_method=draw(st.sampled_from(["fork", "forkserver", "spawn"])) if workers else "fork",
-                epoch=draw(st.integers(0, 3)), ds_load=loader == "stateful" and draw(st.booleans()),
+                epoch=draw(st.integers(0, 3)), ds_load=ds_load, snapshot_every=snapshot_every,
                 resume_workers=resume_workers, pin_memory=loader == "shardio" and draw(st.booleans()))
 
 
@@ -203,8 +231,11 @@ def test_full_matrix_of_the_shard_loader(dirs: dict[str, str], data: st.DataObje
 
 
 def check_drawn(dirs: dict[str, str], data: st.DataObject, case: Case) -> None:
-    """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change."""
-    if data.draw(st.booleans()):
+    """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change (where the case's
+    state can go into a dataset of another world)."""
+    elastic = not (case.loader == "stateful" and case.batching == "collated" and case.workers > 1) and not (
+        case.snapshot_every != 1 and case.batching in ("unbatched", "collated"))
+    if data.draw(st.booleans()) or not elastic:
         n = length(case, dirs)
         stops = tuple(sorted(data.draw(st.lists(st.integers(0, 2 * n), max_size=3))))
         rollback = data.draw(st.none() | st.tuples(st.integers(0, n), st.integers(1, n)).filter(lambda r: r[0] < r[1]))

@@ -128,13 +128,13 @@ def add_remix(subparsers: argparse._SubParsersAction) -> None:
 def _run_remix(args: argparse.Namespace) -> int:
     from ..mixed import MixedDataset
     from ..planning.mix import EpochSize
-    from ..state import combine, find_states
+    from ..state import job_state
     from .rebuild import open_for_state, read_state
     from .remix import remix, remix_report
 
     state = read_state(args.state)
     sources = dict(location.split("=", 1) for location in args.dataset if "=" in location)
-    old_names = combine(find_states(state)).options.get("corpora") or {}
+    old_names = job_state(state).options.get("corpora") or {}
     old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
     weights = dict(args.weight)
     missing = sorted(set(weights) - set(sources))

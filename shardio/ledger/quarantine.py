@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import OptionError, StateError
 from ..planning.plan import Segment
-from ..state import LoaderState, combine, find_states
+from ..state import LoaderState, job_state
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -101,7 +101,7 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     """
     from .trace import Trace
 
-    loaded = combine(find_states(state))
+    loaded = job_state(state)
     keys = list(dict.fromkeys(keys))
     if not keys and steps is None:
         raise OptionError("quarantine needs keys or steps to leave out")
@@ -146,7 +146,7 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every quarantined sample of ``state``: key, id (and corpus, in a mix), epoch, the epoch step the
     quarantine took effect at, whether the epoch had already consumed it then, and whether it carries to
     later epochs."""
-    loaded: LoaderState = combine(find_states(state))
+    loaded: LoaderState = job_state(state)
     rows = []
     for entry in loaded.extra.get(_KEY, []):
         consumed = set(entry.get("consumed", []))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import OptionError, StateError
-from ..state import combine, find_states
+from ..state import job_state
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -31,7 +31,7 @@ def read_state(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: "
                          f"{exc})") from None
-    combine(find_states(state))  # a typed error now if there is none
+    job_state(state)  # a typed error now if there is none
     return dict(state)
 
 
@@ -43,7 +43,7 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     from ..planning.mix import EpochSize
     from ..planning.plan import Batching
 
-    loaded = combine(find_states(state))
+    loaded = job_state(state)
     options = dict(loaded.options)
     mix, corpora = options.pop("mix", None), options.pop("corpora", None)
     ordering = {name: options.pop(name) for name in _ORDERING if name in options}

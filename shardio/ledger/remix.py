@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import StateError
 from ..planning.mix import mix_quotas
 from ..planning.streams import Stream, expand, ranges_of
-from ..state import LoaderState, combine, find_states
+from ..state import LoaderState, job_state
 from ..world import World
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
     from .remainder import remaining_positions
 
-    loaded: LoaderState = combine(find_states(state))
+    loaded: LoaderState = job_state(state)
     probe = copy.copy(old)
     probe._explicit_world = probe._world = World(0, loaded.world_size)
     probe.load_state_dict(loaded.to_dict())  # the state must be old's: a StateError names what differs
@@ -205,7 +205,7 @@ def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     dropped), its weights before and after, and for a mid-epoch re-mix its epoch-slice size (``slice``) and
     the positions of it not yet consumed (``remaining``: played in the rest of the epoch if kept, pending for
     its return if dropped); ``cursor``/``pending``: its stream after the re-mix."""
-    loaded: LoaderState = combine(find_states(state))
+    loaded: LoaderState = job_state(state)
     rows = []
     for event in Streams.of(loaded.extra).events:
         for name, fields in event["corpora"].items():

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
-from ..state import LoaderState, combine, find_states
+from ..state import LoaderState, job_state
 from ..world import World
 from .quarantine import resolve_keys
 
@@ -55,7 +55,7 @@ class Trace:
     the job that saved ``state`` plays it. ``dataset`` is not changed (a copy loads the state)."""
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
-        self.state: LoaderState = combine(find_states(state))
+        self.state: LoaderState = job_state(state)
         ds = copy.copy(dataset)
         ds._explicit_world = ds._world = World(0, self.state.world_size)
         ds.load_state_dict(self.state.to_dict())

@@ -1,0 +1,125 @@
+"""States that no position describes are refused loudly, never resumed onto repeated or lost samples.
+
+A position is "the plan's first N batches (or samples) per rank". Workers take the plan's steps in turn, so
+the workers' states of a ``StatefulDataLoader`` describe one where what they yielded together is such a
+prefix: always when the DataLoader hands over the dataset's own batches (or single samples) in order, but not
+when it batches an unbatched dataset's samples (``collate_fn=shardio.collate``), several at a time from one
+worker, between rounds of workers. A ``StatefulDataLoader`` with ``snapshot_every_n_steps > 1`` saves its
+workers' states as of its last snapshot: the dataset counts the batches since, which for an unbatched
+dataset are an unknown number of samples. The resume harness covers every configuration that resumes; these
+are the ones it leaves out because they are refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from shardio import OptionError, ShardDataset, StateError, collate
+from shardio.state import LoaderState, combine, job_state
+
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from datasets import make_uneven_dataset
+
+    directory = tmp_path_factory.mktemp("refusals") / "data"
+    make_uneven_dataset(directory, (7, 5, 9), seed=4, duration_range=(0.05, 0.2))
+    return str(directory)
+
+
+def keys_of(batches: list[dict[str, Any]]) -> list[str]:
+    return [key for batch in batches for key in batch["keys"]]
+
+
+def taken(loader: Any, count: int) -> list[dict[str, Any]]:
+    iterator = iter(loader)
+    return [next(iterator) for _ in range(count)]
+
+
+def test_collated_workers_state_between_rounds_is_refused_and_a_whole_round_resumes(data: str) -> None:
+    every = [sample["key"] for sample in ShardDataset(data, seed=1)]
+    for count in (1, 2, 3, 4):
+        ds = ShardDataset(data, seed=1)
+        loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)
+        seen = keys_of(taken(loader, count))
+        state = loader.state_dict()
+        resumed = ShardDataset(data, seed=1)
+        if count % 2:  # worker 0 has handed over one batch more than worker 1: samples 0, 2, 4 but not 1
+            with pytest.raises(StateError, match="do not describe a position.*batch in the dataset"):
+                resumed.load_state_dict(state)
+            continue
+        resumed.load_state_dict(state)
+        rest = [sample["key"] for sample in resumed]
+        assert sorted(seen) == sorted(every[: len(seen)]) and rest == every[len(seen) :]  # a whole round: a prefix
+
+
+def test_state_after_refuses_samples_a_dataloader_batched(data: str) -> None:
+    ds = ShardDataset(data, seed=1)
+    batch = next(iter(DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)))
+    assert len(batch["batch_index"]) == BATCH
+    with pytest.raises(OptionError, match=f"holds {BATCH} samples a DataLoader batched.*StatefulDataLoader"):
+        ds.state_after(batch)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_unbatched_state_between_snapshots_is_refused_a_batched_one_counts_the_steps(data: str,
+                                                                                     batched: bool) -> None:
+    options: dict[str, Any] = {"seed": 1, "batch_size": 2} if batched else {"seed": 1}
+    every = keys_of(list(ShardDataset(data, **options))) if batched else \
+        [sample["key"] for sample in ShardDataset(data, **options)]
+    ds = ShardDataset(data, **options)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=3)
+    seen = taken(loader, 5)  # two steps after the snapshot at step 3
+    state = loader.state_dict()
+    resumed = ShardDataset(data, **options)
+    if not batched:
+        with pytest.raises(StateError, match="2 step\\(s\\) after its last snapshot.*unbatched"):
+            resumed.load_state_dict(state)
+        return
+    resumed.load_state_dict(state)
+    assert keys_of(seen) + keys_of(list(resumed)) == every
+
+
+def worker_states(start: int, counts: list[int]) -> list[LoaderState]:
+    return [LoaderState(epoch=0, seed=0, index="i", options={"batch_size": 2}, world_size=1, start=start,
+                        yielded=count, worker=worker, num_workers=len(counts)) for worker, count in enumerate(counts)]
+
+
+@given(workers=st.integers(1, 6), start=st.integers(0, 20), total=st.integers(0, 40),
+       steps=st.integers(0, 3))
+def test_workers_that_took_the_plans_first_steps_combine_into_that_position(workers: int, start: int, total: int,
+                                                                           steps: int) -> None:
+    consumed = range(start, start + total)
+    counts = [sum(1 for step in consumed if (step - start) % workers == worker) for worker in range(workers)]
+    assert combine(worker_states(start, counts), steps).position == start + total + steps
+
+
+@given(counts=st.lists(st.integers(0, 9), min_size=2, max_size=6), start=st.integers(0, 20))
+def test_workers_that_did_not_take_a_prefix_are_refused(counts: list[int], start: int) -> None:
+    workers, total = len(counts), sum(counts)
+    prefix = [len(range(worker, total, workers)) for worker in range(workers)]
+    if counts == prefix:
+        assert combine(worker_states(start, counts)).position == start + total
+    else:
+        with pytest.raises(StateError, match="do not describe a position"):
+            combine(worker_states(start, counts))
+
+
+def test_job_state_reads_the_steps_after_a_snapshot_wherever_the_checkpoint_holds_it(tmp_path: Path) -> None:
+    states = [state.to_dict() for state in worker_states(4, [2, 1])]
+    loader = {"_snapshot": {"_worker_snapshots": {f"worker_{i}": {"dataset_state": s} for i, s in enumerate(states)}},
+              "_steps_since_snapshot": 2, "_iterator_finished": False}
+    assert job_state({"model": {}, "data": {"train": loader}}).position == 4 + 3 + 2
+    with pytest.raises(StateError, match="_steps_since_snapshot must be an integer"):
+        job_state({**loader, "_steps_since_snapshot": "2"})
+    with pytest.raises(StateError, match="2 StatefulDataLoader states in one checkpoint"):
+        job_state({"train": loader, "valid": loader})
