@@ -206,7 +206,8 @@ class ShardDataset(IterableDataset):
         return self._state(at, yielded=yielded, worker=worker, num_workers=workers).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The job state to save once ``batch`` (yielded by this dataset) has been consumed."""
+        """The job state to save once ``batch`` (yielded by this dataset) and every batch before it have been
+        consumed: a DataLoader must hand them over in order (its default ``in_order=True``)."""
         epoch, index = batch_position(batch)
         given = self._control.instruction()
         history = given.history if epoch == given.epoch else ()
