@@ -53,6 +53,7 @@ __all__ = ["ShardDataset", "Transform"]
 
 logger = logging.getLogger(__name__)
 
+
 class ShardDataset(IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
 
@@ -91,6 +92,8 @@ class ShardDataset(IterableDataset):
         if not isinstance(seed, int) or seed < 0:
             raise OptionError(f"seed must be a non-negative integer, not {seed!r}")
         self.index = source if isinstance(source, Index) else Index.load(source, storage_options)
+        if sample_rate is None:
+            _warn_of_mixed_rates(self.index)
         self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
                                  remainder=remainder, num_buckets=num_buckets,
                                  duration_bins=tuple(duration_bins) if duration_bins is not None else None,
@@ -393,3 +396,13 @@ class ShardDataset(IterableDataset):
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
         return {}
 
+
+def _warn_of_mixed_rates(index: Index) -> None:
+    """A warning where the samples have several sample rates, which a batch would mix unless resampled."""
+    rates = index.columns["sample_rate"]
+    if not len(rates) or rates.min() == rates.max():  # O(N) without a sort, for the common case
+        return
+    found, counts = np.unique(rates, return_counts=True)
+    logger.warning("the dataset holds samples at %s: batches mix sample rates unless sample_rate= resamples "
+                   "every sample to one", ", ".join(f"{rate} Hz ({count})" for rate, count in
+                                                    zip(found.tolist(), counts.tolist())))

@@ -60,3 +60,25 @@ def test_unbatched_samples_and_options(dataset_dir: Path) -> None:
         ShardDataset(dataset_dir, batch_size=2, max_duration=3.0)
     with pytest.raises(OptionError):
         ShardDataset(dataset_dir, on_error="ignore")
+
+
+def test_a_dataset_of_several_sample_rates_warns_unless_resampled(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from audio_factory import write_tone
+
+    from shardio.packing.pack import pack
+
+    for i in range(3):
+        write_tone(tmp_path / "corpus" / f"low{i}.wav", 0.2, 8000)
+    write_tone(tmp_path / "corpus" / "high.wav", 0.2, 16000)
+    pack(tmp_path / "corpus", tmp_path / "mixed", progress=False)
+    with caplog.at_level("WARNING", logger="shardio"):
+        ShardDataset(tmp_path / "mixed", batch_size=4)
+    assert "samples at 8000 Hz (3), 16000 Hz (1): batches mix sample rates" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardio"):
+        ds = ShardDataset(tmp_path / "mixed", batch_size=4, sample_rate=16000)
+        make_uneven_dataset(tmp_path / "one", (3,), sample_rate=8000)
+        ShardDataset(tmp_path / "one", batch_size=4)
+    assert not caplog.text
+    assert set(next(iter(ds))["sample_rate"].tolist()) == {16000}
