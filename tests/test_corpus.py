@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,15 @@ def test_kaldi_dir_with_segments(tmp_path: Path) -> None:
                                                                 ("utt3", 0.0, 1.0)]
     assert sources[0].meta == {"text": "hello there", "speaker": "spk1", "recording": "rec1"}
     assert sources[2].meta == {"text": "", "speaker": "spk1", "recording": "rec2"}
+
+
+def test_kaldi_text_keyed_by_recording_where_segments_name_utterances_is_counted(tmp_path: Path) -> None:
+    data = _kaldi_dir(tmp_path, segments=True)
+    write_text(data / "text", "rec1 keyed by the recording\nrec2 likewise\nutt3 this one fits\n")
+    left_out: Counter[str] = Counter()
+    sources = list(read_kaldi(data, left_out=left_out))
+    assert [s.meta.get("text") for s in sources] == [None, None, "this one fits"]
+    assert left_out == {"text lines naming no utterance": 2}
 
 
 def test_kaldi_piped_command_is_a_problem_naming_the_line(tmp_path: Path) -> None:

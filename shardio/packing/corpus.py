@@ -174,7 +174,8 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
 
 
 def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """A Kaldi data dir: ``wav.scp`` (plain paths), ``text``, optional ``utt2spk`` and ``segments``."""
+    """A Kaldi data dir: ``wav.scp`` (plain paths), ``text``, optional ``utt2spk`` and ``segments``. Lines of
+    ``text`` and ``utt2spk`` whose id is no utterance's are counted in ``left_out``."""
     if not (data_dir / "wav.scp").is_file():
         raise InputError([InputProblem(str(data_dir), "", "not a Kaldi data dir: no wav.scp")])
     recordings = _kaldi_table(data_dir / "wav.scp", problems, 2)
@@ -218,6 +219,11 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
         if utt in speakers:
             meta["speaker"] = speakers[utt][0][0]
         yield Source(key=utt, audio_path=paths[rec], offset=offset, duration=duration, meta=meta, origin=where)
+    utterances = {utt for utt, _, _ in items}
+    for name, table in (("text", texts), ("utt2spk", speakers)):
+        stray = len(table.keys() - utterances)  # keyed by recording where segments name utterances, say
+        if stray:
+            left_out[f"{name} lines naming no utterance"] += stray
 
 
 def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
