@@ -2,10 +2,8 @@
 
 A plain ``.tar`` sample of a local shard is a view of the shard's memory map (a positioned read where the
 kernel cannot map it safely; see :mod:`shardio.reading.localshard`), of a remote one a ranged request; a
-``.tar.zst`` sample is one zstd frame read and
-decompressed (the last frame is kept, since neighbouring samples often share it). Stream-compressed
-shards from other tools (``.tar.gz``, single-frame ``.tar.zst``) cannot be seeked: they are decompressed
-once, as far as their indexed samples reach (at most ``max_stream_bytes``), and recent ones are kept.
+compressed sample is decompressed from its zstd frame or its stream shard
+(:mod:`shardio.reading.compressedreads`).
 
 Remote reads retry transient failures (connection errors, timeouts, 5xx) under a :class:`RetryPolicy`, then
 raise :class:`ReadError` naming the shard, key and offset.
@@ -25,7 +23,6 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardioError
@@ -33,12 +30,12 @@ from ..shards.index import STREAM_CODECS, Index
 from ..shards.tarformat import parse_members
 from . import localshard
 from .cache import ShardCache
+from .compressedreads import CompressedReads
 from .filesystems import Filesystems
 from .localshard import LocalShard
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
 from .storage import RetryPolicy, is_url
-from .streams import decompress_prefix, decompress_upto
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 
@@ -47,13 +44,6 @@ logger = logging.getLogger(__name__)
 _PROCESS = [os.getpid()]  # this process's pid, kept current across fork: no system call per read
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
-
-# A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
-# the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
-_MAX_FRAME_EXCESS = 256 << 20
-# A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
-_ONE_SHOT_FRAME = 64 << 20
-
 
 @dataclass
 class ReadStats:
@@ -75,7 +65,7 @@ class ReadStats:
         self.errors[type(exc).__name__] += 1
 
 
-class Reader(RemoteReads):
+class Reader(RemoteReads, CompressedReads):
     """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
 
     URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
@@ -242,56 +232,6 @@ class Reader(RemoteReads):
         if not isinstance(handle, LocalShard) or offset + size > handle.size:
             return memoryview(self.read_range(shard, offset, size, where))
         return handle.view(offset, size, where)
-
-    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
-        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
-        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
-        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
-        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
-        :class:`FormatError`."""
-        cached = self._streams.get(shard)
-        if cached is not None:
-            self._streams.move_to_end(shard)
-            return cached
-        info = self.index.shards[shard]
-        need = self._stream_need(shard)
-        if need > self.max_stream_bytes:  # only as far as this sample, not cached
-            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
-            if need > self.max_stream_bytes:
-                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
-                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
-                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
-            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
-        raw = self.read_range(shard, 0, info.bytes, where)
-        data = decompress_prefix(raw, info.codec, need, where)
-        self._streams[shard] = data
-        while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
-            self._streams.popitem(last=False)
-        return data
-
-    def _stream_need(self, shard: int) -> int:
-        """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""
-        mine = self._columns["shard"] == shard
-        ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
-        return int(ends.max()) if ends.size else 0
-
-    def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
-        if self._frame is not None and self._frame[:2] == (shard, frame_offset):
-            return self._frame[2]
-        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
-        problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
-        try:
-            claimed = zstandard.frame_content_size(raw)
-            if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
-                raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
-            if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
-                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
-            else:  # the buffer grows only as the frame really decompresses, whatever its header claims
-                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
-        except zstandard.ZstdError as exc:
-            raise FormatError(f"{problem}: {exc}") from None
-        self._frame = (shard, frame_offset, data)
-        return data
 
     def where(self, sample: int, key: str | None = None) -> str:
         """Names sample number ``sample`` (whose ``key`` the caller may know already) in messages: its shard

@@ -1,0 +1,93 @@
+"""CompressedReads: the part of :class:`~shardio.reading.reader.Reader` that reads compressed shards.
+
+A seekable ``.tar.zst`` sample is one zstd frame read and decompressed; the last frame is kept, since
+neighbouring samples often share it. A stream-compressed shard (``.tar.gz``, a single-frame ``.tar.zst``)
+cannot be seeked: it is decompressed once, as far as its indexed samples reach (at most ``max_stream_bytes``),
+and recent ones are kept (up to ``stream_cache_bytes``). Neither a frame's header nor a stream allocates
+beyond what the index places in it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from ..errors import FormatError
+from ..shards.index import Index
+from .streams import decompress_prefix, decompress_upto
+
+__all__ = ["CompressedReads"]
+
+# A zstd frame header may claim any size; one claiming more than this beyond the bytes the index places in
+# the frame is corrupt (shardio's frames hold a few hundred KB), and is not allocated.
+_MAX_FRAME_EXCESS = 256 << 20
+# A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
+_ONE_SHOT_FRAME = 64 << 20
+
+
+class CompressedReads:
+    """Decompressed frames and stream shards, for a reader with these attributes."""
+
+    index: Index
+    max_stream_bytes: int
+    stream_cache_bytes: int
+    _columns: dict[str, np.ndarray]
+    _streams: OrderedDict[int, bytes]
+    _frame: tuple[int, int, bytes] | None
+    _decompressor: Any
+    read_range: Callable[..., bytes]
+    _local_view: Callable[[int, int, int, str], memoryview]
+
+    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
+        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
+        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
+        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
+        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
+        :class:`FormatError`."""
+        cached = self._streams.get(shard)
+        if cached is not None:
+            self._streams.move_to_end(shard)
+            return cached
+        info = self.index.shards[shard]
+        need = self._stream_need(shard)
+        if need > self.max_stream_bytes:  # only as far as this sample, not cached
+            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
+            if need > self.max_stream_bytes:
+                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
+                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
+                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
+            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
+        raw = self.read_range(shard, 0, info.bytes, where)
+        data = decompress_prefix(raw, info.codec, need, where)
+        self._streams[shard] = data
+        while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
+            self._streams.popitem(last=False)
+        return data
+
+    def _stream_need(self, shard: int) -> int:
+        """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""
+        mine = self._columns["shard"] == shard
+        ends = self._columns["frame_offset"][mine] + self._columns["member_size"][mine].astype(np.uint64)
+        return int(ends.max()) if ends.size else 0
+
+    def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
+        if self._frame is not None and self._frame[:2] == (shard, frame_offset):
+            return self._frame[2]
+        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
+        problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
+        try:
+            claimed = zstandard.frame_content_size(raw)
+            if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
+                raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
+            if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
+                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+            else:  # the buffer grows only as the frame really decompresses, whatever its header claims
+                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
+        except zstandard.ZstdError as exc:
+            raise FormatError(f"{problem}: {exc}") from None
+        self._frame = (shard, frame_offset, data)
+        return data
