@@ -399,7 +399,7 @@ class ShardDataset(IterableDataset):
 
 def _warn_of_mixed_rates(index: Index) -> None:
     """A warning where the samples have several sample rates, which a batch would mix unless resampled."""
-    rates = index.columns["sample_rate"]
+    rates = np.asarray(index.columns["sample_rate"])  # a mix's chained column, concatenated once
     if not len(rates) or rates.min() == rates.max():  # O(N) without a sort, for the common case
         return
     found, counts = np.unique(rates, return_counts=True)

@@ -18,7 +18,7 @@ import hashlib
 import json
 import operator
 import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -112,20 +112,27 @@ class LoaderState:
         return found
 
 
-def find_states(container: Any) -> list[LoaderState]:
-    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
-    found: list[LoaderState] = []
+def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
+    """Every mapping inside ``container`` (nested in mappings, lists and tuples), each once: a checkpoint that
+    holds itself (pickle allows it) is walked, not looped over. A shardio state's own fields are not entered."""
+    seen: set[int] = set()
     stack = [container]
     while stack:
         item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
         if isinstance(item, Mapping):
-            if item.get("format") == _FORMAT:
-                found.append(LoaderState.from_dict(item))
-            else:
+            yield item
+            if item.get("format") != _FORMAT:
                 stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-    return found
+
+
+def find_states(container: Any) -> list[LoaderState]:
+    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
+    return [LoaderState.from_dict(item) for item in _mappings(container) if item.get("format") == _FORMAT]
 
 
 def combine(states: Iterable[LoaderState], steps_after: int = 0) -> LoaderState:
@@ -171,20 +178,12 @@ def steps_after_snapshot(container: Any) -> int:
     """The batches a ``StatefulDataLoader`` with workers yielded after the snapshot of its workers' states in
     ``container`` (its state dict, or a checkpoint holding it): ``snapshot_every_n_steps > 1`` leaves up to
     that many less one. 0 where there is no such state."""
-    found: list[int] = []
-    stack = [container]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            if "_snapshot" in item and "_steps_since_snapshot" in item:
-                steps = item["_steps_since_snapshot"]
-                if type(steps) is not int or steps < 0:
-                    raise StateError(f"malformed StatefulDataLoader state: _steps_since_snapshot must be an "
-                                     f"integer >= 0, not {reprlib.repr(steps)}")
-                found.append(steps)
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+    found = [item["_steps_since_snapshot"] for item in _mappings(container)
+             if "_snapshot" in item and "_steps_since_snapshot" in item]
+    for steps in found:
+        if type(steps) is not int or steps < 0:
+            raise StateError(f"malformed StatefulDataLoader state: _steps_since_snapshot must be an integer >= 0, "
+                             f"not {reprlib.repr(steps)}")
     if len(found) > 1:
         raise StateError(f"{len(found)} StatefulDataLoader states in one checkpoint: load the one of this dataset")
     return found[0] if found else 0

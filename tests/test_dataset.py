@@ -82,3 +82,10 @@ def test_a_dataset_of_several_sample_rates_warns_unless_resampled(tmp_path: Path
         ShardDataset(tmp_path / "one", batch_size=4)
     assert not caplog.text
     assert set(next(iter(ds))["sample_rate"].tolist()) == {16000}
+    from shardio import EpochSize, MixedDataset
+
+    make_uneven_dataset(tmp_path / "two", (2,), sample_rate=16000)
+    with caplog.at_level("WARNING", logger="shardio"):  # corpora of different rates in a mix
+        MixedDataset({"one": tmp_path / "one", "two": tmp_path / "two"}, {"one": 1, "two": 1}, EpochSize(primary="one"),
+                     batch_size=2)
+    assert "samples at 8000 Hz (3), 16000 Hz (2)" in caplog.text

@@ -122,4 +122,11 @@ def test_job_state_reads_the_steps_after_a_snapshot_wherever_the_checkpoint_hold
     with pytest.raises(StateError, match="_steps_since_snapshot must be an integer"):
         job_state({**loader, "_steps_since_snapshot": "2"})
     with pytest.raises(StateError, match="2 StatefulDataLoader states in one checkpoint"):
-        job_state({"train": loader, "valid": loader})
+        job_state({"train": loader, "valid": dict(loader)})  # two loaders' states (the same one twice is one)
+
+
+def test_a_checkpoint_that_holds_itself_is_walked_once() -> None:
+    state = worker_states(2, [3])[0].to_dict()
+    checkpoint: dict[str, Any] = {"loader": state, "again": [state]}
+    checkpoint["self"] = checkpoint  # pickle (torch.load) can make such a dict
+    assert job_state(checkpoint).position == 2 + 3
