@@ -102,3 +102,20 @@ def test_datasets_iterated_in_threads_never_share_a_batch(long_clips: Path,
     assert len({batch["audio"].data_ptr() for batch in batches}) == len(batches)
     for batch in batches:
         _check(batch, expected)
+
+
+def test_the_public_collate_pads_samples_and_refuses_batches(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from shardio import OptionError, collate
+
+    make_uneven_dataset(tmp_path / "d", (5,), seed=1)
+    samples = list(ShardDataset(tmp_path / "d", shuffle=False))
+    batch = next(iter(DataLoader(ShardDataset(tmp_path / "d", shuffle=False), batch_size=5, collate_fn=collate)))
+    lengths = [sample["audio"].shape[-1] for sample in samples]
+    assert batch["keys"] == [sample["key"] for sample in samples] and batch["lengths"].tolist() == lengths
+    for row, sample in enumerate(samples):
+        assert torch.equal(batch["audio"][row, :, : lengths[row]], sample["audio"])
+        assert not batch["audio"][row, :, lengths[row]:].any()
+    with pytest.raises(OptionError, match="these are 2 batches of a batched dataset.*batch_size=None"):
+        next(iter(DataLoader(ShardDataset(tmp_path / "d", batch_size=2), batch_size=2, collate_fn=collate)))

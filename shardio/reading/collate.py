@@ -113,7 +113,12 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
     worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
+    Batches of a batched dataset are an :class:`~shardio.OptionError`: give the DataLoader ``batch_size=None``.
     """
+    if samples and "keys" in samples[0] and "key" not in samples[0]:
+        raise OptionError(f"collate batches single samples (a ShardDataset without batch_size or max_duration); "
+                          f"these are {len(samples)} batches of a batched dataset: give the DataLoader "
+                          "batch_size=None, which hands them over as they are")
     return collate_into(samples)
 
 
