@@ -41,7 +41,10 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     assert main(["inspect", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 5
     assert main(["verify", str(out), "--decode"]) == 0
-    assert capsys.readouterr().out.strip() == f"{out}: OK"
+    printed, bars = capsys.readouterr()
+    assert printed.strip() == f"{out}: OK" and "verify: 100%" in bars  # long work shows a bar, on stderr
+    assert main(["verify", str(out), "--no-progress"]) == 0
+    assert "verify:" not in capsys.readouterr().err
     shard = sorted(out.glob("*.tar.zst"))[0]
     shard.write_bytes(shard.read_bytes()[:-7])
     assert main(["verify", str(out)]) == 1
@@ -49,7 +52,8 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     assert f"{shard.name}: " in err and "problems" in err
     (out / "index.json").unlink()
     assert main(["index", *map(str, sorted(out.glob("*.tar.zst"))[1:]), "--out", str(tmp_path / "idx")]) == 0
-    assert "indexed" in capsys.readouterr().out
+    printed, bars = capsys.readouterr()
+    assert "indexed" in printed and "index: 100%" in bars
     assert Index.load(tmp_path / "idx", allow_outside_root=True).shards[0].name.startswith("../out/")
     assert main(["verify", str(tmp_path / "idx")]) == 1  # shards outside the index's directory: the opt-in
     assert "allow_outside_root" in capsys.readouterr().err

@@ -52,6 +52,7 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
                                                "audio too); list every problem and exit 1 if there is any.")
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     _allow_outside_root(parser)
     parser.set_defaults(run=_run_verify)
 
@@ -59,8 +60,8 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from .verification import verify_dataset
 
-    problems = verify_dataset(args.directory, decode=args.decode,
-                              allow_outside_root=args.allow_outside_root)
+    problems = verify_dataset(args.directory, decode=args.decode, allow_outside_root=args.allow_outside_root,
+                              progress=not args.no_progress)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
@@ -83,6 +84,7 @@ def add_index(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where to write the index (default: next to the shards)")
     parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--nemo-manifest", default=None, metavar="MANIFEST",
                         help="index a NeMo tarred dataset in place: the one directory given holds its "
                              "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
@@ -109,7 +111,7 @@ def _run_index(args: argparse.Namespace) -> int:
                               "writes the index there: no --out")
         index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite)
     else:
-        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite)
+        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
           f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
     return 0

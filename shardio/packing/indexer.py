@@ -20,11 +20,13 @@ import io
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any, BinaryIO
 
 import soundfile as sf
 import zstandard
+from tqdm import tqdm
 
 from ..errors import DecodeError, FormatError, OptionError, ReadError
 from ..reading.streams import describe
@@ -182,12 +184,13 @@ def _seekable(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]) 
 
 
 def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
-                overwrite: bool = False) -> Index:
+                overwrite: bool = False, progress: bool = True) -> Index:
     """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
 
     Shard names in the index are relative to the index's directory. An index already there is an
     :class:`~shardio.errors.OptionError` unless ``overwrite`` (checkpoints of its dataset stop matching).
     Sample keys follow pack's rules (:func:`~shardio.shards.tarformat.key_problem`: relative, no ``..``).
+    ``progress``: a tqdm bar of the shards indexed, on stderr.
     """
     paths = [os.path.abspath(os.fspath(s)) for s in shards]
     if not paths:
@@ -201,7 +204,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                           "replace it, or --out to write the new index elsewhere")
     builder = IndexBuilder(root)
     keys: set[str] = set()
-    for path in paths:
+    for path in tqdm(paths, disable=not progress, file=sys.stderr, unit="shard", desc="index"):
         codec = shard_codec(path)
         if not os.path.isfile(path):
             raise ReadError(f"{path}: no such shard file")

@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 
 import numpy as np
+from tqdm import tqdm
 
 from ..errors import ShardioError
 from ..reading.decode import decode_audio
@@ -31,9 +33,10 @@ _MAX_PER_SHARD = 20
 
 
 def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
-                   allow_outside_root: bool = False) -> list[str]:
+                   allow_outside_root: bool = False, progress: bool = True) -> list[str]:
     """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
-    ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere)."""
+    ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere);
+    ``progress``: a tqdm bar of the shard bytes checked, on stderr."""
     try:
         index = Index.load(directory, allow_outside_root=allow_outside_root)
     except ShardioError as exc:
@@ -42,6 +45,8 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
     reader = Reader(index)
     by_shard = np.argsort(index.columns["shard"], kind="stable")
     bounds = np.searchsorted(index.columns["shard"][by_shard], np.arange(len(index.shards) + 1))
+    bar = tqdm(total=sum(shard.bytes for shard in index.shards), disable=not progress, file=sys.stderr, unit="B",
+               unit_scale=True, desc="verify")
     try:
         for number, shard in enumerate(index.shards):
             rows = by_shard[bounds[number]:bounds[number + 1]]
@@ -50,7 +55,9 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
                 found = found[:_MAX_PER_SHARD] + [f"{shard.name}: ... and {len(found) - _MAX_PER_SHARD} more problems"]
             problems += found
             logger.info("verified %s: %s", shard.name, "ok" if not found else f"{len(found)} problems")
+            bar.update(shard.bytes)
     finally:
+        bar.close()
         reader.close()
     return problems
 
