@@ -109,7 +109,8 @@ def _run_index(args: argparse.Namespace) -> int:
         if len(args.shards) != 1 or args.out is not None:
             raise OptionError("--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
                               "writes the index there: no --out")
-        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite)
+        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite,
+                           progress=not args.no_progress)
     else:
         index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "

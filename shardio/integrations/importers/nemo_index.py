@@ -29,11 +29,13 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import soundfile as sf
+from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
 from ...packing.corpus import AUDIO_EXTENSIONS
@@ -198,12 +200,13 @@ def _check_directory(directory: str) -> str:
 
 
 def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None, *,
-               overwrite: bool = False) -> Index:
+               overwrite: bool = False, progress: bool = True) -> Index:
     """Index the NeMo tarred dataset in ``directory`` in place (see the module docstring) and return the index.
 
     ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
     ``index.columns``) is written into ``directory``; an index already there is an
-    :class:`~shardio.errors.OptionError` unless ``overwrite``. No audio is copied or changed.
+    :class:`~shardio.errors.OptionError` unless ``overwrite``. No audio is copied or changed. ``progress``: a
+    tqdm bar of the shards indexed, on stderr.
     """
     root = _check_directory(os.fspath(directory))
     manifest = os.path.join(root, MANIFEST) if manifest is None else os.fspath(manifest)
@@ -223,7 +226,7 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
                                      "shard"))
     builder = IndexBuilder(root)
     first_line: dict[str, str] = {}
-    for shard in sorted(by_shard):
+    for shard in tqdm(sorted(by_shard), disable=not progress, file=sys.stderr, unit="shard", desc="index"):
         lines, tar = by_shard[shard], os.path.join(root, f"audio_{shard}.tar")
         if shard not in present or not os.path.isfile(tar):
             problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
