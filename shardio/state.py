@@ -25,7 +25,7 @@ from typing import Any
 from .errors import OptionError, StateError
 from .planning.plan import Segment
 
-__all__ = ["STATE_VERSION", "LoaderState", "batch_position", "combine", "find_states", "job_state",
+__all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
            "options_fingerprint", "steps_after_snapshot"]
 
 STATE_VERSION = 1
@@ -238,3 +238,17 @@ def batch_position(batch: Mapping[str, Any]) -> tuple[int, int]:
                           "ds.state_dict()")
     raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
                       "'batch_index' (a collate_fn must keep them)")
+
+
+def check_follows(previous: Mapping[str, Any] | None, state: Mapping[str, Any]) -> None:
+    """That ``state``, saved after a batch trained on, follows ``previous``, saved after the batch before (or
+    loaded): in one epoch and segment, one batch further. A :class:`StateError` where a batch came out of plan
+    order (a DataLoader with ``in_order=False``), which no state of one batch can describe."""
+    if previous is None or previous.get("format") != _FORMAT:
+        return
+    same = all(previous.get(name) == state.get(name) for name in ("epoch", "history", "world_size"))
+    if same and state.get("start") != previous.get("start", 0) + 1:
+        raise StateError(f"batch {state.get('start', 0) - 1} of epoch {state.get('epoch')} was trained on right "
+                         f"after batch {previous.get('start', 0) - 1}: the DataLoader hands batches over out of plan "
+                         "order (in_order=False?), so no saved state can say which were trained on: keep the "
+                         "DataLoader's default in_order=True")

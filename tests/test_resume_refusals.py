@@ -130,3 +130,39 @@ def test_a_checkpoint_that_holds_itself_is_walked_once() -> None:
     checkpoint: dict[str, Any] = {"loader": state, "again": [state]}
     checkpoint["self"] = checkpoint  # pickle (torch.load) can make such a dict
     assert job_state(checkpoint).position == 2 + 3
+
+
+def _worker_zero_lags(sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+    import time
+
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None and info.id == 0:
+        time.sleep(0.3)  # worker 1's batches are ready first
+    return sample
+
+
+def test_trained_batches_out_of_plan_order_are_refused(data: str) -> None:
+    """A DataLoader with in_order=False hands worker 1's batch over before worker 0's: a state after it would
+    skip worker 0's on resume. The integrations see every batch, and refuse."""
+    from shardio.integrations.accelerate import LoaderProgress
+    from shardio.state import check_follows
+
+    ds = ShardDataset(data, batch_size=2, seed=1, transform=_worker_zero_lags)
+    progress = LoaderProgress(ds)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
+    with pytest.raises(StateError, match="out of plan order \\(in_order=False\\?\\)"):
+        for batch in loader:
+            progress.update(batch)
+    in_order = ShardDataset(data, batch_size=2, seed=1)
+    progress = LoaderProgress(in_order)
+    for batch in DataLoader(in_order, batch_size=None, num_workers=2):
+        progress.update(batch)
+    assert progress.state_dict()["start"] == len(in_order)
+    state = in_order.state_after({"epoch": 0, "batch_index": 3})
+    check_follows(None, state)
+    check_follows(in_order.state_after({"epoch": 0, "batch_index": 2}), state)
+    check_follows({**state, "epoch": 1}, state)  # another epoch, or a resume onto another world: no order to keep
+    with pytest.raises(StateError, match="batch 3 of epoch 0 was trained on right after batch 0"):
+        check_follows(in_order.state_after({"epoch": 0, "batch_index": 0}), state)

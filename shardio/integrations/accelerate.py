@@ -17,6 +17,7 @@ from typing import Any
 
 from ..dataset import ShardDataset
 from ..errors import OptionError
+from ..state import check_follows
 from ._extras import require
 
 __all__ = ["LoaderProgress", "track"]
@@ -41,8 +42,10 @@ class LoaderProgress:
         return self.dataset.epoch
 
     def update(self, batch: dict[str, Any]) -> None:
-        """Record that ``batch`` (yielded by the dataset) has been trained on."""
-        self._state = self.dataset.state_after(batch)
+        """Record that ``batch`` (yielded by the dataset) has been trained on, after every batch before it."""
+        state = self.dataset.state_after(batch)
+        check_follows(self._state, state)
+        self._state = state
 
     def state_dict(self) -> dict[str, Any]:
         """The state to save: after the last batch trained on, else where the dataset stands."""

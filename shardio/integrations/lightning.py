@@ -33,7 +33,7 @@ from typing import Any
 
 from ..dataset import ShardDataset
 from ..errors import StateError
-from ..state import LoaderState
+from ..state import LoaderState, check_follows
 from ._extras import require
 
 __all__ = ["ShardioCallback"]
@@ -137,7 +137,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if not isinstance(batch, dict):
             raise StateError(f"ShardioCallback needs the batches ShardDataset yields (dicts with 'epoch' and "
                              f"'batch_index'), got a {type(batch).__name__}")
-        self._state = self._dataset.state_after(batch)
+        state = self._dataset.state_after(batch)
+        check_follows(self._state, state)
+        self._state = state
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Lightning would restore a StatefulDataLoader's own state after attach(): this one replaces it.
