@@ -17,7 +17,8 @@ state to save after that batch.
 
 Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go into a shared block
 (:mod:`shardio.workers.control`) that every worker, persistent ones too, reads when an iteration starts;
-inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. The
+inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. Each
+process's position among them is its :class:`~shardio.workers.progress.Progress`. The
 world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
 """
 
@@ -34,7 +35,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .workers import planfiles
-from .workers.control import Control, Instruction, extra_mark, slot_of
+from .workers.control import Instruction, extra_mark
 from .errors import OptionError, StateError
 from .ledger.quarantine import check_extra, exclusions
 from .workers.memory import trim
@@ -46,7 +47,8 @@ from .reading.reader import Reader, ReadStats, RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
 from .workers.sharing import shared, shared_table
-from .state import LoaderState, batch_position, combine, find_states, steps_after_snapshot
+from .state import LoaderState, batch_position, find_states, steps_after_snapshot
+from .workers.progress import Progress, resume_point
 from .world import World
 
 __all__ = ["ShardDataset", "Transform"]
@@ -116,13 +118,7 @@ class ShardDataset(IterableDataset):
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
-        self._control = Control()
-        self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
-        self._skip = 0  # batches of this worker's share already yielded, from a worker-level state
-        self._run: Instruction | None = None  # what this process's current (or last) iteration plays
-        self._run_generation = 0
-        self._yielded = 0
-        self._finished = False
+        self._progress = Progress()
 
     # -- progress ----------------------------------------------------------------------------------
 
@@ -134,54 +130,23 @@ class ShardDataset(IterableDataset):
         if type(epoch) is not int or epoch < 0:
             raise OptionError(f"epoch must be a non-negative integer, not {epoch!r}")
         if get_worker_info() is not None:
-            self._own, self._skip = Instruction(epoch), 0
+            self._progress.give_own(Instruction(epoch))
             return
-        current = self._control.instruction()
-        if not (current.loaded and current.epoch == epoch and not self._control.started()):
-            self._control.give(Instruction(epoch, extra=extra_mark(self._extra)))
-        given = self._control.instruction()
+        control = self._progress.control
+        current = control.instruction()
+        if not (current.loaded and current.epoch == epoch and not control.started()):
+            control.give(Instruction(epoch, extra=extra_mark(self._extra)))
+        given = control.instruction()
         self._share(given.epoch, given.history)  # here, before workers: they inherit, receive or map it
 
     def _instructions(self) -> int:
         """How many instructions (``set_epoch``, ``load_state_dict``) this dataset has been given."""
-        return self._control.generation
-
-    def _slot(self) -> int:
-        info = get_worker_info()
-        return 0 if info is None else slot_of(info.id, info.num_workers)
-
-    def _upcoming(self) -> Instruction:
-        """What the next iteration of this process plays."""
-        return self._own if self._own is not None else self._control.upcoming(self._slot())
-
-    def _standing_run(self) -> Instruction | None:
-        """This process's current (or last) iteration, unless an instruction came since."""
-        if self._own is None and self._run_generation == self._control.generation:
-            return self._run
-        return None
-
-    def _current(self) -> tuple[Instruction, int]:
-        """The iteration running in this process (or its last one) unless an instruction came since; and
-        the batches of it yielded here."""
-        run = self._standing_run()
-        if run is not None:
-            return run, self._yielded
-        return self._upcoming(), self._skip
-
-    def _live(self) -> Instruction:
-        """The iteration this process is in the middle of, else the next one (the training process, while its
-        workers play: the latest one begun until every worker has finished it)."""
-        run = self._standing_run()
-        if run is not None:
-            return self._upcoming() if self._finished else run
-        if self._own is None and get_worker_info() is None:
-            return self._control.current()
-        return self._upcoming()
+        return self._progress.instructions
 
     @property
     def epoch(self) -> int:
         """The epoch this process is playing, else the one its next iteration plays."""
-        return self._live().epoch
+        return self._progress.live().epoch
 
     def ranks(self) -> World:
         """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker)."""
@@ -203,7 +168,7 @@ class ShardDataset(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
-        at, yielded = self._current()
+        at, yielded = self._progress.current()
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return self._state(at, yielded=yielded, worker=worker, num_workers=workers).to_dict()
@@ -212,7 +177,7 @@ class ShardDataset(IterableDataset):
         """The job state to save once ``batch`` (yielded by this dataset) and every batch before it have been
         consumed: a DataLoader must hand them over in order (its default ``in_order=True``)."""
         epoch, index = batch_position(batch)
-        given = self._control.instruction()
+        given = self._progress.control.instruction()
         history = given.history if epoch == given.epoch else ()
         return self._state(Instruction(epoch, history, index + 1)).to_dict()
 
@@ -224,29 +189,15 @@ class ShardDataset(IterableDataset):
         another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
         once in the rest of it.
         """
-        states = find_states(state)
-        world = self.ranks()
-        info = get_worker_info()
-        worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
-                        and (states[0].worker, states[0].num_workers) == (info.id, info.num_workers))
-        loaded = states[0] if worker_level else combine(states, steps_after_snapshot(state))
+        world_size = self.ranks().world_size
+        loaded, instruction, skip = resume_point(find_states(state), steps_after_snapshot(state), world_size)
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         extra = check_extra(loaded.extra, len(self.index))
-        skip = 0
-        if worker_level:
-            if loaded.world_size != world.world_size:
-                raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
-                                 f"{world.world_size}: load the loader's whole state into a fresh dataset instead")
-            instruction, skip = Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded
-        elif loaded.world_size == world.world_size:
-            instruction = Instruction(loaded.epoch, loaded.history, loaded.position, True)
-        else:
-            instruction = Instruction(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)),
-                                      0, True)
+        if loaded.world_size != world_size:
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
-                        loaded.world_size, world.world_size, loaded.position, loaded.epoch)
+                        loaded.world_size, world_size, loaded.position, loaded.epoch)
         self._extra, previous = extra, self._extra
         try:
             self._check_position(instruction)
@@ -254,10 +205,10 @@ class ShardDataset(IterableDataset):
             self._extra = previous
             raise
         self._share(instruction.epoch, instruction.history)
-        if info is not None:
-            self._own, self._skip = instruction, skip
+        if get_worker_info() is not None:
+            self._progress.give_own(instruction, skip)
         else:
-            self._control.give(replace(instruction, extra=extra_mark(extra)))
+            self._progress.control.give(replace(instruction, extra=extra_mark(extra)))
 
     def _check_position(self, at: Instruction) -> None:
         """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
@@ -277,7 +228,7 @@ class ShardDataset(IterableDataset):
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
-        at = self._live()
+        at = self._progress.live()
         if epoch is None or epoch == at.epoch:
             return self._plan_of(at.epoch, at.history)
         return self._plan_of(epoch, ())
@@ -308,7 +259,7 @@ class ShardDataset(IterableDataset):
         """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
         one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
         the state's ``start``, as trainers that count batches from the saved index expect)."""
-        at = self._live()
+        at = self._progress.live()
         return self._share(at.epoch, at.history).num_batches
 
     def _new_reader(self) -> Reader:
@@ -320,7 +271,7 @@ class ShardDataset(IterableDataset):
         world = self.ranks()
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            others = get_worker_info() is not None or world.world_size > 1 or self._control.workers_begun()
+            others = get_worker_info() is not None or world.world_size > 1 or self._progress.control.workers_begun()
             job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
                    "world": world.world_size, "extra": self._extra}
             # once per node where others may need it and the index's fingerprint names its content
@@ -346,7 +297,7 @@ class ShardDataset(IterableDataset):
         # node plan's files it is mapped from, else in shared memory (by handle, not by value), and the shard
         # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
         if get_worker_info() is None:
-            at = self._live()
+            at = self._progress.live()
             self._share(at.epoch, at.history)
             self._shares = {key: shared(plan) for key, plan in self._shares.items()}
             self.index.share_tables(shared_table)
@@ -365,16 +316,14 @@ class ShardDataset(IterableDataset):
         self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        at, skip = self._upcoming(), self._skip if self._own is not None else 0
-        if self._own is None and self._control.instruction().extra != extra_mark(self._extra):
+        progress = self._progress
+        at, skip = progress.upcoming(), progress.upcoming_skip()
+        if progress.follows_control and progress.control.instruction().extra != extra_mark(self._extra):
             raise OptionError("a state with quarantines or a re-mix (its 'extra') was loaded after this persistent "
                               "DataLoader worker started, and cannot reach it: load the state before creating the "
                               "DataLoader, or use persistent_workers=False")
-        slot = self._slot()
-        self._own, self._skip = None, 0
         plan = self._share(at.epoch, at.history)  # before begin: a worker that has begun has its plan
-        self._run, self._run_generation = at, self._control.begin(slot, at.epoch)
-        self._yielded, self._finished = skip, False
+        progress.begin(at, skip)
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
         if self._reader is None:
             self._reader = self._new_reader()
@@ -387,10 +336,9 @@ class ShardDataset(IterableDataset):
         for j, ids in zip(numbers, batches):
             batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j
-            self._yielded += 1
+            progress.yielded += 1
             yield batch
-        self._finished = True
-        self._control.finish(slot)
+        progress.finish()
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""

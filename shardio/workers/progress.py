@@ -1,0 +1,122 @@
+"""Progress: which iteration one process plays, and how many of its batches it has yielded.
+
+A dataset's copy in each process (the training process, every DataLoader worker) holds one. Instructions
+(``set_epoch``, ``load_state_dict``) reach it through the shared :class:`~shardio.workers.control.Control`
+block, or, inside a worker that ``StatefulDataLoader`` restores, as the worker's own instruction; a loaded
+state becomes an instruction by :func:`resume_point`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch.utils.data import get_worker_info
+
+from ..errors import StateError
+from ..planning.plan import Segment
+from ..state import LoaderState, combine
+from .control import Control, Instruction, slot_of
+
+__all__ = ["Progress", "resume_point"]
+
+
+class Progress:
+    """One process's position: the instruction its next iteration plays, the iteration it plays (or last
+    played) and the batches of that iteration it has yielded."""
+
+    def __init__(self) -> None:
+        self.control = Control()
+        self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
+        self._skip = 0  # batches of this worker's share already yielded, from a worker-level state
+        self._run: Instruction | None = None  # what this process's current (or last) iteration plays
+        self._run_generation = 0
+        self._finished = False
+        self.yielded = 0
+
+    @property
+    def instructions(self) -> int:
+        """How many instructions the job has been given (``set_epoch``, ``load_state_dict``)."""
+        return self.control.generation
+
+    @property
+    def follows_control(self) -> bool:
+        """Whether the next iteration plays the control block's instruction (not a worker's own)."""
+        return self._own is None
+
+    def give_own(self, instruction: Instruction, skip: int = 0) -> None:
+        """Make ``instruction`` this worker's next iteration, ``skip`` of its batches already yielded."""
+        self._own, self._skip = instruction, skip
+
+    def slot(self) -> int:
+        """This process's slot in the control block."""
+        info = get_worker_info()
+        return 0 if info is None else slot_of(info.id, info.num_workers)
+
+    def upcoming(self) -> Instruction:
+        """What the next iteration of this process plays."""
+        return self._own if self._own is not None else self.control.upcoming(self.slot())
+
+    def upcoming_skip(self) -> int:
+        """Batches of the next iteration already yielded (from a worker-level state)."""
+        return self._skip if self._own is not None else 0
+
+    def _standing_run(self) -> Instruction | None:
+        """This process's current (or last) iteration, unless an instruction came since."""
+        if self._own is None and self._run_generation == self.control.generation:
+            return self._run
+        return None
+
+    def current(self) -> tuple[Instruction, int]:
+        """The iteration running in this process (or its last one) unless an instruction came since; and the
+        batches of it yielded here."""
+        run = self._standing_run()
+        if run is not None:
+            return run, self.yielded
+        return self.upcoming(), self._skip
+
+    def live(self) -> Instruction:
+        """The iteration this process is in the middle of, else the next one (the training process, while its
+        workers play: the latest one begun until every worker has finished it)."""
+        run = self._standing_run()
+        if run is not None:
+            return self.upcoming() if self._finished else run
+        if self._own is None and get_worker_info() is None:
+            return self.control.current()
+        return self.upcoming()
+
+    def begin(self, at: Instruction, skip: int) -> None:
+        """Record that this process begins playing ``at``, ``skip`` of its batches already yielded."""
+        self._own, self._skip = None, 0
+        self._run, self._run_generation = at, self.control.begin(self.slot(), at.epoch)
+        self.yielded, self._finished = skip, False
+
+    def finish(self) -> None:
+        """Record that this process has yielded every batch of its iteration."""
+        self._finished = True
+        self.control.finish(self.slot())
+
+
+def resume_point(states: Sequence[LoaderState], steps_after: int,
+                 world_size: int) -> tuple[LoaderState, Instruction, int]:
+    """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the state
+    they make, its instruction, and the batches of it this process has already yielded.
+
+    One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that worker;
+    otherwise the states are combined into the job's (``steps_after``: batches consumed since they were saved).
+    With another world size the rest of the epoch is planned anew, after a history segment that records it.
+    """
+    info = get_worker_info()
+    worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
+                    and (states[0].worker, states[0].num_workers) == (info.id, info.num_workers))
+    if worker_level:
+        loaded = states[0]
+        if loaded.world_size != world_size:
+            raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
+                             f"{world_size}: load the loader's whole state into a fresh dataset instead")
+        return loaded, Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded
+    loaded = combine(states, steps_after)
+    if loaded.world_size == world_size:
+        return loaded, Instruction(loaded.epoch, loaded.history, loaded.position, True), 0
+    return loaded, Instruction(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)), 0,
+                               True), 0
+

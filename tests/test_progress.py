@@ -1,0 +1,80 @@
+"""A process's position among its instructions (workers.progress), in the training process, in milliseconds.
+
+The configurations where workers play (fork, spawn, persistent, StatefulDataLoader) are the resume harness's and
+tests/test_worker_control.py's; these pin the rules they rely on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shardio.errors import StateError
+from shardio.planning.plan import Segment
+from shardio.state import LoaderState
+from shardio.workers.control import Instruction
+from shardio.workers.progress import Progress, resume_point
+
+
+def state(**fields: object) -> LoaderState:
+    values: dict[str, object] = dict(epoch=2, seed=0, index="i", options={"batch_size": 3}, world_size=4)
+    values.update(fields)
+    return LoaderState(**values)  # type: ignore[arg-type]
+
+
+def test_a_state_of_the_same_world_resumes_at_its_position() -> None:
+    loaded, instruction, skip = resume_point([state(start=3, yielded=4)], 0, world_size=4)
+    assert instruction == Instruction(2, (), 7, loaded=True)
+    assert (loaded.position, skip) == (7, 0)
+
+
+def test_the_workers_states_and_the_steps_since_their_snapshot_add_up() -> None:
+    workers = [state(yielded=3, worker=0, num_workers=2), state(yielded=2, worker=1, num_workers=2)]
+    _, instruction, _ = resume_point(workers, 1, world_size=4)
+    assert instruction.start == 6
+
+
+def test_another_world_size_records_a_history_segment_and_starts_the_rest() -> None:
+    _, instruction, skip = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3)
+    assert instruction == Instruction(2, (Segment(8, 2), Segment(4, 5)), 0, loaded=True)
+    assert skip == 0
+
+
+def test_a_single_workers_state_outside_that_worker_is_not_the_jobs() -> None:
+    with pytest.raises(StateError, match="1 states for 2 workers"):
+        resume_point([state(yielded=3, worker=1, num_workers=2)], 0, world_size=4)
+
+
+def test_an_iteration_is_live_until_it_finishes_then_the_next_epoch_is() -> None:
+    progress = Progress()
+    progress.control.give(Instruction(4, start=2, loaded=True))
+    assert progress.upcoming() == Instruction(4, start=2, loaded=True)
+    assert progress.current() == (Instruction(4, start=2, loaded=True), 0)
+    at = progress.upcoming()
+    progress.begin(at, progress.upcoming_skip())
+    progress.yielded += 3
+    assert progress.current() == (at, 3)
+    assert progress.live() == at
+    progress.finish()
+    assert progress.live() == Instruction(5)
+    assert progress.current() == (at, 3)  # the last iteration, until an instruction comes
+
+
+def test_an_instruction_given_after_an_iteration_replaces_it() -> None:
+    progress = Progress()
+    progress.begin(progress.upcoming(), 0)
+    progress.yielded += 1
+    instructions = progress.instructions
+    progress.control.give(Instruction(7))
+    assert progress.instructions == instructions + 1
+    assert progress.current() == (Instruction(7), 0)
+    assert progress.live() == Instruction(7)
+
+
+def test_a_workers_own_instruction_wins_over_the_control_blocks() -> None:
+    progress = Progress()
+    progress.give_own(Instruction(3, start=1), skip=2)
+    assert not progress.follows_control
+    assert (progress.upcoming(), progress.upcoming_skip()) == (Instruction(3, start=1), 2)
+    progress.begin(progress.upcoming(), progress.upcoming_skip())
+    assert progress.follows_control
+    assert progress.yielded == 2
