@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .workers import planfiles
 from .workers.control import Instruction, extra_mark
 from .errors import OptionError, StateError
-from .ledger.quarantine import check_extra, exclusions
+from .ledger.quarantine import check_extra, exclusions, leave_out_consumed
 from .workers.memory import trim
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch, worker_batches
 from .planning.rankplan import RankPlan
@@ -190,7 +190,7 @@ class ShardDataset(IterableDataset):
         once in the rest of it.
         """
         world_size = self.ranks().world_size
-        loaded, instruction, skip = resume_point(find_states(state), steps_after_snapshot(state), world_size)
+        loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state), world_size)
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
@@ -200,6 +200,10 @@ class ShardDataset(IterableDataset):
                         loaded.world_size, world_size, loaded.position, loaded.epoch)
         self._extra, previous = extra, self._extra
         try:
+            if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
+                plan = self._make_plan(loaded.epoch, loaded.history, loaded.world_size, self._planned_batching)
+                self._extra = leave_out_consumed(extra, plan, ahead, epoch=loaded.epoch,
+                                                 segment=len(loaded.history) + 1, keys=self.index.keys)
             self._check_position(instruction)
         except StateError:
             self._extra = previous
@@ -208,7 +212,7 @@ class ShardDataset(IterableDataset):
         if get_worker_info() is not None:
             self._progress.give_own(instruction, skip)
         else:
-            self._progress.control.give(replace(instruction, extra=extra_mark(extra)))
+            self._progress.control.give(replace(instruction, extra=extra_mark(self._extra)))
 
     def _check_position(self, at: Instruction) -> None:
         """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
@@ -237,7 +241,7 @@ class ShardDataset(IterableDataset):
         world_size = self.ranks().world_size
         key = (epoch, history, world_size, json.dumps(self._extra, sort_keys=True))
         if key not in self._plans:
-            batching = self.batching if self.batched else replace(self.batching, batch_size=1)
+            batching = self._planned_batching
             self._plans = {key: self._make_plan(epoch, history, world_size, batching)}
             report = self._plans[key].report
             if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
@@ -248,6 +252,11 @@ class ShardDataset(IterableDataset):
                                "alone, or outside min_duration/max_sample_duration", epoch, len(left_out),
                                float(left_out.sum()) / 3600)
         return self._plans[key]
+
+    @property
+    def _planned_batching(self) -> Batching:
+        """The batching of the plan: a sample per batch when unbatched."""
+        return self.batching if self.batched else replace(self.batching, batch_size=1)
 
     def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
         """Plan an epoch (the one step a dataset over other index layouts, such as a mix, replaces)."""
@@ -319,9 +328,9 @@ class ShardDataset(IterableDataset):
         progress = self._progress
         at, skip = progress.upcoming(), progress.upcoming_skip()
         if progress.follows_control and progress.control.instruction().extra != extra_mark(self._extra):
-            raise OptionError("a state with quarantines or a re-mix (its 'extra') was loaded after this persistent "
-                              "DataLoader worker started, and cannot reach it: load the state before creating the "
-                              "DataLoader, or use persistent_workers=False")
+            raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
+                              "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
+                              "it: load the state before creating the DataLoader, or use persistent_workers=False")
         plan = self._share(at.epoch, at.history)  # before begin: a worker that has begun has its plan
         progress.begin(at, skip)
         world = replace(self.ranks(), worker=0, num_workers=1).with_worker()

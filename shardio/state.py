@@ -26,9 +26,10 @@ from .errors import OptionError, StateError
 from .planning.plan import Segment
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
-           "options_fingerprint", "steps_after_snapshot"]
+           "options_fingerprint", "split", "steps_after_snapshot"]
 
 STATE_VERSION = 1
+_MAX_AHEAD = 1 << 20  # batches per rank that workers' states may have consumed beyond their common prefix
 _FORMAT = "shardio-state"
 
 
@@ -142,8 +143,26 @@ def combine(states: Iterable[LoaderState], steps_after: int = 0) -> LoaderState:
     Workers take the plan's batches in turn (worker ``w`` those ``start + w``, ``start + w + num_workers``,
     ...), so the workers' states describe a position only where what they yielded together is the plan's
     first batches; anything else (a DataLoader that batches an unbatched dataset's samples, several at a time
-    from one worker, or that yields out of order) is a :class:`StateError`, not a position that would repeat
-    or lose samples."""
+    from one worker, between rounds of its workers) is a :class:`StateError` here. :func:`split` describes such
+    states, for a dataset to resume without what they consumed ahead."""
+    loaded, ahead = split(states, steps_after)
+    if ahead:
+        raise StateError(f"the workers' states do not describe a position of epoch {loaded.epoch}: beyond its first "
+                         f"{loaded.position} batches per rank they consumed {len(ahead)} more, out of plan order (a "
+                         "DataLoader that batches an unbatched dataset's samples takes them from one worker at a "
+                         "time). ds.load_state_dict resumes it; for the ledger, save ds.state_dict() after loading "
+                         "it there, or use a state saved after a whole round of workers")
+    return loaded
+
+
+def split(states: Iterable[LoaderState], steps_after: int = 0) -> tuple[LoaderState, tuple[int, ...]]:
+    """The job-level state at the longest prefix of the plan that ``states`` consumed (see :func:`combine`),
+    and the positions beyond it that they consumed too (batches per rank of the state's segment, ascending).
+
+    Workers' states consume a prefix of the plan when the DataLoader takes a batch from each worker in turn. A
+    DataLoader that batches an unbatched dataset's samples takes several from one worker, so between rounds of
+    its workers some have consumed samples that are ahead of others' (each rank alike: ranks consume the same
+    number of batches from their workers in the same turn)."""
     states = list(states)
     if not states:
         raise StateError("not a shardio loader state: found no dict with format 'shardio-state' in it")
@@ -154,24 +173,27 @@ def combine(states: Iterable[LoaderState], steps_after: int = 0) -> LoaderState:
                          "steps took is not in it: save it at a snapshot step, or load it with the loader's own "
                          "load_state_dict")
     if len(states) == 1 and first.num_workers == 1:
-        return first.at(first.position + steps_after) if steps_after else first
+        return (first.at(first.position + steps_after) if steps_after else first), ()
     by_worker = {s.worker: s for s in states}
     shape = {(s.epoch, s.start, s.num_workers, s.history) for s in states}
     if len(shape) != 1 or len(by_worker) != first.num_workers or len(states) != first.num_workers:
         raise StateError(f"worker states do not describe one loader: {len(states)} states for "
                          f"{first.num_workers} workers, epochs/starts {sorted((e, s) for e, s, _, _ in shape)}")
-    total, workers = sum(s.yielded for s in states), first.num_workers
-    prefix = [max(0, -(-(total - worker) // workers)) for worker in range(workers)]  # each worker's share of it
+    workers = first.num_workers
     taken = [by_worker[worker].yielded for worker in range(workers)]
-    if taken != prefix:
-        raise StateError(f"the {workers} workers' states do not describe a position: they yielded {taken} "
-                         f"(samples or batches) of epoch {first.epoch}, where the plan's first {total} would be "
-                         f"{prefix}. A DataLoader that batches an unbatched dataset's samples (batch_size > 1) "
-                         "takes them from one worker at a time, so a state between rounds of workers cannot resume "
-                         "another world or worker count: load it with the loader's own load_state_dict, batch in "
-                         "the dataset (ShardDataset(batch_size=...), DataLoader(batch_size=None)), or save after "
-                         "a whole round")
-    return first.at(first.start + total + steps_after)
+    # worker w consumed positions w, w + workers, ... (from start): the prefix ends at the first one not consumed
+    prefix = min(worker + taken[worker] * workers for worker in range(workers))
+    first_ahead = [-(-max(0, prefix - worker) // workers) for worker in range(workers)]  # each worker's, by count
+    beyond = sum(max(0, taken[worker] - first_ahead[worker]) for worker in range(workers))
+    if beyond > _MAX_AHEAD:
+        raise StateError(f"malformed loader state: its workers' states are {beyond} batches apart (they yielded "
+                         f"{reprlib.repr(taken)}); a DataLoader's workers stay within a round of each other")
+    ahead = tuple(sorted(first.start + worker + count * workers for worker in range(workers)
+                         for count in range(first_ahead[worker], taken[worker])))
+    if ahead and steps_after:
+        raise StateError(f"a StatefulDataLoader state {steps_after} step(s) after its snapshot whose workers' states "
+                         "consumed out of plan order: save it at a snapshot step")
+    return first.at(first.start + prefix + steps_after), ahead
 
 
 def steps_after_snapshot(container: Any) -> int:

@@ -93,8 +93,6 @@ class Case:
         # refused loudly (tests/test_resume_refusals.py): a state that no position describes
         if self.batching == "collated" and self.loader == "state_after":
             raise ValueError("state_after refuses a batch the DataLoader made of several samples")
-        if self.batching == "collated" and self.ds_load and self.workers > 1:
-            raise ValueError("several workers' states between rounds of collated samples are refused")
         if self.ds_load and self.snapshot_every != 1 and self.batching in ("unbatched", "collated"):
             raise ValueError("an unbatched dataset's state after a snapshot's last step is refused")
 

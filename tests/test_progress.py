@@ -22,21 +22,29 @@ def state(**fields: object) -> LoaderState:
 
 
 def test_a_state_of_the_same_world_resumes_at_its_position() -> None:
-    loaded, instruction, skip = resume_point([state(start=3, yielded=4)], 0, world_size=4)
+    loaded, instruction, skip, ahead = resume_point([state(start=3, yielded=4)], 0, world_size=4)
     assert instruction == Instruction(2, (), 7, loaded=True)
-    assert (loaded.position, skip) == (7, 0)
+    assert (loaded.position, skip, ahead) == (7, 0, ())
 
 
 def test_the_workers_states_and_the_steps_since_their_snapshot_add_up() -> None:
     workers = [state(yielded=3, worker=0, num_workers=2), state(yielded=2, worker=1, num_workers=2)]
-    _, instruction, _ = resume_point(workers, 1, world_size=4)
+    _, instruction, _, _ = resume_point(workers, 1, world_size=4)
     assert instruction.start == 6
 
 
 def test_another_world_size_records_a_history_segment_and_starts_the_rest() -> None:
-    _, instruction, skip = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3)
+    _, instruction, skip, _ = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3)
     assert instruction == Instruction(2, (Segment(8, 2), Segment(4, 5)), 0, loaded=True)
     assert skip == 0
+
+
+def test_batches_consumed_ahead_of_the_position_start_a_segment_in_the_same_world() -> None:
+    # worker 0 took positions 0, 2, 4 and 6; worker 1 took 1: consumed are 0-2, then 4 and 6 ahead
+    workers = [state(yielded=4, worker=0, num_workers=2), state(yielded=1, worker=1, num_workers=2)]
+    loaded, instruction, _, ahead = resume_point(workers, 0, world_size=4)
+    assert (loaded.position, ahead) == (3, (4, 6))
+    assert instruction == Instruction(2, (Segment(4, 3),), 0, loaded=True)
 
 
 def test_a_single_workers_state_outside_that_worker_is_not_the_jobs() -> None:

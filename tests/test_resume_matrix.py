@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,15 @@ def test_collated_samples_with_persistent_workers_resume_from_the_loaders_own_st
     case = Case(batching="collated", loader="stateful", workers=2, persistent=True)
     n = length(case, dirs)
     check_same_world(Case(**{**case.__dict__, "stops": (1, n // 2 + 1, n + 2), "rollback": (1, 4)}), dirs)
+
+
+def test_collated_samples_of_two_workers_stopped_between_rounds_and_resumed_by_another_world(
+        dirs: dict[str, str]) -> None:
+    # after an odd number of batches worker 0 has handed over more samples than worker 1: some are ahead of the
+    # plan's prefix, and the new world's plan leaves them out
+    case = Case(batching="collated", loader="stateful", workers=2, epochs=1, ds_load=True)
+    check_world_change(case, dirs, 2, 3, stop=3)
+    check_world_change(replace(case, mixed=True), dirs, 3, 1, stop=1)
 
 
 def test_collated_samples_in_process_stopped_and_resumed_by_another_world(dirs: dict[str, str]) -> None:
@@ -203,7 +213,8 @@ def cases(draw: st.DrawFn, loaders: tuple[str, ...] = LOADERS) -> Case:
     batching = draw(st.sampled_from(batchings))
     # a ShardLoader's state is the dataset's: it resumes with another worker count too
     resume_workers = draw(st.none() | st.integers(1 if persistent else 0, 3)) if loader == "shardio" else None
-    # the loader's state into the dataset: not between rounds of several workers' collated samples
+    # the loader's state into the dataset; between rounds of several workers' collated samples it resumes each
+    # sample once but re-planned, not the same sequence: drawn for a world change only (check_drawn)
     ds_load = loader == "stateful" and not (batching == "collated" and workers > 1) and draw(st.booleans())
     unbatched = batching in ("unbatched", "collated")
     snapshot_every = draw(st.sampled_from([1, 3])) if loader == "stateful" and not (ds_load and unbatched) else 1
@@ -233,8 +244,7 @@ def test_full_matrix_of_the_shard_loader(dirs: dict[str, str], data: st.DataObje
 def check_drawn(dirs: dict[str, str], data: st.DataObject, case: Case) -> None:
     """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change (where the case's
     state can go into a dataset of another world)."""
-    elastic = not (case.loader == "stateful" and case.batching == "collated" and case.workers > 1) and not (
-        case.snapshot_every != 1 and case.batching in ("unbatched", "collated"))
+    elastic = not (case.snapshot_every != 1 and case.batching in ("unbatched", "collated"))
     if data.draw(st.booleans()) or not elastic:
         n = length(case, dirs)
         stops = tuple(sorted(data.draw(st.lists(st.integers(0, 2 * n), max_size=3))))

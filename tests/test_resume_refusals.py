@@ -1,17 +1,20 @@
-"""States that no position describes are refused loudly, never resumed onto repeated or lost samples.
+"""States that no position describes are refused loudly, or resumed without what they consumed ahead; never
+resumed onto repeated or lost samples.
 
 A position is "the plan's first N batches (or samples) per rank". Workers take the plan's steps in turn, so
 the workers' states of a ``StatefulDataLoader`` describe one where what they yielded together is such a
 prefix: always when the DataLoader hands over the dataset's own batches (or single samples) in order, but not
 when it batches an unbatched dataset's samples (``collate_fn=shardio.collate``), several at a time from one
-worker, between rounds of workers. A ``StatefulDataLoader`` with ``snapshot_every_n_steps > 1`` saves its
-workers' states as of its last snapshot: the dataset counts the batches since, which for an unbatched
-dataset are an unknown number of samples. The resume harness covers every configuration that resumes; these
+worker, between rounds of workers: the dataset resumes those after the prefix they consumed, leaving out the
+samples consumed ahead of it (each once, re-planned). A ``StatefulDataLoader`` with
+``snapshot_every_n_steps > 1`` saves its workers' states as of its last snapshot: the dataset counts the
+batches since, which for an unbatched dataset are an unknown number of samples. The resume harness covers every configuration that resumes; these
 are the ones it leaves out because they are refused.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardio import OptionError, ShardDataset, StateError, collate
-from shardio.state import LoaderState, combine, job_state
+from shardio import OptionError, ShardDataset, StateError, World, collate
+from shardio.ledger.quarantine import quarantine_report
+from shardio.ledger.trace import Trace
+from shardio.state import LoaderState, combine, job_state, split
 
 BATCH = 3
 
@@ -45,21 +50,39 @@ def taken(loader: Any, count: int) -> list[dict[str, Any]]:
     return [next(iterator) for _ in range(count)]
 
 
-def test_collated_workers_state_between_rounds_is_refused_and_a_whole_round_resumes(data: str) -> None:
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_collated_workers_state_between_rounds_resumes_each_sample_once(data: str, world_size: int,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Between rounds, worker 0 has handed over one batch more than worker 1 (samples 0, 2, 4 but not 1): the
+    dataset resumes after the prefix (sample 0) without the samples consumed ahead of it (2 and 4)."""
     every = [sample["key"] for sample in ShardDataset(data, seed=1)]
     for count in (1, 2, 3, 4):
         ds = ShardDataset(data, seed=1)
         loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)
         seen = keys_of(taken(loader, count))
         state = loader.state_dict()
-        resumed = ShardDataset(data, seed=1)
-        if count % 2:  # worker 0 has handed over one batch more than worker 1: samples 0, 2, 4 but not 1
-            with pytest.raises(StateError, match="do not describe a position.*batch in the dataset"):
-                resumed.load_state_dict(state)
-            continue
-        resumed.load_state_dict(state)
-        rest = [sample["key"] for sample in resumed]
-        assert sorted(seen) == sorted(every[: len(seen)]) and rest == every[len(seen) :]  # a whole round: a prefix
+        rest: list[str] = []
+        caplog.clear()
+        for rank in range(world_size):
+            resumed = ShardDataset(data, seed=1, world=World(rank, world_size))
+            resumed.load_state_dict(state)
+            loaded = resumed.state_dict()
+            rest += [sample["key"] for sample in resumed]
+        counted = Counter(seen + rest)
+        assert set(counted) == set(every)
+        assert sum(counted.values()) - len(every) <= world_size - 1  # only the new plan's padding repeats
+        if count % 2 == 0 and world_size == 1:  # a whole round is a prefix: the exact rest of the epoch
+            assert sorted(seen) == sorted(every[: len(seen)]) and rest == every[len(seen) :]
+        replanned = "re-planned without them; with the same workers, the loader's own load_state_dict" in caplog.text
+        assert replanned == (count % 2 == 1 and world_size == 1)  # the same world: not the uninterrupted order
+        if count % 2:
+            with pytest.raises(StateError, match="do not describe a position.*ds.load_state_dict resumes it"):
+                job_state(state)  # the ledger reads a position: the dataset's own state after loading this one
+            assert job_state(loaded).position == 0
+            trace = Trace(ShardDataset(data, seed=1, world=World(0, world_size)), loaded)
+            last = len(trace.segments(0)) - 1
+            planned = [resumed.index.keys[int(i)] for step in trace.epoch(0) if step.segment == last for i in step.ids]
+            assert sorted(planned) == sorted(rest) and quarantine_report(loaded) == []  # consumed, not quarantined
 
 
 def test_state_after_refuses_samples_a_dataloader_batched(data: str) -> None:
@@ -104,14 +127,24 @@ def test_workers_that_took_the_plans_first_steps_combine_into_that_position(work
 
 
 @given(counts=st.lists(st.integers(0, 9), min_size=2, max_size=6), start=st.integers(0, 20))
-def test_workers_that_did_not_take_a_prefix_are_refused(counts: list[int], start: int) -> None:
-    workers, total = len(counts), sum(counts)
-    prefix = [len(range(worker, total, workers)) for worker in range(workers)]
-    if counts == prefix:
-        assert combine(worker_states(start, counts)).position == start + total
-    else:
+def test_workers_that_did_not_take_a_prefix_split_into_one_and_what_they_took_ahead(counts: list[int],
+                                                                                    start: int) -> None:
+    workers = len(counts)
+    consumed = {start + worker + k * workers for worker, count in enumerate(counts) for k in range(count)}
+    loaded, ahead = split(worker_states(start, counts))
+    prefix = range(start, loaded.position)
+    assert set(prefix) <= consumed and loaded.position not in consumed
+    assert sorted(consumed - set(prefix)) == list(ahead)
+    if ahead:
         with pytest.raises(StateError, match="do not describe a position"):
             combine(worker_states(start, counts))
+    else:
+        assert combine(worker_states(start, counts)).position == start + sum(counts)
+
+
+def test_workers_states_far_apart_are_a_malformed_state_not_a_long_walk() -> None:
+    with pytest.raises(StateError, match="malformed loader state: its workers' states are 999999999999 batches"):
+        split(worker_states(0, [10**12, 0]))
 
 
 def test_job_state_reads_the_steps_after_a_snapshot_wherever_the_checkpoint_holds_it(tmp_path: Path) -> None:

@@ -17,6 +17,10 @@ which then loads like any other state. The semantics:
   start); by default they come back at the next epoch.
 - **Record.** The state's ``extra["quarantine"]`` lists each quarantine: its epoch, segment number,
   ids, keys, steps and ``carry``; states saved later keep it. :func:`quarantine_report` lists it.
+
+The same entries, marked ``ahead``, leave out of the rest of an epoch the samples that a state's DataLoader
+workers consumed ahead of its position (:func:`leave_out_consumed`): consumed, not quarantined, so the report
+leaves them out.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StateError
-from ..planning.plan import Segment
+from ..planning.plan import EpochPlan, Segment
 from ..state import LoaderState, job_state
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
 
-__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "resolve_keys"]
+__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "leave_out_consumed", "resolve_keys"]
 
 _KEY = "quarantine"
 
@@ -89,6 +93,23 @@ def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarr
         elif entry["carry"] and int(entry["epoch"]) < epoch:
             found.append((0, np.asarray(entry["ids"], dtype=np.int64)))
     return found
+
+
+def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, epoch: int,
+                       segment: int, keys: Sequence[str]) -> dict[str, Any]:
+    """``extra`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
+    every rank's batches at ``positions`` of ``plan`` (the segment before it), which workers consumed ahead of
+    a state's position (:func:`shardio.state.split`). Such entries of earlier epochs are dropped."""
+    if max(positions) >= plan.num_batches:
+        raise StateError(f"the workers' states consumed batch {max(positions)} of epoch {epoch}, whose plan has "
+                         f"{plan.num_batches} batches per rank")
+    taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
+    taken[plan.rank_batches[:, list(positions)].ravel()] = True
+    ids = np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))]).tolist()
+    entry = {"epoch": epoch, "segment": segment, "ids": ids, "keys": [keys[i] for i in ids], "steps": None,
+             "carry": False, "consumed": ids, "ahead": True}
+    kept = [e for e in extra.get(_KEY, []) if not (e.get("ahead") and int(e["epoch"]) < epoch)]
+    return {**extra, _KEY: [*kept, entry]}
 
 
 def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
@@ -149,6 +170,8 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     loaded: LoaderState = job_state(state)
     rows = []
     for entry in loaded.extra.get(_KEY, []):
+        if entry.get("ahead"):
+            continue
         consumed = set(entry.get("consumed", []))
         corpora = entry.get("corpora") or [None] * len(entry["ids"])
         for key, sample_id, corpus in zip(entry["keys"], entry["ids"], corpora):

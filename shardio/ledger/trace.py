@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,7 +60,7 @@ class Trace:
         ds._explicit_world = ds._world = World(0, self.state.world_size)
         ds.load_state_dict(self.state.to_dict())
         self.dataset = ds
-        self._batching = ds.batching if ds.batched else replace(ds.batching, batch_size=1)
+        self._batching = ds._planned_batching
         self._plans: dict[tuple[int, int], EpochPlan] = {}
 
     # -- the plan, segment by segment -----------------------------------------------------------------

@@ -8,16 +8,19 @@ state becomes an instruction by :func:`resume_point`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from torch.utils.data import get_worker_info
 
 from ..errors import StateError
 from ..planning.plan import Segment
-from ..state import LoaderState, combine
+from ..state import LoaderState, split
 from .control import Control, Instruction, slot_of
 
 __all__ = ["Progress", "resume_point"]
+
+logger = logging.getLogger(__name__)
 
 
 class Progress:
@@ -97,13 +100,15 @@ class Progress:
 
 
 def resume_point(states: Sequence[LoaderState], steps_after: int,
-                 world_size: int) -> tuple[LoaderState, Instruction, int]:
+                 world_size: int) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
     """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the state
-    they make, its instruction, and the batches of it this process has already yielded.
+    they make, its instruction, the batches of it this process has already yielded, and the positions its
+    workers consumed ahead of the state's position (:func:`~shardio.state.split`).
 
     One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that worker;
     otherwise the states are combined into the job's (``steps_after``: batches consumed since they were saved).
-    With another world size the rest of the epoch is planned anew, after a history segment that records it.
+    With another world size, or with batches consumed ahead (which the dataset then leaves out), the rest of the
+    epoch is planned anew, after a history segment that records the position.
     """
     info = get_worker_info()
     worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
@@ -113,10 +118,13 @@ def resume_point(states: Sequence[LoaderState], steps_after: int,
         if loaded.world_size != world_size:
             raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
                              f"{world_size}: load the loader's whole state into a fresh dataset instead")
-        return loaded, Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded
-    loaded = combine(states, steps_after)
-    if loaded.world_size == world_size:
-        return loaded, Instruction(loaded.epoch, loaded.history, loaded.position, True), 0
-    return loaded, Instruction(loaded.epoch, (*loaded.history, Segment(loaded.world_size, loaded.position)), 0,
-                               True), 0
-
+        return loaded, Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded, ()
+    loaded, ahead = split(states, steps_after)
+    if loaded.world_size == world_size and not ahead:
+        return loaded, Instruction(loaded.epoch, loaded.history, loaded.position, True), 0, ()
+    if ahead and loaded.world_size == world_size:
+        logger.warning("the state's DataLoader workers consumed %d batches per rank out of plan order (a DataLoader "
+                       "batching samples): the rest of epoch %d is re-planned without them; with the same workers, "
+                       "the loader's own load_state_dict resumes its exact sequence instead", len(ahead), loaded.epoch)
+    history = (*loaded.history, Segment(loaded.world_size, loaded.position))
+    return loaded, Instruction(loaded.epoch, history, 0, True), 0, ahead
