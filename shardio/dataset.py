@@ -202,7 +202,7 @@ class ShardDataset(IterableDataset):
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
                 plan = self._make_plan(loaded.epoch, loaded.history, loaded.world_size, self._planned_batching)
-                self._extra = leave_out_consumed(extra, plan, ahead, epoch=loaded.epoch,
+                self._extra = leave_out_consumed(extra, plan, ahead, position=loaded.position, epoch=loaded.epoch,
                                                  segment=len(loaded.history) + 1, keys=self.index.keys)
             self._check_position(instruction)
         except StateError:

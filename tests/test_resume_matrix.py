@@ -28,7 +28,7 @@ from resume_harness import (BATCHINGS, LOADERS, Case, case_config, check_elastic
                             check_world_change, length, rank_entry, records_of, resumed_dataset, spawn_entry,
                             uninterrupted, write_corpora)
 
-from shardio import World
+from shardio import StateError, World
 
 GROUP_TIMEOUT_S = 120.0
 EXAMPLES = int(os.environ.get("SHARDIO_RESUME_EXAMPLES", "0"))
@@ -95,10 +95,13 @@ def test_collated_samples_with_persistent_workers_resume_from_the_loaders_own_st
 def test_collated_samples_of_two_workers_stopped_between_rounds_and_resumed_by_another_world(
         dirs: dict[str, str]) -> None:
     # after an odd number of batches worker 0 has handed over more samples than worker 1: some are ahead of the
-    # plan's prefix, and the new world's plan leaves them out
+    # plan's prefix, and the new world's plan leaves them out; near the end, some of them are the old plan's padding
     case = Case(batching="collated", loader="stateful", workers=2, epochs=1, ds_load=True)
     check_world_change(case, dirs, 2, 3, stop=3)
-    check_world_change(replace(case, mixed=True), dirs, 3, 1, stop=1)
+    check_world_change(replace(case, workers=3), dirs, 4, 1, stop=4)
+    # a mix draws samples more than once an epoch: one consumed ahead and drawn again later cannot be left out
+    with pytest.raises(StateError, match="draws again later"):
+        check_world_change(replace(case, mixed=True, epoch=1), dirs, 4, 1, stop=1)
 
 
 def test_collated_samples_in_process_stopped_and_resumed_by_another_world(dirs: dict[str, str]) -> None:
@@ -244,7 +247,9 @@ def test_full_matrix_of_the_shard_loader(dirs: dict[str, str], data: st.DataObje
 def check_drawn(dirs: dict[str, str], data: st.DataObject, case: Case) -> None:
     """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change (where the case's
     state can go into a dataset of another world)."""
-    elastic = not (case.snapshot_every != 1 and case.batching in ("unbatched", "collated"))
+    # a mix's collated multi-worker state between rounds can be refused (a sample consumed ahead drawn again later)
+    elastic = not (case.snapshot_every != 1 and case.batching in ("unbatched", "collated")) and not (
+        case.mixed and case.batching == "collated" and case.loader == "stateful" and case.workers > 1)
     if data.draw(st.booleans()) or not elastic:
         n = length(case, dirs)
         stops = tuple(sorted(data.draw(st.lists(st.integers(0, 2 * n), max_size=3))))

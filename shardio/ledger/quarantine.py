@@ -25,6 +25,7 @@ leaves them out.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -95,21 +96,40 @@ def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarr
     return found
 
 
-def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, epoch: int,
-                       segment: int, keys: Sequence[str]) -> dict[str, Any]:
+def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, position: int,
+                       epoch: int, segment: int, keys: Sequence[str]) -> dict[str, Any]:
     """``extra`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
     every rank's batches at ``positions`` of ``plan`` (the segment before it), which workers consumed ahead of
-    a state's position (:func:`shardio.state.split`). Such entries of earlier epochs are dropped."""
+    a state at ``position`` (:func:`shardio.state.split`). Such entries of earlier epochs are dropped.
+
+    An entry leaves out every occurrence of its samples, so one that also occurs in a batch not yet consumed (a
+    mix's sample drawn twice in the epoch) is a :class:`StateError`, not a lost sample."""
     if max(positions) >= plan.num_batches:
         raise StateError(f"the workers' states consumed batch {max(positions)} of epoch {epoch}, whose plan has "
                          f"{plan.num_batches} batches per rank")
-    taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
-    taken[plan.rank_batches[:, list(positions)].ravel()] = True
-    ids = np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))]).tolist()
+    ahead = np.zeros(plan.num_batches, dtype=bool)
+    ahead[list(positions)] = True
+    pending = ~ahead
+    pending[:position] = False
+    ids, later = _samples_of(plan, plan.rank_batches[:, ahead]), _samples_of(plan, plan.rank_batches[:, pending])
+    again = np.intersect1d(ids, later)
+    if again.shape[0]:
+        raise StateError(f"the workers' states consumed {len(again)} samples ahead of their position (e.g. "
+                         f"{reprlib.repr(keys[int(again[0])])}) that epoch {epoch} draws again later, so they cannot "
+                         "be left out of the rest: load the state with the loader's own load_state_dict, or use a "
+                         "state saved after a whole round of workers")
+    ids = ids.tolist()
     entry = {"epoch": epoch, "segment": segment, "ids": ids, "keys": [keys[i] for i in ids], "steps": None,
              "carry": False, "consumed": ids, "ahead": True}
     kept = [e for e in extra.get(_KEY, []) if not (e.get("ahead") and int(e["epoch"]) < epoch)]
     return {**extra, _KEY: [*kept, entry]}
+
+
+def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:
+    """The sample ids of global batches ``batches`` of ``plan``, each once, sorted."""
+    taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
+    taken[batches.ravel()] = True
+    return np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))])
 
 
 def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
