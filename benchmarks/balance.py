@@ -42,7 +42,7 @@ from shardio.bench.report import write_results
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO / "tests"))
-from datasets import make_uneven_dataset  # the shared test helper that writes real shards
+from sample_shards import make_uneven_dataset  # the shared test helper that writes real shards
 
 SHARD_SIZES = (2, 7, 150, 11, 64, 1, 38, 27)
 """Samples per shard: 300 in all, from 1 to 150 per shard."""

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from datasets import wav_bytes
+from sample_shards import wav_bytes
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
 from shardio import Index, ShardDataset, ShardWriter

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,7 +50,7 @@ from .shards.index import Index
 from .workers.sharing import shared, shared_table
 from .state import LoaderState, batch_position, find_states, steps_after_snapshot
 from .workers.progress import Progress, resume_point
-from .world import World
+from .world import World, refuse_resharding
 
 __all__ = ["ShardDataset", "Transform"]
 
@@ -325,6 +326,7 @@ class ShardDataset(IterableDataset):
         self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        refuse_resharding(sys._getframe(1))  # the frame that asked for the first batch
         progress = self._progress
         at, skip = progress.upcoming(), progress.upcoming_skip()
         if progress.follows_control and progress.control.instruction().extra != extra_mark(self._extra):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from types import FrameType
 
 from .errors import OptionError
 
-__all__ = ["World"]
+__all__ = ["World", "refuse_resharding"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,21 @@ def _detect_ranks() -> tuple[int, int]:
     except ValueError:
         raise OptionError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
                           "are not integers") from None
+
+
+def refuse_resharding(iterating: FrameType | None) -> None:
+    """An :class:`OptionError` where ``iterating`` (the frame that iterates a dataset) belongs to a wrapper that
+    splits the dataset's stream among the ranks again: Accelerate's (or transformers') ``IterableDatasetShard``,
+    which ``accelerator.prepare(loader)`` puts around an IterableDataset with ``dispatch_batches=False``.
+
+    Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
+    and pad the last with repeats: most samples lost, some trained twice, with no error of its own.
+    """
+    wrapper = iterating.f_locals.get("self") if iterating is not None else None
+    kind = type(wrapper)
+    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in ("accelerate", "transformers"):
+        raise OptionError(f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "
+                          "accelerator.prepare(loader) with dispatch_batches=False splits each rank's stream among "
+                          "the ranks again, but the dataset already gives each rank its own share (each rank "
+                          "would train on a slice of it, padded with repeats). Prepare the model and optimizer, "
+                          "not the loader, and checkpoint with shardio.integrations.accelerate.track")

@@ -2,7 +2,8 @@
 
 ``accelerate_job.py CONFIG.json``: every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl``;
 ``accelerator.save_state`` writes ``{ckpt}/step-{N}`` every ``every_n_steps`` steps and at each epoch end;
-at global step ``kill_at_step`` every rank kills itself with SIGKILL.
+at global step ``kill_at_step`` every rank kills itself with SIGKILL. ``prepare``, ``dispatch_batches`` and
+``collate`` (an unbatched dataset batched by ``shardio.collate``) set up the configurations that must fail.
 """
 
 from __future__ import annotations
@@ -18,19 +19,31 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset, ShardLoader
+from shardio import ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 
 
+def accelerator_options(config: dict[str, Any]) -> dict[str, Any]:
+    if "dispatch_batches" not in config:
+        return {}
+    from accelerate.utils import DataLoaderConfiguration
+    return {"dataloader_config": DataLoaderConfiguration(dispatch_batches=config["dispatch_batches"])}
+
+
 def main(config: dict[str, Any]) -> None:
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, **accelerator_options(config))
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
-    dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+    collated = config.get("collate", False)  # an unbatched dataset batched by the DataLoader
+    dataset = ShardDataset(config["data"], batch_size=None if collated else config["batch_size"], seed=5,
+                           shuffle_shards=2)
     progress = track(accelerator, dataset)
-    options: dict[str, Any] = {"batch_size": None, "num_workers": config["workers"]}
+    options: dict[str, Any] = {"batch_size": config["batch_size"] if collated else None,
+                               "num_workers": config["workers"]}
+    if collated:
+        options["collate_fn"] = collate
     if config["workers"]:
         options["persistent_workers"] = config["persistent"]
     loader: Any = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
@@ -56,7 +69,8 @@ def main(config: dict[str, Any]) -> None:
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-            progress.update(batch)
+            if not collated:  # update refuses a DataLoader's collated batches: no position describes them
+                progress.update(batch)
             step += 1
             if step % config["every_n_steps"] == 0:
                 accelerator.save_state(str(ckpt / f"step-{step}"))

@@ -105,7 +105,7 @@ def gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
 
 def write_corpora(root: Path) -> dict[str, str]:
     """The test corpora under ``root``; their directories by name."""
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     dirs = {}
     for number, (name, sizes) in enumerate(SHARDS.items()):

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from datasets import make_uneven_dataset, planned_keys
+from sample_shards import make_uneven_dataset, planned_keys
 from process_groups import free_port
 
 
@@ -135,3 +135,19 @@ def test_a_prepared_loader_fails(data: Path, tmp_path: Path) -> None:
     (keys, metadata lists) cannot be, and rank 0 would be the only rank planning anyway."""
     run_job(data, tmp_path / "run", prepare=True, expect_kill=True)
     assert "Can only concatenate tensors" in (tmp_path / "run" / "output.txt").read_text()
+
+
+def test_a_loader_prepared_without_dispatch_is_refused(data: Path, tmp_path: Path) -> None:
+    """With ``dispatch_batches=False``, ``prepare()`` wraps the dataset in ``IterableDatasetShard``, which splits
+    each rank's stream again: an unbatched dataset batched by ``shardio.collate`` trained, per epoch, on 14 of
+    the 25 samples (4 of them twice) before the dataset refused the wrapper. It fails, naming the fix."""
+    run_job(data, tmp_path / "run", prepare=True, dispatch_batches=False, collate=True, expect_kill=True)
+    output = (tmp_path / "run" / "output.txt").read_text()
+    assert "IterableDatasetShard iterates this ShardDataset" in output and "not the loader" in output
+
+
+@pytest.mark.matrix
+def test_a_batched_loader_prepared_without_dispatch_fails(data: Path, tmp_path: Path) -> None:
+    """``DataLoader(batch_size=None)`` has no batch size for ``IterableDatasetShard``: ``prepare()`` fails."""
+    run_job(data, tmp_path / "run", prepare=True, dispatch_batches=False, expect_kill=True)
+    assert "TypeError" in (tmp_path / "run" / "output.txt").read_text()

@@ -83,7 +83,7 @@ def test_numpy_floor_reads_pcm_and_refuses_other_formats() -> None:
 
 def test_python_floor_reads_every_sample_of_a_wav_dataset_and_refuses_others(tmp_path: Path) -> None:
     from shardio.bench.floors import python_floor
-    from tests.datasets import make_uneven_dataset
+    from tests.sample_shards import make_uneven_dataset
 
     index = make_uneven_dataset(tmp_path / "tar", [5, 3, 4], duration_range=(0.05, 0.2))
     floor = python_floor(index.root, 4)
@@ -137,7 +137,7 @@ def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path:
     import importlib.util
     import subprocess
 
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     repo = Path(__file__).resolve().parents[1]
     inside = subprocess.run(["git", "rev-parse", "--verify", "HEAD:shardio"], cwd=repo, capture_output=True)
@@ -159,7 +159,7 @@ def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a
         tmp_path: Path) -> None:
     from shardio.bench.parallel import parallel_floor
     from shardio.errors import ReadError
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     data = tmp_path / "data"
     make_uneven_dataset(data, [7, 4, 9])  # 20 samples: ranks of 2 with batches of 3 repeat some to even out
@@ -177,7 +177,7 @@ def test_workers_script_splits_the_cpu_of_a_batch_by_thread(tmp_path: Path) -> N
     """``benchmarks/workers.py``: CPU per batch by thread role, for 0 and 2 workers and the parallel floor."""
     import importlib.util
 
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     from shardio.reading import blocks
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from shardio import ShardDataset
 from shardio.reading import blocks
 from shardio.reading.collate import collate
-from tests.datasets import make_uneven_dataset
+from tests.sample_shards import make_uneven_dataset
 
 BATCH = 8  # samples of 2-5 s at 8 kHz: batches of 1.3-2.6 MB, over the 1 MiB where blocks are pooled
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 
 from shardio import ShardDataset
 from shardio.reading.decode import decode_audio

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from datasets import make_uneven_dataset, wav_bytes
+from sample_shards import make_uneven_dataset, wav_bytes
 from hostile import rewrite_columns, rewrite_header, run_limited, to_format1
 
 from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter

@@ -17,7 +17,7 @@ from shardio import ShardDataset, ShardLoader
 from shardio.workers import server
 from shardio.workers.channel import Channel
 from shardio.workers.credits import Credits
-from tests.datasets import make_uneven_dataset
+from tests.sample_shards import make_uneven_dataset
 
 _made = multiprocessing.get_context("fork").Value("i", 0)  # samples the (forked) workers have read
 

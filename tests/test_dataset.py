@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 
 from shardio import OptionError, ShardDataset
 

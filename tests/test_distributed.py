@@ -137,7 +137,7 @@ def flat(keys: list[list[str]]) -> list[str]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uneven dataset on disk."""
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     directory = tmp_path_factory.mktemp("uneven") / "data"
     make_uneven_dataset(directory, SHARD_SIZES, seed=1)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from datasets import make_uneven_dataset, wav_bytes
+from sample_shards import make_uneven_dataset, wav_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

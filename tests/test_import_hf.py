@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from audio_factory import make_folder_corpus
-from datasets import tar_members
+from sample_shards import tar_members
 from shardio import Index
 from shardio.errors import InputError
 from shardio.packing.corpus import detect_kind, read_corpus
@@ -20,29 +18,22 @@ from shardio.packing.pack import pack
 pytest.importorskip("pyarrow")
 
 
-
-
-
-# tests/datasets.py shadows the ``datasets`` package here: the datasets are built in a child process
-BUILD = """
-import json, sys
-from pathlib import Path
-import datasets
-
-paths, root = [Path(p) for p in json.loads(sys.argv[1])], Path(sys.argv[2])
-rows = {"audio": [{"bytes": p.read_bytes(), "path": p.name} for p in paths],
-        "sentence": [f"words {i}" for i in range(len(paths))], "speaker": [i % 3 for i in range(len(paths))],
-        "id": [f"utt-{i:03d}" for i in range(len(paths))]}
-table = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
-table.save_to_disk(str(root / "saved"))
-(root / "pq").mkdir()
-table.select(range(7)).to_parquet(str(root / "pq" / "train-00000.parquet"), batch_size=3)
-table.select(range(7, len(paths))).to_parquet(str(root / "pq" / "train-00001.parquet"), batch_size=3)
-by_path = {"audio": [str(p) for p in paths[:3]], "text": ["a", "b", "c"]}
-datasets.Dataset.from_dict(by_path).cast_column("audio", datasets.Audio()).to_parquet(str(root / "paths.parquet"))
-bad = {"audio": [{"bytes": b"RIFF....WAVEnot audio", "path": "bad.wav"}], "text": ["x"]}
-datasets.Dataset.from_dict(bad).cast_column("audio", datasets.Audio()).to_parquet(str(root / "bad.parquet"))
-"""
+def build(paths: list[Path], root: Path) -> None:
+    """Write the Hugging Face datasets the tests pack: a saved dataset, Parquet shards, paths, a bad row."""
+    datasets = pytest.importorskip("datasets")
+    rows = {"audio": [{"bytes": p.read_bytes(), "path": p.name} for p in paths],
+            "sentence": [f"words {i}" for i in range(len(paths))], "speaker": [i % 3 for i in range(len(paths))],
+            "id": [f"utt-{i:03d}" for i in range(len(paths))]}
+    table = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    table.save_to_disk(str(root / "saved"))
+    (root / "pq").mkdir()
+    table.select(range(7)).to_parquet(str(root / "pq" / "train-00000.parquet"), batch_size=3)
+    table.select(range(7, len(paths))).to_parquet(str(root / "pq" / "train-00001.parquet"), batch_size=3)
+    by_path = {"audio": [str(p) for p in paths[:3]], "text": ["a", "b", "c"]}
+    datasets.Dataset.from_dict(by_path).cast_column("audio", datasets.Audio()).to_parquet(
+        str(root / "paths.parquet"))
+    bad = {"audio": [{"bytes": b"RIFF....WAVEnot audio", "path": "bad.wav"}], "text": ["x"]}
+    datasets.Dataset.from_dict(bad).cast_column("audio", datasets.Audio()).to_parquet(str(root / "bad.parquet"))
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +45,7 @@ def audio(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture(scope="module")
 def hf(audio: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hf")
-    result = subprocess.run([sys.executable, "-c", BUILD, json.dumps([str(p) for p in audio]), str(root)],
-                            cwd=root, capture_output=True, text=True, timeout=300)
-    if "No module named 'datasets'" in result.stderr:
-        pytest.skip("the datasets package is not installed")
-    assert result.returncode == 0, result.stderr[-2000:]
+    build(audio, root)
     return root
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from audio_factory import make_folder_corpus
-from datasets import tar_members
+from sample_shards import tar_members
 from shardio import Index
 from shardio.packing.corpus import detect_kind
 from shardio.packing.engines import pack_partitioned

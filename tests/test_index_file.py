@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from hostile import to_format1
 from remote_servers import HTTPFileServer
 from shardio import FormatError, Index, ShardDataset

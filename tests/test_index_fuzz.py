@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from hostile import rewrite_columns, rewrite_header, run_limited
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 
 from shardio import OptionError, ShardDataset, StateError, World
 
@@ -87,6 +87,22 @@ def test_accelerate_track_refuses_a_dataset_planned_for_other_ranks(data: Path) 
         track(accelerator, ShardDataset(data, batch_size=2, world=World(1, 2)))
     progress = track(accelerator, ShardDataset(data, batch_size=2))
     assert progress in accelerator._custom_objects
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_accelerate_resharding_wrapper_is_refused(data: Path, workers: int) -> None:
+    """``prepare(loader)`` with ``dispatch_batches=False`` wraps the dataset in Accelerate's own
+    ``IterableDatasetShard`` (built here as it builds it, for rank 0 of 2): each rank would keep a slice of its
+    share, padded with repeats. Iterating it fails, naming the wrapper and the fix; the dataset alone iterates."""
+    accelerate_loading = pytest.importorskip("accelerate.data_loader")
+    from shardio import collate
+
+    dataset = ShardDataset(data, seed=1, world=World(0, 2))
+    wrapped = accelerate_loading.IterableDatasetShard(dataset, batch_size=3, num_processes=2, process_index=0)
+    with pytest.raises(OptionError, match="IterableDatasetShard iterates this ShardDataset.*not the loader"):
+        list(DataLoader(wrapped, batch_size=3, collate_fn=collate, num_workers=workers))
+    batches = DataLoader(dataset, batch_size=3, collate_fn=collate, num_workers=workers)
+    assert sum(len(batch["keys"]) for batch in batches) == 7  # rank 0's half of the 14 samples
 
 
 def test_lightning_callback_refuses_to_restart_an_epoch_silently(data: Path) -> None:

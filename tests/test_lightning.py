@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("pytorch_lightning")
 
-from datasets import make_uneven_dataset, planned_keys
+from sample_shards import make_uneven_dataset, planned_keys
 from process_groups import free_port
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import OptionError, StateError, World
 from shardio.mixed import MixedDataset
 from shardio.planning.bucketing import bucket_of, sample_cost

@@ -86,7 +86,7 @@ def named(dataset: Any, ids: Any) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     root = tmp_path_factory.mktemp("mixdist")
     for seed, (name, sizes) in enumerate(SIZES.items()):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import Index
 from shardio.mixed import MixedDataset, MixIndex
 from shardio.planning.mix import EpochSize

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import resume_harness as harness
 from audio_factory import audio_bytes, make_folder_corpus, tone
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from hostile import rewrite_header
 from remote_servers import HTTPFileServer
 from shardio import EpochSize, Index, MixedDataset, ShardDataset

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shardio.dataset
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.workers import nodeplan, planfiles
 from test_plan_lock import count_plans, epochs_on_disk, planned

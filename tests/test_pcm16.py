@@ -15,7 +15,7 @@ from shardio import ShardDataset, ShardWriter
 from shardio.errors import OptionError
 from shardio.reading.pcm16 import to_int16
 from tests.audio_factory import audio_bytes
-from tests.datasets import make_uneven_dataset
+from tests.sample_shards import make_uneven_dataset
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import shardio.dataset
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
 from shardio.workers import planfiles

@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
 import shardio.dataset
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
 from test_plan_lock import epochs_on_disk

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, RetryPolicy, ShardDataset
 from shardio.reading.prefetch import ReadAhead, Span, coalesce, dense_for

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import make_uneven_dataset, wav_bytes
+from sample_shards import make_uneven_dataset, wav_bytes
 from torch.utils.data import DataLoader
 
 from shardio import DecodeError, FormatError, Index, IntegrityError, ReadError, ShardDataset, ShardWriter

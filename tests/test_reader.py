@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 
 import shardio.reading.localshard
 from shardio import ShardDataset

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, Mix, StateError, World
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.remix import remix

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, StateError, World
 from shardio.ledger.remix import remix, remix_report
 from shardio.mixed import MixedDataset

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from remote_servers import Faults, HTTPFileServer, S3Server, aws_test_env
 from torch.utils.data import DataLoader
 

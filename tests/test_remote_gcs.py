@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from remote_servers import GCSServer
 from torch.utils.data import DataLoader
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
 from shardio import EpochSize, Index, MixedDataset, RangeNotSupported, ReadError, ShardDataset

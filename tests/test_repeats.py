@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from process_groups import free_port
 
 from shardio import Batching, ShardDataset, World

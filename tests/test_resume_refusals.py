@@ -34,7 +34,7 @@ BATCH = 3
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     directory = tmp_path_factory.mktemp("refusals") / "data"
     make_uneven_dataset(directory, (7, 5, 9), seed=4, duration_range=(0.05, 0.2))

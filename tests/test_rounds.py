@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import OptionError, ShardDataset, StateError, World
 from shardio.planning.bucketing import bucket_edges, bucket_of, sample_cost
 from shardio.planning.mix import CorpusColumns, EpochSize, Mix, plan_mix

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, ShardDataset
 from shardio.reading.cache import ShardCache

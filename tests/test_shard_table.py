@@ -25,7 +25,7 @@ from shardio.shards.keys import Keys
 from shardio.shards.shardtable import CODECS, ShardTable
 from shardio.workers.sharing import shared_table
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from hostile import rewrite_header
 
 SHARDS = [ShardInfo("a.tar", 10, "ab" * 32, 3, 1.25, "none"), ShardInfo("sub/\udcff\u00e9.tar.zst", 2**40, "", 0, 0.0, "zstd"),

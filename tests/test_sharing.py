@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
 from shardio.workers.nodeplan import MappedRankPlan

@@ -24,7 +24,7 @@ NOT_INTS = st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     directory = tmp_path_factory.mktemp("states") / "data"
     make_uneven_dataset(directory, (4, 6, 2), seed=2)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.trace import Trace

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "train_example.py"
 

@@ -32,7 +32,7 @@ SHARD_SIZES = (3, 20, 1, 14, 9)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from datasets import make_uneven_dataset
+    from sample_shards import make_uneven_dataset
 
     directory = tmp_path_factory.mktemp("control") / "data"
     make_uneven_dataset(directory, SHARD_SIZES, seed=4)

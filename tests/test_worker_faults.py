@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from datasets import make_uneven_dataset
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader, get_worker_info
 
 from shardio import FormatError, Index, ShardDataset
