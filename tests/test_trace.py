@@ -86,6 +86,57 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
         trace.find(["no-such-key"], [0])
 
 
+@pytest.mark.parametrize("stop", [1, 3])
+def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
+        dataset_dir: Path, tmp_path: Path, stop: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two ranks of collated samples from 2 workers each stop between rounds (worker 0 has handed over one batch
+    more), three ranks resume. Every key the epoch trained is traced where it was consumed: those the workers
+    consumed ahead of the state's position as ``ahead`` batches of the first segment (they were missing)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardio import collate
+    from shardio.cli import main
+
+    before: Counter[str] = Counter()
+    for r in range(2):
+        loader = StatefulDataLoader(make(dataset_dir, World(r, 2), max_duration=None), batch_size=3,
+                                    collate_fn=collate, num_workers=2)
+        for n, batch in enumerate(loader):
+            before.update(batch["keys"])
+            if n + 1 == stop:
+                break
+        if r == 0:
+            state = loader.state_dict()
+    after: Counter[str] = Counter()
+    for r in range(3):
+        ds = make(dataset_dir, World(r, 3), max_duration=None)
+        ds.load_state_dict(state)
+        if r == 0:
+            saved = ds.state_dict()
+        after.update(key for batch in DataLoader(ds, batch_size=3, collate_fn=collate) for key in batch["keys"])
+    assert set(before) | set(after) == set(ds.index.keys) and not set(before) & set(after)
+    trace = Trace(make(dataset_dir, World(), max_duration=None), saved)
+    records = list(trace.epoch(0))
+    early = {key for record in records if record.ahead for key in trace.row(record)["keys"]}
+    assert early and early < set(before)
+    assert {key for r in records if r.segment == 0 for key in trace.row(r)["keys"]} == set(before)
+    assert {key for r in records if r.segment == 1 for key in trace.row(r)["keys"]} == set(after)
+    found = trace.find(list(ds.index.keys), [0])
+    assert Counter(f["key"] for f in found if f["segment"] == 0) == before  # each once: unbatched, no padding
+    assert {f["key"] for f in found if f.get("ahead")} == early
+    first = min(early)
+    report = quarantine_report(quarantine(saved, make(dataset_dir, World(), max_duration=None), keys=[first]))
+    assert report[0]["already_consumed"]
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--key", first]) == 0
+    assert capsys.readouterr().out.strip().endswith("(consumed ahead)")
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(",ahead") and {line.split(",")[5] for line in lines if line.endswith(",1")} == early
+
+
 def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from shardio.cli import main

@@ -45,8 +45,9 @@ def _run_trace(args: argparse.Namespace) -> int:
         epochs = range(trace.state.epoch, trace.state.epoch + max(args.epochs, 1))
         for found in trace.find(args.key, epochs):
             corpus = f" ({found['corpus']})" if "corpus" in found else ""
+            ahead = " (consumed ahead)" if found.get("ahead") else ""
             print(json.dumps(found) if args.json else
-                  f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank {found['rank']}")
+                  f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank {found['rank']}{ahead}")
         return 0
     if args.epoch is not None:
         records = trace.epoch(args.epoch)

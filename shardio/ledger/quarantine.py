@@ -39,7 +39,8 @@ from ..state import LoaderState, job_state
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
 
-__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "leave_out_consumed", "resolve_keys"]
+__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "leave_out_consumed", "consumed_ahead",
+           "resolve_keys"]
 
 _KEY = "quarantine"
 
@@ -125,6 +126,16 @@ def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Seq
     return {**extra, _KEY: [*kept, entry]}
 
 
+def consumed_ahead(extra: Mapping[str, Any], epoch: int) -> dict[int, np.ndarray]:
+    """The samples of ``epoch`` that workers consumed ahead of a state's position (:func:`leave_out_consumed`),
+    by the history segment that consumed them (the one before the segment their entry leaves them out of)."""
+    found: dict[int, list[int]] = {}
+    for entry in extra.get(_KEY, []):
+        if entry.get("ahead") and int(entry["epoch"]) == epoch:
+            found.setdefault(int(entry["segment"]) - 1, []).extend(int(i) for i in entry["ids"])
+    return {segment: np.unique(np.asarray(ids, dtype=np.int64)) for segment, ids in found.items()}
+
+
 def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:
     """The sample ids of global batches ``batches`` of ``plan``, each once, sorted."""
     taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
@@ -180,6 +191,8 @@ def _consumed(trace: Any, ids: list[int]) -> list[int]:
     for number, (_, _, count) in enumerate(segments):
         consumed = count if number < len(segments) - 1 else state.position
         done.update(trace.plan(state.epoch, number).consumed_samples(consumed).tolist())
+    for ahead in consumed_ahead(state.extra, state.epoch).values():
+        done.update(ahead.tolist())
     return [i for i in ids if i in done]
 
 

@@ -85,8 +85,9 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             out.write(json.dumps(row) + "\n")
             continue
         seconds = sum(row["durations"])
+        ahead = ", consumed ahead" if row.get("ahead") else ""
         out.write(f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
-                  f"batch_index {row['batch_index']}, world {row['world_size']}): "
+                  f"batch_index {row['batch_index']}, world {row['world_size']}{ahead}): "
                   f"{len(row['keys'])} samples, {seconds:.2f} s\n")
         corpora = row.get("corpus") or [None] * len(row["keys"])
         for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
@@ -96,11 +97,11 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
 
 def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
     """Write step rows as CSV, one line per sample: epoch, step, rank, segment, batch_index, key, duration,
-    corpus (empty outside a mix)."""
+    corpus (empty outside a mix), ahead (1 for a batch consumed ahead of its segment's position, else 0)."""
     writer = csv.writer(out)
-    writer.writerow(["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus"])
+    writer.writerow(["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus", "ahead"])
     for row in rows:
         corpora = row.get("corpus") or [""] * len(row["keys"])
         for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
             writer.writerow([row["epoch"], row["step"], row["rank"], row["segment"], row["batch_index"], key,
-                             duration, corpus])
+                             duration, corpus, int(bool(row.get("ahead")))])

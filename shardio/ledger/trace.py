@@ -13,6 +13,11 @@ yielded batch's ``batch_index`` is its index within its segment, so ``step = bat
 of the earlier segments (the two agree when the world never changed). Epochs other than the state's are
 traced as planned from their start under the state's world size: the state records the elastic history
 of its own epoch only.
+
+**Consumed ahead.** Where the state resumed one saved between rounds of DataLoader workers that batch samples
+(:func:`~shardio.ledger.quarantine.leave_out_consumed`), the batches its workers consumed beyond the segment's
+position are records too, marked ``ahead``: their step is their place in that segment's plan, a number the
+next segment's steps also use.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from ..world import World
-from .quarantine import resolve_keys
+from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -48,6 +53,8 @@ class StepRecord:
     rank: int
     world_size: int
     ids: np.ndarray
+    ahead: bool = False
+    """Consumed by a DataLoader worker ahead of the segment's position (see the module docs)."""
 
 
 class Trace:
@@ -62,6 +69,7 @@ class Trace:
         self.dataset = ds
         self._batching = ds._planned_batching
         self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self._ahead = consumed_ahead(self.state.extra, self.state.epoch)
 
     # -- the plan, segment by segment -----------------------------------------------------------------
 
@@ -90,6 +98,22 @@ class Trace:
                                                                         self._batching)
         return self._plans[(epoch, segment)]
 
+    def ahead(self, epoch: int, segment: int) -> np.ndarray:
+        """The batch indices of ``segment`` of ``epoch`` that its workers consumed ahead of its position."""
+        ids = self._ahead.get(segment) if epoch == self.state.epoch else None
+        if ids is None:
+            return np.zeros(0, dtype=np.int64)
+        plan = self.plan(epoch, segment)
+        held = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
+        positions = np.flatnonzero(np.isin(plan.samples, ids))
+        held[np.searchsorted(plan.offsets, positions, side="right") - 1] = True
+        consumed = self.state.history[segment].consumed
+        return np.flatnonzero(held[plan.rank_batches].any(axis=0)[consumed:]) + consumed
+
+    def _dealt(self, epoch: int, segment: int, count: int) -> list[tuple[int, bool]]:
+        """``(batch index, ahead)`` of every batch ``segment`` of ``epoch`` consumed (or plans), in order."""
+        return [(j, False) for j in range(count)] + [(j, True) for j in self.ahead(epoch, segment).tolist()]
+
     def position_step(self) -> int:
         """The epoch step the state stands at (the next batch to train on)."""
         return sum(s.consumed for s in self.state.history) + self.state.position
@@ -104,28 +128,29 @@ class Trace:
             raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
         records = []
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
-            overlap = range(max(first, start), min(stop, start + count))
-            if not overlap:
+            dealt = [(j, ahead) for j, ahead in self._dealt(epoch, number, count) if first <= start + j < stop]
+            if not dealt:
                 continue
             if rank is not None and not 0 <= rank < world_size:
                 raise OptionError(f"rank {rank} is not in segment {number}'s world of {world_size}")
             plan = self.plan(epoch, number)
-            for step in overlap:
+            for j, ahead in dealt:
                 for r in range(world_size) if rank is None else (rank,):
-                    j = step - start
-                    records.append(StepRecord(epoch, step, number, j, r, world_size, plan.batch(r, j)))
+                    records.append(StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead))
+        records.sort(key=lambda record: (record.step, record.ahead, record.rank))
         if not records:
             total = sum(count for _, _, count in self.segments(epoch))
             raise OptionError(f"epoch {epoch} has {total} steps; none in [{first}, {stop})")
         return records
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
-        """Every (step, rank) batch of ``epoch``, in step order."""
+        """Every (step, rank) batch of ``epoch``, segment by segment in step order (a segment's batches consumed
+        ahead after its others)."""
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
             plan = self.plan(epoch, number)
-            for j in range(count):
+            for j, ahead in self._dealt(epoch, number, count):
                 for r in range(world_size):
-                    yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j))
+                    yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
 
     def find(self, keys: Sequence[str], epochs: Iterable[int]) -> list[dict[str, Any]]:
         """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
@@ -140,12 +165,16 @@ class Trace:
                 if positions.shape[0] == 0:
                     continue
                 batches = np.searchsorted(plan.offsets, positions, side="right") - 1
+                ahead = self.ahead(epoch, number)
                 dealt = plan.rank_batches[:, :count]
                 for position, batch in zip(positions.tolist(), batches.tolist()):
-                    for r, j in np.argwhere(dealt == batch).tolist():
+                    places = [(r, j, False) for r, j in np.argwhere(dealt == batch).tolist()]
+                    places += [(r, int(ahead[k]), True)
+                               for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()]
+                    for r, j, early in places:
                         sample = int(plan.samples[position])
                         found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
-                                      "segment": number, "batch_index": j,
+                                      "segment": number, "batch_index": j, **({"ahead": True} if early else {}),
                                       **self.dataset._fields(sample)})  # a mix adds the corpus
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
@@ -160,4 +189,6 @@ class Trace:
         corpora = [self.dataset._fields(i).get("corpus") for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
+        if record.ahead:
+            row["ahead"] = True
         return row
