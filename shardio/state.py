@@ -270,7 +270,9 @@ def check_follows(previous: Mapping[str, Any] | None, state: Mapping[str, Any]) 
         return
     same = all(previous.get(name) == state.get(name) for name in ("epoch", "history", "world_size"))
     if same and state.get("start") != previous.get("start", 0) + 1:
-        raise StateError(f"batch {state.get('start', 0) - 1} of epoch {state.get('epoch')} was trained on right "
-                         f"after batch {previous.get('start', 0) - 1}: the DataLoader hands batches over out of plan "
-                         "order (in_order=False?), so no saved state can say which were trained on: keep the "
-                         "DataLoader's default in_order=True")
+        now, before = state.get("start", 0) - 1, previous.get("start", 0) - 1
+        skipped = (f"batches {before + 1} to {now - 1} were skipped (skip_first_batches after a resume? the loaded "
+                   "state already starts after the batches trained on) or " if now > before + 1 else "")
+        raise StateError(f"batch {now} of epoch {state.get('epoch')} was trained on right after batch {before}: "
+                         f"{skipped}the DataLoader hands batches over out of plan order (in_order=False?), so no "
+                         "saved state can say which were trained on: keep the DataLoader's default in_order=True")

@@ -78,6 +78,28 @@ def test_accelerate_progress_resumes_a_plain_loop_exactly(data: Path) -> None:
     assert trained + [list(b["keys"]) for b in loader(resumed.dataset)] == straight
 
 
+def test_accelerate_skip_first_batches_after_a_resume_is_refused(data: Path) -> None:
+    """Accelerate's resume idiom skips the batches trained before the checkpoint; ``load_state`` has already put
+    the dataset after them, so skipping would lose as many again. The first update says so."""
+    accelerate = pytest.importorskip("accelerate")
+    from shardio.integrations.accelerate import LoaderProgress
+
+    dataset = ShardDataset(data, batch_size=2, seed=1)
+    progress = LoaderProgress(dataset)
+    for n, batch in enumerate(DataLoader(dataset, batch_size=None)):
+        progress.update(batch)
+        if n == 2:
+            break
+    resumed = LoaderProgress(ShardDataset(data, batch_size=2, seed=1))
+    resumed.load_state_dict(progress.state_dict())
+    skipping = accelerate.Accelerator(cpu=True).skip_first_batches(
+        DataLoader(resumed.dataset, batch_size=None, num_workers=2), 3)
+    batch = next(iter(skipping))
+    assert batch["batch_index"] == 6
+    with pytest.raises(StateError, match="after batch 2: batches 3 to 5 were skipped .skip_first_batches"):
+        resumed.update(batch)
+
+
 def test_accelerate_track_refuses_a_dataset_planned_for_other_ranks(data: Path) -> None:
     accelerate = pytest.importorskip("accelerate")
     from shardio.integrations.accelerate import track
