@@ -115,6 +115,7 @@ class ShardDataset(IterableDataset):
         self.cache_bytes = cache_bytes
         self._explicit_world = world
         self._world: World | None = world  # carried to spawned workers by __getstate__
+        self._world_of = 0  # the process that carried it
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
         self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
@@ -153,8 +154,9 @@ class ShardDataset(IterableDataset):
         """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker)."""
         if self._explicit_world is not None:
             return replace(self._explicit_world, worker=0, num_workers=1)
-        if self._world is not None and get_worker_info() is not None:
-            return self._world
+        carried = self._world if self._world_of == self._progress.control.owner else None
+        if carried is not None and get_worker_info() is not None:  # by this worker's training process
+            return carried
         return World.detect()
 
     @property
@@ -316,7 +318,7 @@ class ShardDataset(IterableDataset):
         if self._explicit_world is None and get_worker_info() is None:
             # pickled for a spawn/forkserver worker: the world is known here (torch.distributed, environment)
             # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
-            state["_world"] = self.ranks()
+            state["_world"], state["_world_of"] = self.ranks(), os.getpid()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -8,6 +8,11 @@ workers alike (by handle, never by value), and every process that iterates reads
 iteration. No files and no locks: the training process is the only writer of the instruction (it writes the
 fields, then bumps the generation), and each iterating process writes only its own slot.
 
+A block belongs to the training process that made it. Another training process that receives the dataset
+(a rank that ``torch.multiprocessing.spawn`` or a fork starts with it, as Lightning's ``ddp_spawn`` and
+``ddp_fork`` do) takes a copy of its own (:meth:`Control.own`) before it reads the block, pickles it for its
+workers or forks them: ranks sharing one block would play one another's epochs.
+
 Semantics of an iteration (every configuration agrees): the first iteration after an instruction plays it
 (an epoch from its start, or a loaded position); each further iteration without a new instruction plays the
 epoch after the one that process last played, from its start (even when that one was left with ``break``).
@@ -17,10 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from ..errors import OptionError, StateError
 from ..planning.plan import Segment
@@ -62,16 +70,32 @@ class Control:
     def __init__(self) -> None:
         self._block = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
         self._values = self._block.numpy()  # the same memory, read and written through numpy: ~50x cheaper
+        self.owner = os.getpid()
+        """The training process whose block this is (its workers read it too)."""
+        _LIVE.add(self)
         self.give(Instruction(0))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_block": self._block}
+        self.own()
+        return {"_block": self._block, "owner": self.owner}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         block = state["_block"]
         # a worker receives the shared block itself; a deepcopy or a plain unpickle gets a block of its own
-        self._block = block if block.is_shared() else block.clone().share_memory_()
+        shared = block.is_shared()
+        self._block = block if shared else block.clone().share_memory_()
         self._values = self._block.numpy()
+        self.owner = int(state.get("owner", 0)) if shared else os.getpid()
+        _LIVE.add(self)
+
+    def own(self) -> None:
+        """In a training process (not a DataLoader worker) that did not make this block: continue on a copy of
+        it, this process's own, so that its instructions and its workers' iterations stay its own."""
+        if self.owner == os.getpid() or get_worker_info() is not None:
+            return
+        self._block = self._block.clone().share_memory_()
+        self._values = self._block.numpy()
+        self.owner = os.getpid()
 
     @property
     def shared(self) -> bool:
@@ -144,6 +168,18 @@ class Control:
     def _slots(self) -> list[tuple[int, int, int]]:
         values = self._values[_SLOTS:].tolist()
         return list(zip(values[0::3], values[1::3], values[2::3]))
+
+
+_LIVE: weakref.WeakSet[Control] = weakref.WeakSet()
+
+
+def _own_before_fork() -> None:
+    # a process forking DataLoader workers before it used a block it received: the workers inherit its own copy
+    for control in list(_LIVE):
+        control.own()
+
+
+os.register_at_fork(before=_own_before_fork)
 
 
 def extra_mark(extra: dict[str, Any]) -> int:

@@ -28,13 +28,19 @@ class Progress:
     played) and the batches of that iteration it has yielded."""
 
     def __init__(self) -> None:
-        self.control = Control()
+        self._control = Control()
         self._own: Instruction | None = None  # a worker's own instruction (a worker-level load_state_dict)
         self._skip = 0  # batches of this worker's share already yielded, from a worker-level state
         self._run: Instruction | None = None  # what this process's current (or last) iteration plays
         self._run_generation = 0
         self._finished = False
         self.yielded = 0
+
+    @property
+    def control(self) -> Control:
+        """The control block, this training process's own (:meth:`Control.own`)."""
+        self._control.own()
+        return self._control
 
     @property
     def instructions(self) -> int:
