@@ -2,7 +2,8 @@
 
 ``python lightning_job.py CONFIG.json``: Lightning's DDP launcher starts the other ranks by running the same
 command again. Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (epoch, global step,
-keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL.
+keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL. ``strategy`` (default
+``ddp``) may be ``ddp_spawn`` or ``ddp_fork``; with ``prebuilt`` the module builds its dataset in the launcher.
 """
 
 from __future__ import annotations
@@ -61,11 +62,18 @@ class Model(pl.LightningModule):
         self.log_file: Any = None
         self.resume = ShardioCallback() if config["callback"] == "shardio" else None
 
-    def train_dataloader(self) -> Any:
+        # built here, in the launcher, and handed to the ranks (ddp_spawn pickles the module for each)
+        self.prebuilt = self.dataset() if config.get("prebuilt") else None
+
+    def dataset(self) -> ShardDataset:
         config = self.config
         sizes = {"max_duration": config["max_duration"]} if config.get("max_duration") else \
             {"batch_size": config["batch_size"]}
-        dataset = ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
+        return ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
+
+    def train_dataloader(self) -> Any:
+        config = self.config
+        dataset = self.prebuilt if self.prebuilt is not None else self.dataset()
         if self.resume is not None:
             self.resume.attach(dataset)
         workers = config["workers"]
@@ -127,7 +135,8 @@ def main(config: dict[str, Any]) -> None:
     elif config["callback"] == "naive":
         callbacks.insert(0, NaiveCallback())
     devices = config["devices"]
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+    strategy = config.get("strategy", "ddp" if devices > 1 else "auto")
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
                          max_epochs=config["max_epochs"], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
                          use_distributed_sampler=False,

@@ -124,6 +124,20 @@ def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path
     assert check_resume(data, tmp_path, devices=1, kill_at=15, workers=workers, val_every=4) == 13
 
 
+@pytest.mark.parametrize("strategy", ["ddp_spawn", pytest.param("ddp_fork", marks=pytest.mark.matrix)])
+def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(data: Path, tmp_path: Path,
+                                                                       strategy: str) -> None:
+    """The module builds the dataset in the launcher; ``ddp_spawn`` pickles it to each rank (``ddp_fork``
+    forks them), each iterating 2 workers: every rank trains its own plan, and resumes it from a checkpoint."""
+    plan = planned(data, 2)
+    run = run_job(data, tmp_path / "run", devices=2, strategy=strategy, prebuilt=True, workers=2)
+    assert [keys(records) for records in run] == plan
+    checkpoint = next((tmp_path / "run" / "ckpt").glob("mid-epoch=0-step=3*.ckpt"))
+    resumed = run_job(data, tmp_path / "resumed", devices=2, strategy=strategy, prebuilt=True, workers=2,
+                      ckpt_path=str(checkpoint))
+    assert [keys(records) for records in resumed] == [batches[3:] for batches in plan]
+
+
 def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path) -> None:
     """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9."""
     plan = planned(data, 1, epochs=3, max_duration=1.2)[0]
