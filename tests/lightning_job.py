@@ -141,7 +141,8 @@ def main(config: dict[str, Any]) -> None:
                          enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
                          use_distributed_sampler=False,
                          reload_dataloaders_every_n_epochs=config.get("reload", 0),
-                         val_check_interval=config.get("val_every"))
+                         val_check_interval=config.get("val_every"),
+                         limit_train_batches=config.get("limit_train_batches", 1.0))
     trainer.fit(model, ckpt_path=config.get("ckpt_path"))
 
 

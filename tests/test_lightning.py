@@ -138,12 +138,17 @@ def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(data: Path
     assert [keys(records) for records in resumed] == [batches[3:] for batches in plan]
 
 
-def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path) -> None:
-    """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9."""
-    plan = planned(data, 1, epochs=3, max_duration=1.2)[0]
-    assert len(plan) == 28
-    trained = run_job(data, tmp_path / "run", devices=1, max_duration=1.2, max_epochs=3, every_n_steps=100)
-    assert keys(trained[0]) == plan
+@pytest.mark.parametrize("limit", [1.0, 100, 8])  # 8: cut at 8 batches
+def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path, limit: float) -> None:
+    """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9 (also with
+    an integer ``limit_train_batches`` above 9). A limit below every epoch's length still cuts each there."""
+    whole = planned(data, 1, epochs=3, max_duration=1.2)[0]
+    plan = [whole[:9], whole[9:18], whole[18:]]
+    assert len(whole) == 28 and planned(data, 1, epochs=2, max_duration=1.2)[0] == whole[:18]
+    trained = run_job(data, tmp_path / "run", devices=1, max_duration=1.2, max_epochs=3, every_n_steps=100,
+                      limit_train_batches=limit)
+    cut = int(limit) if isinstance(limit, int) else None
+    assert keys(trained[0]) == [batch for epoch in plan for batch in epoch[:cut]]
 
 
 @pytest.mark.matrix

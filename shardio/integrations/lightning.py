@@ -123,12 +123,13 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         # Lightning takes the epoch length from len(loader) once, when it builds the loader (max_batches, and
         # the CombinedLoader's limits), and ends every epoch there; a shardio epoch's length varies (duration
         # batching; the rest of an epoch resumed on another world size): a longer epoch would be cut short.
-        length = len(self._dataset)
-        if trainer.limit_train_batches == 1.0 and trainer.fit_loop.max_batches != length:
+        length, limit = len(self._dataset), trainer.limit_train_batches
+        wanted = min(length, limit) if isinstance(limit, int) else int(length * limit)  # as Lightning limits it
+        if trainer.fit_loop.max_batches != wanted:
             combined = getattr(trainer.fit_loop, "_combined_loader", None)  # Lightning 2.x
-            if combined is not None:
-                combined.limits = None  # its length is then len(loader), read again at each iter()
-            trainer.fit_loop.max_batches = length
+            if combined is not None:  # else its length is len(loader), read again at each iter()
+                combined.limits = None if wanted == length else [wanted]
+            trainer.fit_loop.max_batches = wanted
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
