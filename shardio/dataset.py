@@ -24,13 +24,14 @@ world is decided in the training process and carried to spawn/forkserver workers
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -51,6 +52,9 @@ from .workers.sharing import shared, shared_table
 from .state import LoaderState, batch_position, find_states, steps_after_snapshot
 from .workers.progress import Progress, resume_point
 from .world import World, refuse_resharding
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11
 
 __all__ = ["ShardDataset", "Transform"]
 
@@ -158,6 +162,14 @@ class ShardDataset(IterableDataset):
         if carried is not None and get_worker_info() is not None:  # by this worker's training process
             return carried
         return World.detect()
+
+    def _copy_for(self, world_size: int) -> Self:
+        """A copy that plans for rank 0 of ``world_size`` with a progress of its own, for the ledger to load a
+        state into: this dataset's instructions (and its workers') stay as they are."""
+        copied = copy.copy(self)
+        copied._explicit_world = copied._world = World(0, world_size)
+        copied._progress = Progress()
+        return copied
 
     @property
     def options(self) -> dict[str, object]:

@@ -137,6 +137,37 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
     assert lines[0].endswith(",ahead") and {line.split(",")[5] for line in lines if line.endswith(",1")} == early
 
 
+def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: dict[str, str]) -> None:
+    """Trace, quarantine and remix load the state into a copy: the dataset handed to them (mid-run, or fresh)
+    still plays what it would have played. They used to share its progress: it jumped to the state's position."""
+    from shardio.ledger.remix import remix
+
+    def epoch(ds: ShardDataset, number: int | None = None, workers: int = 0) -> list[list[str]]:
+        if number is not None:
+            ds.set_epoch(number)
+        return [list(batch["keys"]) for batch in DataLoader(ds, batch_size=None, num_workers=workers)]
+
+    live = make(dataset_dir, World())
+    for n, batch in enumerate(DataLoader(live, batch_size=None, num_workers=2)):
+        if n == 2:
+            state = live.state_after(batch)
+            Trace(live, state)
+            quarantine(state, live, keys=[live.index.keys[0]])
+            break
+    assert epoch(live, workers=2) == epoch(make(dataset_dir, World()), 1)  # after a break: the next epoch
+    fresh = make(dataset_dir, World())
+    Trace(fresh, state)
+    assert epoch(fresh) == epoch(make(dataset_dir, World()), 0)
+
+    def mix(weights: dict[str, float]) -> MixedDataset:
+        return MixedDataset(sources, weights, EpochSize(primary="big"), world=World(), seed=2, shuffle_shards=2,
+                            batching=Batching(max_duration=0.9))
+    old = mix({"big": 0.7, "tiny": 0.3})
+    mid = old.state_after({"epoch": 0, "batch_index": 1})
+    remix(mid, old, mix({"big": 0.5, "tiny": 0.5}))
+    assert epoch(old) == epoch(mix({"big": 0.7, "tiny": 0.3}), 0)
+
+
 def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from shardio.cli import main

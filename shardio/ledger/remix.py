@@ -36,7 +36,6 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -47,7 +46,6 @@ from ..errors import StateError
 from ..planning.mix import mix_quotas
 from ..planning.streams import Stream, expand, ranges_of
 from ..state import LoaderState, job_state
-from ..world import World
 
 if TYPE_CHECKING:
     from ..mixed import MixedDataset
@@ -150,8 +148,7 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     from .remainder import remaining_positions
 
     loaded: LoaderState = job_state(state)
-    probe = copy.copy(old)
-    probe._explicit_world = probe._world = World(0, loaded.world_size)
+    probe = old._copy_for(loaded.world_size)
     probe.load_state_dict(loaded.to_dict())  # the state must be old's: a StateError names what differs
     current = Streams.of(loaded.extra)
     in_tail = current.tail is not None and current.tail[0] == loaded.epoch

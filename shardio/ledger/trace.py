@@ -22,7 +22,6 @@ next segment's steps also use.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,6 @@ import numpy as np
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
-from ..world import World
 from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:
@@ -59,12 +57,12 @@ class StepRecord:
 
 class Trace:
     """The ledger of ``dataset`` (a :class:`~shardio.ShardDataset` or :class:`~shardio.MixedDataset`) as
-    the job that saved ``state`` plays it. ``dataset`` is not changed (a copy loads the state)."""
+    the job that saved ``state`` plays it. ``dataset`` is not changed: a copy with a progress of its own loads the
+    state, so a live dataset may be traced mid-run."""
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
         self.state: LoaderState = job_state(state)
-        ds = copy.copy(dataset)
-        ds._explicit_world = ds._world = World(0, self.state.world_size)
+        ds = dataset._copy_for(self.state.world_size)
         ds.load_state_dict(self.state.to_dict())
         self.dataset = ds
         self._batching = ds._planned_batching
