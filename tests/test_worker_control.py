@@ -88,6 +88,18 @@ def test_an_iteration_without_set_epoch_plays_the_next_epoch_everywhere(data: st
         assert ds.epoch == 3 and len(ds) == len(epoch_keys(data, 3))
 
 
+def test_iterations_by_loaders_of_other_worker_counts_play_the_next_epoch_whole(data: str) -> None:
+    """One dataset, iterated by loaders of 2, 3, 0, 1 (persistent, spawned) and 2 workers in turn, without
+    ``set_epoch``: each iteration plays the next epoch, every worker the same one. Workers used to go by their own
+    slot: the third of 3 workers played epoch 0 beside the others' epoch 1, and 0 workers after 2 replayed epoch 0."""
+    ds = make(data)
+    loaders = [DataLoader(ds, batch_size=None, num_workers=2), DataLoader(ds, batch_size=None, num_workers=3),
+               ds, persistent(ds, "spawn", 1), DataLoader(ds, batch_size=None, num_workers=2)]
+    got = [played(loader, stop=2 if n == 1 else None) for n, loader in enumerate(loaders)]  # one left with a break
+    assert got == [epoch_keys(data, 0), epoch_keys(data, 1)[:2], *(epoch_keys(data, e) for e in (2, 3, 4))]
+    assert ds.epoch == 5
+
+
 def test_len_and_epoch_follow_an_iteration_that_workers_play(data: str) -> None:
     lengths = []
     for epoch in range(10):

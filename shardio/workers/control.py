@@ -15,7 +15,9 @@ workers or forks them: ranks sharing one block would play one another's epochs.
 
 Semantics of an iteration (every configuration agrees): the first iteration after an instruction plays it
 (an epoch from its start, or a loaded position); each further iteration without a new instruction plays the
-epoch after the one that process last played, from its start (even when that one was left with ``break``).
+epoch after the latest one begun, from its start (even when that one was left with ``break``, and whether it was
+played by workers, of any count, or by the training process). An iteration is the training process iterating
+itself, or one DataLoader iterator's workers, which recognise one another by the iterator's seed.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ MAX_WORKERS = 1024
 
 _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
-_SLOTS = _HISTORY + 2 * MAX_HISTORY  # then (generation seen, epoch last begun, finished) per iterating process
-_SIZE = _SLOTS + 3 * (1 + MAX_WORKERS)
+_SLOTS = _HISTORY + 2 * MAX_HISTORY  # then per iterating process: generation seen, epoch last begun, finished,
+_WIDTH = 4  # and the iteration that began it (see Control.upcoming)
+_SIZE = _SLOTS + _WIDTH * (1 + MAX_WORKERS)
 
 
 @dataclass(frozen=True)
@@ -129,23 +132,35 @@ class Control:
     def started(self) -> bool:
         """Whether some process has begun an iteration since the last instruction."""
         generation = self.generation
-        return any(seen == generation for seen, _, _ in self._slots())
+        return any(seen == generation for seen, _, _, _ in self._slots())
 
     def workers_begun(self) -> bool:
         """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
-        return any(seen for seen, _, _ in self._slots()[1:])
+        return any(seen for seen, _, _, _ in self._slots()[1:])
 
-    def upcoming(self, slot: int) -> Instruction:
-        """What the next iteration of ``slot`` plays: the instruction, or the epoch after the slot's last."""
-        seen, epoch, _ = self._slots()[slot]
-        return Instruction(epoch + 1) if seen == self.generation else self.instruction()
+    def upcoming(self, slot: int, iteration: int = 0) -> Instruction:
+        """What the next iteration of ``slot`` plays. ``iteration`` names the DataLoader iteration a worker's
+        slot is part of (0: the training process, whose every iteration is its own).
+
+        A worker whose siblings (other slots of the same ``iteration``) have begun plays what they play. Any other
+        iteration is a new one: the instruction when nothing has begun under it, else the epoch after the latest
+        begun, whichever process began it (workers of another count, or the training process without workers).
+        """
+        generation = self.generation
+        begun = [(number, epoch, it) for number, (seen, epoch, _, it) in enumerate(self._slots())
+                 if seen == generation]
+        given = self.instruction()
+        siblings = [epoch for number, epoch, it in begun if iteration and it == iteration and number != slot]
+        if siblings:
+            return given if siblings[0] == given.epoch else Instruction(siblings[0])
+        return Instruction(max(epoch for _, epoch, _ in begun) + 1) if begun else given
 
     def current(self) -> Instruction:
         """The job's iteration as the training process sees it when workers play it: the latest epoch begun
         under this instruction (the instruction itself before any), or the epoch after it once every process
         that began it has finished its share."""
         generation = self.generation
-        begun = [(epoch, finished) for seen, epoch, finished in self._slots() if seen == generation]
+        begun = [(epoch, finished) for seen, epoch, finished, _ in self._slots() if seen == generation]
         if not begun:
             return self.instruction()
         latest = max(epoch for epoch, _ in begun)
@@ -154,20 +169,22 @@ class Control:
         given = self.instruction()
         return given if latest == given.epoch else Instruction(latest)
 
-    def begin(self, slot: int, epoch: int) -> int:
-        """Record that ``slot`` begins playing ``epoch`` under the current instruction; that generation."""
+    def begin(self, slot: int, epoch: int, iteration: int = 0) -> int:
+        """Record that ``slot`` begins playing ``epoch`` under the current instruction, in ``iteration`` (see
+        :meth:`upcoming`); that generation."""
         generation = self.generation
-        at = _SLOTS + 3 * slot
-        self._values[at : at + 3] = generation, epoch, 0
+        at = _SLOTS + _WIDTH * slot
+        self._values[at + 1 : at + 4] = epoch, 0, iteration
+        self._values[at] = generation  # last: a slot seen under this generation has its other fields
         return generation
 
     def finish(self, slot: int) -> None:
         """Record that ``slot`` has played its share of the epoch it began."""
-        self._values[_SLOTS + 3 * slot + 2] = 1
+        self._values[_SLOTS + _WIDTH * slot + 2] = 1
 
-    def _slots(self) -> list[tuple[int, int, int]]:
+    def _slots(self) -> list[tuple[int, int, int, int]]:
         values = self._values[_SLOTS:].tolist()
-        return list(zip(values[0::3], values[1::3], values[2::3]))
+        return list(zip(values[0::_WIDTH], values[1::_WIDTH], values[2::_WIDTH], values[3::_WIDTH]))
 
 
 _LIVE: weakref.WeakSet[Control] = weakref.WeakSet()

@@ -8,6 +8,7 @@ state becomes an instruction by :func:`resume_point`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -34,6 +35,7 @@ class Progress:
         self._run: Instruction | None = None  # what this process's current (or last) iteration plays
         self._run_generation = 0
         self._finished = False
+        self._begun = 0  # iterations this process has begun (a forked worker starts from its parent's count)
         self.yielded = 0
 
     @property
@@ -61,9 +63,18 @@ class Progress:
         info = get_worker_info()
         return 0 if info is None else slot_of(info.id, info.num_workers)
 
+    def iteration(self) -> int:
+        """The DataLoader iteration this worker's next iteration is part of, the same in each of its workers (its
+        ``base_seed``, drawn per iterator, and how many iterations this process has begun); 0 outside a worker."""
+        info = get_worker_info()
+        if info is None:
+            return 0
+        return int.from_bytes(hashlib.blake2b(f"{info.seed - info.id}:{self._begun}".encode(),
+                                              digest_size=7).digest(), "big") | 1
+
     def upcoming(self) -> Instruction:
         """What the next iteration of this process plays."""
-        return self._own if self._own is not None else self.control.upcoming(self.slot())
+        return self._own if self._own is not None else self.control.upcoming(self.slot(), self.iteration())
 
     def upcoming_skip(self) -> int:
         """Batches of the next iteration already yielded (from a worker-level state)."""
@@ -96,7 +107,8 @@ class Progress:
     def begin(self, at: Instruction, skip: int) -> None:
         """Record that this process begins playing ``at``, ``skip`` of its batches already yielded."""
         self._own, self._skip = None, 0
-        self._run, self._run_generation = at, self.control.begin(self.slot(), at.epoch)
+        self._run, self._run_generation = at, self.control.begin(self.slot(), at.epoch, self.iteration())
+        self._begun += 1
         self.yielded, self._finished = skip, False
 
     def finish(self) -> None:
