@@ -185,6 +185,10 @@ class ShardDataset(IterableDataset):
         """Where this process stands: exact in the process that iterates (see the module docs)."""
         at, yielded = self._progress.current()
         info = get_worker_info()
+        if info is None and self._progress.control.workers_playing():
+            logger.warning("ds.state_dict() in the training process cannot see how far its DataLoader workers have "
+                           "got in epoch %d: the state starts it again; save ds.state_after(batch) of the last batch "
+                           "trained on, or use a StatefulDataLoader's state", at.epoch)
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return self._state(at, yielded=yielded, worker=worker, num_workers=workers).to_dict()
 

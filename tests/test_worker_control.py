@@ -100,6 +100,22 @@ def test_iterations_by_loaders_of_other_worker_counts_play_the_next_epoch_whole(
     assert ds.epoch == 5
 
 
+def test_the_training_processs_own_state_while_workers_play(data: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Once its workers finished an epoch, the next one (it was the instruction they had played: resuming it
+    replayed the epoch). In the middle of one, which it cannot see: the epoch's start, with a warning, never the
+    next epoch (which would skip the rest)."""
+    ds = make(data)
+    assert played(DataLoader(ds, batch_size=None, num_workers=2)) == epoch_keys(data, 0)
+    resumed = make(data)
+    resumed.load_state_dict(ds.state_dict())
+    assert played(resumed) == epoch_keys(data, 1)
+    ds = make(data)
+    assert played(DataLoader(ds, batch_size=None, num_workers=2), stop=2) == epoch_keys(data, 0)[:2]
+    caplog.clear()
+    state = ds.state_dict()
+    assert (state["epoch"], state["start"]) == (0, 0) and "cannot see how far" in caplog.text
+
+
 def test_len_and_epoch_follow_an_iteration_that_workers_play(data: str) -> None:
     lengths = []
     for epoch in range(10):

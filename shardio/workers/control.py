@@ -138,6 +138,11 @@ class Control:
         """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
         return any(seen for seen, _, _, _ in self._slots()[1:])
 
+    def workers_playing(self) -> bool:
+        """Whether a DataLoader worker has begun an iteration since the last instruction and not finished it."""
+        generation = self.generation
+        return any(seen == generation and not finished for seen, _, finished, _ in self._slots()[1:])
+
     def upcoming(self, slot: int, iteration: int = 0) -> Instruction:
         """What the next iteration of ``slot`` plays. ``iteration`` names the DataLoader iteration a worker's
         slot is part of (0: the training process, whose every iteration is its own).

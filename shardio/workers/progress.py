@@ -92,6 +92,8 @@ class Progress:
         run = self._standing_run()
         if run is not None:
             return run, self.yielded
+        if self._own is None and get_worker_info() is None:
+            return self.control.current(), 0  # the training process while its workers play (see live)
         return self.upcoming(), self._skip
 
     def live(self) -> Instruction:
