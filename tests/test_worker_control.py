@@ -22,6 +22,7 @@ from typing import Any
 
 import process_groups
 import pytest
+import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -98,6 +99,11 @@ def test_iterations_by_loaders_of_other_worker_counts_play_the_next_epoch_whole(
     got = [played(loader, stop=2 if n == 1 else None) for n, loader in enumerate(loaders)]  # one left with a break
     assert got == [epoch_keys(data, 0), epoch_keys(data, 1)[:2], *(epoch_keys(data, e) for e in (2, 3, 4))]
     assert ds.epoch == 5
+    # loaders given a freshly seeded generator each: every iterator's workers draw the same seed
+    ds = make(data)
+    got = [played(DataLoader(ds, batch_size=None, num_workers=workers, generator=torch.Generator().manual_seed(0)))
+           for workers in (2, 2, 3, 0, 2)]
+    assert got == [epoch_keys(data, e) for e in range(5)]
 
 
 def test_the_training_processs_own_state_while_workers_play(data: str, caplog: pytest.LogCaptureFixture) -> None:

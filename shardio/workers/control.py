@@ -147,18 +147,24 @@ class Control:
         """What the next iteration of ``slot`` plays. ``iteration`` names the DataLoader iteration a worker's
         slot is part of (0: the training process, whose every iteration is its own).
 
-        A worker whose siblings (other slots of the same ``iteration``) have begun plays what they play. Any other
-        iteration is a new one: the instruction when nothing has begun under it, else the epoch after the latest
-        begun, whichever process began it (workers of another count, or the training process without workers).
+        A worker whose siblings (other slots of the same ``iteration``) have begun the latest epoch begun, one
+        this slot has not played, plays what they play. Any other iteration is a new one: the instruction when
+        nothing has begun under it, else the epoch after the latest begun, whichever process began it (workers of
+        another count, or the training process without workers). The conditions on siblings keep apart two
+        iterators whose workers draw the same seed (a DataLoader given a freshly seeded generator each time).
         """
         generation = self.generation
-        begun = [(number, epoch, it) for number, (seen, epoch, _, it) in enumerate(self._slots())
-                 if seen == generation]
+        slots = self._slots()
+        begun = [(number, epoch, it) for number, (seen, epoch, _, it) in enumerate(slots) if seen == generation]
         given = self.instruction()
-        siblings = [epoch for number, epoch, it in begun if iteration and it == iteration and number != slot]
-        if siblings:
-            return given if siblings[0] == given.epoch else Instruction(siblings[0])
-        return Instruction(max(epoch for _, epoch, _ in begun) + 1) if begun else given
+        if not begun:
+            return given
+        latest = max(epoch for _, epoch, _ in begun)
+        played = slots[slot][1] if slots[slot][0] == generation else -1
+        if iteration and any(it == iteration and number != slot and epoch == latest > played
+                             for number, epoch, it in begun):
+            return given if latest == given.epoch else Instruction(latest)
+        return Instruction(latest + 1)
 
     def current(self) -> Instruction:
         """The job's iteration as the training process sees it when workers play it: the latest epoch begun

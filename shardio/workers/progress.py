@@ -65,12 +65,13 @@ class Progress:
 
     def iteration(self) -> int:
         """The DataLoader iteration this worker's next iteration is part of, the same in each of its workers (its
-        ``base_seed``, drawn per iterator, and how many iterations this process has begun); 0 outside a worker."""
+        ``base_seed``, drawn per iterator, its worker count, and how many iterations this process has begun); 0
+        outside a worker."""
         info = get_worker_info()
         if info is None:
             return 0
-        return int.from_bytes(hashlib.blake2b(f"{info.seed - info.id}:{self._begun}".encode(),
-                                              digest_size=7).digest(), "big") | 1
+        named = f"{info.seed - info.id}:{info.num_workers}:{self._begun}".encode()
+        return int.from_bytes(hashlib.blake2b(named, digest_size=7).digest(), "big") | 1
 
     def upcoming(self) -> Instruction:
         """What the next iteration of this process plays."""
