@@ -7,11 +7,13 @@ tests/test_worker_control.py's; these pin the rules they rely on.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardio.errors import StateError
 from shardio.planning.plan import Segment
 from shardio.state import LoaderState
-from shardio.workers.control import Instruction
+from shardio.workers.control import Control, Instruction
 from shardio.workers.progress import Progress, resume_point
 
 
@@ -86,3 +88,45 @@ def test_a_workers_own_instruction_wins_over_the_control_blocks() -> None:
     progress.begin(progress.upcoming(), progress.upcoming_skip())
     assert progress.follows_control
     assert progress.yielded == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_every_process_of_an_iteration_plays_the_next_epoch(data: st.DataObject) -> None:
+    """Iterations without set_epoch, simulated on a control block: the training process itself (slot 0) or
+    the workers of one DataLoader iterator (any count, seeds fresh or the same as before, persistent or not),
+    their first looks and begins interleaved. Every process of an iteration plays the same epoch, the one after
+    the last iteration's (the instruction's first)."""
+    control = Control()
+    given_epoch = data.draw(st.integers(0, 3))
+    first = Instruction(given_epoch, start=data.draw(st.integers(0, 2)), loaded=True)
+    control.give(first)
+    trained = 0  # iterations the training process has begun itself (forked workers inherit the count)
+    persistent: dict[int, list[int]] = {}  # worker count -> each persistent worker's iterations begun
+    for number in range(data.draw(st.integers(1, 6))):
+        workers = data.draw(st.integers(0, 4))
+        if workers == 0:
+            played = [control.upcoming(0)]
+            control.begin(0, played[0].epoch)
+            trained += 1
+        else:
+            keep = data.draw(st.booleans())  # a persistent loader: its workers, their seed and counts, stay
+            seed = 1000 + workers if keep else data.draw(st.sampled_from([7, 7 + number * 100]))  # 7: the same again
+            counts = persistent.setdefault(workers, [trained] * workers) if keep else [trained] * workers
+            names = [hash((seed, workers, counts[w])) & (2**55 - 1) | 1 for w in range(workers)]
+            order = data.draw(st.permutations([("look", w) for w in range(workers)] +
+                                              [("begin", w) for w in range(workers)]))
+            looked: dict[int, Instruction] = {}
+            for step, w in order:
+                if step == "look" and w not in looked:
+                    looked[w] = control.upcoming(1 + w, names[w])
+                elif step == "begin" and w in looked:
+                    control.begin(1 + w, looked[w].epoch, names[w])
+                    counts[w] += 1
+                elif step == "begin":  # its look comes later in the order: look and begin now
+                    looked[w] = control.upcoming(1 + w, names[w])
+                    control.begin(1 + w, looked[w].epoch, names[w])
+                    counts[w] += 1
+            played = list(looked.values())
+        expected = first if number == 0 else Instruction(given_epoch + number)
+        assert played == [expected] * len(played)
