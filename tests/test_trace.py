@@ -72,8 +72,8 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
     for r in range(3):
         ds = make(dataset_dir, World(r, 3))
         ds.load_state_dict(state)
+        resumed_state = ds.state_dict()  # the rest of epoch 0 on 3 ranks (once the workers finish it: epoch 1)
         seen.update(run(ds, step0=4)[0])
-    resumed_state = ds.state_dict()
     trace = Trace(make(dataset_dir, World()), resumed_state)
     assert trace.segments(0)[0][:2] == (2, 0) and trace.segments(0)[1][:2] == (3, 4)
     assert traced(trace, 0) == seen
