@@ -117,14 +117,10 @@ def test_every_process_of_an_iteration_plays_the_next_epoch(data: st.DataObject)
             order = data.draw(st.permutations([("look", w) for w in range(workers)] +
                                               [("begin", w) for w in range(workers)]))
             looked: dict[int, Instruction] = {}
-            for step, w in order:
-                if step == "look" and w not in looked:
+            for step, w in order:  # a worker's first event looks (a begin drawn first looks, then begins)
+                if w not in looked:
                     looked[w] = control.upcoming(1 + w, names[w])
-                elif step == "begin" and w in looked:
-                    control.begin(1 + w, looked[w].epoch, names[w])
-                    counts[w] += 1
-                elif step == "begin":  # its look comes later in the order: look and begin now
-                    looked[w] = control.upcoming(1 + w, names[w])
+                if step == "begin":
                     control.begin(1 + w, looked[w].epoch, names[w])
                     counts[w] += 1
             played = list(looked.values())

@@ -108,9 +108,13 @@ class Trace:
         consumed = self.state.history[segment].consumed
         return np.flatnonzero(held[plan.rank_batches].any(axis=0)[consumed:]) + consumed
 
-    def _dealt(self, epoch: int, segment: int, count: int) -> list[tuple[int, bool]]:
-        """``(batch index, ahead)`` of every batch ``segment`` of ``epoch`` consumed (or plans), in order."""
-        return [(j, False) for j in range(count)] + [(j, True) for j in self.ahead(epoch, segment).tolist()]
+    def _dealt(self, epoch: int, segment: int, start: int, count: int, first: int = 0,
+               stop: int | None = None) -> list[tuple[int, bool]]:
+        """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``, ``count``
+        steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
+        window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
+        return [(j, False) for j in window] + [(j, True) for j in self.ahead(epoch, segment).tolist()
+                                               if first <= start + j and (stop is None or start + j < stop)]
 
     def position_step(self) -> int:
         """The epoch step the state stands at (the next batch to train on)."""
@@ -126,7 +130,7 @@ class Trace:
             raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
         records = []
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
-            dealt = [(j, ahead) for j, ahead in self._dealt(epoch, number, count) if first <= start + j < stop]
+            dealt = self._dealt(epoch, number, start, count, first, stop)
             if not dealt:
                 continue
             if rank is not None and not 0 <= rank < world_size:
@@ -146,7 +150,7 @@ class Trace:
         ahead after its others)."""
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
             plan = self.plan(epoch, number)
-            for j, ahead in self._dealt(epoch, number, count):
+            for j, ahead in self._dealt(epoch, number, start, count):
                 for r in range(world_size):
                     yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
 
