@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shardio.dataset
+import shardio.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.workers import nodeplan, planfiles
@@ -25,7 +25,7 @@ WORLD_SIZE = 3
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(shardio.dataset, "plan_epoch", shardio.dataset.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(shardio.epochplans, "plan_epoch", shardio.epochplans.plan_epoch)  # restored afterwards
     return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6, 11], duration_range=(0.01, 0.02)).root
 
 
