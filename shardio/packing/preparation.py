@@ -21,6 +21,7 @@ import soundfile as sf
 
 from ..errors import DecodeError, InputProblem
 from ..reading.decode import decode_audio
+from ..reading.fields import BATCH_FIELDS
 from .corpus import Source
 from .truncation import truncation_problem
 
@@ -63,6 +64,11 @@ class _Reject(Exception):
 def prepare(task: Task) -> Prepared | InputProblem:
     """Read, validate and (when asked) transcode one source; runs in a pool worker."""
     source = task.source
+    clash = BATCH_FIELDS.intersection(source.meta)
+    if clash:
+        return InputProblem(source.where, task.key, f"the metadata field(s) {', '.join(map(repr, sorted(clash)))} "
+                            "have the name of a field shardio gives every batch "
+                            f"({', '.join(sorted(BATCH_FIELDS))}): rename them")
     try:
         ext, data, frames, rate, channels = _load(source, task.transcode)
     except _Reject as exc:

@@ -27,7 +27,7 @@ from . import blocks
 from .batchmemory import audio_rows, sample_row
 from .collate import collate, collate_into, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
-from .fields import add_member_fields
+from .fields import add_member_fields, check_field_names
 from .lane import Lane
 from .pcm16 import DTYPES, decode_pcm16, to_int16
 from .reader import Reader
@@ -221,8 +221,10 @@ class Assembler:
         if ext not in members:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
         sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
-        if index.has_metadata:
-            for name, value in index.metadata(sample_id).items():  # kept in the index (a NeMo dataset's manifest)
+        if index.has_metadata:  # kept in the index (a NeMo dataset's manifest)
+            metadata = index.metadata(sample_id)
+            check_field_names(metadata, where)
+            for name, value in metadata.items():
                 sample.setdefault(name, value)
         add_member_fields(sample, members, where)
         return _Prepared(position, sample, read_header(members[ext], ext, where=where))

@@ -9,7 +9,11 @@ from typing import Any
 
 from ..errors import FormatError
 
-__all__ = ["add_member_fields", "json_object"]
+__all__ = ["BATCH_FIELDS", "add_member_fields", "check_field_names", "json_object"]
+
+BATCH_FIELDS = frozenset({"keys", "lengths", "repeat", "skipped", "epoch", "batch_index"})
+"""Fields shardio gives every batch: a sample's metadata field of one of these names would replace the batch's
+own (or be replaced by it) unseen, so such a field is refused (:func:`check_field_names`)."""
 
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed takes it for a class
 
@@ -39,7 +43,18 @@ def add_member_fields(sample: dict[str, Any], members: Mapping[str, memoryview],
     """Add the fields of ``members``' ``json`` object, then its ``txt`` as ``text``, to ``sample``; a field
     the sample has already keeps its value."""
     if "json" in members:
-        for name, value in json_object(members["json"], where).items():
+        fields = json_object(members["json"], where)
+        check_field_names(fields, where)
+        for name, value in fields.items():
             sample.setdefault(name, value)
     if "txt" in members:  # kept beside a .json (webdataset's wav + txt + json); the JSON's "text" wins
         sample.setdefault("text", bytes(members["txt"]).decode("utf-8", errors="replace"))
+
+
+def check_field_names(fields: Mapping[str, Any], where: str) -> None:
+    """A :class:`~shardio.errors.FormatError` when metadata ``fields`` name one of :data:`BATCH_FIELDS`."""
+    if not BATCH_FIELDS.isdisjoint(fields):
+        clash = sorted(BATCH_FIELDS.intersection(fields))
+        raise FormatError(f"{where}: the metadata field(s) {', '.join(map(repr, clash))} have the name of a field "
+                          f"shardio gives every batch ({', '.join(sorted(BATCH_FIELDS))}); rename them in the "
+                          "corpus and pack it again")
