@@ -227,7 +227,10 @@ class Assembler:
             for name, value in metadata.items():
                 sample.setdefault(name, value)
         add_member_fields(sample, members, where)
-        return _Prepared(position, sample, read_header(members[ext], ext, where=where))
+        columns = index.columns
+        return _Prepared(position, sample, read_header(members[ext], ext, where=where,
+                                                       frames=int(columns["num_frames"][sample_id]),
+                                                       rate=int(columns["sample_rate"][sample_id])))
 
     def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,
                 row: np.ndarray | None) -> dict[str, Any]:

@@ -20,6 +20,8 @@ anything, and the general path builds the whole batch: its errors, skips and mes
 
 from __future__ import annotations
 
+import operator
+
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +32,11 @@ from ..errors import ShardioError
 from . import blocks
 from .batchmemory import audio_rows, columns_behind
 from .collate import PLAIN_TYPES, clear_padding
-from .decode import EncodedAudio, WavLayout, convert_wav, wav_layout
+from .decode import EncodedAudio
 from .fields import add_member_fields
 from .pcm16 import decode_pcm16
 from .reader import Reader
+from .wav import WavLayout, convert_wav, wav_layout
 
 __all__ = ["Lane"]
 
@@ -61,7 +64,7 @@ class Lane:
         self.fields = fields
         columns = reader.index.columns
         self._shard, self._format = columns["shard"], columns["format"]
-        self._frames, self._channels = columns["num_frames"], columns["channels"]
+        self._frames, self._channels, self._rate = columns["num_frames"], columns["channels"], columns["sample_rate"]
         self._member_offset, self._member_size = columns["member_offset"], columns["member_size"]
 
     @staticmethod
@@ -102,6 +105,8 @@ class Lane:
                     rates.append(self._decode(row, samples[-1], audio[-1]))
                 _check_fields(samples)
             lengths = [layout.frames for _, layout in audio]
+            if rates != self._rate[ids].tolist() or any(map(operator.gt, lengths, frames)):
+                raise _Unusual  # a sample unlike its index record: the general path names it
             clear_padding(block, rows, lengths)
         except BaseException as exc:
             blocks.release(block)

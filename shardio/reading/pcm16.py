@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from .decode import EncodedAudio
+from .decode import EncodedAudio, check_frames_read, check_layout, check_rate, frames_to_read
 from .memoryfile import read_sound
 
 __all__ = ["DTYPES", "decode_pcm16", "to_int16"]
@@ -31,10 +31,11 @@ def to_int16(audio: Any) -> np.ndarray:
 def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndarray, int] | None:
     """The int16 samples of 16-bit PCM audio, as stored (into ``out[:, :frames]``, an int16 ``(channels, T)``
     array, when they fit), and its rate; None when the audio is not 16-bit PCM (decode it as float32)."""
-    view, ext, where, layout = encoded
+    view, ext, where, layout = encoded.view, encoded.ext, encoded.where, encoded.layout
     if layout is not None:
         if layout.dtype != "<i2" or layout.frames == 0:
             return None
+        check_layout(encoded, layout)
         samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
         source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
         target = _fits(out, layout.channels, layout.frames)
@@ -42,21 +43,28 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
             return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate
         np.copyto(target, source)
         return target, layout.sample_rate
-    return read_sound(view, ext, where, lambda sound: _read_int16(sound, out))
+    stored = read_sound(view, ext, where, lambda sound: _read_int16(sound, out, encoded))
+    if stored is not None:
+        check_rate(encoded, stored[1])
+    return stored
 
 
-def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None) -> tuple[np.ndarray, int] | None:
+def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None, encoded: EncodedAudio
+                ) -> tuple[np.ndarray, int] | None:
     """The samples of an open 16-bit PCM sound, as stored (into ``out`` when it is mono and fits), and its
     rate; None for any other sound."""
     if sound.subtype != "PCM_16" or sound.frames <= 0:
         return None
     if sound.seekable():
         sound.seek(0)
-    target = _fits(out, 1, sound.frames) if sound.channels == 1 else None
+    frames = frames_to_read(sound, encoded)
+    target = _fits(out, 1, frames) if sound.channels == 1 else None
     if target is not None:
-        return target[:, : sound.read(out=target[0]).shape[0]], int(sound.samplerate)
-    audio = sound.read(sound.frames, dtype="int16", always_2d=True)
-    return np.ascontiguousarray(audio.T), int(sound.samplerate)
+        audio = target[:, : sound.read(out=target[0]).shape[0]]
+    else:
+        audio = np.ascontiguousarray(sound.read(frames, dtype="int16", always_2d=True).T)
+    check_frames_read(audio.shape[1], sound, encoded)
+    return audio, int(sound.samplerate)
 
 
 def _fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | None:
