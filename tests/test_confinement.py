@@ -325,7 +325,47 @@ def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path:
     builder.build().save()
     result = run_limited(_READ_ONE.format(root=str(root)), headroom_mb=256)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "runs past its frame" in result.stdout, result.stdout
+    assert "more than a frame of its size may hold" in result.stdout, result.stdout
+
+
+def _zstd_dataset(root: Path, frame: bytes, member_offset: int, member_size: int) -> None:
+    root.mkdir()
+    (root / "s.tar.zst").write_bytes(frame)
+    builder = IndexBuilder(str(root))
+    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=member_offset,
+                       member_size=member_size, num_frames=80, sample_rate=8000, channels=1, audio_ext="wav")
+    builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 0.01, "zstd"))
+    builder.build().save()
+
+
+def test_a_small_zstd_frame_that_decompresses_far_is_not_decompressed_past_its_bound(tmp_path: Path) -> None:
+    """A 20 KB frame of 512 MiB of zeros, and an index placing the sample 400 MiB into it: a frame may hold 64
+    times its bytes plus 64 MiB, so nothing is decompressed (the old reader made 400 MiB, then copied it)."""
+    frame = zstandard.ZstdCompressor().compress(b"\0" * (512 << 20))
+    assert len(frame) < 64 << 10
+    _zstd_dataset(tmp_path / "ds", frame, 400 << 20, 1 << 10)
+    result = run_limited(_READ_ONE.format(root=str(tmp_path / "ds")), headroom_mb=96)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "more than a frame of its size may hold" in result.stdout, result.stdout
+
+
+def test_ten_minutes_of_digital_silence_in_one_frame_still_reads(tmp_path: Path) -> None:
+    """What the frame bound leaves room for: 19 MB of silence compress to about 600 bytes."""
+    silence = np.zeros(16000 * 600, np.float32)
+    sample = encode_sample("a", {"wav": wav_bytes(silence, 16000)})
+    frame = zstandard.ZstdCompressor().compress(sample)
+    assert len(frame) * 64 < len(sample)
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "s.tar.zst").write_bytes(frame)
+    builder = IndexBuilder(str(root))
+    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=0,
+                       member_size=len(sample), num_frames=len(silence), sample_rate=16000, channels=1,
+                       audio_ext="wav")
+    builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 600.0, "zstd"))
+    builder.build().save()
+    members = Reader(Index.load(root)).members(0)
+    assert len(members["wav"]) == 44 + 2 * len(silence)
 
 
 def test_indexing_streams_members_in_bounded_memory(tmp_path: Path) -> None:

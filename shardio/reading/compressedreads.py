@@ -27,6 +27,10 @@ __all__ = ["CompressedReads"]
 _MAX_FRAME_EXCESS = 256 << 20
 # A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
 _ONE_SHOT_FRAME = 64 << 20
+# What a frame may decompress to, whatever the index places in it: this many times its own bytes plus this many
+# bytes. Audio compresses a few times at most; digital silence far more (10 minutes at 16 kHz, 19 MB, in 607
+# bytes at level 3), which the additive part leaves room for.
+_FRAME_RATIO, _FRAME_SLACK = 64, 64 << 20
 
 
 class CompressedReads:
@@ -77,16 +81,21 @@ class CompressedReads:
     def _frame_bytes(self, shard: int, frame_offset: int, frame_size: int, need: int, where: str) -> bytes:
         if self._frame is not None and self._frame[:2] == (shard, frame_offset):
             return self._frame[2]
-        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
         problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
+        bound = _FRAME_RATIO * frame_size + _FRAME_SLACK
+        if need > bound:
+            raise FormatError(f"{problem}: the index places {need} bytes in it, more than a frame of its size may "
+                              f"hold ({bound}: {_FRAME_RATIO} times its bytes plus {_FRAME_SLACK >> 20} MiB)")
+        limit = min(need + _MAX_FRAME_EXCESS, bound)
+        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
         try:
             claimed = zstandard.frame_content_size(raw)
-            if claimed >= 0 and not need <= claimed <= need + _MAX_FRAME_EXCESS:
+            if claimed >= 0 and not need <= claimed <= limit:
                 raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
             if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
-                data = self._decompressor.decompress(raw, max_output_size=need + _MAX_FRAME_EXCESS)
+                data = self._decompressor.decompress(raw, max_output_size=limit)
             else:  # the buffer grows only as the frame really decompresses, whatever its header claims
-                data = decompress_upto(raw, "zstd", need + _MAX_FRAME_EXCESS, where)
+                data = decompress_upto(raw, "zstd", limit, where)
         except zstandard.ZstdError as exc:
             raise FormatError(f"{problem}: {exc}") from None
         self._frame = (shard, frame_offset, data)

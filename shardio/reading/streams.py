@@ -40,17 +40,18 @@ def _reader(raw: bytes | memoryview, codec: str) -> Any:
 def decompress_upto(raw: bytes | memoryview, codec: str, limit: int, where: str) -> bytes:
     """``raw`` (a whole ``codec`` stream) decompressed, up to ``limit`` bytes: never more are made, and the
     output grows in chunks as the data really decompresses (whatever a header claims)."""
-    out = bytearray()
+    out = io.BytesIO()  # its getvalue() hands over its own buffer: the output is never held twice at once
+    made = 0
     try:
         stream = _reader(raw, codec)
-        while len(out) < limit:
-            chunk = stream.read(min(_CHUNK, limit - len(out)))
+        while made < limit:
+            chunk = stream.read(min(_CHUNK, limit - made))
             if not chunk:
                 break
-            out += chunk
+            made += out.write(chunk)
     except (OSError, EOFError, ValueError, zstandard.ZstdError) as exc:
         raise FormatError(f"{where}: cannot decompress the shard ({codec}): {describe(exc)}") from None
-    return bytes(out)
+    return out.getvalue()
 
 
 def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
@@ -60,4 +61,4 @@ def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
     if len(out) < need:
         raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
                           f"places samples up to byte {need}")
-    return bytes(out)
+    return out
