@@ -121,9 +121,9 @@ class EpochPlans:
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
             others = get_worker_info() is not None or world.world_size > 1 or self._progress.control.workers_begun()
-            job = {"index": self.index.fingerprint, "seed": self.seed, "options": self.options,
+            job = {"index": self.index.content_id, "seed": self.seed, "options": self.options,
                    "world": world.world_size, "extra": self._extra}
-            # once per node where others may need it and the index's fingerprint names its content
+            # once per node where others may need it and the index's content is known (loaded or saved)
             share = planfiles.share(job, epoch, history, world.rank, len(self.index),
                                     lambda: self._plan_of(epoch, history), others and self.index.fingerprinted)
             self._shares = {key: share}

@@ -72,6 +72,14 @@ class MixIndex(Index):
         combined.columns = combined._chained()
         return combined
 
+    @property
+    def content_id(self) -> str:
+        """The corpus names and each part's :attr:`~shardio.shards.index.Index.content_id`, as one digest."""
+        if not self._content_id:
+            parts = json.dumps([[name, part.content_id] for name, part in zip(self.names, self.parts)])
+            self._content_id = hashlib.sha256(parts.encode()).hexdigest()[:32]
+        return self._content_id
+
     def _chained(self) -> dict[str, Any]:
         columns = {}
         for column, dtype in COLUMNS.items():

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 import shardio.epochplans
 from sample_shards import make_uneven_dataset
-from shardio import ShardDataset, World
+from shardio import Index, ShardDataset, World
 from shardio.planning.plan import EpochPlan
 from test_plan_lock import epochs_on_disk
 
@@ -94,3 +94,20 @@ def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.M
         assert persistent_run(root, 2) == expected
     assert "each process plans the epoch by itself" in caplog.text
     assert os.listdir(tmp_path / "cache" / "plans") == []  # no partial plan left behind
+
+
+def test_a_fingerprint_copied_from_another_dataset_never_maps_its_plans(root: str, tmp_path: Path) -> None:
+    """Node plan files are keyed by the index's content, not by the fingerprint index.json states: a dataset that
+    states another's fingerprint (copied by hand, or by a hostile dataset) used to map that dataset's plans and
+    yield 32 of its 40 samples, silently."""
+    from hostile import rewrite_header
+
+    other = make_uneven_dataset(tmp_path / "other", [19, 21], seed=5, duration_range=(0.01, 0.02))
+    stated = Index.load(root).fingerprint
+    rewrite_header(Path(other.root), lambda header: header.update(fingerprint=stated))
+    assert Index.load(other.root).fingerprint == stated
+    for rank in range(2):  # the first dataset's plans, on disk for world 2
+        list(ShardDataset(root, batch_size=2, world=World(rank, 2)))
+    keys = [key for rank in range(2) for batch in ShardDataset(other.root, batch_size=2, world=World(rank, 2))
+            for key in batch["keys"]]
+    assert sorted(set(keys)) == sorted(Index.load(other.root).keys) and len(keys) == 40

@@ -84,6 +84,7 @@ class Index:
     """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
     _digested: bool = field(default=False, repr=False, compare=False)
     """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
+    _content_id: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -112,8 +113,19 @@ class Index:
     def fingerprinted(self) -> bool:
         """Whether :attr:`fingerprint` names this content: an index loaded from disk or saved there (where it is the
         digest of what was written), not one made in memory with whatever fingerprint it was given. Derived data
-        keyed by the fingerprint, such as the node's plan files, is kept only for such an index."""
+        shared between processes, such as the node's plan files, is kept only for such an index (keyed by its
+        :attr:`content_id`)."""
         return self._digested
+
+    @property
+    def content_id(self) -> str:
+        """A digest of what this index holds: its header as shardio writes it, which records the digest of its
+        columns (checked when they are loaded) and every shard's size and hash. Unlike :attr:`fingerprint`, which
+        ``index.json`` states (and an upgraded index keeps), it cannot be copied from another dataset, so data
+        derived from an index and shared between processes (the node's plan files) is keyed by it."""
+        if not self._content_id:
+            self._content_id = self._compute_fingerprint()
+        return self._content_id
 
     @property
     def durations(self) -> np.ndarray:
@@ -195,6 +207,7 @@ class Index:
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
         if not (keep_fingerprint and self.fingerprint):
             self.fingerprint, self._digested = self._compute_fingerprint(), True
+        self._content_id = ""
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
         write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
 

@@ -11,7 +11,7 @@ processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) a
 ranks of a node plan an epoch once, and the page cache holds one copy of it.
 
 Names: ``{job}-e{epoch:06d}-{digest}`` (:func:`name`). ``job`` is a short digest of what stays the same
-through a job (index fingerprint, seed, options, world size, a state's ``extra``, shardio's version and
+through a job (the index's content id, seed, options, world size, a state's ``extra``, shardio's version and
 source); ``digest`` covers everything that shapes the plan (those, the epoch and its history of world-size
 changes), never the rank. The content is a function of the name, so a file is never rewritten: written under a
 temporary name, renamed into place, checked when mapped. Anything that fails around the files or the lock
