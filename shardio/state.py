@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-import reprlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .errors import OptionError, StateError
 from .planning.plan import Segment
+from .statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree, shown
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
            "options_fingerprint", "split", "steps_after_snapshot"]
@@ -75,25 +75,27 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LoaderState:
-        """Parse a state dict, with a :class:`StateError` for anything missing or malformed."""
+        """Parse a state dict, with a :class:`StateError` for anything missing or malformed: every field is
+        bounded here (:mod:`shardio.statechecks`), before anything plans with it."""
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
         if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
-            raise StateError(f"loader state version {state.get('version')!r}; this shardio reads "
+            raise StateError(f"loader state version {shown(state.get('version'))}; this shardio reads "
                              f"version {STATE_VERSION}")
         for name in ("epoch", "seed", "index", "options", "world_size", "history", "start", "yielded", "worker",
                      "num_workers"):
             if name not in state:
                 raise StateError(f"malformed loader state: field {name} is missing")
-        ints = {name: _count(state, name, 1 if name in ("world_size", "num_workers") else 0)
+        # the seed is only compared with the dataset's, which may be any integer >= 0
+        most = {"world_size": MAX_WORLD_SIZE, "num_workers": MAX_WORKERS, "seed": None}
+        ints = {name: check_count(state, name, 1 if name in ("world_size", "num_workers") else 0,
+                                  most.get(name, MAX_COUNT))
                 for name in ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")}
         if ints["worker"] >= ints["num_workers"]:
             raise StateError(f"malformed loader state: field worker is {ints['worker']}, not below num_workers "
                              f"{ints['num_workers']}")
         for name in ("options", "extra"):
-            if not isinstance(state.get(name, {}), Mapping):
-                raise StateError(f"malformed loader state: field {name} must be a dict, not "
-                                 f"{type(state[name]).__name__}")
+            check_tree(name, state.get(name, {}))
         if not isinstance(state["index"], str):
             raise StateError(f"malformed loader state: field index must be a string, not "
                              f"{type(state['index']).__name__}")
@@ -104,12 +106,15 @@ class LoaderState:
         """What differs between this state and a dataset with these settings (empty when compatible)."""
         found = []
         if self.index != index:
-            found.append(f"index fingerprint: state {self.index}, dataset {index} (another dataset or a re-pack)")
+            found.append(f"index fingerprint: state {shown(self.index)}, dataset {shown(index)} (another dataset "
+                         "or a re-pack)")
         if self.seed != seed:
-            found.append(f"seed: state {self.seed}, dataset {seed}")
+            found.append(f"seed: state {shown(self.seed)}, dataset {shown(seed)}")
         for name in sorted(set(self.options) | set(options)):
             if self.options.get(name) != options.get(name):
-                found.append(f"option {name}: state {self.options.get(name)!r}, dataset {options.get(name)!r}")
+                label = name if len(name) <= 80 and name.isprintable() else shown(name)
+                found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
+                             f"{shown(options.get(name))}")
         return found
 
 
@@ -173,7 +178,7 @@ def split(states: Iterable[LoaderState], steps_after: int = 0) -> tuple[LoaderSt
                          "steps took is not in it: save it at a snapshot step, or load it with the loader's own "
                          "load_state_dict")
     if len(states) == 1 and first.num_workers == 1:
-        return (first.at(first.position + steps_after) if steps_after else first), ()
+        return (_at(first, first.position + steps_after) if steps_after else first), ()
     by_worker = {s.worker: s for s in states}
     shape = {(s.epoch, s.start, s.num_workers, s.history) for s in states}
     if len(shape) != 1 or len(by_worker) != first.num_workers or len(states) != first.num_workers:
@@ -187,13 +192,21 @@ def split(states: Iterable[LoaderState], steps_after: int = 0) -> tuple[LoaderSt
     beyond = sum(max(0, taken[worker] - first_ahead[worker]) for worker in range(workers))
     if beyond > _MAX_AHEAD:
         raise StateError(f"malformed loader state: its workers' states are {beyond} batches apart (they yielded "
-                         f"{reprlib.repr(taken)}); a DataLoader's workers stay within a round of each other")
+                         f"{shown(taken)}); a DataLoader's workers stay within a round of each other")
     ahead = tuple(sorted(first.start + worker + count * workers for worker in range(workers)
                          for count in range(first_ahead[worker], taken[worker])))
     if ahead and steps_after:
         raise StateError(f"a StatefulDataLoader state {steps_after} step(s) after its snapshot whose workers' states "
                          "consumed out of plan order: save it at a snapshot step")
-    return first.at(first.start + prefix + steps_after), ahead
+    return _at(first, first.start + prefix + steps_after), ahead
+
+
+def _at(state: LoaderState, position: int) -> LoaderState:
+    """``state.at(position)``, a position the control block holds."""
+    if position > MAX_COUNT:
+        raise StateError(f"malformed loader state: field yielded: the workers' states stand at batch {position} "
+                         f"of the segment, beyond {MAX_COUNT}")
+    return state.at(position)
 
 
 def steps_after_snapshot(container: Any) -> int:
@@ -203,9 +216,9 @@ def steps_after_snapshot(container: Any) -> int:
     found = [item["_steps_since_snapshot"] for item in _mappings(container)
              if "_snapshot" in item and "_steps_since_snapshot" in item]
     for steps in found:
-        if type(steps) is not int or steps < 0:
-            raise StateError(f"malformed StatefulDataLoader state: _steps_since_snapshot must be an integer >= 0, "
-                             f"not {reprlib.repr(steps)}")
+        if type(steps) is not int or not 0 <= steps <= MAX_COUNT:
+            raise StateError(f"malformed StatefulDataLoader state: _steps_since_snapshot must be an integer >= 0 "
+                             f"and <= {MAX_COUNT}, not {shown(steps)}")
     if len(found) > 1:
         raise StateError(f"{len(found)} StatefulDataLoader states in one checkpoint: load the one of this dataset")
     return found[0] if found else 0
@@ -217,25 +230,20 @@ def job_state(container: Any) -> LoaderState:
     return combine(find_states(container), steps_after_snapshot(container))
 
 
-def _count(state: Mapping[str, Any], name: str, least: int) -> int:
-    """Field ``name``: an int (not a bool, float or string) of at least ``least``."""
-    value = state[name]
-    if type(value) is not int or value < least:
-        raise StateError(f"malformed loader state: field {name} must be an integer >= {least}, "
-                         f"not {reprlib.repr(value)}")
-    return value
-
-
 def _history(value: Any) -> tuple[Segment, ...]:
-    """Field ``history``: a list of ``[world_size >= 1, consumed >= 0]`` integer pairs."""
+    """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs, each within the
+    bounds of :mod:`shardio.statechecks` (whether ``consumed`` fits its plan is the planner's to say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
+    if len(value) > MAX_HISTORY:
+        raise StateError(f"malformed loader state: field history has {len(value)} world-size changes in one "
+                         f"epoch; at most {MAX_HISTORY} are kept")
     segments = []
     for number, item in enumerate(value):
         if (not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item)
-                or item[0] < 1 or item[1] < 0):
-            raise StateError(f"malformed loader state: field history[{number}] must be [world_size >= 1, "
-                             f"consumed >= 0] (integers), not {reprlib.repr(item)}")
+                or not 1 <= item[0] <= MAX_WORLD_SIZE or not 0 <= item[1] <= MAX_COUNT):
+            raise StateError(f"malformed loader state: field history[{number}] must be [world_size >= 1 and <= "
+                             f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] (integers), not {shown(item)}")
         segments.append(Segment(item[0], item[1]))
     return tuple(segments)
 

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import OptionError, StateError
+from ..planning.options import MAX_BUCKETS
 from ..state import job_state
+from ..statechecks import shown
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -21,6 +23,13 @@ if TYPE_CHECKING:
 __all__ = ["open_for_state", "read_state", "write_rows", "write_samples"]
 
 _ORDERING = ("shuffle", "shuffle_shards")
+# what each plan option a state records may be (JSON types; ranges are Batching's and Ordering's to check)
+_INT, _NUMBER, _TEXT, _FLAG = "an integer", "a number", "a string", "true or false"
+_KINDS = {"batch_size": (_INT, True), "max_batch_size": (_INT, True), "num_buckets": (_INT, True),
+          "max_duration": (_NUMBER, True), "quadratic_duration": (_NUMBER, True), "min_duration": (_NUMBER, True),
+          "max_sample_duration": (_NUMBER, True), "remainder": (_TEXT, False), "sync_buckets": (_FLAG, True),
+          "batch_cost_name": (_TEXT, True), "shuffle": (_FLAG, False), "shuffle_shards": (_INT, False)}
+_TYPES: dict[str, tuple[type, ...]] = {_INT: (int,), _NUMBER: (int, float), _TEXT: (str,), _FLAG: (bool,)}
 
 
 def read_state(path: str) -> dict[str, Any]:
@@ -28,9 +37,10 @@ def read_state(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             state = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: "
-                         f"{exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deep
+        reason = str(exc)
+        reason = reason if len(reason) <= 200 and reason.isprintable() else shown(reason)[1:-1]
+        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: {reason})") from None
     job_state(state)  # a typed error now if there is none
     return dict(state)
 
@@ -41,23 +51,25 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     from ..dataset import ShardDataset
     from ..mixed import MixedDataset
     from ..planning.mix import EpochSize
-    from ..planning.plan import Batching
+    from ..planning.plan import Batching, Ordering
 
     loaded = job_state(state)
     options = dict(loaded.options)
     mix, corpora = options.pop("mix", None), options.pop("corpora", None)
     ordering = {name: options.pop(name) for name in _ORDERING if name in options}
     if options.get("batch_cost") is not None:
-        raise OptionError(f"the run planned with batch_cost {options['batch_cost']!r}, a function the state "
+        raise OptionError(f"the run planned with batch_cost {shown(options['batch_cost'])}, a function the state "
                           "names but does not hold: trace it from Python, shardio.Trace(dataset, state)")
     options.pop("batch_cost", None)
     options["sync_buckets"] = bool(options.get("sync_buckets", False))  # a state records it only when on
+    _check_kinds({**options, **ordering})
     try:
         if options.get("duration_bins") is not None:
             options["duration_bins"] = tuple(options["duration_bins"])
         batching = Batching(**options)
-    except TypeError as exc:
-        raise StateError(f"the state's options are not a shardio plan's options: {exc}") from None
+        Ordering(**ordering)
+    except OptionError as exc:
+        raise StateError(f"state field options: {exc}") from None
     common: dict[str, Any] = {"seed": loaded.seed, **ordering}
     if mix is None:
         if len(locations) != 1:
@@ -68,12 +80,35 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
             raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for "
                               "each")
-        ds = MixedDataset(sources, mix["weights"], EpochSize(**mix["epoch_size"]), weight_by=mix["weight_by"],
-                          single_corpus_batches=mix["single_corpus_batches"], batching=batching, **common)
+        try:
+            epoch_size = EpochSize(**mix["epoch_size"])
+            arguments = {"weight_by": mix["weight_by"], "single_corpus_batches": mix["single_corpus_batches"]}
+            weights = dict(mix["weights"])
+        except (KeyError, TypeError, ValueError) as exc:  # OptionError is a ValueError
+            raise StateError(f"state field options: mix is not a shardio mix's options ({shown(exc)})") from None
+        ds = MixedDataset(sources, weights, epoch_size, batching=batching, **arguments, **common)
     if ds.index.fingerprint != loaded.index:
-        raise StateError(f"the state was saved for index {loaded.index}, the dataset's is "
+        raise StateError(f"the state was saved for index {shown(loaded.index)}, the dataset's is "
                          f"{ds.index.fingerprint} (another dataset or a re-pack)")
     return ds
+
+
+def _check_kinds(options: Mapping[str, Any]) -> None:
+    """A :class:`StateError` naming the first option of the state that is not a plan option, or not the JSON
+    type the plan takes (``2.5`` or ``"3"`` batches, ``"yes"`` to shuffle); ranges are Batching's to check."""
+    for name, value in options.items():
+        if name == "duration_bins":
+            if value is not None and not (isinstance(value, (list, tuple)) and len(value) < MAX_BUCKETS
+                                          and all(type(edge) in (int, float) for edge in value)):
+                raise StateError(f"state field options: duration_bins must be a list of fewer than {MAX_BUCKETS} "
+                                 f"numbers, or null, not {shown(value)}")
+            continue
+        if name not in _KINDS:
+            raise StateError(f"state field options: {shown(name)} is not a shardio plan option")
+        kind, optional = _KINDS[name]
+        if not (optional and value is None) and type(value) not in _TYPES[kind]:
+            raise StateError(f"state field options: {name} must be {kind}{' or null' if optional else ''}, not "
+                             f"{shown(value)}")
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -> int:

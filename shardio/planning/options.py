@@ -6,6 +6,8 @@ bucketing helpers use. Nothing here imports the planner, so :mod:`shardio.planni
 
 from __future__ import annotations
 
+import itertools
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,9 +15,12 @@ import numpy as np
 
 from ..errors import OptionError
 
-__all__ = ["Batching", "Ordering", "REMAINDERS", "sample_cost", "eligible"]
+__all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]
 
 REMAINDERS = ("pad", "drop")
+MAX_BUCKETS = 2**16
+"""The most duration buckets (``num_buckets``, or ``len(duration_bins) + 1``): far beyond the tens that balance
+padding, and planning allocates per bucket."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,8 @@ class Batching:
             raise OptionError("give batch_size or max_duration, not both")
         if self.batch_size is not None and self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1, not {self.batch_size}")
-        if self.max_duration is not None and not self.max_duration > 0:
-            raise OptionError(f"max_duration must be positive, not {self.max_duration}")
+        if self.max_duration is not None and not (self.max_duration > 0 and np.isfinite(self.max_duration)):
+            raise OptionError(f"max_duration must be a positive, finite number of seconds, not {self.max_duration}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
         if self.max_batch_size is not None and self.max_duration is None:
@@ -110,16 +115,20 @@ def _check_buckets_and_filters(b: Batching) -> None:
     ``duration_bins`` as a tuple of floats)."""
     if b.num_buckets is not None and b.duration_bins is not None:
         raise OptionError("give num_buckets or duration_bins, not both")
-    if b.num_buckets is not None and (not isinstance(b.num_buckets, int) or b.num_buckets < 1):
-        raise OptionError(f"num_buckets must be an integer of at least 1, not {b.num_buckets!r}")
+    if b.num_buckets is not None and (not isinstance(b.num_buckets, int) or not 1 <= b.num_buckets <= MAX_BUCKETS):
+        raise OptionError(f"num_buckets must be an integer from 1 to {MAX_BUCKETS}, not {reprlib.repr(b.num_buckets)}")
     if b.duration_bins is not None:
-        bins = tuple(float(edge) for edge in b.duration_bins)
+        bins = tuple(float(edge) for edge in itertools.islice(b.duration_bins, MAX_BUCKETS))  # no more read
+        if len(bins) >= MAX_BUCKETS:
+            raise OptionError(f"duration_bins holds {MAX_BUCKETS} edges or more; at most {MAX_BUCKETS - 1} "
+                              f"({MAX_BUCKETS} buckets)")
         if any(not (e > 0 and np.isfinite(e)) for e in bins) or any(e >= f for e, f in zip(bins, bins[1:])):
-            raise OptionError(f"duration_bins must be positive, finite and strictly increasing, not {bins}")
+            raise OptionError(f"duration_bins must be positive, finite and strictly increasing, not "
+                              f"{reprlib.repr(bins)}")
         object.__setattr__(b, "duration_bins", bins)
     if b.quadratic_duration is not None:
-        if not b.quadratic_duration > 0:
-            raise OptionError(f"quadratic_duration must be positive, not {b.quadratic_duration}")
+        if not (b.quadratic_duration > 0 and np.isfinite(b.quadratic_duration)):
+            raise OptionError(f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}")
         if b.max_duration is None:
             raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
     for name in ("min_duration", "max_sample_duration"):

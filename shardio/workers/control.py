@@ -34,13 +34,9 @@ from torch.utils.data import get_worker_info
 
 from ..errors import OptionError, StateError
 from ..planning.plan import Segment
+from ..statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, shown
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
-
-MAX_HISTORY = 32
-"""World-size changes one epoch's state can record (each elastic resume inside an epoch adds one)."""
-MAX_WORKERS = 1024
-"""DataLoader workers per rank that the block has slots for."""
 
 _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
@@ -115,6 +111,13 @@ class Control:
         if len(instruction.history) > MAX_HISTORY:
             raise StateError(f"state field history: {len(instruction.history)} world-size changes in one epoch; "
                              f"at most {MAX_HISTORY} are kept")
+        values = {"epoch": instruction.epoch, "start": instruction.start,
+                  **{f"history[{i}]": max(s.world_size, s.consumed) for i, s in enumerate(instruction.history)}}
+        for name, value in values.items():
+            if not 0 <= value <= MAX_COUNT:  # a state is bounded when parsed; set_epoch's argument is not
+                error = StateError if instruction.loaded else OptionError
+                raise error(f"{'state field ' if instruction.loaded else ''}{name} is {shown(value)}, beyond the "
+                            f"{MAX_COUNT} the control block holds")
         block = self._values
         block[_LOADED], block[_EPOCH], block[_START] = int(instruction.loaded), instruction.epoch, instruction.start
         block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra

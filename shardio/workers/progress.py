@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from ..errors import StateError
 from ..planning.plan import Segment
 from ..state import LoaderState, split
-from .control import Control, Instruction, slot_of
+from .control import MAX_HISTORY, Control, Instruction, slot_of
 
 __all__ = ["Progress", "resume_point"]
 
@@ -147,5 +147,8 @@ def resume_point(states: Sequence[LoaderState], steps_after: int,
         logger.warning("the state's DataLoader workers consumed %d batches per rank out of plan order (a DataLoader "
                        "batching samples): the rest of epoch %d is re-planned without them; with the same workers, "
                        "the loader's own load_state_dict resumes its exact sequence instead", len(ahead), loaded.epoch)
+    if len(loaded.history) >= MAX_HISTORY:  # refused now, not after planning every segment
+        raise StateError(f"state field history: resuming here adds a world-size change to the {len(loaded.history)} "
+                         f"of epoch {loaded.epoch}; at most {MAX_HISTORY} are kept")
     history = (*loaded.history, Segment(loaded.world_size, loaded.position))
     return loaded, Instruction(loaded.epoch, history, 0, True), 0, ahead
