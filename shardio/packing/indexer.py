@@ -246,9 +246,9 @@ def upgrade_index(directory: str | os.PathLike[str]) -> str:
     and fingerprint (a saved loader state still resumes), and remove a format-1 ``index.npz``. Says what it
     did: ``"1 -> 2"``, or ``"2 (already current)"`` (``3``: format 2 with per-sample metadata)."""
     directory = os.fspath(directory)
+    index = Index.load(directory)  # first: it checks index.json is a regular file in the root, and valid JSON
     with open(os.path.join(directory, INDEX_JSON), "rb") as handle:
         version = json.loads(handle.read()).get("version")
-    index = Index.load(directory)
     if version in (FORMAT_VERSION, METADATA_VERSION):
         return f"{version} (already current)"
     index.save(directory, keep_fingerprint=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import sys
 
 from ..errors import FormatError, ReadError
 
-__all__ = ["CAN_MAP", "LocalShard", "short_read"]
+__all__ = ["CAN_MAP", "LocalShard", "kind", "short_read"]
 
 _MADV_POPULATE_READ = 22  # <linux/mman.h>; Python 3.11's mmap module does not name it
 CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
@@ -86,3 +87,10 @@ def short_read(where: str, size: int, offset: int, got: int) -> FormatError:
     """The error for ``got`` bytes where ``size`` were wanted at ``offset``: the file shrank after opening."""
     return FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {got} "
                        "(the shard changed after it was opened?)")
+
+
+def kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words, for messages about one that is not a regular file."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "of an unknown kind")

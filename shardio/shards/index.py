@@ -30,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, ReadError
-from ..reading.storage import is_url, join, read_bytes, write_atomic
+from ..errors import FormatError
+from ..reading.storage import is_url, join, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
+from .indexheader import (FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION,
+                          READ_VERSIONS, check_version, columns_file_of, read_header)
 from .keys import Keys
 from .metadata import Metadata
 from .shardtable import CODECS, ShardInfo, ShardTable
@@ -41,12 +43,6 @@ from .shardtable import CODECS, ShardInfo, ShardTable
 __all__ = ["FORMAT_VERSION", "METADATA_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS",
            "ShardInfo", "ShardTable", "Index"]
 
-FORMAT_VERSION = 2
-METADATA_VERSION = 3  # format 2 plus per-sample metadata: a shardio that cannot read it refuses it by version
-READ_VERSIONS = (1, 2, 3)
-INDEX_JSON = "index.json"
-INDEX_COLUMNS = "index.columns"
-INDEX_COLUMNS_V1 = "index.npz"
 COLUMNS: dict[str, type] = {
     "shard": np.uint32,
     "frame_offset": np.uint64,
@@ -252,15 +248,16 @@ class Index:
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
-        header = _read_header(json_path, storage_options)
-        version = _check_version(header, json_path)
-        columns_file = _columns_file(header, version, json_path)
+        header = read_header(root, json_path, storage_options)
+        version = check_version(header, json_path)
+        columns_file = columns_file_of(header, version, json_path)
         columns_path = join(root, columns_file)
         bound = indexchecks.columns_size_bound(header.get("samples"), json_path, header.get("meta_bytes"))
         mapped = None
         if version == 1:
             payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
-            columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"), COLUMNS)
+            columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"),
+                                                   COLUMNS, header["samples"])  # checked by the bound
             meta = None
         else:
             if not is_url(columns_path):
@@ -277,12 +274,12 @@ class Index:
                         _keys=keys, storage_options=storage_options, _file=mapped, _meta=meta)
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
+        names = index.table.names()
+        indexchecks.check_names(index.root, names, json_path, allow_outside_root)  # before messages name them
         index.validate(json_path)
         if header.get("samples") != len(index):
             raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
                               f"{len(index)}")
-        names = index.table.names()
-        indexchecks.check_names(index.root, names, json_path, allow_outside_root)
         indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
         if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
@@ -311,39 +308,3 @@ class Index:
             number = int(wrong[0])
             raise FormatError(f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
                               f"the columns hold {counts[number]}")
-
-
-def _read_header(json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    try:
-        header = json.loads(read_bytes(json_path, storage_options))
-    except FileNotFoundError:
-        raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
-    except OSError as exc:
-        raise ReadError(f"{json_path}: cannot be read ({exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{json_path}: not a valid index file ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != "shardio-index":
-        raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
-    return header
-
-
-def _check_version(header: dict[str, Any], json_path: str) -> int:
-    version = header.get("version")
-    if isinstance(version, bool) or version not in READ_VERSIONS:
-        raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
-                          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
-    if (version == METADATA_VERSION) != ("meta_bytes" in header):
-        raise FormatError(f"{json_path}: a version-{version} index "
-                          f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
-                          "(per-sample metadata is format 3)")
-    return int(version)
-
-
-def _columns_file(header: dict[str, Any], version: int, json_path: str) -> str:
-    """The columns file's name: a plain name in the root, the one this version's index writes."""
-    expected = INDEX_COLUMNS_V1 if version == 1 else INDEX_COLUMNS
-    columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
-    if columns_file != expected:
-        raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
-                          f"{expected!r}")
-    return columns_file

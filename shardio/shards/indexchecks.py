@@ -18,7 +18,7 @@ import io
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import zipfile
 
 from typing import Any
@@ -26,14 +26,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
+from ..reading.localshard import kind
 from ..reading.storage import file_size, is_url, read_bytes
 from .metadata import check_size
+from .tarformat import has_hidden
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
            "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
            "check_npz",
            "check_shard_name",
-           "columns_size_bound", "read_columns"]
+           "columns_size_bound", "read_columns", "read_local_index"]
 
 COLUMNS_OVERHEAD = 1 << 20
 """Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
@@ -58,12 +60,14 @@ def _shown(name: str) -> str:
 def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None:
     """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts, not
     absolute,
-    no URL scheme, no control characters. With ``allow_outside_root``, ``..`` parts and absolute local paths
-    are taken too (never a URL scheme)."""
+    no URL scheme, no control characters or bidi controls (which messages would print). With ``allow_outside_root``,
+    ``..`` parts and absolute local paths are taken too (never a URL scheme)."""
     problem = None
     parts = name.replace("\\", "/").split("/")
-    if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
+    if not name or len(name) > _NAME_LIMIT:
         problem = "is not a file name"
+    elif has_hidden(name):
+        problem = "contains a control character or a bidi control (such as a right-to-left override)"
     elif _SCHEME.match(name):
         problem = "has a URL scheme; shard names are relative to the dataset's root"
     elif allow_outside_root:
@@ -73,7 +77,7 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
     elif any(part in ("", ".", "..") for part in parts):
         problem = "has '..', '.' or empty path parts"
     if problem is not None:
-        hint = "" if problem.startswith(("is not", "has a URL")) else (
+        hint = "" if problem.startswith(("is not", "has a URL", "contains")) else (
             "; shard names must be plain relative paths under the dataset root (load it with "
             "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really spans "
             "directories)")
@@ -126,13 +130,35 @@ def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
         info = os.stat(path)
     except OSError:
         return  # the read reports it
-    base, resolved = os.path.realpath(root), os.path.realpath(path)
-    if os.path.commonpath([base, resolved]) != base:
+    if _outside(root, path):
         raise FormatError(f"{where}: the columns file resolves (through a symbolic link) to a file outside "
                           "the dataset root")
     if not stat.S_ISREG(info.st_mode):
         raise FormatError(f"{where}: the columns file is not a regular file")
     check_columns_size(info.st_size, bound, where)
+
+
+def _outside(root: str, path: str) -> bool:
+    base, resolved = os.path.realpath(root), os.path.realpath(path)
+    return os.path.commonpath([base, resolved]) != base
+
+
+def read_local_index(root: str, path: str) -> bytes:
+    """A local ``index.json``'s bytes, checked as :func:`check_local_columns` checks the columns file: a
+    regular file inside ``root``. It is opened without blocking (a FIFO would block a plain open) and checked
+    before it is read (``/dev/zero`` is refused, not read). ``OSError`` where it cannot be opened or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise FormatError(f"{path}: not a regular file ({kind(mode)}); expected the dataset's index")
+        if _outside(root, path):
+            raise FormatError(f"{path}: resolves (through a symbolic link) to a file outside the dataset "
+                              "root")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def check_columns_size(size: int, bound: int, where: str) -> None:
@@ -142,9 +168,14 @@ def check_columns_size(size: int, bound: int, where: str) -> None:
                           "sample count in index.json allows")
 
 
-def check_npz(archive: zipfile.ZipFile, where: str) -> None:
-    """Every ``.npy`` member of a columns file holds as many bytes as its header's shape claims, so that
-    numpy, which allocates the claimed array before reading, allocates no more than the file holds."""
+def check_npz(archive: zipfile.ZipFile, where: str, limits: Mapping[str, int] | None = None,
+              basis: str = "") -> None:
+    """Every ``.npy`` member of a columns file holds as many bytes as its header's shape claims, and a member
+    named in ``limits`` claims at most that many bytes (what ``basis``, such as the header's sample count,
+    allows), so that numpy, which allocates the claimed array before reading, allocates no more than the file
+    holds and the index justifies. Only each member's first 64 KiB are decompressed here: a deflated member
+    may declare any size."""
+    limits = limits or {}
     for info in archive.infolist():
         try:
             with archive.open(info) as member:
@@ -161,6 +192,10 @@ def check_npz(archive: zipfile.ZipFile, where: str) -> None:
         if dtype.hasobject or claimed > info.file_size - header:
             raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
                               f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes")
+        limit = limits.get(info.filename)
+        if limit is not None and claimed > limit:
+            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
+                              f"type {dtype} ({claimed} bytes), more than the {limit} bytes {basis}")
 
 
 def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str,

@@ -118,7 +118,7 @@ class ColumnsFile:
 
     def _open(self) -> tuple[Any, Any]:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO fails the size check: no block
         except FileNotFoundError:
             raise FormatError(f"{self.where}: the index columns file is missing") from None
         except OSError as exc:
@@ -232,18 +232,22 @@ def _fits(path: str, digest: str) -> bool:
     return head == MAGIC + bytes.fromhex(digest)
 
 
-def read_format1(payload: bytes, columns_path: str, digest: Any,
-                 dtypes: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], Keys]:
+def read_format1(payload: bytes, columns_path: str, digest: Any, dtypes: Mapping[str, Any],
+                 samples: int) -> tuple[dict[str, np.ndarray], Keys]:
     """A format-1 ``index.npz``'s columns and keys from its bytes (read with a size bound by the caller),
-    hashed against ``digest`` and its arrays' shapes checked against their bytes before numpy allocates them
-    (``shardio index --upgrade`` turns it into a mapped format-2 file)."""
+    hashed against ``digest`` and its arrays' shapes checked against their bytes and the ``samples`` that
+    ``index.json`` declares before numpy allocates them (``shardio index --upgrade`` turns it into a mapped
+    format-2 file)."""
+    limits = {f"{name}.npy": samples * np.dtype(dtype).itemsize for name, dtype in dtypes.items()}
+    limits.update({"keys_end.npy": 8 * samples,
+                   "keys_blob.npy": indexchecks.columns_size_bound(samples, columns_path)})
     if hashlib.sha256(payload).hexdigest() != digest:
         raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
                           f"records {digest!r}: the index files do not belong together "
                           "or one is damaged; rebuild the index")
     try:
         archive = np.load(io.BytesIO(payload))
-        indexchecks.check_npz(archive.zip, columns_path)
+        indexchecks.check_npz(archive.zip, columns_path, limits, f"that index.json's {samples} samples allow")
         columns = {name: archive[name] for name in dtypes}
         keys = Keys(archive["keys_blob"].tobytes(), archive["keys_end"].astype(np.uint64), columns_path)
     except FormatError:

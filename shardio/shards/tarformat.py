@@ -12,6 +12,7 @@ import re
 import struct
 import tarfile
 import tempfile
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from typing import IO, BinaryIO
 
 from ..errors import FormatError
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "key_problem", "parse_members", "split_name",
-           "walk"]
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "has_hidden", "key_problem", "parse_members",
+           "split_name", "walk"]
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -37,6 +38,19 @@ def split_name(name: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Format characters that reorder the text around them (embeddings, overrides, isolates, marks)."""
+
+
+def has_hidden(text: str) -> bool:
+    """Whether ``text`` holds a control character (C0 or C1) or a bidi control, which a terminal obeys when it
+    prints them: a name that reads as another. Other format characters stay (ZERO WIDTH NON-JOINER is part of
+    Persian words)."""
+    if text.isprintable():  # in C, and printable text has neither
+        return False
+    return any(unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS for ch in text)
+
+
 def key_problem(key: str) -> str | None:
     """Why ``key`` cannot be a WebDataset key, or None when it can."""
     if not key:
@@ -47,8 +61,8 @@ def key_problem(key: str) -> str | None:
         return "the key must be a relative path with no empty parts"
     if any(part in (".", "..") for part in key.split("/")):
         return "the key must not contain '.' or '..' path parts"
-    if any(ord(ch) < 32 for ch in key):
-        return "the key contains a control character"
+    if has_hidden(key):
+        return "the key contains a control character or a bidi control (such as a right-to-left override)"
     return None
 
 
@@ -105,14 +119,15 @@ class Member:
         return self.data_offset + self.size + (-self.size % BLOCK)
 
 
+_OCTAL = re.compile(rb" *([0-7]*) *")  # int() would also take a sign, '_' and other white space
+
+
 def _octal(field: bytes, where: str) -> int:
-    text = field.split(b"\0", 1)[0].strip()
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits") from None
+    """A numeric header field: octal digits, padded with leading spaces (or zeros), ended by NUL or space."""
+    match = _OCTAL.fullmatch(field.split(b"\0", 1)[0])
+    if match is None:
+        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits")
+    return int(match.group(1), 8) if match.group(1) else 0
 
 
 def _check(header: bytes, where: str) -> None:
@@ -189,7 +204,8 @@ def _name(name: bytes, prefix: bytes, where: str) -> str:
     return _text(prefix.split(b"\0", 1)[0], where) + "/" + base
 
 
-_USTAR = struct.Struct("100s24x11sx12x8sc188x155s12x")  # name, size digits, checksum, type flag, prefix
+_USTAR = struct.Struct("100s24x11sc12x8sc188x155s12x")  # name, size digits and end, checksum, type, prefix
+_ENDS = (b"\0", b" ")
 
 
 def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, memoryview]]:
@@ -207,10 +223,11 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
     offset, long_name = 0, None
     while offset < total:
         try:
-            raw_name, digits, checksum, kind, prefix = _USTAR.unpack_from(view, offset)
+            raw_name, digits, digits_end, checksum, kind, prefix = _USTAR.unpack_from(view, offset)
             size = int(digits, 8)
-            fast = (int(checksum[:6], 8) + sum(checksum) - 8 * 32 + 1
-                    - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)) % _ADLER_MOD == 0
+            fast = (digits.isdigit() and digits_end in _ENDS  # int() takes a sign, and a size < 0 loops
+                    and (int(checksum[:6], 8) + sum(checksum) - 8 * 32 + 1
+                         - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)) % _ADLER_MOD == 0)
         except (ValueError, struct.error):  # not zero-padded octal, or less than a block left
             fast = False
         if not fast:

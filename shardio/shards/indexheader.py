@@ -1,0 +1,62 @@
+"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a URL),
+its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import FormatError, ReadError
+from ..reading.storage import is_url, read_bytes
+from . import indexchecks
+
+__all__ = ["FORMAT_VERSION", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "INDEX_JSON", "METADATA_VERSION", "READ_VERSIONS",
+           "check_version", "columns_file_of", "read_header"]
+
+FORMAT_VERSION = 2
+METADATA_VERSION = 3  # format 2 plus per-sample metadata: a shardio that cannot read it refuses it by version
+READ_VERSIONS = (1, 2, 3)
+INDEX_JSON = "index.json"
+INDEX_COLUMNS = "index.columns"
+INDEX_COLUMNS_V1 = "index.npz"
+
+
+def read_header(root: str, json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The header in ``index.json`` (local under ``root``, or a URL): a JSON object of a shardio index."""
+    try:
+        raw = read_bytes(json_path, storage_options) if is_url(json_path) else \
+            indexchecks.read_local_index(root, json_path)
+        header = json.loads(raw)
+    except FileNotFoundError:
+        raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+    except OSError as exc:
+        raise ReadError(f"{json_path}: cannot be read ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not JSON or UTF-8, an int of 4300+ digits, deep nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise FormatError(f"{json_path}: not a valid index file ({reason})") from None
+    if not isinstance(header, dict) or header.get("format") != "shardio-index":
+        raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
+    return header
+
+
+def check_version(header: dict[str, Any], json_path: str) -> int:
+    """The header's format version: one this shardio reads, with ``meta_bytes`` exactly where it has metadata."""
+    version = header.get("version")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
+                          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
+    if (version == METADATA_VERSION) != ("meta_bytes" in header):
+        raise FormatError(f"{json_path}: a version-{version} index "
+                          f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
+                          "(per-sample metadata is format 3)")
+    return int(version)
+
+
+def columns_file_of(header: dict[str, Any], version: int, json_path: str) -> str:
+    """The columns file's name: a plain name in the root, the one this version's index writes."""
+    expected = INDEX_COLUMNS_V1 if version == 1 else INDEX_COLUMNS
+    columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
+    if columns_file != expected:
+        raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
+                          f"{expected!r}")
+    return columns_file
