@@ -152,6 +152,10 @@ def test_the_plan_depends_on_seed_and_epoch_only() -> None:
                       world_size=1), "weights name"),
     (lambda: plan_mix(three_corpora(), Mix(WEIGHTS, EpochSize(hours=1.0)), seed=0, epoch=0, world_size=1,
                       batching=Batching(batch_size=2, min_duration=7.0)), "no sample"),
+    # a planned epoch of 10**15 hours allocated until a MemoryError (a saved state's mix can say so)
+    (lambda: mix_quotas(three_corpora(), Mix(WEIGHTS, EpochSize(hours=1e15))), "smaller epoch_size"),
+    (lambda: mix_quotas(three_corpora(), Mix(WEIGHTS, EpochSize(batches=10**12)), Batching(batch_size=4)),
+     "smaller epoch_size"),
 ])
 def test_bad_mix_options_are_option_errors(make: Any, words: str) -> None:
     with pytest.raises(OptionError, match=words):

@@ -174,7 +174,15 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
     return _quotas(rates, seconds)
 
 
+MAX_EPOCH_SAMPLES = 1 << 30
+"""The most samples one epoch of a mix may draw (a plan holds a few arrays of that length)."""
+
+
 def _quotas(rates: Mapping[str, float], seconds: float) -> dict[str, int]:
+    drawn = sum(rate * seconds for rate in rates.values())
+    if not drawn <= MAX_EPOCH_SAMPLES:
+        raise OptionError(f"the mix's epoch_size makes an epoch of about {drawn:.3g} samples, more than shardio plans "
+                          f"in one epoch ({MAX_EPOCH_SAMPLES}): give a smaller epoch_size")
     return {name: max(1, int(round(rate * seconds))) for name, rate in rates.items()}
 
 
