@@ -13,11 +13,13 @@ Every error shardio raises on bad input, bad data or a bad state is a :class:`Sh
     ├── OutputError        an output directory that cannot be written (a file, read-only, locked by a run)
     └── StateError         a saved loader state that does not fit this dataset or options
 
-Messages say what went wrong, where (file, shard, key, offset) and what was expected.
+Messages say what went wrong, where (file, shard, key, offset) and what was expected; a value that comes from
+the input appears in them through :func:`shown` (bounded, escaped).
 """
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ __all__ = [
     "DecodeError",
     "OutputError",
     "StateError",
+    "shown",
 ]
 
 
@@ -99,3 +102,23 @@ class OutputError(ShardioError):
 
 class StateError(ShardioError):
     """A loader state that cannot be applied: another index, seed or batching, or a bad version."""
+
+
+class _Short(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        bits = x.bit_length()
+        return repr(x) if bits <= 128 else f"<an integer of {bits} bits>"  # repr of >4300 digits raises
+
+
+_SHORT = _Short()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel = 3
+
+
+def shown(value: object, limit: int = 100) -> str:
+    """``value`` for a message: a bounded repr (:mod:`reprlib`), non-printable characters escaped, at most about
+    ``limit`` characters."""
+    text = _SHORT.repr(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import StateError
+from .errors import StateError, shown
 
 __all__ = ["MAX_COUNT", "MAX_DEPTH", "MAX_HISTORY", "MAX_WORKERS", "MAX_WORLD_SIZE", "check_count", "check_tree",
            "shown"]
@@ -27,26 +26,6 @@ MAX_DEPTH = 32
 MAX_NODES = {"options": 2**16, "extra": 2**22}
 """Values (containers and scalars, a shared one each time it is reached) in ``options`` and ``extra``."""
 _MAX_INT = 2**63  # an integer inside options or extra: within int64, as every count shardio records there
-
-
-class _Short(reprlib.Repr):
-    def repr_int(self, x: int, level: int) -> str:
-        bits = x.bit_length()
-        return repr(x) if bits <= 128 else f"<an integer of {bits} bits>"  # repr of >4300 digits raises
-
-
-_SHORT = _Short()
-_SHORT.maxstring = _SHORT.maxother = 80
-_SHORT.maxlevel = 3
-
-
-def shown(value: object, limit: int = 100) -> str:
-    """``value`` for a message: a bounded repr (:mod:`reprlib`), non-printable characters escaped, at most about
-    ``limit`` characters."""
-    text = _SHORT.repr(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_count(state: Mapping[str, Any], name: str, least: int, most: int | None = MAX_COUNT) -> int:

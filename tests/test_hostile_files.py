@@ -333,3 +333,12 @@ def test_format1_columns_of_the_right_sizes_still_load(dataset: Path) -> None:
     index = Index.load(dataset)
     assert list(index.keys) == list(expected.keys)
     assert json.loads((dataset / "index.json").read_text())["version"] == 1
+
+
+def test_a_malformed_shard_entry_shows_its_name_escaped_and_short(dataset: Path) -> None:
+    name = "evil\u202e" + "x" * 100_000
+    rewrite_header(dataset, lambda header: header["shards"][0].update(name=name, sha256=7))
+    with pytest.raises(FormatError) as caught:
+        Index.load(dataset)
+    message = str(caught.value)
+    assert "\u202e" not in message and len(message) < 400 and "sha256" in message

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, shown
 from .spans import Spans, join_spans
 
 __all__ = ["CODECS", "ShardInfo", "ShardTable"]
@@ -73,35 +73,35 @@ def _checked(entry: Any, where: str) -> tuple[str, int, str, int, float, int]:
         values = {"codec": "none", **entry}
         unknown, missing = sorted(set(values) - set(_FIELDS), key=str), [f for f in _FIELDS if f not in values]
         if unknown or missing:
-            raise TypeError(f"a shard entry has fields {sorted(map(str, values))}, expected {list(_FIELDS)} "
+            raise TypeError(f"a shard entry has fields {shown(sorted(map(str, values)))}, expected {list(_FIELDS)} "
                             "(codec optional)")
     else:
-        raise TypeError(f"a shard entry must be an object, not {entry!r}")
+        raise TypeError(f"a shard entry must be an object, not {shown(entry)}")
     name, codec = values["name"], values["codec"]
     if not isinstance(name, str) or not name:
-        raise TypeError(f"shard name {name!r} is not a file name")
+        raise TypeError(f"shard name {shown(name)} is not a file name")
     size, samples = (_count(name, field, values[field]) for field in ("bytes", "samples"))
     if not isinstance(values["sha256"], str):
-        raise TypeError(f"shard {name}: sha256 must be a string, not {type(values['sha256']).__name__}")
+        raise TypeError(f"shard {shown(name)}: sha256 must be a string, not {type(values['sha256']).__name__}")
     duration = values["duration"]
     if isinstance(duration, bool) or not isinstance(duration, (int, float)):
-        raise TypeError(f"shard {name}: duration must be a number, not {type(duration).__name__}")
+        raise TypeError(f"shard {shown(name)}: duration must be a number, not {type(duration).__name__}")
     try:
         seconds = float(duration)
     except OverflowError:
-        raise ValueError(f"shard {name}: duration {duration} is beyond a float") from None
+        raise ValueError(f"shard {shown(name)}: duration {shown(duration)} is beyond a float") from None
     if not isinstance(codec, str):
-        raise TypeError(f"shard {name}: codec must be a string, not {codec!r}")
+        raise TypeError(f"shard {shown(name)}: codec must be a string, not {shown(codec)}")
     if codec not in CODECS:
-        raise FormatError(f"{where}: shard {name} has unknown codec {codec!r}")
+        raise FormatError(f"{where}: shard {shown(name)} has unknown codec {shown(codec)}")
     return name, size, values["sha256"], samples, seconds, CODECS.index(codec)
 
 
 def _count(name: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"shard {name}: {field} must be a non-negative integer, not {value!r}")
+        raise ValueError(f"shard {shown(name)}: {field} must be a non-negative integer, not {shown(value)}")
     if value >= _LIMIT:
-        raise ValueError(f"shard {name}: {field} must be below 2**63, not {value!r}")
+        raise ValueError(f"shard {shown(name)}: {field} must be below 2**63, not {shown(value)}")
     return value
 
 
