@@ -26,11 +26,12 @@ def read_header(root: str, json_path: str, storage_options: dict[str, Any] | Non
     try:
         raw = read_bytes(json_path, storage_options) if is_url(json_path) else \
             indexchecks.read_local_index(root, json_path)
-        header = json.loads(raw)
     except FileNotFoundError:
         raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
     except OSError as exc:
         raise ReadError(f"{json_path}: cannot be read ({exc})") from None
+    try:
+        header = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # not JSON or UTF-8, an int of 4300+ digits, deep nesting
         reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         raise FormatError(f"{json_path}: not a valid index file ({reason})") from None
