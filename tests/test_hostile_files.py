@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from hostile import rewrite_header, run_limited, to_format1
 from sample_shards import make_uneven_dataset, wav_bytes
+from test_confinement import _shard, dataset  # noqa: F401  (fixture: a small dataset; its shard files)
 
 from shardio import FormatError, Index, ShardDataset
 from shardio.errors import ShardioError
@@ -33,16 +34,6 @@ from shardio.reading.reader import Reader
 from shardio.shards.tarformat import encode_sample, key_problem, parse_members, walk
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def dataset(tmp_path: Path) -> Path:
-    make_uneven_dataset(tmp_path / "ds", [3, 2], duration_range=(0.05, 0.1))
-    return tmp_path / "ds"
-
-
-def _shard(root: Path, number: int = 0) -> Path:
-    return root / Index.load(root).shards[number].name
 
 
 def _in_child(code: str, *, headroom_mb: int = 256, timeout: float = 60) -> str:
@@ -321,10 +312,10 @@ try:
 except ShardioError as exc:
     print(type(exc).__name__, round(time.monotonic() - start, 1), exc)
 """
-    out = _in_child(code, headroom_mb=96, timeout=60)
-    assert out.startswith("FormatError"), out
-    assert "'num_frames.npy' claims an array of shape (67108864,)" in out and "5 samples" in out, out
-    assert float(out.split()[1]) < 2, out
+    printed = _in_child(code, headroom_mb=96, timeout=60)
+    assert printed.startswith("FormatError"), printed
+    assert "'num_frames.npy' claims an array of shape (67108864,)" in printed and "5 samples" in printed, printed
+    assert float(printed.split()[1]) < 2, printed
 
 
 def test_format1_columns_of_the_right_sizes_still_load(dataset: Path) -> None:

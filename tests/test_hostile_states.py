@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from hostile import run_limited
+from test_state_validation import data, valid  # noqa: F401  (fixtures: a small dataset, a valid state of it)
 
 from shardio import ShardDataset, StateError
 from shardio.errors import OptionError, ShardioError
@@ -19,21 +20,6 @@ from shardio.state import LoaderState
 from shardio.statechecks import MAX_COUNT, MAX_DEPTH, MAX_WORLD_SIZE, shown
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from sample_shards import make_uneven_dataset
-
-    directory = tmp_path_factory.mktemp("hostile_states") / "data"
-    make_uneven_dataset(directory, (4, 6, 2), seed=2)
-    return str(directory)
-
-
-@pytest.fixture(scope="module")
-def valid(data: str) -> dict[str, Any]:
-    ds = ShardDataset(data, batch_size=2, seed=1)
-    return json.loads(json.dumps(ds.state_after({"epoch": 0, "batch_index": 1})))
 
 
 def load(data: str, state: Any) -> None:
