@@ -339,7 +339,7 @@ def _zstd_dataset(root: Path, frame: bytes, member_offset: int, member_size: int
 
 
 def test_a_small_zstd_frame_that_decompresses_far_is_not_decompressed_past_its_bound(tmp_path: Path) -> None:
-    """A 20 KB frame of 512 MiB of zeros, and an index placing the sample 400 MiB into it: a frame may hold 64
+    """A 16 KB frame of 512 MiB of zeros, and an index placing the sample 400 MiB into it: a frame may hold 64
     times its bytes plus 64 MiB, so nothing is decompressed (the old reader made 400 MiB, then copied it)."""
     frame = zstandard.ZstdCompressor().compress(b"\0" * (512 << 20))
     assert len(frame) < 64 << 10
