@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .errors import OptionError, StateError
+from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
-from .statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree, shown
+from .statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
            "options_fingerprint", "split", "steps_after_snapshot"]

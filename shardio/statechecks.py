@@ -7,8 +7,7 @@ from typing import Any
 
 from .errors import StateError, shown
 
-__all__ = ["MAX_COUNT", "MAX_DEPTH", "MAX_HISTORY", "MAX_WORKERS", "MAX_WORLD_SIZE", "check_count", "check_tree",
-           "shown"]
+__all__ = ["MAX_COUNT", "MAX_DEPTH", "MAX_HISTORY", "MAX_WORKERS", "MAX_WORLD_SIZE", "check_count", "check_tree"]
 
 MAX_COUNT = 2**62 - 1
 """The largest epoch, position or batch count a state may hold: the control block's int64 fields hold it with

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from shardio.errors import DecodeError, OptionError
-from shardio.reading.decode import wav_layout, decode_audio, mix_to_mono, resample
+from shardio.reading.decode import decode_audio, mix_to_mono, resample
+from shardio.reading.wav import wav_layout
 
 WAV_SUBTYPES = ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"]
 WHERE = "shard-000003.tar.zst:spk01/utt0042@81920"

@@ -12,10 +12,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from ..errors import OptionError, StateError
+from ..errors import OptionError, StateError, shown
 from ..planning.options import MAX_BUCKETS
 from ..state import job_state
-from ..statechecks import shown
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset

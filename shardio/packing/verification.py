@@ -9,14 +9,11 @@ decode to non-empty, finite audio with the indexed frames, sample rate and chann
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
-import stat
 import sys
 from collections.abc import Iterator
-from typing import IO
 
 import numpy as np
 from tqdm import tqdm
@@ -24,7 +21,7 @@ from tqdm import tqdm
 from ..errors import ShardioError
 from ..reading.decode import decode_audio
 from ..reading.reader import Reader
-from ..reading.localshard import kind
+from ..reading.localshard import NotRegular, open_regular
 from ..reading.storage import file_size, is_url, open_input
 from ..shards.index import Index
 from .truncation import truncation_problem
@@ -71,20 +68,24 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
     path = index.shard_path(number)
     digest = hashlib.sha256()
     try:
-        with open_input(path) if is_url(path) else _open_local(path) as handle:
-            size = file_size(path) if is_url(path) else os.fstat(handle.fileno()).st_size
+        if is_url(path):
+            size, handle = file_size(path), open_input(path)
+        else:
+            fd, size = open_regular(path)
+            handle = os.fdopen(fd, "rb")
+        with handle:
             left = size  # no further than the size found first (a file that grows as it is read)
             while left > 0 and (chunk := handle.read(min(1 << 20, left))):
                 digest.update(chunk)
                 left -= len(chunk)
-    except _NotRegular as exc:
-        yield f"{shard.name}: not a regular file ({exc}: {path}); expected the shard file"
-        return
     except FileNotFoundError:
         yield f"{shard.name}: the shard file is missing ({path})"
         return
-    except IsADirectoryError:
-        yield f"{shard.name}: a directory is where the shard file should be ({path}); expected a file"
+    except (NotRegular, IsADirectoryError) as exc:
+        if isinstance(exc, NotRegular) and not exc.directory:
+            yield f"{shard.name}: not a regular file ({exc}: {path}); expected the shard file"
+        else:
+            yield f"{shard.name}: a directory is where the shard file should be ({path}); expected a file"
         return
     except (OSError, ShardioError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -98,23 +99,6 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
         return
     for row in rows:
         yield from _check_sample(index, reader, int(row), decode)
-
-
-class _NotRegular(Exception):
-    """A local shard path that names a FIFO, device or socket (the message says which)."""
-
-
-def _open_local(path: str) -> IO[bytes]:
-    """A local shard file opened for hashing, without blocking (a FIFO would block a plain open); a directory
-    is ``IsADirectoryError``, any other file that is not a regular one :class:`_NotRegular`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        raise _NotRegular(kind(mode))
-    return os.fdopen(fd, "rb")
 
 
 def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Iterator[str]:

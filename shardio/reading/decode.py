@@ -1,8 +1,8 @@
 """Audio decoding from in-memory bytes into float32 ``(channels, frames)`` arrays.
 
 PCM and IEEE-float WAV take a fast path (:mod:`shardio.reading.wav`), exact to libsndfile's values. Anything
-the fast path does not recognise, and every other format (flac, ogg, mp3, opus, ...), is decoded by soundfile: FLAC from a file in memory
-(:mod:`shardio.reading.memoryfile`), the others from ``io.BytesIO``.
+the fast path does not recognise, and every other format (flac, ogg, mp3, opus, ...), is decoded by soundfile:
+FLAC from a file in memory (:mod:`shardio.reading.memoryfile`), the others from ``io.BytesIO``.
 
 Optional post-processing: a mono mix (the mean of the channels) and band-limited resampling between any
 two rates with soxr (libsoxr).
@@ -20,9 +20,8 @@ from ..errors import DecodeError, OptionError
 from .memoryfile import read_sound
 from .wav import WavLayout, convert_wav, fits, wav_layout
 
-__all__ = ["MAX_RESAMPLING", "EncodedAudio", "WavLayout", "check_frames_read", "check_layout", "check_rate",
-           "convert_wav", "decode_audio", "decode_encoded", "frames_to_read", "mix_to_mono", "read_header", "resample",
-           "wav_layout"]
+__all__ = ["MAX_RESAMPLING", "EncodedAudio", "check_frames_read", "check_layout", "check_rate", "decode_audio",
+           "decode_encoded", "frames_to_read", "mix_to_mono", "read_header", "resample"]
 
 logger = logging.getLogger(__name__)
 

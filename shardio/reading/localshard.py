@@ -17,7 +17,7 @@ import sys
 
 from ..errors import FormatError, ReadError
 
-__all__ = ["CAN_MAP", "LocalShard", "kind", "short_read"]
+__all__ = ["CAN_MAP", "LocalShard", "NotRegular", "kind", "open_regular", "short_read"]
 
 _MADV_POPULATE_READ = 22  # <linux/mman.h>; Python 3.11's mmap module does not name it
 CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
@@ -94,3 +94,23 @@ def kind(mode: int) -> str:
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), "of an unknown kind")
+
+
+class NotRegular(Exception):
+    """A path that names a directory, FIFO, device or socket where a regular file is expected; the message says
+    which (:func:`kind`)."""
+
+    def __init__(self, mode: int) -> None:
+        super().__init__(kind(mode))
+        self.directory = stat.S_ISDIR(mode)
+
+
+def open_regular(path: str) -> tuple[int, int]:
+    """A read-only descriptor of the regular file at ``path`` and its size, opened without blocking (a plain open
+    of a FIFO waits for a writer); :class:`NotRegular` for anything else, ``OSError`` where it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotRegular(info.st_mode)
+    return fd, info.st_size

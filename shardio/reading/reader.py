@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,15 +154,12 @@ class Reader(RemoteReads, CompressedReads):
                 handle = self._remote(shard, where)
                 actual = self._remote_size(shard, where)
             else:
-                # O_NONBLOCK: opening a FIFO would block (it changes nothing for a regular file)
-                handle = LocalShard(os.open(path, os.O_RDONLY | os.O_NONBLOCK), expected)
-                info = os.fstat(handle.fd)
-                if not stat.S_ISREG(info.st_mode):
-                    handle.close()
-                    kind = localshard.kind(info.st_mode)
-                    self._broken[shard] = FormatError(f"not a regular file ({kind}); expected the shard file")
-                    raise FormatError(f"{where}: {self._broken[shard]}")
-                actual = info.st_size
+                try:
+                    fd, actual = localshard.open_regular(path)
+                except localshard.NotRegular as exc:
+                    self._broken[shard] = FormatError(f"not a regular file ({exc}); expected the shard file")
+                    raise FormatError(f"{where}: {self._broken[shard]}") from None
+                handle = LocalShard(fd, expected)
         except FileNotFoundError:
             self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
                                             "bytes)")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..reading.localshard import kind
+from ..reading.localshard import NotRegular, open_regular
 from ..reading.storage import file_size, is_url, read_bytes
 from .metadata import check_size
 from .tarformat import has_hidden
@@ -147,11 +147,11 @@ def read_local_index(root: str, path: str) -> bytes:
     """A local ``index.json``'s bytes, checked as :func:`check_local_columns` checks the columns file: a
     regular file inside ``root``. It is opened without blocking (a FIFO would block a plain open) and checked
     before it is read (``/dev/zero`` is refused, not read). ``OSError`` where it cannot be opened or read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise FormatError(f"{path}: not a regular file ({kind(mode)}); expected the dataset's index")
+        fd, _ = open_regular(path)
+    except NotRegular as exc:
+        raise FormatError(f"{path}: not a regular file ({exc}); expected the dataset's index") from None
+    try:
         if _outside(root, path):
             raise FormatError(f"{path}: resolves (through a symbolic link) to a file outside the dataset "
                               "root")

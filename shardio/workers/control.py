@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from ..errors import OptionError, StateError
+from ..errors import OptionError, StateError, shown
 from ..planning.plan import Segment
-from ..statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, shown
+from ..statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
 
