@@ -31,7 +31,8 @@ from shardio.errors import ShardioError
 from shardio.packing.indexer import build_index
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
-from shardio.shards.tarformat import encode_sample, key_problem, parse_members, walk
+from shardio.shards.tarformat import encode_sample, parse_members, walk
+from shardio.shards.names import key_problem
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -32,7 +32,8 @@ from ..errors import DecodeError, FormatError, OptionError, ReadError
 from ..reading.streams import describe
 from ..shards.builder import IndexBuilder
 from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
-from ..shards.tarformat import key_problem, split_name, walk
+from ..shards.tarformat import walk
+from ..shards.names import key_problem, split_name
 from ..shards.writer import writable_directory
 from .corpus import AUDIO_EXTENSIONS
 
@@ -189,7 +190,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
 
     Shard names in the index are relative to the index's directory. An index already there is an
     :class:`~shardio.errors.OptionError` unless ``overwrite`` (checkpoints of its dataset stop matching).
-    Sample keys follow pack's rules (:func:`~shardio.shards.tarformat.key_problem`: relative, no ``..``).
+    Sample keys follow pack's rules (:func:`~shardio.shards.names.key_problem`: relative, no ``..``).
     ``progress``: a tqdm bar of the shards indexed, on stderr.
     """
     paths = [os.path.abspath(os.fspath(s)) for s in shards]

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from ..errors import InputError, InputProblem, OptionError
 from ..reading.storage import write_atomic
-from ..shards.tarformat import key_problem
+from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
 from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
 from .preparation import Prepared, Task, prepare

@@ -29,7 +29,7 @@ from ..errors import FormatError, ReadError
 from ..reading.localshard import NotRegular, open_regular
 from ..reading.storage import file_size, is_url, read_bytes
 from .metadata import check_size
-from .tarformat import has_hidden
+from .names import has_hidden
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
            "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",

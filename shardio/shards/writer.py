@@ -25,7 +25,8 @@ from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..packing.dirlock import DirectoryLock
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
-from .tarformat import END_OF_ARCHIVE, encode_sample, key_problem
+from .tarformat import END_OF_ARCHIVE, encode_sample
+from .names import key_problem
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 

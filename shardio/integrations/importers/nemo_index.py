@@ -43,7 +43,8 @@ from ...packing.indexer import HashingReader
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
-from ...shards.tarformat import key_problem, split_name, walk
+from ...shards.tarformat import walk
+from ...shards.names import key_problem, split_name
 from ...shards.writer import writable_directory
 
 __all__ = ["MANIFEST", "index_nemo"]
