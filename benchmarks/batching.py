@@ -33,7 +33,8 @@ import soundfile
 
 from shardio.bench.report import write_results
 from shardio.planning.bucketing import batch_audio
-from shardio.planning.plan import Batching, Ordering, plan_epoch, window_order
+from shardio.planning.order import window_order
+from shardio.planning.plan import Batching, Ordering, plan_epoch
 from shardio.synth import duration_sample
 
 REPO = Path(__file__).resolve().parents[1]

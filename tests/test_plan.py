@@ -25,11 +25,10 @@ from shardio.planning.plan import (
     Segment,
     batch_offsets,
     deal,
-    epoch_order,
     plan_epoch,
-    rng,
     worker_batches,
 )
+from shardio.planning.order import epoch_order, rng
 
 TOLERANCE = 1 + 1e-9
 """The planner's documented slack on ``max_duration`` (float rounding of count x longest)."""

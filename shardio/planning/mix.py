@@ -38,16 +38,13 @@ import numpy as np
 
 from ..errors import OptionError
 from . import bucketing
-from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, rng, window_order, with_report
-from .streams import MIX as _MIX
+from .order import MERGE, MIX, rng, window_order
+from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .streams import Stream, corpus_key, merge_places, stream_samples
 
 __all__ = ["CorpusColumns", "EpochSize", "Mix", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets"]
 
 logger = logging.getLogger(__name__)
-
-_MERGE = 12
-
 
 class CorpusColumns(NamedTuple):
     """What the mix planner needs of one corpus: per-sample shard ids and durations, and the shard count."""
@@ -166,7 +163,7 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
                                  {n: np.arange(q) for n, q in _quotas(rates, seconds).items()}, seed=seed, epoch=0)
             found = plan_segments(np.arange(trial.global_ids.shape[0]), trial.durations, seed=seed, epoch=0,
                                   world_size=1, batching=batching, windows=trial.slices, buckets=trial.buckets,
-                                  shuffle=ordering.shuffle, purpose=(_MIX,)).offsets.shape[0] - 1
+                                  shuffle=ordering.shuffle, purpose=(MIX,)).offsets.shape[0] - 1
             if found >= target:
                 best = min(best, seconds)
             seconds *= aim / max(found, 1)
@@ -210,7 +207,7 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
         local, windows = stream_samples(corpora[name], eligible[name], ordering, seed, name, positions[name])
         streams.append(local)
         quota = local.shape[0]
-        jitter = rng(seed, epoch, _MIX, corpus_key(name), _MERGE).random(quota) if ordering.shuffle else 0.5
+        jitter = rng(seed, epoch, MIX, corpus_key(name), MERGE).random(quota) if ordering.shuffle else 0.5
         keys.append((np.arange(quota, dtype=np.float64) + jitter) / max(quota, 1))
         # A corpus within one shard window is local however often it repeats: it does not cut slices.
         if quota and corpora[name].num_shards > ordering.shuffle_shards:
@@ -270,7 +267,7 @@ def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.
     exclude = [(at, np.flatnonzero(np.isin(global_ids, ids))) for at, ids in exclude]
     plan = plan_segments(np.arange(global_ids.shape[0]), occurrences.durations, seed=seed, epoch=epoch,
                          world_size=world_size, batching=batching, history=history, windows=occurrences.slices,
-                         buckets=occurrences.buckets, shuffle=ordering.shuffle, purpose=(_MIX,), limit=limit,
+                         buckets=occurrences.buckets, shuffle=ordering.shuffle, purpose=(MIX,), limit=limit,
                          exclude=exclude)
     return plan, occurrences, _Args(columns, eligible, quotas)
 

@@ -6,8 +6,8 @@ Every rank computes the same global plan independently, so ranks agree without a
 
 The steps:
 
-1. **Order** (:func:`epoch_order`): shards are permuted per epoch, then samples are shuffled within
-   windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
+1. **Order** (:mod:`shardio.planning.order`): shards are permuted per epoch, then samples are shuffled
+   within windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
 2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
    ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
    With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
@@ -36,18 +36,11 @@ import numpy as np
 
 from ..errors import OptionError
 from . import bucketing, rounds
-from .stablesort import stable_order
 from .options import Batching, Ordering
+from .order import BATCHES, narrow_window_order, rng
 
-__all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "epoch_order", "batch_offsets", "deal", "plan_epoch",
-           "plan_segments", "worker_batches", "options_of", "rng"]
-
-_SHARDS, _SAMPLES, _BATCHES = 1, 2, 3
-
-
-def rng(seed: int, epoch: int, *purpose: int) -> np.random.Generator:
-    """The generator for ``purpose`` in ``epoch``: seeded by the tuple ``(seed, epoch, *purpose)``."""
-    return np.random.default_rng([seed, epoch, *purpose])
+__all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "batch_offsets", "deal", "plan_epoch", "plan_segments",
+           "worker_batches", "options_of"]
 
 
 @dataclass(frozen=True)
@@ -97,36 +90,6 @@ class EpochPlan:
         taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
         taken[self.rank_batches[:, :consumed].ravel()] = True
         return self.samples[np.repeat(taken, np.diff(self.offsets))]
-
-
-def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
-                 key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The sample order for RNG ``key`` (``(seed, epoch)`` or longer), and every sample's shard window.
-
-    Shards are permuted, samples shuffled within windows of ``shuffle_shards`` consecutive shards;
-    ``windows[id]`` is sample ``id``'s window number (int64), which does not decrease along the order.
-    """
-    order, windows = _ordered(shard_ids, num_shards, ordering, key)
-    return order, windows.astype(np.int64)
-
-
-def _ordered(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
-             key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`window_order` with the windows in the narrowest integer type (4 bytes a sample, not 8)."""
-    n = shard_ids.shape[0]
-    narrow = np.int32 if num_shards < 1 << 31 else np.int64
-    if not ordering.shuffle:
-        return stable_order(shard_ids), (shard_ids // ordering.shuffle_shards).astype(narrow)
-    position = np.empty(num_shards, dtype=np.int64)
-    position[rng(*key, _SHARDS).permutation(num_shards)] = np.arange(num_shards)
-    window = (position // ordering.shuffle_shards).astype(narrow)[shard_ids]
-    return stable_order(window, np.asarray(rng(*key, _SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))), window
-
-
-def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int,
-                ordering: Ordering = Ordering()) -> np.ndarray:
-    """All sample ids in this epoch's order: shards permuted, samples shuffled within shard windows."""
-    return _ordered(shard_ids, num_shards, ordering, (seed, epoch))[0]
 
 
 BLOCK = bucketing.BLOCK
@@ -254,7 +217,7 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
     def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
         grouping = None
         if windows is not None and buckets is not None:
-            generator = rng(seed, epoch, *purpose, _BATCHES, number) if shuffle else None
+            generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
             grouping = _Grouping(windows, buckets, generator)
         return _plan_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
 
@@ -287,7 +250,7 @@ def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *,
         raise OptionError(f"seed must be a non-negative integer, not {seed}")
     if shard_ids.shape != durations.shape:
         raise OptionError("shard_ids and durations must have the same shape")
-    order, by_window = _ordered(shard_ids, num_shards, ordering, (seed, epoch))
+    order, by_window = narrow_window_order(shard_ids, num_shards, ordering, (seed, epoch))
     buckets, extra = None, {}
     if batching.bucketed:
         edges = bucketing.bucket_edges(durations, batching)

@@ -20,12 +20,9 @@ import numpy as np
 
 from ..errors import StateError
 from .options import Ordering
-from .plan import window_order
+from .order import MIX, window_order
 
 __all__ = ["Stream", "expand", "ranges_of", "stream_samples", "corpus_key", "merge_places"]
-
-MIX = 11
-"""The RNG purpose of mix planning (:mod:`shardio.planning.mix`)."""
 
 
 def expand(ranges: Sequence[Sequence[int]]) -> np.ndarray:
