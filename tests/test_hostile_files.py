@@ -245,6 +245,15 @@ def test_an_index_json_linked_out_of_the_root_is_refused(dataset: Path) -> None:
     assert len(Index.load(dataset)) == 5
 
 
+def test_format1_columns_that_are_a_fifo_are_refused_without_blocking(dataset: Path) -> None:
+    to_format1(dataset)
+    (dataset / "index.npz").unlink()
+    os.mkfifo(dataset / "index.npz")
+    raised = _finishes(lambda: Index.load(dataset), [dataset / "index.npz"])
+    assert isinstance(raised, FormatError) and "not a regular file" in str(raised), raised
+    assert "columns file" in str(raised)
+
+
 def test_a_shard_fifo_fails_iteration_and_verify_without_blocking(dataset: Path) -> None:
     shard = _shard(dataset)
     shard.unlink()

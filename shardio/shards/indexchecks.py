@@ -147,16 +147,24 @@ def read_local_index(root: str, path: str) -> bytes:
     """A local ``index.json``'s bytes, checked as :func:`check_local_columns` checks the columns file: a
     regular file inside ``root``. It is opened without blocking (a FIFO would block a plain open) and checked
     before it is read (``/dev/zero`` is refused, not read). ``OSError`` where it cannot be opened or read."""
+    return _read_regular(root, path, "the dataset's index")
+
+
+def _read_regular(root: str, path: str, expected: str, bound: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` inside ``root``, of at most ``bound`` bytes: checked on the
+    descriptor that is read, so the file cannot be swapped for a FIFO or a device between check and read."""
     try:
-        fd, _ = open_regular(path)
+        fd, size = open_regular(path)
     except NotRegular as exc:
-        raise FormatError(f"{path}: not a regular file ({exc}); expected the dataset's index") from None
+        raise FormatError(f"{path}: not a regular file ({exc}); expected {expected}") from None
     try:
         if _outside(root, path):
             raise FormatError(f"{path}: resolves (through a symbolic link) to a file outside the dataset "
                               "root")
+        if bound is not None:
+            check_columns_size(size, bound, path)
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read()
+            return handle.read() if bound is None else handle.read(bound + 1)
     finally:
         os.close(fd)
 
@@ -225,9 +233,9 @@ def read_columns(root: str, path: str, bound: int, storage_options: dict[str, An
     try:
         if is_url(path):
             check_columns_size(file_size(path, storage_options), bound, path)
+            payload = read_bytes(path, storage_options)
         else:
-            check_local_columns(root, path, bound, path)
-        payload = read_bytes(path, storage_options)
+            payload = _read_regular(root, path, "the index's columns file", bound)
     except FileNotFoundError:
         raise FormatError(f"{path}: index columns file is missing") from None
     except OSError as exc:
