@@ -9,13 +9,12 @@ end when they are given none. Nothing here opens the audio; :func:`shardio.packi
 
 from __future__ import annotations
 
-from typing import Literal
-
-import csv
 import io
 import json
 import logging
+import math
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,19 +23,16 @@ from typing import Any, Callable
 from ..errors import InputError, InputProblem, OptionError
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
-from .source import Problems, Source, manifest_text, resolve_path, seconds_field, segment_keys
+from .source import (AUDIO_EXTENSIONS, KEY_COLUMNS, Problems, Source, manifest_text, not_regular, read_regular_input,
+                     resolve_path, seconds_field, segment_keys)
+from .table import table_sources
 
-__all__ = ["AUDIO_EXTENSIONS", "KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
+__all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
            "read_kaldi", "read_table"]
 
 logger = logging.getLogger(__name__)
 
-AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
 KINDS = ("folder", "jsonl", "kaldi", "tsv", *IMPORTED_KINDS)
-PATH_COLUMNS = ("path", "audio", "audio_path", "audio_filepath", "audio_file", "file")
-TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
-KEY_COLUMNS = ("id", "key")
-_TABLE_DELIMITERS = ("\t", "|", ",", ";")
 
 
 _Reader = Callable[[str | os.PathLike[str], Problems | None, Counter[str] | None], Iterator[Source]]
@@ -66,7 +62,10 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
                 problems: Problems | None = None, left_out: Counter[str] | None = None) -> Iterator[Source]:
     """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
 
-    Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given."""
+    Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given. A corpus
+    path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`: detecting
+    its kind would read it, and a FIFO blocks."""
+    _check_corpus_path(Path(path))
     kind = {"csv": "tsv", "table": "tsv"}.get(kind or "", kind) or detect_kind(path)
     if kind not in _READERS:
         raise OptionError(f"unknown corpus kind {kind!r}; expected one of {KINDS}")
@@ -76,6 +75,18 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
     if kind == "kaldi" and location.name == "wav.scp":
         location = location.parent
     return _READERS[kind](location, problems, left_out)
+
+
+def _check_corpus_path(location: Path) -> None:
+    """Refuse a corpus path that exists but is neither a directory nor a regular file (see :func:`read_corpus`)."""
+    try:
+        mode = os.stat(location).st_mode
+    except OSError:
+        return  # missing or unreadable: the callers say so
+    problem = None if stat.S_ISDIR(mode) else not_regular(mode)
+    if problem is not None:
+        raise InputError([InputProblem(str(location), "", f"cannot read the corpus: {problem}; expected a corpus "
+                                       "directory or manifest file")])
 
 
 def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]]) -> _Reader:
@@ -104,7 +115,7 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iter
         sidecar = transcripts.get(name)
         if sidecar is not None:
             try:
-                meta["text"] = (root / sidecar).read_bytes().decode("utf-8").strip()
+                meta["text"] = read_regular_input(root / sidecar).decode("utf-8").strip()
             except OSError as exc:
                 problems.append(InputProblem(str(root / sidecar), stem, "cannot read the transcript "
                                              f"({exc.strerror or exc}); the sample is left out"))
@@ -116,6 +127,30 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iter
         yield Source(key=stem, audio_path=str(root / name), meta=meta)
 
 
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would keep the last, silently)."""
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in fields:
+            raise ValueError(f"the field {name!r} appears twice in one object (a JSON reader keeps one value and "
+                             "drops the other unseen); expected each field once")
+        fields[name] = value
+    return fields
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: not JSON, and metadata must stay JSON for every reader."""
+    raise ValueError(f"{name} is not a JSON value; expected a finite number, or null")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it overflows to infinity (``1e400``)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is beyond the range of a 64-bit float; expected a finite number")
+    return value
+
+
 def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A NeMo-style JSONL manifest: ``audio_filepath``, ``duration``, ``text``, optional ``offset``."""
     entries: list[tuple[str, dict[str, Any]]] = []
@@ -125,7 +160,8 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line, object_pairs_hook=_unique_fields, parse_constant=_no_constant,
+                                    parse_float=_finite_float)
                 if not isinstance(record, dict):
                     raise ValueError("expected a JSON object")
                 audio = record.pop("audio_filepath", None)
@@ -226,76 +262,10 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
             left_out[f"{name} lines naming no utterance"] += stray
 
 
-def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
-    """The delimiter, and whether the first line is a header naming a path column."""
-    for delimiter in _TABLE_DELIMITERS:
-        header = [name.strip().lower() for name in first_line.rstrip("\r\n").split(delimiter)]
-        if any(name in PATH_COLUMNS for name in header):
-            return delimiter, True
-    fields = first_line.split("|")
-    if 2 <= len(fields) <= 3 and any((table.parent / "wavs" / f"{fields[0]}.{e}").exists() for e in AUDIO_EXTENSIONS):
-        return "|", False  # LJSpeech's headerless id|text|normalized
-    raise InputError([InputProblem(str(table), "", "the first line is not a header naming the audio path column "
-                                   f"(expected one of {', '.join(PATH_COLUMNS)}; delimiters tried: tab | , ;)")])
-
-
-def _read_table(table: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """A TSV/CSV with a header (path column, text column, others kept), or LJSpeech's ``metadata.csv``."""
-    with io.StringIO(manifest_text(table, "utf-8-sig"), newline="") as handle:
-        first = handle.readline()
-        delimiter, has_header = _table_layout(table, first)
-        handle.seek(0)
-        quoting: Literal[0, 3] = csv.QUOTE_MINIMAL if delimiter in ",;" else csv.QUOTE_NONE
-        rows = csv.reader(handle, delimiter=delimiter, quoting=quoting)
-        header = [name.strip() for name in next(rows)] if has_header else ["id", "raw_text", "text"]
-        lowered = [name.lower() for name in header]
-        path_column = next((lowered.index(c) for c in PATH_COLUMNS if c in lowered), None)
-        text_column = next((lowered.index(c) for c in TEXT_COLUMNS if c in lowered), None)
-        key_column = next((lowered.index(c) for c in KEY_COLUMNS if c in lowered), None)
-        entries: list[tuple[str, dict[str, Any]]] = []
-        for number, row in enumerate(rows, 2 if has_header else 1):
-            where = f"{table}:{number}"
-            if not any(cell.strip() for cell in row):
-                continue
-            if not has_header:
-                row = row + [""] * (3 - len(row))
-                audio = next((f"wavs/{row[0]}.{e}" for e in AUDIO_EXTENSIONS
-                              if (table.parent / "wavs" / f"{row[0]}.{e}").exists()), f"wavs/{row[0]}.wav")
-                meta = {"text": row[2] or row[1], "raw_text": row[1]}
-                entries.append((resolve_path(table.parent, audio), {"where": where, "stem": row[0], "key": row[0],
-                                "offset": None, "duration": None, "meta": meta}))
-                continue
-            if len(row) != len(header):
-                problems.append(InputProblem(where, "", f"{len(row)} fields, the header has {len(header)}"))
-                continue
-            audio = row[path_column].strip() if path_column is not None else ""
-            if not audio:
-                problems.append(InputProblem(where, "", f"empty audio path in column {header[path_column or 0]!r}"))
-                continue
-            record = {name: value for i, (name, value) in enumerate(zip(header, row))
-                      if i not in (path_column, text_column, key_column)}
-            try:
-                offset = seconds_field(record.pop("offset", None), "offset")
-                duration = seconds_field(record.pop("duration", None), "duration")
-            except ValueError as exc:
-                problems.append(InputProblem(where, "", str(exc)))
-                continue
-            meta = ({"text": row[text_column]} if text_column is not None else {}) | record
-            entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
-                                     "duration": duration if offset is not None else None, "meta": meta}
-            if key_column is not None and row[key_column].strip():
-                entry["key"] = row[key_column].strip()
-            entries.append((resolve_path(table.parent, audio), entry))
-    segment_keys(entries)
-    for path, entry in entries:
-        yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
-                     duration=entry["duration"], meta=entry["meta"], origin=entry["where"])
-
-
 read_folder = _collected(_read_folder)
 read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
-read_table = _collected(_read_table)
+read_table = _collected(table_sources)
 _READERS: dict[str, _Reader] = {
     "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table,
     **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS}}

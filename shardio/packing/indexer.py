@@ -35,7 +35,7 @@ from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADAT
 from ..shards.tarformat import walk
 from ..shards.names import key_problem, split_name
 from ..shards.writer import writable_directory
-from .corpus import AUDIO_EXTENSIONS
+from .source import AUDIO_EXTENSIONS, not_regular
 
 __all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade_index"]
 
@@ -207,8 +207,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     keys: set[str] = set()
     for path in tqdm(paths, disable=not progress, file=sys.stderr, unit="shard", desc="index"):
         codec = shard_codec(path)
-        if not os.path.isfile(path):
-            raise ReadError(f"{path}: no such shard file")
+        _check_shard_file(path)
         samples, info = _index_shard(path, codec)
         spans = [(start, end) for _, start, end, _, _ in samples]
         placed = None
@@ -218,7 +217,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
             codec = "zstd" if placed else codec
         number = len(builder.shards)
         duration = 0.0
-        repeated = [key for key, *_ in samples if key in keys]
+        repeated = _repeated_keys([key for key, *_ in samples], keys)
         if repeated:
             logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
                            repeated[0])
@@ -240,6 +239,31 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                        "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
                        len(outside), outside[0])
     return index
+
+
+def _check_shard_file(path: str) -> None:
+    """A :class:`~shardio.errors.ReadError` unless ``path`` is a regular file (a FIFO would block the walk)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ReadError(f"{path}: no such shard file") from None
+    except OSError as exc:
+        raise ReadError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
+    problem = not_regular(mode)
+    if problem is not None:
+        raise ReadError(f"{path}: cannot read the shard: {problem}; expected a shard file")
+
+
+def _repeated_keys(shard_keys: list[str], earlier: set[str]) -> list[str]:
+    """The keys of one shard that an earlier shard or an earlier sample of this shard also has (a ``tar -r``
+    append repeats a key further on in the same shard)."""
+    here: set[str] = set()
+    repeated = []
+    for key in shard_keys:
+        if key in earlier or key in here:
+            repeated.append(key)
+        here.add(key)
+    return repeated
 
 
 def upgrade_index(directory: str | os.PathLike[str]) -> str:

@@ -21,9 +21,10 @@ import os
 import re
 import sys
 import time
+import unicodedata
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,8 @@ from ..errors import InputError, InputProblem, OptionError
 from ..reading.storage import write_atomic
 from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
-from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
+from .corpus import read_corpus
+from .source import AUDIO_EXTENSIONS, Source
 from .preparation import Prepared, Task, prepare
 
 __all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "default_workers", "describe_left_out", "pack", "rewrite_key"]
@@ -222,7 +224,26 @@ def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, tra
             continue
         seen[key] = source
         tasks.append(Task(source, key, transcode))
+    _warn_of_lookalike_keys(seen)
     return tasks
+
+
+def _warn_of_lookalike_keys(keys: Iterable[str]) -> None:
+    """Warn of keys that differ only in case or Unicode normalisation (``Café``, ``café``, ``cafe\u0301``):
+    distinct samples to shardio and WebDataset, but one file where the shards are extracted on a
+    case-insensitive file system (macOS, Windows), and the same text in every message."""
+    first: dict[str, str] = {}
+    pairs = []
+    for key in keys:
+        folded = unicodedata.normalize("NFC", key).casefold()
+        if folded in first:
+            pairs.append((first[folded], key))
+        else:
+            first[folded] = key
+    if pairs:
+        logger.warning("%d key(s) differ from another only in case or Unicode normalisation (first: %a and %a): "
+                       "they stay distinct samples, but name one file where the shards are extracted on a "
+                       "case-insensitive file system; --rewrite-keys does not merge them", len(pairs), *pairs[0])
 
 
 def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputProblem, None, None]:

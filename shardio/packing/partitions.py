@@ -36,7 +36,8 @@ from ..errors import FormatError, InputError, InputProblem, OptionError
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON, Index
 from ..shards.keys import Keys
 from ..shards.writer import ShardWriter
-from .corpus import AUDIO_EXTENSIONS, Source, read_corpus
+from .corpus import read_corpus
+from .source import AUDIO_EXTENSIONS, Source
 from .output import Output
 from .pack import REJECTED_FILE, _assign_keys
 from .preparation import Task, prepare
@@ -87,7 +88,8 @@ class PartitionPlan:
 
     def job(self, number: int) -> PartitionJob:
         """What partition ``number``'s task needs (its inputs only: tasks never carry the whole plan)."""
-        return PartitionJob(self.out_dir, self.options, number, self.partitions[number], self.storage_options)
+        return PartitionJob(self.out_dir, self.options, number, self.partitions[number], self.storage_options,
+                            self.fingerprint)
 
     def to_json(self) -> str:
         """The plan as canonical JSON (its fingerprint covers everything but the output directory)."""
@@ -103,6 +105,9 @@ class PartitionJob:
     number: int
     tasks: list[Task]
     storage_options: dict[str, Any] | None = None
+    fingerprint: str = ""
+    """The plan's fingerprint, recorded in the partition's report so that the merge can tell a part packed by
+    another plan (an earlier run's task that committed after its plan was removed)."""
 
     @property
     def output(self) -> Output:
@@ -227,7 +232,7 @@ def pack_partition(job: PartitionJob) -> int:
         for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
             output.publish(os.path.join(attempt, shard.name), shard.name)
         part = _part(number)
-        report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes}
+        report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes, "plan": job.fingerprint}
         output.write(f"{part}/report.json", json.dumps(report, sort_keys=True).encode())
         output.publish(os.path.join(attempt, INDEX_COLUMNS), f"{part}/{INDEX_COLUMNS}")
         output.publish(os.path.join(attempt, INDEX_JSON), f"{part}/{INDEX_JSON}")  # the commit marker, last
@@ -259,6 +264,7 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
                               "pack it before merging")
         part = Index.load(output.path(_part(number)), plan.storage_options)
         report = json.loads(output.read(f"{_part(number)}/report.json"))
+        _check_part(plan, number, report, list(part.keys))
         problems.extend(InputProblem(**p) for p in report["problems"])
         if report["problems"]:
             failed.append(number)
@@ -299,6 +305,29 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         merged.save(out)
     output.remove_tree(PARTS_DIR)
     return merged, problems, input_bytes
+
+
+def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: list[str]) -> None:
+    """Refuse a committed part that another plan packed: its report names another plan, or its samples are not
+    this plan's partition ``number`` (less its rejected inputs), which merged would lose or repeat samples."""
+    where = plan.output.path(_part(number))
+    redo = f"remove {where} and pack again (only that partition is packed anew)"
+    recorded = report.get("plan") or ""
+    if recorded and plan.fingerprint and recorded != plan.fingerprint:
+        raise FormatError(f"{where}: partition {number} was packed by another plan ({recorded}, this plan is "
+                          f"{plan.fingerprint}): an earlier run's task committed it; {redo}")
+    if report["problems"] and plan.options.on_error == "raise":
+        return  # not merged: removed with the error that lists its problems
+    rejected = {problem["key"] for problem in report["problems"]}
+    expected = [task.key for task in plan.partitions[number] if task.key not in rejected]
+    if keys != expected:
+        have, want = set(keys), set(expected)
+        missing = next((key for key in expected if key not in have), None)
+        extra = next((key for key in keys if key not in want), None)
+        detail = f"it lacks {missing!r}" if missing is not None else \
+            f"it holds {extra!r}, which is not in this partition" if extra is not None else "its order differs"
+        raise FormatError(f"{where}: partition {number} holds {len(keys)} samples, the plan gives it "
+                          f"{len(expected)} ({detail}): another run's task committed it; {redo}")
 
 
 def _format_id(formats: list[str], ext: str) -> int:

@@ -9,12 +9,13 @@ and encoded as FLAC (or WAV), with integer PCM kept exact.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import soundfile as sf
@@ -23,6 +24,7 @@ from ..errors import DecodeError, InputProblem
 from ..reading.decode import decode_audio
 from ..reading.fields import BATCH_FIELDS
 from .corpus import Source
+from .source import open_regular_input
 from .truncation import truncation_problem
 
 __all__ = ["Prepared", "Task", "prepare"]
@@ -76,7 +78,11 @@ def prepare(task: Task) -> Prepared | InputProblem:
     meta = {**source.meta, "duration": round(frames / rate, 6)}
     if source.offset is not None:
         meta["offset"] = source.offset
-    text = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # NaN, infinity or a value JSON has no form for, from an importer
+        return InputProblem(source.where, task.key, f"the metadata cannot be written as JSON ({exc}); expected "
+                            "strings, finite numbers, booleans, null, lists and objects")
     return Prepared(task.key, {ext: data, "json": text.encode("utf-8")}, ext, frames, rate, channels, len(data))
 
 
@@ -85,21 +91,23 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
     path = source.audio_path
     data = _member_bytes(source) if source.member else b""
     if source.offset is not None:
-        opened: Callable[[], str | io.BytesIO] = (lambda: io.BytesIO(data)) if source.member else (lambda: path)
-        info = _decoding(path, lambda: sf.info(opened()))
-        start, stop = _segment_frames(source, info.frames, info.samplerate)
-        if not (start == 0 and stop >= info.frames - round(_WHOLE_TOLERANCE * info.samplerate)):
-            audio, rate, subtype = _decoding(path, lambda: _read(opened(), source.ext, start, stop - start))
-            target = transcode or "flac"
-            return target, _encode(audio, rate, subtype, target), len(audio), rate, audio.shape[1]
+        with contextlib.closing(io.BytesIO(data) if source.member else _opened(path)) as file:
+            def opened() -> BinaryIO:
+                file.seek(0)
+                return file
+
+            info = _decoding(path, lambda: sf.info(opened()))
+            start, stop = _segment_frames(source, info.frames, info.samplerate)
+            if not (start == 0 and stop >= info.frames - round(_WHOLE_TOLERANCE * info.samplerate)):
+                audio, rate, subtype = _decoding(path, lambda: _read(opened(), source.ext, start, stop - start))
+                target = transcode or "flac"
+                return target, _encode(audio, rate, subtype, target), len(audio), rate, audio.shape[1]
     if not source.member:
-        try:
-            with open(path, "rb") as handle:
+        with _opened(path) as handle:
+            try:
                 data = handle.read()
-        except FileNotFoundError:
-            raise _Reject("file not found") from None
-        except OSError as exc:
-            raise _Reject(f"cannot read the file: {exc.strerror or exc}") from None
+            except OSError as exc:
+                raise _Reject(f"cannot read the file: {exc.strerror or exc}") from None
     if not data:
         raise _Reject("the file is empty (0 bytes)")
     _check_magic(data, source.ext)
@@ -113,6 +121,17 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
     audio, rate, subtype = _decoding(path, lambda: _read(io.BytesIO(data), source.ext, 0, -1))
     _check_complete(data, source.ext, len(audio))
     return transcode, _encode(audio, rate, subtype, transcode), len(audio), rate, audio.shape[1]
+
+
+def _opened(path: str) -> BinaryIO:
+    """The audio file ``path`` opened for reading; a FIFO, device, socket or directory is rejected (a FIFO
+    would block the read until a writer came, ``/dev/zero`` would never end), as is a file that is missing."""
+    try:
+        return open_regular_input(path)
+    except FileNotFoundError:
+        raise _Reject("file not found") from None
+    except OSError as exc:
+        raise _Reject(f"cannot read the file: {exc.strerror or exc}") from None
 
 
 def _member_bytes(source: Source) -> bytes:
@@ -161,7 +180,7 @@ def _decoding(path: str, action: Callable[[], _T]) -> _T:
         raise _Reject(f"could not be decoded as audio ({getattr(exc, 'error_string', None) or exc})") from None
 
 
-def _read(file: str | io.BytesIO, ext: str, start: int, frames: int) -> tuple[np.ndarray, int, str]:
+def _read(file: BinaryIO, ext: str, start: int, frames: int) -> tuple[np.ndarray, int, str]:
     """Decode ``frames`` frames from ``start`` (-1: to the end) as ``(frames, channels)`` and check them."""
     with sf.SoundFile(file) as sound:
         if sound.format not in _CONTAINERS[ext]:

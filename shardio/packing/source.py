@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import InputError, InputProblem
+from ..reading.localshard import NotRegular, kind, open_regular
 
-__all__ = ["Problems", "Source", "manifest_text", "resolve_path", "seconds_field", "segment_keys"]
+__all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotRegularFile", "Problems", "Source", "manifest_text", "not_regular", "open_regular_input",
+           "read_regular_input", "resolve_path", "seconds_field", "segment_keys"]
+
+
+AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
+"""The audio inputs pack takes, by extension."""
+KEY_COLUMNS = ("id", "key")
+"""A manifest's fields that name a sample's key."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,49 @@ Problems = list[InputProblem]
 """Where the readers put entries that cannot become sources (see :mod:`shardio.packing.corpus`)."""
 
 
+class NotRegularFile(OSError):
+    """A path that is not a regular file (a FIFO, a device, a socket, a directory): reading a FIFO blocks until
+    a writer comes, and ``/dev/zero`` never ends, so an input must be a regular file. ``strerror`` says what
+    the path is."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` (``st_mode``) cannot be read as an input (``it is a FIFO, ...``), or None when it
+    is a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return f"it is {kind(mode)}, not a regular file: reading it could block or never end"
+
+
+def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
+    """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for anything
+    else (:func:`shardio.reading.localshard.open_regular`: a device is not opened, a FIFO not read)."""
+    name = os.fspath(path)
+    try:
+        fd, _ = open_regular(name)
+    except NotRegular as exc:
+        raise NotRegularFile(0, f"it is {exc}, not a regular file: reading it could block or never end",
+                             name) from None
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_input(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the regular file at ``path`` (see :func:`open_regular_input`)."""
+    with open_regular_input(path) as handle:
+        return handle.read()
+
+
 def manifest_text(path: Path, encoding: str) -> str:
-    """A manifest's text; bytes that are not UTF-8 are an :class:`InputError` naming the file and line."""
-    data = path.read_bytes()
+    """A manifest's text; bytes that are not UTF-8 are an :class:`InputError` naming the file and line, and so
+    is a path that is not a regular file (a FIFO would block the read)."""
+    try:
+        data = read_regular_input(path)
+    except NotRegularFile as exc:
+        raise InputError([InputProblem(str(path), "", f"cannot read the manifest: {exc.strerror}; expected a "
+                                       "manifest file")]) from None
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:

@@ -27,7 +27,6 @@ global id repeats when its corpus repeats within the epoch.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ import numpy as np
 
 from ..errors import OptionError
 from . import bucketing
-from .order import MERGE, MIX, rng, window_order
+from .order import MERGE, MIX, rng
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .streams import Stream, corpus_key, merge_places, stream_samples
 

@@ -108,8 +108,11 @@ class NotRegular(Exception):
 def open_regular(path: str) -> tuple[int, int]:
     """A read-only descriptor of the regular file at ``path`` and its size, opened without blocking (a plain open
     of a FIFO waits for a writer); :class:`NotRegular` for anything else, ``OSError`` where it cannot be opened."""
+    mode = os.stat(path).st_mode  # a device is not opened (opening some acts), a socket cannot be
+    if not stat.S_ISREG(mode):
+        raise NotRegular(mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    info = os.fstat(fd)
+    info = os.fstat(fd)  # again on the descriptor: a FIFO swapped in meanwhile is not read
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise NotRegular(info.st_mode)

@@ -38,7 +38,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
-from ...packing.corpus import AUDIO_EXTENSIONS
+from ...packing.source import AUDIO_EXTENSIONS
 from ...packing.indexer import HashingReader
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
