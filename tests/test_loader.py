@@ -246,6 +246,23 @@ def test_workers_exit_once_the_training_process_is_killed(data: Path, method: st
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_an_iterator_left_unfinished_at_exit_closes_quietly(data: Path, pin_memory: bool) -> None:
+    code = ("import warnings; warnings.simplefilter('ignore')\n"  # pin_memory without an accelerator warns
+            "from shardio import ShardDataset, ShardLoader\n"
+            f"loader = ShardLoader(ShardDataset({str(data)!r}, batch_size=3), num_workers=2, "
+            f"pin_memory={pin_memory})\n"
+            "batches = iter(loader)\n"
+            "next(batches)\n"
+            "print(*[worker.process.pid for worker in loader._workers])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    # the iterator was finalised after the modules it halts with: "Exception ignored ... AttributeError"
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2 and not any(_running(pid) for pid in pids)
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not exited (a zombie no one reaps has)."""
     try:

@@ -22,10 +22,12 @@ note; a worker that dies is a ``RuntimeError`` naming it and its exit code, neve
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import time
 import warnings
+import weakref
 from collections.abc import Generator, Iterator
 from typing import Any, NamedTuple
 
@@ -45,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 _JOIN_S = 5.0
 """How long a closing loader waits for a worker to exit before terminating it."""
+
+_WITH_WORKERS: weakref.WeakSet[ShardLoader] = weakref.WeakSet()
+"""Loaders whose workers may be running, closed at exit while the modules they use are still whole (an
+iterator left unfinished is otherwise finalised after them, and its halt fails)."""
 
 
 class _Worker(NamedTuple):
@@ -202,6 +208,7 @@ class ShardLoader:
             process.start()
             theirs.close()
             self._workers.append(_Worker(process, Channel(ours), credits))
+        _WITH_WORKERS.add(self)
 
     def _receive(self, number: int) -> tuple[str, Any]:
         """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
@@ -281,6 +288,16 @@ class ShardLoader:
             self._shutdown()
         except Exception:  # interpreter shutdown: the workers are daemons and end with this process
             pass
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every loader with workers, before the interpreter tears down the modules that closing uses."""
+    for loader in list(_WITH_WORKERS):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - exiting: a worker that cannot be stopped is a daemon, ended with us
+            logger.debug("a shardio loader could not be closed at exit", exc_info=True)
 
 
 def _position(batch: dict[str, Any]) -> dict[str, int]:
