@@ -6,9 +6,10 @@ Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its par
 (the dataset's ``inspect``, ``verify`` and ``index`` live in :mod:`shardio.packing.commands`, the data
 ledger's in :mod:`shardio.ledger.commands`).
 Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
-:class:`~shardio.errors.ShardioError` (bad options, inputs or dataset), 3 a file or directory that cannot
-be read or written (:class:`~shardio.errors.OutputError`, or the system's error), 130 interrupted. Every
-error is one line on stderr (an :class:`~shardio.errors.InputError` adds one line per input), no traceback.
+:class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable ones too, or dataset), 3 an
+output that cannot be written (:class:`~shardio.errors.OutputError`), or the system's own error, 130
+interrupted. Every error is one line on stderr (an :class:`~shardio.errors.InputError` adds one line per
+input), no traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from .errors import OptionError, OutputError, ShardioError
 from .ledger.commands import add_quarantine, add_remix, add_trace
@@ -27,7 +29,7 @@ from .reading.commands import add_cache
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
 EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, inputs or dataset",
-              3: "a file or directory cannot be read or written (or another run holds the output)",
+              3: "an output cannot be written (or another run holds it), or a system error",
               130: "interrupted"}
 """What each exit status of ``shardio`` means."""
 
@@ -207,12 +209,20 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_pack, ad
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a usage error in one line (argparse prints the whole usage block first); the
+    subcommands' parsers are of this class too (``add_subparsers`` makes them of its parser's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
     from . import __version__
 
     codes = "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
-    parser = argparse.ArgumentParser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio "
+    parser = _Parser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio "
                                      "shards.", epilog=f"exit codes: {codes}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("--version", action="version", version=f"shardio {__version__}")

@@ -58,6 +58,9 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     assert main(["verify", str(tmp_path / "idx")]) == 1  # shards outside the index's directory: the opt-in
     assert "allow_outside_root" in capsys.readouterr().err
     assert main(["verify", "--allow-outside-root", str(tmp_path / "idx")]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "mistyped")]) == 2  # a usage error, not a damaged dataset (exit 1)
+    assert capsys.readouterr().err.strip().endswith("mistyped: no such dataset directory")
 
 
 def test_pack_options_reach_pack(wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,9 +85,12 @@ def test_errors_exit_2_with_the_message(mixed_corpus: Path, tmp_path: Path,
     assert main(["inspect", str(tmp_path / "nothing")]) == 2
     assert "no index here" in capsys.readouterr().err
     assert main(["index", str(tmp_path / "x.zip")]) == 2
+    capsys.readouterr()
     with pytest.raises(SystemExit) as usage:
         main(["pack", str(mixed_corpus)])
     assert usage.value.code == 2
+    error = capsys.readouterr().err  # one line, as every error (argparse would print its usage block first)
+    assert error == "shardio pack: error: the following arguments are required: out_dir (see 'shardio pack --help')\n"
 
 
 def test_module_entry_point_exit_code(tmp_path: Path) -> None:
