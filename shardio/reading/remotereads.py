@@ -21,7 +21,7 @@ from .cache import ShardCache
 from .filesystems import Filesystems
 from .localshard import LocalShard, short_read
 from .prefetch import MAX_GAP, ReadAhead, Span
-from .storage import RetryPolicy, is_url, retrying
+from .storage import RetryPolicy, is_url, read_range, retrying
 
 __all__ = ["RemoteReads"]
 
@@ -51,8 +51,7 @@ class RemoteReads:
     def _fetch(self, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
         """``size`` bytes at ``offset`` of an open remote shard, with retries (safe in read-ahead threads)."""
         fs, path = handle
-        data = retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), where, self.retry,
-                        self._count_retry)
+        data = retrying(lambda: read_range(fs, path, offset, offset + size), where, self.retry, self._count_retry)
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
         return data
@@ -173,17 +172,22 @@ class RemoteReads:
         return found
 
     def _download(self, shard: int, out: BinaryIO, where: str) -> None:
-        """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy)."""
+        """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further than
+        one byte past the size the index records (a longer answer is refused by the cache's size check, not
+        written on until the disk is full)."""
         url = self.index.shard_path(shard)
         fs = self._remote(shard, where)[0]
+        bound = self.index.table.bytes_of(shard) + 1
 
         def attempt() -> None:
             out.seek(0)
             out.truncate()
+            written = 0
             with fs.open(fs._strip_protocol(url), "rb", block_size=0 if url.startswith("http") else 1 << 22,
                          cache_type="none") as source:
-                while chunk := source.read(1 << 22):
+                while written < bound and (chunk := source.read(min(1 << 22, bound - written))):
                     out.write(chunk)
+                    written += len(chunk)
 
         retrying(attempt, where, self.retry, self._count_retry)
         self._count_request(self.index.table.bytes_of(shard))

@@ -12,6 +12,12 @@ Retries: remote reads retry transient failures (5xx, 408/429, dropped connection
 caller configures them, botocore's retries are set to a single attempt and s3fs's own retry loop to one
 try, since nested layers multiply (4 x 5 x 5 attempts and over a minute per read, measured against a
 dropping server). HTTP reads get socket timeouts (connect 30 s, read 60 s) instead of aiohttp's 5 minutes.
+
+Bounds on what a server answers: an HTTP range read (:func:`read_range`) must come back as the ``206`` of the
+bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding``), is read no further than
+its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
+server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
+(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`.
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
+from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, ReadError
+from ..errors import FormatError, OptionError, ReadError, shown
+from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 
 __all__ = [
     "RetryPolicy",
     "cache_dir",
+    "escapes_root",
     "fetch_to_cache",
     "file_size",
     "filesystem",
@@ -40,6 +49,7 @@ __all__ = [
     "join",
     "open_input",
     "read_bytes",
+    "read_range",
     "retrying",
     "write_atomic",
 ]
@@ -49,7 +59,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HTTP_CONNECT_TIMEOUT = 30.0
-HTTP_READ_TIMEOUT = 60.0
+MAX_READ_BYTES = 1 << 28
+"""The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of about a million shards)."""
 # Exception class names (anywhere in the MRO) of connection-level failures in aiohttp and botocore, whose
 # types are not imported here: ServerDisconnectedError, ClientConnectionError, ClientPayloadError,
 # botocore's ConnectionClosedError, ReadTimeoutError, EndpointConnectionError, ResponseParserError, ...
@@ -160,6 +171,14 @@ def join(root: str, name: str) -> str:
     return os.path.join(_local(root), name)
 
 
+def escapes_root(name: str) -> bool:
+    """Whether decoding ``name``'s percent-escapes changes how it splits into path parts, or makes a part ``.``
+    or ``..`` (which URL normalisation removes, with the part before it): an HTTP client decodes ``%2e`` and
+    drops the dot segments, so ``%2e%2e/x`` under ``http://host/data`` is fetched as ``http://host/x``."""
+    raw, decoded = (text.replace("\\", "/").split("/") for text in (name, unquote(name)))
+    return len(raw) != len(decoded) or any(d != r and d in (".", "..") for r, d in zip(raw, decoded))
+
+
 def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` plus shardio's defaults for ``protocol`` (single-attempt lower layers, HTTP timeouts)."""
     options = copy.deepcopy(options)
@@ -206,8 +225,9 @@ def open_input(location: str, storage_options: dict[str, Any] | None = None) -> 
 
 
 def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
-               retry: RetryPolicy = RetryPolicy()) -> bytes:
-    """The whole content of a local file or URL; remote reads are retried under ``retry``.
+               retry: RetryPolicy = RetryPolicy(), limit: int | None = None) -> bytes:
+    """The whole content of a local file or URL; remote reads are retried under ``retry``, and read no further
+    than ``limit`` bytes (default :data:`MAX_READ_BYTES`; more is a :class:`FormatError`).
 
     Raises ``FileNotFoundError`` when there is nothing there, :class:`ReadError` when it cannot be read.
     """
@@ -215,7 +235,35 @@ def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
         with open(_local(location), "rb") as handle:
             return handle.read()
     fs, path = filesystem(location, storage_options)
-    return bytes(retrying(lambda: fs.cat_file(path), location, retry))
+    bound = MAX_READ_BYTES if limit is None else limit
+    if is_http(fs):
+        data = retrying(lambda: http_read(fs, path, None, bound), location, retry)
+    else:
+        data = retrying(lambda: _read_capped(fs, path, bound), location, retry)
+    if len(data) > bound:
+        raise FormatError(f"{location}: more than {bound} bytes, the most shardio reads of a whole remote "
+                          "file (an index.json is far smaller): not the file expected here")
+    return data
+
+
+def _read_capped(fs: Any, path: str, bound: int) -> bytes:
+    """``path``'s bytes through ``fs``, no further than ``bound + 1`` (enough to tell that it is too big)."""
+    chunks, got = [], 0
+    with fs.open(path, "rb") as source:
+        while got <= bound and (chunk := source.read(min(1 << 22, bound + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of remote ``path`` through its filesystem ``fs`` (one try: the caller retries).
+
+    Over HTTP the answer is checked and bounded (:mod:`shardio.reading.httpreads`); other backends answer through fsspec.
+    """
+    if is_http(fs):
+        return http_read(fs, path, (start, end), end - start)
+    return bytes(fs.cat_file(path, start=start, end=end))
 
 
 def file_size(location: str, storage_options: dict[str, Any] | None = None) -> int:

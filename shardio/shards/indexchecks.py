@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import FormatError, ReadError
 from ..reading.localshard import NotRegular, open_regular
-from ..reading.storage import file_size, is_url, read_bytes
+from ..reading.storage import escapes_root, file_size, is_url, read_bytes
 from .metadata import check_size
 from .names import has_hidden
 
@@ -58,9 +58,9 @@ def _shown(name: str) -> str:
 
 
 def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None:
-    """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts, not
-    absolute,
-    no URL scheme, no control characters or bidi controls (which messages would print). With ``allow_outside_root``,
+    """A shard name must be a plain relative path under the root: no empty, ``.`` or ``..`` parts (nor
+    percent-escapes of them), not absolute, no URL scheme, no control characters or bidi controls (which
+    messages would print). With ``allow_outside_root``,
     ``..`` parts and absolute local paths are taken too (never a URL scheme)."""
     problem = None
     parts = name.replace("\\", "/").split("/")
@@ -76,6 +76,8 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
         problem = "is an absolute path"
     elif any(part in ("", ".", "..") for part in parts):
         problem = "has '..', '.' or empty path parts"
+    elif "%" in name and escapes_root(name):  # an HTTP client decodes them, and leaves the root
+        problem = "has percent-escapes that decode to '/', '\\', '.' or '..' path parts"
     if problem is not None:
         hint = "" if problem.startswith(("is not", "has a URL", "contains")) else (
             "; shard names must be plain relative paths under the dataset root (load it with "
