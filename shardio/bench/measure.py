@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 if TYPE_CHECKING:
+    from typing import Self  # Python 3.11
+
     from .cases import Epoch
 
 __all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats", "timed"]

@@ -98,8 +98,10 @@ class ShardCache:
                 fetch(out)
                 out.flush()
                 out.seek(0)
-                digest = hashlib.file_digest(out, "sha256").hexdigest()
-                got = out.tell()
+                hashed = hashlib.sha256()
+                while chunk := out.read(1 << 22):  # hashlib.file_digest is Python 3.11's
+                    hashed.update(chunk)
+                digest, got = hashed.hexdigest(), out.tell()
             if got != size or digest != sha256:
                 raise IntegrityError(f"{where}: fetched {got} bytes with SHA-256 {digest}, the index records "
                                      f"{size} bytes and {sha256}: the remote shard changed after indexing")

@@ -136,5 +136,9 @@ def _portable(exc: Exception) -> Exception:
         copy = pickle.loads(pickle.dumps(exc))
     except Exception:
         return RuntimeError(f"{type(exc).__name__} {where}:\n{text}")
-    copy.add_note(f"raised {where}:\n{text}")
+    note = f"raised {where}:\n{text}"
+    if hasattr(copy, "add_note"):
+        copy.add_note(note)
+    else:  # Python 3.10: the note is kept where 3.11 keeps it, though 3.10's tracebacks do not print it
+        copy.__notes__ = [*getattr(copy, "__notes__", []), note]
     return copy
