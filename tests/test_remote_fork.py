@@ -67,13 +67,16 @@ def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(http: HT
         del fs
     gc.collect()  # what earlier tests dropped (made outside shardio) is finalized here, not in the child
     context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    child = context.Process(target=_child_read, args=(url, results))
-    child.start()
-    seconds, data, kept = results.get(timeout=30)
-    child.join(timeout=30)
-    assert child.exitcode == 0
-    assert data == bytes(range(10, 20))
-    assert kept, "the child finalized the parent's filesystem"
-    assert seconds < FORK_COST_LIMIT, f"the child's first read took {seconds:.2f} s"
+    times = []
+    for _ in range(2):  # the wait recurs in every child; a busy machine's delay rarely hits two in a row
+        results = context.Queue()
+        child = context.Process(target=_child_read, args=(url, results))
+        child.start()
+        seconds, data, kept = results.get(timeout=30)
+        child.join(timeout=30)
+        assert child.exitcode == 0
+        assert data == bytes(range(10, 20))
+        assert kept, "the child finalized the parent's filesystem"
+        times.append(seconds)
+    assert min(times) < FORK_COST_LIMIT, f"the child's first read took {min(times):.2f} s, at best"
     _held.clear()

@@ -26,6 +26,7 @@ from sample_shards import make_uneven_dataset
 import shardio.reading.httpreads as httpreads
 import shardio.reading.storage as storage
 from shardio import FormatError, Index, ReadError, RetryPolicy
+from shardio.reading.cache import ShardCache
 from shardio.reading.reader import Reader
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05)
@@ -242,3 +243,112 @@ def test_percent_escaped_names_are_refused_over_s3(local: Index, tmp_path: Path)
         url = s3.upload(str(root), "hostile", "ds")
         with pytest.raises(FormatError, match="percent-escapes"):
             Index.load(url, storage_options=s3.storage_options)
+
+
+# -- the node cache's fetches, and shards replaced mid-run -------------------------------------------
+
+class _Bounded(_Hostile):
+    """As :class:`_Hostile`, with modes whose harm stops by itself (so that a test without the bound fails in
+    seconds instead of hanging or filling the disk): ``drip-any`` drips every GET but the one-byte probe, with
+    or without ``Range``, for 5 s, then sends the rest at once; ``endless`` stops after 64 MiB. Counts the bytes
+    it sends in ``server.sent``."""
+
+    def do_GET(self) -> None:
+        mode = self.server.mode if self.server.match and self.server.match in self.path else ""
+        wanted = _RANGE.match(self.headers.get("Range", ""))
+        if mode != "drip-any" or (wanted is not None and wanted.group(1, 2) == ("0", "0")):
+            super().do_GET()
+            return
+        data = Path(self.server.root, self.path.lstrip("/")).read_bytes()
+        start, end = (int(wanted.group(1)), int(wanted.group(2)) + 1) if wanted else (0, len(data))
+        self.send_response(206 if wanted else 200)
+        self.send_header("Content-Length", str(end - start))
+        if wanted:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        until = time.monotonic() + 5
+        try:
+            for offset in range(start, end):
+                if time.monotonic() > until:
+                    self.wfile.write(data[offset:end])
+                    break
+                if self.server.stopping.wait(0.2):
+                    return
+                self.wfile.write(data[offset : offset + 1])
+                self.wfile.flush()
+        except OSError:
+            pass
+
+    def _endless(self) -> None:
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b"[" * (1 << 16)
+        try:
+            for _ in range(1024):
+                if self.server.stopping.is_set():
+                    return
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.server.sent += len(chunk)
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def bounded(hostile: _HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _HostileServer:
+    """The hostile server with :class:`_Bounded`'s modes, and a node cache of this test's own."""
+    hostile.RequestHandlerClass = _Bounded
+    hostile.sent = 0  # type: ignore[attr-defined]
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
+    return hostile
+
+
+def test_a_dripping_server_fails_a_node_cache_fetch_in_bounded_time(bounded: _HostileServer, local: Index,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole shard fetched into the node cache is held to the rate a range read is (a byte every 0.2 s kept
+    aiohttp's 60 s read timeout from firing: 9216 bytes took half an hour): each attempt fails after its 1 s
+    grace, nothing is kept in the cache, and the error names the shard and the rate."""
+    monkeypatch.setattr(httpreads, "HTTP_READ_TIMEOUT", 1.0)
+    shards = tmp_path / "node" / "shards"
+    reader = Reader(Index.load(f"{bounded.url}/ds"), retry=FAST, cache=ShardCache(str(shards), 1 << 30))
+    reader.members(0)
+    bounded.match, bounded.mode = local.shards[1].name, "drip-any"
+    begun = time.monotonic()
+    with pytest.raises(ReadError, match=r"after 2 attempt\(s\).*KiB/s") as caught:
+        reader.members(4)
+    assert time.monotonic() - begun < 4.5  # the server drips for 5 s, then sends the rest
+    assert local.shards[1].name in str(caught.value)
+    assert [p.name for p in shards.glob("*.shard")] == [f"{local.shards[0].sha256}-{local.shards[0].bytes}.shard"]
+    assert not list(shards.glob(".tmp-*"))
+
+
+def test_an_endless_remote_columns_file_is_fetched_no_further_than_its_size(bounded: _HostileServer,
+                                                                            tmp_path: Path) -> None:
+    """The columns file fetched into the node cache is read no further than the size ``index.json`` gives
+    it, plus one byte: a server that sends an endless body (here 64 MiB, for a file of 45116 bytes) is
+    refused with a FormatError naming the file, and leaves nothing on the disk."""
+    bounded.mode, bounded.match = "endless", "index.columns"
+    with pytest.raises(FormatError, match=r"index.columns: more than \d+ bytes, but index.json describes"):
+        Index.load(f"{bounded.url}/ds")
+    bounded.stopping.set()  # the server stops writing at once
+    assert not list((tmp_path / "node").glob("*index-*"))
+    assert not list((tmp_path / "node").glob(".tmp-*"))
+
+
+def test_a_shard_replaced_by_one_of_another_size_is_a_read_error(hostile: _HostileServer, local: Index,
+                                                                 tmp_path: Path) -> None:
+    """Shard 1 is opened (its size checked), then replaced by one 1024 bytes longer whose sample 4 has other
+    audio (same header, same key): the range's ``Content-Range`` says the object's new size, and the read is a
+    ReadError naming the shard and both sizes, not the new audio mixed silently with the old."""
+    reader = _reader(hostile, local)
+    hostile.match = ""
+    reader.members(3)
+    shard = tmp_path / "ds" / local.shards[1].name
+    old = shard.read_bytes()
+    shard.write_bytes(old[:3200] + bytes(100) + old[3300:] + bytes(1024))
+    with pytest.raises(ReadError, match=rf"has '{len(old) + 1024}' bytes .*records {len(old)}: it was replaced") \
+            as caught:
+        reader.members(4)
+    assert local.shards[1].name in str(caught.value) and "s001_00001" in str(caught.value)

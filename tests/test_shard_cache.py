@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
+from typing import BinaryIO
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from sample_shards import make_uneven_dataset
 from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, ShardDataset
+from shardio.reading import remotereads
 from shardio.reading.cache import ShardCache
 
 
@@ -107,6 +109,21 @@ def test_a_full_disk_falls_back_to_remote_ranges(server: HTTPFileServer, local: 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ShardCache, "_fetch_into", no_room)
+    expected = keys_of(list(ShardDataset(local.root, batch_size=4)))
+    dataset = ShardDataset(f"{server.url}/ds", batch_size=4, cache_bytes=1 << 30)
+    assert keys_of(list(dataset)) == expected
+    assert not list(cache_dir.glob("*.shard")) and dataset.stats.requests > 0
+
+
+def test_a_disk_that_fills_during_a_download_falls_back_to_remote_ranges(
+        server: HTTPFileServer, local: Index, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The download itself runs into the full disk (the copy raises ENOSPC half way): that is the cache's to
+    handle, as above, not a ReadError out of the retries around the download."""
+    def half_then_full(fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None) -> int:
+        out.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(remotereads, "copy_capped", half_then_full)
     expected = keys_of(list(ShardDataset(local.root, batch_size=4)))
     dataset = ShardDataset(f"{server.url}/ds", batch_size=4, cache_bytes=1 << 30)
     assert keys_of(list(dataset)) == expected

@@ -5,18 +5,23 @@ fsspec's HTTP file system would take a ``200`` with the whole object for a range
 asked for, or a server that drips a byte a second (its timeout is between socket reads, not for the read).
 Here a ranged GET must come back as the ``206`` of those bytes, with no ``Content-Encoding``; the body is read
 no further than its bound plus one byte; and the read must average :data:`HTTP_MIN_RATE` after a grace of
-:data:`HTTP_READ_TIMEOUT` seconds. The request goes through the file system's own aiohttp session, with its
-headers and client options.
+:data:`HTTP_READ_TIMEOUT` seconds. Where the caller knows the object's size (a shard's, from the index), a
+range's ``Content-Range`` must carry it too: an object replaced by one of another size is refused, not read
+as a mix of old and new bytes. The request goes through the file system's own aiohttp session, with its
+headers and client options. :func:`http_copy` streams an answer into a file (a whole shard for the node
+cache), under the same checks and bounds, never holding it in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 from ..errors import shown
 
-__all__ = ["BadAnswer", "HTTP_MIN_RATE", "HTTP_READ_TIMEOUT", "SlowAnswerTimeout", "http_read", "is_http"]
+__all__ = ["BadAnswer", "HTTP_MIN_RATE", "HTTP_READ_TIMEOUT", "SlowAnswerTimeout", "http_copy", "http_read",
+           "is_http"]
 
 HTTP_READ_TIMEOUT = 60.0
 """Seconds a read may take before :data:`HTTP_MIN_RATE` applies (and the socket read timeout shardio sets)."""
@@ -24,12 +29,25 @@ HTTP_MIN_RATE = 256 << 10
 """Bytes per second an HTTP read must average, after a grace of ``HTTP_READ_TIMEOUT`` seconds, to go on."""
 
 
-def http_read(fs: Any, url: str, span: tuple[int, int] | None, bound: int) -> bytes:
+def http_read(fs: Any, url: str, span: tuple[int, int] | None, bound: int, total: int | None = None) -> bytes:
     """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) through fsspec HTTP file system
-    ``fs`` (one try: the caller retries), checked and bounded as the module says."""
+    ``fs`` (one try: the caller retries), checked and bounded as the module says; ``total``: the object's
+    size where the caller knows it (a range's ``Content-Range`` must then carry it)."""
     from fsspec.asyn import sync
 
-    return bytes(sync(fs.loop, _read, fs, url, span, bound))
+    chunks: list[bytes] = []
+    sync(fs.loop, _stream, fs, url, span, bound, chunks.append, total)
+    return b"".join(chunks)
+
+
+def http_copy(fs: Any, url: str, span: tuple[int, int] | None, bound: int, out: IO[bytes],
+              total: int | None = None) -> int:
+    """As :func:`http_read`, but written into ``out`` as it arrives (a chunk of at most 1 MiB at a time, from
+    ``fs``'s event loop); returns the bytes written (``bound + 1`` at most: a whole object longer than
+    ``bound`` is the caller's to refuse)."""
+    from fsspec.asyn import sync
+
+    return int(sync(fs.loop, _stream, fs, url, span, bound, out.write, total))
 
 
 def is_http(fs: Any) -> bool:
@@ -50,11 +68,13 @@ class SlowAnswerTimeout(Exception):
     ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``, dropping the message."""
 
 
-async def _read(fs: Any, url: str, span: tuple[int, int] | None, bound: int) -> bytes:
-    """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) over ``fs``'s aiohttp session, read
-    no further than ``bound + 1`` bytes and within a deadline that grows with the bytes received
-    (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes): :class:`SlowAnswerTimeout` past it.
-    A ranged answer must be the ``206`` of exactly those bytes (:class:`BadAnswer` otherwise)."""
+async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, sink: Callable[[bytes], Any],
+                  total: int | None) -> int:
+    """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) over ``fs``'s aiohttp session, each
+    chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with the
+    bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes): :class:`SlowAnswerTimeout`
+    past it. A ranged answer must be the ``206`` of exactly those bytes, of an object of ``total`` bytes where
+    that is given (:class:`BadAnswer` otherwise). Returns the bytes received."""
     loop = asyncio.get_running_loop()
     begun = loop.time()
     got = 0
@@ -67,18 +87,17 @@ async def _read(fs: Any, url: str, span: tuple[int, int] | None, bound: int) -> 
         headers["Range"] = f"bytes={span[0]}-{span[1] - 1}"
     options = {name: value for name, value in fs.kwargs.items() if name != "headers"}
     encode = getattr(fs, "encode_url", None)  # fsspec's URL encoding where it has one
-    chunks: list[bytes] = []
     try:
         session = await asyncio.wait_for(fs.set_session(), left())
         response = await asyncio.wait_for(session.get(encode(url) if encode else url, headers=headers, **options),
                                           left())
         async with response:
-            _check_answer(response, url, span)
+            _check_answer(response, url, span, total)
             while got <= bound:
                 chunk = await asyncio.wait_for(response.content.read(min(1 << 20, bound + 1 - got)), left())
                 if not chunk:
                     break
-                chunks.append(chunk)
+                sink(chunk)
                 got += len(chunk)
     except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11
         raise SlowAnswerTimeout(f"{url}: {got} bytes in {loop.time() - begun:.0f} s, short of the "
@@ -86,13 +105,14 @@ async def _read(fs: Any, url: str, span: tuple[int, int] | None, bound: int) -> 
                                 "average") from None
     if span is not None and got > bound:
         raise BadAnswer(f"{url}: the answer to a request for {bound} bytes is longer")
-    return b"".join(chunks)
+    return got
 
 
-def _check_answer(response: Any, url: str, span: tuple[int, int] | None) -> None:
+def _check_answer(response: Any, url: str, span: tuple[int, int] | None, total: int | None) -> None:
     """An aiohttp ``response`` to a GET of ``url`` (of bytes ``span``) that can be read: its status (404:
     ``FileNotFoundError``; another error: raised for the caller's retries to classify), no content encoding,
-    and for a range, the ``206`` of those bytes."""
+    and for a range, the ``206`` of those bytes, of an object of ``total`` bytes where that is given (a
+    server that does not know the size, ``bytes a-b/*``, is taken at its word)."""
     if response.status == 404:
         raise FileNotFoundError(url)
     if response.status >= 400:
@@ -108,6 +128,10 @@ def _check_answer(response: Any, url: str, span: tuple[int, int] | None) -> None
                         "206 (Partial Content): the server stopped honouring Range")
     wanted = f"bytes {span[0]}-{span[1] - 1}/"
     found = response.headers.get("Content-Range", "")
+    size = found.rpartition("/")[2].strip()
+    if total is not None and found.startswith("bytes ") and size not in (str(total), "*"):
+        raise BadAnswer(f"{url}: the object now has {shown(size)} bytes (Content-Range {shown(found)}), the index "
+                        f"records {total}: it was replaced after indexing; re-run 'shardio index' or re-pack")
     length = response.headers.get("Content-Length")
     if not found.startswith(wanted) or (length is not None and length.strip() != str(span[1] - span[0])):
         raise BadAnswer(f"{url}: a GET of bytes {span[0]} to {span[1]} was answered with Content-Range "

@@ -202,7 +202,7 @@ class Reader(RemoteReads, CompressedReads):
             if ahead is not None:
                 return ahead
         self._count_request(size)
-        return self._fetch(handle, offset, size, where)
+        return self._fetch(shard, handle, offset, size, where)
 
     def maps(self, shard: int) -> bool:
         """Whether the samples of shard number ``shard`` are read as views of its memory map (so a caller may

@@ -8,6 +8,7 @@ and the node-local shard cache (whole shards fetched once per node and mapped fr
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections import OrderedDict
@@ -16,10 +17,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..errors import ReadError
 from ..shards.index import STREAM_CODECS, Index
 from .cache import ShardCache
 from .filesystems import Filesystems
 from .localshard import LocalShard, short_read
+from .objectcopy import copy_capped
 from .prefetch import MAX_GAP, ReadAhead, Span
 from .storage import RetryPolicy, is_url, read_range, retrying
 
@@ -48,10 +51,13 @@ class RemoteReads:
     _after_fork: Callable[[], None]
     _count_retry: Callable[[BaseException], None]
 
-    def _fetch(self, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
-        """``size`` bytes at ``offset`` of an open remote shard, with retries (safe in read-ahead threads)."""
+    def _fetch(self, shard: int, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
+        """``size`` bytes at ``offset`` of remote shard ``shard``, open as ``handle``, with retries (safe in
+        read-ahead threads); over HTTP the answer must say the object still has the index's size."""
         fs, path = handle
-        data = retrying(lambda: read_range(fs, path, offset, offset + size), where, self.retry, self._count_retry)
+        total = self.index.table.bytes_of(shard)
+        data = retrying(lambda: read_range(fs, path, offset, offset + size, total), where, self.retry,
+                        self._count_retry)
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
         return data
@@ -157,7 +163,7 @@ class RemoteReads:
             self._cached(span.shard, f"shard {self.index.shard_path(span.shard)} (read-ahead)")
             return b""
         where = f"shard {self.index.shard_path(span.shard)}, bytes {span.start} to {span.end} (read-ahead)"
-        return self._fetch(self._remote(span.shard, where), span.start, span.end - span.start, where)
+        return self._fetch(span.shard, self._remote(span.shard, where), span.start, span.end - span.start, where)
 
     # -- the node cache ------------------------------------------------------------------------------
 
@@ -174,23 +180,24 @@ class RemoteReads:
     def _download(self, shard: int, out: BinaryIO, where: str) -> None:
         """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further than
         one byte past the size the index records (a longer answer is refused by the cache's size check, not
-        written on until the disk is full)."""
-        url = self.index.shard_path(shard)
-        fs = self._remote(shard, where)[0]
-        bound = self.index.table.bytes_of(shard) + 1
+        written on until the disk is full); over HTTP as the range of those bytes, which must say the object
+        has that size and come at :data:`~shardio.reading.httpreads.HTTP_MIN_RATE` after a grace
+        (:func:`~shardio.reading.objectcopy.copy_capped`)."""
+        fs, path = self._remote(shard, where)
+        size = self.index.table.bytes_of(shard)
 
         def attempt() -> None:
             out.seek(0)
             out.truncate()
-            written = 0
-            with fs.open(fs._strip_protocol(url), "rb", block_size=0 if url.startswith("http") else 1 << 22,
-                         cache_type="none") as source:
-                while written < bound and (chunk := source.read(min(1 << 22, bound - written))):
-                    out.write(chunk)
-                    written += len(chunk)
+            copy_capped(fs, path, out, size, size)
 
-        retrying(attempt, where, self.retry, self._count_retry)
-        self._count_request(self.index.table.bytes_of(shard))
+        try:
+            retrying(attempt, where, self.retry, self._count_retry)
+        except ReadError as exc:  # a full disk is the cache's to handle (evict, or read by ranges): not a read error
+            if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise exc.__cause__ from None
+            raise
+        self._count_request(size)
 
     def _refetch(self, sample: int, where: str) -> bool:
         """Whether sample ``sample``'s shard came from the node cache: then its entry is discarded (it failed a

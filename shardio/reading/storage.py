@@ -17,7 +17,8 @@ Bounds on what a server answers: an HTTP range read (:func:`read_range`) must co
 bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding``), is read no further than
 its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
 server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
-(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`.
+(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched into
+the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:`shardio.reading.objectcopy`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from urllib.parse import unquote
 from ..errors import FormatError, OptionError, ReadError, shown
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
+from .objectcopy import copy_capped
 
 __all__ = [
     "RetryPolicy",
@@ -256,13 +258,14 @@ def _read_capped(fs: Any, path: str, bound: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_range(fs: Any, path: str, start: int, end: int) -> bytes:
-    """Bytes ``start`` to ``end`` of remote ``path`` through its filesystem ``fs`` (one try: the caller retries).
+def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None) -> bytes:
+    """Bytes ``start`` to ``end`` of remote ``path`` (of ``total`` bytes, where known) through its filesystem
+    ``fs`` (one try: the caller retries).
 
     Over HTTP the answer is checked and bounded (:mod:`shardio.reading.httpreads`); other backends answer through fsspec.
     """
     if is_http(fs):
-        return http_read(fs, path, (start, end), end - start)
+        return http_read(fs, path, (start, end), end - start, total)
     return bytes(fs.cat_file(path, start=start, end=end))
 
 
@@ -329,25 +332,26 @@ def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[st
         pass
     fs, remote = filesystem(location, storage_options)
 
-    def fetch() -> None:
+    def fetch(out: IO[bytes]) -> int:  # no further than size + 1 bytes: an endless answer never fills the disk
+        out.seek(0)
+        out.truncate()
+        return copy_capped(fs, remote, out, size)
+
+    try:
+        os.makedirs(directory, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + name, dir=directory)
         try:
-            with os.fdopen(handle, "wb") as out, fs.open(remote, "rb", block_size=1 << 22) as source:
-                while chunk := source.read(1 << 22):
-                    out.write(chunk)
-            got = os.path.getsize(temporary)
+            with os.fdopen(handle, "wb") as out:
+                got = retrying(lambda: fetch(out), location, retry)
             if got != size:
-                raise FormatError(f"{location}: {got} bytes, but index.json describes {size}: the index files "
-                                  "do not belong together or one is damaged; rebuild the index")
+                raise FormatError(f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
+                                  f"index.json describes {size}: the index files do not belong together or one "
+                                  "is damaged; rebuild the index")
             os.replace(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
                 os.unlink(temporary)
             raise
-
-    try:
-        os.makedirs(directory, exist_ok=True)
-        retrying(fetch, location, retry)
     except (FileNotFoundError, FormatError, ReadError):
         raise
     except OSError as exc:  # the cache itself: a full disk, a read-only directory

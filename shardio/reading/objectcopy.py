@@ -1,0 +1,30 @@
+"""Whole remote objects copied into local files: streamed, no further than a bound, over HTTP checked as reads are."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from .httpreads import http_copy, is_http
+
+__all__ = ["copy_capped"]
+
+CHUNK = 1 << 22
+
+
+def copy_capped(fs: Any, path: str, out: IO[bytes], bound: int, size: int | None = None) -> int:
+    """Stream remote ``path`` through fsspec file system ``fs`` into ``out`` (one try: the caller retries), no
+    further than ``bound + 1`` bytes (enough to tell that it is too big: refusing it is the caller's); returns
+    the bytes written. ``size``: the object's size as an index records it (a shard's), then asked over HTTP as
+    the range of exactly those bytes (read no further), whose ``206`` must say the object has that size
+    (:mod:`shardio.reading.httpreads`: a replaced object is a ``BadAnswer``); None: a plain GET. Over HTTP the
+    copy must also keep up :data:`~shardio.reading.httpreads.HTTP_MIN_RATE` after its grace."""
+    if is_http(fs) and size:
+        return http_copy(fs, path, (0, size), size, out, total=size)
+    if is_http(fs):
+        return http_copy(fs, path, None, bound, out)
+    written = 0
+    with fs.open(path, "rb", block_size=CHUNK, cache_type="none") as source:
+        while written <= bound and (chunk := source.read(min(CHUNK, bound + 1 - written))):
+            out.write(chunk)
+            written += len(chunk)
+    return written
