@@ -23,7 +23,7 @@ from .ledger.remix import remix, remix_report
 from .ledger.trace import Trace
 from .planning.mix import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
-from .reading.reader import RetryPolicy
+from .reading.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
 from .state import LoaderState

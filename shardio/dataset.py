@@ -42,7 +42,8 @@ from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
 from .planning.rankplan import RankPlan
 from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
-from .reading.reader import Reader, ReadStats, RetryPolicy
+from .reading.reader import Reader, ReadStats
+from .reading.retries import RetryPolicy
 from .reading.storage import cache_dir
 from .shards.index import Index
 from .state import LoaderState, batch_position, find_states, steps_after_snapshot

@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 
 from shardio import FormatError, Index, ReadError, RetryPolicy, ShardDataset
 from shardio.reading.reader import Reader
-from shardio.reading.storage import filesystem, is_transient
+from shardio.reading.retries import is_transient
+from shardio.reading.storage import filesystem
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 

@@ -20,7 +20,8 @@ import pytest
 from remote_servers import HTTPFileServer
 
 from shardio.reading.filesystems import Filesystems
-from shardio.reading.storage import RetryPolicy, filesystem
+from shardio.reading.retries import RetryPolicy
+from shardio.reading.storage import filesystem
 
 FORK_COST_LIMIT = 0.9  # seconds; a read on loopback takes milliseconds, the finalizer's wait at least 1 s
 

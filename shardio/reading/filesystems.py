@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import RangeNotSupported, ReadError
-from .storage import RetryPolicy, filesystem, retrying
+from .retries import RetryPolicy, retrying
+from .storage import filesystem
 
 __all__ = ["Filesystems"]
 

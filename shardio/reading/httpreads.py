@@ -58,13 +58,13 @@ def is_http(fs: Any) -> bool:
 
 class BadAnswer(Exception):
     """An HTTP answer that is not what was asked for (other bytes, an encoding, a body past its size): not
-    retried, since asking again gets the same (:func:`~shardio.reading.storage.retrying` makes it a
+    retried, since asking again gets the same (:func:`~shardio.reading.retries.retrying` makes it a
     :class:`~shardio.errors.ReadError`)."""
 
 
 class SlowAnswerTimeout(Exception):
     """An HTTP answer slower than a read may be (transient, by its name: see
-    :func:`~shardio.reading.storage.is_transient`). Not a
+    :func:`~shardio.reading.retries.is_transient`). Not a
     ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``, dropping the message."""
 
 

@@ -35,7 +35,8 @@ from .filesystems import Filesystems
 from .localshard import LocalShard
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
-from .storage import RetryPolicy, is_url
+from .retries import RetryPolicy
+from .storage import is_url
 
 __all__ = ["ReadStats", "Reader", "RetryPolicy"]
 

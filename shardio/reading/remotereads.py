@@ -24,7 +24,8 @@ from .filesystems import Filesystems
 from .localshard import LocalShard, short_read
 from .objectcopy import copy_capped
 from .prefetch import MAX_GAP, ReadAhead, Span
-from .storage import RetryPolicy, is_url, read_range, retrying
+from .retries import RetryPolicy, retrying
+from .storage import is_url, read_range
 
 __all__ = ["RemoteReads"]
 

@@ -7,11 +7,10 @@ to the fsspec filesystem as keyword arguments, e.g. ``{"endpoint_url": "http://1
 ``AWS_ENDPOINT_URL_S3`` (read by botocore whenever a client is made), or ``FSSPEC_S3_ENDPOINT_URL`` (read
 by fsspec only when it is first imported, so set it before the process starts).
 
-Retries: remote reads retry transient failures (5xx, 408/429, dropped connections, timeouts) under one
-:class:`RetryPolicy`, then raise :class:`~shardio.errors.ReadError`. That is the only retry layer: unless the
-caller configures them, botocore's retries are set to a single attempt and s3fs's own retry loop to one
-try, since nested layers multiply (4 x 5 x 5 attempts and over a minute per read, measured against a
-dropping server). HTTP reads get socket timeouts (connect 30 s, read 60 s) instead of aiohttp's 5 minutes.
+Retries (:mod:`shardio.reading.retries`) are the only retry layer: unless the caller configures them,
+botocore's retries are set to a single attempt and s3fs's own retry loop to one try, since nested layers
+multiply (4 x 5 x 5 attempts and over a minute per read, measured against a dropping server). HTTP reads
+get socket timeouts (connect 30 s, read 60 s) instead of aiohttp's 5 minutes.
 
 Bounds on what a server answers: an HTTP range read (:func:`read_range`) must come back as the ``206`` of the
 bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding``), is read no further than
@@ -26,137 +25,36 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import random
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 from urllib.parse import unquote
 
 from ..errors import FormatError, OptionError, ReadError, shown
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .objectcopy import copy_capped
+from .retries import RetryPolicy, retrying
 
 __all__ = [
-    "RetryPolicy",
     "cache_dir",
     "escapes_root",
     "fetch_to_cache",
     "file_size",
     "filesystem",
-    "is_transient",
     "is_url",
     "join",
     "open_input",
     "read_bytes",
     "read_range",
-    "retrying",
     "write_atomic",
 ]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 HTTP_CONNECT_TIMEOUT = 30.0
 MAX_READ_BYTES = 1 << 28
 """The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of about a million shards)."""
-# Exception class names (anywhere in the MRO) of connection-level failures in aiohttp and botocore, whose
-# types are not imported here: ServerDisconnectedError, ClientConnectionError, ClientPayloadError,
-# botocore's ConnectionClosedError, ReadTimeoutError, EndpointConnectionError, ResponseParserError, ...
-_TRANSIENT_NAMES = ("Timeout", "Connection", "Disconnect", "Payload", "IncompleteRead", "ResponseParser")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries for remote reads: ``attempts`` in all, waiting about ``backoff * 2**k`` seconds
-    (with +-25% jitter, at most ``max_backoff``) before retry ``k + 1``."""
-
-    attempts: int = 4
-    backoff: float = 0.2
-    max_backoff: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
-            raise OptionError(f"a RetryPolicy needs attempts >= 1 and backoffs >= 0, not {self}")
-
-    def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (0 for the first)."""
-        return min(self.backoff * 2**retry, self.max_backoff) * random.uniform(0.75, 1.25)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from (explicit causes, else implicit contexts)."""
-    links = [exc]
-    while len(links) < 8:
-        following = links[-1].__cause__ or (None if links[-1].__suppress_context__ else links[-1].__context__)
-        if following is None or following in links:
-            break
-        links.append(following)
-    return links
-
-
-def _http_status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)  # aiohttp's ClientResponseError
-    if isinstance(status, int):
-        return status
-    response = getattr(exc, "response", None)  # botocore's ClientError (s3fs raises it as the cause)
-    if isinstance(response, dict):
-        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(code, int):
-            return code
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a failed remote read is worth retrying: a 5xx/408/429 answer, or a connection-level failure.
-
-    The HTTP status is looked for along the exception's cause chain, because fsspec and s3fs re-raise
-    (fsspec's HTTP ``size()`` turns a 503 into ``FileNotFoundError``; s3fs turns S3's 503 into ``OSError``).
-    A missing object or a refused permission is not transient.
-    """
-    links = _chain(exc)
-    for link in links:
-        status = _http_status(link)
-        if status is not None:
-            return status >= 500 or status in (408, 429)
-    for link in links:
-        if isinstance(link, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-            continue
-        if isinstance(link, (ConnectionError, TimeoutError)):
-            return True
-        if any(word in cls.__name__ for cls in type(link).__mro__ for word in _TRANSIENT_NAMES):
-            return True
-    return False
-
-
-def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
-    """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
-
-    A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing.
-    """
-    for attempt in range(1, retry.attempts + 1):
-        try:
-            return action()
-        except Exception as exc:  # every backend raises its own types: classified here
-            transient = is_transient(exc)
-            if not transient and isinstance(exc, FileNotFoundError):
-                raise
-            if not transient or attempt == retry.attempts:
-                how = f"after {attempt} attempt(s)" if transient else "(not retried: not a transient error)"
-                raise ReadError(f"{where}: read failed {how}: {type(exc).__name__}: {exc}") from exc
-            delay = retry.delay(attempt - 1)
-            logger.warning("%s: attempt %d of %d failed (%s: %s); retrying in %.2fs", where, attempt, retry.attempts,
-                           type(exc).__name__, exc, delay)
-            if on_retry is not None:
-                on_retry(exc)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
-
-
 def is_url(location: str) -> bool:
     """Whether ``location`` names a remote object (it has a ``scheme://`` other than ``file://``)."""
     return "://" in location and not location.startswith("file://")
