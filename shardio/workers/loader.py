@@ -17,7 +17,9 @@ matches ``num_workers=0`` batch for batch.
 Workers run the dataset exactly as DataLoader workers do (``torch.utils.data.get_worker_info()`` says which
 one), so planning, instructions (``set_epoch``, ``load_state_dict``) and persistent workers behave as they do
 under a DataLoader. A worker's exception is raised in the training process with the worker's traceback as a
-note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang.
+note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but gives
+nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
+(:mod:`.silence`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .channel import Channel
 from .credits import Credits
 from .pinning import Pinner, pinned
 from .server import BATCH, ERROR, EXIT, START, STOP, WATCH_S, serve
+from .silence import Silence, end, process_state
 
 __all__ = ["ShardLoader"]
 
@@ -67,8 +70,8 @@ class ShardLoader:
     keep the workers between iterations (epochs). ``multiprocessing_context``: ``"fork"``,
     ``"forkserver"``, ``"spawn"`` or a context (default: the platform's). ``pin_memory``: batches in pinned
     memory for asynchronous copies to the GPU, copied by a thread of their own (:mod:`.pinning`) when there
-    are workers. ``timeout``: seconds to wait for a batch before failing (0: no limit; a dead worker fails at
-    once either way). ``num_workers=0`` iterates in this process.
+    are workers. ``timeout``: seconds to wait for a batch before failing (0: no limit, with a warning after
+    a minute of silence; a dead worker fails at once either way). ``num_workers=0`` iterates in this process.
 
     :meth:`state_dict` is the job's state after the last batch this loader yielded (exact, with any number of
     workers); :meth:`load_state_dict` continues from a state, as :meth:`ShardDataset.load_state_dict
@@ -213,7 +216,9 @@ class ShardLoader:
     def _receive(self, number: int) -> tuple[str, Any]:
         """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
         worker = self._workers[number]
-        deadline = time.monotonic() + self.timeout if self.timeout else None
+        began = time.monotonic()
+        deadline = began + self.timeout if self.timeout else None
+        silence = None  # without a timeout: a warning once the worker has been silent long (see .silence)
         while True:
             left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
             if worker.channel.ready(left):
@@ -229,9 +234,13 @@ class ShardLoader:
                                    f"unexpectedly with exit code {code}" +
                                    (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
             if deadline is not None and time.monotonic() >= deadline:
+                state = process_state(worker.process.pid)
                 self._shutdown()
                 raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch in "
-                                   f"{self.timeout:g} s (timeout)")
+                                   f"{self.timeout:g} s (timeout)" + (f"; it was {state}" if state else ""))
+            if deadline is None:
+                silence = silence or Silence(number, worker.process.pid, began)
+                silence.check()
 
     def _stop_pinning(self) -> None:
         """End the pin-memory thread of an earlier iteration, which may still be taking its batches."""
@@ -263,10 +272,7 @@ class ShardLoader:
             except OSError:
                 pass
         for worker in workers:
-            worker.process.join(_JOIN_S)
-            if worker.process.is_alive():
-                worker.process.terminate()
-                worker.process.join(_JOIN_S)
+            end(worker.process, _JOIN_S)
             worker.channel.close()
 
     def close(self) -> None:

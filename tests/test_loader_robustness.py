@@ -1,0 +1,193 @@
+"""ShardLoader under real signals, each run in a subprocess with a time limit so that a hang fails the test: a
+worker stopped (SIGSTOP) without a ``timeout`` is named in a warning while the loader waits, and the epoch goes on
+exactly once it resumes; Ctrl-C (SIGINT to the whole process group) in the middle of an epoch leaves the next
+iteration exact and no worker behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import get_worker_info
+
+from shardio import ShardDataset, ShardLoader
+from shardio.workers import silence
+from tests.sample_shards import make_uneven_dataset
+
+pytestmark = pytest.mark.timeout(180)
+
+OPTIONS: dict[str, Any] = {"batch_size": 2, "seed": 3, "shuffle_shards": 2}
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("robustness")
+    make_uneven_dataset(directory, [5, 6, 4, 5], seed=7, duration_range=(0.02, 0.05))
+    return directory
+
+
+def run(function: str, *args: Any, new_session: bool = False) -> subprocess.CompletedProcess[str]:
+    """``function(*args)`` of this module in a fresh interpreter, killed (failing the test) after 90 s."""
+    code = (f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
+            f"from tests.test_loader_robustness import {function}\n"
+            f"if __name__ == '__main__':\n    {function}(*{args!r})\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT,
+                          start_new_session=new_session)
+
+
+def epochs(data: str, count: int) -> list[list[list[str]]]:
+    """The keys of each batch of epochs 0 .. count - 1, iterated without workers."""
+    dataset = ShardDataset(data, **OPTIONS)
+    return [[list(batch["keys"]) for batch in dataset] for _ in range(count)]
+
+
+# -- a stopped worker ---------------------------------------------------------------------------------
+
+
+class StopAt:
+    """A transform that stops its own worker process (SIGSTOP, as job control or a debugger would) at one key,
+    in the middle of making a batch."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+        if sample["key"] == self.key and get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return sample
+
+
+def _stopping_loader(data: str, timeout: float) -> tuple[ShardLoader, Iterator[dict[str, Any]], list[list[str]]]:
+    """A loader whose worker 1 stops itself while making batch 3 (its second), its iterator, and the keys of the
+    first batch (taken: the workers are running)."""
+    key = epochs(data, 1)[0][3][0]
+    dataset = ShardDataset(data, **OPTIONS, transform=StopAt(key))
+    loader = ShardLoader(dataset, num_workers=2, prefetch=1, multiprocessing_context="fork", timeout=timeout)
+    batches = iter(loader)
+    return loader, batches, [list(next(batches)["keys"])]
+
+
+def _stopped_worker(data: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
+    silence.SILENT_S = 1.0  # instead of a minute
+    loader, batches, keys = _stopping_loader(data, 0)
+    pid = loader._workers[1].process.pid
+    waking = threading.Timer(4.0, os.kill, (pid, signal.SIGCONT))
+    waking.start()
+    try:
+        began = time.monotonic()
+        keys += [list(batch["keys"]) for batch in batches]
+        print(json.dumps({"pid": pid, "keys": keys, "waited": time.monotonic() - began}))
+    finally:
+        waking.cancel()
+        os.kill(pid, signal.SIGCONT)
+        loader.close()
+
+
+def test_a_stopped_worker_is_named_while_the_loader_waits_and_its_batches_follow(data: Path) -> None:
+    done = run("_stopped_worker", str(data))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["keys"] == epochs(str(data), 1)[0]  # every batch, in order, once the worker resumed
+    assert result["waited"] >= 3.0  # it did wait for the stopped worker
+    pid = result["pid"]
+    assert f"shardio loader worker 1 (pid {pid}) has given nothing for 1 s and is stopped (SIGSTOP" in done.stderr
+    assert f"worker 1 (pid {pid}) has given nothing for 2 s" in done.stderr  # again once the wait doubled
+    assert "worker 0" not in done.stderr
+
+
+def _stopped_worker_at_the_timeout(data: str) -> None:
+    loader, batches, _ = _stopping_loader(data, 1.0)
+    pid = loader._workers[1].process.pid
+    began = time.monotonic()
+    try:
+        for _ in batches:
+            pass
+    except RuntimeError as error:
+        print(json.dumps({"pid": pid, "error": str(error), "after": time.monotonic() - began}), flush=True)
+    # the training process ends now: multiprocessing joins its daemon workers at exit, a stopped one too
+
+
+def test_a_stopped_worker_fails_at_the_timeout_named_and_is_ended(data: Path) -> None:
+    done = run("_stopped_worker_at_the_timeout", str(data))
+    assert done.returncode == 0, done.stderr  # not killed by run's time limit: the exit did not hang
+    result = json.loads(done.stdout)
+    pid = result["pid"]
+    assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it was "
+                               f"stopped (SIGSTOP or job control: SIGCONT resumes it)")
+    assert result["after"] < 5.0  # the timeout, not the timeout and the seconds spent asking a stopped worker
+    assert not _running(pid)
+
+
+def test_a_silent_worker_s_state_is_read_from_proc() -> None:
+    assert silence.process_state(os.getpid()) == "running"
+    assert silence.process_state(None) == ""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not silence.process_state(child.pid).startswith("stopped"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+    assert silence.process_state(child.pid) == ""  # reaped: gone
+
+
+# -- Ctrl-C in the middle of an epoch --------------------------------------------------------------
+
+
+def _interrupted(data: str, method: str, persistent: bool) -> None:
+    expected = epochs(data, 3)
+    dataset = ShardDataset(data, **OPTIONS)
+    loader = ShardLoader(dataset, num_workers=2, persistent_workers=persistent, multiprocessing_context=method)
+    seen = []
+    try:
+        for batch in loader:
+            seen.append(list(batch["keys"]))
+            if len(seen) == 3:
+                os.killpg(os.getpgid(0), signal.SIGINT)  # Ctrl-C: the training process and its workers
+                time.sleep(5)
+    except KeyboardInterrupt:
+        pass
+    assert seen == expected[0][:3], seen
+    assert loader.state_dict()["start"] == 3
+    # the next iterations play the next epochs whole (the interrupted one was left, as with break)
+    after = [[list(batch["keys"]) for batch in loader] for _ in range(2)]
+    assert after == expected[1:], after
+    print(json.dumps([worker.process.pid for worker in loader._workers]))
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_ctrl_c_in_an_epoch_leaves_the_next_ones_exact_and_no_worker_behind(data: Path, method: str,
+                                                                            persistent: bool) -> None:
+    done = run("_interrupted", str(data), method, persistent, new_session=True)
+    assert done.returncode == 0, done.stderr
+    pids = json.loads(done.stdout)
+    assert len(pids) == (2 if persistent else 0)
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a worker outlived its training process"
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie no one reaps has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
