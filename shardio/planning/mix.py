@@ -146,6 +146,9 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
     rates = _rates(columns, mix, eligible)
     size = mix.epoch_size
     if size.primary is not None:
+        if not rates[size.primary] > 0:  # a weight so small that its samples per second underflow to 0
+            raise OptionError(f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
+                              "small to plan one pass over it: give it a larger weight, or another epoch_size")
         seconds = float(eligible[size.primary].sum()) / rates[size.primary]
     elif size.hours is not None:
         seconds = size.hours * 3600.0

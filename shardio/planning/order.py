@@ -50,9 +50,12 @@ def narrow_window_order(shard_ids: np.ndarray, num_shards: int, ordering: Orderi
     narrow = np.int32 if num_shards < 1 << 31 else np.int64
     if not ordering.shuffle:
         return stable_order(shard_ids), (shard_ids // ordering.shuffle_shards).astype(narrow)
-    position = np.empty(num_shards, dtype=np.int64)
-    position[rng(*key, SHARDS).permutation(num_shards)] = np.arange(num_shards)
-    window = (position // ordering.shuffle_shards).astype(narrow)[shard_ids]
+    if num_shards <= ordering.shuffle_shards:  # one window, whatever the shards' permutation: not drawn
+        window = np.zeros(n, dtype=narrow)
+    else:
+        position = np.empty(num_shards, dtype=np.int64)
+        position[rng(*key, SHARDS).permutation(num_shards)] = np.arange(num_shards)
+        window = (position // ordering.shuffle_shards).astype(narrow)[shard_ids]
     return stable_order(window, np.asarray(rng(*key, SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))), window
 
 

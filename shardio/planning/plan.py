@@ -206,6 +206,10 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
     ``(segment number, ids)``; those ids are taken out of ``order`` before that segment is planned (a
     quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them out.
     """
+    for size in (world_size, *(finished.world_size for finished in history)):
+        if not size >= 1:  # no rank to deal to: a division by zero, or a silent empty plan of an empty order
+            raise OptionError(f"world_size must be at least 1, not {size}")
+
     def excluding(number: int, ids: np.ndarray) -> np.ndarray:
         for at, gone in exclude:
             if at == number:

@@ -84,9 +84,17 @@ def stream_samples(columns: tuple[np.ndarray, np.ndarray, int], keep: np.ndarray
     local = np.empty(positions.shape[0], dtype=np.int64)
     windows = np.empty(positions.shape[0], dtype=np.int64)
     passes = positions // size
-    for p in np.unique(passes).tolist():
-        order, window = window_order(shard_ids, num_shards, ordering, (seed, p, MIX, corpus_key(name)))
-        at = passes == p
+    # Each pass's positions found once by a sort, not by a scan of every position per pass: a small corpus
+    # drawn by a large epoch has as many passes as positions over its size (O(positions x passes) otherwise).
+    by_pass = np.argsort(passes, kind="stable")
+    cuts = (np.flatnonzero(np.diff(passes[by_pass])) + 1).tolist()
+    key = corpus_key(name)
+    for start, stop in zip([0, *cuts], [*cuts, positions.shape[0]]):
+        at = by_pass[start:stop]
+        if at.shape[0] == 0:  # no positions at all
+            continue
+        p = int(passes[at[0]])
+        order, window = window_order(shard_ids, num_shards, ordering, (seed, p, MIX, key))
         local[at] = order[keep[order]][positions[at] - p * size]
         windows[at] = p * width + window[local[at]]
     return local, windows
