@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plan_checks import assert_rest_consumes_each_once
 from sample_shards import make_uneven_dataset
 from shardio import OptionError, StateError, World
 from shardio.mixed import MixedDataset
@@ -125,12 +126,7 @@ def test_mix_plans_keep_limits_equal_ranks_and_exactly_once_on_an_elastic_resume
     consumed = int(fraction * full.num_batches)
     rest = plan_mix(corpora, mix, world_size=second, history=[Segment(first, consumed)], **options)
     assert rest.rank_batches.shape == (second, rest.num_batches)
-    # every occurrence of the epoch (a sample once per pass of its corpus) is consumed exactly once
-    together = Counter(full.consumed_samples(consumed).tolist()) + Counter(rest.samples.tolist())
-    if full.report.get("repeated", 0) == 0:
-        assert together == Counter(full.samples.tolist())
-    else:  # an epoch of `batches` filled by repeating batches: the repeats are like the remainder's padding
-        assert set(together) == set(full.samples.tolist())
+    assert_rest_consumes_each_once(full, rest, consumed)
 
 
 def test_the_plan_depends_on_seed_and_epoch_only() -> None:

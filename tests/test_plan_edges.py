@@ -12,7 +12,6 @@ underflows and a world of no ranks raised ZeroDivisionError (or planned nothing)
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardio.planning.streams as streams
+from plan_checks import assert_rest_consumes_each_once
 from shardio.errors import OptionError
 from shardio.planning.mix import CorpusColumns, EpochSize, Mix, mix_quotas, plan_mix
 from shardio.planning.options import Batching, Ordering, sample_cost
@@ -269,11 +269,7 @@ def test_mixes_of_tiny_corpora_and_weights_draw_their_quotas_and_resume_exactly_
     consumed = data.draw(st.sampled_from([0, full.num_batches]) | st.integers(0, full.num_batches), label="consumed")
     rest = plan_mix(corpora, mix, world_size=second, history=[Segment(first, consumed)], **common)
     assert rest.rank_batches.shape == (second, rest.num_batches)
-    together = Counter(full.consumed_samples(consumed).tolist()) + Counter(rest.samples.tolist())
-    if full.report.get("repeated", 0) == 0:
-        assert together == Counter(full.samples.tolist())
-    else:  # an epoch of `batches` filled by repeating batches: the repeats are like the remainder's padding
-        assert set(together) == set(full.samples.tolist())
+    assert_rest_consumes_each_once(full, rest, consumed)
 
 
 def test_a_primary_corpus_whose_weight_underflows_is_an_option_error() -> None:

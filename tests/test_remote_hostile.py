@@ -153,13 +153,19 @@ class _Hostile(BaseHTTPRequestHandler):
             pass
 
     def _endless(self) -> None:
+        """A chunked body of ``[`` that ends after 64 MiB (far past any bound under test, so that a test whose
+        bound is missing fails in seconds instead of filling memory or the disk), counted in ``server.sent``."""
         self.send_response(200)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         chunk = b"[" * (1 << 16)
         try:
-            while not self.server.stopping.is_set():
+            for _ in range(1024):
+                if self.server.stopping.is_set():
+                    return
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.server.sent += len(chunk)
+            self.wfile.write(b"0\r\n\r\n")
         except OSError:
             pass
 
@@ -169,6 +175,7 @@ class _HostileServer(ThreadingHTTPServer):
 
     def __init__(self, root: Path) -> None:
         self.root, self.mode, self.match, self.stopping = root, "", "", threading.Event()
+        self.sent = 0
         super().__init__(("127.0.0.1", 0), _Hostile)
 
     @property
@@ -250,8 +257,7 @@ def test_percent_escaped_names_are_refused_over_s3(local: Index, tmp_path: Path)
 class _Bounded(_Hostile):
     """As :class:`_Hostile`, with modes whose harm stops by itself (so that a test without the bound fails in
     seconds instead of hanging or filling the disk): ``drip-any`` drips every GET but the one-byte probe, with
-    or without ``Range``, for 5 s, then sends the rest at once; ``endless`` stops after 64 MiB. Counts the bytes
-    it sends in ``server.sent``."""
+    or without ``Range``, for 5 s, then sends the rest at once."""
 
     def do_GET(self) -> None:
         mode = self.server.mode if self.server.match and self.server.match in self.path else ""
@@ -279,27 +285,12 @@ class _Bounded(_Hostile):
         except OSError:
             pass
 
-    def _endless(self) -> None:
-        self.send_response(200)
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        chunk = b"[" * (1 << 16)
-        try:
-            for _ in range(1024):
-                if self.server.stopping.is_set():
-                    return
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.server.sent += len(chunk)
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:
-            pass
-
 
 @pytest.fixture
 def bounded(hostile: _HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _HostileServer:
     """The hostile server with :class:`_Bounded`'s modes, and a node cache of this test's own."""
     hostile.RequestHandlerClass = _Bounded
-    hostile.sent = 0  # type: ignore[attr-defined]
+    hostile.sent = 0
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
     return hostile
 

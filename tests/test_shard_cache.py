@@ -103,27 +103,22 @@ def test_a_fetch_that_does_not_match_the_index_is_not_kept(tmp_path: Path) -> No
     assert not list(tmp_path.glob("*.shard")) and not list(tmp_path.glob(".tmp-*"))
 
 
+@pytest.mark.parametrize("where", ["cache", "download"])
 def test_a_full_disk_falls_back_to_remote_ranges(server: HTTPFileServer, local: Index, cache_dir: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_room(self: ShardCache, *args: object) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The disk is full when the cache makes room, or fills half way through the download itself: either is
+    the cache's to handle (read by ranges), not a ReadError out of the retries around the download."""
+    def no_room(*args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ShardCache, "_fetch_into", no_room)
-    expected = keys_of(list(ShardDataset(local.root, batch_size=4)))
-    dataset = ShardDataset(f"{server.url}/ds", batch_size=4, cache_bytes=1 << 30)
-    assert keys_of(list(dataset)) == expected
-    assert not list(cache_dir.glob("*.shard")) and dataset.stats.requests > 0
-
-
-def test_a_disk_that_fills_during_a_download_falls_back_to_remote_ranges(
-        server: HTTPFileServer, local: Index, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The download itself runs into the full disk (the copy raises ENOSPC half way): that is the cache's to
-    handle, as above, not a ReadError out of the retries around the download."""
     def half_then_full(fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None) -> int:
         out.write(b"\0" * 100)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(remotereads, "copy_capped", half_then_full)
+    if where == "cache":
+        monkeypatch.setattr(ShardCache, "_fetch_into", no_room)
+    else:
+        monkeypatch.setattr(remotereads, "copy_capped", half_then_full)
     expected = keys_of(list(ShardDataset(local.root, batch_size=4)))
     dataset = ShardDataset(f"{server.url}/ds", batch_size=4, cache_bytes=1 << 30)
     assert keys_of(list(dataset)) == expected
