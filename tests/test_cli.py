@@ -60,7 +60,8 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     assert main(["verify", "--allow-outside-root", str(tmp_path / "idx")]) == 0
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "mistyped")]) == 2  # a usage error, not a damaged dataset (exit 1)
-    assert capsys.readouterr().err.strip().endswith("mistyped: no such dataset directory")
+    assert capsys.readouterr().err.strip().endswith("mistyped: no such dataset directory or index file")
+    assert main(["verify", "--allow-outside-root", str(tmp_path / "idx" / "index.json")]) == 0  # its index.json
 
 
 def test_pack_options_reach_pack(wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

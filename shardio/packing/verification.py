@@ -37,11 +37,11 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
                    allow_outside_root: bool = False, progress: bool = True) -> list[str]:
     """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
     ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere);
-    ``progress``: a tqdm bar of the shard bytes checked, on stderr. A local ``directory`` that does not exist is
-    an :class:`~shardio.errors.OptionError` (a mistyped path, not a damaged dataset); one without an index is a
-    problem found."""
-    if not is_url(os.fspath(directory)) and not os.path.isdir(directory):
-        raise OptionError(f"{directory}: no such dataset directory")
+    ``progress``: a tqdm bar of the shard bytes checked, on stderr. A local ``directory`` (or ``index.json``)
+    that does not exist is an :class:`~shardio.errors.OptionError` (a mistyped path, not a damaged dataset);
+    a directory without an index is a problem found."""
+    if not is_url(os.fspath(directory)) and not os.path.exists(directory):
+        raise OptionError(f"{directory}: no such dataset directory or index file")
     try:
         index = Index.load(directory, allow_outside_root=allow_outside_root)
     except ShardioError as exc:
