@@ -29,22 +29,23 @@ HTTP_MIN_RATE = 256 << 10
 """Bytes per second an HTTP read must average, after a grace of ``HTTP_READ_TIMEOUT`` seconds, to go on."""
 
 
-def http_read(fs: Any, url: str, span: tuple[int, int] | None, bound: int, total: int | None = None) -> bytes:
-    """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) through fsspec HTTP file system
-    ``fs`` (one try: the caller retries), checked and bounded as the module says; ``total``: the object's
-    size where the caller knows it (a range's ``Content-Range`` must then carry it)."""
+def http_read(fs: Any, url: str, span: tuple[int, int], total: int | None = None) -> bytes:
+    """``url``'s bytes ``span`` (``(start, end)``) through fsspec HTTP file system ``fs`` (one try: the caller
+    retries), checked and bounded as the module says; ``total``: the object's size where the caller knows it
+    (the answer's ``Content-Range`` must then carry it)."""
     from fsspec.asyn import sync
 
     chunks: list[bytes] = []
-    sync(fs.loop, _stream, fs, url, span, bound, chunks.append, total)
+    sync(fs.loop, _stream, fs, url, span, span[1] - span[0], chunks.append, total)
     return b"".join(chunks)
 
 
 def http_copy(fs: Any, url: str, span: tuple[int, int] | None, bound: int, out: IO[bytes],
               total: int | None = None) -> int:
-    """As :func:`http_read`, but written into ``out`` as it arrives (a chunk of at most 1 MiB at a time, from
-    ``fs``'s event loop); returns the bytes written (``bound + 1`` at most: a whole object longer than
-    ``bound`` is the caller's to refuse)."""
+    """``url``'s bytes ``span`` (None: the whole object, read no further than ``bound + 1`` bytes), checked
+    as :func:`http_read` checks them, but written into ``out`` as they arrive (a chunk of at most 1 MiB at a
+    time, from ``fs``'s event loop); returns the bytes written (``bound + 1`` at most: a whole object longer
+    than ``bound`` is the caller's to refuse)."""
     from fsspec.asyn import sync
 
     return int(sync(fs.loop, _stream, fs, url, span, bound, out.write, total))

@@ -23,6 +23,7 @@ the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import tempfile
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from typing import IO, Any
 from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, ReadError, shown
+from ..errors import FormatError, OptionError, ReadError
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .objectcopy import copy_capped
@@ -55,6 +56,8 @@ logger = logging.getLogger(__name__)
 HTTP_CONNECT_TIMEOUT = 30.0
 MAX_READ_BYTES = 1 << 28
 """The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of about a million shards)."""
+
+
 def is_url(location: str) -> bool:
     """Whether ``location`` names a remote object (it has a ``scheme://`` other than ``file://``)."""
     return "://" in location and not location.startswith("file://")
@@ -125,9 +128,9 @@ def open_input(location: str, storage_options: dict[str, Any] | None = None) -> 
 
 
 def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
-               retry: RetryPolicy = RetryPolicy(), limit: int | None = None) -> bytes:
+               retry: RetryPolicy = RetryPolicy()) -> bytes:
     """The whole content of a local file or URL; remote reads are retried under ``retry``, and read no further
-    than ``limit`` bytes (default :data:`MAX_READ_BYTES`; more is a :class:`FormatError`).
+    than :data:`MAX_READ_BYTES` (more is a :class:`FormatError`).
 
     Raises ``FileNotFoundError`` when there is nothing there, :class:`ReadError` when it cannot be read.
     """
@@ -135,25 +138,17 @@ def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
         with open(_local(location), "rb") as handle:
             return handle.read()
     fs, path = filesystem(location, storage_options)
-    bound = MAX_READ_BYTES if limit is None else limit
-    if is_http(fs):
-        data = retrying(lambda: http_read(fs, path, None, bound), location, retry)
-    else:
-        data = retrying(lambda: _read_capped(fs, path, bound), location, retry)
-    if len(data) > bound:
-        raise FormatError(f"{location}: more than {bound} bytes, the most shardio reads of a whole remote "
-                          "file (an index.json is far smaller): not the file expected here")
+
+    def whole() -> bytes:
+        out = io.BytesIO()
+        copy_capped(fs, path, out, MAX_READ_BYTES)
+        return out.getvalue()
+
+    data = retrying(whole, location, retry)
+    if len(data) > MAX_READ_BYTES:
+        raise FormatError(f"{location}: more than {MAX_READ_BYTES} bytes, the most shardio reads of a whole "
+                          "remote file (an index.json is far smaller): not the file expected here")
     return data
-
-
-def _read_capped(fs: Any, path: str, bound: int) -> bytes:
-    """``path``'s bytes through ``fs``, no further than ``bound + 1`` (enough to tell that it is too big)."""
-    chunks, got = [], 0
-    with fs.open(path, "rb") as source:
-        while got <= bound and (chunk := source.read(min(1 << 22, bound + 1 - got))):
-            chunks.append(chunk)
-            got += len(chunk)
-    return b"".join(chunks)
 
 
 def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None) -> bytes:
@@ -163,7 +158,7 @@ def read_range(fs: Any, path: str, start: int, end: int, total: int | None = Non
     Over HTTP the answer is checked and bounded (:mod:`shardio.reading.httpreads`); other backends answer through fsspec.
     """
     if is_http(fs):
-        return http_read(fs, path, (start, end), end - start, total)
+        return http_read(fs, path, (start, end), total)
     return bytes(fs.cat_file(path, start=start, end=end))
 
 
