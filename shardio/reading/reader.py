@@ -38,7 +38,7 @@ from .remotereads import RemoteReads
 from .retries import RetryPolicy
 from .storage import is_url
 
-__all__ = ["ReadStats", "Reader", "RetryPolicy"]
+__all__ = ["ReadStats", "Reader"]
 
 logger = logging.getLogger(__name__)
 
