@@ -202,6 +202,15 @@ def test_more_ranks_than_samples_pads_every_rank_or_drops_the_round() -> None:
     assert dropped.num_batches == 0 and dropped.dropped == 3
 
 
+def test_durations_apart_by_less_than_a_float_can_split_make_one_bucket() -> None:
+    """18 zeros and one 5e-324 s (found by the property above): the histogram's cell width rounded to 0,
+    and the bucket edges divided by it (a ValueError from numpy's bincount). They are one bucket."""
+    durations = np.array([0.0] * 18 + [5e-324])
+    plan = plan_epoch(np.zeros(19, np.uint32), durations, 1, seed=0, epoch=0, world_size=1,
+                      batching=Batching(num_buckets=2), ordering=Ordering(shuffle=False))
+    assert sorted(plan.samples.tolist()) == list(range(19))
+
+
 @pytest.mark.parametrize("world_size, history", [(0, ()), (-2, ()), (2, (Segment(0, 0),)), (2, (Segment(-1, 0),))])
 def test_a_world_without_ranks_is_an_option_error(world_size: int, history: tuple[Segment, ...]) -> None:
     """It was a ZeroDivisionError or a ValueError, or with no samples a plan for no rank."""

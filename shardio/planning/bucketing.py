@@ -47,9 +47,9 @@ def equal_duration_bins(durations: np.ndarray, num_buckets: int, weights: np.nda
         return np.zeros(0, dtype=np.float64)
     durations = np.asarray(durations, dtype=np.float64)
     low, high = float(durations.min()), float(durations.max())
-    if not high > low:
-        return np.zeros(0, dtype=np.float64)
     width = (high - low) / RESOLUTION
+    if not width > 0:  # all equal, or apart by less than a float can split into RESOLUTION cells (5e-324 s)
+        return np.zeros(0, dtype=np.float64)
     cells = np.minimum(((durations - low) / width).astype(np.int64), RESOLUTION - 1)
     mass = np.cumsum(np.bincount(cells, weights=durations if weights is None else durations * weights,
                                  minlength=RESOLUTION))
