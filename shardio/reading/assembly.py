@@ -7,8 +7,8 @@ sample straight into its row of the batch when the batch's shape is known from t
 Why passes: decoding streams a sample's whole audio through the CPU caches, and a system call runs a good
 deal of kernel code, and each evicts what the small per-sample work needs. Interleaved, that work runs
 from cold caches: a 74-byte JSON member took 5.6 µs to parse alone and 15.5 µs after each conversion of
-150 KB of PCM. Separate passes made a 16 kHz WAV batch about a quarter cheaper (README, "Where the time
-goes").
+150 KB of PCM. Separate passes made a 16 kHz WAV batch about a quarter cheaper (``benchmarks/README.md``,
+"The WAV path").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ or compressed), integer PCM WAV that the decoder's header parser reads, audio de
 per-sample metadata. There the general path's layers (a sample's name in messages built before any error
 could need it, a record per sample between the passes, the decoder's dispatch, collate's checks of each row
 and of each field's values) cost a good part of what reading, checking and converting the samples does:
-the lane makes a WAV batch ~10% cheaper (``benchmarks/ab.py``; README, "Where the time goes").
+the lane makes a WAV batch ~10% cheaper (``benchmarks/ab.py``; ``benchmarks/README.md``).
 
 The lane does the same work, in passes as the general path does (every sample's bytes, then each sample's
 members, JSON and header, then the conversions into the batch's rows) where the reads are views of maps or

@@ -3,7 +3,8 @@
 
 soundfile reads in-memory bytes through libsndfile's virtual I/O, which calls back into Python for each read and
 each position asked: about 120 calls for a 6 s FLAC clip. Given a file, libsndfile reads with system calls
-instead: a FLAC sample decodes ~4% cheaper (README, "Read throughput"), for one copy of its bytes into the file.
+instead: a FLAC sample decodes ~4% cheaper (``benchmarks/README.md``, "FLAC from a memory file"), for one copy
+of its bytes into the file.
 
 The file holds exactly the member's bytes, so libsndfile sees what it sees in memory. A result is taken only
 where the read returned every frame the header promises; anything else (an error, a short read, no memfd on
