@@ -112,6 +112,28 @@ def test_kaldi_piped_command_is_a_problem_naming_the_line(tmp_path: Path) -> Non
     assert problems[1].source == f"{data / 'segments'}:2" and "'nowhere' is not in wav.scp" in problems[1].reason
 
 
+@pytest.mark.parametrize(("entry", "what"), [("-", "standard input"),
+                                             ("/data/raw/wav.1.ark:1234", "an offset into a Kaldi archive"),
+                                             ("rec.wav[100:200]", "a range of a file")])
+def test_kaldi_extended_filenames_are_named_as_what_they_are(tmp_path: Path, entry: str, what: str) -> None:
+    data = tmp_path / "d"
+    write_tone(data / "ok.wav", 0.2)
+    write_text(data / "wav.scp", f"ok ok.wav\nodd {entry}\n")
+    problems: list[InputProblem] = []
+    assert [s.key for s in read_corpus(data, "kaldi", problems=problems)] == ["ok"]
+    assert [(p.source, p.key) for p in problems] == [(f"{data / 'wav.scp'}:2", "odd")]
+    assert f"is {what} ({entry!r}); only plain file paths are supported" in problems[0].reason
+
+
+def test_a_kaldi_path_that_only_looks_extended_is_a_file(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    write_tone(data / "take.wav", 0.2)
+    (data / "take.wav").rename(data / "take:2")  # a real file whose name looks like an archive offset
+    write_text(data / "wav.scp", "a take:2\n")
+    problems: list[InputProblem] = []
+    assert [s.key for s in read_corpus(data, "kaldi", problems=problems)] == ["a"] and problems == []
+
+
 @pytest.mark.parametrize(("delimiter", "path_column", "text_column"),
                          [("\t", "path", "sentence"), (",", "audio_filepath", "text"), ("|", "audio_file", "text"),
                           (";", "file", "transcript"), ("\t", "audio", "transcription")])

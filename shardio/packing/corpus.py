@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -209,6 +210,23 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
     return table
 
 
+_ARCHIVE_OFFSET = re.compile(r".+:[0-9]+")
+
+
+def _kaldi_extended(command: str) -> str | None:
+    """What a ``wav.scp`` entry that is no plain file asks of Kaldi's I/O, as words (None for a plain path):
+    a piped command, standard input, an offset into an archive or a range of a file."""
+    if command.endswith("|"):
+        return "a piped command"
+    if command == "-":
+        return "standard input"
+    if _ARCHIVE_OFFSET.fullmatch(command):
+        return "an offset into a Kaldi archive"
+    if command.endswith("]") and "[" in command:
+        return "a range of a file"
+    return None
+
+
 def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A Kaldi data dir: ``wav.scp`` (plain paths), ``text``, optional ``utt2spk`` and ``segments``. Lines of
     ``text`` and ``utt2spk`` whose id is no utterance's are counted in ``left_out``."""
@@ -219,9 +237,10 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
     speakers = _kaldi_table(data_dir / "utt2spk", problems, 2)
     paths: dict[str, str] = {}
     for rec, ([command], where) in recordings.items():
-        if command.endswith("|"):
-            problems.append(InputProblem(where, rec, f"wav.scp entry is a piped command ({command!r}); only "
-                                         "plain file paths are supported: write the audio to files first"))
+        unsupported = _kaldi_extended(command)
+        if unsupported and not Path(resolve_path(data_dir, command)).is_file():
+            problems.append(InputProblem(where, rec, f"wav.scp entry is {unsupported} ({command!r}); only plain "
+                                         "file paths are supported: write the audio to files first"))
             continue
         resolved = Path(resolve_path(data_dir, command))
         # Kaldi paths are relative to the recipe directory the tools run in, usually the cwd.
