@@ -26,7 +26,8 @@ from typing import Any
 from shardio.bench.report import write_results
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.pack import pack
-from shardio.packing.partitions import PackOptions, merge_partitions, pack_partition, plan_partitions
+from shardio.packing.merging import merge_partitions
+from shardio.packing.partitions import PackOptions, pack_partition, plan_partitions
 from shardio.synth import make_corpus
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

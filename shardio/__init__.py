@@ -21,7 +21,7 @@ from .errors import (
 from .ledger.quarantine import quarantine, quarantine_report
 from .ledger.remix import remix, remix_report
 from .ledger.trace import Trace
-from .planning.mix import EpochSize, Mix
+from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
 from .reading.retries import RetryPolicy
 from .shards.index import Index, ShardInfo

@@ -20,7 +20,8 @@ from .dataset import ShardDataset
 from .errors import OptionError
 from .ledger.quarantine import exclusions
 from .ledger.remix import mix_args
-from .planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, plan_mix
+from .planning.mix import CorpusColumns, corpus_offsets, plan_mix
+from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Segment, options_of
 from .reading.storage import join
 from .shards.chained import ChainedColumn

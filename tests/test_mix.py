@@ -15,7 +15,8 @@ from sample_shards import make_uneven_dataset
 from shardio import OptionError, StateError, World
 from shardio.mixed import MixedDataset
 from shardio.planning.bucketing import bucket_of, sample_cost
-from shardio.planning.mix import CorpusColumns, EpochSize, Mix, corpus_offsets, mix_quotas, plan_mix
+from shardio.planning.mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix
+from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import Batching, Ordering, Segment
 
 ORDERING = Ordering(shuffle_shards=2)

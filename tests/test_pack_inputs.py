@@ -23,7 +23,8 @@ from shardio.errors import FormatError, InputError, ReadError
 from shardio.packing.corpus import read_corpus, read_jsonl, read_table
 from shardio.packing.indexer import build_index
 from shardio.packing.pack import pack
-from shardio.packing.partitions import merge_partitions, pack_partition, plan_partitions
+from shardio.packing.merging import merge_partitions
+from shardio.packing.partitions import pack_partition, plan_partitions
 from shardio.shards.index import Index
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import shardio.planning.stablesort as stablesort
 
-from shardio.planning.mix import CorpusColumns, EpochSize, Mix, plan_mix
+from shardio.planning.mix import CorpusColumns, plan_mix
+from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
 from shardio.planning.rankplan import rank_plan
 

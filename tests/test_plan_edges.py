@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import shardio.planning.streams as streams
 from plan_checks import assert_rest_consumes_each_once
 from shardio.errors import OptionError
-from shardio.planning.mix import CorpusColumns, EpochSize, Mix, mix_quotas, plan_mix
+from shardio.planning.mix import CorpusColumns, mix_quotas, plan_mix
+from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.options import Batching, Ordering, sample_cost
 from shardio.planning.order import MIX, window_order
 from shardio.planning.plan import EpochPlan, Segment, plan_epoch

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from shardio import Index, ShardDataset, ShardInfo
 from shardio.errors import FormatError
 from shardio.mixed import MixedDataset
-from shardio.planning.mix import EpochSize
+from shardio.planning.mixoptions import EpochSize
 from shardio.shards.keys import Keys
 from shardio.shards.shardtable import CODECS, ShardTable
 from shardio.workers.sharing import shared_table

@@ -133,7 +133,7 @@ def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> 
 def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
     """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its zstd
     frame decompressed from memory with one reused context, as a reader with random access must. The
-    floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.run`)."""
+    floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.throughput`)."""
     import zstandard
 
     decompressor = zstandard.ZstdDecompressor()

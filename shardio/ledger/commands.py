@@ -128,7 +128,7 @@ def add_remix(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_remix(args: argparse.Namespace) -> int:
     from ..mixed import MixedDataset
-    from ..planning.mix import EpochSize
+    from ..planning.mixoptions import EpochSize
     from ..state import job_state
     from .rebuild import open_for_state, read_state
     from .remix import remix, remix_report

@@ -49,7 +49,7 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     options ``state`` records. The index fingerprints must match the state's (a :class:`StateError`)."""
     from ..dataset import ShardDataset
     from ..mixed import MixedDataset
-    from ..planning.mix import EpochSize
+    from ..planning.mixoptions import EpochSize
     from ..planning.plan import Batching, Ordering
 
     loaded = job_state(state)

@@ -19,8 +19,9 @@ from tqdm import tqdm
 
 from ..errors import OptionError
 from .pack import PackSummary, default_workers
-from .partitions import (DEFAULT_PARTITION_BYTES, PackOptions, PartitionPlan, merge_partitions,
-                         pack_partition, partition_done, plan_partitions)
+from .merging import merge_partitions
+from .partitions import (DEFAULT_PARTITION_BYTES, PackOptions, PartitionPlan, pack_partition, partition_done,
+                         plan_partitions)
 
 __all__ = ["ENGINES", "Engine", "local_engine", "ray_engine", "pack_partitioned"]
 

@@ -10,8 +10,8 @@ The engine-neutral unit of work of :func:`shardio.packing.engines.pack_partition
   shards ``{prefix}-{p:05d}-{n:06d}.tar[.zst]`` in a private attempt directory, move them to ``out_dir``,
   then publish its index part ``_parts/{p:05d}/`` with ``index.json`` last: that file is the commit marker.
   Every attempt of a partition writes the same bytes, so retries and duplicate attempts are harmless.
-- :func:`merge_partitions` (driver): join the index parts in partition order (never completion order),
-  check keys are unique, write the columns file then ``index.json``, and remove ``_parts``.
+- :func:`~shardio.packing.merging.merge_partitions` (driver): join the index parts in partition order (never
+  completion order), check keys are unique, write the columns file then ``index.json``, and remove ``_parts``.
 
 The result depends only on the input and the options, not on which engine ran the partitions, in which
 order, or how many attempts failed. A re-run with the same plan packs only partitions without a marker.
@@ -32,18 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, InputProblem, OptionError
-from ..shards.index import INDEX_COLUMNS, INDEX_JSON, Index
-from ..shards.keys import Keys
+from ..errors import InputProblem, OptionError
+from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
 from .corpus import read_corpus
 from .source import AUDIO_EXTENSIONS, Source
 from .output import Output
-from .pack import REJECTED_FILE, _assign_keys
+from .pack import _assign_keys
 from .preparation import Task, prepare
 
 __all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
-           "pack_partition", "merge_partitions", "partition_done"]
+           "pack_partition", "partition_done", "part_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -190,13 +189,14 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
     return plan
 
 
-def _part(number: int) -> str:
+def part_dir(number: int) -> str:
+    """Where partition ``number``'s index part and report go, relative to the output directory."""
     return f"{PARTS_DIR}/{number:05d}"
 
 
 def partition_done(plan: PartitionPlan | PartitionJob, number: int) -> bool:
     """Whether partition ``number`` has published its index part (its commit marker)."""
-    return plan.output.exists(f"{_part(number)}/{INDEX_JSON}")
+    return plan.output.exists(f"{part_dir(number)}/{INDEX_JSON}")
 
 
 def pack_partition(job: PartitionJob) -> int:
@@ -231,7 +231,7 @@ def pack_partition(job: PartitionJob) -> int:
         index = writer.close()
         for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
             output.publish(os.path.join(attempt, shard.name), shard.name)
-        part = _part(number)
+        part = part_dir(number)
         report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes, "plan": job.fingerprint}
         output.write(f"{part}/report.json", json.dumps(report, sort_keys=True).encode())
         output.publish(os.path.join(attempt, INDEX_COLUMNS), f"{part}/{INDEX_COLUMNS}")
@@ -242,95 +242,3 @@ def pack_partition(job: PartitionJob) -> int:
     finally:
         shutil.rmtree(attempt, ignore_errors=True)
     return samples
-
-
-def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], int]:
-    """Join the committed index parts in partition order and write the dataset's index (last).
-
-    Returns ``(index, rejected inputs, input bytes)``; raises :class:`~shardio.errors.InputError` when
-    ``on_error="raise"`` and any input failed (no index is written then).
-    """
-    out, output = plan.out_dir, plan.output
-    problems = list(plan.problems)
-    shards: list[Any] = []
-    formats: list[str] = []
-    columns: dict[str, list[np.ndarray]] = {}
-    keys: list[str] = []
-    input_bytes = 0
-    failed: list[int] = []
-    for number in range(len(plan.partitions)):
-        if not partition_done(plan, number):
-            raise FormatError(f"{output.path(_part(number))}: partition {number} has no committed index part; "
-                              "pack it before merging")
-        part = Index.load(output.path(_part(number)), plan.storage_options)
-        report = json.loads(output.read(f"{_part(number)}/report.json"))
-        _check_part(plan, number, report, list(part.keys))
-        problems.extend(InputProblem(**p) for p in report["problems"])
-        if report["problems"]:
-            failed.append(number)
-        input_bytes += int(report["input_bytes"])
-        remap = np.array([_format_id(formats, f) for f in part.formats] or [0], dtype=np.uint8)
-        for name, column in part.columns.items():
-            if name == "shard":
-                column = (column + len(shards)).astype(column.dtype)
-            elif name == "format":
-                column = remap[column]
-            columns.setdefault(name, []).append(column)
-        shards.extend(part.shards)
-        keys.extend(part.keys)
-    if problems and plan.options.on_error == "raise":
-        for number in failed:  # uncommitted again: a re-run after the inputs are mended packs them anew
-            output.remove_tree(_part(number))
-        raise InputError(problems)
-    if not keys:
-        raise InputError(problems or [InputProblem(out, "", "no sample was packed")])
-    if len(set(keys)) != len(keys):
-        seen: set[str] = set()
-        duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
-    merged = Index(root=out, shards=shards, formats=formats,
-                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=Keys.of(keys),
-                   storage_options=plan.storage_options)
-    merged.validate(out)
-    if plan.options.on_error == "skip":
-        lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
-                            ensure_ascii=False) + "\n" for p in problems]
-        output.write(REJECTED_FILE, "".join(lines).encode("utf-8"))
-    if output.remote:
-        with tempfile.TemporaryDirectory(prefix="shardio-index-") as local:
-            merged.save(local)
-            output.publish(os.path.join(local, INDEX_COLUMNS), INDEX_COLUMNS)
-            output.publish(os.path.join(local, INDEX_JSON), INDEX_JSON)
-    else:
-        merged.save(out)
-    output.remove_tree(PARTS_DIR)
-    return merged, problems, input_bytes
-
-
-def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: list[str]) -> None:
-    """Refuse a committed part that another plan packed: its report names another plan, or its samples are not
-    this plan's partition ``number`` (less its rejected inputs), which merged would lose or repeat samples."""
-    where = plan.output.path(_part(number))
-    redo = f"remove {where} and pack again (only that partition is packed anew)"
-    recorded = report.get("plan") or ""
-    if recorded and plan.fingerprint and recorded != plan.fingerprint:
-        raise FormatError(f"{where}: partition {number} was packed by another plan ({recorded}, this plan is "
-                          f"{plan.fingerprint}): an earlier run's task committed it; {redo}")
-    if report["problems"] and plan.options.on_error == "raise":
-        return  # not merged: removed with the error that lists its problems
-    rejected = {problem["key"] for problem in report["problems"]}
-    expected = [task.key for task in plan.partitions[number] if task.key not in rejected]
-    if keys != expected:
-        have, want = set(keys), set(expected)
-        missing = next((key for key in expected if key not in have), None)
-        extra = next((key for key in keys if key not in want), None)
-        detail = f"it lacks {missing!r}" if missing is not None else \
-            f"it holds {extra!r}, which is not in this partition" if extra is not None else "its order differs"
-        raise FormatError(f"{where}: partition {number} holds {len(keys)} samples, the plan gives it "
-                          f"{len(expected)} ({detail}): another run's task committed it; {redo}")
-
-
-def _format_id(formats: list[str], ext: str) -> int:
-    if ext not in formats:
-        formats.append(ext)
-    return formats.index(ext)

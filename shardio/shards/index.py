@@ -287,24 +287,6 @@ class Index:
         return index
 
     def validate(self, where: str) -> None:
-        """Cheap structural checks, so a damaged index fails here rather than mid-epoch."""
-        n = len(self)
-        for name, dtype in COLUMNS.items():
-            column = self.columns[name]
-            if column.dtype != np.dtype(dtype) or column.shape != (n,):
-                raise FormatError(f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
-                                  f"expected {np.dtype(dtype)} and ({n},)")
-        if n and int(self.columns["shard"].max()) >= len(self.shards):
-            raise FormatError(f"{where}: a sample names shard {int(self.columns['shard'].max())}, "
-                              f"but the index lists {len(self.shards)} shards")
-        if n and int(self.columns["format"].max()) >= len(self.formats):
-            raise FormatError(f"{where}: a sample names an audio format the index does not list")
-        table = self.table
-        if len(table) and int(table.codecs.max()) >= len(CODECS):
-            raise FormatError(f"{where}: shard {table.name(int(table.codecs.argmax()))} has an unknown codec")
-        counts = np.bincount(self.columns["shard"], minlength=len(table))
-        wrong = np.flatnonzero(counts != table.samples)
-        if wrong.size:
-            number = int(wrong[0])
-            raise FormatError(f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
-                              f"the columns hold {counts[number]}")
+        """Cheap structural checks, so a damaged index fails here rather than mid-epoch (columns, shard and
+        format numbers, codecs and per-shard counts: :func:`~shardio.shards.indexchecks.check_structure`)."""
+        indexchecks.check_structure(self.columns, COLUMNS, self.formats, self.table, where)

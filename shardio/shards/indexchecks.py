@@ -9,7 +9,9 @@ An ``index.json`` is input like any other: it may come with a downloaded dataset
 - ``columns_file`` is a plain file name in the root, a regular file, whose size is checked against a bound
   from the sample count before it is read (:func:`columns_size_bound`);
 - every sample's ``num_frames`` is checked against its member's size (:func:`check_frames`), since the
-  loader sizes each batch's audio from it before decoding.
+  loader sizes each batch's audio from it before decoding;
+- the structure (:func:`check_structure`, also run on an index built or merged in memory): column dtypes and
+  lengths, shard and format numbers in range, known codecs, and per-shard sample counts.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from ..reading.localshard import NotRegular, open_regular
 from ..reading.storage import escapes_root, file_size, is_url, read_bytes
 from .metadata import check_size
 from .names import has_hidden
+from .shardtable import CODECS, ShardTable
 
 __all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
            "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
-           "check_npz",
-           "check_shard_name",
+           "check_npz", "check_shard_name", "check_structure",
            "columns_size_bound", "read_columns", "read_local_index"]
 
 COLUMNS_OVERHEAD = 1 << 20
@@ -252,3 +254,28 @@ def check_names(root: str, names: list[str], where: str, allow_outside_root: boo
         check_shard_name(name, where, allow_outside_root=allow_outside_root)
     if not allow_outside_root and not is_url(root):
         check_confined(root, names, where)
+
+
+def check_structure(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, type], formats: list[str],
+                    table: ShardTable, where: str) -> None:
+    """The index's structure: every column of ``dtypes`` with its dtype and one entry a sample, shard and format
+    numbers within the shard table and ``formats``, known codecs, and each shard's sample count as the table says."""
+    n = int(columns["shard"].shape[0])
+    for name, dtype in dtypes.items():
+        column = columns[name]
+        if column.dtype != np.dtype(dtype) or column.shape != (n,):
+            raise FormatError(f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
+                              f"expected {np.dtype(dtype)} and ({n},)")
+    if n and int(columns["shard"].max()) >= len(table):
+        raise FormatError(f"{where}: a sample names shard {int(columns['shard'].max())}, "
+                          f"but the index lists {len(table)} shards")
+    if n and int(columns["format"].max()) >= len(formats):
+        raise FormatError(f"{where}: a sample names an audio format the index does not list")
+    if len(table) and int(table.codecs.max()) >= len(CODECS):
+        raise FormatError(f"{where}: shard {table.name(int(table.codecs.argmax()))} has an unknown codec")
+    counts = np.bincount(columns["shard"], minlength=len(table))
+    wrong = np.flatnonzero(counts != table.samples)
+    if wrong.size:
+        number = int(wrong[0])
+        raise FormatError(f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
+                          f"the columns hold {counts[number]}")
