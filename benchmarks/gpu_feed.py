@@ -196,11 +196,12 @@ def main() -> int:
     name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "CPU"
     command = (f"python benchmarks/gpu_feed.py --files {args.files} --steps {args.steps} --workers "
                + " ".join(str(w) for w in args.workers))
-    report = {"command": command, "device": name, "cpus": os.cpu_count(), "torch": torch.__version__,
+    kernel = f"{platform.system()} {platform.release()}"
+    report = {"command": command, "device": name, "cpus": os.cpu_count(), "kernel": kernel, "torch": torch.__version__,
               "files": args.files, "batch_size": args.batch_size, "crop_s": args.crop, "width": args.width,
               "depth": args.depth, "ceiling_step_ms": 1000 * floor_s, "rows": rows}
     lines = ["# shardio gpu_feed", "",
-             f"`{command}` on {name} with {os.cpu_count()} CPU cores (torch {torch.__version__}). "
+             f"`{command}` on {name} with {os.cpu_count()} CPU cores, {kernel} (torch {torch.__version__}). "
              f"{args.files} utterances with LibriSpeech-like durations, batch {args.batch_size}, every batch "
              f"cropped/padded to {args.crop:g} s on the device; model: STFT features + {args.depth} convolutions "
              f"of {args.width} channels, AdamW{', bf16 autocast' if device.type == 'cuda' else ''}. "

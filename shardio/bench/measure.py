@@ -105,7 +105,7 @@ class PeakRss:
 
 
 def machine_facts() -> dict[str, Any]:
-    """CPU model, cores, load average and library versions, for the report."""
+    """CPU model, cores, kernel, load average and library versions, for the report."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -122,7 +122,9 @@ def machine_facts() -> dict[str, Any]:
             versions[module] = "absent"
     import soundfile
     versions["libsndfile"] = str(soundfile.__libsndfile_version__)
-    return {"cpu": model, "cores": os.cpu_count(), "load_average_start": list(os.getloadavg()), **versions}
+    # the kernel tells hosts apart that report the same CPU (a VM's, a sandbox's), whose ratios can differ
+    return {"cpu": model, "cores": os.cpu_count(), "kernel": f"{platform.system()} {platform.release()}",
+            "load_average_start": list(os.getloadavg()), **versions}
 
 
 @dataclass

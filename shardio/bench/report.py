@@ -93,11 +93,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(result: dict[str, Any]) -> str:
     """The results as a Markdown report: the targets first, then one table per comparison."""
     machine = result["machine"]
+    kernel = machine.get("kernel", "kernel not recorded")
     out = ["# shardio bench", "",
-           (f"`{result['command']}` on {machine['cpu']}, {machine['cores']} cores (load average at start "
-           f"{machine['load_average_start'][0]:.1f}, at end {machine.get('load_average_end', [0])[0]:.1f}); "
-           f"Python {machine['python']}, torch {machine['torch']}, numpy {machine['numpy']}, "
-           f"{machine['libsndfile']}, webdataset {machine['webdataset']}. Medians of {result['reps']} interleaved "
+           (f"`{result['command']}` on {machine['cpu']}, {machine['cores']} cores, {kernel} "
+           f"(load average at start {machine['load_average_start'][0]:.1f}, at end "
+           f"{machine.get('load_average_end', [0])[0]:.1f}); Python {machine['python']}, torch {machine['torch']}, "
+           f"numpy {machine['numpy']}, libsndfile {machine['libsndfile'].removeprefix('libsndfile-')}, "
+           f"webdataset {machine['webdataset']}. Medians of {result['reps']} interleaved "
            f"rounds (min-max); batch size {result['batch_size']}; {'QUICK run: not figures. ' if result['quick'] else ''}"
            f"{result['seconds']:.0f} s in all."), "", "## Corpora", ""]
     out += _table(["corpus", "source", "format", "samples", "audio h", "shards", ".tar MB", "zstd-3 size"],
