@@ -15,6 +15,7 @@ from .errors import (
     OutputError,
     RangeNotSupported,
     ReadError,
+    ShardChanged,
     ShardioError,
     StateError,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "IntegrityError",
     "ReadError",
     "RangeNotSupported",
+    "ShardChanged",
     "DecodeError",
     "OutputError",
     "StateError",

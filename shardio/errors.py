@@ -8,7 +8,8 @@ Every error shardio raises on bad input, bad data or a bad state is a :class:`Sh
     ├── FormatError        shard or index bytes that are not what the format promises
     │   └── IntegrityError a shard whose size or hash differs from the index
     ├── ReadError          a shard that cannot be read (missing, or remote retries spent)
-    │   └── RangeNotSupported an HTTP server that ignores Range requests (fails the dataset)
+    │   ├── RangeNotSupported an HTTP server that ignores Range requests (fails the dataset)
+    │   └── ShardChanged   a remote shard replaced while the run reads it (its ETag or date changed)
     ├── DecodeError        a member whose audio cannot be decoded, or is empty or non-finite
     ├── OutputError        an output directory that cannot be written (a file, read-only, locked by a run)
     └── StateError         a saved loader state that does not fit this dataset or options
@@ -32,6 +33,7 @@ __all__ = [
     "IntegrityError",
     "ReadError",
     "RangeNotSupported",
+    "ShardChanged",
     "DecodeError",
     "OutputError",
     "StateError",
@@ -90,6 +92,12 @@ class RangeNotSupported(ReadError):
     """An HTTP server that answers ranged requests with the whole file, so no sample can be read by range.
     Not skipped under ``on_error="skip"``: it fails the dataset, since every sample would fail the same
     way."""
+
+
+class ShardChanged(ReadError):
+    """A remote shard whose object changed (another ETag or Last-Modified, or a ``412 Precondition Failed``)
+    since this process first read it: replaced while the run reads it. Not retried, since every later read
+    would get the new version and mix it with the old."""
 
 
 class DecodeError(ShardioError):

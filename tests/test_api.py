@@ -18,7 +18,7 @@ PUBLIC = {
     "__version__", "ShardDataset", "MixedDataset", "ShardLoader", "collate", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
     "Ordering", "Segment", "EpochPlan", "plan_epoch", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
-    "OutputError", "StateError", "RangeNotSupported", "Trace", "quarantine", "quarantine_report", "remix",
+    "OutputError", "StateError", "RangeNotSupported", "ShardChanged", "Trace", "quarantine", "quarantine_report", "remix",
     "remix_report",
 }
 
@@ -37,6 +37,7 @@ def test_error_tree() -> None:
         assert issubclass(getattr(shardio, name), ShardioError)
     assert issubclass(shardio.IntegrityError, shardio.FormatError)
     assert issubclass(shardio.RangeNotSupported, shardio.ReadError)
+    assert issubclass(shardio.ShardChanged, shardio.ReadError)
     assert issubclass(OptionError, ValueError)
 
 

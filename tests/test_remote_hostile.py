@@ -3,13 +3,18 @@
 A shard name whose percent-escapes an HTTP client decodes into ``..`` must not reach outside the root; a
 ranged GET answered with other bytes, a body past its size, an encoding or a 200 is a ``ReadError`` naming the
 shard (and never held in memory whole); a server that drips bytes fails the read in bounded time; a remote
-``index.json`` that never ends is read no further than a bound.
+``index.json`` that never ends is read no further than a bound; a shard replaced mid-run by one of the same
+size (other audio, or a re-pack of the same layout) is a ``ShardChanged`` over S3 and over HTTP with an
+``ETag`` or ``Last-Modified``, found with the first answer that shows it and never retried.
 """
 
 from __future__ import annotations
 
+import email.utils
 import gzip
+import hashlib
 import json
+import os
 import re
 import shutil
 import threading
@@ -19,13 +24,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
-from sample_shards import make_uneven_dataset
+from sample_shards import make_uneven_dataset, wav_bytes
 
 import shardio.reading.httpreads as httpreads
 import shardio.reading.storage as storage
-from shardio import FormatError, Index, ReadError, RetryPolicy
+from shardio import FormatError, Index, ReadError, RetryPolicy, ShardChanged, ShardWriter
 from shardio.reading.cache import ShardCache
 from shardio.reading.reader import Reader
 
@@ -176,6 +182,8 @@ class _HostileServer(ThreadingHTTPServer):
     def __init__(self, root: Path) -> None:
         self.root, self.mode, self.match, self.stopping = root, "", "", threading.Event()
         self.sent = 0
+        self.validators = ""  # _Versioned: which validators it sends
+        self.seen: list[tuple[str, str, dict[str, str]]] = []  # _Versioned: (method, path, conditions sent)
         super().__init__(("127.0.0.1", 0), _Hostile)
 
     @property
@@ -343,3 +351,210 @@ def test_a_shard_replaced_by_one_of_another_size_is_a_read_error(hostile: _Hosti
             as caught:
         reader.members(4)
     assert local.shards[1].name in str(caught.value) and "s001_00001" in str(caught.value)
+
+
+# -- shards replaced mid-run by one of the same size: validators -------------------------------------
+
+@pytest.fixture(scope="module")
+def repacked(local: Index, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``local`` packed again with other audio of the same lengths (same keys, members and sizes): a re-pack
+    whose shards have the very layout of ``local``'s, but other bytes."""
+    directory = tmp_path_factory.mktemp("hostile-repacked")
+    rng = np.random.default_rng(7)
+    writer = ShardWriter(directory)
+    shards, frames = local.columns["shard"], local.columns["num_frames"]
+    for sample in range(len(local)):
+        shard, key = int(shards[sample]), local.key(sample)
+        if sample and shard != int(shards[sample - 1]):
+            writer.end_shard()
+        audio = rng.uniform(-0.5, 0.5, int(frames[sample])).astype(np.float32)
+        meta = json.dumps({"text": key, "shard": shard, "index": int(key.rsplit("_", 1)[1])}).encode()
+        writer.write(key, {"wav": wav_bytes(audio, 8000), "json": meta}, audio_ext="wav",
+                     num_frames=int(frames[sample]), sample_rate=8000, channels=1)
+    index = writer.close()
+    for name in ("frame_offset", "member_size"):
+        assert np.array_equal(index.columns[name], local.columns[name])
+    assert [s.bytes for s in index.shards] == [s.bytes for s in local.shards]
+    assert [s.sha256 for s in index.shards] != [s.sha256 for s in local.shards]
+    return Path(directory)
+
+
+def _same_size_replacement(old: bytes, change: str, repacked: Path, name: str) -> bytes:
+    """Shard bytes of ``old``'s size: ``edited`` (100 bytes of sample 4's audio zeroed, headers and keys
+    intact) or ``repacked`` (the re-pack's shard of the same name)."""
+    new = old[:3200] + bytes(100) + old[3300:] if change == "edited" else (repacked / name).read_bytes()
+    assert len(new) == len(old) and new != old
+    return new
+
+
+class _Versioned(_Hostile):
+    """Serves files with Range (GET and HEAD) and the validators ``server.validators`` names: ``etag``
+    (strong, a digest of the bytes), ``weak-etag`` (``W/"..."``, with Last-Modified), ``last-modified`` (the
+    file's mtime), ``etag-ignored`` (a strong ETag, but conditions ignored), ``none``. ``If-Match`` and
+    ``If-Unmodified-Since`` are honoured (412); each request's conditions are listed in ``server.seen``."""
+
+    def do_GET(self) -> None:
+        self._versioned(body=True)
+
+    def do_HEAD(self) -> None:
+        self._versioned(body=False)
+
+    def _versioned(self, body: bool) -> None:
+        path = Path(self.server.root, self.path.lstrip("/"))
+        if ".." in self.path or not path.is_file():
+            self.send_error(404)
+            return
+        data, kind = path.read_bytes(), self.server.validators
+        mtime = int(path.stat().st_mtime)
+        headers = {}
+        if kind in ("etag", "etag-ignored", "weak-etag"):
+            tag = '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
+            headers["ETag"] = "W/" + tag if kind == "weak-etag" else tag
+        if kind in ("weak-etag", "last-modified"):
+            headers["Last-Modified"] = email.utils.formatdate(mtime, usegmt=True)
+        conditions = {n: self.headers[n] for n in ("If-Match", "If-Unmodified-Since") if n in self.headers}
+        self.server.seen.append((self.command, self.path, conditions))
+        match, since = conditions.get("If-Match"), conditions.get("If-Unmodified-Since")
+        if kind != "etag-ignored" and (
+                (match is not None and (match.startswith("W/") or match != headers.get("ETag")))
+                or (since is not None and mtime > email.utils.parsedate_to_datetime(since).timestamp())):
+            self._answer(412, b"", {})
+            return
+        wanted = _RANGE.match(self.headers.get("Range", ""))
+        start, end = (int(wanted.group(1)), int(wanted.group(2)) + 1) if wanted else (0, len(data))
+        if wanted:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        if body:
+            self._answer(206 if wanted else 200, data[start:end], headers)
+            return
+        self.send_response(200)
+        for name, value in {**headers, "Content-Length": str(len(data))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+
+@pytest.fixture
+def versioned(hostile: _HostileServer) -> _HostileServer:
+    hostile.RequestHandlerClass = _Versioned
+    return hostile
+
+
+def _replace_file(path: Path, new: bytes) -> None:
+    """Write ``new`` over ``path`` and date it 10 s later (a replacement made later in the run: Last-Modified
+    has whole seconds, so one within the second of the first read would not show)."""
+    before = path.stat().st_mtime
+    path.write_bytes(new)
+    os.utime(path, (before + 10, before + 10))
+
+
+@pytest.mark.parametrize("kind, condition", [("etag", "If-Match"), ("weak-etag", "If-Unmodified-Since"),
+                                             ("last-modified", "If-Unmodified-Since"),
+                                             ("etag-ignored", "If-Match")])
+@pytest.mark.parametrize("change", ["edited", "repacked"])
+def test_a_same_size_replacement_is_refused_over_http(versioned: _HostileServer, local: Index, repacked: Path,
+                                                      tmp_path: Path, kind: str, condition: str,
+                                                      change: str) -> None:
+    """Shard 1 is read (its size checked, its first sample read), then replaced by one of the same size: the
+    next read sends the validator first seen (a weak ETag cannot go in If-Match: Last-Modified goes instead),
+    the server refuses it (412), or, ignoring it, answers with another ETag: a ShardChanged naming the shard
+    and sample, not the new audio. The 412 is not retried (one GET), and the shard, known changed, is not
+    asked for again."""
+    versioned.validators = kind
+    name = local.shards[1].name
+    reader = Reader(Index.load(f"{versioned.url}/ds"), retry=FAST)
+    reader.members(3)
+    shard = tmp_path / "ds" / name
+    _replace_file(shard, _same_size_replacement(shard.read_bytes(), change, repacked, name))
+    versioned.seen.clear()
+    with pytest.raises(ShardChanged, match="changed since this process first read it") as caught:
+        reader.members(4)
+    assert name in str(caught.value) and "s001_00001" in str(caught.value)
+    sent = [(method, sorted(conditions)) for method, path, conditions in versioned.seen if name in path]
+    assert sent == [("GET", [condition])]
+    with pytest.raises(ShardChanged, match="changed since"):
+        reader.members(5)
+    assert len([path for _, path, _ in versioned.seen if name in path]) == 1
+
+
+def test_a_server_without_validators_is_read_as_before(versioned: _HostileServer, local: Index,
+                                                       repacked: Path, tmp_path: Path) -> None:
+    """No ETag, no Last-Modified: reads send no condition, and a same-size replacement is read (only its size
+    is checked, as before: the member and key checks pass here, ``shardio verify`` would not)."""
+    versioned.validators = "none"
+    name = local.shards[1].name
+    reader = Reader(Index.load(f"{versioned.url}/ds"), retry=FAST)
+    reader.members(3)
+    shard = tmp_path / "ds" / name
+    old = shard.read_bytes()
+    new = _same_size_replacement(old, "repacked", repacked, name)
+    _replace_file(shard, new)
+    wav = bytes(reader.members(4)["wav"])  # sample 4's member data, at 2560 + its 512-byte tar header
+    assert wav == new[3072 : 3072 + len(wav)] != old[3072 : 3072 + len(wav)]  # the re-pack's audio
+    assert all(not conditions for _, _, conditions in versioned.seen)
+
+
+def test_a_shard_replaced_before_a_node_cache_fetch_is_refused(versioned: _HostileServer, local: Index,
+                                                                tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node cache holds one shard: shard 1 is fetched (its ETag recorded from the answer), evicted by
+    shard 0, replaced, and fetched again: that fetch sends If-Match and is refused, a ShardChanged (without
+    the validator, the SHA-256 check of the cache refuses it too, as an IntegrityError after the download)."""
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
+    versioned.validators = "etag"
+    name = local.shards[1].name
+    cache = ShardCache(str(tmp_path / "node" / "shards"), max(s.bytes for s in local.shards))
+    reader = Reader(Index.load(f"{versioned.url}/ds"), retry=FAST, cache=cache, max_open=1)
+    reader.members(3)
+    reader.members(0)
+    assert not list((tmp_path / "node" / "shards").glob(f"{local.shards[1].sha256}-*.shard"))
+    shard = tmp_path / "ds" / name
+    _replace_file(shard, shard.read_bytes()[:3200] + bytes(100) + shard.read_bytes()[3300:])
+    with pytest.raises(ShardChanged, match="412 Precondition Failed to If-Match") as caught:
+        reader.members(4)
+    assert name in str(caught.value)
+
+
+@pytest.mark.parametrize("change", ["edited", "repacked"])
+def test_a_same_size_replacement_is_refused_over_s3(local: Index, repacked: Path, tmp_path: Path,
+                                                    change: str) -> None:
+    """As over HTTP: the ETag S3 gave when shard 1 was first read goes as IfMatch on each later GetObject; the
+    object replaced (same size, other bytes) is refused with 412, a ShardChanged naming the shard, found by
+    one request (not retried), and not asked for again."""
+    root = _published(local, tmp_path)
+    name = local.shards[1].name
+    with aws_test_env(), S3Server() as s3:
+        url = s3.upload(str(root), "replaced", "ds")
+        reader = Reader(Index.load(url, storage_options=s3.storage_options), retry=FAST)
+        reader.members(3)
+        new = _same_size_replacement((root / name).read_bytes(), change, repacked, name)
+        s3.client().put_object(Bucket="replaced", Key=f"ds/{name}", Body=new)
+        s3.faults.clear()
+        with pytest.raises(ShardChanged, match="changed since this process first read it .*412") as caught:
+            reader.members(4)
+        assert name in str(caught.value) and "s001_00001" in str(caught.value)
+        assert s3.faults.count(name) == 1
+        with pytest.raises(ShardChanged, match="changed since"):
+            reader.members(5)
+        assert s3.faults.count(name) == 1
+
+
+def test_a_shard_replaced_before_a_node_cache_fetch_is_refused_over_s3(
+        local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As over HTTP: the ETag s3fs found when shard 1 was first fetched into the cache is checked when it is
+    fetched again, after eviction and replacement: a ShardChanged, not a fetch of the new object."""
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
+    root = _published(local, tmp_path)
+    name = local.shards[1].name
+    cache = ShardCache(str(tmp_path / "node" / "shards"), max(s.bytes for s in local.shards))
+    with aws_test_env(), S3Server() as s3:
+        url = s3.upload(str(root), "cached", "ds")
+        index = Index.load(url, storage_options=s3.storage_options)
+        reader = Reader(index, retry=FAST, cache=cache, max_open=1)
+        reader.members(3)
+        reader.members(0)
+        old = (root / name).read_bytes()
+        s3.client().put_object(Bucket="cached", Key=f"ds/{name}", Body=old[:3200] + bytes(100) + old[3300:])
+        with pytest.raises(ShardChanged, match="ETag .* when this process first read it, ETag .* now") \
+                as caught:
+            reader.members(4)
+        assert name in str(caught.value)

@@ -111,7 +111,8 @@ def test_a_full_disk_falls_back_to_remote_ranges(server: HTTPFileServer, local: 
     def no_room(*args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    def half_then_full(fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None) -> int:
+    def half_then_full(fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None,
+                       pin: object = None) -> int:
         out.write(b"\0" * 100)
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -7,9 +7,11 @@ Here a ranged GET must come back as the ``206`` of those bytes, with no ``Conten
 no further than its bound plus one byte; and the read must average :data:`HTTP_MIN_RATE` after a grace of
 :data:`HTTP_READ_TIMEOUT` seconds. Where the caller knows the object's size (a shard's, from the index), a
 range's ``Content-Range`` must carry it too: an object replaced by one of another size is refused, not read
-as a mix of old and new bytes. The request goes through the file system's own aiohttp session, with its
-headers and client options. :func:`http_copy` streams an answer into a file (a whole shard for the node
-cache), under the same checks and bounds, never holding it in memory.
+as a mix of old and new bytes. A shard's reads also carry its validator as a condition, and each answer's is
+compared with it (:mod:`shardio.reading.validators`: a same-size replacement is refused too). The request
+goes through the file system's own aiohttp session, with its headers and client options. :func:`http_copy`
+streams an answer into a file (a whole shard for the node cache), under the same checks and bounds, never
+holding it in memory.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ..errors import shown
+from .validators import Pin, from_headers
 
 __all__ = ["BadAnswer", "HTTP_MIN_RATE", "HTTP_READ_TIMEOUT", "SlowAnswerTimeout", "http_copy", "http_read",
            "is_http"]
@@ -29,26 +32,28 @@ HTTP_MIN_RATE = 256 << 10
 """Bytes per second an HTTP read must average, after a grace of ``HTTP_READ_TIMEOUT`` seconds, to go on."""
 
 
-def http_read(fs: Any, url: str, span: tuple[int, int], total: int | None = None) -> bytes:
+def http_read(fs: Any, url: str, span: tuple[int, int], total: int | None = None,
+              pin: Pin | None = None) -> bytes:
     """``url``'s bytes ``span`` (``(start, end)``) through fsspec HTTP file system ``fs`` (one try: the caller
     retries), checked and bounded as the module says; ``total``: the object's size where the caller knows it
-    (the answer's ``Content-Range`` must then carry it)."""
+    (the answer's ``Content-Range`` must then carry it); ``pin``: the shard's validator, sent as a condition
+    and checked against the answer's (:class:`~shardio.errors.ShardChanged` when it changed)."""
     from fsspec.asyn import sync
 
     chunks: list[bytes] = []
-    sync(fs.loop, _stream, fs, url, span, span[1] - span[0], chunks.append, total)
+    sync(fs.loop, _stream, fs, url, span, span[1] - span[0], chunks.append, total, pin)
     return b"".join(chunks)
 
 
 def http_copy(fs: Any, url: str, span: tuple[int, int] | None, bound: int, out: IO[bytes],
-              total: int | None = None) -> int:
+              total: int | None = None, pin: Pin | None = None) -> int:
     """``url``'s bytes ``span`` (None: the whole object, read no further than ``bound + 1`` bytes), checked
     as :func:`http_read` checks them, but written into ``out`` as they arrive (a chunk of at most 1 MiB at a
     time, from ``fs``'s event loop); returns the bytes written (``bound + 1`` at most: a whole object longer
     than ``bound`` is the caller's to refuse)."""
     from fsspec.asyn import sync
 
-    return int(sync(fs.loop, _stream, fs, url, span, bound, out.write, total))
+    return int(sync(fs.loop, _stream, fs, url, span, bound, out.write, total, pin))
 
 
 def is_http(fs: Any) -> bool:
@@ -70,12 +75,13 @@ class SlowAnswerTimeout(Exception):
 
 
 async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, sink: Callable[[bytes], Any],
-                  total: int | None) -> int:
+                  total: int | None, pin: Pin | None) -> int:
     """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) over ``fs``'s aiohttp session, each
     chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with the
     bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes): :class:`SlowAnswerTimeout`
     past it. A ranged answer must be the ``206`` of exactly those bytes, of an object of ``total`` bytes where
-    that is given (:class:`BadAnswer` otherwise). Returns the bytes received."""
+    that is given (:class:`BadAnswer` otherwise), and of the version ``pin`` recorded where it has one (sent
+    as a condition). Returns the bytes received."""
     loop = asyncio.get_running_loop()
     begun = loop.time()
     got = 0
@@ -83,7 +89,9 @@ async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, s
     def left() -> float:
         return begun + HTTP_READ_TIMEOUT + got / HTTP_MIN_RATE - loop.time()
 
-    headers = {**fs.kwargs.get("headers", {}), "Accept-Encoding": "identity"}
+    known = pin.expected if pin is not None else None
+    conditions = known.conditions() if known is not None else {}
+    headers = {**fs.kwargs.get("headers", {}), "Accept-Encoding": "identity", **conditions}
     if span is not None:
         headers["Range"] = f"bytes={span[0]}-{span[1] - 1}"
     options = {name: value for name, value in fs.kwargs.items() if name != "headers"}
@@ -93,7 +101,11 @@ async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, s
         response = await asyncio.wait_for(session.get(encode(url) if encode else url, headers=headers, **options),
                                           left())
         async with response:
+            if response.status == 412 and pin is not None and conditions:
+                raise pin.refused(", ".join(f"{name}: {shown(value)}" for name, value in conditions.items()))
             _check_answer(response, url, span, total)
+            if pin is not None:
+                pin.check(from_headers(response.headers))
             while got <= bound:
                 chunk = await asyncio.wait_for(response.content.read(min(1 << 20, bound + 1 - got)), left())
                 if not chunk:

@@ -37,6 +37,7 @@ from .prefetch import ReadAhead
 from .remotereads import RemoteReads
 from .retries import RetryPolicy
 from .storage import is_url
+from .validators import Validators
 
 __all__ = ["ReadStats", "Reader"]
 
@@ -88,6 +89,7 @@ class Reader(RemoteReads, CompressedReads):
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
         self._filesystems = Filesystems()  # fsspec filesystems, one per protocol and options
+        self._validators = Validators()  # remote shards' versions as first read (kept across fork, pickling)
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
         self._decompressor = zstandard.ZstdDecompressor()

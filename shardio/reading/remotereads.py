@@ -4,6 +4,8 @@ Two ways to hide object-storage latency, both driven by the plan: read-ahead (th
 coalesced per shard and fetched concurrently while the current batch is built: :mod:`shardio.reading.prefetch`),
 and the node-local shard cache (whole shards fetched once per node and mapped from local disk:
 :mod:`shardio.reading.cache`). With the cache, the read-ahead fetches the shards the next batches need into it.
+Every read of a shard over HTTP or S3 is held to the version this process first read
+(:mod:`shardio.reading.validators`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from ..errors import ReadError
 from ..shards.index import STREAM_CODECS, Index
 from .cache import ShardCache
 from .filesystems import Filesystems
+from .httpreads import is_http
 from .localshard import LocalShard, short_read
 from .objectcopy import copy_capped
 from .prefetch import MAX_GAP, ReadAhead, Span
 from .retries import RetryPolicy, retrying
+from .s3reads import is_s3
 from .storage import is_url, read_range
+from .validators import Validators, from_info
 
 __all__ = ["RemoteReads"]
 
@@ -40,6 +45,7 @@ class RemoteReads:
     cache: ShardCache | None
     stats: Any
     _filesystems: Filesystems
+    _validators: Validators
     _ahead: ReadAhead | None
     _columns: dict[str, np.ndarray]
     _broken: dict[int, Any]
@@ -54,10 +60,13 @@ class RemoteReads:
 
     def _fetch(self, shard: int, handle: tuple[Any, str], offset: int, size: int, where: str) -> bytes:
         """``size`` bytes at ``offset`` of remote shard ``shard``, open as ``handle``, with retries (safe in
-        read-ahead threads); over HTTP the answer must say the object still has the index's size."""
+        read-ahead threads); over HTTP the answer must say the object still has the index's size, and over
+        HTTP and S3 be the version this process first read (a shard found changed fails without a request)."""
         fs, path = handle
         total = self.index.table.bytes_of(shard)
-        data = retrying(lambda: read_range(fs, path, offset, offset + size, total), where, self.retry,
+        self._validators.refuse_changed(shard, where)
+        pin = self._validators.pin(shard)
+        data = retrying(lambda: read_range(fs, path, offset, offset + size, total, pin), where, self.retry,
                         self._count_retry)
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
@@ -129,9 +138,18 @@ class RemoteReads:
             self._ahead.sizes[shard] = self._ahead.background(lambda: self._size(shard, where))
 
     def _size(self, shard: int, where: str) -> int:
-        """The size of remote shard ``shard`` as its server reports it (retried)."""
+        """The size of remote shard ``shard`` as its server reports it (retried); the same answer's validator
+        is recorded, or checked where one is already (:mod:`shardio.reading.validators`)."""
         fs, path = self._remote(shard, where)
-        return int(retrying(lambda: fs.size(path), where, self.retry, self._count_retry))
+        protocol = "http" if is_http(fs) else "s3" if is_s3(fs) else ""
+        pin = self._validators.pin(shard)
+
+        def info() -> Any:
+            found = fs.info(path)
+            pin.check(from_info(found, protocol))
+            return found.get("size")
+
+        return int(retrying(info, where, self.retry, self._count_retry))
 
     def _remote_size(self, shard: int, where: str) -> int:
         """The size of remote shard ``shard``: from the read-ahead's check when it made one, else asked now (also
@@ -190,7 +208,7 @@ class RemoteReads:
         def attempt() -> None:
             out.seek(0)
             out.truncate()
-            copy_capped(fs, path, out, size, size)
+            copy_capped(fs, path, out, size, size, self._validators.pin(shard))
 
         try:
             retrying(attempt, where, self.retry, self._count_retry)

@@ -3,7 +3,8 @@
 A remote read that fails transiently (5xx, 408/429, a dropped connection, a timeout) is tried again after
 an exponential backoff with jitter; once the attempts are spent, or at once for a failure that asking again
 would not mend, it is a :class:`~shardio.errors.ReadError` naming what was read. This is the only retry layer
-(:mod:`shardio.reading.storage` turns botocore's and s3fs's own down).
+(:mod:`shardio.reading.storage` turns botocore's and s3fs's own down). A shard that changed while the run
+reads it (:mod:`shardio.reading.validators`) is never retried: it stays a :class:`~shardio.errors.ShardChanged`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import OptionError, ReadError
+from ..errors import OptionError, ReadError, ShardChanged
 
-__all__ = ["RetryPolicy", "is_transient", "retrying"]
+__all__ = ["RetryPolicy", "http_status", "is_transient", "retrying"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,15 @@ def _http_status(exc: BaseException) -> int | None:
     return None
 
 
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of the first answer along ``exc``'s cause chain that carries one (None: none does)."""
+    for link in _chain(exc):
+        status = _http_status(link)
+        if status is not None:
+            return status
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed remote read is worth retrying: a 5xx/408/429 answer, or a connection-level failure.
 
@@ -76,12 +86,12 @@ def is_transient(exc: BaseException) -> bool:
     (fsspec's HTTP ``size()`` turns a 503 into ``FileNotFoundError``; s3fs turns S3's 503 into ``OSError``).
     A missing object or a refused permission is not transient.
     """
-    links = _chain(exc)
-    for link in links:
-        status = _http_status(link)
-        if status is not None:
-            return status >= 500 or status in (408, 429)
-    for link in links:
+    if isinstance(exc, ShardChanged):
+        return False
+    status = http_status(exc)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    for link in _chain(exc):
         if isinstance(link, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
             continue
         if isinstance(link, (ConnectionError, TimeoutError)):
@@ -116,6 +126,8 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
                                  reraise=True)
     try:
         return attempts(action)
+    except ShardChanged as exc:
+        raise ShardChanged(f"{where}: {exc}") from None
     except Exception as exc:  # every backend raises its own types: classified here
         transient = is_transient(exc)
         if not transient and isinstance(exc, FileNotFoundError):

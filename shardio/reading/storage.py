@@ -36,6 +36,8 @@ from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .objectcopy import copy_capped
 from .retries import RetryPolicy, retrying
+from .s3reads import is_s3, s3_read
+from .validators import Pin
 
 __all__ = [
     "cache_dir",
@@ -151,14 +153,18 @@ def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
     return data
 
 
-def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None) -> bytes:
+def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None,
+               pin: Pin | None = None) -> bytes:
     """Bytes ``start`` to ``end`` of remote ``path`` (of ``total`` bytes, where known) through its filesystem
-    ``fs`` (one try: the caller retries).
+    ``fs`` (one try: the caller retries); ``pin``: the version of a shard this process reads, over HTTP and
+    S3 sent as a condition and checked (:mod:`shardio.reading.validators`).
 
     Over HTTP the answer is checked and bounded (:mod:`shardio.reading.httpreads`); other backends answer through fsspec.
     """
     if is_http(fs):
-        return http_read(fs, path, (start, end), total)
+        return http_read(fs, path, (start, end), total, pin)
+    if pin is not None and is_s3(fs):
+        return s3_read(fs, path, (start, end), pin)
     return bytes(fs.cat_file(path, start=start, end=end))
 
 
