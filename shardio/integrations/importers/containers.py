@@ -11,6 +11,8 @@ import functools
 import tarfile
 from typing import Any
 
+from ...packing.source import open_regular_input
+
 __all__ = ["read_member", "table_member"]
 
 _CACHED = 4
@@ -28,7 +30,7 @@ def read_member(path: str, member: str) -> bytes:
     """
     if path.endswith(".tar"):
         offset, size = _tar_listing(path)[member]
-        with open(path, "rb") as handle:
+        with open_regular_input(path) as handle:  # a FIFO put in the tar's place is refused, not read
             handle.seek(offset)
             return handle.read(size)
     column, row_text, _ = member.split("/", 2)
@@ -85,5 +87,5 @@ def _arrow_table(path: str) -> Any:
 
 @functools.lru_cache(maxsize=_CACHED)
 def _tar_listing(path: str) -> dict[str, tuple[int, int]]:
-    with tarfile.open(path, "r:") as archive:
+    with open_regular_input(path) as raw, tarfile.open(fileobj=raw, mode="r:") as archive:
         return {info.name: (info.offset_data, info.size) for info in archive if info.isfile()}

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...errors import InputProblem, OptionError
-from ...packing.source import Problems, Source, resolve_path
+from ...errors import InputProblem, OptionError, shown
+from ...packing.source import NotRegularFile, Problems, Source, read_regular_input, resolve_path
 from .containers import table_member
 
 __all__ = ["is_hf_dataset", "read_hf"]
@@ -45,14 +45,30 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def _table_files(path: Path) -> list[Path]:
+def _table_files(path: Path, problems: Problems) -> list[Path]:
+    """The data files of the dataset at ``path``: those ``state.json`` lists (each inside the folder), else
+    its Parquet files. A ``state.json`` that cannot be read, or that names a file outside the folder, is a
+    problem (a hostile dataset must not make pack read other files)."""
     if not path.is_dir():
         return [path]
     state = path / "state.json"
-    if state.is_file():
-        files = json.loads(state.read_text(encoding="utf-8")).get("_data_files", [])
-        return [path / entry["filename"] for entry in files]
-    return sorted(path.rglob("*.parquet"))
+    if not state.is_file():
+        return sorted(path.rglob("*.parquet"))
+    try:
+        listed = json.loads(read_regular_input(state).decode("utf-8")).get("_data_files", [])
+        names = [entry["filename"] for entry in listed]
+    except (NotRegularFile, UnicodeDecodeError, ValueError, AttributeError, TypeError, KeyError, RecursionError):
+        problems.append(InputProblem(str(state), "", "not a saved dataset's state: expected a UTF-8 JSON object "
+                                     "whose '_data_files' lists objects with a 'filename'"))
+        return []
+    files = []
+    for name in names:
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            problems.append(InputProblem(str(state), "", f"the data file {shown(name)} is not a file name inside "
+                                         "the dataset's folder; expected a relative path without '..'"))
+            continue
+        files.append(path / name)
+    return files
 
 
 def _audio_column(schema: Any) -> str | None:
@@ -97,14 +113,20 @@ def _schema(file: Path) -> Any:
         return pa.ipc.open_file(source).schema
 
 
+_BYTES = object()  # what _plain makes of bytes: left out of the metadata wherever they are nested
+
+
 def _plain(value: Any) -> Any:
-    """A metadata value JSON can hold (bytes are left out by the caller; other types become strings)."""
+    """A metadata value JSON can hold: bytes (another Audio column's, say) are :data:`_BYTES`, left out by the
+    caller and inside lists and dicts, so no file's raw bytes reach the metadata; other types become strings."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _BYTES
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [p for p in map(_plain, value) if p is not _BYTES]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): p for k, v in value.items() if (p := _plain(v)) is not _BYTES}
     return str(value)
 
 
@@ -118,36 +140,66 @@ def _ext(data: bytes | None, name: str) -> str:
     return "mp3" if len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0 else "unknown"
 
 
+def _rows(file: Path, problems: Problems) -> Iterator[dict[str, Any]]:
+    """The rows of one data file as dicts; a file that is not a readable table (or stops being one part of
+    the way) is a problem naming it."""
+    pa = _pyarrow()
+    try:
+        for batch in _batches(file):
+            yield from batch.to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        problems.append(InputProblem(str(file), "", f"cannot read the table ({shown(str(exc), 200)}); expected a "
+                                     "Parquet or Arrow file"))
+
+
+def _audio_value(value: Any) -> tuple[bytes | None, str] | str:
+    """An Audio value as ``(bytes or None, path)``, or why it is not one."""
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        return f"the Audio value is {type(value).__name__}, expected a struct of 'bytes' and 'path'"
+    data, name = value.get("bytes"), value.get("path") or ""
+    if not isinstance(data, (bytes, type(None))) or not isinstance(name, str):
+        return "the Audio value's 'bytes' or 'path' has the wrong type; expected binary and a string"
+    return data, name
+
+
 def read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """The rows of a Hugging Face dataset (see the module docstring), in file then row order."""
+    pa = _pyarrow()
     number = 0
-    for file in _table_files(path):
+    for file in _table_files(path, problems):
         if not file.is_file():
-            problems.append(InputProblem(str(file), "", "a data file the dataset lists is missing"))
+            problems.append(InputProblem(str(file), "", "a data file the dataset lists is missing (or is not a "
+                                         "regular file)"))
             continue
-        audio = _audio_column(_schema(file))
+        try:
+            audio = _audio_column(_schema(file))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            problems.append(InputProblem(str(file), "", f"cannot read the table's schema ({shown(str(exc), 200)}); "
+                                         "expected a Parquet or Arrow file"))
+            continue
         if audio is None:
             problems.append(InputProblem(str(file), "", "no Audio column (a struct of 'bytes' and 'path')"))
             continue
-        row = 0
-        for batch in _batches(file):
-            for values in batch.to_pylist():
-                value = values.pop(audio) or {}
-                data, name = value.get("bytes"), value.get("path") or ""
-                meta = {k: _plain(v) for k, v in values.items() if not isinstance(v, bytes)}
-                text = next((meta[c] for c in _TEXT_COLUMNS if isinstance(meta.get(c), str)), None)
-                if text is not None:
-                    meta["text"] = text
-                key = next((str(values[c]) for c in _KEY_COLUMNS if values.get(c) not in (None, "")),
-                           f"{number:09d}")
-                origin = f"{file.name}:row {row}"
-                if data:
-                    member = table_member(audio, row, f"audio.{_ext(data, os.path.basename(name))}")
-                    yield Source(key, str(file), meta=meta, origin=origin, member=member, size=len(data))
-                elif name:
-                    yield Source(key, resolve_path(file.parent, name), meta=meta, origin=origin)
-                else:
-                    problems.append(InputProblem(f"{file}:row {row}", key, "the Audio value has neither bytes "
-                                                 "nor a path"))
-                row += 1
-                number += 1
+        for row, values in enumerate(_rows(file, problems)):
+            audio_value = _audio_value(values.pop(audio, None))
+            meta = {k: p for k, v in values.items() if (p := _plain(v)) is not _BYTES}
+            text = next((meta[c] for c in _TEXT_COLUMNS if isinstance(meta.get(c), str)), None)
+            if text is not None:
+                meta["text"] = text
+            key = next((str(values[c]) for c in _KEY_COLUMNS if values.get(c) not in (None, "")),
+                       f"{number:09d}")
+            origin = f"{file.name}:row {row}"
+            number += 1
+            if isinstance(audio_value, str):
+                problems.append(InputProblem(f"{file}:row {row}", key, audio_value))
+                continue
+            data, name = audio_value
+            if data:
+                member = table_member(audio, row, f"audio.{_ext(data, os.path.basename(name))}")
+                yield Source(key, str(file), meta=meta, origin=origin, member=member, size=len(data))
+            elif name:
+                yield Source(key, resolve_path(file.parent, name), meta=meta, origin=origin)
+            else:
+                problems.append(InputProblem(f"{file}:row {row}", key, "the Audio value has neither bytes "
+                                             "nor a path"))

@@ -3,20 +3,24 @@
 Each manifest line names its tar member (``audio_filepath``) and tar (``shard_id``). NeMo writes a file that
 occurs twice in one shard once, and names the repeats ``{name}-sub{n}.{ext}`` in the manifest: such an entry
 reads the first copy's member, under its own key (``{name}-sub{n}``), with its own text. The other fields
-(``text``, ``duration``, ...) become metadata; member bytes are copied as they are.
+(``text``, ``duration``, ...) become metadata; member bytes are copied as they are, except for an entry with a
+non-zero ``offset``: as NeMo's tarred loaders do, it takes ``[offset, offset + duration]`` of the member (a
+segment, encoded as pack encodes segments).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from ...errors import InputProblem
-from ...packing.source import Problems, Source
+from ...errors import InputProblem, shown
+from ...packing.source import NotRegularFile, Problems, Source, manifest_text, open_regular_input, seconds_field
 from .kinds import first_json_object
 
 __all__ = ["is_nemo_manifest", "read_nemo"]
@@ -33,24 +37,41 @@ def is_nemo_manifest(path: Path) -> bool:
 
 
 def _listing(tar: Path) -> dict[str, int]:
-    with tarfile.open(tar, "r:") as archive:
+    """The regular members of ``tar`` and their sizes; a FIFO or device is refused, not read (it would block)."""
+    with open_regular_input(tar) as raw, tarfile.open(fileobj=raw, mode="r:") as archive:
         return {info.name: info.size for info in archive if info.isfile()}
+
+
+def _entry(line: str) -> tuple[dict[str, Any], str, int]:
+    """A manifest line as ``(entry, audio_filepath, shard_id)``; ValueError when it is not a tarred entry, or
+    its ``offset``/``duration`` are not seconds."""
+    entry = json.loads(line)
+    if not isinstance(entry, dict):
+        raise ValueError("not a JSON object")
+    name, shard = entry.get("audio_filepath"), entry.get("shard_id")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"audio_filepath is {shown(name)}, expected a tar member's name")
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+        raise ValueError(f"shard_id is {shown(shard)}, expected an integer >= 0")
+    for field in ("offset", "duration"):
+        if not (seconds_field(entry.get(field), field) or 0.0) < float("inf"):
+            raise ValueError(f"field {field!r} is {shown(entry.get(field))}, expected a finite number of seconds")
+    return entry, name, shard
 
 
 def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """The entries of a tarred NeMo manifest (see the module docstring), in manifest order."""
     listings: dict[int, dict[str, int] | None] = {}
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(manifest_text(path, "utf-8")) as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                entry = json.loads(line)
-                name, shard = str(entry["audio_filepath"]), int(entry["shard_id"])
-            except (ValueError, KeyError, TypeError) as exc:
+                entry, name, shard = _entry(line)
+            except (ValueError, RecursionError) as exc:
                 problems.append(InputProblem(where, "", f"not a tarred NeMo entry with audio_filepath and shard_id "
-                                             f"({type(exc).__name__})"))
+                                             f"({exc if isinstance(exc, ValueError) else 'nested too deeply'})"))
                 continue
             tar = path.parent / f"audio_{shard}.tar"
             if shard not in listings:
@@ -58,7 +79,8 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
                     listings[shard] = _listing(tar)
                 except (OSError, tarfile.TarError) as exc:
                     listings[shard] = None
-                    problems.append(InputProblem(str(tar), "", f"cannot read the tar ({exc})"))
+                    reason = exc.strerror if isinstance(exc, NotRegularFile) else exc
+                    problems.append(InputProblem(str(tar), "", f"cannot read the tar ({reason})"))
             listing = listings[shard]
             if listing is None:
                 continue
@@ -68,7 +90,10 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
                 member = repeat["base"] + repeat["ext"]
             key = name.rsplit(".", 1)[0]
             if member not in listing:
-                problems.append(InputProblem(where, key, f"{tar.name} has no member {name!r}"))
+                problems.append(InputProblem(where, key, f"{tar.name} has no member {shown(name)}"))
                 continue
-            meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
-            yield Source(key, str(tar), meta=meta, origin=f"{path.name}:{number}", member=member, size=listing[member])
+            meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id", "offset")}
+            offset = seconds_field(entry.get("offset"), "offset") or None  # NeMo reads [offset, offset + duration]
+            duration = seconds_field(entry.get("duration"), "duration") if offset is not None else None
+            yield Source(key, str(tar), offset=offset, duration=duration, meta=meta, origin=f"{path.name}:{number}",
+                         member=member, size=listing[member])

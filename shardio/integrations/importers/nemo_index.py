@@ -37,7 +37,7 @@ from typing import Any
 import soundfile as sf
 from tqdm import tqdm
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
 from ...packing.source import AUDIO_EXTENSIONS
 from ...packing.indexer import HashingReader
 from ...shards.builder import IndexBuilder
@@ -79,6 +79,15 @@ class _Member:
     facts: tuple[int, int, int]  # frames, sample rate, channels
 
 
+class _NotFinite(ValueError):
+    """``NaN``/``Infinity`` in a manifest line: Python's JSON reader takes them, JSON and the index do not."""
+
+
+def _no_constant(name: str) -> Any:
+    """``json.loads``' hook for ``NaN``/``Infinity``/``-Infinity``: refuse them."""
+    raise _NotFinite(name)
+
+
 def _split(name: str) -> tuple[str, str] | str:
     """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
     plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so ``a.b.wav`` is refused)."""
@@ -106,7 +115,10 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
             if not raw.strip():
                 continue
             try:
-                entry = json.loads(raw)
+                entry = json.loads(raw, parse_constant=_no_constant)
+            except _NotFinite as exc:
+                problems.append(InputProblem(where, "", f"{exc} is not a JSON value; expected a finite number or null"))
+                continue
             except (ValueError, RecursionError):
                 problems.append(InputProblem(where, "", "not a JSON object"))
                 continue
@@ -117,15 +129,21 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
                 problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
                                              "and an integer 'shard_id'"))
                 continue
-            shown = name if len(name) <= 80 else name[:80] + "..."
+            named = name if len(name) <= 80 else name[:80] + "..."
             split = _split(name)
             if isinstance(split, str):
-                problems.append(InputProblem(where, "", f"audio_filepath {shown!r} {split}"))
+                problems.append(InputProblem(where, "", f"audio_filepath {named!r} {split}"))
                 continue
             if not 0 <= shard < _MAX_SHARD_ID:
                 problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
                 continue
             meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
+            if meta.get("offset") not in (None, 0):
+                problems.append(InputProblem(where, split[0], f"offset {shown(meta['offset'])}: NeMo reads "
+                                             "[offset, offset + duration] of the member, and an index in place "
+                                             "reads whole members; pack the manifest (shardio pack) to cut the "
+                                             "segment"))
+                continue
             size = len(json.dumps(meta, ensure_ascii=False).encode())
             if MEMBER_FIELD in meta or size > MAX_ENTRY_BYTES:
                 reason = f"uses the field name {MEMBER_FIELD!r}, which shardio reserves" if MEMBER_FIELD in meta \
