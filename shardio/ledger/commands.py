@@ -9,6 +9,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 
 from ..errors import OptionError
 
@@ -39,10 +40,11 @@ def _run_trace(args: argparse.Namespace) -> int:
     from .rebuild import open_for_state, read_state, write_rows, write_samples
     from .trace import Trace
 
+    _check_trace_args(args)
     state = read_state(args.state)
     trace = Trace(open_for_state(args.dataset, state), state)
     if args.key:
-        epochs = range(trace.state.epoch, trace.state.epoch + max(args.epochs, 1))
+        epochs = range(trace.state.epoch, trace.state.epoch + args.epochs)
         for found in trace.find(args.key, epochs):
             corpus = f" ({found['corpus']})" if "corpus" in found else ""
             ahead = " (consumed ahead)" if found.get("ahead") else ""
@@ -60,6 +62,21 @@ def _run_trace(args: argparse.Namespace) -> int:
     else:
         write_rows(rows, sys.stdout, args.json or args.epoch is not None)
     return 0
+
+
+def _check_trace_args(args: argparse.Namespace) -> None:
+    """An :class:`OptionError` for options the chosen question does not take (never silently ignored)."""
+    stray = [name for name, given in (("--stop", args.stop is not None), ("--rank", args.rank is not None),
+                                      ("--in-epoch", args.in_epoch is not None)) if given and args.step is None]
+    stray += ["--epochs"] if args.epochs != 1 and not args.key else []
+    stray += ["--csv"] if args.csv and args.key else []
+    if stray:
+        raise OptionError(f"not with this question: {', '.join(stray)} (--stop, --rank and --in-epoch go with --step, "
+                          "--epochs with --key, --csv with --step or --epoch)")
+    if args.key and args.epochs < 1:
+        raise OptionError(f"--epochs must be at least 1, not {args.epochs}")
+    if args.csv and args.json:
+        raise OptionError("--csv and --json: choose one")
 
 
 def _step_range(text: str) -> tuple[int, int]:
@@ -134,10 +151,15 @@ def _run_remix(args: argparse.Namespace) -> int:
     from .remix import remix, remix_report
 
     state = read_state(args.state)
-    sources = dict(location.split("=", 1) for location in args.dataset if "=" in location)
-    old_names = job_state(state).options.get("corpora") or {}
-    old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
+    sources = _sources(args.dataset)
     weights = dict(args.weight)
+    twice = sorted(name for name, count in Counter(name for name, _ in args.weight).items() if count > 1)
+    if twice:
+        raise OptionError(f"--weight names {twice} more than once")
+    old_names = job_state(state).options.get("corpora") or {}
+    if not old_names:
+        raise OptionError("remix needs the state of a mix; this state is of one dataset")
+    old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
     missing = sorted(set(weights) - set(sources))
     if not isinstance(old, MixedDataset) or missing:
         raise OptionError(f"remix needs a mix's state and NAME=LOCATION for every corpus of the new mix "
@@ -156,3 +178,16 @@ def _run_remix(args: argparse.Namespace) -> int:
         print(f"  {row['corpus']}\t{row['status']}\tweight {row['old_weight']} -> {row['new_weight']}{extra}"
               + (f"\t{row['pending']} pending" if row["pending"] else ""))
     return 0
+
+
+def _sources(locations: list[str]) -> dict[str, str]:
+    """``NAME=LOCATION`` arguments as a dict: an :class:`OptionError` for one without a name or a name given twice."""
+    pairs = [location.split("=", 1) for location in locations]
+    bad = [location for location, pair in zip(locations, pairs) if len(pair) != 2 or not pair[0] or not pair[1]]
+    if bad:
+        raise OptionError(f"remix takes NAME=LOCATION for every corpus, not {bad[:3]}")
+    names = [pair[0] for pair in pairs]
+    twice = sorted(name for name, count in Counter(names).items() if count > 1)
+    if twice:
+        raise OptionError(f"corpora {twice} are given more than once")
+    return dict((name, location) for name, location in pairs)

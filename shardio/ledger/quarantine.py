@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import OptionError, StateError
 from ..planning.plan import EpochPlan, Segment
 from ..state import LoaderState, job_state
+from ..statechecks import MAX_HISTORY
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -154,24 +155,33 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     from .trace import Trace
 
     loaded = job_state(state)
+    if isinstance(keys, (str, bytes)):
+        raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({reprlib.repr(keys)})")
     keys = list(dict.fromkeys(keys))
     if not keys and steps is None:
         raise OptionError("quarantine needs keys or steps to leave out")
+    if len(loaded.history) >= MAX_HISTORY:
+        raise StateError(f"the state's epoch {loaded.epoch} already has {len(loaded.history)} history segments, "
+                         f"the most a state keeps ({MAX_HISTORY}); a quarantine adds one: quarantine at a state of "
+                         "a later epoch")
     trace = Trace(dataset, state)
     ids: list[int] = []
+    first = stop = 0
     if keys:
         ids = [i for found in resolve_keys(keys, dataset.index.keys).values() for i in found]
     if steps is not None:
-        first, stop = steps
-        if not 0 <= first < stop:
-            raise OptionError(f"steps must be (first, stop) with 0 <= first < stop, not {steps}")
+        pair = tuple(steps) if isinstance(steps, (tuple, list)) else ()
+        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair) \
+                or not 0 <= pair[0] < pair[1]:
+            raise OptionError(f"steps must be (first, stop) with 0 <= first < stop, not {reprlib.repr(steps)}")
+        first, stop = pair
         for record in trace.steps(loaded.epoch, first, stop):
             ids.extend(int(i) for i in record.ids)
     unique = sorted(set(ids))
     segment = len(loaded.history) + 1
     entry: dict[str, Any] = {"epoch": loaded.epoch, "segment": segment, "ids": unique,
                              "keys": [dataset.index.keys[i] for i in unique],
-                             "steps": list(steps) if steps is not None else None, "carry": bool(carry),
+                             "steps": [int(first), int(stop)] if steps is not None else None, "carry": bool(carry),
                              "from_step": trace.position_step(), "consumed": _consumed(trace, unique)}
     corpora = [dataset._fields(i).get("corpus") for i in unique]
     if any(corpora):

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import StateError
+from ..errors import OptionError, StateError
 from ..planning.mix import mix_quotas
 from ..planning.streams import Stream, expand, ranges_of
 from ..state import LoaderState, job_state
@@ -74,10 +74,12 @@ class Streams(NamedTuple):
         try:
             since = int(entry["since"])
             cursors = {str(name): int(value) for name, value in dict(entry["cursors"]).items()}
-            pending = {str(name): expand(value) for name, value in dict(entry.get("pending", {})).items()}
+            pending = {str(name): _once(value, f"pending.{name}", cursors.get(str(name), 0))
+                       for name, value in dict(entry.get("pending", {})).items()}
             tail = entry.get("tail")
             if tail is not None:
-                tail = (int(tail["epoch"]), {str(n): expand(v) for n, v in dict(tail["positions"]).items()})
+                tail = (int(tail["epoch"]), {str(n): _once(v, f"tail.{n}", cursors.get(str(n), 0))
+                                             for n, v in dict(tail["positions"]).items()})
             fingerprints = {str(n): str(v) for n, v in dict(entry.get("fingerprints", {})).items()}
             events = list(entry.get("events", []))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -100,6 +102,26 @@ class Streams(NamedTuple):
             entry["tail"] = {"epoch": self.tail[0],
                              "positions": {n: ranges_of(p) for n, p in sorted(self.tail[1].items())}}
         return {**entry, "fingerprints": dict(sorted(self.fingerprints.items())), "events": self.events}
+
+
+def _once(ranges: Any, what: str, cursor: int) -> np.ndarray:
+    """:func:`~shardio.planning.streams.expand` of ``ranges`` (positions of slices already planned), checked
+    first, before anything is allocated: a :class:`StateError` where two ranges overlap (a position played or
+    kept pending twice) or one reaches the corpus's ``cursor``."""
+    spans = []
+    for item in ranges:
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item):
+            return expand(ranges)  # its StateError names the malformed range
+        spans.append((item[0], item[1]))
+    spans.sort()
+    for (_, stop), (start, _) in zip(spans, spans[1:]):
+        if start < stop:
+            raise StateError(f"malformed loader state: extra.{_KEY}.{what}: its position ranges overlap (at "
+                             f"{start}); each position is played once")
+    if spans and max(stop for _, stop in spans) > cursor:
+        raise StateError(f"malformed loader state: extra.{_KEY}.{what} holds positions at or beyond the "
+                         f"corpus's cursor {cursor} (they must be of slices already planned)")
+    return expand(ranges)
 
 
 def mix_args(extra: Mapping[str, Any], epoch: int, names: list[str]) -> dict[str, Any]:
@@ -145,8 +167,12 @@ def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: Mi
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
     """A state for ``new`` that continues ``state`` (saved from ``old``) at its position, at an epoch
     boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
+    from ..mixed import MixedDataset
     from .remainder import remaining_positions
 
+    for name, dataset in (("old", old), ("new", new)):
+        if not isinstance(dataset, MixedDataset):
+            raise OptionError(f"remix takes two mixes (MixedDataset); {name} is a {type(dataset).__name__}")
     loaded: LoaderState = job_state(state)
     probe = old._copy_for(loaded.world_size)
     probe.load_state_dict(loaded.to_dict())  # the state must be old's: a StateError names what differs

@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
+from ..statechecks import MAX_COUNT
 from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Trace:
 
     def segments(self, epoch: int) -> list[tuple[int, int, int]]:
         """``(world_size, first step, steps)`` of each segment of ``epoch``, in order."""
+        _check_epoch(epoch)
         history = self.state.history if epoch == self.state.epoch else ()
         found, first = [], 0
         for finished in history:
@@ -85,9 +87,10 @@ class Trace:
     def plan(self, epoch: int, segment: int) -> EpochPlan:
         """The loader's plan of segment ``segment`` of ``epoch``."""
         if (epoch, segment) not in self._plans:
+            _check_epoch(epoch)
             history = self.state.history if epoch == self.state.epoch else ()
-            if segment > len(history):
-                raise OptionError(f"epoch {epoch} has {len(history) + 1} segments, not {segment + 1}")
+            if type(segment) is not int or not 0 <= segment <= len(history):
+                raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
             if epoch == self.state.epoch and segment == len(history):
                 self._plans[(epoch, segment)] = self.dataset.plan()  # planned when the state loaded
             else:
@@ -126,6 +129,8 @@ class Trace:
               rank: int | None = None) -> list[StepRecord]:
         """Every rank's (or ``rank``'s) batch at steps ``first`` to ``stop - 1`` (default: ``first`` only)."""
         stop = first + 1 if stop is None else stop
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (first, stop, rank or 0)):
+            raise OptionError(f"steps and rank must be integers, not {first!r}, {stop!r}, {rank!r}"[:200])
         if first < 0 or stop <= first:
             raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
         records = []
@@ -147,15 +152,22 @@ class Trace:
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
         """Every (step, rank) batch of ``epoch``, segment by segment in step order (a segment's batches consumed
-        ahead after its others)."""
-        for number, (world_size, start, count) in enumerate(self.segments(epoch)):
-            plan = self.plan(epoch, number)
-            for j, ahead in self._dealt(epoch, number, start, count):
-                for r in range(world_size):
-                    yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
+        ahead after its others). A bad ``epoch`` is an :class:`OptionError` here, before any record."""
+        segments = self.segments(epoch)
+
+        def records() -> Iterator[StepRecord]:
+            for number, (world_size, start, count) in enumerate(segments):
+                plan = self.plan(epoch, number)
+                for j, ahead in self._dealt(epoch, number, start, count):
+                    for r in range(world_size):
+                        yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
+
+        return records()
 
     def find(self, keys: Sequence[str], epochs: Iterable[int]) -> list[dict[str, Any]]:
         """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
+        if isinstance(keys, (str, bytes)):
+            raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({keys!r:.100})")
         wanted = resolve_keys(keys, self.dataset.index.keys)
         key_of = {i: key for key, ids in wanted.items() for i in ids}
         ids = np.fromiter(key_of, dtype=np.int64)
@@ -169,10 +181,15 @@ class Trace:
                 batches = np.searchsorted(plan.offsets, positions, side="right") - 1
                 ahead = self.ahead(epoch, number)
                 dealt = plan.rank_batches[:, :count]
-                for position, batch in zip(positions.tolist(), batches.tolist()):
-                    places = [(r, j, False) for r, j in np.argwhere(dealt == batch).tolist()]
-                    places += [(r, int(ahead[k]), True)
-                               for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()]
+                order = np.argsort(dealt, axis=None, kind="stable")  # where each batch is dealt: O(n log n)
+                flat = dealt.ravel()[order]
+                lows = np.searchsorted(flat, batches, side="left").tolist()
+                highs = np.searchsorted(flat, batches, side="right").tolist()
+                for position, batch, low, high in zip(positions.tolist(), batches.tolist(), lows, highs):
+                    places = [(at // count, at % count, False) for at in order[low:high].tolist()]
+                    if ahead.shape[0]:
+                        places += [(r, int(ahead[k]), True)
+                                   for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()]
                     for r, j, early in places:
                         sample = int(plan.samples[position])
                         found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
@@ -187,10 +204,25 @@ class Trace:
         row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
                                "segment": record.segment, "batch_index": record.batch_index,
                                "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
-                               "durations": [round(float(index.durations[i]), 4) for i in ids]}
+                               "durations": [round(float(d), 4) for d in _durations(index, record.ids)]}
         corpora = [self.dataset._fields(i).get("corpus") for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
         if record.ahead:
             row["ahead"] = True
         return row
+
+
+def _durations(index: Any, ids: np.ndarray) -> np.ndarray:
+    """``index.durations[ids]`` computed for ``ids`` only (the property derives the whole column on each use)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.shape[0] == 0:
+        return np.zeros(0, dtype=np.float64)
+    rate = np.maximum(index.columns["sample_rate"][ids], 1).astype(np.float64)
+    return index.columns["num_frames"][ids].astype(np.float64) / rate
+
+
+def _check_epoch(epoch: Any) -> None:
+    """An :class:`OptionError` unless ``epoch`` is an epoch a state can reach (an integer in 0..MAX_COUNT)."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= int(epoch) <= MAX_COUNT:
+        raise OptionError(f"an epoch must be an integer from 0 to {MAX_COUNT}, not {epoch!r}"[:200])
