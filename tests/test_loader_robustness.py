@@ -1,12 +1,15 @@
-"""ShardLoader under real signals, each run in a subprocess with a time limit so that a hang fails the test: a
-worker stopped (SIGSTOP) without a ``timeout`` is named in a warning while the loader waits, and the epoch goes on
-exactly once it resumes; Ctrl-C (SIGINT to the whole process group) in the middle of an epoch leaves the next
-iteration exact and no worker behind."""
+"""ShardLoader under real signals, each run in a subprocess (a session of its own, killed whole) with a time
+limit so that a hang fails the test: a worker stopped (SIGSTOP) without a ``timeout`` is named in a warning
+while the loader waits, and the epoch goes on exactly once it resumes; with ``timeout`` it fails named, also
+when it stopped right after handing a batch over (whose tensors' file descriptors travel with the message);
+Ctrl-C (SIGINT to the whole process group) in the middle of an epoch leaves the next iteration exact and no
+worker behind."""
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -18,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import get_worker_info
 
 from shardio import ShardDataset, ShardLoader
 from shardio.workers import silence
+from shardio.workers.channel import Channel
+from shardio.workers.server import BATCH
 from tests.sample_shards import make_uneven_dataset
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,13 +43,22 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def run(function: str, *args: Any, new_session: bool = False) -> subprocess.CompletedProcess[str]:
-    """``function(*args)`` of this module in a fresh interpreter, killed (failing the test) after 90 s."""
+def run(function: str, *args: Any, limit: float = 90.0) -> subprocess.CompletedProcess[str]:
+    """``function(*args)`` of this module in a fresh interpreter, in a session of its own; past ``limit``
+    seconds the test fails and the session is killed whole (its workers too, stopped ones included)."""
     code = (f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
             f"from tests.test_loader_robustness import {function}\n"
             f"if __name__ == '__main__':\n    {function}(*{args!r})\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT,
-                          start_new_session=new_session)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT, start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        stdout, stderr = child.communicate()
+        pytest.fail(f"{function}{args!r} hung: killed after {limit:g} s\nstdout:\n{stdout}\n"
+                    f"stderr:\n{stderr}")
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
 def epochs(data: str, count: int) -> list[list[list[str]]]:
@@ -130,6 +145,141 @@ def test_a_stopped_worker_fails_at_the_timeout_named_and_is_ended(data: Path) ->
     assert not _running(pid)
 
 
+# -- a worker stopped right after handing a batch over ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Batches whose audio is a view of its worker's block (over 4 KiB): a block's first trip sends it."""
+    directory = tmp_path_factory.mktemp("robustness_long")
+    make_uneven_dataset(directory, [5, 6, 4, 5], seed=7, duration_range=(0.5, 1.0))
+    return directory
+
+
+def _stop_after_handing_over() -> None:
+    """Make worker 1 stop itself (SIGSTOP) right after sending its first batch, a message whose tensors'
+    memory travels by file descriptor (the block's first trip; or, audio under 4 KiB, every tensor)."""
+    send = Channel.send
+    stopped: list[bool] = []
+
+    def sending(self: Channel, message: Any) -> None:
+        send(self, message)
+        info = get_worker_info()
+        if info is not None and info.id == 1 and message[0] == BATCH and not stopped:
+            stopped.append(True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    Channel.send = sending  # type: ignore[method-assign]  # this interpreter's, and its forked workers'
+
+
+def _stopped_at_hand_off(data: str, timeout: float) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
+    silence.SILENT_S = 1.0  # instead of a minute
+    _stop_after_handing_over()
+    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1,
+                         multiprocessing_context="fork", timeout=timeout)
+    batches = iter(loader)
+    keys = [list(next(batches)["keys"])]  # worker 0's: the workers are running
+    pids = [worker.process.pid for worker in loader._workers]
+    waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
+    if not timeout:  # with one, the stopped worker is never woken: the timeout must end the wait
+        waking.start()
+    began = time.monotonic()
+    result: dict[str, Any] = {"pids": pids, "trainer": os.getpid()}
+    try:
+        keys += [list(batch["keys"]) for batch in batches]
+    except RuntimeError as error:
+        result["error"] = str(error)
+    finally:
+        waking.cancel()
+    result.update(keys=keys, after=time.monotonic() - began)
+    if not timeout:
+        loader.close()
+    print(json.dumps(result), flush=True)
+    # with a timeout, the training process ends now: the stopped worker must not hang its exit
+
+
+@pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
+@pytest.mark.parametrize("audio", ["short", "long"])
+def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(data: Path, long_data: Path, audio: str,
+                                                                   timeout: float) -> None:
+    directory = str(data if audio == "short" else long_data)
+    shm = set(os.listdir("/dev/shm"))
+    done = run("_stopped_at_hand_off", directory, timeout, limit=40)
+    assert done.returncode == 0, done.stderr  # not killed at the limit: neither the wait nor the exit hung
+    result = json.loads(done.stdout)
+    pid = result["pids"][1]
+    if timeout:
+        assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
+                                   f"was stopped (SIGSTOP or job control: SIGCONT resumes it)")
+        assert result["after"] < 5.0  # the timeout, not the seconds spent asking a stopped worker
+    else:
+        assert "error" not in result
+        assert result["keys"] == epochs(directory, 1)[0]  # every batch, in order, once the worker resumed
+        named = f"shardio loader worker 1 (pid {pid}) has given nothing for 1 s and is stopped (SIGSTOP"
+        assert named in done.stderr
+        assert "worker 0" not in done.stderr
+    deadline = time.monotonic() + 10
+    while any(_running(worker) for worker in result["pids"]):
+        assert time.monotonic() < deadline, "a worker outlived its training process"
+        time.sleep(0.1)
+    pids = [result["trainer"], *result["pids"]]
+    assert not [name for name in set(os.listdir("/dev/shm")) - shm if any(f"_{p}_" in name for p in pids)]
+
+
+def _send_and_stop(pipe: Any) -> None:
+    torch.set_num_threads(1)  # as a worker does: the intra-op pool a forked child inherits may never answer
+    channel = Channel(pipe, carry_fds=True)
+    tensors = [torch.full((2048,), float(i)) for i in range(300)]  # more than one sendmsg's 253 descriptors
+    channel.send(("batch", {"tensors": tensors, "big": torch.arange(100_000)}))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.timeout(60)
+def test_a_message_s_descriptors_travel_with_it_so_a_stopped_sender_holds_nothing() -> None:
+    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=True)
+    sender = multiprocessing.get_context("fork").Process(target=_send_and_stop, args=(theirs,), daemon=True)
+    channel = Channel(ours)
+    sender.start()
+    fds = _open_fds()
+    try:
+        assert channel.ready(30.0)
+        deadline = time.monotonic() + 30
+        while not silence.process_state(sender.pid).startswith("stopped"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        kind, batch = channel.receive()  # the sender stopped: a fetch from it would never end
+        assert kind == "batch" and len(batch["tensors"]) == 300
+        assert all(torch.equal(t, torch.full((2048,), float(i))) for i, t in enumerate(batch["tensors"]))
+        assert torch.equal(batch["big"], torch.arange(100_000))
+        del batch
+        assert _open_fds() == fds  # each of the 301 descriptors closed once its memory was mapped
+    finally:
+        sender.kill()
+        sender.join(10)
+        channel.close()
+        theirs.close()
+
+
+def test_a_channel_reads_tensors_a_plain_connection_sends_and_a_plain_one_refuses_carried_ones() -> None:
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    channel = Channel(ours, carry_fds=True)
+    tensor = torch.arange(10, dtype=torch.float32)
+    theirs.send(("batch", {"audio": tensor}))  # its descriptor fetched from this process's resource sharer
+    assert torch.equal(channel.receive()[1]["audio"], tensor)
+    channel.send(("batch", {"audio": tensor}))
+    with pytest.raises(RuntimeError, match="read it with a shardio.workers.channel.Channel"):
+        theirs.recv()
+    channel.send(("end", None))  # a message without descriptors: as Connection.send
+    assert theirs.recv() == ("end", None)
+    channel.close()
+    theirs.close()
+
+
 def test_a_silent_worker_s_state_is_read_from_proc() -> None:
     assert silence.process_state(os.getpid()) == "running"
     assert silence.process_state(None) == ""
@@ -174,7 +324,7 @@ def _interrupted(data: str, method: str, persistent: bool) -> None:
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_ctrl_c_in_an_epoch_leaves_the_next_ones_exact_and_no_worker_behind(data: Path, method: str,
                                                                             persistent: bool) -> None:
-    done = run("_interrupted", str(data), method, persistent, new_session=True)
+    done = run("_interrupted", str(data), method, persistent)
     assert done.returncode == 0, done.stderr
     pids = json.loads(done.stdout)
     assert len(pids) == (2 if persistent else 0)

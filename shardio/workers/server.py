@@ -51,7 +51,7 @@ def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
-    channel = Channel(pipe)
+    channel = Channel(pipe, carry_fds=True)  # a batch's descriptors go with it: it needs nothing more of us
     try:
         while True:
             message = _message(channel, parent)
@@ -62,6 +62,8 @@ def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int
                     return
     except KeyboardInterrupt:  # the training process is interrupted too, and says so
         return
+    finally:
+        channel.close()
 
 
 def _default_signals() -> None:

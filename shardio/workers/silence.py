@@ -14,10 +14,11 @@ A worker asked to exit is ended by :func:`end`: a stopped one acts on no signal 
 waits for a ``SIGCONT``), and one left alive would hang the training process's exit, where ``multiprocessing``
 joins its daemon processes.
 
-Not covered yet: a worker stopped just after sending a message that holds a tensor sent by file descriptor (a
-block's first trip, a tensor outside the block) leaves the training process in that message's unpickling, which
-fetches the descriptor from the worker's resource-sharer thread with no time limit: neither the warning nor
-``timeout`` fires there.
+A worker stopped just after sending a batch is waited for as any other: the file descriptors of the batch's
+tensors (a block's first trip, a tensor outside the block) travel with the message (:mod:`.descriptors`), where
+torch's reducer had the training process fetch them from the worker while unpickling, with no time limit. Still
+uncovered: a worker stopped in the middle of writing a message larger than its pipe's buffer (some 200 KiB; a
+batch's message, its tensors sent by descriptor, is a few KiB) leaves the training process reading the rest.
 """
 
 from __future__ import annotations

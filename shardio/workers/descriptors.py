@@ -1,0 +1,231 @@
+"""Descriptors: the file descriptors of a message's tensors, sent with the message itself (``SCM_RIGHTS``).
+
+torch sends a CPU tensor's shared memory between processes as a file descriptor (its default sharing strategy
+on Linux) through ``multiprocessing``'s resource sharer: the message holds an address, and the receiver, while
+unpickling it, connects back to a thread of the sender and fetches the descriptor there. That fetch needs the
+sender running: a ShardLoader worker stopped (``SIGSTOP``, job control, a debugger) just after sending such a
+message (a block's first trip, a tensor outside the block) held the training process inside the message's
+unpickling with no time limit, where neither ``timeout`` nor the silence warning applies. A worker's channel
+instead sends the descriptors in the ancillary data of the message's own first bytes, so a message that has
+arrived needs nothing more from its sender; a descriptor so sent also costs less than a fetch (a connection,
+an authentication and a hand-off to the sender's thread each).
+
+How: torch's storage reducer wraps a descriptor with ``multiprocessing.reduction.DupFd``, which, while a
+process is being started by spawn or forkserver, asks that start's "spawning popen" for it (whose descriptors
+go with the start). While a channel pickles a message, a :class:`Carrier` is that popen for torch's storage
+reducer only: it keeps each descriptor for the message and puts its index there. The receiving end
+(:func:`receive`) reads a message as ``Connection.recv`` does, taking the descriptors that came with it, and
+the unpickled indices give them to torch's rebuild, which closes them once mapped; any left are closed.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from multiprocessing import context as mp_context
+from typing import Any
+
+from torch.multiprocessing import reductions
+
+__all__ = ["Carrier", "receive", "send", "socket_of"]
+
+_MAX_FDS = 253
+"""Descriptors one ``sendmsg`` may carry (Linux's ``SCM_MAX_FD``); a message with more sends groups."""
+_ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
+_ARRIVED = threading.local()  # .fds: the descriptors of the message this thread is unpickling
+
+
+class _Index:
+    """A carried descriptor in a message: its index among the descriptors that come with the message."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _arrived, (self.index,)
+
+
+class _Arrived:
+    """A descriptor that came with the message being unpickled, for torch's rebuild to take (``detach``)."""
+
+    def __init__(self, fds: list[int], index: int) -> None:
+        self.fds, self.index = fds, index
+
+    def detach(self) -> int:
+        """The descriptor, now the caller's to close."""
+        fd, self.fds[self.index] = self.fds[self.index], -1
+        if fd < 0:
+            raise RuntimeError("a file descriptor that came with a shardio worker's message was taken twice")
+        return fd
+
+
+def _arrived(index: int) -> _Arrived:
+    fds = getattr(_ARRIVED, "fds", None)
+    if fds is None or not 0 <= index < len(fds):
+        raise RuntimeError("a message sent with its file descriptors by a shardio channel was read without "
+                           "them: read it with a shardio.workers.channel.Channel")
+    return _Arrived(fds, index)
+
+
+class Carrier:
+    """What one end of a pipe sends with the message it is pickling: the descriptors of its tensors' memory
+    (see the module docs). One message at a time: :meth:`clear` once it is sent."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self.kept: list[Any] = []  # the storages those descriptors are of: open until the message is sent
+
+    def reducers(self, table: dict[Any, Any]) -> dict[Any, Any]:
+        """``table`` (a pickler's dispatch table) with torch's storage reducer carrying descriptors here."""
+        return {kind: self._carrying(reduce) if reduce is reductions.reduce_storage else reduce
+                for kind, reduce in table.items()}
+
+    def _carrying(self, reduce: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def reducer(storage: Any) -> Any:
+            previous = mp_context.get_spawning_popen()
+            mp_context.set_spawning_popen(self)  # type: ignore[arg-type]  # a Popen's stand-in (module docs)
+            try:
+                reduced = reduce(storage)
+            finally:
+                mp_context.set_spawning_popen(previous)
+            self.kept.append(storage)
+            return reduced
+
+        return reducer
+
+    def duplicate_for_child(self, fd: int) -> int:
+        """(As a spawning popen) keep ``fd`` for the message; its index there."""
+        self.fds.append(fd)
+        return len(self.fds) - 1
+
+    def DupFd(self, index: int) -> _Index:  # noqa: N802 - the name multiprocessing calls
+        """(As a spawning popen) what the message holds for descriptor ``index``."""
+        return _Index(index)
+
+    def clear(self) -> None:
+        """Forget the message sent (or that failed to pickle)."""
+        self.fds, self.kept = [], []
+
+
+def socket_of(pipe: Any) -> socket.socket | None:
+    """A socket on (a duplicate of) ``pipe``'s descriptor, if it is a Unix socket that can carry descriptors
+    (a duplex ``multiprocessing.Pipe`` on Linux and macOS); None otherwise."""
+    if not (hasattr(socket, "SCM_RIGHTS") and hasattr(socket, "AF_UNIX") and _ANCILLARY):
+        return None
+    fd = os.dup(pipe.fileno())
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # not a socket (a one-way pipe)
+        os.close(fd)
+        return None
+    if sock.family != socket.AF_UNIX:
+        sock.close()
+        return None
+    sock.setblocking(True)  # as the pipe is (a default socket timeout made the shared file non-blocking)
+    return sock
+
+
+def send(sock: socket.socket, payload: memoryview, fds: list[int]) -> None:
+    """Send ``payload`` framed as ``Connection.send_bytes`` frames it, with ``fds`` in its first bytes'
+    ancillary data."""
+    size = len(payload)
+    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+    data = memoryview(header + payload)
+    groups = [fds[i : i + _MAX_FDS] for i in range(0, len(fds), _MAX_FDS)] or [[]]
+    cut = len(data) - (len(groups) - 1)  # the first group with all but one byte per other group
+    pieces = [data[:cut]] + [data[cut + i : cut + i + 1] for i in range(len(groups) - 1)]
+    for piece, group in zip(pieces, groups):
+        sent = sock.sendmsg([piece], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", group))])
+        if sent < len(piece):
+            sock.sendall(piece[sent:])
+
+
+_SIZE, _LONG_SIZE = struct.Struct("!i"), struct.Struct("!Q")
+
+
+def receive(sock: socket.socket) -> Any:
+    """The next message on ``sock``, sent by :func:`send` or by ``Connection.send`` (``EOFError`` once the
+    other end has closed), with the descriptors that came with it."""
+    header, ancillary, flags, _ = sock.recvmsg(4, _ANCILLARY)
+    if not header:
+        raise EOFError
+    if ancillary or flags & socket.MSG_CTRUNC or len(header) < 4:
+        return _carried(sock, header, ancillary, flags)
+    # descriptors come with a message's first bytes: with none there, the message has none (the common case)
+    (size,) = _SIZE.unpack(header)
+    if size == -1:
+        (size,) = _LONG_SIZE.unpack(_exactly(sock, 8, b""))
+    body = os.read(sock.fileno(), size)
+    return pickle.loads(body if len(body) == size else _exactly(sock, size, body))
+
+
+def _exactly(sock: socket.socket, size: int, start: bytes) -> bytes:
+    """``start`` and the rest of ``size`` bytes of a message that carries no descriptors."""
+    parts, got = [start], len(start)
+    while got < size:
+        part = os.read(sock.fileno(), size - got)
+        if not part:
+            raise OSError("got end of file during message")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+class _Reading:
+    """The descriptors that came with the bytes of one message read so far."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self.truncated = False
+
+    def take(self, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
+        """Keep the descriptors of one ``recvmsg``'s ancillary data."""
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self.fds.extend(fds)
+        self.truncated = self.truncated or bool(flags & socket.MSG_CTRUNC)
+
+    def read(self, sock: socket.socket, size: int) -> bytearray:
+        """``size`` bytes of the message, with the descriptors that come with them."""
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        got = 0
+        while got < size:
+            count, ancillary, flags, _ = sock.recvmsg_into([view[got:]], _ANCILLARY)
+            self.take(ancillary, flags)
+            if count == 0:
+                raise OSError("got end of file during message")
+            got += count
+        return buffer
+
+
+def _carried(sock: socket.socket, header: bytes, ancillary: list[tuple[int, int, bytes]], flags: int) -> Any:
+    """The rest of a message whose first bytes, ``header``, came with descriptors (or came short), unpickled
+    with them."""
+    reading = _Reading()
+    try:
+        reading.take(ancillary, flags)
+        header += reading.read(sock, 4 - len(header))
+        (size,) = _SIZE.unpack(header)
+        if size == -1:
+            (size,) = _LONG_SIZE.unpack(reading.read(sock, 8))
+        body = reading.read(sock, size)
+        if reading.truncated:  # the message is read whole: the next one is read as it should be
+            raise RuntimeError("a shardio worker's message came without some of its file descriptors (too "
+                               "many open files? see `ulimit -n`)")
+        _ARRIVED.fds = reading.fds
+        try:
+            return pickle.loads(body)
+        finally:
+            _ARRIVED.fds = None
+    finally:
+        for fd in reading.fds:
+            if fd >= 0:
+                os.close(fd)
