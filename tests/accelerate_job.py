@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 
@@ -81,5 +82,6 @@ def main(config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    dump_stacks_on_signal()
     torch.set_num_threads(1)
     main(json.loads(Path(sys.argv[1]).read_text()))

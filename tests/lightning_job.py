@@ -23,6 +23,7 @@ try:
 except ImportError:
     import pytorch_lightning as pl
 
+from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 
@@ -147,5 +148,6 @@ def main(config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    dump_stacks_on_signal()
     torch.set_num_threads(1)
     main(json.loads(Path(sys.argv[1]).read_text()))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 pytest.importorskip("accelerate")
 
 from sample_shards import make_uneven_dataset, planned_keys
+from job_runs import run_in_session
 from process_groups import free_port
 
 
@@ -58,16 +58,8 @@ def run_job(data: Path, out: Path, *, processes: int = 2, expect_kill: bool = Fa
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(free_port()), str(JOB), str(out / "config.json")]
-    process = subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # any rank left behind
-        except ProcessLookupError:
-            pass
-    assert (process.returncode != 0) == expect_kill, output[-4000:]
+    output, returncode = run_in_session(command, env=env, cwd=out, limit=280)  # under pytest-timeout's 300 s
+    assert (returncode != 0) == expect_kill, output[-4000:]
     if expect_kill:
         assert "SIGKILL" in output or options.get("prepare"), output[-4000:]
     (out / "output.txt").write_text(output)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 pytest.importorskip("pytorch_lightning")
 
 from sample_shards import make_uneven_dataset, planned_keys
+from job_runs import run_in_session
 from process_groups import free_port
 
 
@@ -54,21 +54,10 @@ def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,
     (out / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
-    process = subprocess.Popen([sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=240)  # under pytest-timeout's 300 s, to say what hung
-    except subprocess.TimeoutExpired:
-        listing = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:32,etime,args", "-s", str(process.pid)],
-                                 capture_output=True, text=True).stdout
-        raise AssertionError(f"the job's processes outlived 240 s (stdout still open):\n{listing}") from None
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # the ranks Lightning started, should one outlive rank 0
-        except ProcessLookupError:
-            pass
-    assert process.returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
+    # under pytest-timeout's 300 s, to say what hung
+    output, returncode = run_in_session([sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out,
+                                        limit=240)
+    assert returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
     return [[json.loads(line) for line in path.read_text().splitlines()]
             for path in sorted(out.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))]
 
