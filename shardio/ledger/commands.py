@@ -190,4 +190,4 @@ def _sources(locations: list[str]) -> dict[str, str]:
     twice = sorted(name for name, count in Counter(names).items() if count > 1)
     if twice:
         raise OptionError(f"corpora {twice} are given more than once")
-    return dict((name, location) for name, location in pairs)
+    return dict(pairs)

@@ -204,22 +204,13 @@ class Trace:
         row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
                                "segment": record.segment, "batch_index": record.batch_index,
                                "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
-                               "durations": [round(float(d), 4) for d in _durations(index, record.ids)]}
+                               "durations": [round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))]}
         corpora = [self.dataset._fields(i).get("corpus") for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
         if record.ahead:
             row["ahead"] = True
         return row
-
-
-def _durations(index: Any, ids: np.ndarray) -> np.ndarray:
-    """``index.durations[ids]`` computed for ``ids`` only (the property derives the whole column on each use)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if ids.shape[0] == 0:
-        return np.zeros(0, dtype=np.float64)
-    rate = np.maximum(index.columns["sample_rate"][ids], 1).astype(np.float64)
-    return index.columns["num_frames"][ids].astype(np.float64) / rate
 
 
 def _check_epoch(epoch: Any) -> None:

@@ -127,8 +127,12 @@ class Index:
     def durations(self) -> np.ndarray:
         """Seconds per sample (float64), derived from frames and sample rate: computed on each use (8 bytes a
         sample), not kept, so that a process's private memory does not grow with the corpus."""
-        rate = np.maximum(self.columns["sample_rate"], 1).astype(np.float64)
-        return self.columns["num_frames"].astype(np.float64) / rate
+        return self.durations_of(slice(None))
+
+    def durations_of(self, ids: np.ndarray | slice) -> np.ndarray:
+        """Seconds of samples ``ids`` (float64), derived for those samples only."""
+        rate = np.maximum(self.columns["sample_rate"][ids], 1).astype(np.float64)
+        return self.columns["num_frames"][ids].astype(np.float64) / rate
 
     @property
     def shard_ids(self) -> np.ndarray:
