@@ -25,7 +25,7 @@ from ..errors import InputError, InputProblem, OptionError
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
 from .source import (AUDIO_EXTENSIONS, KEY_COLUMNS, Problems, Source, manifest_text, not_regular, read_regular_input,
-                     resolve_path, seconds_field, segment_keys)
+                     refuse_constant, resolve_path, seconds_field, segment_keys)
 from .table import table_sources
 
 __all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
@@ -139,11 +139,6 @@ def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return fields
 
 
-def _no_constant(name: str) -> Any:
-    """``NaN``, ``Infinity``, ``-Infinity``: not JSON, and metadata must stay JSON for every reader."""
-    raise ValueError(f"{name} is not a JSON value; expected a finite number, or null")
-
-
 def _finite_float(text: str) -> float:
     """A JSON number as a float, refused when it overflows to infinity (``1e400``)."""
     value = float(text)
@@ -161,7 +156,7 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
             if not line.strip():
                 continue
             try:
-                record = json.loads(line, object_pairs_hook=_unique_fields, parse_constant=_no_constant,
+                record = json.loads(line, object_pairs_hook=_unique_fields, parse_constant=refuse_constant,
                                     parse_float=_finite_float)
                 if not isinstance(record, dict):
                     raise ValueError("expected a JSON object")

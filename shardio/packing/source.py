@@ -13,8 +13,9 @@ from typing import Any, BinaryIO
 from ..errors import InputError, InputProblem
 from ..reading.localshard import NotRegular, kind, open_regular
 
-__all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotRegularFile", "Problems", "Source", "manifest_text", "not_regular", "open_regular_input",
-           "read_regular_input", "resolve_path", "seconds_field", "segment_keys"]
+__all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotJsonConstant", "NotRegularFile", "Problems", "Source", "manifest_text",
+           "not_regular", "open_regular_input", "read_regular_input", "refuse_constant", "resolve_path", "seconds_field",
+           "segment_keys"]
 
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
@@ -106,6 +107,16 @@ def manifest_text(path: Path, encoding: str) -> str:
         line = data[:exc.start].count(b"\n") + 1
         raise InputError([InputProblem(f"{path}:{line}", "", f"byte {exc.start} of the file is not UTF-8 "
                                        f"({exc.reason}); expected a UTF-8 text manifest")]) from None
+
+
+class NotJsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a manifest line: Python's JSON reader takes them, JSON does not."""
+
+
+def refuse_constant(name: str) -> Any:
+    """``json.loads``' ``parse_constant`` hook: :class:`NotJsonConstant`, since metadata must stay JSON for every
+    reader."""
+    raise NotJsonConstant(f"{name} is not a JSON value; expected a finite number, or null")
 
 
 def resolve_path(base: Path, audio: str) -> str:

@@ -38,7 +38,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
-from ...packing.source import AUDIO_EXTENSIONS
+from ...packing.source import AUDIO_EXTENSIONS, NotJsonConstant, refuse_constant
 from ...packing.indexer import HashingReader
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
@@ -79,15 +79,6 @@ class _Member:
     facts: tuple[int, int, int]  # frames, sample rate, channels
 
 
-class _NotFinite(ValueError):
-    """``NaN``/``Infinity`` in a manifest line: Python's JSON reader takes them, JSON and the index do not."""
-
-
-def _no_constant(name: str) -> Any:
-    """``json.loads``' hook for ``NaN``/``Infinity``/``-Infinity``: refuse them."""
-    raise _NotFinite(name)
-
-
 def _split(name: str) -> tuple[str, str] | str:
     """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
     plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so ``a.b.wav`` is refused)."""
@@ -115,9 +106,9 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
             if not raw.strip():
                 continue
             try:
-                entry = json.loads(raw, parse_constant=_no_constant)
-            except _NotFinite as exc:
-                problems.append(InputProblem(where, "", f"{exc} is not a JSON value; expected a finite number or null"))
+                entry = json.loads(raw, parse_constant=refuse_constant)
+            except NotJsonConstant as exc:
+                problems.append(InputProblem(where, "", str(exc)))
                 continue
             except (ValueError, RecursionError):
                 problems.append(InputProblem(where, "", "not a JSON object"))
