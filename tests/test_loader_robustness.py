@@ -227,6 +227,98 @@ def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(data: Path, 
     assert not [name for name in set(os.listdir("/dev/shm")) - shm if any(f"_{p}_" in name for p in pids)]
 
 
+class Bloated:
+    """A transform that gives each sample a 1 MB field: a batch's message is larger than its pipe's buffer."""
+
+    def __call__(self, sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+        return {**sample, "notes": "x" * 1_000_000}
+
+
+def _stopped_in_a_message(data: str, timeout: float) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
+    silence.SILENT_S = 1.0  # instead of a minute
+    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=Bloated()), num_workers=2, prefetch=1,
+                         multiprocessing_context="fork", timeout=timeout)
+    batches = iter(loader)
+    keys = [list(next(batches)["keys"])]  # worker 0's
+    pids = [worker.process.pid for worker in loader._workers]
+    time.sleep(1.0)  # worker 1 has made its batch and is blocked writing it: nobody reads its pipe yet
+    os.kill(pids[1], signal.SIGSTOP)  # stopped in the middle of its message
+    waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
+    if not timeout:
+        waking.start()
+    began = time.monotonic()
+    result: dict[str, Any] = {"pids": pids}
+    try:
+        keys += [list(batch["keys"]) for batch in batches]
+    except RuntimeError as error:
+        result["error"] = str(error)
+    finally:
+        waking.cancel()
+    result.update(keys=keys, after=time.monotonic() - began)
+    if not timeout:
+        loader.close()
+    print(json.dumps(result), flush=True)
+
+
+@pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
+def test_a_worker_stopped_in_the_middle_of_a_large_message_is_named(data: Path, timeout: float) -> None:
+    done = run("_stopped_in_a_message", str(data), timeout, limit=40)
+    assert done.returncode == 0, done.stderr  # not killed at the limit: the training process read no rest
+    result = json.loads(done.stdout)
+    pid = result["pids"][1]
+    if timeout:
+        assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
+                                   f"was stopped (SIGSTOP or job control: SIGCONT resumes it)")
+        assert result["after"] < 5.0
+    else:
+        assert "error" not in result
+        assert result["keys"] == epochs(str(data), 1)[0]
+        assert f"shardio loader worker 1 (pid {pid}) has given nothing for 1 s and is stopped" in done.stderr
+
+
+def _send_large_and_stop(pipe: Any, size: int) -> None:
+    torch.set_num_threads(1)
+    channel = Channel(pipe, carry_fds=True)
+    channel.send(("batch", {"audio": torch.arange(10), "notes": b"y" * size}))  # blocks: nobody reads yet
+    channel.send(("end", None))
+
+
+@pytest.mark.timeout(60)
+def test_a_channel_reads_a_large_message_as_it_arrives_and_waits_no_longer_than_asked() -> None:
+    size = 4 << 20
+    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=True)
+    sender = multiprocessing.get_context("fork").Process(target=_send_large_and_stop, args=(theirs, size),
+                                                         daemon=True)
+    channel = Channel(ours)
+    sender.start()
+    theirs.close()
+    fds = _open_fds()
+    try:
+        time.sleep(0.5)  # the sender is blocked in the middle of its message
+        os.kill(sender.pid, signal.SIGSTOP)
+        for _ in range(3):
+            began = time.monotonic()
+            assert not channel.ready(0.2)  # part of the message is there: read, kept, and not waited on
+            assert time.monotonic() - began < 2.0
+        os.kill(sender.pid, signal.SIGCONT)
+        assert channel.ready(30.0)
+        kind, batch = channel.receive()
+        assert kind == "batch" and batch["notes"] == b"y" * size and torch.equal(batch["audio"], torch.arange(10))
+        assert channel.ready(30.0) and channel.receive() == ("end", None)
+        del batch
+        sender.join(10)
+        assert channel.ready(5.0)
+        with pytest.raises(EOFError):
+            channel.receive()
+        assert _open_fds() == fds
+    finally:
+        sender.kill()
+        sender.join(10)
+        sender.close()  # its sentinel descriptor, closed now rather than when collected in a later test
+        channel.close()
+
+
 def _send_and_stop(pipe: Any) -> None:
     torch.set_num_threads(1)  # as a worker does: the intra-op pool a forked child inherits may never answer
     channel = Channel(pipe, carry_fds=True)

@@ -14,8 +14,9 @@ How: torch's storage reducer wraps a descriptor with ``multiprocessing.reduction
 process is being started by spawn or forkserver, asks that start's "spawning popen" for it (whose descriptors
 go with the start). While a channel pickles a message, a :class:`Carrier` is that popen for torch's storage
 reducer only: it keeps each descriptor for the message and puts its index there. The receiving end
-(:func:`receive`) reads a message as ``Connection.recv`` does, taking the descriptors that came with it, and
-the unpickled indices give them to torch's rebuild, which closes them once mapped; any left are closed.
+(:class:`Incoming`) reads a message as ``Connection.recv`` does, as its bytes arrive, taking the descriptors
+that came with it, and the unpickled indices give them to torch's rebuild, which closes them once mapped; any
+left are closed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from torch.multiprocessing import reductions
 
-__all__ = ["Carrier", "receive", "send", "socket_of"]
+__all__ = ["Carrier", "Incoming", "send", "socket_of"]
 
 _MAX_FDS = 253
 """Descriptors one ``sendmsg`` may carry (Linux's ``SCM_MAX_FD``); a message with more sends groups."""
@@ -146,86 +147,88 @@ def send(sock: socket.socket, payload: memoryview, fds: list[int]) -> None:
 
 
 _SIZE, _LONG_SIZE = struct.Struct("!i"), struct.Struct("!Q")
+_HEADER, _LONG_HEADER, _BODY = 0, 1, 2  # what an Incoming is reading: the length, its long form, the pickle
 
 
-def receive(sock: socket.socket) -> Any:
-    """The next message on ``sock``, sent by :func:`send` or by ``Connection.send`` (``EOFError`` once the
-    other end has closed), with the descriptors that came with it."""
-    header, ancillary, flags, _ = sock.recvmsg(4, _ANCILLARY)
-    if not header:
-        raise EOFError
-    if ancillary or flags & socket.MSG_CTRUNC or len(header) < 4:
-        return _carried(sock, header, ancillary, flags)
-    # descriptors come with a message's first bytes: with none there, the message has none (the common case)
-    (size,) = _SIZE.unpack(header)
-    if size == -1:
-        (size,) = _LONG_SIZE.unpack(_exactly(sock, 8, b""))
-    body = os.read(sock.fileno(), size)
-    return pickle.loads(body if len(body) == size else _exactly(sock, size, body))
+class Incoming:
+    """One message being read from a socket as its bytes arrive, framed as ``Connection.send_bytes`` frames
+    it (by :func:`send` or by ``Connection.send``), with the descriptors that come with it.
 
-
-def _exactly(sock: socket.socket, size: int, start: bytes) -> bytes:
-    """``start`` and the rest of ``size`` bytes of a message that carries no descriptors."""
-    parts, got = [start], len(start)
-    while got < size:
-        part = os.read(sock.fileno(), size - got)
-        if not part:
-            raise OSError("got end of file during message")
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
-class _Reading:
-    """The descriptors that came with the bytes of one message read so far."""
+    :meth:`advance` never waits, so a reader can keep its own time limit: a sender stopped in the middle of
+    writing a message larger than the socket's buffer leaves the message unfinished, not the reader blocked.
+    """
 
     def __init__(self) -> None:
         self.fds: list[int] = []
-        self.truncated = False
+        self._truncated = False
+        self._stage = _HEADER
+        self._buffer = bytearray(_SIZE.size)
+        self._got = 0
 
-    def take(self, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
-        """Keep the descriptors of one ``recvmsg``'s ancillary data."""
+    def advance(self, sock: socket.socket) -> bool:
+        """Read what has arrived of the message without waiting; whether it is whole now. ``EOFError``: the
+        other end closed before the message began; ``OSError``: it closed in the middle of it."""
+        while True:
+            if self._got == len(self._buffer) and not self._next_stage():
+                return True
+            view = memoryview(self._buffer)[self._got :]
+            try:
+                if self._stage == _BODY and not self.fds and not self._truncated:
+                    # descriptors come with a message's first bytes: with none there, the message has none
+                    count = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+                else:
+                    count, ancillary, flags, _ = sock.recvmsg_into([view], _ANCILLARY, socket.MSG_DONTWAIT)
+                    if ancillary or flags & socket.MSG_CTRUNC:
+                        self._take(ancillary, flags)
+            except (BlockingIOError, InterruptedError):
+                return False
+            if count == 0:
+                if self._stage == _HEADER and self._got == 0:
+                    raise EOFError
+                raise OSError("got end of file during message")
+            self._got += count
+
+    def _next_stage(self) -> bool:
+        """After a part of the message is read whole: begin the next (True), or the message is whole (False)."""
+        if self._stage == _BODY:
+            return False
+        if self._stage == _HEADER:
+            (size,) = _SIZE.unpack(self._buffer)
+            if size == -1:
+                self._stage, self._buffer, self._got = _LONG_HEADER, bytearray(_LONG_SIZE.size), 0
+                return True
+        else:
+            (size,) = _LONG_SIZE.unpack(self._buffer)
+        self._stage, self._buffer, self._got = _BODY, bytearray(size), 0
+        return True
+
+    def _take(self, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 self.fds.extend(fds)
-        self.truncated = self.truncated or bool(flags & socket.MSG_CTRUNC)
+        self._truncated = self._truncated or bool(flags & socket.MSG_CTRUNC)
 
-    def read(self, sock: socket.socket, size: int) -> bytearray:
-        """``size`` bytes of the message, with the descriptors that come with them."""
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        got = 0
-        while got < size:
-            count, ancillary, flags, _ = sock.recvmsg_into([view[got:]], _ANCILLARY)
-            self.take(ancillary, flags)
-            if count == 0:
-                raise OSError("got end of file during message")
-            got += count
-        return buffer
-
-
-def _carried(sock: socket.socket, header: bytes, ancillary: list[tuple[int, int, bytes]], flags: int) -> Any:
-    """The rest of a message whose first bytes, ``header``, came with descriptors (or came short), unpickled
-    with them."""
-    reading = _Reading()
-    try:
-        reading.take(ancillary, flags)
-        header += reading.read(sock, 4 - len(header))
-        (size,) = _SIZE.unpack(header)
-        if size == -1:
-            (size,) = _LONG_SIZE.unpack(reading.read(sock, 8))
-        body = reading.read(sock, size)
-        if reading.truncated:  # the message is read whole: the next one is read as it should be
-            raise RuntimeError("a shardio worker's message came without some of its file descriptors (too "
-                               "many open files? see `ulimit -n`)")
-        _ARRIVED.fds = reading.fds
+    def message(self) -> Any:
+        """The whole message, unpickled with the descriptors that came with it (those it leaves are closed)."""
         try:
-            return pickle.loads(body)
+            if self._truncated:  # the message is read whole: the next one is read as it should be
+                raise RuntimeError("a shardio worker's message came without some of its file descriptors (too "
+                                   "many open files? see `ulimit -n`)")
+            if not self.fds:
+                return pickle.loads(self._buffer)
+            _ARRIVED.fds = self.fds
+            try:
+                return pickle.loads(self._buffer)
+            finally:
+                _ARRIVED.fds = None
         finally:
-            _ARRIVED.fds = None
-    finally:
-        for fd in reading.fds:
+            self.close()
+
+    def close(self) -> None:
+        """Close the descriptors that came with the message and were not taken."""
+        fds, self.fds = self.fds, []
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)

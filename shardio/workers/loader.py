@@ -204,13 +204,17 @@ class ShardLoader:
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         for number in range(self.num_workers):
             ours, theirs = self._context.Pipe(duplex=True)
+            channel = Channel(ours)
             credits = Credits(self._context)
+            # this process's pipe ends, which a forked worker inherits (as objects: nothing is pickled) and closes
+            forked = self._context.get_start_method() == "fork"
+            ends = [channel, *(worker.channel for worker in self._workers)] if forked else []
             process = self._context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
                                             args=(theirs, credits, self.dataset, number, self.num_workers,
-                                                  base_seed))
+                                                  base_seed, ends))
             process.start()
             theirs.close()
-            self._workers.append(_Worker(process, Channel(ours), credits))
+            self._workers.append(_Worker(process, channel, credits))
         _WITH_WORKERS.add(self)
 
     def _receive(self, number: int) -> tuple[str, Any]:
@@ -271,9 +275,9 @@ class ShardLoader:
                 worker.channel.send(EXIT)
             except OSError:
                 pass
+            worker.channel.close()  # a worker blocked writing a batch larger than the pipe's buffer fails at once
         for worker in workers:
             end(worker.process, _JOIN_S)
-            worker.channel.close()
 
     def close(self) -> None:
         """Stop and end the workers (a later iteration starts new ones)."""

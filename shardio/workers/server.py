@@ -15,6 +15,7 @@ import pickle
 import random
 import signal
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,8 +40,13 @@ _DONE = object()
 
 
 def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int,
-          base_seed: int) -> None:
-    """A worker: each iteration the training process starts, the dataset's batches, one per credit."""
+          base_seed: int, inherited: Sequence[Channel] = ()) -> None:
+    """A worker: each iteration the training process starts, the dataset's batches, one per credit.
+    ``inherited``: the training process's ends of the pipes (this worker's, earlier workers'), which a forked
+    worker has copies of and closes: kept open, they would hide the training process's closing its own (a
+    worker blocked writing a large batch would not learn it)."""
+    for pipe_end in inherited:
+        pipe_end.close()
     # the process that forked this one: the training process, or under forkserver the fork server, which exits
     # with the training process. Either way this worker is orphaned (and exits) once its parent changes
     parent = os.getppid()
@@ -95,15 +101,21 @@ def _iterate(channel: Channel, credits: Credits, dataset: ShardDataset, since: i
             channel.send((BATCH, batch))
             ending = _next_credit(channel, credits, since, parent)
             if ending == STOP:
-                channel.send((STOPPED, None))
-                return True
+                return _tell(channel, (STOPPED, None))
             if ending == EXIT:
                 return False
             batch = next(batches, _DONE)
-    except Exception as exc:
-        channel.send((ERROR, _portable(exc)))
-        return True
-    channel.send((END, None))
+    except Exception as exc:  # a send that failed too: the training process closed the pipe, we exit
+        return _tell(channel, (ERROR, _portable(exc)))
+    return _tell(channel, (END, None))
+
+
+def _tell(channel: Channel, message: Any) -> bool:
+    """Send ``message``; False when the training process has closed the pipe (it ends this worker)."""
+    try:
+        channel.send(message)
+    except OSError:
+        return False
     return True
 
 

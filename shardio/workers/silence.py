@@ -16,9 +16,9 @@ joins its daemon processes.
 
 A worker stopped just after sending a batch is waited for as any other: the file descriptors of the batch's
 tensors (a block's first trip, a tensor outside the block) travel with the message (:mod:`.descriptors`), where
-torch's reducer had the training process fetch them from the worker while unpickling, with no time limit. Still
-uncovered: a worker stopped in the middle of writing a message larger than its pipe's buffer (some 200 KiB; a
-batch's message, its tensors sent by descriptor, is a few KiB) leaves the training process reading the rest.
+torch's reducer had the training process fetch them from the worker while unpickling, with no time limit. A
+worker stopped in the middle of writing a message larger than its pipe's buffer (some 200 KiB) is waited for
+the same way: the training process reads a message as its bytes arrive, within its wait (:mod:`.channel`).
 """
 
 from __future__ import annotations
