@@ -63,3 +63,20 @@ def test_a_missing_member_is_named(tmp_path: Path) -> None:
         handle.write(json.dumps({"audio_filepath": "nowhere.wav", "text": "x", "shard_id": 0}) + "\n")
     with pytest.raises(InputError, match=r"audio_0\.tar has no member 'nowhere\.wav'"):
         pack(manifest, tmp_path / "out", progress=False)
+
+
+def test_members_and_tars_no_manifest_line_names_are_counted_as_left_out(tmp_path: Path) -> None:
+    """NeMo's loaders read only what the manifest lists; pack does too, and says how much it left out."""
+    audio = make_folder_corpus(tmp_path / "audio", 4, subdirs=1)
+    manifest = write_tarred(tmp_path, audio)
+    entries = [json.loads(line) for line in manifest.read_text().splitlines()]
+    kept = [e for e in entries if e["audio_filepath"] != audio[0].name]  # its member stays in audio_0.tar
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in kept))
+    with tarfile.open(tmp_path / "audio_7.tar", "w") as archive:  # a shard no line names
+        info = tarfile.TarInfo(audio[1].name)
+        info.size = audio[1].stat().st_size
+        archive.addfile(info, io.BytesIO(audio[1].read_bytes()))
+    summary = pack(manifest, tmp_path / "out", progress=False)
+    assert summary.samples == len(kept)
+    assert summary.left_out == {"NeMo tar members no manifest line reads": 1,
+                                "NeMo audio_*.tar files no manifest line names": 1}

@@ -64,8 +64,10 @@ class PackSummary:
     rejected: list[InputProblem] = field(default_factory=list)
     input_bytes: int = 0
     left_out: dict[str, int] = field(default_factory=dict)
-    """Files in a folder corpus that are not inputs, counted by extension (``.aiff``), and directory links not
-    followed (see :data:`shardio.packing.folder.LOOP`)."""
+    """What the input holds that is not packed, counted: files in a folder corpus that are not inputs, by
+    extension (``.aiff``), and directory links not followed (see :data:`shardio.packing.folder.LOOP`); a Kaldi
+    directory's ``text``/``utt2spk`` lines naming no utterance; a NeMo dataset's tar members and tars no
+    manifest line names."""
 
 
 def default_workers() -> int:

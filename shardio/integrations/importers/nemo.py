@@ -23,9 +23,11 @@ from ...errors import InputProblem, shown
 from ...packing.source import NotRegularFile, Problems, Source, manifest_text, open_regular_input, seconds_field
 from .kinds import first_json_object
 
-__all__ = ["is_nemo_manifest", "read_nemo"]
+__all__ = ["UNNAMED_TARS", "UNREAD_MEMBERS", "is_nemo_manifest", "read_nemo"]
 
 _SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]*)$")
+UNREAD_MEMBERS = "NeMo tar members no manifest line reads"
+UNNAMED_TARS = "NeMo audio_*.tar files no manifest line names"
 
 
 def is_nemo_manifest(path: Path) -> bool:
@@ -60,8 +62,10 @@ def _entry(line: str) -> tuple[dict[str, Any], str, int]:
 
 
 def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """The entries of a tarred NeMo manifest (see the module docstring), in manifest order."""
+    """The entries of a tarred NeMo manifest (see the module docstring), in manifest order. Tar members no
+    entry reads, and ``audio_{n}.tar`` files no entry names, are counted in ``left_out``."""
     listings: dict[int, dict[str, int] | None] = {}
+    read: dict[int, set[str]] = {}
     with io.StringIO(manifest_text(path, "utf-8")) as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -92,8 +96,21 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
             if member not in listing:
                 problems.append(InputProblem(where, key, f"{tar.name} has no member {shown(name)}"))
                 continue
+            read.setdefault(shard, set()).add(member)
             meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id", "offset")}
             offset = seconds_field(entry.get("offset"), "offset") or None  # NeMo reads [offset, offset + duration]
             duration = seconds_field(entry.get("duration"), "duration") if offset is not None else None
             yield Source(key, str(tar), offset=offset, duration=duration, meta=meta, origin=f"{path.name}:{number}",
                          member=member, size=listing[member])
+    unread = sum(len(listing.keys() - read.get(shard, set())) for shard, listing in listings.items() if listing)
+    if unread:
+        left_out[UNREAD_MEMBERS] += unread
+    unnamed = [tar for tar in path.parent.glob("audio_*.tar") if _shard_of(tar.name) not in listings]
+    if unnamed:
+        left_out[UNNAMED_TARS] += len(unnamed)
+
+
+def _shard_of(name: str) -> int | None:
+    """The shard id in a tar's name ``audio_{n}.tar`` (None: another name)."""
+    digits = name[len("audio_") : -len(".tar")]
+    return int(digits) if digits.isdecimal() and digits.isascii() else None
