@@ -197,13 +197,13 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
     loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), pin, num_workers=2)
     iterator = iter(loader)
     next(iterator)  # worker 0's first batch; worker 1 is stuck in its first
-    victim = loader._workers[1].process
+    victim = loader._pool.workers[1].process
     threading.Timer(0.5, os.kill, (victim.pid, signal.SIGKILL)).start()
     began = time.monotonic()
     with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim.pid}\) exited unexpectedly .*signal 9"):
         next(iterator)
     assert time.monotonic() - began < 30
-    assert not loader._workers  # the other one was ended too
+    assert not loader._pool.workers  # the other one was ended too
     loader.close()
     assert pinned_in_their_thread(pin)
 
@@ -227,7 +227,7 @@ def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, met
 def _orphaned_workers_exit(data: str, method: str) -> None:
     loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, multiprocessing_context=method)
     next(iter(loader))
-    print(" ".join(str(worker.process.pid) for worker in loader._workers), flush=True)
+    print(" ".join(str(worker.process.pid) for worker in loader._pool.workers), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # the training process dies without a word to its workers
 
 
@@ -254,7 +254,7 @@ def test_an_iterator_left_unfinished_at_exit_closes_quietly(data: Path, pin_memo
             f"pin_memory={pin_memory})\n"
             "batches = iter(loader)\n"
             "next(batches)\n"
-            "print(*[worker.process.pid for worker in loader._workers])\n")
+            "print(*[worker.process.pid for worker in loader._pool.workers])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).parent.parent)
     # the iterator was finalised after the modules it halts with: "Exception ignored ... AttributeError"
@@ -278,7 +278,7 @@ def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.Mo
     loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall), pin, num_workers=1, timeout=0.5)
     with pytest.raises(RuntimeError, match=r"gave no batch in 0.5 s"):
         next(iter(loader))
-    assert not loader._workers
+    assert not loader._pool.workers
     loader.close()
     assert pinned_in_their_thread(None)  # no batch was pinned, and the thread is gone
 
@@ -319,7 +319,7 @@ def test_workers_do_not_run_the_training_process_s_signal_handlers(data: Path, t
     try:
         loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=1, multiprocessing_context="fork")
         next(iter(loader))
-        worker = loader._workers[0].process
+        worker = loader._pool.workers[0].process
         worker.terminate()  # what multiprocessing does to daemonic workers when the training process exits
         worker.join(30)
         assert worker.exitcode == -signal.SIGTERM and not marker.exists()

@@ -97,7 +97,7 @@ def _stopped_worker(data: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
     silence.SILENT_S = 1.0  # instead of a minute
     loader, batches, keys = _stopping_loader(data, 0)
-    pid = loader._workers[1].process.pid
+    pid = loader._pool.workers[1].process.pid
     waking = threading.Timer(4.0, os.kill, (pid, signal.SIGCONT))
     waking.start()
     try:
@@ -124,7 +124,7 @@ def test_a_stopped_worker_is_named_while_the_loader_waits_and_its_batches_follow
 
 def _stopped_worker_at_the_timeout(data: str) -> None:
     loader, batches, _ = _stopping_loader(data, 1.0)
-    pid = loader._workers[1].process.pid
+    pid = loader._pool.workers[1].process.pid
     began = time.monotonic()
     try:
         for _ in batches:
@@ -180,7 +180,7 @@ def _stopped_at_hand_off(data: str, timeout: float) -> None:
                          multiprocessing_context="fork", timeout=timeout)
     batches = iter(loader)
     keys = [list(next(batches)["keys"])]  # worker 0's: the workers are running
-    pids = [worker.process.pid for worker in loader._workers]
+    pids = [worker.process.pid for worker in loader._pool.workers]
     waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
     if not timeout:  # with one, the stopped worker is never woken: the timeout must end the wait
         waking.start()
@@ -241,7 +241,7 @@ def _stopped_in_a_message(data: str, timeout: float) -> None:
                          multiprocessing_context="fork", timeout=timeout)
     batches = iter(loader)
     keys = [list(next(batches)["keys"])]  # worker 0's
-    pids = [worker.process.pid for worker in loader._workers]
+    pids = [worker.process.pid for worker in loader._pool.workers]
     time.sleep(1.0)  # worker 1 has made its batch and is blocked writing it: nobody reads its pipe yet
     os.kill(pids[1], signal.SIGSTOP)  # stopped in the middle of its message
     waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
@@ -409,7 +409,7 @@ def _interrupted(data: str, method: str, persistent: bool) -> None:
     # the next iterations play the next epochs whole (the interrupted one was left, as with break)
     after = [[list(batch["keys"]) for batch in loader] for _ in range(2)]
     assert after == expected[1:], after
-    print(json.dumps([worker.process.pid for worker in loader._workers]))
+    print(json.dumps([worker.process.pid for worker in loader._pool.workers]))
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])

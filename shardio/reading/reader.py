@@ -10,9 +10,10 @@ raise :class:`ReadError` naming the shard, key and offset.
 
 Integrity, per read and cheap: a shard's size must match the index when it is opened (a truncated or
 re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
-header's checksum must hold and every member must carry the indexed key; ``.tar.zst`` frames carry zstd's
-content checksum. What this cannot see is a same-size shard whose member *data* changed in a plain ``.tar``
-(headers and keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
+header's checksum must hold and every member must carry the indexed key (:mod:`shardio.reading.members`);
+``.tar.zst`` frames carry zstd's content checksum. What this cannot see is a same-size shard whose member
+*data* changed in a plain ``.tar`` (headers and keys intact): comparing every shard's SHA-256 with the index
+is ``shardio verify``'s job.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardioError
 from ..shards.index import STREAM_CODECS, Index
-from ..shards.tarformat import parse_members
 from . import localshard
 from .cache import ShardCache
 from .compressedreads import CompressedReads
 from .filesystems import Filesystems
 from .localshard import LocalShard
+from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
 from .retries import RetryPolicy
@@ -67,7 +68,7 @@ class ReadStats:
         self.errors[type(exc).__name__] += 1
 
 
-class Reader(RemoteReads, CompressedReads):
+class Reader(RemoteReads, CompressedReads, SampleMembers):
     """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
 
     URLs are opened with the index's ``storage_options``. A reader inherited across ``fork`` (a DataLoader
@@ -284,37 +285,3 @@ class Reader(RemoteReads, CompressedReads):
         if end > len(data):
             raise FormatError(f"{where}: the sample runs past its frame ({end} > {len(data)} bytes)")
         return memoryview(data)[start:end]
-
-    def members(self, sample: int, where: str | None = None) -> dict[str, memoryview]:
-        """Sample number ``sample`` as ``{ext: bytes}``, checking each member belongs to its key (``where``,
-        when the caller already has it, names the sample in errors)."""
-        where = where or self.where(sample)
-        return self.split_members(sample, self.sample_bytes(sample, where), where)
-
-    def split_members(self, sample: int, data: memoryview, where: str, key: str | None = None
-                      ) -> dict[str, memoryview]:
-        """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
-        checking each member belongs to its key (a damaged shard from the node cache is fetched again).
-        ``key``: the sample's own key, when the caller has it."""
-        try:
-            return self._split(sample, data, where, key)
-        except FormatError:
-            if not self._refetch(sample, where):
-                raise
-            return self._split(sample, self._sample_bytes(sample, where), where, key)
-
-    def _split(self, sample: int, data: memoryview, where: str, key: str | None) -> dict[str, memoryview]:
-        if key is None or self.index.has_metadata:  # metadata may name another sample's members
-            key = self.index.member_key(sample)
-        found: dict[str, memoryview] = {}
-        stem = len(key) + 1
-        for name, member in parse_members(data, where):
-            # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
-            ext = name[stem:]
-            if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
-                shown = name if len(name) <= 120 else name[:120] + "..."
-                raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
-            found[ext] = member
-        if not found:
-            raise FormatError(f"{where}: no members at the indexed offset")
-        return found

@@ -19,7 +19,7 @@ one), so planning, instructions (``set_epoch``, ``load_state_dict``) and persist
 under a DataLoader. A worker's exception is raised in the training process with the worker's traceback as a
 note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but gives
 nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
-(:mod:`.silence`).
+(:mod:`.pool`, :mod:`.silence`).
 """
 
 from __future__ import annotations
@@ -27,39 +27,27 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
-import time
 import warnings
 import weakref
 from collections.abc import Generator, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from ..dataset import ShardDataset
 from ..errors import OptionError
 from ..state import batch_position
-from .channel import Channel
-from .credits import Credits
 from .pinning import Pinner, pinned
-from .server import BATCH, ERROR, EXIT, START, STOP, WATCH_S, serve
-from .silence import Silence, end, process_state
+from .pool import WorkerPool
+from .server import BATCH, ERROR
 
 __all__ = ["ShardLoader"]
 
 logger = logging.getLogger(__name__)
 
-_JOIN_S = 5.0
-"""How long a closing loader waits for a worker to exit before terminating it."""
-
 _WITH_WORKERS: weakref.WeakSet[ShardLoader] = weakref.WeakSet()
 """Loaders whose workers may be running, closed at exit while the modules they use are still whole (an
 iterator left unfinished is otherwise finalised after them, and its halt fails)."""
-
-
-class _Worker(NamedTuple):
-    process: Any  # a multiprocessing Process of the loader's context
-    channel: Channel
-    credits: Credits
 
 
 class ShardLoader:
@@ -97,14 +85,12 @@ class ShardLoader:
         self.prefetch = prefetch
         self.persistent_workers = persistent_workers
         self.timeout = float(timeout)
-        self._context: Any = (multiprocessing.get_context(multiprocessing_context)
-                         if multiprocessing_context is None or isinstance(multiprocessing_context, str)
-                         else multiprocessing_context)
+        self._pool = WorkerPool(multiprocessing.get_context(multiprocessing_context)
+                                if multiprocessing_context is None or isinstance(multiprocessing_context, str)
+                                else multiprocessing_context)
         self.pin_memory = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
             warnings.warn("pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2)
-        self._workers: list[_Worker] = []
-        self._running: set[int] = set()  # workers in the middle of an iteration
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
         # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
         self._last: tuple[int, dict[str, int]] | None = None
@@ -138,7 +124,7 @@ class ShardLoader:
         self._iteration += 1
         iteration = self._iteration
         self._stop_pinning()
-        self._halt()
+        self._pool.halt(self.timeout)
         self._last = None
         if self.num_workers == 0:
             for batch in self.dataset:
@@ -161,30 +147,30 @@ class ShardLoader:
 
     def _taken(self, iteration: int) -> Generator[dict[str, Any], None, None]:
         """The batches of iteration ``iteration`` from the workers, in the plan's order, as they arrive."""
-        self._start()
-        for worker in self._workers:
-            worker.channel.send((START, worker.credits.reset(self.prefetch)))
-        self._running = set(range(self.num_workers))
+        pool = self._pool
+        pool.start(self.dataset, self.num_workers)
+        _WITH_WORKERS.add(self)
+        pool.begin(self.prefetch)
         turn = 0
         try:
-            while self._running:
+            while pool.running:
                 number = turn % self.num_workers
                 turn += 1
-                if number not in self._running:
+                if number not in pool.running:
                     continue
-                kind, payload = self._receive(number)
+                kind, payload = pool.receive(number, self.timeout)
                 if kind == BATCH:
-                    self._workers[number].credits.grant()
+                    pool.grant(number)
                     yield payload
                     continue
-                self._running.discard(number)
+                pool.running.discard(number)
                 if kind == ERROR:
                     raise payload
         finally:
             if iteration == self._iteration:
-                self._halt()
+                pool.halt(self.timeout)
                 if not self.persistent_workers:
-                    self._shutdown()
+                    pool.shutdown()
 
     def _handed(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch``, its position kept for :meth:`state_dict`."""
@@ -195,96 +181,18 @@ class ShardLoader:
         if iteration != self._iteration:
             raise RuntimeError("this ShardLoader iterator was superseded: a newer iteration of the loader began")
 
-    # -- workers ------------------------------------------------------------------------------------
-
-    def _start(self) -> None:
-        if self._workers and all(worker.process.is_alive() for worker in self._workers):
-            return
-        self._shutdown()
-        base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        for number in range(self.num_workers):
-            ours, theirs = self._context.Pipe(duplex=True)
-            channel = Channel(ours)
-            credits = Credits(self._context)
-            # this process's pipe ends, which a forked worker inherits (as objects: nothing is pickled) and closes
-            forked = self._context.get_start_method() == "fork"
-            ends = [channel, *(worker.channel for worker in self._workers)] if forked else []
-            process = self._context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
-                                            args=(theirs, credits, self.dataset, number, self.num_workers,
-                                                  base_seed, ends))
-            process.start()
-            theirs.close()
-            self._workers.append(_Worker(process, channel, credits))
-        _WITH_WORKERS.add(self)
-
-    def _receive(self, number: int) -> tuple[str, Any]:
-        """The next message of worker ``number``; a ``RuntimeError`` if it died or (``timeout``) said nothing."""
-        worker = self._workers[number]
-        began = time.monotonic()
-        deadline = began + self.timeout if self.timeout else None
-        silence = None  # without a timeout: a warning once the worker has been silent long (see .silence)
-        while True:
-            left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
-            if worker.channel.ready(left):
-                try:
-                    message: tuple[str, Any] = worker.channel.receive()
-                    return message
-                except (EOFError, OSError):  # the worker closed its end: it is exiting, its exit code says how
-                    worker.process.join(_JOIN_S)
-            if not worker.process.is_alive():
-                code = worker.process.exitcode
-                self._shutdown()
-                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) exited "
-                                   f"unexpectedly with exit code {code}" +
-                                   (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
-            if deadline is not None and time.monotonic() >= deadline:
-                state = process_state(worker.process.pid)
-                self._shutdown()
-                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch in "
-                                   f"{self.timeout:g} s (timeout)" + (f"; it was {state}" if state else ""))
-            if deadline is None:
-                silence = silence or Silence(number, worker.process.pid, began)
-                silence.check()
-
     def _stop_pinning(self) -> None:
         """End the pin-memory thread of an earlier iteration, which may still be taking its batches."""
         if self._pinner is not None:
             self._pinner.stop()
             self._pinner = None
 
-    def _halt(self) -> None:
-        """Stop the iteration the workers are in, taking (and dropping) what they had sent."""
-        try:
-            for number in self._running:
-                self._workers[number].credits.interrupt()
-                self._workers[number].channel.send(STOP)
-            for number in sorted(self._running):
-                while self._receive(number)[0] == BATCH:
-                    pass
-        except (OSError, RuntimeError):
-            logger.debug("a shardio loader worker died while its iteration was stopped", exc_info=True)
-            self._shutdown()
-        self._running = set()
-
-    def _shutdown(self) -> None:
-        """End every worker: asked first, then terminated."""
-        workers, self._workers, self._running = self._workers, [], set()
-        for worker in workers:
-            try:
-                worker.credits.interrupt()
-                worker.channel.send(EXIT)
-            except OSError:
-                pass
-            worker.channel.close()  # a worker blocked writing a batch larger than the pipe's buffer fails at once
-        for worker in workers:
-            end(worker.process, _JOIN_S)
-
     def close(self) -> None:
         """Stop and end the workers (a later iteration starts new ones)."""
         self._iteration += 1
         self._stop_pinning()
-        self._halt()
-        self._shutdown()
+        self._pool.halt(self.timeout)
+        self._pool.shutdown()
 
     def __enter__(self) -> ShardLoader:
         return self
@@ -295,7 +203,7 @@ class ShardLoader:
     def __del__(self) -> None:
         try:
             self._stop_pinning()
-            self._shutdown()
+            self._pool.shutdown()
         except Exception:  # interpreter shutdown: the workers are daemons and end with this process
             pass
 
