@@ -172,15 +172,17 @@ def _stop_after_handing_over() -> None:
     Channel.send = sending  # type: ignore[method-assign]  # this interpreter's, and its forked workers'
 
 
-def _stopped_at_hand_off(data: str, timeout: float) -> None:
+def _rest_of_an_epoch(loader: ShardLoader, timeout: float, stop: Any = None) -> None:
+    """Take the first batch (worker 0's: the workers are running), then the rest of the epoch, worker 1 being
+    stopped (by ``stop(pid)`` now, or by itself) and, without ``timeout``, woken 4 s later; print the keys
+    taken, the error if any, and how long the rest took, as JSON."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
     silence.SILENT_S = 1.0  # instead of a minute
-    _stop_after_handing_over()
-    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1,
-                         multiprocessing_context="fork", timeout=timeout)
     batches = iter(loader)
-    keys = [list(next(batches)["keys"])]  # worker 0's: the workers are running
+    keys = [list(next(batches)["keys"])]
     pids = [worker.process.pid for worker in loader._pool.workers]
+    if stop is not None:
+        stop(pids[1])
     waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
     if not timeout:  # with one, the stopped worker is never woken: the timeout must end the wait
         waking.start()
@@ -197,6 +199,12 @@ def _stopped_at_hand_off(data: str, timeout: float) -> None:
         loader.close()
     print(json.dumps(result), flush=True)
     # with a timeout, the training process ends now: the stopped worker must not hang its exit
+
+
+def _stopped_at_hand_off(data: str, timeout: float) -> None:
+    _stop_after_handing_over()
+    _rest_of_an_epoch(ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1,
+                                  multiprocessing_context="fork", timeout=timeout), timeout)
 
 
 @pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
@@ -234,31 +242,15 @@ class Bloated:
         return {**sample, "notes": "x" * 1_000_000}
 
 
+def _stop_in_the_middle_of_a_message(pid: int) -> None:
+    time.sleep(1.0)  # worker 1 has made its batch and is blocked writing it: nobody reads its pipe yet
+    os.kill(pid, signal.SIGSTOP)
+
+
 def _stopped_in_a_message(data: str, timeout: float) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
-    silence.SILENT_S = 1.0  # instead of a minute
     loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=Bloated()), num_workers=2, prefetch=1,
                          multiprocessing_context="fork", timeout=timeout)
-    batches = iter(loader)
-    keys = [list(next(batches)["keys"])]  # worker 0's
-    pids = [worker.process.pid for worker in loader._pool.workers]
-    time.sleep(1.0)  # worker 1 has made its batch and is blocked writing it: nobody reads its pipe yet
-    os.kill(pids[1], signal.SIGSTOP)  # stopped in the middle of its message
-    waking = threading.Timer(4.0, os.kill, (pids[1], signal.SIGCONT))
-    if not timeout:
-        waking.start()
-    began = time.monotonic()
-    result: dict[str, Any] = {"pids": pids}
-    try:
-        keys += [list(batch["keys"]) for batch in batches]
-    except RuntimeError as error:
-        result["error"] = str(error)
-    finally:
-        waking.cancel()
-    result.update(keys=keys, after=time.monotonic() - began)
-    if not timeout:
-        loader.close()
-    print(json.dumps(result), flush=True)
+    _rest_of_an_epoch(loader, timeout, _stop_in_the_middle_of_a_message)
 
 
 @pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
