@@ -215,3 +215,174 @@ def test_the_remix_cli_refuses_ambiguous_corpora_and_weights(data: Path, tmp_pat
     code, stdout, _ = cli(["remix", big, tiny, "--state", str(mixed), "--weight", "big=1", "--weight", "tiny=2",
                            "--out", out], capsys)
     assert code == 0 and set(json.loads(Path(out).read_text())["extra"]["remix"]["cursors"]) == {"big", "tiny"}
+
+
+# -- bounds on what a mix's state and the ledger's options make shardio plan --------------------------
+
+
+def healed_mix(data: Path, weights: dict[str, float]) -> dict[str, Any]:
+    """A real mid-epoch re-mix of a 2-rank mix of big and tiny (2 batches in) into ``weights``."""
+    _, state = consume(lambda w: mix(data, {"big": 2.0, "tiny": 1.0}, w), 2, stop=2, workers=0)
+    assert state is not None
+    return remix(state, mix(data, {"big": 2.0, "tiny": 1.0}), mix(data, weights))
+
+
+def test_a_mix_state_cannot_size_an_allocation_by_its_cursors_and_ranges(data: Path) -> None:
+    """A tampered ``extra["remix"]``: a cursor raised past what the mix could have drawn (``since`` epochs of
+    the largest quota), with a range up to it, was loaded and expanded (``[[0, 10**12]]`` under a cursor of
+    10**12: 8 TB, a MemoryError; a cursor near 2**63 wrapped the positions silently; ``Infinity`` an
+    OverflowError); a tail of the rest of the epoch larger than any epoch of a mix was planned. Now each is a
+    StateError before anything is allocated."""
+    healed = healed_mix(data, {"big": 1.0})
+    assert healed["extra"]["remix"]["since"] == 1
+
+    def tampered(change: Callable[[dict[str, Any]], Any], epoch: int | None = None) -> dict[str, Any]:
+        copy = json.loads(json.dumps(healed))
+        change(copy["extra"]["remix"])
+        if epoch is not None:
+            copy["epoch"] = epoch
+        return copy
+
+    def cursor(name: str, value: Any) -> Callable[[dict[str, Any]], Any]:
+        return lambda e: e["cursors"].__setitem__(name, value)
+
+    cases = [
+        (tampered(lambda e: (cursor("tiny", 10**12 + 5)(e), e["pending"].__setitem__("tiny", [[0, 10**12]]))),
+         "cursors.tiny must be an integer from 0 to 1073741824"),
+        (tampered(lambda e: (cursor("big", 10**12 + 5)(e),
+                             e["tail"]["positions"].__setitem__("big", [[0, 10**12]]))),
+         "cursors.big"),
+        (tampered(lambda e: (e.pop("tail"), cursor("big", 2**63 - 100)(e)), epoch=1), "cursors.big"),
+        (tampered(cursor("big", float("inf"))), "not inf"),
+        (tampered(cursor("big", 4.5)), "not 4.5"),
+        (tampered(lambda e: e.__setitem__("since", True)), "since must be an integer"),
+        (tampered(lambda e: e["tail"].__setitem__("epoch", 1e300)), "tail.epoch"),
+        # since 3 allows cursors up to 3 * 2**30: a tail (or pending set) beyond one epoch of a mix is not
+        (tampered(lambda e: (e.__setitem__("since", 3), cursor("big", 2**31)(e),
+                             e["tail"]["positions"].__setitem__("big", [[0, 2**30 + 5]]))),
+         "more than one epoch of a mix draws"),
+        (tampered(lambda e: (e.__setitem__("since", 3), cursor("tiny", 2**31)(e),
+                             e["pending"].__setitem__("tiny", [[0, 2**30 + 1]]))), "more than one epoch"),
+    ]
+    for state, says in cases:
+        with pytest.raises(StateError, match="extra.remix") as caught:
+            mix(data, {"big": 1.0}, World(0, 2)).load_state_dict(state)
+        assert says in str(caught.value), (says, caught.value)
+
+
+def test_a_mix_state_at_an_epoch_beyond_int64_positions_is_a_typed_error(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Epoch 2**62 - 1 of a mix plays stream positions beyond int64: an OverflowError (a traceback from
+    ``shardio trace``) before, a StateError on load and an OptionError in the ledger now."""
+    ds = mix(data, {"big": 2.0, "tiny": 1.0}, World(0, 2))
+    state = {**ds.state_dict(), "epoch": 2**62 - 1}
+    with pytest.raises(StateError, match="beyond the int64 positions"):
+        mix(data, {"big": 2.0, "tiny": 1.0}, World(0, 2)).load_state_dict(state)
+    with pytest.raises(OptionError, match="beyond the int64 positions"):
+        list(Trace(ds, ds.state_dict()).epoch(2**62 - 1))
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(ds.state_dict()))
+    code, out, err = cli(["trace", f"big={data / 'big'}", f"tiny={data / 'tiny'}", "--state", str(path),
+                          "--epoch", str(2**62 - 1)], capsys)
+    assert (code, out) == (2, "") and "int64" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_pending_range_costs_what_an_epoch_takes_of_it_not_its_length(data: Path) -> None:
+    """A corpus's pending positions (a dropped corpus's, replayed when it returns) were expanded into an array
+    every time a state was parsed and every epoch planned: ``[[100, 10**8 + 100]]`` allocated 800 MB per plan
+    (and 10**9 under a cursor allowed by ``since``, 8 GB). They stay ranges now: an epoch takes its quota of
+    them, in order, with memory of the quota."""
+    import tracemalloc
+
+    healed = healed_mix(data, {"big": 1.0, "tiny": 1.0})  # tiny kept: its epoch-1 slice comes from pending
+    extra = healed["extra"]["remix"]
+    extra["cursors"]["tiny"] = 10**8 + 200
+    extra["pending"] = {"tiny": [[150, 10**8 + 150]]}
+    tracemalloc.start()
+    try:
+        ds = mix(data, {"big": 1.0, "tiny": 1.0}, World(0, 2))
+        ds.load_state_dict(healed)
+        trace = Trace(ds, healed)
+        records = list(trace.epoch(1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 2**20, peak  # 800 MB before
+    played = [trace.dataset.index.corpus(i) for r in records for i in r.ids.tolist()]
+    assert "tiny" in played  # tiny plays its pending positions in epoch 1
+    quota = trace.plan(1, 0).report["corpora"]["tiny"]["quota"]
+    from shardio.ledger.remix import Streams
+    from shardio.planning.streams import Stream
+    stream = Streams.of(healed["extra"]).streams["tiny"]
+    assert stream.held == 10**8 and stream.take(0, quota).tolist() == list(range(150, 150 + quota))
+    assert Stream(7, np.array([[0, 3], [5, 6]])).take(2, 4).tolist() == [2, 5, 7, 8]
+
+
+def test_trace_find_searches_a_bounded_number_of_epochs_and_holds_one_epoch_of_plans(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trace --key K --epochs 100000000`` planned every epoch, one after the other (hours), and kept every
+    plan (memory growing with N). Now N is at most MAX_FIND_EPOCHS (refused before any plan), and a search
+    holds one epoch's plans at a time."""
+    from shardio.ledger.trace import MAX_FIND_EPOCHS
+
+    ds = make(data, World(0, 2))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(ds.state_dict()))
+    plans: list[int] = []
+    planner = ShardDataset._make_plan
+
+    def counted(self: ShardDataset, *args: Any) -> Any:
+        plans.append(1)
+        if len(plans) > 3 * MAX_FIND_EPOCHS:
+            raise RuntimeError("planned past any bound")
+        return planner(self, *args)
+
+    monkeypatch.setattr(ShardDataset, "_make_plan", counted)
+    base = ["trace", str(data / "one"), "--state", str(state), "--key", "s000_00000"]
+    code, out, err = cli(base + ["--epochs", "100000000"], capsys)
+    assert (code, out) == (2, "") and f"at most {MAX_FIND_EPOCHS}" in err, err
+    assert plans == []
+    trace = Trace(ds, ds.state_dict())
+    plans.clear()
+    for epochs in (range(10**8), iter(range(10**8)), [0, 2**62]):
+        with pytest.raises(OptionError):
+            trace.find(["s000_00000"], epochs)
+    assert plans == []
+    found = trace.find(["s000_00000"], range(30))
+    assert sorted({row["epoch"] for row in found}) == list(range(30))  # (a padded epoch may hold it twice)
+    assert len(trace._plans) <= 2  # the state's epoch (kept) and the last one searched, not 30
+    code, out, _ = cli(base + ["--epochs", str(MAX_FIND_EPOCHS)], capsys)
+    assert code == 0 and {line.split(" epoch ")[1].split()[0] for line in out.splitlines()} == {
+        str(epoch) for epoch in range(MAX_FIND_EPOCHS)}
+
+
+def test_remix_report_refuses_malformed_events(data: Path) -> None:
+    from shardio.ledger.remix import remix_report
+
+    healed = healed_mix(data, {"big": 1.0})
+    assert remix_report(healed)
+    for events in ([1], [{"corpora": {"big": 3}}], [{"epoch": 0}]):
+        copy = json.loads(json.dumps(healed))
+        copy["extra"]["remix"]["events"] = events
+        with pytest.raises(StateError, match="extra.remix.events"):
+            remix_report(copy)
+
+
+def test_many_quarantine_entries_cost_the_planner_one_pass_per_segment(data: Path) -> None:
+    """Each ``exclude`` pair costs the planner a pass over the epoch (a mask of its samples; in a mix an
+    ``np.isin`` over its occurrences); a state's ``extra`` may hold some 500k one-id quarantine entries, which
+    were one pair each (500k passes over a 10M-sample epoch: hours). They are merged per segment now."""
+    from shardio.ledger.quarantine import exclusions
+
+    ds = make(data, World(0, 2))
+    keys = list(ds.index.keys)
+    entries = [{"epoch": 0, "segment": 0, "ids": [i % 5], "keys": [keys[i % 5]], "steps": None, "carry": True}
+               for i in range(20000)]
+    state = {**ds.state_dict(), "epoch": 1, "extra": {"quarantine": entries}}
+    pairs = exclusions(state["extra"], 1)
+    assert len(pairs) == 1 and pairs[0][1].tolist() == [0, 1, 2, 3, 4]
+    loaded = make(data, World(0, 2))
+    loaded.load_state_dict(state)
+    planned = Trace(loaded, state).plan(1, 0)
+    assert not set(planned.samples.tolist()) & {0, 1, 2, 3, 4} and planned.samples.shape[0] >= len(keys) - 5

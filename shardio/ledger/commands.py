@@ -30,7 +30,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rank", type=int, metavar="R", help="with --step: rank R only")
     parser.add_argument("--in-epoch", type=int, metavar="E", help="with --step: this epoch (default: the state's)")
     parser.add_argument("--epochs", type=int, default=1, metavar="N",
-                        help="with --key: search N epochs from the state's (default 1)")
+                        help="with --key: search N epochs from the state's (default 1, at most 1000)")
     parser.add_argument("--json", action="store_true", help="JSON Lines: one object per (epoch, step, rank)")
     parser.add_argument("--csv", action="store_true", help="with --step/--epoch: CSV, one line per sample")
     parser.set_defaults(run=_run_trace)
@@ -65,7 +65,10 @@ def _run_trace(args: argparse.Namespace) -> int:
 
 
 def _check_trace_args(args: argparse.Namespace) -> None:
-    """An :class:`OptionError` for options the chosen question does not take (never silently ignored)."""
+    """An :class:`OptionError` for options the chosen question does not take (never silently ignored), or for
+    more epochs than one search takes (:data:`~shardio.ledger.trace.MAX_FIND_EPOCHS`)."""
+    from .trace import MAX_FIND_EPOCHS
+
     stray = [name for name, given in (("--stop", args.stop is not None), ("--rank", args.rank is not None),
                                       ("--in-epoch", args.in_epoch is not None)) if given and args.step is None]
     stray += ["--epochs"] if args.epochs != 1 and not args.key else []
@@ -75,6 +78,9 @@ def _check_trace_args(args: argparse.Namespace) -> None:
                           "--epochs with --key, --csv with --step or --epoch)")
     if args.key and args.epochs < 1:
         raise OptionError(f"--epochs must be at least 1, not {args.epochs}")
+    if args.key and args.epochs > MAX_FIND_EPOCHS:
+        raise OptionError(f"--epochs must be at most {MAX_FIND_EPOCHS} (each epoch searched is planned in "
+                          f"full), not {args.epochs}: search from a later epoch's state for later epochs")
     if args.csv and args.json:
         raise OptionError("--csv and --json: choose one")
 

@@ -79,7 +79,7 @@ def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
             ids = [int(i) for i in entry["ids"]]
             fields_ok = (int(entry["epoch"]) >= 0 and int(entry["segment"]) >= 0
                          and isinstance(entry["carry"], bool))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
         if not fields_ok or any(not 0 <= i < num_samples for i in ids):
             raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
@@ -88,14 +88,16 @@ def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
 
 
 def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarray]]:
-    """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs (see the module docs)."""
-    found = []
+    """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs (see the module docs), one per
+    segment: the planner does O(epoch) work per pair, so a state's many entries (each a few values of
+    ``extra``) must not each cost a pass over the epoch."""
+    found: dict[int, list[np.ndarray]] = {}
     for entry in extra.get(_KEY, []):
         if int(entry["epoch"]) == epoch:
-            found.append((int(entry["segment"]), np.asarray(entry["ids"], dtype=np.int64)))
+            found.setdefault(int(entry["segment"]), []).append(np.asarray(entry["ids"], dtype=np.int64))
         elif entry["carry"] and int(entry["epoch"]) < epoch:
-            found.append((0, np.asarray(entry["ids"], dtype=np.int64)))
-    return found
+            found.setdefault(0, []).append(np.asarray(entry["ids"], dtype=np.int64))
+    return [(segment, np.unique(np.concatenate(parts))) for segment, parts in sorted(found.items())]
 
 
 def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, position: int,

@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import OptionError, StateError
-from ..planning.mix import mix_quotas
-from ..planning.streams import Stream, expand, ranges_of
+from ..errors import OptionError, StateError, shown
+from ..planning.mix import MAX_EPOCH_SAMPLES, mix_quotas
+from ..planning.streams import MAX_POSITION, Stream, as_ranges, expand, join_ranges, ranges_of
 from ..state import LoaderState, job_state
+from ..statechecks import MAX_COUNT
 
 if TYPE_CHECKING:
     from ..mixed import MixedDataset
@@ -67,35 +68,48 @@ class Streams(NamedTuple):
     @classmethod
     def of(cls, extra: Mapping[str, Any]) -> Streams:
         """Parse ``extra[\"remix\"]`` (no entry: every stream at 0 from epoch 0), a :class:`StateError` if
-        malformed."""
+        malformed. Every number is bounded here, before anything is allocated: ``since`` by the epochs a state
+        reaches, each cursor by ``since`` epochs of the largest quota, and the positions of ``pending``
+        (kept as ranges, never expanded) and ``tail`` by the most one epoch of a mix draws (see
+        :func:`_once`)."""
         entry = extra.get(_KEY)
         if entry is None:
             return cls(0, {}, None, {}, [])
         try:
-            since = int(entry["since"])
-            cursors = {str(name): int(value) for name, value in dict(entry["cursors"]).items()}
-            pending = {str(name): _once(value, f"pending.{name}", cursors.get(str(name), 0))
+            since = _number(entry["since"], "since", MAX_COUNT + 1)
+            most = min(since * MAX_EPOCH_SAMPLES, MAX_POSITION)
+            cursors = {str(name): _number(value, f"cursors.{name}", most)
+                       for name, value in dict(entry["cursors"]).items()}
+            pending = {str(name): _once(value, f"pending.{name}", cursors.get(str(name), 0),
+                                        MAX_EPOCH_SAMPLES)
                        for name, value in dict(entry.get("pending", {})).items()}
             tail = entry.get("tail")
             if tail is not None:
-                tail = (int(tail["epoch"]), {str(n): _once(v, f"tail.{n}", cursors.get(str(n), 0))
-                                             for n, v in dict(tail["positions"]).items()})
+                epoch = _number(tail["epoch"], "tail.epoch", MAX_COUNT)
+                ranges = {str(n): _once(v, f"tail.{n}", cursors.get(str(n), 0), MAX_EPOCH_SAMPLES)
+                          for n, v in dict(tail["positions"]).items()}
+                total = sum(_length(found) for found in ranges.values())
+                # the most the quotas sum to: their rounding up adds at most 1 each
+                if total > MAX_EPOCH_SAMPLES + len(ranges):
+                    raise StateError(f"malformed loader state: extra.{_KEY}.tail holds {total} positions, "
+                                     f"more than one epoch of a mix draws ({MAX_EPOCH_SAMPLES})")
+                tail = (epoch, {n: expand(found.tolist()) for n, found in ranges.items()})
             fingerprints = {str(n): str(v) for n, v in dict(entry.get("fingerprints", {})).items()}
             events = list(entry.get("events", []))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StateError(f"malformed loader state: extra.{_KEY}: {exc!r}") from None
-        if since < 0 or any(value < 0 for value in cursors.values()) or (tail is not None and tail[0] >= since):
-            raise StateError(f"malformed loader state: extra.{_KEY} has a negative field or a tail epoch not "
-                             f"before since: since {since}, cursors {cursors}")
+            raise StateError(f"malformed loader state: extra.{_KEY}: {exc!r}"[:300]) from None
+        if tail is not None and tail[0] >= since:
+            raise StateError(f"malformed loader state: extra.{_KEY} has a tail epoch ({tail[0]}) not before "
+                             f"since ({since})")
         names = set(cursors) | set(pending)
-        streams = {name: Stream(cursors.get(name, 0), pending.get(name, Stream().pending)) for name in names}
+        streams = {name: Stream(cursors.get(name, 0), pending.get(name, _NO_RANGES)) for name in names}
         return cls(since, streams, tail, fingerprints, events)
 
     def to_extra(self) -> dict[str, Any]:
         """The JSON-ready ``extra["remix"]``."""
         entry: dict[str, Any] = {"since": self.since,
                                  "cursors": {n: s.cursor for n, s in sorted(self.streams.items())}}
-        pending = {n: ranges_of(s.pending) for n, s in sorted(self.streams.items()) if s.pending.shape[0]}
+        pending = {n: join_ranges(s.pending).tolist() for n, s in sorted(self.streams.items()) if s.held}
         if pending:
             entry["pending"] = pending
         if self.tail is not None:
@@ -104,24 +118,51 @@ class Streams(NamedTuple):
         return {**entry, "fingerprints": dict(sorted(self.fingerprints.items())), "events": self.events}
 
 
-def _once(ranges: Any, what: str, cursor: int) -> np.ndarray:
-    """:func:`~shardio.planning.streams.expand` of ``ranges`` (positions of slices already planned), checked
-    first, before anything is allocated: a :class:`StateError` where two ranges overlap (a position played or
-    kept pending twice) or one reaches the corpus's ``cursor``."""
+_NO_RANGES = np.zeros((0, 2), dtype=np.int64)
+
+
+def _number(value: Any, what: str, most: int) -> int:
+    """``value``, an integer from 0 to ``most`` (not a bool, float or string), or a :class:`StateError`."""
+    if type(value) is not int or not 0 <= value <= most:
+        raise StateError(f"malformed loader state: extra.{_KEY}.{what} must be an integer from 0 to {most}, "
+                         f"not {shown(value)}")
+    return value
+
+
+def _length(ranges: np.ndarray) -> int:
+    return int((ranges[:, 1] - ranges[:, 0]).sum()) if ranges.shape[0] else 0
+
+
+def _once(ranges: Any, what: str, cursor: int, most: int) -> np.ndarray:
+    """``ranges`` as a ``(k, 2)`` array (positions of slices already planned), checked without expanding it: a
+    :class:`StateError` for a malformed range, where two ranges overlap (a position played or kept pending
+    twice), one reaches the corpus's ``cursor``, or they hold more than ``most`` positions.
+
+    ``most`` is :data:`~shardio.planning.mix.MAX_EPOCH_SAMPLES`: what a re-mix records here is the part not
+    consumed of one epoch's slice of a corpus (with the rest of an earlier pending set, itself no larger), and
+    no epoch of a mix draws more; a corpus may repeat within it, so its size does not bound them."""
+    if not isinstance(ranges, (list, tuple)):
+        raise StateError(f"malformed loader state: extra.{_KEY}.{what} must be a list of [start, stop] "
+                         f"ranges, not {shown(ranges)}")
     spans = []
     for item in ranges:
-        if not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item):
-            return expand(ranges)  # its StateError names the malformed range
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item)
+                or not 0 <= item[0] < item[1]):
+            expand([item])  # its StateError names the malformed range
         spans.append((item[0], item[1]))
-    spans.sort()
-    for (_, stop), (start, _) in zip(spans, spans[1:]):
+    found = np.asarray(spans, dtype=np.int64).reshape(len(spans), 2)
+    ordered = sorted(spans)
+    for (_, stop), (start, _) in zip(ordered, ordered[1:]):
         if start < stop:
             raise StateError(f"malformed loader state: extra.{_KEY}.{what}: its position ranges overlap (at "
                              f"{start}); each position is played once")
-    if spans and max(stop for _, stop in spans) > cursor:
+    if spans and ordered[-1][1] > cursor:
         raise StateError(f"malformed loader state: extra.{_KEY}.{what} holds positions at or beyond the "
                          f"corpus's cursor {cursor} (they must be of slices already planned)")
-    return expand(ranges)
+    if _length(found) > most:
+        raise StateError(f"malformed loader state: extra.{_KEY}.{what} holds {_length(found)} positions, "
+                         f"more than one epoch of a mix draws ({most})")
+    return found
 
 
 def mix_args(extra: Mapping[str, Any], epoch: int, names: list[str]) -> dict[str, Any]:
@@ -203,14 +244,15 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         for name in old.index.names:
             if name not in new.index.names:
                 held = streams[name]
-                streams[name] = Stream(held.cursor, np.concatenate([remaining[name], held.pending]))
+                streams[name] = Stream(held.cursor, join_ranges(np.concatenate([as_ranges(remaining[name]),
+                                                                                held.pending])))
             event["corpora"][name] = {"slice": sizes[name], "remaining": int(remaining[name].shape[0])}
     for name in sorted(set(old.index.names) | set(new.index.names)):
         status = "kept" if name in old.index.names and name in new.index.names else (
             "added" if name in new.index.names else "dropped")
         held = streams.get(name, Stream())
         event["corpora"][name] = {**event["corpora"].get(name, {}), "status": status, "cursor": held.cursor,
-                                  "pending": int(held.pending.shape[0])}
+                                  "pending": held.held}
     extra = {name: value for name, value in loaded.extra.items() if name not in (_KEY, "quarantine")}
     extra[_KEY] = Streams(since, streams, tail, fingerprints, [*current.events, event]).to_extra()
     moved = _moved_quarantines(loaded.extra.get("quarantine", []), old, new, since)
@@ -230,8 +272,13 @@ def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     its return if dropped); ``cursor``/``pending``: its stream after the re-mix."""
     loaded: LoaderState = job_state(state)
     rows = []
-    for event in Streams.of(loaded.extra).events:
-        for name, fields in event["corpora"].items():
-            rows.append({"epoch": event["epoch"], "step": event["step"], "at": event["at"], "corpus": name,
-                         "old_weight": event["old"].get(name), "new_weight": event["new"].get(name), **fields})
+    for number, event in enumerate(Streams.of(loaded.extra).events):
+        try:
+            for name, fields in dict(event["corpora"]).items():
+                rows.append({"epoch": event["epoch"], "step": event["step"], "at": event["at"],
+                             "corpus": name, "old_weight": dict(event["old"]).get(name),
+                             "new_weight": dict(event["new"]).get(name), **dict(fields)})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"malformed loader state: extra.{_KEY}.events[{number}]: {exc!r}"[:300]) \
+                from None
     return rows

@@ -22,8 +22,9 @@ next segment's steps also use.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +38,13 @@ from .quarantine import consumed_ahead, resolve_keys
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
 
-__all__ = ["Trace", "StepRecord"]
+__all__ = ["Trace", "StepRecord", "MAX_FIND_EPOCHS"]
+
+MAX_FIND_EPOCHS = 1000
+"""The most epochs one :meth:`Trace.find` (``shardio trace --key --epochs N``) searches. Each epoch searched
+is planned in full (a key is in every epoch, so nothing can be skipped, and each adds rows to the answer): the
+work is N plans. A training run has tens to hundreds of epochs; 1000 covers any of them and bounds a question
+to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from a later epoch's state."""
 
 
 @dataclass(frozen=True)
@@ -168,11 +175,21 @@ class Trace:
         """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
         if isinstance(keys, (str, bytes)):
             raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({keys!r:.100})")
+        chosen = list(islice(iter(epochs), MAX_FIND_EPOCHS + 1))  # never more than the limit is read
+        if len(chosen) > MAX_FIND_EPOCHS:
+            asked = len(epochs) if isinstance(epochs, Sized) else "more"
+            raise OptionError(f"find searches at most {MAX_FIND_EPOCHS} epochs at a time (each is planned in "
+                              f"full), not {asked}: search fewer, or from a later epoch's state")
+        for epoch in chosen:  # every epoch checked before any is planned
+            _check_epoch(epoch)
         wanted = resolve_keys(keys, self.dataset.index.keys)
         key_of = {i: key for key, ids in wanted.items() for i in ids}
         ids = np.fromiter(key_of, dtype=np.int64)
         found = []
-        for epoch in epochs:
+        cached = set(self._plans)
+        for epoch in chosen:
+            for planned in [key for key in self._plans if key not in cached]:
+                del self._plans[planned]  # one epoch's plans held at a time, not one per epoch searched
             for number, (world_size, start, count) in enumerate(self.segments(epoch)):
                 plan = self.plan(epoch, number)
                 positions = np.flatnonzero(np.isin(plan.samples, ids))

@@ -45,6 +45,9 @@ __all__ = ["CorpusColumns", "plan_mix", "plan_occurrences", "mix_quotas", "corpu
 
 logger = logging.getLogger(__name__)
 
+_NO_RANGES = np.zeros((0, 2), dtype=np.int64)
+
+
 class CorpusColumns(NamedTuple):
     """What the mix planner needs of one corpus: per-sample shard ids and durations, and the shard count."""
 
@@ -203,9 +206,19 @@ def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.
     if tail is not None:  # the rest of an epoch re-mixed mid-way: exactly these positions, no epoch size
         positions = {name: np.asarray(tail.get(name, np.zeros(0)), dtype=np.int64) for name in mix.names}
         quotas, limit = {name: int(found.shape[0]) for name, found in positions.items()}, None
+        if sum(quotas.values()) > MAX_EPOCH_SAMPLES + len(quotas):
+            raise OptionError(f"the rest of epoch {epoch} holds {sum(quotas.values())} stream positions, "
+                              f"more than an epoch of a mix draws ({MAX_EPOCH_SAMPLES})")
     else:
-        positions = {name: Stream((cursors or {}).get(name, 0), (pending or {}).get(name, Stream().pending))
-                     .take((epoch - since) * quota, quota) for name, quota in quotas.items()}
+        positions = {}
+        for name, quota in quotas.items():
+            held = np.asarray((pending or {}).get(name, _NO_RANGES), dtype=np.int64).reshape(-1, 2)
+            stream = Stream((cursors or {}).get(name, 0), held)
+            try:
+                positions[name] = stream.take((epoch - since) * quota, quota)
+            except OptionError as exc:
+                raise OptionError(f"epoch {epoch} of corpus {name!r} (its stream at {stream.cursor} from "
+                                  f"epoch {since}, {quota} positions an epoch): {exc}") from None
         limit = mix.epoch_size.batches
     occurrences = _occurrences(columns, mix, batching, ordering, eligible, positions, seed=seed, epoch=epoch)
     global_ids = occurrences.global_ids
@@ -229,7 +242,8 @@ def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray,
     module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
     ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
     segment on. ``cursors``, ``pending`` and ``since``: each corpus's stream at epoch ``since`` (a re-mix,
-    :mod:`shardio.planning.streams`); ``tail``: this epoch plays exactly these stream positions of each
+    :mod:`shardio.planning.streams`; ``pending`` as ranges, ``(k, 2)`` arrays of ``[start, stop)``);
+    ``tail``: this epoch plays exactly these stream positions of each
     corpus instead (the rest of an epoch re-mixed mid-way).
     """
     plan, occurrences, (columns, eligible, quotas) = plan_occurrences(

@@ -7,7 +7,10 @@ took effect at epoch ``since`` plays each corpus's *stream from there*: first th
 epoch ``e`` takes items ``[(e - since) * q, (e - since + 1) * q)`` of that sequence (``q`` the quota).
 
 Positions travel in states as *ranges*: ``[[start, stop], ...]``, runs of consecutive positions in order
-(compact where consumption is a prefix plus a scattered set, as in the middle of an epoch).
+(compact where consumption is a prefix plus a scattered set, as in the middle of an epoch). A stream keeps its
+``pending`` positions as ranges too (a ``(k, 2)`` array): taking an epoch's items from it costs the items
+taken and the number of ranges, never the length of the ranges (a state's few bytes can say
+``[[0, 10**12]]``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import StateError
+from ..errors import OptionError, StateError
 from .options import Ordering
 from .order import MIX, window_order
 
-__all__ = ["Stream", "expand", "ranges_of", "stream_samples", "corpus_key", "merge_places"]
+__all__ = ["Stream", "expand", "ranges_of", "as_ranges", "join_ranges", "stream_samples", "corpus_key",
+           "merge_places", "MAX_POSITION"]
+
+MAX_POSITION = 2**63 - 1
+"""Stream positions are int64: the last position any epoch may play."""
+
+_NO_RANGES = np.zeros((0, 2), dtype=np.int64)
 
 
 def expand(ranges: Sequence[Sequence[int]]) -> np.ndarray:
@@ -48,26 +57,65 @@ def ranges_of(positions: np.ndarray) -> list[list[int]]:
     return [[int(positions[a]), int(positions[b - 1]) + 1] for a, b in zip(starts, stops)]
 
 
+def as_ranges(positions: np.ndarray) -> np.ndarray:
+    """``positions`` (in their order) as a ``(k, 2)`` array of runs ``[start, stop)``."""
+    found = ranges_of(positions)
+    return np.asarray(found, dtype=np.int64).reshape(len(found), 2)
+
+
+def join_ranges(ranges: np.ndarray) -> np.ndarray:
+    """``ranges`` (a ``(k, 2)`` array, in order), each run that ends where the next starts joined to it."""
+    ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    if ranges.shape[0] < 2:
+        return ranges
+    cuts = np.flatnonzero(ranges[1:, 0] != ranges[:-1, 1]) + 1
+    starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [ranges.shape[0]]])
+    return np.stack([ranges[starts, 0], ranges[stops - 1, 1]], axis=1)
+
+
 class Stream(NamedTuple):
-    """A corpus's stream from a point on: the ``pending`` positions, then ``cursor`` onwards."""
+    """A corpus's stream from a point on: the ``pending`` positions (ranges, a ``(k, 2)`` array of
+    ``[start, stop)`` in order), then ``cursor`` onwards."""
 
     cursor: int = 0
-    pending: np.ndarray = np.zeros(0, dtype=np.int64)
+    pending: np.ndarray = _NO_RANGES
+
+    @property
+    def held(self) -> int:
+        """How many positions ``pending`` holds."""
+        return int((self.pending[:, 1] - self.pending[:, 0]).sum()) if self.pending.shape[0] else 0
 
     def take(self, first: int, count: int) -> np.ndarray:
-        """Items ``[first, first + count)`` of the stream: stream positions."""
+        """Items ``[first, first + count)`` of the stream: stream positions (O(count + pending ranges))."""
+        held = self.held
+        after = min(count, max(first + count - held, 0))  # the items past the pending positions
+        shift = self.cursor + max(first - held, 0)  # the position of the first of them (Python ints: no wrap)
+        if after and shift + after - 1 > MAX_POSITION:
+            raise OptionError(f"stream items {first} to {first + count - 1} reach position "
+                              f"{shift + after - 1}, "
+                              f"beyond the int64 positions a stream has ({MAX_POSITION})")
+        if first >= held:
+            return np.arange(count, dtype=np.int64) + np.int64(shift)
         items = np.arange(first, first + count, dtype=np.int64)
-        held = self.pending.shape[0]
-        if held == 0:
-            return items + self.cursor
-        return np.where(items < held, self.pending[np.minimum(items, held - 1)], self.cursor + items - held)
+        lengths = self.pending[:, 1] - self.pending[:, 0]
+        ends = np.cumsum(lengths)
+        inside = items < held
+        run = np.searchsorted(ends, items[inside], side="right")
+        out = np.empty(count, dtype=np.int64)
+        out[inside] = self.pending[run, 0] + items[inside] - (ends[run] - lengths[run])
+        out[~inside] = np.arange(int((~inside).sum()), dtype=np.int64) + np.int64(self.cursor)
+        return out
 
     def advance(self, count: int) -> Stream:
         """The stream after its first ``count`` items."""
-        held = self.pending.shape[0]
-        if count <= held:
-            return Stream(self.cursor, self.pending[count:])
-        return Stream(self.cursor + count - held, np.zeros(0, dtype=np.int64))
+        held = self.held
+        if count >= held:
+            return Stream(self.cursor + count - held, _NO_RANGES)
+        ends = np.cumsum(self.pending[:, 1] - self.pending[:, 0])
+        run = int(np.searchsorted(ends, count, side="right"))  # the run holding item `count`
+        rest = self.pending[run:].copy()
+        rest[0, 0] = rest[0, 1] - (int(ends[run]) - count)
+        return Stream(self.cursor, rest)
 
 
 def corpus_key(name: str) -> int:
