@@ -39,6 +39,8 @@ _MAX_FDS = 253
 """Descriptors one ``sendmsg`` may carry (Linux's ``SCM_MAX_FD``); a message with more sends groups."""
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
 _ARRIVED = threading.local()  # .fds: the descriptors of the message this thread is unpickling
+# plain ints: socket's flags are enum members, whose `&` with an int costs ~5 us a message
+_DONTWAIT, _CTRUNC = int(getattr(socket, "MSG_DONTWAIT", 0)), int(getattr(socket, "MSG_CTRUNC", 0))
 
 
 class _Index:
@@ -175,10 +177,10 @@ class Incoming:
             try:
                 if self._stage == _BODY and not self.fds and not self._truncated:
                     # descriptors come with a message's first bytes: with none there, the message has none
-                    count = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+                    count = sock.recv_into(view, 0, _DONTWAIT)
                 else:
-                    count, ancillary, flags, _ = sock.recvmsg_into([view], _ANCILLARY, socket.MSG_DONTWAIT)
-                    if ancillary or flags & socket.MSG_CTRUNC:
+                    count, ancillary, flags, _ = sock.recvmsg_into([view], _ANCILLARY, _DONTWAIT)
+                    if ancillary or flags & _CTRUNC:
                         self._take(ancillary, flags)
             except (BlockingIOError, InterruptedError):
                 return False
@@ -208,7 +210,7 @@ class Incoming:
                 fds = array.array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 self.fds.extend(fds)
-        self._truncated = self._truncated or bool(flags & socket.MSG_CTRUNC)
+        self._truncated = self._truncated or bool(flags & _CTRUNC)
 
     def message(self) -> Any:
         """The whole message, unpickled with the descriptors that came with it (those it leaves are closed)."""
