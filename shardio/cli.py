@@ -8,15 +8,18 @@ ledger's in :mod:`shardio.ledger.commands`).
 Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
 :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable ones too, or dataset), 3 an
 output that cannot be written (:class:`~shardio.errors.OutputError`), or the system's own error, 130
-interrupted. Every error is one line on stderr (an :class:`~shardio.errors.InputError` adds one line per
-input), no traceback.
+interrupted, 141 stdout closed early (``| head``; no message). Every error is one line on stderr (an
+:class:`~shardio.errors.InputError` adds one line per input), no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import re
+import select
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -30,7 +33,7 @@ __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
 EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, inputs or dataset",
               3: "an output cannot be written (or another run holds it), or a system error",
-              130: "interrupted"}
+              130: "interrupted", 141: "stdout was closed early (a pipe into head)"}
 """What each exit status of ``shardio`` means."""
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -60,6 +63,38 @@ def _positive(text: str) -> int:
     return value
 
 
+def _at_least_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
+def _path(text: str) -> str:
+    """A path argument; an empty one (an unset shell variable, ``--out ""``) would mean the current
+    directory."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; expected a file or directory name")
+    return text
+
+
+_PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest"})
+"""Options (by ``dest``) that name a file or directory; every subcommand's positional arguments do too."""
+
+
+def _step_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds >= 0")
+    return value
+
+
 # -- pack --------------------------------------------------------------------------------------------
 
 def _add_pack(subparsers: argparse._SubParsersAction) -> None:
@@ -79,12 +114,13 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compression", choices=("none", "zstd"), default="none",
                         help="shard compression: none (.tar) or zstd (.tar.zst, seekable frames) "
                              "(default %(default)s)")
-    parser.add_argument("--zstd-level", type=int, default=3, metavar="LEVEL",
-                        help="zstd level, -7 to 22, with --compression zstd (default %(default)s)")
+    parser.add_argument("--zstd-level", type=int, default=None, metavar="LEVEL",
+                        help="zstd level, -7 to 22, with --compression zstd (default 3)")
     parser.add_argument("--transcode", choices=("flac", "wav"), default=None,
                         help="re-encode the audio (default: keep the original bytes)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
-    parser.add_argument("--seed", type=int, default=0, help="the seed of --shuffle (default %(default)s)")
+    parser.add_argument("--seed", type=_at_least_zero, default=0,
+                        help="the seed of --shuffle (default %(default)s)")
     parser.add_argument("-j", "--workers", type=_positive, default=None,
                         help="threads reading and validating the inputs (default: one per CPU core but one, "
                              "for the writing; 1: the writing thread reads them too)")
@@ -111,6 +147,12 @@ def _run_pack(args: argparse.Namespace) -> int:
     from .packing.pack import REJECTED_FILE, describe_left_out, pack
 
     kind = "tsv" if args.kind == "csv" else args.kind
+    if args.zstd_level is not None and args.compression != "zstd":
+        raise OptionError(f"--zstd-level {args.zstd_level} needs --compression zstd (without it the shards are "
+                          "not compressed)")
+    if args.address is not None and args.engine != "ray":
+        raise OptionError("--address names the Ray cluster of --engine ray")
+    args.zstd_level = 3 if args.zstd_level is None else args.zstd_level
     if args.engine is not None or args.partition_size is not None:
         return _run_partitioned(args, kind)
     summary = pack(args.input, args.out_dir, kind=kind, samples_per_shard=args.samples_per_shard,
@@ -189,7 +231,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny corpora, 2 rounds: a smoke test, not figures")
     parser.add_argument("--reps", type=_positive, default=None, help="timed rounds (default 5)")
     parser.add_argument("--batch-size", type=_positive, default=16)
-    parser.add_argument("--step-ms", type=float, default=10.0, help="training step of the stall figure (ms)")
+    parser.add_argument("--step-ms", type=_step_ms, default=10.0, help="training step of the stall figure (ms)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=_run_bench)
 
 
@@ -198,7 +241,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     command = "shardio bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "shardio bench"
     run_bench(args.dataset, out_dir=args.out_dir, quick=args.quick, reps=args.reps, batch_size=args.batch_size,
-              step_ms=args.step_ms, command=command)
+              step_ms=args.step_ms, progress=not args.no_progress, command=command)
     print(f"results: {args.out_dir}/bench.json, bench.md, bench.png")
     return 0
 
@@ -232,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in subparsers.choices.values():  # -v after the subcommand too; SUPPRESS keeps one given before it
         sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                          help="more log output (-vv for debug)")
+        for action in sub._actions:  # every path argument refuses an empty string
+            if action.type is None and action.nargs != 0 and (not action.option_strings
+                                                              or action.dest in _PATH_OPTIONS):
+                action.type = _path
     return parser
 
 
@@ -241,20 +288,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # a closed pipe shows here (handled below), not as an error at exit
+        return code
     except OutputError as exc:
-        print(f"shardio {args.command}: error: {exc}", file=sys.stderr)
+        _error(f"shardio {args.command}: error: {exc}")
         return 3
     except ShardioError as exc:
-        print(f"shardio {args.command}: error: {exc}", file=sys.stderr)
+        _error(f"shardio {args.command}: error: {exc}")
         return 2
     except OSError as exc:  # the system's own error names the file: one line, not a traceback
-        print(f"shardio {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
-              file=sys.stderr)
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():  # `shardio trace ... | head`: stop quietly
+            return 141
+        _error(f"shardio {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         return 3
     except KeyboardInterrupt:
         print(f"shardio {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(line: str) -> None:
+    """Print an error line on stderr; a name's bytes that are not UTF-8 (lone surrogates) as ``\\udcff``,
+    whatever stderr's error handler."""
+    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe its reader closed; if so it now points at /dev/null, so that flushing it at
+    exit does not raise the broken pipe again (a broken pipe elsewhere is an error to report)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return True
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        return False
 
 
 if __name__ == "__main__":

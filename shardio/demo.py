@@ -20,7 +20,7 @@ from .packing.pack import pack
 from .shards.index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
 from .synth import make_corpus
 
-__all__ = ["run_demo", "CORPUS_DIR", "DATASET_DIR"]
+__all__ = ["run_demo", "CORPUS_DIR", "DATASET_DIR", "MAX_FILES"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ CORPUS_DIR = "corpus"
 DATASET_DIR = "dataset"
 """The demo's packed dataset (shards and index), under its output directory."""
 _PREFIX = "shard"
+MAX_FILES = 100_000
+"""The most utterances a demo makes (about 80 hours of audio, 10 GB)."""
 _SAMPLES_PER_SHARD = 50
 _MAX_DURATION = 30.0
 
@@ -42,8 +44,8 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
     ``bytes``, ``pack_seconds``, ``read_back_samples``, ``read_back_batches``, ``resumed_at_batch``,
     ``read_back_seconds`` and the two directories.
     """
-    if num_files < 1:
-        raise OptionError(f"num_files must be at least 1, not {num_files}")
+    if not 1 <= num_files <= MAX_FILES:
+        raise OptionError(f"num_files must be from 1 to {MAX_FILES} (a demo corpus), not {num_files}")
     if workers < 0:
         raise OptionError(f"workers must be 0 or more, not {workers}")
     root = Path(out_dir)

@@ -22,6 +22,8 @@ import soundfile
 from torch.utils.data import DataLoader
 
 from ..dataset import ShardDataset
+from ..errors import FormatError
+from ..packing.source import AUDIO_EXTENSIONS
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
 from ..workers.loader import ShardLoader
@@ -91,7 +93,13 @@ def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: boo
 
 def _soundfile_sample(ext: str, dtype: str = "float32") -> Callable[[dict[str, Any]], dict[str, Any]]:
     def decode(sample: dict[str, Any]) -> dict[str, Any]:
-        audio, rate = soundfile.read(io.BytesIO(sample[ext]), dtype=dtype, always_2d=True)
+        data = sample.get(ext)
+        if data is None:  # a dataset of several audio formats: this sample's own audio member
+            data = next((sample[name] for name in AUDIO_EXTENSIONS if name in sample), None)
+        if data is None:
+            raise FormatError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no audio "
+                              f"member (expected one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)})")
+        audio, rate = soundfile.read(io.BytesIO(data), dtype=dtype, always_2d=True)
         return {"key": sample["__key__"], "audio": audio.T, "sample_rate": rate}
     return decode
 

@@ -208,7 +208,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
         return Corpus(name=source.name, directory=str(directory), source=source.source,
                       audio_format=source.audio_format, samples=count, audio_seconds=0.0, shards=len(paths),
                       shard_bytes=sum(p.stat().st_size for p in paths), codec=codec)
-    build_index(paths, directory)
+    build_index(paths, directory, progress=False)  # a step of the bench's own bars
     return dataset_corpus(directory, source.name, source.source)
 
 

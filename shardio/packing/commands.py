@@ -99,6 +99,11 @@ def _run_index(args: argparse.Namespace) -> int:
     from .indexer import build_index, upgrade_index
 
     if args.upgrade:
+        stray = [name for name, given in (("--out", args.out is not None), ("--overwrite", args.overwrite),
+                                          ("--nemo-manifest", args.nemo_manifest is not None)) if given]
+        if stray:
+            raise OptionError("--upgrade rewrites each directory's index in place: not with "
+                              f"{', '.join(stray)}")
         for directory in args.shards:
             upgraded = upgrade_index(directory)
             print(f"{directory}: index format {upgraded}")

@@ -196,6 +196,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     paths = [os.path.abspath(os.fspath(s)) for s in shards]
     if not paths:
         raise OptionError("build_index needs at least one shard")
+    _check_shard_list(paths)
     root = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else \
         os.path.commonpath([os.path.dirname(p) for p in paths])
     writable_directory(root)
@@ -207,7 +208,6 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     keys: set[str] = set()
     for path in tqdm(paths, disable=not progress, file=sys.stderr, unit="shard", desc="index"):
         codec = shard_codec(path)
-        _check_shard_file(path)
         samples, info = _index_shard(path, codec)
         spans = [(start, end) for _, start, end, _, _ in samples]
         placed = None
@@ -239,6 +239,20 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                        "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
                        len(outside), outside[0])
     return index
+
+
+def _check_shard_list(paths: list[str]) -> None:
+    """Every shard named, checked before any is read (a mistyped last one fails now, not after the others are
+    indexed): a shard name, a regular file, and not given twice (its samples would be in the index twice)."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        shard_codec(path)
+        _check_shard_file(path)
+        real = os.path.realpath(path)
+        if real in seen:
+            same = "" if seen[real] == path else f" (as {seen[real]})"
+            raise OptionError(f"{path}: this shard is given twice{same}; each shard is indexed once")
+        seen[real] = path
 
 
 def _check_shard_file(path: str) -> None:

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 256 * 10**6
 """Shard size (tar bytes) when neither ``samples_per_shard`` nor ``shard_bytes`` is given."""
 REJECTED_FILE = "rejected.jsonl"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")  # and the surrogates of a name's non-UTF-8 bytes
 _AHEAD = 4  # results per worker thread prepared ahead of the writer
 
 
@@ -83,8 +83,8 @@ def describe_left_out(left_out: dict[str, int]) -> str:
 
 
 def rewrite_key(key: str) -> str:
-    """``key`` made a valid WebDataset key: dots in the basename, control characters and '.'/'..' parts
-    become ``_``, empty path parts are dropped."""
+    """``key`` made a valid WebDataset key: dots in the basename, control characters, bytes of a file name that
+    are not UTF-8 and '.'/'..' parts become ``_``, empty path parts are dropped."""
     parts = [part for part in _CONTROL.sub("_", key).split("/") if part]
     parts = ["_" if part in (".", "..") else part for part in parts]
     if parts:
@@ -127,6 +127,7 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     if samples_per_shard is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES
     before = _shard_files(out, prefix)
+    created = not os.path.lexists(out)
     writer = ShardWriter(out, prefix=prefix, compression=compression, zstd_level=zstd_level,
                          max_samples=samples_per_shard, max_bytes=shard_bytes, overwrite=overwrite)
     try:
@@ -163,12 +164,14 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
         if on_error == "skip":
             if problems:
                 logger.warning("%d inputs rejected; see %s", len(problems), os.path.join(out, REJECTED_FILE))
-            lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
-                                ensure_ascii=False) + "\n" for p in problems]
+            lines = [_json_line({"source": p.source, "key": p.key, "reason": p.reason}) for p in problems]
             write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
         index = writer.close()
     except BaseException:
         _discard(writer, out, prefix, before)
+        if created:  # a failed run leaves no empty output directory behind (a mistyped input made it)
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
         raise
     seconds = time.perf_counter() - started
     summary = PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
@@ -178,6 +181,17 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     logger.info("packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected", summary.samples,
                 summary.hours, summary.shards, out, seconds, len(problems))
     return summary
+
+
+def _json_line(record: dict[str, str]) -> str:
+    """``record`` as a line of JSON: UTF-8 as it is, but escaped (``\\udce9``) where a name held bytes
+    that are not UTF-8 (which Python decodes to lone surrogates, and UTF-8 cannot encode)."""
+    line = json.dumps(record, sort_keys=True, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, sort_keys=True)
+    return line + "\n"
 
 
 def _shard_files(out: str, prefix: str) -> dict[str, tuple[int, int]]:

@@ -38,10 +38,14 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
     """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
     ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere);
     ``progress``: a tqdm bar of the shard bytes checked, on stderr. A local ``directory`` (or ``index.json``)
-    that does not exist is an :class:`~shardio.errors.OptionError` (a mistyped path, not a damaged dataset);
-    a directory without an index is a problem found."""
+    that does not exist is an :class:`~shardio.errors.OptionError` (a mistyped path, not a damaged
+    dataset), and so is a file other than ``index.json``; a directory without an index is a problem found."""
     if not is_url(os.fspath(directory)) and not os.path.exists(directory):
         raise OptionError(f"{directory}: no such dataset directory or index file")
+    if not is_url(os.fspath(directory)) and not os.path.isdir(directory) and \
+            os.path.basename(os.fspath(directory)) != "index.json":
+        raise OptionError(f"{directory}: a file, not a dataset directory; expected a directory holding "
+                          "index.json, or that index.json")
     try:
         index = Index.load(directory, allow_outside_root=allow_outside_root)
     except ShardioError as exc:

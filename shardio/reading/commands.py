@@ -6,8 +6,12 @@ A pair as in :mod:`shardio.cli`: ``add_cache(subparsers)`` builds its parser and
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from collections.abc import Callable
+
+from ..errors import OptionError
 
 __all__ = ["add_cache"]
 
@@ -22,19 +26,39 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
                                                "--max-bytes, the least recently used shards beyond that size. "
                                                "Safe while loaders run.")
     parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
-    parser.add_argument("--max-bytes", type=int, default=None, metavar="N",
+    parser.add_argument("--max-bytes", type=_at_least_zero(int), default=None, metavar="N",
                         help="with --prune: evict entries until the cache holds at most N bytes")
-    parser.add_argument("--stale", type=float, default=3600.0, metavar="SECONDS",
+    parser.add_argument("--stale", type=_at_least_zero(float), default=None, metavar="SECONDS",
                         help="with --prune: temporary files older than this are from dead fetches (default 3600)")
-    parser.add_argument("--unused-days", type=float, default=7.0, metavar="DAYS",
+    parser.add_argument("--unused-days", type=_at_least_zero(float), default=None, metavar="DAYS",
                         help="with --prune: index files untouched this long go (default 7; made again when needed)")
     parser.set_defaults(run=_run_cache)
+
+
+def _at_least_zero(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a finite ``kind`` (int or float) >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+            whole = "whole " if kind is int else ""
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {whole}number >= 0")
+        return value
+    return parse
 
 
 def _run_cache(args: argparse.Namespace) -> int:
     from .cache import ShardCache
     from .storage import cache_dir
 
+    given = [name for name, value in (("--max-bytes", args.max_bytes), ("--stale", args.stale),
+                                      ("--unused-days", args.unused_days)) if value is not None]
+    if given and not args.prune:
+        raise OptionError(f"{', '.join(given)}: only with --prune (without it, cache only reports)")
+    stale = 3600.0 if args.stale is None else args.stale
+    unused_days = 7.0 if args.unused_days is None else args.unused_days
     directory = os.path.join(cache_dir(), "shards")
     cache = ShardCache(directory, args.max_bytes if args.max_bytes is not None else sys.maxsize)
     removed = 0
@@ -42,7 +66,7 @@ def _run_cache(args: argparse.Namespace) -> int:
         from ..shards import indexcache
         from ..workers import planfiles
 
-        removed = (cache.prune(args.stale) + indexcache.prune(args.unused_days * 86400, args.stale)
+        removed = (cache.prune(stale) + indexcache.prune(unused_days * 86400, stale)
                    + planfiles.prune())
     try:
         entries = sum(name.endswith(".shard") for name in os.listdir(directory))

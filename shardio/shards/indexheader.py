@@ -4,6 +4,7 @@ its format version and the name of its columns file checked (see :mod:`shardio.s
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from ..errors import FormatError, ReadError
@@ -29,6 +30,9 @@ def read_header(root: str, json_path: str, storage_options: dict[str, Any] | Non
     except FileNotFoundError:
         raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
     except OSError as exc:
+        if isinstance(exc, NotADirectoryError) and os.path.isfile(root):
+            raise FormatError(f"{root}: a file, not a dataset directory; expected a directory holding "
+                              f"{INDEX_JSON}, or that {INDEX_JSON}") from None
         raise ReadError(f"{json_path}: cannot be read ({exc})") from None
     try:
         header = json.loads(raw)

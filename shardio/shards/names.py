@@ -48,6 +48,10 @@ def key_problem(key: str) -> str | None:
         return "the key must be a relative path with no empty parts"
     if any(part in (".", "..") for part in key.split("/")):
         return "the key must not contain '.' or '..' path parts"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the key is not valid UTF-8 (a file or folder name with bytes that are not UTF-8)"
     if has_hidden(key):
         return "the key contains a control character or a bidi control (such as a right-to-left override)"
     return None
