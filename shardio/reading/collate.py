@@ -109,7 +109,9 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``collate_fn`` for samples of an unbatched dataset: ``DataLoader(ds, batch_size=16,
     collate_fn=shardio.collate)``. ``audio`` becomes ``(B, C, T)``, zero-padded, with ``lengths``; other
     array fields are padded along their last axis with ``{name}_lengths`` (0-d arrays are stacked into
-    ``(B,)``); ``keys`` and every other field (``epoch`` and ``batch_index`` too) become lists.
+    ``(B,)``); ``repeat`` becomes a bool tensor ``(B,)`` as in a batched dataset's batches (so
+    ``~batch["repeat"]`` masks planned repeats either way); ``keys`` and every other field (``epoch`` and
+    ``batch_index`` too) become lists.
 
     An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
     worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
@@ -149,6 +151,10 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
         if name == "sample_rate":
             fills.append((name, np.asarray(values, dtype=np.int64)))
             specs.append(((count,), int64))
+            continue
+        if name == "repeat" and all(type(v) is bool for v in values) and "repeat" not in (columns or {}):
+            fills.append((name, np.asarray(values, dtype=bool)))  # a bool tensor, as a batched dataset's
+            specs.append(((count,), np.dtype(bool)))
             continue
         if PLAIN_TYPES.issuperset(map(type, values)):  # JSON's values: listed as they are
             batch[name] = values
