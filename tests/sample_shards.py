@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile
 
 from shardio import Index, ShardDataset, ShardWriter, World
 
-__all__ = ["make_uneven_dataset", "wav_bytes"]
+__all__ = ["dataset_fixture", "make_uneven_dataset", "wav_bytes"]
 
 
 def wav_bytes(samples: np.ndarray, sample_rate: int, subtype: str = "PCM_16") -> bytes:
@@ -87,3 +88,16 @@ def planned_keys(data: Path, world_size: int, epochs: int, **options: Any) -> li
             batches += [list(batch["keys"]) for batch in dataset]
         ranks.append(batches)
     return ranks
+
+
+def dataset_fixture(name: str, shard_sizes: Sequence[int], **options: Any) -> Any:
+    """A module-scoped pytest fixture: the directory of ``make_uneven_dataset(dir, shard_sizes, **options)``,
+    made once in a temporary directory named after ``name``."""
+
+    @pytest.fixture(scope="module")
+    def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        directory = tmp_path_factory.mktemp(name)
+        make_uneven_dataset(directory, shard_sizes, **options)
+        return directory
+
+    return dataset

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from sample_shards import make_uneven_dataset, wav_bytes
+from sample_shards import dataset_fixture, wav_bytes
 from torch.utils.data import DataLoader
 
 from shardio import (
@@ -29,21 +29,10 @@ from shardio import (
 )
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """31 short 8 kHz samples in 4 uneven shards."""
-    directory = tmp_path_factory.mktemp("promises_small")
-    make_uneven_dataset(directory, [3, 9, 14, 5], seed=2)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def long(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """96 16 kHz samples of 0.5-2 s: batches of 8 large enough for the workers' reused shared-memory
-    blocks."""
-    directory = tmp_path_factory.mktemp("promises_long")
-    make_uneven_dataset(directory, [40, 25, 31], sample_rate=16000, duration_range=(0.5, 2.0), seed=4)
-    return directory
+small = dataset_fixture("promises_small", [3, 9, 14, 5], seed=2)
+"""31 short 8 kHz samples in 4 uneven shards."""
+long = dataset_fixture("promises_long", [40, 25, 31], sample_rate=16000, duration_range=(0.5, 2.0), seed=4)
+"""96 16 kHz samples of 0.5-2 s: batches of 8 large enough for the workers' reused shared-memory blocks."""
 
 
 def keys_of(batches: Iterable[dict[str, Any]]) -> list[tuple[str, ...]]:
