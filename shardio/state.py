@@ -114,13 +114,15 @@ class LoaderState:
             if self.options.get(name) != options.get(name):
                 label = name if len(name) <= 80 and name.isprintable() else shown(name)
                 found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
-                             f"{shown(options.get(name))}" + _HINTS.get((name, self.options.get(name)), ""))
+                             f"{shown(options.get(name))}" + _hint(name, self.options.get(name)))
         return found
 
 
-_HINTS = {("sync_buckets", None): " (a state saved before sync_buckets existed: pass sync_buckets=False to "
-                                   "play its batches)"}
-"""A word on how to resume, for an option whose value in a state says more than that it differs."""
+def _hint(name: str, saved: Any) -> str:
+    """A word on how to resume, where an option's value in a state says more than that it differs."""
+    if name == "sync_buckets" and saved is None:
+        return " (a state saved before sync_buckets existed: pass sync_buckets=False to play its batches)"
+    return ""
 
 
 def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
