@@ -405,3 +405,22 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
     assert len(after) == planned  # every batch finite
     seen = Counter(k for keys in trained[:kept] + after for k in keys)
     assert set(seen) == set(ds.index.keys) - {poisoned} and max(seen.values()) == 1
+
+
+def test_the_cli_writes_a_quarantined_state_over_its_input_whole(dataset_dir: Path, tmp_path: Path) -> None:
+    """``--out`` may be ``--state`` itself: the new state replaces the file whole (written beside it, then
+    renamed), so a run that fails while writing leaves the checkpoint's state as it was."""
+    from shardio.cli import main
+
+    ds = make(dataset_dir, World(0, 2))
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(ds.state_dict()))
+    before = state_path.stat().st_ino
+    key = ds.index.keys[0]
+    assert main(["quarantine", str(dataset_dir), "--state", str(state_path), "--key", key, "--out",
+                 str(state_path)]) == 0
+    assert state_path.stat().st_ino != before  # a new file renamed over it, not the old one truncated
+    healed = make(dataset_dir, World(0, 1))
+    healed.load_state_dict(json.loads(state_path.read_text()))
+    assert key not in {k for batch in healed for k in batch["keys"]}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary file left

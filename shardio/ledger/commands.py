@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 
 from ..errors import OptionError
+from ..reading.storage import write_atomic
 
 __all__ = ["add_quarantine", "add_remix", "add_trace"]
 
@@ -114,8 +115,7 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     state = read_state(args.state)
     healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,
                         carry=args.carry)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(healed, handle)
+    write_atomic(args.out, json.dumps(healed).encode("utf-8"))  # --out may be --state: never half-written
     rows = quarantine_report(healed)
     print(f"quarantined {len(rows)} samples; resume from {args.out}")
     for row in rows:
@@ -175,8 +175,7 @@ def _run_remix(args: argparse.Namespace) -> int:
                        single_corpus_batches=old.mix.single_corpus_batches, batching=old.batching, seed=old.seed,
                        shuffle=old.ordering.shuffle, shuffle_shards=old.ordering.shuffle_shards)
     mixed = remix(state, old, new)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(mixed, handle)
+    write_atomic(args.out, json.dumps(mixed).encode("utf-8"))
     event = remix_report(mixed)[-len(mixed["extra"]["remix"]["events"][-1]["corpora"]):]  # this re-mix's rows
     print(f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from {args.out}")
     for row in event:
