@@ -36,12 +36,14 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .epochplans import EpochPlans
-from .errors import OptionError, StateError
+from .errors import OptionError, StateError, shown
 from .ledger.quarantine import check_extra, leave_out_consumed
+from .optionchecks import integer
 from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
 from .planning.rankplan import RankPlan
 from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
+from .reading.decode import MAX_RESAMPLING
 from .reading.reader import Reader, ReadStats
 from .reading.retries import RetryPolicy
 from .reading.storage import cache_dir
@@ -90,25 +92,43 @@ class ShardDataset(EpochPlans, IterableDataset):
                  storage_options: dict[str, Any] | None = None, dtype: str = "float32",
                  read_ahead: int = 64 << 20, cache_bytes: int = 0) -> None:
         super().__init__()
-        if on_error not in ("raise", "skip"):
-            raise OptionError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        if not isinstance(seed, int) or seed < 0:
-            raise OptionError(f"seed must be a non-negative integer, not {seed!r}")
-        self.index = source if isinstance(source, Index) else Index.load(source, storage_options)
-        if sample_rate is None:
+        if not isinstance(on_error, str) or on_error not in ("raise", "skip"):
+            raise OptionError(f"on_error must be 'raise' or 'skip', not {shown(on_error)}")
+        seed = integer("seed", seed, 0)
+        if world is not None and not isinstance(world, World):
+            raise OptionError(f"world must be a shardio.World(rank, world_size), not {shown(world)}")
+        if not isinstance(retry, RetryPolicy):
+            raise OptionError(f"retry must be a shardio.RetryPolicy, not {shown(retry)}")
+        read_ahead = integer("read_ahead", read_ahead, 0)
+        cache_bytes = integer("cache_bytes", cache_bytes, 0)
+        decoding = Decoding(mono, sample_rate, check_finite, transform, dtype)  # checked here, not at a batch
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(storage_options)}")
+        if isinstance(source, Index):
+            if storage_options is not None:
+                raise OptionError("storage_options are for a source given by location; a loaded Index reads with "
+                                  "its own (give them to Index.load(location, storage_options))")
+            self.index = source
+        elif isinstance(source, (str, os.PathLike)):
+            self.index = Index.load(source, storage_options)
+        else:
+            raise OptionError(f"source must be a dataset directory or URL, or a shardio.Index, not {shown(source)}")
+        if decoding.sample_rate is None:
             _warn_of_mixed_rates(self.index)
+        else:
+            _check_resampling(self.index, decoding.sample_rate)
         self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
                                  remainder=remainder, num_buckets=num_buckets,
-                                 duration_bins=tuple(duration_bins) if duration_bins is not None else None,
+                                 duration_bins=duration_bins,  # type: ignore[arg-type]  # made a tuple by Batching
                                  quadratic_duration=quadratic_duration, min_duration=min_duration,
                                  max_sample_duration=max_sample_duration, sync_buckets=sync_buckets,
                                  batch_cost=batch_cost, batch_cost_name=batch_cost_name)
         self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed
-        self.mono, self.sample_rate, self.check_finite = mono, sample_rate, check_finite
+        self.mono, self.sample_rate, self.check_finite = decoding.mono, decoding.sample_rate, decoding.check_finite
         self.transform = transform
-        self.dtype = Decoding(dtype=dtype).dtype  # checked here, not at the first batch
+        self.dtype = decoding.dtype
         self.on_error = on_error
         self.retry = retry
         self.read_ahead = read_ahead
@@ -284,3 +304,12 @@ def _warn_of_mixed_rates(index: Index) -> None:
     logger.warning("the dataset holds samples at %s: batches mix sample rates unless sample_rate= resamples "
                    "every sample to one", ", ".join(f"{rate} Hz ({count})" for rate, count in
                                                     zip(found.tolist(), counts.tolist())))
+
+
+def _check_resampling(index: Index, sample_rate: int) -> None:
+    """An :class:`OptionError` where ``sample_rate`` is beyond what shardio resamples the index's lowest rate to
+    (each sample would fail to decode)."""
+    rates = np.asarray(index.columns["sample_rate"])
+    if len(rates) and sample_rate > MAX_RESAMPLING * int(rates.min()):
+        raise OptionError(f"sample_rate {sample_rate} Hz is more than {MAX_RESAMPLING} times the dataset's lowest "
+                          f"sample rate ({int(rates.min())} Hz): shardio resamples by at most {MAX_RESAMPLING}x")

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from .dataset import ShardDataset
-from .errors import OptionError
+from .errors import OptionError, shown
 from .ledger.quarantine import exclusions
 from .ledger.remix import mix_args
-from .planning.mix import CorpusColumns, corpus_offsets, plan_mix
+from .planning.mix import CorpusColumns, check_epoch_size, corpus_offsets, plan_mix
 from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Segment, options_of
 from .reading.storage import join
@@ -179,17 +179,22 @@ class MixedDataset(ShardDataset):
         given = {name: options.pop(name) for name in _BATCHING_OPTIONS if name in options}
         if batching is not None and given:
             raise OptionError(f"give batching, or {', '.join(sorted(given))}, not both")
-        if given.get("duration_bins") is not None:
-            given["duration_bins"] = tuple(given["duration_bins"])
+        if batching is not None and not isinstance(batching, Batching):
+            raise OptionError(f"batching must be a shardio.Batching, not {shown(batching)}")
         batching = batching or Batching(**given)
         self.mix = Mix(weights, epoch_size, weight_by, single_corpus_batches)
-        if set(sources) != set(self.mix.weights):
-            raise OptionError(f"sources name corpora {sorted(sources)}, weights name {sorted(self.mix.weights)}")
-        storage = options.get("storage_options")
+        if not isinstance(sources, Mapping) or set(sources) != set(self.mix.weights):
+            names = sorted(sources) if isinstance(sources, Mapping) else shown(sources)
+            raise OptionError(f"sources name corpora {names}, weights name {sorted(self.mix.weights)}")
+        storage = options.pop("storage_options", None)  # for the corpora given by location, not the combined index
+        if storage is not None and not isinstance(storage, dict):
+            raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(storage)}")
         indexes = {n: s if isinstance(s, Index) else Index.load(s, storage) for n, s in sources.items()}
         super().__init__(MixIndex.combine(indexes), remainder=batching.remainder, **options)
         self.batching = batching
         self.batched = batching.batch_size is not None or batching.max_duration is not None
+        # the epoch's size, checked against the corpora here rather than when the first epoch is planned
+        check_epoch_size(self.index.columns_of(), self.mix, self._planned_batching)
 
     @property
     def options(self) -> dict[str, object]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .errors import OptionError
+from .optionchecks import integer
+from .statechecks import MAX_WORKERS, MAX_WORLD_SIZE  # what a state can record
 
 __all__ = ["World", "refuse_resharding"]
 
@@ -21,6 +23,10 @@ class World:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
+        object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
+        object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
+        object.__setattr__(self, "worker", integer("worker", self.worker, None))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise OptionError(f"rank {self.rank} is not within a world of size {self.world_size}")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:

@@ -41,7 +41,7 @@ from .order import MERGE, MIX, rng
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .streams import Stream, corpus_key, merge_places, stream_samples
 
-__all__ = ["CorpusColumns", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets"]
+__all__ = ["CorpusColumns", "check_epoch_size", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,27 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
             seconds *= aim / max(found, 1)
         seconds = best
     return _quotas(rates, seconds)
+
+
+def check_epoch_size(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching) -> None:
+    """An :class:`OptionError` where ``mix``'s epoch cannot be planned over ``corpora``: a corpus without an
+    eligible sample, a primary whose weight is too small for a pass, or an epoch of more than
+    :data:`MAX_EPOCH_SAMPLES` samples (for ``batches``: at the planner's first estimate). Cheap: no plan is made."""
+    columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
+    eligible = _check(columns, mix, batching)
+    rates = _rates(columns, mix, eligible)
+    size = mix.epoch_size
+    if size.primary is not None:
+        if not rates[size.primary] > 0:
+            raise OptionError(f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
+                              "small to plan one pass over it: give it a larger weight, or another epoch_size")
+        _quotas(rates, float(eligible[size.primary].sum()) / rates[size.primary])
+    elif size.hours is not None:
+        _quotas(rates, size.hours * 3600.0)
+    elif size.batches is not None:
+        per_batch = (batching.max_duration if batching.max_duration is not None
+                     else (batching.batch_size or 1) / sum(rates.values()))
+        _quotas(rates, size.batches * per_batch)
 
 
 MAX_EPOCH_SAMPLES = 1 << 30

@@ -14,9 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OptionError
+from ..errors import OptionError, shown
+from ..optionchecks import flag, integer, real
 
 __all__ = ["EpochSize", "Mix"]
+
+
+def _positive(weight: object) -> bool:
+    """Whether ``weight`` is a positive, finite number (not a bool, nor an int beyond a float)."""
+    try:
+        real("weight", weight, "a number")
+    except OptionError:
+        return False
+    return bool(weight > 0)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -34,10 +44,14 @@ class EpochSize:
         given = [name for name in ("primary", "hours", "batches") if getattr(self, name) is not None]
         if len(given) != 1:
             raise OptionError(f"EpochSize needs exactly one of primary, hours or batches, got {given or 'none'}")
-        if self.hours is not None and not (self.hours > 0 and math.isfinite(self.hours)):
-            raise OptionError(f"EpochSize hours must be a positive number, not {self.hours}")
-        if self.batches is not None and (not isinstance(self.batches, int) or self.batches < 1):
-            raise OptionError(f"EpochSize batches must be a positive integer, not {self.batches!r}")
+        if self.primary is not None and not isinstance(self.primary, str):
+            raise OptionError(f"EpochSize primary must be a corpus name, not {shown(self.primary)}")
+        if self.hours is not None:
+            real("EpochSize hours", self.hours, "a positive, finite number")
+            if not self.hours > 0:
+                raise OptionError(f"EpochSize hours must be a positive number, not {self.hours}")
+        if self.batches is not None:
+            object.__setattr__(self, "batches", integer("EpochSize batches", self.batches, 1))
 
 
 @dataclass(frozen=True)
@@ -52,12 +66,19 @@ class Mix:
     """Every batch draws from one corpus only."""
 
     def __post_init__(self) -> None:
-        bad = {k: v for k, v in dict(self.weights).items() if not (isinstance(v, (int, float)) and v > 0
-                                                                  and math.isfinite(v))}
+        if not isinstance(self.weights, Mapping):
+            raise OptionError(f"weights must map each corpus name to a positive number, not {shown(self.weights)}")
+        bad = {k: v for k, v in dict(self.weights).items() if not _positive(v)}
         if not self.weights or bad:
-            raise OptionError(f"weights must map each corpus name to a positive number, got {dict(self.weights)}")
-        if self.weight_by not in ("duration", "samples"):
-            raise OptionError(f"weight_by must be 'duration' or 'samples', not {self.weight_by!r}")
+            raise OptionError(f"weights must map each corpus name to a positive number, got "
+                              f"{shown(dict(self.weights))}")
+        if not math.isfinite(float(sum(float(v) for v in self.weights.values()))):
+            raise OptionError(f"weights must sum to a finite number, got {shown(dict(self.weights))}")
+        if not isinstance(self.epoch_size, EpochSize):
+            raise OptionError(f"epoch_size must be a shardio.EpochSize, not {shown(self.epoch_size)}")
+        if not isinstance(self.weight_by, str) or self.weight_by not in ("duration", "samples"):
+            raise OptionError(f"weight_by must be 'duration' or 'samples', not {shown(self.weight_by)}")
+        object.__setattr__(self, "single_corpus_batches", flag("single_corpus_batches", self.single_corpus_batches))
         primary = self.epoch_size.primary
         if primary is not None and primary not in self.weights:
             raise OptionError(f"EpochSize primary {primary!r} is not one of the corpora {sorted(self.weights)}")

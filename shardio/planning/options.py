@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, shown
+from ..optionchecks import flag, integer, real
 
 __all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]
 
@@ -32,8 +33,8 @@ class Ordering:
     """Samples mix across windows of this many consecutive (permuted) shards."""
 
     def __post_init__(self) -> None:
-        if self.shuffle_shards < 1:
-            raise OptionError(f"shuffle_shards must be at least 1, not {self.shuffle_shards}")
+        object.__setattr__(self, "shuffle", flag("shuffle", self.shuffle))
+        object.__setattr__(self, "shuffle_shards", integer("shuffle_shards", self.shuffle_shards, 1))
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,18 @@ class Batching:
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.max_duration is not None:
             raise OptionError("give batch_size or max_duration, not both")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise OptionError(f"batch_size must be at least 1, not {self.batch_size}")
-        if self.max_duration is not None and not (self.max_duration > 0 and np.isfinite(self.max_duration)):
-            raise OptionError(f"max_duration must be a positive, finite number of seconds, not {self.max_duration}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise OptionError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
+        for name in ("batch_size", "max_batch_size"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, integer(name, getattr(self, name), 1))
+        if self.max_duration is not None:
+            real("max_duration", self.max_duration, "a positive, finite number of seconds")
+            if not self.max_duration > 0:
+                raise OptionError(f"max_duration must be a positive, finite number of seconds, not "
+                                  f"{self.max_duration}")
         if self.max_batch_size is not None and self.max_duration is None:
             raise OptionError("max_batch_size caps duration batches: give it with max_duration, not batch_size")
         if self.remainder not in REMAINDERS:
-            raise OptionError(f"remainder must be one of {REMAINDERS}, not {self.remainder!r}")
+            raise OptionError(f"remainder must be one of {REMAINDERS}, not {shown(self.remainder)}")
         _check_buckets_and_filters(self)
         _check_sync(self)
 
@@ -115,10 +118,19 @@ def _check_buckets_and_filters(b: Batching) -> None:
     ``duration_bins`` as a tuple of floats)."""
     if b.num_buckets is not None and b.duration_bins is not None:
         raise OptionError("give num_buckets or duration_bins, not both")
-    if b.num_buckets is not None and (not isinstance(b.num_buckets, int) or not 1 <= b.num_buckets <= MAX_BUCKETS):
-        raise OptionError(f"num_buckets must be an integer from 1 to {MAX_BUCKETS}, not {reprlib.repr(b.num_buckets)}")
+    if b.num_buckets is not None:
+        object.__setattr__(b, "num_buckets", integer("num_buckets", b.num_buckets, 1, MAX_BUCKETS))
     if b.duration_bins is not None:
-        bins = tuple(float(edge) for edge in itertools.islice(b.duration_bins, MAX_BUCKETS))  # no more read
+        if isinstance(b.duration_bins, (str, bytes, Mapping)) or not isinstance(b.duration_bins, Iterable):
+            raise OptionError(f"duration_bins must be a sequence of bucket edges in seconds, not "
+                              f"{shown(b.duration_bins)}")
+        edges = list(itertools.islice(b.duration_bins, MAX_BUCKETS))  # no more read
+        for edge in edges:
+            real("duration_bins", edge, f"positive, finite numbers of seconds (an edge is {shown(edge)})")
+        if not edges:
+            raise OptionError("duration_bins is empty: give at least one bucket edge in seconds, or num_buckets=1 "
+                              "for a single bucket")
+        bins = tuple(float(edge) for edge in edges)
         if len(bins) >= MAX_BUCKETS:
             raise OptionError(f"duration_bins holds {MAX_BUCKETS} edges or more; at most {MAX_BUCKETS - 1} "
                               f"({MAX_BUCKETS} buckets)")
@@ -127,12 +139,15 @@ def _check_buckets_and_filters(b: Batching) -> None:
                               f"{reprlib.repr(bins)}")
         object.__setattr__(b, "duration_bins", bins)
     if b.quadratic_duration is not None:
+        real("quadratic_duration", b.quadratic_duration, "a positive, finite number")
         if not (b.quadratic_duration > 0 and np.isfinite(b.quadratic_duration)):
             raise OptionError(f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}")
         if b.max_duration is None:
             raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
     for name in ("min_duration", "max_sample_duration"):
         value = getattr(b, name)
+        if value is not None:
+            real(name, value, "a non-negative, finite number of seconds")
         if value is not None and not (value >= 0 and np.isfinite(value)):
             raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
     if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
@@ -141,8 +156,10 @@ def _check_buckets_and_filters(b: Batching) -> None:
 
 
 def _check_sync(b: Batching) -> None:
-    if b.sync_buckets not in (None, True, False):
-        raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {b.sync_buckets!r}")
+    if b.sync_buckets is not None and not isinstance(b.sync_buckets, (bool, np.bool_)):  # 1 == True: not in (...)
+        raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {shown(b.sync_buckets)}")
+    if b.sync_buckets is not None:
+        object.__setattr__(b, "sync_buckets", bool(b.sync_buckets))
     if b.batch_cost is not None and not callable(b.batch_cost):
         raise OptionError(f"batch_cost must be a function of a batch's durations, not {b.batch_cost!r}")
     if (b.batch_cost is None) != (b.batch_cost_name is None):

@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError
+from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError, shown
+from ..optionchecks import flag, integer
 from . import blocks
 from .batchmemory import audio_rows, sample_row
 from .collate import collate, collate_into, to_tensors
@@ -59,8 +60,15 @@ class Decoding:
     """``"float32"``, or ``"int16"`` (see :mod:`shardio.reading.pcm16`)."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {shown(self.dtype)}")
+        object.__setattr__(self, "mono", flag("mono", self.mono))
+        object.__setattr__(self, "check_finite", flag("check_finite", self.check_finite))
+        if self.sample_rate is not None:
+            object.__setattr__(self, "sample_rate", integer("sample_rate", self.sample_rate, 1))
+        if self.transform is not None and not callable(self.transform):
+            raise OptionError(f"transform must be a function transform(sample, rng) -> sample, not "
+                              f"{shown(self.transform)}")
 
     @property
     def keeps_decoded_audio(self) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import OptionError
+from ..errors import OptionError, shown
 from . import blocks
 from .batchmemory import allocate, audio_block
 
@@ -113,10 +113,21 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ``~batch["repeat"]`` masks planned repeats either way); ``keys`` and every other field (``epoch`` and
     ``batch_index`` too) become lists.
 
-    An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
+    A field some samples lack is ``None`` in their rows of its list (a sample without ``audio`` while
+    others have it is an :class:`~shardio.OptionError`). An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
     worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
     Batches of a batched dataset are an :class:`~shardio.OptionError`: give the DataLoader ``batch_size=None``.
     """
+    if samples is None or isinstance(samples, (str, bytes, dict)) or not isinstance(samples, Sequence):
+        raise OptionError(f"collate takes a list of samples (dicts), not {shown(samples)}")
+    for position, sample in enumerate(samples):
+        if not isinstance(sample, dict):
+            raise OptionError(f"collate takes a list of samples (dicts); item {position} is {shown(sample)}")
+    with_audio = [("audio" in sample) for sample in samples]
+    if any(with_audio) and not all(with_audio):
+        position = with_audio.index(False)
+        raise OptionError(f"cannot batch field 'audio': sample {position} ({shown(samples[position].get('key'))}) "
+                          "has none, others have")
     if samples and "keys" in samples[0] and "key" not in samples[0]:
         raise OptionError(f"collate batches single samples (a ShardDataset without batch_size or max_duration); "
                           f"these are {len(samples)} batches of a batched dataset: give the DataLoader "
@@ -143,7 +154,8 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
     fills: list[tuple[str, Any]] = []  # (output name, what to write): filled once the block is allocated
     specs: list[tuple[tuple[int, ...], np.dtype]] = []
     int64 = np.dtype(np.int64)
-    for name in samples[0]:
+    names = dict.fromkeys(name for sample in samples for name in sample)  # every sample's fields, not the first's
+    for name in names:
         values = [sample.get(name) for sample in samples]
         if name == "key":
             batch["keys"] = values
@@ -201,10 +213,10 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
         else:
             out[...] = content
         batch[name] = tensor
-    return blocks.outgoing(_ordered(batch, samples[0], list(columns or ())))
+    return blocks.outgoing(_ordered(batch, names, list(columns or ())))
 
 
-def _ordered(batch: dict[str, Any], first: dict[str, Any], last: list[str]) -> dict[str, Any]:
+def _ordered(batch: dict[str, Any], first: dict[str, Any] | dict[str, None], last: list[str]) -> dict[str, Any]:
     """``batch`` with its fields in the order of the samples' fields (each followed by its lengths), then
     the fields named in ``last``."""
     order: list[str] = []

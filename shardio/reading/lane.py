@@ -176,7 +176,7 @@ class Lane:
                                          "repeat": flags})
         batch: dict[str, Any] = {"keys": [sample["key"] for sample in samples], "audio": block,
                                  "lengths": tensors["lengths"], "sample_rate": tensors["sample_rate"]}
-        for name in list(samples[0])[3:]:
+        for name in _field_names(samples):
             batch[name] = [sample.get(name) for sample in samples]
         batch["repeat"] = tensors["repeat"]
         batch = blocks.outgoing(batch)
@@ -184,10 +184,27 @@ class Lane:
         return batch
 
 
+def _field_names(samples: list[dict[str, Any]]) -> list[str]:
+    """The fields collate gives the batch besides key, audio and rate, in its order: every sample's, as first
+    met, except that a field ``{name}_lengths`` follows ``name`` (where collate puts a lengths column)."""
+    if all(sample.keys() == samples[0].keys() for sample in samples):  # the common case: the same fields
+        names = list(samples[0])[3:]
+    else:
+        names = list(dict.fromkeys(name for sample in samples for name in sample))[3:]
+    if not any(name.endswith("_lengths") for name in names):
+        return names
+    ordered: dict[str, None] = {}
+    for name in names:
+        ordered[name] = None
+        if f"{name}_lengths" in names:
+            ordered[f"{name}_lengths"] = None
+    return list(ordered)
+
+
 def _check_fields(samples: list[dict[str, Any]]) -> None:
-    """That the fields collate gives the batch (those the first sample names, after its key, audio and rate)
-    are lists of plain values, none named as a field of the batch's own."""
-    names = list(samples[0])[3:]
+    """That the fields collate gives the batch (:func:`_field_names`) are lists of plain values, none named as a
+    field of the batch's own."""
+    names = _field_names(samples)
     if not _COLLATE_OWNS.isdisjoint(names) \
             or any(not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples]) for name in names):
         raise _Unusual

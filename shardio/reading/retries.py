@@ -16,12 +16,18 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import OptionError, ReadError, ShardChanged
+from ..optionchecks import integer, real
 
 __all__ = ["RetryPolicy", "http_status", "is_transient", "retrying"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+MAX_ATTEMPTS = 1000
+"""The most attempts a :class:`RetryPolicy` may make: retries are bounded, so a dead store fails the read."""
+MAX_BACKOFF = 3600.0
+"""The longest wait (seconds) before one retry."""
 
 # Exception class names (anywhere in the MRO) of connection-level failures in aiohttp and botocore, whose
 # types are not imported here: ServerDisconnectedError, ClientConnectionError, ClientPayloadError,
@@ -39,8 +45,13 @@ class RetryPolicy:
     max_backoff: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
-            raise OptionError(f"a RetryPolicy needs attempts >= 1 and backoffs >= 0, not {self}")
+        object.__setattr__(self, "attempts", integer("RetryPolicy attempts", self.attempts, 1, MAX_ATTEMPTS))
+        for name in ("backoff", "max_backoff"):
+            value = getattr(self, name)
+            what = f"a number of seconds from 0 to {MAX_BACKOFF:g}"
+            real(f"RetryPolicy {name}", value, what)
+            if not 0 <= value <= MAX_BACKOFF:
+                raise OptionError(f"RetryPolicy {name} must be {what}, not {value}")
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0 for the first)."""

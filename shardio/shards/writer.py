@@ -22,6 +22,7 @@ from typing import BinaryIO
 import zstandard
 
 from ..errors import InputError, InputProblem, OptionError, OutputError
+from ..optionchecks import integer
 from ..packing.dirlock import DirectoryLock
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
@@ -52,10 +53,10 @@ class ShardWriter:
                  frame_bytes: int = DEFAULT_FRAME_BYTES, overwrite: bool = False) -> None:
         if compression not in ("none", "zstd"):
             raise OptionError(f"compression must be 'none' or 'zstd', not {compression!r}")
-        if max_samples is not None and max_samples < 1:
-            raise OptionError(f"max_samples must be at least 1, not {max_samples}")
-        if max_bytes is not None and max_bytes < 1:
-            raise OptionError(f"max_bytes must be at least 1, not {max_bytes}")
+        max_samples = None if max_samples is None else integer("max_samples", max_samples, 1)
+        max_bytes = None if max_bytes is None else integer("max_bytes", max_bytes, 1)
+        zstd_level = integer("zstd_level", zstd_level, -(1 << 17), 22)  # zstd's fastest to its strongest level
+        frame_bytes = integer("frame_bytes", frame_bytes, 1)
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
         self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)

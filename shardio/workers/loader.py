@@ -35,8 +35,10 @@ from typing import Any
 import torch
 
 from ..dataset import ShardDataset
-from ..errors import OptionError
+from ..errors import OptionError, shown
+from ..optionchecks import flag, integer, real
 from ..state import batch_position
+from ..statechecks import MAX_WORKERS
 from .pinning import Pinner, pinned
 from .pool import WorkerPool
 from .server import BATCH, ERROR
@@ -44,6 +46,9 @@ from .server import BATCH, ERROR
 __all__ = ["ShardLoader"]
 
 logger = logging.getLogger(__name__)
+
+MAX_PREFETCH = 1024
+"""The most batches a worker may have ready ahead (each holds a batch's memory; credits count up one by one)."""
 
 _WITH_WORKERS: weakref.WeakSet[ShardLoader] = weakref.WeakSet()
 """Loaders whose workers may be running, closed at exit while the modules they use are still whole (an
@@ -75,16 +80,31 @@ class ShardLoader:
         if not dataset.batched:
             raise OptionError("ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
                               "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)")
-        for name, value, least in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
-            if type(value) is not int or value < least:
-                raise OptionError(f"{name} must be an integer of at least {least}, not {value!r}")
-        if not isinstance(timeout, (int, float)) or timeout < 0:
-            raise OptionError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+        num_workers = integer("num_workers", num_workers, 0, MAX_WORKERS)
+        prefetch = integer("prefetch", prefetch, 1, MAX_PREFETCH)
+        try:
+            real("timeout", timeout, "a number of seconds >= 0 (0: no limit)")
+        except OptionError:
+            if timeout != float("inf"):  # inf: no limit, as 0
+                raise
+        if not timeout >= 0:
+            raise OptionError(f"timeout must be a number of seconds >= 0 (0: no limit), not {shown(timeout)}")
+        persistent_workers = flag("persistent_workers", persistent_workers)
+        pin_memory = flag("pin_memory", pin_memory)
+        if isinstance(multiprocessing_context, str):
+            if multiprocessing_context not in multiprocessing.get_all_start_methods():
+                raise OptionError(f"multiprocessing_context must be one of "
+                                  f"{', '.join(multiprocessing.get_all_start_methods())} or a context, not "
+                                  f"{shown(multiprocessing_context)}")
+        elif multiprocessing_context is not None and not isinstance(multiprocessing_context,
+                                                                    multiprocessing.context.BaseContext):
+            raise OptionError(f"multiprocessing_context must be a start method's name or a multiprocessing context, "
+                              f"not {shown(multiprocessing_context)}")
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.persistent_workers = persistent_workers
-        self.timeout = float(timeout)
+        self.timeout = 0.0 if timeout == float("inf") else float(timeout)  # inf: no limit, as 0 (and warned)
         self._pool = WorkerPool(multiprocessing.get_context(multiprocessing_context)
                                 if multiprocessing_context is None or isinstance(multiprocessing_context, str)
                                 else multiprocessing_context)
