@@ -124,6 +124,7 @@ class ShardDataset(EpochPlans, IterableDataset):
                                  max_sample_duration=max_sample_duration, sync_buckets=sync_buckets,
                                  batch_cost=batch_cost, batch_cost_name=batch_cost_name)
         self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
+        _check_some_eligible(self.index, self.batching)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed
         self.mono, self.sample_rate, self.check_finite = decoding.mono, decoding.sample_rate, decoding.check_finite
@@ -313,3 +314,14 @@ def _check_resampling(index: Index, sample_rate: int) -> None:
     if len(rates) and sample_rate > MAX_RESAMPLING * int(rates.min()):
         raise OptionError(f"sample_rate {sample_rate} Hz is more than {MAX_RESAMPLING} times the dataset's lowest "
                           f"sample rate ({int(rates.min())} Hz): shardio resamples by at most {MAX_RESAMPLING}x")
+
+
+def _check_some_eligible(index: Index, batching: Batching) -> None:
+    """An :class:`OptionError` where the duration filters leave no sample to plan (every epoch would be empty)."""
+    durations = index.durations
+    if len(durations) and not batching.eligible(durations).any():
+        limits = ("min_duration", "max_sample_duration", "max_duration")
+        given = ", ".join(f"{name}={getattr(batching, name):g} s" for name in limits
+                          if getattr(batching, name) is not None)
+        raise OptionError(f"no sample can be planned with {given}: the dataset's samples last "
+                          f"{float(durations.min()):.3f} to {float(durations.max()):.3f} s")

@@ -169,3 +169,11 @@ def test_collate_refuses(samples: Any) -> None:
                                      dict(frame_bytes=-1), dict(frame_bytes=2.5)])
 def test_shard_writer(tmp_path: Path, options: dict[str, Any]) -> None:
     _refused(lambda: ShardWriter(tmp_path / "out", **options), next(iter(options)))
+
+
+@pytest.mark.parametrize("options", [{"min_duration": 10.0}, {"max_sample_duration": 0.001},
+                                     {"max_duration": 0.01}, {"batch_size": 2, "min_duration": 10.0}])
+def test_duration_filters_that_leave_no_sample_are_refused(data: dict[str, Path], options: dict[str, Any]) -> None:
+    """Every epoch would be empty (it was, with a warning in the log): refused when the dataset is made."""
+    with pytest.raises(OptionError, match=r"no sample can be planned with .* the dataset's samples last"):
+        ShardDataset(data["a"], **options)
