@@ -139,6 +139,16 @@ def test_lightning_callback_refuses_to_restart_an_epoch_silently(data: Path) -> 
         callback.on_train_start(None, None)  # the dataset was never attached: its epoch would restart
     with pytest.raises(TypeError):
         callback.attach([])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ShardioCallback takes a ShardDataset"):
+        ShardioCallback("data/")  # type: ignore[arg-type]
     fresh = callback.attach(ShardDataset(data, batch_size=2))
     callback.on_train_start(None, None)
     assert [list(b["keys"]) for b in fresh][0] != list(batch["keys"])
+
+
+def test_the_accelerate_tracker_takes_a_dataset() -> None:
+    pytest.importorskip("accelerate")
+    from shardio.integrations.accelerate import LoaderProgress
+
+    with pytest.raises(TypeError, match="LoaderProgress takes a ShardDataset, not str"):
+        LoaderProgress("data/")  # type: ignore[arg-type]

@@ -33,6 +33,8 @@ class LoaderProgress:
     """
 
     def __init__(self, dataset: ShardDataset) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"LoaderProgress takes a ShardDataset, not {type(dataset).__name__}")
         self.dataset = dataset
         self._state: dict[str, Any] | None = None
 

@@ -64,6 +64,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     def __init__(self, dataset: ShardDataset | None = None) -> None:
         super().__init__()
+        if dataset is not None and not isinstance(dataset, ShardDataset):
+            raise TypeError(f"ShardioCallback takes a ShardDataset (or none, then attach), not "
+                            f"{type(dataset).__name__}")
         self._dataset = dataset
         self._state: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
