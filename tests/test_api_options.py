@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sample_shards import make_uneven_dataset
-from shardio import (Batching, EpochSize, MixedDataset, OptionError, Ordering, RetryPolicy, ShardDataset,
-                     ShardLoader, ShardWriter, World, collate)
+from shardio import (Batching, EpochSize, Index, MixedDataset, OptionError, Ordering, RetryPolicy,
+                     ShardDataset, ShardLoader, ShardWriter, World, collate)
 
 NAN, INF = float("nan"), float("inf")
 W = World(0, 1)
@@ -177,3 +177,9 @@ def test_duration_filters_that_leave_no_sample_are_refused(data: dict[str, Path]
     """Every epoch would be empty (it was, with a warning in the log): refused when the dataset is made."""
     with pytest.raises(OptionError, match=r"no sample can be planned with .* the dataset's samples last"):
         ShardDataset(data["a"], **options)
+
+
+@pytest.mark.parametrize("location,storage_options", [(None, None), (123, None), ("data/", [])])
+def test_index_load_takes_a_location_and_a_dict(location: Any, storage_options: Any) -> None:
+    with pytest.raises(OptionError, match="Index.load takes a dataset's location"):
+        Index.load(location, storage_options)

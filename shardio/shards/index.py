@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, OptionError, shown
 from ..reading.storage import is_url, join, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
@@ -249,6 +249,10 @@ class Index:
         only for a trusted dataset whose shards really live elsewhere (``shardio index --out`` to another
         directory writes such names).
         """
+        if not isinstance(location, (str, os.PathLike)) or (storage_options is not None
+                                                             and not isinstance(storage_options, dict)):
+            raise OptionError(f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
+                              f"options, not {shown(location)} and {shown(storage_options)}")
         location = os.fspath(location)
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
