@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
-import re
 import select
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path
 from .errors import OptionError, OutputError, ShardioError
 from .ledger.commands import add_quarantine, add_remix, add_trace
 from .packing.commands import add_index, add_inspect, add_verify
@@ -36,64 +35,7 @@ EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, 
               130: "interrupted", 141: "stdout was closed early (a pipe into head)"}
 """What each exit status of ``shardio`` means."""
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; expected a number with an optional unit "
-                                         "B, KB, MB, GB, KiB, MiB or GiB (e.g. 256MB)")
-    size = int(float(match.group(1)) * _UNITS[unit])
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
-    return size
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
-def _at_least_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return value
-
-
-def _path(text: str) -> str:
-    """A path argument; an empty one (an unset shell variable, ``--out ""``) would mean the current
-    directory."""
-    if not text:
-        raise argparse.ArgumentTypeError("an empty path; expected a file or directory name")
-    return text
-
-
-_PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest"})
-"""Options (by ``dest``) that name a file or directory; every subcommand's positional arguments do too."""
-
-
-def _step_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds >= 0")
-    return value
-
+_POSITIVE = at_least(1)
 
 # -- pack --------------------------------------------------------------------------------------------
 
@@ -109,7 +51,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shard-size", type=parse_size, default=None, metavar="SIZE",
                         help="roll to a new shard after this many tar bytes (default 256MB unless "
                              "--samples-per-shard is given)")
-    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N",
+    parser.add_argument("--samples-per-shard", type=_POSITIVE, default=None, metavar="N",
                         help="roll to a new shard after this many samples (default: no limit)")
     parser.add_argument("--compression", choices=("none", "zstd"), default="none",
                         help="shard compression: none (.tar) or zstd (.tar.zst, seekable frames) "
@@ -119,9 +61,9 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--transcode", choices=("flac", "wav"), default=None,
                         help="re-encode the audio (default: keep the original bytes)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
-    parser.add_argument("--seed", type=_at_least_zero, default=0,
+    parser.add_argument("--seed", type=at_least(0), default=0,
                         help="the seed of --shuffle (default %(default)s)")
-    parser.add_argument("-j", "--workers", type=_positive, default=None,
+    parser.add_argument("-j", "--workers", type=_POSITIVE, default=None,
                         help="threads reading and validating the inputs (default: one per CPU core but one, "
                              "for the writing; 1: the writing thread reads them too)")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
@@ -198,7 +140,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
                                    description="Make a small synthetic speech corpus, pack it, read one epoch back "
                                                "through ShardDataset, interrupt and resume it, print a summary.")
     parser.add_argument("out_dir", nargs="?", default="demo-out", help="where to write (default: demo-out)")
-    parser.add_argument("--files", type=_positive, default=200, help="utterances to make (default 200)")
+    parser.add_argument("--files", type=_POSITIVE, default=200, help="utterances to make (default 200)")
     parser.add_argument("-j", "--workers", type=int, default=2, help="loader and pack workers (default 2)")
     parser.set_defaults(run=_run_demo)
 
@@ -229,9 +171,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dataset", nargs="?", help="a shardio dataset directory (default: generate corpora)")
     parser.add_argument("--out-dir", default="bench-out", help="corpora, datasets and bench.json/.md/.png")
     parser.add_argument("--quick", action="store_true", help="tiny corpora, 2 rounds: a smoke test, not figures")
-    parser.add_argument("--reps", type=_positive, default=None, help="timed rounds (default 5)")
-    parser.add_argument("--batch-size", type=_positive, default=16)
-    parser.add_argument("--step-ms", type=_step_ms, default=10.0, help="training step of the stall figure (ms)")
+    parser.add_argument("--reps", type=_POSITIVE, default=None, help="timed rounds (default 5)")
+    parser.add_argument("--batch-size", type=_POSITIVE, default=16)
+    parser.add_argument("--step-ms", type=non_negative("number of milliseconds"), default=10.0, help="training step of the stall figure (ms)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=_run_bench)
 
@@ -277,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="more log output (-vv for debug)")
         for action in sub._actions:  # every path argument refuses an empty string
             if action.type is None and action.nargs != 0 and (not action.option_strings
-                                                              or action.dest in _PATH_OPTIONS):
-                action.type = _path
+                                                              or action.dest in PATH_OPTIONS):
+                action.type = path
     return parser
 
 

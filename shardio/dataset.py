@@ -24,7 +24,6 @@ world is decided in the training process and carried to spawn/forkserver workers
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .datasetchecks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
 from .errors import OptionError, StateError, shown
 from .ledger.quarantine import check_extra, leave_out_consumed
@@ -43,7 +43,6 @@ from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
 from .planning.rankplan import RankPlan
 from .reading.assembly import Assembler, Decoding, Transform
 from .reading.cache import ShardCache
-from .reading.decode import MAX_RESAMPLING
 from .reading.reader import Reader, ReadStats
 from .reading.retries import RetryPolicy
 from .reading.storage import cache_dir
@@ -102,21 +101,8 @@ class ShardDataset(EpochPlans, IterableDataset):
         read_ahead = integer("read_ahead", read_ahead, 0)
         cache_bytes = integer("cache_bytes", cache_bytes, 0)
         decoding = Decoding(mono, sample_rate, check_finite, transform, dtype)  # checked here, not at a batch
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(storage_options)}")
-        if isinstance(source, Index):
-            if storage_options is not None:
-                raise OptionError("storage_options are for a source given by location; a loaded Index reads with "
-                                  "its own (give them to Index.load(location, storage_options))")
-            self.index = source
-        elif isinstance(source, (str, os.PathLike)):
-            self.index = Index.load(source, storage_options)
-        else:
-            raise OptionError(f"source must be a dataset directory or URL, or a shardio.Index, not {shown(source)}")
-        if decoding.sample_rate is None:
-            _warn_of_mixed_rates(self.index)
-        else:
-            _check_resampling(self.index, decoding.sample_rate)
+        self.index = source_index(source, storage_options)
+        check_rates(self.index, decoding.sample_rate)
         self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
                                  remainder=remainder, num_buckets=num_buckets,
                                  duration_bins=duration_bins,  # type: ignore[arg-type]  # made a tuple by Batching
@@ -124,7 +110,7 @@ class ShardDataset(EpochPlans, IterableDataset):
                                  max_sample_duration=max_sample_duration, sync_buckets=sync_buckets,
                                  batch_cost=batch_cost, batch_cost_name=batch_cost_name)
         self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
-        _check_some_eligible(self.index, self.batching)
+        check_some_eligible(self.index, self.batching)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed
         self.mono, self.sample_rate, self.check_finite = decoding.mono, decoding.sample_rate, decoding.check_finite
@@ -294,34 +280,3 @@ class ShardDataset(EpochPlans, IterableDataset):
     def _fields(self, sample_id: int) -> dict[str, Any]:
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
         return {}
-
-
-def _warn_of_mixed_rates(index: Index) -> None:
-    """A warning where the samples have several sample rates, which a batch would mix unless resampled."""
-    rates = np.asarray(index.columns["sample_rate"])  # a mix's chained column, concatenated once
-    if not len(rates) or rates.min() == rates.max():  # O(N) without a sort, for the common case
-        return
-    found, counts = np.unique(rates, return_counts=True)
-    logger.warning("the dataset holds samples at %s: batches mix sample rates unless sample_rate= resamples "
-                   "every sample to one", ", ".join(f"{rate} Hz ({count})" for rate, count in
-                                                    zip(found.tolist(), counts.tolist())))
-
-
-def _check_resampling(index: Index, sample_rate: int) -> None:
-    """An :class:`OptionError` where ``sample_rate`` is beyond what shardio resamples the index's lowest rate to
-    (each sample would fail to decode)."""
-    rates = np.asarray(index.columns["sample_rate"])
-    if len(rates) and sample_rate > MAX_RESAMPLING * int(rates.min()):
-        raise OptionError(f"sample_rate {sample_rate} Hz is more than {MAX_RESAMPLING} times the dataset's lowest "
-                          f"sample rate ({int(rates.min())} Hz): shardio resamples by at most {MAX_RESAMPLING}x")
-
-
-def _check_some_eligible(index: Index, batching: Batching) -> None:
-    """An :class:`OptionError` where the duration filters leave no sample to plan (every epoch would be empty)."""
-    durations = index.durations
-    if len(durations) and not batching.eligible(durations).any():
-        limits = ("min_duration", "max_sample_duration", "max_duration")
-        given = ", ".join(f"{name}={getattr(batching, name):g} s" for name in limits
-                          if getattr(batching, name) is not None)
-        raise OptionError(f"no sample can be planned with {given}: the dataset's samples last "
-                          f"{float(durations.min()):.3f} to {float(durations.max()):.3f} s")

@@ -6,11 +6,10 @@ A pair as in :mod:`shardio.cli`: ``add_cache(subparsers)`` builds its parser and
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from collections.abc import Callable
 
+from ..argtypes import at_least, non_negative
 from ..errors import OptionError
 
 __all__ = ["add_cache"]
@@ -26,27 +25,13 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
                                                "--max-bytes, the least recently used shards beyond that size. "
                                                "Safe while loaders run.")
     parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
-    parser.add_argument("--max-bytes", type=_at_least_zero(int), default=None, metavar="N",
+    parser.add_argument("--max-bytes", type=at_least(0), default=None, metavar="N",
                         help="with --prune: evict entries until the cache holds at most N bytes")
-    parser.add_argument("--stale", type=_at_least_zero(float), default=None, metavar="SECONDS",
+    parser.add_argument("--stale", type=non_negative(), default=None, metavar="SECONDS",
                         help="with --prune: temporary files older than this are from dead fetches (default 3600)")
-    parser.add_argument("--unused-days", type=_at_least_zero(float), default=None, metavar="DAYS",
+    parser.add_argument("--unused-days", type=non_negative(), default=None, metavar="DAYS",
                         help="with --prune: index files untouched this long go (default 7; made again when needed)")
     parser.set_defaults(run=_run_cache)
-
-
-def _at_least_zero(kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a finite ``kind`` (int or float) >= 0."""
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan
-        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
-            whole = "whole " if kind is int else ""
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {whole}number >= 0")
-        return value
-    return parse
 
 
 def _run_cache(args: argparse.Namespace) -> int:
