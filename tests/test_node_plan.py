@@ -195,7 +195,7 @@ def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path)
     for scale in (1, 7):  # the same given fingerprint, other durations: other plans
         index = in_memory_copy(scale)
         assert not index.fingerprinted
-        ds = ShardDataset(index, max_duration=0.05, seed=5, world=World(rank=1, world_size=WORLD_SIZE))
+        ds = ShardDataset(index, max_duration=0.5, seed=5, world=World(rank=1, world_size=WORLD_SIZE))
         ds.set_epoch(0)
         plan = ds.plan(0)
         assert keys(ds) == [[index.keys[int(i)] for i in plan.batch(1, j)] for j in range(plan.num_batches)]
