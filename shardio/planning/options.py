@@ -140,7 +140,7 @@ def _check_buckets_and_filters(b: Batching) -> None:
         object.__setattr__(b, "duration_bins", bins)
     if b.quadratic_duration is not None:
         real("quadratic_duration", b.quadratic_duration, "a positive, finite number")
-        if not (b.quadratic_duration > 0 and np.isfinite(b.quadratic_duration)):
+        if not b.quadratic_duration > 0:  # finite: real() saw to it
             raise OptionError(f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}")
         if b.max_duration is None:
             raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
@@ -148,8 +148,8 @@ def _check_buckets_and_filters(b: Batching) -> None:
         value = getattr(b, name)
         if value is not None:
             real(name, value, "a non-negative, finite number of seconds")
-        if value is not None and not (value >= 0 and np.isfinite(value)):
-            raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
+            if not value >= 0:
+                raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
     if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
         raise OptionError(f"min_duration ({b.min_duration}) is above max_sample_duration "
                           f"({b.max_sample_duration}): every sample would be left out")

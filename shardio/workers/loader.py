@@ -82,11 +82,9 @@ class ShardLoader:
                               "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)")
         num_workers = integer("num_workers", num_workers, 0, MAX_WORKERS)
         prefetch = integer("prefetch", prefetch, 1, MAX_PREFETCH)
-        try:
-            real("timeout", timeout, "a number of seconds >= 0 (0: no limit)")
-        except OptionError:
-            if timeout != float("inf"):  # inf: no limit, as 0
-                raise
+        if timeout == float("inf"):  # no limit, as 0 (and warned of silence as 0 is)
+            timeout = 0.0
+        real("timeout", timeout, "a number of seconds >= 0 (0: no limit)")
         if not timeout >= 0:
             raise OptionError(f"timeout must be a number of seconds >= 0 (0: no limit), not {shown(timeout)}")
         persistent_workers = flag("persistent_workers", persistent_workers)
@@ -104,7 +102,7 @@ class ShardLoader:
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.persistent_workers = persistent_workers
-        self.timeout = 0.0 if timeout == float("inf") else float(timeout)  # inf: no limit, as 0 (and warned)
+        self.timeout = float(timeout)
         self._pool = WorkerPool(multiprocessing.get_context(multiprocessing_context)
                                 if multiprocessing_context is None or isinstance(multiprocessing_context, str)
                                 else multiprocessing_context)
