@@ -164,8 +164,8 @@ def _check_magic(data: bytes, ext: str) -> None:
     elif data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
         found = "MP3"  # an ID3 tag or an MPEG frame sync
     else:
-        raise _Reject(f"the content is not {' or '.join(_CONTAINERS[ext])} audio (it starts with {data[:4]!r}), "
-                      f"as the extension .{ext} says")
+        raise _Reject(f"the content is not {' or '.join(_CONTAINERS[ext])} audio (its first bytes are no audio "
+                      f"container's signature), as the extension .{ext} says")
     if found not in _CONTAINERS[ext] and not (found == "MP3" and data[:3] == b"ID3" and ext == "flac"):
         raise _Reject(f"the content is {found} audio, but the extension .{ext} says {' or '.join(_CONTAINERS[ext])}")
 
