@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .datasetchecks import check_rates, check_some_eligible, source_index
+from .checks.datasets import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
 from .errors import OptionError, StateError, shown
 from .ledger.quarantine import check_extra, leave_out_consumed
-from .optionchecks import integer
+from .checks.options import integer
 from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
 from .planning.rankplan import RankPlan
 from .reading.assembly import Assembler, Decoding, Transform

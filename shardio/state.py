@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
-from .statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
+from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
            "options_fingerprint", "split", "steps_after_snapshot"]
@@ -76,7 +76,7 @@ class LoaderState:
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LoaderState:
         """Parse a state dict, with a :class:`StateError` for anything missing or malformed: every field is
-        bounded here (:mod:`shardio.statechecks`), before anything plans with it."""
+        bounded here (:mod:`shardio.checks.states`), before anything plans with it."""
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
         if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
@@ -239,7 +239,7 @@ def job_state(container: Any) -> LoaderState:
 
 def _history(value: Any) -> tuple[Segment, ...]:
     """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs, each within the
-    bounds of :mod:`shardio.statechecks` (whether ``consumed`` fits its plan is the planner's to say)."""
+    bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
     if len(value) > MAX_HISTORY:

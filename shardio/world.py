@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .errors import OptionError
-from .optionchecks import integer
-from .statechecks import MAX_WORKERS, MAX_WORLD_SIZE  # what a state can record
+from .checks.options import integer
+from .checks.states import MAX_WORKERS, MAX_WORLD_SIZE  # what a state can record
 
 __all__ = ["World", "refuse_resharding"]
 

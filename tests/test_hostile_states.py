@@ -17,7 +17,7 @@ from shardio import ShardDataset, StateError
 from shardio.errors import OptionError, ShardioError, shown
 from shardio.planning.options import MAX_BUCKETS, Batching
 from shardio.state import LoaderState
-from shardio.statechecks import MAX_COUNT, MAX_DEPTH, MAX_WORLD_SIZE
+from shardio.checks.states import MAX_COUNT, MAX_DEPTH, MAX_WORLD_SIZE
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import OptionError, StateError
 from ..planning.plan import EpochPlan, Segment
 from ..state import LoaderState, job_state
-from ..statechecks import MAX_HISTORY
+from ..checks.states import MAX_HISTORY
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset

@@ -46,7 +46,7 @@ from ..errors import OptionError, StateError, shown
 from ..planning.mix import MAX_EPOCH_SAMPLES, mix_quotas
 from ..planning.streams import MAX_POSITION, Stream, as_ranges, expand, join_ranges, ranges_of
 from ..state import LoaderState, job_state
-from ..statechecks import MAX_COUNT
+from ..checks.states import MAX_COUNT
 
 if TYPE_CHECKING:
     from ..mixed import MixedDataset

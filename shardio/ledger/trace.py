@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
-from ..statechecks import MAX_COUNT
+from ..checks.states import MAX_COUNT
 from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:

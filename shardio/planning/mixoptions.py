@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, shown
-from ..optionchecks import flag, integer, real
+from ..checks.options import flag, integer, real
 
 __all__ = ["EpochSize", "Mix"]
 

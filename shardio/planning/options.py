@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OptionError, shown
-from ..optionchecks import flag, integer, real
+from ..checks.options import flag, integer, real
 
 __all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]
 

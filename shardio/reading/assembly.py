@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError, shown
-from ..optionchecks import flag, integer
+from ..checks.options import flag, integer
 from . import blocks
 from .batchmemory import audio_rows, sample_row
 from .collate import collate, collate_into, to_tensors

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import OptionError, ReadError, ShardChanged
-from ..optionchecks import integer, real
+from ..checks.options import integer, real
 
 __all__ = ["RetryPolicy", "http_status", "is_transient", "retrying"]
 

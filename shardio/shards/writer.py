@@ -22,7 +22,7 @@ from typing import BinaryIO
 import zstandard
 
 from ..errors import InputError, InputProblem, OptionError, OutputError
-from ..optionchecks import integer
+from ..checks.options import integer
 from ..packing.dirlock import DirectoryLock
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo

@@ -34,7 +34,7 @@ from torch.utils.data import get_worker_info
 
 from ..errors import OptionError, StateError, shown
 from ..planning.plan import Segment
-from ..statechecks import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
+from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
 

@@ -36,9 +36,9 @@ import torch
 
 from ..dataset import ShardDataset
 from ..errors import OptionError, shown
-from ..optionchecks import flag, integer, real
+from ..checks.options import flag, integer, real
 from ..state import batch_position
-from ..statechecks import MAX_WORKERS
+from ..checks.states import MAX_WORKERS
 from .pinning import Pinner, pinned
 from .pool import WorkerPool
 from .server import BATCH, ERROR

@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from .errors import OptionError, shown
+from ..errors import OptionError, shown
 
 __all__ = ["flag", "integer", "real"]
 

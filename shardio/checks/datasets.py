@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OptionError, shown
-from .planning.options import Batching
-from .reading.decode import MAX_RESAMPLING
-from .shards.index import Index
+from ..errors import OptionError, shown
+from ..planning.options import Batching
+from ..reading.decode import MAX_RESAMPLING
+from ..shards.index import Index
 
 __all__ = ["check_rates", "check_some_eligible", "source_index"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import StateError, shown
+from ..errors import StateError, shown
 
 __all__ = ["MAX_COUNT", "MAX_DEPTH", "MAX_HISTORY", "MAX_WORKERS", "MAX_WORLD_SIZE", "check_count", "check_tree"]
 
