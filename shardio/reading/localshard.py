@@ -14,6 +14,7 @@ import mmap
 import os
 import stat
 import sys
+import weakref
 
 from ..errors import FormatError, ReadError
 
@@ -33,12 +34,16 @@ class LocalShard:
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = CAN_MAP and size > 0
+        # the descriptor is this object's: a reader dropped without close() (a dataset made per validation
+        # run, say) must not leak one descriptor per shard it read until the process runs out of them
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._closer.atexit = False
 
     def close(self) -> None:
-        """Close the file. The map lives on (the mmap object holds its own descriptor) until the last view
-        of a range is gone."""
+        """Close the file (once; it closes by itself when the object is collected). The map lives on (the
+        mmap object holds its own descriptor) until the last view of a range is gone."""
         self._map = self._view = None
-        os.close(self.fd)
+        self._closer()
 
     def read(self, offset: int, size: int, where: str) -> bytes:
         """``size`` bytes at ``offset``, copied; a short read is a :class:`FormatError`."""
