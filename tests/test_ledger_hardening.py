@@ -170,6 +170,54 @@ def test_quarantine_of_a_real_elastic_state_leaves_out_exactly_the_keys(
     assert not set(rest) & set(before)
 
 
+
+@pytest.mark.parametrize("field,value,says", [
+    ("weights", {"big": True, "tiny": 1.0}, "options.mix.weights ({'big': True, 'tiny': 1.0})"),
+    ("weights", {"big": -1.0, "tiny": 1.0}, "options.mix.weights ({'big': -1.0, 'tiny': 1.0})"),
+    ("weight_by", "seconds", "options.mix.weight_by ('seconds')"),
+    ("single_corpus_batches", 1, "options.mix.single_corpus_batches (1)"),
+    ("epoch_size", {"primary": "zz"}, "options.mix.epoch_size ({'primary': 'zz'})"),
+    ("min_duration", 5.0, "state field options: the dataset refuses this saved option (corpus 'big' has no"),
+])
+def test_a_saved_option_the_dataset_refuses_is_a_state_error_naming_the_field(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, says: str) -> None:
+    """The options a state records rebuild its dataset for trace and quarantine (open_for_state); one the
+    (stricter) option checks refuse was an OptionError, an error about the caller's arguments. It is a
+    StateError naming the state's field and value now, the OptionError's text its reason."""
+    from shardio.ledger.rebuild import open_for_state
+
+    state = json.loads(json.dumps(mix(data, {"big": 2.0, "tiny": 1.0}, World(0, 2)).state_dict()))
+    (state["options"] if field == "min_duration" else state["options"]["mix"])[field] = value
+    path, out = tmp_path / "state.json", tmp_path / "out.json"
+    path.write_text(json.dumps(state))
+    locations = [f"big={data / 'big'}", f"tiny={data / 'tiny'}"]
+    with pytest.raises(StateError, match="state field") as caught:
+        open_for_state(locations, state)
+    assert says in str(caught.value) and isinstance(caught.value.__cause__, OptionError), caught.value
+    assert str(caught.value.__cause__) in str(caught.value)
+    for command in (["trace", *locations, "--state", str(path), "--step", "0"],
+                    ["quarantine", *locations, "--state", str(path), "--key", "s000_00000", "--out", str(out)],
+                    ["remix", *locations, "--state", str(path), "--weight", "big=1", "--out", str(out)]):
+        code, stdout, err = cli(command, capsys)
+        assert (code, stdout) == (2, "") and says in err and len(err.strip().splitlines()) == 1, (command, err)
+    assert not out.exists()
+
+
+def test_a_state_whose_corpora_field_is_not_a_mix_is_a_state_error(data: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``options.corpora`` of a mix's state, tampered (a number, a list): a TypeError traceback from
+    ``shardio remix`` and ``trace`` before; a StateError naming the field now."""
+    state = json.loads(json.dumps(mix(data, {"big": 2.0, "tiny": 1.0}, World(0, 2)).state_dict()))
+    locations = [f"big={data / 'big'}", f"tiny={data / 'tiny'}"]
+    for corpora in (5, ["big", "tiny"], {"big": 1}):
+        path = tmp_path / "state.json"
+        path.write_text(json.dumps({**state, "options": {**state["options"], "corpora": corpora}}))
+        for command in (["trace", *locations, "--state", str(path), "--step", "0"],
+                        ["remix", *locations, "--state", str(path), "--weight", "big=1", "--out",
+                         str(tmp_path / "out.json")]):
+            code, stdout, err = cli(command, capsys)
+            assert (code, stdout) == (2, "") and "state field options.corpora" in err, (command, err)
+
 # -- remix -------------------------------------------------------------------------------------------
 
 
@@ -317,6 +365,54 @@ def test_a_pending_range_costs_what_an_epoch_takes_of_it_not_its_length(data: Pa
     assert stream.held == 10**8 and stream.take(0, quota).tolist() == list(range(150, 150 + quota))
     assert Stream(7, np.array([[0, 3], [5, 6]])).take(2, 4).tolist() == [2, 5, 7, 8]
 
+
+
+def test_a_remix_tail_stays_ranges_and_is_bounded_by_the_mix_that_plays_it(data: Path) -> None:
+    """The tail (the rest of an epoch re-mixed mid-way) was expanded into an array whenever a state was read,
+    bounded only by 2**30 positions: ``[[0, 10**8]]`` (a few bytes) cost 800 MB on every load, even long after
+    its epoch, and planned 10**8 occurrences in it (10**9: 8 GB before planning). It stays ranges now: a later
+    epoch's load costs nothing, and the tail's own epoch refuses a tail beyond MAX_TAIL_EPOCHS epochs of the
+    mix loading it (a StateError naming the field and the numbers) before a position is expanded."""
+    import tracemalloc
+
+    from shardio.ledger.remix import Streams, remix_report
+    from shardio.planning.mix import MAX_TAIL_EPOCHS
+
+    healed = healed_mix(data, {"big": 1.0})
+    extra = healed["extra"]["remix"]
+    assert (healed["epoch"], extra["since"], extra["tail"]["epoch"]) == (0, 1, 0)
+    extra["cursors"]["big"] = 10**8 + 5
+    extra["tail"]["positions"]["big"] = [[0, 10**8]]
+    later = {**json.loads(json.dumps(healed)), "epoch": 1}  # the tail's epoch is over: it is never planned
+    tracemalloc.start()
+    try:
+        with pytest.raises(StateError, match="extra.remix.tail holds 100000000 stream positions") as caught:
+            mix(data, {"big": 1.0}, World(0, 2)).load_state_dict(healed)
+        peak_refused = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        mix(data, {"big": 1.0}, World(0, 2)).load_state_dict(later)
+        tail = Streams.of(later["extra"]).tail
+        assert remix_report(later)
+        peak_later = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{MAX_TAIL_EPOCHS} epochs" in str(caught.value)
+    assert peak_refused < 50 * 2**20 and peak_later < 50 * 2**20, (peak_refused, peak_later)  # 800 MB+ before
+    assert tail is not None and tail[1]["big"].tolist() == [[0, 10**8]]
+    assert Streams.of(later["extra"]).to_extra()["tail"] == later["extra"]["remix"]["tail"]
+
+
+def test_remix_refuses_to_write_a_tail_the_new_mix_would_refuse(data: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every state remix writes loads: a rest of the epoch beyond MAX_TAIL_EPOCHS epochs of the new mix is an
+    OptionError at the re-mix (re-mix at the epoch's end), not a state the loader refuses later."""
+    import shardio.ledger.remix as remixing
+
+    _, state = consume(lambda w: mix(data, {"big": 2.0, "tiny": 1.0}, w), 2, stop=2, workers=0)
+    assert state is not None
+    monkeypatch.setattr(remixing, "MAX_TAIL_EPOCHS", 0)
+    with pytest.raises(OptionError, match="re-mix at the end of epoch 0"):
+        remix(state, mix(data, {"big": 2.0, "tiny": 1.0}), mix(data, {"big": 1.0}))
 
 def test_trace_find_searches_a_bounded_number_of_epochs_and_holds_one_epoch_of_plans(
         data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -153,7 +153,7 @@ def _run_remix(args: argparse.Namespace) -> int:
     from ..mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..state import job_state
-    from .rebuild import open_for_state, read_state
+    from .rebuild import open_for_state, read_state, state_corpora
     from .remix import remix, remix_report
 
     state = read_state(args.state)
@@ -162,7 +162,7 @@ def _run_remix(args: argparse.Namespace) -> int:
     twice = sorted(name for name, count in Counter(name for name, _ in args.weight).items() if count > 1)
     if twice:
         raise OptionError(f"--weight names {twice} more than once")
-    old_names = job_state(state).options.get("corpora") or {}
+    old_names = state_corpora(job_state(state).options)  # a StateError where it is not a mix's
     if not old_names:
         raise OptionError("remix needs the state of a mix; this state is of one dataset")
     old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)

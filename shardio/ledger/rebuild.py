@@ -2,15 +2,18 @@
 
 ``shardio trace`` and ``shardio quarantine`` take the dataset's location(s) and a saved state; the state
 records every option that shapes the plan (batching, ordering, seed, and for a mix the weights and epoch
-size), so the dataset is rebuilt from it exactly as the job that saved it planned.
+size), so the dataset is rebuilt from it exactly as the job that saved it planned. Those options are the
+state's, not the caller's arguments: one the dataset refuses (an :class:`~shardio.OptionError` where it is
+made) is a :class:`~shardio.StateError` naming the state's field and value, the refusal as its reason.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ..errors import OptionError, StateError, shown
 from ..planning.options import MAX_BUCKETS
@@ -19,7 +22,9 @@ from ..state import job_state
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
 
-__all__ = ["open_for_state", "read_state", "write_rows", "write_samples"]
+__all__ = ["open_for_state", "read_state", "state_corpora", "write_rows", "write_samples"]
+
+_T = TypeVar("_T")
 
 _ORDERING = ("shuffle", "shuffle_shards")
 # what each plan option a state records may be (JSON types; ranges are Batching's and Ordering's to check)
@@ -51,45 +56,80 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     from ..mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..planning.plan import Batching, Ordering
+    from ..shards.index import Index
 
     loaded = job_state(state)
+    corpora = state_corpora(loaded.options)
     options = dict(loaded.options)
-    mix, corpora = options.pop("mix", None), options.pop("corpora", None)
+    mix = options.pop("mix", None)
+    options.pop("corpora", None)
     ordering = {name: options.pop(name) for name in _ORDERING if name in options}
     if options.get("batch_cost") is not None:
         raise OptionError(f"the run planned with batch_cost {shown(options['batch_cost'])}, a function the state "
                           "names but does not hold: trace it from Python, shardio.Trace(dataset, state)")
     options.pop("batch_cost", None)
-    options["sync_buckets"] = bool(options.get("sync_buckets", False))  # a state records it only when on
     _check_kinds({**options, **ordering})
-    try:
-        if options.get("duration_bins") is not None:
-            options["duration_bins"] = tuple(options["duration_bins"])
-        batching = Batching(**options)
-        Ordering(**ordering)
-    except OptionError as exc:
-        raise StateError(f"state field options: {exc}") from None
+    options["sync_buckets"] = bool(options.get("sync_buckets"))  # a state records it only when on
+    values = {f"options.{name}": value for name, value in {**options, **ordering}.items()}
+    if options.get("duration_bins") is not None:
+        options["duration_bins"] = tuple(options["duration_bins"])
+    batching = _from_state(values, lambda: Batching(**options))
+    _from_state(values, lambda: Ordering(**ordering))
     common: dict[str, Any] = {"seed": loaded.seed, **ordering}
     if mix is None:
         if len(locations) != 1:
             raise OptionError(f"the state is of one dataset: give one location, not {list(locations)}")
-        ds: ShardDataset = ShardDataset(locations[0], **common, **vars(batching))
+        index = Index.load(locations[0])  # the caller's location: its errors are the caller's
+        ds: ShardDataset = _from_state(values, lambda: ShardDataset(index, **common, **vars(batching)))
     else:
         sources = dict(location.split("=", 1) for location in locations if "=" in location)
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
             raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for "
                               "each")
+        if not isinstance(mix, dict):
+            raise StateError(f"state field options.mix must be a shardio mix's options, not {shown(mix)}")
+        values.update({f"options.mix.{name}": value for name, value in mix.items()})
         try:
-            epoch_size = EpochSize(**mix["epoch_size"])
+            epoch_size = _from_state(values, lambda: EpochSize(**mix["epoch_size"]))
             arguments = {"weight_by": mix["weight_by"], "single_corpus_batches": mix["single_corpus_batches"]}
             weights = dict(mix["weights"])
-        except (KeyError, TypeError, ValueError) as exc:  # OptionError is a ValueError
-            raise StateError(f"state field options: mix is not a shardio mix's options ({shown(exc)})") from None
-        ds = MixedDataset(sources, weights, epoch_size, batching=batching, **arguments, **common)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"state field options.mix is not a shardio mix's options ({shown(exc)})") from exc
+        indexes = {name: Index.load(location) for name, location in sources.items()}
+        ds = _from_state(values, lambda: MixedDataset(indexes, weights, epoch_size, batching=batching, **arguments,
+                                                      **common))
     if ds.index.fingerprint != loaded.index:
         raise StateError(f"the state was saved for index {shown(loaded.index)}, the dataset's is "
                          f"{ds.index.fingerprint} (another dataset or a re-pack)")
     return ds
+
+
+def state_corpora(options: Mapping[str, Any]) -> dict[str, str] | None:
+    """The corpora (name: index fingerprint) a mix's state records in ``options``, ``None`` for one dataset's
+    state; a :class:`StateError` where the field is not a mix's."""
+    corpora = options.get("corpora")
+    if corpora is None and options.get("mix") is None:
+        return None
+    if not (isinstance(corpora, dict) and corpora
+            and all(isinstance(n, str) and isinstance(v, str) for n, v in corpora.items())):
+        raise StateError(f"state field options.corpora must map a mix's corpus names to their index "
+                         f"fingerprints, not {shown(corpora)}")
+    return dict(corpora)
+
+
+def _from_state(values: Mapping[str, Any], make: Callable[[], _T]) -> _T:
+    """``make()``, which builds a dataset or its options from the state's ``values`` (field name: value), its
+    :class:`OptionError` a :class:`StateError` naming the fields (and values) the refusal is about."""
+    try:
+        return make()
+    except OptionError as exc:
+        reason = str(exc)
+        names = {field: field.rsplit(".", 1)[-1] for field in values}
+        named = [field for field, name in names.items() if re.search(rf"\b{re.escape(name)}\b", reason)
+                 or ("_" in name and name.replace("_", "") in reason.lower())]  # EpochSize: epoch_size
+        named = [field for field in named if values[field] is not None] or named  # "or num_buckets=1": a hint
+        where = ", ".join(f"{field} ({shown(values[field], 60)})" for field in named[:3]) or "options"
+        raise StateError(f"state field {where}: the dataset refuses this saved option ({reason})") from exc
 
 
 def _check_kinds(options: Mapping[str, Any]) -> None:

@@ -29,7 +29,9 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
 - **Record.** ``extra["remix"]`` holds ``since`` (the first epoch of the current mix), the ``cursors`` and
   ``pending`` ranges of the streams there, the ``tail`` (epoch ``E`` and the positions of each corpus that the
   rest of ``E`` plays), the index ``fingerprints`` and the ``events``; :func:`remix_report` lists them.
-  Position ranges keep it small (bounded by the slices being played, not by the corpora's size). The
+  Position ranges keep it small (bounded by the slices being played, not by the corpora's size); read, they
+  stay ranges, expanded only to plan the rest of ``E`` where at most :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS`
+  epochs of the mix playing it (a re-mix leaving more is refused: every state it writes loads). The
   ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new state shows the rest of ``E`` as re-planned;
   the part played before the re-mix is traced from the old state.
 """
@@ -43,8 +45,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import OptionError, StateError, shown
-from ..planning.mix import MAX_EPOCH_SAMPLES, mix_quotas
-from ..planning.streams import MAX_POSITION, Stream, as_ranges, expand, join_ranges, ranges_of
+from ..planning.mix import MAX_EPOCH_SAMPLES, MAX_TAIL_EPOCHS, mix_quotas
+from ..planning.streams import MAX_POSITION, Stream, as_ranges, expand, join_ranges
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
 
@@ -57,7 +59,8 @@ _KEY = "remix"
 
 
 class Streams(NamedTuple):
-    """The current mix's streams, from a state's ``extra["remix"]``."""
+    """The current mix's streams, from a state's ``extra["remix"]``. Positions are kept as ranges (``(k, 2)``
+    int64 arrays of ``[start, stop)``, in order): each stream's ``pending`` and the ``tail``'s per corpus."""
 
     since: int
     streams: dict[str, Stream]
@@ -70,7 +73,7 @@ class Streams(NamedTuple):
         """Parse ``extra[\"remix\"]`` (no entry: every stream at 0 from epoch 0), a :class:`StateError` if
         malformed. Every number is bounded here, before anything is allocated: ``since`` by the epochs a state
         reaches, each cursor by ``since`` epochs of the largest quota, and the positions of ``pending``
-        (kept as ranges, never expanded) and ``tail`` by the most one epoch of a mix draws (see
+        and ``tail`` (both kept as ranges, never expanded here) by the most one epoch of a mix draws (see
         :func:`_once`)."""
         entry = extra.get(_KEY)
         if entry is None:
@@ -93,7 +96,7 @@ class Streams(NamedTuple):
                 if total > MAX_EPOCH_SAMPLES + len(ranges):
                     raise StateError(f"malformed loader state: extra.{_KEY}.tail holds {total} positions, "
                                      f"more than one epoch of a mix draws ({MAX_EPOCH_SAMPLES})")
-                tail = (epoch, {n: expand(found.tolist()) for n, found in ranges.items()})
+                tail = (epoch, ranges)
             fingerprints = {str(n): str(v) for n, v in dict(entry.get("fingerprints", {})).items()}
             events = list(entry.get("events", []))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -114,7 +117,7 @@ class Streams(NamedTuple):
             entry["pending"] = pending
         if self.tail is not None:
             entry["tail"] = {"epoch": self.tail[0],
-                             "positions": {n: ranges_of(p) for n, p in sorted(self.tail[1].items())}}
+                             "positions": {n: join_ranges(r).tolist() for n, r in sorted(self.tail[1].items())}}
         return {**entry, "fingerprints": dict(sorted(self.fingerprints.items())), "events": self.events}
 
 
@@ -166,7 +169,8 @@ def _once(ranges: Any, what: str, cursor: int, most: int) -> np.ndarray:
 
 
 def mix_args(extra: Mapping[str, Any], epoch: int, names: list[str]) -> dict[str, Any]:
-    """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names``."""
+    """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names`` (positions
+    as ranges: the planner expands a tail only after bounding it by the mix's epoch)."""
     parsed = Streams.of(extra)
     if parsed.tail is not None and parsed.tail[0] == epoch:
         unknown = sorted(set(parsed.tail[1]) - set(names))
@@ -205,6 +209,18 @@ def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: Mi
     return moved
 
 
+def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -> None:
+    """An :class:`OptionError` where the rest of ``epoch`` (``tail``'s ranges) is more than
+    :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS` epochs of ``new``: the state would not load (the planner
+    refuses such a tail, as it would a tampered one)."""
+    total, epoch_size = sum(_length(found) for found in tail.values()), sum(_quotas(new).values())
+    if total > MAX_TAIL_EPOCHS * epoch_size + len(tail):
+        raise OptionError(f"the rest of epoch {epoch} holds {total} samples of the corpora the new mix keeps, "
+                          f"more than {MAX_TAIL_EPOCHS} epochs of the new mix ({epoch_size} samples each) that "
+                          f"would play it: re-mix at the end of epoch {epoch}, or give the new mix a larger "
+                          "epoch_size")
+
+
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
     """A state for ``new`` that continues ``state`` (saved from ``old``) at its position, at an epoch
     boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
@@ -240,7 +256,9 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     else:
         event["at"] = "mid-epoch"
         remaining, sizes = remaining_positions(probe, loaded)
-        tail = (loaded.epoch, {name: remaining[name] for name in new.index.names if name in remaining})
+        tail = (loaded.epoch, {name: as_ranges(remaining[name]) for name in new.index.names
+                               if name in remaining})
+        _check_tail(tail[1], new, loaded.epoch)
         for name in old.index.names:
             if name not in new.index.names:
                 held = streams[name]

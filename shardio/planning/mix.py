@@ -34,14 +34,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, StateError
 from . import bucketing
 from .mixoptions import Mix
 from .order import MERGE, MIX, rng
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .streams import Stream, corpus_key, merge_places, stream_samples
 
-__all__ = ["CorpusColumns", "check_epoch_size", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets"]
+__all__ = ["CorpusColumns", "check_epoch_size", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets",
+           "MAX_EPOCH_SAMPLES", "MAX_TAIL_EPOCHS"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,13 @@ def check_epoch_size(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: B
 MAX_EPOCH_SAMPLES = 1 << 30
 """The most samples one epoch of a mix may draw (a plan holds a few arrays of that length)."""
 
+MAX_TAIL_EPOCHS = 8
+"""The most epochs of a mix that the rest of an epoch re-mixed mid-way (a state's ``tail``) may hold: it is
+planned like one epoch of the mix that plays it, so the mix (the user's options), not the state's few bytes
+of ranges, sizes that plan. New weights or corpora change an epoch's sample count (test mixes: up to ~3x), so
+the bound leaves room; a mid-epoch re-mix into a mix with much smaller epochs is refused (re-mix at the
+epoch's end)."""
+
 
 def _quotas(rates: Mapping[str, float], seconds: float) -> dict[str, int]:
     drawn = sum(rate * seconds for rate in rates.values())
@@ -225,11 +233,15 @@ def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.
     eligible = _check(columns, mix, batching)
     quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
     if tail is not None:  # the rest of an epoch re-mixed mid-way: exactly these positions, no epoch size
-        positions = {name: np.asarray(tail.get(name, np.zeros(0)), dtype=np.int64) for name in mix.names}
+        ranges = {name: Stream(0, np.asarray(tail.get(name, _NO_RANGES), dtype=np.int64).reshape(-1, 2))
+                  for name in mix.names}
+        total, most = sum(r.held for r in ranges.values()), MAX_TAIL_EPOCHS * sum(quotas.values())
+        if total > min(most, MAX_EPOCH_SAMPLES) + len(ranges):  # checked before any position is expanded
+            raise StateError(f"malformed loader state: extra.remix.tail holds {total} stream positions for "
+                             f"the rest of epoch {epoch}, more than this mix plays in {MAX_TAIL_EPOCHS} epochs "
+                             f"({most}) or any mix in one ({MAX_EPOCH_SAMPLES})")
+        positions = {name: r.take(0, r.held) for name, r in ranges.items()}  # the ranges' positions, in order
         quotas, limit = {name: int(found.shape[0]) for name, found in positions.items()}, None
-        if sum(quotas.values()) > MAX_EPOCH_SAMPLES + len(quotas):
-            raise OptionError(f"the rest of epoch {epoch} holds {sum(quotas.values())} stream positions, "
-                              f"more than an epoch of a mix draws ({MAX_EPOCH_SAMPLES})")
     else:
         positions = {}
         for name, quota in quotas.items():
@@ -264,8 +276,9 @@ def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray,
     ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
     segment on. ``cursors``, ``pending`` and ``since``: each corpus's stream at epoch ``since`` (a re-mix,
     :mod:`shardio.planning.streams`; ``pending`` as ranges, ``(k, 2)`` arrays of ``[start, stop)``);
-    ``tail``: this epoch plays exactly these stream positions of each
-    corpus instead (the rest of an epoch re-mixed mid-way).
+    ``tail``: this epoch plays exactly these stream positions of each corpus instead (the rest of an epoch
+    re-mixed mid-way; ranges as ``pending``), a :class:`StateError` where they are more than
+    :data:`MAX_TAIL_EPOCHS` epochs of this mix.
     """
     plan, occurrences, (columns, eligible, quotas) = plan_occurrences(
         corpora, mix, seed=seed, epoch=epoch, world_size=world_size, batching=batching, ordering=ordering,
