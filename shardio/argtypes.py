@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable
 
-__all__ = ["PATH_OPTIONS", "at_least", "non_negative", "parse_size", "path"]
+__all__ = ["PATH_OPTIONS", "at_least", "non_negative", "parse_size", "path", "worker_count"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -39,6 +39,20 @@ def at_least(least: int) -> Callable[[str], int]:
             value = least - 1
         if value < least:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {least}")
+        return value
+    return parse
+
+
+def worker_count(least: int, most: int) -> Callable[[str], int]:
+    """A number of workers (``-j``) from ``least`` to ``most``: each is a process or thread with its own
+    buffers, so a mistyped ``-j 1000`` would start hundreds of them for no speed."""
+    whole = at_least(least)
+
+    def parse(text: str) -> int:
+        value = whole(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text!r} is more workers than the limit of {most}; expected a "
+                                             f"whole number from {least} to {most}")
         return value
     return parse
 

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path
+from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
 from .errors import OptionError, OutputError, ShardioError
 from .ledger.commands import add_quarantine, add_remix, add_trace
 from .packing.commands import add_index, add_inspect, add_verify
@@ -36,6 +36,10 @@ EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, 
 """What each exit status of ``shardio`` means."""
 
 _POSITIVE = at_least(1)
+PACK_MAX_WORKERS = 256
+"""The most ``-j`` workers ``shardio pack`` takes (threads, or processes of ``--engine local``)."""
+DEMO_MAX_WORKERS = 32
+"""The most ``-j`` workers ``shardio demo`` takes (loader processes): its corpus is small."""
 
 # -- pack --------------------------------------------------------------------------------------------
 
@@ -63,9 +67,9 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing")
     parser.add_argument("--seed", type=at_least(0), default=0,
                         help="the seed of --shuffle (default %(default)s)")
-    parser.add_argument("-j", "--workers", type=_POSITIVE, default=None,
+    parser.add_argument("-j", "--workers", type=worker_count(1, PACK_MAX_WORKERS), default=None,
                         help="threads reading and validating the inputs (default: one per CPU core but one, "
-                             "for the writing; 1: the writing thread reads them too)")
+                             f"for the writing; 1: the writing thread reads them too; at most {PACK_MAX_WORKERS})")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="raise: stop and list every bad input (default); skip: pack the rest and list "
                              "the bad ones in rejected.jsonl")
@@ -141,7 +145,8 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
                                                "through ShardDataset, interrupt and resume it, print a summary.")
     parser.add_argument("out_dir", nargs="?", default="demo-out", help="where to write (default: demo-out)")
     parser.add_argument("--files", type=_POSITIVE, default=200, help="utterances to make (default 200)")
-    parser.add_argument("-j", "--workers", type=int, default=2, help="loader and pack workers (default 2)")
+    parser.add_argument("-j", "--workers", type=worker_count(0, DEMO_MAX_WORKERS), default=2,
+                        help=f"loader and pack workers, 0 to {DEMO_MAX_WORKERS} (default 2)")
     parser.set_defaults(run=_run_demo)
 
 

@@ -235,3 +235,38 @@ def test_cli_engine_local(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert f"packed {COUNT} samples" in capsys.readouterr().out
     pack_partitioned(corpus, tmp_path / "api", partition_bytes=30_000, samples_per_shard=4, progress=False)
     assert files(tmp_path / "cli") == files(tmp_path / "api")
+
+
+def test_a_failed_run_leaves_no_parts_it_could_not_resume(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 6, subdirs=1)
+    (corpus / "d0" / "broken.wav").write_bytes(b"RIFF....WAVEjunk")
+    # one partition, rejected: nothing committed, so neither _parts nor the directory the run made is left
+    with pytest.raises(InputError, match="broken"):
+        pack_partitioned(corpus, tmp_path / "made", partition_bytes=10**9, progress=False)
+    assert not (tmp_path / "made").exists()
+    given = tmp_path / "given"
+    given.mkdir()
+    with pytest.raises(InputError, match="broken"):
+        pack_partitioned(corpus, given, partition_bytes=10**9, progress=False)
+    assert given.is_dir() and list(given.iterdir()) == []  # the run did not make it: kept, emptied of _parts
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    from shardio.cli import main
+
+    assert main(["pack", str(empty), str(tmp_path / "cli"), "--engine", "local", "--no-progress"]) == 2
+    assert not (tmp_path / "cli").exists()
+    # partitions that committed stay for a re-run to resume from
+    with pytest.raises(InputError, match="broken"):
+        pack_partitioned(corpus, tmp_path / "some", partition_bytes=1, progress=False)
+    assert list((tmp_path / "some" / PARTS_DIR).glob("*/index.json"))
+
+    # a _parts that an earlier (interrupted) run made is not this run's to remove
+    def nothing(plan: PartitionPlan, numbers: Sequence[int]) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack_partitioned(corpus, tmp_path / "earlier", engine=nothing, partition_bytes=10**9, progress=False)
+    with pytest.raises(InputError, match="broken"):
+        pack_partitioned(corpus, tmp_path / "earlier", partition_bytes=10**9, progress=False)
+    assert (tmp_path / "earlier" / PARTS_DIR / "plan.json").is_file()

@@ -59,13 +59,16 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     raise OptionError(f"{location}: cannot tell the corpus kind from the name; pass a kind, one of {KINDS}")
 
 
-def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
-                problems: Problems | None = None, left_out: Counter[str] | None = None) -> Iterator[Source]:
+def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *, problems: Problems | None = None,
+                left_out: Counter[str] | None = None, listed: Callable[[int], object] | None = None
+                ) -> Iterator[Source]:
     """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
 
     Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given. A corpus
     path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`: detecting
-    its kind would read it, and a FIFO blocks."""
+    its kind would read it, and a FIFO blocks. ``listed`` (a progress counter's ``update``) is called with the
+    count of each batch of files found as the listing goes: a folder's files as its walk meets them (before
+    the first source), a manifest's sources as they come."""
     _check_corpus_path(Path(path))
     kind = {"csv": "tsv", "table": "tsv"}.get(kind or "", kind) or detect_kind(path)
     if kind not in _READERS:
@@ -75,7 +78,18 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *,
         raise OptionError(f"{location}: no such corpus file or directory")
     if kind == "kaldi" and location.name == "wav.scp":
         location = location.parent
-    return _READERS[kind](location, problems, left_out)
+    if listed is None:
+        return _READERS[kind](location, problems, left_out)
+    if kind == "folder":  # counted by its walk, which finds every file before the first source
+        return _collected(lambda root, found, counts: _read_folder(root, found, counts, listed))(
+            location, problems, left_out)
+    return _counted(_READERS[kind](location, problems, left_out), listed)
+
+
+def _counted(sources: Iterator[Source], listed: Callable[[int], object]) -> Iterator[Source]:
+    for source in sources:
+        listed(1)
+        yield source
 
 
 def _check_corpus_path(location: Path) -> None:
@@ -105,11 +119,12 @@ def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]
     return public
 
 
-def _read_folder(root: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
+def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
+                 listed: Callable[[int], object] | None = None) -> Iterator[Source]:
     """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt`` (else
     ``.lab``) sidecar of the same name is the transcript. Files of other formats, and sidecars no sample uses,
     are counted in ``left_out`` (see :mod:`shardio.packing.folder`)."""
-    audio, transcripts = walk_folder(root, AUDIO_EXTENSIONS, left_out)
+    audio, transcripts = walk_folder(root, AUDIO_EXTENSIONS, left_out, listed)
     for name in audio:
         stem = name.rpartition(".")[0]
         meta: dict[str, Any] = {}

@@ -7,6 +7,7 @@ on ``plan.job(number)`` for each partition number, in any order, with any retrie
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -18,10 +19,12 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import OptionError
+from ..shards.index import INDEX_JSON
+from .output import Output
 from .pack import PackSummary, default_workers
 from .merging import merge_partitions
-from .partitions import (DEFAULT_PARTITION_BYTES, PackOptions, PartitionPlan, pack_partition, partition_done,
-                         plan_partitions)
+from .partitions import (DEFAULT_PARTITION_BYTES, PARTS_DIR, PackOptions, PartitionPlan, pack_partition, part_dir,
+                         partition_done, plan_partitions)
 
 __all__ = ["ENGINES", "Engine", "local_engine", "ray_engine", "pack_partitioned"]
 
@@ -112,9 +115,6 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
         shard_bytes = 256 * 10**6
     options = PackOptions(samples_per_shard=samples_per_shard, shard_bytes=shard_bytes, compression=compression,
                           zstd_level=zstd_level, transcode=transcode, on_error=on_error, prefix=prefix)
-    plan = plan_partitions(input, out_dir, kind=kind, options=options, partition_bytes=partition_bytes,
-                           shuffle=shuffle, seed=seed, require_text=require_text, rewrite_keys=rewrite_keys,
-                           storage_options=storage_options)
     run: Engine
     if engine == "local":
         run = local_engine(workers, progress=progress)
@@ -124,15 +124,42 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
         run = engine
     else:
         raise OptionError(f"engine must be one of {ENGINES} or a callable, not {engine!r}")
+    output = Output(os.fspath(out_dir), storage_options)
+    fresh = not output.exists(PARTS_DIR)  # only a _parts this run makes is removed on failure
+    created = not output.remote and not os.path.lexists(output.root)
+    try:
+        plan = plan_partitions(input, out_dir, kind=kind, options=options, partition_bytes=partition_bytes,
+                               shuffle=shuffle, seed=seed, require_text=require_text, rewrite_keys=rewrite_keys,
+                               storage_options=storage_options, progress=progress)
+    except Exception:
+        if fresh:
+            _remove_uncommitted(output, 0, created)
+        raise
     todo = [n for n in range(len(plan.partitions)) if not partition_done(plan, n)]
     if len(todo) < len(plan.partitions):
         logger.info("%d of %d partitions already committed; packing the rest", len(plan.partitions) - len(todo),
                     len(plan.partitions))
-    run(plan, todo)
-    index, problems, input_bytes = merge_partitions(plan)
+    try:
+        run(plan, todo)
+        index, problems, input_bytes = merge_partitions(plan)
+    except Exception:  # not on an interrupt: a cluster's tasks may still commit, and a re-run resumes them
+        if fresh:
+            _remove_uncommitted(output, len(plan.partitions), created)
+        raise
     seconds = time.perf_counter() - started
     return PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
                        bytes=sum(s.bytes for s in index.shards), seconds=seconds,
                        mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
                        left_out=plan.left_out)
 
+
+def _remove_uncommitted(output: Output, partitions: int, created: bool) -> None:
+    """After a failed run that made ``_parts``: remove it unless it holds a committed part a re-run can resume
+    from (its plan alone would refuse a re-run with mended inputs or options), and the output directory too
+    when the run made it and nothing else is left in it."""
+    if any(output.exists(f"{part_dir(number)}/{INDEX_JSON}") for number in range(partitions)):
+        return
+    output.remove_tree(PARTS_DIR)
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(output.root)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError, InputProblem
@@ -34,14 +35,15 @@ def _unreadable(error: OSError) -> None:
                                    f"({error.strerror or error}); expected a readable directory")])
 
 
-def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter[str]
-                ) -> tuple[list[str], dict[str, str]]:
+def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter[str],
+                listed: Callable[[int], object] | None = None) -> tuple[list[str], dict[str, str]]:
     """The non-hidden audio files under ``root`` (posix paths relative to it, sorted), and the transcript
     sidecar of each one that has one (audio path -> sidecar path).
 
     Every other file is counted in ``left_out`` by its extension (``.aiff``; ``(no extension)``), each
     sidecar that is no audio file's transcript under :data:`UNUSED_SIDECAR`, and each directory link not
-    followed under :data:`LOOP`. Hidden files and directories (``.name``) are not inputs.
+    followed under :data:`LOOP`. Hidden files and directories (``.name``) are not inputs. ``listed`` is
+    called with each directory's count of files as the walk goes (a progress counter).
     """
     found: list[str] = []
     top = os.stat(root)
@@ -62,6 +64,8 @@ def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter
             kept.add(name)
         subdirs[:] = sorted(kept)
         relative = Path(directory).relative_to(root)
+        if listed is not None:
+            listed(len(files))
         for name in files:
             if name.startswith("."):
                 continue

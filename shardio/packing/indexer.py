@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, BinaryIO
 
 import soundfile as sf
@@ -36,6 +36,7 @@ from ..shards.tarformat import walk
 from ..shards.names import key_problem, split_name
 from ..shards.writer import writable_directory
 from .source import AUDIO_EXTENSIONS, not_regular
+from .zstdframes import seekable_frames, zstd_frames
 
 __all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade_index"]
 
@@ -43,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 _SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst", "zstd-stream"),
              (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
-_ZSTD_MAGIC = 0xFD2FB528
-_SEEKABLE_FRAME = 4 << 20
 _Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
 
 
@@ -58,12 +57,13 @@ def shard_codec(name: str) -> str:
 
 
 class HashingReader(io.RawIOBase):
-    """Counts and hashes every byte read through it from the shard file."""
+    """Counts and hashes every byte read through it from the shard file (and tells ``read`` each count)."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: BinaryIO, read: Callable[[int], object] | None = None) -> None:
         self.raw = raw
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self._on_read = read
 
     def readable(self) -> bool:
         return True
@@ -72,6 +72,8 @@ class HashingReader(io.RawIOBase):
         count = self.raw.readinto(buffer)  # type: ignore[attr-defined]
         self.sha256.update(memoryview(buffer)[:count])
         self.size += count
+        if self._on_read is not None:
+            self._on_read(count)
         return count
 
 
@@ -128,62 +130,6 @@ def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None,
     return key, start, end, audio[0], audio[1]
 
 
-def _zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
-    """``(compressed offset, compressed size, decompressed size)`` of each zstd frame, or None when a frame does
-    not record its decompressed size (then the shard can only be read as a stream)."""
-    frames: list[tuple[int, int, int]] = []
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        offset = 0
-        while offset < size:
-            handle.seek(offset)
-            head = handle.read(18)
-            magic = int.from_bytes(head[:4], "little")
-            if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
-                offset += 8 + int.from_bytes(head[4:8], "little")
-                continue
-            if magic != _ZSTD_MAGIC:
-                raise FormatError(f"{path}: not a zstd frame at offset {offset}")
-            try:
-                params = zstandard.get_frame_parameters(head)
-                position = offset + zstandard.frame_header_size(head)
-            except zstandard.ZstdError as exc:
-                raise FormatError(f"{path}: bad zstd frame header at offset {offset} ({exc})") from None
-            if params.content_size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR):
-                return None
-            last = False
-            while not last:
-                if position + 3 > size:
-                    raise FormatError(f"{path}: zstd frame at offset {offset} runs past the end of the file")
-                handle.seek(position)
-                block = int.from_bytes(handle.read(3), "little")
-                last, kind, block_size = bool(block & 1), (block >> 1) & 3, block >> 3
-                position += 3 + (1 if kind == 1 else block_size)
-            position += 4 if params.has_checksum else 0
-            frames.append((offset, position - offset, params.content_size))
-            offset = position
-    return frames
-
-
-def _seekable(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int, int]] | None:
-    """Per sample ``(frame offset, frame size, offset in the frame)`` when every sample lies in one frame and
-    frames are small (one sample, or at most ``_SEEKABLE_FRAME`` bytes): a whole-shard frame is no index."""
-    placed: list[tuple[int, int, int]] = []
-    per_frame: dict[int, int] = {}
-    number, frame_start = 0, 0
-    for start, end in spans:
-        while number < len(frames) and start >= frame_start + frames[number][2]:
-            frame_start += frames[number][2]
-            number += 1
-        if number == len(frames) or end > frame_start + frames[number][2]:
-            return None
-        placed.append((frames[number][0], frames[number][1], start - frame_start))
-        per_frame[number] = per_frame.get(number, 0) + 1
-    if any(count > 1 and frames[number][2] > _SEEKABLE_FRAME for number, count in per_frame.items()):
-        return None
-    return placed
-
-
 def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
                 overwrite: bool = False, progress: bool = True) -> Index:
     """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
@@ -191,7 +137,7 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     Shard names in the index are relative to the index's directory. An index already there is an
     :class:`~shardio.errors.OptionError` unless ``overwrite`` (checkpoints of its dataset stop matching).
     Sample keys follow pack's rules (:func:`~shardio.shards.names.key_problem`: relative, no ``..``).
-    ``progress``: a tqdm bar of the shards indexed, on stderr.
+    ``progress``: a tqdm bar of the shard bytes read (of all the shards' sizes), on stderr.
     """
     paths = [os.path.abspath(os.fspath(s)) for s in shards]
     if not paths:
@@ -206,31 +152,33 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                           "replace it, or --out to write the new index elsewhere")
     builder = IndexBuilder(root)
     keys: set[str] = set()
-    for path in tqdm(paths, disable=not progress, file=sys.stderr, unit="shard", desc="index"):
-        codec = shard_codec(path)
-        samples, info = _index_shard(path, codec)
-        spans = [(start, end) for _, start, end, _, _ in samples]
-        placed = None
-        if codec == "zstd-stream":
-            frames = _zstd_frames(path)
-            placed = _seekable(frames, spans) if frames and len(frames) > 1 else None
-            codec = "zstd" if placed else codec
-        number = len(builder.shards)
-        duration = 0.0
-        repeated = _repeated_keys([key for key, *_ in samples], keys)
-        if repeated:
-            logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
-                           repeated[0])
-        for i, (key, start, end, ext, (frames_, rate, channels)) in enumerate(samples):
-            keys.add(key)
-            frame_offset, frame_size, member_offset = placed[i] if placed else (start, end - start, 0)
-            builder.add_sample(key, shard=number, frame_offset=frame_offset, frame_size=frame_size,
-                               member_offset=member_offset, member_size=end - start, num_frames=frames_,
-                               sample_rate=rate, channels=channels, audio_ext=ext)
-            duration += frames_ / max(rate, 1)
-        builder.add_shard(ShardInfo(name=os.path.relpath(path, root), bytes=info[0], sha256=info[1],
-                                    samples=len(samples), duration=round(duration, 6), codec=codec))
-        logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
+    with tqdm(total=sum(os.path.getsize(p) for p in paths), disable=not progress, file=sys.stderr, unit="B",
+              unit_scale=True, desc="index") as bar:
+        for path in paths:
+            codec = shard_codec(path)
+            samples, info = _index_shard(path, codec, bar.update)
+            spans = [(start, end) for _, start, end, _, _ in samples]
+            placed = None
+            if codec == "zstd-stream":
+                frames = zstd_frames(path)
+                placed = seekable_frames(frames, spans) if frames and len(frames) > 1 else None
+                codec = "zstd" if placed else codec
+            number = len(builder.shards)
+            duration = 0.0
+            repeated = _repeated_keys([key for key, *_ in samples], keys)
+            if repeated:
+                logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
+                               repeated[0])
+            for i, (key, start, end, ext, (frames_, rate, channels)) in enumerate(samples):
+                keys.add(key)
+                frame_offset, frame_size, member_offset = placed[i] if placed else (start, end - start, 0)
+                builder.add_sample(key, shard=number, frame_offset=frame_offset, frame_size=frame_size,
+                                   member_offset=member_offset, member_size=end - start, num_frames=frames_,
+                                   sample_rate=rate, channels=channels, audio_ext=ext)
+                duration += frames_ / max(rate, 1)
+            builder.add_shard(ShardInfo(name=os.path.relpath(path, root), bytes=info[0], sha256=info[1],
+                                        samples=len(samples), duration=round(duration, 6), codec=codec))
+            logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
     index = builder.build()
     index.save(root)
     outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
@@ -298,12 +246,13 @@ def upgrade_index(directory: str | os.PathLike[str]) -> str:
     return f"{version} -> {FORMAT_VERSION}"
 
 
-def _index_shard(path: str, codec: str) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]],
-                                                  tuple[int, str]]:
-    """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``."""
+def _index_shard(path: str, codec: str, read: Callable[[int], object] | None = None
+                 ) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]], tuple[int, str]]:
+    """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``; ``read`` is
+    called with the count of each chunk of the file read."""
     samples = []
     with open(path, "rb") as handle:
-        hashing = HashingReader(handle)
+        hashing = HashingReader(handle, read)
         raw = io.BufferedReader(hashing, 1 << 20)
         try:
             stream = tar_stream(raw, codec)

@@ -34,7 +34,7 @@ from ..errors import InputError, InputProblem, OptionError
 from ..reading.storage import write_atomic
 from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
-from .corpus import read_corpus
+from .listing import list_corpus
 from .source import AUDIO_EXTENSIONS, Source
 from .preparation import Prepared, Task, prepare
 
@@ -133,7 +133,7 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
     try:
         problems: list[InputProblem] = []
         left_out: Counter[str] = Counter()
-        sources = list(read_corpus(input, kind, problems=problems, left_out=left_out))
+        sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
         if left_out:
             logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
         if shuffle:

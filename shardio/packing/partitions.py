@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputProblem, OptionError
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
-from .corpus import read_corpus
+from .listing import list_corpus
 from .source import AUDIO_EXTENSIONS, Source
 from .output import Output
 from .pack import _assign_keys
@@ -135,8 +135,10 @@ def _estimate(source: Source) -> int:
 def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
                     options: PackOptions | None = None, partition_bytes: int = DEFAULT_PARTITION_BYTES,
                     shuffle: bool = False, seed: int = 0, require_text: bool = False,
-                    rewrite_keys: bool = False, storage_options: dict[str, Any] | None = None) -> PartitionPlan:
-    """Read the corpus and cut it into partitions; writes ``_parts/plan.json`` (or checks an existing one)."""
+                    rewrite_keys: bool = False, storage_options: dict[str, Any] | None = None,
+                    progress: bool = False) -> PartitionPlan:
+    """Read the corpus and cut it into partitions; writes ``_parts/plan.json`` (or checks an existing one).
+    ``progress``: a tqdm counter of the files listed, on stderr."""
     options = options or PackOptions()
     if partition_bytes < 1:
         raise OptionError(f"partition_bytes must be at least 1, not {partition_bytes}")
@@ -148,7 +150,7 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
         raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")
     problems: list[InputProblem] = []
     left_out: Counter[str] = Counter()
-    sources = list(read_corpus(input, kind, problems=problems, left_out=left_out))
+    sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
     if shuffle:
         sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
     tasks = _assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
