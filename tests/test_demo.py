@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardio.demo import CORPUS_DIR, DATASET_DIR, _read_back, run_demo
+from shardio.cli.demo import CORPUS_DIR, DATASET_DIR, _read_back, run_demo
 from shardio.errors import OptionError
 from shardio.reading.reader import Reader
 from shardio.shards.index import Index

@@ -15,7 +15,7 @@ from tqdm import tqdm
 import shardio.packing.indexer as indexer
 import shardio.packing.listing as listing
 from audio_factory import audio_bytes, make_folder_corpus, tone, write_text
-from shardio.cli import DEMO_MAX_WORKERS, PACK_MAX_WORKERS, main
+from shardio.cli.main import DEMO_MAX_WORKERS, PACK_MAX_WORKERS, main
 from shardio.packing.corpus import read_corpus
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.pack import pack
@@ -131,7 +131,7 @@ def test_workers_beyond_the_limit_are_a_usage_error(name: str, limit: int, tmp_p
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"{name} ran with workers beyond the limit")
 
-    monkeypatch.setattr("shardio.demo.run_demo", refuse)  # an unbounded -j must not start 1000 workers here
+    monkeypatch.setattr("shardio.cli.demo.run_demo", refuse)  # an unbounded -j must not start 1000 workers here
     monkeypatch.setattr("shardio.packing.pack.pack", refuse)
     command = [name, str(tmp_path / "corpus"), str(tmp_path / "out")][: 2 if name == "demo" else 3]
     with pytest.raises(SystemExit) as exit:

@@ -1,1 +1,1 @@
-"""A corpus into shards: inputs and their validation, packing engines, and index/verify/inspect."""
+"""A corpus into shards: inputs and their validation, packing engines, indexing foreign shards, verifying and inspecting a dataset."""

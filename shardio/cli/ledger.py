@@ -1,6 +1,6 @@
 """The data ledger's subcommands of the ``shardio`` command line: ``trace``, ``quarantine`` and ``remix``.
 
-Each is a pair as in :mod:`shardio.cli`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
+Each is a pair as in :mod:`shardio.cli.main`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    from .rebuild import open_for_state, read_state, write_rows, write_samples
-    from .trace import Trace
+    from ..ledger.rebuild import open_for_state, read_state, write_rows, write_samples
+    from ..ledger.trace import Trace
 
     _check_trace_args(args)
     state = read_state(args.state)
@@ -68,7 +68,7 @@ def _run_trace(args: argparse.Namespace) -> int:
 def _check_trace_args(args: argparse.Namespace) -> None:
     """An :class:`OptionError` for options the chosen question does not take (never silently ignored), or for
     more epochs than one search takes (:data:`~shardio.ledger.trace.MAX_FIND_EPOCHS`)."""
-    from .trace import MAX_FIND_EPOCHS
+    from ..ledger.trace import MAX_FIND_EPOCHS
 
     stray = [name for name, given in (("--stop", args.stop is not None), ("--rank", args.rank is not None),
                                       ("--in-epoch", args.in_epoch is not None)) if given and args.step is None]
@@ -109,8 +109,8 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_quarantine(args: argparse.Namespace) -> int:
-    from .quarantine import quarantine, quarantine_report
-    from .rebuild import open_for_state, read_state
+    from ..ledger.quarantine import quarantine, quarantine_report
+    from ..ledger.rebuild import open_for_state, read_state
 
     state = read_state(args.state)
     healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,
@@ -153,8 +153,8 @@ def _run_remix(args: argparse.Namespace) -> int:
     from ..mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..state import job_state
-    from .rebuild import open_for_state, read_state, state_corpora
-    from .remix import remix, remix_report
+    from ..ledger.rebuild import open_for_state, read_state, state_corpora
+    from ..ledger.remix import remix, remix_report
 
     state = read_state(args.state)
     sources = _sources(args.dataset)

@@ -1,6 +1,6 @@
 """The node cache's subcommand of the ``shardio`` command line: ``cache`` (what it holds; ``--prune``).
 
-A pair as in :mod:`shardio.cli`: ``add_cache(subparsers)`` builds its parser and sets ``run``.
+A pair as in :mod:`shardio.cli.main`: ``add_cache(subparsers)`` builds its parser and sets ``run``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ..argtypes import at_least, non_negative
+from .argtypes import at_least, non_negative
 from ..errors import OptionError
 
 __all__ = ["add_cache"]
@@ -35,8 +35,8 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_cache(args: argparse.Namespace) -> int:
-    from .cache import ShardCache
-    from .storage import cache_dir
+    from ..reading.cache import ShardCache
+    from ..reading.storage import cache_dir
 
     given = [name for name, value in (("--max-bytes", args.max_bytes), ("--stale", args.stale),
                                       ("--unused-days", args.unused_days)) if value is not None]

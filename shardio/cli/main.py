@@ -3,8 +3,8 @@
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
-(the dataset's ``inspect``, ``verify`` and ``index`` live in :mod:`shardio.packing.commands`, the data
-ledger's in :mod:`shardio.ledger.commands`).
+(the dataset's ``inspect``, ``verify`` and ``index`` live in :mod:`shardio.cli.shards`, the data ledger's
+in :mod:`shardio.cli.ledger`, ``cache`` in :mod:`shardio.cli.cache`).
 Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad usage or a
 :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable ones too, or dataset), 3 an
 output that cannot be written (:class:`~shardio.errors.OutputError`), or the system's own error, 130
@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
-from .errors import OptionError, OutputError, ShardioError
-from .ledger.commands import add_quarantine, add_remix, add_trace
-from .packing.commands import add_index, add_inspect, add_verify
-from .reading.commands import add_cache
+from ..errors import OptionError, OutputError, ShardioError
+from .ledger import add_quarantine, add_remix, add_trace
+from .shards import add_index, add_inspect, add_verify
+from .cache import add_cache
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
@@ -90,7 +90,7 @@ def _add_pack(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_pack(args: argparse.Namespace) -> int:
-    from .packing.pack import REJECTED_FILE, describe_left_out, pack
+    from ..packing.pack import REJECTED_FILE, describe_left_out, pack
 
     kind = "tsv" if args.kind == "csv" else args.kind
     if args.zstd_level is not None and args.compression != "zstd":
@@ -116,9 +116,9 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
-    from .packing.engines import pack_partitioned
-    from .packing.pack import REJECTED_FILE
-    from .packing.partitions import DEFAULT_PARTITION_BYTES
+    from ..packing.engines import pack_partitioned
+    from ..packing.pack import REJECTED_FILE
+    from ..packing.partitions import DEFAULT_PARTITION_BYTES
 
     if args.overwrite:
         raise OptionError("--overwrite does not apply to partitioned packing (--engine): use a new directory")
@@ -184,7 +184,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from ..bench import run_bench
 
     command = "shardio bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "shardio bench"
     run_bench(args.dataset, out_dir=args.out_dir, quick=args.quick, reps=args.reps, batch_size=args.batch_size,
@@ -209,7 +209,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
-    from . import __version__
+    from .. import __version__
 
     codes = "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = _Parser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio "
@@ -274,7 +274,3 @@ def _stdout_gone() -> bool:
         return True
     except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
         return False
-
-
-if __name__ == "__main__":
-    sys.exit(main())

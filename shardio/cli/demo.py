@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import OptionError, StateError
-from .packing.pack import pack
-from .shards.index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
-from .synth import make_corpus
+from ..errors import OptionError, StateError
+from ..packing.pack import pack
+from ..shards.index import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
+from ..synth import make_corpus
 
 __all__ = ["run_demo", "CORPUS_DIR", "DATASET_DIR", "MAX_FILES"]
 
@@ -95,8 +95,8 @@ def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
     The first half of the epoch is read, the loader's state saved, and a fresh dataset and loader resume from
     it; the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.
     """
-    from .dataset import ShardDataset
-    from .workers.loader import ShardLoader
+    from ..dataset import ShardDataset
+    from ..workers.loader import ShardLoader
 
     def loader() -> ShardLoader:
         return ShardLoader(ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0), num_workers=workers)

@@ -1,6 +1,6 @@
 """The dataset's subcommands of the ``shardio`` command line: ``inspect``, ``verify`` and ``index``.
 
-Each is a pair as in :mod:`shardio.cli`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
+Each is a pair as in :mod:`shardio.cli.main`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_inspect(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from .inspection import inspect_dataset, render_report
+    from ..packing.inspection import inspect_dataset, render_report
 
     report = inspect_dataset(args.directory, allow_outside_root=args.allow_outside_root)
     print(json.dumps(report, indent=1) if args.json else render_report(report))
@@ -58,7 +58,7 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from .verification import verify_dataset
+    from ..packing.verification import verify_dataset
 
     problems = verify_dataset(args.directory, decode=args.decode, allow_outside_root=args.allow_outside_root,
                               progress=not args.no_progress)
@@ -96,7 +96,7 @@ def add_index(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from .indexer import build_index, upgrade_index
+    from ..packing.indexer import build_index, upgrade_index
 
     if args.upgrade:
         stray = [name for name, given in (("--out", args.out is not None), ("--overwrite", args.overwrite),
