@@ -13,7 +13,7 @@ import pytest
 from hostile import run_limited
 from test_state_validation import data, valid  # noqa: F401  (fixtures: a small dataset, a valid state of it)
 
-from shardio import ShardDataset, StateError
+from shardio import ShardDataset, StateError, quarantine_report
 from shardio.errors import OptionError, ShardioError, shown
 from shardio.planning.options import MAX_BUCKETS, Batching
 from shardio.state import LoaderState
@@ -151,6 +151,24 @@ def test_a_state_with_a_quarantine_and_a_nested_extra_still_loads(data: str, val
                              "carry": False}], "user": nested(MAX_DEPTH - 3, as_list=True)}
     state = LoaderState.from_dict({**valid, "extra": extra})
     assert state.extra == extra
+
+
+_ENTRY = {"epoch": 0, "segment": 1, "ids": [0, 3], "keys": ["a", "b"], "steps": [1], "carry": False}
+
+
+@pytest.mark.parametrize("change", [{"keys": ["a"]}, {"keys": None}, {"ids": ["0", 3]}, {"ids": 5},
+                                    {"corpora": ["x"]}, {"epoch": "0"}, {"carry": 1}, {"consumed": [[0]]},
+                                    {"consumed": "0"}, {"keys": [1, 2]}],
+                         ids=["short-keys", "no-keys", "text-id", "ids-not-list", "short-corpora", "text-epoch",
+                              "carry-not-bool", "unhashable-consumed", "consumed-not-list", "int-keys"])
+def test_a_tampered_quarantine_entry_is_a_state_error_in_its_report(valid: dict[str, Any],
+                                                                     change: dict[str, Any]) -> None:
+    assert [row["key"] for row in quarantine_report({**valid, "extra": {"quarantine": [_ENTRY]}})] == ["a", "b"]
+    tampered = {key: value for key, value in {**_ENTRY, **change}.items() if value is not None}
+    with pytest.raises(StateError, match="quarantine entry 0"):
+        quarantine_report({**valid, "extra": {"quarantine": [tampered]}})
+    with pytest.raises(StateError, match="quarantine entry 1 must be an object"):
+        quarantine_report({**valid, "extra": {"quarantine": [_ENTRY, ["not", "an", "entry"]]}})
 
 
 # -- 4. short messages -------------------------------------------------------------------------------------
