@@ -12,6 +12,7 @@ import pytest
 import webdataset
 from tqdm import tqdm
 
+import shardio.integrations.importers.nemo_index as nemo_index
 import shardio.packing.indexer as indexer
 import shardio.packing.listing as listing
 from audio_factory import audio_bytes, make_folder_corpus, tone, write_text
@@ -42,6 +43,7 @@ def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingBar]]:
     RecordingBar.made = []
     monkeypatch.setattr(indexer, "tqdm", RecordingBar)
     monkeypatch.setattr(listing, "tqdm", RecordingBar)
+    monkeypatch.setattr(nemo_index, "tqdm", RecordingBar)
     yield RecordingBar.made
 
 
@@ -67,6 +69,16 @@ def test_index_bar_counts_the_bytes_read(big_shard: Path, recording: list[Record
     assert sum(bar.updates) == size == index.shards[0].bytes
     # it moves while the one shard is read, not once at its end
     assert len([n for n in bar.updates if n > 0]) >= 4
+
+
+def test_nemo_index_bar_counts_the_bytes_read(tmp_path: Path, recording: list[RecordingBar]) -> None:
+    from test_nemo_index import write_tarred
+
+    write_tarred(tmp_path, count=6, shards=2)
+    index = nemo_index.index_nemo(tmp_path, progress=True)
+    [bar] = recording
+    size = sum(shard.bytes for shard in index.shards)
+    assert bar.options["unit"] == "B" and bar.total == size and bar.n == size
 
 
 def test_index_cli_bar_on_stderr_unless_no_progress(big_shard: Path, tmp_path: Path,

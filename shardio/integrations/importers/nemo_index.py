@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,12 +145,14 @@ def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
     return lines
 
 
-def _members(path: str, wanted: set[str], problems: list[InputProblem]) -> tuple[dict[str, _Member], int, str]:
+def _members(path: str, wanted: set[str], problems: list[InputProblem],
+             read: Callable[[int], object] | None = None) -> tuple[dict[str, _Member], int, str]:
     """The members of the tar at ``path`` that ``wanted`` names (their spans and audio facts), and the tar's
-    ``(bytes, sha256)``; a member not wanted (every wanted name is a valid ``{key}.{ext}``) is a problem."""
+    ``(bytes, sha256)``; a member not wanted (every wanted name is a valid ``{key}.{ext}``) is a problem.
+    ``read(count)`` is told of each read's bytes (a progress bar)."""
     found: dict[str, _Member] = {}
     with open(path, "rb") as handle:
-        hashing = HashingReader(handle)
+        hashing = HashingReader(handle, read)
         raw = io.BufferedReader(hashing, 1 << 20)
         boundary = 0
         for member, data in walk(raw, path):
@@ -216,7 +218,7 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
     ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
     ``index.columns``) is written into ``directory``; an index already there is an
     :class:`~shardio.errors.OptionError` unless ``overwrite``. No audio is copied or changed. ``progress``: a
-    tqdm bar of the shards indexed, on stderr.
+    tqdm bar of the bytes read, on stderr.
     """
     root = _check_directory(os.fspath(directory))
     manifest = os.path.join(root, MANIFEST) if manifest is None else os.fspath(manifest)
@@ -236,15 +238,19 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
                                      "shard"))
     builder = IndexBuilder(root)
     first_line: dict[str, str] = {}
-    for shard in tqdm(sorted(by_shard), disable=not progress, file=sys.stderr, unit="shard", desc="index"):
-        lines, tar = by_shard[shard], os.path.join(root, f"audio_{shard}.tar")
+    tars = {shard: os.path.join(root, f"audio_{shard}.tar") for shard in sorted(by_shard)}
+    bar = tqdm(total=sum(os.path.getsize(tar) for shard, tar in tars.items() if shard in present
+                         and os.path.isfile(tar)),
+               disable=not progress, file=sys.stderr, unit="B", unit_scale=True, desc="index")
+    for shard, tar in tars.items():
+        lines = by_shard[shard]
         if shard not in present or not os.path.isfile(tar):
             problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
                          for line in lines[:1]]
             continue
         repeated = (_SUB.match(line.name) for line in lines)
         wanted = {line.name for line in lines} | {m["base"] + m["ext"] for m in repeated if m}
-        members, size, digest = _members(tar, wanted, problems)
+        members, size, digest = _members(tar, wanted, problems, bar.update)
         number, count, duration = len(builder.shards), 0, 0.0
         for line, key, member, meta in _joined(lines, members, tar, problems):
             if key in first_line:
@@ -259,6 +265,7 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
         builder.add_shard(ShardInfo(name=os.path.basename(tar), bytes=size, sha256=digest, samples=count,
                                     duration=round(duration, 6), codec="none"))
         logger.info("indexed %s: %d samples", tar, count)
+    bar.close()
     if problems:
         raise InputError(problems)
     if not builder.shards:
