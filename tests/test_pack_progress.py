@@ -16,7 +16,9 @@ import shardio.integrations.importers.nemo_index as nemo_index
 import shardio.packing.indexer as indexer
 import shardio.packing.listing as listing
 from audio_factory import audio_bytes, make_folder_corpus, tone, write_text
-from shardio.cli.main import DEMO_MAX_WORKERS, PACK_MAX_WORKERS, main
+from shardio.cli.demo import MAX_WORKERS as DEMO_MAX_WORKERS
+from shardio.cli.demo import run_demo
+from shardio.cli.main import PACK_MAX_WORKERS, main
 from shardio.packing.corpus import read_corpus
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.pack import pack
@@ -165,3 +167,12 @@ def test_demo_workers_keep_zero_and_refuse_negative(tmp_path: Path, capsys: pyte
     with pytest.raises(SystemExit) as exit:
         main(["demo", str(tmp_path / "demo"), "-j", "-1"])
     assert exit.value.code == 2 and ">= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [-1, DEMO_MAX_WORKERS + 1, 1000])
+def test_run_demo_from_python_keeps_the_same_bound(tmp_path: Path, workers: int) -> None:
+    from shardio import OptionError
+
+    with pytest.raises(OptionError, match=f"from 0 to {DEMO_MAX_WORKERS}"):
+        run_demo(tmp_path / "demo", num_files=2, workers=workers)
+    assert not (tmp_path / "demo").exists()

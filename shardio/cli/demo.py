@@ -31,6 +31,8 @@ DATASET_DIR = "dataset"
 _PREFIX = "shard"
 MAX_FILES = 100_000
 """The most utterances a demo makes (about 80 hours of audio, 10 GB)."""
+MAX_WORKERS = 32
+"""The most loader and pack workers a demo starts: its corpus is small."""
 _SAMPLES_PER_SHARD = 50
 _MAX_DURATION = 30.0
 
@@ -46,8 +48,8 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
     """
     if not 1 <= num_files <= MAX_FILES:
         raise OptionError(f"num_files must be from 1 to {MAX_FILES} (a demo corpus), not {num_files}")
-    if workers < 0:
-        raise OptionError(f"workers must be 0 or more, not {workers}")
+    if not 0 <= workers <= MAX_WORKERS:
+        raise OptionError(f"workers must be from 0 to {MAX_WORKERS} (a demo's corpus is small), not {workers}")
     root = Path(out_dir)
     corpus, dataset = root / CORPUS_DIR, root / DATASET_DIR
     started = time.perf_counter()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
+from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
 from ..errors import OptionError, OutputError, ShardioError
 from .ledger import add_quarantine, add_remix, add_trace
 from .shards import add_index, add_inspect, add_verify
@@ -38,8 +39,6 @@ EXIT_CODES = {0: "success", 1: "verify found problems", 2: "bad usage, options, 
 _POSITIVE = at_least(1)
 PACK_MAX_WORKERS = 256
 """The most ``-j`` workers ``shardio pack`` takes (threads, or processes of ``--engine local``)."""
-DEMO_MAX_WORKERS = 32
-"""The most ``-j`` workers ``shardio demo`` takes (loader processes): its corpus is small."""
 
 # -- pack --------------------------------------------------------------------------------------------
 
@@ -145,8 +144,8 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
                                                "through ShardDataset, interrupt and resume it, print a summary.")
     parser.add_argument("out_dir", nargs="?", default="demo-out", help="where to write (default: demo-out)")
     parser.add_argument("--files", type=_POSITIVE, default=200, help="utterances to make (default 200)")
-    parser.add_argument("-j", "--workers", type=worker_count(0, DEMO_MAX_WORKERS), default=2,
-                        help=f"loader and pack workers, 0 to {DEMO_MAX_WORKERS} (default 2)")
+    parser.add_argument("-j", "--workers", type=worker_count(0, MAX_DEMO_WORKERS), default=2,
+                        help=f"loader and pack workers, 0 to {MAX_DEMO_WORKERS} (default 2)")
     parser.set_defaults(run=_run_demo)
 
 
