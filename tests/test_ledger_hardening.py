@@ -406,11 +406,11 @@ def test_remix_refuses_to_write_a_tail_the_new_mix_would_refuse(data: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Every state remix writes loads: a rest of the epoch beyond MAX_TAIL_EPOCHS epochs of the new mix is an
     OptionError at the re-mix (re-mix at the epoch's end), not a state the loader refuses later."""
-    import shardio.ledger.remix as remixing
+    import shardio.planning.mix as planning_mix
 
     _, state = consume(lambda w: mix(data, {"big": 2.0, "tiny": 1.0}, w), 2, stop=2, workers=0)
     assert state is not None
-    monkeypatch.setattr(remixing, "MAX_TAIL_EPOCHS", 0)
+    monkeypatch.setattr(planning_mix, "MAX_TAIL_EPOCHS", 0)  # the bound tail_limit applies
     with pytest.raises(OptionError, match="re-mix at the end of epoch 0"):
         remix(state, mix(data, {"big": 2.0, "tiny": 1.0}), mix(data, {"big": 1.0}))
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import OptionError, StateError, shown
-from ..planning.mix import MAX_EPOCH_SAMPLES, MAX_TAIL_EPOCHS, mix_quotas
+from ..planning.mix import MAX_EPOCH_SAMPLES, MAX_TAIL_EPOCHS, mix_quotas, tail_limit
 from ..planning.streams import MAX_POSITION, Stream, as_ranges, expand, join_ranges
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
@@ -213,8 +213,9 @@ def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -
     """An :class:`OptionError` where the rest of ``epoch`` (``tail``'s ranges) is more than
     :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS` epochs of ``new``: the state would not load (the planner
     refuses such a tail, as it would a tampered one)."""
-    total, epoch_size = sum(_length(found) for found in tail.values()), sum(_quotas(new).values())
-    if total > MAX_TAIL_EPOCHS * epoch_size + len(tail):
+    quotas = _quotas(new)
+    total, epoch_size = sum(_length(found) for found in tail.values()), sum(quotas.values())
+    if total > tail_limit(quotas):
         raise OptionError(f"the rest of epoch {epoch} holds {total} samples of the corpora the new mix keeps, "
                           f"more than {MAX_TAIL_EPOCHS} epochs of the new mix ({epoch_size} samples each) that "
                           f"would play it: re-mix at the end of epoch {epoch}, or give the new mix a larger "

@@ -42,7 +42,7 @@ from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_re
 from .streams import Stream, corpus_key, merge_places, stream_samples
 
 __all__ = ["CorpusColumns", "check_epoch_size", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets",
-           "MAX_EPOCH_SAMPLES", "MAX_TAIL_EPOCHS"]
+           "MAX_EPOCH_SAMPLES", "MAX_TAIL_EPOCHS", "tail_limit"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,13 @@ the bound leaves room; a mid-epoch re-mix into a mix with much smaller epochs is
 epoch's end)."""
 
 
+def tail_limit(quotas: Mapping[str, int]) -> int:
+    """The most stream positions a rest of epoch may hold in a mix whose epoch draws ``quotas``: at most
+    :data:`MAX_TAIL_EPOCHS` of its epochs and no more than one epoch of any mix (with one position of rounding
+    per corpus)."""
+    return min(MAX_TAIL_EPOCHS * sum(quotas.values()), MAX_EPOCH_SAMPLES) + len(quotas)
+
+
 def _quotas(rates: Mapping[str, float], seconds: float) -> dict[str, int]:
     drawn = sum(rate * seconds for rate in rates.values())
     if not drawn <= MAX_EPOCH_SAMPLES:
@@ -236,7 +243,7 @@ def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.
         ranges = {name: Stream(0, np.asarray(tail.get(name, _NO_RANGES), dtype=np.int64).reshape(-1, 2))
                   for name in mix.names}
         total, most = sum(r.held for r in ranges.values()), MAX_TAIL_EPOCHS * sum(quotas.values())
-        if total > min(most, MAX_EPOCH_SAMPLES) + len(ranges):  # checked before any position is expanded
+        if total > tail_limit(quotas):  # checked before any position is expanded
             raise StateError(f"malformed loader state: extra.remix.tail holds {total} stream positions for "
                              f"the rest of epoch {epoch}, more than this mix plays in {MAX_TAIL_EPOCHS} epochs "
                              f"({most}) or any mix in one ({MAX_EPOCH_SAMPLES})")
