@@ -1,13 +1,13 @@
-"""The docs cannot lie: every ```python and ```bash block of README.md and docs/**/*.md runs, and the site builds.
+"""The docs cannot lie: every ```python and ```bash block of README.md and docs/**/*.md runs; the site builds.
 
 Each page's blocks run in order, in a directory of the page's own that holds ``corpus/`` (40 short speech-like
 16 kHz WAVs in one folder per speaker, each with a ``.txt`` transcript) and ``data/`` (that corpus packed, 4
-shards): what the pages call them. A block that packs into ``data/`` (``shardio pack ... data/``) starts without
-it, as a reader's would. A ``python`` block runs as a script; after ``<!-- file: NAME -->`` it is saved as NAME
-first, so that later blocks can run it (``torchrun ... NAME``). A ``bash`` block runs under ``bash -euo
-pipefail`` with this Python's ``bin`` first on ``PATH`` (``shardio``, ``python``, ``torchrun``). A block that
-cannot run here (it installs packages, needs an object store or a cluster) is preceded by
-``<!-- not run: REASON -->``. Every block has :data:`BLOCK_TIMEOUT_S`.
+shards): what the pages call them. A block that packs into ``data/`` (``shardio pack ... data/``)
+starts without it, as a reader's would. A ``python`` block runs as a script; after ``<!-- file: NAME -->``
+it is saved as NAME first, so that later blocks can run it (``torchrun ... NAME``). A ``bash`` block runs
+under ``bash -euo pipefail`` with this Python's ``bin`` first on ``PATH`` (``shardio``, ``python``,
+``torchrun``). A block that cannot run here (it installs packages, needs an object store or a cluster) is
+preceded by ``<!-- not run: REASON -->``. Every block has :data:`BLOCK_TIMEOUT_S`.
 
 The site test builds ``mkdocs.yml`` with ``mkdocs build --strict`` (no broken link, anchor or reference: the
 command-line reference and the module map are generated from the code by the hooks in ``docs/hooks/``).
@@ -86,11 +86,11 @@ def runnable(page: Path) -> list[Block]:
     return [b for b in page_blocks(page) if b.language in RUN_LANGUAGES and b.not_run is None]
 
 
-# -- the pages' form ------------------------------------------------------------------------------------------
+# -- the pages' form ---------------------------------------------------------------------
 
 
 def test_every_marker_stands_right_before_a_block_and_not_run_gives_a_reason() -> None:
-    """A marker separated from its block by prose marks nothing (the block would run, or be silently skipped)."""
+    """A marker separated from its block by prose marks nothing (its block would run, or be skipped)."""
     misplaced = []
     for page in PAGES:
         lines = page.read_text(encoding="utf-8").splitlines()
@@ -102,7 +102,8 @@ def test_every_marker_stands_right_before_a_block_and_not_run_gives_a_reason() -
                 continue
             after = next((lines[i] for i in range(number + 1, len(lines)) if lines[i].strip()), "")
             if not _FENCE.match(after):
-                misplaced.append(f"{page.relative_to(REPO)}:{number + 1}: {line!r} is not followed by a block")
+                misplaced.append(f"{page.relative_to(REPO)}:{number + 1}: {line!r} is not followed by a "
+                                 "block")
     assert not misplaced, "\n".join(misplaced)
 
 
@@ -145,7 +146,7 @@ def test_every_page_is_in_the_nav() -> None:
     assert not listed - pages - mounted, f"nav entries without a page: {sorted(listed - pages - mounted)}"
 
 
-# -- every block runs ------------------------------------------------------------------------------------------
+# -- every block runs ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +170,8 @@ def _environment() -> dict[str, str]:
 
 
 def _run(command: list[str], cwd: Path, block: Block) -> None:
-    """Run ``command`` for ``block`` in a session of its own, killed whole (torchrun's ranks too) on timeout."""
+    """Run ``command`` for ``block`` in a session of its own, killed whole (torchrun's ranks too) at the
+    time limit."""
     process = subprocess.Popen(command, cwd=cwd, env=_environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -177,7 +179,8 @@ def _run(command: list[str], cwd: Path, block: Block) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"{block.where}: the {block.language} block ran past {BLOCK_TIMEOUT_S} s\n{output[-4000:]}")
+        pytest.fail(f"{block.where}: the {block.language} block ran past {BLOCK_TIMEOUT_S} s\n"
+                    f"{output[-4000:]}")
     if process.returncode != 0:
         pytest.fail(f"{block.where}: the {block.language} block exited {process.returncode}\n"
                     f"--- block ---\n{block.code}--- output ---\n{output[-6000:]}")
@@ -200,7 +203,8 @@ PAGES_WITH_BLOCKS = [page for page in PAGES if runnable(page)]
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("page", PAGES_WITH_BLOCKS, ids=[p.relative_to(REPO).as_posix() for p in PAGES_WITH_BLOCKS])
+@pytest.mark.parametrize("page", PAGES_WITH_BLOCKS,
+                         ids=[page.relative_to(REPO).as_posix() for page in PAGES_WITH_BLOCKS])
 def test_every_block_of_the_page_runs(page: Path, docs_data: Path, tmp_path: Path) -> None:
     for name in ("corpus", "data"):
         shutil.copytree(docs_data / name, tmp_path / name)
@@ -208,7 +212,7 @@ def test_every_block_of_the_page_runs(page: Path, docs_data: Path, tmp_path: Pat
         run_block(block, tmp_path)
 
 
-# -- the site builds -------------------------------------------------------------------------------------------
+# -- the site builds ----------------------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -37,7 +37,8 @@ def _summary(path: Path) -> str:
 
 def _table(package: Path) -> list[str]:
     dotted = ".".join(package.relative_to(PACKAGE.parent).parts)
-    rows = [f"### `{dotted}`", "", _summary(package / "__init__.py"), "", "| module | what it holds |", "|---|---|"]
+    rows = [f"### `{dotted}`", "", _summary(package / "__init__.py"), "",
+            "| module | what it holds |", "|---|---|"]
     for module in sorted(package.glob("*.py")):
         if module.name != "__init__.py":
             rows.append(f"| `{module.stem}` | {_summary(module)} |")
