@@ -1,9 +1,10 @@
 """Griffe extension: the docstrings' reStructuredText roles shown as Markdown code spans.
 
-shardio's docstrings name other objects Sphinx's way (``:class:`~shardio.Index```, ``:meth:`title <target>```);
-mkdocstrings renders Markdown, where those would show as written. Each role becomes a code span of what Sphinx
-would show (the last part of a ``~`` target, else the target or the title), so the reference pages read as
-the docstrings mean, and no role can become a broken cross-reference in a strict build.
+shardio's docstrings name other objects Sphinx's way (``:class:`~shardio.Index```,
+``:meth:`title <target>```); mkdocstrings renders Markdown, where those would show as written. Each role
+becomes a code span of what Sphinx would show (the last part of a ``~`` target, else the target or the
+title), so the reference pages read as the docstrings mean, and no role can become a broken cross-reference
+in a strict build.
 """
 
 from __future__ import annotations
