@@ -184,7 +184,7 @@ def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, pe
     assert keys(trained[0]) == plan
 
 
-# -- without ShardioCallback: what Lightning 2.6 trains (README, "Trainers") ---------------------------------
+# -- without ShardioCallback: what Lightning 2.6 trains (docs/trainers/lightning.md, "Without the callback") ---------------------------------
 
 
 @pytest.mark.matrix

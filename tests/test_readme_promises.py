@@ -1,6 +1,6 @@
-"""README promises that no other test pinned, each on real shards and real DataLoader worker processes.
+"""Promises of the docs (README.md, docs/) that no other test pinned, each on real shards and real workers.
 
-Each test names the README passage it holds the code to. Silent wrong answers first: a batch that holds other
+Each test names the docs passage it holds the code to. Silent wrong answers first: a batch that holds other
 audio, rates or keys than the samples', a resume onto other batches, augmentation that depends on the world.
 """
 
@@ -45,12 +45,12 @@ def epoch_keys(data: Path, epoch: int, **options: Any) -> list[tuple[str, ...]]:
     return keys_of(ds)
 
 
-# -- README "Several cores" / options: dtype="int16" ---------------------------------------------------------
+# -- docs/guides/loading.md "Options": dtype="int16" ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("loader", ["shardloader", "dataloader"])
 def test_int16_batches_from_workers_are_the_float32_batches_times_32768(long: Path, loader: str) -> None:
-    """README: ``dtype="int16"`` (16-bit PCM as stored) ``audio.float() / 32768`` "gives exactly the float32
+    """Docs: ``dtype="int16"`` (16-bit PCM as stored) ``audio.float() / 32768`` "gives exactly the float32
     batch". Through 2 worker processes, whose shared-memory blocks are reused once a batch is dropped (every
     batch here is dropped at once), over 2 epochs: the same keys, and the same audio and lengths to the bit,
     padding included (a reused block's stale padding would show)."""
@@ -78,7 +78,7 @@ def test_int16_batches_from_workers_are_the_float32_batches_times_32768(long: Pa
         assert torch.equal(audio, expected), keys
 
 
-# -- README "Use": a sample's own facts win over metadata of the same name -----------------------------------
+# -- docs/guides/loading.md "What a batch holds": a sample's own facts win over metadata ---------------------
 
 LYING_METADATA = {"key": "liar", "audio": [1, 2, 3], "sample_rate": 44100, "corpus": "liar", "text": "t"}
 
@@ -133,7 +133,7 @@ def _check_sample(sample: dict[str, Any], corpora: set[str] | None) -> None:
                          ids=["fast-lane", "general-path", "int16", "skip"])
 def test_a_samples_own_facts_win_over_metadata_of_the_same_name(lying: dict[str, Path],
                                                                  options: dict[str, Any]) -> None:
-    """README: "A sample's own facts win over metadata of the same name, and such a metadata field does not
+    """Docs: "A sample's own facts win over metadata of the same name, and such a metadata field does not
     reach the batch: ``key``, ``audio``, ``sample_rate`` ... and, in a ``MixedDataset``, ``corpus``". In
     process (batched, single samples), and the same batches through 2 workers."""
     data = lying["a"]
@@ -169,13 +169,13 @@ def test_a_mixs_corpus_name_wins_over_a_corpus_metadata_field(lying: dict[str, P
         _check_sample(sample, corpora)
 
 
-# -- README "With neither batch_size nor max_duration": samples the DataLoader batches -----------------------
+# -- docs/guides/loading.md "Samples the DataLoader batches" -------------------------------------------------
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_collated_samples_of_workers_every_rank_as_many_batches_within_workers_less_one(
         small: Path, workers: int) -> None:
-    """README: with ``collate_fn=shardio.collate`` "each worker batches its own share of the samples, so an
+    """Docs: with ``collate_fn=shardio.collate`` "each worker batches its own share of the samples, so an
     epoch can hold up to ``num_workers - 1`` batches more than ``len(loader)`` says, every rank as many". Two
     ranks, real workers: each rank consumes its share of samples exactly once, its batch count lies in
     ``[len(loader), len(loader) + num_workers - 1]``, and both ranks yield the same count (DDP would hang
@@ -192,7 +192,7 @@ def test_collated_samples_of_workers_every_rank_as_many_batches_within_workers_l
     assert counts[0] == counts[1]
 
 
-# -- README "Checkpoint and resume": load_state_dict "applies to the next iteration only" --------------------
+# -- docs/guides/checkpoint-resume.md: load_state_dict "applies to the next iteration only" ------------------
 
 
 def _loaders() -> dict[str, Callable[[ShardDataset], Any]]:
@@ -204,7 +204,7 @@ def _loaders() -> dict[str, Callable[[ShardDataset], Any]]:
 
 @pytest.mark.parametrize("loader", ["in_process", "persistent_dataloader", "shardloader"])
 def test_a_state_loaded_mid_iteration_applies_to_the_next_iteration_only(small: Path, loader: str) -> None:
-    """README: ``ds.load_state_dict(...)`` "applies to the next iteration only". Loaded while an iteration is
+    """Docs: ``ds.load_state_dict(...)`` "applies to the next iteration only". Loaded while an iteration is
     two batches in, the running iteration still plays the rest of its own epoch, every batch once; the next
     iteration plays the loaded state's rest of epoch 1."""
     options: dict[str, Any] = {"batch_size": 3, "seed": 1}
@@ -222,11 +222,11 @@ def test_a_state_loaded_mid_iteration_applies_to_the_next_iteration_only(small: 
         made.close()
 
 
-# -- README "Speech batching": a bucketed state saved before sync_buckets existed ----------------------------
+# -- docs/guides/loading.md "Duration buckets": a bucketed state saved before sync_buckets existed -----------
 
 
 def test_a_bucketed_state_from_before_sync_buckets_resumes_with_sync_buckets_off(small: Path) -> None:
-    """README: "A bucketed state saved before ``sync_buckets`` existed resumes into a dataset built with
+    """Docs: "A bucketed state saved before ``sync_buckets`` existed resumes into a dataset built with
     ``sync_buckets=False`` (one with the default refuses it, saying so)." Such a state records no ``sync_buckets`` (as one saved with it off still does not): into a dataset made
     with ``sync_buckets=False`` it resumes onto exactly that plan's batches; into the default (synchronised,
     another plan) it is a ``StateError`` naming the option, never a resume onto the other plan's batches."""
@@ -243,7 +243,7 @@ def test_a_bucketed_state_from_before_sync_buckets_resumes_with_sync_buckets_off
         ShardDataset(small, **options).load_state_dict(old)
 
 
-# -- README "What a resume guarantees": a transform's generator is seeded by (seed, epoch, key) --------------
+# -- docs/guides/checkpoint-resume.md "What a resume guarantees": a transform's generator --------------------
 
 
 def _gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -259,7 +259,7 @@ def _gains(batches: Iterable[dict[str, Any]], into: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("epoch", [0, 3])
 def test_a_transforms_draws_depend_on_seed_epoch_and_key_only(small: Path, epoch: int) -> None:
-    """README: "a ``transform`` receives a generator seeded by ``(seed, epoch, key)``": a key's augmentation
+    """Docs: "a ``transform`` receives a generator seeded by ``(seed, epoch, key)``": a key's augmentation
     is the same whatever world, batching, worker count or loader plays it, and a resume elsewhere (another
     world size) draws what the uninterrupted run drew; another epoch or seed draws otherwise."""
     alone: dict[str, float] = {}
@@ -293,11 +293,11 @@ def test_a_transforms_draws_depend_on_seed_epoch_and_key_only(small: Path, epoch
     assert all(later[key] != alone[key] for key in alone)
 
 
-# -- README "Exact distributed evaluation": every batch carries repeat, a bool per sample --------------------
+# -- docs/guides/evaluation.md: every batch carries repeat, a bool per sample --------------------------------
 
 
 def test_the_readme_evaluation_mask_works_on_every_kind_of_batch(small: Path) -> None:
-    """README: "Every batch carries ``repeat``, a bool per sample ... ``keep = ~batch["repeat"]``". The
+    """Docs: "Every batch carries ``repeat``, a bool per sample ... ``keep = ~batch["repeat"]``". The
     dataset's batches (in process, through workers) and the samples a DataLoader batches with
     ``shardio.collate``: in each, ``~batch["repeat"]`` keeps exactly the samples that are not planned repeats,
     and over the 3 ranks those are every sample once."""

@@ -371,7 +371,7 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
 
     from shardio.cli import main
 
-    poisoned = "s002_00001"  # as in the README
+    poisoned = "s002_00001"  # as in docs/guides/ledger.md
 
     def poison(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         if sample["key"] == poisoned:
@@ -388,7 +388,7 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
         if step % 3 == 2:
             checkpoint.write_text(json.dumps(ds.state_after(batch)))
             kept = len(trained)
-    assert nan_step == 14  # as in the README: after the checkpoint at step 11
+    assert nan_step == 14  # as in docs/guides/ledger.md: after the checkpoint at step 11
     capsys.readouterr()
     assert main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step),
                  "--json"]) == 0

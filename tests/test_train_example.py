@@ -1,4 +1,4 @@
-"""The README's training loop, killed with SIGKILL mid-epoch and resumed, trains on the same batches."""
+"""The docs' training loop (docs/guides/checkpoint-resume.md), SIGKILLed and resumed: the same batches."""
 
 from __future__ import annotations
 
