@@ -210,7 +210,7 @@ def _noop() -> None:
 
 
 def _idle_worker(ready: Any, release: Any) -> None:
-    import shardio.dataset  # noqa: F401  (what a DataLoader worker imports)
+    import shardio.datasets.dataset  # noqa: F401  (what a DataLoader worker imports)
 
     ready.set()
     release.wait(120)

@@ -14,7 +14,7 @@ import soundfile
 import torch
 from audio_factory import audio_bytes, tone
 
-import shardio.reading.localshard
+import shardio.storage.localshard
 from shardio import Index, ShardDataset, ShardWriter
 from shardio.reading.reader import Reader
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from shardio.workers.channel import Channel
+from shardio.loader.channel import Channel
 
 
 def test_ready_waits_for_a_message_and_receive_returns_it() -> None:

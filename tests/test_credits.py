@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from shardio import ShardDataset, ShardLoader
-from shardio.workers import server
-from shardio.workers.channel import Channel
-from shardio.workers.credits import Credits
+from shardio.loader import server
+from shardio.loader.channel import Channel
+from shardio.loader.credits import Credits
 from tests.sample_shards import make_uneven_dataset
 
 _made = multiprocessing.get_context("fork").Value("i", 0)  # samples the (forked) workers have read

@@ -204,7 +204,7 @@ def test_a_long_history_is_refused_before_planning(data: str, valid: dict[str, A
 
 def test_a_resume_beyond_the_history_kept_is_refused_before_planning(data: str, valid: dict[str, Any],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio.dataset import ShardDataset as Dataset
+    from shardio.datasets.dataset import ShardDataset as Dataset
 
     def no_planning(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("planned")

@@ -20,7 +20,7 @@ from shardio.cli import main
 from shardio.ledger.quarantine import quarantine
 from shardio.ledger.remix import remix
 from shardio.ledger.trace import Trace
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from test_trace import memory_index
 
 

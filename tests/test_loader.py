@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from shardio import FormatError, OptionError, ShardDataset, ShardLoader
 from shardio.reading import blocks
-from shardio.workers import pinning, server
+from shardio.loader import pinning, server
 from tests.sample_shards import make_uneven_dataset
 
 OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}

@@ -26,9 +26,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio import ShardDataset, ShardLoader
-from shardio.workers import silence
-from shardio.workers.channel import Channel
-from shardio.workers.server import BATCH
+from shardio.loader import silence
+from shardio.loader.channel import Channel
+from shardio.loader.server import BATCH
 from tests.sample_shards import make_uneven_dataset
 
 pytestmark = pytest.mark.timeout(180)

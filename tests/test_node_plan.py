@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
-from shardio.workers import nodeplan, planfiles
+from shardio.runtime import nodeplan, planfiles
 from test_plan_lock import count_plans, epochs_on_disk, planned
 
 WORLD_SIZE = 3
@@ -150,7 +150,7 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
     from multiprocessing.reduction import ForkingPickler
     from torch.utils.data import DataLoader
 
-    from shardio.workers.nodeplan import MappedRankPlan
+    from shardio.runtime.nodeplan import MappedRankPlan
 
     ds = dataset(root, 1)
     ds.set_epoch(0)

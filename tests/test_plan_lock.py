@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
-from shardio.workers import planfiles
-from shardio.workers.planlock import PlanLock
+from shardio.runtime import planfiles
+from shardio.runtime.planlock import PlanLock
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = World(rank=1, world_size=3)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import Index, ShardDataset, World
 from shardio.planning.plan import EpochPlan

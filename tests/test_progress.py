@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from shardio.errors import StateError
 from shardio.planning.plan import Segment
 from shardio.state import LoaderState
-from shardio.workers.control import Control, Instruction
-from shardio.workers.progress import Progress, resume_point
+from shardio.runtime.control import Control, Instruction
+from shardio.runtime.progress import Progress, resume_point
 
 
 def state(**fields: object) -> LoaderState:

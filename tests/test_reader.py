@@ -13,7 +13,7 @@ import pytest
 import torch
 from sample_shards import make_uneven_dataset
 
-import shardio.reading.localshard
+import shardio.storage.localshard
 from shardio import ShardDataset
 from shardio.packing.indexer import build_index
 from shardio.reading.reader import Reader

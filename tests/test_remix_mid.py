@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, StateError, World
 from shardio.ledger.remix import remix, remix_report
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.planning.streams import stream_samples
 from shardio.planning.plan import Segment
 from shardio.state import LoaderState

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, get_worker_info
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
-from shardio.workers.nodeplan import MappedRankPlan
-from shardio.workers.sharing import SharedRankPlan, shared
+from shardio.runtime.nodeplan import MappedRankPlan
+from shardio.runtime.sharing import SharedRankPlan, shared
 
 
 def test_a_dataset_pickled_for_workers_does_not_grow_with_the_plan(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str, w
 
 def test_without_shared_memory_the_plan_stays_private(monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    import shardio.workers.sharing
+    import shardio.runtime.sharing
 
     def no_space(array: np.ndarray) -> Any:
         raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")

@@ -38,7 +38,7 @@ from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
 
 if TYPE_CHECKING:
-    from ..dataset import ShardDataset
+    from ..datasets.dataset import ShardDataset
 
 __all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "leave_out_consumed", "consumed_ahead",
            "resolve_keys"]

@@ -19,7 +19,7 @@ from .quarantine import exclusions
 from .remix import mix_args
 
 if TYPE_CHECKING:
-    from ..mixed import MixedDataset
+    from ..datasets.mixed import MixedDataset
 
 __all__ = ["remaining_positions"]
 

@@ -51,7 +51,7 @@ from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
 
 if TYPE_CHECKING:
-    from ..mixed import MixedDataset
+    from ..datasets.mixed import MixedDataset
 
 __all__ = ["remix", "remix_report", "mix_args", "Streams"]
 
@@ -225,7 +225,7 @@ def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
     """A state for ``new`` that continues ``state`` (saved from ``old``) at its position, at an epoch
     boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
-    from ..mixed import MixedDataset
+    from ..datasets.mixed import MixedDataset
     from .remainder import remaining_positions
 
     for name, dataset in (("old", old), ("new", new)):

@@ -36,7 +36,7 @@ from ..checks.states import MAX_COUNT
 from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:
-    from ..dataset import ShardDataset
+    from ..datasets.dataset import ShardDataset
 
 __all__ = ["Trace", "StepRecord", "MAX_FIND_EPOCHS"]
 

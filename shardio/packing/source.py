@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import InputError, InputProblem
-from ..reading.localshard import NotRegular, kind, open_regular
+from ..storage.localshard import NotRegular, kind, open_regular
 
 __all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotJsonConstant", "NotRegularFile", "Problems", "Source", "manifest_text",
            "not_regular", "open_regular_input", "read_regular_input", "refuse_constant", "resolve_path", "seconds_field",

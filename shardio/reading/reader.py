@@ -28,17 +28,17 @@ import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardioError
 from ..shards.index import STREAM_CODECS, Index
-from . import localshard
+from ..storage import localshard
 from .cache import ShardCache
 from .compressedreads import CompressedReads
-from .filesystems import Filesystems
-from .localshard import LocalShard
+from ..storage.filesystems import Filesystems
+from ..storage.localshard import LocalShard
 from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
-from .retries import RetryPolicy
-from .storage import is_url
-from .validators import Validators
+from ..storage.retries import RetryPolicy
+from ..storage.files import is_url
+from ..storage.validators import Validators
 
 __all__ = ["ReadStats", "Reader"]
 

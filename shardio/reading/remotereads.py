@@ -22,15 +22,15 @@ import numpy as np
 from ..errors import ReadError
 from ..shards.index import STREAM_CODECS, Index
 from .cache import ShardCache
-from .filesystems import Filesystems
-from .httpreads import is_http
-from .localshard import LocalShard, short_read
-from .objectcopy import copy_capped
+from ..storage.filesystems import Filesystems
+from ..storage.httpreads import is_http
+from ..storage.localshard import LocalShard, short_read
+from ..storage.objectcopy import copy_capped
 from .prefetch import MAX_GAP, ReadAhead, Span
-from .retries import RetryPolicy, retrying
-from .s3reads import is_s3
-from .storage import is_url, read_range
-from .validators import Validators, from_info
+from ..storage.retries import RetryPolicy, retrying
+from ..storage.s3reads import is_s3
+from ..storage.files import is_url, read_range
+from ..storage.validators import Validators, from_info
 
 __all__ = ["RemoteReads"]
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, OptionError, shown
-from ..reading.storage import is_url, join, write_atomic
+from ..storage.files import is_url, join, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
 from .indexheader import (FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION,

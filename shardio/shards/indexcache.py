@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..reading.storage import cache_dir
+from ..storage.files import cache_dir
 
 __all__ = ["SETTLED_S", "UNUSED_S", "mark_verified", "prune", "touch", "verified_marker"]
 

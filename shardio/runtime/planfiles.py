@@ -44,7 +44,7 @@ from typing import Any
 
 from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
-from ..reading.storage import cache_dir
+from ..storage.files import cache_dir
 from . import nodeplan
 from .planlock import PlanLock
 

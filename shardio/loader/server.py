@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  registers the reducers that send tensors between processes
 from torch.utils.data._utils import worker as torch_worker
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from .channel import Channel
 from .credits import Credits
 

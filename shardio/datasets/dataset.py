@@ -34,24 +34,24 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .checks.datasets import check_rates, check_some_eligible, source_index
+from .checks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
-from .errors import OptionError, StateError, shown
-from .ledger.quarantine import check_extra, leave_out_consumed
-from .checks.options import integer
-from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
-from .planning.rankplan import RankPlan
-from .reading.assembly import Assembler, Decoding, Transform
-from .reading.cache import ShardCache
-from .reading.reader import Reader, ReadStats
-from .reading.retries import RetryPolicy
-from .reading.storage import cache_dir
-from .shards.index import Index
-from .state import LoaderState, batch_position, find_states, steps_after_snapshot
-from .workers.control import Instruction, extra_mark
-from .workers.progress import Progress, resume_point
-from .workers.sharing import shared, shared_table
-from .world import World, refuse_resharding
+from ..errors import OptionError, StateError, shown
+from ..ledger.quarantine import check_extra, leave_out_consumed
+from ..checks.options import integer
+from ..planning.plan import Batching, EpochPlan, Ordering, worker_batches
+from ..planning.rankplan import RankPlan
+from ..reading.assembly import Assembler, Decoding, Transform
+from ..reading.cache import ShardCache
+from ..reading.reader import Reader, ReadStats
+from ..storage.retries import RetryPolicy
+from ..storage.files import cache_dir
+from ..shards.index import Index
+from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
+from ..runtime.control import Instruction, extra_mark
+from ..runtime.progress import Progress, resume_point
+from ..runtime.sharing import shared, shared_table
+from ..world import World, refuse_resharding
 
 __all__ = ["ShardDataset", "Transform"]
 

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import get_worker_info
 
-from .errors import OptionError, StateError
-from .ledger.quarantine import exclusions
-from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
-from .planning.rankplan import RankPlan
-from .shards.index import Index
-from .workers import planfiles
-from .workers.control import Instruction
-from .workers.memory import trim
-from .workers.progress import Progress
-from .world import World
+from ..errors import OptionError, StateError
+from ..ledger.quarantine import exclusions
+from ..planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
+from ..planning.rankplan import RankPlan
+from ..shards.index import Index
+from ..runtime import planfiles
+from ..runtime.control import Instruction
+from ..runtime.memory import trim
+from ..runtime.progress import Progress
+from ..world import World
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from .channel import Channel
 from .credits import Credits
 from .server import BATCH, EXIT, START, STOP, WATCH_S, serve
