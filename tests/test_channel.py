@@ -1,4 +1,4 @@
-"""A ShardLoader worker's pipe end (shardio.workers.channel): its waits, and messages a plain Connection reads."""
+"""A ShardLoader worker's pipe end (shardio.loader.channel): its waits, and messages a plain Connection reads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A ShardLoader worker's credits (shardio.workers.credits): a semaphore and an interruption counter in shared
+"""A ShardLoader worker's credits (shardio.loader.credits): a semaphore and an interruption counter in shared
 memory, across real processes; and through a ShardLoader, a worker that never runs more than its prefetch ahead
 and that an interruption wakes while it waits for a credit."""
 

@@ -360,7 +360,7 @@ def test_a_channel_reads_tensors_a_plain_connection_sends_and_a_plain_one_refuse
     theirs.send(("batch", {"audio": tensor}))  # its descriptor fetched from this process's resource sharer
     assert torch.equal(channel.receive()[1]["audio"], tensor)
     channel.send(("batch", {"audio": tensor}))
-    with pytest.raises(RuntimeError, match="read it with a shardio.workers.channel.Channel"):
+    with pytest.raises(RuntimeError, match="read it with a shardio.loader.channel.Channel"):
         theirs.recv()
     channel.send(("end", None))  # a message without descriptors: as Connection.send
     assert theirs.recv() == ("end", None)

@@ -2,11 +2,11 @@
 
 The training process holds its rank's share of an epoch's plan (``set_epoch``); each DataLoader worker takes
 its batches of that share, reads and decodes only those samples, and yields collated batches. An epoch's plan
-is computed once per node (:mod:`shardio.workers.planfiles`): the first process that needs it (a rank's
+is computed once per node (:mod:`shardio.runtime.planfiles`): the first process that needs it (a rank's
 training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
 training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
 process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
-share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it. A
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or maps it. A
 process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
 same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
 
@@ -16,9 +16,9 @@ sees iteration, so every batch carries ``epoch`` and ``batch_index`` and ``state
 state to save after that batch.
 
 Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go into a shared block
-(:mod:`shardio.workers.control`) that every worker, persistent ones too, reads when an iteration starts;
+(:mod:`shardio.runtime.control`) that every worker, persistent ones too, reads when an iteration starts;
 inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. Each
-process's position among them is its :class:`~shardio.workers.progress.Progress`. The
+process's position among them is its :class:`~shardio.runtime.progress.Progress`. The
 world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
 """
 
@@ -74,7 +74,7 @@ class ShardDataset(EpochPlans, IterableDataset):
     :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
     remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
     :mod:`shardio.reading.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
-    whole through a node-local disk cache of that size under :func:`~shardio.reading.storage.cache_dir`, shared by
+    whole through a node-local disk cache of that size under :func:`~shardio.storage.files.cache_dir`, shared by
     every process on the node (:mod:`shardio.reading.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
     as stored; half the bytes; see :mod:`shardio.reading.pcm16`).
     """

@@ -1,9 +1,9 @@
 """EpochPlans: a dataset's plans of its epochs for its rank, planned once per node and kept as its rank's share.
 
-The planning half of :class:`~shardio.dataset.ShardDataset` (and :class:`~shardio.mixed.MixedDataset`, which
+The planning half of :class:`~shardio.datasets.dataset.ShardDataset` (and :class:`~shardio.datasets.mixed.MixedDataset`, which
 replaces :meth:`EpochPlans._make_plan`): which world the plans are for, the whole plan of an epoch (pure
 :mod:`shardio.planning` code over the index's columns, logged when it leaves samples out), and this rank's part
-of it, mapped from the node's plan files (:mod:`shardio.workers.planfiles`) where other processes may need it.
+of it, mapped from the node's plan files (:mod:`shardio.runtime.planfiles`) where other processes may need it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class EpochPlans:
-    """Plans of a dataset's epochs for its rank (a base of :class:`~shardio.dataset.ShardDataset`, which sets the
+    """Plans of a dataset's epochs for its rank (a base of :class:`~shardio.datasets.dataset.ShardDataset`, which sets the
     attributes below): the whole plan is kept only while this rank's share is made from it."""
 
     index: Index

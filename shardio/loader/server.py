@@ -1,7 +1,7 @@
 """Server: a ShardLoader worker process, which plays the dataset's batches over its pipe, one per credit.
 
 The protocol, both ends: the training process sends ``(START, interruptions)`` to begin an iteration (the
-worker's :class:`~shardio.workers.credits.Credits` set to its prefetch, and the interruption count the
+worker's :class:`~shardio.loader.credits.Credits` set to its prefetch, and the interruption count the
 iteration starts from), grants a credit in shared memory for each batch it takes, and sends ``STOP`` to end
 an iteration early or ``EXIT`` (each announced through the credits); the worker answers ``BATCH`` (the
 batch, its audio in a reused shared-memory block), ``END``, ``STOPPED`` or ``ERROR`` (the exception, with the

@@ -77,7 +77,7 @@ def not_regular(mode: int) -> str | None:
 
 def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
     """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for anything
-    else (:func:`shardio.reading.localshard.open_regular`: a device is not opened, a FIFO not read)."""
+    else (:func:`shardio.storage.localshard.open_regular`: a device is not opened, a FIFO not read)."""
     name = os.fspath(path)
     try:
         fd, _ = open_regular(name)

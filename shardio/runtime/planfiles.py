@@ -4,9 +4,9 @@ Planning an epoch is O(N) (the plan is global: every rank's batches come out of 
 window), and every process that iterates needs its rank's share: the training process of each rank (with a
 world size above 1, or once its DataLoader workers have begun) and each DataLoader worker that begins an epoch
 the training process did not plan for it. :func:`obtain` gives a process its rank's share: mapped from the
-node plan under :func:`~shardio.reading.storage.cache_dir` ``/plans/`` when it is there; else the process
-takes the plan's lock (:class:`~shardio.workers.planlock.PlanLock`), looks again, plans the whole epoch,
-writes every rank's share (:mod:`shardio.workers.nodeplan`) and releases the lock, while the node's other
+node plan under :func:`~shardio.storage.files.cache_dir` ``/plans/`` when it is there; else the process
+takes the plan's lock (:class:`~shardio.runtime.planlock.PlanLock`), looks again, plans the whole epoch,
+writes every rank's share (:mod:`shardio.runtime.nodeplan`) and releases the lock, while the node's other
 processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) and map their part. So the
 ranks of a node plan an epoch once, and the page cache holds one copy of it.
 

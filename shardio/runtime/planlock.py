@@ -1,6 +1,6 @@
 """PlanLock: one process of a node plans an epoch while the others that need the same plan wait for it.
 
-An exclusive ``fcntl.flock`` on ``<name>.lock`` beside plan ``name`` (:mod:`shardio.workers.planfiles`),
+An exclusive ``fcntl.flock`` on ``<name>.lock`` beside plan ``name`` (:mod:`shardio.runtime.planfiles`),
 taken with ``LOCK_NB`` and polled until a deadline: never an unbounded wait. The polls start a millisecond
 apart and back off to :data:`POLL_S`: most waits are for a plan that takes milliseconds (a small dataset, or
 a node plan being written), and a fixed 30 ms poll cost every DataLoader worker but one that much at each

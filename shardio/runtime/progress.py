@@ -1,7 +1,7 @@
 """Progress: which iteration one process plays, and how many of its batches it has yielded.
 
 A dataset's copy in each process (the training process, every DataLoader worker) holds one. Instructions
-(``set_epoch``, ``load_state_dict``) reach it through the shared :class:`~shardio.workers.control.Control`
+(``set_epoch``, ``load_state_dict``) reach it through the shared :class:`~shardio.runtime.control.Control`
 block, or, inside a worker that ``StatefulDataLoader`` restores, as the worker's own instruction; a loaded
 state becomes an instruction by :func:`resume_point`.
 """
