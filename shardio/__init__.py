@@ -28,6 +28,7 @@ from .storage.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
 from .state import LoaderState
+from .version import __version__
 from .world import World
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from .reading.collate import collate
     from .loader.loader import ShardLoader
 
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .checks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
 from ..errors import OptionError, StateError, shown
-from ..ledger.quarantine import check_extra, leave_out_consumed
+from ..planning.exclusions import check_extra, leave_out_consumed
 from ..checks.options import integer
 from ..planning.plan import Batching, EpochPlan, Ordering, worker_batches
 from ..planning.rankplan import RankPlan

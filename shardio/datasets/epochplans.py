@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import get_worker_info
 
 from ..errors import OptionError, StateError
-from ..ledger.quarantine import exclusions
+from ..planning.exclusions import exclusions
 from ..planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
 from ..planning.rankplan import RankPlan
 from ..shards.index import Index

@@ -18,8 +18,8 @@ import numpy as np
 
 from .dataset import ShardDataset
 from ..errors import OptionError, shown
-from ..ledger.quarantine import exclusions
-from ..ledger.remix import mix_args
+from ..planning.exclusions import exclusions
+from ..planning.mixstreams import mix_args
 from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets, plan_mix
 from ..planning.mixoptions import EpochSize, Mix
 from ..planning.plan import Batching, EpochPlan, Segment, options_of

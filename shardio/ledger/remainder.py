@@ -15,8 +15,8 @@ import numpy as np
 
 from ..planning.mix import plan_occurrences
 from ..state import LoaderState
-from .quarantine import exclusions
-from .remix import mix_args
+from ..planning.exclusions import exclusions
+from ..planning.mixstreams import mix_args
 
 if TYPE_CHECKING:
     from ..datasets.mixed import MixedDataset

@@ -45,6 +45,7 @@ from typing import Any
 from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
 from ..storage.files import cache_dir
+from ..version import __version__
 from . import nodeplan
 from .planlock import PlanLock
 
@@ -91,8 +92,6 @@ def _code() -> str:
 def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
     """The name of epoch ``epoch``'s plan (after world-size changes ``history``) in job ``job`` (JSON-ready:
     everything that shapes the plan and stays the same through a job, never the rank)."""
-    from .. import __version__
-
     constant = {**job, "shardio": __version__, "code": _code(), "format": 2}
     plan = _hash({**constant, "epoch": epoch, "history": history})
     return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
