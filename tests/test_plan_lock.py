@@ -24,7 +24,7 @@ from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
 from shardio.runtime import planfiles
-from shardio.runtime.planlock import PlanLock
+from shardio.storage.locks import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = World(rank=1, world_size=3)
@@ -137,7 +137,7 @@ def test_of_two_processes_contending_one_plans_the_other_maps(root: str, tmp_pat
 
 def hold(paths: list[str], ready: Any, stop: Any) -> None:
     """Hold the planning locks of ``paths`` until ``stop`` is set (or this process is killed)."""
-    locks = [PlanLock(path) for path in paths]
+    locks = [FileLock(path) for path in paths]
     assert all(lock.acquire(5) for lock in locks)
     ready.set()
     stop.wait(60)
@@ -186,7 +186,7 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
 
 def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "epoch.lock")
-    holder = PlanLock(path)
+    holder = FileLock(path)
     assert holder.acquire(1.0)
     pauses: list[float] = []
 
@@ -196,7 +196,7 @@ def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monke
             holder.release()
 
     monkeypatch.setattr(time, "sleep", pause)
-    waiter = PlanLock(path)
+    waiter = FileLock(path)
     assert waiter.acquire(600.0) and waiter.waited
     waiter.release()
     assert pauses == [0.001, 0.002, 0.004, 0.008, 0.016, 0.03, 0.03, 0.03]
