@@ -155,6 +155,15 @@ def test_a_layer_imports_only_the_layers_below_it() -> None:
     assert _crossings(_graph()) == []
 
 
+def test_one_module_asks_torch_which_worker_this_process_is() -> None:
+    """The ambient context (rank, world, DataLoader worker) is detected in shardio.world and handed on as a value."""
+    def asks(path: Path) -> bool:
+        return any(isinstance(node, ast.Call) and "get_worker_info" in ast.unparse(node.func)
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+    assert [name for name, path in _modules().items() if asks(path)] == ["shardio.world"]
+
+
 def test_the_layer_check_finds_an_import_from_above() -> None:
     assert _crossings({"shardio.shards.index": {"shardio.reading.reader"}, "shardio.reading.reader": set()}) == [
         "shardio.shards.index (shards) imports shardio.reading.reader (reading)"]

@@ -25,6 +25,7 @@ import torch.multiprocessing  # noqa: F401  registers the reducers that send ten
 from torch.utils.data._utils import worker as torch_worker
 
 from ..datasets.dataset import ShardDataset
+from ..world import Context
 from .channel import Channel
 from .credits import Credits
 
@@ -143,8 +144,8 @@ def _message(channel: Channel, parent: int) -> Any:
 
 def _portable(exc: Exception) -> Exception:
     """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
-    info = torch_worker.get_worker_info()
-    where = f"in shardio loader worker {info.id if info else '?'} (pid {os.getpid()})"
+    context = Context.detect()
+    where = f"in shardio loader worker {context.worker if context.in_worker else '?'} (pid {os.getpid()})"
     text = "".join(traceback.format_exception(exc))
     try:
         copy = pickle.loads(pickle.dumps(exc))
