@@ -16,8 +16,10 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import filelock
+if TYPE_CHECKING:
+    import filelock
 
 __all__ = ["FIRST_POLL_S", "POLL_S", "QUIET_S", "FileLock", "polls", "remove_if_free"]
 
@@ -67,6 +69,8 @@ class FileLock:
         logged = False
         # read before the first attempt: filelock before 4.0 truncates the file it opens, the holder's record too
         self._seen = self.holder() if os.path.exists(self.path) else _UNKNOWN
+        import filelock  # here: importing shardio stays quick (filelock's import is not)
+
         lock = filelock.FileLock(self.path, thread_local=False)
         while not _try(lock):
             self.waited = True
@@ -149,6 +153,8 @@ def remove_if_free(path: str) -> bool:
 
 
 def _try(lock: filelock.BaseFileLock) -> bool:
+    import filelock
+
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
