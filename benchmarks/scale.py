@@ -7,9 +7,9 @@ For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fre
 
 - ``ShardDataset(...)`` construct time, then ``set_epoch(0)`` time: each case starts with no plan files in
   the benchmark's node cache (``DATA/shardio-scale/cache``), so it plans epoch 0 (with world 8 it writes
-  every rank's share for the node, :mod:`shardio.workers.planfiles`);
+  every rank's share for the node, :mod:`shardio.runtime.planfiles`);
 - time to the first batch with 0 workers, and with 2 workers started by ``fork`` and by ``forkserver``
-  (whose server preloads ``torch`` and ``shardio.dataset``, as a user should: else each worker imports torch;
+  (whose server preloads ``torch`` and ``shardio.datasets.dataset``, as a user should: else each worker imports torch;
   the server's start, once per job and the same for any dataset, is timed apart);
 - after the first batch: RSS and PSS (``/proc/PID/smaps_rollup``) of the training process and of each
   worker, each also as the excess over a baseline: the training process right after importing shardio and
@@ -134,7 +134,7 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
     if context == "forkserver" and workers:
         # the server imports torch and shardio once; workers forked from it start without importing them. Its
         # start (once per job, whatever the dataset) is timed apart from the first batch.
-        ctx.set_forkserver_preload(["torch", "shardio.dataset"])
+        ctx.set_forkserver_preload(["torch", "shardio.datasets.dataset"])
         started = time.perf_counter()
         from multiprocessing import forkserver
 
@@ -210,14 +210,14 @@ def _noop() -> None:
 
 
 def _idle_worker(ready: Any, release: Any) -> None:
-    import shardio.dataset  # noqa: F401  (what a DataLoader worker imports)
+    import shardio.datasets.dataset  # noqa: F401  (what a DataLoader worker imports)
 
     ready.set()
     release.wait(120)
 
 
 def run_case(root: Path, workers: int, context: str) -> dict[str, Any]:
-    # plans are computed once per node and kept as files (shardio.workers.planfiles): a case that found the
+    # plans are computed once per node and kept as files (shardio.runtime.planfiles): a case that found the
     # previous case's would time a lookup, so each case starts without them (the index's hash markers stay)
     shutil.rmtree(os.path.join(os.environ["SHARDIO_CACHE_DIR"], "plans"), ignore_errors=True)
     code = [sys.executable, __file__, "--child", str(root), str(workers), context]

@@ -44,10 +44,10 @@ from shardio.bench.cases import _count, shardio_epoch
 from shardio.bench.measure import _descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
-from shardio.dataset import ShardDataset
+from shardio.datasets.dataset import ShardDataset
 from shardio.reading import batchmemory, blocks
 from shardio.reading.assembly import Assembler, Decoding
-from shardio.workers.loader import ShardLoader
+from shardio.loader.loader import ShardLoader
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 BATCH = 16

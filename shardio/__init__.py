@@ -24,25 +24,25 @@ from .ledger.remix import remix, remix_report
 from .ledger.trace import Trace
 from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
-from .reading.retries import RetryPolicy
+from .storage.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
 from .state import LoaderState
+from .version import __version__
 from .world import World
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset, Transform
-    from .mixed import MixedDataset
+    from .datasets.dataset import ShardDataset, Transform
+    from .datasets.mixed import MixedDataset
     from .reading.collate import collate
-    from .workers.loader import ShardLoader
+    from .loader.loader import ShardLoader
 
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
     # ShardDataset needs torch; importing it lazily keeps `shardio pack` and its workers quick to start.
     if name in ("ShardDataset", "Transform"):
-        from . import dataset
+        from .datasets import dataset
 
         return getattr(dataset, name)
     if name == "collate":
@@ -50,11 +50,11 @@ def __getattr__(name: str) -> Any:
 
         return collate
     if name == "ShardLoader":
-        from .workers.loader import ShardLoader
+        from .loader.loader import ShardLoader
 
         return ShardLoader
     if name == "MixedDataset":
-        from .mixed import MixedDataset
+        from .datasets.mixed import MixedDataset
 
         return MixedDataset
     raise AttributeError(f"module 'shardio' has no attribute {name!r}")

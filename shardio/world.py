@@ -1,16 +1,23 @@
-"""World: which rank and which DataLoader worker this process is, detected in exactly one place."""
+"""World and Context: which rank and which DataLoader worker this process is, detected in exactly one place.
+
+:meth:`Context.detect` is the one call of ``torch.utils.data.get_worker_info`` in shardio, and
+:meth:`World.detect` the one reading of ``torch.distributed`` and ``RANK``/``WORLD_SIZE``. A dataset detects
+the context where the user or torch calls it (an iteration, ``set_epoch``, ``state_dict``...) and hands the
+value to the runtime below it; code that torch calls directly in a worker (a ``collate_fn``) detects it here.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import FrameType
+from typing import Any
 
 from .errors import OptionError
 from .checks.options import integer
 from .checks.states import MAX_WORKERS, MAX_WORLD_SIZE  # what a state can record
 
-__all__ = ["World", "refuse_resharding"]
+__all__ = ["Context", "World", "refuse_resharding"]
 
 
 @dataclass(frozen=True)
@@ -44,14 +51,34 @@ class World:
             world_size = detected_size if world_size is None else world_size
         return cls(rank=rank, world_size=world_size).with_worker()
 
-    def with_worker(self) -> World:
-        """This world with the worker fields of the DataLoader worker process we run in, if any."""
+    def with_worker(self, context: Context | None = None) -> World:
+        """This world with the worker fields of ``context`` (by default the one this process runs in)."""
+        context = Context.detect() if context is None else context
+        return replace(self, worker=context.worker, num_workers=context.num_workers)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process runs: DataLoader worker ``worker`` of ``num_workers`` (``in_worker``), with the
+    ``seed`` torch drew for it and the ``dataset`` its DataLoader runs there; else the process that iterates
+    (a training process, with ``num_workers=0`` or between its workers' iterations): worker 0 of 1."""
+
+    in_worker: bool = False
+    worker: int = 0
+    num_workers: int = 1
+    seed: int = 0
+    dataset: Any = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def detect(cls) -> Context:
+        """The context of this process, from ``torch.utils.data.get_worker_info()`` (also set in a
+        :class:`~shardio.ShardLoader`'s workers)."""
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         if info is None:
-            return replace(self, worker=0, num_workers=1)
-        return replace(self, worker=info.id, num_workers=info.num_workers)
+            return cls()
+        return cls(True, info.id, info.num_workers, info.seed, info.dataset)
 
 
 def _detect_ranks() -> tuple[int, int]:
@@ -66,15 +93,20 @@ def _detect_ranks() -> tuple[int, int]:
                           "are not integers") from None
 
 
-def refuse_resharding(iterating: FrameType | None) -> None:
-    """An :class:`OptionError` where ``iterating`` (the frame that iterates a dataset) belongs to a wrapper that
-    splits the dataset's stream among the ranks again: Accelerate's (or transformers') ``IterableDatasetShard``,
-    which ``accelerator.prepare(loader)`` puts around an IterableDataset with ``dispatch_batches=False``.
+def refuse_resharding(context: Context, caller: FrameType | None = None) -> None:
+    """An :class:`OptionError` where a dataset is iterated by a wrapper that splits its stream among the ranks
+    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)`` puts
+    around an IterableDataset with ``dispatch_batches=False``.
 
     Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
-    and pad the last with repeats: most samples lost, some trained twice, with no error of its own.
+    and pad the last with repeats: most samples lost, some trained twice, with no error of its own. In a
+    DataLoader worker the wrapper is the dataset torch names in ``context``; in the process that iterates
+    without workers torch names none, and only ``caller`` (the frame that iterates the dataset) shows it.
     """
-    wrapper = iterating.f_locals.get("self") if iterating is not None else None
+    if context.in_worker:
+        wrapper = context.dataset
+    else:
+        wrapper = caller.f_locals.get("self") if caller is not None else None
     kind = type(wrapper)
     if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in ("accelerate", "transformers"):
         raise OptionError(f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "

@@ -137,7 +137,7 @@ def make_loader(case: Case, ds: Any) -> Any:
     if case.loader == "shardio":
         import torch
 
-        from shardio.workers import pinning
+        from shardio.loader import pinning
 
         accelerated = torch.cuda.is_available()
         loader = ShardLoader(ds, num_workers=case.workers, persistent_workers=case.persistent,

@@ -14,7 +14,7 @@ import soundfile
 import torch
 from audio_factory import audio_bytes, tone
 
-import shardio.reading.localshard
+import shardio.storage.localshard
 from shardio import Index, ShardDataset, ShardWriter
 from shardio.reading.reader import Reader
 
@@ -86,9 +86,9 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
              for i in range(2)]
     plain = write(tmp_path / "plain", clips, ext="wav", channels=1, compression="none")
     zstd = write(tmp_path / "zstd", clips, ext="wav", channels=1, compression="zstd")
-    assert Reader(plain).maps(0) == shardio.reading.localshard.CAN_MAP
+    assert Reader(plain).maps(0) == shardio.storage.localshard.CAN_MAP
     assert not Reader(zstd).maps(0)  # each sample is decompressed: held one at a time
-    monkeypatch.setattr(shardio.reading.localshard, "CAN_MAP", False)
+    monkeypatch.setattr(shardio.storage.localshard, "CAN_MAP", False)
     assert not Reader(plain).maps(0)
 
 

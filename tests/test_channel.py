@@ -1,4 +1,4 @@
-"""A ShardLoader worker's pipe end (shardio.workers.channel): its waits, and messages a plain Connection reads."""
+"""A ShardLoader worker's pipe end (shardio.loader.channel): its waits, and messages a plain Connection reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from shardio.workers.channel import Channel
+from shardio.loader.channel import Channel
 
 
 def test_ready_waits_for_a_message_and_receive_returns_it() -> None:

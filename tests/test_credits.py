@@ -1,4 +1,4 @@
-"""A ShardLoader worker's credits (shardio.workers.credits): a semaphore and an interruption counter in shared
+"""A ShardLoader worker's credits (shardio.loader.credits): a semaphore and an interruption counter in shared
 memory, across real processes; and through a ShardLoader, a worker that never runs more than its prefetch ahead
 and that an interruption wakes while it waits for a credit."""
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from shardio import ShardDataset, ShardLoader
-from shardio.workers import server
-from shardio.workers.channel import Channel
-from shardio.workers.credits import Credits
+from shardio.loader import server
+from shardio.loader.channel import Channel
+from shardio.loader.credits import Credits
 from tests.sample_shards import make_uneven_dataset
 
 _made = multiprocessing.get_context("fork").Value("i", 0)  # samples the (forked) workers have read

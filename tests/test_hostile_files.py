@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(300)
 def _in_child(code: str, *, headroom_mb: int = 256, timeout: float = 60) -> str:
     """Run ``code`` in a subprocess limited in time and memory; its stdout (a hang fails the test)."""
     try:
-        result = run_limited(code, headroom_mb=headroom_mb, timeout=timeout, preload="shardio.dataset, torch")
+        result = run_limited(code, headroom_mb=headroom_mb, timeout=timeout, preload="shardio.datasets.dataset, torch")
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running after {timeout} s")
     assert result.returncode == 0, result.stderr[-2000:]

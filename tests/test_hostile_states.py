@@ -100,7 +100,7 @@ except ShardioError as exc:
 def test_a_huge_world_is_refused_before_planning(data: str, valid: dict[str, Any], change: dict[str, Any],
                                                  field: str) -> None:
     code = _LOAD_LIMITED.format(state=json.dumps({**valid, **change}), data=data)
-    result = run_limited(textwrap.dedent(code), headroom_mb=512, timeout=120, preload="torch, shardio.dataset")
+    result = run_limited(textwrap.dedent(code), headroom_mb=512, timeout=120, preload="torch, shardio.datasets.dataset")
     assert result.stdout.startswith("StateError"), result.stdout + result.stderr[-2000:]
     started = time.monotonic()
     refused(data, {**valid, **change}, field)
@@ -204,7 +204,7 @@ def test_a_long_history_is_refused_before_planning(data: str, valid: dict[str, A
 
 def test_a_resume_beyond_the_history_kept_is_refused_before_planning(data: str, valid: dict[str, Any],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio.dataset import ShardDataset as Dataset
+    from shardio.datasets.dataset import ShardDataset as Dataset
 
     def no_planning(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("planned")
@@ -260,7 +260,7 @@ def test_the_trace_command_refuses_huge_bucketing_within_a_memory_limit(data: st
     path.write_text(json.dumps(with_options(valid, batch_size=None, max_duration=10.0, num_buckets=10**9)))
     code = (f"from shardio.cli import main\nimport sys\nsys.exit(main(['trace', {data!r}, '--state', {str(path)!r},"
             " '--step', '0']))")
-    result = run_limited(code, headroom_mb=512, timeout=120, preload="torch, shardio.dataset, shardio.cli")
+    result = run_limited(code, headroom_mb=512, timeout=120, preload="torch, shardio.datasets.dataset, shardio.cli")
     assert result.returncode == 2 and "num_buckets" in result.stderr, result.stderr[-2000:]
 
 

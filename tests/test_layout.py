@@ -1,5 +1,9 @@
-"""The package's layout as the README describes it: no import cycles between modules, a docstring on every
-module and subpackage saying what lives there, and modules of about 300 lines at most."""
+"""The package's layout as the README describes it: its layers (:data:`LAYERS`, written here once), no import
+cycles between modules (imports in functions count), a docstring on every module and subpackage saying what
+lives there, and modules of about 300 lines at most.
+
+``python tests/test_layout.py`` prints the figures: cycles (at import time, and counting imports in functions),
+the modules in them, and the imports that cross the layers upwards."""
 
 from __future__ import annotations
 
@@ -10,6 +14,24 @@ import shardio
 
 PACKAGE = Path(shardio.__file__).parent
 MAX_LINES = 330  # "about 300": a module past this is due a split
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # From the ground up: a module imports only modules of its own layer or of the layers below it (modules of
+    # one layer may import each other, without a cycle). The single written statement of shardio's layers.
+    ("errors", ("shardio.errors", "shardio.checks", "shardio.version")),  # and the checks of values users hand in
+    ("storage", ("shardio.storage",)),  # paths and URLs, fsspec, ranged reads, retries, atomic writes, locks
+    ("shards", ("shardio.shards",)),  # the on-disk format: tar members, index, columns, writer
+    ("planning, world, state", ("shardio.planning", "shardio.world", "shardio.state")),  # decisions on metadata
+    ("reading", ("shardio.reading",)),  # members -> decoded samples -> padded batches
+    ("runtime", ("shardio.runtime",)),  # what runs under the datasets: worker instructions, node plans, sharing
+    ("datasets", ("shardio.datasets",)),  # ShardDataset, MixedDataset
+    ("packing", ("shardio.packing", "shardio.integrations.importers")),  # the corpora importers are its inputs
+    ("loader", ("shardio.loader",)),  # ShardLoader
+    ("ledger, integrations", ("shardio.ledger", "shardio.integrations")),
+    ("bench", ("shardio.bench", "shardio.synth")),
+    ("the public API", ("shardio",)),  # shardio/__init__.py alone
+    ("cli", ("shardio.cli",)),
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -26,19 +48,20 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_time_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The shardio modules that importing ``name`` imports: its module-level imports, outside ``TYPE_CHECKING``."""
+def _imports(name: str, path: Path, modules: dict[str, Path], *, nested: bool = True,
+             typing: bool = False) -> set[str]:
+    """The shardio modules ``name`` imports: at import time, with ``nested`` in functions and classes too (they
+    run later, but a cycle through them is one), and with ``typing`` under ``TYPE_CHECKING`` too (annotations
+    only, never run)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.If):
-                if not _is_type_checking(node.test):
+            if isinstance(node, ast.If) and _is_type_checking(node.test):
+                if typing:
                     visit(node.body)
                 visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names if alias.name in modules)
             elif isinstance(node, ast.ImportFrom):
@@ -50,10 +73,41 @@ def _import_time_imports(name: str, path: Path, modules: dict[str, Path]) -> set
                 found.update(submodules)
                 if base in modules and len(submodules) < len(node.names):  # names the package itself defines
                     found.add(base)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if nested:
+                    visit(node.body)
+            else:  # if/try/with/for/while bodies run at import time
+                visit([child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)])
 
     visit(ast.parse(path.read_text(encoding="utf-8")).body)
     found.discard(name)
     return found
+
+
+def _graph(*, nested: bool = True, typing: bool = False) -> dict[str, set[str]]:
+    modules = _modules()
+    # a package imports what its __init__ names; a module inside it importing a sibling goes through the
+    # package only when the __init__ imports something, so __init__ files count as modules of their own
+    return {name: _imports(name, path, modules, nested=nested, typing=typing) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> int:
+    """The number of ``module``'s layer in :data:`LAYERS` (its longest listed prefix; the package itself only by
+    its own name)."""
+    best, found = -1, -1
+    for number, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or (prefix != "shardio" and module.startswith(prefix + "."))
+            if matches and len(prefix) > best:
+                best, found = len(prefix), number
+    return found
+
+
+def _crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module of a higher layer than the importer's."""
+    return [f"{source} ({LAYERS[layer_of(source)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+            for source, targets in sorted(graph.items()) for target in sorted(targets)
+            if layer_of(target) > layer_of(source)]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -92,11 +146,32 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_back() -> None:
-    modules = _modules()
-    # a package imports what its __init__ names; a module inside it importing a sibling goes through the
-    # package only when the __init__ imports something, so __init__ files count as modules of their own
-    graph = {name: _import_time_imports(name, path, modules) for name, path in modules.items()}
-    assert _cycles(graph) == []
+    """No cycle, counting the imports made in functions too (a lazy import is a dependency all the same);
+    ``TYPE_CHECKING`` imports are exempt (never run: an annotation may name a module that imports this one)."""
+    assert _cycles(_graph()) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name in _modules() if layer_of(name) < 0] == []
+
+
+def test_a_layer_imports_only_the_layers_below_it() -> None:
+    """Function-level imports included, and ``TYPE_CHECKING`` ones: an annotation names a layer above too."""
+    assert _crossings(_graph(typing=True)) == []
+
+
+def test_one_module_asks_torch_which_worker_this_process_is() -> None:
+    """The ambient context (rank, world, DataLoader worker) is detected in shardio.world and handed on as a value."""
+    def asks(path: Path) -> bool:
+        return any(isinstance(node, ast.Call) and "get_worker_info" in ast.unparse(node.func)
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+    assert [name for name, path in _modules().items() if asks(path)] == ["shardio.world"]
+
+
+def test_the_layer_check_finds_an_import_from_above() -> None:
+    assert _crossings({"shardio.shards.index": {"shardio.reading.reader"}, "shardio.reading.reader": set()}) == [
+        "shardio.shards.index (shards) imports shardio.reading.reader (reading)"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -113,3 +188,21 @@ def test_modules_stay_about_300_lines() -> None:
     long = {name: n for name, path in _modules().items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def _report() -> None:
+    for nested, what in ((False, "import-time imports"), (True, "all imports (functions too)")):
+        graph = _graph(nested=nested)
+        cycles = _cycles(graph)
+        print(f"{what}: {sum(map(len, graph.values()))} edges, {len(cycles)} cycles, "
+              f"{sum(map(len, cycles))} modules in them")
+        for cycle in cycles:
+            print("  cycle:", ", ".join(cycle))
+    crossings = _crossings(_graph(typing=True))
+    print(f"{len(crossings)} imports cross the layers upwards")
+    for line in crossings:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    _report()

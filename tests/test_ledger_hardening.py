@@ -20,7 +20,7 @@ from shardio.cli import main
 from shardio.ledger.quarantine import quarantine
 from shardio.ledger.remix import remix
 from shardio.ledger.trace import Trace
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from test_trace import memory_index
 
 
@@ -359,7 +359,7 @@ def test_a_pending_range_costs_what_an_epoch_takes_of_it_not_its_length(data: Pa
     played = [trace.dataset.index.corpus(i) for r in records for i in r.ids.tolist()]
     assert "tiny" in played  # tiny plays its pending positions in epoch 1
     quota = trace.plan(1, 0).report["corpora"]["tiny"]["quota"]
-    from shardio.ledger.remix import Streams
+    from shardio.planning.mixstreams import Streams
     from shardio.planning.streams import Stream
     stream = Streams.of(healed["extra"]).streams["tiny"]
     assert stream.held == 10**8 and stream.take(0, quota).tolist() == list(range(150, 150 + quota))
@@ -375,7 +375,8 @@ def test_a_remix_tail_stays_ranges_and_is_bounded_by_the_mix_that_plays_it(data:
     mix loading it (a StateError naming the field and the numbers) before a position is expanded."""
     import tracemalloc
 
-    from shardio.ledger.remix import Streams, remix_report
+    from shardio.ledger.remix import remix_report
+    from shardio.planning.mixstreams import Streams
     from shardio.planning.mix import MAX_TAIL_EPOCHS
 
     healed = healed_mix(data, {"big": 1.0})
@@ -469,7 +470,7 @@ def test_many_quarantine_entries_cost_the_planner_one_pass_per_segment(data: Pat
     """Each ``exclude`` pair costs the planner a pass over the epoch (a mask of its samples; in a mix an
     ``np.isin`` over its occurrences); a state's ``extra`` may hold some 500k one-id quarantine entries, which
     were one pair each (500k passes over a 10M-sample epoch: hours). They are merged per segment now."""
-    from shardio.ledger.quarantine import exclusions
+    from shardio.planning.exclusions import exclusions
 
     ds = make(data, World(0, 2))
     keys = list(ds.index.keys)

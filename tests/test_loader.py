@@ -1,4 +1,4 @@
-"""ShardLoader (shardio.workers.loader): the 0-worker batches in the 0-worker order from real worker processes
+"""ShardLoader (shardio.loader.loader): the 0-worker batches in the 0-worker order from real worker processes
 (fork, forkserver, spawn), an exact state after any batch, held batches never overwritten, and a worker's
 error, death or silence raised in the training process instead of a hang; each with batches pinned by the
 pin-memory thread too (with a stand-in for torch's pinning where there is no accelerator)."""
@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from shardio import FormatError, OptionError, ShardDataset, ShardLoader
 from shardio.reading import blocks
-from shardio.workers import pinning, server
+from shardio.loader import pinning, server
 from tests.sample_shards import make_uneven_dataset
 
 OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}

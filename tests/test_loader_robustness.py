@@ -26,9 +26,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio import ShardDataset, ShardLoader
-from shardio.workers import silence
-from shardio.workers.channel import Channel
-from shardio.workers.server import BATCH
+from shardio.loader import silence
+from shardio.loader.channel import Channel
+from shardio.loader.server import BATCH
 from tests.sample_shards import make_uneven_dataset
 
 pytestmark = pytest.mark.timeout(180)
@@ -360,7 +360,7 @@ def test_a_channel_reads_tensors_a_plain_connection_sends_and_a_plain_one_refuse
     theirs.send(("batch", {"audio": tensor}))  # its descriptor fetched from this process's resource sharer
     assert torch.equal(channel.receive()[1]["audio"], tensor)
     channel.send(("batch", {"audio": tensor}))
-    with pytest.raises(RuntimeError, match="read it with a shardio.workers.channel.Channel"):
+    with pytest.raises(RuntimeError, match="read it with a shardio.loader.channel.Channel"):
         theirs.recv()
     channel.send(("end", None))  # a message without descriptors: as Connection.send
     assert theirs.recv() == ("end", None)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from plan_checks import assert_rest_consumes_each_once
 from sample_shards import make_uneven_dataset
 from shardio import OptionError, StateError, World
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.planning.bucketing import bucket_of, sample_cost
 from shardio.planning.mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix
 from shardio.planning.mixoptions import EpochSize, Mix

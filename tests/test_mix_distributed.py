@@ -34,7 +34,7 @@ GROUP_TIMEOUT_S = 120.0
 
 def make(sources: dict[str, str], world: Any = None) -> Any:
     """The mixed dataset every rank (and the test) builds."""
-    from shardio.mixed import MixedDataset
+    from shardio.datasets.mixed import MixedDataset
     from shardio.planning.mixoptions import EpochSize
     from shardio.planning.plan import Batching
 

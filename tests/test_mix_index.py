@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sample_shards import make_uneven_dataset
 from shardio import Index
-from shardio.mixed import MixedDataset, MixIndex
+from shardio.datasets.mixed import MixedDataset, MixIndex
 from shardio.planning.mixoptions import EpochSize
 from shardio.shards.chained import ChainedColumn
 from shardio.shards.index import COLUMNS

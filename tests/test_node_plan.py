@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
-from shardio.workers import nodeplan, planfiles
+from shardio.runtime import nodeplan, planfiles
 from test_plan_lock import count_plans, epochs_on_disk, planned
 
 WORLD_SIZE = 3
@@ -25,7 +25,7 @@ WORLD_SIZE = 3
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(shardio.epochplans, "plan_epoch", shardio.epochplans.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)  # restored afterwards
     return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6, 11], duration_range=(0.01, 0.02)).root
 
 
@@ -103,7 +103,7 @@ def test_a_damaged_node_plan_is_not_used(root: str, tmp_path: Path, damage: str,
     count_plans(log)
     for rank in (2, 0, 1):
         ds = dataset(root, rank)
-        with caplog.at_level(logging.WARNING, logger="shardio.workers.nodeplan"):
+        with caplog.at_level(logging.WARNING, logger="shardio.runtime.nodeplan"):
             ds.set_epoch(0)
         assert keys(ds) == expected[rank]
     assert "planning the epoch here instead" in caplog.text
@@ -150,7 +150,7 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
     from multiprocessing.reduction import ForkingPickler
     from torch.utils.data import DataLoader
 
-    from shardio.workers.nodeplan import MappedRankPlan
+    from shardio.runtime.nodeplan import MappedRankPlan
 
     ds = dataset(root, 1)
     ds.set_epoch(0)

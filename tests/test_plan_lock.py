@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
-from shardio.workers import planfiles
-from shardio.workers.planlock import PlanLock
+from shardio.runtime import planfiles
+from shardio.storage.locks import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = World(rank=1, world_size=3)
@@ -38,14 +38,14 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def count_plans(log: Path) -> None:
     """Make every process (forks inherit it) append ``pid epoch`` to ``log`` whenever it plans an epoch."""
-    original = shardio.epochplans.plan_epoch
+    original = shardio.datasets.epochplans.plan_epoch
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         with open(log, "a") as file:
             file.write(f"{os.getpid()} {kwargs['epoch']}\n")
         return original(*args, **kwargs)
 
-    shardio.epochplans.plan_epoch = counted  # type: ignore[assignment]
+    shardio.datasets.epochplans.plan_epoch = counted  # type: ignore[assignment]
 
 
 def planned(log: Path) -> list[tuple[int, int]]:
@@ -85,7 +85,7 @@ def test_one_process_of_the_rank_plans_each_epoch(root: str, tmp_path: Path, mon
     expected = played(root, 3, 0)
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of that run (world 3: node plans)
     log = tmp_path / "planned"
-    monkeypatch.setattr(shardio.epochplans, "plan_epoch", shardio.epochplans.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)  # restored afterwards
     count_plans(log)
     assert played(root, 3, workers, persistent) == expected
     plannings = planned(log)
@@ -137,7 +137,7 @@ def test_of_two_processes_contending_one_plans_the_other_maps(root: str, tmp_pat
 
 def hold(paths: list[str], ready: Any, stop: Any) -> None:
     """Hold the planning locks of ``paths`` until ``stop`` is set (or this process is killed)."""
-    locks = [PlanLock(path) for path in paths]
+    locks = [FileLock(path) for path in paths]
     assert all(lock.acquire(5) for lock in locks)
     ready.set()
     stop.wait(60)
@@ -175,7 +175,7 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
     try:
         assert ready.wait(30)
         log = tmp_path / "planned"
-        monkeypatch.setattr(shardio.epochplans, "plan_epoch", shardio.epochplans.plan_epoch)
+        monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)
         count_plans(log)
         assert played(root, 2, 2) == expected
         assert sorted(epoch for _, epoch in planned(log)) == [0, 0, 1, 1]  # each worker, past the deadline
@@ -186,7 +186,7 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
 
 def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "epoch.lock")
-    holder = PlanLock(path)
+    holder = FileLock(path)
     assert holder.acquire(1.0)
     pauses: list[float] = []
 
@@ -196,7 +196,7 @@ def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monke
             holder.release()
 
     monkeypatch.setattr(time, "sleep", pause)
-    waiter = PlanLock(path)
+    waiter = FileLock(path)
     assert waiter.acquire(600.0) and waiter.waited
     waiter.release()
     assert pauses == [0.001, 0.002, 0.004, 0.008, 0.016, 0.03, 0.03, 0.03]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
-import shardio.epochplans
+import shardio.datasets.epochplans
 from sample_shards import make_uneven_dataset
 from shardio import Index, ShardDataset, World
 from shardio.planning.plan import EpochPlan
@@ -44,14 +44,14 @@ def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
 def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(3)]
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of those runs (world 3: node plans)
-    original = shardio.epochplans.plan_epoch
+    original = shardio.datasets.epochplans.plan_epoch
 
     def in_the_training_process_only(*args: Any, **kwargs: Any) -> Any:
         if get_worker_info() is not None:
             raise RuntimeError("a DataLoader worker planned a whole epoch")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(shardio.epochplans, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
+    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
     assert persistent_run(root, 3) == expected
     assert epochs_on_disk(tmp_path / "cache") == [1, 2]  # epoch 2's writer removed epoch 0's
 
@@ -61,7 +61,7 @@ def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypat
                                                            tmp_path: Path, damage: str) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
     shutil.rmtree(tmp_path / "cache" / "plans")
-    save = shardio.workers.planfiles.save
+    save = shardio.runtime.planfiles.save
 
     def damaged(name: str, plan: EpochPlan, samples: int) -> str | None:
         path = save(name, plan, samples)
@@ -75,7 +75,7 @@ def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypat
             np.save(os.path.join(path, "starts.npy"), np.load(os.path.join(path, "starts.npy"))[:-1])
         return path
 
-    monkeypatch.setattr(shardio.workers.planfiles, "save", damaged)
+    monkeypatch.setattr(shardio.runtime.planfiles, "save", damaged)
     assert persistent_run(root, 2) == expected
 
 
@@ -89,8 +89,8 @@ def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.M
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shardio.workers.nodeplan.np, "save", full)
-    with caplog.at_level("WARNING", logger="shardio.workers.planfiles"):
+    monkeypatch.setattr(shardio.runtime.nodeplan.np, "save", full)
+    with caplog.at_level("WARNING", logger="shardio.runtime.planfiles"):
         assert persistent_run(root, 2) == expected
     assert "each process plans the epoch by itself" in caplog.text
     assert os.listdir(tmp_path / "cache" / "plans") == []  # no partial plan left behind

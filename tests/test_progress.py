@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from shardio.errors import StateError
 from shardio.planning.plan import Segment
 from shardio.state import LoaderState
-from shardio.workers.control import Control, Instruction
-from shardio.workers.progress import Progress, resume_point
+from shardio.runtime.control import Control, Instruction
+from shardio.runtime.progress import Progress, resume_point
+from shardio.world import Context
+
+HERE = Context()  # the training process, iterating itself
 
 
 def state(**fields: object) -> LoaderState:
@@ -24,19 +27,19 @@ def state(**fields: object) -> LoaderState:
 
 
 def test_a_state_of_the_same_world_resumes_at_its_position() -> None:
-    loaded, instruction, skip, ahead = resume_point([state(start=3, yielded=4)], 0, world_size=4)
+    loaded, instruction, skip, ahead = resume_point([state(start=3, yielded=4)], 0, world_size=4, context=HERE)
     assert instruction == Instruction(2, (), 7, loaded=True)
     assert (loaded.position, skip, ahead) == (7, 0, ())
 
 
 def test_the_workers_states_and_the_steps_since_their_snapshot_add_up() -> None:
     workers = [state(yielded=3, worker=0, num_workers=2), state(yielded=2, worker=1, num_workers=2)]
-    _, instruction, _, _ = resume_point(workers, 1, world_size=4)
+    _, instruction, _, _ = resume_point(workers, 1, world_size=4, context=HERE)
     assert instruction.start == 6
 
 
 def test_another_world_size_records_a_history_segment_and_starts_the_rest() -> None:
-    _, instruction, skip, _ = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3)
+    _, instruction, skip, _ = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3, context=HERE)
     assert instruction == Instruction(2, (Segment(8, 2), Segment(4, 5)), 0, loaded=True)
     assert skip == 0
 
@@ -44,48 +47,48 @@ def test_another_world_size_records_a_history_segment_and_starts_the_rest() -> N
 def test_batches_consumed_ahead_of_the_position_start_a_segment_in_the_same_world() -> None:
     # worker 0 took positions 0, 2, 4 and 6; worker 1 took 1: consumed are 0-2, then 4 and 6 ahead
     workers = [state(yielded=4, worker=0, num_workers=2), state(yielded=1, worker=1, num_workers=2)]
-    loaded, instruction, _, ahead = resume_point(workers, 0, world_size=4)
+    loaded, instruction, _, ahead = resume_point(workers, 0, world_size=4, context=HERE)
     assert (loaded.position, ahead) == (3, (4, 6))
     assert instruction == Instruction(2, (Segment(4, 3),), 0, loaded=True)
 
 
 def test_a_single_workers_state_outside_that_worker_is_not_the_jobs() -> None:
     with pytest.raises(StateError, match="1 states for 2 workers"):
-        resume_point([state(yielded=3, worker=1, num_workers=2)], 0, world_size=4)
+        resume_point([state(yielded=3, worker=1, num_workers=2)], 0, world_size=4, context=HERE)
 
 
 def test_an_iteration_is_live_until_it_finishes_then_the_next_epoch_is() -> None:
     progress = Progress()
     progress.control.give(Instruction(4, start=2, loaded=True))
-    assert progress.upcoming() == Instruction(4, start=2, loaded=True)
-    assert progress.current() == (Instruction(4, start=2, loaded=True), 0)
-    at = progress.upcoming()
-    progress.begin(at, progress.upcoming_skip())
+    assert progress.upcoming(HERE) == Instruction(4, start=2, loaded=True)
+    assert progress.current(HERE) == (Instruction(4, start=2, loaded=True), 0)
+    at = progress.upcoming(HERE)
+    progress.begin(at, progress.upcoming_skip(), HERE)
     progress.yielded += 3
-    assert progress.current() == (at, 3)
-    assert progress.live() == at
-    progress.finish()
-    assert progress.live() == Instruction(5)
-    assert progress.current() == (at, 3)  # the last iteration, until an instruction comes
+    assert progress.current(HERE) == (at, 3)
+    assert progress.live(HERE) == at
+    progress.finish(HERE)
+    assert progress.live(HERE) == Instruction(5)
+    assert progress.current(HERE) == (at, 3)  # the last iteration, until an instruction comes
 
 
 def test_an_instruction_given_after_an_iteration_replaces_it() -> None:
     progress = Progress()
-    progress.begin(progress.upcoming(), 0)
+    progress.begin(progress.upcoming(HERE), 0, HERE)
     progress.yielded += 1
     instructions = progress.instructions
     progress.control.give(Instruction(7))
     assert progress.instructions == instructions + 1
-    assert progress.current() == (Instruction(7), 0)
-    assert progress.live() == Instruction(7)
+    assert progress.current(HERE) == (Instruction(7), 0)
+    assert progress.live(HERE) == Instruction(7)
 
 
 def test_a_workers_own_instruction_wins_over_the_control_blocks() -> None:
     progress = Progress()
     progress.give_own(Instruction(3, start=1), skip=2)
     assert not progress.follows_control
-    assert (progress.upcoming(), progress.upcoming_skip()) == (Instruction(3, start=1), 2)
-    progress.begin(progress.upcoming(), progress.upcoming_skip())
+    assert (progress.upcoming(HERE), progress.upcoming_skip()) == (Instruction(3, start=1), 2)
+    progress.begin(progress.upcoming(HERE), progress.upcoming_skip(), HERE)
     assert progress.follows_control
     assert progress.yielded == 2
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from sample_shards import make_uneven_dataset
 
-import shardio.reading.localshard
+import shardio.storage.localshard
 from shardio import ShardDataset
 from shardio.packing.indexer import build_index
 from shardio.reading.reader import Reader
@@ -53,9 +53,9 @@ def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkey
     index = make_uneven_dataset(tmp_path / "ds", [5, 7, 4], seed=4)
     mapped = list(ShardDataset(index.root, batch_size=4, seed=1))
     if why == "kernel":
-        monkeypatch.setattr(shardio.reading.localshard, "CAN_MAP", False)
+        monkeypatch.setattr(shardio.storage.localshard, "CAN_MAP", False)
     else:
-        monkeypatch.setattr(shardio.reading.localshard.mmap, "mmap", _no_mmap)
+        monkeypatch.setattr(shardio.storage.localshard.mmap, "mmap", _no_mmap)
     dataset = ShardDataset(index.root, batch_size=4, seed=1)
     read = list(dataset)
     assert dataset._reader is not None

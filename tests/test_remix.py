@@ -14,7 +14,7 @@ from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, Mix, StateError, World
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.remix import remix
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.planning.mix import CorpusColumns, mix_quotas, plan_mix
 
 

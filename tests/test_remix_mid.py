@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, StateError, World
 from shardio.ledger.remix import remix, remix_report
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.planning.streams import stream_samples
 from shardio.planning.plan import Segment
 from shardio.state import LoaderState
+from shardio.world import Context
 
 EXAMPLES = int(os.environ.get("SHARDIO_REMIX_EXAMPLES", "40"))
 SEED = 5
@@ -128,14 +129,14 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
     new, weights_now = resumed(sources, new_weights, world, shape, state), new_weights
     now = state["epoch"]
     if now == epoch and again:  # a second re-mix inside the rest of the epoch, to all three corpora
-        tail = new._progress.live().history
+        tail = new._progress.live(Context()).history
         k = data.draw(st.integers(0, new._plan_of(epoch, tail).num_batches), label="k")
         play(new, ledger, epoch, tail, upto=k)
         third = {"a": weights[2], "b": weights[0], "c": weights[1]}
         state = remix(state_at(new, epoch, tail, k), new, mixed(sources, third, 1, *shape))
         new, weights_now, now = resumed(sources, third, world, shape, state), third, state["epoch"]
     if now == epoch:  # the rest of the epoch (whatever world loads it), then one epoch of the new mix
-        play(new, ledger, epoch, new._progress.live().history)
+        play(new, ledger, epoch, new._progress.live(Context()).history)
         now += 1
     play(new, ledger, now)
     last = now
@@ -206,7 +207,7 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     gone = set(cut["extra"]["quarantine"][0]["ids"])  # a key both corpora hold: left out of each
     assert gone >= set(left_out.tolist())
     healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), cut)
-    rest = healed._plan_of(0, healed._progress.live().history)
+    rest = healed._plan_of(0, healed._progress.live(Context()).history)
     played = Counter(plan.consumed_samples(1).tolist()) + Counter(rest.consumed_samples(rest.num_batches).tolist())
     assert not gone & set(rest.samples.tolist())
     assert set(played) == set(plan.samples.tolist()) - (gone - set(plan.consumed_samples(1).tolist()))

@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader
 
 from shardio import FormatError, Index, ReadError, RetryPolicy, ShardDataset
 from shardio.reading.reader import Reader
-from shardio.reading.retries import is_transient
-from shardio.reading.storage import filesystem
+from shardio.storage.retries import is_transient
+from shardio.storage.files import filesystem
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 

@@ -19,11 +19,11 @@ from torch.utils.data import DataLoader
 
 from shardio import Index, ShardDataset, ShardInfo
 from shardio.errors import FormatError
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.planning.mixoptions import EpochSize
 from shardio.shards.keys import Keys
 from shardio.shards.shardtable import CODECS, ShardTable
-from shardio.workers.sharing import shared_table
+from shardio.runtime.sharing import shared_table
 
 from sample_shards import make_uneven_dataset
 from hostile import rewrite_header

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, get_worker_info
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
-from shardio.workers.nodeplan import MappedRankPlan
-from shardio.workers.sharing import SharedRankPlan, shared
+from shardio.runtime.nodeplan import MappedRankPlan
+from shardio.runtime.sharing import SharedRankPlan, shared
 
 
 def test_a_dataset_pickled_for_workers_does_not_grow_with_the_plan(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str, w
     world = World(rank=world_size - 1, world_size=world_size)
     expected = [list(b["keys"]) for b in ShardDataset(root, batch_size=3, world=world)]
     ctx: Any = multiprocessing.get_context(context)
-    ctx.set_forkserver_preload(["torch", "shardio.dataset"])
+    ctx.set_forkserver_preload(["torch", "shardio.datasets.dataset"])
     dataset = ShardDataset(root, batch_size=3, world=world)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx,
                         worker_init_fn=_check_shared)
@@ -71,14 +71,14 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str, w
 
 def test_without_shared_memory_the_plan_stays_private(monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    import shardio.workers.sharing
+    import shardio.runtime.sharing
 
     def no_space(array: np.ndarray) -> Any:
         raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
 
-    monkeypatch.setattr(shardio.workers.sharing, "_tensor", no_space)
+    monkeypatch.setattr(shardio.runtime.sharing, "_tensor", no_space)
     plan = RankPlan(0, np.arange(6, dtype=np.int32), np.array([0, 2, 6]))
-    with caplog.at_level("WARNING", logger="shardio.workers.sharing"):
+    with caplog.at_level("WARNING", logger="shardio.runtime.sharing"):
         assert shared(plan) is plan
     assert "stays private" in caplog.text and "6 ids" in caplog.text
     assert pickle.loads(ForkingPickler.dumps(plan)).batch(1).tolist() == [2, 3, 4, 5]  # a copy, by value

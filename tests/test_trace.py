@@ -22,7 +22,7 @@ from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.trace import Trace
-from shardio.mixed import MixedDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.shards.index import COLUMNS
 
 Rows = dict[tuple[int, int, int], list[str]]  # (epoch, step, rank) -> keys

@@ -21,12 +21,12 @@ import numpy as np
 import soundfile
 from torch.utils.data import DataLoader
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import FormatError
 from ..packing.source import AUDIO_EXTENSIONS
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
-from ..workers.loader import ShardLoader
+from ..loader.loader import ShardLoader
 
 __all__ = [
     "Epoch",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import soundfile
 
-from ..reading.localshard import CAN_MAP
+from ..storage.localshard import CAN_MAP
 from ..reading.memoryfile import FILE_FORMATS, read_as_file
 from ..shards.index import Index
 from ..shards.tarformat import parse_members

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import ReadError
 from ..world import World
 from .cases import Epoch, _count

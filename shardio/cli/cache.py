@@ -36,7 +36,7 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_cache(args: argparse.Namespace) -> int:
     from ..reading.cache import ShardCache
-    from ..reading.storage import cache_dir
+    from ..storage.files import cache_dir
 
     given = [name for name, value in (("--max-bytes", args.max_bytes), ("--stale", args.stale),
                                       ("--unused-days", args.unused_days)) if value is not None]
@@ -49,7 +49,7 @@ def _run_cache(args: argparse.Namespace) -> int:
     removed = 0
     if args.prune:
         from ..shards import indexcache
-        from ..workers import planfiles
+        from ..runtime import planfiles
 
         removed = (cache.prune(stale) + indexcache.prune(unused_days * 86400, stale)
                    + planfiles.prune())

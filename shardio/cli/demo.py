@@ -97,8 +97,8 @@ def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
     The first half of the epoch is read, the loader's state saved, and a fresh dataset and loader resume from
     it; the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.
     """
-    from ..dataset import ShardDataset
-    from ..workers.loader import ShardLoader
+    from ..datasets.dataset import ShardDataset
+    from ..loader.loader import ShardLoader
 
     def loader() -> ShardLoader:
         return ShardLoader(ShardDataset(dataset_dir, max_duration=_MAX_DURATION, seed=0), num_workers=workers)

@@ -12,7 +12,7 @@ import sys
 from collections import Counter
 
 from ..errors import OptionError
-from ..reading.storage import write_atomic
+from ..storage.files import write_atomic
 
 __all__ = ["add_quarantine", "add_remix", "add_trace"]
 
@@ -150,7 +150,7 @@ def add_remix(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_remix(args: argparse.Namespace) -> int:
-    from ..mixed import MixedDataset
+    from ..datasets.mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..state import job_state
     from ..ledger.rebuild import open_for_state, read_state, state_corpora

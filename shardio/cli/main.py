@@ -208,7 +208,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardio`` argument parser with every subcommand in :data:`SUBCOMMANDS`."""
-    from .. import __version__
+    from ..version import __version__
 
     codes = "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = _Parser(prog="shardio", description="Pack, index, inspect, verify and benchmark audio "

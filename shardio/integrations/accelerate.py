@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import OptionError
 from ..state import check_follows
 from ._extras import require

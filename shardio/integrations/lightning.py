@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import StateError
 from ..state import LoaderState, check_follows
 from ._extras import require

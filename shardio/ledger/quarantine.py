@@ -19,131 +19,32 @@ which then loads like any other state. The semantics:
   ids, keys, steps and ``carry``; states saved later keep it. :func:`quarantine_report` lists it.
 
 The same entries, marked ``ahead``, leave out of the rest of an epoch the samples that a state's DataLoader
-workers consumed ahead of its position (:func:`leave_out_consumed`): consumed, not quarantined, so the report
+workers consumed ahead of its position (:func:`~shardio.planning.exclusions.leave_out_consumed`): consumed, not quarantined, so the report
 leaves them out.
 """
 
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import OptionError, StateError
-from ..planning.plan import EpochPlan, Segment
+from ..planning.exclusions import QUARANTINE, consumed_ahead
+from ..planning.plan import Segment
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
+from .trace import Trace, resolve_keys
 
 if TYPE_CHECKING:
-    from ..dataset import ShardDataset
+    from ..datasets.dataset import ShardDataset
 
-__all__ = ["quarantine", "quarantine_report", "exclusions", "check_extra", "leave_out_consumed", "consumed_ahead",
-           "resolve_keys"]
+__all__ = ["quarantine", "quarantine_report"]
 
-_KEY = "quarantine"
-
-
-def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, list[int]]:
-    """The sample ids of each of ``keys`` (several where a mix's corpora share a key), with an
-    :class:`OptionError` naming the keys the index does not hold."""
-    wanted: dict[str, list[int]] = {key: [] for key in keys}
-    if len(wanted) <= 16 and isinstance(dataset_keys, list):  # a few keys: list.index scans in C
-        for key, found in wanted.items():
-            at = -1
-            try:
-                while True:
-                    at = dataset_keys.index(key, at + 1)
-                    found.append(at)
-            except ValueError:
-                pass
-    else:
-        for i, key in enumerate(dataset_keys):
-            if key in wanted:
-                wanted[key].append(i)
-    missing = [key for key, ids in wanted.items() if not ids]
-    if missing:
-        raise OptionError(f"{len(missing)} keys are not in the dataset's index: {missing[:10]}")
-    return wanted
-
-
-def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed)."""
-    entries = extra.get(_KEY, [])
-    if not isinstance(entries, list):
-        raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
-    for number, entry in enumerate(entries):
-        try:
-            ids = [int(i) for i in entry["ids"]]
-            fields_ok = (int(entry["epoch"]) >= 0 and int(entry["segment"]) >= 0
-                         and isinstance(entry["carry"], bool))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
-        if not fields_ok or any(not 0 <= i < num_samples for i in ids):
-            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
-                             f"id outside the dataset's {num_samples} samples")
-    return dict(extra)
-
-
-def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarray]]:
-    """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs (see the module docs), one per
-    segment: the planner does O(epoch) work per pair, so a state's many entries (each a few values of
-    ``extra``) must not each cost a pass over the epoch."""
-    found: dict[int, list[np.ndarray]] = {}
-    for entry in extra.get(_KEY, []):
-        if int(entry["epoch"]) == epoch:
-            found.setdefault(int(entry["segment"]), []).append(np.asarray(entry["ids"], dtype=np.int64))
-        elif entry["carry"] and int(entry["epoch"]) < epoch:
-            found.setdefault(0, []).append(np.asarray(entry["ids"], dtype=np.int64))
-    return [(segment, np.unique(np.concatenate(parts))) for segment, parts in sorted(found.items())]
-
-
-def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, position: int,
-                       epoch: int, segment: int, keys: Sequence[str]) -> dict[str, Any]:
-    """``extra`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
-    every rank's batches at ``positions`` of ``plan`` (the segment before it), which workers consumed ahead of
-    a state at ``position`` (:func:`shardio.state.split`). Such entries of earlier epochs are dropped.
-
-    An entry leaves out every occurrence of its samples, so one that also occurs in a batch not yet consumed (a
-    mix's sample drawn twice in the epoch) is a :class:`StateError`, not a lost sample."""
-    if max(positions) >= plan.num_batches:
-        raise StateError(f"the workers' states consumed batch {max(positions)} of epoch {epoch}, whose plan has "
-                         f"{plan.num_batches} batches per rank")
-    ahead = np.zeros(plan.num_batches, dtype=bool)
-    ahead[list(positions)] = True
-    pending = ~ahead
-    pending[:position] = False
-    ids, later = _samples_of(plan, plan.rank_batches[:, ahead]), _samples_of(plan, plan.rank_batches[:, pending])
-    again = np.intersect1d(ids, later)
-    if again.shape[0]:
-        raise StateError(f"the workers' states consumed {len(again)} samples ahead of their position (e.g. "
-                         f"{reprlib.repr(keys[int(again[0])])}) that epoch {epoch} draws again later, so they cannot "
-                         "be left out of the rest: load the state with the loader's own load_state_dict, or use a "
-                         "state saved after a whole round of workers")
-    ids = ids.tolist()
-    entry = {"epoch": epoch, "segment": segment, "ids": ids, "keys": [keys[i] for i in ids], "steps": None,
-             "carry": False, "consumed": ids, "ahead": True}
-    kept = [e for e in extra.get(_KEY, []) if not (e.get("ahead") and int(e["epoch"]) < epoch)]
-    return {**extra, _KEY: [*kept, entry]}
-
-
-def consumed_ahead(extra: Mapping[str, Any], epoch: int) -> dict[int, np.ndarray]:
-    """The samples of ``epoch`` that workers consumed ahead of a state's position (:func:`leave_out_consumed`),
-    by the history segment that consumed them (the one before the segment their entry leaves them out of)."""
-    found: dict[int, list[int]] = {}
-    for entry in extra.get(_KEY, []):
-        if entry.get("ahead") and int(entry["epoch"]) == epoch:
-            found.setdefault(int(entry["segment"]) - 1, []).extend(int(i) for i in entry["ids"])
-    return {segment: np.unique(np.asarray(ids, dtype=np.int64)) for segment, ids in found.items()}
-
-
-def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:
-    """The sample ids of global batches ``batches`` of ``plan``, each once, sorted."""
-    taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
-    taken[batches.ravel()] = True
-    return np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))])
+_KEY = QUARANTINE
 
 
 def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
@@ -154,8 +55,6 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     ``state`` is a shardio state (or a whole ``StatefulDataLoader`` state) saved from ``dataset``'s data
     and options. See the module docs for the exact semantics.
     """
-    from .trace import Trace
-
     loaded = job_state(state)
     if isinstance(keys, (str, bytes)):
         raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({reprlib.repr(keys)})")

@@ -20,7 +20,7 @@ from ..planning.options import MAX_BUCKETS
 from ..state import job_state
 
 if TYPE_CHECKING:
-    from ..dataset import ShardDataset
+    from ..datasets.dataset import ShardDataset
 
 __all__ = ["open_for_state", "read_state", "state_corpora", "write_rows", "write_samples"]
 
@@ -52,8 +52,8 @@ def read_state(path: str) -> dict[str, Any]:
 def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardDataset:
     """The dataset at ``locations`` (one directory, or ``NAME=LOCATION`` per corpus of a mix) with the
     options ``state`` records. The index fingerprints must match the state's (a :class:`StateError`)."""
-    from ..dataset import ShardDataset
-    from ..mixed import MixedDataset
+    from ..datasets.dataset import ShardDataset
+    from ..datasets.mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..planning.plan import Batching, Ordering
     from ..shards.index import Index

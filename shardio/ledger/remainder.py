@@ -15,11 +15,11 @@ import numpy as np
 
 from ..planning.mix import plan_occurrences
 from ..state import LoaderState
-from .quarantine import exclusions
-from .remix import mix_args
+from ..planning.exclusions import exclusions
+from ..planning.mixstreams import mix_args
 
 if TYPE_CHECKING:
-    from ..mixed import MixedDataset
+    from ..datasets.mixed import MixedDataset
 
 __all__ = ["remaining_positions"]
 

@@ -15,7 +15,7 @@ traced as planned from their start under the state's world size: the state recor
 of its own epoch only.
 
 **Consumed ahead.** Where the state resumed one saved between rounds of DataLoader workers that batch samples
-(:func:`~shardio.ledger.quarantine.leave_out_consumed`), the batches its workers consumed beyond the segment's
+(:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the segment's
 position are records too, marked ``ahead``: their step is their place in that segment's plan, a number the
 next segment's steps also use.
 """
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError
+from ..planning.exclusions import consumed_ahead
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
-from .quarantine import consumed_ahead, resolve_keys
 
 if TYPE_CHECKING:
-    from ..dataset import ShardDataset
+    from ..datasets.dataset import ShardDataset
 
 __all__ = ["Trace", "StepRecord", "MAX_FIND_EPOCHS"]
 
@@ -228,6 +228,29 @@ class Trace:
         if record.ahead:
             row["ahead"] = True
         return row
+
+
+def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, list[int]]:
+    """The sample ids of each of ``keys`` (several where a mix's corpora share a key), with an
+    :class:`OptionError` naming the keys the index does not hold."""
+    wanted: dict[str, list[int]] = {key: [] for key in keys}
+    if len(wanted) <= 16 and isinstance(dataset_keys, list):  # a few keys: list.index scans in C
+        for key, found in wanted.items():
+            at = -1
+            try:
+                while True:
+                    at = dataset_keys.index(key, at + 1)
+                    found.append(at)
+            except ValueError:
+                pass
+    else:
+        for i, key in enumerate(dataset_keys):
+            if key in wanted:
+                wanted[key].append(i)
+    missing = [key for key, ids in wanted.items() if not ids]
+    if missing:
+        raise OptionError(f"{len(missing)} keys are not in the dataset's index: {missing[:10]}")
+    return wanted
 
 
 def _check_epoch(epoch: Any) -> None:

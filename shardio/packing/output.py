@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any
 
-from ..reading.storage import filesystem, is_url, join, read_bytes, write_atomic
+from ..storage.files import filesystem, is_url, join, read_bytes, write_atomic
 
 __all__ = ["Output"]
 

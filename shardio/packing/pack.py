@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import InputError, InputProblem, OptionError
-from ..reading.storage import write_atomic
+from ..storage.files import write_atomic
 from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
 from .listing import list_corpus

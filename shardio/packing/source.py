@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import InputError, InputProblem
-from ..reading.localshard import NotRegular, kind, open_regular
+from ..storage.localshard import NotRegular, kind, open_regular
 
 __all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotJsonConstant", "NotRegularFile", "Problems", "Source", "manifest_text",
            "not_regular", "open_regular_input", "read_regular_input", "refuse_constant", "resolve_path", "seconds_field",
@@ -77,7 +77,7 @@ def not_regular(mode: int) -> str | None:
 
 def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
     """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for anything
-    else (:func:`shardio.reading.localshard.open_regular`: a device is not opened, a FIFO not read)."""
+    else (:func:`shardio.storage.localshard.open_regular`: a device is not opened, a FIFO not read)."""
     name = os.fspath(path)
     try:
         fd, _ = open_regular(name)

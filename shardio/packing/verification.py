@@ -21,8 +21,8 @@ from tqdm import tqdm
 from ..errors import OptionError, ShardioError
 from ..reading.decode import decode_audio
 from ..reading.reader import Reader
-from ..reading.localshard import NotRegular, open_regular
-from ..reading.storage import file_size, is_url, open_input
+from ..storage.localshard import NotRegular, open_regular
+from ..storage.files import file_size, is_url, open_input
 from ..shards.index import Index
 from .truncation import truncation_problem
 

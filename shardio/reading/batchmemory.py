@@ -22,8 +22,8 @@ from functools import cache
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
+from ..world import Context
 from . import blocks
 
 __all__ = ["allocate", "audio_block", "audio_rows", "columns_behind", "sample_row"]
@@ -121,7 +121,7 @@ def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor 
         offsets.append(total)
         total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if get_worker_info() is None:
+    if not Context.detect().in_worker:
         return [_private(shape, dtype, reuse=pooled) for shape, dtype in specs]
     if total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
@@ -189,7 +189,7 @@ def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
-    if get_worker_info() is None:
+    if not Context.detect().in_worker:
         return _private(shape, dtype, reuse=True)
     if nbytes:  # a fresh shared block costs system calls and page faults at any size
         memory = blocks.take_memory(_aligned(nbytes) + 3 * _aligned(count * 8))
@@ -209,7 +209,7 @@ def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray]) -> dict[
     """A batch's per-sample ``columns`` (new arrays, of shape ``(B,)``) as tensors: in a DataLoader worker,
     copies behind ``audio`` (an :func:`audio_block`) in its shared block, as :func:`allocate` places them;
     elsewhere the arrays themselves."""
-    if get_worker_info() is None:
+    if not Context.detect().in_worker:
         return {name: torch.from_numpy(column) for name, column in columns.items()}
     made = allocate([(column.shape, column.dtype) for column in columns.values()], spare=audio)
     for (_, out), column in zip(made, columns.values()):

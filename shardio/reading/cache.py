@@ -3,9 +3,9 @@
 An entry is a shard's bytes under a name made of its SHA-256 and size as the index records them, so two
 datasets holding the same shard share it and a changed shard never matches an old entry. Entries appear
 by rename (a reader never sees a partial one) and are checked against the index's SHA-256 as they are
-fetched; one process fetches a shard while the others wait on its lock (``fcntl.flock``) and then map
-the same file. A reader that finds a cached shard damaged later (a tar checksum, a zstd checksum, a size)
-calls :meth:`ShardCache.discard` and fetches it again.
+fetched; one process fetches a shard while the others wait on its lock
+(:class:`~shardio.storage.locks.FileLock`) and then map the same file. A reader that finds a cached shard
+damaged later (a tar checksum, a zstd checksum, a size) calls :meth:`ShardCache.discard` and fetches it again.
 
 The cache holds at most ``max_bytes``: before an entry is added, the least recently used entries go,
 where "used" is set both when a shard is read and when a worker's read-ahead schedules it
@@ -13,17 +13,16 @@ where "used" is set both when a shard is read and when a worker's read-ahead sch
 process still maps is safe (the file lives until it is unmapped). A full disk evicts more and tries once
 again; if that fails too the shard is read remotely, by ranges, and a warning says so.
 
-Housekeeping: an entry's lock file goes with it when it is evicted or discarded, and :meth:`ShardCache.prune`
-(``shardio cache --prune``) also removes lock files without an entry and the temporary files of fetches that
-died (older than ``stale`` seconds). A lock file is removed only by a process holding its lock, and a process
-that takes a lock checks that the file it locked is still the one under that name (else it locks again): two
-processes never both believe they hold one shard's lock, whatever is removed meanwhile.
+Housekeeping: a fetch removes its lock file when it is done, an entry takes a lock file left by a killed fetch
+with it when it is evicted or discarded, and :meth:`ShardCache.prune` (``shardio cache --prune``) also removes
+lock files without an entry and the temporary files of fetches that died (older than ``stale`` seconds). A lock file is removed only by a process holding its lock, and a process
+that takes a lock takes the file that is under that name once locked (``filelock`` locks again where it was
+removed meanwhile): two processes never both believe they hold one shard's lock.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import IntegrityError
+from ..storage.locks import FileLock, remove_if_free
 
 __all__ = ["ShardCache"]
 
@@ -75,7 +75,8 @@ class ShardCache:
             return None
         os.makedirs(self.directory, exist_ok=True)
         path = self._name(sha256, size)
-        with _locked(path + ".lock"):
+        fetching = f"another process fetching {where} into the shard cache"
+        with FileLock(path + ".lock", what=fetching):
             found = self.lookup(sha256, size)
             if found is not None:
                 return found
@@ -122,7 +123,7 @@ class ShardCache:
             removed = True
         except FileNotFoundError:
             removed = False
-        _unlink_lock(path + ".lock")
+        remove_if_free(path + ".lock")
         return removed
 
     def prune(self, stale: float = 3600.0) -> int:
@@ -138,7 +139,7 @@ class ShardCache:
         for name in names:
             path = os.path.join(self.directory, name)
             if name.endswith(".shard.lock") and not os.path.exists(path[: -len(".lock")]):
-                removed += _unlink_lock(path)
+                removed += remove_if_free(path)
             elif name.startswith(".tmp-"):
                 try:
                     if now - os.stat(path).st_mtime > stale:
@@ -187,50 +188,3 @@ class ShardCache:
                 except FileNotFoundError:
                     pass
         return total
-
-
-class _locked:
-    """An exclusive ``flock`` on the lock file ``path``, taken on the file that is under that name once locked
-    (a holder may have removed the one this process opened, and another process may have made a new one)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._handle: BinaryIO | None = None
-
-    def __enter__(self) -> None:
-        while True:
-            handle = open(self.path, "a+b")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            if _same_file(handle, self.path):
-                self._handle = handle
-                return
-            handle.close()
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._handle is not None
-        self._handle.close()
-
-
-def _same_file(handle: BinaryIO, path: str) -> bool:
-    try:
-        here, there = os.fstat(handle.fileno()), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _unlink_lock(path: str) -> bool:
-    """Remove the lock file ``path`` when no process holds its lock (taken without waiting); whether it went."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return False
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # a fetch holds it: it stays
-        if not _same_file(handle, path):
-            return False
-        os.unlink(path)  # while holding it: a process that opened it before sees it gone once it locks
-        return True

@@ -1,7 +1,7 @@
 """Reader: fetches one sample's tar members by offset, from local shards or fsspec URLs.
 
 A plain ``.tar`` sample of a local shard is a view of the shard's memory map (a positioned read where the
-kernel cannot map it safely; see :mod:`shardio.reading.localshard`), of a remote one a ranged request; a
+kernel cannot map it safely; see :mod:`shardio.storage.localshard`), of a remote one a ranged request; a
 compressed sample is decompressed from its zstd frame or its stream shard
 (:mod:`shardio.reading.compressedreads`).
 
@@ -28,17 +28,17 @@ import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardioError
 from ..shards.index import STREAM_CODECS, Index
-from . import localshard
+from ..storage import localshard
 from .cache import ShardCache
 from .compressedreads import CompressedReads
-from .filesystems import Filesystems
-from .localshard import LocalShard
+from ..storage.filesystems import Filesystems
+from ..storage.localshard import LocalShard
 from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
-from .retries import RetryPolicy
-from .storage import is_url
-from .validators import Validators
+from ..storage.retries import RetryPolicy
+from ..storage.files import is_url
+from ..storage.validators import Validators
 
 __all__ = ["ReadStats", "Reader"]
 
@@ -235,7 +235,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
 
     def _local_view(self, shard: int, offset: int, size: int, where: str) -> memoryview:
         """Like :meth:`read_range`, but a local shard's bytes are a view, without a copy (see
-        :class:`~shardio.reading.localshard.LocalShard`)."""
+        :class:`~shardio.storage.localshard.LocalShard`)."""
         handle = self._open(shard, where)
         if not isinstance(handle, LocalShard) or offset + size > handle.size:
             return memoryview(self.read_range(shard, offset, size, where))

@@ -5,7 +5,7 @@ coalesced per shard and fetched concurrently while the current batch is built: :
 and the node-local shard cache (whole shards fetched once per node and mapped from local disk:
 :mod:`shardio.reading.cache`). With the cache, the read-ahead fetches the shards the next batches need into it.
 Every read of a shard over HTTP or S3 is held to the version this process first read
-(:mod:`shardio.reading.validators`).
+(:mod:`shardio.storage.validators`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import numpy as np
 from ..errors import ReadError
 from ..shards.index import STREAM_CODECS, Index
 from .cache import ShardCache
-from .filesystems import Filesystems
-from .httpreads import is_http
-from .localshard import LocalShard, short_read
-from .objectcopy import copy_capped
+from ..storage.filesystems import Filesystems
+from ..storage.httpreads import is_http
+from ..storage.localshard import LocalShard, short_read
+from ..storage.objectcopy import copy_capped
 from .prefetch import MAX_GAP, ReadAhead, Span
-from .retries import RetryPolicy, retrying
-from .s3reads import is_s3
-from .storage import is_url, read_range
-from .validators import Validators, from_info
+from ..storage.retries import RetryPolicy, retrying
+from ..storage.s3reads import is_s3
+from ..storage.files import is_url, read_range
+from ..storage.validators import Validators, from_info
 
 __all__ = ["RemoteReads"]
 
@@ -139,7 +139,7 @@ class RemoteReads:
 
     def _size(self, shard: int, where: str) -> int:
         """The size of remote shard ``shard`` as its server reports it (retried); the same answer's validator
-        is recorded, or checked where one is already (:mod:`shardio.reading.validators`)."""
+        is recorded, or checked where one is already (:mod:`shardio.storage.validators`)."""
         fs, path = self._remote(shard, where)
         protocol = "http" if is_http(fs) else "s3" if is_s3(fs) else ""
         pin = self._validators.pin(shard)
@@ -200,8 +200,8 @@ class RemoteReads:
         """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further than
         one byte past the size the index records (a longer answer is refused by the cache's size check, not
         written on until the disk is full); over HTTP as the range of those bytes, which must say the object
-        has that size and come at :data:`~shardio.reading.httpreads.HTTP_MIN_RATE` after a grace
-        (:func:`~shardio.reading.objectcopy.copy_capped`)."""
+        has that size and come at :data:`~shardio.storage.httpreads.HTTP_MIN_RATE` after a grace
+        (:func:`~shardio.storage.objectcopy.copy_capped`)."""
         fs, path = self._remote(shard, where)
         size = self.index.table.bytes_of(shard)
 

@@ -1,6 +1,6 @@
 """ChainedColumn: one index column of several corpora in global id order, read from each corpus's own column.
 
-A mix (:class:`shardio.mixed.MixIndex`) numbers samples ``offsets[c] + i`` over corpora ``c``. Concatenating the
+A mix (:class:`shardio.datasets.mixed.MixIndex`) numbers samples ``offsets[c] + i`` over corpora ``c``. Concatenating the
 corpora's columns would give every process a private copy of all of them (34 bytes a sample); a chained column
 keeps the corpora's columns as they are (mapped read-only from their index files, shared through the page
 cache) and answers what readers ask of a column, a sample or a batch of samples, from the right corpus. Any other

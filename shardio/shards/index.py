@@ -10,7 +10,7 @@ On disk a dataset directory holds its shards plus two index files, written last 
   (:mod:`shardio.shards.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
   Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
   --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
-  fetched once per node into the local cache (:func:`shardio.reading.storage.cache_dir`) and mapped from there.
+  fetched once per node into the local cache (:func:`shardio.storage.files.cache_dir`) and mapped from there.
 
 Per sample the columns say where its tar bytes are: ``frame_offset``/``frame_size`` locate the bytes to
 read from the shard file (a zstd frame, or the sample's own tar bytes in a plain ``.tar``), and
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, OptionError, shown
-from ..reading.storage import is_url, join, write_atomic
+from ..storage.files import is_url, join, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
 from .indexheader import (FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION,
@@ -102,7 +102,7 @@ class Index:
 
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
         """Replace the shard table by ``convert(table)``, in place: how a dataset pickled for DataLoader workers
-        puts it in shared memory (:func:`shardio.workers.sharing.shared_table`)."""
+        puts it in shared memory (:func:`shardio.runtime.sharing.shared_table`)."""
         self.shards = convert(self.table)
 
     @property
@@ -239,7 +239,7 @@ class Index:
         """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
 
         ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
-        reading its shards. Remote reads are retried (see :mod:`shardio.reading.storage`). The columns file must carry
+        reading its shards. Remote reads are retried (see :mod:`shardio.storage.files`). The columns file must carry
         the digest ``index.json`` records, and its content is hashed against it here, once (DataLoader
         workers receive the mapped file and check only its size and header). A remote columns file is
         fetched into the node's cache once and mapped from there.

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..reading.localshard import NotRegular, open_regular
-from ..reading.storage import escapes_root, file_size, is_url, read_bytes
+from ..storage.localshard import NotRegular, open_regular
+from ..storage.files import escapes_root, file_size, is_url, read_bytes
 from .metadata import check_size
 from .names import has_hidden
 from .shardtable import CODECS, ShardTable

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..reading.storage import cache_dir, fetch_to_cache, is_url, read_bytes
+from ..storage.files import cache_dir, fetch_to_cache, is_url, read_bytes
 from . import indexcache, indexchecks
 from .keys import Keys
 from .metadata import Metadata, check_size

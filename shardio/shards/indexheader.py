@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ..errors import FormatError, ReadError
-from ..reading.storage import is_url, read_bytes
+from ..storage.files import is_url, read_bytes
 from . import indexchecks
 
 __all__ = ["FORMAT_VERSION", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "INDEX_JSON", "METADATA_VERSION", "READ_VERSIONS",

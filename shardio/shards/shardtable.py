@@ -5,7 +5,7 @@ that holds it, and a DataLoader worker started by ``spawn`` or ``forkserver`` re
 shards, about 180 MB in each worker. The table keeps names and SHA-256s as UTF-8 blobs plus end offsets
 (:mod:`shardio.shards.spans`, ``int64`` ends), sizes and sample counts as ``int64``, durations as ``float64`` and codecs as
 ``uint8`` numbers into :data:`CODECS`; it pickles as those arrays, or, once a dataset has put them in shared
-memory for its workers (:func:`shardio.workers.sharing.shared_table`), as the objects that carry them there.
+memory for its workers (:func:`shardio.runtime.sharing.shared_table`), as the objects that carry them there.
 
 It is a read-only ``Sequence[ShardInfo]``: ``table[i]`` builds one :class:`ShardInfo` when asked, and the
 per-sample read paths use the column accessors (:meth:`ShardTable.bytes_of`, :meth:`ShardTable.codec_of`).

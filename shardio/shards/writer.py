@@ -23,7 +23,7 @@ import zstandard
 
 from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..checks.options import integer
-from ..packing.dirlock import DirectoryLock
+from ..storage.dirlock import DirectoryLock
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
 from .tarformat import END_OF_ARCHIVE, encode_sample

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from ...errors import FormatError, OptionError
 from ...reading.reader import Reader
-from ...reading.storage import write_atomic
+from ...storage.files import write_atomic
 from ...shards.index import Index
 
 __all__ = ["NEMO_MANIFEST", "export_nemo"]

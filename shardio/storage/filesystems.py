@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from ..errors import RangeNotSupported, ReadError
 from .retries import RetryPolicy, retrying
-from .storage import filesystem
+from .files import filesystem
 
 __all__ = ["Filesystems"]
 

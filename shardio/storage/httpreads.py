@@ -8,7 +8,7 @@ no further than its bound plus one byte; and the read must average :data:`HTTP_M
 :data:`HTTP_READ_TIMEOUT` seconds. Where the caller knows the object's size (a shard's, from the index), a
 range's ``Content-Range`` must carry it too: an object replaced by one of another size is refused, not read
 as a mix of old and new bytes. A shard's reads also carry its validator as a condition, and each answer's is
-compared with it (:mod:`shardio.reading.validators`: a same-size replacement is refused too). The request
+compared with it (:mod:`shardio.storage.validators`: a same-size replacement is refused too). The request
 goes through the file system's own aiohttp session, with its headers and client options. :func:`http_copy`
 streams an answer into a file (a whole shard for the node cache), under the same checks and bounds, never
 holding it in memory.
@@ -64,13 +64,13 @@ def is_http(fs: Any) -> bool:
 
 class BadAnswer(Exception):
     """An HTTP answer that is not what was asked for (other bytes, an encoding, a body past its size): not
-    retried, since asking again gets the same (:func:`~shardio.reading.retries.retrying` makes it a
+    retried, since asking again gets the same (:func:`~shardio.storage.retries.retrying` makes it a
     :class:`~shardio.errors.ReadError`)."""
 
 
 class SlowAnswerTimeout(Exception):
     """An HTTP answer slower than a read may be (transient, by its name: see
-    :func:`~shardio.reading.retries.is_transient`). Not a
+    :func:`~shardio.storage.retries.is_transient`). Not a
     ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``, dropping the message."""
 
 

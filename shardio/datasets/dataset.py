@@ -2,11 +2,11 @@
 
 The training process holds its rank's share of an epoch's plan (``set_epoch``); each DataLoader worker takes
 its batches of that share, reads and decodes only those samples, and yields collated batches. An epoch's plan
-is computed once per node (:mod:`shardio.workers.planfiles`): the first process that needs it (a rank's
+is computed once per node (:mod:`shardio.runtime.planfiles`): the first process that needs it (a rank's
 training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
 training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
 process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
-share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.workers.sharing`) or maps it. A
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or maps it. A
 process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
 same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
 
@@ -16,9 +16,9 @@ sees iteration, so every batch carries ``epoch`` and ``batch_index`` and ``state
 state to save after that batch.
 
 Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go into a shared block
-(:mod:`shardio.workers.control`) that every worker, persistent ones too, reads when an iteration starts;
+(:mod:`shardio.runtime.control`) that every worker, persistent ones too, reads when an iteration starts;
 inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. Each
-process's position among them is its :class:`~shardio.workers.progress.Progress`. The
+process's position among them is its :class:`~shardio.runtime.progress.Progress`. The
 world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
 """
 
@@ -32,26 +32,26 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from .checks.datasets import check_rates, check_some_eligible, source_index
+from .checks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
-from .errors import OptionError, StateError, shown
-from .ledger.quarantine import check_extra, leave_out_consumed
-from .checks.options import integer
-from .planning.plan import Batching, EpochPlan, Ordering, worker_batches
-from .planning.rankplan import RankPlan
-from .reading.assembly import Assembler, Decoding, Transform
-from .reading.cache import ShardCache
-from .reading.reader import Reader, ReadStats
-from .reading.retries import RetryPolicy
-from .reading.storage import cache_dir
-from .shards.index import Index
-from .state import LoaderState, batch_position, find_states, steps_after_snapshot
-from .workers.control import Instruction, extra_mark
-from .workers.progress import Progress, resume_point
-from .workers.sharing import shared, shared_table
-from .world import World, refuse_resharding
+from ..errors import OptionError, StateError, shown
+from ..planning.exclusions import check_extra, leave_out_consumed
+from ..checks.options import integer
+from ..planning.plan import Batching, EpochPlan, Ordering, worker_batches
+from ..planning.rankplan import RankPlan
+from ..reading.assembly import Assembler, Decoding, Transform
+from ..reading.cache import ShardCache
+from ..reading.reader import Reader, ReadStats
+from ..storage.retries import RetryPolicy
+from ..storage.files import cache_dir
+from ..shards.index import Index
+from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
+from ..runtime.control import Instruction, extra_mark
+from ..runtime.progress import Progress, resume_point
+from ..runtime.sharing import shared, shared_table
+from ..world import Context, World, refuse_resharding
 
 __all__ = ["ShardDataset", "Transform"]
 
@@ -74,7 +74,7 @@ class ShardDataset(EpochPlans, IterableDataset):
     :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
     remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
     :mod:`shardio.reading.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
-    whole through a node-local disk cache of that size under :func:`~shardio.reading.storage.cache_dir`, shared by
+    whole through a node-local disk cache of that size under :func:`~shardio.storage.files.cache_dir`, shared by
     every process on the node (:mod:`shardio.reading.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
     as stored; half the bytes; see :mod:`shardio.reading.pcm16`).
     """
@@ -138,7 +138,8 @@ class ShardDataset(EpochPlans, IterableDataset):
         """
         if type(epoch) is not int or epoch < 0:
             raise OptionError(f"epoch must be a non-negative integer, not {epoch!r}")
-        if get_worker_info() is not None:
+        context = Context.detect()
+        if context.in_worker:
             self._progress.give_own(Instruction(epoch))
             return
         control = self._progress.control
@@ -146,7 +147,7 @@ class ShardDataset(EpochPlans, IterableDataset):
         if not (current.loaded and current.epoch == epoch and not control.started()):
             control.give(Instruction(epoch, extra=extra_mark(self._extra)))
         given = control.instruction()
-        self._share(given.epoch, given.history)  # here, before workers: they inherit, receive or map it
+        self._share(given.epoch, given.history, context)  # here, before workers: they inherit, receive or map it
 
     def _instructions(self) -> int:
         """How many instructions (``set_epoch``, ``load_state_dict``) this dataset has been given."""
@@ -155,23 +156,23 @@ class ShardDataset(EpochPlans, IterableDataset):
     @property
     def epoch(self) -> int:
         """The epoch this process is playing, else the one its next iteration plays."""
-        return self._progress.live().epoch
+        return self._progress.live(Context.detect()).epoch
 
-    def _state(self, at: Instruction, **fields: Any) -> LoaderState:
+    def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
         return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
-                           world_size=self.ranks().world_size, history=at.history, start=at.start,
+                           world_size=self.ranks(context).world_size, history=at.history, start=at.start,
                            extra=self._extra, **fields)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
-        at, yielded = self._progress.current()
-        info = get_worker_info()
-        if info is None and self._progress.control.workers_playing():
+        context = Context.detect()
+        at, yielded = self._progress.current(context)
+        if not context.in_worker and self._progress.control.workers_playing():
             logger.warning("ds.state_dict() in the training process cannot see how far its DataLoader workers have "
                            "got in epoch %d: the state starts it again; save ds.state_after(batch) of the last batch "
                            "trained on, or use a StatefulDataLoader's state", at.epoch)
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return self._state(at, yielded=yielded, worker=worker, num_workers=workers).to_dict()
+        return self._state(at, context, yielded=yielded, worker=context.worker,
+                           num_workers=context.num_workers).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The job state to save once ``batch`` (yielded by this dataset) and every batch before it have been
@@ -179,7 +180,7 @@ class ShardDataset(EpochPlans, IterableDataset):
         epoch, index = batch_position(batch)
         given = self._progress.control.instruction()
         history = given.history if epoch == given.epoch else ()
-        return self._state(Instruction(epoch, history, index + 1)).to_dict()
+        return self._state(Instruction(epoch, history, index + 1), Context.detect()).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: a shardio state, or a whole ``StatefulDataLoader`` state dict.
@@ -189,8 +190,10 @@ class ShardDataset(EpochPlans, IterableDataset):
         another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
         once in the rest of it.
         """
-        world_size = self.ranks().world_size
-        loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state), world_size)
+        context = Context.detect()
+        world_size = self.ranks(context).world_size
+        loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state), world_size,
+                                                        context)
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
@@ -204,12 +207,12 @@ class ShardDataset(EpochPlans, IterableDataset):
                 plan = self._make_plan(loaded.epoch, loaded.history, loaded.world_size, self._planned_batching)
                 self._extra = leave_out_consumed(extra, plan, ahead, position=loaded.position, epoch=loaded.epoch,
                                                  segment=len(loaded.history) + 1, keys=self.index.keys)
-            self._check_position(instruction)
+            self._check_position(instruction, context)
         except StateError:
             self._extra = previous
             raise
-        self._share(instruction.epoch, instruction.history)
-        if get_worker_info() is not None:
+        self._share(instruction.epoch, instruction.history, context)
+        if context.in_worker:
             self._progress.give_own(instruction, skip)
         else:
             self._progress.control.give(replace(instruction, extra=extra_mark(self._extra)))
@@ -232,17 +235,18 @@ class ShardDataset(EpochPlans, IterableDataset):
         # A plan is O(N): a spawned or forkserver worker receives this rank's share of it by reference to the
         # node plan's files it is mapped from, else in shared memory (by handle, not by value), and the shard
         # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
-        if get_worker_info() is None:
-            at = self._progress.live()
-            self._share(at.epoch, at.history)
+        context = Context.detect()
+        if not context.in_worker:
+            at = self._progress.live(context)
+            self._share(at.epoch, at.history, context)
             self._shares = {key: shared(plan) for key, plan in self._shares.items()}
             self.index.share_tables(shared_table)
         state = dict(self.__dict__)
         state.update(_reader=None, _plans={})
-        if self._explicit_world is None and get_worker_info() is None:
+        if self._explicit_world is None and not context.in_worker:
             # pickled for a spawn/forkserver worker: the world is known here (torch.distributed, environment)
             # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
-            state["_world"], state["_world_of"] = self.ranks(), os.getpid()
+            state["_world"], state["_world_of"] = self.ranks(context), os.getpid()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,16 +256,18 @@ class ShardDataset(EpochPlans, IterableDataset):
         self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        refuse_resharding(sys._getframe(1))  # the frame that asked for the first batch
+        context = Context.detect()
+        # in a worker torch names the dataset its DataLoader runs; without workers only the caller's frame can
+        refuse_resharding(context, None if context.in_worker else sys._getframe(1))
         progress = self._progress
-        at, skip = progress.upcoming(), progress.upcoming_skip()
+        at, skip = progress.upcoming(context), progress.upcoming_skip()
         if progress.follows_control and progress.control.instruction().extra != extra_mark(self._extra):
             raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
                               "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
                               "it: load the state before creating the DataLoader, or use persistent_workers=False")
-        plan = self._share(at.epoch, at.history)  # before begin: a worker that has begun has its plan
-        progress.begin(at, skip)
-        world = replace(self.ranks(), worker=0, num_workers=1).with_worker()
+        plan = self._share(at.epoch, at.history, context)  # before begin: a worker that has begun has its plan
+        progress.begin(at, skip, context)
+        world = self.ranks(context).with_worker(context)
         if self._reader is None:
             self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
@@ -275,7 +281,7 @@ class ShardDataset(EpochPlans, IterableDataset):
             batch["epoch"], batch["batch_index"] = at.epoch, j
             progress.yielded += 1
             yield batch
-        progress.finish()
+        progress.finish(context)
 
     def _fields(self, sample_id: int) -> dict[str, Any]:
         """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""

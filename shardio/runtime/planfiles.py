@@ -4,9 +4,9 @@ Planning an epoch is O(N) (the plan is global: every rank's batches come out of 
 window), and every process that iterates needs its rank's share: the training process of each rank (with a
 world size above 1, or once its DataLoader workers have begun) and each DataLoader worker that begins an epoch
 the training process did not plan for it. :func:`obtain` gives a process its rank's share: mapped from the
-node plan under :func:`~shardio.reading.storage.cache_dir` ``/plans/`` when it is there; else the process
-takes the plan's lock (:class:`~shardio.workers.planlock.PlanLock`), looks again, plans the whole epoch,
-writes every rank's share (:mod:`shardio.workers.nodeplan`) and releases the lock, while the node's other
+node plan under :func:`~shardio.storage.files.cache_dir` ``/plans/`` when it is there; else the process
+takes the plan's lock (:class:`~shardio.storage.locks.FileLock`), looks again, plans the whole epoch,
+writes every rank's share (:mod:`shardio.runtime.nodeplan`) and releases the lock, while the node's other
 processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) and map their part. So the
 ranks of a node plan an epoch once, and the page cache holds one copy of it.
 
@@ -44,9 +44,10 @@ from typing import Any
 
 from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
-from ..reading.storage import cache_dir
+from ..storage.files import cache_dir
+from ..storage.locks import FileLock
+from ..version import __version__
 from . import nodeplan
-from .planlock import PlanLock
 
 __all__ = ["name", "save", "load", "obtain", "share", "path", "clean", "prune", "STALE_S", "WAIT_S"]
 
@@ -91,8 +92,6 @@ def _code() -> str:
 def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
     """The name of epoch ``epoch``'s plan (after world-size changes ``history``) in job ``job`` (JSON-ready:
     everything that shapes the plan and stays the same through a job, never the rank)."""
-    from .. import __version__
-
     constant = {**job, "shardio": __version__, "code": _code(), "format": 2}
     plan = _hash({**constant, "epoch": epoch, "history": history})
     return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
@@ -138,7 +137,7 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
     found = load(name, rank, samples)
     if found is not None:
         return found
-    lock = PlanLock(path(name) + ".lock")
+    lock = FileLock(path(name) + ".lock", what="another process planning the epoch", level=logging.WARNING)
     try:
         os.makedirs(_directory(), exist_ok=True)
         held = lock.acquire(WAIT_S)

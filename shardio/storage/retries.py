@@ -3,8 +3,8 @@
 A remote read that fails transiently (5xx, 408/429, a dropped connection, a timeout) is tried again after
 an exponential backoff with jitter; once the attempts are spent, or at once for a failure that asking again
 would not mend, it is a :class:`~shardio.errors.ReadError` naming what was read. This is the only retry layer
-(:mod:`shardio.reading.storage` turns botocore's and s3fs's own down). A shard that changed while the run
-reads it (:mod:`shardio.reading.validators`) is never retried: it stays a :class:`~shardio.errors.ShardChanged`.
+(:mod:`shardio.storage.files` turns botocore's and s3fs's own down). A shard that changed while the run
+reads it (:mod:`shardio.storage.validators`) is never retried: it stays a :class:`~shardio.errors.ShardChanged`.
 """
 
 from __future__ import annotations

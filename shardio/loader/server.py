@@ -1,7 +1,7 @@
 """Server: a ShardLoader worker process, which plays the dataset's batches over its pipe, one per credit.
 
 The protocol, both ends: the training process sends ``(START, interruptions)`` to begin an iteration (the
-worker's :class:`~shardio.workers.credits.Credits` set to its prefetch, and the interruption count the
+worker's :class:`~shardio.loader.credits.Credits` set to its prefetch, and the interruption count the
 iteration starts from), grants a credit in shared memory for each batch it takes, and sends ``STOP`` to end
 an iteration early or ``EXIT`` (each announced through the credits); the worker answers ``BATCH`` (the
 batch, its audio in a reused shared-memory block), ``END``, ``STOPPED`` or ``ERROR`` (the exception, with the
@@ -24,7 +24,8 @@ import torch
 import torch.multiprocessing  # noqa: F401  registers the reducers that send tensors between processes
 from torch.utils.data._utils import worker as torch_worker
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
+from ..world import Context
 from .channel import Channel
 from .credits import Credits
 
@@ -143,8 +144,8 @@ def _message(channel: Channel, parent: int) -> Any:
 
 def _portable(exc: Exception) -> Exception:
     """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
-    info = torch_worker.get_worker_info()
-    where = f"in shardio loader worker {info.id if info else '?'} (pid {os.getpid()})"
+    context = Context.detect()
+    where = f"in shardio loader worker {context.worker if context.in_worker else '?'} (pid {os.getpid()})"
     text = "".join(traceback.format_exception(exc))
     try:
         copy = pickle.loads(pickle.dumps(exc))

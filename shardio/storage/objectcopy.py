@@ -21,9 +21,9 @@ def copy_capped(fs: Any, path: str, out: IO[bytes], bound: int, size: int | None
     further than ``bound + 1`` bytes (enough to tell that it is too big: refusing it is the caller's); returns
     the bytes written. ``size``: the object's size as an index records it (a shard's), then asked over HTTP as
     the range of exactly those bytes (read no further), whose ``206`` must say the object has that size
-    (:mod:`shardio.reading.httpreads`: a replaced object is a ``BadAnswer``); None: a plain GET. Over HTTP the
-    copy must also keep up :data:`~shardio.reading.httpreads.HTTP_MIN_RATE` after its grace. ``pin``: the
-    version of a shard this process reads (:mod:`shardio.reading.validators`), checked against the HTTP answer
+    (:mod:`shardio.storage.httpreads`: a replaced object is a ``BadAnswer``); None: a plain GET. Over HTTP the
+    copy must also keep up :data:`~shardio.storage.httpreads.HTTP_MIN_RATE` after its grace. ``pin``: the
+    version of a shard this process reads (:mod:`shardio.storage.validators`), checked against the HTTP answer
     or the ETag s3fs's file found at opening (which it sends as ``IfMatch`` on each of its reads)."""
     if is_http(fs) and size:
         return http_copy(fs, path, (0, size), size, out, total=size, pin=pin)

@@ -1,4 +1,4 @@
-"""S3 range reads of a shard held to the version this process first read (:mod:`shardio.reading.validators`).
+"""S3 range reads of a shard held to the version this process first read (:mod:`shardio.storage.validators`).
 
 s3fs's ``cat_file`` sends no condition and returns no headers, so a shard's range is asked for here with
 ``GetObject`` itself, through s3fs's client (its session, endpoint, credentials and extra request arguments):

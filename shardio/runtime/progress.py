@@ -1,7 +1,7 @@
 """Progress: which iteration one process plays, and how many of its batches it has yielded.
 
 A dataset's copy in each process (the training process, every DataLoader worker) holds one. Instructions
-(``set_epoch``, ``load_state_dict``) reach it through the shared :class:`~shardio.workers.control.Control`
+(``set_epoch``, ``load_state_dict``) reach it through the shared :class:`~shardio.runtime.control.Control`
 block, or, inside a worker that ``StatefulDataLoader`` restores, as the worker's own instruction; a loaded
 state becomes an instruction by :func:`resume_point`.
 """
@@ -12,11 +12,11 @@ import hashlib
 import logging
 from collections.abc import Sequence
 
-from torch.utils.data import get_worker_info
 
 from ..errors import StateError
 from ..planning.plan import Segment
 from ..state import LoaderState, split
+from ..world import Context
 from .control import MAX_HISTORY, Control, Instruction, slot_of
 
 __all__ = ["Progress", "resume_point"]
@@ -58,24 +58,24 @@ class Progress:
         """Make ``instruction`` this worker's next iteration, ``skip`` of its batches already yielded."""
         self._own, self._skip = instruction, skip
 
-    def slot(self) -> int:
+    def slot(self, context: Context) -> int:
         """This process's slot in the control block."""
-        info = get_worker_info()
-        return 0 if info is None else slot_of(info.id, info.num_workers)
+        return slot_of(context.worker, context.num_workers) if context.in_worker else 0
 
-    def iteration(self) -> int:
+    def iteration(self, context: Context) -> int:
         """The DataLoader iteration this worker's next iteration is part of, the same in each of its workers (its
         ``base_seed``, drawn per iterator, its worker count, and how many iterations this process has begun); 0
         outside a worker."""
-        info = get_worker_info()
-        if info is None:
+        if not context.in_worker:
             return 0
-        named = f"{info.seed - info.id}:{info.num_workers}:{self._begun}".encode()
+        named = f"{context.seed - context.worker}:{context.num_workers}:{self._begun}".encode()
         return int.from_bytes(hashlib.blake2b(named, digest_size=7).digest(), "big") | 1
 
-    def upcoming(self) -> Instruction:
+    def upcoming(self, context: Context) -> Instruction:
         """What the next iteration of this process plays."""
-        return self._own if self._own is not None else self.control.upcoming(self.slot(), self.iteration())
+        if self._own is not None:
+            return self._own
+        return self.control.upcoming(self.slot(context), self.iteration(context))
 
     def upcoming_skip(self) -> int:
         """Batches of the next iteration already yielded (from a worker-level state)."""
@@ -87,41 +87,42 @@ class Progress:
             return self._run
         return None
 
-    def current(self) -> tuple[Instruction, int]:
+    def current(self, context: Context) -> tuple[Instruction, int]:
         """The iteration running in this process (or its last one) unless an instruction came since; and the
         batches of it yielded here."""
         run = self._standing_run()
         if run is not None:
             return run, self.yielded
-        if self._own is None and get_worker_info() is None:
+        if self._own is None and not context.in_worker:
             return self.control.current(), 0  # the training process while its workers play (see live)
-        return self.upcoming(), self._skip
+        return self.upcoming(context), self._skip
 
-    def live(self) -> Instruction:
+    def live(self, context: Context) -> Instruction:
         """The iteration this process is in the middle of, else the next one (the training process, while its
         workers play: the latest one begun until every worker has finished it)."""
         run = self._standing_run()
         if run is not None:
-            return self.upcoming() if self._finished else run
-        if self._own is None and get_worker_info() is None:
+            return self.upcoming(context) if self._finished else run
+        if self._own is None and not context.in_worker:
             return self.control.current()
-        return self.upcoming()
+        return self.upcoming(context)
 
-    def begin(self, at: Instruction, skip: int) -> None:
+    def begin(self, at: Instruction, skip: int, context: Context) -> None:
         """Record that this process begins playing ``at``, ``skip`` of its batches already yielded."""
         self._own, self._skip = None, 0
-        self._run, self._run_generation = at, self.control.begin(self.slot(), at.epoch, self.iteration())
+        self._run, self._run_generation = at, self.control.begin(self.slot(context), at.epoch,
+                                                                  self.iteration(context))
         self._begun += 1
         self.yielded, self._finished = skip, False
 
-    def finish(self) -> None:
+    def finish(self, context: Context) -> None:
         """Record that this process has yielded every batch of its iteration."""
         self._finished = True
-        self.control.finish(self.slot())
+        self.control.finish(self.slot(context))
 
 
-def resume_point(states: Sequence[LoaderState], steps_after: int,
-                 world_size: int) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
+def resume_point(states: Sequence[LoaderState], steps_after: int, world_size: int,
+                 context: Context) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
     """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the state
     they make, its instruction, the batches of it this process has already yielded, and the positions its
     workers consumed ahead of the state's position (:func:`~shardio.state.split`).
@@ -131,9 +132,8 @@ def resume_point(states: Sequence[LoaderState], steps_after: int,
     With another world size, or with batches consumed ahead (which the dataset then leaves out), the rest of the
     epoch is planned anew, after a history segment that records the position.
     """
-    info = get_worker_info()
-    worker_level = (len(states) == 1 and states[0].num_workers > 1 and info is not None
-                    and (states[0].worker, states[0].num_workers) == (info.id, info.num_workers))
+    worker_level = (len(states) == 1 and states[0].num_workers > 1 and context.in_worker
+                    and (states[0].worker, states[0].num_workers) == (context.worker, context.num_workers))
     if worker_level:
         loaded = states[0]
         if loaded.world_size != world_size:

@@ -1,9 +1,9 @@
 """EpochPlans: a dataset's plans of its epochs for its rank, planned once per node and kept as its rank's share.
 
-The planning half of :class:`~shardio.dataset.ShardDataset` (and :class:`~shardio.mixed.MixedDataset`, which
+The planning half of :class:`~shardio.datasets.dataset.ShardDataset` (and :class:`~shardio.datasets.mixed.MixedDataset`, which
 replaces :meth:`EpochPlans._make_plan`): which world the plans are for, the whole plan of an epoch (pure
 :mod:`shardio.planning` code over the index's columns, logged when it leaves samples out), and this rank's part
-of it, mapped from the node's plan files (:mod:`shardio.workers.planfiles`) where other processes may need it.
+of it, mapped from the node's plan files (:mod:`shardio.runtime.planfiles`) where other processes may need it.
 """
 
 from __future__ import annotations
@@ -14,18 +14,16 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import get_worker_info
-
-from .errors import OptionError, StateError
-from .ledger.quarantine import exclusions
-from .planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
-from .planning.rankplan import RankPlan
-from .shards.index import Index
-from .workers import planfiles
-from .workers.control import Instruction
-from .workers.memory import trim
-from .workers.progress import Progress
-from .world import World
+from ..errors import OptionError, StateError
+from ..planning.exclusions import exclusions
+from ..planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
+from ..planning.rankplan import RankPlan
+from ..shards.index import Index
+from ..runtime import planfiles
+from ..runtime.control import Instruction
+from ..runtime.memory import trim
+from ..runtime.progress import Progress
+from ..world import Context, World
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11
@@ -36,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 class EpochPlans:
-    """Plans of a dataset's epochs for its rank (a base of :class:`~shardio.dataset.ShardDataset`, which sets the
+    """Plans of a dataset's epochs for its rank (a base of :class:`~shardio.datasets.dataset.ShardDataset`, which sets the
     attributes below): the whole plan is kept only while this rank's share is made from it."""
 
     index: Index
@@ -52,12 +50,14 @@ class EpochPlans:
     _shares: dict[tuple[Any, ...], RankPlan]
     _progress: Progress
 
-    def ranks(self) -> World:
-        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker)."""
+    def ranks(self, context: Context | None = None) -> World:
+        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker);
+        ``context`` is where this process runs (by default detected)."""
         if self._explicit_world is not None:
             return replace(self._explicit_world, worker=0, num_workers=1)
         carried = self._world if self._world_of == self._progress.control.owner else None
-        if carried is not None and get_worker_info() is not None:  # by this worker's training process
+        context = Context.detect() if context is None else context
+        if carried is not None and context.in_worker:  # by this worker's training process
             return carried
         return World.detect()
 
@@ -76,13 +76,14 @@ class EpochPlans:
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
-        at = self._progress.live()
+        context = Context.detect()
+        at = self._progress.live(context)
         if epoch is None or epoch == at.epoch:
-            return self._plan_of(at.epoch, at.history)
-        return self._plan_of(epoch, ())
+            return self._plan_of(at.epoch, at.history, context)
+        return self._plan_of(epoch, (), context)
 
-    def _plan_of(self, epoch: int, history: tuple[Segment, ...]) -> EpochPlan:
-        world_size = self.ranks().world_size
+    def _plan_of(self, epoch: int, history: tuple[Segment, ...], context: Context | None = None) -> EpochPlan:
+        world_size = self.ranks(context).world_size
         key = (epoch, history, world_size, json.dumps(self._extra, sort_keys=True))
         if key not in self._plans:
             batching = self._planned_batching
@@ -112,33 +113,37 @@ class EpochPlans:
         """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
         one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
         the state's ``start``, as trainers that count batches from the saved index expect)."""
-        at = self._progress.live()
-        return self._share(at.epoch, at.history).num_batches
+        context = Context.detect()
+        at = self._progress.live(context)
+        return self._share(at.epoch, at.history, context).num_batches
 
-    def _share(self, epoch: int, history: tuple[Segment, ...]) -> RankPlan:
-        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept."""
-        world = self.ranks()
+    def _share(self, epoch: int, history: tuple[Segment, ...], context: Context | None = None) -> RankPlan:
+        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept. ``context`` is where
+        this process runs (by default detected)."""
+        context = Context.detect() if context is None else context
+        world = self.ranks(context)
         key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
         if key not in self._shares:
-            others = get_worker_info() is not None or world.world_size > 1 or self._progress.control.workers_begun()
+            others = context.in_worker or world.world_size > 1 or self._progress.control.workers_begun()
             job = {"index": self.index.content_id, "seed": self.seed, "options": self.options,
                    "world": world.world_size, "extra": self._extra}
             # once per node where others may need it and the index's content is known (loaded or saved)
             share = planfiles.share(job, epoch, history, world.rank, len(self.index),
-                                    lambda: self._plan_of(epoch, history), others and self.index.fingerprinted)
+                                    lambda: self._plan_of(epoch, history, context),
+                                    others and self.index.fingerprinted)
             self._shares = {key: share}
             self._plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
         return self._shares[key]
 
-    def _check_position(self, at: Instruction) -> None:
+    def _check_position(self, at: Instruction, context: Context) -> None:
         """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
 
         Checked on this rank's share (mapped from the node's plan where there is one: its batch count is every
         rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
         with the same inputs."""
         try:
-            share = self._share(at.epoch, at.history)
+            share = self._share(at.epoch, at.history, context)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
             raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
         if at.start > share.num_batches:

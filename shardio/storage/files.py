@@ -7,7 +7,7 @@ to the fsspec filesystem as keyword arguments, e.g. ``{"endpoint_url": "http://1
 ``AWS_ENDPOINT_URL_S3`` (read by botocore whenever a client is made), or ``FSSPEC_S3_ENDPOINT_URL`` (read
 by fsspec only when it is first imported, so set it before the process starts).
 
-Retries (:mod:`shardio.reading.retries`) are the only retry layer: unless the caller configures them,
+Retries (:mod:`shardio.storage.retries`) are the only retry layer: unless the caller configures them,
 botocore's retries are set to a single attempt and s3fs's own retry loop to one try, since nested layers
 multiply (4 x 5 x 5 attempts and over a minute per read, measured against a dropping server). HTTP reads
 get socket timeouts (connect 30 s, read 60 s) instead of aiohttp's 5 minutes.
@@ -17,7 +17,7 @@ bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding
 its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
 server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
 (:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched into
-the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:`shardio.reading.objectcopy`).
+the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:`shardio.storage.objectcopy`).
 """
 
 from __future__ import annotations
@@ -157,9 +157,9 @@ def read_range(fs: Any, path: str, start: int, end: int, total: int | None = Non
                pin: Pin | None = None) -> bytes:
     """Bytes ``start`` to ``end`` of remote ``path`` (of ``total`` bytes, where known) through its filesystem
     ``fs`` (one try: the caller retries); ``pin``: the version of a shard this process reads, over HTTP and
-    S3 sent as a condition and checked (:mod:`shardio.reading.validators`).
+    S3 sent as a condition and checked (:mod:`shardio.storage.validators`).
 
-    Over HTTP the answer is checked and bounded (:mod:`shardio.reading.httpreads`); other backends answer through fsspec.
+    Over HTTP the answer is checked and bounded (:mod:`shardio.storage.httpreads`); other backends answer through fsspec.
     """
     if is_http(fs):
         return http_read(fs, path, (start, end), total, pin)

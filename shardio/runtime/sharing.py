@@ -4,12 +4,12 @@ receive them by handle.
 A rank's share of an epoch plan (:class:`~shardio.planning.rankplan.RankPlan`) is O(N / world). A DataLoader
 worker started by ``fork`` inherits it (the pages stay shared), but one started by ``spawn`` or ``forkserver``
 receives the dataset pickled, and would receive a copy of every array. :func:`shared` puts the arrays in torch
-shared-memory tensors (as :mod:`shardio.workers.control` does for its block), and the result pickles as those tensors:
+shared-memory tensors (as :mod:`shardio.runtime.control` does for its block), and the result pickles as those tensors:
 torch's DataLoader (``multiprocessing``'s ``ForkingPickler``) sends a shared tensor as a handle to the same memory,
 so every worker of the rank maps one copy and nothing of size N / world is pickled. A plain ``pickle`` still
 copies the values, so the plan also survives ``copy.deepcopy`` and a pickle to disk. No files and no locks.
 
-A share mapped from the node's plan files (:class:`~shardio.workers.nodeplan.MappedRankPlan`, with several
+A share mapped from the node's plan files (:class:`~shardio.runtime.nodeplan.MappedRankPlan`, with several
 ranks) needs none of this: it pickles as the plan's name, and the worker maps the same files.
 
 The index's shard table (:class:`~shardio.shards.shardtable.ShardTable`, O(shards)) travels the same way:

@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 
 from .dataset import ShardDataset
-from .errors import OptionError, shown
-from .ledger.quarantine import exclusions
-from .ledger.remix import mix_args
-from .planning.mix import CorpusColumns, check_epoch_size, corpus_offsets, plan_mix
-from .planning.mixoptions import EpochSize, Mix
-from .planning.plan import Batching, EpochPlan, Segment, options_of
-from .reading.storage import join
-from .shards.chained import ChainedColumn
-from .shards.index import COLUMNS, Index, ShardInfo, ShardTable
-from .shards.keys import ChainedKeys, Keys
+from ..errors import OptionError, shown
+from ..planning.exclusions import exclusions
+from ..planning.mixstreams import mix_args
+from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets, plan_mix
+from ..planning.mixoptions import EpochSize, Mix
+from ..planning.plan import Batching, EpochPlan, Segment, options_of
+from ..storage.files import join
+from ..shards.chained import ChainedColumn
+from ..shards.index import COLUMNS, Index, ShardInfo, ShardTable
+from ..shards.keys import ChainedKeys, Keys
 
 __all__ = ["MixIndex", "MixedDataset"]
 

@@ -1,7 +1,7 @@
 """WorkerPool: a ShardLoader's worker processes, each with this process's end of its pipe and its credits.
 
 The loader decides what an iteration yields and in which order (:mod:`.loader`); the pool is how it speaks
-to the processes that make the batches: it starts them (:func:`~shardio.workers.server.serve`), begins an
+to the processes that make the batches: it starts them (:func:`~shardio.loader.server.serve`), begins an
 iteration in each, takes a worker's next message, stops an iteration early and ends them. A worker that
 dies, or says nothing within the loader's ``timeout``, ends the whole pool before its ``RuntimeError`` is
 raised, so a failed iteration leaves no process behind; without a timeout a silent worker is waited for, with
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from .channel import Channel
 from .credits import Credits
 from .server import BATCH, EXIT, START, STOP, WATCH_S, serve

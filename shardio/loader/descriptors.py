@@ -71,7 +71,7 @@ def _arrived(index: int) -> _Arrived:
     fds = getattr(_ARRIVED, "fds", None)
     if fds is None or not 0 <= index < len(fds):
         raise RuntimeError("a message sent with its file descriptors by a shardio channel was read without "
-                           "them: read it with a shardio.workers.channel.Channel")
+                           "them: read it with a shardio.loader.channel.Channel")
     return _Arrived(fds, index)
 
 

@@ -17,7 +17,7 @@ from ..shards.index import Index
 
 __all__ = ["check_rates", "check_some_eligible", "source_index"]
 
-logger = logging.getLogger("shardio.dataset")  # where these warnings were always logged
+logger = logging.getLogger("shardio.datasets.dataset")  # the dataset's own logger: these are its warnings
 
 
 def source_index(source: object, storage_options: Any) -> Index:

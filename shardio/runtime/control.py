@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import get_worker_info
 
 from ..errors import OptionError, StateError, shown
 from ..planning.plan import Segment
 from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
+from ..world import Context
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]
 
@@ -90,7 +90,7 @@ class Control:
     def own(self) -> None:
         """In a training process (not a DataLoader worker) that did not make this block: continue on a copy of
         it, this process's own, so that its instructions and its workers' iterations stay its own."""
-        if self.owner == os.getpid() or get_worker_info() is not None:
+        if self.owner == os.getpid() or Context.detect().in_worker:  # pickled or forked: no caller to ask
             return
         self._block = self._block.clone().share_memory_()
         self._values = self._block.numpy()

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
 from ..state import batch_position
