@@ -19,10 +19,12 @@ import json
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
+from .planning.surgery import Surgery
 from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
@@ -53,6 +55,12 @@ class LoaderState:
     worker: int = 0
     num_workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def surgery(self) -> Surgery:
+        """``extra`` as typed values: the state's quarantines and re-mix (:class:`~shardio.planning.surgery.Surgery`),
+        parsed and bounded (a :class:`StateError` where malformed; :meth:`from_dict` parses it)."""
+        return Surgery.of(self.extra)
 
     @property
     def position(self) -> int:
@@ -99,8 +107,10 @@ class LoaderState:
         if not isinstance(state["index"], str):
             raise StateError(f"malformed loader state: field index must be a string, not "
                              f"{type(state['index']).__name__}")
-        return cls(index=state["index"], options=dict(state["options"]), history=_history(state["history"]),
-                   extra=dict(state.get("extra", {})), **ints)
+        parsed = cls(index=state["index"], options=dict(state["options"]), history=_history(state["history"]),
+                     extra=dict(state.get("extra", {})), **ints)
+        parsed.surgery  # noqa: B018  (parsed and bounded now, before anything plans with it)
+        return parsed
 
     def differences(self, *, seed: int, index: str, options: Mapping[str, Any]) -> list[str]:
         """What differs between this state and a dataset with these settings (empty when compatible)."""

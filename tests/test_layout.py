@@ -190,6 +190,48 @@ def test_modules_stay_about_300_lines() -> None:
     assert long == {}
 
 
+def _defined_names(tree: ast.AST) -> set[str]:
+    """The names a module defines: functions, classes, assigned names and attributes, keyword names."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+def _private_uses() -> list[str]:
+    """Every use of another shardio module's private name (``_name``, not a dunder): imported from it, or read
+    from a module, class or instance other than ``self``/``cls`` (a subclass may use its base's), where the
+    using module does not define that name itself."""
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in _modules().items()}
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for defined in _defined_names(tree):
+            owners.setdefault(defined, set()).add(name)
+    found = []
+    for name, tree in sorted(trees.items()):
+        own = _defined_names(tree)
+        for node in ast.walk(tree):
+            private = []
+            if isinstance(node, ast.ImportFrom):
+                private = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
+                                                          and node.value.id in ("self", "cls")):
+                private = [node.attr] if node.attr not in own else []
+            for attr in private:
+                if attr.startswith("_") and not attr.startswith("__") and owners.get(attr, set()) - {name}:
+                    found.append(f"{name}:{node.lineno} uses {attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    assert _private_uses() == []
+
+
 def _report() -> None:
     for nested, what in ((False, "import-time imports"), (True, "all imports (functions too)")):
         graph = _graph(nested=nested)
@@ -198,6 +240,10 @@ def _report() -> None:
               f"{sum(map(len, cycles))} modules in them")
         for cycle in cycles:
             print("  cycle:", ", ".join(cycle))
+    private = _private_uses()
+    print(f"{len(private)} uses of another module's private names")
+    for line in private:
+        print("  " + line)
     crossings = _crossings(_graph(typing=True))
     print(f"{len(crossings)} imports cross the layers upwards")
     for line in crossings:

@@ -427,15 +427,17 @@ def test_trace_find_searches_a_bounded_number_of_epochs_and_holds_one_epoch_of_p
     state = tmp_path / "state.json"
     state.write_text(json.dumps(ds.state_dict()))
     plans: list[int] = []
-    planner = ShardDataset._make_plan
+    from shardio.planning.planner import Planner
 
-    def counted(self: ShardDataset, *args: Any) -> Any:
+    planner = Planner.plan
+
+    def counted(self: Planner, *args: Any) -> Any:
         plans.append(1)
         if len(plans) > 3 * MAX_FIND_EPOCHS:
             raise RuntimeError("planned past any bound")
         return planner(self, *args)
 
-    monkeypatch.setattr(ShardDataset, "_make_plan", counted)
+    monkeypatch.setattr(Planner, "plan", counted)
     base = ["trace", str(data / "one"), "--state", str(state), "--key", "s000_00000"]
     code, out, err = cli(base + ["--epochs", "100000000"], capsys)
     assert (code, out) == (2, "") and f"at most {MAX_FIND_EPOCHS}" in err, err

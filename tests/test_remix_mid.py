@@ -25,7 +25,7 @@ from shardio import Batching, EpochSize, StateError, World
 from shardio.ledger.remix import remix, remix_report
 from shardio.datasets.mixed import MixedDataset
 from shardio.planning.streams import stream_samples
-from shardio.planning.plan import Segment
+from shardio.planning.plan import EpochPlan, Segment
 from shardio.state import LoaderState
 from shardio.world import Context
 
@@ -64,11 +64,16 @@ class Ledger:
             self.seen.setdefault(name, Counter())[local] += 1
 
 
+def planned(ds: MixedDataset, epoch: int, history: tuple[Segment, ...]) -> EpochPlan:
+    """``ds``'s plan of ``epoch`` after ``history``, in its world, with the surgery of the state it loaded."""
+    return ds.planner.plan(epoch, ds.ranks().world_size, history, ds.surgery)
+
+
 def play(ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, ...] = (),
          upto: int | None = None) -> int:
     """Consume ``epoch``'s current segment (after ``history``) up to batch ``upto`` (default: its end) in
     ``ds``'s world; return the segment's batches per rank."""
-    plan = ds._plan_of(epoch, history)
+    plan = planned(ds, epoch, history)
     ledger.add(ds, plan.consumed_samples(plan.num_batches if upto is None else upto))
     assert plan.rank_batches.shape == (ds.ranks().world_size, plan.num_batches)
     return plan.num_batches
@@ -77,7 +82,7 @@ def play(ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, .
 def state_at(ds: MixedDataset, epoch: int, history: tuple[Segment, ...], position: int) -> dict[str, Any]:
     return LoaderState(epoch=epoch, seed=ds.seed, index=ds.index.fingerprint, options=ds.options,
                        world_size=ds.ranks().world_size, history=history, start=position,
-                       extra=ds._extra).to_dict()
+                       extra=ds.surgery.to_extra()).to_dict()
 
 
 def resumed(sources: dict[str, str], weights: dict[str, float], world: int, shape: tuple[int | None, bool],
@@ -114,12 +119,12 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
         play(old, ledger, e)
     history: tuple[Segment, ...] = ()
     if elastic:  # 3 ranks consume some batches, then 2
-        first = old._plan_of(epoch, ()).num_batches
+        first = planned(old, epoch, ()).num_batches
         k1 = data.draw(st.integers(0, first), label="k1")
         play(old, ledger, epoch, upto=k1)
         history = (Segment(3, k1),)
         old = mixed(sources, old_weights, 2, *shape)
-    position = data.draw(st.integers(0, old._plan_of(epoch, history).num_batches), label="position")
+    position = data.draw(st.integers(0, planned(old, epoch, history).num_batches), label="position")
     play(old, ledger, epoch, history, upto=position)
     saved = state_at(old, epoch, history, position)
 
@@ -130,7 +135,7 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
     now = state["epoch"]
     if now == epoch and again:  # a second re-mix inside the rest of the epoch, to all three corpora
         tail = new._progress.live(Context()).history
-        k = data.draw(st.integers(0, new._plan_of(epoch, tail).num_batches), label="k")
+        k = data.draw(st.integers(0, planned(new, epoch, tail).num_batches), label="k")
         play(new, ledger, epoch, tail, upto=k)
         third = {"a": weights[2], "b": weights[0], "c": weights[1]}
         state = remix(state_at(new, epoch, tail, k), new, mixed(sources, third, 1, *shape))
@@ -142,12 +147,12 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
     last = now
     if "b" not in weights_now:  # b comes back: first its pending positions, then on after its slice
         new = resumed(sources, old_weights, world, shape,
-                      remix(state_at(new, last, (), new._plan_of(last, ()).num_batches), new,
+                      remix(state_at(new, last, (), planned(new, last, ()).num_batches), new,
                             mixed(sources, old_weights, 1, *shape)))
         last += 1
         play(new, ledger, last)
     for _ in range(12):  # on until every stream's pending positions (a dropped corpus's) are replayed
-        final = remix(state_at(new, last, (), new._plan_of(last, ()).num_batches), new, new)
+        final = remix(state_at(new, last, (), planned(new, last, ()).num_batches), new, new)
         if not final["extra"]["remix"].get("pending"):
             break
         last += 1
@@ -197,7 +202,7 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     saved = state_at(old, 0, (), 3)
     state = remix(saved, old, mixed(sources, {"a": 0.3, "b": 0.7}, 1, None))
     new = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), state)
-    plan = new._plan_of(0, ())
+    plan = planned(new, 0, ())
     trace = Trace(new, state)
     assert [r.ids.tolist() for r in trace.steps(0, 0, 2)] == [plan.batch(r, j).tolist() for j in (0, 1)
                                                                 for r in (0, 1)]
@@ -207,7 +212,7 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     gone = set(cut["extra"]["quarantine"][0]["ids"])  # a key both corpora hold: left out of each
     assert gone >= set(left_out.tolist())
     healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), cut)
-    rest = healed._plan_of(0, healed._progress.live(Context()).history)
+    rest = planned(healed, 0, healed._progress.live(Context()).history)
     played = Counter(plan.consumed_samples(1).tolist()) + Counter(rest.consumed_samples(rest.num_batches).tolist())
     assert not gone & set(rest.samples.tolist())
     assert set(played) == set(plan.samples.tolist()) - (gone - set(plan.consumed_samples(1).tolist()))

@@ -31,6 +31,7 @@ from ..loader.loader import ShardLoader
 __all__ = [
     "Epoch",
     "balance",
+    "count_batches",
     "resume_latency",
     "shardio_epoch",
     "stall",
@@ -45,7 +46,7 @@ Epoch = Callable[[], tuple[int, float]]
 _PAGE_FLOATS = 1024  # float32 values in a 4 KiB page
 
 
-def _count(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
+def count_batches(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
     """Consume batches as a trainer would: touch every page of the audio (as a copy to the GPU does; from
     workers the batch arrives as shared memory that faults in page by page), count samples and seconds."""
     samples, seconds = 0, 0.0
@@ -86,9 +87,9 @@ def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: boo
         return shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle,
                               unbatched=unbatched, dtype=dtype, lean=lean)
     if fresh:
-        return lambda: _count(make())
+        return lambda: count_batches(make())
     loader = make()
-    return lambda: _count(loader)
+    return lambda: count_batches(loader)
 
 
 def _soundfile_sample(ext: str, dtype: str = "float32") -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -122,7 +123,7 @@ def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_siz
     ``dtype``: soundfile reads 16-bit PCM as int16 as stored, as shardio's ``dtype="int16"`` does)."""
     pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size, dtype=dtype)
     loader = DataLoader(pipeline, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
-    return lambda: _count(loader)
+    return lambda: count_batches(loader)
 
 
 def resume_latency(directory: str, *, fraction: float, batch_size: int, workers: int) -> float:

@@ -21,7 +21,7 @@ import torch
 from ..datasets.dataset import ShardDataset
 from ..errors import ReadError
 from ..world import World
-from .cases import Epoch, _count
+from .cases import Epoch, count_batches
 
 __all__ = ["parallel_floor"]
 
@@ -34,7 +34,7 @@ def _serve(conn: Connection, directory: str, rank: int, processes: int, batch_si
     dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, world=World(rank, processes))
     while conn.recv() is not None:
         try:
-            conn.send(("ok", _count(_planned(dataset))))
+            conn.send(("ok", count_batches(_planned(dataset))))
         except Exception as exc:  # reported to the bench, which raises it there
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 

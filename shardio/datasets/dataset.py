@@ -37,10 +37,12 @@ from torch.utils.data import IterableDataset
 from .checks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans
 from ..errors import OptionError, StateError, shown
-from ..planning.exclusions import check_extra, leave_out_consumed
+from ..planning.exclusions import leave_out_consumed
 from ..checks.options import integer
 from ..planning.plan import Batching, EpochPlan, Ordering, worker_batches
+from ..planning.planner import Planner
 from ..planning.rankplan import RankPlan
+from ..planning.surgery import Surgery
 from ..reading.assembly import Assembler, Decoding, Transform
 from ..reading.cache import ShardCache
 from ..reading.reader import Reader, ReadStats
@@ -113,6 +115,7 @@ class ShardDataset(EpochPlans, IterableDataset):
         check_some_eligible(self.index, self.batching)
         self.batched = batch_size is not None or max_duration is not None
         self.seed = seed
+        self.planner = Planner(self.index, seed, self.batching, self.ordering)
         self.mono, self.sample_rate, self.check_finite = decoding.mono, decoding.sample_rate, decoding.check_finite
         self.transform = transform
         self.dtype = decoding.dtype
@@ -124,7 +127,7 @@ class ShardDataset(EpochPlans, IterableDataset):
         self._world: World | None = world  # carried to spawned workers by __getstate__
         self._world_of = 0  # the process that carried it
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
-        self._extra: dict[str, Any] = {}  # a loaded state's surgery (quarantine, re-mix), carried into states
+        self._surgery = Surgery()  # a loaded state's quarantines and re-mix, carried into states
         self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
         self._progress = Progress()
@@ -145,11 +148,12 @@ class ShardDataset(EpochPlans, IterableDataset):
         control = self._progress.control
         current = control.instruction()
         if not (current.loaded and current.epoch == epoch and not control.started()):
-            control.give(Instruction(epoch, extra=extra_mark(self._extra)))
+            control.give(Instruction(epoch, extra=extra_mark(self._surgery.to_extra())))
         given = control.instruction()
         self._share(given.epoch, given.history, context)  # here, before workers: they inherit, receive or map it
 
-    def _instructions(self) -> int:
+    @property
+    def instructions(self) -> int:
         """How many instructions (``set_epoch``, ``load_state_dict``) this dataset has been given."""
         return self._progress.instructions
 
@@ -161,7 +165,7 @@ class ShardDataset(EpochPlans, IterableDataset):
     def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
         return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
                            world_size=self.ranks(context).world_size, history=at.history, start=at.start,
-                           extra=self._extra, **fields)
+                           extra=self._surgery.to_extra(), **fields)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
@@ -194,28 +198,30 @@ class ShardDataset(EpochPlans, IterableDataset):
         world_size = self.ranks(context).world_size
         loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state), world_size,
                                                         context)
-        problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
+        problems = self.planner.differences(loaded)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
-        extra = check_extra(loaded.extra, len(self.index))
+        surgery = loaded.surgery
+        surgery.check_ids(len(self.index))
         if loaded.world_size != world_size:
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world_size, loaded.position, loaded.epoch)
-        self._extra, previous = extra, self._extra
+        self._surgery, previous = surgery, self._surgery
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
-                plan = self._make_plan(loaded.epoch, loaded.history, loaded.world_size, self._planned_batching)
-                self._extra = leave_out_consumed(extra, plan, ahead, position=loaded.position, epoch=loaded.epoch,
-                                                 segment=len(loaded.history) + 1, keys=self.index.keys)
+                plan = self.planner.plan(loaded.epoch, loaded.world_size, loaded.history, surgery)
+                self._surgery = leave_out_consumed(surgery, plan, ahead, position=loaded.position,
+                                                   epoch=loaded.epoch, segment=len(loaded.history) + 1,
+                                                   keys=self.index.keys)
             self._check_position(instruction, context)
         except StateError:
-            self._extra = previous
+            self._surgery = previous
             raise
         self._share(instruction.epoch, instruction.history, context)
         if context.in_worker:
             self._progress.give_own(instruction, skip)
         else:
-            self._progress.control.give(replace(instruction, extra=extra_mark(self._extra)))
+            self._progress.control.give(replace(instruction, extra=extra_mark(self._surgery.to_extra())))
 
     def _new_reader(self) -> Reader:
         cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
@@ -261,7 +267,7 @@ class ShardDataset(EpochPlans, IterableDataset):
         refuse_resharding(context, None if context.in_worker else sys._getframe(1))
         progress = self._progress
         at, skip = progress.upcoming(context), progress.upcoming_skip()
-        if progress.follows_control and progress.control.instruction().extra != extra_mark(self._extra):
+        if progress.follows_control and progress.control.instruction().extra != extra_mark(self._surgery.to_extra()):
             raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
                               "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
                               "it: load the state before creating the DataLoader, or use persistent_workers=False")
@@ -272,7 +278,7 @@ class ShardDataset(EpochPlans, IterableDataset):
             self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
-                              fields=self._fields)
+                              fields=self.planner.fields)
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
                                           share=1 / world.num_workers)
@@ -282,7 +288,3 @@ class ShardDataset(EpochPlans, IterableDataset):
             progress.yielded += 1
             yield batch
         progress.finish(context)
-
-    def _fields(self, sample_id: int) -> dict[str, Any]:
-        """Fields a sample has before its metadata and the transform (a mix adds its ``corpus``)."""
-        return {}

@@ -1,32 +1,29 @@
 """EpochPlans: a dataset's plans of its epochs for its rank, planned once per node and kept as its rank's share.
 
-The planning half of :class:`~shardio.datasets.dataset.ShardDataset` (and :class:`~shardio.datasets.mixed.MixedDataset`, which
-replaces :meth:`EpochPlans._make_plan`): which world the plans are for, the whole plan of an epoch (pure
-:mod:`shardio.planning` code over the index's columns, logged when it leaves samples out), and this rank's part
-of it, mapped from the node's plan files (:mod:`shardio.runtime.planfiles`) where other processes may need it.
+What :class:`~shardio.datasets.dataset.ShardDataset` keeps of its planner's (:class:`~shardio.planning.planner.
+Planner`) answers for the world it runs in: which world the plans are for, the whole plan of an epoch (logged
+when it leaves samples out), and this rank's part of it, mapped from the node's plan files
+(:mod:`shardio.runtime.planfiles`) where other processes may need it. Every planning decision is the planner's.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import OptionError, StateError
-from ..planning.exclusions import exclusions
-from ..planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
+from ..planning.plan import EpochPlan, Segment
+from ..planning.planner import Planner
 from ..planning.rankplan import RankPlan
+from ..planning.surgery import Surgery
 from ..shards.index import Index
 from ..runtime import planfiles
 from ..runtime.control import Instruction
 from ..runtime.memory import trim
 from ..runtime.progress import Progress
 from ..world import Context, World
-
-if TYPE_CHECKING:
-    from typing import Self  # Python 3.11
 
 __all__ = ["EpochPlans"]
 
@@ -38,14 +35,11 @@ class EpochPlans:
     attributes below): the whole plan is kept only while this rank's share is made from it."""
 
     index: Index
-    seed: int
-    batching: Batching
-    ordering: Ordering
-    batched: bool
+    planner: Planner
     _explicit_world: World | None
     _world: World | None
     _world_of: int
-    _extra: dict[str, Any]
+    _surgery: Surgery
     _plans: dict[tuple[Any, ...], EpochPlan]
     _shares: dict[tuple[Any, ...], RankPlan]
     _progress: Progress
@@ -61,18 +55,15 @@ class EpochPlans:
             return carried
         return World.detect()
 
-    def _copy_for(self, world_size: int) -> Self:
-        """A copy that plans for rank 0 of ``world_size`` with a progress of its own, for the ledger to load a
-        state into: this dataset's instructions (and its workers') stay as they are."""
-        copied = copy.copy(self)
-        copied._explicit_world = copied._world = World(0, world_size)
-        copied._progress = Progress()
-        return copied
+    @property
+    def surgery(self) -> Surgery:
+        """The quarantines and re-mix of the state this dataset loaded (carried into the states it saves)."""
+        return self._surgery
 
     @property
     def options(self) -> dict[str, object]:
         """The options that shape the plan (a state records them)."""
-        return options_of(self.batching, self.ordering)
+        return self.planner.options
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
@@ -84,10 +75,10 @@ class EpochPlans:
 
     def _plan_of(self, epoch: int, history: tuple[Segment, ...], context: Context | None = None) -> EpochPlan:
         world_size = self.ranks(context).world_size
-        key = (epoch, history, world_size, json.dumps(self._extra, sort_keys=True))
+        key = (epoch, history, world_size, json.dumps(self._surgery.to_extra(), sort_keys=True))
         if key not in self._plans:
-            batching = self._planned_batching
-            self._plans = {key: self._make_plan(epoch, history, world_size, batching)}
+            batching = self.planner.planned_batching
+            self._plans = {key: self.planner.plan(epoch, world_size, history, self._surgery)}
             report = self._plans[key].report
             if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
                 logger.info("epoch %d plan: %s", epoch, report)
@@ -97,17 +88,6 @@ class EpochPlans:
                                "alone, or outside min_duration/max_sample_duration", epoch, len(left_out),
                                float(left_out.sum()) / 3600)
         return self._plans[key]
-
-    @property
-    def _planned_batching(self) -> Batching:
-        """The batching of the plan: a sample per batch when unbatched."""
-        return self.batching if self.batched else replace(self.batching, batch_size=1)
-
-    def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
-        """Plan an epoch (the one step a dataset over other index layouts, such as a mix, replaces)."""
-        return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
-                          epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
-                          history=history, exclude=exclusions(self._extra, epoch))
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
@@ -122,11 +102,12 @@ class EpochPlans:
         this process runs (by default detected)."""
         context = Context.detect() if context is None else context
         world = self.ranks(context)
-        key = (epoch, history, world.world_size, world.rank, json.dumps(self._extra, sort_keys=True))
+        extra = self._surgery.to_extra()
+        key = (epoch, history, world.world_size, world.rank, json.dumps(extra, sort_keys=True))
         if key not in self._shares:
             others = context.in_worker or world.world_size > 1 or self._progress.control.workers_begun()
             job = {"index": self.index.content_id, "seed": self.seed, "options": self.options,
-                   "world": world.world_size, "extra": self._extra}
+                   "world": world.world_size, "extra": extra}
             # once per node where others may need it and the index's content is known (loaded or saved)
             share = planfiles.share(job, epoch, history, world.rank, len(self.index),
                                     lambda: self._plan_of(epoch, history, context),

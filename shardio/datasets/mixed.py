@@ -18,11 +18,10 @@ import numpy as np
 
 from .dataset import ShardDataset
 from ..errors import OptionError, shown
-from ..planning.exclusions import exclusions
-from ..planning.mixstreams import mix_args
-from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets, plan_mix
+from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets
 from ..planning.mixoptions import EpochSize, Mix
-from ..planning.plan import Batching, EpochPlan, Segment, options_of
+from ..planning.plan import Batching
+from ..planning.planner import Planner
 from ..storage.files import join
 from ..shards.chained import ChainedColumn
 from ..shards.index import COLUMNS, Index, ShardInfo, ShardTable
@@ -193,20 +192,7 @@ class MixedDataset(ShardDataset):
         super().__init__(MixIndex.combine(indexes), remainder=batching.remainder, **options)
         self.batching = batching
         self.batched = batching.batch_size is not None or batching.max_duration is not None
+        self.planner = Planner(self.index, self.seed, batching, self.ordering, self.mix,
+                               tuple(zip(self.index.names, self.index.parts)))
         # the epoch's size, checked against the corpora here rather than when the first epoch is planned
-        check_epoch_size(self.index.columns_of(), self.mix, self._planned_batching)
-
-    @property
-    def options(self) -> dict[str, object]:
-        """The options that shape the plan, including the mix and each corpus's index fingerprint."""
-        parts = {part_name: part.fingerprint for part_name, part in zip(self.index.names, self.index.parts)}
-        return {**options_of(self.batching, self.ordering), "mix": self.mix.options(), "corpora": parts}
-
-    def _make_plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, batching: Batching) -> EpochPlan:
-        return plan_mix(self.index.columns_of(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
-                        batching=batching, ordering=self.ordering, history=history,
-                        exclude=exclusions(self._extra, epoch),
-                        **mix_args(self._extra, epoch, self.index.names))  # a re-mix's streams (shardio.remix)
-
-    def _fields(self, sample_id: int) -> dict[str, Any]:
-        return {"corpus": self.index.corpus(sample_id)}
+        check_epoch_size(self.planner.columns(), self.mix, self.planner.planned_batching)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StateError
-from ..planning.exclusions import QUARANTINE, consumed_ahead
 from ..planning.plan import Segment
+from ..planning.surgery import Quarantine
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
 from .trace import Trace, resolve_keys
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
 
 __all__ = ["quarantine", "quarantine_report"]
-
-_KEY = QUARANTINE
 
 
 def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
@@ -79,22 +77,18 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
         for record in trace.steps(loaded.epoch, first, stop):
             ids.extend(int(i) for i in record.ids)
     unique = sorted(set(ids))
-    segment = len(loaded.history) + 1
-    entry: dict[str, Any] = {"epoch": loaded.epoch, "segment": segment, "ids": unique,
-                             "keys": [dataset.index.keys[i] for i in unique],
-                             "steps": [int(first), int(stop)] if steps is not None else None, "carry": bool(carry),
-                             "from_step": trace.position_step(), "consumed": _consumed(trace, unique)}
-    corpora = [dataset._fields(i).get("corpus") for i in unique]
-    if any(corpora):
-        entry["corpora"] = corpora
-    extra = dict(loaded.extra)
-    extra[_KEY] = [*extra.get(_KEY, []), entry]
-    position = loaded.position
-    history = (*loaded.history, Segment(loaded.world_size, position))
-    return replace(loaded, history=history, start=0, yielded=0, extra=extra).to_dict()
+    corpora = [trace.planner.corpus(i) for i in unique]
+    entry = Quarantine(loaded.epoch, len(loaded.history) + 1, tuple(unique), carry=bool(carry),
+                       keys=tuple(dataset.index.keys[i] for i in unique),
+                       steps=(int(first), int(stop)) if steps is not None else None,
+                       from_step=trace.position_step(), consumed=tuple(_consumed(trace, unique)),
+                       corpora=tuple(c or "" for c in corpora) if any(corpora) else None)
+    surgery = trace.surgery.with_quarantines((*trace.surgery.quarantines, entry))
+    history = (*loaded.history, Segment(loaded.world_size, loaded.position))
+    return replace(loaded, history=history, start=0, yielded=0, extra=surgery.to_extra()).to_dict()
 
 
-def _consumed(trace: Any, ids: list[int]) -> list[int]:
+def _consumed(trace: Trace, ids: list[int]) -> list[int]:
     """Which of ``ids`` the epoch had already consumed at the state's position (they stay consumed)."""
     state = trace.state
     done: set[int] = set()
@@ -102,7 +96,7 @@ def _consumed(trace: Any, ids: list[int]) -> list[int]:
     for number, (_, _, count) in enumerate(segments):
         consumed = count if number < len(segments) - 1 else state.position
         done.update(trace.plan(state.epoch, number).consumed_samples(consumed).tolist())
-    for ahead in consumed_ahead(state.extra, state.epoch).values():
+    for ahead in trace.surgery.consumed_ahead(state.epoch).values():
         done.update(ahead.tolist())
     return [i for i in ids if i in done]
 
@@ -112,43 +106,18 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     quarantine took effect at, whether the epoch had already consumed it then, and whether it carries to
     later epochs."""
     loaded: LoaderState = job_state(state)
-    entries = loaded.extra.get(_KEY, [])
-    if not isinstance(entries, list):
-        raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
     rows = []
-    for number, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise StateError(f"malformed loader state: quarantine entry {number} must be an object, not "
-                             f"{type(entry).__name__}")
-        if entry.get("ahead"):
+    for number, entry in enumerate(loaded.surgery.quarantines):
+        if entry.ahead:
             continue
-        _check_report_fields(entry, number)
-        consumed = set(entry.get("consumed") or [])
-        corpora = entry.get("corpora") or [None] * len(entry["ids"])
-        for key, sample_id, corpus in zip(entry["keys"], entry["ids"], corpora):
+        if entry.keys is None:
+            raise StateError(f"malformed loader state: quarantine entry {number}: 'keys' must be a list of "
+                             f"{len(entry.ids)} strings, one per id")
+        consumed = set(entry.consumed or ())
+        corpora = entry.corpora or (None,) * len(entry.ids)
+        for key, sample_id, corpus in zip(entry.keys, entry.ids, corpora):
             rows.append({"key": key, "id": sample_id, **({"corpus": corpus} if corpus else {}),
-                         "epoch": entry["epoch"], "from_step": entry.get("from_step"),
-                         "already_consumed": sample_id in consumed, "steps": entry.get("steps"),
-                         "carry": entry["carry"]})
+                         "epoch": entry.epoch, "from_step": entry.from_step,
+                         "already_consumed": sample_id in consumed,
+                         "steps": None if entry.steps is None else list(entry.steps), "carry": entry.carry})
     return rows
-
-
-def _check_report_fields(entry: Mapping[str, Any], number: int) -> None:
-    """A :class:`StateError` where a quarantine entry lacks what its report row shows: ids and keys of equal
-    length (and corpora, in a mix), an epoch, carry, and ids among ``consumed``."""
-    ids, keys, corpora = entry.get("ids"), entry.get("keys"), entry.get("corpora")
-    problem = None
-    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        problem = "'ids' must be a list of integers"
-    elif not (isinstance(keys, list) and len(keys) == len(ids) and all(isinstance(k, str) for k in keys)):
-        problem = f"'keys' must be a list of {len(ids)} strings, one per id"
-    elif corpora is not None and not (isinstance(corpora, list) and len(corpora) == len(ids)
-                                      and all(isinstance(c, str) for c in corpora)):
-        problem = f"'corpora' must be a list of {len(ids)} corpus names, one per id"
-    elif not isinstance(entry.get("epoch"), int) or not isinstance(entry.get("carry"), bool):
-        problem = "'epoch' must be an integer and 'carry' true or false"
-    elif not (isinstance(consumed := entry.get("consumed") or [], list)
-              and all(isinstance(i, int) for i in consumed)):
-        problem = "'consumed' must be a list of ids"
-    if problem is not None:
-        raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")

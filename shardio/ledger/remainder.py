@@ -8,31 +8,19 @@ plans it) holds every occurrence the epoch has not consumed in earlier segments;
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..planning.mix import plan_occurrences
+from ..planning.planner import Planner
 from ..state import LoaderState
-from ..planning.exclusions import exclusions
-from ..planning.mixstreams import mix_args
-
-if TYPE_CHECKING:
-    from ..datasets.mixed import MixedDataset
 
 __all__ = ["remaining_positions"]
 
 
-def remaining_positions(dataset: MixedDataset, state: LoaderState) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """Per corpus of ``dataset`` (the mix ``state`` was saved from), the stream positions of the state's
+def remaining_positions(planner: Planner, state: LoaderState) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per corpus of ``planner``'s mix (the mix ``state`` was saved from), the stream positions of the state's
     epoch not consumed at its position (sorted), and how many positions the epoch took of it in all."""
-    batching = dataset.batching if dataset.batched else replace(dataset.batching, batch_size=1)
-    names = dataset.index.names
-    plan, occurrences, _ = plan_occurrences(
-        dataset.index.columns_of(), dataset.mix, seed=dataset.seed, epoch=state.epoch,
-        world_size=state.world_size, batching=batching, ordering=dataset.ordering, history=state.history,
-        exclude=exclusions(state.extra, state.epoch), **mix_args(state.extra, state.epoch, names))
+    names = [name for name, _ in planner.corpora]
+    plan, occurrences = planner.occurrences(state.epoch, state.world_size, state.history, state.surgery)
     left = np.zeros(occurrences.global_ids.shape[0], dtype=bool)
     left[plan.samples] = True
     left[plan.consumed_samples(state.position)] = False

@@ -45,9 +45,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StateError
-from ..planning.mix import MAX_TAIL_EPOCHS, mix_quotas, tail_limit
-from ..planning.mixstreams import REMIX, Streams, range_length
+from ..planning.mix import MAX_TAIL_EPOCHS, tail_limit
+from ..planning.mixstreams import Streams, range_length
+from ..planning.planner import Planner
 from ..planning.streams import Stream, as_ranges, join_ranges
+from ..planning.surgery import Quarantine, Surgery
 from ..state import LoaderState, job_state
 
 if TYPE_CHECKING:
@@ -55,24 +57,15 @@ if TYPE_CHECKING:
 
 __all__ = ["remix", "remix_report"]
 
-_KEY = REMIX
-
-
-def _quotas(dataset: MixedDataset) -> dict[str, int]:
-    batching = dataset.batching if dataset.batched else replace(dataset.batching, batch_size=1)
-    return mix_quotas(dataset.index.columns_of(), dataset.mix, batching, seed=dataset.seed,
-                      ordering=dataset.ordering)
-
-
-def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: MixedDataset,
-                       since: int) -> list[dict[str, Any]]:
+def _moved_quarantines(entries: tuple[Quarantine, ...], old: MixedDataset, new: MixedDataset,
+                       since: int) -> tuple[Quarantine, ...]:
     """The quarantine entries that apply from epoch ``since``, on ``new``'s global ids, from its start."""
     moved = []
     for entry in entries:
-        if not (entry["carry"] or int(entry["epoch"]) >= since):
+        if not (entry.carry or entry.epoch >= since):
             continue
         ids, keys, corpora = [], [], []
-        for sample_id, key in zip(entry["ids"], entry["keys"]):
+        for sample_id, key in zip(entry.ids, entry.keys or ("",) * len(entry.ids)):
             corpus = old.index.corpus(sample_id)
             if corpus in new.index.names:
                 local = sample_id - int(old.index.offsets[old.index.names.index(corpus)])
@@ -80,16 +73,16 @@ def _moved_quarantines(entries: list[dict[str, Any]], old: MixedDataset, new: Mi
                 keys.append(key)
                 corpora.append(corpus)
         if ids:
-            moved.append({**entry, "epoch": since, "segment": 0, "ids": ids, "keys": keys, "corpora": corpora,
-                          "consumed": []})
-    return moved
+            moved.append(replace(entry, epoch=since, segment=0, ids=tuple(ids), keys=tuple(keys),
+                                 corpora=tuple(corpora), consumed=()))
+    return tuple(moved)
 
 
 def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -> None:
     """An :class:`OptionError` where the rest of ``epoch`` (``tail``'s ranges) is more than
     :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS` epochs of ``new``: the state would not load (the planner
     refuses such a tail, as it would a tampered one)."""
-    quotas = _quotas(new)
+    quotas = new.planner.quotas()
     total, epoch_size = sum(range_length(found) for found in tail.values()), sum(quotas.values())
     if total > tail_limit(quotas):
         raise OptionError(f"the rest of epoch {epoch} holds {total} samples of the corpora the new mix keeps, "
@@ -108,9 +101,9 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         if not isinstance(dataset, MixedDataset):
             raise OptionError(f"remix takes two mixes (MixedDataset); {name} is a {type(dataset).__name__}")
     loaded: LoaderState = job_state(state)
-    probe = old._copy_for(loaded.world_size)
-    probe.load_state_dict(loaded.to_dict())  # the state must be old's: a StateError names what differs
-    current = Streams.of(loaded.extra)
+    planner: Planner = old.planner
+    current_plan = planner.check(loaded)  # the state must be old's: a StateError names what differs
+    current = loaded.surgery.mix_streams
     in_tail = current.tail is not None and current.tail[0] == loaded.epoch
     fingerprints = {**current.fingerprints, **dict(zip(old.index.names, (p.fingerprint for p in old.index.parts)))}
     changed = [name for name, part in zip(new.index.names, new.index.parts)
@@ -119,9 +112,9 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes "
                          "cannot continue")
     fingerprints.update(zip(new.index.names, (p.fingerprint for p in new.index.parts)))
-    at_end = loaded.position == probe.plan().num_batches
+    at_end = loaded.position == current_plan.num_batches
     since = loaded.epoch if not (loaded.history or loaded.position or in_tail) else loaded.epoch + 1
-    quotas = _quotas(probe)
+    quotas = planner.quotas()
     streams = dict(current.streams)
     for name in old.index.names:  # every stream of the old mix, right after its last epoch before `since`
         streams[name] = streams.get(name, Stream()).advance((since - current.since) * quotas[name])
@@ -132,7 +125,7 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         event["at"] = "start" if since == loaded.epoch else "end"
     else:
         event["at"] = "mid-epoch"
-        remaining, sizes = remaining_positions(probe, loaded)
+        remaining, sizes = remaining_positions(planner, loaded)
         tail = (loaded.epoch, {name: as_ranges(remaining[name]) for name in new.index.names
                                if name in remaining})
         _check_tail(tail[1], new, loaded.epoch)
@@ -148,14 +141,11 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         held = streams.get(name, Stream())
         event["corpora"][name] = {**event["corpora"].get(name, {}), "status": status, "cursor": held.cursor,
                                   "pending": held.held}
-    extra = {name: value for name, value in loaded.extra.items() if name not in (_KEY, "quarantine")}
-    extra[_KEY] = Streams(since, streams, tail, fingerprints, [*current.events, event]).to_extra()
-    moved = _moved_quarantines(loaded.extra.get("quarantine", []), old, new, since)
-    if moved:
-        extra["quarantine"] = moved
+    surgery = Surgery(_moved_quarantines(loaded.surgery.quarantines, old, new, since),
+                      Streams(since, streams, tail, fingerprints, [*current.events, event]), loaded.surgery.other)
     fresh = LoaderState(epoch=loaded.epoch if tail is not None else since, seed=loaded.seed,
                         index=new.index.fingerprint, options=new.options, world_size=loaded.world_size,
-                        extra=extra)
+                        extra=surgery.to_extra())
     return fresh.to_dict()
 
 
@@ -167,13 +157,13 @@ def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     its return if dropped); ``cursor``/``pending``: its stream after the re-mix."""
     loaded: LoaderState = job_state(state)
     rows = []
-    for number, event in enumerate(Streams.of(loaded.extra).events):
+    for number, event in enumerate(loaded.surgery.mix_streams.events):
         try:
             for name, fields in dict(event["corpora"]).items():
                 rows.append({"epoch": event["epoch"], "step": event["step"], "at": event["at"],
                              "corpus": name, "old_weight": dict(event["old"]).get(name),
                              "new_weight": dict(event["new"]).get(name), **dict(fields)})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StateError(f"malformed loader state: extra.{_KEY}.events[{number}]: {exc!r}"[:300]) \
+            raise StateError(f"malformed loader state: extra.remix.events[{number}]: {exc!r}"[:300]) \
                 from None
     return rows

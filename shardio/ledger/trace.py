@@ -3,7 +3,7 @@
 Every decision of the loader is a pure function of the index, the seed and the options a saved state
 records, so :class:`Trace` answers "which keys did rank 3 train on at step 41,207?" and "when was
 utterance X seen?" without reading a byte of audio. It plans with the dataset's own planner
-(``ShardDataset._make_plan``, so mixes, quarantines and re-mixes included) and follows the epoch's elastic
+(``dataset.planner``, a :class:`~shardio.planning.planner.Planner`: mixes, quarantines and re-mixes included) and follows the epoch's elastic
 history exactly as the loader played it.
 
 **Steps.** ``step`` counts batches per rank from the start of the epoch, across elastic segments: segment
@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError
-from ..planning.exclusions import consumed_ahead
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
@@ -65,17 +64,21 @@ class StepRecord:
 
 class Trace:
     """The ledger of ``dataset`` (a :class:`~shardio.ShardDataset` or :class:`~shardio.MixedDataset`) as
-    the job that saved ``state`` plays it. ``dataset`` is not changed: a copy with a progress of its own loads the
-    state, so a live dataset may be traced mid-run."""
+    the job that saved ``state`` plays it. ``dataset`` is not changed (only its planner answers), so a live dataset
+    may be traced mid-run.
+
+    Raises:
+        StateError: ``state`` was not saved from ``dataset`` (see :meth:`~shardio.planning.planner.Planner.check`).
+    """
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
         self.state: LoaderState = job_state(state)
-        ds = dataset._copy_for(self.state.world_size)
-        ds.load_state_dict(self.state.to_dict())
-        self.dataset = ds
-        self._batching = ds._planned_batching
-        self._plans: dict[tuple[int, int], EpochPlan] = {}
-        self._ahead = consumed_ahead(self.state.extra, self.state.epoch)
+        self.dataset = dataset
+        self.planner = dataset.planner
+        self.surgery = self.state.surgery
+        current = self.planner.check(self.state)
+        self._plans: dict[tuple[int, int], EpochPlan] = {(self.state.epoch, len(self.state.history)): current}
+        self._ahead = self.surgery.consumed_ahead(self.state.epoch)
 
     # -- the plan, segment by segment -----------------------------------------------------------------
 
@@ -98,12 +101,8 @@ class Trace:
             history = self.state.history if epoch == self.state.epoch else ()
             if type(segment) is not int or not 0 <= segment <= len(history):
                 raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
-            if epoch == self.state.epoch and segment == len(history):
-                self._plans[(epoch, segment)] = self.dataset.plan()  # planned when the state loaded
-            else:
-                world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-                self._plans[(epoch, segment)] = self.dataset._make_plan(epoch, history[:segment], world_size,
-                                                                        self._batching)
+            world_size = history[segment].world_size if segment < len(history) else self.state.world_size
+            self._plans[(epoch, segment)] = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
         return self._plans[(epoch, segment)]
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:
@@ -211,7 +210,7 @@ class Trace:
                         sample = int(plan.samples[position])
                         found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
                                       "segment": number, "batch_index": j, **({"ahead": True} if early else {}),
-                                      **self.dataset._fields(sample)})  # a mix adds the corpus
+                                      **self.planner.fields(sample)})  # a mix adds the corpus
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:
@@ -222,7 +221,7 @@ class Trace:
                                "segment": record.segment, "batch_index": record.batch_index,
                                "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
                                "durations": [round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))]}
-        corpora = [self.dataset._fields(i).get("corpus") for i in ids]
+        corpora = [self.planner.corpus(i) for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
         if record.ahead:

@@ -124,7 +124,7 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The job's state after the last batch yielded (before any: the dataset's own state)."""
-        if self._last is not None and self._last[0] == self.dataset._instructions():
+        if self._last is not None and self._last[0] == self.dataset.instructions:
             return self.dataset.state_after(self._last[1])
         return self.dataset.state_dict()
 
@@ -192,7 +192,7 @@ class ShardLoader:
 
     def _handed(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch``, its position kept for :meth:`state_dict`."""
-        self._last = (self.dataset._instructions(), _position(batch))
+        self._last = (self.dataset.instructions, _position(batch))
         return batch
 
     def _check(self, iteration: int) -> None:

@@ -38,7 +38,7 @@ from .listing import list_corpus
 from .source import AUDIO_EXTENSIONS, Source
 from .preparation import Prepared, Task, prepare
 
-__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "default_workers", "describe_left_out", "pack", "rewrite_key"]
+__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "assign_keys", "default_workers", "describe_left_out", "pack", "rewrite_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
             logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
         if shuffle:
             sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
-        tasks = _assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
+        tasks = assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
         if not sources and not problems:
             problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
                                          f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
@@ -212,9 +212,21 @@ def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple
     writer.abort()
 
 
-def _assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
-                 require_text: bool) -> list[Task]:
-    """The checks that need no audio: format extension, key rule, unique keys, transcript."""
+def assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
+                require_text: bool) -> list[Task]:
+    """The checks that need no audio: format extension, key rule, unique keys, transcript (partitioned packing
+    makes them too).
+
+    Args:
+        sources: the corpus's samples.
+        problems: where each refused sample's problem is appended.
+        transcode: the codec audio is transcoded to, if any.
+        rewrite: rewrite keys that break the key rule instead of refusing them.
+        require_text: refuse a sample without a transcript.
+
+    Returns:
+        One packing task per accepted sample.
+    """
     tasks: list[Task] = []
     seen: dict[str, Source] = {}
     for source in sources:

@@ -38,7 +38,7 @@ from ..shards.writer import ShardWriter
 from .listing import list_corpus
 from .source import AUDIO_EXTENSIONS, Source
 from .output import Output
-from .pack import _assign_keys
+from .pack import assign_keys
 from .preparation import Task, prepare
 
 __all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
@@ -153,7 +153,7 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
     sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
     if shuffle:
         sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
-    tasks = _assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
+    tasks = assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
                          require_text=require_text)
     if not sources and not problems:
         problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "

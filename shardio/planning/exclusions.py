@@ -1,7 +1,7 @@
-"""A saved state's quarantine entries (``extra["quarantine"]``) as the planner reads them: checked when a state
-loads, the ``exclude`` of an epoch's plan, and the entries that leave out samples a state's DataLoader workers
-consumed ahead of its position. The ledger (:mod:`shardio.ledger.quarantine`) writes the entries; the datasets
-and the ledger read them from here, so that the datasets import nothing from the ledger.
+"""Samples left out of an epoch's plan: a state's quarantine entries (:class:`~shardio.planning.surgery.Surgery`)
+as the planner reads them, and the entry that leaves out samples a state's DataLoader workers consumed ahead of
+its position. The ledger (:mod:`shardio.ledger.quarantine`) writes quarantines; the datasets and the ledger read
+them through :mod:`shardio.planning.surgery`, so that the datasets import nothing from the ledger.
 """
 
 from __future__ import annotations
@@ -14,48 +14,37 @@ import numpy as np
 
 from ..errors import StateError
 from .plan import EpochPlan
+from .surgery import QUARANTINE, Quarantine, Surgery
 
 __all__ = ["QUARANTINE", "check_extra", "exclusions", "leave_out_consumed", "consumed_ahead"]
 
-QUARANTINE = "quarantine"
-"""The key of a state's ``extra`` that holds its quarantine entries."""
-_KEY = QUARANTINE
+
+def _surgery(extra: Mapping[str, Any] | Surgery) -> Surgery:
+    return extra if isinstance(extra, Surgery) else Surgery.of(extra)
 
 
 def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed)."""
-    entries = extra.get(_KEY, [])
-    if not isinstance(entries, list):
-        raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
-    for number, entry in enumerate(entries):
-        try:
-            ids = [int(i) for i in entry["ids"]]
-            fields_ok = (int(entry["epoch"]) >= 0 and int(entry["segment"]) >= 0
-                         and isinstance(entry["carry"], bool))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
-        if not fields_ok or any(not 0 <= i < num_samples for i in ids):
-            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
-                             f"id outside the dataset's {num_samples} samples")
+    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed).
+
+    Deprecated: :meth:`Surgery.of` and :meth:`Surgery.check_ids`."""
+    _surgery(extra).check_ids(num_samples)
     return dict(extra)
 
 
-def exclusions(extra: Mapping[str, Any], epoch: int) -> list[tuple[int, np.ndarray]]:
-    """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs (see the module docs), one per
-    segment: the planner does O(epoch) work per pair, so a state's many entries (each a few values of
-    ``extra``) must not each cost a pass over the epoch."""
-    found: dict[int, list[np.ndarray]] = {}
-    for entry in extra.get(_KEY, []):
-        if int(entry["epoch"]) == epoch:
-            found.setdefault(int(entry["segment"]), []).append(np.asarray(entry["ids"], dtype=np.int64))
-        elif entry["carry"] and int(entry["epoch"]) < epoch:
-            found.setdefault(0, []).append(np.asarray(entry["ids"], dtype=np.int64))
-    return [(segment, np.unique(np.concatenate(parts))) for segment, parts in sorted(found.items())]
+def exclusions(extra: Mapping[str, Any] | Surgery, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """The planner's ``exclude`` for ``epoch`` (see :meth:`Surgery.exclusions`)."""
+    return _surgery(extra).exclusions(epoch)
 
 
-def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Sequence[int], *, position: int,
-                       epoch: int, segment: int, keys: Sequence[str]) -> dict[str, Any]:
-    """``extra`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
+def consumed_ahead(extra: Mapping[str, Any] | Surgery, epoch: int) -> dict[int, np.ndarray]:
+    """The samples of ``epoch`` that workers consumed ahead of a state's position (see
+    :meth:`Surgery.consumed_ahead`)."""
+    return _surgery(extra).consumed_ahead(epoch)
+
+
+def leave_out_consumed(surgery: Surgery, plan: EpochPlan, positions: Sequence[int], *, position: int,
+                       epoch: int, segment: int, keys: Sequence[str]) -> Surgery:
+    """``surgery`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
     every rank's batches at ``positions`` of ``plan`` (the segment before it), which workers consumed ahead of
     a state at ``position`` (:func:`shardio.state.split`). Such entries of earlier epochs are dropped.
 
@@ -75,21 +64,11 @@ def leave_out_consumed(extra: Mapping[str, Any], plan: EpochPlan, positions: Seq
                          f"{reprlib.repr(keys[int(again[0])])}) that epoch {epoch} draws again later, so they cannot "
                          "be left out of the rest: load the state with the loader's own load_state_dict, or use a "
                          "state saved after a whole round of workers")
-    ids = ids.tolist()
-    entry = {"epoch": epoch, "segment": segment, "ids": ids, "keys": [keys[i] for i in ids], "steps": None,
-             "carry": False, "consumed": ids, "ahead": True}
-    kept = [e for e in extra.get(_KEY, []) if not (e.get("ahead") and int(e["epoch"]) < epoch)]
-    return {**extra, _KEY: [*kept, entry]}
-
-
-def consumed_ahead(extra: Mapping[str, Any], epoch: int) -> dict[int, np.ndarray]:
-    """The samples of ``epoch`` that workers consumed ahead of a state's position (:func:`leave_out_consumed`),
-    by the history segment that consumed them (the one before the segment their entry leaves them out of)."""
-    found: dict[int, list[int]] = {}
-    for entry in extra.get(_KEY, []):
-        if entry.get("ahead") and int(entry["epoch"]) == epoch:
-            found.setdefault(int(entry["segment"]) - 1, []).extend(int(i) for i in entry["ids"])
-    return {segment: np.unique(np.asarray(ids, dtype=np.int64)) for segment, ids in found.items()}
+    found = tuple(ids.tolist())
+    entry = Quarantine(epoch, segment, found, carry=False, ahead=True, keys=tuple(keys[i] for i in found),
+                       consumed=found)
+    kept = tuple(e for e in surgery.quarantines if not (e.ahead and e.epoch < epoch))
+    return surgery.with_quarantines((*kept, entry))
 
 
 def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:

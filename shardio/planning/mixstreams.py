@@ -133,10 +133,11 @@ def _once(ranges: Any, what: str, cursor: int, most: int) -> np.ndarray:
     return found
 
 
-def mix_args(extra: Mapping[str, Any], epoch: int, names: list[str]) -> dict[str, Any]:
+def mix_args(extra: Mapping[str, Any] | Streams, epoch: int, names: list[str]) -> dict[str, Any]:
     """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names`` (positions
-    as ranges: the planner expands a tail only after bounding it by the mix's epoch)."""
-    parsed = Streams.of(extra)
+    as ranges: the planner expands a tail only after bounding it by the mix's epoch), from a state's streams (or
+    its ``extra``)."""
+    parsed = extra if isinstance(extra, Streams) else Streams.of(extra)
     if parsed.tail is not None and parsed.tail[0] == epoch:
         unknown = sorted(set(parsed.tail[1]) - set(names))
         if unknown:

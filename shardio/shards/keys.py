@@ -95,8 +95,8 @@ class Keys(Spans, Sequence[str]):
 
     def __eq__(self, other: object) -> bool:
         if type(other) is Keys and type(self) is Keys:
-            return len(self) == len(other) and bytes(self._blob) == bytes(other._blob) and \
-                bool(np.array_equal(self._ends, other._ends))
+            return len(self) == len(other) and bytes(self.blob) == bytes(other.blob) and \
+                bool(np.array_equal(self.ends, other.ends))
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented

@@ -1,0 +1,150 @@
+"""Planner: one public, pure value that answers every planning question about a dataset.
+
+Built from an index (its columns: shard ids and durations) and the planning options (:class:`Batching`,
+:class:`Ordering`, and for a mix the :class:`~shardio.planning.mixoptions.Mix` and its corpora), it answers: the
+plan of epoch ``E`` for ``W`` ranks after the elastic history ``H`` with a state's surgery ``X`` (quarantines, a
+re-mix: :class:`~shardio.planning.surgery.Surgery`), a rank's share of it, which corpus a sample belongs to, and
+whether a saved state fits it. :class:`~shardio.ShardDataset`, :class:`~shardio.MixedDataset`,
+:class:`~shardio.Trace`, :func:`~shardio.quarantine` and :func:`~shardio.remix` each hold one and use only the
+methods below. No I/O (the columns are the index's, already mapped) and no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError, StateError
+from ..shards.index import Index
+from ..state import LoaderState
+from .mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix, plan_occurrences
+from .mixoptions import Mix
+from .mixstreams import mix_args
+from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
+from .rankplan import RankPlan, rank_plan
+from .surgery import Surgery
+
+__all__ = ["Planner"]
+
+_NONE = Surgery()
+
+
+@dataclass(frozen=True)
+class Planner:
+    """The plans of a dataset: ``index``'s samples (a mix's combined index, with its ``corpora`` by name), the
+    ``seed``, ``batching`` and ``ordering``, and a mix's ``mix`` options."""
+
+    index: Index
+    seed: int
+    batching: Batching
+    ordering: Ordering
+    mix: Mix | None = None
+    corpora: tuple[tuple[str, Index], ...] = ()
+    """A mix's corpora, in name order: ``(name, index)``."""
+
+    @property
+    def batched(self) -> bool:
+        """Whether samples are batched (``batch_size`` or ``max_duration``), else yielded one by one."""
+        return self.batching.batch_size is not None or self.batching.max_duration is not None
+
+    @property
+    def planned_batching(self) -> Batching:
+        """The batching plans are made with: a sample per batch when unbatched."""
+        return self.batching if self.batched else replace(self.batching, batch_size=1)
+
+    @property
+    def options(self) -> dict[str, object]:
+        """The options that shape a plan, JSON-ready (a state records them; a mix adds its options and each
+        corpus's index fingerprint)."""
+        options = options_of(self.batching, self.ordering)
+        if self.mix is None:
+            return options
+        return {**options, "mix": self.mix.options(), "corpora": {n: part.fingerprint for n, part in self.corpora}}
+
+    def columns(self) -> dict[str, CorpusColumns]:
+        """A mix's planner columns per corpus (each corpus's own, as mapped: nothing is concatenated)."""
+        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards)) for name, part in self.corpora}
+
+    def plan(self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE) -> EpochPlan:
+        """The plan of ``epoch`` for ``world_size`` ranks after the finished segments ``history``, without the
+        samples ``surgery`` quarantines (and, for a mix, with its re-mixed streams).
+
+        Raises:
+            OptionError: a history segment beyond its plan.
+            StateError: a re-mix that does not fit this mix.
+        """
+        batching = self.planned_batching
+        if self.mix is None:
+            return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
+                              epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
+                              history=history, exclude=surgery.exclusions(epoch))
+        return plan_mix(self.columns(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
+                        batching=batching, ordering=self.ordering, history=history,
+                        exclude=surgery.exclusions(epoch), **self._streams(epoch, surgery))
+
+    def occurrences(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
+                    surgery: Surgery = _NONE) -> tuple[EpochPlan, Any]:
+        """A mix's plan of ``epoch`` over occurrence numbers, and the occurrences (their global ids, corpus
+        numbers and stream positions: :func:`~shardio.planning.mix.plan_occurrences`)."""
+        plan, occurrences, _ = plan_occurrences(
+            self.columns(), self._mix(), seed=self.seed, epoch=epoch, world_size=world_size,
+            batching=self.planned_batching, ordering=self.ordering, history=history,
+            exclude=surgery.exclusions(epoch), **self._streams(epoch, surgery))
+        return plan, occurrences
+
+    def quotas(self) -> dict[str, int]:
+        """The samples each corpus of a mix contributes to an epoch."""
+        return mix_quotas(self.columns(), self._mix(), self.planned_batching, seed=self.seed, ordering=self.ordering)
+
+    @staticmethod
+    def share(plan: EpochPlan, rank: int) -> RankPlan:
+        """Rank ``rank``'s share of ``plan`` (O(N / world))."""
+        return rank_plan(plan, rank)
+
+    def corpus(self, sample_id: int) -> str | None:
+        """The corpus of a mix that (global) ``sample_id`` belongs to; ``None`` outside a mix."""
+        if not self.corpora:
+            return None
+        offsets = corpus_offsets([len(part) for _, part in self.corpora])
+        return self.corpora[int(np.searchsorted(offsets, sample_id, side="right")) - 1][0]
+
+    def fields(self, sample_id: int) -> dict[str, Any]:
+        """The fields a sample has before its metadata (a mix's ``corpus``)."""
+        corpus = self.corpus(sample_id)
+        return {} if corpus is None else {"corpus": corpus}
+
+    def differences(self, state: LoaderState) -> list[str]:
+        """What differs between ``state`` and these plans (empty when the state was saved from them)."""
+        return state.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
+
+    def check(self, state: LoaderState) -> EpochPlan:
+        """The plan of a job-level ``state``'s current segment, once the state is found to fit: its seed, index
+        and options are these, its quarantines name samples of this index and its position lies in the plan.
+
+        Raises:
+            StateError: what does not fit.
+        """
+        problems = self.differences(state)
+        if problems:
+            raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
+        surgery = state.surgery
+        surgery.check_ids(len(self.index))
+        try:
+            plan = self.plan(state.epoch, state.world_size, state.history, surgery)
+        except OptionError as exc:  # the planner refuses a history segment beyond its plan
+            raise StateError(f"state field history does not fit epoch {state.epoch}'s plan: {exc}") from None
+        if state.position > plan.num_batches:
+            raise StateError(f"state field start: the state is at batch {state.position} of epoch {state.epoch}, "
+                             f"which has only {plan.num_batches} batches per rank")
+        return plan
+
+    def _mix(self) -> Mix:
+        if self.mix is None:
+            raise OptionError("this dataset is not a mix")
+        return self.mix
+
+    def _streams(self, epoch: int, surgery: Surgery) -> dict[str, Any]:
+        return mix_args(surgery.mix_streams, epoch, [name for name, _ in self.corpora])
