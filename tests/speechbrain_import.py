@@ -32,7 +32,7 @@ def import_speechbrain() -> bool:
         warnings.warn(f"torchaudio does not import ({type(exc).__name__}); SpeechBrain gets an empty stand-in",
                       stacklevel=2)
         stood_in = True
-    import speechbrain.core  # noqa: F401
+    import speechbrain.core
     import speechbrain.utils.checkpoints  # noqa: F401
 
     return stood_in

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -153,3 +154,94 @@ def test_speechbrain_alone_restarts_the_epoch(data: Path, tmp_path: Path) -> Non
     (resumed,) = run_job(data, tmp_path / "resumed", processes=1, ckpt_dir=tmp_path / "killed" / "ckpt",
                          track=False)
     assert resumed == plan  # not plan[3:]: epoch 0 again from its first batch, 3 batches trained twice
+
+
+def _python(code: str) -> str:
+    """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it does
+    not import, never in pytest's); its output."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def test_a_missing_extra_is_named() -> None:
+    out = _python("import sys\nsys.modules['speechbrain'] = None\n"
+                  "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)")
+    assert "pip install 'shardio[speechbrain]'" in out
+
+
+def test_a_torchaudio_that_does_not_load_is_named(tmp_path: Path) -> None:
+    """A torchaudio built for another torch fails in its C++ extension with an OSError, which SpeechBrain's import
+    passes on: an ImportError that says so (here a torchaudio package whose import raises it)."""
+    (tmp_path / "torchaudio").mkdir()
+    (tmp_path / "torchaudio" / "__init__.py").write_text("raise OSError('Could not load this library: x.so')\n")
+    out = _python(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+                  "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)")
+    assert "the torchaudio installed does not load against this torch" in out
+
+
+def test_importing_shardio_imports_no_speechbrain() -> None:
+    out = _python("import sys, shardio, shardio.integrations\nprint('speechbrain' in sys.modules)")
+    assert out.strip() == "False"
+
+
+def test_refusals(data: Path, tmp_path: Path) -> None:
+    """What track and the recoverable refuse, each with the error that names it; a checkpoint's file is JSON,
+    never unpickled (a pickle that would run code when loaded is a StateError, and runs nothing)."""
+    hostile = tmp_path / "hostile.ckpt"
+    hostile.write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "ran").encode() + b"'\ntR.")
+    (tmp_path / "other.ckpt").write_text('{"step": 3}')
+    out = _python(f"""
+from speechbrain_import import import_speechbrain
+import_speechbrain()
+import torch, speechbrain as sb
+from speechbrain.utils.checkpoints import Checkpointer
+from shardio import ShardDataset, World, ShardioError
+from shardio.integrations.speechbrain import LoaderProgress, track
+
+class B(sb.Brain):
+    pass
+
+def brain(checkpointer):
+    return B(modules={{"l": torch.nn.Linear(1, 1)}}, run_opts={{"device": "cpu", "noprogressbar": True}},
+             checkpointer=checkpointer)
+
+data = {str(data)!r}
+ckpt = Checkpointer({str(tmp_path / "ckpt")!r})
+cases = {{
+    "not a dataset": lambda: track(brain(ckpt), [1, 2]),
+    "no checkpointer": lambda: track(brain(None), ShardDataset(data, batch_size=2)),
+    "other ranks": lambda: track(brain(ckpt), ShardDataset(data, batch_size=2, world=World(1, 2))),
+    "epoch 0": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).set_epoch(0),
+    "no set_epoch": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).update(
+        next(iter(ShardDataset(data, batch_size=2)))),
+    "pickle": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).load({str(hostile)!r}, False),
+    "no state": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).load({str(tmp_path / "other.ckpt")!r}, False),
+}}
+for name, case in cases.items():
+    try:
+        case()
+        print(name, "accepted")
+    except ShardioError as exc:
+        print(name, type(exc).__name__, str(exc).splitlines()[0])
+b = brain(ckpt)
+b.train_sampler = object()
+try:
+    track(b, ShardDataset(data, batch_size=2))
+except ShardioError as exc:
+    print("sampler", type(exc).__name__, exc)
+""")
+    assert "not a dataset OptionError track takes a ShardDataset, not list" in out
+    assert "no checkpointer OptionError the Brain has no checkpointer" in out
+    assert "other ranks OptionError the dataset plans for rank 1 of 2, the Brain runs rank 0 of 1" in out
+    assert "epoch 0 OptionError SpeechBrain's epochs count from 1" in out
+    assert "no set_epoch StateError Brain.fit did not call LoaderProgress.set_epoch" in out
+    assert "pickle StateError" in out and "cannot read a JSON loader state" in out
+    assert "no state StateError" in out
+    assert "sampler OptionError the Brain already has a train_sampler (object)" in out
+    assert "accepted" not in out
+    assert not (tmp_path / "ran").exists()

@@ -42,7 +42,12 @@ from ._extras import require
 
 __all__ = ["LoaderProgress", "track"]
 
-(_checkpoints,) = require("speechbrain", "speechbrain.utils.checkpoints")
+try:
+    (_checkpoints,) = require("speechbrain", "speechbrain.utils.checkpoints")
+except OSError as exc:  # SpeechBrain imports torchaudio, whose C++ extension is built for one torch
+    raise ImportError(f"shardio's speechbrain integration needs speechbrain, which imports torchaudio, and the "
+                      f"torchaudio installed does not load against this torch: install its build for this torch "
+                      f"({exc})") from exc
 
 
 @_checkpoints.register_checkpoint_hooks
