@@ -3,7 +3,7 @@
 ``speechbrain_job.py CONFIG.json``: a ``Brain`` over one linear layer trains ``epochs`` epochs with
 ``Brain.fit``, an intra-epoch checkpoint every ``ckpt_steps`` steps (SpeechBrain's ``ckpt_interval_steps``) and
 one at each epoch end, in ``{ckpt_dir}``; a new process recovers from the latest. Every rank appends each batch
-it trains on to ``{out}/rank{rank}.jsonl``; at the ``kill_at_step``-th batch this process would train (counted
+it trains on to ``{out}/rank{rank}.jsonl`` (``corpus/key`` for a ``mix``); at the ``kill_at_step``-th batch this process would train (counted
 from 0 over the whole job) every rank kills itself with SIGKILL. ``track: false`` runs SpeechBrain alone.
 """
 
@@ -17,19 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
-
 from job_runs import dump_stacks_on_signal
 from speechbrain_import import import_speechbrain
+from torch.utils.data import DataLoader
 
 import_speechbrain()
 
-import speechbrain as sb  # noqa: E402
-from speechbrain.utils.checkpoints import Checkpointer  # noqa: E402
-from speechbrain.utils.epoch_loop import EpochCounter  # noqa: E402
+import speechbrain as sb
+from speechbrain.utils.checkpoints import Checkpointer
+from speechbrain.utils.epoch_loop import EpochCounter
 
-from shardio import ShardDataset, ShardLoader  # noqa: E402
-from shardio.integrations.speechbrain import LoaderProgress, track  # noqa: E402
+from shardio import EpochSize, MixedDataset, ShardDataset, ShardLoader
+from shardio.integrations.speechbrain import LoaderProgress, track
 
 
 class TinyBrain(sb.Brain):
@@ -52,7 +51,9 @@ class TinyBrain(sb.Brain):
     def on_fit_batch_end(self, batch: dict[str, Any], outputs: Any, loss: torch.Tensor, should_step: bool) -> None:
         if self.progress is not None:
             self.progress.update(batch)
-        self.log.write(json.dumps({"step": self.trained, "keys": list(batch["keys"])}) + "\n")
+        keys = [f"{corpus}/{key}" for corpus, key in zip(batch["corpus"], batch["keys"])] if "corpus" in batch \
+            else list(batch["keys"])
+        self.log.write(json.dumps({"step": self.trained, "keys": keys}) + "\n")
         self.log.flush()
         self.trained += 1
 
@@ -78,11 +79,16 @@ def main(config: dict[str, Any]) -> None:
     checkpointer = Checkpointer(config["ckpt_dir"], recoverables={"layer": modules["layer"], "counter": counter})
     brain = TinyBrain(modules=modules, opt_class=lambda params: torch.optim.SGD(params, lr=0.01),
                       run_opts=run_opts, checkpointer=checkpointer)
-    dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+    dataset: ShardDataset
+    if config.get("mix"):  # a MixedDataset of data and mix (another dataset), epochs sized by data
+        dataset = MixedDataset({"a": config["data"], "b": config["mix"]}, {"a": 0.6, "b": 0.4},
+                               EpochSize(primary="a"), batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+    else:
+        dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
     if config.get("track", True):
         brain.progress = track(brain, dataset)
     brain.kill_at = config.get("kill_at_step")
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     brain.log = open(Path(config["out"]) / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - for the job's life
     workers = config["workers"]
     train_set: Any

@@ -245,3 +245,22 @@ except ShardioError as exc:
     assert "sampler OptionError the Brain already has a train_sampler (object)" in out
     assert "accepted" not in out
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.matrix
+def test_resume_a_mixed_dataset(data: Path, tmp_path: Path) -> None:
+    """A MixedDataset (this corpus and another, epochs sized by this one), 2 ranks, 2 workers: the recovered run
+    trains on the straight run's batches after the checkpoint, key for key (``corpus/key``)."""
+    other = tmp_path / "other"
+    make_uneven_dataset(other, (4, 6), seed=2)
+    straight = run_job(data, tmp_path / "straight", processes=2, workers=2, mix=str(other))
+    assert all(len(batches) > 4 for batches in straight)
+    assert {key.split("/")[0] for batches in straight for batch in batches for key in batch} == {"a", "b"}
+    killed = run_job(data, tmp_path / "killed", processes=2, kill_at_step=4, expect_kill=True, workers=2,
+                     mix=str(other))
+    assert killed == [batches[:4] for batches in straight]
+    step = checkpoint_step(tmp_path / "killed" / "ckpt", steps_per_epoch=0)  # killed in the first epoch
+    assert step == 3
+    resumed = run_job(data, tmp_path / "resumed", processes=2, ckpt_dir=tmp_path / "killed" / "ckpt", workers=2,
+                      mix=str(other))
+    assert resumed == [batches[step:] for batches in straight]
