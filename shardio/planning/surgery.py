@@ -39,7 +39,8 @@ class Quarantine:
     carry: bool = False
     ahead: bool = False
     keys: tuple[str, ...] | None = None
-    steps: tuple[int, int] | None = None
+    steps: tuple[int, ...] | None = None
+    """``(first, stop)``: the epoch steps whose batches a quarantine left out (only shown in its report)."""
     from_step: int | None = None
     consumed: tuple[int, ...] | None = None
     corpora: tuple[str, ...] | None = None
@@ -71,13 +72,13 @@ class Quarantine:
             raise problem(f"'corpora' must be a list of {len(ids)} corpus names, one per id")
         if consumed is not None and not (isinstance(consumed, list) and all(_count(i) for i in consumed)):
             raise problem("'consumed' must be a list of ids")
-        if steps is not None and not (isinstance(steps, list) and len(steps) == 2 and all(map(_count, steps))):
+        if steps is not None and not (isinstance(steps, list) and len(steps) <= 2 and all(map(_count, steps))):
             raise problem("'steps' must be [first, stop] integers, or null")
         from_step = entry.get("from_step")
         if from_step is not None and not _count(from_step):
             raise problem("'from_step' must be an integer from 0, or null")
         return cls(epoch, segment, tuple(ids), carry, bool(entry.get("ahead")),
-                   None if keys is None else tuple(keys), None if steps is None else (steps[0], steps[1]),
+                   None if keys is None else tuple(keys), None if steps is None else tuple(steps),
                    from_step, None if consumed is None else tuple(consumed),
                    None if corpora is None else tuple(corpora))
 
