@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shardio.datasets.epochplans
+import shardio.planning.planner
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.runtime import nodeplan, planfiles
@@ -25,7 +25,7 @@ WORLD_SIZE = 3
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch)  # restored afterwards
     return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6, 11], duration_range=(0.01, 0.02)).root
 
 
@@ -154,12 +154,12 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
 
     ds = dataset(root, 1)
     ds.set_epoch(0)
-    (share,) = ds._shares.values()
+    (share,) = ds._epochs.shares.values()
     assert isinstance(share, MappedRankPlan)
     sent = bytes(ForkingPickler.dumps(share))
     assert len(sent) < 400 and b"torch" not in sent  # a name, not the ids, nor a shared-memory handle
     received = pickle.loads(bytes(ForkingPickler.dumps(ds)))
-    (again,) = received._shares.values()
+    (again,) = received._epochs.shares.values()
     assert isinstance(again, MappedRankPlan) and np.array_equal(again.ids, share.ids)
 
     context = multiprocessing.get_context("spawn")
@@ -173,7 +173,7 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
     log = tmp_path / "planned"
     count_plans(log)
     gone = pickle.loads(pickled)
-    assert gone._shares == {}
+    assert gone._epochs.shares == {}
     assert keys(gone) == expected
     assert len(planned(log)) == 1
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-import shardio.datasets.epochplans
+import shardio.planning.planner
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
@@ -38,14 +38,14 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def count_plans(log: Path) -> None:
     """Make every process (forks inherit it) append ``pid epoch`` to ``log`` whenever it plans an epoch."""
-    original = shardio.datasets.epochplans.plan_epoch
+    original = shardio.planning.planner.plan_epoch
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         with open(log, "a") as file:
             file.write(f"{os.getpid()} {kwargs['epoch']}\n")
         return original(*args, **kwargs)
 
-    shardio.datasets.epochplans.plan_epoch = counted  # type: ignore[assignment]
+    shardio.planning.planner.plan_epoch = counted  # type: ignore[assignment]
 
 
 def planned(log: Path) -> list[tuple[int, int]]:
@@ -85,7 +85,7 @@ def test_one_process_of_the_rank_plans_each_epoch(root: str, tmp_path: Path, mon
     expected = played(root, 3, 0)
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of that run (world 3: node plans)
     log = tmp_path / "planned"
-    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch)  # restored afterwards
     count_plans(log)
     assert played(root, 3, workers, persistent) == expected
     plannings = planned(log)
@@ -175,7 +175,7 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
     try:
         assert ready.wait(30)
         log = tmp_path / "planned"
-        monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", shardio.datasets.epochplans.plan_epoch)
+        monkeypatch.setattr(shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch)
         count_plans(log)
         assert played(root, 2, 2) == expected
         assert sorted(epoch for _, epoch in planned(log)) == [0, 0, 1, 1]  # each worker, past the deadline

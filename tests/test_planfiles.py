@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
-import shardio.datasets.epochplans
+import shardio.planning.planner
 from sample_shards import make_uneven_dataset
 from shardio import Index, ShardDataset, World
 from shardio.planning.plan import EpochPlan
@@ -44,14 +44,14 @@ def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
 def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(3)]
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of those runs (world 3: node plans)
-    original = shardio.datasets.epochplans.plan_epoch
+    original = shardio.planning.planner.plan_epoch
 
     def in_the_training_process_only(*args: Any, **kwargs: Any) -> Any:
         if get_worker_info() is not None:
             raise RuntimeError("a DataLoader worker planned a whole epoch")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(shardio.datasets.epochplans, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
+    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
     assert persistent_run(root, 3) == expected
     assert epochs_on_disk(tmp_path / "cache") == [1, 2]  # epoch 2's writer removed epoch 0's
 

@@ -46,7 +46,7 @@ def _check_shared(worker: int) -> None:
     files (with several ranks): never a copy of the ids."""
     info = get_worker_info()
     assert info is not None
-    shares = list(info.dataset._shares.values())  # type: ignore[union-attr]
+    shares = list(info.dataset._epochs.shares.values())  # type: ignore[union-attr]
     if info.dataset.ranks().world_size > 1:  # type: ignore[union-attr]
         received = len(shares) == 1 and isinstance(shares[0], MappedRankPlan)
     else:

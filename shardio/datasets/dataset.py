@@ -39,7 +39,7 @@ from .epochplans import EpochPlans
 from ..errors import OptionError, StateError, shown
 from ..planning.exclusions import leave_out_consumed
 from ..checks.options import integer
-from ..planning.plan import Batching, EpochPlan, Ordering, worker_batches
+from ..planning.plan import Batching, EpochPlan, Ordering, Segment, worker_batches
 from ..planning.planner import Planner
 from ..planning.rankplan import RankPlan
 from ..planning.surgery import Surgery
@@ -52,7 +52,7 @@ from ..shards.index import Index
 from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
 from ..runtime.control import Instruction, extra_mark
 from ..runtime.progress import Progress, resume_point
-from ..runtime.sharing import shared, shared_table
+from ..runtime.sharing import shared_table
 from ..world import Context, World, refuse_resharding
 
 __all__ = ["ShardDataset", "Transform"]
@@ -60,7 +60,7 @@ __all__ = ["ShardDataset", "Transform"]
 logger = logging.getLogger(__name__)
 
 
-class ShardDataset(EpochPlans, IterableDataset):
+class ShardDataset(IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
 
     ``source`` is a dataset directory or URL (holding ``index.json``) or a loaded :class:`Index`. Batch
@@ -123,14 +123,54 @@ class ShardDataset(EpochPlans, IterableDataset):
         self.retry = retry
         self.read_ahead = read_ahead
         self.cache_bytes = cache_bytes
-        self._explicit_world = world
-        self._world: World | None = world  # carried to spawned workers by __getstate__
-        self._world_of = 0  # the process that carried it
-        self._plans: dict[tuple[Any, ...], EpochPlan] = {}
+        self._epochs = EpochPlans(self.planner, world)
         self._surgery = Surgery()  # a loaded state's quarantines and re-mix, carried into states
-        self._shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
         self._reader: Reader | None = None
         self._progress = Progress()
+
+    def _use(self, planner: Planner) -> None:
+        """Plan with ``planner`` (a mix's, made once its index is)."""
+        self.planner = planner
+        self._epochs = EpochPlans(planner, self._epochs.explicit_world)
+
+    # -- plans -------------------------------------------------------------------------------------
+
+    def ranks(self, context: Context | None = None) -> World:
+        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker);
+        ``context`` is where this process runs (by default detected)."""
+        return self._epochs.ranks(self._progress, context)
+
+    @property
+    def surgery(self) -> Surgery:
+        """The quarantines and re-mix of the state this dataset loaded (carried into the states it saves)."""
+        return self._surgery
+
+    @property
+    def options(self) -> dict[str, object]:
+        """The options that shape the plan (a state records them)."""
+        return self.planner.options
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
+        context = Context.detect()
+        at = self._progress.live(context)
+        epoch, history = (at.epoch, at.history) if epoch is None or epoch == at.epoch else (epoch, ())
+        return self._epochs.plan(epoch, history, self.ranks(context).world_size, self._surgery)
+
+    def __len__(self) -> int:
+        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
+        one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
+        the state's ``start``, as trainers that count batches from the saved index expect)."""
+        context = Context.detect()
+        at = self._progress.live(context)
+        return self._share(at.epoch, at.history, context).num_batches
+
+    def _share(self, epoch: int, history: tuple[Segment, ...], context: Context | None = None) -> RankPlan:
+        """This rank's part of an epoch's plan (O(N / world)), planned once per node where others may need it."""
+        context = Context.detect() if context is None else context
+        world = self.ranks(context)
+        others = context.in_worker or world.world_size > 1 or self._progress.control.workers_begun()
+        return self._epochs.share(epoch, history, world, self._surgery, others)
 
     # -- progress ----------------------------------------------------------------------------------
 
@@ -213,7 +253,8 @@ class ShardDataset(EpochPlans, IterableDataset):
                 self._surgery = leave_out_consumed(surgery, plan, ahead, position=loaded.position,
                                                    epoch=loaded.epoch, segment=len(loaded.history) + 1,
                                                    keys=self.index.keys)
-            self._check_position(instruction, context)
+            self._epochs.check_position(instruction, lambda: self._share(instruction.epoch, instruction.history,
+                                                                         context))
         except StateError:
             self._surgery = previous
             raise
@@ -242,24 +283,17 @@ class ShardDataset(EpochPlans, IterableDataset):
         # node plan's files it is mapped from, else in shared memory (by handle, not by value), and the shard
         # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
         context = Context.detect()
+        state = dict(self.__dict__, _reader=None)
         if not context.in_worker:
             at = self._progress.live(context)
             self._share(at.epoch, at.history, context)
-            self._shares = {key: shared(plan) for key, plan in self._shares.items()}
             self.index.share_tables(shared_table)
-        state = dict(self.__dict__)
-        state.update(_reader=None, _plans={})
-        if self._explicit_world is None and not context.in_worker:
             # pickled for a spawn/forkserver worker: the world is known here (torch.distributed, environment)
             # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
-            state["_world"], state["_world_of"] = self.ranks(context), os.getpid()
+            state["_epochs"] = self._epochs.for_workers(self.ranks(context))
+        else:
+            state["_epochs"] = self._epochs.for_workers(None)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        # a share mapped from the node's plan travels as its name (workers.nodeplan): where its files are gone
-        # it arrives as None, and this process obtains the plan again
-        self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         context = Context.detect()

@@ -192,7 +192,7 @@ class MixedDataset(ShardDataset):
         super().__init__(MixIndex.combine(indexes), remainder=batching.remainder, **options)
         self.batching = batching
         self.batched = batching.batch_size is not None or batching.max_duration is not None
-        self.planner = Planner(self.index, self.seed, batching, self.ordering, self.mix,
-                               tuple(zip(self.index.names, self.index.parts)))
+        self._use(Planner(self.index, self.seed, batching, self.ordering, self.mix,
+                          tuple(zip(self.index.names, self.index.parts))))
         # the epoch's size, checked against the corpora here rather than when the first epoch is planned
         check_epoch_size(self.planner.columns(), self.mix, self.planner.planned_batching)
