@@ -4,13 +4,12 @@ RF64 file, a ``file://`` dataset root, an HTTP server that keeps answering 500, 
 from __future__ import annotations
 
 import io
-import struct
 from pathlib import Path
 
 import pytest
 import soundfile as sf
-
 from audio_factory import tone
+
 from shardio.packing.pack import pack
 from shardio.packing.truncation import truncation_problem
 from shardio.packing.verification import verify_dataset

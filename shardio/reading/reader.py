@@ -11,9 +11,10 @@ raise :class:`ReadError` naming the shard, key and offset.
 Integrity, per read and cheap: a shard's size must match the index when it is opened (a truncated or
 re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
 header's checksum must hold and every member must carry the indexed key (:mod:`shardio.reading.members`);
-``.tar.zst`` frames carry zstd's content checksum. What this cannot see is a same-size shard whose member
-*data* changed in a plain ``.tar`` (headers and keys intact): comparing every shard's SHA-256 with the index
-is ``shardio verify``'s job.
+``.tar.zst`` frames carry zstd's content checksum. A local shard rewritten or replaced after its index was
+loaded is a :class:`ShardChanged` (:mod:`shardio.reading.localshard`), as a remote one is. What this cannot see
+is a same-size shard whose member *data* changed before the index was loaded, in a plain ``.tar`` (headers and
+keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import zstandard
 
-from ..errors import FormatError, IntegrityError, ReadError, ShardioError
+from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, ShardioError
 from ..shards.index import STREAM_CODECS, Index
 from . import localshard
 from .cache import ShardCache
@@ -163,7 +164,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                 except localshard.NotRegular as exc:
                     self._broken[shard] = FormatError(f"not a regular file ({exc}); expected the shard file")
                     raise FormatError(f"{where}: {self._broken[shard]}") from None
-                handle = LocalShard(fd, expected)
+                handle = LocalShard(fd, expected, self.index.loaded_ns)
         except FileNotFoundError:
             self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
                                             "bytes)")
@@ -177,6 +178,13 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                 f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
                 "truncated after indexing; re-run 'shardio index' or re-pack")
             raise IntegrityError(f"{where}: {self._broken[shard]}")
+        if isinstance(handle, LocalShard) and handle.unchanged_since is not None:
+            try:
+                handle.check_unchanged("")
+            except ShardChanged as exc:
+                handle.close()
+                self._broken[shard] = ShardChanged(str(exc).removeprefix(": "))
+                raise ShardChanged(f"{where}: {self._broken[shard]}") from None
         self._handles[shard] = handle
         if len(self._handles) > self.max_open:
             _, oldest = self._handles.popitem(last=False)

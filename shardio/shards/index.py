@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,9 @@ class Index:
     _digested: bool = field(default=False, repr=False, compare=False)
     """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
     _content_id: str = field(default="", repr=False, compare=False)
+    loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
+    """When this index was loaded (or made), as ``time.time_ns()``; it travels to DataLoader workers with it. A
+    local shard whose status changed after then was rewritten or replaced under the run: ``ShardChanged``."""
 
     def __post_init__(self) -> None:
         try:

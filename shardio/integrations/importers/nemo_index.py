@@ -15,12 +15,13 @@ shardio index next to the tars, so the dataset reads as it is:
 - samples are ordered by shard (ascending ``shard_id``), then by manifest line.
 
 The manifest is read as ``shardio pack`` reads one (:mod:`shardio.packing.manifestlines`): a regular file,
-lines of at most 1 MiB, each one JSON object with every field once. Strict joins, never silent: a manifest line that is not a tarred entry, names a path rather than a plain
-member name (``../x``), a shard that does not exist or a member its tar lacks; a member no line names; a tar
-``audio_{n}.tar`` in the directory that no line names; a duplicate key; a name that is not
-``{key}.{audio ext}`` (keys end at the first dot, so ``a.b.wav`` cannot be one); a field named like one a batch
-carries (``keys``, ``lengths``, ...: :data:`~shardio.reading.fields.BATCH_FIELDS`); a tar named ``audio_01.tar``
-(NeMo writes no leading zeros) or one that resolves, through a symbolic link, outside the directory: each is an
+lines of at most 1 MiB, each one JSON object with every field once. Strict joins, never silent: a manifest
+line that is not a tarred entry, names a path rather than a plain member name (``../x``), a shard that does
+not exist or a member its tar lacks; a member no line names; a tar ``audio_{n}.tar`` in the directory that no
+line names; a duplicate key; a name that is not ``{key}.{audio ext}`` (keys end at the first dot, so
+``a.b.wav`` cannot be one); a field named like one a batch carries (``keys``, ``lengths``, ...:
+:data:`~shardio.reading.fields.BATCH_FIELDS`); a tar named ``audio_01.tar`` (NeMo writes no leading zeros) or
+one that resolves, through a symbolic link, outside the directory: each is an
 :class:`~shardio.errors.InputProblem`, and all of them are raised together as one
 :class:`~shardio.errors.InputError`. A tar that cannot be parsed is a :class:`~shardio.errors.FormatError`.
 """
@@ -41,15 +42,15 @@ import soundfile as sf
 from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
+from ...packing.indexer import HashingReader
 from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
 from ...packing.source import AUDIO_EXTENSIONS
 from ...reading.fields import BATCH_FIELDS
-from ...packing.indexer import HashingReader
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
-from ...shards.tarformat import walk
 from ...shards.names import key_problem, split_name
+from ...shards.tarformat import walk
 from ...shards.writer import writable_directory
 
 __all__ = ["MANIFEST", "index_nemo"]
