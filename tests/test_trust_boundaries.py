@@ -6,15 +6,23 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import aiohttp
 import pytest
 import soundfile as sf
-from audio_factory import tone
 
+from audio_factory import tone
+from remote_servers import HTTPFileServer
+from sample_shards import make_uneven_dataset
+from shardio import OptionError, ReadError, RetryPolicy, ShardDataset
 from shardio.packing.pack import pack
 from shardio.packing.truncation import truncation_problem
 from shardio.packing.verification import verify_dataset
+from shardio.reading.reader import Reader
+from shardio.reading.retries import retrying
 from shardio.shards.index import Index
 from shardio.shards.writer import ShardWriter
+
+FAST = RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05)
 
 
 def _rf64(seconds: float, rate: int = 8000) -> bytes:
@@ -54,3 +62,50 @@ def test_an_rf64_cut_anywhere_in_its_samples_is_truncated(cut: float) -> None:
     whole = _rf64(0.5)
     start = whole.index(b"data") + 8
     assert truncation_problem(whole[: start + int(cut * (len(whole) - start))], "wav") is not None
+
+
+# -- 17: a file:// root, and a server that answers 500 for good -------------------------------------------------
+
+
+def test_a_file_url_root_reads_as_its_path(tmp_path: Path) -> None:
+    make_uneven_dataset(tmp_path / "ds", [3, 2])
+    url = (tmp_path / "ds").as_uri()
+    # refused before: "resolves (through a symbolic link) to a file outside the dataset root"
+    assert sum(len(batch["keys"]) for batch in ShardDataset(url, batch_size=2)) == 5
+    assert verify_dataset(url, progress=False) == []
+    with pytest.raises(OptionError, match="a file URL names a path on this machine"):
+        Index.load("file://elsewhere/ds")
+
+
+def test_a_permanent_http_500_is_a_read_error_naming_url_and_status(tmp_path: Path) -> None:
+    make_uneven_dataset(tmp_path, [3, 3])
+    with HTTPFileServer(str(tmp_path)) as server:
+        index = Index.load(server.url)
+        server.faults.fail(10**6, status=500, match="shard-000001")
+        reader = Reader(index, retry=FAST)
+        reader.members(0)
+        with pytest.raises(ReadError, match=r"shard-000001\.tar.*read failed after 2 attempt\(s\): the server "
+                                            r"answered HTTP 500"):
+            reader.members(3)  # said "FileNotFoundError: URL" (fsspec's size() on a 500)
+        server.faults.clear()
+        server.faults.fail(10**6, status=500, match="shard-000001", method="GET")
+        problems = verify_dataset(server.url, progress=False)  # a raw aiohttp ClientResponseError before
+    assert len(problems) == 1 and "shard-000001.tar: the shard file cannot be read" in problems[0], problems
+    assert "HTTP 500" in problems[0] and f"{server.url}/shard-000001.tar" in problems[0]
+
+
+def test_an_http_403_behind_a_file_not_found_is_not_called_missing() -> None:
+    """fsspec's HTTP ``size()`` raises ``FileNotFoundError`` for any failed answer, the answer as its cause: only a
+    404 (or no answer) behind it is "missing"; another status is a ReadError naming it."""
+    url = "http://127.0.0.1:9/shard-000001.tar"
+
+    def refused(status: int) -> None:
+        try:
+            raise aiohttp.ClientResponseError(None, (), status=status, message="refused")  # type: ignore[arg-type]
+        except aiohttp.ClientResponseError as exc:
+            raise FileNotFoundError(url) from exc
+
+    with pytest.raises(ReadError, match="not retried: not a transient error\\): the server answered HTTP 403"):
+        retrying(lambda: refused(403), url, FAST)  # re-raised as FileNotFoundError before: "the shard is missing"
+    with pytest.raises(FileNotFoundError):
+        retrying(lambda: refused(404), url, FAST)

@@ -258,6 +258,10 @@ class Index:
             raise OptionError(f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
                               f"options, not {shown(location)} and {shown(storage_options)}")
         location = os.fspath(location)
+        if location.startswith("file://"):  # read as the local path it names (links resolved against that)
+            location = location.removeprefix("file://").removeprefix("localhost")
+            if not location.startswith("/"):
+                raise OptionError(f"file://{location}: a file URL names a path on this machine (file:///path)")
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
         header = read_header(root, json_path, storage_options)
