@@ -3,23 +3,29 @@ RF64 file, a ``file://`` dataset root, an HTTP server that keeps answering 500, 
 
 from __future__ import annotations
 
+import gzip
 import io
+import tarfile
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 import soundfile as sf
 
 from audio_factory import tone
+from hostile import run_limited
 from remote_servers import HTTPFileServer
-from sample_shards import make_uneven_dataset
+from sample_shards import make_uneven_dataset, wav_bytes
 from shardio import OptionError, ReadError, RetryPolicy, ShardDataset
+from shardio.packing.indexer import build_index
 from shardio.packing.pack import pack
 from shardio.packing.truncation import truncation_problem
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
 from shardio.reading.retries import retrying
 from shardio.shards.index import Index
+from shardio.shards.tarformat import encode_sample
 from shardio.shards.writer import ShardWriter
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05)
@@ -109,3 +115,50 @@ def test_an_http_403_behind_a_file_not_found_is_not_called_missing() -> None:
         retrying(lambda: refused(403), url, FAST)  # re-raised as FileNotFoundError before: "the shard is missing"
     with pytest.raises(FileNotFoundError):
         retrying(lambda: refused(404), url, FAST)
+
+
+# -- 18: one huge member of a stream shard costs memory only to a read of its own sample ----------------------
+
+
+def _gzip_shard_with_a_huge_member_first(path: Path, huge: int) -> None:
+    """A .tar.gz: sample ``x`` (a small WAV and an ``x.bin`` of ``huge`` zero bytes: a few hundred KB of gzip),
+    then a small sample ``y``."""
+    audio = wav_bytes(np.zeros(800, np.float32), 8000)
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(encode_sample("x", {"wav": audio}))
+        info = tarfile.TarInfo("x.bin")
+        info.size = huge
+        out.write(info.tobuf(format=tarfile.USTAR_FORMAT))
+        for left in range(huge, 0, -(1 << 20)):
+            out.write(b"\0" * min(1 << 20, left))
+        out.write(b"\0" * (-huge % 512))
+        out.write(encode_sample("y", {"wav": audio}) + b"\0" * 1024)
+
+
+_READ_X_AND_Y = """
+from shardio import Index, ShardioError
+from shardio.reading.reader import Reader
+reader = Reader(Index.load({root!r}){options})
+print("y", sorted(reader.members(1)))
+try:
+    reader.members(0)
+    print("x read")
+except ShardioError as exc:
+    print("x", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("options", ["", ", stream_cache_bytes=64 << 20"])
+def test_a_huge_member_is_held_only_by_a_read_of_its_own_sample(tmp_path: Path, options: str) -> None:
+    """Reading 7 KB of ``y`` held the 2 GiB ``x.bin`` before it (a raw MemoryError under a 1.5 GiB cap); here
+    256 MiB under 96 MiB of headroom, with the reader's defaults (the whole stream does not fit: read by
+    spans) and with a cache bound below the stream (read by spans from the start)."""
+    shard = tmp_path / "ds" / "big.tar.gz"
+    shard.parent.mkdir()
+    _gzip_shard_with_a_huge_member_first(shard, 256 << 20)
+    assert build_index([shard]).keys == ["x", "y"]
+    result = run_limited(_READ_X_AND_Y.format(root=str(shard.parent), options=options), headroom_mb=96)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "y ['wav']", result.stdout
+    assert lines[1].startswith("x ReadError") and "cannot be held in this process's memory" in lines[1], lines

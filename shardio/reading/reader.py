@@ -38,6 +38,7 @@ from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
 from .retries import RetryPolicy
+from .streams import StreamCursor
 from .storage import is_url
 from .validators import Validators
 
@@ -94,6 +95,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self._validators = Validators()  # remote shards' versions as first read (kept across fork, pickling)
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
+        self._cursor: tuple[int, StreamCursor] | None = None  # a stream shard too large to keep, read by spans
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
@@ -110,8 +112,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _filesystems=Filesystems(), _ahead=None, _from_cache=set())
+        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _cursor=None, _decompressor=None,
+                     stats=ReadStats(), _filesystems=Filesystems(), _ahead=None, _from_cache=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -129,7 +131,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._ahead = None
+        self._frame = self._ahead = self._cursor = None
         self._filesystems = Filesystems()
         self._streams = OrderedDict()
         self._from_cache = set()
@@ -285,8 +287,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
             return self._local_view(shard, frame_offset, member_size, where)
         frame_size, member_offset = int(c["frame_size"][sample]), int(c["member_offset"][sample])
         if codec in STREAM_CODECS:
-            data = self._stream_bytes(shard, sample, where)
-            start, end = frame_offset, frame_offset + member_size
+            data, base = self._stream_bytes(shard, sample, where)
+            start, end = frame_offset - base, frame_offset - base + member_size
         else:
             data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
             start, end = member_offset, member_offset + member_size
