@@ -100,8 +100,8 @@ def main() -> None:
             order = (False, True) if round_number % 2 == 0 else (True, False)
             for checked in order:
                 name = "checked" if checked else "unchecked"
-                times[f"open_{name}"].append(per_call_ns(lambda: opens(checked), 5) / len(paths))
-                times[f"view_{name}"].append(per_call_ns(lambda: views(handles[checked]), 5) / len(spans))
+                times[f"open_{name}"].append(per_call_ns(lambda c=checked: opens(c), 5) / len(paths))
+                times[f"view_{name}"].append(per_call_ns(lambda c=checked: views(handles[c]), 5) / len(spans))
             times["sample_members"].append(
                 per_call_ns(lambda: [reader.members(i) for i in range(len(index))], 3) / len(index))
         for group in handles.values():

@@ -5,6 +5,7 @@ place and a replacement by rename; never the other version's audio read silently
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from sample_shards import make_uneven_dataset
-from shardio import Index, ShardChanged, ShardDataset
+from shardio import FormatError, Index, ShardChanged, ShardDataset
 from shardio.reading.reader import Reader
 
 SIZES = [60, 60]
@@ -116,3 +117,18 @@ def test_skip_leaves_out_the_samples_of_a_changed_shard_only(versions: tuple[Pat
     skipped = [text for batch in batches for text in batch["skipped"]]
     assert len(skipped) == SIZES[0] and all("the local shard file changed" in text for text in skipped)
     assert sum(len(batch["keys"]) for batch in batches) == SIZES[1]
+
+
+def test_spawn_workers_report_an_index_replaced_between_epochs(tmp_path: Path) -> None:
+    """A spawned worker unpickles the dataset, mapping the index's columns file again: one replaced since
+    fails its checks there, which killed the worker before it could report ("DataLoader worker exited
+    unexpectedly"); the FormatError now reaches the training process with its message."""
+    make_uneven_dataset(tmp_path / "a", [6, 6])
+    make_uneven_dataset(tmp_path / "b", [5, 9], seed=2)
+    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=2,
+                        multiprocessing_context="spawn")
+    assert sum(len(batch["keys"]) for batch in loader) == 12
+    for name in ("index.json", "index.columns"):
+        shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)
+    with pytest.raises(FormatError, match="index.columns: .* the index files do not belong together"):
+        next(iter(loader))
