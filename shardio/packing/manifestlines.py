@@ -21,12 +21,12 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any, Protocol
 
 from ..errors import InputError, InputProblem
 from .source import NotRegularFile, Problems, not_regular, open_regular_input, refuse_constant
 
-__all__ = ["MAX_DEPTH", "MAX_LINE_BYTES", "check_manifest_file", "json_entry", "manifest_lines", "numbered_lines"]
+__all__ = ["MAX_DEPTH", "MAX_LINE_BYTES", "LineSource", "check_manifest_file", "json_entry", "manifest_lines", "numbered_lines"]
 
 MAX_LINE_BYTES = 1 << 20
 """The most bytes of one manifest line (a transcript and its fields need far less)."""
@@ -45,7 +45,13 @@ def check_manifest_file(path: str | os.PathLike[str]) -> None:
                                        "manifest file")])
 
 
-def numbered_lines(handle: IO[bytes], name: str, problems: Problems, limit: int = MAX_LINE_BYTES
+class LineSource(Protocol):
+    """What :func:`numbered_lines` reads: a binary file (plain, or a ``GzipFile``)."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def numbered_lines(handle: LineSource, name: str, problems: Problems, limit: int = MAX_LINE_BYTES
                    ) -> Iterator[tuple[int, str]]:
     """The non-blank lines of ``handle`` (named ``name`` in problems) as ``(line number, text)``; a line longer
     than ``limit`` bytes, or not UTF-8, is a problem naming it instead (see the module docstring)."""

@@ -199,7 +199,7 @@ class Index:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if isinstance(self._file, indexfile.Unreadable):  # raised at first use (see Unreadable)
-            self.columns = self._keys = self._meta = self._file  # type: ignore[assignment]
+            self.columns = self._keys = self._meta = self._file
         elif self._file is not None:
             self.columns, self._keys, self._meta = self._file.columns(), self._file.keys(), self._file.metadata()
 
