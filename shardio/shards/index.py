@@ -83,7 +83,8 @@ class Index:
     """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
     _content_id: str = field(default="", repr=False, compare=False)
     loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
-    """When this index was loaded (or made), as ``time.time_ns()``; it travels to DataLoader workers with it. A
+    """When this index was loaded (or made), as ``time.time_ns()``, or its local ``index.json``'s ctime where that
+    is later (a file server's clock ahead of this machine's); it travels to DataLoader workers with the index. A
     local shard whose status changed after then was rewritten or replaced under the run: ``ShardChanged``."""
 
     def __post_init__(self) -> None:
@@ -302,6 +303,8 @@ class Index:
         if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         index._digested = True
+        if not is_url(json_path):  # a file server's clock ahead of this machine's: shards predate the index file
+            index.loaded_ns = max(index.loaded_ns, os.stat(json_path).st_ctime_ns)
         return index
 
     def validate(self, where: str) -> None:
