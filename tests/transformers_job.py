@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
 from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset
@@ -74,7 +74,8 @@ def main(config: dict[str, Any]) -> None:
     model = TinyModel(out, config.get("kill_at_step"))
     model.dataset = dataset
     workers = config.get("workers", 0)
-    args = TrainingArguments(
+    arguments = Seq2SeqTrainingArguments if kind == "seq2seq" else TrainingArguments
+    args = arguments(
         output_dir=str(out / "ckpt"), use_cpu=True, report_to=[], save_strategy="steps",
         save_steps=config.get("save_steps", 3), num_train_epochs=config.get("epochs", 2),
         max_steps=config.get("max_steps", -1), per_device_train_batch_size=config["batch_size"],

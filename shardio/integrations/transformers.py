@@ -86,7 +86,8 @@ class _EpochLoader(DataLoader):
     """A ``DataLoader`` (``batch_size=None``) that knows the state after each batch it has handed over."""
 
     def __init__(self, dataset: ShardDataset, collate: Callable[[dict[str, Any]], Any], **options: Any) -> None:
-        super().__init__(dataset, batch_size=None, collate_fn=_Positioned(collate), **options)
+        super().__init__(dataset, batch_size=None, collate_fn=_Positioned(collate),  # type: ignore[arg-type]
+                         **options)
         self.shards = dataset
         self.state: dict[str, Any] | None = None
         self.epoch_start, self.epoch_length, self.handed = 0, 0, 0
@@ -108,7 +109,7 @@ class _EpochLoader(DataLoader):
             yield inputs
 
 
-class ShardioLoaderState(TrainerCallback, ExportableState):  # type: ignore[misc]
+class ShardioLoaderState(TrainerCallback, ExportableState):
     """Keeps the loader state in ``trainer_state.json`` (added by :class:`ShardioTrainer` itself).
 
     The Trainer writes every ``ExportableState`` callback's :meth:`state` into the checkpoint's
@@ -141,6 +142,9 @@ class ShardioLoaderState(TrainerCallback, ExportableState):  # type: ignore[misc
 class _ShardioTraining:
     """The overrides :class:`ShardioTrainer` and :class:`ShardioSeq2SeqTrainer` share."""
 
+    args: Any  # the Trainer's
+    state: Any
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         dataset = kwargs.get("train_dataset")
         if dataset is not None and not isinstance(dataset, ShardDataset):
@@ -171,7 +175,10 @@ class _ShardioTraining:
         self._shardio_pending = None
         if resume_from_checkpoint:
             self._shardio_pending = _saved_loader_state(str(resume_from_checkpoint))
-        return super().train(resume_from_checkpoint or None, *args, **kwargs)  # type: ignore[misc]
+        try:
+            return super().train(resume_from_checkpoint or None, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._shardio_pending = None  # kept until then: auto_find_batch_size builds the loader again
 
     def get_train_dataloader(self) -> DataLoader:
         """A plain ``DataLoader`` over the ShardDataset (``batch_size=None``: it batches itself; not prepared by
@@ -202,7 +209,6 @@ class _ShardioTraining:
                            multiprocessing_context=args.dataloader_multiprocessing_context)
         loader = _EpochLoader(dataset, self._shardio_collate, **options)
         loader.state = self._shardio_pending  # the first batch must follow it
-        self._shardio_pending = None
         return loader
 
     def set_initial_training_values(self, args: Any, dataloader: Any) -> Any:
@@ -221,16 +227,23 @@ class _ShardioTraining:
         loader = kwargs["train_dataloader"]
         loader.set_epoch(kwargs["epoch"])
         rest = loader.epoch_length - loader.epoch_start
-        accumulation = self.args.gradient_accumulation_steps  # type: ignore[attr-defined]
+        accumulation = self.args.gradient_accumulation_steps
         updates = max(math.ceil(rest / accumulation), 1)
-        state = self.state  # type: ignore[attr-defined]
-        if self.args.max_steps <= 0:  # type: ignore[attr-defined]
-            # epochs decide: max_steps (from the first epoch's length) must not cut this one short
-            whole = kwargs["epoch"] + 1 <= self.args.num_train_epochs  # type: ignore[attr-defined]
-            if whole:
-                state.max_steps = max(state.max_steps, state.global_step + updates)
+        if self.args.max_steps <= 0:
+            self._plan_steps(kwargs["epoch"], loader, updates)
         kwargs.update(steps_in_epoch=rest, num_update_steps_per_epoch=updates, steps_trained_in_current_epoch=0)
         return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+
+    def _plan_steps(self, epoch: int, loader: _EpochLoader, updates: int) -> None:
+        """Epochs decide (``num_train_epochs``): the Trainer stops at ``state.max_steps``, which it took from the
+        first epoch's length; set it from this epoch's (and this one's for the epochs after), so that no epoch is
+        cut short nor a step trained past the last epoch's end (a fractional last epoch: its share)."""
+        whole = max(math.ceil(loader.epoch_length / self.args.gradient_accumulation_steps), 1)
+        epochs = self.args.num_train_epochs
+        later = max(math.ceil(epochs) - epoch - 1, 0)
+        if epoch + 1 > epochs:  # the last epoch's fraction
+            updates = max(math.ceil((epochs - epoch) * whole) - (whole - updates), 1)
+        self.state.max_steps = self.state.global_step + updates + later * whole
 
 
 def _saved_loader_state(checkpoint: str) -> dict[str, Any]:
@@ -248,7 +261,7 @@ def _saved_loader_state(checkpoint: str) -> dict[str, Any]:
     return state
 
 
-class ShardioTrainer(_ShardioTraining, Trainer):  # type: ignore[misc]
+class ShardioTrainer(_ShardioTraining, Trainer):
     """A ``Trainer`` over a :class:`~shardio.ShardDataset` that resumes exactly, with ``data_collator``
     turning each shardio batch into the model's inputs (default: the batch unchanged)::
 
@@ -270,5 +283,5 @@ class ShardioTrainer(_ShardioTraining, Trainer):  # type: ignore[misc]
     """
 
 
-class ShardioSeq2SeqTrainer(_ShardioTraining, Seq2SeqTrainer):  # type: ignore[misc]
+class ShardioSeq2SeqTrainer(_ShardioTraining, Seq2SeqTrainer):
     """:class:`ShardioTrainer` for a ``Seq2SeqTrainer`` (Whisper and other encoder-decoders)."""
