@@ -6,7 +6,7 @@ What the ``Trainer`` does on its own (read in transformers 5.23's ``trainer.py``
 - ``get_train_dataloader`` -> ``_get_dataloader`` wraps the dataset in a ``DataLoader`` of
   ``per_device_train_batch_size`` and hands it to ``accelerator.prepare``, which for an IterableDataset
   dispatches: the main process iterates (its rank's share of a ShardDataset only) and sends slices of its
-  batches to every rank, which fails on shardio's batches of keys and metadata lists;
+  batches to every rank; on two processes the first step failed (padded batches of different sizes);
 - ``set_initial_training_values`` reads ``len(loader)`` once: the steps of every epoch, and ``max_steps``;
 - on ``resume_from_checkpoint`` (``_init_training_state``) it takes the epoch as ``global_step //
   steps_per_epoch`` and the batches to skip as the remainder; ``_run_epoch`` then iterates the loader from
