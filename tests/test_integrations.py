@@ -23,14 +23,15 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_shardio_imports_no_trainer() -> None:
-    trainers = ('lightning', 'pytorch_lightning', 'accelerate', 'transformers', 'torchdata.nodes')
+    trainers = ("lightning", "pytorch_lightning", "accelerate", "transformers", "torchdata.nodes")
     done = _python(f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
 def test_a_missing_extra_is_named() -> None:
-    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate", "transformers", "torchdata.nodes")
+    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate", "transformers",
+              "torchdata.nodes")
     code = "\n".join([
         "import sys",
         *(f"sys.modules[{name!r}] = None" for name in hidden),  # None: importing it raises ImportError
@@ -176,14 +177,16 @@ def test_the_transformers_trainer_takes_a_shard_dataset(tmp_path: Path) -> None:
         _Tiny.trainer(tmp_path, [1, 2, 3])
 
 
-def test_the_transformers_trainer_refuses_a_dataset_planned_for_other_ranks(data: Path, tmp_path: Path) -> None:
+def test_the_transformers_trainer_refuses_a_dataset_planned_for_other_ranks(data: Path,
+                                                                           tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     trainer = _Tiny.trainer(tmp_path, ShardDataset(data, batch_size=2, world=World(1, 2)))
     with pytest.raises(OptionError, match="rank 1 of 2"):
         trainer.get_train_dataloader()  # type: ignore[attr-defined]
 
 
-def test_the_transformers_trainer_refuses_a_checkpoint_without_a_loader_state(data: Path, tmp_path: Path) -> None:
+def test_the_transformers_trainer_refuses_a_checkpoint_without_a_loader_state(data: Path,
+                                                                             tmp_path: Path) -> None:
     """A plain Trainer's checkpoint says nothing of the loader: resuming would restart (or skip) batches."""
     pytest.importorskip("transformers")
     from transformers import TrainerState

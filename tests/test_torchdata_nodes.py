@@ -15,12 +15,11 @@ import pytest
 
 pytest.importorskip("torchdata.nodes")
 
-from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
-
 from sample_shards import dataset_fixture, planned_keys
 from shardio import ShardDataset
 from shardio.errors import StateError
 from shardio.integrations.torchdata import ShardNode
+from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
 
 data = dataset_fixture("nodes", (7, 5, 9, 4), seed=1)  # 9 batches of 3 an epoch
 EPOCHS = 3
@@ -34,8 +33,9 @@ def pipeline(data: Path, kind: str) -> tuple[Loader, ShardDataset]:
     if kind == "batcher":  # samples, batched by torchdata
         dataset = ShardDataset(data, seed=5, shuffle_shards=2)
         node = Batcher(ShardNode(dataset), batch_size=3, drop_last=False)
-        return Loader(ParallelMapper(node, map_fn=lambda samples: [s["key"] for s in samples], num_workers=2)), \
-            dataset
+        return Loader(
+            ParallelMapper(node, map_fn=lambda samples: [s["key"] for s in samples], num_workers=2)
+        ), dataset
     dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
     mapped = ParallelMapper(ShardNode(dataset), map_fn=batch_keys, num_workers=2)
     return Loader(Prefetcher(mapped, prefetch_factor=2) if kind == "prefetch" else mapped), dataset
@@ -50,11 +50,16 @@ def planned(data: Path, kind: str) -> list[list[str]]:
         dataset.set_epoch(epoch)
         samples += [sample["key"] for sample in dataset]
     per_epoch = len(samples) // EPOCHS
-    return [samples[e * per_epoch:][i:i + 3][: min(3, per_epoch - i)]
-            for e in range(EPOCHS) for i in range(0, per_epoch, 3)]
+    return [
+        samples[e * per_epoch :][i : i + 3][: min(3, per_epoch - i)]
+        for e in range(EPOCHS)
+        for i in range(0, per_epoch, 3)
+    ]
 
 
-def run(loader: Loader, epochs: int, stop: int | None = None) -> tuple[list[list[str]], dict[str, Any] | None]:
+def run(
+    loader: Loader, epochs: int, stop: int | None = None
+) -> tuple[list[list[str]], dict[str, Any] | None]:
     """The batches of ``epochs`` iterations of ``loader`` (each ``iter()`` an epoch), up to ``stop`` of them;
     the loader's state there."""
     seen: list[list[str]] = []
@@ -72,22 +77,26 @@ def test_a_straight_run_plays_each_epoch(data: Path, kind: str) -> None:
     assert run(loader, EPOCHS)[0] == planned(data, kind)
 
 
-@pytest.mark.parametrize("kind,stop", [("mapper", 4), ("prefetch", 4), ("prefetch", 9), ("prefetch", 13),
-                                       ("batcher", 5), ("batcher", 11)])
+@pytest.mark.parametrize(
+    "kind,stop",
+    [("mapper", 4), ("prefetch", 4), ("prefetch", 9), ("prefetch", 13), ("batcher", 5), ("batcher", 11)],
+)
 def test_resume_from_a_loader_state(data: Path, kind: str, stop: int) -> None:
-    """Mid-epoch 0 (4), at its end (9: the next ``iter()`` plays epoch 1), mid-epoch 1 (13: across an epoch)."""
+    """Mid-epoch 0 (4), at its end (9: the next ``iter()`` plays epoch 1), mid-epoch 1 (13: across an
+    epoch)."""
     plan = planned(data, kind)
     first, _ = pipeline(data, kind)
     seen, state = run(first, EPOCHS, stop)
     assert seen == plan[:stop] and state is not None
-    resumed, dataset = pipeline(data, kind)
+    resumed, _ = pipeline(data, kind)
     resumed.load_state_dict(state)
     rest, _ = run(resumed, EPOCHS - stop // 9)
     assert rest == plan[stop:]
 
 
 def test_the_resumed_node_reads_nothing_before_the_state(data: Path) -> None:
-    """The state loads into the dataset (O(1)): with no mapper, the node's first batch is the only one read."""
+    """The state loads into the dataset (O(1)): with no mapper, the node's first batch is the only one
+    read."""
     first = Loader(ShardNode(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)))
     _, state = run(first, 1, 6)
     dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
@@ -109,9 +118,9 @@ def test_a_foreign_state_is_refused(data: Path) -> None:
 
 
 def test_torchdatas_iterable_wrapper_uses_the_datasets_own_state(data: Path) -> None:
-    """torchdata's ``IterableWrapper`` saves and loads an iterable's ``state_dict``/``load_state_dict`` when it
-    has them (the Stateful protocol), and a ShardDataset iterated in this process has an exact one: it resumes
-    exactly too, without fast-forwarding (measured here, for docs/trainers/torchdata.md)."""
+    """torchdata's ``IterableWrapper`` saves and loads an iterable's ``state_dict``/``load_state_dict`` when
+    it has them (the Stateful protocol), and a ShardDataset iterated in this process has an exact one: it
+    resumes exactly too, without fast-forwarding (measured here, for docs/trainers/torchdata.md)."""
     from torchdata.nodes import IterableWrapper
 
     plan = planned(data, "mapper")

@@ -22,10 +22,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from sample_shards import make_uneven_dataset, planned_keys
 from job_runs import run_in_session
 from process_groups import free_port
-
+from sample_shards import make_uneven_dataset, planned_keys
 
 JOB = Path(__file__).with_name("transformers_job.py")
 BATCH = 3
@@ -41,45 +40,78 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def planned(data: Path, world_size: int, epochs: int = 2, **sizes: Any) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
-    return planned_keys(data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH}))
+    return planned_keys(
+        data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH})
+    )
 
 
-def run_job(data: Path, out: Path, *, processes: int = 1, expect_kill: bool = False,
-            **options: Any) -> list[list[dict[str, Any]]]:
+def run_job(
+    data: Path, out: Path, *, processes: int = 1, expect_kill: bool = False, **options: Any
+) -> list[list[dict[str, Any]]]:
     """Run the job (under torchrun for several processes) to its end or its SIGKILL; every rank's records."""
     out.mkdir(parents=True)
     config = {"data": str(data), "batch_size": BATCH, "out": str(out), **options}
     (out / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
-           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-              "--master_port", str(free_port())] if processes > 1 else [sys.executable]
-    output, returncode = run_in_session([*launch, str(JOB), str(out / "config.json")], env=env, cwd=out,
-                                        limit=280)  # under pytest-timeout's 300 s, to say what hung
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    launch = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(free_port()),
+        ]
+        if processes > 1
+        else [sys.executable]
+    )
+    output, returncode = run_in_session(
+        [*launch, str(JOB), str(out / "config.json")], env=env, cwd=out, limit=280
+    )  # under pytest-timeout's 300 s, to say what hung
     (out / "output.txt").write_text(output)
     assert (returncode != 0) == expect_kill, output[-4000:]
     if expect_kill and processes == 1:
         assert returncode == -signal.SIGKILL, output[-4000:]
-    return [[json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
-            for rank in range(processes)]
+    return [
+        [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+        for rank in range(processes)
+    ]
 
 
 def last_checkpoint(out: Path) -> tuple[Path, int]:
-    return max(((path, int(path.name.split("-")[1])) for path in (out / "ckpt").glob("checkpoint-*")),
-               key=lambda found: found[1])
+    return max(
+        ((path, int(path.name.split("-")[1])) for path in (out / "ckpt").glob("checkpoint-*")),
+        key=lambda found: found[1],
+    )
 
 
 def keys(records: list[dict[str, Any]]) -> list[list[str]]:
     return [record["keys"] for record in records]
 
 
-def check_resume(data: Path, tmp_path: Path, *, kill_at: int, processes: int = 1, epochs: int = 2,
-                 sizes: dict[str, Any] | None = None, **options: Any) -> int:
+def check_resume(
+    data: Path,
+    tmp_path: Path,
+    *,
+    kill_at: int,
+    processes: int = 1,
+    epochs: int = 2,
+    sizes: dict[str, Any] | None = None,
+    **options: Any,
+) -> int:
     """Kill a run at step ``kill_at``, resume it from its last checkpoint, compare with the plan; the step."""
     plan = planned(data, processes, epochs, **(sizes or {}))
     options.update(epochs=epochs, **(sizes or {}))
-    killed = run_job(data, tmp_path / "killed", processes=processes, kill_at_step=kill_at, expect_kill=True,
-                     **options)
+    killed = run_job(
+        data, tmp_path / "killed", processes=processes, kill_at_step=kill_at, expect_kill=True, **options
+    )
     assert [keys(records) for records in killed] == [batches[:kill_at] for batches in plan]
     checkpoint, step = last_checkpoint(tmp_path / "killed")
     assert 0 < step <= kill_at
@@ -99,18 +131,26 @@ def test_resume_mid_epoch_one_process(data: Path, tmp_path: Path) -> None:
 @pytest.mark.matrix
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("processes,kill_at,step", [(1, 7, 6), (1, 10, 9), (1, 13, 12), (2, 4, 3), (2, 8, 6)])
-def test_resume_matrix(data: Path, tmp_path: Path, workers: int, persistent: bool, processes: int, kill_at: int,
-                       step: int) -> None:
+def test_resume_matrix(
+    data: Path, tmp_path: Path, workers: int, persistent: bool, processes: int, kill_at: int, step: int
+) -> None:
     # 1 process: 9 steps an epoch (9: the epoch's end); 2 processes: 5 (8 -> 6: after the epoch boundary)
-    assert check_resume(data, tmp_path, kill_at=kill_at, processes=processes, workers=workers,
-                        persistent=persistent) == step
+    assert (
+        check_resume(
+            data, tmp_path, kill_at=kill_at, processes=processes, workers=workers, persistent=persistent
+        )
+        == step
+    )
 
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("processes,kill_at,step", [(1, 7, 6), (2, 8, 6)])
 def test_resume_seq2seq(data: Path, tmp_path: Path, processes: int, kill_at: int, step: int) -> None:
     """ShardioSeq2SeqTrainer (the same overrides over Seq2SeqTrainer, with Seq2SeqTrainingArguments)."""
-    assert check_resume(data, tmp_path, kill_at=kill_at, processes=processes, trainer="seq2seq", workers=2) == step
+    assert (
+        check_resume(data, tmp_path, kill_at=kill_at, processes=processes, trainer="seq2seq", workers=2)
+        == step
+    )
 
 
 @pytest.mark.matrix
@@ -139,7 +179,8 @@ def test_max_steps_stops_there(data: Path, tmp_path: Path) -> None:
 
 @pytest.mark.matrix
 def test_gradient_accumulation(data: Path, tmp_path: Path) -> None:
-    """2 batches a step: 5 steps an epoch of 9 batches (the last step one batch); a checkpoint every 3 steps."""
+    """2 batches a step: 5 steps an epoch of 9 batches (the last step one batch); a checkpoint every 3
+    steps."""
     plan = planned(data, 1)[0]
     run_job(data, tmp_path / "killed", kill_at_step=7, accumulation=2, expect_kill=True)
     checkpoint, step = last_checkpoint(tmp_path / "killed")
@@ -163,7 +204,7 @@ def test_resume_on_fewer_processes(data: Path, tmp_path: Path) -> None:
     everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
     assert set(trained) == everything - consumed
     assert sum(trained.values()) - len(trained) < BATCH  # repeats: the padding of one last round at most
-    assert keys(resumed[len(rest):]) == planned(data, 1)[0][9:]
+    assert keys(resumed[len(rest) :]) == planned(data, 1)[0][9:]
 
 
 # -- without shardio's integration: what the Trainer does on its own ---------------------------------------

@@ -1,7 +1,7 @@
 """A tiny HF Transformers Trainer job over a ShardDataset, run as a script by ``tests/test_transformers.py``.
 
-``python transformers_job.py CONFIG.json`` (one process) or under ``torchrun --nproc_per_node N`` (gloo on CPU).
-Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (global step, keys, samples its
+``python transformers_job.py CONFIG.json`` (one process) or under ``torchrun --nproc_per_node N`` (gloo on
+CPU). Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (global step, keys, samples its
 dataset had read when the batch arrived); checkpoints every ``save_steps`` steps in ``{out}/ckpt``; at global
 step ``kill_at_step`` every rank kills itself with SIGKILL. ``trainer`` is ``shardio`` (ShardioTrainer),
 ``seq2seq`` (ShardioSeq2SeqTrainer) or ``plain`` (the Trainer without shardio's integration, over an unbatched
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
-
 from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset
 from shardio.integrations.transformers import ShardioSeq2SeqTrainer, ShardioTrainer
+
+from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
 
 class TinyModel(torch.nn.Module):
@@ -36,16 +36,27 @@ class TinyModel(torch.nn.Module):
         self.dataset: Any = None
         self.log: Any = None
 
-    def forward(self, input_values: torch.Tensor, keys: list[str] | None = None,
-                epoch: int | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, input_values: torch.Tensor, keys: list[str] | None = None, epoch: int | None = None
+    ) -> dict[str, torch.Tensor]:
         step = self.trainer.state.global_step
         if step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.log is None:
-            self.log = open(self.out / f"rank{self.trainer.args.process_index}.jsonl", "a")
+            self.log = open(self.out / f"rank{self.trainer.args.process_index}.jsonl", "a")  # noqa: SIM115
         read = self.dataset.stats.samples if self.trainer.args.dataloader_num_workers == 0 else None
-        self.log.write(json.dumps({"step": step, "epoch": epoch, "trainer_epoch": self.trainer.state.epoch, "keys": list(keys or []),
-                                   "read": read}) + "\n")
+        self.log.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "trainer_epoch": self.trainer.state.epoch,
+                    "keys": list(keys or []),
+                    "read": read,
+                }
+            )
+            + "\n"
+        )
         self.log.flush()
         return {"loss": self.layer(input_values.mean(dim=1, keepdim=True)).pow(2).mean()}
 
@@ -67,8 +78,11 @@ def padded_inputs(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def main(config: dict[str, Any]) -> None:
     out = Path(config["out"])
     kind = config.get("trainer", "shardio")
-    sizes = {"max_duration": config["max_duration"]} if config.get("max_duration") else \
-        {"batch_size": None if kind == "plain" else config["batch_size"]}
+    sizes = (
+        {"max_duration": config["max_duration"]}
+        if config.get("max_duration")
+        else {"batch_size": None if kind == "plain" else config["batch_size"]}
+    )
     dataset = ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
     torch.manual_seed(0)
     model = TinyModel(out, config.get("kill_at_step"))
@@ -76,12 +90,24 @@ def main(config: dict[str, Any]) -> None:
     workers = config.get("workers", 0)
     arguments = Seq2SeqTrainingArguments if kind == "seq2seq" else TrainingArguments
     args = arguments(
-        output_dir=str(out / "ckpt"), use_cpu=True, report_to=[], save_strategy="steps",
-        save_steps=config.get("save_steps", 3), num_train_epochs=config.get("epochs", 2),
-        max_steps=config.get("max_steps", -1), per_device_train_batch_size=config["batch_size"],
-        gradient_accumulation_steps=config.get("accumulation", 1), learning_rate=0.01, logging_steps=1000,
-        dataloader_num_workers=workers, dataloader_persistent_workers=bool(workers and config.get("persistent")),
-        remove_unused_columns=False, disable_tqdm=True, seed=0, ddp_backend="gloo" if "RANK" in os.environ else None)
+        output_dir=str(out / "ckpt"),
+        use_cpu=True,
+        report_to=[],
+        save_strategy="steps",
+        save_steps=config.get("save_steps", 3),
+        num_train_epochs=config.get("epochs", 2),
+        max_steps=config.get("max_steps", -1),
+        per_device_train_batch_size=config["batch_size"],
+        gradient_accumulation_steps=config.get("accumulation", 1),
+        learning_rate=0.01,
+        logging_steps=1000,
+        dataloader_num_workers=workers,
+        dataloader_persistent_workers=bool(workers and config.get("persistent")),
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=0,
+        ddp_backend="gloo" if "RANK" in os.environ else None,
+    )
     classes = {"shardio": ShardioTrainer, "seq2seq": ShardioSeq2SeqTrainer, "plain": Trainer}
     collate = padded_inputs if kind == "plain" else shardio_inputs
     trainer = classes[kind](model=model, args=args, train_dataset=dataset, data_collator=collate)

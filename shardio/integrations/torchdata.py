@@ -1,12 +1,12 @@
 """A torchdata ``nodes`` source over a :class:`~shardio.ShardDataset`: :class:`ShardNode`.
 
-What torchdata 0.11's nodes do with a source's state (read in ``torchdata/nodes``): ``Loader`` saves its root's
-``state_dict()`` and hands it to ``reset(initial_state)`` at the next ``iter()``; ``ParallelMapper``,
-``Prefetcher`` and ``PinMemory`` call ``next()`` on their source in a thread of their own and take the source's
-``state_dict()`` right after each item (``snapshot_frequency=1``), so the state they save is the one after the
-last item they handed on: with ``in_order=True`` (their default) the items before it have all been handed on.
-``reset(None)`` comes at every ``iter()`` of the ``Loader`` (every epoch), and from a mapper each time it starts
-its thread.
+What torchdata 0.11's nodes do with a source's state (read in ``torchdata/nodes``): ``Loader`` saves its
+root's ``state_dict()`` and hands it to ``reset(initial_state)`` at the next ``iter()``; ``ParallelMapper``,
+``Prefetcher`` and ``PinMemory`` call ``next()`` on their source in a thread of their own and take the
+source's ``state_dict()`` right after each item (``snapshot_frequency=1``), so the state they save is the one
+after the last item they handed on: with ``in_order=True`` (their default) the items before it have all been
+handed on. ``reset(None)`` comes at every ``iter()`` of the ``Loader`` (every epoch), and from a mapper each
+time it starts its thread.
 
 So the node's state is shardio's: ``state_after`` of the last batch it yielded (before any, the state its
 iteration began from); ``reset(state)`` loads it into the dataset (O(1): nothing before it is read); and
@@ -28,7 +28,7 @@ from ._extras import require
 __all__ = ["ShardNode"]
 
 require("torchdata", "torchdata.nodes")
-from torchdata.nodes import BaseNode  # noqa: E402
+from torchdata.nodes import BaseNode
 
 _STATE_KEY = "shardio"
 

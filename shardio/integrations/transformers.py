@@ -49,20 +49,29 @@ __all__ = ["ShardioLoaderState", "ShardioSeq2SeqTrainer", "ShardioTrainer"]
 logger = logging.getLogger(__name__)
 
 _transformers = require("transformers", "transformers")[0]
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState  # noqa: E402
-from transformers.trainer_callback import ExportableState  # noqa: E402
-from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
 
-_HOOKS = {"_init_training_state": ("resume_from_checkpoint",),
-          "_run_epoch": ("steps_in_epoch", "num_update_steps_per_epoch", "steps_trained_in_current_epoch",
-                         "epochs_trained"),
-          "set_initial_training_values": ("dataloader",)}
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
+
+_HOOKS = {
+    "_init_training_state": ("resume_from_checkpoint",),
+    "_run_epoch": (
+        "steps_in_epoch",
+        "num_update_steps_per_epoch",
+        "steps_trained_in_current_epoch",
+        "epochs_trained",
+    ),
+    "set_initial_training_values": ("dataloader",),
+}
 for _name, _parameters in _HOOKS.items():
     _found = getattr(Trainer, _name, None)
     if _found is None or not set(_parameters) <= set(inspect.signature(_found).parameters):
-        raise ImportError(f"shardio's transformers integration needs transformers 5.x's Trainer.{_name} (tested "
-                          f"with 5.23); transformers {_transformers.__version__} differs: pip install "
-                          "'shardio[transformers]'")
+        raise ImportError(
+            f"shardio's transformers integration needs transformers 5.x's Trainer.{_name} (tested "
+            f"with 5.23); transformers {_transformers.__version__} differs: pip install "
+            "'shardio[transformers]'"
+        )
 
 _TRAINER_STATE = "trainer_state.json"
 
@@ -85,15 +94,22 @@ class _Positioned:
 class _EpochLoader(DataLoader):
     """A ``DataLoader`` (``batch_size=None``) that knows the state after each batch it has handed over."""
 
-    def __init__(self, dataset: ShardDataset, collate: Callable[[dict[str, Any]], Any], **options: Any) -> None:
-        super().__init__(dataset, batch_size=None, collate_fn=_Positioned(collate),  # type: ignore[arg-type]
-                         **options)
+    def __init__(
+        self, dataset: ShardDataset, collate: Callable[[dict[str, Any]], Any], **options: Any
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size=None,
+            collate_fn=_Positioned(collate),  # type: ignore[arg-type]
+            **options,
+        )
         self.shards = dataset
         self.state: dict[str, Any] | None = None
         self.epoch_start, self.epoch_length, self.handed = 0, 0, 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Play ``epoch`` next (a state just loaded for it is kept); called by the Trainer before ``iter()``."""
+        """Play ``epoch`` next (a state just loaded for it is kept); called by the Trainer before
+        ``iter()``."""
         self.shards.set_epoch(epoch)
         self.epoch_start = LoaderState.from_dict(self.shards.state_dict()).start
         self.epoch_length, self.handed = len(self.shards), 0
@@ -123,8 +139,10 @@ class ShardioLoaderState(TrainerCallback, ExportableState):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loader = kwargs.get("train_dataloader")
         if not isinstance(loader, _EpochLoader):
-            raise OptionError(f"ShardioTrainer trains on the loader its get_train_dataloader() builds, not a "
-                              f"{type(loader).__name__}: do not override get_train_dataloader")
+            raise OptionError(
+                f"ShardioTrainer trains on the loader its get_train_dataloader() builds, not a "
+                f"{type(loader).__name__}: do not override get_train_dataloader"
+            )
         self._loader = loader
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -148,8 +166,10 @@ class _ShardioTraining:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         dataset = kwargs.get("train_dataset")
         if dataset is not None and not isinstance(dataset, ShardDataset):
-            raise OptionError(f"{type(self).__name__} trains on a ShardDataset (or MixedDataset), not a "
-                              f"{type(dataset).__name__}")
+            raise OptionError(
+                f"{type(self).__name__} trains on a ShardDataset (or MixedDataset), not a "
+                f"{type(dataset).__name__}"
+            )
         self._shardio_collate = kwargs.get("data_collator") or _unchanged
         kwargs["data_collator"] = self._shardio_collate
         kwargs["callbacks"] = [ShardioLoaderState(), *(kwargs.get("callbacks") or [])]
@@ -157,13 +177,15 @@ class _ShardioTraining:
         self._shardio_resumed_epoch: int | None = None
         super().__init__(*args, **kwargs)
         if self.args.ignore_data_skip:
-            logger.warning("%s resumes the loader where the checkpoint left it: ignore_data_skip has no effect",
-                           type(self).__name__)
+            logger.warning(
+                "%s resumes the loader where the checkpoint left it: ignore_data_skip has no effect",
+                type(self).__name__,
+            )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """Train, or resume exactly: ``resume_from_checkpoint`` (a folder, or ``True`` for the last one in
-        ``output_dir``) restores the model, optimizer, scheduler and RNG as the Trainer does, and the loader at
-        the batch after the last one trained on; nothing is read twice or skipped.
+        ``output_dir``) restores the model, optimizer, scheduler and RNG as the Trainer does, and the loader
+        at the batch after the last one trained on; nothing is read twice or skipped.
 
         Raises:
             StateError: the checkpoint holds no shardio loader state (not saved by a ShardioTrainer).
@@ -181,39 +203,49 @@ class _ShardioTraining:
             self._shardio_pending = None  # kept until then: auto_find_batch_size builds the loader again
 
     def get_train_dataloader(self) -> DataLoader:
-        """A plain ``DataLoader`` over the ShardDataset (``batch_size=None``: it batches itself; not prepared by
-        Accelerate: each rank reads its own share), with ``data_collator`` applied to each batch in the
+        """A plain ``DataLoader`` over the ShardDataset (``batch_size=None``: it batches itself; not prepared
+        by Accelerate: each rank reads its own share), with ``data_collator`` applied to each batch in the
         workers, the ``dataloader_*`` arguments of ``TrainingArguments`` and a loaded checkpoint's state."""
         dataset, args = self.train_dataset, self.args  # type: ignore[attr-defined]
         if not isinstance(dataset, ShardDataset):
             raise OptionError("ShardioTrainer needs train_dataset=a ShardDataset")
         world = dataset.ranks()
         if (world.rank, world.world_size) != (args.process_index, args.world_size):
-            raise OptionError(f"the dataset plans for rank {world.rank} of {world.world_size}, the Trainer runs "
-                              f"process {args.process_index} of {args.world_size}: build the dataset in the "
-                              "launched process (torchrun sets RANK and WORLD_SIZE), or give it "
-                              "World(args.process_index, args.world_size)")
+            raise OptionError(
+                f"the dataset plans for rank {world.rank} of {world.world_size}, the Trainer runs "
+                f"process {args.process_index} of {args.world_size}: build the dataset in the "
+                "launched process (torchrun sets RANK and WORLD_SIZE), or give it "
+                "World(args.process_index, args.world_size)"
+            )
         if not args.dataloader_in_order:
-            raise OptionError("dataloader_in_order=False hands batches over out of plan order: no saved state "
-                              "could say which were trained on")
+            raise OptionError(
+                "dataloader_in_order=False hands batches over out of plan order: no saved state "
+                "could say which were trained on"
+            )
         self._shardio_resumed_epoch = None
         if self._shardio_pending is not None:
             dataset.load_state_dict(self._shardio_pending)
             loaded = LoaderState.from_dict(dataset.state_dict())
             self._shardio_resumed_epoch = loaded.epoch + (loaded.position >= len(dataset))
-        options: dict[str, Any] = {"num_workers": args.dataloader_num_workers,
-                                   "pin_memory": args.dataloader_pin_memory}
+        options: dict[str, Any] = {
+            "num_workers": args.dataloader_num_workers,
+            "pin_memory": args.dataloader_pin_memory,
+        }
         if args.dataloader_num_workers:
-            options.update(persistent_workers=args.dataloader_persistent_workers,
-                           prefetch_factor=args.dataloader_prefetch_factor,
-                           multiprocessing_context=args.dataloader_multiprocessing_context)
+            options.update(
+                persistent_workers=args.dataloader_persistent_workers,
+                prefetch_factor=args.dataloader_prefetch_factor,
+                multiprocessing_context=args.dataloader_multiprocessing_context,
+            )
         loader = _EpochLoader(dataset, self._shardio_collate, **options)
         loader.state = self._shardio_pending  # the first batch must follow it
         return loader
 
     def set_initial_training_values(self, args: Any, dataloader: Any) -> Any:
         values = list(super().set_initial_training_values(args, dataloader))  # type: ignore[misc]
-        if args.max_steps > 0:  # stop at max_steps, whatever the epochs' lengths (the first one's estimated it)
+        if (
+            args.max_steps > 0
+        ):  # stop at max_steps, whatever the epochs' lengths (the first one's estimated it)
             values[0] = sys.maxsize
         return tuple(values)
 
@@ -231,13 +263,16 @@ class _ShardioTraining:
         updates = max(math.ceil(rest / accumulation), 1)
         if self.args.max_steps <= 0:
             self._plan_steps(kwargs["epoch"], loader, updates)
-        kwargs.update(steps_in_epoch=rest, num_update_steps_per_epoch=updates, steps_trained_in_current_epoch=0)
+        kwargs.update(
+            steps_in_epoch=rest, num_update_steps_per_epoch=updates, steps_trained_in_current_epoch=0
+        )
         return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
 
     def _plan_steps(self, epoch: int, loader: _EpochLoader, updates: int) -> None:
-        """Epochs decide (``num_train_epochs``): the Trainer stops at ``state.max_steps``, which it took from the
-        first epoch's length; set it from this epoch's (and this one's for the epochs after), so that no epoch is
-        cut short nor a step trained past the last epoch's end (a fractional last epoch: its share)."""
+        """Epochs decide (``num_train_epochs``): the Trainer stops at ``state.max_steps``, which it took from
+        the first epoch's length; set it from this epoch's (and this one's for the epochs after), so that no
+        epoch is cut short nor a step trained past the last epoch's end (a fractional last epoch: its
+        share)."""
         whole = max(math.ceil(loader.epoch_length / self.args.gradient_accumulation_steps), 1)
         epochs = self.args.num_train_epochs
         later = max(math.ceil(epochs) - epoch - 1, 0)
@@ -256,8 +291,10 @@ def _saved_loader_state(checkpoint: str) -> dict[str, Any]:
         saved = saved[-1] if saved else None
     state = saved.get("attributes", {}).get("loader_state") if isinstance(saved, dict) else None
     if not isinstance(state, dict):
-        raise StateError(f"the checkpoint {checkpoint} holds no shardio loader state (was it saved by a plain "
-                         "Trainer?): resuming would restart or skip batches; resume a ShardioTrainer checkpoint")
+        raise StateError(
+            f"the checkpoint {checkpoint} holds no shardio loader state (was it saved by a plain "
+            "Trainer?): resuming would restart or skip batches; resume a ShardioTrainer checkpoint"
+        )
     return state
 
 
