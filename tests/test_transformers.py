@@ -154,6 +154,20 @@ def test_resume_seq2seq(data: Path, tmp_path: Path, processes: int, kill_at: int
 
 
 @pytest.mark.matrix
+def test_restored_callback_states(data: Path, tmp_path: Path) -> None:
+    """``restore_callback_states_from_checkpoint`` replaces the callbacks with copies made from the
+    checkpoint: the loader state still reaches the dataset, and later checkpoints save the new position."""
+    plan = planned(data, 1)[0]
+    run_job(data, tmp_path / "killed", kill_at_step=4, restore_callbacks=True, expect_kill=True)
+    resumed = run_job(data, tmp_path / "resumed", kill_at_step=13, restore_callbacks=True, expect_kill=True,
+                      resume_from=str(tmp_path / "killed" / "ckpt" / "checkpoint-3"))
+    assert keys(resumed[0]) == plan[3:13]
+    again = run_job(data, tmp_path / "again", restore_callbacks=True,
+                    resume_from=str(tmp_path / "resumed" / "ckpt" / "checkpoint-12"))
+    assert keys(again[0]) == plan[12:]
+
+
+@pytest.mark.matrix
 def test_a_straight_run_trains_the_plan(data: Path, tmp_path: Path) -> None:
     trained = run_job(data, tmp_path / "run", processes=2, workers=2)
     assert [keys(records) for records in trained] == planned(data, 2)

@@ -107,6 +107,7 @@ def main(config: dict[str, Any]) -> None:
         disable_tqdm=True,
         seed=0,
         ddp_backend="gloo" if "RANK" in os.environ else None,
+        restore_callback_states_from_checkpoint=config.get("restore_callbacks", False),
     )
     classes = {"shardio": ShardioTrainer, "seq2seq": ShardioSeq2SeqTrainer, "plain": Trainer}
     collate = padded_inputs if kind == "plain" else shardio_inputs
