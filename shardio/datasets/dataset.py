@@ -169,8 +169,8 @@ class ShardDataset(IterableDataset):
         """This rank's part of an epoch's plan (O(N / world)), planned once per node where others may need it."""
         context = Context.detect() if context is None else context
         world = self.ranks(context)
-        others = context.in_worker or world.world_size > 1 or self._progress.control.workers_begun()
-        return self._epochs.share(epoch, history, world, self._surgery, others)
+        return self._epochs.share(epoch, history, world, self._surgery, lambda: context.in_worker or
+                                  world.world_size > 1 or self._progress.control.workers_begun())
 
     # -- progress ----------------------------------------------------------------------------------
 
@@ -312,7 +312,7 @@ class ShardDataset(IterableDataset):
             self._reader = self._new_reader()
         decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
         assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
-                              fields=self.planner.fields)
+                              fields=self.planner.fields if self.planner.corpora else None)
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
                                           share=1 / world.num_workers)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -72,9 +73,10 @@ class EpochPlans:
         return self.plans[key]
 
     def share(self, epoch: int, history: tuple[Segment, ...], world: World, surgery: Surgery,
-              others: bool) -> RankPlan:
-        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept. ``others``: other
-        processes may need it (workers, other ranks), so it is planned once per node into plan files."""
+              others: Callable[[], bool]) -> RankPlan:
+        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept. ``others()``: whether
+        other processes may need it (workers, other ranks), so that it is planned once per node into plan files
+        (asked only when the share is not kept yet)."""
         extra = surgery.to_extra()
         key = (epoch, history, world.world_size, world.rank, json.dumps(extra, sort_keys=True))
         if key not in self.shares:
@@ -84,7 +86,7 @@ class EpochPlans:
             # once per node where others may need it and the index's content is known (loaded or saved)
             found = planfiles.share(job, epoch, history, world.rank, len(index),
                                     lambda: self.plan(epoch, history, world.world_size, surgery),
-                                    others and index.fingerprinted)
+                                    others() and index.fingerprinted)
             self.shares = {key: found}
             self.plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system

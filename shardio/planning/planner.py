@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -108,8 +109,11 @@ class Planner:
         """The corpus of a mix that (global) ``sample_id`` belongs to; ``None`` outside a mix."""
         if not self.corpora:
             return None
-        offsets = corpus_offsets([len(part) for _, part in self.corpora])
-        return self.corpora[int(np.searchsorted(offsets, sample_id, side="right")) - 1][0]
+        return self.corpora[int(np.searchsorted(self._offsets, sample_id, side="right")) - 1][0]
+
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        return corpus_offsets([len(part) for _, part in self.corpora])
 
     def fields(self, sample_id: int) -> dict[str, Any]:
         """The fields a sample has before its metadata (a mix's ``corpus``)."""

@@ -89,13 +89,13 @@ class _Prepared(NamedTuple):
 class Assembler:
     """Builds one process's batches with its :class:`Reader`.
 
-    ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``).
+    ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``; ``None``: none).
     ``on_error="skip"`` leaves out (and logs, and counts in the reader's stats) samples that cannot be read
     or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order.
     """
 
     def __init__(self, reader: Reader, decoding: Decoding, *, seed: int, batched: bool, on_error: str,
-                 fields: Callable[[int], dict[str, Any]]) -> None:
+                 fields: Callable[[int], dict[str, Any]] | None) -> None:
         self.reader = reader
         self.decoding = decoding
         self.seed = seed
@@ -228,7 +228,8 @@ class Assembler:
         ext = index.formats[int(index.columns["format"][sample_id])]
         if ext not in members:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
-        sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
+        sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None,
+                                  **(self.fields(sample_id) if self.fields else {})}
         if index.has_metadata:  # kept in the index (a NeMo dataset's manifest)
             metadata = index.metadata(sample_id)
             check_field_names(metadata, where)

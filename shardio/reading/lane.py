@@ -58,7 +58,7 @@ class Lane:
     batch's audio dtype (``"float32"`` or ``"int16"``) and ``fields(sample_id)`` the fields a sample has
     before its members' (as :class:`~shardio.reading.assembly.Assembler` takes them)."""
 
-    def __init__(self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]]) -> None:
+    def __init__(self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]] | None) -> None:
         self.reader = reader
         self.int16 = dtype == "int16"
         self.fields = fields
@@ -143,7 +143,8 @@ class Lane:
         try:
             members = reader.split_members(sample_id, data, key, key)
             view = members[ext]
-            sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None, **self.fields(sample_id)}
+            sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None,
+                                  **(self.fields(sample_id) if self.fields else {})}
             add_member_fields(sample, members, key)
         except (ShardioError, KeyError):
             raise _Unusual from None
