@@ -73,6 +73,15 @@ class Planner:
         """The plan of ``epoch`` for ``world_size`` ranks after the finished segments ``history``, without the
         samples ``surgery`` quarantines (and, for a mix, with its re-mixed streams).
 
+        Args:
+            epoch: the epoch.
+            world_size: the ranks the (last) segment is dealt to.
+            history: the epoch's finished segments (world-size changes, quarantines).
+            surgery: a loaded state's quarantines and re-mix (:attr:`~shardio.LoaderState.surgery`).
+
+        Returns:
+            Every rank's batches of the epoch's current segment.
+
         Raises:
             OptionError: a history segment beyond its plan.
             StateError: a re-mix that does not fit this mix.
@@ -89,7 +98,11 @@ class Planner:
     def occurrences(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
                     surgery: Surgery = _NONE) -> tuple[EpochPlan, Any]:
         """A mix's plan of ``epoch`` over occurrence numbers, and the occurrences (their global ids, corpus
-        numbers and stream positions: :func:`~shardio.planning.mix.plan_occurrences`)."""
+        numbers and stream positions: :func:`~shardio.planning.mix.plan_occurrences`); arguments as :meth:`plan`.
+
+        Raises:
+            OptionError: outside a mix.
+        """
         plan, occurrences, _ = plan_occurrences(
             self.columns(), self._mix(), seed=self.seed, epoch=epoch, world_size=world_size,
             batching=self.planned_batching, ordering=self.ordering, history=history,
@@ -121,12 +134,25 @@ class Planner:
         return {} if corpus is None else {"corpus": corpus}
 
     def differences(self, state: LoaderState) -> list[str]:
-        """What differs between ``state`` and these plans (empty when the state was saved from them)."""
+        """What differs between ``state`` and these plans.
+
+        Args:
+            state: a parsed state (:meth:`LoaderState.from_dict`).
+
+        Returns:
+            One line per difference (index fingerprint, seed, options); empty when the state was saved from them.
+        """
         return state.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
 
     def check(self, state: LoaderState) -> EpochPlan:
         """The plan of a job-level ``state``'s current segment, once the state is found to fit: its seed, index
         and options are these, its quarantines name samples of this index and its position lies in the plan.
+
+        Args:
+            state: a job-level state (:func:`~shardio.state.job_state`).
+
+        Returns:
+            The plan of the state's epoch and current segment, for its world.
 
         Raises:
             StateError: what does not fit.
