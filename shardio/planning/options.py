@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
+from .batches import eligible, sample_cost
 
 __all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]
 
@@ -171,19 +172,3 @@ def _check_sync(b: Batching) -> None:
                           "with num_buckets or duration_bins)")
 
 
-def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:
-    """What a sample of ``d`` seconds costs in a batch: ``d``, or ``d + d**2 / quadratic`` (attention-like)."""
-    durations = np.asarray(durations, dtype=np.float64)
-    return durations if quadratic is None else durations + durations * durations / quadratic
-
-
-def eligible(durations: np.ndarray, batching: Batching) -> np.ndarray:
-    """Which samples ``batching`` can plan: within its duration filters, and alone within ``max_duration``."""
-    keep = np.ones(durations.shape[0], dtype=bool)
-    if batching.min_duration is not None:
-        keep &= durations >= batching.min_duration
-    if batching.max_sample_duration is not None:
-        keep &= durations <= batching.max_sample_duration
-    if batching.max_duration is not None:
-        keep &= sample_cost(durations, batching.quadratic_duration) <= batching.max_duration * (1 + 1e-9)
-    return keep

@@ -8,11 +8,14 @@ The steps:
 
 1. **Order** (:mod:`shardio.planning.order`): shards are permuted per epoch, then samples are shuffled
    within windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
+Steps 2 and 3 are one batching pass over a segment, run in one place (:func:`shardio.planning.rounds.batch_segment`,
+with the batches' arithmetic in :mod:`shardio.planning.batches`):
+
 2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
    ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
    With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
-   duration bucket, batches form within a bucket, and the batch order is shuffled within each window
-   (:mod:`shardio.planning.bucketing`); with ``sync_buckets`` (the default when bucketing) the batches are instead
+   duration bucket (:mod:`shardio.planning.bucketing`), batches form within a bucket, and the batch order is
+   shuffled within each window; with ``sync_buckets`` (the default when bucketing) the batches are instead
    ordered in rounds of ``world_size`` of one bucket and nearly equal cost (:mod:`shardio.planning.rounds`).
    Samples outside ``[min_duration, max_sample_duration]`` are left out.
 3. **Deal** (:func:`deal`): batch ``j * world_size + r`` goes to rank ``r``. The last partial round is
@@ -94,101 +97,7 @@ class EpochPlan:
 
 BLOCK = bucketing.BLOCK
 batch_offsets = bucketing.batch_offsets
-
-
-def deal(num_batches: int, world_size: int, remainder: str,
-         seconds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
-
-    Round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) gives one batch to each
-    rank. Given each batch's audio ``seconds``, a round's batches go longest first to the ranks with the
-    least audio so far, so the ranks' audio totals stay within about one batch of each other over an
-    epoch (a loop over rounds, not samples); without it, batch ``j * world_size + r`` goes to rank ``r``.
-    """
-    per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
-    used = per_rank * world_size
-    if used <= num_batches:
-        chosen = np.arange(used, dtype=np.int64)
-    else:
-        chosen = np.concatenate([np.arange(num_batches), np.arange(used - num_batches) % num_batches])
-    left_out = np.arange(used, num_batches, dtype=np.int64)
-    rounds = chosen.reshape(per_rank, world_size)
-    if seconds is not None and world_size > 1 and per_rank > 0:
-        longest_first = np.take_along_axis(rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1)
-        ordered_seconds = seconds[longest_first].tolist()
-        totals = [0.0] * world_size
-        ranks = list(range(world_size))
-        receivers = []
-        for round_seconds in ordered_seconds:
-            ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
-            for rank, batch_seconds in zip(ranks, round_seconds):
-                totals[rank] += batch_seconds
-            receivers.append(list(ranks))
-        dealt = np.empty_like(rounds)
-        dealt[np.arange(per_rank)[:, None], np.array(receivers)] = longest_first
-        rounds = dealt
-    return rounds.T.copy(), left_out
-
-
-@dataclass(frozen=True)
-class _Grouping:
-    windows: np.ndarray  # per id: its window (batches never span windows; batch order shuffles within)
-    buckets: np.ndarray  # per id: its bucket key (batches never span buckets)
-    generator: np.random.Generator | None  # shuffles batches within windows; None keeps them in order
-
-
-def _plan_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
-                  grouping: _Grouping | None = None, limit: int | None = None) -> EpochPlan:
-    seconds = durations[order]  # per position: gathered once for every step that needs it
-    excluded = 0
-    if batching.filters:
-        fits = batching.eligible(seconds)
-        excluded = int(order.shape[0] - fits.sum())
-        order, seconds = (order[fits], seconds[fits]) if excluded else (order, seconds)
-        del fits
-    starts = None
-    if grouping is not None:
-        runs = np.cumsum(bucketing.group_starts(grouping.windows[order])) - 1  # windows arrive in runs
-        key = runs * (int(grouping.buckets.max(initial=0)) + 1) + grouping.buckets[order]
-        sort = bucketing.stable_order(key)
-        order, seconds, starts = order[sort], seconds[sort], bucketing.group_starts(key[sort])
-    offsets = batch_offsets(seconds, batching, starts)
-    costs = None
-    if grouping is not None and offsets.shape[0] > 1:
-        if batching.synchronised:
-            order, offsets = rounds.compact(order, offsets, durations, grouping.buckets, batching)
-            first = order[offsets[:-1]]
-            costs = rounds.batch_costs(durations[order], offsets, batching)
-            perm = rounds.synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
-                                             grouping.generator)
-            costs = costs[perm]
-        else:
-            perm = bucketing.shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
-        order, offsets = bucketing.reorder_batches(order, offsets, perm)
-        seconds = durations[order]
-    audio, padded_seconds = bucketing.batch_audio(seconds, offsets)
-    if costs is None:
-        costs = padded_seconds if batching.padded_cost else rounds.batch_costs(seconds, offsets, batching)
-    del seconds
-    report: dict[str, Any] = {"padding_ratio": round(bucketing.padding_of(audio, padded_seconds), 6)}
-    batch_seconds = audio
-    num_batches = offsets.shape[0] - 1
-    if limit is not None and num_batches:
-        # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
-        kept = int(offsets[min(limit, num_batches)])
-        report.update(skipped=int(order.shape[0]) - kept, repeated=0)
-        kept_batches = np.arange(limit, dtype=np.int64) % num_batches
-        order, offsets = bucketing.reorder_batches(order, offsets, kept_batches)
-        report["repeated"], costs = max(0, int(order.shape[0]) - kept), costs[kept_batches]
-        batch_seconds, num_batches = audio[kept_batches], limit
-    if num_batches == 0:
-        return EpochPlan(order, offsets, np.zeros((world_size, 0), np.int64), excluded=excluded, report=report)
-    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, batch_seconds)
-    sizes = np.diff(offsets)
-    dropped = int(sizes[left_out].sum())
-    padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
-    report["step_efficiency"] = rounds.step_efficiency(costs[rank_batches])
-    return EpochPlan(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded, report=report)
+deal = rounds.deal
 
 
 def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch: int, world_size: int,
@@ -222,8 +131,9 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
         grouping = None
         if windows is not None and buckets is not None:
             generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
-            grouping = _Grouping(windows, buckets, generator)
-        return _plan_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
+            grouping = rounds.Grouping(windows, buckets, generator)
+        return EpochPlan(*rounds.batch_segment(ids, durations, batching, size, grouping,
+                                               limit if number == 0 else None))
 
     for number, finished in enumerate(history):
         order = excluding(number, order)

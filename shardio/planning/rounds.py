@@ -1,7 +1,9 @@
-"""Step-synchronised rounds: at every step all ranks get batches of one bucket and of nearly equal cost.
+"""One batching pass over a segment (:func:`batch_segment`), its step-synchronised rounds, and the deal to ranks.
 
-DDP waits for the slowest rank at every step, so a step costs the *most* expensive of its ``world_size``
-batches. The deal (:func:`shardio.planning.plan.deal`) gives round ``j`` (batches ``j * world_size`` to
+:func:`batch_segment` runs the pass in one place: samples filtered, grouped by (window, bucket), batched
+(:mod:`shardio.planning.batches`), ordered in rounds, dealt (:func:`deal`) and reported. With
+``Batching.sync_buckets`` every step gives all ranks batches of one bucket and of nearly equal cost. DDP waits for the slowest rank at every step, so a step costs the *most* expensive of its ``world_size``
+batches. The deal (:func:`deal`) gives round ``j`` (batches ``j * world_size`` to
 ``j * world_size + world_size - 1``) one batch per rank; with ``Batching.sync_buckets`` the planner orders
 the batches so that every round is made of batches of the same bucket and of nearly equal cost (the idea
 of Lhotse's ``sync_buckets``: all ranks draw the same bucket at a step). Pure numpy, as the planner:
@@ -25,46 +27,20 @@ shard windows as far as a bucket's chunk reaches.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
 import numpy as np
 
-from ..errors import OptionError
-from .bucketing import batch_audio, batch_offsets, group_starts, stable_order
-from .options import Batching, sample_cost
+from .batches import (batch_audio, batch_costs, batch_offsets, eligible, group_starts, padding_of,
+                      reorder_batches, shuffle_batches, stable_order, underfull)
+from .options import Batching
 
-__all__ = ["CHUNK_ROUNDS", "batch_costs", "underfull", "compact", "synchronised_order", "step_efficiency"]
+__all__ = ["CHUNK_ROUNDS", "Grouping", "Segmented", "batch_costs", "underfull", "compact", "synchronised_order",
+           "step_efficiency", "deal", "batch_segment"]
 
 CHUNK_ROUNDS = 2
 """Rounds of one bucket sorted by cost together: more balances better, fewer keeps a rank's reads nearer."""
-
-
-def batch_costs(durations: np.ndarray, offsets: np.ndarray, batching: Batching) -> np.ndarray:
-    """Each batch's cost under ``batching``'s cost model; ``durations`` in batched order."""
-    if offsets.shape[0] < 2:
-        return np.zeros(0)
-    if batching.batch_cost is not None:
-        costs = np.array([float(batching.batch_cost(durations[offsets[b]:offsets[b + 1]]))
-                          for b in range(offsets.shape[0] - 1)], dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))
-        if bad.shape[0]:
-            raise OptionError(f"batch_cost {batching.batch_cost_name!r} returned {costs[bad[0]]} for a batch of "
-                              f"{int(offsets[bad[0] + 1] - offsets[bad[0]])} samples: it must return a finite, "
-                              "non-negative number")
-        return costs
-    if batching.quadratic_duration is None:
-        return batch_audio(durations, offsets)[1]
-    longest = np.maximum.reduceat(sample_cost(durations, batching.quadratic_duration), offsets[:-1])
-    return longest * np.diff(offsets)
-
-
-def underfull(durations: np.ndarray, offsets: np.ndarray, batching: Batching) -> np.ndarray:
-    """Per batch: whether one more sample as costly as its longest would still fit (``durations`` in
-    batched order)."""
-    sizes = np.diff(offsets)
-    if batching.max_duration is None:
-        return sizes < (batching.batch_size or 1)
-    longest = np.maximum.reduceat(sample_cost(durations, batching.quadratic_duration), offsets[:-1])
-    fits = (sizes + 1) * longest <= batching.max_duration * (1 + 1e-9)
-    return fits & (sizes < (batching.max_batch_size or np.iinfo(np.int64).max))
 
 
 def compact(order: np.ndarray, offsets: np.ndarray, durations: np.ndarray, buckets: np.ndarray,
@@ -129,3 +105,115 @@ def step_efficiency(costs: np.ndarray) -> float:
 def _ties(n: int, generator: np.random.Generator | None) -> np.ndarray:
     """Random tie-breakers (or the identity order without a generator)."""
     return np.asarray(generator.random(n)) if generator is not None else np.arange(n, dtype=np.float64)
+
+
+def deal(num_batches: int, world_size: int, remainder: str,
+         seconds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
+
+    Round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) gives one batch to each
+    rank. Given each batch's audio ``seconds``, a round's batches go longest first to the ranks with the
+    least audio so far, so the ranks' audio totals stay within about one batch of each other over an
+    epoch (a loop over rounds, not samples); without it, batch ``j * world_size + r`` goes to rank ``r``.
+    """
+    per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
+    used = per_rank * world_size
+    if used <= num_batches:
+        chosen = np.arange(used, dtype=np.int64)
+    else:
+        chosen = np.concatenate([np.arange(num_batches), np.arange(used - num_batches) % num_batches])
+    left_out = np.arange(used, num_batches, dtype=np.int64)
+    rounds = chosen.reshape(per_rank, world_size)
+    if seconds is not None and world_size > 1 and per_rank > 0:
+        longest_first = np.take_along_axis(rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1)
+        ordered_seconds = seconds[longest_first].tolist()
+        totals = [0.0] * world_size
+        ranks = list(range(world_size))
+        receivers = []
+        for round_seconds in ordered_seconds:
+            ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
+            for rank, batch_seconds in zip(ranks, round_seconds):
+                totals[rank] += batch_seconds
+            receivers.append(list(ranks))
+        dealt = np.empty_like(rounds)
+        dealt[np.arange(per_rank)[:, None], np.array(receivers)] = longest_first
+        rounds = dealt
+    return rounds.T.copy(), left_out
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a segment's samples group: per id its shard window and bucket, and the batch shuffle."""
+
+    windows: np.ndarray  # per id: its window (batches never span windows; batch order shuffles within)
+    buckets: np.ndarray  # per id: its bucket key (batches never span buckets)
+    generator: np.random.Generator | None  # shuffles batches within windows; None keeps them in order
+
+
+class Segmented(NamedTuple):
+    """A segment planned for all ranks: the fields of :class:`~shardio.planning.plan.EpochPlan`, in its order."""
+
+    samples: np.ndarray
+    offsets: np.ndarray
+    rank_batches: np.ndarray
+    excluded: int
+    dropped: int
+    padded: int
+    report: dict[str, Any]
+
+
+def batch_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
+                  grouping: Grouping | None = None, limit: int | None = None) -> Segmented:
+    """One batching pass over a segment's samples in ``order``: filtered, grouped, batched, ordered in rounds
+    and dealt to ``world_size`` ranks (see :mod:`shardio.planning.plan`); ``limit``: exactly that many batches."""
+    seconds = durations[order]  # per position: gathered once for every step that needs it
+    excluded = 0
+    if batching.filters:
+        fits = eligible(seconds, batching)
+        excluded = int(order.shape[0] - fits.sum())
+        order, seconds = (order[fits], seconds[fits]) if excluded else (order, seconds)
+        del fits
+    starts = None
+    if grouping is not None:
+        runs = np.cumsum(group_starts(grouping.windows[order])) - 1  # windows arrive in runs
+        key = runs * (int(grouping.buckets.max(initial=0)) + 1) + grouping.buckets[order]
+        sort = stable_order(key)
+        order, seconds, starts = order[sort], seconds[sort], group_starts(key[sort])
+    offsets = batch_offsets(seconds, batching, starts)
+    costs = None
+    if grouping is not None and offsets.shape[0] > 1:
+        if batching.synchronised:
+            order, offsets = compact(order, offsets, durations, grouping.buckets, batching)
+            first = order[offsets[:-1]]
+            costs = batch_costs(durations[order], offsets, batching)
+            perm = synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
+                                      grouping.generator)
+            costs = costs[perm]
+        else:
+            perm = shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
+        order, offsets = reorder_batches(order, offsets, perm)
+        seconds = durations[order]
+    audio, padded_seconds = batch_audio(seconds, offsets)
+    if costs is None:
+        costs = padded_seconds if batching.padded_cost else batch_costs(seconds, offsets, batching)
+    del seconds
+    report: dict[str, Any] = {"padding_ratio": round(padding_of(audio, padded_seconds), 6)}
+    batch_seconds = audio
+    num_batches = offsets.shape[0] - 1
+    if limit is not None and num_batches:
+        # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
+        kept = int(offsets[min(limit, num_batches)])
+        report.update(skipped=int(order.shape[0]) - kept, repeated=0)
+        kept_batches = np.arange(limit, dtype=np.int64) % num_batches
+        order, offsets = reorder_batches(order, offsets, kept_batches)
+        report["repeated"], costs = max(0, int(order.shape[0]) - kept), costs[kept_batches]
+        batch_seconds, num_batches = audio[kept_batches], limit
+    if num_batches == 0:
+        return Segmented(order, offsets, np.zeros((world_size, 0), np.int64), excluded, 0, 0, report)
+    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, batch_seconds)
+    sizes = np.diff(offsets)
+    dropped = int(sizes[left_out].sum())
+    padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
+    report["step_efficiency"] = step_efficiency(costs[rank_batches])
+    return Segmented(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded,
+                     report=report)
