@@ -3,8 +3,8 @@
 Every decision of the loader is a pure function of the index, the seed and the options a saved state
 records, so :class:`Trace` answers "which keys did rank 3 train on at step 41,207?" and "when was
 utterance X seen?" without reading a byte of audio. It plans with the dataset's own planner
-(``dataset.planner``, a :class:`~shardio.planning.planner.Planner`: mixes, quarantines and re-mixes included) and follows the epoch's elastic
-history exactly as the loader played it.
+(``dataset.planner``, a :class:`~shardio.Planner`: mixes, quarantines and re-mixes included) and follows the
+epoch's elastic history exactly as the loader played it.
 
 **Steps.** ``step`` counts batches per rank from the start of the epoch, across elastic segments: segment
 ``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier segments'
@@ -102,7 +102,8 @@ class Trace:
             if type(segment) is not int or not 0 <= segment <= len(history):
                 raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
             world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-            self._plans[(epoch, segment)] = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
+            planned = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
+            self._plans[(epoch, segment)] = planned
         return self._plans[(epoch, segment)]
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:

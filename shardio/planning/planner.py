@@ -63,13 +63,16 @@ class Planner:
         options = options_of(self.batching, self.ordering)
         if self.mix is None:
             return options
-        return {**options, "mix": self.mix.options(), "corpora": {n: part.fingerprint for n, part in self.corpora}}
+        corpora = {name: part.fingerprint for name, part in self.corpora}
+        return {**options, "mix": self.mix.options(), "corpora": corpora}
 
     def columns(self) -> dict[str, CorpusColumns]:
         """A mix's planner columns per corpus (each corpus's own, as mapped: nothing is concatenated)."""
-        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards)) for name, part in self.corpora}
+        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
+                for name, part in self.corpora}
 
-    def plan(self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE) -> EpochPlan:
+    def plan(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
+             surgery: Surgery = _NONE) -> EpochPlan:
         """The plan of ``epoch`` for ``world_size`` ranks after the finished segments ``history``, without the
         samples ``surgery`` quarantines (and, for a mix, with its re-mixed streams).
 
@@ -111,7 +114,8 @@ class Planner:
 
     def quotas(self) -> dict[str, int]:
         """The samples each corpus of a mix contributes to an epoch."""
-        return mix_quotas(self.columns(), self._mix(), self.planned_batching, seed=self.seed, ordering=self.ordering)
+        return mix_quotas(self.columns(), self._mix(), self.planned_batching, seed=self.seed,
+                          ordering=self.ordering)
 
     @staticmethod
     def share(plan: EpochPlan, rank: int) -> RankPlan:
