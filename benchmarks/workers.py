@@ -103,7 +103,7 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
     def build(plan: Any, epoch: int, number: int) -> dict[str, Any]:
         if not hasattr(local, "assembler"):
             local.assembler = Assembler(dataset._new_reader(), Decoding(), seed=dataset.seed, batched=True,
-                                        on_error="raise", fields=dataset._fields)
+                                        on_error="raise", fields=dataset.planner.fields)
         return local.assembler.batch(plan.batch(number), epoch, plan.repeat_flags(number))
 
     def batches() -> Iterator[dict[str, Any]]:

@@ -60,7 +60,7 @@ class LoaderState:
     def surgery(self) -> Surgery:
         """``extra`` as typed values: the state's quarantines and re-mix (:class:`~shardio.planning.surgery.Surgery`),
         parsed and bounded (a :class:`StateError` where malformed; :meth:`from_dict` parses it)."""
-        return Surgery.of(self.extra)
+        return Surgery.of(self.extra) if self.extra else Surgery()
 
     @property
     def position(self) -> int:

@@ -204,12 +204,12 @@ def test_a_long_history_is_refused_before_planning(data: str, valid: dict[str, A
 
 def test_a_resume_beyond_the_history_kept_is_refused_before_planning(data: str, valid: dict[str, Any],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardio.datasets.dataset import ShardDataset as Dataset
+    from shardio.planning.planner import Planner
 
     def no_planning(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("planned")
 
-    monkeypatch.setattr(Dataset, "_check_position", no_planning)
+    monkeypatch.setattr(Planner, "plan", no_planning)
     refused(data, {**valid, "world_size": 2, "history": [[1, 0]] * 32}, "history")
 
 

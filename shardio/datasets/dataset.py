@@ -35,7 +35,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from .checks import check_rates, check_some_eligible, source_index
-from .epochplans import EpochPlans
+from .epochplans import EpochPlans, extra_of
 from ..errors import OptionError, StateError, shown
 from ..planning.exclusions import leave_out_consumed
 from ..checks.options import integer
@@ -188,7 +188,7 @@ class ShardDataset(IterableDataset):
         control = self._progress.control
         current = control.instruction()
         if not (current.loaded and current.epoch == epoch and not control.started()):
-            control.give(Instruction(epoch, extra=extra_mark(self._surgery.to_extra())))
+            control.give(Instruction(epoch, extra=extra_mark(extra_of(self._surgery))))
         given = control.instruction()
         self._share(given.epoch, given.history, context)  # here, before workers: they inherit, receive or map it
 
@@ -205,7 +205,7 @@ class ShardDataset(IterableDataset):
     def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
         return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
                            world_size=self.ranks(context).world_size, history=at.history, start=at.start,
-                           extra=self._surgery.to_extra(), **fields)
+                           extra=extra_of(self._surgery), **fields)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs)."""
@@ -242,7 +242,8 @@ class ShardDataset(IterableDataset):
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = loaded.surgery
-        surgery.check_ids(len(self.index))
+        if surgery.quarantines:
+            surgery.check_ids(len(self.index))
         if loaded.world_size != world_size:
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world_size, loaded.position, loaded.epoch)
@@ -262,7 +263,7 @@ class ShardDataset(IterableDataset):
         if context.in_worker:
             self._progress.give_own(instruction, skip)
         else:
-            self._progress.control.give(replace(instruction, extra=extra_mark(self._surgery.to_extra())))
+            self._progress.control.give(replace(instruction, extra=extra_mark(extra_of(self._surgery))))
 
     def _new_reader(self) -> Reader:
         cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
@@ -301,7 +302,7 @@ class ShardDataset(IterableDataset):
         refuse_resharding(context, None if context.in_worker else sys._getframe(1))
         progress = self._progress
         at, skip = progress.upcoming(context), progress.upcoming_skip()
-        if progress.follows_control and progress.control.instruction().extra != extra_mark(self._surgery.to_extra()):
+        if progress.follows_control and progress.control.instruction().extra != extra_mark(extra_of(self._surgery)):
             raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
                               "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
                               "it: load the state before creating the DataLoader, or use persistent_workers=False")

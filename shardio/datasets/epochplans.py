@@ -28,9 +28,16 @@ from ..runtime.progress import Progress
 from ..runtime.sharing import shared
 from ..world import Context, World
 
-__all__ = ["EpochPlans"]
+__all__ = ["EpochPlans", "extra_of"]
 
 logger = logging.getLogger("shardio.datasets.dataset")  # the dataset's own logger: these are its messages
+
+
+def extra_of(surgery: Surgery) -> dict[str, Any]:
+    """``surgery`` as a state's ``extra`` (``{}`` without any, made here: nothing to serialise on the plain path)."""
+    if not (surgery.quarantines or surgery.streams is not None or surgery.other):
+        return {}
+    return surgery.to_extra()
 
 
 class EpochPlans:
@@ -58,7 +65,7 @@ class EpochPlans:
 
     def plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, surgery: Surgery) -> EpochPlan:
         """The whole plan of ``epoch`` after ``history`` (the last one asked for is kept)."""
-        key = (epoch, history, world_size, json.dumps(surgery.to_extra(), sort_keys=True))
+        key = (epoch, history, world_size, json.dumps(extra_of(surgery), sort_keys=True))
         if key not in self.plans:
             self.plans = {key: self.planner.plan(epoch, world_size, history, surgery)}
             report = self.plans[key].report
@@ -77,7 +84,7 @@ class EpochPlans:
         """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept. ``others()``: whether
         other processes may need it (workers, other ranks), so that it is planned once per node into plan files
         (asked only when the share is not kept yet)."""
-        extra = surgery.to_extra()
+        extra = extra_of(surgery)
         key = (epoch, history, world.world_size, world.rank, json.dumps(extra, sort_keys=True))
         if key not in self.shares:
             index = self.planner.index

@@ -93,10 +93,10 @@ class Planner:
         if self.mix is None:
             return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
                               epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
-                              history=history, exclude=surgery.exclusions(epoch))
+                              history=history, exclude=surgery.exclusions(epoch) if surgery.quarantines else ())
         return plan_mix(self.columns(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
                         batching=batching, ordering=self.ordering, history=history,
-                        exclude=surgery.exclusions(epoch), **self._streams(epoch, surgery))
+                        exclude=surgery.exclusions(epoch) if surgery.quarantines else (), **self._streams(epoch, surgery))
 
     def occurrences(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
                     surgery: Surgery = _NONE) -> tuple[EpochPlan, Any]:
@@ -109,7 +109,7 @@ class Planner:
         plan, occurrences, _ = plan_occurrences(
             self.columns(), self._mix(), seed=self.seed, epoch=epoch, world_size=world_size,
             batching=self.planned_batching, ordering=self.ordering, history=history,
-            exclude=surgery.exclusions(epoch), **self._streams(epoch, surgery))
+            exclude=surgery.exclusions(epoch) if surgery.quarantines else (), **self._streams(epoch, surgery))
         return plan, occurrences
 
     def quotas(self) -> dict[str, int]:
