@@ -1,0 +1,125 @@
+"""What a new user met in the first hour (issue 39): the ledger on the checkpoints users write, one meaning of
+"step", and Lightning's warnings on an exact resume.
+
+Real files throughout: the README loop's ``torch.save`` dict, an Accelerate ``save_state`` directory, a
+Lightning ``.ckpt`` from a tiny in-process ``Trainer`` run; ``shardio trace`` and ``quarantine`` read each and
+``quarantine`` writes a copy the same script resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sample_shards import make_uneven_dataset
+from shardio import ShardDataset, StateError, World
+from shardio.cli import main
+from shardio.ledger.checkpoints import read_checkpoint, write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("first_hour") / "data"
+    make_uneven_dataset(root, [9, 7, 5, 4], seed=2)
+    return root
+
+
+def make(data: Path, world: World = World(0, 1)) -> ShardDataset:
+    return ShardDataset(str(data), batch_size=3, seed=0, world=world)
+
+
+def readme_checkpoint(data: Path, path: Path, steps: int) -> tuple[ShardDataset, list[list[str]]]:
+    """The README loop's checkpoint after ``steps`` batches of epoch 0, and the keys of every batch trained."""
+    ds, seen = make(data), []
+    for step, batch in enumerate(ds, start=1):
+        seen.append(list(batch["keys"]))
+        if step == steps:
+            torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "loader": ds.state_after(batch),
+                        "step": step}, path)
+            break
+    return ds, seen
+
+
+def test_trace_and_quarantine_read_a_torch_save_checkpoint_and_write_one_the_loop_resumes(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt, healed = tmp_path / "ckpt.pt", tmp_path / "healed.pt"
+    _, seen = readme_checkpoint(data, ckpt, steps=2)
+    assert main(["trace", str(data), "--state", str(ckpt), "--step", "1", "--json"]) == 0  # old code: exit 2
+    assert json.loads(capsys.readouterr().out)["keys"] == seen[1]
+    rest = [list(b["keys"]) for b in _resumed(data, torch.load(ckpt, weights_only=True)["loader"])]
+    bad = rest[0][0]
+    assert main(["quarantine", str(data), "--state", str(ckpt), "--key", bad, "--out", str(healed)]) == 0
+    assert "healed.pt['loader']" in capsys.readouterr().out
+    loaded, original = torch.load(healed, weights_only=True), torch.load(ckpt, weights_only=True)
+    assert loaded["step"] == 2 and torch.equal(loaded["model"]["weight"], original["model"]["weight"])
+    after = [k for b in _resumed(data, loaded["loader"]) for k in b["keys"]]
+    assert bad not in after and sorted(after + [bad]) == sorted(k for b in rest for k in b)
+
+
+def _resumed(data: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+    ds = make(data)
+    ds.load_state_dict(state)
+    return list(ds)
+
+
+def test_a_checkpoint_holding_an_object_is_refused_and_nothing_in_it_runs(data: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    marker = tmp_path / "ran"
+    torch.save({"loader": make(data).state_dict(), "hook": _Runs(str(marker))}, ckpt)
+    with pytest.raises(StateError, match="weights_only=True"):
+        read_checkpoint(str(ckpt))
+    assert not marker.exists()
+
+
+class _Runs:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (open, (self.path, "w"))
+
+
+def test_a_json_state_and_a_state_dict_without_a_state_are_told_apart(data: Path, tmp_path: Path) -> None:
+    state, empty = tmp_path / "state.json", tmp_path / "empty.pt"
+    state.write_text(json.dumps(make(data).state_dict()))
+    found = read_checkpoint(str(state))
+    assert found.kind == "json" and found.where == ()
+    out = tmp_path / "again.json"
+    write_checkpoint(found, found.state, str(out))
+    assert json.loads(out.read_text()) == found.state
+    torch.save({"model": {}}, empty)
+    with pytest.raises(StateError, match="no shardio loader state"):
+        read_checkpoint(str(empty))
+
+
+def test_global_step_maps_through_each_epochs_plan(data: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    ds = ShardDataset(str(data), max_duration=1.0, seed=0)  # duration batches: epochs of different lengths
+    by_global = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        by_global += [(epoch, step, list(b["keys"])) for step, b in enumerate(ds)]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(ds.state_dict()))
+    for global_step in (0, len(by_global) // 2, len(by_global) - 1):
+        assert main(["trace", str(data), "--state", str(state), "--global-step", str(global_step),
+                     "--json"]) == 0
+        captured = capsys.readouterr()
+        row = json.loads(captured.out)
+        epoch, step, keys = by_global[global_step]
+        assert (row["epoch"], row["step"], row["keys"]) == (epoch, step, keys)
+        assert f"epoch {epoch} epoch step {step} (from 0)" in captured.err
+
+
+def test_trace_help_says_which_step_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["trace", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "from 0" in text and "--global-step" in text
