@@ -123,3 +123,88 @@ def test_trace_help_says_which_step_it_takes(capsys: pytest.CaptureFixture[str])
         main(["trace", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "from 0" in text and "--global-step" in text
+
+
+def _fit(data: Path, root: Path, *, callback: bool, max_steps: int, ckpt_path: str | None = None) -> list[str]:
+    """A tiny in-process Lightning run (0 workers); the messages of the warnings it raised."""
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch.utils.data import DataLoader
+
+    from shardio.integrations.lightning import ShardioCallback
+
+    resume = ShardioCallback() if callback else None
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            return self.layer(batch["audio"].mean(dim=(1, 2)).unsqueeze(1)).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> DataLoader:
+            ds = make(data)
+            return DataLoader(resume.attach(ds) if resume else ds, batch_size=None, num_workers=0)
+
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(root), every_n_train_steps=1, save_top_k=-1,
+                                         filename="{step}")
+    trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[saver, *([resume] if resume else [])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Model(), ckpt_path=ckpt_path)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("callback", [True, False])
+def test_lightning_warnings_on_an_exact_resume_are_silenced_by_the_callback_only(
+        data: Path, tmp_path: Path, callback: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pytorch_lightning")
+    saved = warnings.filters[:]
+    try:
+        _fit(data, tmp_path, callback=callback, max_steps=2)
+        caught = _fit(data, tmp_path / "again", callback=callback, max_steps=4, ckpt_path=str(tmp_path / "step=2.ckpt"))
+    finally:
+        warnings.filters[:] = saved
+    wrong = [m for m in caught if "`__len__` defined" in m or "not resumable" in m]
+    assert bool(wrong) != callback, wrong
+    if callback:  # and the ledger reads the .ckpt: epoch step 2 is the batch after the checkpoint's two
+        capsys.readouterr()
+        assert main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--step", "2", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["keys"] == list(next(iter(_batches(data, 3)))["keys"])
+
+
+def _batches(data: Path, skip: int) -> list[dict[str, Any]]:
+    return list(make(data))[skip - 1:]
+
+
+def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from shardio.integrations.accelerate import track
+
+    accelerator = Accelerator(cpu=True)
+    ds = make(data)
+    progress = track(accelerator, ds)
+    batches = []
+    for batch in ds:
+        batches.append(list(batch["keys"]))
+        progress.update(batch)
+        if len(batches) == 2:
+            break
+    accelerator.save_state(str(tmp_path / "ckpt"))
+    assert main(["trace", str(data), "--state", str(tmp_path / "ckpt"), "--step", "2", "--json"]) == 0
+    bad = json.loads(capsys.readouterr().out)["keys"][0]
+    assert main(["quarantine", str(data), "--state", str(tmp_path / "ckpt"), "--key", bad, "--out",
+                 str(tmp_path / "healed")]) == 0
+    resumed, restarted = make(data), Accelerator(cpu=True)  # the resumed script's
+    again = track(restarted, resumed)
+    restarted.load_state(str(tmp_path / "healed"))
+    assert again.epoch == 0
+    keys = [k for b in resumed for k in b["keys"]]
+    assert bad not in keys and len(keys) == len(resumed.index.keys) - 2 * 3 - 1
