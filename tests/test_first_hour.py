@@ -208,3 +208,25 @@ def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
     assert again.epoch == 0
     keys = [k for b in resumed for k in b["keys"]]
     assert bad not in keys and len(keys) == len(resumed.index.keys) - 2 * 3 - 1
+
+
+def test_a_resume_on_another_world_size_logs_one_info_line_with_the_padding(
+        data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    two = make(data, World(0, 2))
+    batch = next(iter(two))
+    state = two.state_after(batch)
+    three = make(data, World(1, 3))
+    with caplog.at_level("INFO", logger="shardio.dataset"):
+        three.load_state_dict(state)
+    lines = [r.getMessage() for r in caplog.records if "world size changed" in r.getMessage()]
+    repeated = sum(int(b["repeat"].sum()) for b in three)
+    assert len(lines) == 1 and "from 2 to 3 at batch 1 of epoch 0" in lines[0], lines
+    assert f"{len(three)} batches per rank, {repeated} samples repeated on rank 1" in lines[0]
+
+
+def test_pack_help_shows_the_manifest_schema_and_the_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["pack", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "audio_filepath" in text and "id or key" in text and "a/b/utt1.wav -> utt1" in text
+    assert "ranks x workers" in text
