@@ -230,3 +230,26 @@ def test_pack_help_shows_the_manifest_schema_and_the_keys(capsys: pytest.Capture
     text = " ".join(capsys.readouterr().out.split())
     assert "audio_filepath" in text and "id or key" in text and "a/b/utt1.wav -> utt1" in text
     assert "ranks x workers" in text
+
+
+def test_quarantine_takes_a_trainers_global_steps(data: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    ds, trained = make(data), []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        trained += [list(b["keys"]) for b in ds]
+    first_epoch = len(ds)
+    ds.set_epoch(1)
+    batch = next(iter(ds))
+    state, out = tmp_path / "state.json", tmp_path / "healed.json"
+    state.write_text(json.dumps(ds.state_after(batch)))  # epoch 1, after its first batch
+    g = first_epoch + 2  # the third batch of epoch 1
+    assert main(["quarantine", str(data), "--state", str(state), "--global-steps", f"{g}:{g + 1}",
+                 "--out", str(out)]) == 0
+    assert "epoch 1 epoch steps 2:3" in capsys.readouterr().err
+    healed = make(data)
+    healed.load_state_dict(json.loads(out.read_text()))
+    rest = {k for b in healed for k in b["keys"]}
+    assert not rest & set(trained[g]) and rest == {k for b in trained[first_epoch + 1:] for k in b} - set(trained[g])
+    assert main(["quarantine", str(data), "--state", str(state), "--global-steps", "0:1", "--out", str(out)]) == 2
+    assert "a quarantine takes steps of the state's epoch 1" in capsys.readouterr().err

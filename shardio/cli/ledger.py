@@ -127,6 +127,9 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
                         help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
                              "start, as trace --step counts; trace --global-step G names the epoch step of a "
                              "trainer's global step)")
+    parser.add_argument("--global-steps", type=_step_range, metavar="G1:G2",
+                        help="as --steps, for a trainer's global steps G1 to G2 - 1 (from 0 across epochs; "
+                             "mapped as trace --global-step maps them, within the state's epoch)")
     parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
     parser.set_defaults(run=_run_quarantine)
 
@@ -138,8 +141,11 @@ def _run_quarantine(args: argparse.Namespace) -> int:
 
     checkpoint = read_checkpoint(args.state)
     state = checkpoint.state
-    healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,
-                        carry=args.carry)
+    dataset = open_for_state(args.dataset, state)
+    steps = args.steps
+    if args.global_steps is not None:
+        steps = _epoch_steps(dataset, state, args)
+    healed = quarantine(state, dataset, keys=args.key, steps=steps, carry=args.carry)
     written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
     print(f"quarantined {len(rows)} samples; resume from {args.out} (the state at {_place(checkpoint, written)})")
@@ -148,6 +154,23 @@ def _run_quarantine(args: argparse.Namespace) -> int:
             ("\tcarried" if row["carry"] else "")
         print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
     return 0
+
+
+def _epoch_steps(dataset: Any, state: dict[str, Any], args: argparse.Namespace) -> tuple[int, int]:
+    """``--global-steps G1:G2`` as epoch steps of the state's epoch (an :class:`OptionError` otherwise)."""
+    from ..ledger.trace import Trace
+
+    if args.steps is not None:
+        raise OptionError("--steps and --global-steps: choose one")
+    trace = Trace(dataset, state)
+    first, last = (trace.epoch_step(g) for g in (args.global_steps[0], args.global_steps[1] - 1))
+    if first[0] != trace.state.epoch or last[0] != trace.state.epoch:
+        raise OptionError(f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
+                          f"{first[1]} to epoch {last[0]} step {last[1]}; a quarantine takes steps of the state's "
+                          f"epoch {trace.state.epoch} (keys: --key, with --carry for later epochs)")
+    print(f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
+          f"steps {first[1]}:{last[1] + 1} (from 0)", file=sys.stderr)
+    return first[1], last[1] + 1
 
 
 def _weight(text: str) -> tuple[str, float]:
