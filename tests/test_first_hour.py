@@ -21,7 +21,6 @@ import torch
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, StateError, World
 from shardio.cli import main
-from shardio.ledger.checkpoints import read_checkpoint, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +69,8 @@ def _resumed(data: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_a_checkpoint_holding_an_object_is_refused_and_nothing_in_it_runs(data: Path, tmp_path: Path) -> None:
+    from shardio.ledger.checkpoints import read_checkpoint
+
     ckpt = tmp_path / "ckpt.pt"
     marker = tmp_path / "ran"
     torch.save({"loader": make(data).state_dict(), "hook": _Runs(str(marker))}, ckpt)
@@ -87,6 +88,8 @@ class _Runs:
 
 
 def test_a_json_state_and_a_state_dict_without_a_state_are_told_apart(data: Path, tmp_path: Path) -> None:
+    from shardio.ledger.checkpoints import read_checkpoint, write_checkpoint
+
     state, empty = tmp_path / "state.json", tmp_path / "empty.pt"
     state.write_text(json.dumps(make(data).state_dict()))
     found = read_checkpoint(str(state))
