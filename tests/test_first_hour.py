@@ -37,11 +37,11 @@ def make(data: Path, world: World = World(0, 1)) -> ShardDataset:
 def readme_checkpoint(data: Path, path: Path, steps: int) -> tuple[ShardDataset, list[list[str]]]:
     """The README loop's checkpoint after ``steps`` batches of epoch 0, and the keys of every batch trained."""
     ds, seen = make(data), []
-    for step, batch in enumerate(ds, start=1):
+    for step, batch in enumerate(ds, start=1):  # the README loop's global_step after its += 1
         seen.append(list(batch["keys"]))
         if step == steps:
             torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "loader": ds.state_after(batch),
-                        "step": step}, path)
+                        "global_step": step}, path)
             break
     return ds, seen
 
@@ -57,7 +57,7 @@ def test_trace_and_quarantine_read_a_torch_save_checkpoint_and_write_one_the_loo
     assert main(["quarantine", str(data), "--state", str(ckpt), "--key", bad, "--out", str(healed)]) == 0
     assert "healed.pt['loader']" in capsys.readouterr().out
     loaded, original = torch.load(healed, weights_only=True), torch.load(ckpt, weights_only=True)
-    assert loaded["step"] == 2 and torch.equal(loaded["model"]["weight"], original["model"]["weight"])
+    assert loaded["global_step"] == 2 and torch.equal(loaded["model"]["weight"], original["model"]["weight"])
     after = [k for b in _resumed(data, loaded["loader"]) for k in b["keys"]]
     assert bad not in after and sorted(after + [bad]) == sorted(k for b in rest for k in b)
 
@@ -178,6 +178,9 @@ def test_lightning_warnings_on_an_exact_resume_are_silenced_by_the_callback_only
         capsys.readouterr()
         assert main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--step", "2", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["keys"] == list(next(iter(_batches(data, 3)))["keys"])
+        assert main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--global-step", "2",
+                     "--json"]) == 0  # the .ckpt's global_step agrees with its state, so G maps
+        assert json.loads(capsys.readouterr().out)["keys"] == list(next(iter(_batches(data, 3)))["keys"])
 
 
 def _batches(data: Path, skip: int) -> list[dict[str, Any]]:
@@ -256,3 +259,37 @@ def test_quarantine_takes_a_trainers_global_steps(data: Path, tmp_path: Path,
     assert not rest & set(trained[g]) and rest == {k for b in trained[first_epoch + 1:] for k in b} - set(trained[g])
     assert main(["quarantine", str(data), "--state", str(state), "--global-steps", "0:1", "--out", str(out)]) == 2
     assert "a quarantine takes steps of the state's epoch 1" in capsys.readouterr().err
+
+
+def test_a_stateful_dataloader_state_is_traced_and_its_rewrite_refused_loudly(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = make(data)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    trained = []
+    for batch in loader:
+        trained.append(list(batch["keys"]))
+        if len(trained) == 3:
+            break
+    ckpt = tmp_path / "sdl.pt"
+    torch.save({"loader": loader.state_dict(), "global_step": 3}, ckpt)
+    del loader
+    assert main(["trace", str(data), "--state", str(ckpt), "--step", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["keys"] == [list(b["keys"]) for b in make(data)][3]
+    assert main(["quarantine", str(data), "--state", str(ckpt), "--key", trained[0][0], "--out",
+                 str(tmp_path / "out.pt")]) == 2
+    assert "per-worker states" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
+
+
+def test_a_global_step_the_checkpoint_contradicts_is_refused(data: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt, wrong = tmp_path / "ckpt.pt", tmp_path / "wrong.pt"
+    _, seen = readme_checkpoint(data, ckpt, steps=2)
+    saved = torch.load(ckpt, weights_only=True)
+    assert main(["trace", str(data), "--state", str(ckpt), "--global-step", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["keys"] == seen[1]
+    saved["global_step"] = 7  # as gradient accumulation, or an earlier epoch cut short, would leave it
+    torch.save(saved, wrong)
+    assert main(["trace", str(data), "--state", str(wrong), "--global-step", "1"]) == 2
+    assert "records global_step 7" in capsys.readouterr().err

@@ -53,9 +53,11 @@ def _run_trace(args: argparse.Namespace) -> int:
     from ..ledger.trace import Trace
 
     _check_trace_args(args)
-    state = read_checkpoint(args.state).state
+    checkpoint = read_checkpoint(args.state)
+    state = checkpoint.state
     trace = Trace(open_for_state(args.dataset, state), state)
     if args.global_step is not None:
+        _check_global_steps(trace, checkpoint)
         args.in_epoch, args.step = trace.epoch_step(args.global_step)
         print(f"# global step {args.global_step} (from 0) is epoch {args.in_epoch} epoch step {args.step} "
               "(from 0), if every epoch before ran whole on this world size", file=sys.stderr)
@@ -144,7 +146,7 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     dataset = open_for_state(args.dataset, state)
     steps = args.steps
     if args.global_steps is not None:
-        steps = _epoch_steps(dataset, state, args)
+        steps = _epoch_steps(dataset, checkpoint, args)
     healed = quarantine(state, dataset, keys=args.key, steps=steps, carry=args.carry)
     written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
@@ -156,13 +158,14 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _epoch_steps(dataset: Any, state: dict[str, Any], args: argparse.Namespace) -> tuple[int, int]:
+def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tuple[int, int]:
     """``--global-steps G1:G2`` as epoch steps of the state's epoch (an :class:`OptionError` otherwise)."""
     from ..ledger.trace import Trace
 
     if args.steps is not None:
         raise OptionError("--steps and --global-steps: choose one")
-    trace = Trace(dataset, state)
+    trace = Trace(dataset, checkpoint.state)
+    _check_global_steps(trace, checkpoint)
     first, last = (trace.epoch_step(g) for g in (args.global_steps[0], args.global_steps[1] - 1))
     if first[0] != trace.state.epoch or last[0] != trace.state.epoch:
         raise OptionError(f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
@@ -171,6 +174,21 @@ def _epoch_steps(dataset: Any, state: dict[str, Any], args: argparse.Namespace) 
     print(f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
           f"steps {first[1]}:{last[1] + 1} (from 0)", file=sys.stderr)
     return first[1], last[1] + 1
+
+
+def _check_global_steps(trace: Any, checkpoint: Any) -> None:
+    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not give
+    its state (earlier epochs cut short or on another world size, or gradient accumulation): a global step would
+    map to the wrong batch."""
+    recorded = checkpoint.global_step
+    if recorded is None:
+        return
+    planned = trace.global_step(trace.state.epoch, trace.position_step())
+    if planned != recorded:
+        raise OptionError(f"the checkpoint records global_step {recorded}, but its state stands at epoch "
+                          f"{trace.state.epoch} epoch step {trace.position_step()}, global step {planned} as the "
+                          "plan counts (earlier epochs cut short or on another world size, or several batches an "
+                          "optimizer step): a global step would name the wrong batch; use --step with --in-epoch")
 
 
 def _weight(text: str) -> tuple[str, float]:

@@ -60,6 +60,13 @@ class Checkpoint:
     """The key path of the one shardio state in :attr:`container` (``()``: the container is it); ``None``
     where the container holds several (a ``StatefulDataLoader``'s per-worker states)."""
 
+    @property
+    def global_step(self) -> int | None:
+        """The trainer's global step the checkpoint records beside the state (a top-level integer
+        ``global_step``, as Lightning and the README's loop save it), else ``None``."""
+        value = self.container.get("global_step") if isinstance(self.container, Mapping) else None
+        return value if type(value) is int and value >= 0 else None
+
     def describe(self) -> str:
         """Where the state is, in words (``ckpt.pt["loader"]``)."""
         if self.where is None:

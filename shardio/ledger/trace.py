@@ -150,6 +150,23 @@ class Trace:
                 del self._plans[planned]  # one epoch's plans held at a time
         raise OptionError(f"global step {global_step} is beyond the first {MAX_FIND_EPOCHS} epochs")
 
+    def global_step(self, epoch: int, step: int) -> int:
+        """The global step of ``step`` of ``epoch``: the inverse of :meth:`epoch_step`, under its assumption.
+
+        Raises:
+            OptionError: ``epoch`` beyond :data:`MAX_FIND_EPOCHS` (each epoch before it is planned).
+        """
+        _check_epoch(epoch)
+        if epoch > MAX_FIND_EPOCHS:
+            raise OptionError(f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps")
+        before = 0
+        for earlier in range(epoch):
+            cached = set(self._plans)
+            before += sum(count for _, _, count in self.segments(earlier))
+            for planned in [key for key in self._plans if key not in cached]:
+                del self._plans[planned]
+        return before + int(step)
+
     def position_step(self) -> int:
         """The epoch step the state stands at (the next batch to train on)."""
         return sum(s.consumed for s in self.state.history) + self.state.position
