@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
 from sample_shards import make_uneven_dataset
+
 from shardio import ShardDataset, StateError, World
 from shardio.cli import main
 
@@ -30,8 +29,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def make(data: Path, world: World = World(0, 1)) -> ShardDataset:
-    return ShardDataset(str(data), batch_size=3, seed=0, world=world)
+def make(data: Path, world: World | None = None) -> ShardDataset:
+    return ShardDataset(str(data), batch_size=3, seed=0, world=world or World(0, 1))
 
 
 def readme_checkpoint(data: Path, path: Path, steps: int) -> tuple[ShardDataset, list[list[str]]]:
@@ -293,3 +292,12 @@ def test_a_global_step_the_checkpoint_contradicts_is_refused(data: Path, tmp_pat
     torch.save(saved, wrong)
     assert main(["trace", str(data), "--state", str(wrong), "--global-step", "1"]) == 2
     assert "records global_step 7" in capsys.readouterr().err
+
+
+def test_a_fifo_given_as_the_state_is_refused_without_waiting(data: Path, tmp_path: Path) -> None:
+    from shardio.ledger.checkpoints import read_checkpoint
+
+    fifo = tmp_path / "state.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(StateError, match="regular file"):
+        read_checkpoint(str(fifo))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from ..reading.storage import write_atomic
 from ..state import job_state
 from .rebuild import read_state
 
-__all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint", "MAX_LEGACY_BYTES"]
+__all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]
 
 MAX_LEGACY_BYTES = 1 << 30
 """The largest ``torch.save`` file of the pre-zip format read (whole: it cannot be memory-mapped)."""
@@ -138,7 +139,10 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
 
 
 def _head(path: str) -> bytes:
+    """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular file (a FIFO would hang)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise StateError(f"{path}: a loader state must be a regular file or an Accelerate checkpoint directory")
         with open(path, "rb") as handle:
             return handle.read(4)
     except OSError as exc:
