@@ -134,6 +134,12 @@ class Trace:
         batching, under the world sizes the state records for its epoch and the state's world size for the others:
         a run whose earlier epochs ran on another world size, or were cut short, is not described.
 
+        Args:
+            global_step: the trainer's step, from 0 across epochs.
+
+        Returns:
+            ``(epoch, step)``, the step counted from 0 at that epoch's start.
+
         Raises:
             OptionError: not an integer from 0, or beyond :data:`MAX_FIND_EPOCHS` epochs.
         """
@@ -152,6 +158,13 @@ class Trace:
 
     def global_step(self, epoch: int, step: int) -> int:
         """The global step of ``step`` of ``epoch``: the inverse of :meth:`epoch_step`, under its assumption.
+
+        Args:
+            epoch: the epoch.
+            step: the epoch step, from 0.
+
+        Returns:
+            The batches per rank of the epochs before ``epoch``, plus ``step``.
 
         Raises:
             OptionError: ``epoch`` beyond :data:`MAX_FIND_EPOCHS` (each epoch before it is planned).
