@@ -133,8 +133,6 @@ class ShardDataset(IterableDataset):
         self.planner = planner
         self._epochs = EpochPlans(planner, self._epochs.explicit_world)
 
-    # -- plans -------------------------------------------------------------------------------------
-
     def ranks(self, context: Context | None = None) -> World:
         """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker);
         ``context`` is where this process runs (by default detected)."""
@@ -244,9 +242,6 @@ class ShardDataset(IterableDataset):
         surgery = loaded.surgery
         if surgery.quarantines:
             surgery.check_ids(len(self.index))
-        if loaded.world_size != world_size:
-            logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
-                        loaded.world_size, world_size, loaded.position, loaded.epoch)
         self._surgery, previous = surgery, self._surgery
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
@@ -259,6 +254,13 @@ class ShardDataset(IterableDataset):
         except StateError:
             self._surgery = previous
             raise
+        if loaded.world_size != world_size:
+            share = self._share(instruction.epoch, instruction.history, context)
+            repeated = 0 if share.repeats is None else int(share.repeats.sum())
+            logger.info("world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
+                        "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
+                        "(padding)", loaded.world_size, world_size, loaded.position, loaded.epoch,
+                        share.num_batches, repeated, self.ranks(context).rank)
         self._share(instruction.epoch, instruction.history, context)
         if context.in_worker:
             self._progress.give_own(instruction, skip)
