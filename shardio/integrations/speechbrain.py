@@ -34,7 +34,7 @@ import json
 import os
 from typing import Any
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError
 from ..ledger.rebuild import read_state
 from ..state import check_follows
