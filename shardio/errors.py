@@ -9,7 +9,7 @@ Every error shardio raises on bad input, bad data or a bad state is a :class:`Sh
     │   └── IntegrityError a shard whose size or hash differs from the index
     ├── ReadError          a shard that cannot be read (missing, or remote retries spent)
     │   ├── RangeNotSupported an HTTP server that ignores Range requests (fails the dataset)
-    │   └── ShardChanged   a remote shard replaced while the run reads it (its ETag or date changed)
+    │   └── ShardChanged   a shard replaced while the run reads it (ETag or date; a local file's ctime)
     ├── DecodeError        a member whose audio cannot be decoded, or is empty or non-finite
     ├── OutputError        an output directory that cannot be written (a file, read-only, locked by a run)
     └── StateError         a saved loader state that does not fit this dataset or options
@@ -96,8 +96,9 @@ class RangeNotSupported(ReadError):
 
 class ShardChanged(ReadError):
     """A remote shard whose object changed (another ETag or Last-Modified, or a ``412 Precondition Failed``)
-    since this process first read it: replaced while the run reads it. Not retried, since every later read
-    would get the new version and mix it with the old."""
+    since this process first read it, or a local shard file rewritten or replaced after its index was loaded
+    (its status-change time): replaced while the run reads it. Not retried, since every later read would get
+    the new version and mix it with the old."""
 
 
 class DecodeError(ShardioError):

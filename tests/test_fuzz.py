@@ -225,7 +225,7 @@ def read_with_pax_length(index: Index, length: bytes) -> Members:
     assert original[512:516] == b"138 "  # the pax data block follows the x header
     try:
         path.write_bytes(original[:512] + length + original[512 + len(length):])
-        return {ext: bytes(data) for ext, data in Reader(index).members(0).items()}
+        return {ext: bytes(data) for ext, data in Reader(Index.load(index.root)).members(0).items()}
     finally:
         path.write_bytes(original)
 

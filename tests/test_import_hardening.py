@@ -116,7 +116,7 @@ def _nemo(root: Path, lines: list[bytes], audio: bytes) -> Path:
 
 
 @pytest.mark.parametrize("line, expected", [
-    (b'{"audio_filepath":"x.wav","shard_id":0,"text":"\xff"}', r"manifest\.json:1: byte 47 of the file is not UTF-8"),
+    (b'{"audio_filepath":"x.wav","shard_id":0,"text":"\xff"}', r"manifest\.json:1: byte 47 of the line is not UTF-8"),
     (b'{"audio_filepath":"x.wav","shard_id":0.7}', r"manifest\.json:1: .*shard_id is 0\.7, expected an integer"),
     (b'{"audio_filepath":"x.wav","shard_id":false}', r"manifest\.json:1: .*shard_id is False"),
 ])
@@ -149,7 +149,7 @@ def test_nemo_offset_cuts_the_member_as_nemo_does(tmp_path: Path) -> None:
 def test_nemo_index_refuses_nan(tmp_path: Path) -> None:
     _nemo(tmp_path, [b'{"audio_filepath":"x.wav","shard_id":0,"duration":NaN}'],
           write_tone(tmp_path / "a.wav", 1.0, 8000).read_bytes())
-    with pytest.raises(InputError, match=r"manifest\.json:1: NaN is not a JSON value"):
+    with pytest.raises(InputError, match=r"manifest\.json:1: not a valid manifest line: NaN is not a JSON value"):
         index_nemo(tmp_path, progress=False)
 
 

@@ -23,18 +23,19 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_importing_shardio_imports_no_trainer() -> None:
-    trainers = ('lightning', 'pytorch_lightning', 'accelerate')
+    trainers = ("lightning", "pytorch_lightning", "accelerate", "transformers", "torchdata.nodes")
     done = _python(f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
 def test_a_missing_extra_is_named() -> None:
-    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate")
+    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate", "transformers",
+              "torchdata.nodes")
     code = "\n".join([
         "import sys",
         *(f"sys.modules[{name!r}] = None" for name in hidden),  # None: importing it raises ImportError
-        "for module in ('lightning', 'accelerate'):",
+        "for module in ('lightning', 'accelerate', 'transformers', 'torchdata'):",
         "    try:",
         "        __import__(f'shardio.integrations.{module}')",
         "    except ImportError as exc:",
@@ -44,6 +45,8 @@ def test_a_missing_extra_is_named() -> None:
     assert done.returncode == 0, done.stderr
     assert "pip install 'shardio[lightning]'" in done.stdout
     assert "pip install 'shardio[accelerate]'" in done.stdout
+    assert "pip install 'shardio[transformers]'" in done.stdout
+    assert "pip install 'shardio[torchdata]'" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +155,45 @@ def test_the_accelerate_tracker_takes_a_dataset() -> None:
 
     with pytest.raises(TypeError, match="LoaderProgress takes a ShardDataset, not str"):
         LoaderProgress("data/")  # type: ignore[arg-type]
+
+
+class _Tiny:
+    """A Trainer's tiny model, made when transformers is importable."""
+
+    @staticmethod
+    def trainer(out: Path, dataset: object, **kwargs: object) -> object:
+        import torch
+        from transformers import TrainingArguments
+
+        from shardio.integrations.transformers import ShardioTrainer
+
+        args = TrainingArguments(output_dir=str(out), use_cpu=True, report_to=[], disable_tqdm=True)
+        return ShardioTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=dataset, **kwargs)
+
+
+def test_the_transformers_trainer_takes_a_shard_dataset(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(OptionError, match="ShardDataset"):
+        _Tiny.trainer(tmp_path, [1, 2, 3])
+
+
+def test_the_transformers_trainer_refuses_a_dataset_planned_for_other_ranks(data: Path,
+                                                                           tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    trainer = _Tiny.trainer(tmp_path, ShardDataset(data, batch_size=2, world=World(1, 2)))
+    with pytest.raises(OptionError, match="rank 1 of 2"):
+        trainer.get_train_dataloader()  # type: ignore[attr-defined]
+
+
+def test_the_transformers_trainer_refuses_a_checkpoint_without_a_loader_state(data: Path,
+                                                                             tmp_path: Path) -> None:
+    """A plain Trainer's checkpoint says nothing of the loader: resuming would restart (or skip) batches."""
+    pytest.importorskip("transformers")
+    from transformers import TrainerState
+
+    checkpoint = tmp_path / "checkpoint-6"
+    checkpoint.mkdir()
+    TrainerState(global_step=6).save_to_json(str(checkpoint / "trainer_state.json"))
+    trainer = _Tiny.trainer(tmp_path, ShardDataset(data, batch_size=2))
+    with pytest.raises(StateError, match="no shardio loader state"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))  # type: ignore[attr-defined]

@@ -158,7 +158,7 @@ def test_same_size_data_change_is_left_to_verify(tmp_path: Path) -> None:
     """Changed audio bytes in a plain .tar (headers intact) read without error; ``verify`` reports the shard."""
     index = make_uneven_dataset(tmp_path / "ds", [3], duration_range=(0.05, 0.1))
     flip(index.shard_path(0), int(index.columns["frame_offset"][1]) + 512 + 100)  # inside sample 1's WAV data
-    reader = Reader(index)
+    reader = Reader(Index.load(index.root))  # loaded after the change (the index at hand: ShardChanged)
     assert all(reader.members(i) for i in range(len(index)))
     assert any("SHA-256" in problem for problem in verify_dataset(index.root))
 
@@ -192,7 +192,7 @@ def test_zstd_frame_header_claiming_a_huge_size_is_not_allocated(tmp_path: Path)
     data[size_field + 3] = 0xFF  # content size now over 4 GB
     Path(path).write_bytes(bytes(data))
     with pytest.raises(FormatError, match="its header claims 4[0-9]{9} bytes"):
-        Reader(index).members(0)
+        Reader(Index.load(index.root)).members(0)
 
 
 # -- member bytes ------------------------------------------------------------------------------------

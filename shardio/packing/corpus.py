@@ -10,9 +10,7 @@ end when they are given none. Nothing here opens the audio; :func:`shardio.packi
 from __future__ import annotations
 
 import io
-import json
 import logging
-import math
 import os
 import re
 import stat
@@ -24,8 +22,9 @@ from typing import Any, Callable
 from ..errors import InputError, InputProblem, OptionError
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
+from .manifestlines import json_entry, manifest_lines
 from .source import (AUDIO_EXTENSIONS, KEY_COLUMNS, Problems, Source, manifest_text, not_regular, read_regular_input,
-                     refuse_constant, resolve_path, seconds_field, segment_keys)
+                     resolve_path, seconds_field, segment_keys)
 from .table import table_sources
 
 __all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
@@ -143,55 +142,30 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
         yield Source(key=stem, audio_path=str(root / name), meta=meta)
 
 
-def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would keep the last, silently)."""
-    fields: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in fields:
-            raise ValueError(f"the field {name!r} appears twice in one object (a JSON reader keeps one value and "
-                             "drops the other unseen); expected each field once")
-        fields[name] = value
-    return fields
-
-
-def _finite_float(text: str) -> float:
-    """A JSON number as a float, refused when it overflows to infinity (``1e400``)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text} is beyond the range of a 64-bit float; expected a finite number")
-    return value
-
-
 def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
     """A NeMo-style JSONL manifest: ``audio_filepath``, ``duration``, ``text``, optional ``offset``."""
     entries: list[tuple[str, dict[str, Any]]] = []
-    with io.StringIO(manifest_text(manifest, "utf-8-sig")) as handle:
-        for number, line in enumerate(handle, 1):
-            where = f"{manifest}:{number}"
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line, object_pairs_hook=_unique_fields, parse_constant=refuse_constant,
-                                    parse_float=_finite_float)
-                if not isinstance(record, dict):
-                    raise ValueError("expected a JSON object")
-                audio = record.pop("audio_filepath", None)
-                if not isinstance(audio, str) or not audio:
-                    raise ValueError("no 'audio_filepath' string")
-                offset = seconds_field(record.pop("offset", None), "offset")
-                duration = seconds_field(record.pop("duration", None), "duration")
-            except ValueError as exc:
-                problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
-                continue
-            path = resolve_path(manifest.parent, audio)
-            entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
-                                     "duration": duration if offset is not None else None}
-            for name in KEY_COLUMNS:
-                if record.get(name) not in (None, ""):
-                    entry["key"] = str(record.pop(name))
-                    break
-            entry["meta"] = record
-            entries.append((path, entry))
+    for number, line in manifest_lines(manifest, problems):
+        where = f"{manifest}:{number}"
+        try:
+            record = json_entry(line)
+            audio = record.pop("audio_filepath", None)
+            if not isinstance(audio, str) or not audio:
+                raise ValueError("no 'audio_filepath' string")
+            offset = seconds_field(record.pop("offset", None), "offset")
+            duration = seconds_field(record.pop("duration", None), "duration")
+        except ValueError as exc:
+            problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
+            continue
+        path = resolve_path(manifest.parent, audio)
+        entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
+                                 "duration": duration if offset is not None else None}
+        for name in KEY_COLUMNS:
+            if record.get(name) not in (None, ""):
+                entry["key"] = str(record.pop(name))
+                break
+        entry["meta"] = record
+        entries.append((path, entry))
     segment_keys(entries)
     for path, entry in entries:
         yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],

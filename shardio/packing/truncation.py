@@ -3,8 +3,8 @@
 Decoders read a truncated file as a shorter clip without complaint, so a half-downloaded file would be
 packed (and verified) as a short sample. Two headers say how long the audio is:
 
-* a WAV's ``data`` chunk size (a streaming writer's 0xFFFFFFFF, and RF64's, whose size is in ``ds64``,
-  aside): the file must hold that many bytes after the chunk header;
+* a WAV's ``data`` chunk size (an RF64 or BW64 file's from its ``ds64`` chunk; a streaming writer's
+  0xFFFFFFFF aside): the file must hold that many bytes after the chunk header;
 * an MP3's Xing/Info header (LAME and most VBR encoders write one): its stream byte count must fit in the
   file, and its frame count must match what decodes, within the encoder's delay and padding;
 * every Ogg page header (Vorbis, Opus) says how long its page is: the last page must be whole.
@@ -39,17 +39,28 @@ def truncation_problem(data: bytes | memoryview, ext: str, decoded_frames: int |
 
 
 def _wav(view: memoryview) -> str | None:
-    if len(view) < 12 or bytes(view[:4]) != b"RIFF" or bytes(view[8:12]) != b"WAVE":
-        return None  # RF64 keeps its sizes in ds64; anything else is not for this check
+    if len(view) < 12 or bytes(view[:4]) not in (b"RIFF", b"RF64", b"BW64") or bytes(view[8:12]) != b"WAVE":
+        return None
+    wide = bytes(view[:4]) != b"RIFF"
+    ds64_data: int | None = None  # RF64/BW64: the data chunk's 64-bit size, from the ds64 chunk
     position = 12
     while position + 8 <= len(view):
         name = bytes(view[position:position + 4])
         (size,) = struct.unpack_from("<I", view, position + 4)
+        if wide and name == b"ds64" and size >= 16 and position + 24 <= len(view):
+            (ds64_data,) = struct.unpack_from("<Q", view, position + 16)
         if name == b"data":
             held = len(view) - position - 8
-            if size != _STREAMING and size > held:
-                return (f"truncated: the WAV data chunk claims {size} bytes of samples, the file holds {held} "
-                        "after the chunk header (an interrupted download or copy?)")
+            if wide and size == _STREAMING:
+                if ds64_data is None:
+                    return None  # no ds64 before the data: nothing says how long it is
+                size = ds64_data
+            elif size == _STREAMING:
+                return None
+            if size > held:
+                return (f"truncated: the {'RF64 ds64' if wide else 'WAV data'} chunk claims {size} bytes of "
+                        f"samples, the file holds {held} after the data chunk header (an interrupted download "
+                        "or copy?)")
             return None
         position += 8 + size + (size & 1)
     return None

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import IO
 
 import numpy as np
 from tqdm import tqdm
@@ -21,6 +22,7 @@ from tqdm import tqdm
 from ..errors import OptionError, ShardioError
 from ..reading.decode import decode_audio
 from ..reading.reader import Reader
+from ..storage.retries import RetryPolicy, retrying
 from ..storage.localshard import NotRegular, open_regular
 from ..storage.files import file_size, is_url, open_input
 from ..shards.index import Index
@@ -40,6 +42,9 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
     ``progress``: a tqdm bar of the shard bytes checked, on stderr. A local ``directory`` (or ``index.json``)
     that does not exist is an :class:`~shardio.errors.OptionError` (a mistyped path, not a damaged
     dataset), and so is a file other than ``index.json``; a directory without an index is a problem found."""
+    directory = os.fspath(directory)
+    if directory.startswith("file://"):
+        directory = directory.removeprefix("file://").removeprefix("localhost")  # as Index.load reads it
     if not is_url(os.fspath(directory)) and not os.path.exists(directory):
         raise OptionError(f"{directory}: no such dataset directory or index file")
     if not is_url(os.fspath(directory)) and not os.path.isdir(directory) and \
@@ -71,21 +76,29 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
     return problems
 
 
+def _sha256(handle: IO[bytes], size: int) -> str:
+    """The SHA-256 of the first ``size`` bytes of ``handle`` (no further: a file that grows as it is read),
+    which it closes."""
+    digest = hashlib.sha256()
+    with handle:
+        left = size
+        while left > 0 and (chunk := handle.read(min(1 << 20, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
 def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, decode: bool) -> Iterator[str]:
     shard = index.shards[number]
     path = index.shard_path(number)
-    digest = hashlib.sha256()
     try:
-        if is_url(path):
-            size, handle = file_size(path), open_input(path)
+        if is_url(path):  # retried as the loader's reads are; a server's error is a ReadError naming its status
+            options, retry = index.shard_options(number), RetryPolicy()
+            size = retrying(lambda: file_size(path, options), path, retry)
+            digest = retrying(lambda: _sha256(open_input(path, options), size), path, retry)
         else:
             fd, size = open_regular(path)
-            handle = os.fdopen(fd, "rb")
-        with handle:
-            left = size  # no further than the size found first (a file that grows as it is read)
-            while left > 0 and (chunk := handle.read(min(1 << 20, left))):
-                digest.update(chunk)
-                left -= len(chunk)
+            digest = _sha256(os.fdopen(fd, "rb"), size)
     except FileNotFoundError:
         yield f"{shard.name}: the shard file is missing ({path})"
         return
@@ -99,8 +112,8 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         yield f"{shard.name}: the shard file cannot be read ({reason}); its samples were not checked"
         return
-    if digest.hexdigest() != shard.sha256:
-        yield f"{shard.name}: SHA-256 {digest.hexdigest()}, the index says {shard.sha256}"
+    if digest != shard.sha256:
+        yield f"{shard.name}: SHA-256 {digest}, the index says {shard.sha256}"
     if size != shard.bytes:
         yield f"{shard.name}: {size} bytes, the index says {shard.bytes} (truncated or replaced); its samples " \
               "were not checked"

@@ -2,8 +2,8 @@
 
 A seekable ``.tar.zst`` sample is one zstd frame read and decompressed; the last frame is kept, since
 neighbouring samples often share it. A stream-compressed shard (``.tar.gz``, a single-frame ``.tar.zst``)
-cannot be seeked: it is decompressed once, as far as its indexed samples reach (at most ``max_stream_bytes``),
-and recent ones are kept (up to ``stream_cache_bytes``). Neither a frame's header nor a stream allocates
+cannot be seeked: it is decompressed once, as far as its indexed samples reach, and recent ones are kept (up
+to ``stream_cache_bytes``); one whose samples reach further is read a sample's span at a time. Neither a frame's header nor a stream allocates
 beyond what the index places in it.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from ..errors import FormatError
+from ..errors import FormatError, ReadError
 from ..shards.index import Index
-from .streams import decompress_prefix, decompress_upto
+from .streams import StreamCursor, decompress_prefix, decompress_upto
 
 __all__ = ["CompressedReads"]
 
@@ -41,36 +41,51 @@ class CompressedReads:
     stream_cache_bytes: int
     _columns: dict[str, np.ndarray]
     _streams: OrderedDict[int, bytes]
+    _cursor: tuple[int, StreamCursor] | None
     _frame: tuple[int, int, bytes] | None
     _decompressor: Any
     read_range: Callable[..., bytes]
     _local_view: Callable[[int, int, int, str], memoryview]
 
-    def _stream_bytes(self, shard: int, sample: int, where: str) -> bytes:
-        """The decompressed tar of a stream-codec shard, as far as its indexed samples reach; recent ones stay
-        in memory (up to ``stream_cache_bytes``), so a shuffle window over a few such shards decompresses each
-        once. At most ``max_stream_bytes`` are decompressed: a shard whose samples reach further is
-        decompressed up to ``sample``'s end, uncached, and a sample ending past it is a
-        :class:`FormatError`."""
+    def _stream_bytes(self, shard: int, sample: int, where: str) -> tuple[bytes, int]:
+        """Decompressed bytes of a stream-codec shard that hold ``sample``, and the offset in the decompressed
+        tar they start at. A shard whose indexed samples span at most ``stream_cache_bytes`` is decompressed
+        once, as far as they reach, and kept (recent ones, up to ``stream_cache_bytes`` in all), so a shuffle
+        window over a few such shards decompresses each once. A larger one is read by a
+        :class:`~shardio.reading.streams.StreamCursor`: only ``sample``'s span is held (the bytes before it are
+        decompressed and dropped), so a huge member costs memory only to a read of its own sample. A sample
+        ending past ``max_stream_bytes`` is a :class:`FormatError`."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
-            return cached
+            return cached, 0
         info = self.index.shards[shard]
+        start = int(self._columns["frame_offset"][sample])
+        end = start + int(self._columns["member_size"][sample])
+        if end > self.max_stream_bytes:
+            raise FormatError(f"{where}: the sample ends {end} bytes into its decompressed {info.codec} "
+                              f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
+                              "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
         need = self._stream_need(shard)
-        if need > self.max_stream_bytes:  # only as far as this sample, not cached
-            need = int(self._columns["frame_offset"][sample]) + int(self._columns["member_size"][sample])
-            if need > self.max_stream_bytes:
-                raise FormatError(f"{where}: the sample ends {need} bytes into its decompressed {info.codec} "
-                                  f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
-                                  "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
-            return decompress_prefix(self.read_range(shard, 0, info.bytes, where), info.codec, need, where)
+        if need > min(self.stream_cache_bytes, self.max_stream_bytes):
+            return self._span(shard, start, end, where), start
         raw = self.read_range(shard, 0, info.bytes, where)
-        data = decompress_prefix(raw, info.codec, need, where)
+        try:
+            data = decompress_prefix(raw, info.codec, need, where)
+        except ReadError:  # the whole stream does not fit in this process: the sample's span may
+            return self._span(shard, start, end, where), start
         self._streams[shard] = data
         while len(self._streams) > 1 and sum(map(len, self._streams.values())) > self.stream_cache_bytes:
             self._streams.popitem(last=False)
-        return data
+        return data, 0
+
+    def _span(self, shard: int, start: int, end: int, where: str) -> bytes:
+        """Decompressed bytes ``start`` to ``end`` of stream shard ``shard``, through this reader's cursor."""
+        cursor = self._cursor
+        if cursor is None or cursor[0] != shard:
+            raw = self.read_range(shard, 0, self.index.shards[shard].bytes, where)
+            cursor = self._cursor = (shard, StreamCursor(raw, self.index.shards[shard].codec))
+        return cursor[1].span(start, end, where)
 
     def _stream_need(self, shard: int) -> int:
         """The decompressed bytes of a stream shard that its indexed samples span (all that is read)."""

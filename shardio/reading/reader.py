@@ -11,9 +11,10 @@ raise :class:`ReadError` naming the shard, key and offset.
 Integrity, per read and cheap: a shard's size must match the index when it is opened (a truncated or
 re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
 header's checksum must hold and every member must carry the indexed key (:mod:`shardio.reading.members`);
-``.tar.zst`` frames carry zstd's content checksum. What this cannot see is a same-size shard whose member
-*data* changed in a plain ``.tar`` (headers and keys intact): comparing every shard's SHA-256 with the index
-is ``shardio verify``'s job.
+``.tar.zst`` frames carry zstd's content checksum. A local shard rewritten or replaced after its index was
+loaded is a :class:`ShardChanged` (:mod:`shardio.storage.localshard`), as a remote one is. What this cannot see
+is a same-size shard whose member *data* changed before the index was loaded, in a plain ``.tar`` (headers and
+keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import zstandard
 
-from ..errors import FormatError, IntegrityError, ReadError, ShardioError
+from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, ShardioError
 from ..shards.index import STREAM_CODECS, Index
 from ..storage import localshard
 from .cache import ShardCache
@@ -37,6 +38,7 @@ from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
 from ..storage.retries import RetryPolicy
+from .streams import StreamCursor
 from ..storage.files import is_url
 from ..storage.validators import Validators
 
@@ -93,6 +95,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self._validators = Validators()  # remote shards' versions as first read (kept across fork, pickling)
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
+        self._cursor: tuple[int, StreamCursor] | None = None  # a stream shard too large to keep, read by spans
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
@@ -109,8 +112,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _decompressor=None, stats=ReadStats(),
-                     _filesystems=Filesystems(), _ahead=None, _from_cache=set())
+        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _cursor=None, _decompressor=None,
+                     stats=ReadStats(), _filesystems=Filesystems(), _ahead=None, _from_cache=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -128,7 +131,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
     def _after_fork(self) -> None:
         # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
         self.close()
-        self._frame = self._ahead = None
+        self._frame = self._ahead = self._cursor = None
         self._filesystems = Filesystems()
         self._streams = OrderedDict()
         self._from_cache = set()
@@ -163,7 +166,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                 except localshard.NotRegular as exc:
                     self._broken[shard] = FormatError(f"not a regular file ({exc}); expected the shard file")
                     raise FormatError(f"{where}: {self._broken[shard]}") from None
-                handle = LocalShard(fd, expected)
+                handle = LocalShard(fd, expected, self.index.loaded_ns)
         except FileNotFoundError:
             self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
                                             "bytes)")
@@ -177,6 +180,13 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                 f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
                 "truncated after indexing; re-run 'shardio index' or re-pack")
             raise IntegrityError(f"{where}: {self._broken[shard]}")
+        if isinstance(handle, LocalShard) and handle.unchanged_since is not None:
+            try:
+                handle.check_unchanged("")
+            except ShardChanged as exc:
+                handle.close()
+                self._broken[shard] = ShardChanged(str(exc).removeprefix(": "))
+                raise ShardChanged(f"{where}: {self._broken[shard]}") from None
         self._handles[shard] = handle
         if len(self._handles) > self.max_open:
             _, oldest = self._handles.popitem(last=False)
@@ -277,8 +287,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
             return self._local_view(shard, frame_offset, member_size, where)
         frame_size, member_offset = int(c["frame_size"][sample]), int(c["member_offset"][sample])
         if codec in STREAM_CODECS:
-            data = self._stream_bytes(shard, sample, where)
-            start, end = frame_offset, frame_offset + member_size
+            data, base = self._stream_bytes(shard, sample, where)
+            start, end = frame_offset - base, frame_offset - base + member_size
         else:
             data = self._frame_bytes(shard, frame_offset, frame_size, member_offset + member_size, where)
             start, end = member_offset, member_offset + member_size

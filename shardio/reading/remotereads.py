@@ -52,6 +52,7 @@ class RemoteReads:
     _from_cache: set[int]
     _handles: OrderedDict[int, Any]
     _streams: OrderedDict[int, bytes]
+    _cursor: Any
     _frame: tuple[int, int, bytes] | None
     _pid: int
     _has_urls: bool | None
@@ -232,5 +233,5 @@ class RemoteReads:
         if isinstance(handle, LocalShard):
             handle.close()
         self._streams.pop(shard, None)
-        self._frame = None
+        self._frame = self._cursor = None
         return True

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,10 @@ class Index:
     _digested: bool = field(default=False, repr=False, compare=False)
     """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
     _content_id: str = field(default="", repr=False, compare=False)
+    loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
+    """When this index was loaded (or made), as ``time.time_ns()``, or its local ``index.json``'s ctime where that
+    is later (a file server's clock ahead of this machine's); it travels to DataLoader workers with the index. A
+    local shard whose status changed after then was rewritten or replaced under the run: ``ShardChanged``."""
 
     def __post_init__(self) -> None:
         try:
@@ -194,7 +199,9 @@ class Index:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self._file is not None:
+        if isinstance(self._file, indexfile.Unreadable):  # raised at first use (see Unreadable)
+            self.columns = self._keys = self._meta = self._file
+        elif self._file is not None:
             self.columns, self._keys, self._meta = self._file.columns(), self._file.keys(), self._file.metadata()
 
     # -- persistence -----------------------------------------------------------------------------
@@ -254,6 +261,10 @@ class Index:
             raise OptionError(f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
                               f"options, not {shown(location)} and {shown(storage_options)}")
         location = os.fspath(location)
+        if location.startswith("file://"):  # read as the local path it names (links resolved against that)
+            location = location.removeprefix("file://").removeprefix("localhost")
+            if not location.startswith("/"):
+                raise OptionError(f"file://{location}: a file URL names a path on this machine (file:///path)")
         root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
         json_path = join(root, INDEX_JSON)
         header = read_header(root, json_path, storage_options)
@@ -292,6 +303,8 @@ class Index:
         if len(keys) != len(index):
             raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
         index._digested = True
+        if not is_url(json_path):  # a file server's clock ahead of this machine's: shards predate the index file
+            index.loaded_ns = max(index.loaded_ns, os.stat(json_path).st_ctime_ns)
         return index
 
     def validate(self, where: str) -> None:

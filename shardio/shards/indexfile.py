@@ -36,7 +36,7 @@ from . import indexcache, indexchecks
 from .keys import Keys
 from .metadata import Metadata, check_size
 
-__all__ = ["ALIGN", "MAGIC", "ColumnsFile", "columns_bytes", "encode", "layout", "map_columns", "read_format1"]
+__all__ = ["ALIGN", "MAGIC", "ColumnsFile", "Unreadable", "columns_bytes", "encode", "layout", "map_columns", "read_format1"]
 
 MAGIC = b"SHARDIO-COLUMNS2"
 HEADER = 64
@@ -93,6 +93,34 @@ def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: K
     return header + bytes(HEADER - len(header)) + bytes(body), digest
 
 
+class Unreadable:
+    """What an index's columns, keys and metadata are in a process that unpickled it when its columns file no
+    longer passed the checks (replaced between epochs, say): each use raises ``error``. Unpickling itself
+    must not raise: a spawned DataLoader worker that fails there dies before it can report anything but
+    "exited unexpectedly", while an error raised as it reads reaches the training process, message and all."""
+
+    def __init__(self, error: FormatError | ReadError) -> None:
+        self.error = error
+
+    def _raise(self, *args: object) -> Any:
+        raise type(self.error)(str(self.error))
+
+    __getitem__ = __len__ = __iter__ = __contains__ = columns = keys = metadata = _raise
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._raise()
+
+
+def _reopened(*args: Any) -> ColumnsFile | Unreadable:
+    """A pickled :class:`ColumnsFile` mapped again, or, when it fails its checks now, an :class:`Unreadable`."""
+    try:
+        return ColumnsFile(*args)
+    except (FormatError, ReadError) as exc:
+        return Unreadable(exc)
+
+
 class ColumnsFile:
     """A columns file mapped read-only: ``path`` must hold ``size`` bytes and carry ``digest``.
 
@@ -113,8 +141,8 @@ class ColumnsFile:
         self._map, self._blob = self._open()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return ColumnsFile, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where,
-                             self.meta_bytes)
+        return _reopened, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where,
+                           self.meta_bytes)
 
     def _open(self) -> tuple[Any, Any]:
         try:

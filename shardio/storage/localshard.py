@@ -5,6 +5,16 @@ it was opened raises SIGBUS, which kills the process; so each range is first fau
 ``MADV_POPULATE_READ`` (Linux 5.14+), which instead fails with ``EFAULT``, and that becomes a typed error.
 Populating the range also replaces a page fault per 4 KiB by one call. Where the kernel lacks it (or on
 other systems), ranges are read with ``pread``.
+
+A shard rewritten in place or replaced (renamed over) while a run reads it would mix two versions of its audio,
+silently where the size stays the same. So a shard opened with ``unchanged_since`` (the time its index was
+loaded, which DataLoader workers share) is checked at each read, after its bytes are read or mapped: a
+status-change time (``st_ctime``, which every write, rename onto the path, ``chmod`` or ``chown`` sets, and no
+one can set back) later than that, or a status (ctime, mtime, size) other than at the file's first read in this
+process, is a :class:`~shardio.errors.ShardChanged`, and so is every later read of the file. Checked on the
+open descriptor (one ``fstat``), this also sees a file rewritten after it was opened; a replacement by rename
+is seen when a process opens the new file. File times come from a clock that ticks every few milliseconds, so
+a file replaced within a tick of the index's load can go unseen.
 """
 
 from __future__ import annotations
@@ -14,9 +24,10 @@ import mmap
 import os
 import stat
 import sys
+import time
 import weakref
 
-from ..errors import FormatError, ReadError
+from ..errors import FormatError, ReadError, ShardChanged
 
 __all__ = ["CAN_MAP", "LocalShard", "NotRegular", "kind", "open_regular", "short_read"]
 
@@ -26,11 +37,15 @@ CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
 
 
 class LocalShard:
-    """An open local shard file of ``size`` bytes (the size the index recorded, checked at open)."""
+    """An open local shard file of ``size`` bytes (the size the index recorded, checked at open), whose status
+    must not change after ``unchanged_since`` (``time.time_ns()``; None: not checked)."""
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, unchanged_since: int | None = None) -> None:
         self.fd = fd
         self.size = size
+        self.unchanged_since = unchanged_since
+        self._changed: ShardChanged | None = None
+        self._status: tuple[int, int, int] | None = None  # (ctime, mtime, size) at the first check
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = CAN_MAP and size > 0
@@ -45,14 +60,37 @@ class LocalShard:
         self._map = self._view = None
         self._closer()
 
+    def check_unchanged(self, where: str) -> None:
+        """A :class:`ShardChanged` naming ``where`` if the file's status changed after ``unchanged_since``, or
+        since this object's first check (see the module docstring); once found, every later check raises it."""
+        if self.unchanged_since is None:
+            return
+        if self._changed is None:
+            info = os.fstat(self.fd)
+            status = (info.st_ctime_ns, info.st_mtime_ns, info.st_size)
+            if self._status is None:
+                self._status = status
+            if status == self._status and info.st_ctime_ns <= self.unchanged_since:
+                return
+            how = (f"its status changed at {_when(info.st_ctime_ns)}, after its index was loaded at "
+                   f"{_when(self.unchanged_since)}" if info.st_ctime_ns > self.unchanged_since
+                   else "its status (ctime, mtime, size) changed while this process read it")
+            self._changed = ShardChanged(
+                f"the local shard file changed ({how}): it was rewritten or replaced while the run reads it, and "
+                "reading on would mix two versions of its audio; keep shards unchanged during a run (a chmod or "
+                "chown counts as a change too), or re-run 'shardio index' (or re-pack) and start again")
+        raise ShardChanged(f"{where}: {self._changed}")
+
     def read(self, offset: int, size: int, where: str) -> bytes:
-        """``size`` bytes at ``offset``, copied; a short read is a :class:`FormatError`."""
+        """``size`` bytes at ``offset``, copied; a short read is a :class:`FormatError`, a changed file a
+        :class:`ShardChanged`."""
         try:
             data = os.pread(self.fd, size, offset)
         except OSError as exc:
             raise ReadError(f"{where}: reading {size} bytes failed: {exc}") from exc
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
+        self.check_unchanged(where)
         return data
 
     def view(self, offset: int, size: int, where: str) -> memoryview:
@@ -85,7 +123,14 @@ class LocalShard:
                 raise short_read(where, size, offset, max(0, actual - offset)) from None
             raise ReadError(f"{where}: reading {size} bytes at offset {offset} failed: an I/O error in the "
                             "shard file's pages") from None
+        self.check_unchanged(where)
         return self._view[offset : offset + size]
+
+
+def _when(ns: int) -> str:
+    """A ``time.time_ns()`` value as a UTC time to the microsecond, for messages."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d} UTC"
 
 
 def short_read(where: str, size: int, offset: int, got: int) -> FormatError:

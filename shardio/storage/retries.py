@@ -116,7 +116,9 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
              on_retry: Callable[[BaseException], None] | None = None) -> T:
     """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
 
-    A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing.
+    A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing,
+    unless an HTTP answer other than 404 is behind it (fsspec's HTTP ``size()`` turns any failure into one):
+    that is a :class:`ReadError` naming the status, as a transient failure is once the attempts are spent.
     """
     try:
         import tenacity
@@ -140,9 +142,10 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
     except ShardChanged as exc:
         raise ShardChanged(f"{where}: {exc}") from None
     except Exception as exc:  # every backend raises its own types: classified here
-        transient = is_transient(exc)
-        if not transient and isinstance(exc, FileNotFoundError):
+        transient, status = is_transient(exc), http_status(exc)
+        if not transient and isinstance(exc, FileNotFoundError) and status in (None, 404):
             raise
         how = (f"after {attempts.statistics.get('attempt_number', retry.attempts)} attempt(s)" if transient
                else "(not retried: not a transient error)")
-        raise ReadError(f"{where}: read failed {how}: {type(exc).__name__}: {exc}") from exc
+        answer = "" if status is None else f"the server answered HTTP {status}: "  # fsspec may say FileNotFound
+        raise ReadError(f"{where}: read failed {how}: {answer}{type(exc).__name__}: {exc}") from exc

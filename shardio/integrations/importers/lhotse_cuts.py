@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputProblem, shown
+from ...packing.manifestlines import numbered_lines
 from ...packing.source import NotRegularFile, Problems, Source, open_regular_input
 from .kinds import first_json_object
 
@@ -56,18 +57,8 @@ def _lines(path: Path, problems: Problems) -> Iterator[tuple[int, str]]:
         with open_regular_input(path) as raw:
             handle = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
             with handle:
-                for number, line in enumerate(iter(lambda: handle.readline(_MAX_LINE + 1), b""), 1):
-                    if len(line) > _MAX_LINE:
-                        problems.append(InputProblem(f"{path}:{number}", "", f"a line of more than {_MAX_LINE} "
-                                                     "bytes; expected one cut per line"))
-                        while line and not line.endswith(b"\n"):
-                            line = handle.readline(_MAX_LINE)
-                        continue
-                    try:
-                        yield number, line.decode("utf-8")
-                    except UnicodeDecodeError as exc:
-                        problems.append(InputProblem(f"{path}:{number}", "", f"byte {exc.start} of the line is not "
-                                                     "UTF-8; expected a UTF-8 JSON cut"))
+                for number, line in numbered_lines(handle, str(path), problems, _MAX_LINE):
+                    yield number, line
     except (NotRegularFile, OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, NotRegularFile) else shown(str(exc))
         problems.append(InputProblem(f"{path}:{number + 1}" if number else str(path), "", "cannot read the "

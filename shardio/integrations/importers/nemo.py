@@ -10,8 +10,6 @@ segment, encoded as pack encodes segments).
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import tarfile
 from collections import Counter
@@ -20,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputProblem, shown
-from ...packing.source import NotRegularFile, Problems, Source, manifest_text, open_regular_input, seconds_field
+from ...packing.manifestlines import json_entry, manifest_lines
+from ...packing.source import NotRegularFile, Problems, Source, open_regular_input, seconds_field
 from .kinds import first_json_object
 
 __all__ = ["UNNAMED_TARS", "UNREAD_MEMBERS", "is_nemo_manifest", "read_nemo"]
@@ -46,10 +45,8 @@ def _listing(tar: Path) -> dict[str, int]:
 
 def _entry(line: str) -> tuple[dict[str, Any], str, int]:
     """A manifest line as ``(entry, audio_filepath, shard_id)``; ValueError when it is not a tarred entry, or
-    its ``offset``/``duration`` are not seconds."""
-    entry = json.loads(line)
-    if not isinstance(entry, dict):
-        raise ValueError("not a JSON object")
+    its ``offset``/``duration`` are not seconds (:func:`~shardio.packing.manifestlines.json_entry`'s rules)."""
+    entry = json_entry(line)
     name, shard = entry.get("audio_filepath"), entry.get("shard_id")
     if not isinstance(name, str) or not name:
         raise ValueError(f"audio_filepath is {shown(name)}, expected a tar member's name")
@@ -66,42 +63,39 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
     entry reads, and ``audio_{n}.tar`` files no entry names, are counted in ``left_out``."""
     listings: dict[int, dict[str, int] | None] = {}
     read: dict[int, set[str]] = {}
-    with io.StringIO(manifest_text(path, "utf-8")) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
+    for number, line in manifest_lines(path, problems):
+        where = f"{path}:{number}"
+        try:
+            entry, name, shard = _entry(line)
+        except ValueError as exc:
+            problems.append(InputProblem(where, "", f"not a tarred NeMo entry with audio_filepath and shard_id "
+                                         f"({exc})"))
+            continue
+        tar = path.parent / f"audio_{shard}.tar"
+        if shard not in listings:
             try:
-                entry, name, shard = _entry(line)
-            except (ValueError, RecursionError) as exc:
-                problems.append(InputProblem(where, "", f"not a tarred NeMo entry with audio_filepath and shard_id "
-                                             f"({exc if isinstance(exc, ValueError) else 'nested too deeply'})"))
-                continue
-            tar = path.parent / f"audio_{shard}.tar"
-            if shard not in listings:
-                try:
-                    listings[shard] = _listing(tar)
-                except (OSError, tarfile.TarError) as exc:
-                    listings[shard] = None
-                    reason = exc.strerror if isinstance(exc, NotRegularFile) else exc
-                    problems.append(InputProblem(str(tar), "", f"cannot read the tar ({reason})"))
-            listing = listings[shard]
-            if listing is None:
-                continue
-            member = name
-            repeat = _SUB.match(name)
-            if member not in listing and repeat is not None:
-                member = repeat["base"] + repeat["ext"]
-            key = name.rsplit(".", 1)[0]
-            if member not in listing:
-                problems.append(InputProblem(where, key, f"{tar.name} has no member {shown(name)}"))
-                continue
-            read.setdefault(shard, set()).add(member)
-            meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id", "offset")}
-            offset = seconds_field(entry.get("offset"), "offset") or None  # NeMo reads [offset, offset + duration]
-            duration = seconds_field(entry.get("duration"), "duration") if offset is not None else None
-            yield Source(key, str(tar), offset=offset, duration=duration, meta=meta, origin=f"{path.name}:{number}",
-                         member=member, size=listing[member])
+                listings[shard] = _listing(tar)
+            except (OSError, tarfile.TarError) as exc:
+                listings[shard] = None
+                reason = exc.strerror if isinstance(exc, NotRegularFile) else exc
+                problems.append(InputProblem(str(tar), "", f"cannot read the tar ({reason})"))
+        listing = listings[shard]
+        if listing is None:
+            continue
+        member = name
+        repeat = _SUB.match(name)
+        if member not in listing and repeat is not None:
+            member = repeat["base"] + repeat["ext"]
+        key = name.rsplit(".", 1)[0]
+        if member not in listing:
+            problems.append(InputProblem(where, key, f"{tar.name} has no member {shown(name)}"))
+            continue
+        read.setdefault(shard, set()).add(member)
+        meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id", "offset")}
+        offset = seconds_field(entry.get("offset"), "offset") or None  # NeMo reads [offset, offset + duration]
+        duration = seconds_field(entry.get("duration"), "duration") if offset is not None else None
+        yield Source(key, str(tar), offset=offset, duration=duration, meta=meta, origin=f"{path.name}:{number}",
+                     member=member, size=listing[member])
     unread = sum(len(listing.keys() - read.get(shard, set())) for shard, listing in listings.items() if listing)
     if unread:
         left_out[UNREAD_MEMBERS] += unread

@@ -14,10 +14,14 @@ shardio index next to the tars, so the dataset reads as it is:
   ``{name}-sub{n}`` and with its own text;
 - samples are ordered by shard (ascending ``shard_id``), then by manifest line.
 
-Strict joins, never silent: a manifest line that is not a tarred entry, names a path rather than a plain
-member name (``../x``), a shard that does not exist or a member its tar lacks; a member no line names; a tar
-``audio_{n}.tar`` in the directory that no line names; a duplicate key; a name that is not
-``{key}.{audio ext}`` (keys end at the first dot, so ``a.b.wav`` cannot be one): each is an
+The manifest is read as ``shardio pack`` reads one (:mod:`shardio.packing.manifestlines`): a regular file,
+lines of at most 1 MiB, each one JSON object with every field once. Strict joins, never silent: a manifest
+line that is not a tarred entry, names a path rather than a plain member name (``../x``), a shard that does
+not exist or a member its tar lacks; a member no line names; a tar ``audio_{n}.tar`` in the directory that no
+line names; a duplicate key; a name that is not ``{key}.{audio ext}`` (keys end at the first dot, so
+``a.b.wav`` cannot be one); a field named like one a batch carries (``keys``, ``lengths``, ...:
+:data:`~shardio.reading.fields.BATCH_FIELDS`); a tar named ``audio_01.tar`` (NeMo writes no leading zeros) or
+one that resolves, through a symbolic link, outside the directory: each is an
 :class:`~shardio.errors.InputProblem`, and all of them are raised together as one
 :class:`~shardio.errors.InputError`. A tar that cannot be parsed is a :class:`~shardio.errors.FormatError`.
 """
@@ -38,13 +42,15 @@ import soundfile as sf
 from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
-from ...packing.source import AUDIO_EXTENSIONS, NotJsonConstant, refuse_constant
 from ...packing.indexer import HashingReader
+from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
+from ...packing.source import AUDIO_EXTENSIONS
+from ...reading.fields import BATCH_FIELDS
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
-from ...shards.tarformat import walk
 from ...shards.names import key_problem, split_name
+from ...shards.tarformat import walk
 from ...shards.writer import writable_directory
 
 __all__ = ["MANIFEST", "index_nemo"]
@@ -54,8 +60,7 @@ logger = logging.getLogger(__name__)
 MANIFEST = "tarred_audio_manifest.json"
 """The manifest's name in NeMo's layout (the default of :func:`index_nemo`)."""
 _SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]*)$")
-_SHARD = re.compile(r"^audio_(\d+)\.tar$")
-_MAX_LINE = 1 << 20
+_SHARD = re.compile(r"^audio_(\d+)\.tar$", re.ASCII)
 _MAX_SHARD_ID = 1 << 31
 _NAME_LIMIT = 255
 
@@ -96,52 +101,42 @@ def _split(name: str) -> tuple[str, str] | str:
 def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
     """Every line of the manifest that is a tarred entry with a plain member name and a shard id."""
     lines: list[_Line] = []
-    with open(manifest, "rb") as handle:
-        for number, raw in enumerate(iter(lambda: handle.readline(_MAX_LINE + 1), b""), 1):
-            where = f"{manifest}:{number}"
-            if len(raw) > _MAX_LINE:
-                problems.append(InputProblem(where, "", f"a line of more than {_MAX_LINE} bytes"))
-                handle.readline()  # the rest of that line, bounded by the file
-                continue
-            if not raw.strip():
-                continue
-            try:
-                entry = json.loads(raw, parse_constant=refuse_constant)
-            except NotJsonConstant as exc:
-                problems.append(InputProblem(where, "", str(exc)))
-                continue
-            except (ValueError, RecursionError):
-                problems.append(InputProblem(where, "", "not a JSON object"))
-                continue
-            if not isinstance(entry, dict):
-                entry = {}
-            name, shard = entry.get("audio_filepath"), entry.get("shard_id")
-            if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
-                problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
-                                             "and an integer 'shard_id'"))
-                continue
-            named = name if len(name) <= 80 else name[:80] + "..."
-            split = _split(name)
-            if isinstance(split, str):
-                problems.append(InputProblem(where, "", f"audio_filepath {named!r} {split}"))
-                continue
-            if not 0 <= shard < _MAX_SHARD_ID:
-                problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
-                continue
-            meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
-            if meta.get("offset") not in (None, 0):
-                problems.append(InputProblem(where, split[0], f"offset {shown(meta['offset'])}: NeMo reads "
-                                             "[offset, offset + duration] of the member, and an index in place "
-                                             "reads whole members; pack the manifest (shardio pack) to cut the "
-                                             "segment"))
-                continue
-            size = len(json.dumps(meta, ensure_ascii=False).encode())
-            if MEMBER_FIELD in meta or size > MAX_ENTRY_BYTES:
-                reason = f"uses the field name {MEMBER_FIELD!r}, which shardio reserves" if MEMBER_FIELD in meta \
-                    else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample"
-                problems.append(InputProblem(where, "", reason))
-                continue
-            lines.append(_Line(where, name, split[0], shard, meta))
+    for number, text in manifest_lines(manifest, problems):
+        where = f"{manifest}:{number}"
+        try:
+            entry = json_entry(text)
+        except ValueError as exc:
+            problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
+            continue
+        name, shard = entry.get("audio_filepath"), entry.get("shard_id")
+        if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
+            problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
+                                         "and an integer 'shard_id'"))
+            continue
+        named = name if len(name) <= 80 else name[:80] + "..."
+        split = _split(name)
+        if isinstance(split, str):
+            problems.append(InputProblem(where, "", f"audio_filepath {named!r} {split}"))
+            continue
+        if not 0 <= shard < _MAX_SHARD_ID:
+            problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
+            continue
+        meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
+        if meta.get("offset") not in (None, 0):
+            problems.append(InputProblem(where, split[0], f"offset {shown(meta['offset'])}: NeMo reads "
+                                         "[offset, offset + duration] of the member, and an index in place "
+                                         "reads whole members; pack the manifest (shardio pack) to cut the "
+                                         "segment"))
+            continue
+        size = len(json.dumps(meta, ensure_ascii=False).encode())
+        reserved = sorted(BATCH_FIELDS.union([MEMBER_FIELD]).intersection(meta))
+        if reserved or size > MAX_ENTRY_BYTES:
+            reason = (f"uses the field name(s) {', '.join(map(repr, reserved))}, which shardio reserves (a batch's "
+                      f"own fields: {', '.join(sorted(BATCH_FIELDS))}); rename them" if reserved
+                      else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample")
+            problems.append(InputProblem(where, "", reason))
+            continue
+        lines.append(_Line(where, name, split[0], shard, meta))
     return lines
 
 
@@ -204,6 +199,29 @@ def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
         problems.append(InputProblem(f"{tar}: member {name!r}", "", "no manifest line names this member"))
 
 
+def _present_shards(root: str, problems: list[InputProblem]) -> set[int]:
+    """The shard ids of the ``audio_{n}.tar`` files in ``root``. A name NeMo does not write (``audio_01.tar``:
+    the shard id with leading zeros) and a tar that resolves (through a symbolic link) outside ``root`` are
+    problems: the loader would never read the one, and refuses the other."""
+    present: set[int] = set()
+    real_root = os.path.realpath(root)
+    for name in sorted(os.listdir(root)):
+        match = _SHARD.match(name)
+        if match is None:
+            continue
+        path = os.path.join(root, name)
+        if name != f"audio_{int(match[1])}.tar":
+            problems.append(InputProblem(path, "", f"not a shard name NeMo writes (audio_{int(match[1])}.tar, "
+                                         "without leading zeros): rename it, or move it out of the directory"))
+            continue
+        if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+            problems.append(InputProblem(path, "", "resolves (through a symbolic link) to a file outside the "
+                                         "dataset directory, which the loader refuses to read: copy the tar in"))
+            continue
+        present.add(int(match[1]))
+    return present
+
+
 def _check_directory(directory: str) -> str:
     if any(mark in directory for mark in ("_OP_", "_CL_", "{", "}")) or not os.path.isdir(directory):
         raise OptionError(f"{directory}: expected the directory that holds the dataset's audio_{{shard_id}}.tar "
@@ -222,8 +240,10 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
     """
     root = _check_directory(os.fspath(directory))
     manifest = os.path.join(root, MANIFEST) if manifest is None else os.fspath(manifest)
-    if not os.path.isfile(manifest):
-        raise ReadError(f"{manifest}: no such manifest file")
+    try:
+        check_manifest_file(manifest)
+    except FileNotFoundError:
+        raise ReadError(f"{manifest}: no such manifest file") from None
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
         raise OptionError(f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to "
@@ -232,7 +252,7 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
     by_shard: dict[int, list[_Line]] = {}
     for line in _parse(manifest, problems):
         by_shard.setdefault(line.shard, []).append(line)
-    present = {int(m[1]) for m in map(_SHARD.match, os.listdir(root)) if m}
+    present = _present_shards(root, problems)
     for shard in sorted(present - set(by_shard)):
         problems.append(InputProblem(os.path.join(root, f"audio_{shard}.tar"), "", "no manifest line names this "
                                      "shard"))
@@ -245,6 +265,8 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
     for shard, tar in tars.items():
         lines = by_shard[shard]
         if shard not in present or not os.path.isfile(tar):
+            if shard not in present and os.path.lexists(tar):
+                continue  # refused by _present_shards
             problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
                          for line in lines[:1]]
             continue
