@@ -24,6 +24,7 @@ from .ledger.remix import remix, remix_report
 from .ledger.trace import Trace
 from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
+from .reading.options import Decoding, Reading
 from .storage.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
@@ -74,6 +75,8 @@ __all__ = [
     "World",
     "Batching",
     "Ordering",
+    "Decoding",
+    "Reading",
     "Segment",
     "EpochPlan",
     "plan_epoch",

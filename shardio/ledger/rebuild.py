@@ -74,13 +74,13 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     if options.get("duration_bins") is not None:
         options["duration_bins"] = tuple(options["duration_bins"])
     batching = _from_state(values, lambda: Batching(**options))
-    _from_state(values, lambda: Ordering(**ordering))
-    common: dict[str, Any] = {"seed": loaded.seed, **ordering}
+    order = _from_state(values, lambda: Ordering(**ordering))
+    common: dict[str, Any] = {"seed": loaded.seed, "ordering": order}
     if mix is None:
         if len(locations) != 1:
             raise OptionError(f"the state is of one dataset: give one location, not {list(locations)}")
         index = Index.load(locations[0])  # the caller's location: its errors are the caller's
-        ds: ShardDataset = _from_state(values, lambda: ShardDataset(index, **common, **vars(batching)))
+        ds: ShardDataset = _from_state(values, lambda: ShardDataset(index, batching=batching, **common))
     else:
         sources = dict(location.split("=", 1) for location in locations if "=" in location)
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
