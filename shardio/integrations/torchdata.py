@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError
 from ..state import LoaderState, check_follows
 from ._extras import require

@@ -39,7 +39,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ..dataset import ShardDataset
+from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError
 from ..state import LoaderState, check_follows
 from ._extras import require
