@@ -40,7 +40,21 @@ def options_fingerprint(options: Mapping[str, object]) -> str:
 
 @dataclass(frozen=True)
 class LoaderState:
-    """A resumable position. ``position`` (batches per rank consumed in this segment) is ``start + yielded``."""
+    """A resumable position: what `state_dict()` saves, as a value. `position` is `start + yielded`.
+
+    Args:
+        epoch: The epoch.
+        seed: The dataset's seed.
+        index: The index fingerprint.
+        options: The options that shape the plan (batching, ordering; a mix's too).
+        world_size: The ranks of the current segment.
+        history: The epoch's finished segments (earlier world sizes), oldest first.
+        start: Batches per rank the current segment had consumed when its iteration started.
+        yielded: Batches per rank yielded since `start` (one worker's share in a worker's state).
+        worker: The DataLoader worker a worker's state is of (0 in a job-level state).
+        num_workers: The workers a worker's state is one of (1 in a job-level state).
+        extra: A state's surgery: quarantines, re-mixes, samples consumed ahead.
+    """
 
     epoch: int
     seed: int
@@ -63,7 +77,11 @@ class LoaderState:
         return self.start + self.yielded
 
     def at(self, position: int) -> LoaderState:
-        """The job-level state at ``position`` batches per rank into the current segment."""
+        """The job-level state at a position of the current segment.
+
+        Args:
+            position: Batches per rank consumed in the segment.
+        """
         return replace(self, start=position, yielded=0, worker=0, num_workers=1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,8 +93,14 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LoaderState:
-        """Parse a state dict, with a :class:`StateError` for anything missing or malformed: every field is
-        bounded here (:mod:`shardio.checks.states`), before anything plans with it."""
+        """Parse a state dict; every field is bounded here, before anything plans with it.
+
+        Args:
+            state: A dict from `to_dict()` (as loaded from JSON).
+
+        Raises:
+            StateError: A field missing or malformed, or another format or version.
+        """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
         if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
@@ -103,7 +127,13 @@ class LoaderState:
                    extra=dict(state.get("extra", {})), **ints)
 
     def differences(self, *, seed: int, index: str, options: Mapping[str, Any]) -> list[str]:
-        """What differs between this state and a dataset with these settings (empty when compatible)."""
+        """What differs between this state and a dataset with these settings (empty when compatible).
+
+        Args:
+            seed: The dataset's seed.
+            index: Its index fingerprint.
+            options: Its plan options.
+        """
         found = []
         if self.index != index:
             found.append(f"index fingerprint: state {shown(self.index)}, dataset {shown(index)} (another dataset "

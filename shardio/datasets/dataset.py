@@ -147,9 +147,16 @@ class ShardDataset(EpochPlans, IterableDataset):
     # -- progress ----------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept).
+        """Start an epoch at its first batch (a state just loaded for this epoch is kept).
 
-        It reaches every DataLoader worker, persistent ones too, at their next iteration.
+        It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other processes
+        need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
+
+        Args:
+            epoch: The epoch, from 0.
+
+        Raises:
+            OptionError: A negative or non-integer epoch.
         """
         if type(epoch) is not int or epoch < 0:
             raise OptionError(f"epoch must be a non-negative integer, not {epoch!r}")
@@ -190,8 +197,19 @@ class ShardDataset(EpochPlans, IterableDataset):
                            num_workers=context.num_workers).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The job state to save once ``batch`` (yielded by this dataset) and every batch before it have been
-        consumed: a DataLoader must hand them over in order (its default ``in_order=True``)."""
+        """The job state to save once a batch and every batch before it have been consumed.
+
+        A DataLoader must hand the batches over in order (its default `in_order=True`).
+
+        Args:
+            batch: A batch this dataset yielded (its `epoch` and `batch_index` say where it is).
+
+        Returns:
+            The state (a small JSON-ready dict) that `load_state_dict` continues from, after that batch.
+
+        Raises:
+            OptionError: A batch without its position (one a DataLoader batched from samples).
+        """
         epoch, index = batch_position(batch)
         given = self._progress.control.instruction()
         history = given.history if epoch == given.epoch else ()
@@ -204,6 +222,13 @@ class ShardDataset(EpochPlans, IterableDataset):
         same world size the job continues onto exactly the batches an uninterrupted run would have seen; with
         another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
         once in the rest of it.
+
+        Args:
+            state: A shardio state (`state_dict()`, `state_after(batch)`), or a `StatefulDataLoader`'s.
+
+        Raises:
+            StateError: A state that does not fit this dataset (another index, seed or plan options) or
+                is malformed.
         """
         context = Context.detect()
         world_size = self.ranks(context).world_size

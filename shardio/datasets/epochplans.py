@@ -51,8 +51,11 @@ class EpochPlans:
     _progress: Progress
 
     def ranks(self, context: Context | None = None) -> World:
-        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker);
-        ``context`` is where this process runs (by default detected)."""
+        """Rank and world size: the explicit `world`, else detected here (or carried to a spawned worker).
+
+        Args:
+            context: Where this process runs (default: detected).
+        """
         if self._explicit_world is not None:
             return replace(self._explicit_world, worker=0, num_workers=1)
         carried = self._world if self._world_of == self._progress.control.owner else None
@@ -75,7 +78,11 @@ class EpochPlans:
         return options_of(self.batching, self.ordering)
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
+        """An epoch's plan for this world (every rank's batches; O(samples) memory).
+
+        Args:
+            epoch: The epoch (default: the one the current or next iteration plays).
+        """
         context = Context.detect()
         at = self._progress.live(context)
         if epoch is None or epoch == at.epoch:

@@ -176,7 +176,7 @@ class MixedDataset(ShardDataset):
         single_corpus_batches: Each batch from one corpus (default `False`: batches mix corpora). Part of
             the plan.
         batching: As `ShardDataset`'s; the duration filters apply to every corpus.
-        ordering: As `ShardDataset`'s; shuffling is within each corpus, then across the mix.
+        ordering: As `ShardDataset`'s.
         decoding: As `ShardDataset`'s.
         reading: As `ShardDataset`'s; `storage_options` go to every corpus given by location.
         seed: As `ShardDataset`'s.

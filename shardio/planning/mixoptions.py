@@ -31,14 +31,20 @@ def _positive(weight: object) -> bool:
 
 @dataclass(frozen=True)
 class EpochSize:
-    """What one epoch of a mix is: give exactly one of the three."""
+    """What one epoch of a mix is: give exactly one of the three.
+
+    Args:
+        primary: One pass over this corpus (the others in proportion to the weights).
+        hours: This many hours of audio, over all corpora.
+        batches: Exactly this many global batches (all ranks together).
+
+    Raises:
+        OptionError: Not exactly one given, or a value of the wrong type or out of range.
+    """
 
     primary: str | None = None
-    """One pass over this corpus (the others in proportion to the weights)."""
     hours: float | None = None
-    """This many hours of audio, over all corpora."""
     batches: int | None = None
-    """Exactly this many global batches (all ranks together)."""
 
     def __post_init__(self) -> None:
         given = [name for name in ("primary", "hours", "batches") if getattr(self, name) is not None]
@@ -56,14 +62,22 @@ class EpochSize:
 
 @dataclass(frozen=True)
 class Mix:
-    """The corpora's weights (normalised), the epoch size and how batches draw from corpora."""
+    """The corpora's weights (normalised), the epoch size and how batches draw from corpora.
+
+    Args:
+        weights: Corpus names to their shares (positive, finite).
+        epoch_size: What one epoch is.
+        weight_by: `"duration"`: weights are shares of audio seconds; `"samples"`: shares of utterances.
+        single_corpus_batches: Every batch draws from one corpus only.
+
+    Raises:
+        OptionError: A value of the wrong type or out of range, or a primary corpus not among the weights.
+    """
 
     weights: Mapping[str, float]
     epoch_size: EpochSize
     weight_by: str = "duration"
-    """``duration``: weights are shares of audio seconds; ``samples``: shares of utterances."""
     single_corpus_batches: bool = False
-    """Every batch draws from one corpus only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.weights, Mapping):
