@@ -64,9 +64,16 @@ class StepRecord:
 
 
 class Trace:
-    """The ledger of ``dataset`` (a :class:`~shardio.ShardDataset` or :class:`~shardio.MixedDataset`) as
-    the job that saved ``state`` plays it. ``dataset`` is not changed: a copy with a progress of its own loads the
-    state, so a live dataset may be traced mid-run."""
+    """A dataset's ledger as the job that saved a state plays it: which samples every rank gets at every step.
+
+    Args:
+        dataset: The `ShardDataset` or `MixedDataset` of the job. It is not changed: a copy with a progress of
+            its own loads the state, so a live dataset may be traced mid-run.
+        state: A state the job saved (its world size and history say how the epochs were played).
+
+    Raises:
+        StateError: A state that does not fit the dataset.
+    """
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
         self.state: LoaderState = job_state(state)
@@ -80,7 +87,11 @@ class Trace:
     # -- the plan, segment by segment -----------------------------------------------------------------
 
     def segments(self, epoch: int) -> list[tuple[int, int, int]]:
-        """``(world_size, first step, steps)`` of each segment of ``epoch``, in order."""
+        """`(world_size, first step, steps)` of each segment of an epoch, in order.
+
+        Args:
+            epoch: The epoch.
+        """
         _check_epoch(epoch)
         history = self.state.history if epoch == self.state.epoch else ()
         found, first = [], 0
@@ -92,7 +103,12 @@ class Trace:
         return found
 
     def plan(self, epoch: int, segment: int) -> EpochPlan:
-        """The loader's plan of segment ``segment`` of ``epoch``."""
+        """The loader's plan of one segment of an epoch.
+
+        Args:
+            epoch: The epoch.
+            segment: The segment's number, from 0.
+        """
         if (epoch, segment) not in self._plans:
             _check_epoch(epoch)
             history = self.state.history if epoch == self.state.epoch else ()
@@ -107,7 +123,12 @@ class Trace:
         return self._plans[(epoch, segment)]
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:
-        """The batch indices of ``segment`` of ``epoch`` that its workers consumed ahead of its position."""
+        """The batch indices of a segment that its workers consumed ahead of its position.
+
+        Args:
+            epoch: The epoch.
+            segment: The segment's number, from 0.
+        """
         ids = self._ahead.get(segment) if epoch == self.state.epoch else None
         if ids is None:
             return np.zeros(0, dtype=np.int64)
@@ -134,7 +155,17 @@ class Trace:
 
     def steps(self, epoch: int, first: int, stop: int | None = None,
               rank: int | None = None) -> list[StepRecord]:
-        """Every rank's (or ``rank``'s) batch at steps ``first`` to ``stop - 1`` (default: ``first`` only)."""
+        """Every rank's (or one rank's) batch at a run of steps.
+
+        Args:
+            epoch: The epoch.
+            first: The first step.
+            stop: The step after the last (default: `first + 1`).
+            rank: Only this rank (default: every rank).
+
+        Raises:
+            OptionError: Steps or a rank that are not integers, or beyond the epoch.
+        """
         stop = first + 1 if stop is None else stop
         if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (first, stop, rank or 0)):
             raise OptionError(f"steps and rank must be integers, not {first!r}, {stop!r}, {rank!r}"[:200])
@@ -158,8 +189,15 @@ class Trace:
         return records
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
-        """Every (step, rank) batch of ``epoch``, segment by segment in step order (a segment's batches consumed
-        ahead after its others). A bad ``epoch`` is an :class:`OptionError` here, before any record."""
+        """Every (step, rank) batch of an epoch, segment by segment in step order (a segment's batches consumed
+        ahead after its others).
+
+        Args:
+            epoch: The epoch.
+
+        Raises:
+            OptionError: A bad epoch, here, before any record.
+        """
         segments = self.segments(epoch)
 
         def records() -> Iterator[StepRecord]:
@@ -172,7 +210,15 @@ class Trace:
         return records()
 
     def find(self, keys: Sequence[str], epochs: Iterable[int]) -> list[dict[str, Any]]:
-        """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
+        """Every `(epoch, step, rank)` at which each key is (or was) in a batch.
+
+        Args:
+            keys: Sample keys (a list, not one string).
+            epochs: The epochs to search (at most `MAX_FIND_EPOCHS`).
+
+        Raises:
+            OptionError: One string for `keys`, or too many epochs.
+        """
         if isinstance(keys, (str, bytes)):
             raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({keys!r:.100})")
         chosen = list(islice(iter(epochs), MAX_FIND_EPOCHS + 1))  # never more than the limit is read
@@ -215,7 +261,11 @@ class Trace:
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:
-        """``record`` as a JSON-ready dict: its place, and its samples' keys, durations (and corpora)."""
+        """A step record as a JSON-ready dict: its place, and its samples' keys, durations (and corpora).
+
+        Args:
+            record: A record from `steps` or `epoch`.
+        """
         index = self.dataset.index
         ids = record.ids.tolist()
         row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
