@@ -1,4 +1,4 @@
-"""The package's layout as the README describes it: its layers (:data:`LAYERS`, written here once), no import
+"""The package's layout as docs/architecture.md describes it: its layers (:data:`LAYERS`, written here once), no import
 cycles between modules (imports in functions count), a docstring on every module and subpackage saying what
 lives there, and modules of about 300 lines at most.
 
