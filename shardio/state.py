@@ -151,7 +151,8 @@ class LoaderState:
 def _hint(name: str, saved: Any) -> str:
     """A word on how to resume, where an option's value in a state says more than that it differs."""
     if name == "sync_buckets" and saved is None:
-        return " (a state saved before sync_buckets existed: give batching=Batching(sync_buckets=False) to play its batches)"
+        return (" (a state saved before sync_buckets existed: give batching=Batching(sync_buckets=False) to play "
+                "its batches)")
     return ""
 
 

@@ -243,3 +243,37 @@ def test_duration_filters_that_leave_no_sample_are_refused(data: dict[str, Path]
 def test_index_load_takes_a_location_and_a_dict(location: Any, storage_options: Any) -> None:
     with pytest.raises(OptionError, match="Index.load takes a dataset's location"):
         Index.load(location, storage_options)
+
+
+def cost_of(durations: np.ndarray) -> float:
+    return float(np.max(durations)) * len(durations)
+
+
+OLD_VALUES: dict[str, dict[str, Any]] = {
+    "max_batch_size": {"max_batch_size": 3}, "remainder": {"remainder": "drop"},
+    "duration_bins": {"duration_bins": (0.1,)}, "quadratic_duration": {"quadratic_duration": 5.0},
+    "min_duration": {"min_duration": 0.01}, "max_sample_duration": {"max_sample_duration": 100.0},
+    "sync_buckets": {"sync_buckets": True},
+    "batch_cost": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
+    "batch_cost_name": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
+    "shuffle_shards": {"shuffle_shards": 3},
+    "mono": {"mono": True}, "transform": {"transform": cost_of}, "check_finite": {"check_finite": False},
+    "dtype": {"dtype": "int16"}, "retry": {"retry": RetryPolicy(attempts=2)}, "storage_options": {"storage_options": {}},
+    "read_ahead": {"read_ahead": 0}, "cache_bytes": {"cache_bytes": 1 << 20},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPRECATED))
+def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name: str) -> None:
+    """The 18 keywords that are not shortcuts: the same dataset as the group form, with a DeprecationWarning."""
+    assert set(OLD_VALUES) == set(DEPRECATED)
+    given, group = OLD_VALUES[name], DEPRECATED[name]
+    with pytest.warns(DeprecationWarning, match=rf"give {group}=shardio\.\w+\({name}=\.\.\.\)"):
+        old = ShardDataset(data["a"], max_duration=1.0, world=W, **given)
+    cls = type(getattr(old, group))
+    fields = {**given, **({"max_duration": 1.0} if group == "batching" else {})}
+    shortcut = {} if group == "batching" else {"max_duration": 1.0}
+    new = ShardDataset(data["a"], world=W, **shortcut, **{group: cls(**fields)})
+    assert (old.batching, old.ordering, old.decoding, old.reading) == (new.batching, new.ordering, new.decoding,
+                                                                       new.reading)
+    assert old.options == new.options

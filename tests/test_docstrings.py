@@ -4,7 +4,8 @@ section (what the API pages render), and that section names exactly the paramete
 Public callables: the names in ``shardio.__all__`` and in the integrations' ``__all__``; for a class, its
 constructor (documented in the class docstring) and its public methods, those it inherits from shardio classes
 too. A method that implements a hook of a framework's base class (Lightning's ``Callback``), and a constructor
-that passes ``*args, **kwargs`` on to one (a ``Trainer``), are the framework's to document. ``python tests/test_docstrings.py`` lists what is missing.
+that passes ``*args, **kwargs`` on to one (a ``Trainer``), are the framework's to document.
+``python tests/test_docstrings.py`` lists what is missing.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class ShardDataset(EpochPlans, IterableDataset):
     sample_rate = property(lambda self: self.decoding.sample_rate, doc="`decoding.sample_rate` (read-only).")
     transform = property(lambda self: self.decoding.transform, doc="`decoding.transform` (read-only).")
     dtype = property(lambda self: self.decoding.dtype, doc="`decoding.dtype` (read-only).")
-    check_finite = property(lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only).")
+    check_finite = property(lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)")
     on_error = property(lambda self: self.reading.on_error, doc="`reading.on_error` (read-only).")
     retry = property(lambda self: self.reading.retry, doc="`reading.retry` (read-only).")
     read_ahead = property(lambda self: self.reading.read_ahead, doc="`reading.read_ahead` (read-only).")
@@ -149,8 +149,8 @@ class ShardDataset(EpochPlans, IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start an epoch at its first batch (a state just loaded for this epoch is kept).
 
-        It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other processes
-        need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
+        It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other
+        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
 
         Args:
             epoch: The epoch, from 0.

@@ -1,6 +1,5 @@
-"""A dataset's option groups from what its constructor was given: the groups themselves
-(:class:`~shardio.Batching`, :class:`~shardio.Ordering`, :class:`~shardio.Decoding`, :class:`~shardio.Reading`),
-the keyword shortcuts of their common fields, and the other fields' old keywords, deprecated.
+"""A dataset's option groups from what its constructor was given: the groups themselves (:class:`~shardio.Batching`,
+:class:`~shardio.Ordering`, :class:`~shardio.Decoding`, :class:`~shardio.Reading`), the keyword shortcuts of their common fields, and the other fields' old keywords, deprecated.
 
 A shortcut (or an old keyword) given together with its group is an :class:`~shardio.errors.OptionError` naming
 both: neither silently wins.
@@ -18,11 +17,12 @@ from ..reading.options import Decoding, Reading
 
 __all__ = ["DEPRECATED", "GROUPS", "SHORTCUTS", "Groups", "option_groups"]
 
-GROUPS: dict[str, type] = {"batching": Batching, "ordering": Ordering, "decoding": Decoding, "reading": Reading}
+GROUPS: dict[str, type] = {"batching": Batching, "ordering": Ordering, "decoding": Decoding,
+                           "reading": Reading}
 """Each group's keyword and its class."""
 
-SHORTCUTS = {"batch_size": "batching", "max_duration": "batching", "num_buckets": "batching", "shuffle": "ordering",
-             "sample_rate": "decoding", "on_error": "reading"}
+SHORTCUTS = {"batch_size": "batching", "max_duration": "batching", "num_buckets": "batching",
+             "shuffle": "ordering", "sample_rate": "decoding", "on_error": "reading"}
 """The keywords kept for the common fields (``None``: not given), and their groups."""
 
 DEPRECATED = {f.name: group for group, cls in GROUPS.items() for f in fields(cls) if f.name not in SHORTCUTS}

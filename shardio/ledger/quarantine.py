@@ -53,7 +53,8 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     `carry`). See the module docs for the exact semantics.
 
     Args:
-        state: A shardio state (or a whole `StatefulDataLoader` state) saved from the dataset's data and options.
+        state: A shardio state (or a whole `StatefulDataLoader` state) saved from the dataset's data and
+            options.
         dataset: The dataset the state was saved from.
         keys: Sample keys to leave out (a list, not one string).
         steps: `(first, stop)`: the batches of these steps, every rank's, are left out too.

@@ -189,8 +189,8 @@ class Trace:
         return records
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
-        """Every (step, rank) batch of an epoch, segment by segment in step order (a segment's batches consumed
-        ahead after its others).
+        """Every (step, rank) batch of an epoch, segment by segment in step order (a segment's batches
+        consumed ahead after its others).
 
         Args:
             epoch: The epoch.

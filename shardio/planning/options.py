@@ -60,8 +60,8 @@ class Batching:
             `quadratic_duration`). Bounds a batch's memory whatever the durations; not with `batch_size`.
         max_batch_size: At most this many samples in a `max_duration` batch (short samples would make very
             large ones).
-        remainder: `"pad"` (the default): the last round of `world_size` batches is filled by repeating batches
-            from the epoch's start (flagged in the batch's `repeat`); `"drop"`: that round is dropped.
+        remainder: `"pad"` (the default): the last round of `world_size` batches is filled by repeating
+            batches from the epoch's start (flagged in the batch's `repeat`); `"drop"`: that round is dropped.
         num_buckets: Batches form within this many duration buckets of about equal total duration (estimated
             from the index): far less padding; the batch order is shuffled per epoch. Planning allocates per
             bucket (at most 65,536).

@@ -28,7 +28,7 @@ ON_ERROR = ("raise", "skip")
 
 @dataclass(frozen=True)
 class Decoding:
-    """What a sample's audio becomes, in this order: mixed to mono, resampled, checked, transformed, converted.
+    """What a sample's audio becomes: mixed to mono, resampled, checked, transformed, converted, in order.
 
     The defaults keep the audio as stored, as float32: the decoder then writes each sample straight into its
     row of the batch. ``mono``, ``sample_rate`` and ``transform`` give each sample an array of its own first
@@ -37,8 +37,8 @@ class Decoding:
     Args:
         mono: Mix multi-channel audio down to one channel (the channels' mean; CPU per sample).
         sample_rate: Resample every sample to this rate in Hz (soxr, high quality; the costliest step, a
-            multiple of decoding's CPU). `None` (the default): each sample at its stored rate (a warning when the
-            dataset holds several). At most 64 times the dataset's lowest rate.
+            multiple of decoding's CPU). `None` (the default): each sample at its stored rate (a warning when
+            the dataset holds several). At most 64 times the dataset's lowest rate.
         check_finite: Refuse audio with NaN or infinity (a `DecodeError`). On by default: a scan of each
             sample's floats, skipped where the stored format cannot hold them (integer PCM).
         transform: `transform(sample, rng) -> sample` (see `Transform`), per sample in the process that reads
@@ -89,10 +89,10 @@ class Reading:
         read_ahead: Bytes of remote reads each process fetches ahead of the batch it builds, coalesced per
             shard and concurrent (64 MiB by default: that much memory per process, and requests made early).
             0 reads each sample when it is needed; local shards are read as they go either way.
-        cache_bytes: Above 0, remote shards are read whole through a node-local disk cache of at most this many
-            bytes under `$SHARDIO_CACHE_DIR` (default `~/.cache/shardio`), shared by every process of
-            the node: whole shards are downloaded, so the first epoch fetches more bytes, and later epochs
-            none. 0 (the default): ranged reads, no disk.
+        cache_bytes: Above 0, remote shards are read whole through a node-local disk cache of at most this
+            many bytes under `$SHARDIO_CACHE_DIR` (default `~/.cache/shardio`), shared by every process of
+            the node: a shard is downloaded whole when first read (checked against its SHA-256), and later
+            epochs read it from disk. 0 (the default): ranged reads, no disk.
 
     Raises:
         OptionError: A value of the wrong type or out of range.
@@ -110,6 +110,7 @@ class Reading:
         if not isinstance(self.retry, RetryPolicy):
             raise OptionError(f"retry must be a shardio.RetryPolicy, not {shown(self.retry)}")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(self.storage_options)}")
+            raise OptionError(f"storage_options must be a dict of fsspec options, not "
+                              f"{shown(self.storage_options)}")
         object.__setattr__(self, "read_ahead", integer("read_ahead", self.read_ahead, 0))
         object.__setattr__(self, "cache_bytes", integer("cache_bytes", self.cache_bytes, 0))

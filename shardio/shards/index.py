@@ -71,9 +71,8 @@ class Index:
         fingerprint: What a saved state records to name the dataset.
         columns_sha256: The digest of the columns file.
         storage_options: fsspec options (endpoint, credentials) for a remote `root`; shards open with them.
-        loaded_ns: When it was loaded (or made), as `time.time_ns()`, or its local `index.json`'s ctime where
-            that is later; a local shard whose status changed after then was replaced under the run
-            (`ShardChanged`).
+        loaded_ns: When it was loaded (`time.time_ns()`, or its `index.json`'s later ctime): a local shard
+            whose status changed after then was replaced under the run (`ShardChanged`).
     """
 
     root: str
@@ -292,8 +291,8 @@ class Index:
 
         Args:
             location: The dataset's directory or URL, or its `index.json`.
-            storage_options: fsspec options (endpoint, credentials, ...) for a URL; they stay with the index for
-                reading its shards. Remote reads are retried.
+            storage_options: fsspec options (endpoint, credentials, ...) for a URL; they stay with the index
+                for reading its shards. Remote reads are retried.
             allow_outside_root: Also take shard names with `..` parts, absolute paths and symlinks that leave
                 the root (default: plain relative paths only): only for a trusted dataset whose shards really
                 live elsewhere (`shardio index --out` to another directory writes such names).
@@ -310,10 +309,11 @@ class Index:
                         columns_sha256=str(parts.header["columns_sha256"]), _keys=parts.keys,
                         storage_options=storage_options, _file=parts.mapped, _meta=parts.meta)
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"{parts.json_path}: index header has a missing or malformed field ({exc})") from None
+            raise FormatError(f"{parts.json_path}: index header has a missing or malformed field "
+                              f"({exc})") from None
         check_loaded(index, parts, allow_outside_root)
         index._digested = True
-        if not is_url(parts.json_path):  # a file server's clock ahead of this machine's: shards predate index.json
+        if not is_url(parts.json_path):  # a file server's clock ahead of ours: shards predate index.json
             index.loaded_ns = max(index.loaded_ns, os.stat(parts.json_path).st_ctime_ns)
         return index
 

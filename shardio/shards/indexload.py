@@ -1,6 +1,6 @@
 """Reading a dataset's index from its location: ``index.json``, then its columns file (mapped where it is
-local, else fetched), checked against the header's digest and size bound; :meth:`shardio.Index.load` builds the
-index from these parts and checks them against each other."""
+local, else fetched), checked against the header's digest and size bound; :meth:`shardio.Index.load` builds
+the index from these parts and checks them against each other."""
 
 from __future__ import annotations
 
