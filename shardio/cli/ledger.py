@@ -10,11 +10,16 @@ import json
 import re
 import sys
 from collections import Counter
+from typing import Any
 
 from ..errors import OptionError
-from ..storage.files import write_atomic
 
 __all__ = ["add_quarantine", "add_remix", "add_trace"]
+
+_STATE_HELP = ("the saved loader state: a JSON state, a torch.save checkpoint holding one (a Lightning .ckpt "
+               "too), or an Accelerate save_state directory; read with torch.load(weights_only=True)")
+_OUT_HELP = ("where to write the new state: a copy of --state's checkpoint (same kind, the model's weights "
+             "unchanged) with the new state in the old one's place, so the job resumes from it as it did")
 
 
 def add_trace(subparsers: argparse._SubParsersAction) -> None:
@@ -22,12 +27,17 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
                                    description="Answer from the plan alone (no audio read): the keys of every rank's "
                                                "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.")
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help="a saved loader state (JSON): the run's options, history")
+    parser.add_argument("--state", required=True, help=_STATE_HELP)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, metavar="S", help="epoch step S (batches per rank since epoch start)")
+    what.add_argument("--step", type=int, metavar="S", help="epoch step S: batches per rank since the epoch's "
+                                                           "start, from 0 (its first batch is step 0)")
+    what.add_argument("--global-step", type=int, metavar="G",
+                      help="a trainer's global step G, counted from 0 across epochs (Lightning's global_step; "
+                           "a loop counting from 1 subtracts 1): mapped to an epoch and epoch step through "
+                           "each epoch's planned length, printed first")
     what.add_argument("--key", action="append", metavar="K", help="a sample key (repeat for several)")
     what.add_argument("--epoch", type=int, metavar="E", help="the whole epoch E, one row per (step, rank)")
-    parser.add_argument("--stop", type=int, metavar="S2", help="with --step: steps S to S2 - 1")
+    parser.add_argument("--stop", type=int, metavar="S2", help="with --step: epoch steps S to S2 - 1")
     parser.add_argument("--rank", type=int, metavar="R", help="with --step: rank R only")
     parser.add_argument("--in-epoch", type=int, metavar="E", help="with --step: this epoch (default: the state's)")
     parser.add_argument("--epochs", type=int, default=1, metavar="N",
@@ -38,12 +48,19 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    from ..ledger.rebuild import open_for_state, read_state, write_rows, write_samples
+    from ..ledger.checkpoints import read_checkpoint
+    from ..ledger.rebuild import open_for_state, write_rows, write_samples
     from ..ledger.trace import Trace
 
     _check_trace_args(args)
-    state = read_state(args.state)
+    checkpoint = read_checkpoint(args.state)
+    state = checkpoint.state
     trace = Trace(open_for_state(args.dataset, state), state)
+    if args.global_step is not None:
+        _check_global_steps(trace, checkpoint)
+        args.in_epoch, args.step = trace.epoch_step(args.global_step)
+        print(f"# global step {args.global_step} (from 0) is epoch {args.in_epoch} epoch step {args.step} "
+              "(from 0), if every epoch before ran whole on this world size", file=sys.stderr)
     if args.key:
         epochs = range(trace.state.epoch, trace.state.epoch + args.epochs)
         for found in trace.find(args.key, epochs):
@@ -58,6 +75,9 @@ def _run_trace(args: argparse.Namespace) -> int:
         epoch = trace.state.epoch if args.in_epoch is None else args.in_epoch
         records = iter(trace.steps(epoch, args.step, args.stop, args.rank))
     rows = (trace.row(record) for record in records)
+    if not (args.csv or args.json or args.epoch is not None):
+        print("# step: the epoch step, batches per rank from 0 at the epoch's start (--global-step takes a "
+              "trainer's)")
     if args.csv:
         write_samples(rows, sys.stdout)
     else:
@@ -70,8 +90,11 @@ def _check_trace_args(args: argparse.Namespace) -> None:
     more epochs than one search takes (:data:`~shardio.ledger.trace.MAX_FIND_EPOCHS`)."""
     from ..ledger.trace import MAX_FIND_EPOCHS
 
+    by_step = args.step is not None or args.global_step is not None
     stray = [name for name, given in (("--stop", args.stop is not None), ("--rank", args.rank is not None),
-                                      ("--in-epoch", args.in_epoch is not None)) if given and args.step is None]
+                                      ("--in-epoch", args.in_epoch is not None)) if given and not by_step]
+    stray += ["--in-epoch"] if args.in_epoch is not None and args.global_step is not None else []
+    stray += ["--stop"] if args.stop is not None and args.global_step is not None else []
     stray += ["--epochs"] if args.epochs != 1 and not args.key else []
     stray += ["--csv"] if args.csv and args.key else []
     if stray:
@@ -99,30 +122,73 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
                                                "keys (or every rank's batch at the given steps) out of the rest of "
                                                "the epoch; every other remaining sample is still seen once.")
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help="the saved loader state (JSON)")
-    parser.add_argument("--out", required=True, help="where to write the new state (JSON)")
+    parser.add_argument("--state", required=True, help=_STATE_HELP)
+    parser.add_argument("--out", required=True, help=_OUT_HELP)
     parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeat)")
     parser.add_argument("--steps", type=_step_range, metavar="A:B",
-                        help="leave out every rank's batch at epoch steps A to B - 1")
+                        help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
+                             "start, as trace --step counts; trace --global-step G names the epoch step of a "
+                             "trainer's global step)")
+    parser.add_argument("--global-steps", type=_step_range, metavar="G1:G2",
+                        help="as --steps, for a trainer's global steps G1 to G2 - 1 (from 0 across epochs; "
+                             "mapped as trace --global-step maps them, within the state's epoch)")
     parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
     parser.set_defaults(run=_run_quarantine)
 
 
 def _run_quarantine(args: argparse.Namespace) -> int:
+    from ..ledger.checkpoints import read_checkpoint, write_checkpoint
     from ..ledger.quarantine import quarantine, quarantine_report
-    from ..ledger.rebuild import open_for_state, read_state
+    from ..ledger.rebuild import open_for_state
 
-    state = read_state(args.state)
-    healed = quarantine(state, open_for_state(args.dataset, state), keys=args.key, steps=args.steps,
-                        carry=args.carry)
-    write_atomic(args.out, json.dumps(healed).encode("utf-8"))  # --out may be --state: never half-written
+    checkpoint = read_checkpoint(args.state)
+    state = checkpoint.state
+    dataset = open_for_state(args.dataset, state)
+    steps = args.steps
+    if args.global_steps is not None:
+        steps = _epoch_steps(dataset, checkpoint, args)
+    healed = quarantine(state, dataset, keys=args.key, steps=steps, carry=args.carry)
+    written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
-    print(f"quarantined {len(rows)} samples; resume from {args.out}")
+    print(f"quarantined {len(rows)} samples; resume from {args.out} (the state at {_place(checkpoint, written)})")
     for row in rows:
         notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + \
             ("\tcarried" if row["carry"] else "")
         print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
     return 0
+
+
+def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tuple[int, int]:
+    """``--global-steps G1:G2`` as epoch steps of the state's epoch (an :class:`OptionError` otherwise)."""
+    from ..ledger.trace import Trace
+
+    if args.steps is not None:
+        raise OptionError("--steps and --global-steps: choose one")
+    trace = Trace(dataset, checkpoint.state)
+    _check_global_steps(trace, checkpoint)
+    first, last = (trace.epoch_step(g) for g in (args.global_steps[0], args.global_steps[1] - 1))
+    if first[0] != trace.state.epoch or last[0] != trace.state.epoch:
+        raise OptionError(f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
+                          f"{first[1]} to epoch {last[0]} step {last[1]}; a quarantine takes steps of the state's "
+                          f"epoch {trace.state.epoch} (keys: --key, with --carry for later epochs)")
+    print(f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
+          f"steps {first[1]}:{last[1] + 1} (from 0)", file=sys.stderr)
+    return first[1], last[1] + 1
+
+
+def _check_global_steps(trace: Any, checkpoint: Any) -> None:
+    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not give
+    its state (earlier epochs cut short or on another world size, or gradient accumulation): a global step would
+    map to the wrong batch."""
+    recorded = checkpoint.global_step
+    if recorded is None:
+        return
+    planned = trace.global_step(trace.state.epoch, trace.position_step())
+    if planned != recorded:
+        raise OptionError(f"the checkpoint records global_step {recorded}, but its state stands at epoch "
+                          f"{trace.state.epoch} epoch step {trace.position_step()}, global step {planned} as the "
+                          "plan counts (earlier epochs cut short or on another world size, or several batches an "
+                          "optimizer step): a global step would name the wrong batch; use --step with --in-epoch")
 
 
 def _weight(text: str) -> tuple[str, float]:
@@ -140,12 +206,12 @@ def add_remix(subparsers: argparse._SubParsersAction) -> None:
                                                "boundary or mid-epoch, every corpus's passes exact "
                                                "(see shardio.remix).")
     parser.add_argument("dataset", nargs="+", help="NAME=LOCATION for every corpus of the old and the new mix")
-    parser.add_argument("--state", required=True, help="the saved loader state of the old mix (JSON)")
+    parser.add_argument("--state", required=True, help="the old mix's state: " + _STATE_HELP)
     parser.add_argument("--weight", type=_weight, action="append", required=True, metavar="NAME=W",
                         help="a corpus of the new mix and its weight (repeat)")
     parser.add_argument("--primary", help="the new mix's epoch is one pass over this corpus (default: the old "
                                           "epoch size)")
-    parser.add_argument("--out", required=True, help="where to write the new state (JSON)")
+    parser.add_argument("--out", required=True, help=_OUT_HELP)
     parser.set_defaults(run=_run_remix)
 
 
@@ -153,10 +219,12 @@ def _run_remix(args: argparse.Namespace) -> int:
     from ..datasets.mixed import MixedDataset
     from ..planning.mixoptions import EpochSize
     from ..state import job_state
-    from ..ledger.rebuild import open_for_state, read_state, state_corpora
+    from ..ledger.checkpoints import read_checkpoint, write_checkpoint
+    from ..ledger.rebuild import open_for_state, state_corpora
     from ..ledger.remix import remix, remix_report
 
-    state = read_state(args.state)
+    checkpoint = read_checkpoint(args.state)
+    state = checkpoint.state
     sources = _sources(args.dataset)
     weights = dict(args.weight)
     twice = sorted(name for name, count in Counter(name for name, _ in args.weight).items() if count > 1)
@@ -175,7 +243,7 @@ def _run_remix(args: argparse.Namespace) -> int:
                        single_corpus_batches=old.mix.single_corpus_batches, batching=old.batching, seed=old.seed,
                        ordering=old.ordering)
     mixed = remix(state, old, new)
-    write_atomic(args.out, json.dumps(mixed).encode("utf-8"))
+    write_checkpoint(checkpoint, mixed, args.out)
     event = remix_report(mixed)[-len(mixed["extra"]["remix"]["events"][-1]["corpora"]):]  # this re-mix's rows
     print(f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from {args.out}")
     for row in event:
@@ -183,6 +251,11 @@ def _run_remix(args: argparse.Namespace) -> int:
         print(f"  {row['corpus']}\t{row['status']}\tweight {row['old_weight']} -> {row['new_weight']}{extra}"
               + (f"\t{row['pending']} pending" if row["pending"] else ""))
     return 0
+
+
+def _place(checkpoint: Any, written: str) -> str:
+    """Where the new state is in the file written, in words (``out.pt['loader']``)."""
+    return written + "".join(f"[{key!r}]" for key in checkpoint.where or ())
 
 
 def _sources(locations: list[str]) -> dict[str, str]:

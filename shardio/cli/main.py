@@ -42,10 +42,25 @@ PACK_MAX_WORKERS = 256
 
 # -- pack --------------------------------------------------------------------------------------------
 
+PACK_EPILOG = """\
+keys and metadata (docs/guides/packing.md):
+  folder      each audio file (sub-folders too), its transcript in a .txt of the same name beside it;
+              key: the path under the folder without its extension (a/b/utt1.wav -> a/b/utt1)
+  .jsonl      one JSON object a line:
+                audio_filepath  required: the file, absolute or relative to the manifest's folder
+                offset, duration  optional, seconds: a segment of the file
+                id or key       optional: the key; default the file's stem without folders (a/b/utt1.wav ->
+                                utt1; segments: {stem}_{offset in ms, 8 digits}); same stems collide: give ids
+                anything else   metadata (text: the transcript; speaker, lang, ...), kept and in each batch
+shard size: any number of shards serves any number of ranks x workers (samples are read by their offsets,
+  every rank gets the same number of batches); the size changes shuffling windows and remote caching only
+  (docs/guides/formats.md)."""
+
 def _add_pack(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("pack", help="pack a corpus into shards and an index",
                                    description="Pack an audio folder, JSONL manifest, Kaldi data dir or TSV/CSV "
-                                               "into WebDataset-style shards plus a shardio index.")
+                                               "into WebDataset-style shards plus a shardio index.",
+                                   epilog=PACK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="the corpus: a folder, a .jsonl manifest, a Kaldi data dir or a .tsv/.csv")
     parser.add_argument("out_dir", help="the dataset directory to write (must not hold a dataset yet, unless "
                                         "--overwrite)")

@@ -238,9 +238,6 @@ class ShardDataset(EpochPlans, IterableDataset):
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         extra = check_extra(loaded.extra, len(self.index))
-        if loaded.world_size != world_size:
-            logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
-                        loaded.world_size, world_size, loaded.position, loaded.epoch)
         self._extra, previous = extra, self._extra
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
@@ -251,6 +248,13 @@ class ShardDataset(EpochPlans, IterableDataset):
         except StateError:
             self._extra = previous
             raise
+        if loaded.world_size != world_size:
+            share = self._share(instruction.epoch, instruction.history, context)
+            repeated = 0 if share.repeats is None else int(share.repeats.sum())
+            logger.info("world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
+                        "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
+                        "(padding)", loaded.world_size, world_size, loaded.position, loaded.epoch,
+                        share.num_batches, repeated, self.ranks(context).rank)
         self._share(instruction.epoch, instruction.history, context)
         if context.in_worker:
             self._progress.give_own(instruction, skip)

@@ -24,11 +24,18 @@ So the callback takes the state from the batch that was trained on (``state_afte
 ``on_train_batch_end``, which runs before ``ModelCheckpoint`` saves), keeps it in the checkpoint as its
 own state, and applies a loaded state when ``train_dataloader()`` hands it the new dataset
 (:meth:`ShardioCallback.attach`), the only moment between the restore and the first ``iter()``.
+
+Two of Lightning's warnings say the opposite of what the callback guarantees, so it silences them (those two
+messages only, and only once it holds what makes them wrong): "Your `IterableDataset` has `__len__` defined"
+(a ShardDataset's length is this rank's exact batch count, with any worker count: silenced from :meth:`attach`)
+and "... your dataloader is not resumable. This can cause unreliable results" (the callback resumes it exactly:
+silenced when a checkpoint holding its state is loaded). Without the callback both still appear.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 from ..datasets.dataset import ShardDataset
@@ -41,6 +48,9 @@ __all__ = ["ShardioCallback"]
 logger = logging.getLogger(__name__)
 
 # Subclassing the Callback of every Lightning installed makes the callback fit either package's Trainer.
+_LENGTH_WARNING = r"Your `IterableDataset` has `__len__` defined"
+_RESUME_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+
 _BASES = tuple(module.Callback for module in require("lightning", "lightning.pytorch", "pytorch_lightning"))
 
 
@@ -74,6 +84,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             raise TypeError(f"ShardioCallback takes a ShardDataset (or none, then attach), not "
                             f"{type(dataset).__name__}")
         self._dataset = dataset
+        if dataset is not None:
+            warnings.filterwarnings("ignore", message=_LENGTH_WARNING)  # its length is exact (module docs)
         self._state: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
         self._trainer: Any = None
@@ -99,6 +111,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"ShardioCallback.attach takes a ShardDataset, not {type(dataset).__name__}")
         self._dataset = dataset
+        warnings.filterwarnings("ignore", message=_LENGTH_WARNING)  # its length is exact (see the module docs)
         if self._pending is not None:
             dataset.load_state_dict(self._pending)
             self._pending = None
@@ -172,6 +185,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._state = self._pending = state_dict.get("loader")
+        if self._pending is not None:  # this resume is exact: Lightning's warning that it may not be is wrong
+            warnings.filterwarnings("ignore", message=_RESUME_WARNING)
 
     def _has_state(self, checkpoint: dict[str, Any]) -> bool:
         return any(isinstance(value, dict) and value.get("loader") is not None

@@ -6,7 +6,8 @@ utterance X seen?" without reading a byte of audio. It plans with the dataset's 
 (``ShardDataset._make_plan``, so mixes, quarantines and re-mixes included) and follows the epoch's elastic
 history exactly as the loader played it.
 
-**Steps.** ``step`` counts batches per rank from the start of the epoch, across elastic segments: segment
+**Steps.** ``step`` (the *epoch step*) counts batches per rank from 0 at the start of each epoch, across elastic
+segments (a trainer's global step, counted across epochs, maps to one with :meth:`Trace.epoch_step`): segment
 ``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier segments'
 ``consumed``; the last (current) segment runs under the state's world size to the end of the epoch. A
 yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
@@ -146,6 +147,59 @@ class Trace:
         window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
         return [(j, False) for j in window] + [(j, True) for j in self.ahead(epoch, segment).tolist()
                                                if first <= start + j and (stop is None or start + j < stop)]
+
+    def epoch_step(self, global_step: int) -> tuple[int, int]:
+        """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it since
+        epoch 0's first (Lightning's ``trainer.global_step`` while it trains that batch; a loop that adds 1 after
+        each batch, from 0, holds it before the add). Each epoch's length is its plan's, which varies with duration
+        batching, under the world sizes the state records for its epoch and the state's world size for the others:
+        a run whose earlier epochs ran on another world size, or were cut short, is not described.
+
+        Args:
+            global_step: the trainer's step, from 0 across epochs.
+
+        Returns:
+            ``(epoch, step)``, the step counted from 0 at that epoch's start.
+
+        Raises:
+            OptionError: not an integer from 0, or beyond :data:`MAX_FIND_EPOCHS` epochs.
+        """
+        if isinstance(global_step, bool) or not isinstance(global_step, (int, np.integer)) or global_step < 0:
+            raise OptionError(f"a global step is an integer from 0, not {global_step!r}"[:200])
+        left = int(global_step)
+        for epoch in range(MAX_FIND_EPOCHS):
+            cached = set(self._plans)
+            length = sum(count for _, _, count in self.segments(epoch))
+            if left < length:
+                return epoch, left
+            left -= length
+            for planned in [key for key in self._plans if key not in cached]:
+                del self._plans[planned]  # one epoch's plans held at a time
+        raise OptionError(f"global step {global_step} is beyond the first {MAX_FIND_EPOCHS} epochs")
+
+    def global_step(self, epoch: int, step: int) -> int:
+        """The global step of ``step`` of ``epoch``: the inverse of :meth:`epoch_step`, under its assumption.
+
+        Args:
+            epoch: the epoch.
+            step: the epoch step, from 0.
+
+        Returns:
+            The batches per rank of the epochs before ``epoch``, plus ``step``.
+
+        Raises:
+            OptionError: ``epoch`` beyond :data:`MAX_FIND_EPOCHS` (each epoch before it is planned).
+        """
+        _check_epoch(epoch)
+        if epoch > MAX_FIND_EPOCHS:
+            raise OptionError(f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps")
+        before = 0
+        for earlier in range(epoch):
+            cached = set(self._plans)
+            before += sum(count for _, _, count in self.segments(earlier))
+            for planned in [key for key in self._plans if key not in cached]:
+                del self._plans[planned]
+        return before + int(step)
 
     def position_step(self) -> int:
         """The epoch step the state stands at (the next batch to train on)."""
