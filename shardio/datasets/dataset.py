@@ -98,11 +98,6 @@ class ShardDataset(EpochPlans, IterableDataset):
         ReadError: An index that cannot be read.
     """
 
-    batching: Batching
-    ordering: Ordering
-    decoding: Decoding
-    reading: Reading
-
     def __init__(self, source: str | os.PathLike[str] | Index, *, batching: Batching | None = None,
                  ordering: Ordering | None = None, decoding: Decoding | None = None, reading: Reading | None = None,
                  seed: int = 0, world: World | None = None, batch_size: int | None = None,

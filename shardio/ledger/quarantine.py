@@ -37,7 +37,8 @@ from ..planning.exclusions import QUARANTINE, consumed_ahead
 from ..planning.plan import Segment
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
-from .trace import Trace, resolve_keys
+from .keyids import resolve_keys
+from .trace import Trace
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset

@@ -35,6 +35,7 @@ from ..planning.exclusions import consumed_ahead
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
+from .keyids import resolve_keys
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -65,15 +66,12 @@ class StepRecord:
 
 
 class Trace:
-    """A dataset's ledger as the job that saved a state plays it: which samples every rank gets at every step.
+    """A dataset's ledger as the job that saved a state plays it: which samples every rank gets at every step
+    (a state that does not fit the dataset is a `StateError`).
 
     Args:
-        dataset: The `ShardDataset` or `MixedDataset` of the job. It is not changed: a copy with a progress of
-            its own loads the state, so a live dataset may be traced mid-run.
+        dataset: The job's `ShardDataset` or `MixedDataset`, unchanged: a copy loads the state (trace mid-run).
         state: A state the job saved (its world size and history say how the epochs were played).
-
-    Raises:
-        StateError: A state that does not fit the dataset.
     """
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
@@ -108,7 +106,7 @@ class Trace:
 
         Args:
             epoch: The epoch.
-            segment: The segment's number, from 0.
+            segment: The segment's number, from 0 (`segments` lists them).
         """
         if (epoch, segment) not in self._plans:
             _check_epoch(epoch)
@@ -209,16 +207,14 @@ class Trace:
 
     def steps(self, epoch: int, first: int, stop: int | None = None,
               rank: int | None = None) -> list[StepRecord]:
-        """Every rank's (or one rank's) batch at a run of steps.
+        """Every rank's (or one rank's) batch at a run of steps (steps or a rank that are not integers, or
+        beyond the epoch, are an `OptionError`).
 
         Args:
             epoch: The epoch.
             first: The first step.
             stop: The step after the last (default: `first + 1`).
             rank: Only this rank (default: every rank).
-
-        Raises:
-            OptionError: Steps or a rank that are not integers, or beyond the epoch.
         """
         stop = first + 1 if stop is None else stop
         if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (first, stop, rank or 0)):
@@ -244,13 +240,10 @@ class Trace:
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
         """Every (step, rank) batch of an epoch, segment by segment in step order (a segment's batches
-        consumed ahead after its others).
+        consumed ahead after its others). A bad epoch is an `OptionError` here, before any record.
 
         Args:
             epoch: The epoch.
-
-        Raises:
-            OptionError: A bad epoch, here, before any record.
         """
         segments = self.segments(epoch)
 
@@ -269,9 +262,6 @@ class Trace:
         Args:
             keys: Sample keys (a list, not one string).
             epochs: The epochs to search (at most `MAX_FIND_EPOCHS`).
-
-        Raises:
-            OptionError: One string for `keys`, or too many epochs.
         """
         if isinstance(keys, (str, bytes)):
             raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({keys!r:.100})")
@@ -332,29 +322,6 @@ class Trace:
         if record.ahead:
             row["ahead"] = True
         return row
-
-
-def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, list[int]]:
-    """The sample ids of each of ``keys`` (several where a mix's corpora share a key), with an
-    :class:`OptionError` naming the keys the index does not hold."""
-    wanted: dict[str, list[int]] = {key: [] for key in keys}
-    if len(wanted) <= 16 and isinstance(dataset_keys, list):  # a few keys: list.index scans in C
-        for key, found in wanted.items():
-            at = -1
-            try:
-                while True:
-                    at = dataset_keys.index(key, at + 1)
-                    found.append(at)
-            except ValueError:
-                pass
-    else:
-        for i, key in enumerate(dataset_keys):
-            if key in wanted:
-                wanted[key].append(i)
-    missing = [key for key, ids in wanted.items() if not ids]
-    if missing:
-        raise OptionError(f"{len(missing)} keys are not in the dataset's index: {missing[:10]}")
-    return wanted
 
 
 def _check_epoch(epoch: Any) -> None:
