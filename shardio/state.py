@@ -113,9 +113,24 @@ class LoaderState:
         for name in sorted(set(self.options) | set(options)):
             if self.options.get(name) != options.get(name):
                 label = name if len(name) <= 80 and name.isprintable() else shown(name)
-                found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
-                             f"{shown(options.get(name))}" + _hint(name, self.options.get(name)))
+                saved, given = self.options.get(name), options.get(name)
+                for where, saved, given in (_where_differ(saved, given) or [("", saved, given)])[:3]:
+                    found.append(f"option {label}{where}: state {shown(saved)}, dataset {shown(given)}"
+                                 + _hint(name, self.options.get(name)))
         return found
+
+
+def _where_differ(saved: Any, given: Any, where: str = "", depth: int = 0) -> list[tuple[str, Any, Any]]:
+    """Where two option values differ: ``(path, saved, given)`` of each differing leaf inside dicts (a
+    path like ``.weights.a``), so that a message shows the values that differ rather than the start of two
+    long dicts. Options are compared exactly, as the planner uses them (a float's every bit counts)."""
+    if not (isinstance(saved, dict) and isinstance(given, dict)) or depth >= 8:
+        return [(where, saved, given)] if saved != given else []
+    found = []
+    for key in sorted(set(saved) | set(given), key=str):
+        part = f".{key}" if isinstance(key, str) and len(key) <= 40 and key.isprintable() else f"[{shown(key, 40)}]"
+        found += _where_differ(saved.get(key), given.get(key), where + part, depth + 1)
+    return found
 
 
 def _hint(name: str, saved: Any) -> str:
@@ -144,7 +159,15 @@ def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
 
 
 def find_states(container: Any) -> list[LoaderState]:
-    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
+    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict).
+
+    The container is a dict: a state, a ``StatefulDataLoader``'s state or a checkpoint holding one. A list at
+    the top (``[state]``, say, a list of ranks' states) is a :class:`StateError`: one state describes the whole
+    job, and which of several to take is not for the loader to guess."""
+    if not isinstance(container, Mapping):
+        raise StateError(f"not a shardio loader state: a saved state is a dict (a shardio state, a "
+                         f"StatefulDataLoader's state or a checkpoint dict holding one), not a "
+                         f"{type(container).__name__}")
     return [LoaderState.from_dict(item) for item in _mappings(container) if item.get("format") == _FORMAT]
 
 
