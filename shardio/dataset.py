@@ -194,7 +194,8 @@ class ShardDataset(EpochPlans, IterableDataset):
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
-        extra = check_extra(loaded.extra, len(self.index))
+        extra = check_extra(loaded.extra, len(self.index), lambda i: self.index.keys[i],
+                            lambda i: self._fields(i).get("corpus"))
         if loaded.world_size != world_size:
             logger.info("world size changed from %d to %d at batch %d of epoch %d: re-planning the rest",
                         loaded.world_size, world_size, loaded.position, loaded.epoch)

@@ -30,6 +30,7 @@ import soundfile
 from ..errors import OptionError
 from ..packing.pack import pack
 from ..reading.reader import Reader
+from ..reading.storage import write_atomic
 from ..shards.index import INDEX_JSON, Index
 from ..shards.writer import ShardWriter
 
@@ -198,7 +199,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     for shard in Index.load(plain.directory).shards:
         data = Path(plain.directory, shard.name).read_bytes()
         path = directory / shard.name.replace(".tar", suffix)
-        path.write_bytes(compress(data))
+        write_atomic(str(path), compress(data))
         paths.append(path)
     shutil.rmtree(Path(out_dir) / ".plain")
     try:

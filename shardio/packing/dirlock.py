@@ -15,6 +15,7 @@ import socket
 import time
 
 from ..errors import OutputError
+from ..reading.storage import check_output_file
 
 __all__ = ["LOCK_FILE", "DirectoryLock"]
 
@@ -51,8 +52,9 @@ class DirectoryLock:
             self._fd = fd
 
     def _open(self) -> int:
+        check_output_file(self.path)  # a device or FIFO there is not opened, let alone written
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)
         except OSError as exc:
             raise OutputError(f"{os.path.dirname(self.path)}: cannot create the lock file {LOCK_FILE} "
                               f"({exc.strerror or exc}); expected a writable directory") from None
