@@ -13,7 +13,6 @@ import os
 import time
 
 from ..errors import OutputError
-
 from ..reading.storage import cache_dir, open_output
 
 __all__ = ["SETTLED_S", "UNUSED_S", "mark_verified", "prune", "touch", "verified_marker"]
