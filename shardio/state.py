@@ -113,10 +113,10 @@ class LoaderState:
         for name in sorted(set(self.options) | set(options)):
             if self.options.get(name) != options.get(name):
                 label = name if len(name) <= 80 and name.isprintable() else shown(name)
-                saved, given = self.options.get(name), options.get(name)
-                for where, saved, given in (_where_differ(saved, given) or [("", saved, given)])[:3]:
+                ours, theirs = self.options.get(name), options.get(name)
+                for where, saved, given in (_where_differ(ours, theirs) or [("", ours, theirs)])[:3]:
                     found.append(f"option {label}{where}: state {shown(saved)}, dataset {shown(given)}"
-                                 + _hint(name, self.options.get(name)))
+                                 + _hint(name, ours))
         return found
 
 

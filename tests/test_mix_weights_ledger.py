@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
 from sample_shards import make_uneven_dataset
+
 from shardio import EpochSize, OptionError, StateError
 from shardio.cli import main
 from shardio.ledger.rebuild import open_for_state
@@ -73,6 +73,7 @@ def test_the_reported_mix_checkpoint_is_traced_and_quarantined(corpora: dict[str
 @given(first=st.fixed_dictionaries({"a": st.just(1), "f": SMALL_MIX}),
        chain=st.lists(st.dictionaries(st.sampled_from("fg"), SMALL_MIX, min_size=0, max_size=2), min_size=1,
                       max_size=5))
+@example(first={"a": 1, "f": 1.0}, chain=[{"f": 0.3}] * 5)  # the reported weights, re-mixed to 5 times over
 def test_a_chain_of_remixes_on_its_own_output_keeps_loading(corpora: dict[str, str], tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str],
                                                             first: dict[str, float],

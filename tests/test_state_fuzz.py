@@ -17,9 +17,9 @@ import pytest
 from hostile import run_limited
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_shards import make_uneven_dataset
 from test_fuzz import JSON_VALUES, MUTATION, mutate, paths, replace_at
 
-from sample_shards import make_uneven_dataset
 from shardio import EpochSize, ShardDataset
 from shardio.errors import ShardioError
 from shardio.ledger.quarantine import quarantine, quarantine_report

@@ -23,14 +23,14 @@ from typing import Any
 from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
 
-__all__ = ["EpochSize", "Mix", "WEIGHT_SUM_TOLERANCE", "recorded_weights"]
+__all__ = ["WEIGHT_SUM_TOLERANCE", "EpochSize", "Mix", "recorded_weights"]
 
 WEIGHT_SUM_TOLERANCE = 1e-9
 """How far from 1 the sum of weights a state records (normalised, then summed in floats: off by a few ulps) may
 be: more is not a shardio state's."""
 
 
-class _RecordedWeights(dict):  # type: ignore[type-arg]
+class _RecordedWeights(dict[str, float]):
     """Weights a loader state records, already normalised: :class:`Mix` keeps them as they are."""
 
 

@@ -29,7 +29,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 from urllib.parse import unquote
 
 from ..errors import FormatError, OptionError, OutputError, ReadError
@@ -202,7 +202,7 @@ def check_output_file(path: str | os.PathLike[str]) -> None:
                           "output only where nothing is yet, or over a regular file")
 
 
-def open_output(path: str | os.PathLike[str]) -> IO[bytes]:
+def open_output(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for writing, created or truncated, only where :func:`check_output_file` allows it: a
     FIFO swapped in after the check is not waited on (opened without blocking, checked again on the descriptor).
 
