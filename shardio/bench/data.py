@@ -30,7 +30,7 @@ import soundfile
 from ..errors import OptionError
 from ..packing.pack import pack
 from ..reading.reader import Reader
-from ..reading.storage import write_atomic
+from ..reading.storage import check_output_file, write_atomic
 from ..shards.index import INDEX_JSON, Index
 from ..shards.writer import ShardWriter
 
@@ -124,6 +124,7 @@ def _ljspeech_flacs(out: Path, shared: Path, repeats: int, limit: int | None) ->
         for flac in flacs:
             target = out / f"r{copy:02d}" / flac.name
             target.parent.mkdir(parents=True, exist_ok=True)
+            check_output_file(target)  # copyfile writes into a FIFO or device there
             shutil.copyfile(flac, target)
     return f"shared corpora (ljspeech_coqui, {len(flacs)} FLACs x {repeats}, 22.05 kHz)"
 
