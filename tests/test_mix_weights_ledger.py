@@ -68,8 +68,8 @@ def test_the_reported_mix_checkpoint_is_traced_and_quarantined(corpora: dict[str
     assert (rebuilt._make_plan(0, (), 1, rebuilt._planned_batching).samples == ds.plan().samples).all()
 
 
-@settings(max_examples=15, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                               HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(first=st.fixed_dictionaries({"a": st.just(1), "f": SMALL_MIX}),
        chain=st.lists(st.dictionaries(st.sampled_from("fg"), SMALL_MIX, min_size=0, max_size=2), min_size=1,
                       max_size=5))

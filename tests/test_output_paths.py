@@ -1,6 +1,7 @@
-"""An output path that exists and is not a regular file is refused, never replaced or written into (issue 41):
-``quarantine --out /dev/full`` run as root replaced the system's /dev/full with a regular file, and writing to a
-FIFO blocked. Device nodes here are made with ``os.mknod`` in a temporary directory (root only), never /dev's."""
+"""An output path that exists and is not a regular file is refused, never replaced or written into (issue
+41): ``quarantine --out /dev/full`` run as root replaced the system's /dev/full with a regular file, and
+writing to a FIFO blocked. Device nodes here are made with ``os.mknod`` in a temporary directory (root only),
+never /dev's."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from shardio import Index, OutputError, ShardWriter
 from shardio.cli import main
 from shardio.reading.storage import check_output_file, open_output, write_atomic
 
-pytestmark = pytest.mark.timeout(60)  # a FIFO opened for writing blocked until a reader came: a hang fails here
+pytestmark = pytest.mark.timeout(60)  # a FIFO opened for writing blocked until a reader came: a hang fails
 
 KINDS = ["fifo", "device", "directory"]
 
@@ -57,7 +58,8 @@ def test_quarantine_out_is_refused_where_it_is_not_a_regular_file(data: str, val
     assert code == 3 and "not a regular file" in err, err  # exit 0 before, the node replaced by a file
     assert same_kind(out, kind)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "state.json"]  # no temporary left behind
-    assert main(["quarantine", data, "--state", str(state), "--key", key, "--out", str(tmp_path / "new")]) == 0
+    fresh = tmp_path / "new"
+    assert main(["quarantine", data, "--state", str(state), "--key", key, "--out", str(fresh)]) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -101,17 +103,16 @@ def write_one(writer: ShardWriter) -> None:
 @pytest.mark.parametrize("name", [".shard.writing", ".shardio.lock"])
 def test_a_shard_writer_neither_blocks_on_nor_writes_into_a_fifo(tmp_path: Path, name: str) -> None:
     special(tmp_path / name, "fifo")
-    with pytest.raises(OutputError, match="a FIFO, not a regular file"):
-        with ShardWriter(tmp_path) as writer:
-            write_one(writer)
+    with pytest.raises(OutputError, match="a FIFO, not a regular file"), ShardWriter(tmp_path) as writer:
+        write_one(writer)
     assert same_kind(tmp_path / name, "fifo")
 
 
 def test_a_finished_shard_does_not_replace_a_device(tmp_path: Path) -> None:
     special(tmp_path / "shard-000000.tar", "device")
-    with pytest.raises(OutputError, match="shard-000000.tar: it is a character device"):
-        with ShardWriter(tmp_path, overwrite=True) as writer:
-            write_one(writer)
+    refused = pytest.raises(OutputError, match="shard-000000.tar: it is a character device")
+    with refused, ShardWriter(tmp_path, overwrite=True) as writer:
+        write_one(writer)
     assert same_kind(tmp_path / "shard-000000.tar", "device")
 
 

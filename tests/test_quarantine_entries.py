@@ -25,7 +25,7 @@ def keys(data: str) -> list[str]:
 
 
 def with_entry(valid: dict[str, Any], names: list[str], **fields: Any) -> dict[str, Any]:
-    """``valid`` moved to the start of epoch 1, with one quarantine entry (sample 3, carried) and ``fields``."""
+    """``valid`` moved to the start of epoch 1, with a quarantine entry (sample 3, carried) and ``fields``."""
     entry = {"epoch": 0, "segment": 0, "ids": [3], "keys": [names[3]], "steps": None, "carry": True,
              "consumed": [], **fields}
     return {**valid, "epoch": 1, "start": 0, "extra": {"quarantine": [entry]}}
@@ -42,7 +42,7 @@ def test_an_entry_whose_ids_and_keys_disagree_is_refused(data: str, valid: dict[
     path = tmp_path / "state.json"
     path.write_text(json.dumps(edited))
     for command in (["trace", data, "--state", str(path), "--step", "0"],
-                    ["quarantine", data, "--state", str(path), "--key", keys[1], "--out", str(tmp_path / "o")]):
+                    ["quarantine", data, "--state", str(path), "--key", keys[1], "--out", str(path)]):
         capsys.readouterr()
         assert main(command) == 2  # accepted before: trace answered, quarantine carried the wrong sample on
         assert "ids and keys must name the same samples" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def test_a_fifo_state_is_refused_without_waiting(data: str, tmp_path: Path, comm
 
 
 def test_a_device_state_is_not_read(data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = run_cli(["trace", "--step", "0"], data, "/dev/zero", tmp_path, capsys)  # read until MemoryError
+    code, err = run_cli(["trace", "--step", "0"], data, "/dev/zero", tmp_path, capsys)  # read: MemoryError
     assert code == 2 and "a character device, not a regular file" in err, err
 
 
@@ -71,7 +71,8 @@ def test_a_list_of_states_is_a_state_error_in_every_command(data: str, valid: di
 
 
 @pytest.mark.parametrize("container", [[], "state", 3, None], ids=["list", "str", "int", "none"])
-def test_load_state_dict_refuses_what_the_commands_refuse(data: str, valid: dict[str, Any], container: Any) -> None:
+def test_load_state_dict_refuses_what_the_commands_refuse(data: str, valid: dict[str, Any],
+                                                          container: Any) -> None:
     ds = ShardDataset(data, batch_size=2, seed=1)
     with pytest.raises(StateError, match="a saved state is a dict"):
         ds.load_state_dict([valid])  # loaded before: one rule for both

@@ -48,7 +48,8 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[str]
     sources = {"one": str(root / "one"), "b": str(root / "b")}
     old = MixedDataset(sources, {"one": 0.3, "b": 1}, EpochSize(primary="b"), seed=5, batch_size=2)
     new = MixedDataset(sources, {"one": 1, "b": 0.7}, EpochSize(primary="b"), seed=5, batch_size=2)
-    mixed = quarantine(old.state_after({"epoch": 0, "batch_index": 0}), old, keys=[old.index.keys[2]], carry=True)
+    first = old.state_after({"epoch": 0, "batch_index": 0})
+    mixed = quarantine(first, old, keys=[old.index.keys[2]], carry=True)
     remixed = remix(mixed, old, new)
     mix_at = [f"{name}={location}" for name, location in sources.items()]
     states = {"plain": ([str(root / "one")], plain), "quarantined": ([str(root / "one")], healed),
@@ -116,14 +117,16 @@ print(sorted(kinds))
 
 def test_damaged_state_files_are_read_in_bounded_memory(bases: dict[str, tuple[list[str], dict[str, Any]]],
                                                         tmp_path: Path) -> None:
-    """Damaged files, and hostile ones (deep, wide, long, a list at the top), read under 600 MiB of headroom."""
+    """Damaged files and hostile ones (deep, wide, long, a list at the top), read with 600 MiB of room."""
     locations, base = bases["remixed"]
     text = json.dumps(base).encode()
     hostile = [b"[" * 10**6, b"[" + b"[]," * 10**7 + b"[]]", b'"' + b"x" * 10**8 + b'"', b"[" + text + b"]",
                text.replace(b'"extra": {', b'"extra": {"deep": ' + b"[" * 5000 + b"]" * 5000 + b", ")]
-    for number, damaged in enumerate(hostile + [mutate(text, [("flip", 97 * i, 1 + i % 255)]) for i in range(40)]):
+    flipped = [mutate(text, [("flip", 97 * i, 1 + i % 255)]) for i in range(40)]
+    for number, damaged in enumerate(hostile + flipped):
         (tmp_path / f"{number:03d}.json").write_bytes(damaged)
     code = _READ_ALL.format(pattern=str(tmp_path / "*.json"), locations=locations)
-    result = run_limited(textwrap.dedent(code), headroom_mb=600, timeout=300, preload="shardio.ledger.rebuild")
+    result = run_limited(textwrap.dedent(code), headroom_mb=600, timeout=300,
+                         preload="shardio.ledger.rebuild")
     assert result.returncode == 0 and result.stdout.startswith("["), result.stdout + result.stderr[-2000:]
     assert "StateError" in result.stdout

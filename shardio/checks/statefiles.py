@@ -5,8 +5,9 @@ checked on its descriptor, so a FIFO is not waited on and a device (``/dev/zero`
 bounded before a byte is read (:data:`MAX_STATE_FILE_BYTES`), and its JSON's nesting and count of values are
 bounded before it is parsed (:data:`MAX_STATE_FILE_DEPTH`, :data:`MAX_STATE_FILE_VALUES`), by one scan of the
 bytes (about a second per 40 MB). So what parsing allocates is bounded by the file's bytes (measured: under
-20 bytes of Python objects per byte of JSON, 0.8 GB at most for a file within the bounds), and nothing hangs. The fields of the state parsed from it
-are then bounded as any state's (:mod:`shardio.checks.states`).
+20 bytes of Python objects per byte of JSON; a 128 MiB file of 2^23 short strings peaks at 0.9 GB), and
+nothing hangs.
+The fields of the state parsed from it are then bounded as any state's (:mod:`shardio.checks.states`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
                          f"{shown(exc.strerror or str(exc), 200)})") from None
     try:
         if size > most:
-            raise StateError(f"{shown(path, 200)}: {size} bytes, more than the {most} a saved loader state may "
-                             "hold: not a state file")
+            raise StateError(f"{shown(path, 200)}: {size} bytes, more than the {most} a saved loader state "
+                             "may hold: not a state file")
         parts, got = [], 0
         while got <= most:
             part = os.read(fd, min(1 << 20, most + 1 - got))
@@ -79,8 +80,8 @@ def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
     finally:
         os.close(fd)
     if got > most:
-        raise StateError(f"{shown(path, 200)}: more than the {most} bytes a saved loader state may hold (it grew "
-                         "while read): not a state file")
+        raise StateError(f"{shown(path, 200)}: more than the {most} bytes a saved loader state may hold (it "
+                         "grew while read): not a state file")
     return b"".join(parts)
 
 
@@ -115,17 +116,17 @@ def load_state_file(path: str) -> Any:
         The parsed document (whether it is a state is :func:`shardio.state.job_state`'s to say).
 
     Raises:
-        StateError: the file is not a regular file, is too large, nested too deep, holds too many values, or is
-            not JSON text.
+        StateError: the file is not a regular file, is too large, nested too deep, holds too many values, or
+            is not JSON text.
     """
     data = read_state_bytes(path)
     depth, values = _shape(data)
     if depth > MAX_STATE_FILE_DEPTH:
-        raise StateError(f"{shown(path, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a loader "
-                         "state")
+        raise StateError(f"{shown(path, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a "
+                         "loader state")
     if values > MAX_STATE_FILE_VALUES:
-        raise StateError(f"{shown(path, 200)}: about {values} JSON values, more than the {MAX_STATE_FILE_VALUES} "
-                         "a loader state file may hold")
+        raise StateError(f"{shown(path, 200)}: about {values} JSON values, more than the "
+                         f"{MAX_STATE_FILE_VALUES} a loader state file may hold")
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # ValueError: UnicodeDecodeError and JSONDecodeError

@@ -75,8 +75,9 @@ def check_extra(extra: Mapping[str, Any], num_samples: int, key_of: Callable[[in
     samples whose key of an id is ``key_of(id)`` (and corpus, in a mix, ``corpus_of(id)``; called only for the
     ids of entries, so a state without any costs no key lookup): a :class:`StateError` naming the entry
     and what is wrong with it, where a field is malformed, an id is outside the dataset, or an id is not the
-    sample its key (and corpus) names: an entry's ids are what the planner leaves out, its keys what the report
-    names, so a hand-edited entry whose two disagree would leave out another sample than the one reported."""
+    sample its key (and corpus) names: an entry's ids are what the planner leaves out, its keys what the
+    report names, so a hand-edited entry whose two disagree would leave out another sample than the one
+    reported."""
     entries = extra.get(_KEY, [])
     if not isinstance(entries, list):
         raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
@@ -88,11 +89,13 @@ def check_extra(extra: Mapping[str, Any], num_samples: int, key_of: Callable[[in
                 problem = f"id {sample_id} is outside the dataset's {num_samples} samples"
             elif key_of is not None and key_of(sample_id) != key:
                 problem = (f"id {sample_id} is the dataset's sample {shown(key_of(sample_id), 80)}, but the "
-                           f"entry's key {at} is {shown(key, 80)}: its ids and keys must name the same samples")
+                           f"entry's key {at} is {shown(key, 80)}: its ids and keys must name the same "
+                           "samples")
             elif corpus_of is not None and entry.get("corpora") is not None \
                     and corpus_of(sample_id) != entry["corpora"][at]:
-                problem = (f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's corpus "
-                           f"{at} is {shown(entry['corpora'][at], 80)}: its ids and corpora must agree")
+                problem = (f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's "
+                           f"corpus {at} is {shown(entry['corpora'][at], 80)}: its ids and corpora must "
+                           "agree")
             if problem is not None:
                 raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")
     return dict(extra)

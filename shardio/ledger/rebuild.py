@@ -88,7 +88,7 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
         try:
             epoch_size = _from_state(values, lambda: EpochSize(**mix["epoch_size"]))
             arguments = {"weight_by": mix["weight_by"], "single_corpus_batches": mix["single_corpus_batches"]}
-            # as recorded: the planner used exactly these floats (normalising them again may move one by an ulp)
+            # as recorded: the planner used these very floats (normalising them again may move one an ulp)
             weights = _from_state(values, lambda: recorded_weights(mix["weights"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"state field options.mix is not a shardio mix's options ({shown(exc)})") from exc

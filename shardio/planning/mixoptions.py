@@ -26,8 +26,8 @@ from ..checks.options import flag, integer, real
 __all__ = ["WEIGHT_SUM_TOLERANCE", "EpochSize", "Mix", "recorded_weights"]
 
 WEIGHT_SUM_TOLERANCE = 1e-9
-"""How far from 1 the sum of weights a state records (normalised, then summed in floats: off by a few ulps) may
-be: more is not a shardio state's."""
+"""How far from 1 the sum of weights a state records (normalised, then summed in floats: off by a few ulps)
+may be: more is not a shardio state's."""
 
 
 class _RecordedWeights(dict[str, float]):
@@ -35,9 +35,9 @@ class _RecordedWeights(dict[str, float]):
 
 
 def recorded_weights(weights: Mapping[str, float]) -> Mapping[str, float]:
-    """``weights`` as a state's ``options["mix"]["weights"]`` records them (normalised), for a :class:`Mix` (or
-    a :class:`~shardio.MixedDataset`) that must plan with exactly those floats: it checks them (positive, summing
-    to 1 within :data:`WEIGHT_SUM_TOLERANCE`) instead of normalising them again.
+    """``weights`` as a state's ``options["mix"]["weights"]`` records them (normalised), for a :class:`Mix`
+    (or a :class:`~shardio.MixedDataset`) that must plan with exactly those floats: it checks them (positive,
+    summing to 1 within :data:`WEIGHT_SUM_TOLERANCE`) instead of normalising them again.
 
     Args:
         weights: corpus name to weight, as a state records it.

@@ -204,7 +204,8 @@ def check_output_file(path: str | os.PathLike[str]) -> None:
 
 def open_output(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for writing, created or truncated, only where :func:`check_output_file` allows it: a
-    FIFO swapped in after the check is not waited on (opened without blocking, checked again on the descriptor).
+    FIFO swapped in after the check is not waited on (opened without blocking, checked again on the
+    descriptor).
 
     Raises:
         OutputError: ``path`` is not a regular file.
