@@ -139,3 +139,13 @@ def test_a_mix_quarantine_entry_whose_corpus_disagrees_is_refused(corpora: dict[
         mix(corpora, {"f": 0.3, "a": 1}).load_state_dict(state)
     mix(corpora, {"f": 0.3, "a": 1}).load_state_dict({**state, "extra": {"quarantine": [{**entry,
                                                                                          "corpora": ["a"]}]}})
+
+
+def test_weights_given_in_another_order_say_why_they_differ(corpora: dict[str, str]) -> None:
+    """Mix normalises by the sum taken in the order the weights come in, so the same weights in another order
+    can differ in their last bits (plans keep today's floats): the refusal says so, and how to resume."""
+    saved = mix(corpora, {"g": 0.7, "f": 0.1, "a": 0.2}).state_dict()
+    with pytest.raises(StateError, match=r"mix.weights.a: state 0.2, dataset 0.20000000000000004 \(a few ulps "
+                                         r"apart: .* give them in the order of the run that saved the state\)"):
+        mix(corpora, {"a": 0.2, "g": 0.7, "f": 0.1}).load_state_dict(saved)
+    mix(corpora, {"g": 0.7, "f": 0.1, "a": 0.2}).load_state_dict(saved)
