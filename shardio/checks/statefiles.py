@@ -4,7 +4,7 @@
 checked on its descriptor, so a FIFO is not waited on and a device (``/dev/zero``) is not read; its size is
 bounded before a byte is read (:data:`MAX_STATE_FILE_BYTES`), and its JSON's nesting and count of values are
 bounded before it is parsed (:data:`MAX_STATE_FILE_DEPTH`, :data:`MAX_STATE_FILE_VALUES`), by one scan of the
-bytes (about a second per 40 MB). So what parsing allocates is bounded by the file's bytes (measured: under
+bytes (about as long as parsing them). So what parsing allocates is bounded by the file's bytes (measured: under
 20 bytes of Python objects per byte of JSON; a 128 MiB file of 2^23 short strings peaks at 0.9 GB), and
 nothing hangs.
 The fields of the state parsed from it are then bounded as any state's (:mod:`shardio.checks.states`).
@@ -38,6 +38,8 @@ MAX_STATE_FILE_VALUES = 1 << 23
 _STEP = np.zeros(256, dtype=np.int8)
 _STEP[[ord("["), ord("{")]] = 1
 _STEP[[ord("]"), ord("}")]] = -1
+_MARKS = np.zeros(256, dtype=bool)
+_MARKS[[ord(c) for c in '"[]{},']] = True
 _CHUNK = 1 << 20
 
 
@@ -95,13 +97,16 @@ def _shape(data: bytes) -> tuple[int, int]:
     deepest = depth = values = quotes = 0
     for start in range(0, bare.shape[0], _CHUNK):
         codes = bare[start:start + _CHUNK]
-        quoted = codes == ord('"')
+        marks = codes[_MARKS[codes]]  # the few bytes that matter, in order: '"', brackets, ','
+        quoted = marks == ord('"')
         outside = (np.cumsum(quoted, dtype=np.int64) + quotes) % 2 == 0
-        quotes += int(quoted.sum())
-        steps = np.where(outside, _STEP[codes], 0)
-        values += int(np.count_nonzero(steps == 1)) + int(np.count_nonzero(outside & (codes == ord(","))))
-        levels = np.cumsum(steps, dtype=np.int64) + depth
-        deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
+        quotes += int(np.count_nonzero(quoted))
+        structure = marks[outside & ~quoted]
+        steps = _STEP[structure]
+        values += int(np.count_nonzero(steps == 1)) + int(np.count_nonzero(structure == ord(",")))
+        if steps.shape[0]:
+            levels = np.cumsum(steps, dtype=np.int64) + depth
+            deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
     return deepest, values
 
 
