@@ -4,8 +4,8 @@
 checked on its descriptor, so a FIFO is not waited on and a device (``/dev/zero``) is not read; its size is
 bounded before a byte is read (:data:`MAX_STATE_FILE_BYTES`), and its JSON's nesting and count of values are
 bounded before it is parsed (:data:`MAX_STATE_FILE_DEPTH`, :data:`MAX_STATE_FILE_VALUES`), by one scan of the
-bytes (about as long as parsing them). So what parsing allocates is bounded by the file's bytes (measured: under
-20 bytes of Python objects per byte of JSON; a 128 MiB file of 2^23 short strings peaks at 0.9 GB), and
+bytes (about as long as parsing them). So what parsing allocates is bounded by the file's bytes (measured:
+under 20 bytes of Python objects per byte of JSON; a 128 MiB file of 2^23 short strings peaks at 0.9 GB), and
 nothing hangs.
 The fields of the state parsed from it are then bounded as any state's (:mod:`shardio.checks.states`).
 """
