@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -113,15 +114,36 @@ class LoaderState:
         for name in sorted(set(self.options) | set(options)):
             if self.options.get(name) != options.get(name):
                 label = name if len(name) <= 80 and name.isprintable() else shown(name)
-                found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
-                             f"{shown(options.get(name))}" + _hint(name, self.options.get(name)))
+                ours, theirs = self.options.get(name), options.get(name)
+                for where, saved, given in (_where_differ(ours, theirs) or [("", ours, theirs)])[:3]:
+                    found.append(f"option {label}{where}: state {shown(saved)}, dataset {shown(given)}"
+                                 + _hint(name, ours, saved, given))
         return found
 
 
-def _hint(name: str, saved: Any) -> str:
-    """A word on how to resume, where an option's value in a state says more than that it differs."""
-    if name == "sync_buckets" and saved is None:
+def _where_differ(saved: Any, given: Any, where: str = "", depth: int = 0) -> list[tuple[str, Any, Any]]:
+    """Where two option values differ: ``(path, saved, given)`` of each differing leaf inside dicts (a
+    path like ``.weights.a``), so that a message shows the values that differ rather than the start of two
+    long dicts. Options are compared exactly, as the planner uses them (a float's every bit counts)."""
+    if not (isinstance(saved, dict) and isinstance(given, dict)) or depth >= 8:
+        return [(where, saved, given)] if saved != given else []
+    found = []
+    for key in sorted(set(saved) | set(given), key=str):
+        plain = isinstance(key, str) and len(key) <= 40 and key.isprintable()
+        part = f".{key}" if plain else f"[{shown(key, 40)}]"
+        found += _where_differ(saved.get(key), given.get(key), where + part, depth + 1)
+    return found
+
+
+def _hint(name: str, option: Any, saved: Any, given: Any) -> str:
+    """A word on how to resume, where an option's value in a state (``option``; its differing leaf ``saved``,
+    the dataset's ``given``) says more than that it differs."""
+    if name == "sync_buckets" and option is None:
         return " (a state saved before sync_buckets existed: pass sync_buckets=False to play its batches)"
+    floats = type(saved) is float and type(given) is float
+    if name == "mix" and floats and math.isclose(saved, given, rel_tol=1e-12):
+        return (" (a few ulps apart: the same weights normalised from another order of corpora, whose sum "
+                "differs in its last bits; give them in the order of the run that saved the state)")
     return ""
 
 
@@ -144,7 +166,15 @@ def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
 
 
 def find_states(container: Any) -> list[LoaderState]:
-    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
+    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict).
+
+    The container is a dict: a state, a ``StatefulDataLoader``'s state or a checkpoint holding one. A list at
+    the top (``[state]``, say, a list of ranks' states) is a :class:`StateError`: one state describes the
+    whole job, and which of several to take is not for the loader to guess."""
+    if not isinstance(container, Mapping):
+        raise StateError(f"not a shardio loader state: a saved state is a dict (a shardio state, a "
+                         f"StatefulDataLoader's state or a checkpoint dict holding one), not a "
+                         f"{type(container).__name__}")
     return [LoaderState.from_dict(item) for item in _mappings(container) if item.get("format") == _FORMAT]
 
 
