@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
+from .checks.optiondiffs import option_hint, where_differ
 from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
@@ -143,17 +144,11 @@ class LoaderState:
         for name in sorted(set(self.options) | set(options)):
             if self.options.get(name) != options.get(name):
                 label = name if len(name) <= 80 and name.isprintable() else shown(name)
-                found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
-                             f"{shown(options.get(name))}" + _hint(name, self.options.get(name)))
+                ours, theirs = self.options.get(name), options.get(name)
+                for where, saved, given in (where_differ(ours, theirs) or [("", ours, theirs)])[:3]:
+                    found.append(f"option {label}{where}: state {shown(saved)}, dataset {shown(given)}"
+                                 + option_hint(name, ours, saved, given))
         return found
-
-
-def _hint(name: str, saved: Any) -> str:
-    """A word on how to resume, where an option's value in a state says more than that it differs."""
-    if name == "sync_buckets" and saved is None:
-        return (" (a state saved before sync_buckets existed: give batching=Batching(sync_buckets=False) to play "
-                "its batches)")
-    return ""
 
 
 def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
@@ -175,7 +170,15 @@ def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
 
 
 def find_states(container: Any) -> list[LoaderState]:
-    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
+    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict).
+
+    The container is a dict: a state, a ``StatefulDataLoader``'s state or a checkpoint holding one. A list at
+    the top (``[state]``, say, a list of ranks' states) is a :class:`StateError`: one state describes the
+    whole job, and which of several to take is not for the loader to guess."""
+    if not isinstance(container, Mapping):
+        raise StateError(f"not a shardio loader state: a saved state is a dict (a shardio state, a "
+                         f"StatefulDataLoader's state or a checkpoint dict holding one), not a "
+                         f"{type(container).__name__}")
     return [LoaderState.from_dict(item) for item in _mappings(container) if item.get("format") == _FORMAT]
 
 

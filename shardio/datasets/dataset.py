@@ -232,7 +232,8 @@ class ShardDataset(EpochPlans, IterableDataset):
         problems = loaded.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
-        extra = check_extra(loaded.extra, len(self.index))
+        extra = check_extra(loaded.extra, len(self.index), lambda i: self.index.keys[i],
+                            lambda i: self._fields(i).get("corpus"))
         self._extra, previous = extra, self._extra
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StateError
-from ..planning.exclusions import QUARANTINE, consumed_ahead
+from ..planning.exclusions import QUARANTINE, check_entry, consumed_ahead
 from ..planning.plan import Segment
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
@@ -139,12 +139,9 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
     rows = []
     for number, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise StateError(f"malformed loader state: quarantine entry {number} must be an object, not "
-                             f"{type(entry).__name__}")
+        check_entry(entry, number)
         if entry.get("ahead"):
             continue
-        _check_report_fields(entry, number)
         consumed = set(entry.get("consumed") or [])
         corpora = entry.get("corpora") or [None] * len(entry["ids"])
         for key, sample_id, corpus in zip(entry["keys"], entry["ids"], corpora):
@@ -153,24 +150,3 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
                          "already_consumed": sample_id in consumed, "steps": entry.get("steps"),
                          "carry": entry["carry"]})
     return rows
-
-
-def _check_report_fields(entry: Mapping[str, Any], number: int) -> None:
-    """A :class:`StateError` where a quarantine entry lacks what its report row shows: ids and keys of equal
-    length (and corpora, in a mix), an epoch, carry, and ids among ``consumed``."""
-    ids, keys, corpora = entry.get("ids"), entry.get("keys"), entry.get("corpora")
-    problem = None
-    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        problem = "'ids' must be a list of integers"
-    elif not (isinstance(keys, list) and len(keys) == len(ids) and all(isinstance(k, str) for k in keys)):
-        problem = f"'keys' must be a list of {len(ids)} strings, one per id"
-    elif corpora is not None and not (isinstance(corpora, list) and len(corpora) == len(ids)
-                                      and all(isinstance(c, str) for c in corpora)):
-        problem = f"'corpora' must be a list of {len(ids)} corpus names, one per id"
-    elif not isinstance(entry.get("epoch"), int) or not isinstance(entry.get("carry"), bool):
-        problem = "'epoch' must be an integer and 'carry' true or false"
-    elif not (isinstance(consumed := entry.get("consumed") or [], list)
-              and all(isinstance(i, int) for i in consumed)):
-        problem = "'consumed' must be a list of ids"
-    if problem is not None:
-        raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")

@@ -7,36 +7,50 @@ and the ledger read them from here, so that the datasets import nothing from the
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import StateError
+from ..errors import StateError, shown
 from .plan import EpochPlan
 
-__all__ = ["QUARANTINE", "check_extra", "exclusions", "leave_out_consumed", "consumed_ahead"]
+__all__ = ["QUARANTINE", "check_entry", "check_extra", "exclusions", "leave_out_consumed", "consumed_ahead"]
 
 QUARANTINE = "quarantine"
 """The key of a state's ``extra`` that holds its quarantine entries."""
 _KEY = QUARANTINE
 
 
-def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed)."""
+def check_extra(extra: Mapping[str, Any], num_samples: int, key_of: Callable[[int], str] | None = None,
+                corpus_of: Callable[[int], str | None] | None = None) -> dict[str, Any]:
+    """``extra`` of a loaded state, its quarantine entries checked against the dataset of ``num_samples``
+    samples whose key of an id is ``key_of(id)`` (and corpus, in a mix, ``corpus_of(id)``; called only for the
+    ids of entries, so a state without any costs no key lookup): a :class:`StateError` naming the entry
+    and what is wrong with it, where a field is malformed, an id is outside the dataset, or an id is not the
+    sample its key (and corpus) names: an entry's ids are what the planner leaves out, its keys what the
+    report names, so a hand-edited entry whose two disagree would leave out another sample than the one
+    reported."""
     entries = extra.get(_KEY, [])
     if not isinstance(entries, list):
         raise StateError(f"malformed loader state: extra.{_KEY} must be a list, not {type(entries).__name__}")
     for number, entry in enumerate(entries):
-        try:
-            ids = [int(i) for i in entry["ids"]]
-            fields_ok = (int(entry["epoch"]) >= 0 and int(entry["segment"]) >= 0
-                         and isinstance(entry["carry"], bool))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise StateError(f"malformed loader state: quarantine entry {number}: {exc!r}") from None
-        if not fields_ok or any(not 0 <= i < num_samples for i in ids):
-            raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
-                             f"id outside the dataset's {num_samples} samples")
+        check_entry(entry, number)
+        problem = None
+        for at, (sample_id, key) in enumerate(zip(entry["ids"], entry["keys"])):
+            if not 0 <= sample_id < num_samples:
+                problem = f"id {sample_id} is outside the dataset's {num_samples} samples"
+            elif key_of is not None and key_of(sample_id) != key:
+                problem = (f"id {sample_id} is the dataset's sample {shown(key_of(sample_id), 80)}, but the "
+                           f"entry's key {at} is {shown(key, 80)}: its ids and keys must name the same "
+                           "samples")
+            elif corpus_of is not None and entry.get("corpora") is not None \
+                    and corpus_of(sample_id) != entry["corpora"][at]:
+                problem = (f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's "
+                           f"corpus {at} is {shown(entry['corpora'][at], 80)}: its ids and corpora must "
+                           "agree")
+            if problem is not None:
+                raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")
     return dict(extra)
 
 
@@ -97,3 +111,35 @@ def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:
     taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
     taken[batches.ravel()] = True
     return np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))])
+
+
+def check_entry(entry: Any, number: int) -> None:
+    """A :class:`StateError` saying what is wrong where quarantine entry ``number`` is not an object with ids
+    (integers), keys (strings, one per id), corpora (in a mix, one per id), an epoch and a segment (integers
+    >= 0), carry (true or false) and consumed (ids, or null)."""
+    if not isinstance(entry, dict):
+        raise StateError(f"malformed loader state: quarantine entry {number} must be an object, not "
+                         f"{type(entry).__name__}")
+    ids, keys, corpora = entry.get("ids"), entry.get("keys"), entry.get("corpora")
+    problem = None
+    if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        problem = f"'ids' must be a list of integers, not {shown(ids, 80)}"
+    elif not (isinstance(keys, list) and len(keys) == len(ids) and all(isinstance(k, str) for k in keys)):
+        problem = f"'keys' must be a list of {len(ids)} strings, one per id"
+    elif corpora is not None and not (isinstance(corpora, list) and len(corpora) == len(ids)
+                                      and all(isinstance(c, str) for c in corpora)):
+        problem = f"'corpora' must be a list of {len(ids)} corpus names, one per id"
+    else:
+        for name in ("epoch", "segment"):
+            value = entry.get(name)
+            if type(value) is not int or value < 0:
+                problem = f"'{name}' must be an integer >= 0, not {shown(value, 80)}"
+                break
+        else:
+            if not isinstance(entry.get("carry"), bool):
+                problem = f"'carry' must be true or false, not {shown(entry.get('carry'), 80)}"
+            elif not (isinstance(consumed := entry.get("consumed") or [], list)
+                      and all(type(i) is int for i in consumed)):
+                problem = f"'consumed' must be a list of ids, not {shown(consumed, 80)}"
+    if problem is not None:
+        raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")

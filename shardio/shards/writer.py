@@ -24,6 +24,7 @@ import zstandard
 from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..checks.options import integer
 from ..storage.dirlock import DirectoryLock
+from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
 from .tarformat import END_OF_ARCHIVE, encode_sample
@@ -117,7 +118,7 @@ class ShardWriter:
             raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
                               f"choose another directory or prefix, or pass overwrite=True ({_FLAG} on the "
                               "command line) to replace them")
-        with open(self._journal, "wb"):
+        with open_output(self._journal):
             pass
 
     @property
@@ -212,7 +213,7 @@ class ShardWriter:
 
     def _start_shard(self) -> None:
         name = self._name(len(self._builder.shards))
-        self._file = open(self._partial(name), "wb")
+        self._file = open_output(self._partial(name))
         self._hash = hashlib.sha256()
         self._written = self._tar_bytes = self._samples = 0
         self._duration = 0.0
@@ -228,6 +229,7 @@ class ShardWriter:
         self._file.close()
         self._file = None
         name = self._name(len(self._builder.shards))
+        check_output_file(os.path.join(self.directory, name))
         os.replace(self._partial(name), os.path.join(self.directory, name))
         self._builder.add_shard(ShardInfo(name=name, bytes=self._written, sha256=self._hash.hexdigest(),
                                           samples=self._samples, duration=round(self._duration, 6),
