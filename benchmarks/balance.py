@@ -36,7 +36,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from shardio import Index, ShardDataset, World
+from shardio import Batching, Index, ShardDataset, World
 from shardio.bench.report import write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,8 +180,8 @@ def main() -> None:
                 (f"shardio max_duration={MAX_DURATION:g}",
                  functools.partial(shardio_rank, directory, world_size=world_size, max_duration=MAX_DURATION)),
                 (f"shardio max_duration={MAX_DURATION:g} drop",
-                 functools.partial(shardio_rank, directory, world_size=world_size, max_duration=MAX_DURATION,
-                                   remainder="drop")),
+                 functools.partial(shardio_rank, directory, world_size=world_size,
+                                   batching=Batching(max_duration=MAX_DURATION, remainder="drop"))),
             ]
             results += [measure(name, world_size, batches, seconds, index.keys) for name, batches in loaders]
             for row in results[-4:]:

@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardio import ShardDataset, ShardLoader  # noqa: E402
+from shardio import Decoding, ShardDataset, ShardLoader  # noqa: E402
 from shardio.bench.cases import webdataset_pipeline  # noqa: E402
 from shardio.bench.data import dataset_corpus, shard_files  # noqa: E402
 from shardio.bench.measure import cpu_seconds  # noqa: E402
@@ -140,7 +140,7 @@ def loaders(directory: str, workers: int, batch_size: int, pin: bool) -> dict[st
         "shardio ShardLoader float32": ShardLoader(ShardDataset(directory, batch_size=batch_size),
                                                    num_workers=workers, pin_memory=pin)}
     for dtype in ("float32", "int16"):
-        dataset = ShardDataset(directory, batch_size=batch_size, dtype=dtype)
+        dataset = ShardDataset(directory, batch_size=batch_size, decoding=Decoding(dtype=dtype))
         made[f"shardio DataLoader {dtype}"] = DataLoader(dataset, batch_size=None, num_workers=workers,
                                                          persistent_workers=persistent, pin_memory=pin)
     ext = "flac" if "flac" in directory else "wav"

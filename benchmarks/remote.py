@@ -170,9 +170,9 @@ def _epoch(loader: Any) -> int:
 def shardio_case(url: str, workers: int, **options: Any) -> tuple[int, float]:
     from torch.utils.data import DataLoader
 
-    from shardio import ShardDataset
+    from shardio import Reading, ShardDataset
 
-    dataset = ShardDataset(url, batch_size=BATCH, **options)
+    dataset = ShardDataset(url, batch_size=BATCH, reading=Reading(**options))
     loader = DataLoader(dataset, batch_size=None, num_workers=workers)
     started = time.perf_counter()
     count = _epoch(loader)

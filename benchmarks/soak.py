@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from sample_shards import wav_bytes
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 
-from shardio import Index, ShardDataset, ShardWriter
+from shardio import Index, Reading, ShardDataset, ShardWriter
 from shardio.bench.report import write_results
 
 logger = logging.getLogger("soak")
@@ -67,7 +67,8 @@ def corrupt_one_frame(index: Index, shard: int) -> set[str]:
 
 def run_epochs(url: str, options: dict[str, Any], epochs: int, workers: int, batch_size: int) -> dict[str, Any]:
     """Iterate ``epochs`` epochs; per epoch the keys seen, lost, duplicated and reported as skipped."""
-    dataset = ShardDataset(url, batch_size=batch_size, on_error="skip", storage_options=options, seed=3)
+    dataset = ShardDataset(url, batch_size=batch_size, seed=3,
+                           reading=Reading(on_error="skip", storage_options=options))
     everything = set(dataset.index.keys)
     results = []
     started = time.perf_counter()

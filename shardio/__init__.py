@@ -25,6 +25,7 @@ from .ledger.trace import Trace
 from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
 from .planning.planner import Planner
+from .reading.options import Decoding, Reading
 from .storage.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
@@ -76,6 +77,8 @@ __all__ = [
     "Batching",
     "Ordering",
     "Planner",
+    "Decoding",
+    "Reading",
     "Segment",
     "EpochPlan",
     "plan_epoch",

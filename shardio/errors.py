@@ -51,14 +51,17 @@ class OptionError(ShardioError, ValueError):
 
 @dataclass(frozen=True)
 class InputProblem:
-    """One corpus input that failed validation while packing."""
+    """One corpus input that failed validation while packing.
+
+    Args:
+        source: The input file (or manifest line) the problem is about.
+        key: The sample key it would have had (`""` when none could be made).
+        reason: What is wrong, and what was expected.
+    """
 
     source: str
-    """The input file (or manifest line) the problem is about."""
     key: str
-    """The sample key it would have had ('' when none could be made)."""
     reason: str
-    """What is wrong, and what was expected."""
 
     def __str__(self) -> str:
         where = f"{self.source} (key {self.key!r})" if self.key else self.source
@@ -66,7 +69,12 @@ class InputProblem:
 
 
 class InputError(ShardioError):
-    """Corpus inputs that failed validation; ``problems`` lists every one."""
+    """Corpus inputs that failed validation; `problems` lists every one.
+
+    Args:
+        problems: Every input that failed.
+        limit: The most problems the message lists (all stay in `problems`).
+    """
 
     def __init__(self, problems: Sequence[InputProblem], *, limit: int = 20) -> None:
         self.problems = list(problems)

@@ -25,6 +25,7 @@ from typing import Any
 from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
 from .planning.surgery import Surgery
+from .checks.optiondiffs import option_differences
 from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
@@ -42,7 +43,21 @@ def options_fingerprint(options: Mapping[str, object]) -> str:
 
 @dataclass(frozen=True)
 class LoaderState:
-    """A resumable position. ``position`` (batches per rank consumed in this segment) is ``start + yielded``."""
+    """A resumable position: what `state_dict()` saves, as a value. `position` is `start + yielded`.
+
+    Args:
+        epoch: The epoch.
+        seed: The dataset's seed.
+        index: The index fingerprint.
+        options: The options that shape the plan (batching, ordering; a mix's too).
+        world_size: The ranks of the current segment.
+        history: The epoch's finished segments (earlier world sizes), oldest first.
+        start: Batches per rank the current segment had consumed when its iteration started.
+        yielded: Batches per rank yielded since `start` (one worker's share in a worker's state).
+        worker: The DataLoader worker a worker's state is of (0 in a job-level state).
+        num_workers: The workers a worker's state is one of (1 in a job-level state).
+        extra: A state's surgery: quarantines, re-mixes, samples consumed ahead.
+    """
 
     epoch: int
     seed: int
@@ -58,8 +73,7 @@ class LoaderState:
 
     @cached_property
     def surgery(self) -> Surgery:
-        """``extra`` as typed values: the state's quarantines and re-mix (:class:`~shardio.planning.surgery.Surgery`),
-        parsed and bounded (a :class:`StateError` where malformed; :meth:`from_dict` parses it)."""
+        """``extra`` typed: quarantines and re-mix (a :class:`StateError` where malformed; parsed by from_dict)."""
         return Surgery.of(self.extra) if self.extra else Surgery()
 
     @property
@@ -71,7 +85,11 @@ class LoaderState:
         return self.start + self.yielded
 
     def at(self, position: int) -> LoaderState:
-        """The job-level state at ``position`` batches per rank into the current segment."""
+        """The job-level state at a position of the current segment.
+
+        Args:
+            position: Batches per rank consumed in the segment.
+        """
         return replace(self, start=position, yielded=0, worker=0, num_workers=1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,8 +101,14 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LoaderState:
-        """Parse a state dict, with a :class:`StateError` for anything missing or malformed: every field is
-        bounded here (:mod:`shardio.checks.states`), before anything plans with it."""
+        """Parse a state dict; every field is bounded here, before anything plans with it.
+
+        Args:
+            state: A dict from `to_dict()` (as loaded from JSON).
+
+        Raises:
+            StateError: A field missing or malformed, or another format or version.
+        """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
         if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
@@ -113,26 +137,20 @@ class LoaderState:
         return parsed
 
     def differences(self, *, seed: int, index: str, options: Mapping[str, Any]) -> list[str]:
-        """What differs between this state and a dataset with these settings (empty when compatible)."""
+        """What differs between this state and a dataset with these settings (empty when compatible).
+
+        Args:
+            seed: The dataset's seed.
+            index: Its index fingerprint.
+            options: Its plan options.
+        """
         found = []
         if self.index != index:
             found.append(f"index fingerprint: state {shown(self.index)}, dataset {shown(index)} (another dataset "
                          "or a re-pack)")
         if self.seed != seed:
             found.append(f"seed: state {shown(self.seed)}, dataset {shown(seed)}")
-        for name in sorted(set(self.options) | set(options)):
-            if self.options.get(name) != options.get(name):
-                label = name if len(name) <= 80 and name.isprintable() else shown(name)
-                found.append(f"option {label}: state {shown(self.options.get(name))}, dataset "
-                             f"{shown(options.get(name))}" + _hint(name, self.options.get(name)))
-        return found
-
-
-def _hint(name: str, saved: Any) -> str:
-    """A word on how to resume, where an option's value in a state says more than that it differs."""
-    if name == "sync_buckets" and saved is None:
-        return " (a state saved before sync_buckets existed: pass sync_buckets=False to play its batches)"
-    return ""
+        return found + option_differences(self.options, options)
 
 
 def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
@@ -154,7 +172,15 @@ def _mappings(container: Any) -> Iterator[Mapping[Any, Any]]:
 
 
 def find_states(container: Any) -> list[LoaderState]:
-    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict)."""
+    """Every shardio state inside ``container`` (a state, or a StatefulDataLoader's nested state dict).
+
+    The container is a dict: a state, a ``StatefulDataLoader``'s state or a checkpoint holding one. A list at
+    the top (``[state]``, say, a list of ranks' states) is a :class:`StateError`: one state describes the
+    whole job, and which of several to take is not for the loader to guess."""
+    if not isinstance(container, Mapping):
+        raise StateError(f"not a shardio loader state: a saved state is a dict (a shardio state, a "
+                         f"StatefulDataLoader's state or a checkpoint dict holding one), not a "
+                         f"{type(container).__name__}")
     return [LoaderState.from_dict(item) for item in _mappings(container) if item.get("format") == _FORMAT]
 
 

@@ -20,6 +20,7 @@ import soundfile
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .errors import OptionError
+from .storage.files import check_output_file, write_atomic
 
 __all__ = ["FORMATS", "make_corpus", "duration_sample"]
 
@@ -102,9 +103,10 @@ def make_corpus(out_dir: str | Path, *, num_files: int = 200, seed: int = 0,
         path = root / f"spk{speaker:02d}" / f"spk{speaker:02d}_{number:04d}.{ext}"
         path.parent.mkdir(parents=True, exist_ok=True)
         container, subtype = FORMATS[ext]
+        check_output_file(path)
         soundfile.write(path, audio, sample_rate, format=container, subtype=subtype)
         if with_text:
-            path.with_suffix(".txt").write_text(" ".join(words), encoding="utf-8")
+            write_atomic(str(path.with_suffix(".txt")), " ".join(words).encode("utf-8"))
         paths.append(path)
         total += len(audio) / sample_rate
     logger.info("synthetic corpus: %d files, %.1f min of audio, in %s", len(paths), total / 60, root)

@@ -22,7 +22,17 @@ __all__ = ["Context", "World", "refuse_resharding"]
 
 @dataclass(frozen=True)
 class World:
-    """The position of this process in the job: ``rank`` of ``world_size``, ``worker`` of ``num_workers``."""
+    """The position of this process in the job: `rank` of `world_size`, `worker` of `num_workers`.
+
+    Args:
+        rank: This process's rank, from 0 (default 0).
+        world_size: The job's ranks (default 1).
+        worker: This DataLoader worker, from 0 (default 0: the process that iterates).
+        num_workers: The rank's DataLoader workers (default 1: iteration in one process).
+
+    Raises:
+        OptionError: A value that is not an integer, or a rank or worker outside its range.
+    """
 
     rank: int = 0
     world_size: int = 1
@@ -41,9 +51,19 @@ class World:
 
     @classmethod
     def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
-        """The ranks from the arguments, else ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+        """The ranks from the arguments, else `torch.distributed`, else `RANK`/`WORLD_SIZE`, else 0 of 1.
 
-        The worker comes from ``torch.utils.data.get_worker_info()`` (0 of 1 outside a DataLoader worker).
+        The worker comes from `torch.utils.data.get_worker_info()` (0 of 1 outside a DataLoader worker).
+
+        Args:
+            rank: This process's rank (`None`: detected).
+            world_size: The job's ranks (`None`: detected).
+
+        Returns:
+            The world of this process.
+
+        Raises:
+            OptionError: A `RANK` or `WORLD_SIZE` that is not an integer, or a rank outside the world.
         """
         if rank is None or world_size is None:
             detected_rank, detected_size = _detect_ranks()
@@ -52,7 +72,14 @@ class World:
         return cls(rank=rank, world_size=world_size).with_worker()
 
     def with_worker(self, context: Context | None = None) -> World:
-        """This world with the worker fields of ``context`` (by default the one this process runs in)."""
+        """This world with a context's worker fields.
+
+        Args:
+            context: Where a process runs (default: detected for this process).
+
+        Returns:
+            A copy with `worker` and `num_workers` from `context`.
+        """
         context = Context.detect() if context is None else context
         return replace(self, worker=context.worker, num_workers=context.num_workers)
 

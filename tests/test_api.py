@@ -16,7 +16,7 @@ from shardio.state import LoaderState, combine, find_states
 
 PUBLIC = {
     "__version__", "ShardDataset", "MixedDataset", "ShardLoader", "collate", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
-    "Ordering", "Segment", "EpochPlan", "plan_epoch", "Planner", "LoaderState", "RetryPolicy", "ShardioError",
+    "Ordering", "Decoding", "Reading", "Segment", "EpochPlan", "plan_epoch", "Planner", "LoaderState", "RetryPolicy", "ShardioError",
     "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
     "OutputError", "StateError", "RangeNotSupported", "ShardChanged", "Trace", "quarantine", "quarantine_report", "remix",
     "remix_report",

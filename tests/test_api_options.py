@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from sample_shards import make_uneven_dataset
-from shardio import (Batching, EpochSize, Index, MixedDataset, OptionError, Ordering, RetryPolicy,
-                     ShardDataset, ShardLoader, ShardWriter, World, collate)
+from shardio import (Batching, Decoding, EpochSize, Index, MixedDataset, OptionError, Ordering, Reading,
+                     RetryPolicy, ShardDataset, ShardLoader, ShardWriter, World, collate)
+from shardio.datasets.options import DEPRECATED, SHORTCUTS
 
 NAN, INF = float("nan"), float("inf")
 W = World(0, 1)
@@ -38,7 +39,7 @@ DATASET_CASES = [
     ("batch_size", 3.0), ("max_duration", "2"), ("max_duration", True),
     ("num_buckets", True), ("duration_bins", []), ("duration_bins", {}), ("duration_bins", "abc"),
     ("duration_bins", [True]), ("duration_bins", 5), ("min_duration", "x"), ("sync_buckets", 1),
-    ("shuffle", "no"), ("shuffle", None), ("shuffle_shards", 2.5), ("shuffle_shards", True),
+    ("shuffle", "no"), ("shuffle", 0), ("shuffle_shards", 2.5), ("shuffle_shards", True),
     ("shuffle_shards", NAN), ("shuffle_shards", None), ("seed", True),
     ("mono", "yes"), ("check_finite", "no"), ("sample_rate", 0), ("sample_rate", -1), ("sample_rate", True),
     ("sample_rate", 16000.0), ("sample_rate", NAN), ("sample_rate", "16000"), ("sample_rate", 10**18),
@@ -46,6 +47,7 @@ DATASET_CASES = [
     ("read_ahead", -1), ("read_ahead", 2.5), ("read_ahead", True), ("read_ahead", None), ("read_ahead", NAN),
     ("cache_bytes", -1), ("cache_bytes", 2.5), ("cache_bytes", None), ("world", 1), ("world", (0, 1)),
     ("dtype", "float16"), ("remainder", "x"), ("on_error", "ignore"),
+    ("batching", "x"), ("ordering", 1), ("decoding", {}), ("reading", RetryPolicy()),
 ]
 
 
@@ -55,6 +57,64 @@ def test_dataset_option_refused_when_made(data: dict[str, Path], name: str, valu
     if name in ("max_duration",):
         del options["batch_size"]
     _refused(lambda: ShardDataset(data["a"], **options), name)
+
+
+GROUP_CASES = [("decoding", "mono", "yes"), ("decoding", "check_finite", "no"), ("decoding", "sample_rate", 0),
+               ("decoding", "transform", 1), ("decoding", "dtype", "float16"), ("reading", "on_error", "x"),
+               ("reading", "retry", 3), ("reading", "storage_options", []), ("reading", "read_ahead", -1),
+               ("reading", "cache_bytes", 2.5)]
+
+
+@pytest.mark.parametrize(("group", "name", "value"), GROUP_CASES, ids=lambda v: repr(v)[:20])
+def test_group_field_refused(group: str, name: str, value: Any) -> None:
+    _refused(lambda: {"decoding": Decoding, "reading": Reading}[group](**{name: value}), name)
+
+
+@pytest.mark.parametrize("name", sorted({**SHORTCUTS, **DEPRECATED}))
+def test_a_keyword_given_with_its_group_is_refused_naming_both(data: dict[str, Path], name: str) -> None:
+    group = {**SHORTCUTS, **DEPRECATED}[name]
+    value = getattr({"batching": Batching(batch_size=2), "ordering": Ordering(), "decoding": Decoding(),
+                     "reading": Reading()}[group], name)
+    value = 2 if value is None else value
+    groups = {"batching": Batching(batch_size=2), "ordering": Ordering(), "decoding": Decoding(), "reading": Reading()}
+    with pytest.warns(DeprecationWarning) if name in DEPRECATED else _no_warning():
+        _refused(lambda: ShardDataset(data["a"], world=W, **{group: groups[group], name: value}), name, group)
+        _refused(lambda: _mix(data, **{group: groups[group], name: value}), name, group)
+
+
+class _no_warning:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("name", "value", "group"), [("mono", True, "decoding"), ("shuffle_shards", 3, "ordering"),
+                                                      ("remainder", "drop", "batching"), ("read_ahead", 0, "reading")])
+def test_old_keywords_still_work_with_a_deprecation_naming_the_group_field(data: dict[str, Path], name: str,
+                                                                          value: Any, group: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"ShardDataset\({name}=\.\.\.\) is deprecated: give {group}="):
+        ds = ShardDataset(data["a"], batch_size=2, world=W, **{name: value})
+    assert getattr(getattr(ds, group), name) == value
+    fields = {name: value, **({"batch_size": 2} if group == "batching" else {})}
+    shortcut = {} if group == "batching" else {"batch_size": 2}
+    grouped = ShardDataset(data["a"], world=W, **shortcut, **{group: type(getattr(ds, group))(**fields)})
+    assert grouped.options == ds.options and getattr(grouped, group) == getattr(ds, group)
+
+
+def test_shortcuts_and_groups_plan_alike(data: dict[str, Path]) -> None:
+    short = ShardDataset(data["a"], batch_size=2, shuffle=False, sample_rate=8000, on_error="skip", world=W)
+    grouped = ShardDataset(data["a"], batching=Batching(batch_size=2), ordering=Ordering(shuffle=False),
+                           decoding=Decoding(sample_rate=8000), reading=Reading(on_error="skip"), world=W)
+    assert short.options == grouped.options and short.decoding == grouped.decoding
+    assert short.reading == grouped.reading
+    assert [b["keys"] for b in short] == [b["keys"] for b in grouped]
+
+
+def test_unknown_keyword_is_a_type_error(data: dict[str, Path]) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        ShardDataset(data["a"], batchsize=2)
 
 
 @pytest.mark.parametrize(("name", "value"), [("max_batch_size", 2.5), ("max_batch_size", True),
@@ -183,3 +243,37 @@ def test_duration_filters_that_leave_no_sample_are_refused(data: dict[str, Path]
 def test_index_load_takes_a_location_and_a_dict(location: Any, storage_options: Any) -> None:
     with pytest.raises(OptionError, match="Index.load takes a dataset's location"):
         Index.load(location, storage_options)
+
+
+def cost_of(durations: np.ndarray) -> float:
+    return float(np.max(durations)) * len(durations)
+
+
+OLD_VALUES: dict[str, dict[str, Any]] = {
+    "max_batch_size": {"max_batch_size": 3}, "remainder": {"remainder": "drop"},
+    "duration_bins": {"duration_bins": (0.1,)}, "quadratic_duration": {"quadratic_duration": 5.0},
+    "min_duration": {"min_duration": 0.01}, "max_sample_duration": {"max_sample_duration": 100.0},
+    "sync_buckets": {"sync_buckets": True},
+    "batch_cost": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
+    "batch_cost_name": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
+    "shuffle_shards": {"shuffle_shards": 3},
+    "mono": {"mono": True}, "transform": {"transform": cost_of}, "check_finite": {"check_finite": False},
+    "dtype": {"dtype": "int16"}, "retry": {"retry": RetryPolicy(attempts=2)}, "storage_options": {"storage_options": {}},
+    "read_ahead": {"read_ahead": 0}, "cache_bytes": {"cache_bytes": 1 << 20},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPRECATED))
+def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name: str) -> None:
+    """The 18 keywords that are not shortcuts: the same dataset as the group form, with a DeprecationWarning."""
+    assert set(OLD_VALUES) == set(DEPRECATED)
+    given, group = OLD_VALUES[name], DEPRECATED[name]
+    with pytest.warns(DeprecationWarning, match=rf"give {group}=shardio\.\w+\({name}=\.\.\.\)"):
+        old = ShardDataset(data["a"], max_duration=1.0, world=W, **given)
+    cls = type(getattr(old, group))
+    fields = {**given, **({"max_duration": 1.0} if group == "batching" else {})}
+    shortcut = {} if group == "batching" else {"max_duration": 1.0}
+    new = ShardDataset(data["a"], world=W, **shortcut, **{group: cls(**fields)})
+    assert (old.batching, old.ordering, old.decoding, old.reading) == (new.batching, new.ordering, new.decoding,
+                                                                       new.reading)
+    assert old.options == new.options

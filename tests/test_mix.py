@@ -223,7 +223,7 @@ def test_a_state_from_another_mix_is_refused(sources: dict[str, str]) -> None:
     other = mixed(sources, weights={"big": 0.4, "mid": 0.4, "tiny": 0.2})
     with pytest.raises(StateError, match="mix"):
         other.load_state_dict(state)
-    with pytest.raises(OptionError, match="not both"):
+    with pytest.raises(OptionError, match="batch_size and batching were both given"):
         MixedDataset(sources, {"big": 1, "mid": 1, "tiny": 1}, EpochSize(hours=1), batching=Batching(batch_size=2),
                      batch_size=3)
 

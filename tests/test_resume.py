@@ -8,6 +8,7 @@ from another dataset.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,7 @@ def test_resume_seeks_without_decoding_skipped_samples(dirs: dict[str, str]) -> 
     expected = [keys for _, keys, _ in uninterrupted(Case(epochs=1), dirs)]
     ds = make_dataset(Case(), dirs)
     ds.load_state_dict(ds.state_after({"epoch": 0, "batch_index": len(expected) - 3}))
-    ds.transform = record
+    ds.decoding = replace(ds.decoding, transform=record)
     assert [tuple(batch["keys"]) for batch in ds] == expected[-2:]
     assert decoded == [key for keys in expected[-2:] for key in keys]
 

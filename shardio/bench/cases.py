@@ -26,6 +26,7 @@ from ..errors import FormatError
 from ..packing.source import AUDIO_EXTENSIONS
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
+from ..reading.options import Decoding
 from ..loader.loader import ShardLoader
 
 __all__ = [
@@ -64,13 +65,14 @@ def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bo
     dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`;
     ``lean``: a :class:`~shardio.ShardLoader` instead of the DataLoader."""
     persistent = persistent and workers > 0
+    decoding = Decoding(dtype=dtype)
     if lean:
-        return ShardLoader(ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, dtype=dtype),
+        return ShardLoader(ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding),
                            num_workers=workers, persistent_workers=persistent)
     if unbatched:
-        return DataLoader(ShardDataset(directory, shuffle=shuffle, dtype=dtype), batch_size=batch_size,
+        return DataLoader(ShardDataset(directory, shuffle=shuffle, decoding=decoding), batch_size=batch_size,
                           collate_fn=collate, num_workers=workers, persistent_workers=persistent)
-    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, dtype=dtype)
+    dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding)
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
 
 

@@ -30,6 +30,7 @@ import soundfile
 from ..errors import OptionError
 from ..packing.pack import pack
 from ..reading.reader import Reader
+from ..storage.files import check_output_file, write_atomic
 from ..shards.index import INDEX_JSON, Index
 from ..shards.writer import ShardWriter
 
@@ -123,6 +124,7 @@ def _ljspeech_flacs(out: Path, shared: Path, repeats: int, limit: int | None) ->
         for flac in flacs:
             target = out / f"r{copy:02d}" / flac.name
             target.parent.mkdir(parents=True, exist_ok=True)
+            check_output_file(target)  # copyfile writes into a FIFO or device there
             shutil.copyfile(flac, target)
     return f"shared corpora (ljspeech_coqui, {len(flacs)} FLACs x {repeats}, 22.05 kHz)"
 
@@ -198,7 +200,7 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     for shard in Index.load(plain.directory).shards:
         data = Path(plain.directory, shard.name).read_bytes()
         path = directory / shard.name.replace(".tar", suffix)
-        path.write_bytes(compress(data))
+        write_atomic(str(path), compress(data))
         paths.append(path)
     shutil.rmtree(Path(out_dir) / ".plain")
     try:

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..storage.files import check_output_file, write_atomic
+
 __all__ = ["TARGETS", "chart", "evaluate_targets", "markdown", "write_report", "write_results"]
 
 logger = logging.getLogger(__name__)
@@ -169,6 +171,7 @@ def chart(result: dict[str, Any], path: str | Path) -> bool:
     fig.suptitle(f"shardio bench, {result['machine']['cpu']}, {result['machine']['cores']} cores; "
                  f"medians of {result['reps']} rounds, bars min-max")
     fig.tight_layout()
+    check_output_file(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -209,5 +212,5 @@ def write_results(directory: str | Path, name: str, report: dict[str, Any], text
     """Write a benchmark's ``{name}.json`` (``report``) and ``{name}.md`` (``text``) into ``directory``."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / f"{name}.md").write_text(text, encoding="utf-8")
+    write_atomic(str(out / f"{name}.json"), (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    write_atomic(str(out / f"{name}.md"), text.encode("utf-8"))

@@ -241,7 +241,7 @@ def _run_remix(args: argparse.Namespace) -> int:
     size = EpochSize(primary=args.primary) if args.primary else old.mix.epoch_size
     new = MixedDataset({n: sources[n] for n in weights}, weights, size, weight_by=old.mix.weight_by,
                        single_corpus_batches=old.mix.single_corpus_batches, batching=old.batching, seed=old.seed,
-                       shuffle=old.ordering.shuffle, shuffle_shards=old.ordering.shuffle_shards)
+                       ordering=old.ordering)
     mixed = remix(state, old, new)
     write_checkpoint(checkpoint, mixed, args.out)
     event = remix_report(mixed)[-len(mixed["extra"]["remix"]["events"][-1]["corpora"]):]  # this re-mix's rows

@@ -27,26 +27,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset
 
 from .checks import check_rates, check_some_eligible, source_index
 from .epochplans import EpochPlans, extra_of
+from .planned import Planned
 from ..errors import OptionError, StateError, shown
 from ..planning.exclusions import leave_out_consumed
 from ..checks.options import integer
-from ..planning.plan import Batching, EpochPlan, Ordering, Segment, worker_batches
+from ..planning.plan import Batching, Ordering, worker_batches
 from ..planning.planner import Planner
-from ..planning.rankplan import RankPlan
 from ..planning.surgery import Surgery
-from ..reading.assembly import Assembler, Decoding, Transform
+from .options import option_groups
+from ..reading.assembly import Assembler
+from ..reading.options import Decoding, Reading, Transform
 from ..reading.cache import ShardCache
 from ..reading.reader import Reader, ReadStats
-from ..storage.retries import RetryPolicy
 from ..storage.files import cache_dir
 from ..shards.index import Index
 from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
@@ -60,122 +60,97 @@ __all__ = ["ShardDataset", "Transform"]
 logger = logging.getLogger(__name__)
 
 
-class ShardDataset(IterableDataset):
+class ShardDataset(Planned, IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
 
-    ``source`` is a dataset directory or URL (holding ``index.json``) or a loaded :class:`Index`. Batch
-    by ``batch_size`` or ``max_duration`` (padded seconds); with neither, single samples are yielded.
-    ``num_buckets`` or ``duration_bins`` form batches within duration buckets (less padding; the batch
-    order is shuffled per epoch); ``quadratic_duration``, ``min_duration`` and ``max_sample_duration``
-    are the cost and filters of :class:`~shardio.planning.plan.Batching`; ``sync_buckets`` (on when bucketing) gives
-    all ranks batches of one bucket and of nearly equal cost (``batch_cost``/``batch_cost_name``) at every step.
-    ``world`` gives the rank and world size explicitly; by default they come from ``torch.distributed``
-    or the ``RANK``/``WORLD_SIZE`` environment. ``on_error="skip"`` logs and leaves out samples that cannot
-    be read or decoded (listed in the batch's ``skipped``, counted in :attr:`stats`) while still yielding every
-    planned batch. ``storage_options`` (endpoint, credentials) are for a remote ``source`` (see
-    :meth:`Index.load`); ``retry`` bounds the retries of remote reads; ``read_ahead`` is the bytes of
-    remote reads each process fetches ahead of the batch it builds (coalesced and concurrent, see
-    :mod:`shardio.reading.prefetch`; 0 reads each sample when it is needed). ``cache_bytes`` > 0 reads remote shards
-    whole through a node-local disk cache of that size under :func:`~shardio.storage.files.cache_dir`, shared by
-    every process on the node (:mod:`shardio.reading.cache`). ``dtype="int16"`` yields audio as int16 (16-bit PCM
-    as stored; half the bytes; see :mod:`shardio.reading.pcm16`).
+    Options come in four groups, each a small frozen value documented field by field: `batching`
+    (`Batching`: batch size or duration, buckets, filters; part of the plan, so a saved state records it),
+    `ordering` (`Ordering`: shuffling; part of the plan too), `decoding` (`Decoding`: what the audio becomes)
+    and `reading` (`Reading`: remote reads, caching, errors). The common fields have keyword shortcuts; a
+    shortcut given together with its group is an `OptionError` naming both. The other fields' old keywords
+    (`ShardDataset(root, mono=True)`) still work, with a `DeprecationWarning` naming the group field.
+
+    Args:
+        source: A dataset directory or URL (holding `index.json`), or a loaded `Index`.
+        batching: How samples form batches (default `Batching()`: with no batch size or duration, single
+            samples are yielded).
+        ordering: How an epoch's samples are ordered (default `Ordering()`: shuffled).
+        decoding: What each sample's audio becomes (default `Decoding()`: as stored, float32).
+        reading: How samples are fetched and what a failed one does (default `Reading()`).
+        seed: The seed of every epoch's shuffle and of `transform`'s generators (default 0). Part of the
+            plan: a state saved under another seed does not load.
+        world: The rank and world size (a `World`); by default from `torch.distributed`, else the
+            `RANK`/`WORLD_SIZE` environment, else rank 0 of 1.
+        batch_size: Shortcut for `batching.batch_size`.
+        max_duration: Shortcut for `batching.max_duration`.
+        num_buckets: Shortcut for `batching.num_buckets`.
+        shuffle: Shortcut for `ordering.shuffle` (`None`: the group's default, `True`).
+        sample_rate: Shortcut for `decoding.sample_rate`.
+        on_error: Shortcut for `reading.on_error` (`None`: the group's default, `"raise"`).
+        **deprecated: The other fields' old keywords (`max_batch_size`, `remainder`, `duration_bins`,
+            `quadratic_duration`, `min_duration`, `max_sample_duration`, `sync_buckets`, `batch_cost`,
+            `batch_cost_name`, `shuffle_shards`, `mono`, `transform`, `check_finite`, `dtype`, `retry`,
+            `storage_options`, `read_ahead`, `cache_bytes`): each still works, with a `DeprecationWarning`.
+
+    Raises:
+        OptionError: An option of the wrong type or out of range, a shortcut given with its group, a
+            `source` that is neither a location nor an `Index`, duration filters that leave no sample, or a
+            `sample_rate` beyond what shardio resamples the dataset's lowest rate to.
+        FormatError: An index that is not a shardio index.
+        ReadError: An index that cannot be read.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | Index, *, batch_size: int | None = None,
-                 max_duration: float | None = None, max_batch_size: int | None = None, remainder: str = "pad",
-                 num_buckets: int | None = None, duration_bins: Sequence[float] | None = None,
-                 quadratic_duration: float | None = None, min_duration: float | None = None,
-                 max_sample_duration: float | None = None, sync_buckets: bool | None = None,
-                 batch_cost: Callable[[np.ndarray], float] | None = None, batch_cost_name: str | None = None,
-                 shuffle: bool = True, shuffle_shards: int = 16, seed: int = 0, world: World | None = None,
-                 mono: bool = False, sample_rate: int | None = None, transform: Transform | None = None,
-                 on_error: str = "raise", check_finite: bool = True, retry: RetryPolicy = RetryPolicy(),
-                 storage_options: dict[str, Any] | None = None, dtype: str = "float32",
-                 read_ahead: int = 64 << 20, cache_bytes: int = 0) -> None:
+    def __init__(self, source: str | os.PathLike[str] | Index, *, batching: Batching | None = None,
+                 ordering: Ordering | None = None, decoding: Decoding | None = None, reading: Reading | None = None,
+                 seed: int = 0, world: World | None = None, batch_size: int | None = None,
+                 max_duration: float | None = None, num_buckets: int | None = None, shuffle: bool | None = None,
+                 sample_rate: int | None = None, on_error: str | None = None, **deprecated: Any) -> None:
         super().__init__()
-        if not isinstance(on_error, str) or on_error not in ("raise", "skip"):
-            raise OptionError(f"on_error must be 'raise' or 'skip', not {shown(on_error)}")
+        groups = option_groups(type(self).__name__, dict(batching=batching, ordering=ordering, decoding=decoding,
+                                                         reading=reading),
+                               dict(batch_size=batch_size, max_duration=max_duration, num_buckets=num_buckets,
+                                    shuffle=shuffle, sample_rate=sample_rate, on_error=on_error), deprecated)
         seed = integer("seed", seed, 0)
         if world is not None and not isinstance(world, World):
             raise OptionError(f"world must be a shardio.World(rank, world_size), not {shown(world)}")
-        if not isinstance(retry, RetryPolicy):
-            raise OptionError(f"retry must be a shardio.RetryPolicy, not {shown(retry)}")
-        read_ahead = integer("read_ahead", read_ahead, 0)
-        cache_bytes = integer("cache_bytes", cache_bytes, 0)
-        decoding = Decoding(mono, sample_rate, check_finite, transform, dtype)  # checked here, not at a batch
-        self.index = source_index(source, storage_options)
-        check_rates(self.index, decoding.sample_rate)
-        self.batching = Batching(batch_size=batch_size, max_duration=max_duration, max_batch_size=max_batch_size,
-                                 remainder=remainder, num_buckets=num_buckets,
-                                 duration_bins=duration_bins,  # type: ignore[arg-type]  # made a tuple by Batching
-                                 quadratic_duration=quadratic_duration, min_duration=min_duration,
-                                 max_sample_duration=max_sample_duration, sync_buckets=sync_buckets,
-                                 batch_cost=batch_cost, batch_cost_name=batch_cost_name)
-        self.ordering = Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards)
-        check_some_eligible(self.index, self.batching)
-        self.batched = batch_size is not None or max_duration is not None
+        self.index = source_index(source, groups.reading.storage_options)
+        check_rates(self.index, groups.decoding.sample_rate)
+        self._check_plannable(groups.batching)
+        self.batching, self.ordering, self.decoding, self.reading = groups
+        self.batched = groups.batching.batch_size is not None or groups.batching.max_duration is not None
         self.seed = seed
         self.planner = Planner(self.index, seed, self.batching, self.ordering)
-        self.mono, self.sample_rate, self.check_finite = decoding.mono, decoding.sample_rate, decoding.check_finite
-        self.transform = transform
-        self.dtype = decoding.dtype
-        self.on_error = on_error
-        self.retry = retry
-        self.read_ahead = read_ahead
-        self.cache_bytes = cache_bytes
         self._epochs = EpochPlans(self.planner, world)
         self._surgery = Surgery()  # a loaded state's quarantines and re-mix, carried into states
         self._reader: Reader | None = None
         self._progress = Progress()
 
-    def _use(self, planner: Planner) -> None:
-        """Plan with ``planner`` (a mix's, made once its index is)."""
-        self.planner = planner
-        self._epochs = EpochPlans(planner, self._epochs.explicit_world)
+    def _check_plannable(self, batching: Batching) -> None:
+        check_some_eligible(self.index, batching)  # a mix checks each corpus instead
 
-    def ranks(self, context: Context | None = None) -> World:
-        """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker);
-        ``context`` is where this process runs (by default detected)."""
-        return self._epochs.ranks(self._progress, context)
-
-    @property
-    def surgery(self) -> Surgery:
-        """The quarantines and re-mix of the state this dataset loaded (carried into the states it saves)."""
-        return self._surgery
-
-    @property
-    def options(self) -> dict[str, object]:
-        """The options that shape the plan (a state records them)."""
-        return self.planner.options
-
-    def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The plan of ``epoch`` (default: the one the next or current iteration plays) for this world."""
-        context = Context.detect()
-        at = self._progress.live(context)
-        epoch, history = (at.epoch, at.history) if epoch is None or epoch == at.epoch else (epoch, ())
-        return self._epochs.plan(epoch, history, self.ranks(context).world_size, self._surgery)
-
-    def __len__(self) -> int:
-        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
-        one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
-        the state's ``start``, as trainers that count batches from the saved index expect)."""
-        context = Context.detect()
-        at = self._progress.live(context)
-        return self._share(at.epoch, at.history, context).num_batches
-
-    def _share(self, epoch: int, history: tuple[Segment, ...], context: Context | None = None) -> RankPlan:
-        """This rank's part of an epoch's plan (O(N / world)), planned once per node where others may need it."""
-        context = Context.detect() if context is None else context
-        world = self.ranks(context)
-        return self._epochs.share(epoch, history, world, self._surgery, lambda: context.in_worker or
-                                  world.world_size > 1 or self._progress.control.workers_begun())
+    mono = property(lambda self: self.decoding.mono, doc="`decoding.mono` (read-only).")
+    sample_rate = property(lambda self: self.decoding.sample_rate, doc="`decoding.sample_rate` (read-only).")
+    transform = property(lambda self: self.decoding.transform, doc="`decoding.transform` (read-only).")
+    dtype = property(lambda self: self.decoding.dtype, doc="`decoding.dtype` (read-only).")
+    check_finite = property(lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)")
+    on_error = property(lambda self: self.reading.on_error, doc="`reading.on_error` (read-only).")
+    retry = property(lambda self: self.reading.retry, doc="`reading.retry` (read-only).")
+    read_ahead = property(lambda self: self.reading.read_ahead, doc="`reading.read_ahead` (read-only).")
+    cache_bytes = property(lambda self: self.reading.cache_bytes, doc="`reading.cache_bytes` (read-only).")
 
     # -- progress ----------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` at its first batch (a state just loaded for this epoch is kept).
+        """Start an epoch at its first batch (a state just loaded for this epoch is kept).
 
-        It reaches every DataLoader worker, persistent ones too, at their next iteration.
+        It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other
+        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
+
+        Args:
+            epoch: The epoch, from 0.
+
+        Raises:
+            OptionError: A negative or non-integer epoch.
         """
         if type(epoch) is not int or epoch < 0:
             raise OptionError(f"epoch must be a non-negative integer, not {epoch!r}")
@@ -217,8 +192,19 @@ class ShardDataset(IterableDataset):
                            num_workers=context.num_workers).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The job state to save once ``batch`` (yielded by this dataset) and every batch before it have been
-        consumed: a DataLoader must hand them over in order (its default ``in_order=True``)."""
+        """The job state to save once a batch and every batch before it have been consumed.
+
+        A DataLoader must hand the batches over in order (its default `in_order=True`).
+
+        Args:
+            batch: A batch this dataset yielded (its `epoch` and `batch_index` say where it is).
+
+        Returns:
+            The state (a small JSON-ready dict) that `load_state_dict` continues from, after that batch.
+
+        Raises:
+            OptionError: A batch without its position (one a DataLoader batched from samples).
+        """
         epoch, index = batch_position(batch)
         given = self._progress.control.instruction()
         history = given.history if epoch == given.epoch else ()
@@ -231,6 +217,13 @@ class ShardDataset(IterableDataset):
         same world size the job continues onto exactly the batches an uninterrupted run would have seen; with
         another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
         once in the rest of it.
+
+        Args:
+            state: A shardio state (`state_dict()`, `state_after(batch)`), or a `StatefulDataLoader`'s.
+
+        Raises:
+            StateError: A state that does not fit this dataset (another index, seed or plan options) or
+                is malformed.
         """
         context = Context.detect()
         world_size = self.ranks(context).world_size
@@ -241,7 +234,8 @@ class ShardDataset(IterableDataset):
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = loaded.surgery
         if surgery.quarantines:
-            surgery.check_ids(len(self.index))
+            surgery.check_ids(len(self.index), lambda i: self.index.keys[i],
+                              self.planner.corpus if self.planner.corpora else None)
         self._surgery, previous = surgery, self._surgery
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
@@ -268,8 +262,9 @@ class ShardDataset(IterableDataset):
             self._progress.control.give(replace(instruction, extra=extra_mark(extra_of(self._surgery))))
 
     def _new_reader(self) -> Reader:
-        cache = ShardCache(os.path.join(cache_dir(), "shards"), self.cache_bytes) if self.cache_bytes > 0 else None
-        return Reader(self.index, retry=self.retry, cache=cache)
+        size = self.reading.cache_bytes
+        cache = ShardCache(os.path.join(cache_dir(), "shards"), size) if size > 0 else None
+        return Reader(self.index, retry=self.reading.retry, cache=cache)
 
     # -- iteration ---------------------------------------------------------------------------------
 
@@ -313,11 +308,11 @@ class ShardDataset(IterableDataset):
         world = self.ranks(context).with_worker(context)
         if self._reader is None:
             self._reader = self._new_reader()
-        decoding = Decoding(self.mono, self.sample_rate, self.check_finite, self.transform, self.dtype)
-        assembler = Assembler(self._reader, decoding, seed=self.seed, batched=self.batched, on_error=self.on_error,
+        assembler = Assembler(self._reader, self.decoding, seed=self.seed, batched=self.batched,
+                              on_error=self.reading.on_error,
                               fields=self.planner.fields if self.planner.corpora else None)
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.read_ahead,
+        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.reading.read_ahead,
                                           share=1 / world.num_workers)
         for j, ids in zip(numbers, batches):
             batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))

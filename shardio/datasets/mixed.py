@@ -11,27 +11,28 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .dataset import ShardDataset
+from .options import option_groups
 from ..errors import OptionError, shown
 from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets
 from ..planning.mixoptions import EpochSize, Mix
-from ..planning.plan import Batching
+from ..planning.plan import Batching, Ordering
 from ..planning.planner import Planner
+from ..reading.options import Decoding, Reading
 from ..storage.files import join
 from ..shards.chained import ChainedColumn
 from ..shards.index import COLUMNS, Index, ShardInfo, ShardTable
 from ..shards.keys import ChainedKeys, Keys
+from ..world import World
 
 __all__ = ["MixIndex", "MixedDataset"]
 
 logger = logging.getLogger(__name__)
-
-_BATCHING_OPTIONS = [f.name for f in fields(Batching)]
 
 
 @dataclass
@@ -158,41 +159,67 @@ def _position(items: list[str], item: str) -> int:
 
 
 class MixedDataset(ShardDataset):
-    """A weighted mix of several shardio datasets, planned and resumed as one :class:`ShardDataset`.
+    """A weighted mix of several shardio datasets, planned and resumed as one `ShardDataset`.
 
-    ``sources`` maps corpus names to dataset locations (or loaded indexes); ``weights`` maps the same names
-    to their shares; ``epoch_size`` says what an epoch is. Batching is ``batching`` (a :class:`Batching`,
-    for bucketing and duration filters) or the ``batch_size``/``max_duration``/... shortcuts. Every other
-    keyword is :class:`ShardDataset`'s (``storage_options`` go to every corpus given by location; corpora on
-    different stores or protocols, such as ``http://`` and ``s3://``, can each come as an
-    ``Index.load(url, options)``: every shard is read with its own corpus's options). Each sample carries
-    ``corpus`` (a batch: ``batch["corpus"]``, a list). ``state_dict()`` is one state for the whole mix; it
-    records every corpus's index fingerprint and the mix options, and refuses to load into a different mix.
+    Each sample carries `corpus` (a batch: `batch["corpus"]`, a list). `state_dict()` is one state for the
+    whole mix: it records every corpus's index fingerprint and the mix options, and refuses to load into
+    another mix. The option groups, shortcuts and deprecated keywords are `ShardDataset`'s.
+
+    Args:
+        sources: Corpus names to dataset locations, or to loaded indexes: corpora on different stores or
+            protocols (`http://` and `s3://`) can each come as an `Index.load(url, options)`, and every shard
+            is read with its own corpus's options.
+        weights: The same names to their shares of the mix (positive, finite; normalised).
+        epoch_size: What an epoch is (an `EpochSize`: hours, batches, or one pass of a primary corpus).
+        weight_by: `"duration"` (the default): the weights share audio time; `"samples"`: sample counts.
+        single_corpus_batches: Each batch from one corpus (default `False`: batches mix corpora). Part of
+            the plan.
+        batching: As `ShardDataset`'s; the duration filters apply to every corpus.
+        ordering: As `ShardDataset`'s.
+        decoding: As `ShardDataset`'s.
+        reading: As `ShardDataset`'s; `storage_options` go to every corpus given by location.
+        seed: As `ShardDataset`'s.
+        world: As `ShardDataset`'s.
+        batch_size: Shortcut for `batching.batch_size`.
+        max_duration: Shortcut for `batching.max_duration`.
+        num_buckets: Shortcut for `batching.num_buckets`.
+        shuffle: Shortcut for `ordering.shuffle`.
+        sample_rate: Shortcut for `decoding.sample_rate`.
+        on_error: Shortcut for `reading.on_error`.
+        **deprecated: The other fields' old keywords, as `ShardDataset`'s.
+
+    Raises:
+        OptionError: As `ShardDataset`'s; `sources` and `weights` naming different corpora, a weight or epoch
+            size that cannot work, or an epoch size the corpora cannot fill.
     """
 
     index: MixIndex
 
     def __init__(self, sources: Mapping[str, str | os.PathLike[str] | Index], weights: Mapping[str, float],
                  epoch_size: EpochSize, *, weight_by: str = "duration", single_corpus_batches: bool = False,
-                 batching: Batching | None = None, **options: Any) -> None:
-        given = {name: options.pop(name) for name in _BATCHING_OPTIONS if name in options}
-        if batching is not None and given:
-            raise OptionError(f"give batching, or {', '.join(sorted(given))}, not both")
-        if batching is not None and not isinstance(batching, Batching):
-            raise OptionError(f"batching must be a shardio.Batching, not {shown(batching)}")
-        batching = batching or Batching(**given)
+                 batching: Batching | None = None, ordering: Ordering | None = None,
+                 decoding: Decoding | None = None, reading: Reading | None = None, seed: int = 0,
+                 world: World | None = None, batch_size: int | None = None, max_duration: float | None = None,
+                 num_buckets: int | None = None, shuffle: bool | None = None, sample_rate: int | None = None,
+                 on_error: str | None = None, **deprecated: Any) -> None:
+        groups = option_groups(type(self).__name__, dict(batching=batching, ordering=ordering, decoding=decoding,
+                                                         reading=reading),
+                               dict(batch_size=batch_size, max_duration=max_duration, num_buckets=num_buckets,
+                                    shuffle=shuffle, sample_rate=sample_rate, on_error=on_error), deprecated)
         self.mix = Mix(weights, epoch_size, weight_by, single_corpus_batches)
         if not isinstance(sources, Mapping) or set(sources) != set(self.mix.weights):
             names = sorted(sources) if isinstance(sources, Mapping) else shown(sources)
             raise OptionError(f"sources name corpora {names}, weights name {sorted(self.mix.weights)}")
-        storage = options.pop("storage_options", None)  # for the corpora given by location, not the combined index
-        if storage is not None and not isinstance(storage, dict):
-            raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(storage)}")
+        storage = groups.reading.storage_options  # for the corpora given by location, not the combined index
         indexes = {n: s if isinstance(s, Index) else Index.load(s, storage) for n, s in sources.items()}
-        super().__init__(MixIndex.combine(indexes), remainder=batching.remainder, **options)
-        self.batching = batching
-        self.batched = batching.batch_size is not None or batching.max_duration is not None
-        self._use(Planner(self.index, self.seed, batching, self.ordering, self.mix,
+        super().__init__(MixIndex.combine(indexes), batching=groups.batching, ordering=groups.ordering,
+                         decoding=groups.decoding, reading=replace(groups.reading, storage_options=None), seed=seed,
+                         world=world)
+        self.reading = groups.reading
+        self._use(Planner(self.index, self.seed, self.batching, self.ordering, self.mix,
                           tuple(zip(self.index.names, self.index.parts))))
-        # the epoch's size, checked against the corpora here rather than when the first epoch is planned
-        check_epoch_size(self.planner.columns(), self.mix, self.planner.planned_batching)
+
+    def _check_plannable(self, batching: Batching) -> None:
+        # the epoch's size, checked against each corpus here rather than when the first epoch is planned
+        planned = batching if batching.batch_size or batching.max_duration else replace(batching, batch_size=1)
+        check_epoch_size(self.index.columns_of(), self.mix, planned)

@@ -30,6 +30,12 @@ class LoaderProgress:
 
     Call :meth:`update` with each batch once it has been trained on. :meth:`load_state_dict` (called by
     ``accelerator.load_state``) loads the dataset; iteration then continues from the batch after it.
+
+    Args:
+        dataset: The dataset the training loop iterates.
+
+    Raises:
+        TypeError: A dataset that is not a `ShardDataset`.
     """
 
     def __init__(self, dataset: ShardDataset) -> None:
@@ -44,7 +50,14 @@ class LoaderProgress:
         return self.dataset.epoch
 
     def update(self, batch: dict[str, Any]) -> None:
-        """Record that ``batch`` (yielded by the dataset) has been trained on, after every batch before it."""
+        """Record that a batch has been trained on, after every batch before it.
+
+        Args:
+            batch: A batch the dataset yielded.
+
+        Raises:
+            StateError: A batch that does not follow the last one recorded.
+        """
         state = self.dataset.state_after(batch)
         check_follows(self._state, state)
         self._state = state
@@ -54,7 +67,11 @@ class LoaderProgress:
         return self._state if self._state is not None else self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (the next iteration of the dataset starts after its batch)."""
+        """Continue from a state: the next iteration of the dataset starts after its batch.
+
+        Args:
+            state: A state `state_dict` returned.
+        """
         self.dataset.load_state_dict(state)
         self._state = state
 
@@ -64,6 +81,16 @@ def track(accelerator: Any, dataset: ShardDataset) -> LoaderProgress:
 
     Build the ``DataLoader`` over ``dataset`` yourself and do not ``prepare()`` it. The returned
     :class:`LoaderProgress` is saved by ``accelerator.save_state`` and restored by ``accelerator.load_state``.
+
+    Args:
+        accelerator: The `accelerate.Accelerator`.
+        dataset: The dataset, built after `Accelerator()` (or with its ranks as `world`).
+
+    Returns:
+        The registered progress: call its `update(batch)` after each trained batch.
+
+    Raises:
+        OptionError: Not a `ShardDataset`, or one that plans for other ranks than the accelerator's.
     """
     if not isinstance(dataset, ShardDataset):
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")

@@ -70,6 +70,12 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
     ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
     On another number of ranks every sample not yet trained on in the epoch is trained on exactly once.
+
+    Args:
+        dataset: The dataset, when it is built once (default: none; give each to `attach`).
+
+    Raises:
+        TypeError: A dataset that is not a `ShardDataset`.
     """
 
     def __init__(self, dataset: ShardDataset | None = None) -> None:
@@ -90,8 +96,18 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         return self._state
 
     def attach(self, dataset: ShardDataset) -> ShardDataset:
-        """Register the dataset ``train_dataloader()`` builds: a loaded checkpoint's state applies to it, or
-        else the trainer's current epoch. Returns ``dataset``."""
+        """Register the dataset `train_dataloader()` builds: a loaded checkpoint's state applies to it, or
+        else the trainer's current epoch.
+
+        Args:
+            dataset: The dataset just built.
+
+        Returns:
+            `dataset`, to hand to the `DataLoader`.
+
+        Raises:
+            TypeError: A dataset that is not a `ShardDataset`.
+        """
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"ShardioCallback.attach takes a ShardDataset, not {type(dataset).__name__}")
         self._dataset = dataset

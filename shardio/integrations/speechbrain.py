@@ -57,6 +57,12 @@ class LoaderProgress:
 
     Made and registered by :func:`track`. Call :meth:`update` with each batch in the Brain's
     ``on_fit_batch_end``.
+
+    Args:
+        dataset: The dataset the Brain trains on.
+
+    Raises:
+        TypeError: A dataset that is not a ``ShardDataset``.
     """
 
     def __init__(self, dataset: ShardDataset) -> None:
@@ -75,6 +81,9 @@ class LoaderProgress:
         """Start SpeechBrain's epoch ``epoch`` (counted from 1): the dataset's epoch ``epoch - 1``, kept where
         a recovered state continues it.
 
+        Args:
+            epoch: SpeechBrain's epoch, from 1.
+
         Raises:
             OptionError: ``epoch`` is not an integer of at least 1.
         """
@@ -84,7 +93,10 @@ class LoaderProgress:
         self._epoch_set = True
 
     def update(self, batch: dict[str, Any]) -> None:
-        """Record that ``batch`` (yielded by the dataset) has been trained on, after every batch before it.
+        """Record that a batch has been trained on, after every batch before it.
+
+        Args:
+            batch: A batch the dataset yielded.
 
         Raises:
             StateError: ``Brain.fit`` did not call :meth:`set_epoch` (``brain.train_sampler`` was replaced), or
@@ -100,15 +112,22 @@ class LoaderProgress:
 
     @_checkpoints.mark_as_saver
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the state after the last batch trained on (or where the dataset stands) to ``path`` as JSON."""
+        """Write the state after the last batch trained on (or where the dataset stands) as JSON.
+
+        Args:
+            path: The file SpeechBrain's checkpointer names.
+        """
         state = self._state if self._state is not None else self.dataset.state_dict()
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(state, handle)
 
     @_checkpoints.mark_as_loader
     def load(self, path: str | os.PathLike[str], end_of_epoch: bool = True) -> None:
-        """Continue from the JSON state at ``path``: the next iteration of the dataset starts after its batch
-        (``end_of_epoch`` needs nothing: the state says where the epoch stands).
+        """Continue from a JSON state: the next iteration of the dataset starts after its batch.
+
+        Args:
+            path: The file a `save` wrote.
+            end_of_epoch: SpeechBrain's flag; unused: the state says where the epoch stands.
 
         Raises:
             StateError: the file is not a JSON loader state, or its state does not fit the dataset.

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import OutputError, StateError, shown
 from ..storage.files import write_atomic
+from ..storage.localshard import kind
 from ..state import job_state
 from .rebuild import read_state
 
@@ -141,8 +142,10 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
 def _head(path: str) -> bytes:
     """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular file (a FIFO would hang)."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise StateError(f"{path}: a loader state must be a regular file or an Accelerate checkpoint directory")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise StateError(f"{path}: {kind(mode)}, not a regular file: a loader state must be a regular file or "
+                             "an Accelerate checkpoint directory")
         with open(path, "rb") as handle:
             return handle.read(4)
     except OSError as exc:

@@ -37,7 +37,8 @@ from ..planning.plan import Segment
 from ..planning.surgery import Quarantine
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_HISTORY
-from .trace import Trace, resolve_keys
+from .keyids import resolve_keys
+from .trace import Trace
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -47,11 +48,23 @@ __all__ = ["quarantine", "quarantine_report"]
 
 def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
                steps: tuple[int, int] | None = None, carry: bool = False) -> dict[str, Any]:
-    """A copy of ``state`` that resumes without ``keys`` and the batches of ``steps`` (``(first, stop)``,
-    every rank's) in the rest of the state's epoch, and in later ones with ``carry``.
+    """A copy of a state that resumes without some samples, in the rest of its epoch (and later ones with
+    `carry`). See the module docs for the exact semantics.
 
-    ``state`` is a shardio state (or a whole ``StatefulDataLoader`` state) saved from ``dataset``'s data
-    and options. See the module docs for the exact semantics.
+    Args:
+        state: A shardio state (or a whole `StatefulDataLoader` state) saved from the dataset's data and
+            options.
+        dataset: The dataset the state was saved from.
+        keys: Sample keys to leave out (a list, not one string).
+        steps: `(first, stop)`: the batches of these steps, every rank's, are left out too.
+        carry: Leave the samples out of later epochs too (default: the rest of the state's epoch only).
+
+    Returns:
+        The new state, to load instead of `state`.
+
+    Raises:
+        OptionError: Nothing to leave out, one string for `keys`, a key not in the dataset, or bad steps.
+        StateError: A state that does not fit the dataset, or one with too many segments already.
     """
     loaded = job_state(state)
     if isinstance(keys, (str, bytes)):
@@ -102,9 +115,18 @@ def _consumed(trace: Trace, ids: list[int]) -> list[int]:
 
 
 def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every quarantined sample of ``state``: key, id (and corpus, in a mix), epoch, the epoch step the
-    quarantine took effect at, whether the epoch had already consumed it then, and whether it carries to
-    later epochs."""
+    """Every quarantined sample of a state.
+
+    Args:
+        state: A state `quarantine` returned (or one saved after it was loaded).
+
+    Returns:
+        One row a sample: key, id (and corpus, in a mix), epoch, the epoch step the quarantine took effect
+        at, whether the epoch had already consumed it then, and whether it carries to later epochs.
+
+    Raises:
+        StateError: A malformed state.
+    """
     loaded: LoaderState = job_state(state)
     rows = []
     for number, entry in enumerate(loaded.surgery.quarantines):

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from ..storage.statefiles import load_state_file
 from ..errors import OptionError, StateError, shown
 from ..planning.options import MAX_BUCKETS
 from ..state import job_state
@@ -37,15 +38,10 @@ _TYPES: dict[str, tuple[type, ...]] = {_INT: (int,), _NUMBER: (int, float), _TEX
 
 
 def read_state(path: str) -> dict[str, Any]:
-    """A saved loader state from a JSON file (a shardio state, or a checkpoint dict holding one)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            state = json.load(handle)
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deep
-        reason = str(exc)
-        reason = reason if len(reason) <= 200 and reason.isprintable() else shown(reason)[1:-1]
-        raise StateError(f"{path}: cannot read a JSON loader state ({exc.__class__.__name__}: {reason})") from None
-    job_state(state)  # a typed error now if there is none
+    """A saved loader state from a JSON file (a shardio state, or a checkpoint dict holding one), read as
+    untrusted data (:func:`~shardio.storage.statefiles.load_state_file`: a regular file, bounded)."""
+    state = load_state_file(path)
+    job_state(state)  # a typed error now if there is none (a list at the top is one)
     return dict(state)
 
 
@@ -54,7 +50,7 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     options ``state`` records. The index fingerprints must match the state's (a :class:`StateError`)."""
     from ..datasets.dataset import ShardDataset
     from ..datasets.mixed import MixedDataset
-    from ..planning.mixoptions import EpochSize
+    from ..planning.mixoptions import EpochSize, recorded_weights
     from ..planning.plan import Batching, Ordering
     from ..shards.index import Index
 
@@ -74,13 +70,13 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     if options.get("duration_bins") is not None:
         options["duration_bins"] = tuple(options["duration_bins"])
     batching = _from_state(values, lambda: Batching(**options))
-    _from_state(values, lambda: Ordering(**ordering))
-    common: dict[str, Any] = {"seed": loaded.seed, **ordering}
+    order = _from_state(values, lambda: Ordering(**ordering))
+    common: dict[str, Any] = {"seed": loaded.seed, "ordering": order}
     if mix is None:
         if len(locations) != 1:
             raise OptionError(f"the state is of one dataset: give one location, not {list(locations)}")
         index = Index.load(locations[0])  # the caller's location: its errors are the caller's
-        ds: ShardDataset = _from_state(values, lambda: ShardDataset(index, **common, **vars(batching)))
+        ds: ShardDataset = _from_state(values, lambda: ShardDataset(index, batching=batching, **common))
     else:
         sources = dict(location.split("=", 1) for location in locations if "=" in location)
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
@@ -92,7 +88,8 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
         try:
             epoch_size = _from_state(values, lambda: EpochSize(**mix["epoch_size"]))
             arguments = {"weight_by": mix["weight_by"], "single_corpus_batches": mix["single_corpus_batches"]}
-            weights = dict(mix["weights"])
+            # as recorded: the planner used these very floats (normalising them again may move one an ulp)
+            weights = _from_state(values, lambda: recorded_weights(mix["weights"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"state field options.mix is not a shardio mix's options ({shown(exc)})") from exc
         indexes = {name: Index.load(location) for name, location in sources.items()}

@@ -92,8 +92,21 @@ def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -
 
 
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
-    """A state for ``new`` that continues ``state`` (saved from ``old``) at its position, at an epoch
-    boundary or in the middle of an epoch, every corpus's passes continuing exactly (see the module docs)."""
+    """A state for a new mix that continues a state of the old one at its position, at an epoch boundary or
+    in the middle of an epoch, every corpus's passes continuing exactly (see the module docs).
+
+    Args:
+        state: A state saved from `old`.
+        old: The mix the state was saved from.
+        new: The mix to continue with (other weights; corpora added or dropped).
+
+    Returns:
+        The state to load into `new`.
+
+    Raises:
+        OptionError: `old` or `new` not a `MixedDataset`, or a re-mix that cannot continue.
+        StateError: A state that does not fit `old`.
+    """
     from ..datasets.mixed import MixedDataset
     from .remainder import remaining_positions
 
@@ -154,7 +167,14 @@ def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     happened at (``at``: ``start``, ``end`` or ``mid-epoch``), the corpus's ``status`` (kept, added,
     dropped), its weights before and after, and for a mid-epoch re-mix its epoch-slice size (``slice``) and
     the positions of it not yet consumed (``remaining``: played in the rest of the epoch if kept, pending for
-    its return if dropped); ``cursor``/``pending``: its stream after the re-mix."""
+    its return if dropped); ``cursor``/``pending``: its stream after the re-mix.
+
+    Args:
+        state: A state `remix` returned (or one saved after it was loaded).
+
+    Raises:
+        StateError: A malformed state.
+    """
     loaded: LoaderState = job_state(state)
     rows = []
     for number, event in enumerate(loaded.surgery.mix_streams.events):

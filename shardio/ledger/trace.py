@@ -34,6 +34,7 @@ from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from ..checks.states import MAX_COUNT
+from .keyids import resolve_keys
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -64,9 +65,12 @@ class StepRecord:
 
 
 class Trace:
-    """The ledger of ``dataset`` (a :class:`~shardio.ShardDataset` or :class:`~shardio.MixedDataset`) as
-    the job that saved ``state`` plays it. ``dataset`` is not changed (only its planner answers), so a live dataset
-    may be traced mid-run.
+    """A dataset's ledger as the job that saved a state plays it: which samples every rank gets at every step.
+
+    Args:
+        dataset: The job's `ShardDataset` or `MixedDataset`, unchanged (only its planner answers), so a live
+            dataset may be traced mid-run.
+        state: A state the job saved (its world size and history say how the epochs were played).
 
     Raises:
         StateError: ``state`` was not saved from ``dataset`` (see :meth:`~shardio.planning.planner.Planner.check`).
@@ -84,7 +88,11 @@ class Trace:
     # -- the plan, segment by segment -----------------------------------------------------------------
 
     def segments(self, epoch: int) -> list[tuple[int, int, int]]:
-        """``(world_size, first step, steps)`` of each segment of ``epoch``, in order."""
+        """`(world_size, first step, steps)` of each segment of an epoch, in order.
+
+        Args:
+            epoch: The epoch.
+        """
         _check_epoch(epoch)
         history = self.state.history if epoch == self.state.epoch else ()
         found, first = [], 0
@@ -96,7 +104,12 @@ class Trace:
         return found
 
     def plan(self, epoch: int, segment: int) -> EpochPlan:
-        """The loader's plan of segment ``segment`` of ``epoch``."""
+        """The loader's plan of one segment of an epoch.
+
+        Args:
+            epoch: The epoch.
+            segment: The segment's number, from 0 (`segments` lists them).
+        """
         if (epoch, segment) not in self._plans:
             _check_epoch(epoch)
             history = self.state.history if epoch == self.state.epoch else ()
@@ -108,7 +121,12 @@ class Trace:
         return self._plans[(epoch, segment)]
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:
-        """The batch indices of ``segment`` of ``epoch`` that its workers consumed ahead of its position."""
+        """The batch indices of a segment that its workers consumed ahead of its position.
+
+        Args:
+            epoch: The epoch.
+            segment: The segment's number, from 0.
+        """
         ids = self._ahead.get(segment) if epoch == self.state.epoch else None
         if ids is None:
             return np.zeros(0, dtype=np.int64)
@@ -188,7 +206,15 @@ class Trace:
 
     def steps(self, epoch: int, first: int, stop: int | None = None,
               rank: int | None = None) -> list[StepRecord]:
-        """Every rank's (or ``rank``'s) batch at steps ``first`` to ``stop - 1`` (default: ``first`` only)."""
+        """Every rank's (or one rank's) batch at a run of steps (steps or a rank that are not integers, or
+        beyond the epoch, are an `OptionError`).
+
+        Args:
+            epoch: The epoch.
+            first: The first step.
+            stop: The step after the last (default: `first + 1`).
+            rank: Only this rank (default: every rank).
+        """
         stop = first + 1 if stop is None else stop
         if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (first, stop, rank or 0)):
             raise OptionError(f"steps and rank must be integers, not {first!r}, {stop!r}, {rank!r}"[:200])
@@ -212,8 +238,12 @@ class Trace:
         return records
 
     def epoch(self, epoch: int) -> Iterator[StepRecord]:
-        """Every (step, rank) batch of ``epoch``, segment by segment in step order (a segment's batches consumed
-        ahead after its others). A bad ``epoch`` is an :class:`OptionError` here, before any record."""
+        """Every (step, rank) batch of an epoch, segment by segment in step order (a segment's batches
+        consumed ahead after its others). A bad epoch is an `OptionError` here, before any record.
+
+        Args:
+            epoch: The epoch.
+        """
         segments = self.segments(epoch)
 
         def records() -> Iterator[StepRecord]:
@@ -226,7 +256,12 @@ class Trace:
         return records()
 
     def find(self, keys: Sequence[str], epochs: Iterable[int]) -> list[dict[str, Any]]:
-        """Every ``(epoch, step, rank)`` at which each of ``keys`` is (or was) in a batch, in ``epochs``."""
+        """Every `(epoch, step, rank)` at which each key is (or was) in a batch.
+
+        Args:
+            keys: Sample keys (a list, not one string).
+            epochs: The epochs to search (at most `MAX_FIND_EPOCHS`).
+        """
         if isinstance(keys, (str, bytes)):
             raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({keys!r:.100})")
         chosen = list(islice(iter(epochs), MAX_FIND_EPOCHS + 1))  # never more than the limit is read
@@ -269,7 +304,11 @@ class Trace:
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:
-        """``record`` as a JSON-ready dict: its place, and its samples' keys, durations (and corpora)."""
+        """A step record as a JSON-ready dict: its place, and its samples' keys, durations (and corpora).
+
+        Args:
+            record: A record from `steps` or `epoch`.
+        """
         index = self.dataset.index
         ids = record.ids.tolist()
         row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
@@ -282,29 +321,6 @@ class Trace:
         if record.ahead:
             row["ahead"] = True
         return row
-
-
-def resolve_keys(keys: Sequence[str], dataset_keys: Sequence[str]) -> dict[str, list[int]]:
-    """The sample ids of each of ``keys`` (several where a mix's corpora share a key), with an
-    :class:`OptionError` naming the keys the index does not hold."""
-    wanted: dict[str, list[int]] = {key: [] for key in keys}
-    if len(wanted) <= 16 and isinstance(dataset_keys, list):  # a few keys: list.index scans in C
-        for key, found in wanted.items():
-            at = -1
-            try:
-                while True:
-                    at = dataset_keys.index(key, at + 1)
-                    found.append(at)
-            except ValueError:
-                pass
-    else:
-        for i, key in enumerate(dataset_keys):
-            if key in wanted:
-                wanted[key].append(i)
-    missing = [key for key, ids in wanted.items() if not ids]
-    if missing:
-        raise OptionError(f"{len(missing)} keys are not in the dataset's index: {missing[:10]}")
-    return wanted
 
 
 def _check_epoch(epoch: Any) -> None:

@@ -57,18 +57,31 @@ iterator left unfinished is otherwise finalised after them, and its halt fails).
 
 class ShardLoader:
     """Iterates a batched :class:`~shardio.ShardDataset` (or :class:`~shardio.MixedDataset`) in
-    ``num_workers`` processes, with a fraction of a DataLoader's per-batch cost (see the module docs).
-
-    ``prefetch``: batches each worker may have ready ahead of the training process. ``persistent_workers``:
-    keep the workers between iterations (epochs). ``multiprocessing_context``: ``"fork"``,
-    ``"forkserver"``, ``"spawn"`` or a context (default: the platform's). ``pin_memory``: batches in pinned
-    memory for asynchronous copies to the GPU, copied by a thread of their own (:mod:`.pinning`) when there
-    are workers. ``timeout``: seconds to wait for a batch before failing (0: no limit, with a warning after
-    a minute of silence; a dead worker fails at once either way). ``num_workers=0`` iterates in this process.
+    worker processes, with a fraction of a DataLoader's per-batch cost (see the module docs).
 
     :meth:`state_dict` is the job's state after the last batch this loader yielded (exact, with any number of
     workers); :meth:`load_state_dict` continues from a state, as :meth:`ShardDataset.load_state_dict
     <shardio.ShardDataset.load_state_dict>` does.
+
+    Args:
+        dataset: A batched `ShardDataset` or `MixedDataset` (a dataset of single samples is refused: use
+            a `DataLoader` with `collate`).
+        num_workers: Worker processes (default 2); 0 iterates in this process. Each worker holds its own
+            reader and up to `prefetch` batches.
+        prefetch: Batches each worker may have ready ahead of the training process (default 2; at most 1024).
+            Memory: `num_workers * prefetch` batches in shared memory.
+        persistent_workers: Keep the workers between iterations (epochs; default `True`): no start-up cost per
+            epoch, and the workers' memory stays held.
+        multiprocessing_context: `"fork"`, `"forkserver"`, `"spawn"` or a context (default: the platform's).
+            Spawn and forkserver workers start slower and receive the dataset pickled (its plan by reference).
+        pin_memory: Batches in pinned memory for asynchronous copies to the GPU (default `False`), copied by a
+            thread of their own when there are workers (a copy of each batch). Without an accelerator: a
+            warning, and nothing is pinned.
+        timeout: Seconds to wait for a batch before failing (default 0: no limit, with a warning after a
+            minute of silence); a dead worker fails at once either way.
+
+    Raises:
+        OptionError: Not a shardio dataset, an unbatched one, or an option of the wrong type or out of range.
     """
 
     def __init__(self, dataset: ShardDataset, *, num_workers: int = 2, prefetch: int = 2,
@@ -119,7 +132,11 @@ class ShardLoader:
         return len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
-        """``dataset.set_epoch(epoch)``: the next iteration plays ``epoch`` from its start."""
+        """`dataset.set_epoch(epoch)`: the next iteration plays the epoch from its start.
+
+        Args:
+            epoch: The epoch, from 0.
+        """
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -129,9 +146,15 @@ class ShardLoader:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (this loader's, a dataset's, or a ``StatefulDataLoader``'s) at the next
-        iteration; with another world size or worker count, every sample not yet consumed in its epoch is
-        consumed exactly once in the rest of it."""
+        """Continue from a state at the next iteration; with another world size or worker count, every sample
+        not yet consumed in its epoch is consumed exactly once in the rest of it.
+
+        Args:
+            state: This loader's state, a dataset's, or a `StatefulDataLoader`'s.
+
+        Raises:
+            StateError: A state that does not fit the dataset.
+        """
         self.dataset.load_state_dict(state)
         self._last = None
 

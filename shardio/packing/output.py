@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any
 
-from ..storage.files import filesystem, is_url, join, read_bytes, write_atomic
+from ..storage.files import check_output_file, filesystem, is_url, join, read_bytes, write_atomic
 
 __all__ = ["Output"]
 
@@ -55,6 +55,7 @@ class Output:
         """Move the finished local file ``local`` to ``name`` (a rename locally, an upload remotely)."""
         if not self.remote:
             os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
+            check_output_file(self.path(name))
             os.replace(local, self.path(name))
             return
         fs, _ = self._fs()

@@ -7,7 +7,7 @@ them through :mod:`shardio.planning.surgery`, so that the datasets import nothin
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,18 +16,33 @@ from ..errors import StateError
 from .plan import EpochPlan
 from .surgery import QUARANTINE, Quarantine, Surgery
 
-__all__ = ["QUARANTINE", "check_extra", "exclusions", "leave_out_consumed", "consumed_ahead"]
+__all__ = ["QUARANTINE", "check_entry", "check_extra", "exclusions", "leave_out_consumed", "consumed_ahead"]
 
 
 def _surgery(extra: Mapping[str, Any] | Surgery) -> Surgery:
     return extra if isinstance(extra, Surgery) else Surgery.of(extra)
 
 
-def check_extra(extra: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """``extra`` of a loaded state, its quarantine entries checked (a :class:`StateError` if malformed).
+def check_extra(extra: Mapping[str, Any] | Surgery, num_samples: int, key_of: Callable[[int], str] | None = None,
+                corpus_of: Callable[[int], str | None] | None = None) -> dict[str, Any]:
+    """``extra`` of a loaded state, its quarantine entries parsed (:meth:`Surgery.of`) and checked against a
+    dataset (:meth:`Surgery.check_ids`).
 
-    Deprecated: :meth:`Surgery.of` and :meth:`Surgery.check_ids`."""
-    _surgery(extra).check_ids(num_samples)
+    Args:
+        extra: The state's ``extra``.
+        num_samples: The dataset's number of samples.
+        key_of: The key of a sample id, or ``None``.
+        corpus_of: In a mix, the corpus of a sample id, or ``None``.
+
+    Returns:
+        ``extra`` as a dict.
+
+    Raises:
+        StateError: Naming the entry and what is wrong with it.
+    """
+    surgery = _surgery(extra)
+    surgery.check_ids(num_samples, key_of, corpus_of)
+    return surgery.to_extra() if isinstance(extra, Surgery) else dict(extra)
     return dict(extra)
 
 
@@ -76,3 +91,16 @@ def _samples_of(plan: EpochPlan, batches: np.ndarray) -> np.ndarray:
     taken = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
     taken[batches.ravel()] = True
     return np.unique(plan.samples[np.repeat(taken, np.diff(plan.offsets))])
+
+
+def check_entry(entry: Any, number: int) -> None:
+    """Check quarantine entry ``number`` of a state (see :meth:`Quarantine.of`).
+
+    Args:
+        entry: The entry as the state holds it.
+        number: Its place in the list, for messages.
+
+    Raises:
+        StateError: Naming the entry and what is wrong with it.
+    """
+    Quarantine.of(entry, number)

@@ -5,6 +5,12 @@ of the global id space), whether weights are shares of audio or of samples, whet
 several corpora, and the epoch's size as one pass over a primary corpus, hours of audio, or global batches.
 How those become quotas and an epoch's plan is :mod:`shardio.planning.mix`'s; a loader state records
 :meth:`Mix.options`. Nothing here imports the planner.
+
+**Weights as the planner uses them.** The planner computes with the normalised floats, so two mixes plan alike
+only where those are equal, bit for bit: a state's weights are compared exactly. Normalising weights that are
+already normalised can move them by an ulp (``{f: 0.3, a: 1}`` gives ``a = 0.7692307692307692``, whose
+normalised sum is not exactly 1), so a mix rebuilt from a state's options takes them through
+:func:`recorded_weights`, which keeps them as they are.
 """
 
 from __future__ import annotations
@@ -17,7 +23,34 @@ from typing import Any
 from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
 
-__all__ = ["EpochSize", "Mix"]
+__all__ = ["WEIGHT_SUM_TOLERANCE", "EpochSize", "Mix", "recorded_weights"]
+
+WEIGHT_SUM_TOLERANCE = 1e-9
+"""How far from 1 the sum of weights a state records (normalised, then summed in floats: off by a few ulps)
+may be: more is not a shardio state's."""
+
+
+class _RecordedWeights(dict[str, float]):
+    """Weights a loader state records, already normalised: :class:`Mix` keeps them as they are."""
+
+
+def recorded_weights(weights: Mapping[str, float]) -> Mapping[str, float]:
+    """``weights`` as a state's ``options["mix"]["weights"]`` records them (normalised), for a :class:`Mix`
+    (or a :class:`~shardio.MixedDataset`) that must plan with exactly those floats: it checks them (positive,
+    summing to 1 within :data:`WEIGHT_SUM_TOLERANCE`) instead of normalising them again.
+
+    Args:
+        weights: corpus name to weight, as a state records it.
+
+    Returns:
+        A mapping that :class:`Mix` takes as already normalised.
+
+    Raises:
+        OptionError: where ``weights`` is not a mapping of names to positive numbers summing to 1.
+    """
+    if not isinstance(weights, Mapping):
+        raise OptionError(f"weights must map each corpus name to a positive number, not {shown(weights)}")
+    return _RecordedWeights(weights)
 
 
 def _positive(weight: object) -> bool:
@@ -31,14 +64,20 @@ def _positive(weight: object) -> bool:
 
 @dataclass(frozen=True)
 class EpochSize:
-    """What one epoch of a mix is: give exactly one of the three."""
+    """What one epoch of a mix is: give exactly one of the three.
+
+    Args:
+        primary: One pass over this corpus (the others in proportion to the weights).
+        hours: This many hours of audio, over all corpora.
+        batches: Exactly this many global batches (all ranks together).
+
+    Raises:
+        OptionError: Not exactly one given, or a value of the wrong type or out of range.
+    """
 
     primary: str | None = None
-    """One pass over this corpus (the others in proportion to the weights)."""
     hours: float | None = None
-    """This many hours of audio, over all corpora."""
     batches: int | None = None
-    """Exactly this many global batches (all ranks together)."""
 
     def __post_init__(self) -> None:
         given = [name for name in ("primary", "hours", "batches") if getattr(self, name) is not None]
@@ -56,14 +95,22 @@ class EpochSize:
 
 @dataclass(frozen=True)
 class Mix:
-    """The corpora's weights (normalised), the epoch size and how batches draw from corpora."""
+    """The corpora's weights (normalised), the epoch size and how batches draw from corpora.
+
+    Args:
+        weights: Corpus names to their shares (positive, finite).
+        epoch_size: What one epoch is.
+        weight_by: `"duration"`: weights are shares of audio seconds; `"samples"`: shares of utterances.
+        single_corpus_batches: Every batch draws from one corpus only.
+
+    Raises:
+        OptionError: A value of the wrong type or out of range, or a primary corpus not among the weights.
+    """
 
     weights: Mapping[str, float]
     epoch_size: EpochSize
     weight_by: str = "duration"
-    """``duration``: weights are shares of audio seconds; ``samples``: shares of utterances."""
     single_corpus_batches: bool = False
-    """Every batch draws from one corpus only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.weights, Mapping):
@@ -83,6 +130,11 @@ class Mix:
         if primary is not None and primary not in self.weights:
             raise OptionError(f"EpochSize primary {primary!r} is not one of the corpora {sorted(self.weights)}")
         total = float(sum(self.weights.values()))
+        if isinstance(self.weights, _RecordedWeights):  # already normalised: normalising again moves them
+            if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
+                raise OptionError(f"recorded weights must be normalised (summing to 1), not "
+                                  f"{shown(dict(self.weights))} (sum {total!r})")
+            total = 1.0
         object.__setattr__(self, "weights", {k: float(self.weights[k]) / total for k in sorted(self.weights)})
 
     @property

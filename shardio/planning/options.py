@@ -27,11 +27,21 @@ padding, and planning allocates per bucket."""
 
 @dataclass(frozen=True)
 class Ordering:
-    """How an epoch's samples are ordered."""
+    """How an epoch's samples are ordered. Part of the plan: a saved state records it.
+
+    Args:
+        shuffle: Shuffle every epoch (default `True`): shards permuted, samples shuffled within windows of
+            shards, all a function of `(seed, epoch)`. `False`: index order, the same every epoch.
+        shuffle_shards: Samples mix across windows of this many consecutive (permuted) shards (default 16).
+            Larger windows mix more; each worker then reads from more shards at once (more open files, more
+            scattered reads).
+
+    Raises:
+        OptionError: A value of the wrong type or out of range.
+    """
 
     shuffle: bool = True
     shuffle_shards: int = 16
-    """Samples mix across windows of this many consecutive (permuted) shards."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", flag("shuffle", self.shuffle))
@@ -40,36 +50,54 @@ class Ordering:
 
 @dataclass(frozen=True)
 class Batching:
-    """How samples are grouped into batches, and what happens to the last partial round of batches."""
+    """How samples form batches, and what happens to the last partial round of batches. Part of the plan: a
+    saved state records every field (`batch_cost` by its name).
+
+    With neither `batch_size` nor `max_duration`, a dataset yields single samples.
+
+    Args:
+        batch_size: Samples per batch. Memory: a batch is this many times the longest sample's audio.
+        max_duration: Padded seconds per batch: batch size x the longest sample's cost (its duration, or see
+            `quadratic_duration`). Bounds a batch's memory whatever the durations; not with `batch_size`.
+        max_batch_size: At most this many samples in a `max_duration` batch (short samples would make very
+            large ones).
+        remainder: `"pad"` (the default): the last round of `world_size` batches is filled by repeating
+            batches from the epoch's start (flagged in the batch's `repeat`); `"drop"`: that round is dropped.
+        num_buckets: Batches form within this many duration buckets of about equal total duration (estimated
+            from the index): far less padding; the batch order is shuffled per epoch. Planning allocates per
+            bucket (at most 65,536).
+        duration_bins: Explicit bucket edges in seconds (increasing): `len(duration_bins) + 1` buckets; not
+            with `num_buckets`.
+        quadratic_duration: `Q`: a sample of `d` seconds costs `d + d**2 / Q` toward `max_duration` (as in
+            Lhotse): fewer long samples a batch, for attention's quadratic memory. Needs `max_duration`.
+        min_duration: Leave out samples shorter than this many seconds (never yielded; counted in the plan's
+            report).
+        max_sample_duration: Leave out samples longer than this many seconds.
+        sync_buckets: Step-synchronised batches: at every step all ranks get batches of one bucket and of
+            nearly equal cost, so DDP does not wait on one rank's long bucket. `None` (the default): on when
+            bucketing; `True` without buckets balances cost only (all samples are one bucket).
+        batch_cost: What a batch costs, `batch_cost(durations) -> float` (deterministic; a module-level
+            function, so that spawned workers can pickle it), for balancing synchronised steps. Default:
+            padded seconds, or the quadratic cost with `quadratic_duration`. Called per batch when planning.
+        batch_cost_name: The name a state records for `batch_cost` (required with it): a state saved under
+            another name does not load. Give a new name whenever the function changes.
+
+    Raises:
+        OptionError: A value of the wrong type or out of range, or options that cannot work together.
+    """
 
     batch_size: int | None = None
     max_duration: float | None = None
-    """Padded seconds per batch: batch size x the longest sample's cost (its duration, or see
-    ``quadratic_duration``)."""
     max_batch_size: int | None = None
     remainder: str = "pad"
-    """``pad``: repeat batches from the epoch start to fill the last round; ``drop``: drop that round."""
     num_buckets: int | None = None
-    """Bucket by duration into this many buckets of about equal total duration (estimated from the index)."""
     duration_bins: tuple[float, ...] | None = None
-    """Explicit bucket edges in seconds (increasing): ``len(duration_bins) + 1`` buckets."""
     quadratic_duration: float | None = None
-    """``Q``: a sample of ``d`` seconds costs ``d + d**2 / Q`` toward ``max_duration`` (as in Lhotse)."""
     min_duration: float | None = None
-    """Leave out samples shorter than this many seconds."""
     max_sample_duration: float | None = None
-    """Leave out samples longer than this many seconds."""
     sync_buckets: bool | None = None
-    """Step-synchronised batches: at every step all ranks get batches of one bucket and of nearly equal cost
-    (:mod:`shardio.planning.rounds`). ``None`` (the default): on when bucketing; ``True`` without buckets balances
-    cost only (all samples are one bucket)."""
     batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
-    """What a batch costs, ``batch_cost(durations) -> float`` (deterministic; a module-level function, so
-    that spawned DataLoader workers can pickle it), for balancing synchronised steps; default: padded
-    seconds, or the quadratic cost with ``quadratic_duration``."""
     batch_cost_name: str | None = None
-    """The name a state records for ``batch_cost`` (required with it): a state saved under another name
-    does not load. Give a new name whenever the function changes."""
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.max_duration is not None:
@@ -110,7 +138,14 @@ class Batching:
         return self.quadratic_duration is None and self.batch_cost is None
 
     def eligible(self, durations: np.ndarray) -> np.ndarray:
-        """Which samples can be planned: within the duration filters, and alone within ``max_duration``."""
+        """Which samples can be planned: within the duration filters, and alone within `max_duration`.
+
+        Args:
+            durations: Each sample's duration in seconds.
+
+        Returns:
+            A boolean array, `True` where the sample can be planned.
+        """
         return eligible(durations, self)
 
 

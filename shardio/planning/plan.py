@@ -48,7 +48,12 @@ __all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "batch_offsets", "dea
 
 @dataclass(frozen=True)
 class Segment:
-    """A finished part of an epoch: ``consumed`` batches per rank were taken under ``world_size`` ranks."""
+    """A finished part of an epoch, before the world size changed.
+
+    Args:
+        world_size: The ranks that took its batches.
+        consumed: Batches per rank they took.
+    """
 
     world_size: int
     consumed: int
@@ -56,22 +61,25 @@ class Segment:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One epoch (segment) planned for all ranks. Batch ``j`` of rank ``r`` is ``batch(r, j)``."""
+    """One epoch (segment) planned for all ranks (by `plan_epoch`). Batch `j` of rank `r` is `batch(r, j)`.
+
+    Args:
+        samples: Sample ids in batched order; global batch `b` is `samples[offsets[b]:offsets[b + 1]]`.
+        offsets: Where each global batch starts in `samples` (one more entry than batches).
+        rank_batches: `rank_batches[r, j]`: the global batch number of rank `r`'s `j`-th batch.
+        excluded: Samples left out: alone above `max_duration`, or outside the duration filters.
+        dropped: Samples in the dropped last round (`remainder="drop"`).
+        padded: Samples repeated to fill the last round (`remainder="pad"`).
+        report: What the plan did, for logs: counts, `padding_ratio`, `step_efficiency`, ...
+    """
 
     samples: np.ndarray
-    """Sample ids in batched order; global batch ``b`` is ``samples[offsets[b]:offsets[b + 1]]``."""
     offsets: np.ndarray
     rank_batches: np.ndarray
-    """``rank_batches[r, j]``: the global batch number of rank ``r``'s ``j``-th batch."""
     excluded: int = 0
-    """Samples left out: alone above ``max_duration``, or outside the duration filters."""
     dropped: int = 0
-    """Samples in the dropped last round (``remainder='drop'``)."""
     padded: int = 0
-    """Samples repeated to fill the last round (``remainder='pad'``)."""
     report: dict[str, Any] = field(default_factory=dict)
-    """What the plan did, for logs: counts, ``padding_ratio`` (padded seconds that are not audio),
-    ``step_efficiency`` (mean over steps of mean / max rank cost, under the cost model in use), ..."""
 
     @property
     def world_size(self) -> int:
@@ -84,12 +92,21 @@ class EpochPlan:
         return int(self.rank_batches.shape[1])
 
     def batch(self, rank: int, j: int) -> np.ndarray:
-        """The sample ids of rank ``rank``'s ``j``-th batch."""
+        """The sample ids (a view of `samples`) of a rank's batch.
+
+        Args:
+            rank: The rank.
+            j: The batch's number among the rank's, from 0.
+        """
         b = self.rank_batches[rank, j]
         return self.samples[self.offsets[b] : self.offsets[b + 1]]
 
     def consumed_samples(self, consumed: int) -> np.ndarray:
-        """Sample ids in the first ``consumed`` batches of every rank, each once (padding's repeats collapse)."""
+        """Sample ids in the first batches of every rank, each once (padding's repeats collapse).
+
+        Args:
+            consumed: Batches per rank.
+        """
         taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
         taken[self.rank_batches[:, :consumed].ravel()] = True
         return self.samples[np.repeat(taken, np.diff(self.offsets))]
@@ -153,12 +170,22 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
 def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *, seed: int, epoch: int,
                world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
                history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
-    """Plan ``epoch`` for ``world_size`` ranks, after the finished segments in ``history``.
+    """The plan of an epoch's next segment for every rank, after its finished segments (O(samples)).
 
-    With an empty history this is the epoch as planned from its start. Each segment of ``history`` says
-    how many batches per rank were consumed under which world size before the world changed; the samples
-    they did not consume are planned again, in epoch order, for the next segment. ``exclude``: sample ids
-    left out from a segment on (see :func:`plan_segments`).
+    Args:
+        shard_ids: Each sample's shard number (an index's `shard_ids`).
+        durations: Each sample's duration in seconds.
+        num_shards: How many shards there are.
+        seed: The shuffle's seed (non-negative).
+        epoch: The epoch to plan.
+        world_size: The ranks to deal batches to.
+        batching: How samples form batches.
+        ordering: How the epoch's samples are ordered.
+        history: The finished segments, oldest first: what they did not consume is planned again.
+        exclude: `(segment, sample ids)` pairs: those samples are left out from that segment on.
+
+    Raises:
+        OptionError: A negative seed, columns of different shapes, a history beyond the plan.
     """
     if seed < 0:
         raise OptionError(f"seed must be a non-negative integer, not {seed}")

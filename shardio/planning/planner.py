@@ -35,8 +35,16 @@ _NONE = Surgery()
 
 @dataclass(frozen=True)
 class Planner:
-    """The plans of a dataset: ``index``'s samples (a mix's combined index, with its ``corpora`` by name), the
-    ``seed``, ``batching`` and ``ordering``, and a mix's ``mix`` options."""
+    """The plans of a dataset (see the module docs); a dataset's is its ``planner``.
+
+    Args:
+        index: The dataset's samples (a mix's combined index).
+        seed: The seed of every epoch's shuffle.
+        batching: How samples form batches.
+        ordering: How an epoch's samples are ordered.
+        mix: A mix's options (``None``: not a mix).
+        corpora: A mix's corpora, in name order: ``(name, index)``.
+    """
 
     index: Index
     seed: int
@@ -100,8 +108,17 @@ class Planner:
 
     def occurrences(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
                     surgery: Surgery = _NONE) -> tuple[EpochPlan, Any]:
-        """A mix's plan of ``epoch`` over occurrence numbers, and the occurrences (their global ids, corpus
-        numbers and stream positions: :func:`~shardio.planning.mix.plan_occurrences`); arguments as :meth:`plan`.
+        """A mix's plan of an epoch over occurrence numbers, and the occurrences.
+
+        Args:
+            epoch: the epoch.
+            world_size: the ranks the (last) segment is dealt to.
+            history: the epoch's finished segments.
+            surgery: a loaded state's quarantines and re-mix.
+
+        Returns:
+            The plan, and the occurrences (their global ids, corpus numbers and stream positions:
+            :func:`~shardio.planning.mix.plan_occurrences`).
 
         Raises:
             OptionError: outside a mix.
@@ -119,11 +136,26 @@ class Planner:
 
     @staticmethod
     def share(plan: EpochPlan, rank: int) -> RankPlan:
-        """Rank ``rank``'s share of ``plan`` (O(N / world))."""
+        """A rank's share of a plan (O(N / world)).
+
+        Args:
+            plan: An epoch's plan (:meth:`plan`).
+            rank: The rank.
+
+        Returns:
+            The rank's batches.
+        """
         return rank_plan(plan, rank)
 
     def corpus(self, sample_id: int) -> str | None:
-        """The corpus of a mix that (global) ``sample_id`` belongs to; ``None`` outside a mix."""
+        """The corpus of a mix that a sample belongs to.
+
+        Args:
+            sample_id: The sample's (global) id.
+
+        Returns:
+            The corpus's name; ``None`` outside a mix.
+        """
         if not self.corpora:
             return None
         return self.corpora[int(np.searchsorted(self._offsets, sample_id, side="right")) - 1][0]
@@ -133,7 +165,14 @@ class Planner:
         return corpus_offsets([len(part) for _, part in self.corpora])
 
     def fields(self, sample_id: int) -> dict[str, Any]:
-        """The fields a sample has before its metadata (a mix's ``corpus``)."""
+        """The fields a sample has before its metadata.
+
+        Args:
+            sample_id: The sample's (global) id.
+
+        Returns:
+            A mix's ``corpus``; nothing outside a mix.
+        """
         corpus = self.corpus(sample_id)
         return {} if corpus is None else {"corpus": corpus}
 
@@ -165,7 +204,7 @@ class Planner:
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = state.surgery
-        surgery.check_ids(len(self.index))
+        surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.corpus if self.corpora else None)
         try:
             plan = self.plan(state.epoch, state.world_size, state.history, surgery)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan

@@ -11,14 +11,14 @@ states shardio wrote before these types, so every saved state reads.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..checks.states import MAX_COUNT
-from ..errors import StateError
+from ..errors import StateError, shown
 from .mixstreams import REMIX, Streams
 
 __all__ = ["QUARANTINE", "Quarantine", "Surgery"]
@@ -47,7 +47,20 @@ class Quarantine:
 
     @classmethod
     def of(cls, entry: Any, number: int) -> Quarantine:
-        """Entry ``number`` of ``extra["quarantine"]``, with a :class:`StateError` where it is malformed."""
+        """Entry ``number`` of ``extra["quarantine"]``.
+
+        Args:
+            entry: The entry as the state holds it (JSON).
+            number: Its place in the list, for messages.
+
+        Returns:
+            The typed entry.
+
+        Raises:
+            StateError: Naming the entry and what is wrong with it, where it is not an object with ids
+                (integers), keys (strings, one per id), corpora (in a mix, one per id), an epoch and a segment
+                (integers >= 0), carry (true or false) and consumed (ids, or null).
+        """
         if not isinstance(entry, Mapping):
             raise StateError(f"malformed loader state: quarantine entry {number} must be an object, not "
                              f"{type(entry).__name__}")
@@ -55,32 +68,31 @@ class Quarantine:
         def problem(text: str) -> StateError:
             return StateError(f"malformed loader state: quarantine entry {number}: {text}")
 
-        for name in ("epoch", "segment", "ids", "carry"):
-            if name not in entry:
-                raise problem(f"KeyError({name!r})")
-        epoch, segment, ids, carry = entry["epoch"], entry["segment"], entry["ids"], entry["carry"]
-        if not all(_count(v) for v in (epoch, segment)) or not isinstance(carry, bool):
-            raise problem("'epoch' and 'segment' must be integers from 0 and 'carry' true or false")
-        if not (isinstance(ids, list) and all(_count(i) for i in ids)):
-            raise problem("'ids' must be a list of integers from 0")
-        keys, corpora, consumed, steps = (entry.get(n) for n in ("keys", "corpora", "consumed", "steps"))
-        if keys is not None and not (isinstance(keys, list) and len(keys) == len(ids)
-                                     and all(isinstance(k, str) for k in keys)):
+        ids, keys, corpora = entry.get("ids"), entry.get("keys"), entry.get("corpora")
+        if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+            raise problem(f"'ids' must be a list of integers, not {shown(ids, 80)}")
+        if not (isinstance(keys, list) and len(keys) == len(ids) and all(isinstance(k, str) for k in keys)):
             raise problem(f"'keys' must be a list of {len(ids)} strings, one per id")
         if corpora is not None and not (isinstance(corpora, list) and len(corpora) == len(ids)
                                         and all(isinstance(c, str) for c in corpora)):
             raise problem(f"'corpora' must be a list of {len(ids)} corpus names, one per id")
-        if consumed is not None and not (isinstance(consumed, list) and all(_count(i) for i in consumed)):
-            raise problem("'consumed' must be a list of ids")
+        for name in ("epoch", "segment"):
+            if not _count(entry.get(name)):
+                raise problem(f"'{name}' must be an integer >= 0, not {shown(entry.get(name), 80)}")
+        epoch, segment, carry = entry["epoch"], entry["segment"], entry.get("carry")
+        if not isinstance(carry, bool):
+            raise problem(f"'carry' must be true or false, not {shown(carry, 80)}")
+        consumed, steps = entry.get("consumed"), entry.get("steps")
+        if consumed is not None and not (isinstance(consumed, list) and all(type(i) is int for i in consumed)):
+            raise problem(f"'consumed' must be a list of ids, not {shown(consumed, 80)}")
         if steps is not None and not (isinstance(steps, list) and len(steps) <= 2 and all(map(_count, steps))):
             raise problem("'steps' must be [first, stop] integers, or null")
         from_step = entry.get("from_step")
         if from_step is not None and not _count(from_step):
             raise problem("'from_step' must be an integer from 0, or null")
-        return cls(epoch, segment, tuple(ids), carry, bool(entry.get("ahead")),
-                   None if keys is None else tuple(keys), None if steps is None else tuple(steps),
-                   from_step, None if consumed is None else tuple(consumed),
-                   None if corpora is None else tuple(corpora))
+        return cls(epoch, segment, tuple(ids), carry, bool(entry.get("ahead")), tuple(keys),
+                   None if steps is None else tuple(steps), from_step,
+                   None if consumed is None else tuple(consumed), None if corpora is None else tuple(corpora))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready entry."""
@@ -147,12 +159,37 @@ class Surgery:
         """This surgery with ``entries`` as its quarantines."""
         return replace(self, quarantines=entries)
 
-    def check_ids(self, num_samples: int) -> None:
-        """A :class:`StateError` where a quarantine names an id outside a dataset of ``num_samples`` samples."""
+    def check_ids(self, num_samples: int, key_of: Callable[[int], str] | None = None,
+                  corpus_of: Callable[[int], str | None] | None = None) -> None:
+        """Check the quarantines' ids against a dataset: an entry's ids are what the planner leaves out, its keys
+        what the report names, so a hand-edited entry whose two disagree would leave out another sample than
+        the one reported.
+
+        Args:
+            num_samples: The dataset's number of samples.
+            key_of: The key of a sample id (called only for the ids of entries, so a state without any costs
+                no key lookup); ``None``: keys not checked.
+            corpus_of: In a mix, the corpus of a sample id; ``None``: corpora not checked.
+
+        Raises:
+            StateError: Naming the entry, where an id is outside the dataset or is not the sample its key
+                (and corpus) names.
+        """
         for number, entry in enumerate(self.quarantines):
-            if any(i >= num_samples for i in entry.ids):
-                raise StateError(f"malformed loader state: quarantine entry {number} has a negative field or an "
-                                 f"id outside the dataset's {num_samples} samples")
+            problem = None
+            for at, sample_id in enumerate(entry.ids):
+                if not 0 <= sample_id < num_samples:
+                    problem = f"id {sample_id} is outside the dataset's {num_samples} samples"
+                elif key_of is not None and entry.keys is not None and key_of(sample_id) != entry.keys[at]:
+                    problem = (f"id {sample_id} is the dataset's sample {shown(key_of(sample_id), 80)}, but the "
+                               f"entry's key {at} is {shown(entry.keys[at], 80)}: its ids and keys must name "
+                               "the same samples")
+                elif corpus_of is not None and entry.corpora is not None \
+                        and corpus_of(sample_id) != entry.corpora[at]:
+                    problem = (f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's "
+                               f"corpus {at} is {shown(entry.corpora[at], 80)}: its ids and corpora must agree")
+                if problem is not None:
+                    raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")
 
     def exclusions(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs, one per segment (the planner

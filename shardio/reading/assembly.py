@@ -16,64 +16,28 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from ..errors import FormatError, OptionError, RangeNotSupported, ShardioError, shown
-from ..checks.options import flag, integer
+from ..errors import FormatError, RangeNotSupported, ShardioError
 from . import blocks
 from .batchmemory import audio_rows, sample_row
 from .collate import collate, collate_into, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
 from .fields import add_member_fields, check_field_names
 from .lane import Lane
-from .pcm16 import DTYPES, decode_pcm16, to_int16
+from .options import Decoding, Transform
+from .pcm16 import decode_pcm16, to_int16
 from .reader import Reader
 
 __all__ = ["Assembler", "Decoding", "Transform"]
 
 logger = logging.getLogger(__name__)
 
-Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
-"""``transform(sample, rng) -> sample``: runs per sample in the worker; ``rng`` is seeded by
-``(seed, epoch, key)``, so augmentation is the same after a resume and for any number of workers."""
-
-
 def _key_seed(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """What a sample's audio becomes: mixed to ``mono``, resampled to ``sample_rate``, checked for NaN and
-    infinity (``check_finite``), then given to ``transform`` with the sample's seeded generator, and at last
-    of ``dtype``."""
-
-    mono: bool = False
-    sample_rate: int | None = None
-    check_finite: bool = True
-    transform: Transform | None = None
-    dtype: str = "float32"
-    """``"float32"``, or ``"int16"`` (see :mod:`shardio.reading.pcm16`)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, not {shown(self.dtype)}")
-        object.__setattr__(self, "mono", flag("mono", self.mono))
-        object.__setattr__(self, "check_finite", flag("check_finite", self.check_finite))
-        if self.sample_rate is not None:
-            object.__setattr__(self, "sample_rate", integer("sample_rate", self.sample_rate, 1))
-        if self.transform is not None and not callable(self.transform):
-            raise OptionError(f"transform must be a function transform(sample, rng) -> sample, not "
-                              f"{shown(self.transform)}")
-
-    @property
-    def keeps_decoded_audio(self) -> bool:
-        """Whether a sample's audio is what its decoder produced (so it can be decoded into the batch)."""
-        return not self.mono and self.sample_rate is None and self.transform is None
 
 
 _Located = tuple[int, int, str, str, memoryview]

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import IntegrityError
+from ..storage.files import check_output_file
 from ..storage.locks import FileLock, remove_if_free
 
 __all__ = ["ShardCache"]
@@ -106,6 +107,7 @@ class ShardCache:
             if got != size or digest != sha256:
                 raise IntegrityError(f"{where}: fetched {got} bytes with SHA-256 {digest}, the index records "
                                      f"{size} bytes and {sha256}: the remote shard changed after indexing")
+            check_output_file(path)
             os.replace(temporary, path)
         except BaseException:
             if os.path.exists(temporary):

@@ -117,6 +117,15 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     others have it is an :class:`~shardio.OptionError`). An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
     worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
     Batches of a batched dataset are an :class:`~shardio.OptionError`: give the DataLoader ``batch_size=None``.
+
+    Args:
+        samples: The samples of an unbatched dataset.
+
+    Returns:
+        The batch, shaped as a batched dataset's.
+
+    Raises:
+        OptionError: Not a sequence of samples, or samples of a batched dataset.
     """
     if samples is None or isinstance(samples, (str, bytes, dict)) or not isinstance(samples, Sequence):
         raise OptionError(f"collate takes a list of samples (dicts), not {shown(samples)}")

@@ -16,10 +16,7 @@ import soundfile
 from .decode import EncodedAudio, check_frames_read, check_layout, check_rate, frames_to_read
 from .memoryfile import read_sound
 
-__all__ = ["DTYPES", "decode_pcm16", "to_int16"]
-
-DTYPES = ("float32", "int16")
-"""The audio dtypes a dataset yields."""
+__all__ = ["decode_pcm16", "to_int16"]
 
 
 def to_int16(audio: Any) -> np.ndarray:

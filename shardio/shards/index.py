@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, OptionError, shown
+from ..errors import FormatError
 from ..storage.files import is_url, join, write_atomic
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
-from .indexheader import (FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION,
-                          READ_VERSIONS, check_version, columns_file_of, read_header)
+from .indexheader import FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION
+from .indexload import check_loaded, read_index
 from .keys import Keys
 from .metadata import Metadata
 from .shardtable import CODECS, ShardInfo, ShardTable
@@ -63,8 +63,17 @@ class Index:
     """A dataset's index: the shard table and the per-sample columns and keys (mapped read-only from the
     columns file when loaded from disk, so every process on a node shares one copy).
 
-    ``shards`` may be given as any sequence of :class:`ShardInfo`; the index keeps it as a
-    :class:`~shardio.shards.shardtable.ShardTable` (a few arrays, not an object a shard)."""
+    Args:
+        root: The dataset's directory or URL (shard names are relative to it).
+        shards: The shard table: any sequence of `ShardInfo`, kept as a few arrays (not an object a shard).
+        formats: The audio extensions the `format` column numbers.
+        columns: Per-sample arrays (`shard`, offsets, sizes, `num_frames`, `sample_rate`, ...).
+        fingerprint: What a saved state records to name the dataset.
+        columns_sha256: The digest of the columns file.
+        storage_options: fsspec options (endpoint, credentials) for a remote `root`; shards open with them.
+        loaded_ns: When it was loaded (`time.time_ns()`, or its `index.json`'s later ctime): a local shard
+            whose status changed after then was replaced under the run (`ShardChanged`).
+    """
 
     root: str
     shards: Sequence[ShardInfo]
@@ -74,7 +83,6 @@ class Index:
     columns_sha256: str = ""
     _keys: Keys | None = field(default=None, repr=False)
     storage_options: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-    """fsspec options (endpoint, credentials) for a remote ``root``; the reader opens shards with them."""
     _file: ColumnsFile | None = field(default=None, repr=False, compare=False)
     """The mapped columns file the columns and keys are views of (None: they are in memory)."""
     _meta: Metadata | None = field(default=None, repr=False, compare=False)
@@ -83,9 +91,6 @@ class Index:
     """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
     _content_id: str = field(default="", repr=False, compare=False)
     loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
-    """When this index was loaded (or made), as ``time.time_ns()``, or its local ``index.json``'s ctime where that
-    is later (a file server's clock ahead of this machine's); it travels to DataLoader workers with the index. A
-    local shard whose status changed after then was rewritten or replaced under the run: ``ShardChanged``."""
 
     def __post_init__(self) -> None:
         try:
@@ -106,8 +111,12 @@ class Index:
         return self.shards
 
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
-        """Replace the shard table by ``convert(table)``, in place: how a dataset pickled for DataLoader workers
-        puts it in shared memory (:func:`shardio.runtime.sharing.shared_table`)."""
+        """Replace the shard table by `convert(table)`, in place: how a dataset pickled for DataLoader workers
+        puts it in shared memory.
+
+        Args:
+            convert: Makes the new table from the current one.
+        """
         self.shards = convert(self.table)
 
     @property
@@ -135,7 +144,11 @@ class Index:
         return self.durations_of(slice(None))
 
     def durations_of(self, ids: np.ndarray | slice) -> np.ndarray:
-        """Seconds of samples ``ids`` (float64), derived for those samples only."""
+        """Seconds of some samples (float64), derived for those samples only.
+
+        Args:
+            ids: Sample numbers (an array or a slice).
+        """
         rate = np.maximum(self.columns["sample_rate"][ids], 1).astype(np.float64)
         return self.columns["num_frames"][ids].astype(np.float64) / rate
 
@@ -157,7 +170,11 @@ class Index:
         return self._keys
 
     def key(self, sample: int) -> str:
-        """The key of sample number ``sample``."""
+        """A sample's key.
+
+        Args:
+            sample: The sample's number.
+        """
         return self.keys.key(sample)
 
     @property
@@ -166,29 +183,51 @@ class Index:
         return self._meta is not None
 
     def metadata(self, sample: int) -> dict[str, Any]:
-        """The metadata fields the index keeps for sample number ``sample`` (empty when it keeps none)."""
+        """The metadata fields the index keeps for a sample (empty when it keeps none).
+
+        Args:
+            sample: The sample's number.
+        """
         return {} if self._meta is None else self._meta.fields(sample)
 
     def member_key(self, sample: int) -> str:
-        """The key of the tar members sample number ``sample`` reads: its own key, or, for a sample that
-        reads another's members (a NeMo ``-sub`` repeat), that one's (only an index with metadata has such)."""
+        """The key of the tar members a sample reads: its own key, or, for a sample that reads another's
+        members (a NeMo `-sub` repeat), that one's (only an index with metadata has such).
+
+        Args:
+            sample: The sample's number.
+        """
         alias = None if self._meta is None else self._meta.member_key(sample)
         return self.key(sample) if alias is None else alias
 
     def lookup(self, key: str) -> int:
-        """The number of the first sample with ``key`` (``KeyError`` when there is none), without a table of
-        every key."""
+        """The number of the first sample with a key, without a table of every key.
+
+        Args:
+            key: The sample's key.
+
+        Raises:
+            KeyError: No sample has the key.
+        """
         found = self.keys.find(key)
         if found is None:
             raise KeyError(key)
         return found
 
     def shard_path(self, shard: int) -> str:
-        """The local path or URL of shard number ``shard``."""
+        """A shard's local path or URL.
+
+        Args:
+            shard: The shard's number.
+        """
         return join(self.root, self.table.name(shard))
 
     def shard_options(self, shard: int) -> dict[str, Any] | None:
-        """The fsspec options to open shard number ``shard`` with (the index's ``storage_options``)."""
+        """The fsspec options to open a shard with (the index's `storage_options`).
+
+        Args:
+            shard: The shard's number.
+        """
         return self.storage_options
 
     def __getstate__(self) -> dict[str, Any]:
@@ -207,9 +246,12 @@ class Index:
     # -- persistence -----------------------------------------------------------------------------
 
     def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
-        """Write ``index.columns`` then ``index.json`` (each atomically): the JSON last marks completion.
+        """Write `index.columns` then `index.json` (each atomically): the JSON last marks completion.
 
-        ``keep_fingerprint`` keeps the fingerprint the index has (an upgrade of the same content)."""
+        Args:
+            directory: Where to write (default: `root`).
+            keep_fingerprint: Keep the fingerprint the index has (an upgrade of the same content).
+        """
         directory = directory or self.root
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
         if not (keep_fingerprint and self.fingerprint):
@@ -243,71 +285,46 @@ class Index:
     @classmethod
     def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *,
              allow_outside_root: bool = False) -> Index:
-        """Load the index of the dataset at ``location`` (a directory, URL, or its ``index.json``).
+        """Load a dataset's index. The columns file must carry the digest `index.json` records, and its
+        content is hashed against it here, once (DataLoader workers receive the mapped file and check only its
+        size and header). A remote columns file is fetched into the node's cache once and mapped from there.
 
-        ``storage_options`` (endpoint, credentials, ...) go to fsspec for a URL, and stay with the index for
-        reading its shards. Remote reads are retried (see :mod:`shardio.storage.files`). The columns file must carry
-        the digest ``index.json`` records, and its content is hashed against it here, once (DataLoader
-        workers receive the mapped file and check only its size and header). A remote columns file is
-        fetched into the node's cache once and mapped from there.
+        Args:
+            location: The dataset's directory or URL, or its `index.json`.
+            storage_options: fsspec options (endpoint, credentials, ...) for a URL; they stay with the index
+                for reading its shards. Remote reads are retried.
+            allow_outside_root: Also take shard names with `..` parts, absolute paths and symlinks that leave
+                the root (default: plain relative paths only): only for a trusted dataset whose shards really
+                live elsewhere (`shardio index --out` to another directory writes such names).
 
-        Shard names must be plain relative paths under the dataset root (see :mod:`shardio.shards.indexchecks`);
-        ``allow_outside_root=True`` also takes ``..`` parts, absolute paths and symlinks that leave the root:
-        only for a trusted dataset whose shards really live elsewhere (``shardio index --out`` to another
-        directory writes such names).
+        Raises:
+            OptionError: A location or options of the wrong type.
+            FormatError: An index that is not a shardio index, or is damaged.
+            ReadError: An index that cannot be read.
         """
-        if not isinstance(location, (str, os.PathLike)) or (storage_options is not None
-                                                             and not isinstance(storage_options, dict)):
-            raise OptionError(f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
-                              f"options, not {shown(location)} and {shown(storage_options)}")
-        location = os.fspath(location)
-        if location.startswith("file://"):  # read as the local path it names (links resolved against that)
-            location = location.removeprefix("file://").removeprefix("localhost")
-            if not location.startswith("/"):
-                raise OptionError(f"file://{location}: a file URL names a path on this machine (file:///path)")
-        root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
-        json_path = join(root, INDEX_JSON)
-        header = read_header(root, json_path, storage_options)
-        version = check_version(header, json_path)
-        columns_file = columns_file_of(header, version, json_path)
-        columns_path = join(root, columns_file)
-        bound = indexchecks.columns_size_bound(header.get("samples"), json_path, header.get("meta_bytes"))
-        mapped = None
-        if version == 1:
-            payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
-            columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"),
-                                                   COLUMNS, header["samples"])  # checked by the bound
-            meta = None
-        else:
-            if not is_url(columns_path):
-                indexchecks.check_local_columns(root, columns_path, bound, columns_path)
-            mapped = indexfile.map_columns(columns_path, header, COLUMNS, json_path, storage_options)
-            columns, keys, meta = mapped.columns(), mapped.keys(), mapped.metadata()
+        parts = read_index(location, storage_options, COLUMNS)
         try:
-            entries = header["shards"]
-            if not isinstance(entries, list):
-                raise TypeError(f"'shards' must be a list, not {type(entries).__name__}")
-            shards = ShardTable.of(entries, json_path)
-            index = cls(root=root, shards=shards, formats=[str(f) for f in header["formats"]], columns=columns,
-                        fingerprint=str(header["fingerprint"]), columns_sha256=str(header["columns_sha256"]),
-                        _keys=keys, storage_options=storage_options, _file=mapped, _meta=meta)
+            index = cls(root=parts.root, shards=parts.shards, formats=[str(f) for f in parts.header["formats"]],
+                        columns=parts.columns, fingerprint=str(parts.header["fingerprint"]),
+                        columns_sha256=str(parts.header["columns_sha256"]), _keys=parts.keys,
+                        storage_options=storage_options, _file=parts.mapped, _meta=parts.meta)
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
-        names = index.table.names()
-        indexchecks.check_names(index.root, names, json_path, allow_outside_root)  # before messages name them
-        index.validate(json_path)
-        if header.get("samples") != len(index):
-            raise FormatError(f"{json_path}: 'samples' is {header.get('samples')!r}, the columns hold "
-                              f"{len(index)}")
-        indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
-        if len(keys) != len(index):
-            raise FormatError(f"{columns_path}: {len(keys)} keys for {len(index)} samples")
+            raise FormatError(f"{parts.json_path}: index header has a missing or malformed field "
+                              f"({exc})") from None
+        check_loaded(index, parts, allow_outside_root)
         index._digested = True
-        if not is_url(json_path):  # a file server's clock ahead of this machine's: shards predate the index file
-            index.loaded_ns = max(index.loaded_ns, os.stat(json_path).st_ctime_ns)
+        if not is_url(parts.json_path):  # a file server's clock ahead of ours: shards predate index.json
+            index.loaded_ns = max(index.loaded_ns, os.stat(parts.json_path).st_ctime_ns)
         return index
 
     def validate(self, where: str) -> None:
         """Cheap structural checks, so a damaged index fails here rather than mid-epoch (columns, shard and
-        format numbers, codecs and per-shard counts: :func:`~shardio.shards.indexchecks.check_structure`)."""
+        format numbers, codecs and per-shard counts).
+
+        Args:
+            where: What messages name as the index (its file).
+
+        Raises:
+            FormatError: A damaged index.
+        """
         indexchecks.check_structure(self.columns, COLUMNS, self.formats, self.table, where)

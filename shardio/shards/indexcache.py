@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from ..storage.files import cache_dir
+from ..errors import OutputError
+from ..storage.files import cache_dir, open_output
 
 __all__ = ["SETTLED_S", "UNUSED_S", "mark_verified", "prune", "touch", "verified_marker"]
 
@@ -43,9 +44,9 @@ def mark_verified(marker: str | None) -> None:
         return
     try:
         os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "wb"):
+        with open_output(marker):
             pass
-    except OSError:
+    except (OSError, OutputError):  # a marker that is not a regular file: never blocked on, never marked
         pass
 
 

@@ -30,7 +30,16 @@ _LIMIT = 1 << 63  # sizes and counts are int64
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard as the index records it."""
+    """One shard as the index records it.
+
+    Args:
+        name: Its file name, relative to the dataset's root.
+        bytes: Its size in bytes.
+        sha256: The SHA-256 of its bytes (hex).
+        samples: The samples it holds.
+        duration: Their seconds of audio.
+        codec: `"none"` (plain tar), or the codec of its compressed form (`"zstd"`).
+    """
 
     name: str
     bytes: int

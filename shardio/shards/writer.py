@@ -24,6 +24,7 @@ import zstandard
 from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..checks.options import integer
 from ..storage.dirlock import DirectoryLock
+from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
 from .tarformat import END_OF_ARCHIVE, encode_sample
@@ -42,10 +43,25 @@ frames (FSDD: 16 KiB frames cost 1 point of size against 64 KiB, one frame per s
 
 
 class ShardWriter:
-    """Write samples into shards under ``directory``; use as a context manager, or call :meth:`close`.
+    """Write samples into shards under a directory; use as a context manager, or call `close()`.
 
-    ``max_samples`` and ``max_bytes`` (tar bytes before compression) roll to a new shard; a single sample
-    larger than ``max_bytes`` gets a shard of its own.
+    Args:
+        directory: Where the shards and `index.json` go (made if missing; held under a lock while writing).
+        prefix: The shards' file name prefix (letters, digits, `_`, `-`; default `"shard"`).
+        compression: `"none"` (the default: plain `.tar`, read by memory map) or `"zstd"` (`.tar.zst` in
+            frames: smaller shards, a decompression per read).
+        zstd_level: zstd's level with `compression="zstd"` (default 3; up to 22: slower to write, smaller).
+        max_samples: Roll to a new shard after this many samples (default: no limit).
+        max_bytes: Roll to a new shard at this many tar bytes, before compression (default: no limit); a
+            single larger sample gets a shard of its own.
+        frame_bytes: With zstd, samples share a frame until it holds this many tar bytes (default 16 KiB):
+            larger frames compress better, and a read decompresses the whole frame.
+        overwrite: Replace a dataset already in `directory` (default `False`: refused).
+
+    Raises:
+        OptionError: An option of the wrong type or out of range, or a directory that holds a dataset or
+            other shards (without `overwrite`).
+        OutputError: A directory that cannot be written, or that another run is writing.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "shard", compression: str = "none",
@@ -102,7 +118,7 @@ class ShardWriter:
             raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
                               f"choose another directory or prefix, or pass overwrite=True ({_FLAG} on the "
                               "command line) to replace them")
-        with open(self._journal, "wb"):
+        with open_output(self._journal):
             pass
 
     @property
@@ -126,7 +142,20 @@ class ShardWriter:
 
     def write(self, key: str, members: dict[str, bytes], *, audio_ext: str, num_frames: int, sample_rate: int,
               channels: int) -> None:
-        """Append one sample: ``members`` maps each extension (``wav``, ``json``, ...) to its bytes."""
+        """Append one sample.
+
+        Args:
+            key: The sample's key (unique in the dataset).
+            members: Each extension (`wav`, `json`, ...) to its bytes.
+            audio_ext: The extension of the audio member.
+            num_frames: The audio's frames, as the index records them.
+            sample_rate: The audio's sample rate in Hz.
+            channels: The audio's channels.
+
+        Raises:
+            InputError: A bad or duplicate key, or no member of `audio_ext`.
+            OptionError: A writer already closed.
+        """
         if self._closed:
             raise OptionError("this ShardWriter is closed")
         problem = key_problem(key)
@@ -184,7 +213,7 @@ class ShardWriter:
 
     def _start_shard(self) -> None:
         name = self._name(len(self._builder.shards))
-        self._file = open(self._partial(name), "wb")
+        self._file = open_output(self._partial(name))
         self._hash = hashlib.sha256()
         self._written = self._tar_bytes = self._samples = 0
         self._duration = 0.0
@@ -200,6 +229,7 @@ class ShardWriter:
         self._file.close()
         self._file = None
         name = self._name(len(self._builder.shards))
+        check_output_file(os.path.join(self.directory, name))
         os.replace(self._partial(name), os.path.join(self.directory, name))
         self._builder.add_shard(ShardInfo(name=name, bytes=self._written, sha256=self._hash.hexdigest(),
                                           samples=self._samples, duration=round(self._duration, 6),

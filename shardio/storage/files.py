@@ -26,14 +26,16 @@ import copy
 import io
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, ReadError
+from ..errors import FormatError, OptionError, OutputError, ReadError
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
+from .localshard import kind
 from .objectcopy import copy_capped
 from .retries import RetryPolicy, retrying
 from .s3reads import is_s3, s3_read
@@ -41,6 +43,7 @@ from .validators import Pin
 
 __all__ = [
     "cache_dir",
+    "check_output_file",
     "escapes_root",
     "fetch_to_cache",
     "file_size",
@@ -48,6 +51,7 @@ __all__ = [
     "is_url",
     "join",
     "open_input",
+    "open_output",
     "read_bytes",
     "read_range",
     "write_atomic",
@@ -176,8 +180,51 @@ def file_size(location: str, storage_options: dict[str, Any] | None = None) -> i
     return os.path.getsize(_local(location))
 
 
+def check_output_file(path: str | os.PathLike[str]) -> None:
+    """That ``path`` may be written as a file: nothing is there, or a regular file (symlinks followed).
+
+    Replacing a device node, a FIFO or a socket with a regular file (``--out /dev/full`` as root) or writing
+    into one (a FIFO blocks until a reader comes) is never what an output option means, nor is replacing a
+    directory. Every file shardio writes locally is checked here (:func:`write_atomic`, :func:`open_output`).
+
+    Args:
+        path: the file about to be written or replaced.
+
+    Raises:
+        OutputError: ``path`` exists and is not a regular file; the message says what it is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there (or a dangling link): the write itself reports what stands in its way
+        return
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
+                          "output only where nothing is yet, or over a regular file")
+
+
+def open_output(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` opened for writing, created or truncated, only where :func:`check_output_file` allows it: a
+    FIFO swapped in after the check is not waited on (opened without blocking, checked again on the
+    descriptor).
+
+    Raises:
+        OutputError: ``path`` is not a regular file.
+        OSError: it cannot be opened.
+    """
+    check_output_file(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OutputError(f"{os.fspath(path)}: it is {kind(mode)}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
 def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` under a temporary name in the same directory, then rename it to ``path``."""
+    """Write ``data`` under a temporary name in the same directory, then rename it to ``path``; an
+    :class:`OutputError` where ``path`` is there and not a regular file (:func:`check_output_file`)."""
+    check_output_file(path)
     directory = os.path.dirname(os.path.abspath(path))
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
     try:
@@ -186,6 +233,7 @@ def write_atomic(path: str, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
+        check_output_file(path)  # again, right before the rename: it may have come meanwhile
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -246,12 +294,13 @@ def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[st
                 raise FormatError(f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
                                   f"index.json describes {size}: the index files do not belong together or one "
                                   "is damaged; rebuild the index")
+            check_output_file(path)
             os.replace(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
                 os.unlink(temporary)
             raise
-    except (FileNotFoundError, FormatError, ReadError):
+    except (FileNotFoundError, FormatError, ReadError, OutputError):
         raise
     except OSError as exc:  # the cache itself: a full disk, a read-only directory
         raise ReadError(f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "

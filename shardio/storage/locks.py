@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .files import check_output_file
+
 if TYPE_CHECKING:
     import filelock
 
@@ -64,6 +66,7 @@ class FileLock:
         """Take the lock within ``wait`` seconds (None: however long it takes): whether it was taken (False:
         the deadline passed). An ``OSError`` when the lock file cannot be made or locked (a read-only
         directory)."""
+        check_output_file(self.path)  # a device, FIFO or socket there is neither opened nor removed
         start = time.monotonic()
         pauses = polls()
         logged = False

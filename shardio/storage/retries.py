@@ -37,8 +37,18 @@ _TRANSIENT_NAMES = ("Timeout", "Connection", "Disconnect", "Payload", "Incomplet
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded retries for remote reads: ``attempts`` in all, waiting about ``backoff * 2**k`` seconds
-    (with +-25% jitter, at most ``max_backoff``) before retry ``k + 1``."""
+    """Bounded retries for remote reads: `attempts` in all, waiting about `backoff * 2**k` seconds
+    (with +-25% jitter, at most `max_backoff`) before retry `k + 1`.
+
+    Args:
+        attempts: Tries in all, the first included (default 4; at most 1000). More attempts ride out a longer
+            outage, and a dead store takes longer to fail.
+        backoff: Seconds before the first retry (default 0.2), doubling for each next one.
+        max_backoff: The longest wait before one retry, in seconds (default 5; at most 3600).
+
+    Raises:
+        OptionError: A value of the wrong type or out of range.
+    """
 
     attempts: int = 4
     backoff: float = 0.2
@@ -54,7 +64,11 @@ class RetryPolicy:
                 raise OptionError(f"RetryPolicy {name} must be {what}, not {value}")
 
     def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (0 for the first)."""
+        """Seconds to wait before a retry, with jitter.
+
+        Args:
+            retry: The retry's number (0 for the first).
+        """
         return min(self.backoff * 2**retry, self.max_backoff) * random.uniform(0.75, 1.25)
 
 
