@@ -14,7 +14,7 @@ from sample_shards import make_uneven_dataset
 
 from shardio import OptionError, ShardDataset, StateError, World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sample_shards import make_uneven_dataset
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "train_example.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "train_example.py"
 
 
 def _train(dataset: Path, checkpoint: Path, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:

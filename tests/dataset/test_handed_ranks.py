@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 
-JOB = Path(__file__).with_name("handed_ranks_job.py")
+JOB = Path(__file__).parents[1] / "handed_ranks_job.py"
 
 
 @pytest.fixture(scope="module")

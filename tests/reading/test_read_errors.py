@@ -113,7 +113,7 @@ def test_shard_truncated_while_open_is_a_typed_error(tmp_path: Path, compression
     # samples of 64-80 KB: several pages each, and a zstd frame each
     index = make_uneven_dataset(tmp_path / "ds", [2, 4], compression=compression, duration_range=(4.0, 5.0))
     child = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_OPEN, index.root], capture_output=True,
-                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
     assert "wanted" in child.stdout and "the shard changed after it was opened" in child.stdout
 

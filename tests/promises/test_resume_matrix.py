@@ -3,7 +3,7 @@
 A fixed smoke subset always runs. The full matrix is drawn by hypothesis under the ``slow`` marker and only
 when asked for, with the number of examples to draw::
 
-    SHARDIO_RESUME_EXAMPLES=300 python -m pytest -m slow tests/test_resume_matrix.py
+    SHARDIO_RESUME_EXAMPLES=300 python -m pytest -m slow tests/promises/test_resume_matrix.py
 
 Multi-rank cases run real gloo groups: forked from a forkserver (``tests/process_groups.py``), started by
 ``torch.multiprocessing.spawn`` and by ``torchrun``, each under a wall-clock limit.
@@ -152,9 +152,9 @@ def group(launcher: str, world_size: int, config: dict[str, Any], out: Path) -> 
                     process.join(timeout=10)
     else:
         (out / "config.json").write_text(json.dumps(config))
-        script = Path(__file__).with_name("resume_rank.py")
+        script = Path(__file__).parents[1] / "resume_rank.py"
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parents[2]),
                                              env.get("PYTHONPATH", "")])
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
                                f"--master_port={process_groups.free_port()}", str(script), str(out / "config.json")],

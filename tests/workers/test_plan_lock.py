@@ -26,7 +26,7 @@ from shardio.planning.plan import EpochPlan
 from shardio.workers import planfiles
 from shardio.workers.planlock import PlanLock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORLD = World(rank=1, world_size=3)
 
 

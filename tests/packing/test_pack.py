@@ -30,7 +30,7 @@ from shardio.shards.index import Index
 from shardio.shards.tarformat import parse_members, walk
 from shardio.shards.writer import ShardWriter
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sample_members(index: Index, sample: int) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import pytest
 from shardio.cli import main, parse_size
 from shardio.shards.index import Index
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("text", "size"), [("256MB", 256_000_000), ("1.5GiB", 3 * 2**29), ("4096", 4096),

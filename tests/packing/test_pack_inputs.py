@@ -27,7 +27,7 @@ from shardio.packing.merging import merge_partitions
 from shardio.packing.partitions import pack_partition, plan_partitions
 from shardio.shards.index import Index
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _TIMEOUT = 60  # seconds: a hang fails the test here instead of blocking the suite
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs need a POSIX system")

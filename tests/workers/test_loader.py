@@ -233,8 +233,9 @@ def _orphaned_workers_exit(data: str, method: str) -> None:
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_workers_exit_once_the_training_process_is_killed(data: Path, method: str) -> None:
-    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent.parent), str(Path(__file__).parent)]!r}\n"
-            f"from tests.test_loader import _orphaned_workers_exit\n"
+    paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1])]
+    code = (f"import sys; sys.path[:0] = {paths!r}\n"
+            f"from tests.workers.test_loader import _orphaned_workers_exit\n"
             f"if __name__ == '__main__':\n    _orphaned_workers_exit({str(data)!r}, {method!r})\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
@@ -256,7 +257,7 @@ def test_an_iterator_left_unfinished_at_exit_closes_quietly(data: Path, pin_memo
             "next(batches)\n"
             "print(*[worker.process.pid for worker in loader._pool.workers])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).parent.parent)
+                          cwd=Path(__file__).parents[2])
     # the iterator was finalised after the modules it halts with: "Exception ignored ... AttributeError"
     assert done.returncode == 0 and done.stderr == "", done.stderr
     pids = [int(pid) for pid in done.stdout.split()]

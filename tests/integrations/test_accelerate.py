@@ -6,7 +6,8 @@ checkpoint trains, per rank, on exactly the batches of the uninterrupted run (th
 ``accelerate launch --cpu`` with several processes runs one process (its multi-CPU path expects MPI), so the
 launch is ``--multi_gpu`` (torch.distributed.run underneath) and the script asks for
 ``Accelerator(cpu=True)``.
-The rest of the matrix is marked ``matrix``, left out by default (``pytest -m matrix tests/test_accelerate.py``).
+The rest of the matrix is marked ``matrix``, left out by default
+(``pytest -m matrix tests/integrations/test_accelerate.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from job_runs import run_in_session
 from process_groups import free_port
 
 
-JOB = Path(__file__).with_name("accelerate_job.py")
+JOB = Path(__file__).parents[1] / "accelerate_job.py"
 EPOCHS = 2
 BATCH = 3
 SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3, 5 per rank on 2 ranks (the last round padded)
@@ -53,7 +54,7 @@ def run_job(data: Path, out: Path, *, processes: int = 2, expect_kill: bool = Fa
     config = {"data": str(data), "batch_size": BATCH, "workers": 0, "persistent": False, "max_epochs": EPOCHS,
               "every_n_steps": 3, "out": str(out), "ckpt_dir": str(out / "ckpt"), **options}
     (out / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
            "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",

@@ -172,7 +172,7 @@ print("ok", {cases})
 
 
 def test_the_fuzz_stays_within_its_memory_bound(pristine: Path, tmp_path: Path) -> None:
-    code = textwrap.dedent(_LIMITED.format(tests=str(Path(__file__).parent), pristine=str(pristine),
+    code = textwrap.dedent(_LIMITED.format(tests=str(Path(__file__).parents[1]), pristine=str(pristine),
                                            scratch=str(tmp_path), cases=40))
     result = run_limited(code, headroom_mb=256, timeout=180, preload="torch, hypothesis, shardio.dataset")
     assert result.returncode == 0 and result.stdout.strip() == "ok 40", result.stdout + result.stderr[-3000:]

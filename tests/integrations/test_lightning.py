@@ -4,7 +4,7 @@ Each case trains ``tests/lightning_job.py`` for two epochs, kills every rank mid
 checkpoint it wrote (every 3 steps, and at each epoch end) and checks, per rank, that the batches trained
 on after the checkpoint are exactly those of the uninterrupted run (the dataset's own plan, which the killed
 run's batches must also follow up to its death). The multi-minute matrix is marked ``matrix`` (left out by default)
-(``pytest -m matrix tests/test_lightning.py``).
+(``pytest -m matrix tests/integrations/test_lightning.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from job_runs import run_in_session
 from process_groups import free_port
 
 
-JOB = Path(__file__).with_name("lightning_job.py")
+JOB = Path(__file__).parents[1] / "lightning_job.py"
 EPOCHS = 2
 BATCH = 3
 SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3 (the last padded) on 1 rank, 5 on 2, 3 on 3
@@ -52,7 +52,7 @@ def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,
               "callback": "shardio", "devices": devices, "max_epochs": EPOCHS, "every_n_steps": 3,
               "out": str(out), "ckpt_dir": str(out / "ckpt"), **options}
     (out / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
     # under pytest-timeout's 300 s, to say what hung
     output, returncode = run_in_session([sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out,

@@ -98,7 +98,7 @@ def test_flac_members_decode_from_a_memory_file_exactly_as_from_their_bytes(
             for row, key in enumerate(batch["keys"]):
                 number = int(key[1:])
                 if dtype == "int16" and clips[number][1] != "PCM_16":
-                    continue  # decoded as float32, then rounded (tests/test_pcm16.py)
+                    continue  # decoded as float32, then rounded (tests/reading/test_pcm16.py)
                 expected, _ = soundfile.read(io.BytesIO(data[number]), dtype=dtype, always_2d=True)
                 length = int(batch["lengths"][row])
                 assert torch.equal(batch["audio"][row, :, :length], torch.from_numpy(expected.T.copy()))

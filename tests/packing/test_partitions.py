@@ -138,7 +138,7 @@ def test_any_order_failures_and_duplicates_give_the_bytes_of_j1_many(
         corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
         partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
     """The same property over more examples (about 1 s each):
-    ``SHARDIO_CHAOS_EXAMPLES=100 pytest -m slow tests/test_partitions.py``."""
+    ``SHARDIO_CHAOS_EXAMPLES=100 pytest -m slow tests/packing/test_partitions.py``."""
     check_chaos(corpus, reference, tmp_path_factory.mktemp("chaos"), partition_kb, order_seed, failures, duplicates,
                 compression)
 

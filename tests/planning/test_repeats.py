@@ -29,7 +29,7 @@ from shardio import Batching, ShardDataset, World
 from shardio.planning.plan import EpochPlan, Segment, plan_epoch, plan_segments
 from shardio.planning.repeats import Repeats
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "tools" / "eval_example.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "tools" / "eval_example.py"
 
 
 def counted(plan: EpochPlan) -> tuple[Counter[int], list[int]]:

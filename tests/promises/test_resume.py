@@ -1,6 +1,6 @@
 """Resume cases beyond the matrix's smoke subset, through the one harness (``tests/resume_harness.py``).
 
-The matrix (``tests/test_resume_matrix.py``) checks loader configurations; these add hypothesis draws of stop
+The matrix (``test_resume_matrix.py``) checks loader configurations; these add hypothesis draws of stop
 points and world-size changes (with either remainder policy), a worker count changed at the resume, rank 0's
 state restoring every rank, and what a resume must never do: decode the samples it skips, or load a state
 from another dataset.

@@ -16,7 +16,7 @@ from shardio.cli import build_parser, main
 from shardio.errors import FormatError
 from shardio.shards.index import Index
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

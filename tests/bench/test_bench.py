@@ -139,7 +139,7 @@ def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path:
 
     from sample_shards import make_uneven_dataset
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     inside = subprocess.run(["git", "rev-parse", "--verify", "HEAD:shardio"], cwd=repo, capture_output=True)
     if inside.returncode != 0:
         pytest.skip("not a git checkout with a committed shardio package")
@@ -183,7 +183,7 @@ def test_workers_script_splits_the_cpu_of_a_batch_by_thread(tmp_path: Path) -> N
 
     make_uneven_dataset(tmp_path / "ds", [20, 20], duration_range=(1.0, 2.0))
     spec = importlib.util.spec_from_file_location(
-        "workers_script", Path(__file__).resolve().parents[1] / "benchmarks" / "workers.py")
+        "workers_script", Path(__file__).resolve().parents[2] / "benchmarks" / "workers.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

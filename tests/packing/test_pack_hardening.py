@@ -36,7 +36,7 @@ from shardio.packing.verification import verify_dataset
 from shardio.shards.index import Index
 from shardio.shards.writer import ShardWriter
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _unprivileged(code: str) -> subprocess.CompletedProcess[str]:
