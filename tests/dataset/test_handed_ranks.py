@@ -46,7 +46,7 @@ def launch(data: Path, out: Path, method: str, *epoch: str) -> list[list[list[An
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.slow), "fork"])
 def test_ranks_handed_one_dataset_play_their_own_plans(data: Path, tmp_path: Path, method: str) -> None:
     played = launch(data, tmp_path / "run", method)
     assert played == [planned(data, rank, 0) + planned(data, rank, 1) for rank in range(2)]

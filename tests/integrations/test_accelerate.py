@@ -92,6 +92,7 @@ def test_resume_mid_epoch_two_processes(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, kill_at=8, workers=2) == 6
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_two_processes_with_the_shard_loader(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, kill_at=8, workers=2, loader="shardio") == 6
 
@@ -130,6 +131,7 @@ def test_a_prepared_loader_fails(data: Path, tmp_path: Path) -> None:
     assert "Can only concatenate tensors" in (tmp_path / "run" / "output.txt").read_text()
 
 
+@pytest.mark.slow
 def test_a_loader_prepared_without_dispatch_is_refused(data: Path, tmp_path: Path) -> None:
     """With ``dispatch_batches=False``, ``prepare()`` wraps the dataset in ``IterableDatasetShard``, which splits
     each rank's stream again: an unbatched dataset batched by ``shardio.collate`` trained, per epoch, on 14 of

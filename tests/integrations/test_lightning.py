@@ -96,11 +96,13 @@ def test_resume_mid_epoch_with_workers(data: Path, tmp_path: Path) -> None:
     assert check_resume(data, tmp_path, devices=1, kill_at=14, workers=2) == 12
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_with_the_shard_loader_on_two_ranks(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks, each iterating a ShardLoader with 2 workers: killed at 8, resumed at 6.
     assert check_resume(data, tmp_path, devices=2, kill_at=8, workers=2, persistent=True, loader="shardio") == 6
 
 
+@pytest.mark.slow
 def test_resume_ddp_two_ranks_from_epoch_end(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks: killed in step 5 (after the epoch-end checkpoint), resumed from step 5.
     assert check_resume(data, tmp_path, devices=2, kill_at=5) == 5
@@ -113,6 +115,7 @@ def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path
     assert check_resume(data, tmp_path, devices=1, kill_at=15, workers=workers, val_every=4) == 13
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp_spawn", pytest.param("ddp_fork", marks=pytest.mark.matrix)])
 def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(data: Path, tmp_path: Path,
                                                                        strategy: str) -> None:
@@ -127,6 +130,7 @@ def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(data: Path
     assert [keys(records) for records in resumed] == [batches[3:] for batches in plan]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [1.0, 100, 8])  # 8: cut at 8 batches
 def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Path, limit: float) -> None:
     """Duration batching: epochs 0, 1, 2 have 9, 9 and 10 batches; Lightning would end each after 9 (also with
@@ -166,6 +170,7 @@ def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, pe
                  loader=loader)
 
 
+@pytest.mark.slow
 def test_reloaded_dataloaders_train_every_epoch_with_workers(data: Path, tmp_path: Path) -> None:
     """``reload_dataloaders_every_n_epochs``: Lightning calls ``iter()`` on each new loader in ``setup_data``
     (its workers begin the epoch and prefetch) and again in the epoch loop; the callback stops the first

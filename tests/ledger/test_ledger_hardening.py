@@ -150,6 +150,7 @@ def test_quarantine_refuses_what_it_cannot_leave_out(data: Path) -> None:
        first=st.integers(1, 3), second=st.integers(0, 2), after=st.integers(1, 3),
        workers=st.sampled_from([0, 2]), picks=st.lists(st.integers(0, 68), min_size=1, max_size=6),
        carry=st.booleans())
+@pytest.mark.slow
 def test_quarantine_of_a_real_elastic_state_leaves_out_exactly_the_keys(
         data: Path, options: dict[str, Any], first: int, second: int, after: int, workers: int,
         picks: list[int], carry: bool) -> None:

@@ -100,6 +100,7 @@ def expected(ds: MixedDataset, name: str, cursor: int, pending: list[list[int]])
        elastic=st.booleans(), world=st.integers(1, 3), again=st.booleans(),
        shape=st.tuples(st.sampled_from([None, 2]), st.booleans()),
        weights=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3))
+@pytest.mark.slow
 def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], data: st.DataObject, change: str,
                                                        epoch: int, elastic: bool, world: int,
                                                        shape: tuple[int | None, bool], again: bool,

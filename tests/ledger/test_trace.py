@@ -272,6 +272,7 @@ def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
                               {"max_duration": 5.0, "num_buckets": 2},
                               {"max_duration": 5.0, "num_buckets": 2, "sync_buckets": False}]),
        remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
+@pytest.mark.slow
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
         sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
         remainder: str, bad: int, mix: bool) -> None:

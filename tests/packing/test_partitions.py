@@ -118,6 +118,7 @@ def check_chaos(corpus: Path, reference: dict[int, dict[str, str]], root: Path, 
     assert len(Index.load(out)) == COUNT
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(**CHAOS)
 def test_any_order_failures_and_duplicates_give_the_bytes_of_j1(

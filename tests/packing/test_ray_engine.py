@@ -38,6 +38,7 @@ def _kill_a_busy_worker(out: Path, stop: threading.Event, killed: list[int]) -> 
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_ray_local_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 60, seconds=(0.5, 1.5), sample_rate=16000, seed=5)

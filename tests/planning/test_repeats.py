@@ -139,6 +139,7 @@ def _example(data: Path, out: Path, ranks: int, *extra: str) -> dict[str, int]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_example_totals_over_three_ranks_equal_one_process(data: Path, tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("eval_example", EXAMPLE)
     assert spec is not None and spec.loader is not None

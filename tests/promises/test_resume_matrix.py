@@ -74,6 +74,7 @@ def test_stateful_state_into_the_dataset_with_three_workers(dirs: dict[str, str]
     check_same_world(Case(loader="stateful", workers=3, stops=(1,), ds_load=True), dirs)
 
 
+@pytest.mark.slow
 def test_shard_loader_mix_spawn_pinned_stopped_across_the_epoch_boundary_and_rolled_back(dirs: dict[str, str]) -> None:
     case = Case(mixed=True, batching="bucketed", loader="shardio", workers=2, start_method="spawn", pin_memory=True)
     n = length(case, dirs)
@@ -92,6 +93,7 @@ def test_collated_samples_with_persistent_workers_resume_from_the_loaders_own_st
     check_same_world(Case(**{**case.__dict__, "stops": (1, n // 2 + 1, n + 2), "rollback": (1, 4)}), dirs)
 
 
+@pytest.mark.slow
 def test_collated_samples_of_two_workers_stopped_between_rounds_and_resumed_by_another_world(
         dirs: dict[str, str]) -> None:
     # after an odd number of batches worker 0 has handed over more samples than worker 1: some are ahead of the
@@ -185,6 +187,7 @@ def test_gloo_group_from_init_process_group_changes_world(dirs: dict[str, str], 
                              stop=length(case, dirs, World(0, 3)) // 2)
 
 
+@pytest.mark.slow
 def test_gloo_group_with_shard_loaders_changes_world(dirs: dict[str, str], tmp_path: Path) -> None:
     """Each rank of a real gloo group (RANK/WORLD_SIZE set) iterates a ShardLoader with 2 spawned workers: 3 -> 2."""
     case = Case(loader="shardio", workers=2, start_method="spawn", epochs=1)
@@ -192,6 +195,7 @@ def test_gloo_group_with_shard_loaders_changes_world(dirs: dict[str, str], tmp_p
                              stop=length(case, dirs, World(0, 3)) // 2)
 
 
+@pytest.mark.slow
 def test_torchrun_group_same_world(dirs: dict[str, str], tmp_path: Path) -> None:
     case = Case(workers=2, persistent=True, epochs=2)
     n = length(case, dirs, World(0, 2))

@@ -23,6 +23,7 @@ def _steps(log: Path) -> dict[int, list[str]]:
     return {int(parts[0]): parts[1:] for parts in lines}
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_onto_the_same_batches(tmp_path: Path) -> None:
     dataset = tmp_path / "data"
     make_uneven_dataset(dataset, [3, 40, 7, 1, 22], seed=4, compression="zstd")

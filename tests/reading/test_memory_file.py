@@ -133,7 +133,8 @@ def test_a_stream_cut_short_fails_or_is_skipped_as_from_its_bytes(
     _same(list(ShardDataset(tmp_path, **skipping)), _bytes_only(tmp_path, **skipping))
 
 
-@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("start_method",
+                         ["fork", "forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_workers_decode_as_the_training_process_does(tmp_path: Path, start_method: str) -> None:
     data = [_flac(0.1 + 0.02 * seed, 2 if seed % 2 else 1, "PCM_16", seed) for seed in range(12)]
     with ShardWriter(tmp_path, max_samples=3) as writer:

@@ -71,7 +71,7 @@ def _open_fds() -> set[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
-@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("compression", ["none", pytest.param("zstd", marks=pytest.mark.slow)])
 def test_a_dataset_dropped_without_closing_leaves_no_shard_open(tmp_path: Path, compression: str) -> None:
     """A dataset made per validation run and dropped: each once held one descriptor per shard it read,
     until the process ran out of them (EMFILE at a soft limit of 1,024 after ~50 runs of 20 shards)."""

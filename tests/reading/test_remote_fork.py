@@ -53,7 +53,7 @@ def _parent_session(url: str) -> None:
     _parents[:] = [weakref.ref(fs)]
 
 
-@pytest.mark.parametrize("holder", ["fsspec", "reader"])
+@pytest.mark.parametrize("holder", [pytest.param("fsspec", marks=pytest.mark.slow), "reader"])
 def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(http: HTTPFileServer, holder: str) -> None:
     """The parent's filesystem is held by fsspec's instance cache only, or by a reader's Filesystems that the
     child drops (as Reader._after_fork does); either way the child's first read takes milliseconds."""

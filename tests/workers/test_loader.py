@@ -87,7 +87,9 @@ def straight(data: Path, epochs: range, **options: Any) -> list[list[tuple[str, 
 
 
 @pytest.mark.parametrize("method,workers,persistent", [("fork", 1, True), ("fork", 3, False),
-                                                        ("forkserver", 2, True), ("spawn", 2, False)])
+                                                        ("forkserver", 2, True),
+                                                        pytest.param("spawn", 2, False,
+                                                                     marks=pytest.mark.slow)])
 def test_epochs_are_the_zero_worker_epochs(data: Path, method: str, workers: int, persistent: bool,
                                            pin: list[tuple[str, int]] | None) -> None:
     with loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=workers, persistent_workers=persistent,
@@ -108,7 +110,7 @@ def test_epochs_advance_without_set_epoch_and_zero_workers_iterate_here(data: Pa
         loader.close()
 
 
-@pytest.mark.parametrize("workers_after", [2, 3, 0])
+@pytest.mark.parametrize("workers_after", [2, pytest.param(3, marks=pytest.mark.slow), 0])
 def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int,
                                                  pin: list[tuple[str, int]] | None) -> None:
     expected = [key for epoch in straight(data, range(2)) for key in epoch]
@@ -208,7 +210,8 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
     assert pinned_in_their_thread(pin)
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow),
+                                    pytest.param("spawn", marks=pytest.mark.slow)])
 def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, method: str) -> None:
     """A worker waiting for a credit, or between iterations, looks every ``WATCH_S`` whether the training process
     is gone; under forkserver its parent is the fork server, not the training process."""
@@ -231,7 +234,7 @@ def _orphaned_workers_exit(data: str, method: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # the training process dies without a word to its workers
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_workers_exit_once_the_training_process_is_killed(data: Path, method: str) -> None:
     paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1])]
     code = (f"import sys; sys.path[:0] = {paths!r}\n"
@@ -247,7 +250,7 @@ def test_workers_exit_once_the_training_process_is_killed(data: Path, method: st
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("pin_memory", [False, True])
+@pytest.mark.parametrize("pin_memory", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_an_iterator_left_unfinished_at_exit_closes_quietly(data: Path, pin_memory: bool) -> None:
     code = ("import warnings; warnings.simplefilter('ignore')\n"  # pin_memory without an accelerator warns
             "from shardio import ShardDataset, ShardLoader\n"

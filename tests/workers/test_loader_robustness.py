@@ -111,6 +111,7 @@ def _stopped_worker(data: str) -> None:
         loader.close()
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_named_while_the_loader_waits_and_its_batches_follow(data: Path) -> None:
     done = run("_stopped_worker", str(data))
     assert done.returncode == 0, done.stderr
@@ -208,8 +209,9 @@ def _stopped_at_hand_off(data: str, timeout: float) -> None:
                                   multiprocessing_context="fork", timeout=timeout), timeout)
 
 
-@pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
-@pytest.mark.parametrize("audio", ["short", "long"])
+@pytest.mark.parametrize("timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)],
+                         ids=["timeout", "no_timeout"])
+@pytest.mark.parametrize("audio", ["short", pytest.param("long", marks=pytest.mark.slow)])
 def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(data: Path, long_data: Path, audio: str,
                                                                    timeout: float) -> None:
     directory = str(data if audio == "short" else long_data)
@@ -254,7 +256,8 @@ def _stopped_in_a_message(data: str, timeout: float) -> None:
     _rest_of_an_epoch(loader, timeout, _stop_in_the_middle_of_a_message)
 
 
-@pytest.mark.parametrize("timeout", [1.0, 0.0], ids=["timeout", "no_timeout"])
+@pytest.mark.parametrize("timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)],
+                         ids=["timeout", "no_timeout"])
 def test_a_worker_stopped_in_the_middle_of_a_large_message_is_named(data: Path, timeout: float) -> None:
     done = run("_stopped_in_a_message", str(data), timeout, limit=40)
     assert done.returncode == 0, done.stderr  # not killed at the limit: the training process read no rest
@@ -408,8 +411,8 @@ def _interrupted(data: str, method: str, persistent: bool) -> None:
     print(json.dumps([worker.process.pid for worker in loader._pool.workers]))
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
-@pytest.mark.parametrize("method", ["fork", "forkserver"])
+@pytest.mark.parametrize("persistent", [pytest.param(False, marks=pytest.mark.slow), True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_ctrl_c_in_an_epoch_leaves_the_next_ones_exact_and_no_worker_behind(data: Path, method: str,
                                                                             persistent: bool) -> None:
     done = run("_interrupted", str(data), method, persistent)

@@ -64,7 +64,7 @@ def rank_process(root: str, rank: int, log: str, barrier: Any, results: Any, sta
     results.put((rank, first, len(planned(Path(log))) - planned_before, keys(resumed)))
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("start_method", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 def test_the_ranks_of_a_node_plan_an_epoch_once(root: str, tmp_path: Path, start_method: str) -> None:
     state = dataset(root, 0).state_after({"epoch": 0, "batch_index": 1})
     context = multiprocessing.get_context(start_method)
@@ -143,6 +143,7 @@ def test_one_rank_without_workers_plans_in_memory(root: str, tmp_path: Path) -> 
     assert not os.path.exists(tmp_path / "cache" / "plans")
 
 
+@pytest.mark.slow
 def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp_path: Path) -> None:
     """Pickled for a spawn/forkserver worker (torch's ForkingPickler), a share mapped from the node plan is a
     reference to its files, not its ids nor a shared-memory copy; where the files are gone the worker plans."""

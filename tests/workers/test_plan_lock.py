@@ -210,7 +210,7 @@ def unwritable_run(root: str, log: str) -> None:
     print(json.dumps({"workers": with_workers, "planned": counted, "alone": played(root, 2, 0)}))
 
 
-@pytest.mark.parametrize("unwritable", ["read-only", "a file"])
+@pytest.mark.parametrize("unwritable", ["read-only", pytest.param("a file", marks=pytest.mark.slow)])
 def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Path, unwritable: str) -> None:
     cache = tmp_path / "unwritable"
     prefix: list[str] = []
