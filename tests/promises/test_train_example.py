@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sample_shards import make_uneven_dataset
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "train_example.py"
