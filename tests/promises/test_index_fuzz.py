@@ -148,7 +148,7 @@ def test_hostile_columns(pristine: Path, tmp_path: Path, kind: str, column: str,
 
 _LIMITED = """
 import random, shutil, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from pathlib import Path
 from test_index_fuzz import check, mutate_columns, mutate_header
 from shardio.shards.index import COLUMNS
@@ -172,7 +172,8 @@ print("ok", {cases})
 
 
 def test_the_fuzz_stays_within_its_memory_bound(pristine: Path, tmp_path: Path) -> None:
-    code = textwrap.dedent(_LIMITED.format(tests=str(Path(__file__).parents[1]), pristine=str(pristine),
-                                           scratch=str(tmp_path), cases=40))
+    tests = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
+    code = textwrap.dedent(_LIMITED.format(tests=tests, pristine=str(pristine), scratch=str(tmp_path),
+                                           cases=40))
     result = run_limited(code, headroom_mb=256, timeout=180, preload="torch, hypothesis, shardio.dataset")
     assert result.returncode == 0 and result.stdout.strip() == "ok 40", result.stdout + result.stderr[-3000:]

@@ -223,7 +223,7 @@ def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Pat
     else:
         cache.write_text("not a directory")
     env = {**os.environ, "SHARDIO_CACHE_DIR": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(Path(__file__).parent)])}
     code = f"import test_plan_lock; test_plan_lock.unwritable_run({root!r}, {str(tmp_path / 'planned')!r})"
     result = subprocess.run([*prefix, sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=240)
