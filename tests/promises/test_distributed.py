@@ -182,6 +182,7 @@ def test_every_rank_yields_the_same_number_of_batches(dataset: Path,
             assert len(batch) * max(durations[key] for key in batch) <= MAX_DURATION * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_resume_on_a_new_group_continues_exactly(dataset: Path, uninterrupted: list[dict[str, Any]],
                                                  interrupted: tuple[list[dict[str, Any]], Path],
                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -194,6 +195,7 @@ def test_resume_on_a_new_group_continues_exactly(dataset: Path, uninterrupted: l
         assert before["keys"] + after["keys"] == whole["keys"], f"rank {whole['rank']} diverged after resume"
 
 
+@pytest.mark.slow
 def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
                                                               interrupted: tuple[list[dict[str, Any]], Path],
                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
