@@ -1,7 +1,7 @@
 """The resume matrix of issue 12, through the one harness in ``resume_harness.py``.
 
-A fixed smoke subset always runs. The full matrix is drawn by hypothesis under the ``slow`` marker and only
-when asked for, with the number of examples to draw::
+A fixed smoke subset runs in the fast tier (its costliest cases, marked ``slow``, in the slow tier). The full
+matrix is drawn by hypothesis under the ``slow`` marker and only when asked for, with the number of examples::
 
     SHARDIO_RESUME_EXAMPLES=300 python -m pytest -m slow tests/promises/test_resume_matrix.py
 
