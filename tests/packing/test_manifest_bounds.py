@@ -21,7 +21,7 @@ from shardio.packing.manifestlines import MAX_DEPTH, MAX_LINE_BYTES, json_entry
 from shardio.shards.index import Index
 from test_nemo_index import write_tarred
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFEST = "tarred_audio_manifest.json"
 
 

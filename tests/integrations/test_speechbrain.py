@@ -6,7 +6,7 @@ killed with SIGKILL, recovered by ``Checkpointer.recover_if_possible`` in a new 
 recovered from the latest checkpoint trains, per rank, on exactly the batches of the uninterrupted run (the
 dataset's plan) after it. Where the checkpoint stands is read from SpeechBrain's own files (the epoch counter
 and the Brain's step), not from shardio's. The default tier runs one case; the rest is marked ``matrix``
-(``pytest -m matrix tests/test_speechbrain.py``).
+(``pytest -m matrix tests/integrations/test_speechbrain.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from job_runs import run_in_session
 from process_groups import free_port
 from sample_shards import make_uneven_dataset, planned_keys
 
-JOB = Path(__file__).with_name("speechbrain_job.py")
+JOB = Path(__file__).parents[1] / "speechbrain_job.py"
 EPOCHS = 2
 BATCH = 3
 SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3 on 1 rank, 5 per rank on 2 (the last round padded)
@@ -54,7 +54,7 @@ def run_job(data: Path, out: Path, *, processes: int, expect_kill: bool = False,
     config = {"data": str(data), "batch_size": BATCH, "workers": 0, "epochs": EPOCHS, "ckpt_steps": 3,
               "out": str(out), "ckpt_dir": str(ckpt_dir or out / "ckpt"), **options}
     (out / "config.json").write_text(json.dumps(config))
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
            "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -159,7 +159,7 @@ def test_speechbrain_alone_restarts_the_epoch(data: Path, tmp_path: Path) -> Non
 def _python(code: str) -> str:
     """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it does
     not import, never in pytest's); its output."""
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
            "PYTHONWARNINGS": "ignore"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,

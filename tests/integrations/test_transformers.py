@@ -5,7 +5,7 @@ resumes from the last checkpoint in a new process and checks, per rank, that the
 checkpoint are exactly those of the uninterrupted run (the dataset's plan, which the killed run's batches must
 also follow up to its death), and that the resumed process read only the batches it trained on. The plain
 Trainer (no shardio integration) is measured too: it reads and throws away every batch before the checkpoint.
-The matrix is marked ``matrix`` (``pytest -m matrix tests/test_transformers.py``).
+The matrix is marked ``matrix`` (``pytest -m matrix tests/integrations/test_transformers.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from job_runs import run_in_session
 from process_groups import free_port
 from sample_shards import make_uneven_dataset, planned_keys
 
-JOB = Path(__file__).with_name("transformers_job.py")
+JOB = Path(__file__).parents[1] / "transformers_job.py"
 BATCH = 3
 SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3 (the last padded) on 1 rank, 5 on 2
 
@@ -54,7 +54,7 @@ def run_job(
     (out / "config.json").write_text(json.dumps(config))
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
         "PYTHONWARNINGS": "ignore",
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
