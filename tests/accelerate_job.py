@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from job_runs import dump_stacks_on_signal
 from torch.utils.data import DataLoader
 
-from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 

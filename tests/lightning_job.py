@@ -24,6 +24,7 @@ except ImportError:
     import pytorch_lightning as pl
 
 from job_runs import dump_stacks_on_signal
+
 from shardio import ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 

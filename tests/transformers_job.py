@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 from job_runs import dump_stacks_on_signal
+from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
+
 from shardio import ShardDataset
 from shardio.integrations.transformers import ShardioSeq2SeqTrainer, ShardioTrainer
-
-from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
 
 class TinyModel(torch.nn.Module):

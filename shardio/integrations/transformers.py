@@ -49,10 +49,9 @@ __all__ = ["ShardioLoaderState", "ShardioSeq2SeqTrainer", "ShardioTrainer"]
 logger = logging.getLogger(__name__)
 
 _transformers = require("transformers", "transformers")[0]
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
-
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 
 _HOOKS = {
     "_init_training_state": ("resume_from_checkpoint",),

@@ -157,9 +157,10 @@ def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path:
 
 def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a_failing_reader(
         tmp_path: Path) -> None:
+    from sample_shards import make_uneven_dataset
+
     from shardio.bench.parallel import parallel_floor
     from shardio.errors import ReadError
-    from sample_shards import make_uneven_dataset
 
     data = tmp_path / "data"
     make_uneven_dataset(data, [7, 4, 9])  # 20 samples: ranks of 2 with batches of 3 repeat some to even out

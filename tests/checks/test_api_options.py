@@ -9,10 +9,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from sample_shards import make_uneven_dataset
-from shardio import (Batching, Decoding, EpochSize, Index, MixedDataset, OptionError, Ordering, Reading,
-                     RetryPolicy, ShardDataset, ShardLoader, ShardWriter, World, collate)
+
+from shardio import (
+    Batching,
+    Decoding,
+    EpochSize,
+    Index,
+    MixedDataset,
+    OptionError,
+    Ordering,
+    Reading,
+    RetryPolicy,
+    ShardDataset,
+    ShardLoader,
+    ShardWriter,
+    World,
+    collate,
+)
 from shardio.datasets.options import DEPRECATED, SHORTCUTS
 
 NAN, INF = float("nan"), float("inf")

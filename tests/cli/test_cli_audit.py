@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from audio_factory import audio_bytes, tone, write_tone
+
 from shardio.cli import build_parser, main
 from shardio.errors import FormatError
 from shardio.shards.index import Index

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 
 JOB = Path(__file__).parents[1] / "handed_ranks_job.py"

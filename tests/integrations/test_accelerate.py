@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,10 +23,9 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from sample_shards import make_uneven_dataset, planned_keys
 from job_runs import run_in_session
 from process_groups import free_port
-
+from sample_shards import make_uneven_dataset, planned_keys
 
 JOB = Path(__file__).parents[1] / "accelerate_job.py"
 EPOCHS = 2

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from audio_factory import make_folder_corpus
+
 from shardio.errors import OptionError
 from shardio.integrations.exporters.nemo import NEMO_MANIFEST, export_nemo
 from shardio.packing.pack import pack

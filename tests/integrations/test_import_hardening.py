@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from audio_factory import write_tone
 from sample_shards import tar_members
+
 from shardio import Index
 from shardio.errors import InputError
-from shardio.integrations.importers.containers import read_member
 from shardio.integrations.exporters.nemo import export_nemo
+from shardio.integrations.importers.containers import read_member
 from shardio.integrations.importers.nemo_index import index_nemo
 from shardio.packing.pack import pack
 
@@ -84,8 +84,8 @@ def test_lhotse_cut_times_and_channels_are_checked(tmp_path: Path, fields: dict[
 def test_lhotse_non_finite_times_and_bad_bytes_are_problems(tmp_path: Path) -> None:
     audio = write_tone(tmp_path / "a.wav", 1.0, 8000)
     recording = json.dumps(_recording(str(audio)))
-    nan = _cuts(tmp_path / "nan.jsonl", ['{"id":"c1","start":NaN,"duration":0.5,"recording":%s}' % recording,
-                                        '{"id":"c2","start":0.1,"duration":Infinity,"recording":%s}' % recording])
+    nan = _cuts(tmp_path / "nan.jsonl", ['{"id":"c1","start":NaN,"duration":0.5,"recording":' + recording + '}',
+                                        '{"id":"c2","start":0.1,"duration":Infinity,"recording":' + recording + '}'])
     with pytest.raises(InputError, match=r"'start' is nan(.|\n)*'duration' is inf"):
         pack(nan, tmp_path / "o1", kind="lhotse", progress=False)
     (tmp_path / "bytes.jsonl").write_bytes(b'{"id":"c1","recording":{"id":"r"},"supervisions":[{"text":"\xff"}]}\n')

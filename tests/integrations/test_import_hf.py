@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from audio_factory import make_folder_corpus
 from sample_shards import tar_members
+
 from shardio import Index
 from shardio.errors import InputError
 from shardio.packing.corpus import detect_kind, read_corpus

@@ -9,9 +9,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from audio_factory import make_folder_corpus
 from sample_shards import tar_members
+
 from shardio import Index
 from shardio.packing.corpus import detect_kind
 from shardio.packing.engines import pack_partitioned

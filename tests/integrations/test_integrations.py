@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch.utils.data import DataLoader
-
 from sample_shards import make_uneven_dataset
+from torch.utils.data import DataLoader
 
 from shardio import OptionError, ShardDataset, StateError, World
 

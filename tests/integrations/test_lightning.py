@@ -21,10 +21,9 @@ import pytest
 
 pytest.importorskip("pytorch_lightning")
 
-from sample_shards import make_uneven_dataset, planned_keys
 from job_runs import run_in_session
 from process_groups import free_port
-
+from sample_shards import make_uneven_dataset, planned_keys
 
 JOB = Path(__file__).parents[1] / "lightning_job.py"
 EPOCHS = 2

@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import resume_harness as harness
 import soundfile as sf
+from audio_factory import audio_bytes, make_folder_corpus, tone
+from hostile import rewrite_header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from remote_servers import HTTPFileServer
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-import resume_harness as harness
-from audio_factory import audio_bytes, make_folder_corpus, tone
-from sample_shards import make_uneven_dataset
-from hostile import rewrite_header
-from remote_servers import HTTPFileServer
 from shardio import EpochSize, Index, MixedDataset, ShardDataset
 from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError, ShardioError

@@ -16,10 +16,11 @@ import pytest
 pytest.importorskip("torchdata.nodes")
 
 from sample_shards import dataset_fixture, planned_keys
+from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
+
 from shardio import ShardDataset
 from shardio.errors import StateError
 from shardio.integrations.torchdata import ShardNode
-from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
 
 data = dataset_fixture("nodes", (7, 5, 9, 4), seed=1)  # 9 batches of 3 an epoch
 EPOCHS = 3

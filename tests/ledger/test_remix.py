@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sample_shards import make_uneven_dataset
+
 from shardio import Batching, EpochSize, Mix, StateError, World
+from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.remix import remix
-from shardio.datasets.mixed import MixedDataset
 from shardio.planning.mix import CorpusColumns, mix_quotas, plan_mix
 
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
 from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
+from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.trace import Trace
-from shardio.datasets.mixed import MixedDataset
 from shardio.shards.index import COLUMNS
 
 Rows = dict[tuple[int, int, int], list[str]]  # (epoch, step, rank) -> keys

@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardio import FormatError, OptionError, ShardDataset, ShardLoader
-from shardio.reading import blocks
 from shardio.loader import pinning, server
+from shardio.reading import blocks
 from tests.sample_shards import make_uneven_dataset
 
 OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}

@@ -7,11 +7,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from audio_factory import write_text, write_tone
+
 from shardio.errors import InputError, InputProblem, OptionError
-from shardio.packing.corpus import (Source, detect_kind, read_corpus, read_folder, read_jsonl, read_kaldi,
-                                    read_table)
+from shardio.packing.corpus import (
+    Source,
+    detect_kind,
+    read_corpus,
+    read_folder,
+    read_jsonl,
+    read_kaldi,
+    read_table,
+)
 
 
 def test_folder_is_recursive_sorted_and_reads_sidecars(mixed_corpus: Path) -> None:

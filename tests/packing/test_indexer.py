@@ -15,8 +15,8 @@ import pytest
 import soundfile as sf
 import webdataset
 import zstandard
-
 from audio_factory import audio_bytes, tone
+
 from shardio.errors import DecodeError, FormatError, OptionError, ReadError
 from shardio.packing.indexer import build_index
 from shardio.packing.pack import pack

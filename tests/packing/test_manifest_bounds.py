@@ -12,14 +12,14 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-
 from audio_factory import write_tone
+from test_nemo_index import write_tarred
+
 from shardio.errors import InputError, ReadError
 from shardio.integrations.importers.nemo_index import index_nemo
 from shardio.packing.corpus import read_jsonl
 from shardio.packing.manifestlines import MAX_DEPTH, MAX_LINE_BYTES, json_entry
 from shardio.shards.index import Index
-from test_nemo_index import write_tarred
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = "tarred_audio_manifest.json"

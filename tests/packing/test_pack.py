@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import zstandard
+from audio_factory import make_folder_corpus, tone, write_samples, write_text, write_tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audio_factory import make_folder_corpus, tone, write_samples, write_text, write_tone
 from shardio.errors import OptionError
 from shardio.packing.pack import pack
 from shardio.packing.verification import verify_dataset

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
+from audio_factory import audio_bytes, tone, write_text, write_tone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audio_factory import audio_bytes, tone, write_text, write_tone
 from shardio.cli import build_parser, main
 from shardio.errors import FormatError, InputError, OptionError
 from shardio.packing.corpus import read_folder, read_jsonl, read_kaldi, read_table

@@ -17,13 +17,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from audio_factory import write_text, write_tone
+
 from shardio.errors import FormatError, InputError, ReadError
 from shardio.packing.corpus import read_corpus, read_jsonl, read_table
 from shardio.packing.indexer import build_index
-from shardio.packing.pack import pack
 from shardio.packing.merging import merge_partitions
+from shardio.packing.pack import pack
 from shardio.packing.partitions import pack_partition, plan_partitions
 from shardio.shards.index import Index
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import webdataset
+from audio_factory import audio_bytes, make_folder_corpus, tone, write_text
 from tqdm import tqdm
 
 import shardio.integrations.importers.nemo_index as nemo_index
 import shardio.packing.indexer as indexer
 import shardio.packing.listing as listing
-from audio_factory import audio_bytes, make_folder_corpus, tone, write_text
 from shardio.cli.demo import MAX_WORKERS as DEMO_MAX_WORKERS
 from shardio.cli.demo import run_demo
 from shardio.cli.main import PACK_MAX_WORKERS, main

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from audio_factory import make_folder_corpus, write_text
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardio import Index
 from shardio.errors import InputError, OptionError
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.partitions import PARTS_DIR, PartitionPlan, pack_partition, partition_done
-
-from audio_factory import make_folder_corpus, write_text
 
 COUNT = 24
 

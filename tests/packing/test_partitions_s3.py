@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-
 from audio_factory import make_folder_corpus
 from remote_servers import S3Server, aws_test_env
+
 from shardio import Index
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.partitions import PartitionPlan, pack_partition

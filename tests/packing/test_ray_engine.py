@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from audio_factory import make_folder_corpus
+
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.partitions import PARTS_DIR
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from audio_factory import audio_bytes, tone, write_samples, write_text, write_tone
+
 from shardio.errors import InputError, InputProblem
 from shardio.packing.pack import REJECTED_FILE, pack, rewrite_key
 from shardio.packing.verification import verify_dataset

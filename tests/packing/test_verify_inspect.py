@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from audio_factory import write_tone
+
 from shardio.errors import FormatError
 from shardio.packing.inspection import inspect_dataset, render_report
 from shardio.packing.pack import pack

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from plan_checks import assert_rest_consumes_each_once
 from sample_shards import make_uneven_dataset
+
 from shardio import OptionError, StateError, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.planning.bucketing import bucket_of, sample_cost

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import OptionError
+from shardio.planning.order import epoch_order, rng
 from shardio.planning.plan import (
     BLOCK,
     Batching,
@@ -28,7 +29,6 @@ from shardio.planning.plan import (
     plan_epoch,
     worker_batches,
 )
-from shardio.planning.order import epoch_order, rng
 
 TOLERANCE = 1 + 1e-9
 """The planner's documented slack on ``max_duration`` (float rounding of count x longest)."""

@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardio.planning.stablesort as stablesort
-
 from shardio.planning.mix import CorpusColumns, plan_mix
 from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch

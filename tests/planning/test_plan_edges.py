@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from plan_checks import assert_rest_consumes_each_once
 
 import shardio.planning.streams as streams
-from plan_checks import assert_rest_consumes_each_once
 from shardio.errors import OptionError
 from shardio.planning.mix import CorpusColumns, mix_quotas, plan_mix
 from shardio.planning.mixoptions import EpochSize, Mix

@@ -20,10 +20,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader
-
-from sample_shards import make_uneven_dataset
 from process_groups import free_port
+from sample_shards import make_uneven_dataset
+from torch.utils.data import DataLoader
 
 from shardio import Batching, ShardDataset, World
 from shardio.planning.plan import EpochPlan, Segment, plan_epoch, plan_segments

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sample_shards import make_uneven_dataset
+
 from shardio import OptionError, ShardDataset, StateError, World
 from shardio.planning.bucketing import bucket_edges, bucket_of, sample_cost
 from shardio.planning.mix import CorpusColumns, plan_mix

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from sample_shards import make_uneven_dataset, wav_bytes
 from hostile import rewrite_columns, rewrite_header, run_limited, to_format1
+from sample_shards import make_uneven_dataset, wav_bytes
 
 from shardio import FormatError, Index, ShardDataset, ShardInfo, ShardWriter
 from shardio.packing.indexer import build_index

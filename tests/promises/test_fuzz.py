@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sample_shards import make_uneven_dataset, wav_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_shards import make_uneven_dataset, wav_bytes
 
 from shardio import Index, ShardWriter
 from shardio.errors import ShardioError

@@ -23,16 +23,15 @@ from typing import Any
 import numpy as np
 import pytest
 from hostile import rewrite_header, run_limited, to_format1
-from sample_shards import make_uneven_dataset, wav_bytes
+from sample_shards import wav_bytes
 from test_confinement import _shard, dataset  # noqa: F401  (fixture: a small dataset; its shard files)
 
 from shardio import FormatError, Index, ShardDataset
-from shardio.errors import ShardioError
 from shardio.packing.indexer import build_index
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
-from shardio.shards.tarformat import encode_sample, parse_members, walk
 from shardio.shards.names import key_problem
+from shardio.shards.tarformat import encode_sample, parse_members, walk
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sample_shards import make_uneven_dataset
 from hostile import rewrite_columns, rewrite_header, run_limited
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_shards import make_uneven_dataset
 
 from shardio import Index, ShardDataset
 from shardio.errors import ShardioError

@@ -28,7 +28,6 @@ from shardio import (
     collate,
 )
 
-
 small = dataset_fixture("promises_small", [3, 9, 14, 5], seed=2)
 """31 short 8 kHz samples in 4 uneven shards."""
 long = dataset_fixture("promises_long", [40, 25, 31], sample_rate=16000, duration_range=(0.5, 2.0), seed=4)

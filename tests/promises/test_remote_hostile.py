@@ -29,8 +29,8 @@ import pytest
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 from sample_shards import make_uneven_dataset, wav_bytes
 
-import shardio.storage.httpreads as httpreads
 import shardio.storage.files as storage
+import shardio.storage.httpreads as httpreads
 from shardio import FormatError, Index, ReadError, RetryPolicy, ShardChanged, ShardWriter
 from shardio.reading.cache import ShardCache
 from shardio.reading.reader import Reader

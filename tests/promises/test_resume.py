@@ -15,8 +15,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from resume_harness import (BATCHINGS, Case, check_same_world, check_world_change, length, life, make_dataset,
-                            uninterrupted, write_corpora)
+from resume_harness import (
+    BATCHINGS,
+    Case,
+    check_same_world,
+    check_world_change,
+    length,
+    life,
+    make_dataset,
+    uninterrupted,
+    write_corpora,
+)
 
 from shardio import OptionError, StateError, World
 

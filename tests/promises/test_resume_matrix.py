@@ -24,9 +24,22 @@ import process_groups
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from resume_harness import (BATCHINGS, LOADERS, Case, case_config, check_elastic, check_same_world,
-                            check_world_change, length, rank_entry, records_of, resumed_dataset, spawn_entry,
-                            uninterrupted, write_corpora)
+from resume_harness import (
+    BATCHINGS,
+    LOADERS,
+    Case,
+    case_config,
+    check_elastic,
+    check_same_world,
+    check_world_change,
+    length,
+    rank_entry,
+    records_of,
+    resumed_dataset,
+    spawn_entry,
+    uninterrupted,
+    write_corpora,
+)
 
 from shardio import StateError, World
 

@@ -21,12 +21,12 @@ from sample_shards import make_uneven_dataset
 from test_fuzz import JSON_VALUES, MUTATION, mutate, paths, replace_at
 
 from shardio import EpochSize, ShardDataset
+from shardio.datasets.mixed import MixedDataset
 from shardio.errors import ShardioError
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.rebuild import open_for_state, read_state
 from shardio.ledger.remix import remix, remix_report
 from shardio.ledger.trace import Trace
-from shardio.datasets.mixed import MixedDataset
 
 pytestmark = pytest.mark.timeout(600)
 

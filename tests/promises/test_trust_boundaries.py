@@ -12,21 +12,21 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-
 from audio_factory import tone
 from hostile import run_limited
 from remote_servers import HTTPFileServer
 from sample_shards import make_uneven_dataset, wav_bytes
+
 from shardio import OptionError, ReadError, RetryPolicy, ShardDataset
 from shardio.packing.indexer import build_index
 from shardio.packing.pack import pack
 from shardio.packing.truncation import truncation_problem
 from shardio.packing.verification import verify_dataset
 from shardio.reading.reader import Reader
-from shardio.storage.retries import retrying
 from shardio.shards.index import Index
 from shardio.shards.tarformat import encode_sample
 from shardio.shards.writer import ShardWriter
+from shardio.storage.retries import retrying
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.05)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from sample_shards import wav_bytes
 from torch.utils.data import DataLoader
 
-from sample_shards import wav_bytes
 from shardio import FormatError, InputError, ShardDataset, ShardWriter, collate
 from shardio.packing.pack import pack
 from shardio.reading.fields import BATCH_FIELDS

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
 from hostile import run_limited
 from sample_shards import wav_bytes
+
 from shardio import DecodeError, ShardDataset, ShardWriter
-from shardio.reading.decode import MAX_RESAMPLING, decode_audio, read_header, decode_encoded
+from shardio.reading.decode import MAX_RESAMPLING, decode_audio, decode_encoded, read_header
 
 RATE = 8000
 LIMIT_MB = 1024

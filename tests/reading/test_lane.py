@@ -19,9 +19,9 @@ import pytest
 import soundfile
 import torch
 from audio_factory import audio_bytes, tone
-from remote_servers import serve_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from remote_servers import serve_copy
 from torch.utils.data import DataLoader
 
 from shardio import ShardDataset, ShardWriter

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from remote_servers import HTTPFileServer, serve_copy
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
-from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, RetryPolicy, ShardDataset
 from shardio.reading.prefetch import ReadAhead, Span, coalesce, dense_for
 

@@ -18,14 +18,14 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
-from sample_shards import make_uneven_dataset
 from remote_servers import Faults, HTTPFileServer, S3Server, aws_test_env
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
 from shardio import FormatError, Index, ReadError, RetryPolicy, ShardDataset
 from shardio.reading.reader import Reader
-from shardio.storage.retries import is_transient
 from shardio.storage.files import filesystem
+from shardio.storage.retries import is_transient
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
 

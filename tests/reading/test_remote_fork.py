@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from remote_servers import HTTPFileServer
 
+from shardio.storage.files import filesystem
 from shardio.storage.filesystems import Filesystems
 from shardio.storage.retries import RetryPolicy
-from shardio.storage.files import filesystem
 
 FORK_COST_LIMIT = 0.9  # seconds; a read on loopback takes milliseconds, the finalizer's wait at least 1 s
 

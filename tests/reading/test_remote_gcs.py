@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from sample_shards import make_uneven_dataset
 from remote_servers import GCSServer
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
 from shardio import Index, OptionError, ReadError, RetryPolicy, ShardDataset

@@ -6,14 +6,14 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
-from typing import BinaryIO
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
+from remote_servers import HTTPFileServer, serve_copy
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
-from remote_servers import HTTPFileServer, serve_copy
 from shardio import Index, ShardDataset
 from shardio.reading import remotereads
 from shardio.reading.cache import ShardCache

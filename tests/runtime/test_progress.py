@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from shardio.errors import StateError
 from shardio.planning.plan import Segment
-from shardio.state import LoaderState
 from shardio.runtime.control import Control, Instruction
 from shardio.runtime.progress import Progress, resume_point
+from shardio.state import LoaderState
 from shardio.world import Context
 
 HERE = Context()  # the training process, iterating itself

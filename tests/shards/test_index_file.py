@@ -3,24 +3,21 @@ and hashed once at load; format-1 indexes still read and upgrade with the same f
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import mmap
 import os
 import pickle
 import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hostile import to_format1
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from sample_shards import make_uneven_dataset
-from hostile import to_format1
 from remote_servers import HTTPFileServer
+from sample_shards import make_uneven_dataset
+
 from shardio import FormatError, Index, ShardDataset
 from shardio.cli import main
 from shardio.shards.index import COLUMNS

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sample_shards import make_uneven_dataset
+
 from shardio import Index
 from shardio.datasets.mixed import MixedDataset, MixIndex
 from shardio.planning.mixoptions import EpochSize

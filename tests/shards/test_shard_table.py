@@ -8,25 +8,23 @@ import json
 import multiprocessing
 import pickle
 import shutil
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import numpy as np
 import pytest
-from multiprocessing.reduction import ForkingPickler
-
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory reductions DataLoader uses)
+from hostile import rewrite_header
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
 from shardio import Index, ShardDataset, ShardInfo
-from shardio.errors import FormatError
 from shardio.datasets.mixed import MixedDataset
+from shardio.errors import FormatError
 from shardio.planning.mixoptions import EpochSize
+from shardio.runtime.sharing import shared_table
 from shardio.shards.keys import Keys
 from shardio.shards.shardtable import CODECS, ShardTable
-from shardio.runtime.sharing import shared_table
-
-from sample_shards import make_uneven_dataset
-from hostile import rewrite_header
 
 SHARDS = [ShardInfo("a.tar", 10, "ab" * 32, 3, 1.25, "none"), ShardInfo("sub/\udcff\u00e9.tar.zst", 2**40, "", 0, 0.0, "zstd"),
           ShardInfo("c.tar.gz", 0, "x", 7, float("inf"), "gzip")]

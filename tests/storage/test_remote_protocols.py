@@ -18,8 +18,8 @@ from typing import Any
 
 import fsspec
 import pytest
-from sample_shards import make_uneven_dataset
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
+from sample_shards import make_uneven_dataset
 
 from shardio import EpochSize, Index, MixedDataset, RangeNotSupported, ReadError, ShardDataset
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
 from shardio import FormatError, Index, ShardChanged, ShardDataset
 from shardio.reading.reader import Reader
 

@@ -17,13 +17,13 @@ from hostile import run_limited
 from test_state_validation import data, valid  # noqa: F401  (fixtures: a small dataset, a valid state of it)
 
 from shardio import ShardDataset, StateError
+from shardio.cli import main
 from shardio.storage.statefiles import (
     MAX_STATE_FILE_BYTES,
     MAX_STATE_FILE_DEPTH,
     MAX_STATE_FILE_VALUES,
     load_state_file,
 )
-from shardio.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
