@@ -25,8 +25,8 @@ from typing import Any
 
 from shardio.bench.report import write_results
 from shardio.packing.engines import pack_partitioned
-from shardio.packing.pack import pack
 from shardio.packing.merging import merge_partitions
+from shardio.packing.pack import pack
 from shardio.packing.partitions import PackOptions, pack_partition, plan_partitions
 from shardio.synth import make_corpus
 

@@ -32,10 +32,10 @@ import soundfile as sf
 
 from shardio import ShardDataset
 from shardio.bench.report import write_results
-from shardio.storage.localshard import LocalShard, open_regular
 from shardio.reading.reader import Reader
 from shardio.shards.index import Index
 from shardio.shards.writer import ShardWriter
+from shardio.storage.localshard import LocalShard, open_regular
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from sample_shards import wav_bytes
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
+from sample_shards import wav_bytes
 
 from shardio import Index, Reading, ShardDataset, ShardWriter
 from shardio.bench.report import write_results

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import Trainer, TrainingArguments
+
 from shardio import ShardDataset
 from shardio.bench.report import write_results
 from shardio.integrations.transformers import ShardioTrainer
 from shardio.packing.pack import pack
 from shardio.synth import make_corpus
-
-from transformers import Trainer, TrainingArguments
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 BATCH = 4

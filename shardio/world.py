@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
-from .errors import OptionError
 from .checks.options import integer
 from .checks.states import MAX_WORKERS, MAX_WORLD_SIZE  # what a state can record
+from .errors import OptionError
 
 __all__ = ["Context", "World", "refuse_resharding"]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from job_runs import dump_stacks_on_signal
 from torch.utils.data import DataLoader
 
-from job_runs import dump_stacks_on_signal
 from shardio import ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 
@@ -50,7 +50,7 @@ def main(config: dict[str, Any]) -> None:
     loader: Any = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
     if config.get("loader") == "shardio":
         loader = ShardLoader(dataset, num_workers=config["workers"], persistent_workers=config.get("persistent", True))
-    if config.get("prepare"):  # the pitfall, for tests/test_accelerate.py
+    if config.get("prepare"):  # the pitfall, for tests/integrations/test_accelerate.py
         loader = accelerator.prepare(loader)
     step = 0
     if config.get("resume_from"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import zipfile
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -1,4 +1,4 @@
-"""A tiny Lightning training job over a ShardDataset, run as a script by ``tests/test_lightning.py``.
+"""A tiny Lightning training job over a ShardDataset, run as a script by ``integrations/test_lightning.py``.
 
 ``python lightning_job.py CONFIG.json``: Lightning's DDP launcher starts the other ranks by running the same
 command again. Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (epoch, global step,
@@ -24,6 +24,7 @@ except ImportError:
     import pytorch_lightning as pl
 
 from job_runs import dump_stacks_on_signal
+
 from shardio import ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 

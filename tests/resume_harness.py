@@ -90,7 +90,7 @@ class Case:
             raise ValueError("snapshot_every is a StatefulDataLoader case")
         if self.batching == "collated" and self.loader == "shardio":
             raise ValueError("ShardLoader hands over the dataset's batches only")
-        # refused loudly (tests/test_resume_refusals.py): a state that no position describes
+        # refused loudly (tests/promises/test_resume_refusals.py): a state that no position describes
         if self.batching == "collated" and self.loader == "state_after":
             raise ValueError("state_after refuses a batch the DataLoader made of several samples")
         if self.ds_load and self.snapshot_every != 1 and self.batching in ("unbatched", "collated"):

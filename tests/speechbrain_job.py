@@ -1,4 +1,4 @@
-"""A tiny SpeechBrain recipe over a ShardDataset, run by ``tests/test_speechbrain.py`` (alone, or under torchrun).
+"""A tiny SpeechBrain recipe over a ShardDataset, run by ``tests/integrations/test_speechbrain.py`` (alone, or under torchrun).
 
 ``speechbrain_job.py CONFIG.json``: a ``Brain`` over one linear layer trains ``epochs`` epochs with
 ``Brain.fit``, an intra-epoch checkpoint every ``ckpt_steps`` steps (SpeechBrain's ``ckpt_interval_steps``) and

@@ -17,8 +17,6 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
-
 import shardio
 
 INTEGRATIONS = ("lightning", "accelerate", "speechbrain", "transformers", "torchdata")

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_mypy_is_clean() -> None:
     pytest.importorskip("mypy")
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "shardio"], cwd=ROOT,

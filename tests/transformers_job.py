@@ -1,4 +1,4 @@
-"""A tiny HF Transformers Trainer job over a ShardDataset, run as a script by ``tests/test_transformers.py``.
+"""A tiny HF Transformers Trainer job over a ShardDataset, run as a script by ``tests/integrations/test_transformers.py``.
 
 ``python transformers_job.py CONFIG.json`` (one process) or under ``torchrun --nproc_per_node N`` (gloo on
 CPU). Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (global step, keys, samples its
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 from job_runs import dump_stacks_on_signal
+from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
+
 from shardio import ShardDataset
 from shardio.integrations.transformers import ShardioSeq2SeqTrainer, ShardioTrainer
-
-from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
 
 class TinyModel(torch.nn.Module):

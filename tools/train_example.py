@@ -4,7 +4,7 @@
 
 Run it, kill it (Ctrl-C, kill -9, a preempted node), run the same command again: it resumes from the last
 checkpoint onto exactly the batches the uninterrupted run would have seen. ``--keys-log`` records, per
-step, the keys trained on, so the two runs can be compared (tests/test_train_example.py does that).
+step, the keys trained on, so the two runs can be compared (tests/promises/test_train_example.py does that).
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ import soundfile
 from ..errors import OptionError
 from ..packing.pack import pack
 from ..reading.reader import Reader
-from ..storage.files import check_output_file, write_atomic
 from ..shards.index import INDEX_JSON, Index
 from ..shards.writer import ShardWriter
+from ..storage.files import check_output_file, write_atomic
 
 __all__ = [
     "STREAM_COMPRESSORS",

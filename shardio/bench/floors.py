@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import soundfile
 
-from ..storage.localshard import CAN_MAP
 from ..reading.memoryfile import FILE_FORMATS, read_as_file
 from ..shards.index import Index
 from ..shards.tarformat import parse_members
+from ..storage.localshard import CAN_MAP
 from .cases import Epoch
 
 __all__ = ["memory_file_floor", "numpy_batch_floor", "numpy_floor", "pcm_layout", "python_floor", "soundfile_floor",

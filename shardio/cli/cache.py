@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-from .argtypes import at_least, non_negative
 from ..errors import OptionError
+from .argtypes import at_least, non_negative
 
 __all__ = ["add_cache"]
 
@@ -48,8 +48,8 @@ def _run_cache(args: argparse.Namespace) -> int:
     cache = ShardCache(directory, args.max_bytes if args.max_bytes is not None else sys.maxsize)
     removed = 0
     if args.prune:
-        from ..shards import indexcache
         from ..runtime import planfiles
+        from ..shards import indexcache
 
         removed = (cache.prune(stale) + indexcache.prune(unused_days * 86400, stale)
                    + planfiles.prune())

@@ -22,12 +22,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
-from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
 from ..errors import OptionError, OutputError, ShardioError
+from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
+from .cache import add_cache
+from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
 from .ledger import add_quarantine, add_remix, add_trace
 from .shards import add_index, add_inspect, add_verify
-from .cache import add_cache
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 

@@ -1,6 +1,6 @@
 """Exact resume of a :class:`~shardio.ShardDataset` under PyTorch Lightning: :class:`ShardioCallback`.
 
-What Lightning does on its own (read in its 2.6 source and checked by ``tests/test_lightning.py``):
+What Lightning does on its own (read in its 2.6 source, checked by ``tests/integrations/test_lightning.py``):
 
 - it saves a loader's state only when the object ``train_dataloader()`` returns has ``state_dict`` and
   ``load_state_dict``; a plain ``DataLoader`` saves nothing, so a resumed run restarts the epoch at batch 0;

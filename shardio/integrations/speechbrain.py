@@ -2,7 +2,7 @@
 
 What SpeechBrain does on its own (read in its 1.1.2 source, ``speechbrain/core.py``,
 ``speechbrain/utils/checkpoints.py``, ``speechbrain/dataio/dataloader.py``; checked by
-``tests/test_speechbrain.py``):
+``tests/integrations/test_speechbrain.py``):
 
 - ``Brain.fit`` builds the train loader first (``make_dataloader``, unless it is handed a ``DataLoader``),
   then calls ``on_fit_start()``, which wraps the modules in DDP, makes the optimizers and runs

@@ -1,7 +1,7 @@
 """Exact resume of a :class:`~shardio.ShardDataset` under HF Transformers: :class:`ShardioTrainer`.
 
 What the ``Trainer`` does on its own (read in transformers 5.23's ``trainer.py``, checked by
-``tests/test_transformers.py``):
+``tests/integrations/test_transformers.py``):
 
 - ``get_train_dataloader`` -> ``_get_dataloader`` wraps the dataset in a ``DataLoader`` of
   ``per_device_train_batch_size`` and hands it to ``accelerator.prepare``, which for an IterableDataset
@@ -49,10 +49,9 @@ __all__ = ["ShardioLoaderState", "ShardioSeq2SeqTrainer", "ShardioTrainer"]
 logger = logging.getLogger(__name__)
 
 _transformers = require("transformers", "transformers")[0]
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
-
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 
 _HOOKS = {
     "_init_training_state": ("resume_from_checkpoint",),

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OutputError, StateError, shown
+from ..state import job_state
 from ..storage.files import write_atomic
 from ..storage.localshard import kind
-from ..state import job_state
 from .rebuild import read_state
 
 __all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]

@@ -15,10 +15,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from ..storage.statefiles import load_state_file
 from ..errors import OptionError, StateError, shown
 from ..planning.options import MAX_BUCKETS
 from ..state import job_state
+from ..storage.statefiles import load_state_file
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset

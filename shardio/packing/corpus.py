@@ -15,16 +15,26 @@ import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import InputError, InputProblem, OptionError
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
 from .manifestlines import json_entry, manifest_lines
-from .source import (AUDIO_EXTENSIONS, KEY_COLUMNS, Problems, Source, manifest_text, not_regular, read_regular_input,
-                     resolve_path, seconds_field, segment_keys)
+from .source import (
+    AUDIO_EXTENSIONS,
+    KEY_COLUMNS,
+    Problems,
+    Source,
+    manifest_text,
+    not_regular,
+    read_regular_input,
+    resolve_path,
+    seconds_field,
+    segment_keys,
+)
 from .table import table_sources
 
 __all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",

@@ -20,11 +20,19 @@ from tqdm import tqdm
 
 from ..errors import OptionError
 from ..shards.index import INDEX_JSON
+from .merging import merge_partitions
 from .output import Output
 from .pack import PackSummary, default_workers
-from .merging import merge_partitions
-from .partitions import (DEFAULT_PARTITION_BYTES, PARTS_DIR, PackOptions, PartitionPlan, pack_partition, part_dir,
-                         partition_done, plan_partitions)
+from .partitions import (
+    DEFAULT_PARTITION_BYTES,
+    PARTS_DIR,
+    PackOptions,
+    PartitionPlan,
+    pack_partition,
+    part_dir,
+    partition_done,
+    plan_partitions,
+)
 
 __all__ = ["ENGINES", "Engine", "local_engine", "ray_engine", "pack_partitioned"]
 

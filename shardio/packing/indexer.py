@@ -32,8 +32,8 @@ from ..errors import DecodeError, FormatError, OptionError, ReadError
 from ..reading.streams import describe
 from ..shards.builder import IndexBuilder
 from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
-from ..shards.tarformat import walk
 from ..shards.names import key_problem, split_name
+from ..shards.tarformat import walk
 from ..shards.writer import writable_directory
 from .source import AUDIO_EXTENSIONS, not_regular
 from .zstdframes import seekable_frames, zstd_frames

@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import InputError, InputProblem
-from .source import (AUDIO_EXTENSIONS, KEY_COLUMNS, Problems, Source, manifest_text, resolve_path, seconds_field,
-                     segment_keys)
+from .source import (
+    AUDIO_EXTENSIONS,
+    KEY_COLUMNS,
+    Problems,
+    Source,
+    manifest_text,
+    resolve_path,
+    seconds_field,
+    segment_keys,
+)
 
 __all__ = ["PATH_COLUMNS", "TEXT_COLUMNS", "table_sources"]
 

@@ -22,10 +22,10 @@ from tqdm import tqdm
 from ..errors import OptionError, ShardioError
 from ..reading.decode import decode_audio
 from ..reading.reader import Reader
-from ..storage.retries import RetryPolicy, retrying
-from ..storage.localshard import NotRegular, open_regular
-from ..storage.files import file_size, is_url, open_input
 from ..shards.index import Index
+from ..storage.files import file_size, is_url, open_input
+from ..storage.localshard import NotRegular, open_regular
+from ..storage.retries import RetryPolicy, retrying
 from .truncation import truncation_problem
 
 __all__ = ["verify_dataset"]

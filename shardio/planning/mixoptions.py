@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
+from ..errors import OptionError, shown
 
 __all__ = ["WEIGHT_SUM_TOLERANCE", "EpochSize", "Mix", "recorded_weights"]
 

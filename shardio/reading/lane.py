@@ -11,7 +11,7 @@ the lane makes a WAV batch ~10% cheaper (``benchmarks/ab.py``; ``benchmarks/READ
 The lane does the same work, in passes as the general path does (every sample's bytes, then each sample's
 members, JSON and header, then the conversions into the batch's rows) where the reads are views of maps or
 their decompressed frames are small, and builds the batch :func:`~shardio.reading.collate.collate` would:
-``tests/test_lane.py`` holds its batches equal to the general path's over generated datasets. It gives up
+``tests/reading/test_lane.py`` holds its batches equal to the general path's over generated datasets. It quits
 at the first thing it does not expect (a remote shard, a failed read, a member of another key, JSON that
 does not parse, a field collate would not list, a WAV header the parser leaves to soundfile, float samples,
 which must be checked for NaN, a header that disagrees with the index) before it has counted or logged

@@ -33,7 +33,7 @@ __all__ = ["FILE_FORMATS", "KEPT_BYTES", "read_as_file", "read_sound"]
 
 FILE_FORMATS = frozenset({"flac"})
 """Extensions decoded through a memory file: those whose samples are checked to be the in-memory path's
-(``tests/test_memory_file.py``)."""
+(``tests/reading/test_memory_file.py``)."""
 
 KEPT_BYTES = 4 << 20
 """A file that held more than this is emptied after its read, so that a long recording's bytes are not held."""

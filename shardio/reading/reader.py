@@ -30,17 +30,17 @@ import zstandard
 from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, ShardioError
 from ..shards.index import STREAM_CODECS, Index
 from ..storage import localshard
-from .cache import ShardCache
-from .compressedreads import CompressedReads
+from ..storage.files import is_url
 from ..storage.filesystems import Filesystems
 from ..storage.localshard import LocalShard
+from ..storage.retries import RetryPolicy
+from ..storage.validators import Validators
+from .cache import ShardCache
+from .compressedreads import CompressedReads
 from .members import SampleMembers
 from .prefetch import ReadAhead
 from .remotereads import RemoteReads
-from ..storage.retries import RetryPolicy
 from .streams import StreamCursor
-from ..storage.files import is_url
-from ..storage.validators import Validators
 
 __all__ = ["ReadStats", "Reader"]
 

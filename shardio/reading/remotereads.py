@@ -21,16 +21,16 @@ import numpy as np
 
 from ..errors import ReadError
 from ..shards.index import STREAM_CODECS, Index
-from .cache import ShardCache
+from ..storage.files import is_url, read_range
 from ..storage.filesystems import Filesystems
 from ..storage.httpreads import is_http
 from ..storage.localshard import LocalShard, short_read
 from ..storage.objectcopy import copy_capped
-from .prefetch import MAX_GAP, ReadAhead, Span
 from ..storage.retries import RetryPolicy, retrying
 from ..storage.s3reads import is_s3
-from ..storage.files import is_url, read_range
 from ..storage.validators import Validators, from_info
+from .cache import ShardCache
+from .prefetch import MAX_GAP, ReadAhead, Span
 
 __all__ = ["RemoteReads"]
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
+from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
 from ..errors import OptionError, StateError, shown
 from ..planning.plan import Segment
-from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
 from ..world import Context
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark", "slot_of"]

@@ -12,7 +12,6 @@ import hashlib
 import logging
 from collections.abc import Sequence
 
-
 from ..errors import StateError
 from ..planning.plan import Segment
 from ..state import LoaderState, split

@@ -20,16 +20,15 @@ import io
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
 import zipfile
-
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..storage.localshard import NotRegular, open_regular
 from ..storage.files import escapes_root, file_size, is_url, read_bytes
+from ..storage.localshard import NotRegular, open_regular
 from .metadata import check_size
 from .names import has_hidden
 from .shardtable import CODECS, ShardTable

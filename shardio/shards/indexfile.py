@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..storage.files import cache_dir, fetch_to_cache, is_url, read_bytes
+from ..storage.files import fetch_to_cache, is_url
 from . import indexcache, indexchecks
 from .keys import Keys
 from .metadata import Metadata, check_size
@@ -85,7 +85,7 @@ def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: K
     body = bytearray(columns_bytes(dtypes, samples, len(keys.blob), meta_bytes) - HEADER)
     arrays = {**columns, _KEY_ENDS: keys.ends, **({} if meta is None else {_META_ENDS: meta.ends})}
     blobs = {_KEY_BLOB: keys.blob, **({} if meta is None else {_META_BLOB: meta.blob})}
-    for name, (dtype, offset, count) in sections.items():
+    for name, (dtype, offset, _count) in sections.items():
         data = bytes(blobs[name]) if name in blobs else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
         body[offset - HEADER : offset - HEADER + len(data)] = data
     digest = hashlib.sha256(body).hexdigest()

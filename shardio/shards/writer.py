@@ -21,14 +21,14 @@ from typing import BinaryIO
 
 import zstandard
 
-from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..checks.options import integer
+from ..errors import InputError, InputProblem, OptionError, OutputError
 from ..storage.dirlock import DirectoryLock
 from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
 from .index import INDEX_JSON, Index, ShardInfo
-from .tarformat import END_OF_ARCHIVE, encode_sample
 from .names import key_problem
+from .tarformat import END_OF_ARCHIVE, encode_sample
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 

@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import RangeNotSupported, ReadError
-from .retries import RetryPolicy, retrying
 from .files import filesystem
+from .retries import RetryPolicy, retrying
 
 __all__ = ["Filesystems"]
 

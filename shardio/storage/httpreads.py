@@ -112,7 +112,7 @@ async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, s
                     break
                 sink(chunk)
                 got += len(chunk)
-    except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11
+    except TimeoutError:  # the builtin TimeoutError from Python 3.11
         raise SlowAnswerTimeout(f"{url}: {got} bytes in {loop.time() - begun:.0f} s, short of the "
                                 f"{HTTP_MIN_RATE >> 10} KiB/s (after {HTTP_READ_TIMEOUT:.0f} s) a read must "
                                 "average") from None

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import OptionError, ReadError, ShardChanged
 from ..checks.options import integer, real
+from ..errors import OptionError, ReadError, ShardChanged
 
 __all__ = ["RetryPolicy", "http_status", "is_transient", "retrying"]
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 from ...errors import FormatError, OptionError
 from ...reading.reader import Reader
-from ...storage.files import write_atomic
 from ...shards.index import Index
+from ...storage.files import write_atomic
 
 __all__ = ["NEMO_MANIFEST", "export_nemo"]
 

@@ -1,0 +1,62 @@
+"""Partitioned packing to ``s3://`` (moto's S3 server on loopback): the objects equal a local pack's files,
+an interrupted run resumes from the committed partitions, and the dataset loads from the URL."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from audio_factory import make_folder_corpus
+from remote_servers import S3Server, aws_test_env
+
+from shardio import Index
+from shardio.packing.engines import pack_partitioned
+from shardio.packing.partitions import PartitionPlan, pack_partition
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    with aws_test_env(), S3Server() as server:
+        server.client().create_bucket(Bucket="data")
+        yield server
+
+
+def test_s3_output_equals_local_and_resumes(s3_server: S3Server, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 16, formats=("wav", "flac"), seed=2)
+    options = dict(partition_bytes=25_000, samples_per_shard=3, compression="zstd", progress=False)
+    local = tmp_path / "local"
+    pack_partitioned(corpus, local, **options)  # type: ignore[arg-type]
+    url = "s3://data/packed"
+
+    def first_two(plan: PartitionPlan, numbers: Sequence[int]) -> None:
+        for number in numbers[:2]:
+            pack_partition(plan.job(number))
+        raise KeyboardInterrupt
+
+    storage = s3_server.storage_options
+    with pytest.raises(KeyboardInterrupt):
+        pack_partitioned(corpus, url, engine=first_two, storage_options=storage, **options)  # type: ignore[arg-type]
+    packed: list[int] = []
+
+    def rest(plan: PartitionPlan, numbers: Sequence[int]) -> None:
+        packed.extend(numbers)
+        for number in numbers:
+            pack_partition(plan.job(number))
+
+    pack_partitioned(corpus, url, engine=rest, storage_options=storage, **options)  # type: ignore[arg-type]
+    assert packed and packed[0] == 2
+    client = s3_server.client()
+    objects = {o["Key"].removeprefix("packed/"): o for o in client.list_objects_v2(Bucket="data")["Contents"]}
+    expected = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
+    assert sorted(objects) == sorted(expected)  # no _parts left behind
+    for name, digest in expected.items():
+        body = client.get_object(Bucket="data", Key=f"packed/{name}")["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == digest
+    index = Index.load(url, storage)
+    assert len(index) == 16 and index.fingerprint == Index.load(local).fingerprint
