@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 _DIGEST = 32
 _HEADER_SIZE = 128
 _FILE_MODE = 0o644
-_warned: set[str] = set()  # plan directories this process (and its forks) warned about
+_warned: set[str] = set()  # directories this process (and its forks) warned about
 
 
 class _Doubt(Exception):
@@ -140,11 +140,11 @@ def write(directory: str, plan: EpochPlan, samples: int, name: str) -> None:
         file.write(b"".join(digests))
 
 
-def distrust(directory: str, dir_fd: int | None = None) -> str | None:
-    """Why directory ``directory`` (relative to ``dir_fd``) cannot hold plans this process reads or writes
-    (a link, not a directory, another user's, writable by others), or None when it can or is not there."""
+def distrust(directory: str) -> str | None:
+    """Why directory ``directory`` cannot hold plans this process reads or writes (a link, not a directory,
+    another user's, writable by others), or None when it can or is not there."""
     try:
-        os.close(_open(directory, dir_fd, directory=True))
+        os.close(_open(directory, None, directory, True))
     except FileNotFoundError:
         return None
     except (_Doubt, OSError) as exc:
@@ -152,15 +152,16 @@ def distrust(directory: str, dir_fd: int | None = None) -> str | None:
     return None
 
 
-def _open(path: str, dir_fd: int | None, directory: bool = False) -> int:
-    """``path`` opened read-only without following a link or blocking, once it is what a plan is made of."""
+def _open(path: str, dir_fd: int | None, shown: str, directory: bool = False) -> int:
+    """``path`` (relative to ``dir_fd``; ``shown`` in messages) opened read-only without following a link or
+    blocking, once it is what a plan is made of."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise _Doubt(f"{path}: cannot be opened ({exc.strerror})") from None
+        raise _Doubt(f"{shown}: cannot be opened ({exc.strerror})") from None
     status = os.fstat(fd)
     reason = None
     if not (stat.S_ISDIR if directory else stat.S_ISREG)(status.st_mode):
@@ -171,7 +172,7 @@ def _open(path: str, dir_fd: int | None, directory: bool = False) -> int:
         reason = f"writable by others (mode {stat.S_IMODE(status.st_mode):o})"
     if reason is not None:
         os.close(fd)
-        raise _Doubt(f"{path}: {reason}")
+        raise _Doubt(f"{shown}: {reason}")
     return fd
 
 
@@ -181,8 +182,8 @@ def read(directory: str, rank: int, samples: int) -> MappedRankPlan | None:
     directory and process, when it is there but refused)."""
     fds: list[int] = []
     try:
-        fds.append(_open(os.path.dirname(directory) or ".", None, directory=True))
-        fds.append(_open(os.path.basename(directory), fds[0], directory=True))
+        fds.append(_open(os.path.dirname(directory) or ".", None, os.path.dirname(directory), True))
+        fds.append(_open(os.path.basename(directory), fds[0], directory, True))
         return _read(fds, directory, rank, samples)
     except FileNotFoundError as exc:
         if len(fds) < 2:
@@ -193,10 +194,18 @@ def read(directory: str, rank: int, samples: int) -> MappedRankPlan | None:
     finally:
         for fd in fds:
             os.close(fd)
-    if directory not in _warned:
-        _warned.add(directory)
-        logger.warning("node plan file not used (%s): planning the epoch in memory", doubt)
+    if not fds:  # the plans directory: obtain() plans every epoch in memory without asking again
+        _warn_once(os.path.dirname(directory), f"node plan directory not used ({doubt}): this process plans "
+                   "each epoch in memory")
+    else:
+        _warn_once(directory, f"node plan file not used ({doubt}): planning the epoch in memory")
     return None
+
+
+def _warn_once(about: str, message: str) -> None:
+    if about not in _warned:
+        _warned.add(about)
+        logger.warning("%s", message)
 
 
 def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRankPlan:
@@ -205,7 +214,7 @@ def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRank
     files: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
     for name in ("starts", "offsets", "ids", "repeats"):
         try:
-            fd = _open(name + ".npy", fds[1])
+            fd = _open(name + ".npy", fds[1], os.path.join(directory, name + ".npy"))
         except FileNotFoundError:
             if name == "repeats":
                 continue
@@ -233,7 +242,7 @@ def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRank
         if files["repeats"][1:] != (np.dtype(np.bool_), ids_shape):
             raise _Doubt(where + "repeats.npy: of another type or shape than ids.npy")
         repeats = _array(directory, "repeats", files["repeats"], begin, end - begin)
-    fds.append(_open("digests", fds[1]))
+    fds.append(_open("digests", fds[1], os.path.join(directory, "digests")))
     expected = (_plan_digest(os.path.basename(directory), samples, starts, offsets_shape, ids_dtype_)
                 + _rank_digest(os.path.basename(directory), rank, row, ids, repeats))
     size = os.fstat(fds[-1]).st_size

@@ -63,7 +63,6 @@ PRUNE_EVERY_S = 600.0
 
 _NAME = re.compile(r"^([0-9a-f]+)-e([0-9]+)-[0-9a-f]+$")
 _lock_warned = False  # once per process (and its forks): the cache directory stays as it is
-_distrust_warned = False  # the same, for a plans directory that cannot be trusted
 _pruned_at: float | None = None  # when this process last looked for stale entries (time.monotonic)
 
 
@@ -111,7 +110,7 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)  # never writable by others, whatever the umask
         if nodeplan.distrust(directory) is not None:
-            return None  # obtain() warned
+            return None  # load() warned
         _prune_now_and_then()
         clean(name)
         temporary = tempfile.mkdtemp(prefix=".tmp-", dir=directory)
@@ -140,18 +139,14 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
     """Rank ``rank``'s share of plan ``name``: read from its files, else ``make()`` (the whole epoch's plan)
     once on the node under its lock, written for every rank of the node, and this rank's part of it. In a
     plans directory that cannot be trusted, ``make()`` here, and nothing is written."""
-    global _lock_warned, _distrust_warned
+    global _lock_warned
     found = load(name, rank, samples)
     if found is not None:
         return found
     lock = PlanLock(path(name) + ".lock")
     try:
         os.makedirs(_directory(), mode=0o755, exist_ok=True)  # never writable by others, whatever the umask
-        refused = nodeplan.distrust(_directory())
-        if refused is not None:
-            logger.log(logging.DEBUG if _distrust_warned else logging.WARNING, "node plan directory %s is "
-                       "not used: this process plans each epoch in memory", refused)
-            _distrust_warned = True
+        if nodeplan.distrust(_directory()) is not None:  # load() warned
             return rank_plan(make(), rank)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
