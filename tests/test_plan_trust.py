@@ -1,8 +1,8 @@
-"""A node's cache is often shared scratch space: plan files planted there, a FIFO in a plan's place, a plan file
-truncated while ranks read it never change what any rank plays, never hang it and never kill its workers.
+"""A node's cache is often shared scratch space: plan files planted there, a FIFO in a plan's place, a plan
+file truncated while ranks read it never change what any rank plays, never hang it and never kill its workers.
 
-Each case plays two ranks (``World(r, 2)``, 2 fork DataLoader workers each) and compares their keys with a run on
-a clean cache. Planted files are made from real plans: the name is learned by running the same job on another
+Each case plays two ranks (``World(r, 2)``, 2 fork DataLoader workers each) and compares their keys with a run
+on a clean cache. Planted files are made from real plans: the name is learned by running the same job on another
 cache directory, as anyone on the node could.
 """
 
@@ -91,8 +91,9 @@ def crafted(job: dict[str, Any], content: str, directory: Path) -> None:
     ("rank 1 plays rank 0's", "another user's"), ("empty batches", "another user's"),
     ("one utterance", "group-writable files"), ("rank 1 plays rank 0's", "world-writable directory"),
     ("another seed's order", "this user's"), ("empty batches", "this user's")])  # this user's: the digests
-def test_planted_plan_files_change_nothing(job: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           caplog: pytest.LogCaptureFixture, trust: str, content: str) -> None:
+def test_planted_plan_files_change_nothing(job: dict[str, Any], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                           trust: str, content: str) -> None:
     plans = tmp_path / "cache" / "plans"
     planted = plans / job["name-5"]
     crafted(job, content, planted)
@@ -116,7 +117,7 @@ def test_planted_plan_files_change_nothing(job: dict[str, Any], tmp_path: Path, 
 
 
 def fifo_run(root: str, cache: str) -> None:
-    """Print both ranks' batches with ``cache`` as the cache directory (run in a subprocess, under a limit)."""
+    """Print both ranks' batches with ``cache`` as the cache directory (in a subprocess, under a limit)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         print(json.dumps(played(root, Path(cache), monkeypatch)))
 
@@ -131,8 +132,8 @@ def test_a_fifo_in_a_plan_files_place_never_blocks(job: dict[str, Any], tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(REPO / "tests")])}
     code = f"import test_plan_trust; test_plan_trust.fifo_run({job['root']!r}, {str(tmp_path / 'cache')!r})"
     try:
-        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("a FIFO planted as a plan file blocked a rank")
     assert result.returncode == 0, result.stderr
