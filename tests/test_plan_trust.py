@@ -2,8 +2,8 @@
 file truncated while ranks read it never change what any rank plays, never hang it and never kill its workers.
 
 Each case plays two ranks (``World(r, 2)``, 2 fork DataLoader workers each) and compares their keys with a run
-on a clean cache. Planted files are made from real plans: the name is learned by running the same job on another
-cache directory, as anyone on the node could.
+on a clean cache. Planted files are made from real plans: the name is learned by running the same job on
+another cache directory, as anyone on the node could.
 """
 
 from __future__ import annotations
