@@ -159,8 +159,11 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for world in (8, 1):
-            results.append(measure(lambda: plan_epoch(shard_ids, durations, NUM_SHARDS, seed=SEED, epoch=1,
-                                                      world_size=world, batching=by_size),
+            def plan_for(world_size: int = world) -> EpochPlan:
+                return plan_epoch(shard_ids, durations, NUM_SHARDS, seed=SEED, epoch=1, world_size=world_size,
+                                  batching=by_size)
+
+            results.append(measure(plan_for,
                                    args.samples, args.runs, Path(scratch) / f"world-{world}",
                                    f"{args.samples:,} samples, batch_size={BATCH_SIZE}"))
         tiny = EpochPlan(np.arange(12), np.array([0, 5, 12]), np.arange(2)[None, :])

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_fuzz import FUZZ, MUTATION, mutate
 
 from shardio.errors import ShardioError
 from shardio.planning.plan import Batching, EpochPlan, plan_epoch
 from shardio.planning.rankplan import RankPlan, rank_plan
 from shardio.workers import planfiles
-from test_fuzz import FUZZ, MUTATION, mutate
 
 pytestmark = pytest.mark.timeout(300)
 

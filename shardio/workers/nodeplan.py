@@ -40,7 +40,7 @@ from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
 from ..planning.repeats import Repeats
 
-__all__ = ["MappedRankPlan", "write", "read", "distrust", "ids_dtype"]
+__all__ = ["MappedRankPlan", "distrust", "ids_dtype", "read", "write"]
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ def _array(directory: str, name: str, file: tuple[int, np.dtype, tuple[int, ...]
     fd, dtype, shape = file
     count = math.prod(shape) - start if count is None else count
     array = np.empty(count, dtype)  # within the file's size, which its header and fstat agree on
-    view, at = memoryview(array).cast("B"), _HEADER_SIZE + start * dtype.itemsize
+    view, at = array.data.cast("B"), _HEADER_SIZE + start * dtype.itemsize
     while view.nbytes:
         got = os.preadv(fd, [view], at)
         if got == 0:
