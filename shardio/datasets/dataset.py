@@ -5,10 +5,12 @@ its batches of that share, reads and decodes only those samples, and yields coll
 is computed once per node (:mod:`shardio.runtime.planfiles`): the first process that needs it (a rank's
 training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
 training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
-process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
-share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or maps it. A
-process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
-same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
+process of the node reads its rank's part. One rank without workers yet plans in memory. A worker inherits the
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or reads it. A
+process plans by itself when the cache directory cannot hold the files or the lock, or its files are not to be
+trusted (another user's, writable by others, not this plan's: :mod:`shardio.runtime.nodeplan`). Every rank
+yields the same number of batches, so the state of rank 0 restores the whole job; plan files are derived data,
+not state.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -292,7 +294,7 @@ class ShardDataset(EpochPlans, IterableDataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        # a share mapped from the node's plan travels as its name (workers.nodeplan): where its files are gone
+        # a share read from the node's plan travels as its name (workers.nodeplan): where its files are gone
         # it arrives as None, and this process obtains the plan again
         self._shares = {key: plan for key, plan in self._shares.items() if plan is not None}
 

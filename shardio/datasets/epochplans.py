@@ -3,7 +3,7 @@
 The planning half of :class:`~shardio.datasets.dataset.ShardDataset` (and :class:`~shardio.datasets.mixed.MixedDataset`, which
 replaces :meth:`EpochPlans._make_plan`): which world the plans are for, the whole plan of an epoch (pure
 :mod:`shardio.planning` code over the index's columns, logged when it leaves samples out), and this rank's part
-of it, mapped from the node's plan files (:mod:`shardio.runtime.planfiles`) where other processes may need it.
+of it, read from the node's plan files (:mod:`shardio.runtime.planfiles`) where other processes may need it.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class EpochPlans:
     def _check_position(self, at: Instruction, context: Context) -> None:
         """A :class:`StateError` unless ``at`` lies within its epoch's plan for this world.
 
-        Checked on this rank's share (mapped from the node's plan where there is one: its batch count is every
+        Checked on this rank's share (read from the node's plan where there is one: its batch count is every
         rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
         with the same inputs."""
         try:
