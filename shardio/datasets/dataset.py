@@ -5,10 +5,12 @@ its batches of that share, reads and decodes only those samples, and yields coll
 is computed once per node (:mod:`shardio.runtime.planfiles`): the first process that needs it (a rank's
 training process when the world size is above 1 or its workers have begun, or a worker beginning an epoch the
 training process did not plan) plans the whole epoch under a lock and writes every rank's share; every other
-process of the node maps its rank's part. One rank without workers yet plans in memory. A worker inherits the
-share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or maps it. A
-process plans by itself only when the cache directory cannot hold the files or the lock. Every rank yields the
-same number of batches, so the state of rank 0 restores the whole job; plan files are derived data, not state.
+process of the node reads its rank's part. One rank without workers yet plans in memory. A worker inherits the
+share (fork), receives it in shared memory (spawn, forkserver: :mod:`shardio.runtime.sharing`) or reads it. A
+process plans by itself when the cache directory cannot hold the files or the lock, or its files are not to be
+trusted (another user's, writable by others, not this plan's: :mod:`shardio.runtime.nodeplan`). Every rank
+yields the same number of batches, so the state of rank 0 restores the whole job; plan files are derived data,
+not state.
 
 Progress: ``state_dict()`` is exact when iteration happens in this process (``num_workers=0``) or inside
 workers (torchdata's ``StatefulDataLoader``). With a plain multi-worker ``DataLoader`` the main process never
@@ -278,7 +280,7 @@ class ShardDataset(Planned, IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # A plan is O(N): a spawned or forkserver worker receives this rank's share of it by reference to the
-        # node plan's files it is mapped from, else in shared memory (by handle, not by value), and the shard
+        # node plan's files it is read from, else in shared memory (by handle, not by value), and the shard
         # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
         context = Context.detect()
         state = dict(self.__dict__, _reader=None)

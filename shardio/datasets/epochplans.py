@@ -2,7 +2,7 @@
 
 A :class:`~shardio.datasets.dataset.ShardDataset` holds one (not a base class): which rank and world the plans
 are for (given, detected, or carried to a spawned worker), the whole plan of an epoch while this rank's share is
-cut from it (logged when it leaves samples out), and the share, mapped from the node's plan files
+cut from it (logged when it leaves samples out), and the share, read from the node's plan files
 (:mod:`shardio.runtime.planfiles`) where other processes may need it. Every planning decision is the planner's
 (:class:`~shardio.planning.planner.Planner`).
 """
@@ -103,7 +103,7 @@ class EpochPlans:
     def check_position(at: Instruction, share: Any) -> None:
         """A :class:`StateError` unless ``at`` lies within its epoch's plan, whose share ``share()`` makes.
 
-        Checked on this rank's share (mapped from the node's plan where there is one: its batch count is every
+        Checked on this rank's share (read from the node's plan where there is one: its batch count is every
         rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
         with the same inputs."""
         try:
@@ -129,6 +129,6 @@ class EpochPlans:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        # a share mapped from the node's plan travels as its name (workers.nodeplan): where its files are gone
+        # a share read from the node's plan travels as its name (workers.nodeplan): where its files are gone
         # it arrives as None, and this process obtains the plan again
         self.shares = {key: plan for key, plan in self.shares.items() if plan is not None}

@@ -1,23 +1,25 @@
-"""Plan files: an epoch's plan, computed once per node and mapped by every process of the node that needs it.
+"""Plan files: an epoch's plan, computed once per node and read by every process of the node that needs it.
 
 Planning an epoch is O(N) (the plan is global: every rank's batches come out of one ordering of every shard
 window), and every process that iterates needs its rank's share: the training process of each rank (with a
 world size above 1, or once its DataLoader workers have begun) and each DataLoader worker that begins an epoch
-the training process did not plan for it. :func:`obtain` gives a process its rank's share: mapped from the
+the training process did not plan for it. :func:`obtain` gives a process its rank's share: read from the
 node plan under :func:`~shardio.storage.files.cache_dir` ``/plans/`` when it is there; else the process
 takes the plan's lock (:class:`~shardio.storage.locks.FileLock`), looks again, plans the whole epoch,
 writes every rank's share (:mod:`shardio.runtime.nodeplan`) and releases the lock, while the node's other
-processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) and map their part. So the
-ranks of a node plan an epoch once, and the page cache holds one copy of it.
+processes that need the plan (any rank's) wait for it (at most :data:`WAIT_S`) and read their part. So the
+ranks of a node plan an epoch once.
 
 Names: ``{job}-e{epoch:06d}-{digest}`` (:func:`name`). ``job`` is a short digest of what stays the same
 through a job (the index's content id, seed, options, world size, a state's ``extra``, shardio's version and
 source); ``digest`` covers everything that shapes the plan (those, the epoch and its history of world-size
 changes), never the rank. The content is a function of the name, so a file is never rewritten: written under a
-temporary name, renamed into place, checked when mapped. Anything that fails around the files or the lock
-(another node's cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline)
-only means the process plans by itself; a damaged plan is planned again and replaced by the process that takes
-its lock.
+temporary name, renamed into place, checked when read (:func:`~shardio.runtime.nodeplan.read`: owner, mode,
+sizes, digests bound to the name, values). Anything that fails around the files or the lock (another node's
+cache, a full disk, a read-only cache directory, no ``flock``, a holder past the deadline) only means the
+process plans by itself; a damaged plan of this user's is planned again and replaced by the process that takes
+its lock. A ``plans`` directory this process cannot trust (a link, another user's, writable by others) is
+neither read nor written: one warning names it, and each process plans each epoch in memory.
 
 Clean-up: the process that writes epoch ``E``'s plan removes its job's plans of epochs ``E - 2`` and before
 (the ranks of a job are within an epoch of each other; a process that still needed one plans it again:
@@ -92,7 +94,7 @@ def _code() -> str:
 def name(job: Mapping[str, Any], epoch: int, history: Any) -> str:
     """The name of epoch ``epoch``'s plan (after world-size changes ``history``) in job ``job`` (JSON-ready:
     everything that shapes the plan and stays the same through a job, never the rank)."""
-    constant = {**job, "shardio": __version__, "code": _code(), "format": 2}
+    constant = {**job, "shardio": __version__, "code": _code(), "format": 3}
     plan = _hash({**constant, "epoch": epoch, "history": history})
     return f"{_hash(constant)[:12]}-e{epoch:06d}-{plan[:32]}"
 
@@ -105,12 +107,14 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
     if os.path.isdir(target):
         return target
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o755, exist_ok=True)  # never writable by others, whatever the umask
+        if nodeplan.distrust(directory) is not None:
+            return None  # load() warned
         _prune_now_and_then()
         clean(name)
         temporary = tempfile.mkdtemp(prefix=".tmp-", dir=directory)
         try:
-            nodeplan.write(temporary, plan, samples)
+            nodeplan.write(temporary, plan, samples, name)
             os.replace(temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -125,21 +129,24 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
 
 
 def load(name: str, rank: int, samples: int) -> RankPlan | None:
-    """Rank ``rank``'s share of plan ``name``, mapped read-only, if it is there and consistent (ids below
-    ``samples``); else None."""
+    """Rank ``rank``'s share of plan ``name``, read into private memory, if it is there, trusted and
+    consistent (ids below ``samples``); else None."""
     return nodeplan.read(path(name), rank, samples)
 
 
 def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) -> RankPlan:
-    """Rank ``rank``'s share of plan ``name``: mapped from its file, else ``make()`` (the whole epoch's plan)
-    once on the node under its lock, written for every rank of the node, and this rank's part of it."""
+    """Rank ``rank``'s share of plan ``name``: read from its files, else ``make()`` (the whole epoch's plan)
+    once on the node under its lock, written for every rank of the node, and this rank's part of it. In a
+    plans directory that cannot be trusted, ``make()`` here, and nothing is written."""
     global _lock_warned
     found = load(name, rank, samples)
     if found is not None:
         return found
     lock = FileLock(path(name) + ".lock", what="another process planning the epoch", level=logging.WARNING)
     try:
-        os.makedirs(_directory(), exist_ok=True)
+        os.makedirs(_directory(), mode=0o755, exist_ok=True)  # never writable by others, whatever the umask
+        if nodeplan.distrust(_directory()) is not None:  # load() warned
+            return rank_plan(make(), rank)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
         logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the node's "
@@ -158,8 +165,8 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
             if os.path.isdir(path(name)):  # there but damaged (load said so): replaced, for the node's others
                 shutil.rmtree(path(name), ignore_errors=True)
             plan = make()
-            mapped = load(name, rank, samples) if save(name, plan, samples) is not None else None
-            return mapped if mapped is not None else rank_plan(plan, rank)
+            found = load(name, rank, samples) if save(name, plan, samples) is not None else None
+            return found if found is not None else rank_plan(plan, rank)
     finally:
         lock.release()
     # the holder we waited for wrote no file (a full disk, or it died): plan alongside the others, not in turn
@@ -189,7 +196,7 @@ def clean(name: str) -> int:
         other = _NAME.match(entry.name)
         return other is not None and other.group(1) == job and int(other.group(2)) <= epoch - 2
 
-    return _remove_where(earlier)  # a process that maps a removed plan's files keeps them
+    return _remove_where(earlier)  # a process that read a removed plan keeps its copy
 
 
 def prune(older_than: float = STALE_S) -> int:

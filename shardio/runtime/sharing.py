@@ -9,8 +9,8 @@ torch's DataLoader (``multiprocessing``'s ``ForkingPickler``) sends a shared ten
 so every worker of the rank maps one copy and nothing of size N / world is pickled. A plain ``pickle`` still
 copies the values, so the plan also survives ``copy.deepcopy`` and a pickle to disk. No files and no locks.
 
-A share mapped from the node's plan files (:class:`~shardio.runtime.nodeplan.MappedRankPlan`, with several
-ranks) needs none of this: it pickles as the plan's name, and the worker maps the same files.
+A share read from the node's plan files (:class:`~shardio.runtime.nodeplan.MappedRankPlan`, with several
+ranks) needs none of this: it pickles as the plan's name, and the worker reads the same files.
 
 The index's shard table (:class:`~shardio.shards.shardtable.ShardTable`, O(shards)) travels the same way:
 :func:`shared_table` copies its arrays into shared tensors once, and the table pickles as those tensors.
@@ -58,7 +58,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 def shared(plan: RankPlan) -> RankPlan:
     """``plan`` with its arrays in shared memory (itself if they are already); ``plan`` unchanged, with a
     warning, if shared memory cannot be had (``/dev/shm`` full): workers then receive a copy."""
-    if isinstance(plan, (SharedRankPlan, MappedRankPlan)):  # a mapped share travels as its node plan's name
+    if isinstance(plan, (SharedRankPlan, MappedRankPlan)):  # a node plan's share travels as its name
         return plan
     try:
         ids, offsets = _tensor(plan.ids), _tensor(plan.offsets)

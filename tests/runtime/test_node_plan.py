@@ -106,7 +106,7 @@ def test_a_damaged_node_plan_is_not_used(root: str, tmp_path: Path, damage: str,
         with caplog.at_level(logging.WARNING, logger="shardio.runtime.nodeplan"):
             ds.set_epoch(0)
         assert keys(ds) == expected[rank]
-    assert "planning the epoch here instead" in caplog.text
+    assert "planning the epoch in memory" in caplog.text
     assert len(planned(log)) == 1  # the first rank planned by itself and replaced the plan; the others map it
     assert epochs_on_disk(tmp_path / "cache") == [0]
 
@@ -208,20 +208,42 @@ def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path)
 
 @pytest.mark.parametrize("array", [np.arange(5, dtype=np.int64), np.arange(12, dtype=np.int64).reshape(2, 6),
                                    np.arange(7, dtype=np.int32), np.array([True, False, True]),
-                                   np.zeros(0, np.int32), np.arange(3, dtype=">i8"), np.arange(4.0),
-                                   np.arange(24, dtype=np.int64).reshape(2, 3, 4)])
-def test_a_plan_file_reads_back_as_numpy_saved_it_read_only(tmp_path: Path, array: np.ndarray) -> None:
-    """The headers nodeplan writes take a short path; any other goes through np.load: the same array."""
+                                   np.zeros(0, np.int32)])
+def test_a_plan_file_reads_back_into_private_memory(tmp_path: Path, array: np.ndarray) -> None:
+    """The headers nodeplan writes (np.save's for these dtypes and shapes), read into an array of its own."""
     path = str(tmp_path / "a.npy")
     np.save(path, array)
-    mapped = nodeplan._mapped(path)
-    assert mapped.dtype == array.dtype and mapped.shape == array.shape and np.array_equal(mapped, array)
-    assert not mapped.flags.writeable
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        dtype, shape = nodeplan._npy_header(fd, path)
+        read = nodeplan._array(str(tmp_path), "a", (fd, dtype, shape), 0, None).reshape(shape)
+    finally:
+        os.close(fd)
+    owner = read if read.base is None else read.base
+    assert read.dtype == array.dtype and np.array_equal(read, array) and owner.flags.owndata
+    assert not read.flags.writeable
+
+
+@pytest.mark.parametrize("array", [np.arange(3, dtype=">i8"), np.arange(4.0),
+                                   np.arange(24, dtype=np.int64).reshape(2, 3, 4)])
+def test_a_plan_file_of_another_type_or_shape_is_refused(tmp_path: Path, array: np.ndarray) -> None:
+    path = str(tmp_path / "a.npy")
+    np.save(path, array)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(nodeplan._Doubt, match="not a header of a node plan file"):
+            nodeplan._npy_header(fd, path)
+    finally:
+        os.close(fd)
 
 
 def test_a_truncated_plan_file_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "a.npy")
     np.save(path, np.arange(100, dtype=np.int64))
     os.truncate(path, 128 + 8 * 99)
-    with pytest.raises(ValueError):
-        nodeplan._mapped(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(nodeplan._Doubt, match="not what its header says"):
+            nodeplan._npy_header(fd, path)
+    finally:
+        os.close(fd)
