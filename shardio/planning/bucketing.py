@@ -14,9 +14,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batches import (BLOCK, batch_audio, batch_offsets, eligible, fixed_offsets, greedy_offsets,
-                      group_starts, padding_of, padding_ratio, reorder_batches, sample_cost,
-                      shuffle_batches, stable_order)
+from .batches import (
+    BLOCK,
+    batch_audio,
+    batch_offsets,
+    eligible,
+    fixed_offsets,
+    greedy_offsets,
+    group_starts,
+    padding_of,
+    padding_ratio,
+    reorder_batches,
+    sample_cost,
+    shuffle_batches,
+    stable_order,
+)
 from .options import Batching
 
 __all__ = ["BLOCK", "RESOLUTION", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",

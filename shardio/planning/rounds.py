@@ -32,8 +32,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .batches import (batch_audio, batch_costs, batch_offsets, eligible, group_starts, padding_of,
-                      reorder_batches, shuffle_batches, stable_order, underfull)
+from .batches import (
+    batch_audio,
+    batch_costs,
+    batch_offsets,
+    eligible,
+    group_starts,
+    padding_of,
+    reorder_batches,
+    shuffle_batches,
+    stable_order,
+    underfull,
+)
 from .options import Batching
 
 __all__ = ["CHUNK_ROUNDS", "Grouping", "Segmented", "batch_costs", "underfull", "compact", "synchronised_order",

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from sample_shards import make_uneven_dataset
+
 from shardio import EpochSize, LoaderState, ShardDataset, Trace, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.planning.surgery import Quarantine, Surgery
