@@ -236,8 +236,7 @@ class ShardDataset(Planned, IterableDataset):
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = loaded.surgery
         if surgery.quarantines:
-            surgery.check_ids(len(self.index), lambda i: self.index.keys[i],
-                              self.planner.corpus if self.planner.corpora else None)
+            surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.planner.corpus)
         self._surgery, previous = surgery, self._surgery
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch

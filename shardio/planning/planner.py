@@ -204,7 +204,7 @@ class Planner:
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = state.surgery
-        surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.corpus if self.corpora else None)
+        surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.corpus)
         try:
             plan = self.plan(state.epoch, state.world_size, state.history, surgery)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
