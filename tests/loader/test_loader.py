@@ -238,7 +238,7 @@ def _orphaned_workers_exit(data: str, method: str) -> None:
 def test_workers_exit_once_the_training_process_is_killed(data: Path, method: str) -> None:
     paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1])]
     code = (f"import sys; sys.path[:0] = {paths!r}\n"
-            f"from tests.workers.test_loader import _orphaned_workers_exit\n"
+            f"from tests.loader.test_loader import _orphaned_workers_exit\n"
             f"if __name__ == '__main__':\n    _orphaned_workers_exit({str(data)!r}, {method!r})\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr

@@ -48,7 +48,7 @@ def run(function: str, *args: Any, limit: float = 90.0) -> subprocess.CompletedP
     """``function(*args)`` of this module in a fresh interpreter, in a session of its own; past ``limit``
     seconds the test fails and the session is killed whole (its workers too, stopped ones included)."""
     code = (f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
-            f"from tests.workers.test_loader_robustness import {function}\n"
+            f"from tests.loader.test_loader_robustness import {function}\n"
             f"if __name__ == '__main__':\n    {function}(*{args!r})\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=ROOT, start_new_session=True)

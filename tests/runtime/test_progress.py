@@ -1,7 +1,7 @@
 """A process's position among its instructions (workers.progress), in the training process, in milliseconds.
 
 The configurations where workers play (fork, spawn, persistent, StatefulDataLoader) are the resume harness's and
-tests/workers/test_worker_control.py's; these pin the rules they rely on.
+tests/runtime/test_worker_control.py's; these pin the rules they rely on.
 """
 
 from __future__ import annotations
