@@ -38,8 +38,8 @@ import numpy as np
 
 from shardio.bench.report import write_results
 from shardio.planning.plan import Batching, EpochPlan, plan_epoch
-from shardio.synth import duration_sample
 from shardio.runtime import nodeplan, planfiles
+from shardio.synth import duration_sample
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 NUM_SHARDS = 10_000

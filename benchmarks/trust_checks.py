@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from shardio.bench.report import write_results
-from shardio.storage.statefiles import load_state_file
 from shardio.planning.exclusions import check_extra
-from shardio.storage.files import check_output_file
 from shardio.shards.keys import Keys
+from shardio.storage.files import check_output_file
+from shardio.storage.statefiles import load_state_file
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SAMPLES = 1_000_000

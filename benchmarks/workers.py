@@ -29,14 +29,13 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import threading
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -45,9 +44,9 @@ from shardio.bench.measure import _descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
 from shardio.datasets.dataset import ShardDataset
+from shardio.loader.loader import ShardLoader
 from shardio.reading import batchmemory, blocks
 from shardio.reading.assembly import Assembler, Decoding
-from shardio.loader.loader import ShardLoader
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 BATCH = 16

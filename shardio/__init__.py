@@ -26,18 +26,18 @@ from .planning.mixoptions import EpochSize, Mix
 from .planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch
 from .planning.planner import Planner
 from .reading.options import Decoding, Reading
-from .storage.retries import RetryPolicy
 from .shards.index import Index, ShardInfo
 from .shards.writer import ShardWriter
 from .state import LoaderState
+from .storage.retries import RetryPolicy
 from .version import __version__
 from .world import World
 
 if TYPE_CHECKING:
     from .datasets.dataset import ShardDataset, Transform
     from .datasets.mixed import MixedDataset
-    from .reading.collate import collate
     from .loader.loader import ShardLoader
+    from .reading.collate import collate
 
 
 

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from .checks.optiondiffs import option_differences
+from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
 from .planning.surgery import Surgery
-from .checks.optiondiffs import option_differences
-from .checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS, MAX_WORLD_SIZE, check_count, check_tree
 
 __all__ = ["STATE_VERSION", "LoaderState", "batch_position", "check_follows", "combine", "find_states", "job_state",
            "options_fingerprint", "split", "steps_after_snapshot"]

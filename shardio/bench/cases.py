@@ -23,11 +23,11 @@ from torch.utils.data import DataLoader
 
 from ..datasets.dataset import ShardDataset
 from ..errors import FormatError
+from ..loader.loader import ShardLoader
 from ..packing.source import AUDIO_EXTENSIONS
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
 from ..reading.options import Decoding
-from ..loader.loader import ShardLoader
 
 __all__ = [
     "Epoch",

@@ -35,27 +35,27 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from .checks import check_rates, check_some_eligible, source_index
-from .epochplans import EpochPlans, extra_of
-from .planned import Planned
+from ..checks.options import integer
 from ..errors import OptionError, StateError, shown
 from ..planning.exclusions import leave_out_consumed
-from ..checks.options import integer
 from ..planning.plan import Batching, Ordering, worker_batches
 from ..planning.planner import Planner
 from ..planning.surgery import Surgery
-from .options import option_groups
 from ..reading.assembly import Assembler
-from ..reading.options import Decoding, Reading, Transform
 from ..reading.cache import ShardCache
+from ..reading.options import Decoding, Reading, Transform
 from ..reading.reader import Reader, ReadStats
-from ..storage.files import cache_dir
-from ..shards.index import Index
-from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
 from ..runtime.control import Instruction, extra_mark
 from ..runtime.progress import Progress, resume_point
 from ..runtime.sharing import shared_table
+from ..shards.index import Index
+from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
+from ..storage.files import cache_dir
 from ..world import Context, World, refuse_resharding
+from .checks import check_rates, check_some_eligible, source_index
+from .epochplans import EpochPlans, extra_of
+from .options import option_groups
+from .planned import Planned
 
 __all__ = ["ShardDataset", "Transform"]
 

@@ -16,19 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from .dataset import ShardDataset
-from .options import option_groups
 from ..errors import OptionError, shown
 from ..planning.mix import CorpusColumns, check_epoch_size, corpus_offsets
 from ..planning.mixoptions import EpochSize, Mix
 from ..planning.plan import Batching, Ordering
 from ..planning.planner import Planner
 from ..reading.options import Decoding, Reading
-from ..storage.files import join
 from ..shards.chained import ChainedColumn
 from ..shards.index import COLUMNS, Index, ShardInfo, ShardTable
 from ..shards.keys import ChainedKeys, Keys
+from ..storage.files import join
 from ..world import World
+from .dataset import ShardDataset
+from .options import option_groups
 
 __all__ = ["MixIndex", "MixedDataset"]
 

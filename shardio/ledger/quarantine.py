@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..checks.states import MAX_HISTORY
 from ..errors import OptionError, StateError
 from ..planning.plan import Segment
 from ..planning.surgery import Quarantine
 from ..state import LoaderState, job_state
-from ..checks.states import MAX_HISTORY
 from .keyids import resolve_keys
 from .trace import Trace
 

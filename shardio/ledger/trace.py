@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..checks.states import MAX_COUNT
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
-from ..checks.states import MAX_COUNT
 from .keyids import resolve_keys
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ class Trace:
         for epoch in chosen:
             for planned in [key for key in self._plans if key not in cached]:
                 del self._plans[planned]  # one epoch's plans held at a time, not one per epoch searched
-            for number, (world_size, start, count) in enumerate(self.segments(epoch)):
+            for number, (_world_size, start, count) in enumerate(self.segments(epoch)):
                 plan = self.plan(epoch, number)
                 positions = np.flatnonzero(np.isin(plan.samples, ids))
                 if positions.shape[0] == 0:

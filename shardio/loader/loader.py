@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
+from ..checks.options import flag, integer, real
+from ..checks.states import MAX_WORKERS
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, shown
-from ..checks.options import flag, integer, real
 from ..state import batch_position
-from ..checks.states import MAX_WORKERS
 from .pinning import Pinner, pinned
 from .pool import WorkerPool
 from .server import BATCH, ERROR

@@ -23,20 +23,20 @@ import sys
 import time
 import unicodedata
 from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Generator, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
 from ..errors import InputError, InputProblem, OptionError
-from ..storage.files import write_atomic
 from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
+from ..storage.files import write_atomic
 from .listing import list_corpus
-from .source import AUDIO_EXTENSIONS, Source
 from .preparation import Prepared, Task, prepare
+from .source import AUDIO_EXTENSIONS, Source
 
 __all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "assign_keys", "default_workers", "describe_left_out", "pack", "rewrite_key"]
 

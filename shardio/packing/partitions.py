@@ -36,10 +36,10 @@ from ..errors import InputProblem, OptionError
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
 from .listing import list_corpus
-from .source import AUDIO_EXTENSIONS, Source
 from .output import Output
 from .pack import assign_keys
 from .preparation import Task, prepare
+from .source import AUDIO_EXTENSIONS, Source
 
 __all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
            "pack_partition", "partition_done", "part_dir"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import OptionError, shown
 from ..checks.options import flag, integer, real
+from ..errors import OptionError, shown
 from .batches import eligible, sample_cost
 
 __all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]

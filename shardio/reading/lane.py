@@ -21,7 +21,6 @@ anything, and the general path builds the whole batch: its errors, skips and mes
 from __future__ import annotations
 
 import operator
-
 from collections.abc import Callable
 from typing import Any
 

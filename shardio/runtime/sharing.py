@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from ..planning.rankplan import RankPlan
-from .nodeplan import MappedRankPlan
 from ..shards.shardtable import ShardTable
+from .nodeplan import MappedRankPlan
 
 __all__ = ["SharedRankPlan", "shared", "shared_arrays", "shared_table"]
 

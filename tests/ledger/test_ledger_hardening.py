@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_shards import make_uneven_dataset
+from test_trace import memory_index
 from torch.utils.data import DataLoader
 
-from sample_shards import make_uneven_dataset
 from shardio import EpochSize, OptionError, ShardDataset, StateError, World
 from shardio.cli import main
+from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine
 from shardio.ledger.remix import remix
 from shardio.ledger.trace import Trace
-from shardio.datasets.mixed import MixedDataset
-from test_trace import memory_index
 
 
 @pytest.fixture(scope="module")
@@ -377,8 +377,8 @@ def test_a_remix_tail_stays_ranges_and_is_bounded_by_the_mix_that_plays_it(data:
     import tracemalloc
 
     from shardio.ledger.remix import remix_report
-    from shardio.planning.mixstreams import Streams
     from shardio.planning.mix import MAX_TAIL_EPOCHS
+    from shardio.planning.mixstreams import Streams
 
     healed = healed_mix(data, {"big": 1.0})
     extra = healed["extra"]["remix"]

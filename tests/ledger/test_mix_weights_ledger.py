@@ -16,8 +16,8 @@ from sample_shards import make_uneven_dataset
 
 from shardio import EpochSize, OptionError, StateError
 from shardio.cli import main
-from shardio.ledger.rebuild import open_for_state
 from shardio.datasets.mixed import MixedDataset
+from shardio.ledger.rebuild import open_for_state
 from shardio.planning.mixoptions import Mix, recorded_weights
 
 pytestmark = pytest.mark.timeout(600)

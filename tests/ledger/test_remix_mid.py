@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
 from sample_shards import make_uneven_dataset
+
 from shardio import Batching, EpochSize, StateError, World
-from shardio.ledger.remix import remix, remix_report
 from shardio.datasets.mixed import MixedDataset
-from shardio.planning.streams import stream_samples
+from shardio.ledger.remix import remix, remix_report
 from shardio.planning.plan import EpochPlan, Segment
+from shardio.planning.streams import stream_samples
 from shardio.state import LoaderState
 from shardio.world import Context
 

@@ -14,10 +14,10 @@ from hostile import run_limited
 from test_state_validation import data, valid  # noqa: F401  (fixtures: a small dataset, a valid state of it)
 
 from shardio import ShardDataset, StateError, quarantine_report
+from shardio.checks.states import MAX_COUNT, MAX_DEPTH, MAX_WORLD_SIZE
 from shardio.errors import OptionError, ShardioError, shown
 from shardio.planning.options import MAX_BUCKETS, Batching
 from shardio.state import LoaderState
-from shardio.checks.states import MAX_COUNT, MAX_DEPTH, MAX_WORLD_SIZE
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sample_shards import make_uneven_dataset
+from test_plan_lock import count_plans, epochs_on_disk, planned
 
 import shardio.planning.planner
-from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.runtime import nodeplan, planfiles
-from test_plan_lock import count_plans, epochs_on_disk, planned
 
 WORLD_SIZE = 3
 
@@ -147,8 +147,9 @@ def test_one_rank_without_workers_plans_in_memory(root: str, tmp_path: Path) -> 
 def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp_path: Path) -> None:
     """Pickled for a spawn/forkserver worker (torch's ForkingPickler), a share mapped from the node plan is a
     reference to its files, not its ids nor a shared-memory copy; where the files are gone the worker plans."""
-    import torch.multiprocessing  # noqa: F401  (registers its reductions of tensors with ForkingPickler)
     from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers its reductions of tensors with ForkingPickler)
     from torch.utils.data import DataLoader
 
     from shardio.runtime.nodeplan import MappedRankPlan

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
 import shardio.planning.planner
-from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.plan import EpochPlan
 from shardio.runtime import planfiles

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sample_shards import make_uneven_dataset
+from test_plan_lock import epochs_on_disk
 from torch.utils.data import DataLoader, get_worker_info
 
 import shardio.planning.planner
-from sample_shards import make_uneven_dataset
 from shardio import Index, ShardDataset, World
 from shardio.planning.plan import EpochPlan
-from test_plan_lock import epochs_on_disk
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader, get_worker_info
 
-from sample_shards import make_uneven_dataset
 from shardio import ShardDataset, World
 from shardio.planning.rankplan import RankPlan
 from shardio.runtime.nodeplan import MappedRankPlan
