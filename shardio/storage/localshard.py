@@ -8,7 +8,8 @@ other systems), ranges are read with ``pread``.
 
 A shard rewritten in place or replaced (renamed over) while a run reads it would mix two versions of its audio,
 silently where the size stays the same. So a shard opened with ``unchanged_since`` (the time its index was
-loaded, which DataLoader workers share) is checked at each read, after its bytes are read or mapped: a
+loaded, which DataLoader workers share) is checked after its bytes are read or mapped (at most once a
+millisecond: :data:`CHECK_EVERY_NS`): a
 status-change time (``st_ctime``, which every write, rename onto the path, ``chmod`` or ``chown`` sets, and no
 one can set back) later than that, or a status (ctime, mtime, size) other than at the file's first read in this
 process, is a :class:`~shardio.errors.ShardChanged`, and so is every later read of the file. Checked on the
@@ -36,6 +37,12 @@ CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
 """Whether local plain shards are read as views of a memory map here (else with ``pread``)."""
 
 
+CHECK_EVERY_NS = 1_000_000
+"""A local shard's status is checked at most once a millisecond of reads (an ``fstat`` per sample cost 1.7 µs):
+a change is seen at the first check after it, a millisecond of reads later at most, which is finer than the
+few milliseconds by which file times tick."""
+
+
 class LocalShard:
     """An open local shard file of ``size`` bytes (the size the index recorded, checked at open), whose status
     must not change after ``unchanged_since`` (``time.time_ns()``; None: not checked)."""
@@ -46,6 +53,7 @@ class LocalShard:
         self.unchanged_since = unchanged_since
         self._changed: ShardChanged | None = None
         self._status: tuple[int, int, int] | None = None  # (ctime, mtime, size) at the first check
+        self._checked_ns = 0  # time.monotonic_ns() of the last fstat
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = CAN_MAP and size > 0
@@ -66,6 +74,10 @@ class LocalShard:
         if self.unchanged_since is None:
             return
         if self._changed is None:
+            now = time.monotonic_ns()
+            if now - self._checked_ns < CHECK_EVERY_NS and self._status is not None:
+                return
+            self._checked_ns = now
             info = os.fstat(self.fd)
             status = (info.st_ctime_ns, info.st_mtime_ns, info.st_size)
             if self._status is None:
