@@ -39,7 +39,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio.bench.cases import _count, shardio_epoch
+from shardio.bench.cases import count_batches, shardio_epoch
 from shardio.bench.measure import _descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
@@ -88,7 +88,7 @@ def _more_blocks(_worker: int) -> None:
 def _bundled_epoch(directory: str) -> Callable[[], tuple[int, float]]:
     loader = DataLoader(_Bundled(directory, batch_size=BATCH), batch_size=None, num_workers=2,
                         persistent_workers=True, worker_init_fn=_more_blocks)
-    return lambda: _count(batch for bundle in loader for batch in bundle)
+    return lambda: count_batches(batch for bundle in loader for batch in bundle)
 
 
 def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, float]]:
@@ -116,12 +116,12 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
-    return lambda: _count(batches())
+    return lambda: count_batches(batches())
 
 
 def _lean_epoch(directory: str, prefetch: int) -> Callable[[], tuple[int, float]]:
     loader = ShardLoader(ShardDataset(directory, batch_size=BATCH), num_workers=2, prefetch=prefetch)
-    return lambda: _count(loader)
+    return lambda: count_batches(loader)
 
 
 def _tiny_epoch(batches: int) -> Callable[[], tuple[int, float]]:
