@@ -26,13 +26,12 @@ import errno
 import hashlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import IntegrityError
-from ..storage.files import check_output_file
+from ..storage.files import staged
 from ..storage.locks import FileLock, remove_if_free
 
 __all__ = ["ShardCache"]
@@ -94,25 +93,17 @@ class ShardCache:
         return None
 
     def _fetch_into(self, path: str, sha256: str, size: int, fetch: Callable[[BinaryIO], None], where: str) -> None:
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        try:
-            with os.fdopen(handle, "w+b") as out:
-                fetch(out)
-                out.flush()
-                out.seek(0)
-                hashed = hashlib.sha256()
-                while chunk := out.read(1 << 22):  # hashlib.file_digest is Python 3.11's
-                    hashed.update(chunk)
-                digest, got = hashed.hexdigest(), out.tell()
+        with staged(path, "w+b", suffix="") as out:  # not named *.shard: eviction counts those
+            fetch(out)
+            out.flush()
+            out.seek(0)
+            hashed = hashlib.sha256()
+            while chunk := out.read(1 << 22):  # hashlib.file_digest is Python 3.11's
+                hashed.update(chunk)
+            digest, got = hashed.hexdigest(), out.tell()
             if got != size or digest != sha256:
                 raise IntegrityError(f"{where}: fetched {got} bytes with SHA-256 {digest}, the index records "
                                      f"{size} bytes and {sha256}: the remote shard changed after indexing")
-            check_output_file(path)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
 
     def discard(self, sha256: str, size: int) -> None:
         """Remove the entry (a reader found it damaged); the next reader fetches it again."""

@@ -22,13 +22,14 @@ the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO
 from urllib.parse import unquote
 
@@ -54,6 +55,7 @@ __all__ = [
     "open_output",
     "read_bytes",
     "read_range",
+    "staged",
     "write_atomic",
 ]
 
@@ -225,15 +227,37 @@ def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` under a temporary name in the same directory, then rename it to ``path``; an
     :class:`OutputError` where ``path`` is there and not a regular file (:func:`check_output_file`)."""
     check_output_file(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
+    with staged(path) as out:
+        os.fchmod(out.fileno(), 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+@contextlib.contextmanager
+def staged(path: str, mode: str = "wb", suffix: str | None = None) -> Iterator[BinaryIO]:
+    """A new file beside ``path``, under a temporary name, for ``path``'s next content.
+
+    Args:
+        path: the file that the content replaces (or creates) once the block ends without an exception.
+        mode: the mode the temporary file is opened in (``"w+b"`` to read back what was written).
+        suffix: the end of the temporary file's name (``.tmp-XXXXXXXX`` then the suffix); default ``-`` and
+            ``path``'s name, so cleaners can tell whose it was.
+
+    Returns:
+        A context manager giving the open temporary file. On a clean exit it is closed, ``path`` is checked
+        again (:func:`check_output_file`: something may have come meanwhile) and the file is renamed to it; on
+        an exception the temporary file is removed. Readers never see a partial file.
+
+    Raises:
+        OutputError: ``path`` is there and not a regular file when the block ends.
+    """
+    suffix = "-" + os.path.basename(path) if suffix is None else suffix
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path)))
     try:
-        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        check_output_file(path)  # again, right before the rename: it may have come meanwhile
+        with os.fdopen(handle, mode) as out:
+            yield out
+        check_output_file(path)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -286,20 +310,12 @@ def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[st
 
     try:
         os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix="-" + name, dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as out:
-                got = retrying(lambda: fetch(out), location, retry)
+        with staged(path) as out:
+            got = retrying(lambda: fetch(out), location, retry)
             if got != size:
                 raise FormatError(f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
                                   f"index.json describes {size}: the index files do not belong together or one "
                                   "is damaged; rebuild the index")
-            check_output_file(path)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
     except (FileNotFoundError, FormatError, ReadError, OutputError):
         raise
     except OSError as exc:  # the cache itself: a full disk, a read-only directory
