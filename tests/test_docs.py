@@ -38,6 +38,9 @@ README_FIRST_PYTHON_BY = 60
 
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _NOT_RUN = re.compile(r"^<!-- not run: (\S.*?) -->$")
+_INSTALLS = re.compile(r"\b(pip3?|uv|conda|mamba)\s+(pip\s+)?install\b")
+"""A command that would change the environment the tests run in (a ``pip install 'shardio[x]'`` block once
+installed a torchaudio from the registry into CI's virtualenv, and the pages after it failed to import it)."""
 _FILE = re.compile(r"^<!-- file: ([\w.-]+) -->$")
 _MARKER = re.compile(r"^<!-- (not run|file)\b")
 _PACKS_DATA = re.compile(r"^\s*shardio pack \S+ data/?(\s|$)", re.M)
@@ -105,6 +108,13 @@ def test_every_marker_stands_right_before_a_block_and_not_run_gives_a_reason() -
                 misplaced.append(f"{page.relative_to(REPO)}:{number + 1}: {line!r} is not followed by a "
                                  "block")
     assert not misplaced, "\n".join(misplaced)
+
+
+def test_no_block_that_runs_installs_packages() -> None:
+    """A block that installs packages must be marked not run: run here it would change this virtualenv for every
+    later test."""
+    installing = [block.where for page in PAGES for block in runnable(page) if _INSTALLS.search(block.code)]
+    assert not installing, "blocks that install packages, mark them <!-- not run: ... -->: " + ", ".join(installing)
 
 
 def test_every_extra_the_docs_name_exists() -> None:

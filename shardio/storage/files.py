@@ -30,7 +30,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, Literal
 from urllib.parse import unquote
 
 from ..errors import FormatError, OptionError, OutputError, ReadError
@@ -235,7 +235,7 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def staged(path: str, mode: str = "wb", suffix: str | None = None) -> Iterator[BinaryIO]:
+def staged(path: str, mode: Literal["wb", "w+b"] = "wb", suffix: str | None = None) -> Iterator[BinaryIO]:
     """A new file beside ``path``, under a temporary name, for ``path``'s next content.
 
     Args:
