@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="timed rounds (default 5, quick 2)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    command = "python benchmarks/bench.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/bench.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
+    )
     result = run_bench(args.dataset, out_dir=args.out_dir, quick=args.quick, reps=args.reps, command=command)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,11 @@ PAGE = 4096
 
 def _ms(seconds: list[float], batches: int) -> dict[str, Any]:
     per_batch = [1e3 * s / batches for s in seconds]
-    return {"median": round(statistics.median(per_batch), 3), "min": round(min(per_batch), 3),
-            "max": round(max(per_batch), 3)}
+    return {
+        "median": round(statistics.median(per_batch), 3),
+        "min": round(min(per_batch), 3),
+        "max": round(max(per_batch), 3),
+    }
 
 
 def in_process(make: Callable[[], np.ndarray], batches: int) -> float:
@@ -80,8 +83,11 @@ class _PooledBlocks(_Blocks):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for _ in range(self.batches):
             block = blocks.take(NBYTES)
-            audio = (_shared_tensor() if block is None else
-                     torch.empty(0, dtype=torch.float32).set_(block.untyped_storage(), 0, SHAPE))
+            audio = (
+                _shared_tensor()
+                if block is None
+                else torch.empty(0, dtype=torch.float32).set_(block.untyped_storage(), 0, SHAPE)
+            )
             audio.numpy().fill(1.0)
             yield blocks.outgoing({"audio": audio})
 
@@ -102,8 +108,10 @@ def across_processes(batches: int, pooled: bool = False) -> tuple[float, float]:
 def measure(runs: int, batches: int) -> list[dict[str, Any]]:
     """Every case, ``runs`` times interleaved."""
     pool = np.empty(SHAPE, np.float32)
-    timings: dict[str, list[float]] = {name: [] for name in ("reused", "fresh", "shared", "worker", "trainer",
-                                                             "pooled worker", "pooled trainer")}
+    timings: dict[str, list[float]] = {
+        name: []
+        for name in ("reused", "fresh", "shared", "worker", "trainer", "pooled worker", "pooled trainer")
+    }
     for _ in range(runs):
         timings["reused"].append(in_process(lambda: pool, batches))
         timings["fresh"].append(in_process(lambda: np.empty(SHAPE, np.float32), batches))
@@ -123,23 +131,38 @@ def measure(runs: int, batches: int) -> list[dict[str, Any]]:
         "pooled worker": "1-worker DataLoader, reused blocks (shardio.reading.blocks): the worker (write, send)",
         "pooled trainer": "1-worker DataLoader, reused blocks: the training process (receive, read, release)",
     }
-    return [{"case": labels[name], "ms_per_batch": _ms(values, batches),
-             "us_per_page": round(1e6 * statistics.median(values) / batches / (NBYTES / PAGE), 3)}
-            for name, values in timings.items()]
+    return [
+        {
+            "case": labels[name],
+            "ms_per_batch": _ms(values, batches),
+            "us_per_page": round(1e6 * statistics.median(values) / batches / (NBYTES / PAGE), 3),
+        }
+        for name, values in timings.items()
+    ]
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown report."""
     machine = report["machine"]
-    intro = (f"`{report['command']}` on {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
-             f"torch {machine['torch']}. A batch: float32 {SHAPE}, {NBYTES / 2**20:.0f} MiB; CPU milliseconds per "
-             f"batch, median (min-max) of {report['runs']} runs of {report['batches']} batches.")
-    lines = ["# Moving a batch between processes", "", intro, "",
-             "| case | CPU ms per batch | µs per 4 KiB page |", "|---|---:|---:|"]
+    intro = (
+        f"`{report['command']}` on {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
+        f"torch {machine['torch']}. A batch: float32 {SHAPE}, {NBYTES / 2**20:.0f} MiB; CPU milliseconds per "
+        f"batch, median (min-max) of {report['runs']} runs of {report['batches']} batches."
+    )
+    lines = [
+        "# Moving a batch between processes",
+        "",
+        intro,
+        "",
+        "| case | CPU ms per batch | µs per 4 KiB page |",
+        "|---|---:|---:|",
+    ]
     for row in report["results"]:
         ms = row["ms_per_batch"]
-        lines.append(f"| {row['case']} | {ms['median']:.2f} ({ms['min']:.2f}-{ms['max']:.2f}) "
-                     f"| {row['us_per_page']:.2f} |")
+        lines.append(
+            f"| {row['case']} | {ms['median']:.2f} ({ms['min']:.2f}-{ms['max']:.2f}) "
+            f"| {row['us_per_page']:.2f} |"
+        )
     lines.append("")
     return "\n".join(lines)
 
@@ -152,9 +175,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where transport.json / transport.md go")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    report = {"command": "python benchmarks/transport.py" + "".join(f" {a}" for a in sys.argv[1:]),
-              "machine": machine_facts(), "runs": args.runs, "batches": args.batches,
-              "results": measure(args.runs, args.batches)}
+    report = {
+        "command": "python benchmarks/transport.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        "machine": machine_facts(),
+        "runs": args.runs,
+        "batches": args.batches,
+        "results": measure(args.runs, args.batches),
+    }
     text = markdown(report)
     write_results(args.out, "transport", report, text)
     print(text)

@@ -85,9 +85,17 @@ def dataset_corpus(directory: str | os.PathLike[str], name: str, source: str) ->
     index = Index.load(directory)
     codecs = sorted({s.codec for s in index.shards})
     formats = sorted({index.formats[int(f)] for f in np.unique(index.columns["format"])})
-    return Corpus(name=name, directory=os.fspath(directory), source=source, audio_format="+".join(formats),
-                  samples=len(index), audio_seconds=round(index.total_duration, 3), shards=len(index.shards),
-                  shard_bytes=sum(s.bytes for s in index.shards), codec="+".join(codecs))
+    return Corpus(
+        name=name,
+        directory=os.fspath(directory),
+        source=source,
+        audio_format="+".join(formats),
+        samples=len(index),
+        audio_seconds=round(index.total_duration, 3),
+        shards=len(index.shards),
+        shard_bytes=sum(s.bytes for s in index.shards),
+        codec="+".join(codecs),
+    )
 
 
 def _numpy_corpus(out: Path, num_files: int, ext: str, rate: int) -> None:
@@ -136,8 +144,15 @@ def _fresh(directory: Path) -> Path:
     return directory
 
 
-def prepare_corpora(out_dir: str | os.PathLike[str], *, wav_files: int, flac_repeats: int, flac_files: int,
-                    samples_per_shard: int, flac_limit: int | None = None) -> list[Corpus]:
+def prepare_corpora(
+    out_dir: str | os.PathLike[str],
+    *,
+    wav_files: int,
+    flac_repeats: int,
+    flac_files: int,
+    samples_per_shard: int,
+    flac_limit: int | None = None,
+) -> list[Corpus]:
     """Generate (or find) and pack the bench's own corpora under ``out_dir``, as plain ``.tar`` datasets."""
     root = Path(out_dir)
     corpora: list[Corpus] = []
@@ -165,8 +180,9 @@ def _sample_members(reader: Reader, sample: int) -> dict[str, bytes]:
     return {ext: bytes(data) for ext, data in reader.members(sample).items()}
 
 
-def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3,
-                 samples: int | None = None) -> Corpus | None:
+def make_variant(
+    source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3, samples: int | None = None
+) -> Corpus | None:
     """Re-write ``source``'s first ``samples`` samples (all by default) with another codec; None if impossible.
 
     ``codec`` is ``none``, ``zstd`` (at ``level``), ``gzip`` or ``bz2``. The shard boundaries are kept.
@@ -176,19 +192,28 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     index = Index.load(source.directory)
     count = len(index) if samples is None else min(samples, len(index))
     label = f"{codec}-{level}" if codec == "zstd" else codec
-    directory = _fresh(Path(out_dir) / f"{source.name}-{label}" if samples is None
-                       else Path(out_dir) / f"{source.name}-{count}-{label}")
+    directory = _fresh(
+        Path(out_dir) / f"{source.name}-{label}"
+        if samples is None
+        else Path(out_dir) / f"{source.name}-{count}-{label}"
+    )
     reader = Reader(index)
     keys, formats = index.keys, index.formats
     c = index.columns
     if codec in ("none", "zstd"):
         per_shard = max(s.samples for s in index.shards)  # keeps the boundaries of equal-sized shards
-        with ShardWriter(directory, compression=codec, zstd_level=level, max_samples=per_shard,
-                         overwrite=True) as writer:
+        with ShardWriter(
+            directory, compression=codec, zstd_level=level, max_samples=per_shard, overwrite=True
+        ) as writer:
             for sample in range(count):
-                writer.write(keys[sample], _sample_members(reader, sample),
-                             audio_ext=formats[int(c["format"][sample])], num_frames=int(c["num_frames"][sample]),
-                             sample_rate=int(c["sample_rate"][sample]), channels=int(c["channels"][sample]))
+                writer.write(
+                    keys[sample],
+                    _sample_members(reader, sample),
+                    audio_ext=formats[int(c["format"][sample])],
+                    num_frames=int(c["num_frames"][sample]),
+                    sample_rate=int(c["sample_rate"][sample]),
+                    channels=int(c["channels"][sample]),
+                )
         reader.close()
         return dataset_corpus(directory, source.name, source.source)
     if codec not in STREAM_COMPRESSORS:
@@ -206,10 +231,20 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     try:
         from ..packing.indexer import build_index
     except ImportError:
-        logger.warning("shardio.packing.indexer is not available: %s shards are read with WebDataset only", codec)
-        return Corpus(name=source.name, directory=str(directory), source=source.source,
-                      audio_format=source.audio_format, samples=count, audio_seconds=0.0, shards=len(paths),
-                      shard_bytes=sum(p.stat().st_size for p in paths), codec=codec)
+        logger.warning(
+            "shardio.packing.indexer is not available: %s shards are read with WebDataset only", codec
+        )
+        return Corpus(
+            name=source.name,
+            directory=str(directory),
+            source=source.source,
+            audio_format=source.audio_format,
+            samples=count,
+            audio_seconds=0.0,
+            shards=len(paths),
+            shard_bytes=sum(p.stat().st_size for p in paths),
+            codec=codec,
+        )
     build_index(paths, directory, progress=False)  # a step of the bench's own bars
     return dataset_corpus(directory, source.name, source.source)
 
@@ -249,7 +284,9 @@ def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
             shard, offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
             if (shard, offset) not in frames:
                 frames[shard, offset] = reader.read_range(shard, offset, int(c["frame_size"][sample]))
-            found.append((frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample])))
+            found.append(
+                (frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample]))
+            )
     finally:
         reader.close()
     return found

@@ -20,38 +20,53 @@ from ..shards.tarformat import parse_members
 from ..storage.localshard import CAN_MAP
 from .cases import Epoch
 
-__all__ = ["memory_file_floor", "numpy_batch_floor", "numpy_floor", "pcm_layout", "python_floor", "soundfile_floor",
-           "zstd_floor"]
+__all__ = [
+    "memory_file_floor",
+    "numpy_batch_floor",
+    "numpy_floor",
+    "pcm_layout",
+    "python_floor",
+    "soundfile_floor",
+    "zstd_floor",
+]
 
 _MADV_POPULATE_READ = 22  # as shardio's reader faults a sample's pages in (Linux 5.14+)
 
 
 def soundfile_floor(members: Sequence[tuple[str, bytes]]) -> Epoch:
     """The decoder floor: soundfile on each audio member's bytes, already in memory, in a tight loop."""
+
     def epoch() -> tuple[int, float]:
         seconds = 0.0
         for _ext, data in members:
             audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
             seconds += audio.shape[0] / rate
         return len(members), seconds
+
     return epoch
 
 
 def memory_file_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
     """The decoder floor as shardio reads FLAC: soundfile on each member's bytes copied into a memory file
     (:mod:`shardio.reading.memoryfile`); None where the members are of other formats, or there is no memfd."""
-    if not members or any(ext not in FILE_FORMATS for ext, _data in members) \
-            or read_as_file(memoryview(members[0][1]), lambda sound: sound.read()) is None:
+    if (
+        not members
+        or any(ext not in FILE_FORMATS for ext, _data in members)
+        or read_as_file(memoryview(members[0][1]), lambda sound: sound.read()) is None
+    ):
         return None
 
     def epoch() -> tuple[int, float]:
         seconds = 0.0
         for _ext, data in members:
-            decoded = read_as_file(memoryview(data), lambda sound: (sound.read(dtype="float32", always_2d=True),
-                                                                   sound.samplerate))
+            decoded = read_as_file(
+                memoryview(data),
+                lambda sound: (sound.read(dtype="float32", always_2d=True), sound.samplerate),
+            )
             assert decoded is not None, "a member the memory file read once no longer reads"
             seconds += decoded[0].shape[0] / decoded[1]
         return len(members), seconds
+
     return epoch
 
 
@@ -69,13 +84,22 @@ def pcm_layout(data: bytes | memoryview) -> tuple[int, int, int, int, int] | Non
             if (tag, bits) not in ((1, 16), (1, 32), (3, 32)):
                 return None
             size = min(size, len(data) - position - 8)
-            return position + 8, size // (channels * bits // 8), channels, rate, bits * (1 if tag == 1 else -1)
+            return (
+                position + 8,
+                size // (channels * bits // 8),
+                channels,
+                rate,
+                bits * (1 if tag == 1 else -1),
+            )
         position += 8 + size + (size & 1)
     return None
 
 
-_PCM_KINDS = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)),
-              -32: ("<f4", np.float32(1.0))}
+_PCM_KINDS = {
+    16: ("<i2", np.float32(2.0**-15)),
+    32: ("<i4", np.float32(2.0**-31)),
+    -32: ("<f4", np.float32(1.0)),
+}
 """``pcm_layout``'s signed bits -> (numpy dtype of the stored samples, scale to float32)."""
 
 
@@ -100,6 +124,7 @@ def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
             audio = audio.reshape(frames, channels).T
             seconds += frames / rate
         return len(members), seconds
+
     return epoch
 
 
@@ -120,13 +145,17 @@ def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> 
                 offset, frames, channels, rate, bits = layout  # type: ignore[misc]
                 dtype, scale = kinds[bits]
                 target = batch[row, :, :frames]
-                np.copyto(target, np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
-                          casting="unsafe")
+                np.copyto(
+                    target,
+                    np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
+                    casting="unsafe",
+                )
                 target *= scale
                 seconds += frames / rate
             kept = batch  # the consumer holds the batch while the next one is made
         del kept
         return len(members), seconds
+
     return epoch
 
 
@@ -142,6 +171,7 @@ def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
         for frame, _seconds in frames:
             decompressor.decompress(frame)
         return len(frames), sum(seconds for _frame, seconds in frames)
+
     return epoch
 
 
@@ -192,8 +222,11 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
                 offset, count, channels, rate, bits = layout
                 dtype, scale = kinds[bits]
                 target = batch[row, :, :count]
-                np.copyto(target, np.frombuffer(wav, dtype, count * channels, offset).reshape(count, channels).T,
-                          casting="unsafe")
+                np.copyto(
+                    target,
+                    np.frombuffer(wav, dtype, count * channels, offset).reshape(count, channels).T,
+                    casting="unsafe",
+                )
                 target *= scale
                 batch[row, :, count:] = 0
                 lengths.append(count)
@@ -201,6 +234,7 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
                 seconds += count / rate
             float(batch.reshape(-1)[::1024].sum())  # as the loaders' consumer touches each page
         return len(order), seconds
+
     return epoch
 
 

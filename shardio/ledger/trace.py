@@ -137,13 +137,17 @@ class Trace:
         consumed = self.state.history[segment].consumed
         return np.flatnonzero(held[plan.rank_batches].any(axis=0)[consumed:]) + consumed
 
-    def _dealt(self, epoch: int, segment: int, start: int, count: int, first: int = 0,
-               stop: int | None = None) -> list[tuple[int, bool]]:
+    def _dealt(
+        self, epoch: int, segment: int, start: int, count: int, first: int = 0, stop: int | None = None
+    ) -> list[tuple[int, bool]]:
         """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``, ``count``
         steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
         window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
-        return [(j, False) for j in window] + [(j, True) for j in self.ahead(epoch, segment).tolist()
-                                               if first <= start + j and (stop is None or start + j < stop)]
+        return [(j, False) for j in window] + [
+            (j, True)
+            for j in self.ahead(epoch, segment).tolist()
+            if first <= start + j and (stop is None or start + j < stop)
+        ]
 
     def epoch_step(self, global_step: int) -> tuple[int, int]:
         """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it since
@@ -189,7 +193,9 @@ class Trace:
         """
         _check_epoch(epoch)
         if epoch > MAX_FIND_EPOCHS:
-            raise OptionError(f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps")
+            raise OptionError(
+                f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps"
+            )
         before = 0
         for earlier in range(epoch):
             cached = set(self._plans)
@@ -204,8 +210,9 @@ class Trace:
 
     # -- questions ------------------------------------------------------------------------------------
 
-    def steps(self, epoch: int, first: int, stop: int | None = None,
-              rank: int | None = None) -> list[StepRecord]:
+    def steps(
+        self, epoch: int, first: int, stop: int | None = None, rank: int | None = None
+    ) -> list[StepRecord]:
         """Every rank's (or one rank's) batch at a run of steps (steps or a rank that are not integers, or
         beyond the epoch, are an `OptionError`).
 
@@ -230,7 +237,9 @@ class Trace:
             plan = self.plan(epoch, number)
             for j, ahead in dealt:
                 for r in range(world_size) if rank is None else (rank,):
-                    records.append(StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead))
+                    records.append(
+                        StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
+                    )
         records.sort(key=lambda record: (record.step, record.ahead, record.rank))
         if not records:
             total = sum(count for _, _, count in self.segments(epoch))
@@ -267,8 +276,10 @@ class Trace:
         chosen = list(islice(iter(epochs), MAX_FIND_EPOCHS + 1))  # never more than the limit is read
         if len(chosen) > MAX_FIND_EPOCHS:
             asked = len(epochs) if isinstance(epochs, Sized) else "more"
-            raise OptionError(f"find searches at most {MAX_FIND_EPOCHS} epochs at a time (each is planned in "
-                              f"full), not {asked}: search fewer, or from a later epoch's state")
+            raise OptionError(
+                f"find searches at most {MAX_FIND_EPOCHS} epochs at a time (each is planned in "
+                f"full), not {asked}: search fewer, or from a later epoch's state"
+            )
         for epoch in chosen:  # every epoch checked before any is planned
             _check_epoch(epoch)
         wanted = resolve_keys(keys, self.dataset.index.keys)
@@ -294,13 +305,24 @@ class Trace:
                 for position, batch, low, high in zip(positions.tolist(), batches.tolist(), lows, highs):
                     places = [(at // count, at % count, False) for at in order[low:high].tolist()]
                     if ahead.shape[0]:
-                        places += [(r, int(ahead[k]), True)
-                                   for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()]
+                        places += [
+                            (r, int(ahead[k]), True)
+                            for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()
+                        ]
                     for r, j, early in places:
                         sample = int(plan.samples[position])
-                        found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
-                                      "segment": number, "batch_index": j, **({"ahead": True} if early else {}),
-                                      **self.planner.fields(sample)})  # a mix adds the corpus
+                        found.append(
+                            {
+                                "key": key_of[sample],
+                                "epoch": epoch,
+                                "step": start + j,
+                                "rank": r,
+                                "segment": number,
+                                "batch_index": j,
+                                **({"ahead": True} if early else {}),
+                                **self.planner.fields(sample),
+                            }
+                        )  # a mix adds the corpus
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:
@@ -311,10 +333,18 @@ class Trace:
         """
         index = self.dataset.index
         ids = record.ids.tolist()
-        row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
-                               "segment": record.segment, "batch_index": record.batch_index,
-                               "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
-                               "durations": [round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))]}
+        row: dict[str, Any] = {
+            "epoch": record.epoch,
+            "step": record.step,
+            "rank": record.rank,
+            "segment": record.segment,
+            "batch_index": record.batch_index,
+            "world_size": record.world_size,
+            "keys": [index.keys[i] for i in ids],
+            "durations": [
+                round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))
+            ],
+        }
         corpora = [self.planner.corpus(i) for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
@@ -325,5 +355,9 @@ class Trace:
 
 def _check_epoch(epoch: Any) -> None:
     """An :class:`OptionError` unless ``epoch`` is an epoch a state can reach (an integer in 0..MAX_COUNT)."""
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= int(epoch) <= MAX_COUNT:
+    if (
+        isinstance(epoch, bool)
+        or not isinstance(epoch, (int, np.integer))
+        or not 0 <= int(epoch) <= MAX_COUNT
+    ):
         raise OptionError(f"an epoch must be an integer from 0 to {MAX_COUNT}, not {epoch!r}"[:200])

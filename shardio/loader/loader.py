@@ -84,15 +84,27 @@ class ShardLoader:
         OptionError: Not a shardio dataset, an unbatched one, or an option of the wrong type or out of range.
     """
 
-    def __init__(self, dataset: ShardDataset, *, num_workers: int = 2, prefetch: int = 2,
-                 persistent_workers: bool = True, multiprocessing_context: Any = None, pin_memory: bool = False,
-                 timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        *,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        persistent_workers: bool = True,
+        multiprocessing_context: Any = None,
+        pin_memory: bool = False,
+        timeout: float = 0.0,
+    ) -> None:
         if not isinstance(dataset, ShardDataset):
-            raise OptionError(f"ShardLoader iterates a shardio ShardDataset or MixedDataset, not a "
-                              f"{type(dataset).__name__}; use torch's DataLoader for other datasets")
+            raise OptionError(
+                f"ShardLoader iterates a shardio ShardDataset or MixedDataset, not a "
+                f"{type(dataset).__name__}; use torch's DataLoader for other datasets"
+            )
         if not dataset.batched:
-            raise OptionError("ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
-                              "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)")
+            raise OptionError(
+                "ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
+                "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)"
+            )
         num_workers = integer("num_workers", num_workers, 0, MAX_WORKERS)
         prefetch = integer("prefetch", prefetch, 1, MAX_PREFETCH)
         if timeout == float("inf"):  # no limit, as 0 (and warned of silence as 0 is)
@@ -104,24 +116,33 @@ class ShardLoader:
         pin_memory = flag("pin_memory", pin_memory)
         if isinstance(multiprocessing_context, str):
             if multiprocessing_context not in multiprocessing.get_all_start_methods():
-                raise OptionError(f"multiprocessing_context must be one of "
-                                  f"{', '.join(multiprocessing.get_all_start_methods())} or a context, not "
-                                  f"{shown(multiprocessing_context)}")
-        elif multiprocessing_context is not None and not isinstance(multiprocessing_context,
-                                                                    multiprocessing.context.BaseContext):
-            raise OptionError(f"multiprocessing_context must be a start method's name or a multiprocessing context, "
-                              f"not {shown(multiprocessing_context)}")
+                raise OptionError(
+                    f"multiprocessing_context must be one of "
+                    f"{', '.join(multiprocessing.get_all_start_methods())} or a context, not "
+                    f"{shown(multiprocessing_context)}"
+                )
+        elif multiprocessing_context is not None and not isinstance(
+            multiprocessing_context, multiprocessing.context.BaseContext
+        ):
+            raise OptionError(
+                f"multiprocessing_context must be a start method's name or a multiprocessing context, "
+                f"not {shown(multiprocessing_context)}"
+            )
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.persistent_workers = persistent_workers
         self.timeout = float(timeout)
-        self._pool = WorkerPool(multiprocessing.get_context(multiprocessing_context)
-                                if multiprocessing_context is None or isinstance(multiprocessing_context, str)
-                                else multiprocessing_context)
+        self._pool = WorkerPool(
+            multiprocessing.get_context(multiprocessing_context)
+            if multiprocessing_context is None or isinstance(multiprocessing_context, str)
+            else multiprocessing_context
+        )
         self.pin_memory = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
-            warnings.warn("pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2)
+            warnings.warn(
+                "pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2
+            )
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
         # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
         self._last: tuple[int, dict[str, int]] | None = None
@@ -220,7 +241,9 @@ class ShardLoader:
 
     def _check(self, iteration: int) -> None:
         if iteration != self._iteration:
-            raise RuntimeError("this ShardLoader iterator was superseded: a newer iteration of the loader began")
+            raise RuntimeError(
+                "this ShardLoader iterator was superseded: a newer iteration of the loader began"
+            )
 
     def _stop_pinning(self) -> None:
         """End the pin-memory thread of an earlier iteration, which may still be taking its batches."""

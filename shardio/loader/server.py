@@ -40,8 +40,15 @@ WATCH_S = 1.0
 _DONE = object()
 
 
-def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int,
-          base_seed: int, inherited: Sequence[Channel] = ()) -> None:
+def serve(
+    pipe: Connection,
+    credits: Credits,
+    dataset: ShardDataset,
+    number: int,
+    workers: int,
+    base_seed: int,
+    inherited: Sequence[Channel] = (),
+) -> None:
     """A worker: each iteration the training process starts, the dataset's batches, one per credit.
     ``inherited``: the training process's ends of the pipes (this worker's, earlier workers'), which a forked
     worker has copies of and closes: kept open, they would hide the training process's closing its own (a
@@ -57,7 +64,9 @@ def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=number, num_workers=workers, seed=seed, dataset=dataset
+    )
     channel = Channel(pipe, carry_fds=True)  # a batch's descriptors go with it: it needs nothing more of us
     try:
         while True:

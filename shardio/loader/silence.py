@@ -34,9 +34,14 @@ logger = logging.getLogger(__name__)
 SILENT_S = 60.0
 """Seconds a worker may give nothing before a waiting loader without ``timeout`` warns of it."""
 
-_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep (blocked in the kernel, e.g. on I/O)",
-           "T": "stopped (SIGSTOP or job control: SIGCONT resumes it)", "t": "stopped by a debugger (traced)",
-           "Z": "a zombie"}
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible sleep (blocked in the kernel, e.g. on I/O)",
+    "T": "stopped (SIGSTOP or job control: SIGCONT resumes it)",
+    "t": "stopped by a debugger (traced)",
+    "Z": "a zombie",
+}
 
 
 def process_state(pid: int | None) -> str:
@@ -69,9 +74,14 @@ class Silence:
             return
         self.after *= 2
         state = process_state(self.pid)
-        logger.warning("shardio loader worker %d (pid %s) has given nothing for %.0f s%s; still waiting for it "
-                       "(pass timeout= to ShardLoader to fail instead)", self.number, self.pid, waited,
-                       f" and is {state}" if state else "")
+        logger.warning(
+            "shardio loader worker %d (pid %s) has given nothing for %.0f s%s; still waiting for it "
+            "(pass timeout= to ShardLoader to fail instead)",
+            self.number,
+            self.pid,
+            waited,
+            f" and is {state}" if state else "",
+        )
 
 
 def end(process: Any, wait: float) -> None:

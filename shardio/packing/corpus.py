@@ -37,8 +37,16 @@ from .source import (
 )
 from .table import table_sources
 
-__all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
-           "read_kaldi", "read_table"]
+__all__ = [
+    "KINDS",
+    "Source",
+    "detect_kind",
+    "read_corpus",
+    "read_folder",
+    "read_jsonl",
+    "read_kaldi",
+    "read_table",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +76,14 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     raise OptionError(f"{location}: cannot tell the corpus kind from the name; pass a kind, one of {KINDS}")
 
 
-def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *, problems: Problems | None = None,
-                left_out: Counter[str] | None = None, listed: Callable[[int], object] | None = None
-                ) -> Iterator[Source]:
+def read_corpus(
+    path: str | os.PathLike[str],
+    kind: str | None = None,
+    *,
+    problems: Problems | None = None,
+    left_out: Counter[str] | None = None,
+    listed: Callable[[int], object] | None = None,
+) -> Iterator[Source]:
     """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
 
     Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given. A corpus
@@ -91,7 +104,8 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *, proble
         return _READERS[kind](location, problems, left_out)
     if kind == "folder":  # counted by its walk, which finds every file before the first source
         return _collected(lambda root, found, counts: _read_folder(root, found, counts, listed))(
-            location, problems, left_out)
+            location, problems, left_out
+        )
     return _counted(_READERS[kind](location, problems, left_out), listed)
 
 
@@ -109,15 +123,23 @@ def _check_corpus_path(location: Path) -> None:
         return  # missing or unreadable: the callers say so
     problem = None if stat.S_ISDIR(mode) else not_regular(mode)
     if problem is not None:
-        raise InputError([InputProblem(str(location), "", f"cannot read the corpus: {problem}; expected a corpus "
-                                       "directory or manifest file")])
+        raise InputError(
+            [
+                InputProblem(
+                    str(location),
+                    "",
+                    f"cannot read the corpus: {problem}; expected a corpus directory or manifest file",
+                )
+            ]
+        )
 
 
 def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]]) -> _Reader:
     """Give ``reader`` the public contract: append problems to the caller's list, or raise them at the end."""
 
-    def public(path: str | os.PathLike[str], problems: Problems | None = None,
-               left_out: Counter[str] | None = None) -> Iterator[Source]:
+    def public(
+        path: str | os.PathLike[str], problems: Problems | None = None, left_out: Counter[str] | None = None
+    ) -> Iterator[Source]:
         collected: Problems = [] if problems is None else problems
         yield from reader(Path(path), collected, Counter() if left_out is None else left_out)
         if problems is None and collected:
@@ -128,8 +150,9 @@ def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]
     return public
 
 
-def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
-                 listed: Callable[[int], object] | None = None) -> Iterator[Source]:
+def _read_folder(
+    root: Path, problems: Problems, left_out: Counter[str], listed: Callable[[int], object] | None = None
+) -> Iterator[Source]:
     """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt`` (else
     ``.lab``) sidecar of the same name is the transcript. Files of other formats, and sidecars no sample uses,
     are counted in ``left_out`` (see :mod:`shardio.packing.folder`)."""
@@ -142,12 +165,23 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
             try:
                 meta["text"] = read_regular_input(root / sidecar).decode("utf-8").strip()
             except OSError as exc:
-                problems.append(InputProblem(str(root / sidecar), stem, "cannot read the transcript "
-                                             f"({exc.strerror or exc}); the sample is left out"))
+                problems.append(
+                    InputProblem(
+                        str(root / sidecar),
+                        stem,
+                        f"cannot read the transcript ({exc.strerror or exc}); the sample is left out",
+                    )
+                )
                 continue
             except UnicodeDecodeError as exc:
-                problems.append(InputProblem(str(root / sidecar), stem, "the transcript is not UTF-8 (byte "
-                                             f"{exc.start} cannot be decoded); the sample is left out"))
+                problems.append(
+                    InputProblem(
+                        str(root / sidecar),
+                        stem,
+                        "the transcript is not UTF-8 (byte "
+                        f"{exc.start} cannot be decoded); the sample is left out",
+                    )
+                )
                 continue
         yield Source(key=stem, audio_path=str(root / name), meta=meta)
 
@@ -168,8 +202,12 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
             problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
             continue
         path = resolve_path(manifest.parent, audio)
-        entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
-                                 "duration": duration if offset is not None else None}
+        entry: dict[str, Any] = {
+            "where": where,
+            "stem": Path(audio).stem,
+            "offset": offset,
+            "duration": duration if offset is not None else None,
+        }
         for name in KEY_COLUMNS:
             if record.get(name) not in (None, ""):
                 entry["key"] = str(record.pop(name))
@@ -178,8 +216,14 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
         entries.append((path, entry))
     segment_keys(entries)
     for path, entry in entries:
-        yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
-                     duration=entry["duration"], meta=entry["meta"], origin=entry["where"])
+        yield Source(
+            key=entry.get("key", entry["stem"]),
+            audio_path=path,
+            offset=entry["offset"],
+            duration=entry["duration"],
+            meta=entry["meta"],
+            origin=entry["where"],
+        )
 
 
 def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple[list[str], str]]:
@@ -194,11 +238,18 @@ def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple
                 continue
             where = f"{path}:{number}"
             if len(parts) < fields and not (fields == 2 and path.name == "text"):
-                problems.append(InputProblem(where, parts[0], f"expected {fields} fields, found {len(parts)}"))
+                problems.append(
+                    InputProblem(where, parts[0], f"expected {fields} fields, found {len(parts)}")
+                )
                 continue
             if parts[0] in table:
-                problems.append(InputProblem(where, parts[0], f"{parts[0]!r} is listed twice in {path.name} "
-                                             f"(first at {table[parts[0]][1]})"))
+                problems.append(
+                    InputProblem(
+                        where,
+                        parts[0],
+                        f"{parts[0]!r} is listed twice in {path.name} (first at {table[parts[0]][1]})",
+                    )
+                )
                 continue
             table[parts[0]] = (parts[1:], where)
     return table
@@ -233,12 +284,20 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
     for rec, ([command], where) in recordings.items():
         unsupported = _kaldi_extended(command)
         if unsupported and not Path(resolve_path(data_dir, command)).is_file():
-            problems.append(InputProblem(where, rec, f"wav.scp entry is {unsupported} ({command!r}); only plain "
-                                         "file paths are supported: write the audio to files first"))
+            problems.append(
+                InputProblem(
+                    where,
+                    rec,
+                    f"wav.scp entry is {unsupported} ({command!r}); only plain "
+                    "file paths are supported: write the audio to files first",
+                )
+            )
             continue
         resolved = Path(resolve_path(data_dir, command))
         # Kaldi paths are relative to the recipe directory the tools run in, usually the cwd.
-        paths[rec] = str(resolved if resolved.exists() or Path(command).is_absolute() else Path(command).resolve())
+        paths[rec] = str(
+            resolved if resolved.exists() or Path(command).is_absolute() else Path(command).resolve()
+        )
     segments = _kaldi_table(data_dir / "segments", problems, 4)
     if segments:
         items = [(utt, fields, where) for utt, (fields, where) in segments.items()]
@@ -267,7 +326,9 @@ def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> I
             meta["text"] = texts[utt][0][0] if texts[utt][0] else ""
         if utt in speakers:
             meta["speaker"] = speakers[utt][0][0]
-        yield Source(key=utt, audio_path=paths[rec], offset=offset, duration=duration, meta=meta, origin=where)
+        yield Source(
+            key=utt, audio_path=paths[rec], offset=offset, duration=duration, meta=meta, origin=where
+        )
     utterances = {utt for utt, _, _ in items}
     for name, table in (("text", texts), ("utt2spk", speakers)):
         stray = len(table.keys() - utterances)  # keyed by recording where segments name utterances, say
@@ -280,5 +341,9 @@ read_jsonl = _collected(_read_jsonl)
 read_kaldi = _collected(_read_kaldi)
 read_table = _collected(table_sources)
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table,
-    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS}}
+    "folder": read_folder,
+    "jsonl": read_jsonl,
+    "kaldi": read_kaldi,
+    "tsv": read_table,
+    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS},
+}

@@ -42,8 +42,14 @@ __all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade
 
 logger = logging.getLogger(__name__)
 
-_SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst", "zstd-stream"),
-             (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
+_SUFFIXES = (
+    (".tar", "none"),
+    (".tar.gz", "gzip"),
+    (".tgz", "gzip"),
+    (".tar.zst", "zstd-stream"),
+    (".tar.zstd", "zstd-stream"),
+    (".tar.bz2", "bz2"),
+)
 _Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
 
 
@@ -52,8 +58,9 @@ def shard_codec(name: str) -> str:
     for suffix, codec in _SUFFIXES:
         if name.endswith(suffix):
             return codec
-    raise OptionError(f"{name}: not a shard name this indexer reads (expected one of "
-                      f"{', '.join(s for s, _ in _SUFFIXES)})")
+    raise OptionError(
+        f"{name}: not a shard name this indexer reads (expected one of {', '.join(s for s, _ in _SUFFIXES)})"
+    )
 
 
 class HashingReader(io.RawIOBase):
@@ -105,8 +112,10 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
             boundary = member.end
             continue
         if member_key != key and (problem := key_problem(member_key)) is not None:
-            raise FormatError(f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
-                              f"which breaks pack's key rules: {problem}")
+            raise FormatError(
+                f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
+                f"which breaks pack's key rules: {problem}"
+            )
         if member_key != key:
             if key is not None:
                 yield _finish(key, start, end, audio, others, where)
@@ -121,17 +130,25 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
         yield _finish(key, start, end, audio, others, where)
 
 
-def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str],
-            where: str) -> _Sample:
+def _finish(
+    key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str], where: str
+) -> _Sample:
     if audio is None:
-        raise FormatError(f"{where}: sample {key!r} at offset {start} has no audio member (members: "
-                          f"{', '.join('.' + e for e in others)}; expected one of "
-                          f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)})")
+        raise FormatError(
+            f"{where}: sample {key!r} at offset {start} has no audio member (members: "
+            f"{', '.join('.' + e for e in others)}; expected one of "
+            f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)})"
+        )
     return key, start, end, audio[0], audio[1]
 
 
-def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
-                overwrite: bool = False, progress: bool = True) -> Index:
+def build_index(
+    shards: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Index:
     """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
 
     Shard names in the index are relative to the index's directory. An index already there is an
@@ -143,17 +160,28 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     if not paths:
         raise OptionError("build_index needs at least one shard")
     _check_shard_list(paths)
-    root = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else \
-        os.path.commonpath([os.path.dirname(p) for p in paths])
+    root = (
+        os.path.abspath(os.fspath(out_dir))
+        if out_dir is not None
+        else os.path.commonpath([os.path.dirname(p) for p in paths])
+    )
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
-        raise OptionError(f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
-                          "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
-                          "replace it, or --out to write the new index elsewhere")
+        raise OptionError(
+            f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
+            "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
+            "replace it, or --out to write the new index elsewhere"
+        )
     builder = IndexBuilder(root)
     keys: set[str] = set()
-    with tqdm(total=sum(os.path.getsize(p) for p in paths), disable=not progress, file=sys.stderr, unit="B",
-              unit_scale=True, desc="index") as bar:
+    with tqdm(
+        total=sum(os.path.getsize(p) for p in paths),
+        disable=not progress,
+        file=sys.stderr,
+        unit="B",
+        unit_scale=True,
+        desc="index",
+    ) as bar:
         for path in paths:
             codec = shard_codec(path)
             samples, info = _index_shard(path, codec, bar.update)
@@ -167,25 +195,50 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
             duration = 0.0
             repeated = _repeated_keys([key for key, *_ in samples], keys)
             if repeated:
-                logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
-                               repeated[0])
+                logger.warning(
+                    "%s: %d keys appear earlier in this dataset too (first: %r)",
+                    path,
+                    len(repeated),
+                    repeated[0],
+                )
             for i, (key, start, end, ext, (frames_, rate, channels)) in enumerate(samples):
                 keys.add(key)
                 frame_offset, frame_size, member_offset = placed[i] if placed else (start, end - start, 0)
-                builder.add_sample(key, shard=number, frame_offset=frame_offset, frame_size=frame_size,
-                                   member_offset=member_offset, member_size=end - start, num_frames=frames_,
-                                   sample_rate=rate, channels=channels, audio_ext=ext)
+                builder.add_sample(
+                    key,
+                    shard=number,
+                    frame_offset=frame_offset,
+                    frame_size=frame_size,
+                    member_offset=member_offset,
+                    member_size=end - start,
+                    num_frames=frames_,
+                    sample_rate=rate,
+                    channels=channels,
+                    audio_ext=ext,
+                )
                 duration += frames_ / max(rate, 1)
-            builder.add_shard(ShardInfo(name=os.path.relpath(path, root), bytes=info[0], sha256=info[1],
-                                        samples=len(samples), duration=round(duration, 6), codec=codec))
+            builder.add_shard(
+                ShardInfo(
+                    name=os.path.relpath(path, root),
+                    bytes=info[0],
+                    sha256=info[1],
+                    samples=len(samples),
+                    duration=round(duration, 6),
+                    codec=codec,
+                )
+            )
             logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
     index = builder.build()
     index.save(root)
     outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
     if outside:
-        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset "
-                       "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
-                       len(outside), outside[0])
+        logger.warning(
+            "%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+            "with Index.load(..., allow_outside_root=True), or --allow-outside-root",
+            root,
+            len(outside),
+            outside[0],
+        )
     return index
 
 
@@ -246,8 +299,9 @@ def upgrade_index(directory: str | os.PathLike[str]) -> str:
     return f"{version} -> {FORMAT_VERSION}"
 
 
-def _index_shard(path: str, codec: str, read: Callable[[int], object] | None = None
-                 ) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]], tuple[int, str]]:
+def _index_shard(
+    path: str, codec: str, read: Callable[[int], object] | None = None
+) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]], tuple[int, str]]:
     """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``; ``read`` is
     called with the count of each chunk of the file read."""
     samples = []
@@ -262,12 +316,17 @@ def _index_shard(path: str, codec: str, read: Callable[[int], object] | None = N
                         facts = sf.info(data)
                 except (sf.LibsndfileError, RuntimeError) as exc:
                     reason = getattr(exc, "error_string", None) or exc
-                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
-                                      f"decoded ({reason})") from None
+                    raise DecodeError(
+                        f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
+                        f"decoded ({reason})"
+                    ) from None
                 if facts.frames <= 0:
-                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member has no frames")
-                samples.append((key, start, end, ext, (int(facts.frames), int(facts.samplerate),
-                                                       int(facts.channels))))
+                    raise DecodeError(
+                        f"{path}: sample {key!r} at offset {start}: the .{ext} member has no frames"
+                    )
+                samples.append(
+                    (key, start, end, ext, (int(facts.frames), int(facts.samplerate), int(facts.channels)))
+                )
             while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
                 pass
         except (OSError, EOFError, zstandard.ZstdError) as exc:

@@ -14,8 +14,14 @@ from .source import Problems, Source
 __all__ = ["list_corpus"]
 
 
-def list_corpus(input: str | os.PathLike[str], kind: str | None, *, problems: Problems, left_out: Counter[str],
-                progress: bool) -> list[Source]:
+def list_corpus(
+    input: str | os.PathLike[str],
+    kind: str | None,
+    *,
+    problems: Problems,
+    left_out: Counter[str],
+    progress: bool,
+) -> list[Source]:
     """Every source of :func:`~shardio.packing.corpus.read_corpus`, with a tqdm counter of the files found
     (``list``, no total: the count is what the listing finds) on stderr when ``progress``."""
     with tqdm(desc="list", unit="file", disable=not progress, file=sys.stderr) as bar:

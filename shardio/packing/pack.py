@@ -38,7 +38,16 @@ from .listing import list_corpus
 from .preparation import Prepared, Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
 
-__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "assign_keys", "default_workers", "describe_left_out", "pack", "rewrite_key"]
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "REJECTED_FILE",
+    "PackSummary",
+    "assign_keys",
+    "default_workers",
+    "describe_left_out",
+    "pack",
+    "rewrite_key",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +101,26 @@ def rewrite_key(key: str) -> str:
     return "/".join(parts)
 
 
-def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
-         samples_per_shard: int | None = None, shard_bytes: int | None = None, compression: str = "none",
-         zstd_level: int = 3, transcode: str | None = None, shuffle: bool = False, seed: int = 0,
-         workers: int | None = 1,
-         on_error: str = "raise", require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
-         progress: bool = True, overwrite: bool = False) -> PackSummary:
+def pack(
+    input: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    kind: str | None = None,
+    samples_per_shard: int | None = None,
+    shard_bytes: int | None = None,
+    compression: str = "none",
+    zstd_level: int = 3,
+    transcode: str | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    workers: int | None = 1,
+    on_error: str = "raise",
+    require_text: bool = False,
+    rewrite_keys: bool = False,
+    prefix: str = "shard",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> PackSummary:
     """Pack the corpus at ``input`` into shards and an index under ``out_dir``; returns what was written.
 
     ``kind``: the corpus kind (see :func:`shardio.packing.corpus.read_corpus`), detected when None.
@@ -128,8 +151,15 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
         shard_bytes = DEFAULT_SHARD_BYTES
     before = _shard_files(out, prefix)
     created = not os.path.lexists(out)
-    writer = ShardWriter(out, prefix=prefix, compression=compression, zstd_level=zstd_level,
-                         max_samples=samples_per_shard, max_bytes=shard_bytes, overwrite=overwrite)
+    writer = ShardWriter(
+        out,
+        prefix=prefix,
+        compression=compression,
+        zstd_level=zstd_level,
+        max_samples=samples_per_shard,
+        max_bytes=shard_bytes,
+        overwrite=overwrite,
+    )
     try:
         problems: list[InputProblem] = []
         left_out: Counter[str] = Counter()
@@ -138,14 +168,23 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
             logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
         if shuffle:
             sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
-        tasks = assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
+        tasks = assign_keys(
+            sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text
+        )
         if not sources and not problems:
-            problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
-                                         f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
+            problems.append(
+                InputProblem(
+                    os.fspath(input),
+                    "",
+                    f"no audio inputs found (audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})",
+                )
+            )
         writing = on_error == "skip" or not problems
         samples = input_bytes = 0
-        with tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar, \
-                contextlib.closing(_results(tasks, workers)) as results:  # closed (pool stopped) on any exit
+        with (
+            tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar,
+            contextlib.closing(_results(tasks, workers)) as results,
+        ):  # closed (pool stopped) on any exit
             for result in results:
                 bar.update()
                 if isinstance(result, InputProblem):
@@ -155,8 +194,14 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
                         writing = False
                         _discard(writer, out, prefix, before)
                 elif writing:
-                    writer.write(result.key, result.members, audio_ext=result.audio_ext, num_frames=result.num_frames,
-                                 sample_rate=result.sample_rate, channels=result.channels)
+                    writer.write(
+                        result.key,
+                        result.members,
+                        audio_ext=result.audio_ext,
+                        num_frames=result.num_frames,
+                        sample_rate=result.sample_rate,
+                        channels=result.channels,
+                    )
                     samples += 1
                     input_bytes += result.input_bytes
         if (problems and on_error == "raise") or samples == 0:
@@ -174,12 +219,26 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
                 os.rmdir(out)
         raise
     seconds = time.perf_counter() - started
-    summary = PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
-                          bytes=sum(s.bytes for s in index.shards), seconds=seconds,
-                          mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
-                          left_out=dict(sorted(left_out.items())))
-    logger.info("packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected", summary.samples,
-                summary.hours, summary.shards, out, seconds, len(problems))
+    summary = PackSummary(
+        shards=len(index.shards),
+        samples=len(index),
+        hours=index.total_duration / 3600,
+        bytes=sum(s.bytes for s in index.shards),
+        seconds=seconds,
+        mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9),
+        rejected=problems,
+        input_bytes=input_bytes,
+        left_out=dict(sorted(left_out.items())),
+    )
+    logger.info(
+        "packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected",
+        summary.samples,
+        summary.hours,
+        summary.shards,
+        out,
+        seconds,
+        len(problems),
+    )
     return summary
 
 
@@ -212,8 +271,14 @@ def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple
     writer.abort()
 
 
-def assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
-                require_text: bool) -> list[Task]:
+def assign_keys(
+    sources: Sequence[Source],
+    problems: list[InputProblem],
+    *,
+    transcode: str | None,
+    rewrite: bool,
+    require_text: bool,
+) -> list[Task]:
     """The checks that need no audio: format extension, key rule, unique keys, transcript (partitioned packing
     makes them too).
 
@@ -234,16 +299,21 @@ def assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, tran
         was = f" (rewritten from {source.key!r})" if key != source.key else ""
         reason = None
         if source.ext not in AUDIO_EXTENSIONS:
-            reason = (f"unknown audio format extension {'.' + source.ext if source.ext else '(none)'}; expected "
-                      f"one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)}")
+            reason = (
+                f"unknown audio format extension {'.' + source.ext if source.ext else '(none)'}; expected "
+                f"one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)}"
+            )
         elif (problem := key_problem(key)) is not None:
             hint = "" if rewrite else "; pass rewrite_keys=True (--rewrite-keys) to rewrite it"
             reason = f"key {key!r}{was} breaks the '{{key}}.{{ext}}' member rule: {problem}{hint}"
         elif key in seen:
             other = seen[key]
             other_was = f" (rewritten from {other.key!r})" if other.key != key else ""
-            formats = ("; the same name in two audio formats: keep one, or pack a manifest that lists one of them"
-                       if other.ext != source.ext else "")
+            formats = (
+                "; the same name in two audio formats: keep one, or pack a manifest that lists one of them"
+                if other.ext != source.ext
+                else ""
+            )
             reason = f"duplicate key {key!r}{was}: {other.where} has the same key{other_was}{formats}"
         elif require_text and not str(source.meta.get("text") or "").strip():
             reason = "no transcript: require_text asks for a non-empty 'text' for every input"
@@ -269,9 +339,13 @@ def _warn_of_lookalike_keys(keys: Iterable[str]) -> None:
         else:
             first[folded] = key
     if pairs:
-        logger.warning("%d key(s) differ from another only in case or Unicode normalisation (first: %a and %a): "
-                       "they stay distinct samples, but name one file where the shards are extracted on a "
-                       "case-insensitive file system; --rewrite-keys does not merge them", len(pairs), *pairs[0])
+        logger.warning(
+            "%d key(s) differ from another only in case or Unicode normalisation (first: %a and %a): "
+            "they stay distinct samples, but name one file where the shards are extracted on a "
+            "case-insensitive file system; --rewrite-keys does not merge them",
+            len(pairs),
+            *pairs[0],
+        )
 
 
 def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputProblem, None, None]:

@@ -13,9 +13,22 @@ from typing import Any, BinaryIO
 from ..errors import InputError, InputProblem
 from ..storage.localshard import NotRegular, kind, open_regular
 
-__all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotJsonConstant", "NotRegularFile", "Problems", "Source", "manifest_text",
-           "not_regular", "open_regular_input", "read_regular_input", "refuse_constant", "resolve_path", "seconds_field",
-           "segment_keys"]
+__all__ = [
+    "AUDIO_EXTENSIONS",
+    "KEY_COLUMNS",
+    "NotJsonConstant",
+    "NotRegularFile",
+    "Problems",
+    "Source",
+    "manifest_text",
+    "not_regular",
+    "open_regular_input",
+    "read_regular_input",
+    "refuse_constant",
+    "resolve_path",
+    "seconds_field",
+    "segment_keys",
+]
 
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
@@ -82,8 +95,9 @@ def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         fd, _ = open_regular(name)
     except NotRegular as exc:
-        raise NotRegularFile(0, f"it is {exc}, not a regular file: reading it could block or never end",
-                             name) from None
+        raise NotRegularFile(
+            0, f"it is {exc}, not a regular file: reading it could block or never end", name
+        ) from None
     return os.fdopen(fd, "rb")
 
 
@@ -99,14 +113,27 @@ def manifest_text(path: Path, encoding: str) -> str:
     try:
         data = read_regular_input(path)
     except NotRegularFile as exc:
-        raise InputError([InputProblem(str(path), "", f"cannot read the manifest: {exc.strerror}; expected a "
-                                       "manifest file")]) from None
+        raise InputError(
+            [
+                InputProblem(
+                    str(path), "", f"cannot read the manifest: {exc.strerror}; expected a manifest file"
+                )
+            ]
+        ) from None
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError([InputProblem(f"{path}:{line}", "", f"byte {exc.start} of the file is not UTF-8 "
-                                       f"({exc.reason}); expected a UTF-8 text manifest")]) from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(
+            [
+                InputProblem(
+                    f"{path}:{line}",
+                    "",
+                    f"byte {exc.start} of the file is not UTF-8 "
+                    f"({exc.reason}); expected a UTF-8 text manifest",
+                )
+            ]
+        ) from None
 
 
 class NotJsonConstant(ValueError):

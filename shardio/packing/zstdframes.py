@@ -51,8 +51,9 @@ def zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
     return frames
 
 
-def seekable_frames(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]
-                    ) -> list[tuple[int, int, int]] | None:
+def seekable_frames(
+    frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]
+) -> list[tuple[int, int, int]] | None:
     """Per sample ``(frame offset, frame size, offset in the frame)`` when every sample lies in one frame and
     frames are small (one sample, or at most ``_SEEKABLE_FRAME`` bytes): a whole-shard frame is no index."""
     placed: list[tuple[int, int, int]] = []

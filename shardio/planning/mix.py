@@ -41,8 +41,17 @@ from .order import MERGE, MIX, rng
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .streams import Stream, corpus_key, merge_places, stream_samples
 
-__all__ = ["CorpusColumns", "check_epoch_size", "plan_mix", "plan_occurrences", "mix_quotas", "corpus_offsets",
-           "MAX_EPOCH_SAMPLES", "MAX_TAIL_EPOCHS", "tail_limit"]
+__all__ = [
+    "CorpusColumns",
+    "check_epoch_size",
+    "plan_mix",
+    "plan_occurrences",
+    "mix_quotas",
+    "corpus_offsets",
+    "MAX_EPOCH_SAMPLES",
+    "MAX_TAIL_EPOCHS",
+    "tail_limit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +85,9 @@ def _check(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching) -
     return eligible
 
 
-def _rates(corpora: Mapping[str, CorpusColumns], mix: Mix, eligible: Mapping[str, np.ndarray]) -> dict[str, float]:
+def _rates(
+    corpora: Mapping[str, CorpusColumns], mix: Mix, eligible: Mapping[str, np.ndarray]
+) -> dict[str, float]:
     """Samples of each corpus per second of epoch audio."""
     means = {name: float(corpora[name].durations[eligible[name]].mean()) for name in mix.names}
     if mix.weight_by == "duration":
@@ -85,8 +96,14 @@ def _rates(corpora: Mapping[str, CorpusColumns], mix: Mix, eligible: Mapping[str
     return {name: w / max(per_sample, 1e-9) for name, w in mix.weights.items()}
 
 
-def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix,
-               batching: Batching = Batching(), *, seed: int = 0, ordering: Ordering = Ordering()) -> dict[str, int]:
+def mix_quotas(
+    corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]],
+    mix: Mix,
+    batching: Batching = Batching(),
+    *,
+    seed: int = 0,
+    ordering: Ordering = Ordering(),
+) -> dict[str, int]:
     """Samples each corpus contributes to every epoch (the same for every epoch)."""
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = _check(columns, mix, batching)
@@ -94,25 +111,50 @@ def mix_quotas(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarra
     size = mix.epoch_size
     if size.primary is not None:
         if not rates[size.primary] > 0:  # a weight so small that its samples per second underflow to 0
-            raise OptionError(f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
-                              "small to plan one pass over it: give it a larger weight, or another epoch_size")
+            raise OptionError(
+                f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
+                "small to plan one pass over it: give it a larger weight, or another epoch_size"
+            )
         seconds = float(eligible[size.primary].sum()) / rates[size.primary]
     elif size.hours is not None:
         seconds = size.hours * 3600.0
     else:
         assert size.batches is not None
-        per_batch = (batching.max_duration if batching.max_duration is not None
-                     else (batching.batch_size or 1) / sum(rates.values()))
+        per_batch = (
+            batching.max_duration
+            if batching.max_duration is not None
+            else (batching.batch_size or 1) / sum(rates.values())
+        )
         # At least `batches` batches (none holds more than this); then shrink toward a 2-5% margin by a few
         # secant steps on calibration plans of epoch 0 (partial batches make the count not proportional).
         seconds = best = size.batches * per_batch
         target, aim = 1.02 * (size.batches + 1), 1.05 * (size.batches + 1)
         for _ in range(4):
-            trial = _occurrences(columns, mix, batching, ordering, eligible,
-                                 {n: np.arange(q) for n, q in _quotas(rates, seconds).items()}, seed=seed, epoch=0)
-            found = plan_segments(np.arange(trial.global_ids.shape[0]), trial.durations, seed=seed, epoch=0,
-                                  world_size=1, batching=batching, windows=trial.slices, buckets=trial.buckets,
-                                  shuffle=ordering.shuffle, purpose=(MIX,)).offsets.shape[0] - 1
+            trial = _occurrences(
+                columns,
+                mix,
+                batching,
+                ordering,
+                eligible,
+                {n: np.arange(q) for n, q in _quotas(rates, seconds).items()},
+                seed=seed,
+                epoch=0,
+            )
+            found = (
+                plan_segments(
+                    np.arange(trial.global_ids.shape[0]),
+                    trial.durations,
+                    seed=seed,
+                    epoch=0,
+                    world_size=1,
+                    batching=batching,
+                    windows=trial.slices,
+                    buckets=trial.buckets,
+                    shuffle=ordering.shuffle,
+                    purpose=(MIX,),
+                ).offsets.shape[0]
+                - 1
+            )
             if found >= target:
                 best = min(best, seconds)
             seconds *= aim / max(found, 1)
@@ -130,14 +172,19 @@ def check_epoch_size(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: B
     size = mix.epoch_size
     if size.primary is not None:
         if not rates[size.primary] > 0:
-            raise OptionError(f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
-                              "small to plan one pass over it: give it a larger weight, or another epoch_size")
+            raise OptionError(
+                f"EpochSize primary {size.primary!r} has a weight ({mix.weights[size.primary]:.3g}) too "
+                "small to plan one pass over it: give it a larger weight, or another epoch_size"
+            )
         _quotas(rates, float(eligible[size.primary].sum()) / rates[size.primary])
     elif size.hours is not None:
         _quotas(rates, size.hours * 3600.0)
     elif size.batches is not None:
-        per_batch = (batching.max_duration if batching.max_duration is not None
-                     else (batching.batch_size or 1) / sum(rates.values()))
+        per_batch = (
+            batching.max_duration
+            if batching.max_duration is not None
+            else (batching.batch_size or 1) / sum(rates.values())
+        )
         _quotas(rates, size.batches * per_batch)
 
 
@@ -162,8 +209,10 @@ def tail_limit(quotas: Mapping[str, int]) -> int:
 def _quotas(rates: Mapping[str, float], seconds: float) -> dict[str, int]:
     drawn = sum(rate * seconds for rate in rates.values())
     if not drawn <= MAX_EPOCH_SAMPLES:
-        raise OptionError(f"the mix's epoch_size makes an epoch of about {drawn:.3g} samples, more than shardio plans "
-                          f"in one epoch ({MAX_EPOCH_SAMPLES}): give a smaller epoch_size")
+        raise OptionError(
+            f"the mix's epoch_size makes an epoch of about {drawn:.3g} samples, more than shardio plans "
+            f"in one epoch ({MAX_EPOCH_SAMPLES}): give a smaller epoch_size"
+        )
     return {name: max(1, int(round(rate * seconds))) for name, rate in rates.items()}
 
 
@@ -177,9 +226,17 @@ class _Epoch(NamedTuple):
     positions: np.ndarray  # per occurrence: its position in its corpus's stream
 
 
-def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching, ordering: Ordering,
-                 eligible: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray], *, seed: int,
-                 epoch: int) -> _Epoch:
+def _occurrences(
+    corpora: Mapping[str, CorpusColumns],
+    mix: Mix,
+    batching: Batching,
+    ordering: Ordering,
+    eligible: Mapping[str, np.ndarray],
+    positions: Mapping[str, np.ndarray],
+    *,
+    seed: int,
+    epoch: int,
+) -> _Epoch:
     """The epoch's occurrences in merged order: global ids, durations, slices and bucket keys.
 
     ``positions``: the stream positions each corpus plays this epoch (:mod:`shardio.planning.streams`).
@@ -210,8 +267,9 @@ def _occurrences(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batch
     durations = all_durations[global_ids]
     buckets, edges = np.zeros(total, dtype=np.int64), np.zeros(0)
     if batching.bucketed:
-        weights = np.repeat([max(positions[name].shape[0], 1) / int(eligible[name].sum()) for name in names],
-                            np.diff(offsets))
+        weights = np.repeat(
+            [max(positions[name].shape[0], 1) / int(eligible[name].sum()) for name in names], np.diff(offsets)
+        )
         edges = bucketing.bucket_edges(all_durations, batching, weights)
         buckets = bucketing.bucket_of(durations, edges)
     if mix.single_corpus_batches:
@@ -225,28 +283,44 @@ class _Args(NamedTuple):
     quotas: dict[str, int]
 
 
-def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *,
-                     seed: int, epoch: int, world_size: int, batching: Batching = Batching(),
-                     ordering: Ordering = Ordering(), history: Sequence[Segment] = (),
-                     exclude: Sequence[tuple[int, np.ndarray]] = (), cursors: Mapping[str, int] | None = None,
-                     since: int = 0, pending: Mapping[str, np.ndarray] | None = None,
-                     tail: Mapping[str, np.ndarray] | None = None) -> tuple[EpochPlan, _Epoch, _Args]:
+def plan_occurrences(
+    corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]],
+    mix: Mix,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    batching: Batching = Batching(),
+    ordering: Ordering = Ordering(),
+    history: Sequence[Segment] = (),
+    exclude: Sequence[tuple[int, np.ndarray]] = (),
+    cursors: Mapping[str, int] | None = None,
+    since: int = 0,
+    pending: Mapping[str, np.ndarray] | None = None,
+    tail: Mapping[str, np.ndarray] | None = None,
+) -> tuple[EpochPlan, _Epoch, _Args]:
     """:func:`plan_mix`'s plan over *occurrence* numbers (into the returned occurrences), before the ids are
     mapped to global ids: the re-mix (:mod:`shardio.ledger.remix`) reads stream positions from it."""
     if seed < 0 or since < 0 or (epoch < since and tail is None):
-        raise OptionError(f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
-                          f"mix took effect), not {seed} and {epoch}")
+        raise OptionError(
+            f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
+            f"mix took effect), not {seed} and {epoch}"
+        )
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = _check(columns, mix, batching)
     quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
     if tail is not None:  # the rest of an epoch re-mixed mid-way: exactly these positions, no epoch size
-        ranges = {name: Stream(0, np.asarray(tail.get(name, _NO_RANGES), dtype=np.int64).reshape(-1, 2))
-                  for name in mix.names}
+        ranges = {
+            name: Stream(0, np.asarray(tail.get(name, _NO_RANGES), dtype=np.int64).reshape(-1, 2))
+            for name in mix.names
+        }
         total, most = sum(r.held for r in ranges.values()), MAX_TAIL_EPOCHS * sum(quotas.values())
         if total > tail_limit(quotas):  # checked before any position is expanded
-            raise StateError(f"malformed loader state: extra.remix.tail holds {total} stream positions for "
-                             f"the rest of epoch {epoch}, more than this mix plays in {MAX_TAIL_EPOCHS} epochs "
-                             f"({most}) or any mix in one ({MAX_EPOCH_SAMPLES})")
+            raise StateError(
+                f"malformed loader state: extra.remix.tail holds {total} stream positions for "
+                f"the rest of epoch {epoch}, more than this mix plays in {MAX_TAIL_EPOCHS} epochs "
+                f"({most}) or any mix in one ({MAX_EPOCH_SAMPLES})"
+            )
         positions = {name: r.take(0, r.held) for name, r in ranges.items()}  # the ranges' positions, in order
         quotas, limit = {name: int(found.shape[0]) for name, found in positions.items()}, None
     else:
@@ -257,25 +331,48 @@ def plan_occurrences(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.
             try:
                 positions[name] = stream.take((epoch - since) * quota, quota)
             except OptionError as exc:
-                raise OptionError(f"epoch {epoch} of corpus {name!r} (its stream at {stream.cursor} from "
-                                  f"epoch {since}, {quota} positions an epoch): {exc}") from None
+                raise OptionError(
+                    f"epoch {epoch} of corpus {name!r} (its stream at {stream.cursor} from "
+                    f"epoch {since}, {quota} positions an epoch): {exc}"
+                ) from None
         limit = mix.epoch_size.batches
     occurrences = _occurrences(columns, mix, batching, ordering, eligible, positions, seed=seed, epoch=epoch)
     global_ids = occurrences.global_ids
     exclude = [(at, np.flatnonzero(np.isin(global_ids, ids))) for at, ids in exclude]
-    plan = plan_segments(np.arange(global_ids.shape[0]), occurrences.durations, seed=seed, epoch=epoch,
-                         world_size=world_size, batching=batching, history=history, windows=occurrences.slices,
-                         buckets=occurrences.buckets, shuffle=ordering.shuffle, purpose=(MIX,), limit=limit,
-                         exclude=exclude)
+    plan = plan_segments(
+        np.arange(global_ids.shape[0]),
+        occurrences.durations,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        batching=batching,
+        history=history,
+        windows=occurrences.slices,
+        buckets=occurrences.buckets,
+        shuffle=ordering.shuffle,
+        purpose=(MIX,),
+        limit=limit,
+        exclude=exclude,
+    )
     return plan, occurrences, _Args(columns, eligible, quotas)
 
 
-def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]], mix: Mix, *, seed: int,
-             epoch: int, world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
-             history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = (),
-             cursors: Mapping[str, int] | None = None, since: int = 0,
-             pending: Mapping[str, np.ndarray] | None = None,
-             tail: Mapping[str, np.ndarray] | None = None) -> EpochPlan:
+def plan_mix(
+    corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray, int]],
+    mix: Mix,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    batching: Batching = Batching(),
+    ordering: Ordering = Ordering(),
+    history: Sequence[Segment] = (),
+    exclude: Sequence[tuple[int, np.ndarray]] = (),
+    cursors: Mapping[str, int] | None = None,
+    since: int = 0,
+    pending: Mapping[str, np.ndarray] | None = None,
+    tail: Mapping[str, np.ndarray] | None = None,
+) -> EpochPlan:
     """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
 
     Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids (see the
@@ -288,19 +385,41 @@ def plan_mix(corpora: Mapping[str, CorpusColumns | tuple[np.ndarray, np.ndarray,
     :data:`MAX_TAIL_EPOCHS` epochs of this mix.
     """
     plan, occurrences, (columns, eligible, quotas) = plan_occurrences(
-        corpora, mix, seed=seed, epoch=epoch, world_size=world_size, batching=batching, ordering=ordering,
-        history=history, exclude=exclude, cursors=cursors, since=since, pending=pending, tail=tail)
+        corpora,
+        mix,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        batching=batching,
+        ordering=ordering,
+        history=history,
+        exclude=exclude,
+        cursors=cursors,
+        since=since,
+        pending=pending,
+        tail=tail,
+    )
     global_ids, durations = occurrences.global_ids, occurrences.durations
     offsets = corpus_offsets([columns[name].shard_ids.shape[0] for name in mix.names])
     number = np.searchsorted(offsets, global_ids[plan.samples], side="right") - 1
     seconds = np.bincount(number, weights=durations[plan.samples], minlength=len(mix.names))
     counts = np.bincount(number, minlength=len(mix.names))
     share = seconds if mix.weight_by == "duration" else counts
-    stats = {name: {"samples": int(counts[c]), "seconds": round(float(seconds[c]), 3), "quota": quotas[name],
-                    "share": round(float(share[c] / max(share.sum(), 1e-9)), 6), "weight": mix.weights[name],
-                    "passes": round(quotas[name] / int(eligible[name].sum()), 6)}
-             for c, name in enumerate(mix.names)}
+    stats = {
+        name: {
+            "samples": int(counts[c]),
+            "seconds": round(float(seconds[c]), 3),
+            "quota": quotas[name],
+            "share": round(float(share[c] / max(share.sum(), 1e-9)), 6),
+            "weight": mix.weights[name],
+            "passes": round(quotas[name] / int(eligible[name].sum()), 6),
+        }
+        for c, name in enumerate(mix.names)
+    }
     excluded = sum(int((~keep).sum()) for keep in eligible.values())
-    return with_report(replace(plan, samples=global_ids[plan.samples], excluded=excluded),
-                       samples=int(offsets[-1]), corpora=stats,
-                       **({"bucket_edges": occurrences.edges.round(6).tolist()} if batching.bucketed else {}))
+    return with_report(
+        replace(plan, samples=global_ids[plan.samples], excluded=excluded),
+        samples=int(offsets[-1]),
+        corpora=stats,
+        **({"bucket_edges": occurrences.edges.round(6).tolist()} if batching.bucketed else {}),
+    )

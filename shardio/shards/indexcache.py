@@ -63,8 +63,10 @@ def prune(unused_for: float = UNUSED_S, stale: float = 3600.0) -> int:
     fetches older than ``stale`` seconds; returns how many files went."""
     directory = cache_dir()
     now = time.time()
-    candidates = [(os.path.join(directory, "verified", name), unused_for)
-                  for name in _names(os.path.join(directory, "verified"))]
+    candidates = [
+        (os.path.join(directory, "verified", name), unused_for)
+        for name in _names(os.path.join(directory, "verified"))
+    ]
     for name in _names(directory):
         if name.startswith("index-") and name.endswith(".columns"):
             candidates.append((os.path.join(directory, name), unused_for))

@@ -100,8 +100,10 @@ def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         import aiohttp
 
         client = options.setdefault("client_kwargs", {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT,
-                                                           sock_read=HTTP_READ_TIMEOUT))
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=HTTP_READ_TIMEOUT),
+        )
     return options
 
 
@@ -116,11 +118,19 @@ def filesystem(location: str, storage_options: dict[str, Any] | None = None) -> 
         fs, path = fsspec.core.url_to_fs(location, **_with_defaults(protocol, storage_options or {}))
     except ImportError as exc:
         extra = "gcs" if protocol in ("gs", "gcs") else "remote"
-        raise OptionError(f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[{extra}]") from None
-    except (TypeError, ValueError, KeyError) as exc:  # KeyError: gcsfs reading a credentials file it cannot use
-        raise OptionError(f"{location}: storage options {sorted(storage_options or {})} do not fit the "
-                          f"{protocol}:// backend, or its credentials cannot be used: {type(exc).__name__}: "
-                          f"{exc}") from None
+        raise OptionError(
+            f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[{extra}]"
+        ) from None
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+    ) as exc:  # KeyError: gcsfs reading a credentials file it cannot use
+        raise OptionError(
+            f"{location}: storage options {sorted(storage_options or {})} do not fit the "
+            f"{protocol}:// backend, or its credentials cannot be used: {type(exc).__name__}: "
+            f"{exc}"
+        ) from None
     if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
         fs.retries = 1  # s3fs's own loop (not a constructor option): shardio's RetryPolicy retries instead
     remember(fs)  # a forked worker keeps it rather than wait a second on its finalizer (reading.inherited)
@@ -135,8 +145,9 @@ def open_input(location: str, storage_options: dict[str, Any] | None = None) -> 
     return open(_local(location), "rb")
 
 
-def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
-               retry: RetryPolicy = RetryPolicy()) -> bytes:
+def read_bytes(
+    location: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy = RetryPolicy()
+) -> bytes:
     """The whole content of a local file or URL; remote reads are retried under ``retry``, and read no further
     than :data:`MAX_READ_BYTES` (more is a :class:`FormatError`).
 
@@ -154,13 +165,16 @@ def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
 
     data = retrying(whole, location, retry)
     if len(data) > MAX_READ_BYTES:
-        raise FormatError(f"{location}: more than {MAX_READ_BYTES} bytes, the most shardio reads of a whole "
-                          "remote file (an index.json is far smaller): not the file expected here")
+        raise FormatError(
+            f"{location}: more than {MAX_READ_BYTES} bytes, the most shardio reads of a whole "
+            "remote file (an index.json is far smaller): not the file expected here"
+        )
     return data
 
 
-def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None,
-               pin: Pin | None = None) -> bytes:
+def read_range(
+    fs: Any, path: str, start: int, end: int, total: int | None = None, pin: Pin | None = None
+) -> bytes:
     """Bytes ``start`` to ``end`` of remote ``path`` (of ``total`` bytes, where known) through its filesystem
     ``fs`` (one try: the caller retries); ``pin``: the version of a shard this process reads, over HTTP and
     S3 sent as a condition and checked (:mod:`shardio.storage.validators`).
@@ -200,8 +214,10 @@ def check_output_file(path: str | os.PathLike[str]) -> None:
     except OSError:  # nothing there (or a dangling link): the write itself reports what stands in its way
         return
     if not stat.S_ISREG(mode):
-        raise OutputError(f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
-                          "output only where nothing is yet, or over a regular file")
+        raise OutputError(
+            f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
+            "output only where nothing is yet, or over a regular file"
+        )
 
 
 def open_output(path: str | os.PathLike[str]) -> BinaryIO:
@@ -228,7 +244,9 @@ def write_atomic(path: str, data: bytes) -> None:
     :class:`OutputError` where ``path`` is there and not a regular file (:func:`check_output_file`)."""
     check_output_file(path)
     with staged(path) as out:
-        os.fchmod(out.fileno(), 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
+        os.fchmod(
+            out.fileno(), 0o666 & ~current_umask()
+        )  # mkstemp makes it 0600: follow the umask, as shards do
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
@@ -253,7 +271,9 @@ def staged(path: str, mode: Literal["wb", "w+b"] = "wb", suffix: str | None = No
         OutputError: ``path`` is there and not a regular file when the block ends.
     """
     suffix = "-" + os.path.basename(path) if suffix is None else suffix
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path)))
+    handle, temporary = tempfile.mkstemp(
+        prefix=".tmp-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path))
+    )
     try:
         with os.fdopen(handle, mode) as out:
             yield out
@@ -289,8 +309,14 @@ def cache_dir() -> str:
     return os.path.join(base, "shardio")
 
 
-def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[str, Any] | None,
-                   fits: Callable[[str], bool], retry: RetryPolicy = RetryPolicy()) -> str:
+def fetch_to_cache(
+    location: str,
+    name: str,
+    size: int,
+    storage_options: dict[str, Any] | None,
+    fits: Callable[[str], bool],
+    retry: RetryPolicy = RetryPolicy(),
+) -> str:
     """The local path of a copy of remote ``location`` (``size`` bytes) in :func:`cache_dir` under ``name``,
     fetched unless a copy of that size for which ``fits(path)`` holds is there. Processes that fetch at once
     each write a temporary file and rename it into place, so none ever sees a partial copy."""
@@ -303,7 +329,9 @@ def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[st
         pass
     fs, remote = filesystem(location, storage_options)
 
-    def fetch(out: IO[bytes]) -> int:  # no further than size + 1 bytes: an endless answer never fills the disk
+    def fetch(
+        out: IO[bytes],
+    ) -> int:  # no further than size + 1 bytes: an endless answer never fills the disk
         out.seek(0)
         out.truncate()
         return copy_capped(fs, remote, out, size)
@@ -313,12 +341,16 @@ def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[st
         with staged(path) as out:
             got = retrying(lambda: fetch(out), location, retry)
             if got != size:
-                raise FormatError(f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
-                                  f"index.json describes {size}: the index files do not belong together or one "
-                                  "is damaged; rebuild the index")
+                raise FormatError(
+                    f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
+                    f"index.json describes {size}: the index files do not belong together or one "
+                    "is damaged; rebuild the index"
+                )
     except (FileNotFoundError, FormatError, ReadError, OutputError):
         raise
     except OSError as exc:  # the cache itself: a full disk, a read-only directory
-        raise ReadError(f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
-                        "writable local directory with room") from None
+        raise ReadError(
+            f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
+            "writable local directory with room"
+        ) from None
     return path

@@ -126,8 +126,12 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
+def retrying(
+    action: Callable[[], T],
+    where: str,
+    retry: RetryPolicy,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
     """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
 
     A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing,
@@ -142,15 +146,25 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         assert exc is not None  # tenacity sleeps only after a failed attempt
-        logger.warning("%s: attempt %d of %d failed (%s: %s); retrying in %.2fs", where, state.attempt_number,
-                       retry.attempts, type(exc).__name__, exc, state.next_action.sleep if state.next_action else 0.0)
+        logger.warning(
+            "%s: attempt %d of %d failed (%s: %s); retrying in %.2fs",
+            where,
+            state.attempt_number,
+            retry.attempts,
+            type(exc).__name__,
+            exc,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
         if on_retry is not None:
             on_retry(exc)
 
-    attempts = tenacity.Retrying(stop=tenacity.stop_after_attempt(retry.attempts),
-                                 wait=lambda state: retry.delay(state.attempt_number - 1),
-                                 retry=tenacity.retry_if_exception(is_transient), before_sleep=before_sleep,
-                                 reraise=True)
+    attempts = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(retry.attempts),
+        wait=lambda state: retry.delay(state.attempt_number - 1),
+        retry=tenacity.retry_if_exception(is_transient),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
     try:
         return attempts(action)
     except ShardChanged as exc:
@@ -159,7 +173,12 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
         transient, status = is_transient(exc), http_status(exc)
         if not transient and isinstance(exc, FileNotFoundError) and status in (None, 404):
             raise
-        how = (f"after {attempts.statistics.get('attempt_number', retry.attempts)} attempt(s)" if transient
-               else "(not retried: not a transient error)")
-        answer = "" if status is None else f"the server answered HTTP {status}: "  # fsspec may say FileNotFound
+        how = (
+            f"after {attempts.statistics.get('attempt_number', retry.attempts)} attempt(s)"
+            if transient
+            else "(not retried: not a transient error)"
+        )
+        answer = (
+            "" if status is None else f"the server answered HTTP {status}: "
+        )  # fsspec may say FileNotFound
         raise ReadError(f"{where}: read failed {how}: {answer}{type(exc).__name__}: {exc}") from exc

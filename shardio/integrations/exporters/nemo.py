@@ -43,17 +43,27 @@ def _lines(index: Index) -> Iterator[str]:
                     meta = {**meta, **json.loads(bytes(members["json"]))}
                 except ValueError:
                     raise FormatError(f"{reader.where(sample)}: the {key}.json member is not JSON") from None
-            meta.pop("offset", None)  # where a segment began in its recording: NeMo would cut the member again
-            entry = {**meta, "audio_filepath": f"{key}.{ext}", "shard_id": int(shard_ids[sample]),
-                     "duration": round(int(frames[sample]) / max(int(rates[sample]), 1), 6)}
+            meta.pop(
+                "offset", None
+            )  # where a segment began in its recording: NeMo would cut the member again
+            entry = {
+                **meta,
+                "audio_filepath": f"{key}.{ext}",
+                "shard_id": int(shard_ids[sample]),
+                "duration": round(int(frames[sample]) / max(int(rates[sample]), 1), 6),
+            }
             text = json.dumps(entry, ensure_ascii=False, sort_keys=True)
             yield text.translate(_LINE_BREAKS) + "\n"
     finally:
         reader.close()
 
 
-def export_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None, *,
-                overwrite: bool = False) -> str:
+def export_nemo(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> str:
     """Write the NeMo manifest of the dataset at ``directory`` (default: ``tarred_audio_manifest.json`` in it)
     and return the brace pattern of its shards for NeMo's ``tarred_audio_filepaths``. An existing manifest
     (for a NeMo dataset indexed in place, the user's own) is replaced only with ``overwrite=True``."""
@@ -63,14 +73,18 @@ def export_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[s
     index = Index.load(directory)
     codecs = sorted({s.codec for s in index.shards} - {"none"})
     if codecs:
-        raise OptionError(f"{directory}: NeMo reads plain .tar shards; this dataset has {', '.join(codecs)} "
-                          "shards (pack with compression='none' to export it)")
+        raise OptionError(
+            f"{directory}: NeMo reads plain .tar shards; this dataset has {', '.join(codecs)} "
+            "shards (pack with compression='none' to export it)"
+        )
     seen: dict[str, str] = {}
     for key in index.keys:
         base = key.rsplit("/", 1)[-1]
         if base in seen:
-            raise OptionError(f"{directory}: keys {seen[base]!r} and {key!r} share the base name {base!r}, which "
-                              "NeMo uses to join audio with the manifest")
+            raise OptionError(
+                f"{directory}: keys {seen[base]!r} and {key!r} share the base name {base!r}, which "
+                "NeMo uses to join audio with the manifest"
+            )
         seen[base] = key
     write_atomic(path, "".join(_lines(index)).encode("utf-8"))
     return _pattern([s.name for s in index.shards], os.fspath(directory))
@@ -83,8 +97,12 @@ def _pattern(names: list[str], directory: str) -> str:
     stems = [n.rsplit("-", 1) for n in names]
     prefixes = {s[0] for s in stems if len(s) == 2}
     numbers = [s[1].split(".", 1)[0] for s in stems if len(s) == 2]
-    if len(prefixes) == 1 and all(n.isdigit() for n in numbers) and len(numbers) == len(names) and \
-            [int(n) for n in numbers] == list(range(int(numbers[0]), int(numbers[0]) + len(numbers))):
+    if (
+        len(prefixes) == 1
+        and all(n.isdigit() for n in numbers)
+        and len(numbers) == len(names)
+        and [int(n) for n in numbers] == list(range(int(numbers[0]), int(numbers[0]) + len(numbers)))
+    ):
         suffix = names[0].split(".", 1)[1]
         return os.path.join(directory, f"{prefixes.pop()}-{{{numbers[0]}..{numbers[-1]}}}.{suffix}")
     return os.path.join(directory, "{" + ",".join(names) + "}")
