@@ -11,8 +11,8 @@ adjacent measurements is far steadier than two separate runs. A version's turn i
 
 Both versions share one process's heap, so a change in how much memory a version allocates and frees can move
 the other's costs too: glibc's adaptive mmap threshold rises after a large block is freed, and one version's
-frees then spare the other's mid-sized arrays their page faults. Confirm such a change with separate processes,
-one per version, alternated (an unbatched-mode memory reuse measured 1.19x here and 0.85x so).
+frees then spare the other's mid-sized arrays their page faults. Confirm such a change with separate
+processes, one per version, alternated (an unbatched-mode memory reuse measured 1.19x here and 0.85x so).
 
 Writes ``benchmarks/results/ab.json`` and ``.md`` (or under ``--results``): microseconds per sample of each
 version (median, min-max) and the median of the per-round speed-ups.

@@ -150,10 +150,10 @@ def markdown(report: dict[str, Any]) -> str:
     intro = (
         f"`{report['command']}` on {machine['cpus']} cores, Python {machine['python']}, torch "
         f"{machine['torch']}, webdataset {machine['webdataset']}. Dataset: {data['samples']} real 8 kHz WAV "
-        f"samples ({data['audio_s']:.1f} s of audio, {low}-{high} s each) in {len(data['shard_sizes'])} shards "
-        f"of {sizes} samples. Each rank reads through a DataLoader with {config['num_workers']} workers; "
-        f"batch size {config['batch_size']} (WebDataset `.batched(partial=True)` per worker), or shardio "
-        f"`max_duration={config['max_duration']}`."
+        f"samples ({data['audio_s']:.1f} s of audio, {low}-{high} s each) in {len(data['shard_sizes'])} "
+        f"shards of {sizes} samples. Each rank reads through a DataLoader with {config['num_workers']} "
+        f"workers; batch size {config['batch_size']} (WebDataset `.batched(partial=True)` per worker), or "
+        f"shardio `max_duration={config['max_duration']}`."
     )
     legend = (
         "`hang steps`: batches the longest rank still has when the shortest one is done; under DDP those "

@@ -231,7 +231,8 @@ def markdown(report: dict[str, Any]) -> str:
             "Step balance: step efficiency = mean over steps of mean rank cost / max rank cost, under a "
             f"padded and a quadratic (Q = {QUADRATIC:g}) cost model; padding ratio beside it.",
             "",
-            "| world | batching | steps | padding ratio | step efficiency, padded | quadratic | window jump |",
+            "| world | batching | steps | padding ratio | step efficiency, padded | quadratic "
+            "| window jump |",
             "|---:|---|---:|---:|---:|---:|---:|",
         ]
         lines += [

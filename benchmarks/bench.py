@@ -4,8 +4,9 @@ Run ``python benchmarks/bench.py [DATASET_DIR] [--quick] [--reps N]`` (the same 
 a dataset it generates 1-5 s 16 kHz PCM16 WAV utterances and takes the LJ Speech FLACs of the shared corpora
 (``../shared/corpora``, when present; else generated FLAC), packs them under ``bench-out/`` and measures:
 shardio and WebDataset + soundfile through a DataLoader with 0/1/2 workers, shardio on ``.tar.zst`` and in
-unbatched mode, the soundfile, numpy and zstd decompression floors, shard codecs (none, zstd 1/3/19, gzip, bz2), resume latency, per-rank balance and a training-loop
-stall. Writes ``benchmarks/results/bench.json``, ``bench.md`` and ``bench.png``; see ``shardio.bench``.
+unbatched mode, the soundfile, numpy and zstd decompression floors, shard codecs (none, zstd 1/3/19, gzip,
+bz2), resume latency, per-rank balance and a training-loop stall. Writes ``benchmarks/results/bench.json``,
+``bench.md`` and ``bench.png``; see ``shardio.bench``.
 """
 
 from __future__ import annotations

@@ -242,8 +242,8 @@ def main() -> int:
         f"{args.steps} steps after {args.warmup} warm-up steps per row.",
         "",
         "GPU busy: ceiling step time x steps / wall time (1.00: the GPU never waited for data). "
-        "In next(): share of the loop's wall time spent waiting for the loader. CPU: CPU time of the training "
-        "process and its workers per step (the training loop's own share is the same in every row).",
+        "In next(): share of the loop's wall time spent waiting for the loader. CPU: CPU time of the "
+        "training process and its workers per step (the training loop's own share is the same in every row).",
         "",
         "| corpus | loader | workers | steps/s | GPU busy | in next() | CPU ms/step |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -115,9 +115,9 @@ def main() -> None:
         [
             "# NeMo tarred dataset: indexed in place vs packed",
             "",
-            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load average "
-            f"{report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.runs} rounds, the two "
-            "ways side by side in each round).",
+            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
+            f"average {report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.runs} "
+            "rounds, the two ways side by side in each round).",
             "",
             f"{report['samples']} samples ({args.samples} files + repeats) in {args.shards} tars, "
             f"{tars / 1e6:.1f} MB.",
@@ -125,7 +125,8 @@ def main() -> None:
             "| | in place (`shardio index --nemo-manifest`) | packed (`shardio pack manifest`) |",
             "|---|---|---|",
             f"| build (s) | {med['index_in_place']:.3f} | {med['pack_copy']:.3f} |",
-            f"| one epoch, batch 16, in process (s) | {med['epoch_in_place']:.3f} | {med['epoch_packed']:.3f} |",
+            f"| one epoch, batch 16, in process (s) | {med['epoch_in_place']:.3f} | "
+            f"{med['epoch_packed']:.3f} |",
             f"| disk added (MB) | {added['in_place'] / 1e6:.3f} | {added['packed'] / 1e6:.1f} |",
             "",
         ]

@@ -1,4 +1,5 @@
-"""Pack throughput: ``shardio.packing.pack`` (none and zstd) beside plain ``tar`` and ``tar | zstd`` over the same files.
+"""Pack throughput: ``shardio.packing.pack`` (none and zstd) beside plain ``tar`` and
+``tar | zstd`` over the same files.
 
 Run ``python benchmarks/pack.py [--quick]``. Uses the shared real corpora (``../shared/corpora``: fsdd and
 asterisk are WAV, LJ Speech has FLAC and MP3) when present, else a generated speech-like corpus
@@ -166,8 +167,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "shardio runs in-process and decodes every input to validate it, and fsyncs each shard; tar only "
         "copies bytes. zstd is level 3, one thread, for both; shardio writes one zstd frame per ~64 KiB of "
-        "samples (seekable), `tar | zstd` one stream. `shardio flac` transcodes every input to FLAC (`.tar`); "
-        "`-j 2` adds a second worker thread (the writing thread reads inputs too with `-j 1`).",
+        "samples (seekable), `tar | zstd` one stream. `shardio flac` transcodes every input to FLAC "
+        "(`.tar`); `-j 2` adds a second worker thread (the writing thread reads inputs too with `-j 1`).",
         "",
     ]
     for corpus in report["corpora"]:
@@ -182,8 +183,9 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for tool, r in corpus["tools"].items():
             lines.append(
-                f"| {tool.replace('|', '&#124;')} | {r['seconds']:.3f} ({r['min']:.3f}-{r['max']:.3f}) | {r['mb_per_s']:.1f} | "
-                f"{r['files_per_s']:.0f} | {r['output_bytes'] / 1e6:.2f} | {r['size_ratio']:.3f} |"
+                f"| {tool.replace('|', '&#124;')} | {r['seconds']:.3f} ({r['min']:.3f}-{r['max']:.3f}) | "
+                f"{r['mb_per_s']:.1f} | {r['files_per_s']:.0f} | {r['output_bytes'] / 1e6:.2f} | "
+                f"{r['size_ratio']:.3f} |"
             )
         lines += [""] + [
             f"- {name.replace('|', '&#124;')}: {value:.2f}" for name, value in corpus["ratios"].items()

@@ -141,8 +141,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`python benchmarks/pack_cluster.py{' --quick' if report['quick'] else ''}` on {report['machine']}; "
         f"{report['runs']} run(s) per figure: median (min-max). Corpus: {corpus['about']}, {corpus['files']} "
-        f"files, {corpus['input_bytes'] / 1e6:.1f} MB; partitions of ~{report['partition_bytes'] / 1e6:.0f} MB "
-        f"input, zstd shards of {report['shard_bytes'] / 1e6:.0f} MB.",
+        f"files, {corpus['input_bytes'] / 1e6:.1f} MB; partitions of ~{report['partition_bytes'] / 1e6:.0f} "
+        f"MB input, zstd shards of {report['shard_bytes'] / 1e6:.0f} MB.",
         "",
         "## Measured",
         "",
@@ -163,8 +163,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"{report['partitions']} partitions packed one at a time: {statistics.median(costs):.3f} s median "
-        f"({min(costs):.3f}-{max(costs):.3f}), {sum(costs):.2f} s in all; plan {report['plan_seconds']:.2f} s, "
-        f"merge {report['merge_seconds']:.3f} s.",
+        f"({min(costs):.3f}-{max(costs):.3f}), {sum(costs):.2f} s in all; plan {report['plan_seconds']:.2f} "
+        f"s, merge {report['merge_seconds']:.3f} s.",
         "",
         "## Projected for N machines (one partition at a time each)",
         "",

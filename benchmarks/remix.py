@@ -158,8 +158,8 @@ def main() -> None:
         f"`{command}` on {os.cpu_count()} cores (shared, load average {report['machine']['load_average']}): "
         f"corpora of {args.samples:,} and {args.samples // 4:,} samples mixed 0.7/0.3, an epoch of about one "
         f"pass over the small one (in hours), max_duration={MAX_DURATION:g} in {BUCKETS} buckets, an elastic "
-        f"history ({WORLD} ranks for {third} steps, then {NEW_WORLD} ranks for 10). Seconds: median (min-max) of "
-        f"{args.runs} runs, fresh datasets each.",
+        f"history ({WORLD} ranks for {third} steps, then {NEW_WORLD} ranks for 10). Seconds: median "
+        f"(min-max) of {args.runs} runs, fresh datasets each.",
         "",
         "| case | CPU s (median) | min | max | wall s (median) | state JSON bytes | position ranges |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -6,7 +6,8 @@ plain ``.tar`` shards of ``--per-shard`` samples, served by a local HTTP server 
 waits ``latency`` before every answer (time to the first byte) and sends at most ``--bandwidth-mbps``
 per connection. The server runs in a process of its own (not a thread competing for the loader's GIL) with a
 listen backlog of 1024 (socketserver's default of 5 dropped the SYNs of concurrent read-ahead connections:
-1 s TCP retransmits that no object store charges). Cases (one epoch each, ``batch_size=16``, decoded to tensors), at 0 and 2 workers:
+1 s TCP retransmits that no object store charges). Cases (one epoch each, ``batch_size=16``, decoded to
+tensors), at 0 and 2 workers:
 
 - ``shardio, ranges``: ``read_ahead=0``, one request per sample when it is needed (what main did);
 - ``shardio, read-ahead``: the default, coalesced and concurrent reads of the next batches;
@@ -15,8 +16,8 @@ listen backlog of 1024 (socketserver's default of 5 dropped the SYNs of concurre
 - ``webdataset``: ``wds.WebDataset`` streaming each shard whole (``curl``), soundfile decode, same collate.
 
 Plus shardio on moto's S3 server (no added latency). Reported: samples/s, requests and bytes per sample (as
-the server counted them). Writes ``benchmarks/results/remote.json`` and ``.md``. The machine this was written on
-was shared and loaded (about 10 on 2 cores): single runs, noisy.
+the server counted them). Writes ``benchmarks/results/remote.json`` and ``.md``. The machine this was written
+on was shared and loaded (about 10 on 2 cores): single runs, noisy.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ BATCH = 16
 
 
 class _Server(ThreadingHTTPServer):
-    """The HTTP server, run in its own process (:class:`Server`): an object store is not in the trainer's process,
-    and a server thread there would compete for its GIL with the loader it measures."""
+    """The HTTP server, run in its own process (:class:`Server`): an object store is not in the trainer's
+    process, and a server thread there would compete for its GIL with the loader it measures."""
 
     daemon_threads = True
-    # socketserver's default backlog of 5 drops SYNs once more than 5 connections arrive at once (16 read-ahead
-    # threads in each of 2 workers do): each dropped SYN costs the client a 1 s retransmit, which no real object
-    # store charges.
+    # socketserver's default backlog of 5 drops SYNs once more than 5 connections arrive at once (16
+    # read-ahead threads in each of 2 workers do): each dropped SYN costs the client a 1 s retransmit, which
+    # no real object store charges.
     request_queue_size = 1024
 
     def __init__(self, root: str, latency: float, bandwidth: float, counters: Any) -> None:
@@ -341,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         "note": (
             f"{args.samples} FLAC samples (2-6 s, 16 kHz) in .tar shards of {args.per_shard}; "
             f"batch_size {BATCH}; bandwidth cap {args.bandwidth_mbps} Mbit/s per connection; one epoch "
-            f"per case and round; HTTP: median of {args.reps} rounds (min-max); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, "
-            "loaded machine)."
+            f"per case and round; HTTP: median of {args.reps} rounds (min-max); load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, loaded machine)."
         ),
         "rows": rows,
     }

@@ -9,8 +9,8 @@ For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fre
   the benchmark's node cache (``DATA/shardio-scale/cache``), so it plans epoch 0 (with world 8 it writes
   every rank's share for the node, :mod:`shardio.runtime.planfiles`);
 - time to the first batch with 0 workers, and with 2 workers started by ``fork`` and by ``forkserver``
-  (whose server preloads ``torch`` and ``shardio.datasets.dataset``, as a user should: else each worker imports torch;
-  the server's start, once per job and the same for any dataset, is timed apart);
+  (whose server preloads ``torch`` and ``shardio.datasets.dataset``, as a user should: else each worker
+  imports torch; the server's start, once per job and the same for any dataset, is timed apart);
 - after the first batch: RSS and PSS (``/proc/PID/smaps_rollup``) of the training process and of each
   worker, each also as the excess over a baseline: the training process right after importing shardio and
   torch, and a worker process started the same way that only imported shardio;
@@ -46,8 +46,9 @@ BATCH_SIZE = 32
 
 
 def memory(pid: int) -> dict[str, float]:
-    """RSS and PSS of process ``pid`` in MiB, and the PSS of its maps of ``index.columns`` and of the node's plan
-    files (page cache that the node's processes share: a page mapped by k processes counts 1/k in each)."""
+    """RSS and PSS of process ``pid`` in MiB, and the PSS of its maps of ``index.columns`` and of the node's
+    plan files (page cache that the node's processes share: a page mapped by k
+    processes counts 1/k in each)."""
     fields = {"rss": 0.0, "pss": 0.0, "index_pss": 0.0, "plan_pss": 0.0}
     mapping = ""
     with open(f"/proc/{pid}/smaps") as handle:
@@ -304,7 +305,8 @@ def markdown(report: dict[str, Any]) -> str:
         "node's plan files (their PSS: the `index / plan` figures in brackets).",
         "",
         "| samples | index B/sample | state B | case | construct s | set_epoch s | first batch s "
-        "| train PSS excess MiB (index / plan) | each worker's PSS excess MiB (index / plan) | worker RSS MiB |",
+        "| train PSS excess MiB (index / plan) | each worker's PSS excess MiB (index / plan) | worker RSS "
+        "MiB |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for size in report["sizes"]:
@@ -312,7 +314,10 @@ def markdown(report: dict[str, Any]) -> str:
 
             def excess(now: dict[str, float], base: dict[str, float]) -> str:
                 plan = now.get("plan_pss", 0.0)
-                return f"{now['pss'] - now['index_pss'] - plan - base['pss']:+.0f} ({now['index_pss']:.0f} / {plan:.0f})"
+                return (
+                    f"{now['pss'] - now['index_pss'] - plan - base['pss']:+.0f} ({now['index_pss']:.0f} "
+                    f"/ {plan:.0f})"
+                )
 
             workers = case.get("workers", [])
             wpss = " / ".join(excess(w, case["worker_baseline"]) for w in workers)
@@ -402,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.node_ranks:
             entry["node"] = run_node(root, args.node_ranks)
             print(
-                f"{n:>11,} {args.node_ranks} ranks of a node: slowest set_epoch {entry['node']['slowest_set_epoch_s']:.2f} s, "
-                f"planning memory {entry['node']['node_transient_mib']:.0f} MiB in all",
+                f"{n:>11,} {args.node_ranks} ranks of a node: slowest set_epoch "
+                f"{entry['node']['slowest_set_epoch_s']:.2f} s, planning memory "
+                f"{entry['node']['node_transient_mib']:.0f} MiB in all",
                 flush=True,
             )
         sizes.append(entry)

@@ -161,9 +161,9 @@ def main() -> None:
         [
             "# Local shard change detection: what the check costs",
             "",
-            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load average "
-            f"{report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.rounds} rounds of CPU "
-            "time, the checked and unchecked ways alternated in each round).",
+            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
+            f"average {report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.rounds} "
+            "rounds of CPU time, the checked and unchecked ways alternated in each round).",
             "",
             f"{len(spans)} samples in {args.shards} plain `.tar` shards, in the page cache.",
             "",
@@ -175,8 +175,8 @@ def main() -> None:
             f"{median['view_checked']:.0f} | {view_cost:+.0f} |",
             f"| one sample read whole (`Reader.members`, checked) | | {median['sample_members']:.0f} | "
             f"{100 * view_cost / median['sample_members']:.1f}% of it |",
-            f"| one sample decoded in a batch of 16 (`ShardDataset`, checked) | | {median['sample_decoded']:.0f} | "
-            f"{100 * view_cost / median['sample_decoded']:.1f}% of it |",
+            "| one sample decoded in a batch of 16 (`ShardDataset`, checked) | | "
+            f"{median['sample_decoded']:.0f} | {100 * view_cost / median['sample_decoded']:.1f}% of it |",
             "",
         ]
     )

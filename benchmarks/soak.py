@@ -164,14 +164,14 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         (
             f"`{c['command']}` on {c['machine']}: {c['epochs']} epochs, {c['workers']} workers, batch "
-            f"{c['batch_size']}, fault rate {c['fault_rate']} per shard request (500/503 or dropped connection, at "
-            "most 2 in a row), default RetryPolicy (4 attempts, 0.2 s backoff doubling), one corrupt zstd frame "
-            "read with on_error=skip."
+            f"{c['batch_size']}, fault rate {c['fault_rate']} per shard request (500/503 or dropped "
+            "connection, at most 2 in a row), default RetryPolicy (4 attempts, 0.2 s backoff doubling), one "
+            "corrupt zstd frame read with on_error=skip."
         ),
         "",
         (
-            "| backend | samples | faults injected / shard requests | lost per epoch (corrupt) | all lost reported "
-            "| duplicated | batches = planned | clean s | faulty s | slowdown |"
+            "| backend | samples | faults injected / shard requests | lost per epoch (corrupt) | all lost "
+            "reported | duplicated | batches = planned | clean s | faulty s | slowdown |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

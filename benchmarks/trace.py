@@ -39,7 +39,8 @@ WORLD, NEW_WORLD, MAX_DURATION, SEED, EPOCH = 8, 6, 600.0, 0, 1
 
 
 def synthetic_index(n: int) -> Index:
-    """An in-memory index of ``n`` samples at 16 kHz over the planner benchmark's columns, keyed ``uNNNNNNNNN``."""
+    """An in-memory index of ``n`` samples at 16 kHz over the planner benchmark's columns,
+    keyed ``uNNNNNNNNN``."""
     shard_ids, durations = columns(n)
     sizes = np.bincount(shard_ids, minlength=NUM_SHARDS)
     cols = {
@@ -95,8 +96,8 @@ def main() -> None:
         wall, cpu = timed(function, args.runs)
         row = {"case": name, "time_s": wall, "cpu_s": cpu, "peak_mib": peak_mib(function)}
         print(
-            f"{args.samples:,} samples, {name}: median {wall['median']:.2f} s wall, {cpu['median']:.2f} s CPU, "
-            f"peak {row['peak_mib']} MiB",
+            f"{args.samples:,} samples, {name}: median {wall['median']:.2f} s wall, {cpu['median']:.2f} s "
+            f"CPU, peak {row['peak_mib']} MiB",
             flush=True,
         )
         results.append(row)
@@ -135,7 +136,8 @@ def main() -> None:
         f"`{command}` on {os.cpu_count()} cores (shared, load average {report['machine']['load_average']}): "
         f"{args.samples:,} samples, {NUM_SHARDS:,} shards, max_duration={MAX_DURATION:g}, an elastic history "
         f"({WORLD} ranks for {half} steps, then {NEW_WORLD}). Each run builds a fresh Trace (plans both "
-        f"segments). CPU and wall seconds: median (min-max) of {args.runs} runs; peak: tracemalloc, beyond the index.",
+        f"segments). CPU and wall seconds: median (min-max) of {args.runs} runs; peak: tracemalloc, beyond "
+        "the index.",
         "",
         "| case | CPU s (median) | min | max | wall s (median) | peak MiB |",
         "|---|---:|---:|---:|---:|---:|",

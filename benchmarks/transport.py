@@ -1,4 +1,5 @@
-"""What moving a batch from a DataLoader worker to the training process costs, against keeping it in one process.
+"""What moving a batch from a DataLoader worker to the training process costs, against
+keeping it in one process.
 
 Run ``python benchmarks/transport.py [--runs 7] [--batches 200]``. A batch here is the audio of 16 padded 5 s
 16 kHz utterances: float32 ``(16, 1, 81920)``, 5 MiB. Cases, each a median (min-max) over ``--runs`` runs:
@@ -9,7 +10,8 @@ Run ``python benchmarks/transport.py [--runs 7] [--batches 200]``. A batch here 
   its default collate uses): create, write, free;
 - a 1-worker DataLoader whose worker yields such blocks: CPU milliseconds per batch in the worker and in the
   training process, which reads one float per 4 KiB page (as a copy to the GPU touches every page);
-- the same with the blocks shardio's workers reuse once the trainer drops a batch (``shardio.reading.blocks``).
+- the same with the blocks shardio's workers reuse once the trainer drops a batch
+  (``shardio.reading.blocks``).
 
 Writes ``benchmarks/results/transport.json`` and ``.md``.
 """
@@ -78,7 +80,8 @@ class _Blocks(IterableDataset):
 
 
 class _PooledBlocks(_Blocks):
-    """As shardio's workers do: batches written into blocks reused once the trainer drops them (shardio.reading.blocks)."""
+    """As shardio's workers do: batches written into blocks reused once the trainer drops them
+    (shardio.reading.blocks)."""
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for _ in range(self.batches):
@@ -93,7 +96,8 @@ class _PooledBlocks(_Blocks):
 
 
 def across_processes(batches: int, pooled: bool = False) -> tuple[float, float]:
-    """(CPU seconds of the worker, of the training process) to move ``batches`` blocks through a DataLoader."""
+    """(CPU seconds of the worker, of the training process) to move ``batches`` blocks
+    through a DataLoader."""
     dataset = _PooledBlocks(batches) if pooled else _Blocks(batches)
     loader = DataLoader(dataset, batch_size=None, num_workers=1, persistent_workers=True)
     for _ in loader:  # start the worker
@@ -128,7 +132,8 @@ def measure(runs: int, batches: int) -> list[dict[str, Any]]:
         "shared": "shared-memory block per batch (a worker's), create + write + free",
         "worker": "1-worker DataLoader: the worker (shared block, write, send)",
         "trainer": "1-worker DataLoader: the training process (receive, read every page, free)",
-        "pooled worker": "1-worker DataLoader, reused blocks (shardio.reading.blocks): the worker (write, send)",
+        "pooled worker": "1-worker DataLoader, reused blocks (shardio.reading.blocks): the worker (write, "
+        "send)",
         "pooled trainer": "1-worker DataLoader, reused blocks: the training process (receive, read, release)",
     }
     return [

@@ -1,4 +1,5 @@
-"""Where the CPU of a batch goes with DataLoader workers: per thread, in the training process and in its workers.
+"""Where the CPU of a batch goes with DataLoader workers: per thread, in the training
+process and in its workers.
 
 Run ``python benchmarks/workers.py [DATASET_DIR] [--rounds 3] [--epochs 30]``. Without a dataset it packs 400
 generated 1-5 s 16 kHz PCM WAV utterances (the ``wav16k`` corpus of ``shardio bench``, half its size) into a
@@ -15,10 +16,10 @@ temporary directory. Cases, read in interleaved rounds (batches of 16, shuffled,
   what amortising the DataLoader's per-item cost would win;
 - torch's own floor: 2 workers yielding a small dict of 16 keys (no audio), per item.
 
-For each, CPU milliseconds per batch of each thread role, from ``/proc`` (Linux; 10 ms ticks, so each case runs
-``--epochs`` epochs per round): the training process's main thread (DataLoader bookkeeping, unpickling, the
-consuming loop) and its other threads (the index queues' feeders), the workers' (or readers') main threads and
-their other threads (the result queue's feeder, which pickles and sends). Writes
+For each, CPU milliseconds per batch of each thread role, from ``/proc`` (Linux; 10 ms ticks, so each case
+runs ``--epochs`` epochs per round): the training process's main thread (DataLoader bookkeeping, unpickling,
+the consuming loop) and its other threads (the index queues' feeders), the workers' (or readers') main threads
+and their other threads (the result queue's feeder, which pickles and sends). Writes
 ``benchmarks/results/workers.json`` and ``.md``.
 """
 
@@ -69,7 +70,8 @@ class _Bundled(ShardDataset):
 
 
 class _Tiny(IterableDataset[dict[str, Any]]):
-    """The DataLoader's own cost: items of 16 keys and 16 lengths, no audio, as many as a corpus has batches."""
+    """The DataLoader's own cost: items of 16 keys and 16 lengths, no audio, as many as
+    a corpus has batches."""
 
     def __init__(self, items: int) -> None:
         self.items = items
@@ -97,7 +99,8 @@ def _bundled_epoch(directory: str) -> Callable[[], tuple[int, float]]:
 
 
 def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, float]]:
-    """Batches built by ``threads`` threads of this process, each with its own reader, handed over in order."""
+    """Batches built by ``threads`` threads of this process, each with its own reader,
+    handed over in order."""
     batchmemory._POOL = batchmemory._BlockPool(
         4 + 2 * threads
     )  # every thread's batch in flight takes a block
@@ -225,10 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Where a batch's CPU goes with DataLoader workers",
         "",
-        f"`{command}` on {facts['cpu']}, {facts['cores']} cores (load average {facts['load_average_start'][0]:.1f} "
-        f"at start, {facts['load_average_end'][0]:.1f} at end); torch {facts['torch']}. Batches of {BATCH} "
-        f"PCM WAV utterances of 1-5 s; medians of {args.rounds} interleaved rounds of {args.epochs} epochs. "
-        "CPU ms per batch by thread (see the script's docs).",
+        f"`{command}` on {facts['cpu']}, {facts['cores']} cores (load average "
+        f"{facts['load_average_start'][0]:.1f} at start, {facts['load_average_end'][0]:.1f} at end); torch "
+        f"{facts['torch']}. Batches of {BATCH} PCM WAV utterances of 1-5 s; medians of {args.rounds} "
+        f"interleaved rounds of {args.epochs} epochs. CPU ms per batch by thread (see the script's docs).",
         "",
         "| case | samples/s (wall) | " + " | ".join(ROLES) + " | total CPU ms per batch |",
         "|---|" + "---:|" * (len(ROLES) + 2),
