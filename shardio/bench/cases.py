@@ -1,5 +1,5 @@
-"""The measured cases of ``shardio bench``: loaders, resume, balance and a training-loop stall (the floors they are
-compared with are in :mod:`shardio.bench.floors`).
+"""The measured cases of ``shardio bench``: loaders, resume, balance and a training-loop stall (the floors
+they are compared with are in :mod:`shardio.bench.floors`).
 
 Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
 read (samples and audio seconds); :mod:`shardio.bench.run` times it. WebDataset is imported only here, lazily
@@ -170,7 +170,8 @@ def webdataset_epoch(
 
 
 def resume_latency(directory: str, *, fraction: float, batch_size: int, workers: int) -> float:
-    """Seconds from a fresh dataset to its first batch after ``load_state_dict`` at ``fraction`` of epoch 0."""
+    """Seconds from a fresh dataset to its first batch after ``load_state_dict`` at
+    ``fraction`` of epoch 0."""
     started = time.perf_counter()
     dataset = ShardDataset(directory, batch_size=batch_size)
     position = int(fraction * len(dataset))
@@ -187,7 +188,8 @@ def resume_latency(directory: str, *, fraction: float, batch_size: int, workers:
 def webdataset_skip_latency(
     shards: Sequence[str], *, ext: str, fraction: float, samples: int, batch_size: int
 ) -> float:
-    """WebDataset has no resume: seconds to skip ``fraction`` of the samples (read, not decoded), then batch."""
+    """WebDataset has no resume: seconds to skip ``fraction`` of the samples (read, not
+    decoded), then batch."""
     started = time.perf_counter()
     raw = iter(webdataset_pipeline(shards, ext=ext, batch_size=batch_size, decode=False))
     for _ in itertools.islice(raw, int(fraction * samples)):
@@ -198,7 +200,8 @@ def webdataset_skip_latency(
 
 
 def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarray]:
-    """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each (shard ids, durations)."""
+    """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each
+    (shard ids, durations)."""
     rng = np.random.default_rng([seed, 7])
     counts = rng.integers(10, 400, shards)
     shard_ids = np.repeat(np.arange(shards, dtype=np.uint32), counts)
@@ -209,7 +212,8 @@ def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarr
 def balance(
     shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequence[int], batch_size: int
 ) -> list[dict[str, Any]]:
-    """Per-rank batch counts and audio seconds: shardio's plan vs WebDataset's ``split_by_node`` (metadata only)."""
+    """Per-rank batch counts and audio seconds: shardio's plan vs WebDataset's
+    ``split_by_node`` (metadata only)."""
     from webdataset import split_by_node
 
     num_shards = int(shard_ids.max()) + 1
@@ -255,8 +259,8 @@ def _balance_row(loader: str, world: int, batches: list[int], seconds: list[floa
 
 
 def stall(loader: Iterable[dict[str, Any]], *, step_seconds: float, batches: int) -> dict[str, float]:
-    """A training loop that spends ``step_seconds`` per batch (sleeping, as while a GPU computes): the share of
-    its time spent waiting for data, from the second batch on (the first includes worker start-up)."""
+    """A training loop that spends ``step_seconds`` per batch (sleeping, as while a GPU computes): the share
+    of its time spent waiting for data, from the second batch on (the first includes worker start-up)."""
     iterator = iter(loader)
     next(iterator)
     waited, taken = 0.0, 0

@@ -8,8 +8,8 @@ Without a dataset directory the bench makes two corpora under ``out_dir``:
   the repository (it is not on users' clones), else generated 16 kHz FLAC utterances.
 
 Each dataset's variants (``zstd`` levels, ``gzip``, ``bz2``) are made from its samples' tar bytes: zstd ones
-with :class:`~shardio.shards.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and indexing
-them with :func:`shardio.packing.indexer.build_index` when that is available.
+with :class:`~shardio.shards.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and
+indexing them with :func:`shardio.packing.indexer.build_index` when that is available.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def _generate(out: Path, num_files: int, ext: str, rate: int) -> str:
 
 
 def _ljspeech_flacs(out: Path, shared: Path, repeats: int, limit: int | None) -> str | None:
-    """Copy the (first ``limit``) LJ Speech FLACs ``repeats`` times under ``out``; None when they are absent."""
+    """Copy the (first ``limit``) LJ Speech FLACs ``repeats`` times under ``out``; None
+    when they are absent."""
     flacs = sorted((shared / "ljspeech_coqui" / "wavs").glob("*.flac"))[:limit]
     if not flacs:
         return None
@@ -183,11 +184,12 @@ def _sample_members(reader: Reader, sample: int) -> dict[str, bytes]:
 def make_variant(
     source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3, samples: int | None = None
 ) -> Corpus | None:
-    """Re-write ``source``'s first ``samples`` samples (all by default) with another codec; None if impossible.
+    """Re-write ``source``'s first ``samples`` samples (all by default) with another
+    codec; None if impossible.
 
     ``codec`` is ``none``, ``zstd`` (at ``level``), ``gzip`` or ``bz2``. The shard boundaries are kept.
-    Stream codecs need :func:`shardio.packing.indexer.build_index`; without it the shards are written but not indexed
-    and None is returned (the caller may still read them with WebDataset).
+    Stream codecs need :func:`shardio.packing.indexer.build_index`; without it the shards are written but not
+    indexed and None is returned (the caller may still read them with WebDataset).
     """
     index = Index.load(source.directory)
     count = len(index) if samples is None else min(samples, len(index))
@@ -258,7 +260,8 @@ def shard_files(corpus: Corpus) -> list[str]:
 
 
 def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, bytes]]:
-    """``(ext, bytes)`` of the audio member of each sample of ``corpus`` (the first ``limit``), in index order."""
+    """``(ext, bytes)`` of the audio member of each sample of ``corpus`` (the first
+    ``limit``), in index order."""
     index = Index.load(corpus.directory)
     reader = Reader(index)
     found: list[tuple[str, bytes]] = []
@@ -272,8 +275,8 @@ def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, b
 
 
 def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
-    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order (samples
-    that share a frame share its bytes)."""
+    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order
+    (samples that share a frame share its bytes)."""
     index = Index.load(corpus.directory)
     reader = Reader(index)
     c = index.columns

@@ -1,5 +1,6 @@
 """The floors of ``shardio bench``: what decoding alone costs (soundfile, numpy, zstd) and what a pure-Python
-loader doing only a batch's necessary work costs, each an :class:`~shardio.bench.cases.Epoch` over the same corpus.
+loader doing only a batch's necessary work costs, each an
+:class:`~shardio.bench.cases.Epoch` over the same corpus.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
 
 def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> Epoch | None:
     """The raw floor of a loader that yields padded batches: as :func:`numpy_floor`, but each sample is cast
-    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on (fresh memory, not cache)."""
+    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on
+    (fresh memory, not cache)."""
     if not _all_pcm(members):
         return None
     kinds = _PCM_KINDS
@@ -160,8 +162,8 @@ def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> 
 
 
 def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
-    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its zstd
-    frame decompressed from memory with one reused context, as a reader with random access must. The
+    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its
+    zstd frame decompressed from memory with one reused context, as a reader with random access must. The
     floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.throughput`)."""
     import zstandard
 
@@ -176,11 +178,12 @@ def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
 
 
 def python_floor(directory: str, batch_size: int) -> Epoch | None:
-    """The floor of a pure-Python loader over a dataset of PCM WAV (and JSON) samples in plain ``.tar`` shards: in
-    shuffled batches, each sample's bytes a view of its shard's memory map faulted in by one call, its tar
-    members parsed (checksums included) and checked against its key, its JSON parsed and its WAV header read,
-    its samples cast and scaled into its row of a reused zero-padded batch. No plan, no error handling, no
-    fields but the keys, lengths, rates and JSON values: what shardio's checks cost in Python at the least."""
+    """The floor of a pure-Python loader over a dataset of PCM WAV (and JSON) samples in plain ``.tar``
+    shards: in shuffled batches, each sample's bytes a view of its shard's memory map faulted in by one call,
+    its tar members parsed (checksums included) and checked against its key, its JSON parsed and its WAV
+    header read, its samples cast and scaled into its row of a reused zero-padded batch. No plan, no error
+    handling, no fields but the keys, lengths, rates and JSON values: what shardio's checks cost
+    in Python at the least."""
     index = Index.load(directory)
     if not CAN_MAP or set(index.formats) != {"wav"} or any(info.codec != "none" for info in index.shards):
         return None

@@ -70,9 +70,9 @@ def _stop(pipes: list[Connection], procs: list[Any]) -> None:
 
 
 def parallel_floor(directory: str, *, processes: int, batch_size: int, shuffle: bool = True) -> Epoch:
-    """``processes`` reader processes, started now and kept (as persistent DataLoader workers are), each reading
-    rank ``r`` of ``processes`` of ``directory`` with 0 workers; an epoch runs them all at once and returns the
-    samples and audio seconds they read together."""
+    """``processes`` reader processes, started now and kept (as persistent DataLoader workers are), each
+    reading rank ``r`` of ``processes`` of ``directory`` with 0 workers; an epoch runs them all at once and
+    returns the samples and audio seconds they read together."""
     context: Any = multiprocessing.get_context(
         "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     )

@@ -249,11 +249,11 @@ def markdown(result: dict[str, Any]) -> str:
         (
             f"`{result['command']}` on {machine['cpu']}, {machine['cores']} cores, {kernel} "
             f"(load average at start {machine['load_average_start'][0]:.1f}, at end "
-            f"{machine.get('load_average_end', [0])[0]:.1f}); Python {machine['python']}, torch {machine['torch']}, "
-            f"numpy {machine['numpy']}, libsndfile {machine['libsndfile'].removeprefix('libsndfile-')}, "
-            f"webdataset {machine['webdataset']}. Medians of {result['reps']} interleaved "
-            f"rounds (min-max); batch size {result['batch_size']}; {'QUICK run: not figures. ' if result['quick'] else ''}"
-            f"{result['seconds']:.0f} s in all."
+            f"{machine.get('load_average_end', [0])[0]:.1f}); Python {machine['python']}, torch "
+            f"{machine['torch']}, numpy {machine['numpy']}, libsndfile "
+            f"{machine['libsndfile'].removeprefix('libsndfile-')}, webdataset {machine['webdataset']}. "
+            f"Medians of {result['reps']} interleaved rounds (min-max); batch size {result['batch_size']}; "
+            f"{'QUICK run: not figures. ' if result['quick'] else ''}{result['seconds']:.0f} s in all."
         ),
         "",
         "## Corpora",
@@ -300,8 +300,9 @@ def markdown(result: dict[str, Any]) -> str:
         (
             "Per CPU-s: samples per CPU-second of the loader's processes (main + workers), i.e. per core; "
             "cores used: CPU-seconds per wall second (below the worker count when the machine is shared). "
-            "MB: shard bytes (for floors, audio member bytes). Trainer CPU: the share of that CPU spent in the "
-            "process that iterates (where a training loop runs). Peak RSS: the process and its workers, summed."
+            "MB: shard bytes (for floors, audio member bytes). Trainer CPU: the share of that CPU spent in "
+            "the process that iterates (where a training loop runs). Peak RSS: the process and its workers, "
+            "summed."
         ),
         "",
     ]

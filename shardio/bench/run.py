@@ -8,10 +8,10 @@ workers; WebDataset + soundfile on the same ``.tar`` shards through a DataLoader
 reading int16 with 2); the soundfile decoder floor, for PCM WAV the numpy raw floor
 (bytes already in memory), and the zstd floor (the same frames decompressed from memory); shard compression
 (none, zstd 1/3/19, gzip, bz2: size and read speed); resume latency at 0/50/90% of an epoch; per-rank balance
-against WebDataset's ``split_by_node``; and the share of a training loop's time spent waiting for data. Figures
-are medians of several rounds with min and max; ratios (the targets) are medians of per-round ratios (the
-throughput cases and their pairs: :mod:`shardio.bench.throughput`). Results go to ``bench.json``, ``bench.md``
-and ``bench.png`` (see :mod:`shardio.bench.report`).
+against WebDataset's ``split_by_node``; and the share of a training loop's time spent waiting for data.
+Figures are medians of several rounds with min and max; ratios (the targets) are medians of per-round ratios
+(the throughput cases and their pairs: :mod:`shardio.bench.throughput`). Results go to ``bench.json``,
+``bench.md`` and ``bench.png`` (see :mod:`shardio.bench.report`).
 """
 
 from __future__ import annotations

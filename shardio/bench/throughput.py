@@ -1,11 +1,11 @@
 """The throughput matrix of ``shardio bench``: which cases a round times, and the ratios the targets read.
 
 :func:`throughput_cases` lists, for one corpus, shardio end to end (0, 1 and 2 DataLoader workers; ``.tar``,
-``.tar.zst``, unbatched, ``dtype="int16"``; its own :class:`~shardio.ShardLoader`), WebDataset + soundfile on the
-same shards, and the floors (soundfile, memory file, numpy, pure Python, zstd, two parallel readers), each next to
-the cases a target compares it with, so that a noisy machine slows both sides of a ratio alike.
-:func:`throughput_ratios` turns the timed rounds into the per-round ratios of the pairs in :data:`PAIRS` (and the
-``.tar.zst`` path against its floor) that :func:`shardio.bench.report.evaluate_targets` checks.
+``.tar.zst``, unbatched, ``dtype="int16"``; its own :class:`~shardio.ShardLoader`), WebDataset + soundfile on
+the same shards, and the floors (soundfile, memory file, numpy, pure Python, zstd, two parallel readers), each
+next to the cases a target compares it with, so that a noisy machine slows both sides of a ratio alike.
+:func:`throughput_ratios` turns the timed rounds into the per-round ratios of the pairs in :data:`PAIRS` (and
+the ``.tar.zst`` path against its floor) that :func:`shardio.bench.report.evaluate_targets` checks.
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ def throughput_cases(
 
 
 _PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
-"""Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2 workers can reach here."""
+"""Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2
+workers can reach here."""
 
 _PYTHON_FLOOR = "pure-Python floor (mapped .tar: members, key, JSON, WAV header, cast into reused rows)"
 """:func:`~shardio.bench.floors.python_floor`: the per-sample work shardio must do, in the least Python."""
@@ -225,8 +226,8 @@ _ZSTD_FLOOR = (
     "zstd-3 decompression floor (frames in memory)",
     "shardio .tar, 0w",
 )
-"""zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
-(per CPU-s; the floor's time per sample is the sum of the two)."""
+"""zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar``
+path (per CPU-s; the floor's time per sample is the sum of the two)."""
 
 
 def throughput_ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str, Any]]:
