@@ -28,7 +28,8 @@ PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest"})
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000,
+    KiB/MiB/GiB of 1024)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:

@@ -1,9 +1,9 @@
 """The demo: shardio's main job on a built-in default corpus, end to end, with no data to download.
 
 :func:`run_demo` makes a synthetic speech corpus (:mod:`shardio.synth`), packs it into zstd shards with
-an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and a
-:class:`~shardio.ShardLoader`, interrupting it halfway and resuming from the saved state, and returns (and logs) what it did
-and how fast.
+an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and
+a :class:`~shardio.ShardLoader`, interrupting it halfway and resuming from the saved state, and returns (and
+logs) what it did and how fast.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def _clear(directory: Path, patterns: list[str]) -> None:
 
 
 def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
-    """Train-style read of one epoch through :class:`ShardDataset` and a :class:`ShardLoader`, interrupted halfway.
+    """Train-style read of one epoch through :class:`ShardDataset` and a
+    :class:`ShardLoader`, interrupted halfway.
 
     The first half of the epoch is read, the loader's state saved, and a fresh dataset and loader resume from
     it; the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.

@@ -94,7 +94,8 @@ def _run_trace(args: argparse.Namespace) -> int:
             print(
                 json.dumps(found)
                 if args.json
-                else f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank {found['rank']}{ahead}"
+                else f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank "
+                f"{found['rank']}{ahead}"
             )
         return 0
     if args.epoch is not None:
@@ -203,7 +204,8 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
     print(
-        f"quarantined {len(rows)} samples; resume from {args.out} (the state at {_place(checkpoint, written)})"
+        f"quarantined {len(rows)} samples; resume from {args.out} (the state at "
+        f"{_place(checkpoint, written)})"
     )
     for row in rows:
         notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + (
@@ -237,9 +239,9 @@ def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tup
 
 
 def _check_global_steps(trace: Any, checkpoint: Any) -> None:
-    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not give
-    its state (earlier epochs cut short or on another world size, or gradient accumulation): a global step would
-    map to the wrong batch."""
+    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not
+    give its state (earlier epochs cut short or on another world size, or gradient accumulation): a global
+    step would map to the wrong batch."""
     recorded = checkpoint.global_step
     if recorded is None:
         return
@@ -331,7 +333,8 @@ def _run_remix(args: argparse.Namespace) -> int:
         -len(mixed["extra"]["remix"]["events"][-1]["corpora"]) :
     ]  # this re-mix's rows
     print(
-        f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from {args.out}"
+        f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from "
+        f"{args.out}"
     )
     for row in event:
         extra = (
@@ -350,7 +353,8 @@ def _place(checkpoint: Any, written: str) -> str:
 
 
 def _sources(locations: list[str]) -> dict[str, str]:
-    """``NAME=LOCATION`` arguments as a dict: an :class:`OptionError` for one without a name or a name given twice."""
+    """``NAME=LOCATION`` arguments as a dict: an :class:`OptionError` for one without a name
+    or a name given twice."""
     pairs = [location.split("=", 1) for location in locations]
     bad = [
         location for location, pair in zip(locations, pairs) if len(pair) != 2 or not pair[0] or not pair[1]

@@ -280,8 +280,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"{summary['corpus_dir']} ({summary['synth_seconds']:.1f} s)"
     )
     print(
-        f"packed:   {summary['shards']} zstd shards, {summary['bytes'] / 1e6:.1f} MB, in {summary['dataset_dir']} "
-        f"({summary['pack_seconds']:.1f} s)"
+        f"packed:   {summary['shards']} zstd shards, {summary['bytes'] / 1e6:.1f} MB, in "
+        f"{summary['dataset_dir']} ({summary['pack_seconds']:.1f} s)"
     )
     print(
         f"read:     {summary['read_back_samples']} samples in {summary['read_back_batches']} batches "
