@@ -27,9 +27,10 @@ own state, and applies a loaded state when ``train_dataloader()`` hands it the n
 
 Two of Lightning's warnings say the opposite of what the callback guarantees, so it silences them (those two
 messages only, and only once it holds what makes them wrong): "Your `IterableDataset` has `__len__` defined"
-(a ShardDataset's length is this rank's exact batch count, with any worker count: silenced from :meth:`attach`)
-and "... your dataloader is not resumable. This can cause unreliable results" (the callback resumes it exactly:
-silenced when a checkpoint holding its state is loaded). Without the callback both still appear.
+(a ShardDataset's length is this rank's exact batch count, with any worker count: silenced from
+:meth:`attach`) and "... your dataloader is not resumable. This can cause unreliable results" (the callback
+resumes it exactly: silenced when a checkpoint holding its state is loaded). Without the
+callback both still appear.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def _iterates_again(trainer: Any) -> bool:
 
 
 def _stop_workers(trainer: Any) -> None:
-    """Shut down (and join) the workers of the train loader's current iterator; the next ``iter()`` starts new."""
+    """Shut down (and join) the workers of the train loader's current iterator; the next
+    ``iter()`` starts new."""
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     for iterator in getattr(getattr(combined, "_iterator", None), "iterators", []):
         if hasattr(iterator, "_shutdown_workers"):

@@ -101,8 +101,8 @@ class LoaderProgress:
             batch: A batch the dataset yielded.
 
         Raises:
-            StateError: ``Brain.fit`` did not call :meth:`set_epoch` (``brain.train_sampler`` was replaced), or
-                the batch is not the one after the last (a loader handing batches over out of order).
+            StateError: ``Brain.fit`` did not call :meth:`set_epoch` (``brain.train_sampler`` was replaced),
+                or the batch is not the one after the last (a loader handing batches over out of order).
         """
         if not self._epoch_set:
             raise StateError(

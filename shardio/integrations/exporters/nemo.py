@@ -1,14 +1,15 @@
-"""A NeMo tarred-dataset manifest for a shardio dataset of ``.tar`` shards, written beside it; no audio is copied.
+"""A NeMo tarred-dataset manifest for a shardio dataset of ``.tar`` shards, written
+beside it; no audio is copied.
 
 NeMo's tarred loaders read WebDataset-style tars and join each audio member with the manifest entry whose
-``audio_filepath`` has the same base name. shardio's ``.tar`` shards are such tars (the ``{key}.json`` members are
-ignored by NeMo), so the export only writes ``tarred_audio_manifest.json``: one line per sample in index order,
-``audio_filepath`` = the audio member's name, ``shard_id`` = the shard's number, ``duration`` and every field of
-the sample's metadata (``text``, ...: its ``{key}.json`` member's, or what the index keeps for a NeMo dataset
-indexed in place), except ``offset``: a packed segment's member holds just the segment, and NeMo's tarred loaders
-apply a manifest's ``offset`` to the member, so they would cut it again. Give NeMo the manifest and the shards as a
-brace pattern (:func:`export_nemo` returns it). NeMo cannot seek into ``.tar.zst`` shards, and it keys entries by
-base name, so a zstd dataset or two keys with one base name are a typed error.
+``audio_filepath`` has the same base name. shardio's ``.tar`` shards are such tars (the ``{key}.json`` members
+are ignored by NeMo), so the export only writes ``tarred_audio_manifest.json``: one line per sample in index
+order, ``audio_filepath`` = the audio member's name, ``shard_id`` = the shard's number, ``duration`` and every
+field of the sample's metadata (``text``, ...: its ``{key}.json`` member's, or what the index keeps for a NeMo
+dataset indexed in place), except ``offset``: a packed segment's member holds just the segment, and NeMo's
+tarred loaders apply a manifest's ``offset`` to the member, so they would cut it again. Give NeMo the manifest
+and the shards as a brace pattern (:func:`export_nemo` returns it). NeMo cannot seek into ``.tar.zst`` shards,
+and it keys entries by base name, so a zstd dataset or two keys with one base name are a typed error.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ __all__ = ["NEMO_MANIFEST", "export_nemo"]
 
 NEMO_MANIFEST = "tarred_audio_manifest.json"
 _LINE_BREAKS = {ord(c): f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"}
-"""Characters JSON may hold raw but ``str.splitlines`` (and so some manifest readers) breaks lines at: escaped."""
+"""Characters JSON may hold raw but ``str.splitlines`` (and so some manifest readers)
+breaks lines at: escaped."""
 
 
 def _lines(index: Index) -> Iterator[str]:

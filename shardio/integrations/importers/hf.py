@@ -1,4 +1,5 @@
-"""Hugging Face datasets as a corpus: a dataset saved with ``save_to_disk``, or Parquet files, with an Audio column.
+"""Hugging Face datasets as a corpus: a dataset saved with ``save_to_disk``, or Parquet
+files, with an Audio column.
 
 Audio bytes stored in the table are copied as they are (no decoding here; pack validates them); a row whose
 Audio value has only a ``path`` names a file (relative paths from the table's folder). The other columns
@@ -143,7 +144,8 @@ _BYTES = object()  # what _plain makes of bytes: left out of the metadata wherev
 
 def _plain(value: Any) -> Any:
     """A metadata value JSON can hold: bytes (another Audio column's, say) are :data:`_BYTES`, left out by the
-    caller and inside lists and dicts, so no file's raw bytes reach the metadata; other types become strings."""
+    caller and inside lists and dicts, so no file's raw bytes reach the metadata; other
+    types become strings."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _BYTES
     if value is None or isinstance(value, (str, int, float, bool)):

@@ -1,11 +1,11 @@
 """Lhotse corpora as a corpus: a CutSet manifest (``cuts.jsonl[.gz]``) or a Lhotse Shar directory.
 
-A cut of a CutSet becomes a segment of its recording's file (``start``/``duration``; the whole file when the cut
-covers it; a relative path is taken from the manifest's folder); a Shar directory's ``cuts.N.jsonl[.gz]`` pairs
-with ``recording.N.tar``, whose ``{cut id}.{ext}`` member is copied as it is. The supervisions' texts (joined by
-spaces) are the transcript; their speaker and language, the cut's ``custom`` fields and the recording id become
-metadata. The manifests are read as JSON, so the ``lhotse`` package is not needed to read them. Recordings that are
-URLs, commands or one file per channel are listed as problems.
+A cut of a CutSet becomes a segment of its recording's file (``start``/``duration``; the whole file when the
+cut covers it; a relative path is taken from the manifest's folder); a Shar directory's ``cuts.N.jsonl[.gz]``
+pairs with ``recording.N.tar``, whose ``{cut id}.{ext}`` member is copied as it is. The supervisions' texts
+(joined by spaces) are the transcript; their speaker and language, the cut's ``custom`` fields and the
+recording id become metadata. The manifests are read as JSON, so the ``lhotse`` package is not needed to read
+them. Recordings that are URLs, commands or one file per channel are listed as problems.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def _lines(path: Path, problems: Problems) -> Iterator[tuple[int, str]]:
 
 
 def _seconds(value: Any, name: str, *, positive: bool = False) -> float:
-    """A cut's or recording's time field as finite seconds (>= 0, or > 0 when ``positive``), else ValueError."""
+    """A cut's or recording's time field as finite seconds (>= 0, or > 0 when
+    ``positive``), else ValueError."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))

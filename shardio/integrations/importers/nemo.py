@@ -1,4 +1,5 @@
-"""NeMo tarred audio datasets as a corpus: ``tarred_audio_manifest.json`` joined with its ``audio_{shard_id}.tar``.
+"""NeMo tarred audio datasets as a corpus: ``tarred_audio_manifest.json`` joined with its
+``audio_{shard_id}.tar``.
 
 Each manifest line names its tar member (``audio_filepath``) and tar (``shard_id``). NeMo writes a file that
 occurs twice in one shard once, and names the repeats ``{name}-sub{n}.{ext}`` in the manifest: such an entry
@@ -38,14 +39,16 @@ def is_nemo_manifest(path: Path) -> bool:
 
 
 def _listing(tar: Path) -> dict[str, int]:
-    """The regular members of ``tar`` and their sizes; a FIFO or device is refused, not read (it would block)."""
+    """The regular members of ``tar`` and their sizes; a FIFO or device is refused, not
+    read (it would block)."""
     with open_regular_input(tar) as raw, tarfile.open(fileobj=raw, mode="r:") as archive:
         return {info.name: info.size for info in archive if info.isfile()}
 
 
 def _entry(line: str) -> tuple[dict[str, Any], str, int]:
     """A manifest line as ``(entry, audio_filepath, shard_id)``; ValueError when it is not a tarred entry, or
-    its ``offset``/``duration`` are not seconds (:func:`~shardio.packing.manifestlines.json_entry`'s rules)."""
+    its ``offset``/``duration`` are not seconds
+    (:func:`~shardio.packing.manifestlines.json_entry`'s rules)."""
     entry = json_entry(line)
     name, shard = entry.get("audio_filepath"), entry.get("shard_id")
     if not isinstance(name, str) or not name:

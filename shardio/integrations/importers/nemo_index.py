@@ -1,4 +1,5 @@
-"""A NeMo tarred audio dataset indexed in place: ``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
+"""A NeMo tarred audio dataset indexed in place:
+``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
 
 NeMo's ``convert_to_tarred_audio_dataset`` writes shards ``audio_{shard_id}.tar`` (NeMo configs name them with
 a brace pattern such as ``audio__OP_0..N_CL_.tar``: give shardio the directory that holds them) and one
@@ -86,7 +87,8 @@ class _Member:
 
 def _split(name: str) -> tuple[str, str] | str:
     """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
-    plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so ``a.b.wav`` is refused)."""
+    plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so
+    ``a.b.wav`` is refused)."""
     if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
         return "is not a file name"
     if "/" in name or "\\" in name or name in (".", ".."):
@@ -276,7 +278,8 @@ def index_nemo(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Index:
-    """Index the NeMo tarred dataset in ``directory`` in place (see the module docstring) and return the index.
+    """Index the NeMo tarred dataset in ``directory`` in place (see the module
+    docstring) and return the index.
 
     ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
     ``index.columns``) is written into ``directory``; an index already there is an
