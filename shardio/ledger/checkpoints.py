@@ -1,4 +1,5 @@
-"""The shardio state inside the checkpoints users write, read for the ledger and written back in the same form.
+"""The shardio state inside the checkpoints users write, read for the ledger and
+written back in the same form.
 
 ``shardio trace``, ``quarantine`` and ``remix`` take ``--state`` as any of:
 
@@ -14,9 +15,9 @@ in it is executed) and memory-mapped where it is in the zip format, so its tenso
 older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`. The state is found by its
 ``"format": "shardio-state"`` field wherever it is nested; :attr:`Checkpoint.where` names the key path.
 
-:func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest of
-the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as it
-did from ``--state``. A state that is several states (a ``StatefulDataLoader`` with workers saves one per
+:func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest
+of the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as
+it did from ``--state``. A state that is several states (a ``StatefulDataLoader`` with workers saves one per
 worker) cannot take one job-level state in their place: writing it is refused, write a JSON state instead.
 """
 
@@ -142,7 +143,8 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
 
 
 def _head(path: str) -> bytes:
-    """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular file (a FIFO would hang)."""
+    """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular
+    file (a FIFO would hang)."""
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
@@ -250,7 +252,8 @@ def _where(container: Any) -> tuple[Any, ...] | None:
 
 
 def _replaced(container: Any, where: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists on the way are copied)."""
+    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists
+    on the way are copied)."""
     if not where:
         return state
     key, rest = where[0], where[1:]

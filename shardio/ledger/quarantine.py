@@ -5,8 +5,8 @@ which then loads like any other state. The semantics:
 
 - **What is left out.** The given ``keys`` (resolved to sample ids through the dataset's index; a key that
   several corpora of a mix share is left out in each) and the samples of every rank's batch at the given
-  ``steps`` (epoch steps, counted as :mod:`shardio.ledger.trace` counts them: batches per rank since the epoch's
-  start, across elastic segments). In a mix, every occurrence of a quarantined sample is left out.
+  ``steps`` (epoch steps, counted as :mod:`shardio.ledger.trace` counts them: batches per rank since the
+  epoch's start, across elastic segments). In a mix, every occurrence of a quarantined sample is left out.
 - **From where.** From the state's position on: the position becomes a finished segment of the epoch's
   history (as an elastic resume does) and the rest of the epoch is re-planned without the quarantined
   samples, for the world that loads the state. Every sample the epoch still held that is not quarantined
@@ -19,8 +19,8 @@ which then loads like any other state. The semantics:
   ids, keys, steps and ``carry``; states saved later keep it. :func:`quarantine_report` lists it.
 
 The same entries, marked ``ahead``, leave out of the rest of an epoch the samples that a state's DataLoader
-workers consumed ahead of its position (:func:`~shardio.planning.exclusions.leave_out_consumed`): consumed, not quarantined, so the report
-leaves them out.
+workers consumed ahead of its position (:func:`~shardio.planning.exclusions.leave_out_consumed`): consumed,
+not quarantined, so the report leaves them out.
 """
 
 from __future__ import annotations

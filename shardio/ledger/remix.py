@@ -11,15 +11,15 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
   it stood at the boundary.
 - **In the middle of an epoch** (any position, after any elastic history, also inside the rest of an epoch
   that an earlier mid-epoch re-mix made): the old plan's occurrences not consumed yet
-  (:mod:`shardio.ledger.remainder`) are known exactly. The rest of epoch ``E`` plays exactly the unconsumed stream positions of the corpora
-  the new mix keeps, each once, re-planned like an elastic resume for whatever world loads the state
-  (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays ``E``, position 0, no
-  history). New weights and added corpora take effect from ``E + 1``, where each kept corpus's stream
-  continues right after its epoch-``E`` slice. A corpus dropped here: its unconsumed positions of the
-  epoch-``E`` slice become its *pending* positions (as ranges), and re-adding it later replays exactly those
-  first, then continues after the slice. So no sample of a pass is seen twice and none is skipped, for every
-  corpus, across any sequence of re-mixes (pass accounting is of the loader's plan: the documented skips of
-  the ``batches`` epoch size, ``remainder='drop'`` and quarantines stay what they are).
+  (:mod:`shardio.ledger.remainder`) are known exactly. The rest of epoch ``E`` plays exactly the unconsumed
+  stream positions of the corpora the new mix keeps, each once, re-planned like an elastic resume for whatever
+  world loads the state (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays
+  ``E``, position 0, no history). New weights and added corpora take effect from ``E + 1``, where each kept
+  corpus's stream continues right after its epoch-``E`` slice. A corpus dropped here: its unconsumed positions
+  of the epoch-``E`` slice become its *pending* positions (as ranges), and re-adding it later replays exactly
+  those first, then continues after the slice. So no sample of a pass is seen twice and none is skipped, for
+  every corpus, across any sequence of re-mixes (pass accounting is of the loader's plan: the documented skips
+  of the ``batches`` epoch size, ``remainder='drop'`` and quarantines stay what they are).
 - **Corpora.** A new corpus starts its stream at position 0; a dropped corpus's stream (cursor and pending)
   stays in the state, so re-adding it later continues it. A corpus must keep its index (fingerprint, recorded
   for dropped ones too), else a :class:`~shardio.StateError`.
@@ -30,10 +30,10 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
   ``pending`` ranges of the streams there, the ``tail`` (epoch ``E`` and the positions of each corpus that the
   rest of ``E`` plays), the index ``fingerprints`` and the ``events``; :func:`remix_report` lists them.
   Position ranges keep it small (bounded by the slices being played, not by the corpora's size); read, they
-  stay ranges, expanded only to plan the rest of ``E`` where at most :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS`
-  epochs of the mix playing it (a re-mix leaving more is refused: every state it writes loads). The
-  ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new state shows the rest of ``E`` as re-planned;
-  the part played before the re-mix is traced from the old state.
+  stay ranges, expanded only to plan the rest of ``E`` where at most
+  :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS` epochs of the mix playing it (a re-mix leaving more is
+  refused: every state it writes loads). The ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new
+  state shows the rest of ``E`` as re-planned; the part played before the re-mix is traced from the old state.
 """
 
 from __future__ import annotations

@@ -6,19 +6,19 @@ utterance X seen?" without reading a byte of audio. It plans with the dataset's 
 (``dataset.planner``, a :class:`~shardio.Planner`: mixes, quarantines and re-mixes included) and follows the
 epoch's elastic history exactly as the loader played it.
 
-**Steps.** ``step`` (the *epoch step*) counts batches per rank from 0 at the start of each epoch, across elastic
-segments (a trainer's global step, counted across epochs, maps to one with :meth:`Trace.epoch_step`): segment
-``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier segments'
-``consumed``; the last (current) segment runs under the state's world size to the end of the epoch. A
-yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
+**Steps.** ``step`` (the *epoch step*) counts batches per rank from 0 at the start of each epoch, across
+elastic segments (a trainer's global step, counted across epochs, maps to one with :meth:`Trace.epoch_step`):
+segment ``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier
+segments' ``consumed``; the last (current) segment runs under the state's world size to the end of the epoch.
+A yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
 of the earlier segments (the two agree when the world never changed). Epochs other than the state's are
 traced as planned from their start under the state's world size: the state records the elastic history
 of its own epoch only.
 
 **Consumed ahead.** Where the state resumed one saved between rounds of DataLoader workers that batch samples
-(:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the segment's
-position are records too, marked ``ahead``: their step is their place in that segment's plan, a number the
-next segment's steps also use.
+(:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the
+segment's position are records too, marked ``ahead``: their step is their place in that segment's plan, a
+number the next segment's steps also use.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ MAX_FIND_EPOCHS = 1000
 """The most epochs one :meth:`Trace.find` (``shardio trace --key --epochs N``) searches. Each epoch searched
 is planned in full (a key is in every epoch, so nothing can be skipped, and each adds rows to the answer): the
 work is N plans. A training run has tens to hundreds of epochs; 1000 covers any of them and bounds a question
-to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from a later epoch's state."""
+to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from
+a later epoch's state."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Trace:
         state: A state the job saved (its world size and history say how the epochs were played).
 
     Raises:
-        StateError: ``state`` was not saved from ``dataset`` (see :meth:`~shardio.planning.planner.Planner.check`).
+        StateError: ``state`` was not saved from ``dataset`` (see
+            :meth:`~shardio.planning.planner.Planner.check`).
     """
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
@@ -140,8 +142,8 @@ class Trace:
     def _dealt(
         self, epoch: int, segment: int, start: int, count: int, first: int = 0, stop: int | None = None
     ) -> list[tuple[int, bool]]:
-        """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``, ``count``
-        steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
+        """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``,
+        ``count`` steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
         window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
         return [(j, False) for j in window] + [
             (j, True)
@@ -150,11 +152,12 @@ class Trace:
         ]
 
     def epoch_step(self, global_step: int) -> tuple[int, int]:
-        """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it since
-        epoch 0's first (Lightning's ``trainer.global_step`` while it trains that batch; a loop that adds 1 after
-        each batch, from 0, holds it before the add). Each epoch's length is its plan's, which varies with duration
-        batching, under the world sizes the state records for its epoch and the state's world size for the others:
-        a run whose earlier epochs ran on another world size, or were cut short, is not described.
+        """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it
+        since epoch 0's first (Lightning's ``trainer.global_step`` while it trains that batch; a loop that
+        adds 1 after each batch, from 0, holds it before the add). Each epoch's length is its plan's, which
+        varies with duration batching, under the world sizes the state records for its epoch and the state's
+        world size for the others: a run whose earlier epochs ran on another world size, or were cut
+        short, is not described.
 
         Args:
             global_step: the trainer's step, from 0 across epochs.
