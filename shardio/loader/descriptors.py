@@ -195,7 +195,8 @@ class Incoming:
             self._got += count
 
     def _next_stage(self) -> bool:
-        """After a part of the message is read whole: begin the next (True), or the message is whole (False)."""
+        """After a part of the message is read whole: begin the next (True), or the
+        message is whole (False)."""
         if self._stage == _BODY:
             return False
         if self._stage == _HEADER:
@@ -217,7 +218,8 @@ class Incoming:
         self._truncated = self._truncated or bool(flags & _CTRUNC)
 
     def message(self) -> Any:
-        """The whole message, unpickled with the descriptors that came with it (those it leaves are closed)."""
+        """The whole message, unpickled with the descriptors that came with it (those
+        it leaves are closed)."""
         try:
             if self._truncated:  # the message is read whole: the next one is read as it should be
                 raise RuntimeError(

@@ -17,8 +17,8 @@ matches ``num_workers=0`` batch for batch.
 Workers run the dataset exactly as DataLoader workers do (``torch.utils.data.get_worker_info()`` says which
 one), so planning, instructions (``set_epoch``, ``load_state_dict``) and persistent workers behave as they do
 under a DataLoader. A worker's exception is raised in the training process with the worker's traceback as a
-note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but gives
-nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
+note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but
+gives nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
 (:mod:`.pool`, :mod:`.silence`).
 """
 
@@ -48,7 +48,8 @@ __all__ = ["ShardLoader"]
 logger = logging.getLogger(__name__)
 
 MAX_PREFETCH = 1024
-"""The most batches a worker may have ready ahead (each holds a batch's memory; credits count up one by one)."""
+"""The most batches a worker may have ready ahead (each holds a batch's memory; credits
+count up one by one)."""
 
 _WITH_WORKERS: weakref.WeakSet[ShardLoader] = weakref.WeakSet()
 """Loaders whose workers may be running, closed at exit while the modules they use are still whole (an
@@ -144,7 +145,8 @@ class ShardLoader:
                 "pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2
             )
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
-        # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
+        # (instruction generation, position of the last batch yielded): not the batch,
+        # whose block it would hold
         self._last: tuple[int, dict[str, int]] | None = None
         self._pinner: Pinner | None = None  # the pin-memory thread of the iteration in progress
 

@@ -99,8 +99,9 @@ def _iterate(channel: Channel, credits: Credits, dataset: ShardDataset, since: i
     """One iteration, begun at interruption count ``since``; False when the worker is to exit.
 
     A batch is made only once a credit allows sending it, as a DataLoader worker makes one per index it is
-    sent: no batch waits in its block for a credit, so a worker keeps ``prefetch`` batches ahead, not one more,
-    and one block fewer in use (one fewer to cycle through the caches: 0-3% less CPU a WAV batch here)."""
+    sent: no batch waits in its block for a credit, so a worker keeps ``prefetch`` batches ahead, not one
+    more, and one block fewer in use (one fewer to cycle through the caches: 0-3% less
+    CPU a WAV batch here)."""
     try:
         batches = iter(dataset)
         # the first batch is made whatever follows START (whose credits are there): making it begins the
@@ -152,7 +153,8 @@ def _message(channel: Channel, parent: int) -> Any:
 
 
 def _portable(exc: Exception) -> Exception:
-    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
+    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when
+    it cannot be pickled."""
     context = Context.detect()
     where = f"in shardio loader worker {context.worker if context.in_worker else '?'} (pid {os.getpid()})"
     text = "".join(traceback.format_exception(exc))
