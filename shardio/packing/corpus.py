@@ -1,4 +1,5 @@
-"""Corpus readers: an audio folder, a JSONL manifest, a Kaldi data dir or a TSV/CSV table, as :class:`Source` s.
+"""Corpus readers: an audio folder, a JSONL manifest, a Kaldi data dir or a TSV/CSV
+table, as :class:`Source` s.
 
 Every reader yields its sources in a deterministic order (sorted paths for a folder, file order for the
 manifests). An entry that cannot become a source (a malformed line, a piped ``wav.scp`` command, a row
@@ -87,10 +88,10 @@ def read_corpus(
     """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
 
     Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given. A corpus
-    path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`: detecting
-    its kind would read it, and a FIFO blocks. ``listed`` (a progress counter's ``update``) is called with the
-    count of each batch of files found as the listing goes: a folder's files as its walk meets them (before
-    the first source), a manifest's sources as they come."""
+    path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`:
+    detecting its kind would read it, and a FIFO blocks. ``listed`` (a progress counter's ``update``) is
+    called with the count of each batch of files found as the listing goes: a folder's files as its walk meets
+    them (before the first source), a manifest's sources as they come."""
     _check_corpus_path(Path(path))
     kind = {"csv": "tsv", "table": "tsv"}.get(kind or "", kind) or detect_kind(path)
     if kind not in _READERS:
@@ -116,7 +117,8 @@ def _counted(sources: Iterator[Source], listed: Callable[[int], object]) -> Iter
 
 
 def _check_corpus_path(location: Path) -> None:
-    """Refuse a corpus path that exists but is neither a directory nor a regular file (see :func:`read_corpus`)."""
+    """Refuse a corpus path that exists but is neither a directory nor a regular file (see
+    :func:`read_corpus`)."""
     try:
         mode = os.stat(location).st_mode
     except OSError:
@@ -227,7 +229,8 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
 
 
 def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple[list[str], str]]:
-    """``{first field: (the other fields, 'file:line')}``; the last of ``fields`` takes the rest of the line."""
+    """``{first field: (the other fields, 'file:line')}``; the last of ``fields`` takes
+    the rest of the line."""
     table: dict[str, tuple[list[str], str]] = {}
     if not path.is_file():
         return table

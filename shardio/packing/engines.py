@@ -1,8 +1,10 @@
-"""Engines that run the partitions of a :class:`~shardio.packing.partitions.PartitionPlan`: local processes or Ray.
+"""Engines that run the partitions of a
+:class:`~shardio.packing.partitions.PartitionPlan`: local processes or Ray.
 
-An engine is any callable ``engine(plan, numbers)`` that runs :func:`~shardio.packing.partitions.pack_partition`
-on ``plan.job(number)`` for each partition number, in any order, with any retries;
-:func:`pack_partitioned` then merges in partition order, so the dataset is byte-identical whichever engine ran the work.
+An engine is any callable ``engine(plan, numbers)`` that runs
+:func:`~shardio.packing.partitions.pack_partition` on ``plan.job(number)`` for each partition number, in any
+order, with any retries; :func:`pack_partitioned` then merges in partition order, so the dataset is
+byte-identical whichever engine ran the work.
 """
 
 from __future__ import annotations
@@ -126,14 +128,14 @@ def pack_partitioned(
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
 ) -> PackSummary:
-    """Pack like :func:`shardio.packing.pack.pack`, in partitions of about ``partition_bytes`` input bytes, run by
-    ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or a
-    local cluster of ``workers`` CPUs; None: :func:`~shardio.packing.pack.default_workers`), or any :data:`Engine`.
-    Shards are named
+    """Pack like :func:`shardio.packing.pack.pack`, in partitions of about ``partition_bytes`` input bytes,
+    run by ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or
+    a local cluster of ``workers`` CPUs; None: :func:`~shardio.packing.pack.default_workers`), or any
+    :data:`Engine`. Shards are named
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
-    ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes its
-    shards locally and uploads them, its index part last.
+    ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes
+    its shards locally and uploads them, its index part last.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")

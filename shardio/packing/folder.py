@@ -1,4 +1,5 @@
-"""The folder walk behind :func:`shardio.packing.corpus.read_folder`: every file under a root, and what is left out.
+"""The folder walk behind :func:`shardio.packing.corpus.read_folder`: every file under a
+root, and what is left out.
 
 Symlinked sub-directories are followed, each real directory once, by the first path the top-down walk
 meets (in one folder, real directories before links): any other path to it (a loop back up, or a second
@@ -92,7 +93,8 @@ def walk_folder(
 def _pair_sidecars(
     found: list[str], audio_extensions: tuple[str, ...], left_out: Counter[str]
 ) -> tuple[list[str], dict[str, str]]:
-    """``found`` split into its audio files and each one's sidecar, unused sidecars counted in ``left_out``."""
+    """``found`` split into its audio files and each one's sidecar, unused sidecars
+    counted in ``left_out``."""
     audio: list[str] = []
     sidecars: dict[tuple[str, str], str] = {}  # (stem, "txt" or "lab") -> path, the first in sorted order
     for name in found:

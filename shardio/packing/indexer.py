@@ -1,4 +1,5 @@
-"""build_index: an index for existing WebDataset-style shards (``.tar``, ``.tar.gz``, ``.tar.zst``, ``.tar.bz2``).
+"""build_index: an index for existing WebDataset-style shards (``.tar``, ``.tar.gz``,
+``.tar.zst``, ``.tar.bz2``).
 
 Shards written by other tools (``webdataset.ShardWriter``, WeNet, ``tar`` + ``zstd``) are walked once as a
 stream; members are grouped into samples by key (adjacent members sharing the part of their name before
@@ -7,8 +8,8 @@ channels are read with ``soundfile.info``. A sample's bytes run from the end of 
 last member (so any pax header of its first member is included) to the end of its own last member.
 
 A ``.tar`` is seekable (codec ``none``). A multi-frame ``.tar.zst`` whose frames each hold whole samples
-(shardio's own layout) is seekable too (codec ``zstd``); any other ``.tar.zst`` is ``zstd-stream``, and ``.tar.gz`` and
-``.tar.bz2`` are ``gzip`` and ``bz2``: for those the offsets are in the decompressed tar.
+(shardio's own layout) is seekable too (codec ``zstd``); any other ``.tar.zst`` is ``zstd-stream``, and
+``.tar.gz`` and ``.tar.bz2`` are ``gzip`` and ``bz2``: for those the offsets are in the decompressed tar.
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ def _check_shard_list(paths: list[str]) -> None:
 
 
 def _check_shard_file(path: str) -> None:
-    """A :class:`~shardio.errors.ReadError` unless ``path`` is a regular file (a FIFO would block the walk)."""
+    """A :class:`~shardio.errors.ReadError` unless ``path`` is a regular file (a FIFO
+    would block the walk)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

@@ -1,4 +1,5 @@
-"""The corpus listing that starts a pack, with a progress counter: a folder of 100k files takes minutes to walk."""
+"""The corpus listing that starts a pack, with a progress counter: a folder of 100k files
+takes minutes to walk."""
 
 from __future__ import annotations
 

@@ -67,8 +67,8 @@ class LineSource(Protocol):
 def numbered_lines(
     handle: LineSource, name: str, problems: Problems, limit: int = MAX_LINE_BYTES
 ) -> Iterator[tuple[int, str]]:
-    """The non-blank lines of ``handle`` (named ``name`` in problems) as ``(line number, text)``; a line longer
-    than ``limit`` bytes, or not UTF-8, is a problem naming it instead (see the module docstring)."""
+    """The non-blank lines of ``handle`` (named ``name`` in problems) as ``(line number, text)``; a line
+    longer than ``limit`` bytes, or not UTF-8, is a problem naming it instead (see the module docstring)."""
     number = 0
     while raw := handle.readline(limit + 1):
         number += 1
@@ -137,7 +137,8 @@ def json_entry(text: str) -> dict[str, Any]:
 
 
 def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would keep the last, silently)."""
+    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would
+    keep the last, silently)."""
     fields: dict[str, Any] = {}
     for name, value in pairs:
         if name in fields:
@@ -158,8 +159,8 @@ def _finite_float(text: str) -> float:
 
 
 def _check_depth(value: Any) -> None:
-    """A ``ValueError`` when ``value`` nests objects and lists more than :data:`MAX_DEPTH` deep (walked without
-    recursion)."""
+    """A ``ValueError`` when ``value`` nests objects and lists more than :data:`MAX_DEPTH` deep (walked
+    without recursion)."""
     level: list[Any] = [value]
     for _ in range(MAX_DEPTH):
         level = [

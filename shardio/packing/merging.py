@@ -1,12 +1,13 @@
 """The merge of a partitioned pack: the committed index parts joined into the dataset's index.
 
 :func:`merge_partitions` runs on the driver once every partition of a
-:class:`~shardio.packing.partitions.PartitionPlan` has committed its index part (``_parts/{p:05d}/``). It refuses
-a part that another plan packed (its report names another plan, or it holds other samples than the plan gives
-that partition), joins the parts in partition order (never completion order), so the result does not depend on
-which engine ran the partitions, renumbers their shards and audio formats, checks keys are unique over the whole
-dataset, writes the rejected inputs (``on_error="skip"``), the columns file and then ``index.json``, and removes
-``_parts``. Under ``on_error="raise"`` a part with rejected inputs is uncommitted again and nothing is written.
+:class:`~shardio.packing.partitions.PartitionPlan` has committed its index part (``_parts/{p:05d}/``). It
+refuses a part that another plan packed (its report names another plan, or it holds other samples than the
+plan gives that partition), joins the parts in partition order (never completion order), so the result does
+not depend on which engine ran the partitions, renumbers their shards and audio formats, checks keys are
+unique over the whole dataset, writes the rejected inputs (``on_error="skip"``), the columns file and then
+``index.json``, and removes ``_parts``. Under ``on_error="raise"`` a part with rejected inputs is uncommitted
+again and nothing is written.
 """
 
 from __future__ import annotations

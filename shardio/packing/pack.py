@@ -81,7 +81,8 @@ class PackSummary:
 
 def default_workers() -> int:
     """Pack's workers when none are asked for: one per CPU core this process may use, but one (for the thread
-    that writes the shards); 1 (no pool: inputs read by the writing thread) on a machine of one or two cores."""
+    that writes the shards); 1 (no pool: inputs read by the writing thread) on a
+    machine of one or two cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 
@@ -92,8 +93,8 @@ def describe_left_out(left_out: dict[str, int]) -> str:
 
 
 def rewrite_key(key: str) -> str:
-    """``key`` made a valid WebDataset key: dots in the basename, control characters, bytes of a file name that
-    are not UTF-8 and '.'/'..' parts become ``_``, empty path parts are dropped."""
+    """``key`` made a valid WebDataset key: dots in the basename, control characters, bytes of a file name
+    that are not UTF-8 and '.'/'..' parts become ``_``, empty path parts are dropped."""
     parts = [part for part in _CONTROL.sub("_", key).split("/") if part]
     parts = ["_" if part in (".", "..") else part for part in parts]
     if parts:

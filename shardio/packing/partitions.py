@@ -84,7 +84,8 @@ class PartitionPlan:
     problems: list[InputProblem] = field(default_factory=list)
     """Inputs rejected on the driver (key rule, duplicate keys, unknown formats)."""
     left_out: dict[str, int] = field(default_factory=dict)
-    """Files in a folder corpus that are not inputs (see :attr:`shardio.packing.pack.PackSummary.left_out`)."""
+    """Files in a folder corpus that are not inputs (see
+    :attr:`shardio.packing.pack.PackSummary.left_out`)."""
     fingerprint: str = ""
     storage_options: dict[str, Any] | None = None
     """fsspec options for a URL ``out_dir`` (never written to the plan file)."""

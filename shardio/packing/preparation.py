@@ -1,10 +1,10 @@
 """One corpus input made ready for a shard: read, validated, and (when asked, or for a segment) encoded.
 
-:func:`prepare` runs in :func:`shardio.packing.pack.pack`'s worker threads, so everything here is a plain function
-of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
-(:func:`shardio.reading.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are kept
-unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the recording
-and encoded as FLAC (or WAV), with integer PCM kept exact.
+:func:`prepare` runs in :func:`shardio.packing.pack.pack`'s worker threads, so everything here is a plain
+function of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
+(:func:`shardio.reading.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are
+kept unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the
+recording and encoded as FLAC (or WAV), with integer PCM kept exact.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def _opened(path: str) -> BinaryIO:
 
 
 def _member_bytes(source: Source) -> bytes:
-    """The bytes of audio stored inside another file (see :mod:`shardio.integrations.importers.containers`)."""
+    """The bytes of audio stored inside another file (see
+    :mod:`shardio.integrations.importers.containers`)."""
     from ..integrations.importers.containers import read_member
 
     try:
@@ -273,7 +274,8 @@ def _encode(audio: np.ndarray, rate: int, subtype: str, target: str) -> bytes:
 
 
 def _float_wav(audio: np.ndarray, rate: int) -> bytes:
-    """A float32 WAV written here: libsndfile's has a PEAK chunk with a timestamp, which breaks determinism."""
+    """A float32 WAV written here: libsndfile's has a PEAK chunk with a timestamp,
+    which breaks determinism."""
     frames, channels = audio.shape
     data = np.ascontiguousarray(audio).tobytes()
     fmt = struct.pack("<HHIIHH", 3, channels, rate, rate * channels * 4, channels * 4, 32)

@@ -1,4 +1,5 @@
-"""Source: one corpus input, and the helpers the corpus readers share to make sources from manifest entries."""
+"""Source: one corpus input, and the helpers the corpus readers share to make sources
+from manifest entries."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class Source:
     """Where the entry was listed (``train.jsonl:12``); empty for a file found in a folder."""
     member: str = ""
     """For audio stored inside ``audio_path`` (a Parquet or Arrow table, a tar): where in it, as
-    :func:`shardio.integrations.importers.containers.read_member` reads it; its name ends with the audio's extension."""
+    :func:`shardio.integrations.importers.containers.read_member` reads it; its name ends with
+    the audio's extension."""
     size: int | None = None
     """The audio's stored bytes, when an importer knows them without a file of their own (plan estimates)."""
 
@@ -72,25 +74,26 @@ Problems = list[InputProblem]
 
 
 class NotRegularFile(OSError):
-    """A path that is not a regular file (a FIFO, a device, a socket, a directory): reading a FIFO blocks until
-    a writer comes, and ``/dev/zero`` never ends, so an input must be a regular file. ``strerror`` says what
-    the path is."""
+    """A path that is not a regular file (a FIFO, a device, a socket, a directory): reading a FIFO blocks
+    until a writer comes, and ``/dev/zero`` never ends, so an input must be a regular file. ``strerror`` says
+    what the path is."""
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
 
 
 def not_regular(mode: int) -> str | None:
-    """Why a file of ``mode`` (``st_mode``) cannot be read as an input (``it is a FIFO, ...``), or None when it
-    is a regular file."""
+    """Why a file of ``mode`` (``st_mode``) cannot be read as an input (``it is a FIFO, ...``), or None when
+    it is a regular file."""
     if stat.S_ISREG(mode):
         return None
     return f"it is {kind(mode)}, not a regular file: reading it could block or never end"
 
 
 def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
-    """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for anything
-    else (:func:`shardio.storage.localshard.open_regular`: a device is not opened, a FIFO not read)."""
+    """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for
+    anything else (:func:`shardio.storage.localshard.open_regular`: a device is not
+    opened, a FIFO not read)."""
     name = os.fspath(path)
     try:
         fd, _ = open_regular(name)
@@ -137,12 +140,13 @@ def manifest_text(path: Path, encoding: str) -> str:
 
 
 class NotJsonConstant(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity`` in a manifest line: Python's JSON reader takes them, JSON does not."""
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a manifest line: Python's JSON reader
+    takes them, JSON does not."""
 
 
 def refuse_constant(name: str) -> Any:
-    """``json.loads``' ``parse_constant`` hook: :class:`NotJsonConstant`, since metadata must stay JSON for every
-    reader."""
+    """``json.loads``' ``parse_constant`` hook: :class:`NotJsonConstant`, since metadata must stay JSON for
+    every reader."""
     raise NotJsonConstant(f"{name} is not a JSON value; expected a finite number, or null")
 
 

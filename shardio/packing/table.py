@@ -53,7 +53,8 @@ def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
 
 
 def _unique_columns(table: Path, header: list[str], lowered: list[str]) -> None:
-    """Refuse a header naming a column twice (any case): one column's values would replace the other's unseen."""
+    """Refuse a header naming a column twice (any case): one column's values would
+    replace the other's unseen."""
     twice = sorted({name for i, name in enumerate(header) if lowered.index(name.lower()) != i})
     if twice:
         raise InputError(

@@ -94,16 +94,16 @@ def _mp3(view: memoryview, decoded_frames: int | None) -> str | None:
     held = len(view) - start - (128 if bytes(view[-128:-125]) == b"TAG" else 0)
     if "bytes" in fields and fields["bytes"] > held:
         return (
-            f"truncated: the MP3's {bytes(view[tag : tag + 4]).decode()} header claims {fields['bytes']} bytes "
-            f"of frames, the file holds {held} (an interrupted download or copy?)"
+            f"truncated: the MP3's {bytes(view[tag : tag + 4]).decode()} header claims {fields['bytes']} "
+            f"bytes of frames, the file holds {held} (an interrupted download or copy?)"
         )
     if "frames" in fields and decoded_frames is not None:
         per_frame = 1152 if version == 3 else 576
         claimed = fields["frames"] * per_frame
         if decoded_frames < claimed - _SLACK_FRAMES * per_frame:
             return (
-                f"truncated: the MP3's header claims {fields['frames']} MPEG frames (about {claimed} samples), "
-                f"only {decoded_frames} samples decode (an interrupted download or copy?)"
+                f"truncated: the MP3's header claims {fields['frames']} MPEG frames (about {claimed} "
+                f"samples), only {decoded_frames} samples decode (an interrupted download or copy?)"
             )
     return None
 
@@ -120,8 +120,8 @@ def _ogg(view: memoryview) -> str | None:
             size = 27 + (segments or 0)
         if position + size > len(view):
             return (
-                f"truncated: the Ogg page at byte {position} is cut short (it needs at least {size} bytes, the "
-                f"file holds {len(view) - position} from there; an interrupted download or copy?)"
+                f"truncated: the Ogg page at byte {position} is cut short (it needs at least {size} bytes, "
+                f"the file holds {len(view) - position} from there; an interrupted download or copy?)"
             )
         position += size
     return None

@@ -176,6 +176,6 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     actual = (audio.shape[1], rate, audio.shape[0])
     if actual != expected:
         yield (
-            f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index says "
-            f"{expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"
+            f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index "
+            f"says {expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"
         )
