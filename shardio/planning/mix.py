@@ -8,19 +8,20 @@ the stream stood: :mod:`shardio.planning.streams`). A small corpus therefore rep
 (several passes in one epoch) and a large one is spread over epochs, and in both cases every sample is
 taken exactly once per pass of its corpus, pass after pass, across epoch boundaries.
 
-**Epoch size** (:class:`~shardio.planning.mixoptions.EpochSize`), and the quotas that follow from it and the weights: ``primary``
-(one pass over that corpus: its quota is its size), ``hours`` (that much audio in all), or ``batches``
-(exactly that many global batches, before the deal to ranks; quotas are sized on calibration plans
-with a 2-5% margin: the samples planned beyond the last batch are skipped, ``report["skipped"]``, so a
-pass may miss a few; a rare shortfall is filled by repeating batches, ``report["repeated"]``). Weights are shares of audio (``weight_by="duration"``) or of samples.
+**Epoch size** (:class:`~shardio.planning.mixoptions.EpochSize`), and the quotas that follow from it and the
+weights: ``primary`` (one pass over that corpus: its quota is its size), ``hours`` (that much audio in all),
+or ``batches`` (exactly that many global batches, before the deal to ranks; quotas are sized on calibration
+plans with a 2-5% margin: the samples planned beyond the last batch are skipped, ``report["skipped"]``, so a
+pass may miss a few; a rare shortfall is filled by repeating batches, ``report["repeated"]``). Weights are
+shares of audio (``weight_by="duration"``) or of samples.
 
 **Plan.** The corpora's epoch slices are merged: position ``i`` of a corpus with quota ``q`` gets the
 key ``(i + u) / q`` (``u`` uniform), so every stretch of the epoch holds each corpus in its share. The
 merged epoch is cut into as many *slices* as the busiest corpus has shard windows; within a slice samples
 are bucketed and batched (optionally per corpus: ``single_corpus_batches``) and the batch order shuffled.
 Each occurrence (corpus, pass, sample) gets its own id in the planner, so the deal, the remainder and
-the elastic re-plan of :func:`shardio.planning.plan.plan_segments` apply unchanged: after a world-size change every
-occurrence not yet consumed is consumed exactly once; no pass of any corpus loses or repeats a sample.
+the elastic re-plan of :func:`shardio.planning.plan.plan_segments` apply unchanged: after a world-size change
+every occurrence not yet consumed is consumed exactly once; no pass of any corpus loses or repeats a sample.
 The plan's ``samples`` are *global* ids, ``offset[corpus] + local id`` with corpora in name order; a
 global id repeats when its corpus repeats within the epoch.
 """
@@ -165,7 +166,8 @@ def mix_quotas(
 def check_epoch_size(corpora: Mapping[str, CorpusColumns], mix: Mix, batching: Batching) -> None:
     """An :class:`OptionError` where ``mix``'s epoch cannot be planned over ``corpora``: a corpus without an
     eligible sample, a primary whose weight is too small for a pass, or an epoch of more than
-    :data:`MAX_EPOCH_SAMPLES` samples (for ``batches``: at the planner's first estimate). Cheap: no plan is made."""
+    :data:`MAX_EPOCH_SAMPLES` samples (for ``batches``: at the planner's first estimate).
+    Cheap: no plan is made."""
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = _check(columns, mix, batching)
     rates = _rates(columns, mix, eligible)
@@ -375,8 +377,8 @@ def plan_mix(
 ) -> EpochPlan:
     """Plan ``epoch`` of the mix for ``world_size`` ranks, after the finished segments in ``history``.
 
-    Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids (see the
-    module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
+    Returns the same :class:`EpochPlan` shape as :func:`shardio.planning.plan.plan_epoch`, over global ids
+    (see the module docs); ``report["corpora"]`` gives each corpus's samples, seconds and share in this plan.
     ``exclude``: ``(segment number, global ids)`` pairs: every occurrence of those ids is left out from that
     segment on. ``cursors``, ``pending`` and ``since``: each corpus's stream at epoch ``since`` (a re-mix,
     :mod:`shardio.planning.streams`; ``pending`` as ranges, ``(k, 2)`` arrays of ``[start, stop)``);

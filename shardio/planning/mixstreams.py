@@ -161,9 +161,9 @@ def _once(ranges: Any, what: str, cursor: int, most: int) -> np.ndarray:
 
 
 def mix_args(extra: Mapping[str, Any] | Streams, epoch: int, names: list[str]) -> dict[str, Any]:
-    """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names`` (positions
-    as ranges: the planner expands a tail only after bounding it by the mix's epoch), from a state's streams (or
-    its ``extra``)."""
+    """:func:`~shardio.planning.mix.plan_mix`'s stream arguments for ``epoch`` of a mix of ``names``
+    (positions as ranges: the planner expands a tail only after bounding it by the mix's epoch), from a
+    state's streams (or its ``extra``)."""
     parsed = extra if isinstance(extra, Streams) else Streams.of(extra)
     if parsed.tail is not None and parsed.tail[0] == epoch:
         unknown = sorted(set(parsed.tail[1]) - set(names))
