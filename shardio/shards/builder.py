@@ -1,4 +1,5 @@
-"""IndexBuilder: an :class:`~shardio.Index` accumulated shard by shard and sample by sample, in write order."""
+"""IndexBuilder: an :class:`~shardio.Index` accumulated shard by shard and sample by
+sample, in write order."""
 
 from __future__ import annotations
 

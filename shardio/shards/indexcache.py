@@ -18,8 +18,8 @@ from ..storage.files import cache_dir, open_output
 __all__ = ["SETTLED_S", "UNUSED_S", "mark_verified", "prune", "touch", "verified_marker"]
 
 SETTLED_S = 5.0
-"""A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it moves
-its modification time past any file system's timestamp granularity, so the marker no longer matches."""
+"""A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it
+moves its modification time past any file system's timestamp granularity, so the marker no longer matches."""
 
 UNUSED_S = 7 * 86400.0
 """:func:`prune`'s default: index files untouched for a week go."""

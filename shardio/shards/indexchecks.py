@@ -98,8 +98,8 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
             if problem.startswith(("is not", "has a URL", "contains"))
             else (
                 "; shard names must be plain relative paths under the dataset root (load it with "
-                "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really spans "
-                "directories)"
+                "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really "
+                "spans directories)"
             )
         )
         raise FormatError(f"{where}: shard name {_shown(name)} {problem}{hint}")
@@ -314,8 +314,9 @@ def check_structure(
     table: ShardTable,
     where: str,
 ) -> None:
-    """The index's structure: every column of ``dtypes`` with its dtype and one entry a sample, shard and format
-    numbers within the shard table and ``formats``, known codecs, and each shard's sample count as the table says."""
+    """The index's structure: every column of ``dtypes`` with its dtype and one entry a sample, shard and
+    format numbers within the shard table and ``formats``, known codecs, and each shard's sample
+    count as the table says."""
     n = int(columns["shard"].shape[0])
     for name, dtype in dtypes.items():
         column = columns[name]

@@ -4,17 +4,18 @@ Layout: a 64-byte header (``MAGIC``, then the SHA-256 of everything after the he
 per column of :data:`~shardio.shards.index.COLUMNS` in that order, then the keys' end offsets (``uint64``) and
 the keys' UTF-8 blob, and, only in an index with per-sample metadata (``meta_bytes`` in ``index.json``),
 the metadata's end offsets and JSON blob (:mod:`shardio.shards.metadata`). Every section is little-endian,
-uncompressed and starts at a multiple of :data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
-``index.json``) and each column is a ``numpy`` view of one shared memory map: the page cache holds one
-copy however many processes on the node read it, and a process's private memory does not grow with it.
+uncompressed and starts at a multiple of :data:`ALIGN` bytes, so its place follows from the sample count and
+the blob's size alone (both in ``index.json``) and each column is a ``numpy`` view of one shared memory map:
+the page cache holds one copy however many processes on the node read it, and a process's private
+memory does not grow with it.
 
 Integrity, in two strengths. Every time the file is mapped (every process, every worker) its size must be
 the one the layout gives and its header must carry the digest ``index.json`` records: a columns file of
 another index, or a truncated one, is refused with :class:`FormatError` for the cost of one 64-byte read.
 :meth:`ColumnsFile.verify` hashes the whole content against that digest; :meth:`Index.load
-<shardio.shards.index.Index.load>` does it in the process that loads the index, never in DataLoader workers (which
-receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node: a
-file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
+<shardio.shards.index.Index.load>` does it in the process that loads the index, never in DataLoader workers
+(which receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node:
+a file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
 last change is a few seconds old, so that any later change shows in its times), and the same file is not
 hashed again (markers: :mod:`shardio.shards.indexcache`).
 """
@@ -92,7 +93,8 @@ def columns_bytes(
 def encode(
     columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys, meta: Metadata | None = None
 ) -> tuple[bytes, str]:
-    """The columns file for ``columns``, ``keys`` and ``meta``, and its digest (the SHA-256 after the header)."""
+    """The columns file for ``columns``, ``keys`` and ``meta``, and its digest (the
+    SHA-256 after the header)."""
     samples = len(keys)
     meta_bytes = None if meta is None else len(meta.blob)
     sections = layout(dtypes, samples, len(keys.blob), meta_bytes)
@@ -130,7 +132,8 @@ class Unreadable:
 
 
 def _reopened(*args: Any) -> ColumnsFile | Unreadable:
-    """A pickled :class:`ColumnsFile` mapped again, or, when it fails its checks now, an :class:`Unreadable`."""
+    """A pickled :class:`ColumnsFile` mapped again, or, when it fails its checks now,
+    an :class:`Unreadable`."""
     try:
         return ColumnsFile(*args)
     except (FormatError, ReadError) as exc:
@@ -307,7 +310,8 @@ def map_columns(
 
 
 def _fits(path: str, digest: str) -> bool:
-    """Whether the cached file at ``path`` carries ``digest`` in its header (its size is checked by the cache)."""
+    """Whether the cached file at ``path`` carries ``digest`` in its header (its size is
+    checked by the cache)."""
     with open(path, "rb") as handle:
         head = handle.read(len(MAGIC) + 32)
     return head == MAGIC + bytes.fromhex(digest)

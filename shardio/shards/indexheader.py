@@ -1,5 +1,5 @@
-"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a URL),
-its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
+"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a
+URL), its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def read_header(root: str, json_path: str, storage_options: dict[str, Any] | Non
 
 
 def check_version(header: dict[str, Any], json_path: str) -> int:
-    """The header's format version: one this shardio reads, with ``meta_bytes`` exactly where it has metadata."""
+    """The header's format version: one this shardio reads, with ``meta_bytes`` exactly
+    where it has metadata."""
     version = header.get("version")
     if isinstance(version, bool) or version not in READ_VERSIONS:
         raise FormatError(

@@ -36,10 +36,11 @@ logger = logging.getLogger(__name__)
 
 _FLAG = "--overwrite"
 DEFAULT_FRAME_BYTES = 16 * 1024
-"""Samples are grouped into one zstd frame until it holds this many tar bytes: a sample of over half a second of
-16 kHz PCM has a frame of its own, so reading it decompresses nothing else (with 64 KiB frames, shuffled reads of
-1-5 s speech decompressed 1.2x the bytes and ran 1.2x slower, for the same size); clips of a few KB still share
-frames (FSDD: 16 KiB frames cost 1 point of size against 64 KiB, one frame per sample 2.5; README, Packing)."""
+"""Samples are grouped into one zstd frame until it holds this many tar bytes: a sample of over half a second
+of 16 kHz PCM has a frame of its own, so reading it decompresses nothing else (with 64 KiB frames, shuffled
+reads of 1-5 s speech decompressed 1.2x the bytes and ran 1.2x slower, for the same size); clips of a few KB
+still share frames (FSDD: 16 KiB frames cost 1 point of size against 64 KiB, one frame per sample
+2.5; README, Packing)."""
 
 
 class ShardWriter:
