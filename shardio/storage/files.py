@@ -16,8 +16,9 @@ Bounds on what a server answers: an HTTP range read (:func:`read_range`) must co
 bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding``), is read no further than
 its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
 server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
-(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched into
-the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:`shardio.storage.objectcopy`).
+(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched
+into the node cache (:func:`fetch_to_cache`) no further than its expected size
+(:mod:`shardio.storage.objectcopy`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ logger = logging.getLogger(__name__)
 
 HTTP_CONNECT_TIMEOUT = 30.0
 MAX_READ_BYTES = 1 << 28
-"""The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of about a million shards)."""
+"""The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of
+about a million shards)."""
 
 
 def is_url(location: str) -> bool:
@@ -83,9 +85,9 @@ def join(root: str, name: str) -> str:
 
 
 def escapes_root(name: str) -> bool:
-    """Whether decoding ``name``'s percent-escapes changes how it splits into path parts, or makes a part ``.``
-    or ``..`` (which URL normalisation removes, with the part before it): an HTTP client decodes ``%2e`` and
-    drops the dot segments, so ``%2e%2e/x`` under ``http://host/data`` is fetched as ``http://host/x``."""
+    """Whether decoding ``name``'s percent-escapes changes how it splits into path parts, or makes a part
+    ``.`` or ``..`` (which URL normalisation removes, with the part before it): an HTTP client decodes ``%2e``
+    and drops the dot segments, so ``%2e%2e/x`` under ``http://host/data`` is fetched as ``http://host/x``."""
     raw, decoded = (text.replace("\\", "/").split("/") for text in (name, unquote(name)))
     return len(raw) != len(decoded) or any(d != r and d in (".", "..") for r, d in zip(raw, decoded))
 
@@ -179,7 +181,8 @@ def read_range(
     ``fs`` (one try: the caller retries); ``pin``: the version of a shard this process reads, over HTTP and
     S3 sent as a condition and checked (:mod:`shardio.storage.validators`).
 
-    Over HTTP the answer is checked and bounded (:mod:`shardio.storage.httpreads`); other backends answer through fsspec.
+    Over HTTP the answer is checked and bounded (:mod:`shardio.storage.httpreads`); other
+    backends answer through fsspec.
     """
     if is_http(fs):
         return http_read(fs, path, (start, end), total, pin)
@@ -286,7 +289,8 @@ def staged(path: str, mode: Literal["wb", "w+b"] = "wb", suffix: str | None = No
 
 
 def current_umask() -> int:
-    """The process's umask (read from ``/proc`` where it can be, since setting it to read it races threads)."""
+    """The process's umask (read from ``/proc`` where it can be, since setting it to
+    read it races threads)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:

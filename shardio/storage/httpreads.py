@@ -86,7 +86,8 @@ class BadAnswer(Exception):
 class SlowAnswerTimeout(Exception):
     """An HTTP answer slower than a read may be (transient, by its name: see
     :func:`~shardio.storage.retries.is_transient`). Not a
-    ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``, dropping the message."""
+    ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``,
+    dropping the message."""
 
 
 async def _stream(
@@ -99,11 +100,11 @@ async def _stream(
     pin: Pin | None,
 ) -> int:
     """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) over ``fs``'s aiohttp session, each
-    chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with the
-    bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes): :class:`SlowAnswerTimeout`
-    past it. A ranged answer must be the ``206`` of exactly those bytes, of an object of ``total`` bytes where
-    that is given (:class:`BadAnswer` otherwise), and of the version ``pin`` recorded where it has one (sent
-    as a condition). Returns the bytes received."""
+    chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with
+    the bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes):
+    :class:`SlowAnswerTimeout` past it. A ranged answer must be the ``206`` of exactly those bytes, of an
+    object of ``total`` bytes where that is given (:class:`BadAnswer` otherwise), and of the version ``pin``
+    recorded where it has one (sent as a condition). Returns the bytes received."""
     loop = asyncio.get_running_loop()
     begun = loop.time()
     got = 0

@@ -70,7 +70,8 @@ class FileLock:
         start = time.monotonic()
         pauses = polls()
         logged = False
-        # read before the first attempt: filelock before 4.0 truncates the file it opens, the holder's record too
+        # read before the first attempt: filelock before 4.0 truncates the file it
+        # opens, the holder's record too
         self._seen = self.holder() if os.path.exists(self.path) else _UNKNOWN
         import filelock  # here: importing shardio stays quick (filelock's import is not)
 

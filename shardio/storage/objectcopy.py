@@ -1,4 +1,5 @@
-"""Whole remote objects copied into local files: streamed, no further than a bound, over HTTP checked as reads are."""
+"""Whole remote objects copied into local files: streamed, no further than a bound, over HTTP
+checked as reads are."""
 
 from __future__ import annotations
 

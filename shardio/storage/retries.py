@@ -4,7 +4,8 @@ A remote read that fails transiently (5xx, 408/429, a dropped connection, a time
 an exponential backoff with jitter; once the attempts are spent, or at once for a failure that asking again
 would not mend, it is a :class:`~shardio.errors.ReadError` naming what was read. This is the only retry layer
 (:mod:`shardio.storage.files` turns botocore's and s3fs's own down). A shard that changed while the run
-reads it (:mod:`shardio.storage.validators`) is never retried: it stays a :class:`~shardio.errors.ShardChanged`.
+reads it (:mod:`shardio.storage.validators`) is never retried: it stays a
+:class:`~shardio.errors.ShardChanged`.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def retrying(
     retry: RetryPolicy,
     on_retry: Callable[[BaseException], None] | None = None,
 ) -> T:
-    """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
+    """``action()``, retried under ``retry`` while it fails transiently; then
+    :class:`ReadError` naming ``where``.
 
     A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing,
     unless an HTTP answer other than 404 is behind it (fsspec's HTTP ``size()`` turns any failure into one):
