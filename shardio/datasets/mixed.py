@@ -112,7 +112,8 @@ class MixIndex(Index):
 
     @property
     def fingerprinted(self) -> bool:
-        """Whether the fingerprint names this mix: every corpus's index is fingerprinted (see :class:`Index`)."""
+        """Whether the fingerprint names this mix: every corpus's index is fingerprinted
+        (see :class:`Index`)."""
         return all(part.fingerprinted for part in self.parts)
 
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
