@@ -30,7 +30,8 @@ from ..errors import OptionError
 from . import cases
 from .data import Corpus, audio_members, dataset_corpus, make_variant, prepare_corpora, shard_files
 from .measure import Case, machine_facts, measure_rounds, stats
-from .report import evaluate_targets, write_report
+from .report import write_report
+from .targets import evaluate_targets
 from .throughput import throughput_cases, throughput_ratios
 
 __all__ = ["FULL", "QUICK", "BenchConfig", "run_bench"]

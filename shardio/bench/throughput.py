@@ -5,7 +5,7 @@
 the same shards, and the floors (soundfile, memory file, numpy, pure Python, zstd, two parallel readers), each
 next to the cases a target compares it with, so that a noisy machine slows both sides of a ratio alike.
 :func:`throughput_ratios` turns the timed rounds into the per-round ratios of the pairs in :data:`PAIRS` (and
-the ``.tar.zst`` path against its floor) that :func:`shardio.bench.report.evaluate_targets` checks.
+the ``.tar.zst`` path against its floor) that :func:`shardio.bench.targets.evaluate_targets` checks.
 """
 
 from __future__ import annotations
