@@ -13,7 +13,7 @@ import numpy as np
 
 from ..checks.states import MAX_COUNT
 from ..errors import StateError, shown
-from .mix import MAX_EPOCH_SAMPLES
+from .quotas import MAX_EPOCH_SAMPLES
 from .streams import MAX_POSITION, Stream, expand, join_ranges
 
 __all__ = ["REMIX", "Streams", "mix_args", "range_length"]
@@ -121,7 +121,7 @@ def _once(ranges: Any, what: str, cursor: int, most: int) -> np.ndarray:
     :class:`StateError` for a malformed range, where two ranges overlap (a position played or kept pending
     twice), one reaches the corpus's ``cursor``, or they hold more than ``most`` positions.
 
-    ``most`` is :data:`~shardio.planning.mix.MAX_EPOCH_SAMPLES`: what a re-mix records here is the part not
+    ``most`` is :data:`~shardio.planning.quotas.MAX_EPOCH_SAMPLES`: what a re-mix records here is the part not
     consumed of one epoch's slice of a corpus (with the rest of an earlier pending set, itself no larger), and
     no epoch of a mix draws more; a corpus may repeat within it, so its size does not bound them."""
     if not isinstance(ranges, (list, tuple)):
