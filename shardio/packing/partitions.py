@@ -35,9 +35,9 @@ import numpy as np
 from ..errors import InputProblem, OptionError
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
+from .keys import assign_keys
 from .listing import list_corpus
 from .output import Output
-from .pack import assign_keys
 from .preparation import Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
 
