@@ -43,7 +43,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
-from ...packing.indexer import HashingReader
+from ...packing.foreignshards import HashingReader
 from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
 from ...packing.source import AUDIO_EXTENSIONS
 from ...reading.fields import BATCH_FIELDS
