@@ -30,7 +30,6 @@ one that resolves, through a symbolic link, outside the directory: each is an
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
@@ -42,17 +41,16 @@ from typing import Any
 import soundfile as sf
 from tqdm import tqdm
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
 from ...packing.foreignshards import HashingReader
-from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
-from ...packing.source import AUDIO_EXTENSIONS
-from ...reading.fields import BATCH_FIELDS
+from ...packing.manifestlines import check_manifest_file
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
-from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
-from ...shards.names import key_problem, split_name
+from ...shards.metadata import MEMBER_FIELD
+from ...shards.names import split_name
 from ...shards.tarformat import walk
 from ...shards.writer import writable_directory
+from .nemo_manifest import ManifestLine, parse_manifest
 
 __all__ = ["MANIFEST", "index_nemo"]
 
@@ -62,19 +60,6 @@ MANIFEST = "tarred_audio_manifest.json"
 """The manifest's name in NeMo's layout (the default of :func:`index_nemo`)."""
 _SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]*)$")
 _SHARD = re.compile(r"^audio_(\d+)\.tar$", re.ASCII)
-_MAX_SHARD_ID = 1 << 31
-_NAME_LIMIT = 255
-
-
-@dataclass(frozen=True)
-class _Line:
-    """One manifest line: where it is, its member name, shard and the fields it adds."""
-
-    where: str
-    name: str
-    key: str
-    shard: int
-    meta: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -83,81 +68,6 @@ class _Member:
     end: int
     ext: str
     facts: tuple[int, int, int]  # frames, sample rate, channels
-
-
-def _split(name: str) -> tuple[str, str] | str:
-    """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
-    plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so
-    ``a.b.wav`` is refused)."""
-    if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
-        return "is not a file name"
-    if "/" in name or "\\" in name or name in (".", ".."):
-        return "is a path; a tarred NeMo manifest names tar members by their plain file name"
-    key, _, ext = name.partition(".")
-    if ext.lower() not in AUDIO_EXTENSIONS or key_problem(key) is not None:
-        return (
-            f"is not {{key}}.{{ext}} with a key that has no '.' and an audio ext (one of "
-            f"{', '.join(AUDIO_EXTENSIONS)})"
-        )
-    return key, ext
-
-
-def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
-    """Every line of the manifest that is a tarred entry with a plain member name and a shard id."""
-    lines: list[_Line] = []
-    for number, text in manifest_lines(manifest, problems):
-        where = f"{manifest}:{number}"
-        try:
-            entry = json_entry(text)
-        except ValueError as exc:
-            problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
-            continue
-        name, shard = entry.get("audio_filepath"), entry.get("shard_id")
-        if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
-            problems.append(
-                InputProblem(
-                    where,
-                    "",
-                    "not a tarred NeMo entry: expected a string 'audio_filepath' and an integer 'shard_id'",
-                )
-            )
-            continue
-        named = name if len(name) <= 80 else name[:80] + "..."
-        split = _split(name)
-        if isinstance(split, str):
-            problems.append(InputProblem(where, "", f"audio_filepath {named!r} {split}"))
-            continue
-        if not 0 <= shard < _MAX_SHARD_ID:
-            problems.append(
-                InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}")
-            )
-            continue
-        meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
-        if meta.get("offset") not in (None, 0):
-            problems.append(
-                InputProblem(
-                    where,
-                    split[0],
-                    f"offset {shown(meta['offset'])}: NeMo reads "
-                    "[offset, offset + duration] of the member, and an index in place "
-                    "reads whole members; pack the manifest (shardio pack) to cut the "
-                    "segment",
-                )
-            )
-            continue
-        size = len(json.dumps(meta, ensure_ascii=False).encode())
-        reserved = sorted(BATCH_FIELDS.union([MEMBER_FIELD]).intersection(meta))
-        if reserved or size > MAX_ENTRY_BYTES:
-            reason = (
-                f"uses the field name(s) {', '.join(map(repr, reserved))}, which shardio reserves (a batch's "
-                f"own fields: {', '.join(sorted(BATCH_FIELDS))}); rename them"
-                if reserved
-                else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample"
-            )
-            problems.append(InputProblem(where, "", reason))
-            continue
-        lines.append(_Line(where, name, split[0], shard, meta))
-    return lines
 
 
 def _members(
@@ -197,8 +107,8 @@ def _members(
 
 
 def _joined(
-    lines: list[_Line], members: dict[str, _Member], tar: str, problems: list[InputProblem]
-) -> Iterator[tuple[_Line, str, _Member, dict[str, Any]]]:
+    lines: list[ManifestLine], members: dict[str, _Member], tar: str, problems: list[InputProblem]
+) -> Iterator[tuple[ManifestLine, str, _Member, dict[str, Any]]]:
     """Each line of one shard as ``(line, key, member, metadata)``: a ``-sub{n}`` line the first copy's
     member. Then a member no line read is a problem."""
     used: set[str] = set()
@@ -298,8 +208,8 @@ def index_nemo(
             f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to replace it"
         )
     problems: list[InputProblem] = []
-    by_shard: dict[int, list[_Line]] = {}
-    for line in _parse(manifest, problems):
+    by_shard: dict[int, list[ManifestLine]] = {}
+    for line in parse_manifest(manifest, problems):
         by_shard.setdefault(line.shard, []).append(line)
     present = _present_shards(root, problems)
     for shard in sorted(present - set(by_shard)):
