@@ -1,4 +1,5 @@
-"""The data ledger's subcommands of the ``shardio`` command line: ``trace``, ``quarantine`` and ``remix``.
+"""The data ledger's subcommands of the ``shardio`` command line: ``trace`` and ``quarantine`` (``remix``:
+:mod:`shardio.cli.remix`).
 
 Each is a pair as in :mod:`shardio.cli.main`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
 """
@@ -9,18 +10,17 @@ import argparse
 import json
 import re
 import sys
-from collections import Counter
 from typing import Any
 
 from ..errors import OptionError
 
-__all__ = ["add_quarantine", "add_remix", "add_trace"]
+__all__ = ["OUT_HELP", "STATE_HELP", "add_quarantine", "add_trace"]
 
-_STATE_HELP = (
+STATE_HELP = (
     "the saved loader state: a JSON state, a torch.save checkpoint holding one (a Lightning .ckpt "
     "too), or an Accelerate save_state directory; read with torch.load(weights_only=True)"
 )
-_OUT_HELP = (
+OUT_HELP = (
     "where to write the new state: a copy of --state's checkpoint (same kind, the model's weights "
     "unchanged) with the new state in the old one's place, so the job resumes from it as it did"
 )
@@ -34,7 +34,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
         "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.",
     )
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help=_STATE_HELP)
+    parser.add_argument("--state", required=True, help=STATE_HELP)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--step",
@@ -167,8 +167,8 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
         "the epoch; every other remaining sample is still seen once.",
     )
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help=_STATE_HELP)
-    parser.add_argument("--out", required=True, help=_OUT_HELP)
+    parser.add_argument("--state", required=True, help=STATE_HELP)
+    parser.add_argument("--out", required=True, help=OUT_HELP)
     parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeat)")
     parser.add_argument(
         "--steps",
@@ -255,114 +255,6 @@ def _check_global_steps(trace: Any, checkpoint: Any) -> None:
         )
 
 
-def _weight(text: str) -> tuple[str, float]:
-    name, _, value = text.partition("=")
-    try:
-        return name, float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=WEIGHT") from None
-
-
-def add_remix(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "remix",
-        help="a state of a mix that resumes under new weights or corpora",
-        description="Write a state for a new mix (weights changed, corpora added or "
-        "dropped) that continues a saved state of the old one, at an epoch "
-        "boundary or mid-epoch, every corpus's passes exact "
-        "(see shardio.remix).",
-    )
-    parser.add_argument(
-        "dataset", nargs="+", help="NAME=LOCATION for every corpus of the old and the new mix"
-    )
-    parser.add_argument("--state", required=True, help="the old mix's state: " + _STATE_HELP)
-    parser.add_argument(
-        "--weight",
-        type=_weight,
-        action="append",
-        required=True,
-        metavar="NAME=W",
-        help="a corpus of the new mix and its weight (repeat)",
-    )
-    parser.add_argument(
-        "--primary", help="the new mix's epoch is one pass over this corpus (default: the old epoch size)"
-    )
-    parser.add_argument("--out", required=True, help=_OUT_HELP)
-    parser.set_defaults(run=_run_remix)
-
-
-def _run_remix(args: argparse.Namespace) -> int:
-    from ..datasets.mixed import MixedDataset
-    from ..ledger.checkpoints import read_checkpoint, write_checkpoint
-    from ..ledger.rebuild import open_for_state, state_corpora
-    from ..ledger.remix import remix, remix_report
-    from ..planning.mixoptions import EpochSize
-    from ..state import job_state
-
-    checkpoint = read_checkpoint(args.state)
-    state = checkpoint.state
-    sources = _sources(args.dataset)
-    weights = dict(args.weight)
-    twice = sorted(name for name, count in Counter(name for name, _ in args.weight).items() if count > 1)
-    if twice:
-        raise OptionError(f"--weight names {twice} more than once")
-    old_names = state_corpora(job_state(state).options)  # a StateError where it is not a mix's
-    if not old_names:
-        raise OptionError("remix needs the state of a mix; this state is of one dataset")
-    old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
-    missing = sorted(set(weights) - set(sources))
-    if not isinstance(old, MixedDataset) or missing:
-        raise OptionError(
-            f"remix needs a mix's state and NAME=LOCATION for every corpus of the new mix "
-            f"(missing: {missing})"
-        )
-    size = EpochSize(primary=args.primary) if args.primary else old.mix.epoch_size
-    new = MixedDataset(
-        {n: sources[n] for n in weights},
-        weights,
-        size,
-        weight_by=old.mix.weight_by,
-        single_corpus_batches=old.mix.single_corpus_batches,
-        batching=old.batching,
-        seed=old.seed,
-        ordering=old.ordering,
-    )
-    mixed = remix(state, old, new)
-    write_checkpoint(checkpoint, mixed, args.out)
-    event = remix_report(mixed)[
-        -len(mixed["extra"]["remix"]["events"][-1]["corpora"]) :
-    ]  # this re-mix's rows
-    print(
-        f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from "
-        f"{args.out}"
-    )
-    for row in event:
-        extra = (
-            f"\t{row['remaining']} of its {row['slice']} positions this epoch left" if "slice" in row else ""
-        )
-        print(
-            f"  {row['corpus']}\t{row['status']}\tweight {row['old_weight']} -> {row['new_weight']}{extra}"
-            + (f"\t{row['pending']} pending" if row["pending"] else "")
-        )
-    return 0
-
-
 def _place(checkpoint: Any, written: str) -> str:
     """Where the new state is in the file written, in words (``out.pt['loader']``)."""
     return written + "".join(f"[{key!r}]" for key in checkpoint.where or ())
-
-
-def _sources(locations: list[str]) -> dict[str, str]:
-    """``NAME=LOCATION`` arguments as a dict: an :class:`OptionError` for one without a name
-    or a name given twice."""
-    pairs = [location.split("=", 1) for location in locations]
-    bad = [
-        location for location, pair in zip(locations, pairs) if len(pair) != 2 or not pair[0] or not pair[1]
-    ]
-    if bad:
-        raise OptionError(f"remix takes NAME=LOCATION for every corpus, not {bad[:3]}")
-    names = [pair[0] for pair in pairs]
-    twice = sorted(name for name, count in Counter(names).items() if count > 1)
-    if twice:
-        raise OptionError(f"corpora {twice} are given more than once")
-    return dict(pairs)

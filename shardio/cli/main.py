@@ -4,12 +4,12 @@
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
 (``pack`` lives in :mod:`shardio.cli.pack`, the dataset's ``inspect``, ``verify`` and ``index`` in
-:mod:`shardio.cli.shards`, the data ledger's in :mod:`shardio.cli.ledger`, ``cache`` in
-:mod:`shardio.cli.cache`). Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems, 2 bad
-usage or a :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable ones too, or
-dataset), 3 an output that cannot be written (:class:`~shardio.errors.OutputError`), or the system's own
-error, 130 interrupted, 141 stdout closed early (``| head``; no message). Every error is one line on stderr
-(an :class:`~shardio.errors.InputError` adds one line per input), no traceback.
+:mod:`shardio.cli.shards`, the data ledger's in :mod:`shardio.cli.ledger` and :mod:`shardio.cli.remix`,
+``cache`` in :mod:`shardio.cli.cache`). Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found
+problems, 2 bad usage or a :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable
+ones too, or dataset), 3 an output that cannot be written (:class:`~shardio.errors.OutputError`), or the
+system's own error, 130 interrupted, 141 stdout closed early (``| head``; no message). Every error is one line
+on stderr (an :class:`~shardio.errors.InputError` adds one line per input), no traceback.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from ..errors import OutputError, ShardioError
 from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
 from .cache import add_cache
 from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
-from .ledger import add_quarantine, add_remix, add_trace
+from .ledger import add_quarantine, add_trace
 from .pack import add_pack
+from .remix import add_remix
 from .shards import add_index, add_inspect, add_verify
 
 __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
