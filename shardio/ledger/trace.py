@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..checks.states import MAX_COUNT
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from .keyids import resolve_keys
+from .segmentplans import SegmentPlans, check_epoch
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -83,9 +83,7 @@ class Trace:
         self.dataset = dataset
         self.planner = dataset.planner
         self.surgery = self.state.surgery
-        current = self.planner.check(self.state)
-        self._plans: dict[tuple[int, int], EpochPlan] = {(self.state.epoch, len(self.state.history)): current}
-        self._ahead = self.surgery.consumed_ahead(self.state.epoch)
+        self._segments = SegmentPlans(self.planner, self.state)
 
     # -- the plan, segment by segment -----------------------------------------------------------------
 
@@ -95,15 +93,7 @@ class Trace:
         Args:
             epoch: The epoch.
         """
-        _check_epoch(epoch)
-        history = self.state.history if epoch == self.state.epoch else ()
-        found, first = [], 0
-        for finished in history:
-            found.append((finished.world_size, first, finished.consumed))
-            first += finished.consumed
-        last = self.plan(epoch, len(history))
-        found.append((self.state.world_size, first, last.num_batches))
-        return found
+        return self._segments.segments(epoch)
 
     def plan(self, epoch: int, segment: int) -> EpochPlan:
         """The loader's plan of one segment of an epoch.
@@ -112,15 +102,7 @@ class Trace:
             epoch: The epoch.
             segment: The segment's number, from 0 (`segments` lists them).
         """
-        if (epoch, segment) not in self._plans:
-            _check_epoch(epoch)
-            history = self.state.history if epoch == self.state.epoch else ()
-            if type(segment) is not int or not 0 <= segment <= len(history):
-                raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
-            world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-            planned = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
-            self._plans[(epoch, segment)] = planned
-        return self._plans[(epoch, segment)]
+        return self._segments.plan(epoch, segment)
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:
         """The batch indices of a segment that its workers consumed ahead of its position.
@@ -129,27 +111,7 @@ class Trace:
             epoch: The epoch.
             segment: The segment's number, from 0.
         """
-        ids = self._ahead.get(segment) if epoch == self.state.epoch else None
-        if ids is None:
-            return np.zeros(0, dtype=np.int64)
-        plan = self.plan(epoch, segment)
-        held = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
-        positions = np.flatnonzero(np.isin(plan.samples, ids))
-        held[np.searchsorted(plan.offsets, positions, side="right") - 1] = True
-        consumed = self.state.history[segment].consumed
-        return np.flatnonzero(held[plan.rank_batches].any(axis=0)[consumed:]) + consumed
-
-    def _dealt(
-        self, epoch: int, segment: int, start: int, count: int, first: int = 0, stop: int | None = None
-    ) -> list[tuple[int, bool]]:
-        """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``,
-        ``count`` steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
-        window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
-        return [(j, False) for j in window] + [
-            (j, True)
-            for j in self.ahead(epoch, segment).tolist()
-            if first <= start + j and (stop is None or start + j < stop)
-        ]
+        return self._segments.ahead(epoch, segment)
 
     def epoch_step(self, global_step: int) -> tuple[int, int]:
         """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it
@@ -172,13 +134,12 @@ class Trace:
             raise OptionError(f"a global step is an integer from 0, not {global_step!r}"[:200])
         left = int(global_step)
         for epoch in range(MAX_FIND_EPOCHS):
-            cached = set(self._plans)
+            cached = self._segments.planned()
             length = sum(count for _, _, count in self.segments(epoch))
             if left < length:
                 return epoch, left
             left -= length
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]  # one epoch's plans held at a time
+            self._segments.forget_since(cached)  # one epoch's plans held at a time
         raise OptionError(f"global step {global_step} is beyond the first {MAX_FIND_EPOCHS} epochs")
 
     def global_step(self, epoch: int, step: int) -> int:
@@ -194,17 +155,16 @@ class Trace:
         Raises:
             OptionError: ``epoch`` beyond :data:`MAX_FIND_EPOCHS` (each epoch before it is planned).
         """
-        _check_epoch(epoch)
+        check_epoch(epoch)
         if epoch > MAX_FIND_EPOCHS:
             raise OptionError(
                 f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps"
             )
         before = 0
         for earlier in range(epoch):
-            cached = set(self._plans)
+            cached = self._segments.planned()
             before += sum(count for _, _, count in self.segments(earlier))
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]
+            self._segments.forget_since(cached)
         return before + int(step)
 
     def position_step(self) -> int:
@@ -232,7 +192,7 @@ class Trace:
             raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
         records = []
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
-            dealt = self._dealt(epoch, number, start, count, first, stop)
+            dealt = self._segments.dealt(epoch, number, start, count, first, stop)
             if not dealt:
                 continue
             if rank is not None and not 0 <= rank < world_size:
@@ -261,7 +221,7 @@ class Trace:
         def records() -> Iterator[StepRecord]:
             for number, (world_size, start, count) in enumerate(segments):
                 plan = self.plan(epoch, number)
-                for j, ahead in self._dealt(epoch, number, start, count):
+                for j, ahead in self._segments.dealt(epoch, number, start, count):
                     for r in range(world_size):
                         yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
 
@@ -284,15 +244,14 @@ class Trace:
                 f"full), not {asked}: search fewer, or from a later epoch's state"
             )
         for epoch in chosen:  # every epoch checked before any is planned
-            _check_epoch(epoch)
+            check_epoch(epoch)
         wanted = resolve_keys(keys, self.dataset.index.keys)
         key_of = {i: key for key, ids in wanted.items() for i in ids}
         ids = np.fromiter(key_of, dtype=np.int64)
         found = []
-        cached = set(self._plans)
+        cached = self._segments.planned()
         for epoch in chosen:
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]  # one epoch's plans held at a time, not one per epoch searched
+            self._segments.forget_since(cached)  # one epoch's plans held at a time
             for number, (_world_size, start, count) in enumerate(self.segments(epoch)):
                 plan = self.plan(epoch, number)
                 positions = np.flatnonzero(np.isin(plan.samples, ids))
@@ -354,13 +313,3 @@ class Trace:
         if record.ahead:
             row["ahead"] = True
         return row
-
-
-def _check_epoch(epoch: Any) -> None:
-    """An :class:`OptionError` unless ``epoch`` is an epoch a state can reach (an integer in 0..MAX_COUNT)."""
-    if (
-        isinstance(epoch, bool)
-        or not isinstance(epoch, (int, np.integer))
-        or not 0 <= int(epoch) <= MAX_COUNT
-    ):
-        raise OptionError(f"an epoch must be an integer from 0 to {MAX_COUNT}, not {epoch!r}"[:200])
