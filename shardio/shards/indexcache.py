@@ -2,7 +2,7 @@
 
 A columns file hashed once on a node leaves a marker under ``cache_dir()/verified`` naming its device, inode,
 size and times, so later loads on the node skip the hash; a remote index's columns file is fetched once into
-``cache_dir()`` (:func:`~shardio.storage.files.fetch_to_cache`). Each load touches the files it uses, and
+``cache_dir()`` (:func:`~shardio.storage.nodecache.fetch_to_cache`). Each load touches the files it uses, and
 :func:`prune` removes those unused for a while (what goes is made again when next needed: a marker by hashing,
 a columns file by fetching), with temporary files of fetches that died.
 """

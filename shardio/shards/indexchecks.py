@@ -16,11 +16,9 @@ An ``index.json`` is input like any other: it may come with a downloaded dataset
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import stat
-import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,12 +41,12 @@ __all__ = [
     "check_frames",
     "check_local_columns",
     "check_names",
-    "check_npz",
     "check_shard_name",
     "check_structure",
     "columns_size_bound",
     "read_columns",
     "read_local_index",
+    "shown_name",
 ]
 
 COLUMNS_OVERHEAD = 1 << 20
@@ -67,7 +65,8 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a colon alone is a file 
 _NAME_LIMIT = 4096
 
 
-def _shown(name: str) -> str:
+def shown_name(name: str) -> str:
+    """A name from an index for a message: its repr, cut at 200 characters."""
     return repr(name if len(name) <= 200 else name[:200] + "...")
 
 
@@ -102,7 +101,7 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
                 "spans directories)"
             )
         )
-        raise FormatError(f"{where}: shard name {_shown(name)} {problem}{hint}")
+        raise FormatError(f"{where}: shard name {shown_name(name)} {problem}{hint}")
 
 
 def check_confined(root: str, names: list[str], where: str) -> None:
@@ -120,7 +119,7 @@ def check_confined(root: str, names: list[str], where: str) -> None:
         resolved = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([base, resolved]) != base:
             raise FormatError(
-                f"{where}: shard {_shown(name)} resolves (through a symbolic link) to a file "
+                f"{where}: shard {shown_name(name)} resolves (through a symbolic link) to a file "
                 "outside the dataset root; load it with allow_outside_root=True if you trust "
                 "this dataset"
             )
@@ -138,7 +137,7 @@ def check_columns_file(name: object, where: str) -> str:
         or any(ord(ch) < 32 for ch in name)
         or len(name) > 255
     ):
-        shown = _shown(name) if isinstance(name, str) else type(name).__name__
+        shown = shown_name(name) if isinstance(name, str) else type(name).__name__
         raise FormatError(
             f"{where}: 'columns_file' must be a plain file name in the dataset root, not {shown}"
         )
@@ -214,45 +213,6 @@ def check_columns_size(size: int, bound: int, where: str) -> None:
         )
 
 
-def check_npz(
-    archive: zipfile.ZipFile, where: str, limits: Mapping[str, int] | None = None, basis: str = ""
-) -> None:
-    """Every ``.npy`` member of a columns file holds as many bytes as its header's shape claims, and a member
-    named in ``limits`` claims at most that many bytes (what ``basis``, such as the header's sample count,
-    allows), so that numpy, which allocates the claimed array before reading, allocates no more than the file
-    holds and the index justifies. Only each member's first 64 KiB are decompressed here: a deflated member
-    may declare any size."""
-    limits = limits or {}
-    for info in archive.infolist():
-        try:
-            with archive.open(info) as member:
-                handle = io.BytesIO(member.read(1 << 16))  # an .npy header is at most a few KiB
-            version = np.lib.format.read_magic(handle)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, _, dtype = read_header(handle)
-            header = handle.tell()
-        except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a damaged archive
-            raise FormatError(
-                f"{where}: member {_shown(info.filename)} is not a numpy array ({type(exc).__name__})"
-            ) from None
-        claimed = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize if shape else 0
-        if dtype.hasobject or claimed > info.file_size - header:
-            raise FormatError(
-                f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
-                f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes"
-            )
-        limit = limits.get(info.filename)
-        if limit is not None and claimed > limit:
-            raise FormatError(
-                f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
-                f"type {dtype} ({claimed} bytes), more than the {limit} bytes {basis}"
-            )
-
-
 def check_frames(
     columns: dict[str, np.ndarray],
     formats: list[str],
@@ -273,11 +233,11 @@ def check_frames(
         first = int(bad[0])
         shard = shards[int(columns["shard"][first])]
         try:
-            name = _shown(key(first))
+            name = shown_name(key(first))
         except FormatError:  # the keys cannot be read either
             name = str(first)
         raise FormatError(
-            f"{where}: sample {name} (shard {_shown(shard)}; {bad.size - 1} more like it) "
+            f"{where}: sample {name} (shard {shown_name(shard)}; {bad.size - 1} more like it) "
             f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
             f"member of {int(member_size[first])} bytes, more than its format can hold"
         )

@@ -23,7 +23,6 @@ hashed again (markers: :mod:`shardio.shards.indexcache`).
 from __future__ import annotations
 
 import hashlib
-import io
 import mmap
 import os
 from collections.abc import Mapping
@@ -32,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..storage.files import fetch_to_cache, is_url
-from . import indexcache, indexchecks
+from ..storage.files import is_url
+from ..storage.nodecache import fetch_to_cache
+from . import indexcache
+from .indexnpz import read_format1
 from .keys import Keys
 from .metadata import Metadata, check_size
 
@@ -315,32 +316,3 @@ def _fits(path: str, digest: str) -> bool:
     with open(path, "rb") as handle:
         head = handle.read(len(MAGIC) + 32)
     return head == MAGIC + bytes.fromhex(digest)
-
-
-def read_format1(
-    payload: bytes, columns_path: str, digest: Any, dtypes: Mapping[str, Any], samples: int
-) -> tuple[dict[str, np.ndarray], Keys]:
-    """A format-1 ``index.npz``'s columns and keys from its bytes (read with a size bound by the caller),
-    hashed against ``digest`` and its arrays' shapes checked against their bytes and the ``samples`` that
-    ``index.json`` declares before numpy allocates them (``shardio index --upgrade`` turns it into a mapped
-    format-2 file)."""
-    limits = {f"{name}.npy": samples * np.dtype(dtype).itemsize for name, dtype in dtypes.items()}
-    limits.update(
-        {"keys_end.npy": 8 * samples, "keys_blob.npy": indexchecks.columns_size_bound(samples, columns_path)}
-    )
-    if hashlib.sha256(payload).hexdigest() != digest:
-        raise FormatError(
-            f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
-            f"records {digest!r}: the index files do not belong together "
-            "or one is damaged; rebuild the index"
-        )
-    try:
-        archive = np.load(io.BytesIO(payload))
-        indexchecks.check_npz(archive.zip, columns_path, limits, f"that index.json's {samples} samples allow")
-        columns = {name: archive[name] for name in dtypes}
-        keys = Keys(archive["keys_blob"].tobytes(), archive["keys_end"].astype(np.uint64), columns_path)
-    except FormatError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-        raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
-    return columns, keys

@@ -17,7 +17,7 @@ bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding
 its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
 server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
 (:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched
-into the node cache (:func:`fetch_to_cache`) no further than its expected size
+into the node cache (:func:`shardio.storage.nodecache.fetch_to_cache`) no further than its expected size
 (:mod:`shardio.storage.objectcopy`).
 """
 
@@ -30,11 +30,11 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any, BinaryIO, Literal
 from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, OutputError, ReadError
+from ..errors import FormatError, OptionError, OutputError
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .localshard import kind
@@ -47,7 +47,6 @@ __all__ = [
     "cache_dir",
     "check_output_file",
     "escapes_root",
-    "fetch_to_cache",
     "file_size",
     "filesystem",
     "is_url",
@@ -311,50 +310,3 @@ def cache_dir() -> str:
         return configured
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "shardio")
-
-
-def fetch_to_cache(
-    location: str,
-    name: str,
-    size: int,
-    storage_options: dict[str, Any] | None,
-    fits: Callable[[str], bool],
-    retry: RetryPolicy = RetryPolicy(),
-) -> str:
-    """The local path of a copy of remote ``location`` (``size`` bytes) in :func:`cache_dir` under ``name``,
-    fetched unless a copy of that size for which ``fits(path)`` holds is there. Processes that fetch at once
-    each write a temporary file and rename it into place, so none ever sees a partial copy."""
-    directory = cache_dir()
-    path = os.path.join(directory, name)
-    try:
-        if os.path.getsize(path) == size and fits(path):
-            return path
-    except OSError:
-        pass
-    fs, remote = filesystem(location, storage_options)
-
-    def fetch(
-        out: IO[bytes],
-    ) -> int:  # no further than size + 1 bytes: an endless answer never fills the disk
-        out.seek(0)
-        out.truncate()
-        return copy_capped(fs, remote, out, size)
-
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with staged(path) as out:
-            got = retrying(lambda: fetch(out), location, retry)
-            if got != size:
-                raise FormatError(
-                    f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
-                    f"index.json describes {size}: the index files do not belong together or one "
-                    "is damaged; rebuild the index"
-                )
-    except (FileNotFoundError, FormatError, ReadError, OutputError):
-        raise
-    except OSError as exc:  # the cache itself: a full disk, a read-only directory
-        raise ReadError(
-            f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
-            "writable local directory with room"
-        ) from None
-    return path
