@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..errors import OptionError, ReadError
 from ..shards.builder import IndexBuilder
 from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
-from ..shards.writer import writable_directory
+from ..shards.outputdir import writable_directory
 from .foreignshards import HashingReader, index_shard, shard_codec, tar_stream
 from .source import not_regular
 from .zstdframes import seekable_frames, zstd_frames

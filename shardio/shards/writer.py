@@ -22,19 +22,19 @@ from typing import BinaryIO
 import zstandard
 
 from ..checks.options import integer
-from ..errors import InputError, InputProblem, OptionError, OutputError
+from ..errors import InputError, InputProblem, OptionError
 from ..storage.dirlock import DirectoryLock
 from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
-from .index import INDEX_JSON, Index, ShardInfo
+from .index import Index, ShardInfo
 from .names import key_problem
+from .outputdir import claim_directory, shard_files, writable_directory
 from .tarformat import END_OF_ARCHIVE, encode_sample
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 
 logger = logging.getLogger(__name__)
 
-_FLAG = "--overwrite"
 DEFAULT_FRAME_BYTES = 16 * 1024
 """Samples are grouped into one zstd frame until it holds this many tar bytes: a sample of over half a second
 of 16 kHz PCM has a frame of its own, so reading it decompresses nothing else (with 64 KiB frames, shuffled
@@ -81,9 +81,8 @@ class ShardWriter:
             raise OptionError(f"compression must be 'none' or 'zstd', not {compression!r}")
         max_samples = None if max_samples is None else integer("max_samples", max_samples, 1)
         max_bytes = None if max_bytes is None else integer("max_bytes", max_bytes, 1)
-        zstd_level = integer(
-            "zstd_level", zstd_level, -(1 << 17), 22
-        )  # zstd's fastest to its strongest level
+        # zstd's fastest to its strongest level
+        zstd_level = integer("zstd_level", zstd_level, -(1 << 17), 22)
         frame_bytes = integer("frame_bytes", frame_bytes, 1)
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
@@ -92,7 +91,8 @@ class ShardWriter:
         writable_directory(self.directory)
         self._lock = DirectoryLock(self.directory)
         try:
-            self._claim(prefix, overwrite)
+            self.prefix = prefix
+            self._journal = claim_directory(self.directory, prefix, overwrite)
         except BaseException:
             self._lock.release()
             raise
@@ -113,30 +113,6 @@ class ShardWriter:
         self._closed = False
         self._remove_partials()
 
-    def _claim(self, prefix: str, overwrite: bool) -> None:
-        """Check the directory may be written (no dataset; no shard files but an interrupted run's, unless
-        ``overwrite``) and start the journal."""
-        if os.path.exists(os.path.join(self.directory, INDEX_JSON)):
-            if not overwrite:
-                raise OptionError(
-                    f"{self.directory} already holds a dataset ({INDEX_JSON}); choose another "
-                    f"directory or pass overwrite=True ({_FLAG} on the command line)"
-                )
-            os.unlink(os.path.join(self.directory, INDEX_JSON))
-        self.prefix = prefix
-        # shard-named files are replaced only when a run of this writer left them (its journal says so)
-        self._journal = os.path.join(self.directory, f".{prefix}.writing")
-        existing = self._shard_named()
-        if existing and not overwrite and not os.path.exists(self._journal):
-            names = ", ".join(sorted(map(os.path.basename, existing))[:3])
-            raise OptionError(
-                f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
-                f"choose another directory or prefix, or pass overwrite=True ({_FLAG} on the "
-                "command line) to replace them"
-            )
-        with open_output(self._journal):
-            pass
-
     @property
     def _suffix(self) -> str:
         return ".tar.zst" if self.compression == "zstd" else ".tar"
@@ -150,9 +126,6 @@ class ShardWriter:
     def _remove_partials(self) -> None:
         for stale in glob.glob(os.path.join(glob.escape(self.directory), f".{self.prefix}-*.partial")):
             os.unlink(stale)
-
-    def _shard_named(self) -> list[str]:
-        return glob.glob(os.path.join(glob.escape(self.directory), f"{self.prefix}-[0-9]*.tar*"))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -290,10 +263,8 @@ class ShardWriter:
             self._closed = True
             index = self._builder.build()
             written = {s.name for s in index.shards}
-            for stale in self._shard_named():
-                if (
-                    os.path.basename(stale) not in written
-                ):  # left by an earlier, interrupted run (checked at start)
+            for stale in shard_files(self.directory, self.prefix):
+                if os.path.basename(stale) not in written:  # an earlier, interrupted run's (checked at start)
                     os.unlink(stale)
             index.save(self.directory)
             os.unlink(self._journal)
@@ -308,7 +279,7 @@ class ShardWriter:
             self._file.close()
             self._file = None
         self._remove_partials()
-        if not self._shard_named() and os.path.exists(self._journal):
+        if not shard_files(self.directory, self.prefix) and os.path.exists(self._journal):
             os.unlink(self._journal)
         self._closed = True
         self._lock.release()
@@ -323,20 +294,3 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
-
-
-def writable_directory(directory: str) -> None:
-    """Create ``directory`` if needed; an :class:`~shardio.errors.OutputError` when it cannot be, or when it
-    is not a writable directory."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError:
-        raise OutputError(
-            f"{directory} is a file, not a directory; expected a directory to write the dataset into"
-        ) from None
-    except OSError as exc:
-        raise OutputError(f"cannot create the output directory {directory} ({exc.strerror or exc})") from None
-    if not os.path.isdir(directory):
-        raise OutputError(f"{directory} is not a directory; expected a directory to write the dataset into")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise OutputError(f"{directory} is not writable; expected a directory this user may write into")

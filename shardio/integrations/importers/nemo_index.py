@@ -48,8 +48,8 @@ from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MEMBER_FIELD
 from ...shards.names import split_name
+from ...shards.outputdir import writable_directory
 from ...shards.tarformat import walk
-from ...shards.writer import writable_directory
 from .nemo_manifest import ManifestLine, parse_manifest
 
 __all__ = ["MANIFEST", "index_nemo"]
