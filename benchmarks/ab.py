@@ -11,8 +11,8 @@ adjacent measurements is far steadier than two separate runs. A version's turn i
 
 Both versions share one process's heap, so a change in how much memory a version allocates and frees can move
 the other's costs too: glibc's adaptive mmap threshold rises after a large block is freed, and one version's
-frees then spare the other's mid-sized arrays their page faults. Confirm such a change with separate processes,
-one per version, alternated (an unbatched-mode memory reuse measured 1.19x here and 0.85x so).
+frees then spare the other's mid-sized arrays their page faults. Confirm such a change with separate
+processes, one per version, alternated (an unbatched-mode memory reuse measured 1.19x here and 0.85x so).
 
 Writes ``benchmarks/results/ab.json`` and ``.md`` (or under ``--results``): microseconds per sample of each
 version (median, min-max) and the median of the per-round speed-ups.
@@ -38,13 +38,15 @@ DEFAULT_DATASET = REPO / "bench-out" / "datasets" / "wav16k-none"
 
 def export_base(commit: str, into: Path) -> str:
     """Unpack ``commit``'s ``shardio`` package as ``into/shardio_base``; returns the commit's short hash."""
-    archive = subprocess.run(["git", "archive", commit, "shardio"], cwd=REPO, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", commit, "shardio"], cwd=REPO, check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     (into / "shardio").rename(into / "shardio_base")
-    return subprocess.run(["git", "rev-parse", "--short", commit], cwd=REPO, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", commit], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _epoch(dataset: Any) -> int:
@@ -69,8 +71,9 @@ def compare(dataset: str, base_package: str, *, rounds: int, seconds: float) -> 
 
     torch.set_num_threads(1)
     versions = {"base": importlib.import_module(base_package), "this": importlib.import_module("shardio")}
-    datasets = {name: module.ShardDataset(dataset, batch_size=16, seed=0)
-                for name, module in versions.items()}
+    datasets = {
+        name: module.ShardDataset(dataset, batch_size=16, seed=0) for name, module in versions.items()
+    }
     for loader in datasets.values():
         _epoch(loader)  # warm: files mapped, memory pooled
     runs: dict[str, list[float]] = {"base": [], "this": []}
@@ -78,10 +81,18 @@ def compare(dataset: str, base_package: str, *, rounds: int, seconds: float) -> 
         for name in ("base", "this") if index % 2 == 0 else ("this", "base"):
             runs[name].append(_turn(datasets[name], seconds))
     speedups = [b / t for b, t in zip(runs["base"], runs["this"])]
-    return {"us_per_sample": {name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
-                              for name, v in runs.items()},
-            "speedup": {"median": statistics.median(speedups), "min": min(speedups), "max": max(speedups),
-                        "runs": speedups}}
+    return {
+        "us_per_sample": {
+            name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
+            for name, v in runs.items()
+        },
+        "speedup": {
+            "median": statistics.median(speedups),
+            "min": min(speedups),
+            "max": max(speedups),
+            "runs": speedups,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     if not (Path(args.dataset) / "index.json").exists():
-        parser.error(f"no shardio dataset at {args.dataset}: run 'python benchmarks/bench.py' first, "
-                     "or name one")
+        parser.error(
+            f"no shardio dataset at {args.dataset}: run 'python benchmarks/bench.py' first, or name one"
+        )
     sys.path.insert(0, str(REPO))
     from shardio.bench.measure import machine_facts
     from shardio.bench.report import write_results
@@ -111,14 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
     dataset = Path(args.dataset).resolve()  # recorded relative to the repository: no machine paths in results
     shown = dataset.relative_to(REPO) if dataset.is_relative_to(REPO) else dataset
-    report = {"command": command, "base": base, "dataset": str(shown), "rounds": args.rounds,
-              "seconds": args.seconds, "machine": machine_facts(), **result}
+    report = {
+        "command": command,
+        "base": base,
+        "dataset": str(shown),
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "machine": machine_facts(),
+        **result,
+    }
     us, up = result["us_per_sample"], result["speedup"]
-    rows = "".join(f"| {name} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |\n"
-                   for name, v in (("base " + base, us["base"]), ("this checkout", us["this"])))
-    text = (f"# A/B against {base}\n\n`{command}`; {args.rounds} rounds, alternating order; CPU µs per "
-            f"sample, median (min-max).\n\n| version | µs per sample |\n|---|---:|\n{rows}\n"
-            f"Speed-up (median of per-round ratios): {up['median']:.3f} ({up['min']:.3f}-{up['max']:.3f})\n")
+    rows = "".join(
+        f"| {name} | {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) |\n"
+        for name, v in (("base " + base, us["base"]), ("this checkout", us["this"]))
+    )
+    text = (
+        f"# A/B against {base}\n\n`{command}`; {args.rounds} rounds, alternating order; CPU µs per "
+        f"sample, median (min-max).\n\n| version | µs per sample |\n|---|---:|\n{rows}\n"
+        f"Speed-up (median of per-round ratios): {up['median']:.3f} ({up['min']:.3f}-{up['max']:.3f})\n"
+    )
     write_results(args.results, "ab", report, text)
     print(text)
     return 0

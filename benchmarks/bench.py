@@ -4,8 +4,9 @@ Run ``python benchmarks/bench.py [DATASET_DIR] [--quick] [--reps N]`` (the same 
 a dataset it generates 1-5 s 16 kHz PCM16 WAV utterances and takes the LJ Speech FLACs of the shared corpora
 (``../shared/corpora``, when present; else generated FLAC), packs them under ``bench-out/`` and measures:
 shardio and WebDataset + soundfile through a DataLoader with 0/1/2 workers, shardio on ``.tar.zst`` and in
-unbatched mode, the soundfile, numpy and zstd decompression floors, shard codecs (none, zstd 1/3/19, gzip, bz2), resume latency, per-rank balance and a training-loop
-stall. Writes ``benchmarks/results/bench.json``, ``bench.md`` and ``bench.png``; see ``shardio.bench``.
+unbatched mode, the soundfile, numpy and zstd decompression floors, shard codecs (none, zstd 1/3/19, gzip,
+bz2), resume latency, per-rank balance and a training-loop stall. Writes ``benchmarks/results/bench.json``,
+``bench.md`` and ``bench.png``; see ``shardio.bench``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="timed rounds (default 5, quick 2)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    command = "python benchmarks/bench.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/bench.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
+    )
     result = run_bench(args.dataset, out_dir=args.out_dir, quick=args.quick, reps=args.reps, command=command)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)

@@ -113,8 +113,9 @@ def _endless(loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from loader
 
 
-def feed(trainer: Trainer, loader: Iterable[dict[str, Any]], crop: int, warmup: int, steps: int
-         ) -> dict[str, float]:
+def feed(
+    trainer: Trainer, loader: Iterable[dict[str, Any]], crop: int, warmup: int, steps: int
+) -> dict[str, float]:
     """Train ``warmup`` then ``steps`` steps on ``loader``'s batches; wall time and time inside ``next``."""
     batches = _endless(loader)
     for _ in range(warmup):
@@ -137,17 +138,22 @@ def loaders(directory: str, workers: int, batch_size: int, pin: bool) -> dict[st
     """The compared loaders over one dataset: shardio's ShardLoader, then plain DataLoaders."""
     persistent = workers > 0
     made: dict[str, Iterable[dict[str, Any]]] = {
-        "shardio ShardLoader float32": ShardLoader(ShardDataset(directory, batch_size=batch_size),
-                                                   num_workers=workers, pin_memory=pin)}
+        "shardio ShardLoader float32": ShardLoader(
+            ShardDataset(directory, batch_size=batch_size), num_workers=workers, pin_memory=pin
+        )
+    }
     for dtype in ("float32", "int16"):
         dataset = ShardDataset(directory, batch_size=batch_size, decoding=Decoding(dtype=dtype))
-        made[f"shardio DataLoader {dtype}"] = DataLoader(dataset, batch_size=None, num_workers=workers,
-                                                         persistent_workers=persistent, pin_memory=pin)
+        made[f"shardio DataLoader {dtype}"] = DataLoader(
+            dataset, batch_size=None, num_workers=workers, persistent_workers=persistent, pin_memory=pin
+        )
     ext = "flac" if "flac" in directory else "wav"
-    pipeline = webdataset_pipeline(shard_files(dataset_corpus(directory, "x", "x")), ext=ext,
-                                   batch_size=batch_size)
-    made["webdataset + soundfile DataLoader"] = DataLoader(pipeline, batch_size=None, num_workers=workers,
-                                                           persistent_workers=persistent, pin_memory=pin)
+    pipeline = webdataset_pipeline(
+        shard_files(dataset_corpus(directory, "x", "x")), ext=ext, batch_size=batch_size
+    )
+    made["webdataset + soundfile DataLoader"] = DataLoader(
+        pipeline, batch_size=None, num_workers=workers, persistent_workers=persistent, pin_memory=pin
+    )
     return made
 
 
@@ -182,38 +188,71 @@ def main() -> int:
     rows = []
     for ext, directory in datasets.items():
         for workers in args.workers:
-            for name, loader in loaders(str(directory), workers, args.batch_size, device.type == "cuda").items():
+            for name, loader in loaders(
+                str(directory), workers, args.batch_size, device.type == "cuda"
+            ).items():
                 measured = feed(trainer, loader, crop, args.warmup, args.steps)
                 del loader
-                rows.append({"corpus": ext, "loader": name, "workers": workers, **measured,
-                             "steps_per_s": args.steps / measured["wall_s"],
-                             "gpu_busy": floor_s * args.steps / measured["wall_s"],
-                             "wait_share": measured["wait_s"] / measured["wall_s"],
-                             "cpu_ms_per_step": 1000 * measured["cpu_s"] / args.steps})
-                print(f"{ext:4} {name:36} {workers}w  {rows[-1]['steps_per_s']:6.1f} steps/s  "
-                      f"busy {rows[-1]['gpu_busy']:.2f}  in next() {rows[-1]['wait_share']:.2f}  "
-                      f"CPU {rows[-1]['cpu_ms_per_step']:.0f} ms/step", flush=True)
+                rows.append(
+                    {
+                        "corpus": ext,
+                        "loader": name,
+                        "workers": workers,
+                        **measured,
+                        "steps_per_s": args.steps / measured["wall_s"],
+                        "gpu_busy": floor_s * args.steps / measured["wall_s"],
+                        "wait_share": measured["wait_s"] / measured["wall_s"],
+                        "cpu_ms_per_step": 1000 * measured["cpu_s"] / args.steps,
+                    }
+                )
+                print(
+                    f"{ext:4} {name:36} {workers}w  {rows[-1]['steps_per_s']:6.1f} steps/s  "
+                    f"busy {rows[-1]['gpu_busy']:.2f}  in next() {rows[-1]['wait_share']:.2f}  "
+                    f"CPU {rows[-1]['cpu_ms_per_step']:.0f} ms/step",
+                    flush=True,
+                )
     name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "CPU"
-    command = (f"python benchmarks/gpu_feed.py --files {args.files} --steps {args.steps} --workers "
-               + " ".join(str(w) for w in args.workers))
+    command = (
+        f"python benchmarks/gpu_feed.py --files {args.files} --steps {args.steps} --workers "
+        + " ".join(str(w) for w in args.workers)
+    )
     kernel = f"{platform.system()} {platform.release()}"
-    report = {"command": command, "device": name, "cpus": os.cpu_count(), "kernel": kernel, "torch": torch.__version__,
-              "files": args.files, "batch_size": args.batch_size, "crop_s": args.crop, "width": args.width,
-              "depth": args.depth, "ceiling_step_ms": 1000 * floor_s, "rows": rows}
-    lines = ["# shardio gpu_feed", "",
-             f"`{command}` on {name} with {os.cpu_count()} CPU cores, {kernel} (torch {torch.__version__}). "
-             f"{args.files} utterances with LibriSpeech-like durations, batch {args.batch_size}, every batch "
-             f"cropped/padded to {args.crop:g} s on the device; model: STFT features + {args.depth} convolutions "
-             f"of {args.width} channels, AdamW{', bf16 autocast' if device.type == 'cuda' else ''}. "
-             f"Ceiling (batch already on the device): {1000 * floor_s:.1f} ms a step. One run of "
-             f"{args.steps} steps after {args.warmup} warm-up steps per row.", "",
-             "GPU busy: ceiling step time x steps / wall time (1.00: the GPU never waited for data). "
-             "In next(): share of the loop's wall time spent waiting for the loader. CPU: CPU time of the training "
-             "process and its workers per step (the training loop's own share is the same in every row).", "",
-             "| corpus | loader | workers | steps/s | GPU busy | in next() | CPU ms/step |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['corpus']} | {r['loader']} | {r['workers']} | {r['steps_per_s']:.1f} | {r['gpu_busy']:.2f} | "
-              f"{r['wait_share']:.2f} | {r['cpu_ms_per_step']:.0f} |" for r in rows]
+    report = {
+        "command": command,
+        "device": name,
+        "cpus": os.cpu_count(),
+        "kernel": kernel,
+        "torch": torch.__version__,
+        "files": args.files,
+        "batch_size": args.batch_size,
+        "crop_s": args.crop,
+        "width": args.width,
+        "depth": args.depth,
+        "ceiling_step_ms": 1000 * floor_s,
+        "rows": rows,
+    }
+    lines = [
+        "# shardio gpu_feed",
+        "",
+        f"`{command}` on {name} with {os.cpu_count()} CPU cores, {kernel} (torch {torch.__version__}). "
+        f"{args.files} utterances with LibriSpeech-like durations, batch {args.batch_size}, every batch "
+        f"cropped/padded to {args.crop:g} s on the device; model: STFT features + {args.depth} convolutions "
+        f"of {args.width} channels, AdamW{', bf16 autocast' if device.type == 'cuda' else ''}. "
+        f"Ceiling (batch already on the device): {1000 * floor_s:.1f} ms a step. One run of "
+        f"{args.steps} steps after {args.warmup} warm-up steps per row.",
+        "",
+        "GPU busy: ceiling step time x steps / wall time (1.00: the GPU never waited for data). "
+        "In next(): share of the loop's wall time spent waiting for the loader. CPU: CPU time of the "
+        "training process and its workers per step (the training loop's own share is the same in every row).",
+        "",
+        "| corpus | loader | workers | steps/s | GPU busy | in next() | CPU ms/step |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['corpus']} | {r['loader']} | {r['workers']} | {r['steps_per_s']:.1f} | {r['gpu_busy']:.2f} | "
+        f"{r['wait_share']:.2f} | {r['cpu_ms_per_step']:.0f} |"
+        for r in rows
+    ]
     write_results(args.results, "gpu_feed", report, "\n".join(lines) + "\n")
     return 0
 

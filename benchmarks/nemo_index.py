@@ -50,7 +50,9 @@ def write_dataset(root: Path, samples: int, shards: int) -> None:
                 archive.addfile(info, io.BytesIO(buffer.getvalue()))
                 lines.append({"audio_filepath": info.name, "shard_id": shard, "text": f"text {number}"})
                 if number % 50 == 0:
-                    lines.append({"audio_filepath": f"utt{number:06d}-sub1.wav", "shard_id": shard, "text": "again"})
+                    lines.append(
+                        {"audio_filepath": f"utt{number:06d}-sub1.wav", "shard_id": shard, "text": "again"}
+                    )
     (root / "tarred_audio_manifest.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -65,7 +67,12 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    times: dict[str, list[float]] = {"index_in_place": [], "pack_copy": [], "epoch_in_place": [], "epoch_packed": []}
+    times: dict[str, list[float]] = {
+        "index_in_place": [],
+        "pack_copy": [],
+        "epoch_in_place": [],
+        "epoch_packed": [],
+    }
     with tempfile.TemporaryDirectory() as scratch:
         source, packed = Path(scratch) / "nemo", Path(scratch) / "packed"
         source.mkdir()
@@ -84,31 +91,46 @@ def main() -> None:
                 start = time.perf_counter()
                 epoch(directory)
                 times[label].append(time.perf_counter() - start)
-        added = {"in_place": sum((source / n).stat().st_size for n in ("index.json", "index.columns")),
-                 "packed": sum(p.stat().st_size for p in packed.iterdir())}
+        added = {
+            "in_place": sum((source / n).stat().st_size for n in ("index.json", "index.columns")),
+            "packed": sum(p.stat().st_size for p in packed.iterdir()),
+        }
         tars = sum(p.stat().st_size for p in source.glob("audio_*.tar"))
     report: dict[str, Any] = {
         "command": f"python benchmarks/nemo_index.py --samples {args.samples} --shards {args.shards} "
-                   f"--runs {args.runs}",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "load_average": list(os.getloadavg())},
-        "samples": len(index), "tar_bytes": tars, "added_bytes": added,
+        f"--runs {args.runs}",
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average": list(os.getloadavg()),
+        },
+        "samples": len(index),
+        "tar_bytes": tars,
+        "added_bytes": added,
         "median_s": {name: round(statistics.median(values), 4) for name, values in times.items()},
         "runs_s": {name: [round(v, 4) for v in values] for name, values in times.items()},
     }
     med = report["median_s"]
-    text = "\n".join([
-        "# NeMo tarred dataset: indexed in place vs packed", "",
-        f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load average "
-        f"{report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.runs} rounds, the two "
-        "ways side by side in each round).", "",
-        f"{report['samples']} samples ({args.samples} files + repeats) in {args.shards} tars, "
-        f"{tars / 1e6:.1f} MB.", "",
-        "| | in place (`shardio index --nemo-manifest`) | packed (`shardio pack manifest`) |",
-        "|---|---|---|",
-        f"| build (s) | {med['index_in_place']:.3f} | {med['pack_copy']:.3f} |",
-        f"| one epoch, batch 16, in process (s) | {med['epoch_in_place']:.3f} | {med['epoch_packed']:.3f} |",
-        f"| disk added (MB) | {added['in_place'] / 1e6:.3f} | {added['packed'] / 1e6:.1f} |", ""])
+    text = "\n".join(
+        [
+            "# NeMo tarred dataset: indexed in place vs packed",
+            "",
+            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
+            f"average {report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.runs} "
+            "rounds, the two ways side by side in each round).",
+            "",
+            f"{report['samples']} samples ({args.samples} files + repeats) in {args.shards} tars, "
+            f"{tars / 1e6:.1f} MB.",
+            "",
+            "| | in place (`shardio index --nemo-manifest`) | packed (`shardio pack manifest`) |",
+            "|---|---|---|",
+            f"| build (s) | {med['index_in_place']:.3f} | {med['pack_copy']:.3f} |",
+            f"| one epoch, batch 16, in process (s) | {med['epoch_in_place']:.3f} | "
+            f"{med['epoch_packed']:.3f} |",
+            f"| disk added (MB) | {added['in_place'] / 1e6:.3f} | {added['packed'] / 1e6:.1f} |",
+            "",
+        ]
+    )
     write_results(RESULTS, "nemo_index", report, text)
     print(text)
 

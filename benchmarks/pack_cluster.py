@@ -67,12 +67,19 @@ def main() -> None:
         for path in paths:
             path.read_bytes()
         out = work / "out"
-        common = dict(partition_bytes=PARTITION_BYTES, shard_bytes=SHARD_BYTES, compression="zstd", progress=False)
+        common = dict(
+            partition_bytes=PARTITION_BYTES, shard_bytes=SHARD_BYTES, compression="zstd", progress=False
+        )
         figures: dict[str, dict[str, float]] = {}
         figures["pack (unpartitioned) -j 1"] = timed_runs(
-            lambda: pack(corpus, out, shard_bytes=SHARD_BYTES, compression="zstd", progress=False), out, runs)
-        figures["local engine -j 1"] = timed_runs(lambda: pack_partitioned(corpus, out, workers=1, **common), out, runs)
-        figures["local engine -j 2"] = timed_runs(lambda: pack_partitioned(corpus, out, workers=2, **common), out, runs)
+            lambda: pack(corpus, out, shard_bytes=SHARD_BYTES, compression="zstd", progress=False), out, runs
+        )
+        figures["local engine -j 1"] = timed_runs(
+            lambda: pack_partitioned(corpus, out, workers=1, **common), out, runs
+        )
+        figures["local engine -j 2"] = timed_runs(
+            lambda: pack_partitioned(corpus, out, workers=2, **common), out, runs
+        )
         ray_start = None
         try:
             import ray
@@ -81,15 +88,20 @@ def main() -> None:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             ray_start = time.perf_counter() - start
             figures["ray local cluster, 2 CPUs"] = timed_runs(
-                lambda: pack_partitioned(corpus, out, engine="ray", **common), out, runs)
+                lambda: pack_partitioned(corpus, out, engine="ray", **common), out, runs
+            )
             ray.shutdown()
         except ImportError:
             pass
         # per-partition costs, measured one at a time in this process
         shutil.rmtree(out, ignore_errors=True)
         start = time.perf_counter()
-        plan = plan_partitions(corpus, out, options=PackOptions(shard_bytes=SHARD_BYTES, compression="zstd"),
-                               partition_bytes=PARTITION_BYTES)
+        plan = plan_partitions(
+            corpus,
+            out,
+            options=PackOptions(shard_bytes=SHARD_BYTES, compression="zstd"),
+            partition_bytes=PARTITION_BYTES,
+        )
         plan_seconds = time.perf_counter() - start
         costs = []
         for number in range(len(plan.partitions)):
@@ -100,38 +112,67 @@ def main() -> None:
         merge_partitions(plan)
         merge_seconds = time.perf_counter() - start
     projection = {n: plan_seconds + makespan(costs, n) + merge_seconds for n in (1, 2, 4, 8, 16, 64)}
-    report = dict(benchmark="pack_cluster", quick=args.quick, runs=runs, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                  machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-                          f"load average {os.getloadavg()[0]:.1f} at the end",
-                  corpus=dict(files=files, input_bytes=input_bytes, about="generated WAV 16 kHz 1-5 s"),
-                  partition_bytes=PARTITION_BYTES, shard_bytes=SHARD_BYTES, figures=figures,
-                  ray_start_seconds=ray_start,
-                  partitions=len(costs), partition_seconds=costs, plan_seconds=plan_seconds,
-                  merge_seconds=merge_seconds, projected_seconds=projection)
+    report = dict(
+        benchmark="pack_cluster",
+        quick=args.quick,
+        runs=runs,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end",
+        corpus=dict(files=files, input_bytes=input_bytes, about="generated WAV 16 kHz 1-5 s"),
+        partition_bytes=PARTITION_BYTES,
+        shard_bytes=SHARD_BYTES,
+        figures=figures,
+        ray_start_seconds=ray_start,
+        partitions=len(costs),
+        partition_seconds=costs,
+        plan_seconds=plan_seconds,
+        merge_seconds=merge_seconds,
+        projected_seconds=projection,
+    )
     write_results(RESULTS, "pack_cluster", report, markdown(report))
     print(markdown(report))
 
 
 def markdown(report: dict[str, Any]) -> str:
     corpus = report["corpus"]
-    lines = ["# Partitioned packing: engines and a projection for N machines", "",
-             f"`python benchmarks/pack_cluster.py{' --quick' if report['quick'] else ''}` on {report['machine']}; "
-             f"{report['runs']} run(s) per figure: median (min-max). Corpus: {corpus['about']}, {corpus['files']} "
-             f"files, {corpus['input_bytes'] / 1e6:.1f} MB; partitions of ~{report['partition_bytes'] / 1e6:.0f} MB "
-             f"input, zstd shards of {report['shard_bytes'] / 1e6:.0f} MB.", "",
-             "## Measured", "", "| run | seconds | MB/s of input |", "|---|---:|---:|"]
+    lines = [
+        "# Partitioned packing: engines and a projection for N machines",
+        "",
+        f"`python benchmarks/pack_cluster.py{' --quick' if report['quick'] else ''}` on {report['machine']}; "
+        f"{report['runs']} run(s) per figure: median (min-max). Corpus: {corpus['about']}, {corpus['files']} "
+        f"files, {corpus['input_bytes'] / 1e6:.1f} MB; partitions of ~{report['partition_bytes'] / 1e6:.0f} "
+        f"MB input, zstd shards of {report['shard_bytes'] / 1e6:.0f} MB.",
+        "",
+        "## Measured",
+        "",
+        "| run | seconds | MB/s of input |",
+        "|---|---:|---:|",
+    ]
     for name, figure in report["figures"].items():
-        lines.append(f"| {name} | {figure['seconds']:.2f} ({figure['min']:.2f}-{figure['max']:.2f}) | "
-                     f"{corpus['input_bytes'] / 1e6 / figure['seconds']:.1f} |")
+        lines.append(
+            f"| {name} | {figure['seconds']:.2f} ({figure['min']:.2f}-{figure['max']:.2f}) | "
+            f"{corpus['input_bytes'] / 1e6 / figure['seconds']:.1f} |"
+        )
     if report["ray_start_seconds"] is not None:
-        lines += ["", f"Starting the local Ray cluster took {report['ray_start_seconds']:.1f} s (not in the Ray row)."]
+        lines += [
+            "",
+            f"Starting the local Ray cluster took {report['ray_start_seconds']:.1f} s (not in the Ray row).",
+        ]
     costs = report["partition_seconds"]
-    lines += ["", f"{report['partitions']} partitions packed one at a time: {statistics.median(costs):.3f} s median "
-              f"({min(costs):.3f}-{max(costs):.3f}), {sum(costs):.2f} s in all; plan {report['plan_seconds']:.2f} s, "
-              f"merge {report['merge_seconds']:.3f} s.", "",
-              "## Projected for N machines (one partition at a time each)", "",
-              "plan + longest-first makespan of the measured partition costs + merge; assumes storage keeps up.", "",
-              "| machines | projected seconds | speed-up |", "|---:|---:|---:|"]
+    lines += [
+        "",
+        f"{report['partitions']} partitions packed one at a time: {statistics.median(costs):.3f} s median "
+        f"({min(costs):.3f}-{max(costs):.3f}), {sum(costs):.2f} s in all; plan {report['plan_seconds']:.2f} "
+        f"s, merge {report['merge_seconds']:.3f} s.",
+        "",
+        "## Projected for N machines (one partition at a time each)",
+        "",
+        "plan + longest-first makespan of the measured partition costs + merge; assumes storage keeps up.",
+        "",
+        "| machines | projected seconds | speed-up |",
+        "|---:|---:|---:|",
+    ]
     base = report["projected_seconds"][1]
     for machines, seconds in report["projected_seconds"].items():
         lines.append(f"| {machines} | {seconds:.2f} | {base / seconds:.1f}x |")

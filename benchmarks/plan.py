@@ -63,8 +63,12 @@ def timed(function: Callable[[], EpochPlan], runs: int) -> tuple[dict[str, Any],
         plan = function()
         seconds.append(time.perf_counter() - started)
     assert plan is not None
-    return {"median": round(statistics.median(seconds), 3), "min": round(min(seconds), 3),
-            "max": round(max(seconds), 3), "runs": [round(s, 3) for s in seconds]}, plan
+    return {
+        "median": round(statistics.median(seconds), 3),
+        "min": round(min(seconds), 3),
+        "max": round(max(seconds), 3),
+        "runs": [round(s, 3) for s in seconds],
+    }, plan
 
 
 def peak_mib(function: Callable[[], Any]) -> float:
@@ -84,26 +88,48 @@ def cases(n: int, runs: int) -> list[dict[str, Any]]:
     by_size = Batching(batch_size=BATCH_SIZE)
     by_duration = Batching(max_duration=MAX_DURATION)
 
-    def plan(batching: Batching, world_size: int = WORLD_SIZE, history: tuple[Segment, ...] = ()) -> EpochPlan:
-        return plan_epoch(shard_ids, durations, NUM_SHARDS, seed=SEED, epoch=EPOCH, world_size=world_size,
-                          batching=batching, history=history)
+    def plan(
+        batching: Batching, world_size: int = WORLD_SIZE, history: tuple[Segment, ...] = ()
+    ) -> EpochPlan:
+        return plan_epoch(
+            shard_ids,
+            durations,
+            NUM_SHARDS,
+            seed=SEED,
+            epoch=EPOCH,
+            world_size=world_size,
+            batching=batching,
+            history=history,
+        )
 
     half = plan(by_duration).num_batches // 2
     specs: list[tuple[str, Callable[[], EpochPlan], dict[str, Any]]] = [
         (f"batch_size={BATCH_SIZE}", lambda: plan(by_size), {"world_size": WORLD_SIZE}),
         (f"max_duration={MAX_DURATION:g}", lambda: plan(by_duration), {"world_size": WORLD_SIZE}),
-        (f"elastic re-plan, max_duration={MAX_DURATION:g}",
-         lambda: plan(by_duration, ELASTIC_WORLD_SIZE, (Segment(WORLD_SIZE, half),)),
-         {"world_size": ELASTIC_WORLD_SIZE, "history": [[WORLD_SIZE, half]]}),
+        (
+            f"elastic re-plan, max_duration={MAX_DURATION:g}",
+            lambda: plan(by_duration, ELASTIC_WORLD_SIZE, (Segment(WORLD_SIZE, half),)),
+            {"world_size": ELASTIC_WORLD_SIZE, "history": [[WORLD_SIZE, half]]},
+        ),
     ]
     found = []
     for name, function, extra in specs:
         time_s, result = timed(function, runs)
-        row = {"samples": n, "shards": NUM_SHARDS, "case": name, **extra, "time_s": time_s,
-               "peak_mib": peak_mib(function), "batches_per_rank": result.num_batches,
-               "planned_samples": int(result.samples.shape[0])}
-        print(f"{n:>10,} {name:<36} median {time_s['median']:.3f} s (min {time_s['min']:.3f}, "
-              f"max {time_s['max']:.3f}), peak {row['peak_mib']} MiB", flush=True)
+        row = {
+            "samples": n,
+            "shards": NUM_SHARDS,
+            "case": name,
+            **extra,
+            "time_s": time_s,
+            "peak_mib": peak_mib(function),
+            "batches_per_rank": result.num_batches,
+            "planned_samples": int(result.samples.shape[0]),
+        }
+        print(
+            f"{n:>10,} {name:<36} median {time_s['median']:.3f} s (min {time_s['min']:.3f}, "
+            f"max {time_s['max']:.3f}), peak {row['peak_mib']} MiB",
+            flush=True,
+        )
         found.append(row)
     return found
 
@@ -111,21 +137,32 @@ def cases(n: int, runs: int) -> list[dict[str, Any]]:
 def markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown report."""
     machine = report["machine"]
-    intro = (f"`{report['command']}` on {machine['cpus']} cores (shared, load average {machine['load_average']}), "
-             f"Python {machine['python']}, numpy {machine['numpy']}. Synthetic columns: {NUM_SHARDS:,} shards of "
-             f"lognormal sizes, LibriSpeech-like durations (1-35 s); {WORLD_SIZE} ranks. Time: median (min-max) "
-             f"of {report['runs']} runs. Peak: tracemalloc peak of one more run, allocations during planning "
-             "only (the input columns, 12 bytes a sample, come on top).")
-    lines = ["# Planner cost", "", intro, "",
-             "| samples | case | ranks | batches/rank | time s (median) | min | max | peak MiB | peak B/sample |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    intro = (
+        f"`{report['command']}` on {machine['cpus']} cores (shared, load average {machine['load_average']}), "
+        f"Python {machine['python']}, numpy {machine['numpy']}. Synthetic columns: {NUM_SHARDS:,} shards of "
+        f"lognormal sizes, LibriSpeech-like durations (1-35 s); {WORLD_SIZE} ranks. Time: median (min-max) "
+        f"of {report['runs']} runs. Peak: tracemalloc peak of one more run, allocations during planning "
+        "only (the input columns, 12 bytes a sample, come on top)."
+    )
+    lines = [
+        "# Planner cost",
+        "",
+        intro,
+        "",
+        "| samples | case | ranks | batches/rank | time s (median) | min | max | peak MiB | peak B/sample |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in report["results"]:
         per_sample = row["peak_mib"] * 2**20 / row["samples"]
-        lines.append(f"| {row['samples']:,} | {row['case']} | {row['world_size']} | {row['batches_per_rank']:,} "
-                     f"| {row['time_s']['median']:.3f} | {row['time_s']['min']:.3f} | {row['time_s']['max']:.3f} "
-                     f"| {row['peak_mib']:.1f} | {per_sample:.0f} |")
-    note = (f"Max RSS of the whole run: {report['max_rss_mib']:.0f} MiB. The elastic re-plan plans twice "
-            "(the finished segment, to know what it consumed, then the rest).")
+        lines.append(
+            f"| {row['samples']:,} | {row['case']} | {row['world_size']} | {row['batches_per_rank']:,} "
+            f"| {row['time_s']['median']:.3f} | {row['time_s']['min']:.3f} | {row['time_s']['max']:.3f} "
+            f"| {row['peak_mib']:.1f} | {per_sample:.0f} |"
+        )
+    note = (
+        f"Max RSS of the whole run: {report['max_rss_mib']:.0f} MiB. The elastic re-plan plans twice "
+        "(the finished segment, to know what it consumed, then the rest)."
+    )
     lines += ["", note, ""]
     return "\n".join(lines)
 
@@ -144,12 +181,23 @@ def main() -> None:
     report = {
         "benchmark": "plan",
         "command": command,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-                    "load_average": round(os.getloadavg()[0], 1)},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "load_average": round(os.getloadavg()[0], 1),
+        },
         "runs": args.runs,
-        "config": {"num_shards": NUM_SHARDS, "world_size": WORLD_SIZE, "elastic_world_size": ELASTIC_WORLD_SIZE,
-                   "batch_size": BATCH_SIZE, "max_duration": MAX_DURATION, "seed": SEED, "epoch": EPOCH,
-                   "durations": "shardio.synth.duration_sample (librispeech profile)"},
+        "config": {
+            "num_shards": NUM_SHARDS,
+            "world_size": WORLD_SIZE,
+            "elastic_world_size": ELASTIC_WORLD_SIZE,
+            "batch_size": BATCH_SIZE,
+            "max_duration": MAX_DURATION,
+            "seed": SEED,
+            "epoch": EPOCH,
+            "durations": "shardio.synth.duration_sample (librispeech profile)",
+        },
         "results": results,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

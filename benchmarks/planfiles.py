@@ -64,12 +64,17 @@ def median_ms(function: Callable[[], Any], runs: int) -> dict[str, float]:
         started = time.perf_counter()
         function()
         times.append((time.perf_counter() - started) * 1000)
-    return {"median": round(statistics.median(times), 3), "min": round(min(times), 3),
-            "max": round(max(times), 3)}
+    return {
+        "median": round(statistics.median(times), 3),
+        "min": round(min(times), 3),
+        "max": round(max(times), 3),
+    }
 
 
-_HEADER = re.compile(rb"\{'descr': '([<|][a-z][0-9])', 'fortran_order': False, "
-                     rb"'shape': \((\d+),(?: (\d+))?\), \}")
+_HEADER = re.compile(
+    rb"\{'descr': '([<|][a-z][0-9])', 'fortran_order': False, "
+    rb"'shape': \((\d+),(?: (\d+))?\), \}"
+)
 
 
 def mapped(path: str) -> np.ndarray:
@@ -85,8 +90,9 @@ def mapped(path: str) -> np.ndarray:
 
 def mapped_read(directory: str, rank: int, samples: int) -> tuple[np.ndarray, np.ndarray]:
     """The read before this change: mapped views, the same value checks, no copy and no digest."""
-    ids, starts, offsets = (mapped(os.path.join(directory, f"{name}.npy"))
-                            for name in ("ids", "starts", "offsets"))
+    ids, starts, offsets = (
+        mapped(os.path.join(directory, f"{name}.npy")) for name in ("ids", "starts", "offsets")
+    )
     assert starts[0] == 0 and starts[-1] == ids.shape[0] and bool(np.all(starts[1:] >= starts[:-1]))
     begin, end = int(starts[rank]), int(starts[rank + 1])
     row, mine = offsets[rank], ids[begin:end]
@@ -95,8 +101,9 @@ def mapped_read(directory: str, rank: int, samples: int) -> tuple[np.ndarray, np
     return mine, row
 
 
-def measure(plan_of: Callable[[], EpochPlan], samples: int, runs: int, cache: Path,
-            label: str) -> dict[str, Any]:
+def measure(
+    plan_of: Callable[[], EpochPlan], samples: int, runs: int, cache: Path, label: str
+) -> dict[str, Any]:
     """Every cost for one plan (made by ``plan_of``), whose ids are below ``samples``."""
     os.environ["SHARDIO_CACHE_DIR"] = str(cache)
     started = time.perf_counter()
@@ -108,9 +115,14 @@ def measure(plan_of: Callable[[], EpochPlan], samples: int, runs: int, cache: Pa
         shutil.rmtree(directory, ignore_errors=True)
         assert planfiles.save(NAME, plan, samples) is not None
 
-    row: dict[str, Any] = {"case": label, "samples": samples, "world_size": plan.world_size,
-                           "batches_per_rank": plan.num_batches, "plan_ms": round(plan_ms, 1),
-                           "write_ms": median_ms(write, runs)}
+    row: dict[str, Any] = {
+        "case": label,
+        "samples": samples,
+        "world_size": plan.world_size,
+        "batches_per_rank": plan.num_batches,
+        "plan_ms": round(plan_ms, 1),
+        "write_ms": median_ms(write, runs),
+    }
     share = nodeplan.read(directory, 0, samples)
     assert share is not None
     row["rank_ids"] = int(share.ids.shape[0])
@@ -119,31 +131,45 @@ def measure(plan_of: Callable[[], EpochPlan], samples: int, runs: int, cache: Pa
     row["mapped_read_ms"] = median_ms(lambda: mapped_read(directory, 0, samples), runs)
     row["sha256_ms"] = median_ms(lambda: hashlib.sha256(share.ids.data).digest(), runs)
     row["added_ms"] = round(row["read_ms"]["median"] - row["mapped_read_ms"]["median"], 3)
-    print(f"{label:<34} plan {plan_ms:9.1f} ms  write {row['write_ms']['median']:8.1f} ms  read "
-          f"{row['read_ms']['median']:8.3f} ms (mapped {row['mapped_read_ms']['median']:8.3f}, sha256 "
-          f"{row['sha256_ms']['median']:7.3f})", flush=True)
+    print(
+        f"{label:<34} plan {plan_ms:9.1f} ms  write {row['write_ms']['median']:8.1f} ms  read "
+        f"{row['read_ms']['median']:8.3f} ms (mapped {row['mapped_read_ms']['median']:8.3f}, sha256 "
+        f"{row['sha256_ms']['median']:7.3f})",
+        flush=True,
+    )
     return row
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown report."""
     machine = report["machine"]
-    lines = ["# Node plan files: the cost of checking them", "",
-             f"`{report['command']}` on {machine['cpus']} cores (shared, load average "
-             f"{machine['load_average']}), Python {machine['python']}, numpy {machine['numpy']}. Medians of "
-             f"{report['runs']} calls (x20 per open), page cache warm. `read`: `nodeplan.read` of rank 0 "
-             "(trust checks, private copy, SHA-256, value checks); `mapped read`: the read before the checks "
-             "(mapped views, the same value checks); `added`: the difference, paid by each process that "
-             "reads a node plan, once an epoch.", "",
-             "| case | ranks | rank 0's ids | plan ms | write ms | read ms | mapped read ms | sha256 ms "
-             "| added ms | private MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Node plan files: the cost of checking them",
+        "",
+        f"`{report['command']}` on {machine['cpus']} cores (shared, load average "
+        f"{machine['load_average']}), Python {machine['python']}, numpy {machine['numpy']}. Medians of "
+        f"{report['runs']} calls (x20 per open), page cache warm. `read`: `nodeplan.read` of rank 0 "
+        "(trust checks, private copy, SHA-256, value checks); `mapped read`: the read before the checks "
+        "(mapped views, the same value checks); `added`: the difference, paid by each process that "
+        "reads a node plan, once an epoch.",
+        "",
+        "| case | ranks | rank 0's ids | plan ms | write ms | read ms | mapped read ms | sha256 ms "
+        "| added ms | private MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in report["results"]:
-        lines.append(f"| {row['case']} | {row['world_size']} | {row['rank_ids']:,} | {row['plan_ms']:,.1f} "
-                     f"| {row['write_ms']['median']:,.1f} | {row['read_ms']['median']:.3f} "
-                     f"| {row['mapped_read_ms']['median']:.3f} | {row['sha256_ms']['median']:.3f} "
-                     f"| {row['added_ms']:.3f} | {row['private_bytes'] / 2**20:.1f} |")
-    lines += ["", "`private MiB`: the rank's ids and offsets each reading process now holds in its own "
-              "memory (a fork DataLoader worker shares its training process's copy).", ""]
+        lines.append(
+            f"| {row['case']} | {row['world_size']} | {row['rank_ids']:,} | {row['plan_ms']:,.1f} "
+            f"| {row['write_ms']['median']:,.1f} | {row['read_ms']['median']:.3f} "
+            f"| {row['mapped_read_ms']['median']:.3f} | {row['sha256_ms']['median']:.3f} "
+            f"| {row['added_ms']:.3f} | {row['private_bytes'] / 2**20:.1f} |"
+        )
+    lines += [
+        "",
+        "`private MiB`: the rank's ids and offsets each reading process now holds in its own "
+        "memory (a fork DataLoader worker shares its training process's copy).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -159,24 +185,43 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for world in (8, 1):
-            def plan_for(world_size: int = world) -> EpochPlan:
-                return plan_epoch(shard_ids, durations, NUM_SHARDS, seed=SEED, epoch=1, world_size=world_size,
-                                  batching=by_size)
 
-            results.append(measure(plan_for,
-                                   args.samples, args.runs, Path(scratch) / f"world-{world}",
-                                   f"{args.samples:,} samples, batch_size={BATCH_SIZE}"))
+            def plan_for(world_size: int = world) -> EpochPlan:
+                return plan_epoch(
+                    shard_ids,
+                    durations,
+                    NUM_SHARDS,
+                    seed=SEED,
+                    epoch=1,
+                    world_size=world_size,
+                    batching=by_size,
+                )
+
+            results.append(
+                measure(
+                    plan_for,
+                    args.samples,
+                    args.runs,
+                    Path(scratch) / f"world-{world}",
+                    f"{args.samples:,} samples, batch_size={BATCH_SIZE}",
+                )
+            )
         tiny = EpochPlan(np.arange(12), np.array([0, 5, 12]), np.arange(2)[None, :])
-        results.append(measure(lambda: tiny, 12, args.runs * 20, Path(scratch) / "tiny",
-                               "per open: 12 samples"))
+        results.append(
+            measure(lambda: tiny, 12, args.runs * 20, Path(scratch) / "tiny", "per open: 12 samples")
+        )
     command = "python benchmarks/planfiles.py"
     if args.samples != 10_000_000 or args.runs != 5:
         command += f" --samples {args.samples} --runs {args.runs}"
     report = {
         "benchmark": "planfiles",
         "command": command,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-                    "load_average": round(os.getloadavg()[0], 1)},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "load_average": round(os.getloadavg()[0], 1),
+        },
         "runs": args.runs,
         "config": {"num_shards": NUM_SHARDS, "batch_size": BATCH_SIZE, "seed": SEED},
         "results": results,

@@ -6,7 +6,8 @@ plain ``.tar`` shards of ``--per-shard`` samples, served by a local HTTP server 
 waits ``latency`` before every answer (time to the first byte) and sends at most ``--bandwidth-mbps``
 per connection. The server runs in a process of its own (not a thread competing for the loader's GIL) with a
 listen backlog of 1024 (socketserver's default of 5 dropped the SYNs of concurrent read-ahead connections:
-1 s TCP retransmits that no object store charges). Cases (one epoch each, ``batch_size=16``, decoded to tensors), at 0 and 2 workers:
+1 s TCP retransmits that no object store charges). Cases (one epoch each, ``batch_size=16``, decoded to
+tensors), at 0 and 2 workers:
 
 - ``shardio, ranges``: ``read_ahead=0``, one request per sample when it is needed (what main did);
 - ``shardio, read-ahead``: the default, coalesced and concurrent reads of the next batches;
@@ -15,8 +16,8 @@ listen backlog of 1024 (socketserver's default of 5 dropped the SYNs of concurre
 - ``webdataset``: ``wds.WebDataset`` streaming each shard whole (``curl``), soundfile decode, same collate.
 
 Plus shardio on moto's S3 server (no added latency). Reported: samples/s, requests and bytes per sample (as
-the server counted them). Writes ``benchmarks/results/remote.json`` and ``.md``. The machine this was written on
-was shared and loaded (about 10 on 2 cores): single runs, noisy.
+the server counted them). Writes ``benchmarks/results/remote.json`` and ``.md``. The machine this was written
+on was shared and loaded (about 10 on 2 cores): single runs, noisy.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ BATCH = 16
 
 
 class _Server(ThreadingHTTPServer):
-    """The HTTP server, run in its own process (:class:`Server`): an object store is not in the trainer's process,
-    and a server thread there would compete for its GIL with the loader it measures."""
+    """The HTTP server, run in its own process (:class:`Server`): an object store is not in the trainer's
+    process, and a server thread there would compete for its GIL with the loader it measures."""
 
     daemon_threads = True
-    # socketserver's default backlog of 5 drops SYNs once more than 5 connections arrive at once (16 read-ahead
-    # threads in each of 2 workers do): each dropped SYN costs the client a 1 s retransmit, which no real object
-    # store charges.
+    # socketserver's default backlog of 5 drops SYNs once more than 5 connections arrive at once (16
+    # read-ahead threads in each of 2 workers do): each dropped SYN costs the client a 1 s retransmit, which
+    # no real object store charges.
     request_queue_size = 1024
 
     def __init__(self, root: str, latency: float, bandwidth: float, counters: Any) -> None:
@@ -70,8 +71,9 @@ class Server:
         context = multiprocessing.get_context("fork")
         self._counters = context.Array("q", 2)
         port = context.Value("i", 0)
-        self._process = context.Process(target=_serve, args=(root, latency, bandwidth, self._counters, port),
-                                        daemon=True)
+        self._process = context.Process(
+            target=_serve, args=(root, latency, bandwidth, self._counters, port), daemon=True
+        )
         self._process.start()
         while not port.value:
             if not self._process.is_alive():
@@ -157,9 +159,14 @@ def make_corpus(directory: Path, samples: int, per_shard: int) -> Path:
             buffer = io.BytesIO()
             audio = (0.1 * generator.standard_normal(frames)).astype(np.float32)
             soundfile.write(buffer, audio, 16000, format="FLAC", subtype="PCM_16")
-            writer.write(f"spk{i % 7}/utt{i:06d}", {"flac": buffer.getvalue(),
-                                                     "json": json.dumps({"text": "a few words"}).encode()},
-                         audio_ext="flac", num_frames=frames, sample_rate=16000, channels=1)
+            writer.write(
+                f"spk{i % 7}/utt{i:06d}",
+                {"flac": buffer.getvalue(), "json": json.dumps({"text": "a few words"}).encode()},
+                audio_ext="flac",
+                num_frames=frames,
+                sample_rate=16000,
+                channels=1,
+            )
     return dataset
 
 
@@ -191,8 +198,9 @@ def webdataset_case(urls: list[str], workers: int) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str, reps: int = 1
-             ) -> list[dict[str, Any]]:
+def run_http(
+    dataset: Path, latency_ms: float, bandwidth: float, cache_root: str, reps: int = 1
+) -> list[dict[str, Any]]:
     """Every HTTP case at ``latency_ms``, ``reps`` rounds (each round every case once, in turn; a fresh cache
     directory a round, so "cold" is cold): the median round's rate, and the range."""
     from shardio import Index
@@ -208,7 +216,10 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
                 ("shardio, read-ahead", lambda w=workers: shardio_case(base, w)),
                 ("shardio, cache cold", lambda w=workers: shardio_case(base, w, cache_bytes=1 << 34)),
                 ("shardio, cache warm", lambda w=workers: shardio_case(base, w, cache_bytes=1 << 34)),
-                ("webdataset", lambda w=workers: webdataset_case([f"{base}/{s.name}" for s in index.shards], w)),
+                (
+                    "webdataset",
+                    lambda w=workers: webdataset_case([f"{base}/{s.name}" for s in index.shards], w),
+                ),
             ]
             runs: dict[str, list[tuple[int, float, int, int]]] = {name: [] for name, _ in cases}
             for rep in range(reps):
@@ -219,14 +230,29 @@ def run_http(dataset: Path, latency_ms: float, bandwidth: float, cache_root: str
                     runs[name].append((count, seconds, *server.counts()))
             for name, measured in runs.items():
                 rates = sorted(count / seconds for count, seconds, _, _ in measured)
-                count, seconds, requests, sent = sorted(measured, key=lambda m: m[0] / m[1])[len(measured) // 2]
-                rows.append({"transport": "http", "latency_ms": latency_ms, "workers": workers, "case": name,
-                             "samples": count, "seconds": round(seconds, 3), "samples_per_s": round(count / seconds, 1),
-                             "min": round(rates[0], 1), "max": round(rates[-1], 1),
-                             "requests_per_sample": round(requests / max(count, 1), 3),
-                             "bytes_per_sample": round(sent / max(count, 1))})
-                print(f"http {latency_ms:>3} ms {workers}w {name:<22} {count / seconds:8.1f} samples/s "
-                      f"({rates[0]:.0f}-{rates[-1]:.0f}), {requests / max(count, 1):.3f} requests/sample", flush=True)
+                count, seconds, requests, sent = sorted(measured, key=lambda m: m[0] / m[1])[
+                    len(measured) // 2
+                ]
+                rows.append(
+                    {
+                        "transport": "http",
+                        "latency_ms": latency_ms,
+                        "workers": workers,
+                        "case": name,
+                        "samples": count,
+                        "seconds": round(seconds, 3),
+                        "samples_per_s": round(count / seconds, 1),
+                        "min": round(rates[0], 1),
+                        "max": round(rates[-1], 1),
+                        "requests_per_sample": round(requests / max(count, 1), 3),
+                        "bytes_per_sample": round(sent / max(count, 1)),
+                    }
+                )
+                print(
+                    f"http {latency_ms:>3} ms {workers}w {name:<22} {count / seconds:8.1f} samples/s "
+                    f"({rates[0]:.0f}-{rates[-1]:.0f}), {requests / max(count, 1):.3f} requests/sample",
+                    flush=True,
+                )
     finally:
         server.stop()
     return rows
@@ -237,7 +263,9 @@ def run_s3(dataset: Path) -> list[dict[str, Any]]:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     rows = []
@@ -251,9 +279,17 @@ def run_s3(dataset: Path) -> list[dict[str, Any]]:
         for workers in (0, 2):
             for name, extra in (("shardio, ranges", {"read_ahead": 0}), ("shardio, read-ahead", {})):
                 count, seconds = shardio_case("s3://data/ds", workers, **options, **extra)
-                rows.append({"transport": "s3 (moto)", "latency_ms": 0, "workers": workers, "case": name,
-                             "samples": count, "seconds": round(seconds, 3),
-                             "samples_per_s": round(count / seconds, 1)})
+                rows.append(
+                    {
+                        "transport": "s3 (moto)",
+                        "latency_ms": 0,
+                        "workers": workers,
+                        "case": name,
+                        "samples": count,
+                        "seconds": round(seconds, 3),
+                        "samples_per_s": round(count / seconds, 1),
+                    }
+                )
                 print(f"s3 {workers}w {name:<22} {count / seconds:8.1f} samples/s", flush=True)
     finally:
         server.stop()
@@ -261,14 +297,21 @@ def run_s3(dataset: Path) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["# shardio remote reads", "", report["note"], "",
-             "| transport | latency ms | workers | case | samples/s | requests/sample | bytes/sample |",
-             "|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "# shardio remote reads",
+        "",
+        report["note"],
+        "",
+        "| transport | latency ms | workers | case | samples/s | requests/sample | bytes/sample |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for row in report["rows"]:
         spread = f" ({row['min']:.0f}-{row['max']:.0f})" if "min" in row else ""
-        lines.append(f"| {row['transport']} | {row['latency_ms']} | {row['workers']} | {row['case']} | "
-                     f"{row['samples_per_s']:.1f}{spread} | {row.get('requests_per_sample', '-')} | "
-                     f"{row.get('bytes_per_sample', '-')} |")
+        lines.append(
+            f"| {row['transport']} | {row['latency_ms']} | {row['workers']} | {row['case']} | "
+            f"{row['samples_per_s']:.1f}{spread} | {row.get('requests_per_sample', '-')} | "
+            f"{row.get('bytes_per_sample', '-')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -294,12 +337,16 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_s3(dataset)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = {"command": "python benchmarks/remote.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "note": (f"{args.samples} FLAC samples (2-6 s, 16 kHz) in .tar shards of {args.per_shard}; "
-                       f"batch_size {BATCH}; bandwidth cap {args.bandwidth_mbps} Mbit/s per connection; one epoch "
-                       f"per case and round; HTTP: median of {args.reps} rounds (min-max); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, "
-                       "loaded machine)."),
-              "rows": rows}
+    report = {
+        "command": "python benchmarks/remote.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "note": (
+            f"{args.samples} FLAC samples (2-6 s, 16 kHz) in .tar shards of {args.per_shard}; "
+            f"batch_size {BATCH}; bandwidth cap {args.bandwidth_mbps} Mbit/s per connection; one epoch "
+            f"per case and round; HTTP: median of {args.reps} rounds (min-max); load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared, loaded machine)."
+        ),
+        "rows": rows,
+    }
     write_results(args.out, "remote", report, markdown(report))
     return 0
 

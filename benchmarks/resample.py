@@ -37,13 +37,28 @@ from shardio.bench.report import write_results
 from shardio.reading.decode import resample as soxr_resample
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-PAIRS = [(44100, 16000), (48000, 16000), (22050, 16000), (8000, 16000), (16000, 44100), (11127, 16000),
-         (22254, 16000), (44056, 16000)]
+PAIRS = [
+    (44100, 16000),
+    (48000, 16000),
+    (22050, 16000),
+    (8000, 16000),
+    (16000, 44100),
+    (11127, 16000),
+    (22254, 16000),
+    (44056, 16000),
+]
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def polyphase_resample(audio: np.ndarray, orig_rate: int, new_rate: int, *, lowpass_width: int = 16,
-                       rolloff: float = 0.945, beta: float = 8.6) -> np.ndarray:
+def polyphase_resample(
+    audio: np.ndarray,
+    orig_rate: int,
+    new_rate: int,
+    *,
+    lowpass_width: int = 16,
+    rolloff: float = 0.945,
+    beta: float = 8.6,
+) -> np.ndarray:
     """shardio's former resampler: a polyphase Kaiser-windowed sinc over the reduced ratio (torchaudio's
     ``sinc_interp_kaiser`` design), ``ceil(frames * new / orig)`` outputs."""
     divisor = math.gcd(orig_rate, new_rate)
@@ -65,8 +80,9 @@ def polyphase_resample(audio: np.ndarray, orig_rate: int, new_rate: int, *, lowp
 
 
 @lru_cache(maxsize=32)
-def _sinc_kernel(orig: int, new: int, lowpass_width: int, rolloff: float,
-                 beta: float) -> tuple[np.ndarray, int]:
+def _sinc_kernel(
+    orig: int, new: int, lowpass_width: int, rolloff: float, beta: float
+) -> tuple[np.ndarray, int]:
     base = min(orig, new) * rolloff
     width = math.ceil(lowpass_width * orig / base)
     if new * (2 * width + orig) > _CHUNK_ELEMENTS * 16:
@@ -107,8 +123,9 @@ def alias_db(function: Callable[..., np.ndarray], orig: int, new: int, seconds: 
     return round(float(20 * np.log10(np.sqrt(np.mean(out**2)) / np.sqrt(np.mean(tone**2)) + 1e-12)), 1)
 
 
-def timing(function: Callable[..., np.ndarray], orig: int, new: int, seconds: float,
-           runs: int) -> dict[str, Any]:
+def timing(
+    function: Callable[..., np.ndarray], orig: int, new: int, seconds: float, runs: int
+) -> dict[str, Any]:
     audio = np.random.default_rng(0).uniform(-0.5, 0.5, (1, int(orig * seconds))).astype(np.float32)
     _sinc_kernel.cache_clear()
     started = time.perf_counter()
@@ -119,41 +136,56 @@ def timing(function: Callable[..., np.ndarray], orig: int, new: int, seconds: fl
         started = time.perf_counter()
         function(audio, orig, new)
         times.append(time.perf_counter() - started)
-    return {"first_s": round(first, 4), "median_s": round(statistics.median(times), 4),
-            "min_s": round(min(times), 4), "max_s": round(max(times), 4)}
+    return {
+        "first_s": round(first, 4),
+        "median_s": round(statistics.median(times), 4),
+        "min_s": round(min(times), 4),
+        "max_s": round(max(times), 4),
+    }
 
 
-def measure(function: Callable[..., np.ndarray], orig: int, new: int,
-            args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    function: Callable[..., np.ndarray], orig: int, new: int, args: argparse.Namespace
+) -> dict[str, Any]:
     try:
-        return {**timing(function, orig, new, args.seconds, args.runs),
-                "error_db": accuracy_db(function, orig, new, min(args.seconds, 2.0)),
-                "alias_db": alias_db(function, orig, new, min(args.seconds, 2.0))}
+        return {
+            **timing(function, orig, new, args.seconds, args.runs),
+            "error_db": accuracy_db(function, orig, new, min(args.seconds, 2.0)),
+            "alias_db": alias_db(function, orig, new, min(args.seconds, 2.0)),
+        }
     except (ValueError, MemoryError) as exc:
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["# Resampling: soxr vs the former polyphase sinc", "",
-             f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
-             f"average {report['machine']['load_average'][0]:.1f}: a shared, loaded machine; timings are "
-             f"noisy). {report['seconds']} s of mono float32 audio per call; time: first call (filter build "
-             "included) and "
-             f"median of {report['runs']} more; error: RMS vs the exact band-limited signal (dB re signal); "
-             "alias: a tone at 1.3x the new Nyquist (dB re input).", "",
-             "| rates | old first s | old median s | soxr first s | soxr median s | speed-up (median) | "
-             "old error dB | soxr error dB | old alias dB | soxr alias dB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Resampling: soxr vs the former polyphase sinc",
+        "",
+        f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
+        f"average {report['machine']['load_average'][0]:.1f}: a shared, loaded machine; timings are "
+        f"noisy). {report['seconds']} s of mono float32 audio per call; time: first call (filter build "
+        "included) and "
+        f"median of {report['runs']} more; error: RMS vs the exact band-limited signal (dB re signal); "
+        "alias: a tone at 1.3x the new Nyquist (dB re input).",
+        "",
+        "| rates | old first s | old median s | soxr first s | soxr median s | speed-up (median) | "
+        "old error dB | soxr error dB | old alias dB | soxr alias dB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in report["results"]:
         old, new = row["old"], row["soxr"]
         if "failed" in old:
-            lines.append(f"| {row['rates']} | fails | fails | {new['first_s']} | {new['median_s']} | - | - | "
-                         f"{new['error_db']} | - | {new['alias_db']} |")
+            lines.append(
+                f"| {row['rates']} | fails | fails | {new['first_s']} | {new['median_s']} | - | - | "
+                f"{new['error_db']} | - | {new['alias_db']} |"
+            )
             continue
-        lines.append(f"| {row['rates']} | {old['first_s']} | {old['median_s']} | {new['first_s']} | "
-                     f"{new['median_s']} | {old['median_s'] / max(new['median_s'], 1e-9):.1f}x | "
-                     f"{old['error_db']} | "
-                     f"{new['error_db']} | {old['alias_db']} | {new['alias_db']} |")
+        lines.append(
+            f"| {row['rates']} | {old['first_s']} | {old['median_s']} | {new['first_s']} | "
+            f"{new['median_s']} | {old['median_s'] / max(new['median_s'], 1e-9):.1f}x | "
+            f"{old['error_db']} | "
+            f"{new['error_db']} | {old['alias_db']} | {new['alias_db']} |"
+        )
     failed = [row for row in report["results"] if "failed" in row["old"]]
     lines += [""] + [f"- old code, {row['rates']}: {row['old']['failed']}" for row in failed]
     return "\n".join(lines) + "\n"
@@ -167,16 +199,30 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     for orig, new in PAIRS:
-        results.append({"rates": f"{orig} -> {new}", "old": measure(polyphase_resample, orig, new, args),
-                        "soxr": measure(soxr_resample, orig, new, args)})
+        results.append(
+            {
+                "rates": f"{orig} -> {new}",
+                "old": measure(polyphase_resample, orig, new, args),
+                "soxr": measure(soxr_resample, orig, new, args),
+            }
+        )
         print(results[-1])
     import soxr
 
-    report = {"command": f"python benchmarks/resample.py --seconds {args.seconds} --runs {args.runs}",
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "load_average": list(os.getloadavg()), "python": platform.python_version(),
-                          "numpy": np.__version__, "soxr": soxr.__version__},
-              "seconds": args.seconds, "runs": args.runs, "results": results}
+    report = {
+        "command": f"python benchmarks/resample.py --seconds {args.seconds} --runs {args.runs}",
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average": list(os.getloadavg()),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "soxr": soxr.__version__,
+        },
+        "seconds": args.seconds,
+        "runs": args.runs,
+        "results": results,
+    }
     write_results(args.out, "resample", report, markdown(report))
     print(f"wrote {args.out / 'resample.json'} and {args.out / 'resample.md'}")
 

@@ -9,8 +9,8 @@ For each size, world size 8 (rank 0), ``batch_size=32``, each case runs in a fre
   the benchmark's node cache (``DATA/shardio-scale/cache``), so it plans epoch 0 (with world 8 it writes
   every rank's share for the node, :mod:`shardio.runtime.planfiles`);
 - time to the first batch with 0 workers, and with 2 workers started by ``fork`` and by ``forkserver``
-  (whose server preloads ``torch`` and ``shardio.datasets.dataset``, as a user should: else each worker imports torch;
-  the server's start, once per job and the same for any dataset, is timed apart);
+  (whose server preloads ``torch`` and ``shardio.datasets.dataset``, as a user should: else each worker
+  imports torch; the server's start, once per job and the same for any dataset, is timed apart);
 - after the first batch: RSS and PSS (``/proc/PID/smaps_rollup``) of the training process and of each
   worker, each also as the excess over a baseline: the training process right after importing shardio and
   torch, and a worker process started the same way that only imported shardio;
@@ -46,14 +46,20 @@ BATCH_SIZE = 32
 
 
 def memory(pid: int) -> dict[str, float]:
-    """RSS and PSS of process ``pid`` in MiB, and the PSS of its maps of ``index.columns`` and of the node's plan
-    files (page cache that the node's processes share: a page mapped by k processes counts 1/k in each)."""
+    """RSS and PSS of process ``pid`` in MiB, and the PSS of its maps of ``index.columns`` and of the node's
+    plan files (page cache that the node's processes share: a page mapped by k
+    processes counts 1/k in each)."""
     fields = {"rss": 0.0, "pss": 0.0, "index_pss": 0.0, "plan_pss": 0.0}
     mapping = ""
     with open(f"/proc/{pid}/smaps") as handle:
         for line in handle:
             name, _, rest = line.partition(":")
-            if "-" in name and " " in line and not name.endswith(("Rss", "Pss")) and name[0] in "0123456789abcdef":
+            if (
+                "-" in name
+                and " " in line
+                and not name.endswith(("Rss", "Pss"))
+                and name[0] in "0123456789abcdef"
+            ):
                 parts = line.split()
                 mapping = parts[5] if len(parts) > 5 else ""
             elif name in ("Rss", "Pss"):
@@ -84,10 +90,21 @@ def build(root: Path, n: int, per_shard: int) -> None:
             for i in range(per_shard):
                 frames = int(generator.integers(400, 1600))
                 buffer = io.BytesIO()
-                soundfile.write(buffer, generator.uniform(-0.5, 0.5, frames).astype(np.float32), 8000,
-                                subtype="PCM_16", format="WAV")
-                writer.write(f"utt{i:05d}", {"wav": buffer.getvalue(), "json": json.dumps({"text": "x"}).encode()},
-                             audio_ext="wav", num_frames=frames, sample_rate=8000, channels=1)
+                soundfile.write(
+                    buffer,
+                    generator.uniform(-0.5, 0.5, frames).astype(np.float32),
+                    8000,
+                    subtype="PCM_16",
+                    format="WAV",
+                )
+                writer.write(
+                    f"utt{i:05d}",
+                    {"wav": buffer.getvalue(), "json": json.dumps({"text": "x"}).encode()},
+                    audio_ext="wav",
+                    num_frames=frames,
+                    sample_rate=8000,
+                    channels=1,
+                )
     one = Index.load(base)
     shard = one.shards[0]
     count = n // per_shard
@@ -105,11 +122,22 @@ def build(root: Path, n: int, per_shard: int) -> None:
     columns = {name: np.tile(np.asarray(column), count) for name, column in one.columns.items()}
     columns["shard"] = np.repeat(np.arange(count, dtype=np.uint32), per_shard)
     blob = bytes(one.keys.blob) * count
-    ends = (np.arange(count, dtype=np.uint64)[:, None] * np.uint64(len(one.keys.blob))
-            + np.asarray(one.keys.ends)[None, :]).ravel()
-    index = Index(root=str(root), shards=[ShardInfo(name=name, bytes=shard.bytes, sha256=shard.sha256,
-                                                     samples=per_shard, duration=shard.duration) for name in names],
-                  formats=list(one.formats), columns=columns, _keys=Keys(blob, ends))
+    ends = (
+        np.arange(count, dtype=np.uint64)[:, None] * np.uint64(len(one.keys.blob))
+        + np.asarray(one.keys.ends)[None, :]
+    ).ravel()
+    index = Index(
+        root=str(root),
+        shards=[
+            ShardInfo(
+                name=name, bytes=shard.bytes, sha256=shard.sha256, samples=per_shard, duration=shard.duration
+            )
+            for name in names
+        ],
+        formats=list(one.formats),
+        columns=columns,
+        _keys=Keys(blob, ends),
+    )
     index.save(str(root))
 
 
@@ -144,15 +172,23 @@ def child(root: str, workers: int, context: str) -> dict[str, Any]:
         ready.join()
         server_s = time.perf_counter() - started
     started = time.perf_counter()
-    loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=ctx if workers else None)
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=workers, multiprocessing_context=ctx if workers else None
+    )
     batches = iter(loader)
     batch = next(batches)
     first = time.perf_counter() - started
     assert isinstance(batch["audio"], torch.Tensor)
-    result: dict[str, Any] = {"construct_s": round(constructed, 3), "set_epoch_s": round(planned, 3),
-                              "first_batch_s": round(first, 3), "forkserver_start_s": round(server_s, 3),
-                              "train_baseline": baseline, "train_after_construct": after_construct,
-                              "train": memory(os.getpid()), "state_bytes": len(json.dumps(dataset.state_dict()))}
+    result: dict[str, Any] = {
+        "construct_s": round(constructed, 3),
+        "set_epoch_s": round(planned, 3),
+        "first_batch_s": round(first, 3),
+        "forkserver_start_s": round(server_s, 3),
+        "train_baseline": baseline,
+        "train_after_construct": after_construct,
+        "train": memory(os.getpid()),
+        "state_bytes": len(json.dumps(dataset.state_dict())),
+    }
     if workers:
         result["workers"] = [memory(w.pid) for w in batches._workers]  # type: ignore[attr-defined]
         ready, release = ctx.Event(), ctx.Event()
@@ -180,29 +216,49 @@ def node_rank(root: str, rank: int, cache: str) -> dict[str, Any]:
     planned = time.perf_counter() - started
     with open("/proc/self/status") as handle:
         peak = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024
-    return {"rank": rank, "set_epoch_s": round(planned, 3), "transient_mib": round(max(0.0, peak - before), 1),
-            "batches": len(dataset)}
+    return {
+        "rank": rank,
+        "set_epoch_s": round(planned, 3),
+        "transient_mib": round(max(0.0, peak - before), 1),
+        "batches": len(dataset),
+    }
 
 
 def run_node(root: Path, ranks: int) -> dict[str, Any]:
     """``ranks`` processes of one node, started together (see :func:`node_rank`), with a fresh node cache."""
     import tempfile
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     with tempfile.TemporaryDirectory(prefix="shardio-node-") as cache:
         started = time.perf_counter()
-        children = [subprocess.Popen([sys.executable, __file__, "--child-rank", str(root), str(rank), cache],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                    for rank in range(ranks)]
+        children = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--child-rank", str(root), str(rank), cache],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for rank in range(ranks)
+        ]
         outs = [child.communicate(timeout=1800) for child in children]
         wall = time.perf_counter() - started
     for child, (_, err) in zip(children, outs):
         if child.returncode != 0:
             raise RuntimeError(err[-3000:])
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    return {"ranks": ranks, "wall_s": round(wall, 2), "slowest_set_epoch_s": max(r["set_epoch_s"] for r in results),
-            "node_transient_mib": round(sum(r["transient_mib"] for r in results), 1), "per_rank": results}
+    return {
+        "ranks": ranks,
+        "wall_s": round(wall, 2),
+        "slowest_set_epoch_s": max(r["set_epoch_s"] for r in results),
+        "node_transient_mib": round(sum(r["transient_mib"] for r in results), 1),
+        "per_rank": results,
+    }
 
 
 def _noop() -> None:
@@ -221,47 +277,76 @@ def run_case(root: Path, workers: int, context: str) -> dict[str, Any]:
     # previous case's would time a lookup, so each case starts without them (the index's hash markers stay)
     shutil.rmtree(os.path.join(os.environ["SHARDIO_CACHE_DIR"], "plans"), ignore_errors=True)
     code = [sys.executable, __file__, "--child", str(root), str(workers), context]
-    out = subprocess.run(code, capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                             filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})
+    out = subprocess.run(
+        code,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            ),
+        },
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["# shardio scale", "", report["note"], "",
-             "PSS excess: over the baseline process (the training process right after its imports; a worker that "
-             "only imported shardio), leaving out the shared page cache of the mapped `index.columns` and of the "
-             "node's plan files (their PSS: the `index / plan` figures in brackets).", "",
-             "| samples | index B/sample | state B | case | construct s | set_epoch s | first batch s "
-             "| train PSS excess MiB (index / plan) | each worker's PSS excess MiB (index / plan) | worker RSS MiB |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# shardio scale",
+        "",
+        report["note"],
+        "",
+        "PSS excess: over the baseline process (the training process right after its imports; a worker that "
+        "only imported shardio), leaving out the shared page cache of the mapped `index.columns` and of the "
+        "node's plan files (their PSS: the `index / plan` figures in brackets).",
+        "",
+        "| samples | index B/sample | state B | case | construct s | set_epoch s | first batch s "
+        "| train PSS excess MiB (index / plan) | each worker's PSS excess MiB (index / plan) | worker RSS "
+        "MiB |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for size in report["sizes"]:
         for case in size["cases"]:
+
             def excess(now: dict[str, float], base: dict[str, float]) -> str:
                 plan = now.get("plan_pss", 0.0)
-                return f"{now['pss'] - now['index_pss'] - plan - base['pss']:+.0f} ({now['index_pss']:.0f} / {plan:.0f})"
+                return (
+                    f"{now['pss'] - now['index_pss'] - plan - base['pss']:+.0f} ({now['index_pss']:.0f} "
+                    f"/ {plan:.0f})"
+                )
 
             workers = case.get("workers", [])
             wpss = " / ".join(excess(w, case["worker_baseline"]) for w in workers)
             wrss = " / ".join(f"{w['rss']:.0f}" for w in workers)
-            lines.append(f"| {size['samples']:,} | {size['index_bytes_per_sample']:.1f} | {case['state_bytes']} "
-                         f"| {case['name']} | {case['construct_s']:.2f} | {case['set_epoch_s']:.2f} "
-                         f"| {case['first_batch_s']:.2f} | {excess(case['train'], case['train_baseline'])} "
-                         f"| {wpss or '-'} | {wrss or '-'} |")
+            lines.append(
+                f"| {size['samples']:,} | {size['index_bytes_per_sample']:.1f} | {case['state_bytes']} "
+                f"| {case['name']} | {case['construct_s']:.2f} | {case['set_epoch_s']:.2f} "
+                f"| {case['first_batch_s']:.2f} | {excess(case['train'], case['train_baseline'])} "
+                f"| {wpss or '-'} | {wrss or '-'} |"
+            )
     nodes = [size for size in report["sizes"] if "node" in size]
     if nodes:
-        lines += ["", "Ranks of one node starting an epoch together (each constructs and calls `set_epoch(0)`); "
-                  "planning memory: each rank's peak RSS while planning above its RSS before, summed.", "",
-                  "| samples | ranks | slowest set_epoch s | each rank's set_epoch s | planning memory, node MiB "
-                  "| each rank's MiB |", "|---|---:|---:|---|---:|---|"]
+        lines += [
+            "",
+            "Ranks of one node starting an epoch together (each constructs and calls `set_epoch(0)`); "
+            "planning memory: each rank's peak RSS while planning above its RSS before, summed.",
+            "",
+            "| samples | ranks | slowest set_epoch s | each rank's set_epoch s | planning memory, node MiB "
+            "| each rank's MiB |",
+            "|---|---:|---:|---|---:|---|",
+        ]
         for size in nodes:
             node = size["node"]
             times = " / ".join(f"{r['set_epoch_s']:.2f}" for r in node["per_rank"])
             peaks = " / ".join(f"{r['transient_mib']:.0f}" for r in node["per_rank"])
-            lines.append(f"| {size['samples']:,} | {node['ranks']} | {node['slowest_set_epoch_s']:.2f} | {times} "
-                         f"| {node['node_transient_mib']:.0f} | {peaks} |")
+            lines.append(
+                f"| {size['samples']:,} | {node['ranks']} | {node['slowest_set_epoch_s']:.2f} | {times} "
+                f"| {node['node_transient_mib']:.0f} | {peaks} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -271,8 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--data", default=None, help="where the synthetic datasets go (default: a temp dir)")
     parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--node-ranks", type=int, default=0,
-                        help="also start this many ranks of one node at once and measure their planning")
+    parser.add_argument(
+        "--node-ranks",
+        type=int,
+        default=0,
+        help="also start this many ranks of one node at once and measure their planning",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-rank", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -296,29 +385,51 @@ def main(argv: list[str] | None = None) -> int:
         built = time.perf_counter() - started
         index_bytes = sum(os.path.getsize(root / name) for name in ("index.json", "index.columns"))
         cases = []
-        for name, workers, context in [("0 workers", 0, "fork"), ("2 workers, fork", 2, "fork"),
-                                       ("2 workers, forkserver", 2, "forkserver")]:
+        for name, workers, context in [
+            ("0 workers", 0, "fork"),
+            ("2 workers, fork", 2, "fork"),
+            ("2 workers, forkserver", 2, "forkserver"),
+        ]:
             case = run_case(root, workers, context)
             cases.append({"name": name, **case})
-            print(f"{n:>11,} {name:<22} construct {case['construct_s']:.2f} s, first batch "
-                  f"{case['first_batch_s']:.2f} s, train PSS {case['train']['pss']:.0f} MiB", flush=True)
-        entry = {"samples": n, "shards": n // args.per_shard, "build_s": round(built, 1),
-                 "index_bytes_per_sample": index_bytes / n, "cases": cases}
+            print(
+                f"{n:>11,} {name:<22} construct {case['construct_s']:.2f} s, first batch "
+                f"{case['first_batch_s']:.2f} s, train PSS {case['train']['pss']:.0f} MiB",
+                flush=True,
+            )
+        entry = {
+            "samples": n,
+            "shards": n // args.per_shard,
+            "build_s": round(built, 1),
+            "index_bytes_per_sample": index_bytes / n,
+            "cases": cases,
+        }
         if args.node_ranks:
             entry["node"] = run_node(root, args.node_ranks)
-            print(f"{n:>11,} {args.node_ranks} ranks of a node: slowest set_epoch {entry['node']['slowest_set_epoch_s']:.2f} s, "
-                  f"planning memory {entry['node']['node_transient_mib']:.0f} MiB in all", flush=True)
+            print(
+                f"{n:>11,} {args.node_ranks} ranks of a node: slowest set_epoch "
+                f"{entry['node']['slowest_set_epoch_s']:.2f} s, planning memory "
+                f"{entry['node']['node_transient_mib']:.0f} MiB in all",
+                flush=True,
+            )
         sizes.append(entry)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--data", "--out"):  # where this machine keeps them: not for the results
         if flag in given[:-1]:
             given[given.index(flag) + 1] = "DIR"
-    report = {"command": "python benchmarks/scale.py " + " ".join(given),
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "load_average_start": os.getloadavg()},
-              "note": (f"world {WORLD_SIZE} (rank 0), batch_size {BATCH_SIZE}; one run per case in a fresh process; "
-                       f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (a shared, loaded machine)."),
-              "sizes": sizes}
+    report = {
+        "command": "python benchmarks/scale.py " + " ".join(given),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average_start": os.getloadavg(),
+        },
+        "note": (
+            f"world {WORLD_SIZE} (rank 0), batch_size {BATCH_SIZE}; one run per case in a fresh process; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (a shared, loaded machine)."
+        ),
+        "sizes": sizes,
+    }
     write_results(args.out, "scale", report, markdown(report))
     return 0
 

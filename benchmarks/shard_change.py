@@ -50,10 +50,21 @@ def write_dataset(root: Path, shards: int) -> Index:
             for number in range(16):
                 frames = int(8000 * rng.uniform(0.1, 0.5))
                 buffer = io.BytesIO()
-                sf.write(buffer, rng.uniform(-0.3, 0.3, frames).astype(np.float32), 8000, format="WAV",
-                         subtype="PCM_16")
-                writer.write(f"s{shard:04d}_{number:02d}", {"wav": buffer.getvalue()}, audio_ext="wav",
-                             num_frames=frames, sample_rate=8000, channels=1)
+                sf.write(
+                    buffer,
+                    rng.uniform(-0.3, 0.3, frames).astype(np.float32),
+                    8000,
+                    format="WAV",
+                    subtype="PCM_16",
+                )
+                writer.write(
+                    f"s{shard:04d}_{number:02d}",
+                    {"wav": buffer.getvalue()},
+                    audio_ext="wav",
+                    num_frames=frames,
+                    sample_rate=8000,
+                    channels=1,
+                )
     return Index.load(root)
 
 
@@ -71,14 +82,29 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    times: dict[str, list[float]] = {name: [] for name in (
-        "open_unchecked", "open_checked", "view_unchecked", "view_checked", "sample_members", "sample_decoded")}
+    times: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "open_unchecked",
+            "open_checked",
+            "view_unchecked",
+            "view_checked",
+            "sample_members",
+            "sample_decoded",
+        )
+    }
     with tempfile.TemporaryDirectory() as scratch:
         index = write_dataset(Path(scratch), args.shards)
         paths = [index.shard_path(s) for s in range(args.shards)]
         since = index.loaded_ns
-        spans = [(int(index.columns["shard"][i]), int(index.columns["frame_offset"][i]),
-                  int(index.columns["member_size"][i])) for i in range(len(index))]
+        spans = [
+            (
+                int(index.columns["shard"][i]),
+                int(index.columns["frame_offset"][i]),
+                int(index.columns["member_size"][i]),
+            )
+            for i in range(len(index))
+        ]
 
         def opens(checked: bool) -> None:
             for path in paths:
@@ -91,8 +117,10 @@ def main() -> None:
             for shard, offset, size in spans:
                 handles[shard].view(offset, size, "")
 
-        handles = {checked: [LocalShard(*open_regular(p), since if checked else None) for p in paths]
-                   for checked in (False, True)}
+        handles = {
+            checked: [LocalShard(*open_regular(p), since if checked else None) for p in paths]
+            for checked in (False, True)
+        }
         reader = Reader(index)
         dataset = ShardDataset(index, batch_size=16, shuffle=False)
         for i in range(len(index)):  # warm: every map made, every page in the page cache
@@ -104,9 +132,12 @@ def main() -> None:
             for checked in order:
                 name = "checked" if checked else "unchecked"
                 times[f"open_{name}"].append(per_call_ns(lambda c=checked: opens(c), 20) / len(paths))
-                times[f"view_{name}"].append(per_call_ns(lambda c=checked: views(handles[c]), 20) / len(spans))
+                times[f"view_{name}"].append(
+                    per_call_ns(lambda c=checked: views(handles[c]), 20) / len(spans)
+                )
             times["sample_members"].append(
-                per_call_ns(lambda: [reader.members(i) for i in range(len(index))], 3) / len(index))
+                per_call_ns(lambda: [reader.members(i) for i in range(len(index))], 3) / len(index)
+            )
             times["sample_decoded"].append(per_call_ns(lambda: [b for b in dataset], 1) / len(index))
         for group in handles.values():
             for handle in group:
@@ -114,30 +145,41 @@ def main() -> None:
     median = {name: round(statistics.median(values), 1) for name, values in times.items()}
     report: dict[str, Any] = {
         "command": f"python benchmarks/shard_change.py --shards {args.shards} --rounds {args.rounds}",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "load_average": list(os.getloadavg())},
-        "shards": args.shards, "samples": len(spans),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average": list(os.getloadavg()),
+        },
+        "shards": args.shards,
+        "samples": len(spans),
         "median_ns": median,
         "runs_ns": {name: [round(v, 1) for v in values] for name, values in times.items()},
     }
     open_cost = median["open_checked"] - median["open_unchecked"]
     view_cost = median["view_checked"] - median["view_unchecked"]
-    text = "\n".join([
-        "# Local shard change detection: what the check costs", "",
-        f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load average "
-        f"{report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.rounds} rounds of CPU "
-        "time, the checked and unchecked ways alternated in each round).", "",
-        f"{len(spans)} samples in {args.shards} plain `.tar` shards, in the page cache.", "",
-        "| per call (ns) | unchecked | checked | the check |",
-        "|---|---|---|---|",
-        f"| open a shard (`open_regular` + `LocalShard`) | {median['open_unchecked']:.0f} | "
-        f"{median['open_checked']:.0f} | {open_cost:+.0f} |",
-        f"| one sample's bytes (`LocalShard.view`) | {median['view_unchecked']:.0f} | "
-        f"{median['view_checked']:.0f} | {view_cost:+.0f} |",
-        f"| one sample read whole (`Reader.members`, checked) | | {median['sample_members']:.0f} | "
-        f"{100 * view_cost / median['sample_members']:.1f}% of it |",
-        f"| one sample decoded in a batch of 16 (`ShardDataset`, checked) | | {median['sample_decoded']:.0f} | "
-        f"{100 * view_cost / median['sample_decoded']:.1f}% of it |", ""])
+    text = "\n".join(
+        [
+            "# Local shard change detection: what the check costs",
+            "",
+            f"`{report['command']}` on {report['machine']['cpu']} ({report['machine']['cores']} cores, load "
+            f"average {report['machine']['load_average'][0]:.1f}: a shared machine; medians of {args.rounds} "
+            "rounds of CPU time, the checked and unchecked ways alternated in each round).",
+            "",
+            f"{len(spans)} samples in {args.shards} plain `.tar` shards, in the page cache.",
+            "",
+            "| per call (ns) | unchecked | checked | the check |",
+            "|---|---|---|---|",
+            f"| open a shard (`open_regular` + `LocalShard`) | {median['open_unchecked']:.0f} | "
+            f"{median['open_checked']:.0f} | {open_cost:+.0f} |",
+            f"| one sample's bytes (`LocalShard.view`) | {median['view_unchecked']:.0f} | "
+            f"{median['view_checked']:.0f} | {view_cost:+.0f} |",
+            f"| one sample read whole (`Reader.members`, checked) | | {median['sample_members']:.0f} | "
+            f"{100 * view_cost / median['sample_members']:.1f}% of it |",
+            "| one sample decoded in a batch of 16 (`ShardDataset`, checked) | | "
+            f"{median['sample_decoded']:.0f} | {100 * view_cost / median['sample_decoded']:.1f}% of it |",
+            "",
+        ]
+    )
     write_results(RESULTS, "shard_change", report, text)
     print(text)
 

@@ -46,8 +46,14 @@ def write_dataset(directory: Path, samples: int, seed: int) -> Index:
         for i in range(samples):
             frames = int(rng.integers(400, 1200))
             audio = (0.1 * rng.standard_normal(frames)).astype(np.float32)
-            writer.write(f"utt{i:06d}", {"wav": wav_bytes(audio, 8000), "txt": f"sample {i}".encode()},
-                         audio_ext="wav", num_frames=frames, sample_rate=8000, channels=1)
+            writer.write(
+                f"utt{i:06d}",
+                {"wav": wav_bytes(audio, 8000), "txt": f"sample {i}".encode()},
+                audio_ext="wav",
+                num_frames=frames,
+                sample_rate=8000,
+                channels=1,
+            )
     return Index.load(directory)
 
 
@@ -65,10 +71,13 @@ def corrupt_one_frame(index: Index, shard: int) -> set[str]:
     return {index.keys[i] for i in np.flatnonzero(hit)}
 
 
-def run_epochs(url: str, options: dict[str, Any], epochs: int, workers: int, batch_size: int) -> dict[str, Any]:
+def run_epochs(
+    url: str, options: dict[str, Any], epochs: int, workers: int, batch_size: int
+) -> dict[str, Any]:
     """Iterate ``epochs`` epochs; per epoch the keys seen, lost, duplicated and reported as skipped."""
-    dataset = ShardDataset(url, batch_size=batch_size, seed=3,
-                           reading=Reading(on_error="skip", storage_options=options))
+    dataset = ShardDataset(
+        url, batch_size=batch_size, seed=3, reading=Reading(on_error="skip", storage_options=options)
+    )
     everything = set(dataset.index.keys)
     results = []
     started = time.perf_counter()
@@ -84,10 +93,18 @@ def run_epochs(url: str, options: dict[str, Any], epochs: int, workers: int, bat
                 key, _, reason = line.partition(": ")
                 skipped[key] = reason
         lost = everything - set(seen)
-        results.append({"epoch": epoch, "batches": batches, "planned_batches": len(dataset),
-                        "samples_seen": sum(seen.values()), "lost": sorted(lost),
-                        "duplicated": sum(n - 1 for n in seen.values() if n > 1), "reported": sorted(skipped),
-                        "reasons": sorted({r.split(": ", 2)[-1][:60] for r in skipped.values()})})
+        results.append(
+            {
+                "epoch": epoch,
+                "batches": batches,
+                "planned_batches": len(dataset),
+                "samples_seen": sum(seen.values()),
+                "lost": sorted(lost),
+                "duplicated": sum(n - 1 for n in seen.values() if n > 1),
+                "reported": sorted(skipped),
+                "reasons": sorted({r.split(": ", 2)[-1][:60] for r in skipped.values()}),
+            }
+        )
     return {"wall_s": round(time.perf_counter() - started, 2), "epochs": results}
 
 
@@ -115,17 +132,29 @@ def soak(backend: str, samples: int, args: argparse.Namespace, scratch: Path) ->
         faulty = run_epochs(url, options, args.epochs, args.workers, args.batch_size)
         injected = dict(server.faults.injected)
         shard_requests = server.faults.count("shard-")
-        logger.info("%s faulty: %.1f s, %s faults in %d shard requests", backend, faulty["wall_s"], injected,
-                    shard_requests)
+        logger.info(
+            "%s faulty: %.1f s, %s faults in %d shard requests",
+            backend,
+            faulty["wall_s"],
+            injected,
+            shard_requests,
+        )
     for epoch in faulty["epochs"]:
         epoch["lost_equals_corrupt"] = set(epoch["lost"]) == corrupt
         epoch["all_lost_reported"] = epoch["reported"] == epoch["lost"]
     for run in (clean, faulty):
         for epoch in run["epochs"]:
             epoch["lost_count"], epoch["reported_count"] = len(epoch.pop("lost")), len(epoch.pop("reported"))
-    return {"samples": len(index), "shards": len(index.shards), "corrupt_samples": len(corrupt),
-            "faults_injected": injected, "shard_requests": shard_requests, "clean": clean, "faulty": faulty,
-            "slowdown": round(faulty["wall_s"] / clean["wall_s"], 2)}
+    return {
+        "samples": len(index),
+        "shards": len(index.shards),
+        "corrupt_samples": len(corrupt),
+        "faults_injected": injected,
+        "shard_requests": shard_requests,
+        "clean": clean,
+        "faulty": faulty,
+        "slowdown": round(faulty["wall_s"] / clean["wall_s"], 2),
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -133,13 +162,17 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Soak: remote shards under injected faults",
         "",
-        (f"`{c['command']}` on {c['machine']}: {c['epochs']} epochs, {c['workers']} workers, batch "
-         f"{c['batch_size']}, fault rate {c['fault_rate']} per shard request (500/503 or dropped connection, at "
-         "most 2 in a row), default RetryPolicy (4 attempts, 0.2 s backoff doubling), one corrupt zstd frame "
-         "read with on_error=skip."),
+        (
+            f"`{c['command']}` on {c['machine']}: {c['epochs']} epochs, {c['workers']} workers, batch "
+            f"{c['batch_size']}, fault rate {c['fault_rate']} per shard request (500/503 or dropped "
+            "connection, at most 2 in a row), default RetryPolicy (4 attempts, 0.2 s backoff doubling), one "
+            "corrupt zstd frame read with on_error=skip."
+        ),
         "",
-        ("| backend | samples | faults injected / shard requests | lost per epoch (corrupt) | all lost reported "
-         "| duplicated | batches = planned | clean s | faulty s | slowdown |"),
+        (
+            "| backend | samples | faults injected / shard requests | lost per epoch (corrupt) | all lost "
+            "reported | duplicated | batches = planned | clean s | faulty s | slowdown |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["backends"].items():
@@ -148,22 +181,40 @@ def markdown(report: dict[str, Any]) -> str:
         ok_lost = all(e["lost_equals_corrupt"] for e in epochs)
         reported = all(e["all_lost_reported"] for e in epochs)
         dups = sum(e["duplicated"] for run in ("clean", "faulty") for e in r[run]["epochs"])
-        planned = all(e["batches"] == e["planned_batches"] for run in ("clean", "faulty") for e in r[run]["epochs"])
+        planned = all(
+            e["batches"] == e["planned_batches"] for run in ("clean", "faulty") for e in r[run]["epochs"]
+        )
         clean_lost = sum(e["lost_count"] for e in r["clean"]["epochs"])
-        lines.append(f"| {name} | {r['samples']} | {sum(r['faults_injected'].values())} / {r['shard_requests']} "
-                     f"{r['faults_injected']} | {lost} ({r['corrupt_samples']}; = corrupt: {ok_lost}; clean run: "
-                     f"{clean_lost}) | {reported} | {dups} | {planned} | {r['clean']['wall_s']} "
-                     f"| {r['faulty']['wall_s']} | {r['slowdown']}x |")
-    lines += ["", "Skip reasons seen: " + "; ".join(sorted({reason for r in report["backends"].values()
-                                                            for e in r["faulty"]["epochs"]
-                                                            for reason in e["reasons"]})), ""]
+        lines.append(
+            f"| {name} | {r['samples']} | {sum(r['faults_injected'].values())} / {r['shard_requests']} "
+            f"{r['faults_injected']} | {lost} ({r['corrupt_samples']}; = corrupt: {ok_lost}; clean run: "
+            f"{clean_lost}) | {reported} | {dups} | {planned} | {r['clean']['wall_s']} "
+            f"| {r['faulty']['wall_s']} | {r['slowdown']}x |"
+        )
+    lines += [
+        "",
+        "Skip reasons seen: "
+        + "; ".join(
+            sorted(
+                {
+                    reason
+                    for r in report["backends"].values()
+                    for e in r["faulty"]["epochs"]
+                    for reason in e["reasons"]
+                }
+            )
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=3000, help="samples in the http dataset")
-    parser.add_argument("--s3-samples", type=int, default=1000, help="samples in the s3 dataset (moto is slow)")
+    parser.add_argument(
+        "--s3-samples", type=int, default=1000, help="samples in the s3 dataset (moto is slow)"
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -175,21 +226,36 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("shardio").setLevel(logging.ERROR)  # retries and skips are counted, not printed
     torch.set_num_threads(1)
-    report: dict[str, Any] = {"config": {
-        "command": " ".join(["python benchmarks/soak.py", *sys.argv[1:]]), "epochs": args.epochs,
-        "workers": args.workers, "batch_size": args.batch_size, "fault_rate": args.fault_rate,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                   f"torch {torch.__version__}"}, "backends": {}}
+    report: dict[str, Any] = {
+        "config": {
+            "command": " ".join(["python benchmarks/soak.py", *sys.argv[1:]]),
+            "epochs": args.epochs,
+            "workers": args.workers,
+            "batch_size": args.batch_size,
+            "fault_rate": args.fault_rate,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"torch {torch.__version__}",
+        },
+        "backends": {},
+    }
     with tempfile.TemporaryDirectory(prefix="shardio-soak-") as scratch, aws_test_env():
         for backend in args.backends.split(","):
             samples = args.samples if backend == "http" else args.s3_samples
             report["backends"][backend] = soak(backend, samples, args, Path(scratch))
     write_results(args.out, "soak", report, markdown(report))
     logger.info("\n%s", markdown(report))
-    failed = [name for name, r in report["backends"].items()
-              if not all(e["lost_equals_corrupt"] and e["all_lost_reported"] and e["duplicated"] == 0
-                         and e["batches"] == e["planned_batches"] for e in r["faulty"]["epochs"])
-              or any(e["lost_count"] or e["duplicated"] for e in r["clean"]["epochs"])]
+    failed = [
+        name
+        for name, r in report["backends"].items()
+        if not all(
+            e["lost_equals_corrupt"]
+            and e["all_lost_reported"]
+            and e["duplicated"] == 0
+            and e["batches"] == e["planned_batches"]
+            for e in r["faulty"]["epochs"]
+        )
+        or any(e["lost_count"] or e["duplicated"] for e in r["clean"]["epochs"])
+    ]
     if failed:
         logger.error("soak failed for %s", failed)
     return 1 if failed else 0

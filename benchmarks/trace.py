@@ -39,14 +39,24 @@ WORLD, NEW_WORLD, MAX_DURATION, SEED, EPOCH = 8, 6, 600.0, 0, 1
 
 
 def synthetic_index(n: int) -> Index:
-    """An in-memory index of ``n`` samples at 16 kHz over the planner benchmark's columns, keyed ``uNNNNNNNNN``."""
+    """An in-memory index of ``n`` samples at 16 kHz over the planner benchmark's columns,
+    keyed ``uNNNNNNNNN``."""
     shard_ids, durations = columns(n)
     sizes = np.bincount(shard_ids, minlength=NUM_SHARDS)
-    cols = {"shard": shard_ids, "num_frames": np.round(durations * 16000).astype(np.uint32),
-            "sample_rate": np.full(n, 16000, np.uint32)}
+    cols = {
+        "shard": shard_ids,
+        "num_frames": np.round(durations * 16000).astype(np.uint32),
+        "sample_rate": np.full(n, 16000, np.uint32),
+    }
     shards = [ShardInfo(f"shard-{s:06d}.tar", 0, "", int(size), 0.0) for s, size in enumerate(sizes)]
-    return Index(root="", shards=shards, formats=["wav"], columns=cols, fingerprint=f"synthetic-{n}",
-                 _keys=[f"u{i:09d}" for i in range(n)])
+    return Index(
+        root="",
+        shards=shards,
+        formats=["wav"],
+        columns=cols,
+        fingerprint=f"synthetic-{n}",
+        _keys=[f"u{i:09d}" for i in range(n)],
+    )
 
 
 def main() -> None:
@@ -85,27 +95,63 @@ def main() -> None:
     for name, function in (("one step (all ranks, keys and durations)", one_step), ("one key", one_key)):
         wall, cpu = timed(function, args.runs)
         row = {"case": name, "time_s": wall, "cpu_s": cpu, "peak_mib": peak_mib(function)}
-        print(f"{args.samples:,} samples, {name}: median {wall['median']:.2f} s wall, {cpu['median']:.2f} s CPU, "
-              f"peak {row['peak_mib']} MiB", flush=True)
+        print(
+            f"{args.samples:,} samples, {name}: median {wall['median']:.2f} s wall, {cpu['median']:.2f} s "
+            f"CPU, peak {row['peak_mib']} MiB",
+            flush=True,
+        )
         results.append(row)
-    command = "python benchmarks/trace.py" + ("" if (args.samples, args.runs) == (10_000_000, 3)
-                                              else f" --samples {args.samples} --runs {args.runs}")
-    report = {"benchmark": "trace", "command": command, "samples": args.samples, "runs": args.runs,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-                          "load_average": round(os.getloadavg()[0], 1)},
-              "config": {"world_size": WORLD, "elastic_world_size": NEW_WORLD, "max_duration": MAX_DURATION,
-                         "history": [[WORLD, half]], "position": 10, "step": step, "epoch": EPOCH},
-              "index_build_s": round(build_s, 1), "results": results,
-              "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    lines = ["# Ledger cost (`shardio trace`)", "",
-             f"`{command}` on {os.cpu_count()} cores (shared, load average {report['machine']['load_average']}): "
-             f"{args.samples:,} samples, {NUM_SHARDS:,} shards, max_duration={MAX_DURATION:g}, an elastic history "
-             f"({WORLD} ranks for {half} steps, then {NEW_WORLD}). Each run builds a fresh Trace (plans both "
-             f"segments). CPU and wall seconds: median (min-max) of {args.runs} runs; peak: tracemalloc, beyond the index.", "",
-             "| case | CPU s (median) | min | max | wall s (median) | peak MiB |", "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['case']} | {r['cpu_s']['median']:.2f} | {r['cpu_s']['min']:.2f} | {r['cpu_s']['max']:.2f} "
-              f"| {r['time_s']['median']:.2f} | {r['peak_mib']:.0f} |" for r in results]
-    lines += ["", f"Max RSS of the whole run (the index and its keys included): {report['max_rss_mib']:.0f} MiB.", ""]
+    command = "python benchmarks/trace.py" + (
+        ""
+        if (args.samples, args.runs) == (10_000_000, 3)
+        else f" --samples {args.samples} --runs {args.runs}"
+    )
+    report = {
+        "benchmark": "trace",
+        "command": command,
+        "samples": args.samples,
+        "runs": args.runs,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "load_average": round(os.getloadavg()[0], 1),
+        },
+        "config": {
+            "world_size": WORLD,
+            "elastic_world_size": NEW_WORLD,
+            "max_duration": MAX_DURATION,
+            "history": [[WORLD, half]],
+            "position": 10,
+            "step": step,
+            "epoch": EPOCH,
+        },
+        "index_build_s": round(build_s, 1),
+        "results": results,
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    lines = [
+        "# Ledger cost (`shardio trace`)",
+        "",
+        f"`{command}` on {os.cpu_count()} cores (shared, load average {report['machine']['load_average']}): "
+        f"{args.samples:,} samples, {NUM_SHARDS:,} shards, max_duration={MAX_DURATION:g}, an elastic history "
+        f"({WORLD} ranks for {half} steps, then {NEW_WORLD}). Each run builds a fresh Trace (plans both "
+        f"segments). CPU and wall seconds: median (min-max) of {args.runs} runs; peak: tracemalloc, beyond "
+        "the index.",
+        "",
+        "| case | CPU s (median) | min | max | wall s (median) | peak MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['case']} | {r['cpu_s']['median']:.2f} | {r['cpu_s']['min']:.2f} | {r['cpu_s']['max']:.2f} "
+        f"| {r['time_s']['median']:.2f} | {r['peak_mib']:.0f} |"
+        for r in results
+    ]
+    lines += [
+        "",
+        f"Max RSS of the whole run (the index and its keys included): {report['max_rss_mib']:.0f} MiB.",
+        "",
+    ]
     write_results(args.out, "trace", report, "\n".join(lines))
     print(f"wrote {args.out / 'trace.json'} and {args.out / 'trace.md'}")
 

@@ -50,13 +50,33 @@ def median_s(function: Callable[[], object], runs: int) -> float:
 def state_with(keys: Keys, count: int) -> dict[str, Any]:
     """A state (the fields a loader writes) holding one carried quarantine entry of ``count`` samples."""
     ids = list(range(0, SAMPLES, SAMPLES // count))[:count] if count else []
-    entry = {"epoch": 0, "segment": 1, "ids": ids, "keys": [keys[i] for i in ids], "steps": None,
-             "carry": True, "from_step": 10, "consumed": []}
+    entry = {
+        "epoch": 0,
+        "segment": 1,
+        "ids": ids,
+        "keys": [keys[i] for i in ids],
+        "steps": None,
+        "carry": True,
+        "from_step": 10,
+        "consumed": [],
+    }
     extra = {"quarantine": [entry]} if count else {}
-    return {"format": "shardio-state", "version": 1, "epoch": 0, "seed": 0, "index": "0" * 32,
-            "options": {"batch_size": None, "max_duration": 600.0, "shuffle": True, "shuffle_shards": 16},
-            "world_size": 8, "history": [[8, 100]], "start": 0, "yielded": 0, "worker": 0, "num_workers": 1,
-            "extra": extra, "options_fingerprint": "0" * 16}
+    return {
+        "format": "shardio-state",
+        "version": 1,
+        "epoch": 0,
+        "seed": 0,
+        "index": "0" * 32,
+        "options": {"batch_size": None, "max_duration": 600.0, "shuffle": True, "shuffle_shards": 16},
+        "world_size": 8,
+        "history": [[8, 100]],
+        "start": 0,
+        "yielded": 0,
+        "worker": 0,
+        "num_workers": 1,
+        "extra": extra,
+        "options_fingerprint": "0" * 16,
+    }
 
 
 def main() -> None:
@@ -73,14 +93,28 @@ def main() -> None:
             Path(path).write_text(json.dumps(state_with(keys, count)))
             size = os.path.getsize(path)
             checked = median_s(lambda path=path: load_state_file(path), args.runs)  # type: ignore[misc]
-            bare = median_s(lambda path=path: json.loads(Path(path).read_bytes()),  # type: ignore[misc]
-                            args.runs)
-            rows.append({"case": f"read a state file, quarantine of {count:,} keys", "bytes": size,
-                         "checked_ms": round(checked * 1e3, 3), "json_loads_ms": round(bare * 1e3, 3)})
+            bare = median_s(
+                lambda path=path: json.loads(Path(path).read_bytes()),  # type: ignore[misc]
+                args.runs,
+            )
+            rows.append(
+                {
+                    "case": f"read a state file, quarantine of {count:,} keys",
+                    "bytes": size,
+                    "checked_ms": round(checked * 1e3, 3),
+                    "json_loads_ms": round(bare * 1e3, 3),
+                }
+            )
         extra = state_with(keys, 100_000)["extra"]
         per_id = median_s(lambda: check_extra(extra, SAMPLES, keys.__getitem__, lambda i: None), args.runs)
-        rows.append({"case": "check quarantine entries on load, per quarantined id", "bytes": None,
-                     "checked_ms": round(per_id / 100_000 * 1e3, 6), "json_loads_ms": None})
+        rows.append(
+            {
+                "case": "check quarantine entries on load, per quarantined id",
+                "bytes": None,
+                "checked_ms": round(per_id / 100_000 * 1e3, 6),
+                "json_loads_ms": None,
+            }
+        )
         target = os.path.join(scratch, "out.json")
         Path(target).write_bytes(b"{}")
 
@@ -89,20 +123,42 @@ def main() -> None:
                 check_output_file(target)
 
         stat_s = median_s(check_many, args.runs) / 10_000
-        rows.append({"case": "check an output path before writing it", "bytes": None,
-                     "checked_ms": round(stat_s * 1e3, 6), "json_loads_ms": None})
+        rows.append(
+            {
+                "case": "check an output path before writing it",
+                "bytes": None,
+                "checked_ms": round(stat_s * 1e3, 6),
+                "json_loads_ms": None,
+            }
+        )
     for row in rows:
         print(row, flush=True)
-    report = {"benchmark": "trust_checks", "command": "python benchmarks/trust_checks.py", "runs": args.runs,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "numpy": np.__version__, "load_average": round(os.getloadavg()[0], 1)},
-              "results": rows}
-    lines = ["# Trust-boundary checks: what they cost", "",
-             (f"`python benchmarks/trust_checks.py` on {os.cpu_count()} cores (shared, load average "
-              f"{report['machine']['load_average']}); medians of {args.runs} runs."), "",
-             "| case | file bytes | checked, ms | bare json.loads, ms |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['case']} | {r['bytes'] or ''} | {r['checked_ms']} | {r['json_loads_ms'] or ''} |"
-              for r in rows]
+    report = {
+        "benchmark": "trust_checks",
+        "command": "python benchmarks/trust_checks.py",
+        "runs": args.runs,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "load_average": round(os.getloadavg()[0], 1),
+        },
+        "results": rows,
+    }
+    lines = [
+        "# Trust-boundary checks: what they cost",
+        "",
+        (
+            f"`python benchmarks/trust_checks.py` on {os.cpu_count()} cores (shared, load average "
+            f"{report['machine']['load_average']}); medians of {args.runs} runs."
+        ),
+        "",
+        "| case | file bytes | checked, ms | bare json.loads, ms |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['case']} | {r['bytes'] or ''} | {r['checked_ms']} | {r['json_loads_ms'] or ''} |" for r in rows
+    ]
     write_results(args.out, "trust_checks", report, "\n".join(lines) + "\n")
     print(f"wrote {args.out / 'trust_checks.json'} and {args.out / 'trust_checks.md'}")
 

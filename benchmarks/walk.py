@@ -51,7 +51,7 @@ class Walk:
         if event == "call":
             name = frame.f_code.co_filename
             if name.startswith(PACKAGE):
-                self.events.append(name[len(PACKAGE) + 1:])
+                self.events.append(name[len(PACKAGE) + 1 :])
 
     def cut(self) -> list[str]:
         """The events recorded since the last cut."""
@@ -84,8 +84,14 @@ def make_dataset(directory: Path) -> None:
             buffer = io.BytesIO()
             soundfile.write(buffer, rng.uniform(-0.5, 0.5, frames), RATE, subtype="PCM_16", format="WAV")
             meta = json.dumps({"text": key}).encode()
-            writer.write(key, {"wav": buffer.getvalue(), "json": meta}, audio_ext="wav", num_frames=frames,
-                         sample_rate=RATE, channels=1)
+            writer.write(
+                key,
+                {"wav": buffer.getvalue(), "json": meta},
+                audio_ext="wav",
+                num_frames=frames,
+                sample_rate=RATE,
+                channels=1,
+            )
     writer.close()
 
 
@@ -117,8 +123,11 @@ def in_process(root: Path) -> dict[str, Any]:
     state = dataset.state_dict()
     fresh = ShardDataset(root, batch_size=BATCH, seed=0)
     resume = profiled(walk, lambda: fresh.load_state_dict(state))
-    return {"set_epoch and first batch": figures(first), "later batch (median)": median_figures(later),
-            "load_state_dict": figures(resume)}
+    return {
+        "set_epoch and first batch": figures(first),
+        "later batch (median)": median_figures(later),
+        "load_state_dict": figures(resume),
+    }
 
 
 def worker_walk(_: int) -> None:
@@ -132,7 +141,10 @@ def worker_walk(_: int) -> None:
             stretches.append(walk.cut())
             if len(stretches) == 9:
                 sys.setprofile(None)
-                out = {"first batch": figures(stretches[0]), "later batch (median)": median_figures(stretches[1:])}
+                out = {
+                    "first batch": figures(stretches[0]),
+                    "later batch (median)": median_figures(stretches[1:]),
+                }
                 Path(WORKER_OUT).write_text(json.dumps(out), encoding="utf-8")
 
     sys.setprofile(hook)
@@ -149,8 +161,13 @@ def in_worker(root: Path, out: Path) -> dict[str, Any]:
     WORKER_OUT = str(out)
     dataset = ShardDataset(root, batch_size=BATCH, seed=0)
     dataset.set_epoch(0)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, worker_init_fn=worker_walk,
-                                         multiprocessing_context=multiprocessing.get_context("fork"))
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=1,
+        worker_init_fn=worker_walk,
+        multiprocessing_context=multiprocessing.get_context("fork"),
+    )
     for _ in loader:
         pass
     return json.loads(out.read_text(encoding="utf-8"))
@@ -165,9 +182,14 @@ def main() -> None:
         root = Path(tmp) / "data"
         make_dataset(root)
         report = {"0 workers": in_process(root), "fork worker": in_worker(root, Path(tmp) / "worker.json")}
-    lines = ["# The walk: shardio files entered and switches between them (`python benchmarks/walk.py`)", "",
-             f"{SHARDS} `.tar` shards of {PER_SHARD} WAV samples, `batch_size={BATCH}`.", "",
-             "| where | stretch | files entered | switches |", "| --- | --- | ---: | ---: |"]
+    lines = [
+        "# The walk: shardio files entered and switches between them (`python benchmarks/walk.py`)",
+        "",
+        f"{SHARDS} `.tar` shards of {PER_SHARD} WAV samples, `batch_size={BATCH}`.",
+        "",
+        "| where | stretch | files entered | switches |",
+        "| --- | --- | ---: | ---: |",
+    ]
     for where, stretches in report.items():
         for stretch, value in stretches.items():
             lines.append(f"| {where} | {stretch} | {value['files']:g} | {value['switches']:g} |")

@@ -1,4 +1,5 @@
-"""Where the CPU of a batch goes with DataLoader workers: per thread, in the training process and in its workers.
+"""Where the CPU of a batch goes with DataLoader workers: per thread, in the training
+process and in its workers.
 
 Run ``python benchmarks/workers.py [DATASET_DIR] [--rounds 3] [--epochs 30]``. Without a dataset it packs 400
 generated 1-5 s 16 kHz PCM WAV utterances (the ``wav16k`` corpus of ``shardio bench``, half its size) into a
@@ -15,10 +16,10 @@ temporary directory. Cases, read in interleaved rounds (batches of 16, shuffled,
   what amortising the DataLoader's per-item cost would win;
 - torch's own floor: 2 workers yielding a small dict of 16 keys (no audio), per item.
 
-For each, CPU milliseconds per batch of each thread role, from ``/proc`` (Linux; 10 ms ticks, so each case runs
-``--epochs`` epochs per round): the training process's main thread (DataLoader bookkeeping, unpickling, the
-consuming loop) and its other threads (the index queues' feeders), the workers' (or readers') main threads and
-their other threads (the result queue's feeder, which pickles and sends). Writes
+For each, CPU milliseconds per batch of each thread role, from ``/proc`` (Linux; 10 ms ticks, so each case
+runs ``--epochs`` epochs per round): the training process's main thread (DataLoader bookkeeping, unpickling,
+the consuming loop) and its other threads (the index queues' feeders), the workers' (or readers') main threads
+and their other threads (the result queue's feeder, which pickles and sends). Writes
 ``benchmarks/results/workers.json`` and ``.md``.
 """
 
@@ -69,7 +70,8 @@ class _Bundled(ShardDataset):
 
 
 class _Tiny(IterableDataset[dict[str, Any]]):
-    """The DataLoader's own cost: items of 16 keys and 16 lengths, no audio, as many as a corpus has batches."""
+    """The DataLoader's own cost: items of 16 keys and 16 lengths, no audio, as many as
+    a corpus has batches."""
 
     def __init__(self, items: int) -> None:
         self.items = items
@@ -86,14 +88,22 @@ def _more_blocks(_worker: int) -> None:
 
 
 def _bundled_epoch(directory: str) -> Callable[[], tuple[int, float]]:
-    loader = DataLoader(_Bundled(directory, batch_size=BATCH), batch_size=None, num_workers=2,
-                        persistent_workers=True, worker_init_fn=_more_blocks)
+    loader = DataLoader(
+        _Bundled(directory, batch_size=BATCH),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        worker_init_fn=_more_blocks,
+    )
     return lambda: count_batches(batch for bundle in loader for batch in bundle)
 
 
 def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, float]]:
-    """Batches built by ``threads`` threads of this process, each with its own reader, handed over in order."""
-    batchmemory._POOL = batchmemory._BlockPool(4 + 2 * threads)  # every thread's batch in flight takes a block
+    """Batches built by ``threads`` threads of this process, each with its own reader,
+    handed over in order."""
+    batchmemory._POOL = batchmemory._BlockPool(
+        4 + 2 * threads
+    )  # every thread's batch in flight takes a block
     dataset = ShardDataset(directory, batch_size=BATCH)
     local = threading.local()
     pool = ThreadPoolExecutor(threads)
@@ -101,8 +111,14 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
 
     def build(plan: Any, epoch: int, number: int) -> dict[str, Any]:
         if not hasattr(local, "assembler"):
-            local.assembler = Assembler(dataset._new_reader(), Decoding(), seed=dataset.seed, batched=True,
-                                        on_error="raise", fields=dataset.planner.fields)
+            local.assembler = Assembler(
+                dataset._new_reader(),
+                Decoding(),
+                seed=dataset.seed,
+                batched=True,
+                on_error="raise",
+                fields=dataset.planner.fields,
+            )
         return local.assembler.batch(plan.batch(number), epoch, plan.repeat_flags(number))
 
     def batches() -> Iterator[dict[str, Any]]:
@@ -116,6 +132,7 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
     return lambda: count_batches(batches())
 
 
@@ -150,7 +167,9 @@ def _corpus(out: Path) -> str:
     from shardio.packing.pack import pack
     from shardio.synth import make_corpus
 
-    make_corpus(out / "src", num_files=400, formats=("wav",), sample_rate=16000, min_seconds=1.0, max_seconds=5.0)
+    make_corpus(
+        out / "src", num_files=400, formats=("wav",), sample_rate=16000, min_seconds=1.0, max_seconds=5.0
+    )
     pack(out / "src", out / "ds", samples_per_shard=50, compression="none", progress=False)
     return str(out / "ds")
 
@@ -158,20 +177,23 @@ def _corpus(out: Path) -> str:
 def measure(directory: str, rounds: int, epochs: int) -> dict[str, Any]:
     """Per case: samples per wall second and CPU ms per batch of each thread role, medians over ``rounds``."""
     batches = len(ShardDataset(directory, batch_size=BATCH))
-    cases = {"0 workers": shardio_epoch(directory, workers=0, batch_size=BATCH),
-             "2 workers": shardio_epoch(directory, workers=2, batch_size=BATCH),
-             "ShardLoader, 2 workers": _lean_epoch(directory, prefetch=2),
-             "ShardLoader, 2 workers, prefetch 1": _lean_epoch(directory, prefetch=1),
-             "2 decoding threads in the training process (experiment)": _threaded_epoch(directory, 2),
-             "2 reader processes, 0 workers each (parallel floor)": parallel_floor(directory, processes=2,
-                                                                                   batch_size=BATCH),
-             f"2 workers, {BUNDLE} batches per hand-off (experiment)": _bundled_epoch(directory),
-             "torch DataLoader alone: 2 workers, items without audio": _tiny_epoch(batches)}
+    cases = {
+        "0 workers": shardio_epoch(directory, workers=0, batch_size=BATCH),
+        "2 workers": shardio_epoch(directory, workers=2, batch_size=BATCH),
+        "ShardLoader, 2 workers": _lean_epoch(directory, prefetch=2),
+        "ShardLoader, 2 workers, prefetch 1": _lean_epoch(directory, prefetch=1),
+        "2 decoding threads in the training process (experiment)": _threaded_epoch(directory, 2),
+        "2 reader processes, 0 workers each (parallel floor)": parallel_floor(
+            directory, processes=2, batch_size=BATCH
+        ),
+        f"2 workers, {BUNDLE} batches per hand-off (experiment)": _bundled_epoch(directory),
+        "torch DataLoader alone: 2 workers, items without audio": _tiny_epoch(batches),
+    }
     for epoch in cases.values():
         epoch()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     for round_ in range(rounds):
-        for name, epoch in (cases.items() if round_ % 2 == 0 else reversed(cases.items())):
+        for name, epoch in cases.items() if round_ % 2 == 0 else reversed(cases.items()):
             before, started, samples = _threads(), time.perf_counter(), 0
             for _ in range(epochs):
                 samples += epoch()[0]
@@ -183,7 +205,9 @@ def measure(directory: str, rounds: int, epochs: int) -> dict[str, Any]:
             row["total"] = sum(row[role] for role in ROLES)
             row["samples_per_s"] = samples / wall
             runs[name].append(row)
-    return {name: {key: statistics.median(r[key] for r in done) for key in done[0]} for name, done in runs.items()}
+    return {
+        name: {key: statistics.median(r[key] for r in done) for key in done[0]} for name, done in runs.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,20 +222,39 @@ def main(argv: list[str] | None = None) -> int:
         directory = args.dataset or _corpus(Path(tmp))
         figures = measure(directory, args.rounds, args.epochs)
     facts["load_average_end"] = list(os.getloadavg())
-    command = "python benchmarks/workers.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    lines = ["# Where a batch's CPU goes with DataLoader workers", "",
-             f"`{command}` on {facts['cpu']}, {facts['cores']} cores (load average {facts['load_average_start'][0]:.1f} "
-             f"at start, {facts['load_average_end'][0]:.1f} at end); torch {facts['torch']}. Batches of {BATCH} "
-             f"PCM WAV utterances of 1-5 s; medians of {args.rounds} interleaved rounds of {args.epochs} epochs. "
-             "CPU ms per batch by thread (see the script's docs).", "",
-             "| case | samples/s (wall) | " + " | ".join(ROLES) + " | total CPU ms per batch |",
-             "|---|" + "---:|" * (len(ROLES) + 2)]
+    command = "python benchmarks/workers.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
+    )
+    lines = [
+        "# Where a batch's CPU goes with DataLoader workers",
+        "",
+        f"`{command}` on {facts['cpu']}, {facts['cores']} cores (load average "
+        f"{facts['load_average_start'][0]:.1f} at start, {facts['load_average_end'][0]:.1f} at end); torch "
+        f"{facts['torch']}. Batches of {BATCH} PCM WAV utterances of 1-5 s; medians of {args.rounds} "
+        f"interleaved rounds of {args.epochs} epochs. CPU ms per batch by thread (see the script's docs).",
+        "",
+        "| case | samples/s (wall) | " + " | ".join(ROLES) + " | total CPU ms per batch |",
+        "|---|" + "---:|" * (len(ROLES) + 2),
+    ]
     for name, row in figures.items():
-        lines.append(f"| {name} | {row['samples_per_s']:,.0f} | "
-                     + " | ".join(f"{row[role]:.3f}" for role in ROLES) + f" | {row['total']:.3f} |")
-    write_results(args.results, "workers", {"command": command, "machine": facts, "batch_size": BATCH,
-                                            "rounds": args.rounds, "epochs": args.epochs, "cases": figures},
-                  "\n".join(lines) + "\n")
+        lines.append(
+            f"| {name} | {row['samples_per_s']:,.0f} | "
+            + " | ".join(f"{row[role]:.3f}" for role in ROLES)
+            + f" | {row['total']:.3f} |"
+        )
+    write_results(
+        args.results,
+        "workers",
+        {
+            "command": command,
+            "machine": facts,
+            "batch_size": BATCH,
+            "rounds": args.rounds,
+            "epochs": args.epochs,
+            "cases": figures,
+        },
+        "\n".join(lines) + "\n",
+    )
     print("\n".join(lines))
     return 0
 

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from .reading.collate import collate
 
 
-
 def __getattr__(name: str) -> Any:
     # ShardDataset needs torch; importing it lazily keeps `shardio pack` and its workers quick to start.
     if name in ("ShardDataset", "Transform"):
@@ -60,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
         return MixedDataset
     raise AttributeError(f"module 'shardio' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",

@@ -133,8 +133,8 @@ _SHORT.maxlevel = 3
 
 
 def shown(value: object, limit: int = 100) -> str:
-    """``value`` for a message: a bounded repr (:mod:`reprlib`), non-printable characters escaped, at most about
-    ``limit`` characters."""
+    """``value`` for a message: a bounded repr (:mod:`reprlib`), non-printable characters escaped, at most
+    about ``limit`` characters."""
     text = _SHORT.repr(value)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

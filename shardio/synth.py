@@ -37,7 +37,10 @@ FORMATS: dict[str, tuple[str, str]] = {
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
 _VOWELS: dict[str, tuple[float, float, float]] = {  # (F1, F2, F3) in Hz for an adult male voice
-    "a": (730, 1090, 2440), "e": (530, 1840, 2480), "i": (270, 2290, 3010), "o": (570, 840, 2410),
+    "a": (730, 1090, 2440),
+    "e": (530, 1840, 2480),
+    "i": (270, 2290, 3010),
+    "o": (570, 840, 2410),
     "u": (300, 870, 2240),
 }
 _VOWEL_NAMES = "".join(_VOWELS)
@@ -57,15 +60,26 @@ class _Speaker:
 def _speaker(seed: int, number: int) -> _Speaker:
     rng = np.random.default_rng([seed, 1, number])
     high = number % 2 == 1  # alternate lower and higher voices
-    return _Speaker(f0=float(rng.uniform(170, 240) if high else rng.uniform(90, 140)),
-                    formant_scale=float(rng.uniform(1.1, 1.2) if high else rng.uniform(0.95, 1.05)),
-                    rate=float(rng.uniform(3.8, 5.5)))
+    return _Speaker(
+        f0=float(rng.uniform(170, 240) if high else rng.uniform(90, 140)),
+        formant_scale=float(rng.uniform(1.1, 1.2) if high else rng.uniform(0.95, 1.05)),
+        rate=float(rng.uniform(3.8, 5.5)),
+    )
 
 
-def make_corpus(out_dir: str | Path, *, num_files: int = 200, seed: int = 0,
-                formats: Sequence[str] = ("wav",), sample_rate: int = 16000, min_seconds: float = 1.0,
-                max_seconds: float = 5.0, speakers: int = 4, with_text: bool = True,
-                durations: Sequence[float] | None = None) -> list[Path]:
+def make_corpus(
+    out_dir: str | Path,
+    *,
+    num_files: int = 200,
+    seed: int = 0,
+    formats: Sequence[str] = ("wav",),
+    sample_rate: int = 16000,
+    min_seconds: float = 1.0,
+    max_seconds: float = 5.0,
+    speakers: int = 4,
+    with_text: bool = True,
+    durations: Sequence[float] | None = None,
+) -> list[Path]:
     """Write ``num_files`` speech-like utterances under ``out_dir`` and return their paths, in order.
 
     File ``i`` belongs to speaker ``i % speakers`` and is ``spkSS/spkSS_IIII.EXT``, with its extension
@@ -79,8 +93,10 @@ def make_corpus(out_dir: str | Path, *, num_files: int = 200, seed: int = 0,
     if "opus" in formats and sample_rate not in _OPUS_RATES:
         raise OptionError(f"opus needs a sample rate among {_OPUS_RATES}, not {sample_rate}")
     if num_files < 0 or speakers < 1 or sample_rate < 8000:
-        raise OptionError(f"need num_files >= 0, speakers >= 1 and sample_rate >= 8000 (got {num_files}, "
-                          f"{speakers}, {sample_rate})")
+        raise OptionError(
+            f"need num_files >= 0, speakers >= 1 and sample_rate >= 8000 (got {num_files}, "
+            f"{speakers}, {sample_rate})"
+        )
     if durations is None:
         if not 0 < min_seconds <= max_seconds:
             raise OptionError(f"need 0 < min_seconds <= max_seconds, got {min_seconds} and {max_seconds}")
@@ -98,8 +114,9 @@ def make_corpus(out_dir: str | Path, *, num_files: int = 200, seed: int = 0,
     for number, seconds in enumerate(lengths):
         speaker = number % speakers
         ext = formats[number % len(formats)]
-        audio, words = _utterance(np.random.default_rng([seed, 2, number]), seconds, sample_rate,
-                                  voices[speaker])
+        audio, words = _utterance(
+            np.random.default_rng([seed, 2, number]), seconds, sample_rate, voices[speaker]
+        )
         path = root / f"spk{speaker:02d}" / f"spk{speaker:02d}_{number:04d}.{ext}"
         path.parent.mkdir(parents=True, exist_ok=True)
         container, subtype = FORMATS[ext]
@@ -113,8 +130,9 @@ def make_corpus(out_dir: str | Path, *, num_files: int = 200, seed: int = 0,
     return paths
 
 
-def _utterance(rng: np.random.Generator, seconds: float, rate: int,
-               voice: _Speaker) -> tuple[np.ndarray, list[str]]:
+def _utterance(
+    rng: np.random.Generator, seconds: float, rate: int, voice: _Speaker
+) -> tuple[np.ndarray, list[str]]:
     """One utterance of ``seconds`` (float32 mono) and the words it says."""
     n = max(1, round(seconds * rate))
     voiced_env = np.zeros(n, np.float32)
@@ -161,8 +179,14 @@ def _utterance(rng: np.random.Generator, seconds: float, rate: int,
     return audio.astype(np.float32, copy=False), words
 
 
-def _consonant(letter: str, start: int, length: int, rng: np.random.Generator, voiced_env: np.ndarray,
-               noise_env: np.ndarray) -> None:
+def _consonant(
+    letter: str,
+    start: int,
+    length: int,
+    rng: np.random.Generator,
+    voiced_env: np.ndarray,
+    noise_env: np.ndarray,
+) -> None:
     """Add one consonant's envelopes: silence then a burst (stops), hiss (fricatives) or a murmur."""
     if length <= 0:
         return
@@ -185,15 +209,25 @@ def _glottal(rng: np.random.Generator, n: int, rate: int, voice: _Speaker) -> np
     seconds = n / rate
     knots = np.arange(0.0, seconds + 0.05, 0.05)
     wander = np.cumsum(rng.normal(0, 0.02, knots.size))
-    contour = (1 + 0.12 * np.sin(2 * np.pi * rng.uniform(0.2, 0.5) * knots + rng.uniform(0, 2 * np.pi))
-               - 0.15 * knots / max(seconds, 1e-3) + wander - wander.mean())
+    contour = (
+        1
+        + 0.12 * np.sin(2 * np.pi * rng.uniform(0.2, 0.5) * knots + rng.uniform(0, 2 * np.pi))
+        - 0.15 * knots / max(seconds, 1e-3)
+        + wander
+        - wander.mean()
+    )
     f0 = voice.f0 * np.clip(np.interp(np.arange(n) / rate, knots, contour), 0.6, 1.6)
     cycles = np.cumsum(f0) / rate
     return (2 * (cycles % 1.0) - 1).astype(np.float32)
 
 
-def _formants(source: np.ndarray, rate: int, centres: list[float], targets: list[tuple[float, float, float]],
-              scale: float) -> np.ndarray:
+def _formants(
+    source: np.ndarray,
+    rate: int,
+    centres: list[float],
+    targets: list[tuple[float, float, float]],
+    scale: float,
+) -> np.ndarray:
     """Filter ``source`` frame by frame through three resonances that glide between the vowel targets."""
     hop = rate // 100
     size = 2 * hop
@@ -221,8 +255,9 @@ def _formants(source: np.ndarray, rate: int, centres: list[float], targets: list
     return out.reshape(-1)[hop : hop + source.size]
 
 
-def duration_sample(n: int, profile: str = "librispeech", seed: int = 0, *, low: float = 1.0,
-                    high: float = 5.0) -> np.ndarray:
+def duration_sample(
+    n: int, profile: str = "librispeech", seed: int = 0, *, low: float = 1.0, high: float = 5.0
+) -> np.ndarray:
     """``n`` utterance durations in seconds (float64), drawn from a realistic distribution.
 
     ``librispeech``: most utterances 10-17 s (about 14.5 s typical), a tail of short ones down to 1 s and

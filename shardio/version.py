@@ -1,3 +1,4 @@
-"""The package's version, in a module of its own so that any layer may read it without importing the package."""
+"""The package's version, in a module of its own so that any layer may read it without
+importing the package."""
 
 __version__ = "0.1.0"

@@ -73,8 +73,10 @@ def main() -> None:
     totals = evaluate(args.dataset, args.batch_size, args.workers, args.count_repeats)
     if not dist.is_initialized() or dist.get_rank() == 0:
         wer = totals["errors"] / max(1, totals["words"])
-        print(f"WER {wer:.4f}: {totals['errors']} errors / {totals['words']} words, "
-              f"{totals['utterances']} utterances")
+        print(
+            f"WER {wer:.4f}: {totals['errors']} errors / {totals['words']} words, "
+            f"{totals['utterances']} utterances"
+        )
         if args.out is not None:
             args.out.write_text(json.dumps(totals))
     if dist.is_initialized():

@@ -41,7 +41,9 @@ def save_checkpoint(path: Path, **payload: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("dataset")
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoint.pt"))
     parser.add_argument("--epochs", type=int, default=2)
@@ -78,8 +80,13 @@ def main(argv: list[str] | None = None) -> None:
                 with args.keys_log.open("a") as log:
                     log.write(" ".join([str(step), *batch["keys"]]) + "\n")
             if step % args.every == 0:
-                save_checkpoint(args.checkpoint, model=model.state_dict(), optimizer=optimizer.state_dict(),
-                                loader=dataset.state_after(batch), step=step)
+                save_checkpoint(
+                    args.checkpoint,
+                    model=model.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    loader=dataset.state_after(batch),
+                    step=step,
+                )
             if step == args.die_at_step:
                 os.kill(os.getpid(), signal.SIGKILL)
     print(f"done: {step} steps")

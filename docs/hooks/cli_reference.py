@@ -39,13 +39,27 @@ def _arguments(parser: argparse.ArgumentParser) -> list[str]:
 def reference() -> str:
     """The Markdown of the whole command-line reference."""
     parser = build_parser()
-    lines = [f"```text\n{parser.format_usage().strip()}\n```", "", _cell(parser.description or ""), "",
-             *_arguments(parser), ""]
+    lines = [
+        f"```text\n{parser.format_usage().strip()}\n```",
+        "",
+        _cell(parser.description or ""),
+        "",
+        *_arguments(parser),
+        "",
+    ]
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in subparsers._choices_actions}
     for name, sub in subparsers.choices.items():
-        lines += [f"## shardio {name}", "", _cell(sub.description or helps.get(name) or ""), "",
-                  f"```text\n{sub.format_usage().strip()}\n```", "", *_arguments(sub), ""]
+        lines += [
+            f"## shardio {name}",
+            "",
+            _cell(sub.description or helps.get(name) or ""),
+            "",
+            f"```text\n{sub.format_usage().strip()}\n```",
+            "",
+            *_arguments(sub),
+            "",
+        ]
         if sub.epilog:
             lines += [_cell(sub.epilog), ""]
     lines += ["## Exit codes", "", "| code | meaning |", "|---:|---|"]

@@ -20,10 +20,12 @@ _ROLE = re.compile(r":[a-z]+:`(~?)([^`<]*?)(?:\s*<([^>]*)>)?`")
 
 def _markdown(rst: str) -> str:
     """A docstring's reStructuredText roles and double back-quotes as Markdown code spans."""
+
     def role(match: re.Match[str]) -> str:
         title, target = match.group(2), match.group(3)
         name = title if target else (title.rsplit(".", 1)[-1] if match.group(1) else title)
         return f"`{name}`"
+
     return _ROLE.sub(role, rst).replace("``", "`")
 
 
@@ -37,8 +39,14 @@ def _summary(path: Path) -> str:
 
 def _table(package: Path) -> list[str]:
     dotted = ".".join(package.relative_to(PACKAGE.parent).parts)
-    rows = [f"### `{dotted}`", "", _summary(package / "__init__.py"), "",
-            "| module | what it holds |", "|---|---|"]
+    rows = [
+        f"### `{dotted}`",
+        "",
+        _summary(package / "__init__.py"),
+        "",
+        "| module | what it holds |",
+        "|---|---|",
+    ]
     for module in sorted(package.glob("*.py")):
         if module.name != "__init__.py":
             rows.append(f"| `{module.stem}` | {_summary(module)} |")

@@ -19,10 +19,12 @@ _ROLE = re.compile(r":(?:py:)?[a-z]+:`(~?)([^`<]*?)(?:\s*<([^>`]*)>)?`")
 
 def markdown(text: str) -> str:
     """``text`` with every reStructuredText role replaced by a Markdown code span."""
+
     def span(match: re.Match[str]) -> str:
         tilde, title, target = match.groups()
         shown = title.strip() if target else (title.rsplit(".", 1)[-1] if tilde else title)
         return f"`{shown}`"
+
     return _ROLE.sub(span, text)
 
 

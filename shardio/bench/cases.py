@@ -1,5 +1,5 @@
-"""The measured cases of ``shardio bench``: loaders, resume, balance and a training-loop stall (the floors they are
-compared with are in :mod:`shardio.bench.floors`).
+"""The measured cases of ``shardio bench``: loaders, resume, balance and a training-loop stall (the floors
+they are compared with are in :mod:`shardio.bench.floors`).
 
 Every throughput case is an :class:`Epoch`: a callable that reads its whole corpus once and returns what it
 read (samples and audio seconds); :mod:`shardio.bench.run` times it. WebDataset is imported only here, lazily
@@ -58,26 +58,51 @@ def count_batches(batches: Iterable[dict[str, Any]]) -> tuple[int, float]:
     return samples, seconds
 
 
-def shardio_loader(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                   persistent: bool = True, unbatched: bool = False, dtype: str = "float32",
-                   lean: bool = False) -> Iterable[dict[str, Any]]:
+def shardio_loader(
+    directory: str,
+    *,
+    workers: int,
+    batch_size: int,
+    shuffle: bool = True,
+    persistent: bool = True,
+    unbatched: bool = False,
+    dtype: str = "float32",
+    lean: bool = False,
+) -> Iterable[dict[str, Any]]:
     """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
     dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`;
     ``lean``: a :class:`~shardio.ShardLoader` instead of the DataLoader."""
     persistent = persistent and workers > 0
     decoding = Decoding(dtype=dtype)
     if lean:
-        return ShardLoader(ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding),
-                           num_workers=workers, persistent_workers=persistent)
+        return ShardLoader(
+            ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding),
+            num_workers=workers,
+            persistent_workers=persistent,
+        )
     if unbatched:
-        return DataLoader(ShardDataset(directory, shuffle=shuffle, decoding=decoding), batch_size=batch_size,
-                          collate_fn=collate, num_workers=workers, persistent_workers=persistent)
+        return DataLoader(
+            ShardDataset(directory, shuffle=shuffle, decoding=decoding),
+            batch_size=batch_size,
+            collate_fn=collate,
+            num_workers=workers,
+            persistent_workers=persistent,
+        )
     dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding)
     return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
 
 
-def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: bool = True,
-                  fresh: bool = False, unbatched: bool = False, dtype: str = "float32", lean: bool = False) -> Epoch:
+def shardio_epoch(
+    directory: str,
+    *,
+    workers: int,
+    batch_size: int,
+    shuffle: bool = True,
+    fresh: bool = False,
+    unbatched: bool = False,
+    dtype: str = "float32",
+    lean: bool = False,
+) -> Epoch:
     """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
 
     ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
@@ -85,9 +110,18 @@ def shardio_epoch(directory: str, *, workers: int, batch_size: int, shuffle: boo
     first round, while a real epoch over a large dataset decompresses every shard. ``unbatched`` and ``lean``:
     see :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
     """
+
     def make() -> Iterable[dict[str, Any]]:
-        return shardio_loader(directory, workers=workers, batch_size=batch_size, shuffle=shuffle,
-                              unbatched=unbatched, dtype=dtype, lean=lean)
+        return shardio_loader(
+            directory,
+            workers=workers,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            unbatched=unbatched,
+            dtype=dtype,
+            lean=lean,
+        )
+
     if fresh:
         return lambda: count_batches(make())
     loader = make()
@@ -100,27 +134,34 @@ def _soundfile_sample(ext: str, dtype: str = "float32") -> Callable[[dict[str, A
         if data is None:  # a dataset of several audio formats: this sample's own audio member
             data = next((sample[name] for name in AUDIO_EXTENSIONS if name in sample), None)
         if data is None:
-            raise FormatError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no audio "
-                              f"member (expected one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)})")
+            raise FormatError(
+                f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no audio "
+                f"member (expected one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"
+            )
         audio, rate = soundfile.read(io.BytesIO(data), dtype=dtype, always_2d=True)
         return {"key": sample["__key__"], "audio": audio.T, "sample_rate": rate}
+
     return decode
 
 
-def webdataset_pipeline(shards: Sequence[str], *, ext: str, batch_size: int, decode: bool = True,
-                        dtype: str = "float32") -> Any:
+def webdataset_pipeline(
+    shards: Sequence[str], *, ext: str, batch_size: int, decode: bool = True, dtype: str = "float32"
+) -> Any:
     """WebDataset over ``shards`` in order, decoding ``ext`` with soundfile (to ``dtype``) and batching with
     shardio's collate."""
     import webdataset as wds
 
     pipeline = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False)
     if decode:
-        pipeline = pipeline.map(_soundfile_sample(ext, dtype)).batched(batch_size, collation_fn=collate, partial=True)
+        pipeline = pipeline.map(_soundfile_sample(ext, dtype)).batched(
+            batch_size, collation_fn=collate, partial=True
+        )
     return pipeline
 
 
-def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_size: int,
-                     dtype: str = "float32") -> Epoch:
+def webdataset_epoch(
+    shards: Sequence[str], *, ext: str, workers: int, batch_size: int, dtype: str = "float32"
+) -> Epoch:
     """What users have today: WebDataset + soundfile from ``io.BytesIO``, same batching and collate (audio as
     ``dtype``: soundfile reads 16-bit PCM as int16 as stored, as shardio's ``dtype="int16"`` does)."""
     pipeline = webdataset_pipeline(shards, ext=ext, batch_size=batch_size, dtype=dtype)
@@ -129,7 +170,8 @@ def webdataset_epoch(shards: Sequence[str], *, ext: str, workers: int, batch_siz
 
 
 def resume_latency(directory: str, *, fraction: float, batch_size: int, workers: int) -> float:
-    """Seconds from a fresh dataset to its first batch after ``load_state_dict`` at ``fraction`` of epoch 0."""
+    """Seconds from a fresh dataset to its first batch after ``load_state_dict`` at
+    ``fraction`` of epoch 0."""
     started = time.perf_counter()
     dataset = ShardDataset(directory, batch_size=batch_size)
     position = int(fraction * len(dataset))
@@ -143,9 +185,11 @@ def resume_latency(directory: str, *, fraction: float, batch_size: int, workers:
     return seconds
 
 
-def webdataset_skip_latency(shards: Sequence[str], *, ext: str, fraction: float, samples: int,
-                            batch_size: int) -> float:
-    """WebDataset has no resume: seconds to skip ``fraction`` of the samples (read, not decoded), then batch."""
+def webdataset_skip_latency(
+    shards: Sequence[str], *, ext: str, fraction: float, samples: int, batch_size: int
+) -> float:
+    """WebDataset has no resume: seconds to skip ``fraction`` of the samples (read, not
+    decoded), then batch."""
     started = time.perf_counter()
     raw = iter(webdataset_pipeline(shards, ext=ext, batch_size=batch_size, decode=False))
     for _ in itertools.islice(raw, int(fraction * samples)):
@@ -156,7 +200,8 @@ def webdataset_skip_latency(shards: Sequence[str], *, ext: str, fraction: float,
 
 
 def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarray]:
-    """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each (shard ids, durations)."""
+    """Metadata of an uneven dataset: ``shards`` shards of 10-400 samples, 1-15 s each
+    (shard ids, durations)."""
     rng = np.random.default_rng([seed, 7])
     counts = rng.integers(10, 400, shards)
     shard_ids = np.repeat(np.arange(shards, dtype=np.uint32), counts)
@@ -164,9 +209,11 @@ def uneven_shards(seed: int = 0, shards: int = 24) -> tuple[np.ndarray, np.ndarr
     return shard_ids, durations
 
 
-def balance(shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequence[int],
-            batch_size: int) -> list[dict[str, Any]]:
-    """Per-rank batch counts and audio seconds: shardio's plan vs WebDataset's ``split_by_node`` (metadata only)."""
+def balance(
+    shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequence[int], batch_size: int
+) -> list[dict[str, Any]]:
+    """Per-rank batch counts and audio seconds: shardio's plan vs WebDataset's
+    ``split_by_node`` (metadata only)."""
     from webdataset import split_by_node
 
     num_shards = int(shard_ids.max()) + 1
@@ -174,10 +221,19 @@ def balance(shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequen
     per_shard_seconds = np.bincount(shard_ids, weights=durations, minlength=num_shards)
     rows = []
     for world in world_sizes:
-        plan = plan_epoch(shard_ids, durations, num_shards, seed=0, epoch=0, world_size=world,
-                          batching=Batching(batch_size=batch_size))
-        seconds = [float(sum(durations[plan.batch(r, j)].sum() for j in range(plan.num_batches)))
-                   for r in range(world)]
+        plan = plan_epoch(
+            shard_ids,
+            durations,
+            num_shards,
+            seed=0,
+            epoch=0,
+            world_size=world,
+            batching=Batching(batch_size=batch_size),
+        )
+        seconds = [
+            float(sum(durations[plan.batch(r, j)].sum() for j in range(plan.num_batches)))
+            for r in range(world)
+        ]
         rows.append(_balance_row("shardio", world, [plan.num_batches] * world, seconds))
         batches, seconds = [], []
         for rank in range(world):
@@ -190,17 +246,21 @@ def balance(shard_ids: np.ndarray, durations: np.ndarray, *, world_sizes: Sequen
 
 
 def _balance_row(loader: str, world: int, batches: list[int], seconds: list[float]) -> dict[str, Any]:
-    return {"loader": loader, "world_size": world, "batches_per_rank": batches,
-            "audio_seconds_per_rank": [round(s, 1) for s in seconds],
-            "batch_spread": max(batches) - min(batches),
-            "audio_max_over_min": round(max(seconds) / max(min(seconds), 1e-9), 3),
-            "synchronised_steps": min(batches),
-            "idle_rank_batches": sum(max(batches) - b for b in batches)}
+    return {
+        "loader": loader,
+        "world_size": world,
+        "batches_per_rank": batches,
+        "audio_seconds_per_rank": [round(s, 1) for s in seconds],
+        "batch_spread": max(batches) - min(batches),
+        "audio_max_over_min": round(max(seconds) / max(min(seconds), 1e-9), 3),
+        "synchronised_steps": min(batches),
+        "idle_rank_batches": sum(max(batches) - b for b in batches),
+    }
 
 
 def stall(loader: Iterable[dict[str, Any]], *, step_seconds: float, batches: int) -> dict[str, float]:
-    """A training loop that spends ``step_seconds`` per batch (sleeping, as while a GPU computes): the share of
-    its time spent waiting for data, from the second batch on (the first includes worker start-up)."""
+    """A training loop that spends ``step_seconds`` per batch (sleeping, as while a GPU computes): the share
+    of its time spent waiting for data, from the second batch on (the first includes worker start-up)."""
     iterator = iter(loader)
     next(iterator)
     waited, taken = 0.0, 0
@@ -216,5 +276,9 @@ def stall(loader: Iterable[dict[str, Any]], *, step_seconds: float, batches: int
         time.sleep(step_seconds)
     total = time.perf_counter() - started
     del iterator
-    return {"batches": taken, "wait_share": waited / max(total, 1e-9), "seconds": total,
-            "wait_ms_per_batch": 1000 * waited / max(taken, 1)}
+    return {
+        "batches": taken,
+        "wait_share": waited / max(total, 1e-9),
+        "seconds": total,
+        "wait_ms_per_batch": 1000 * waited / max(taken, 1),
+    }

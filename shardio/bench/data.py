@@ -8,8 +8,8 @@ Without a dataset directory the bench makes two corpora under ``out_dir``:
   the repository (it is not on users' clones), else generated 16 kHz FLAC utterances.
 
 Each dataset's variants (``zstd`` levels, ``gzip``, ``bz2``) are made from its samples' tar bytes: zstd ones
-with :class:`~shardio.shards.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and indexing
-them with :func:`shardio.packing.indexer.build_index` when that is available.
+with :class:`~shardio.shards.writer.ShardWriter`, the stream codecs by compressing whole ``.tar`` shards and
+indexing them with :func:`shardio.packing.indexer.build_index` when that is available.
 """
 
 from __future__ import annotations
@@ -85,9 +85,17 @@ def dataset_corpus(directory: str | os.PathLike[str], name: str, source: str) ->
     index = Index.load(directory)
     codecs = sorted({s.codec for s in index.shards})
     formats = sorted({index.formats[int(f)] for f in np.unique(index.columns["format"])})
-    return Corpus(name=name, directory=os.fspath(directory), source=source, audio_format="+".join(formats),
-                  samples=len(index), audio_seconds=round(index.total_duration, 3), shards=len(index.shards),
-                  shard_bytes=sum(s.bytes for s in index.shards), codec="+".join(codecs))
+    return Corpus(
+        name=name,
+        directory=os.fspath(directory),
+        source=source,
+        audio_format="+".join(formats),
+        samples=len(index),
+        audio_seconds=round(index.total_duration, 3),
+        shards=len(index.shards),
+        shard_bytes=sum(s.bytes for s in index.shards),
+        codec="+".join(codecs),
+    )
 
 
 def _numpy_corpus(out: Path, num_files: int, ext: str, rate: int) -> None:
@@ -116,7 +124,8 @@ def _generate(out: Path, num_files: int, ext: str, rate: int) -> str:
 
 
 def _ljspeech_flacs(out: Path, shared: Path, repeats: int, limit: int | None) -> str | None:
-    """Copy the (first ``limit``) LJ Speech FLACs ``repeats`` times under ``out``; None when they are absent."""
+    """Copy the (first ``limit``) LJ Speech FLACs ``repeats`` times under ``out``; None
+    when they are absent."""
     flacs = sorted((shared / "ljspeech_coqui" / "wavs").glob("*.flac"))[:limit]
     if not flacs:
         return None
@@ -136,8 +145,15 @@ def _fresh(directory: Path) -> Path:
     return directory
 
 
-def prepare_corpora(out_dir: str | os.PathLike[str], *, wav_files: int, flac_repeats: int, flac_files: int,
-                    samples_per_shard: int, flac_limit: int | None = None) -> list[Corpus]:
+def prepare_corpora(
+    out_dir: str | os.PathLike[str],
+    *,
+    wav_files: int,
+    flac_repeats: int,
+    flac_files: int,
+    samples_per_shard: int,
+    flac_limit: int | None = None,
+) -> list[Corpus]:
     """Generate (or find) and pack the bench's own corpora under ``out_dir``, as plain ``.tar`` datasets."""
     root = Path(out_dir)
     corpora: list[Corpus] = []
@@ -165,30 +181,41 @@ def _sample_members(reader: Reader, sample: int) -> dict[str, bytes]:
     return {ext: bytes(data) for ext, data in reader.members(sample).items()}
 
 
-def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3,
-                 samples: int | None = None) -> Corpus | None:
-    """Re-write ``source``'s first ``samples`` samples (all by default) with another codec; None if impossible.
+def make_variant(
+    source: Corpus, codec: str, out_dir: str | os.PathLike[str], *, level: int = 3, samples: int | None = None
+) -> Corpus | None:
+    """Re-write ``source``'s first ``samples`` samples (all by default) with another
+    codec; None if impossible.
 
     ``codec`` is ``none``, ``zstd`` (at ``level``), ``gzip`` or ``bz2``. The shard boundaries are kept.
-    Stream codecs need :func:`shardio.packing.indexer.build_index`; without it the shards are written but not indexed
-    and None is returned (the caller may still read them with WebDataset).
+    Stream codecs need :func:`shardio.packing.indexer.build_index`; without it the shards are written but not
+    indexed and None is returned (the caller may still read them with WebDataset).
     """
     index = Index.load(source.directory)
     count = len(index) if samples is None else min(samples, len(index))
     label = f"{codec}-{level}" if codec == "zstd" else codec
-    directory = _fresh(Path(out_dir) / f"{source.name}-{label}" if samples is None
-                       else Path(out_dir) / f"{source.name}-{count}-{label}")
+    directory = _fresh(
+        Path(out_dir) / f"{source.name}-{label}"
+        if samples is None
+        else Path(out_dir) / f"{source.name}-{count}-{label}"
+    )
     reader = Reader(index)
     keys, formats = index.keys, index.formats
     c = index.columns
     if codec in ("none", "zstd"):
         per_shard = max(s.samples for s in index.shards)  # keeps the boundaries of equal-sized shards
-        with ShardWriter(directory, compression=codec, zstd_level=level, max_samples=per_shard,
-                         overwrite=True) as writer:
+        with ShardWriter(
+            directory, compression=codec, zstd_level=level, max_samples=per_shard, overwrite=True
+        ) as writer:
             for sample in range(count):
-                writer.write(keys[sample], _sample_members(reader, sample),
-                             audio_ext=formats[int(c["format"][sample])], num_frames=int(c["num_frames"][sample]),
-                             sample_rate=int(c["sample_rate"][sample]), channels=int(c["channels"][sample]))
+                writer.write(
+                    keys[sample],
+                    _sample_members(reader, sample),
+                    audio_ext=formats[int(c["format"][sample])],
+                    num_frames=int(c["num_frames"][sample]),
+                    sample_rate=int(c["sample_rate"][sample]),
+                    channels=int(c["channels"][sample]),
+                )
         reader.close()
         return dataset_corpus(directory, source.name, source.source)
     if codec not in STREAM_COMPRESSORS:
@@ -206,10 +233,20 @@ def make_variant(source: Corpus, codec: str, out_dir: str | os.PathLike[str], *,
     try:
         from ..packing.indexer import build_index
     except ImportError:
-        logger.warning("shardio.packing.indexer is not available: %s shards are read with WebDataset only", codec)
-        return Corpus(name=source.name, directory=str(directory), source=source.source,
-                      audio_format=source.audio_format, samples=count, audio_seconds=0.0, shards=len(paths),
-                      shard_bytes=sum(p.stat().st_size for p in paths), codec=codec)
+        logger.warning(
+            "shardio.packing.indexer is not available: %s shards are read with WebDataset only", codec
+        )
+        return Corpus(
+            name=source.name,
+            directory=str(directory),
+            source=source.source,
+            audio_format=source.audio_format,
+            samples=count,
+            audio_seconds=0.0,
+            shards=len(paths),
+            shard_bytes=sum(p.stat().st_size for p in paths),
+            codec=codec,
+        )
     build_index(paths, directory, progress=False)  # a step of the bench's own bars
     return dataset_corpus(directory, source.name, source.source)
 
@@ -223,7 +260,8 @@ def shard_files(corpus: Corpus) -> list[str]:
 
 
 def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, bytes]]:
-    """``(ext, bytes)`` of the audio member of each sample of ``corpus`` (the first ``limit``), in index order."""
+    """``(ext, bytes)`` of the audio member of each sample of ``corpus`` (the first
+    ``limit``), in index order."""
     index = Index.load(corpus.directory)
     reader = Reader(index)
     found: list[tuple[str, bytes]] = []
@@ -237,8 +275,8 @@ def audio_members(corpus: Corpus, limit: int | None = None) -> list[tuple[str, b
 
 
 def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
-    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order (samples
-    that share a frame share its bytes)."""
+    """``(compressed frame, audio seconds)`` of each sample of the ``.tar.zst`` ``corpus``, in index order
+    (samples that share a frame share its bytes)."""
     index = Index.load(corpus.directory)
     reader = Reader(index)
     c = index.columns
@@ -249,7 +287,9 @@ def zstd_frames(corpus: Corpus) -> list[tuple[bytes, float]]:
             shard, offset = int(c["shard"][sample]), int(c["frame_offset"][sample])
             if (shard, offset) not in frames:
                 frames[shard, offset] = reader.read_range(shard, offset, int(c["frame_size"][sample]))
-            found.append((frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample])))
+            found.append(
+                (frames[shard, offset], int(c["num_frames"][sample]) / int(c["sample_rate"][sample]))
+            )
     finally:
         reader.close()
     return found

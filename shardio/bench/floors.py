@@ -1,5 +1,6 @@
 """The floors of ``shardio bench``: what decoding alone costs (soundfile, numpy, zstd) and what a pure-Python
-loader doing only a batch's necessary work costs, each an :class:`~shardio.bench.cases.Epoch` over the same corpus.
+loader doing only a batch's necessary work costs, each an
+:class:`~shardio.bench.cases.Epoch` over the same corpus.
 """
 
 from __future__ import annotations
@@ -20,38 +21,53 @@ from ..shards.tarformat import parse_members
 from ..storage.localshard import CAN_MAP
 from .cases import Epoch
 
-__all__ = ["memory_file_floor", "numpy_batch_floor", "numpy_floor", "pcm_layout", "python_floor", "soundfile_floor",
-           "zstd_floor"]
+__all__ = [
+    "memory_file_floor",
+    "numpy_batch_floor",
+    "numpy_floor",
+    "pcm_layout",
+    "python_floor",
+    "soundfile_floor",
+    "zstd_floor",
+]
 
 _MADV_POPULATE_READ = 22  # as shardio's reader faults a sample's pages in (Linux 5.14+)
 
 
 def soundfile_floor(members: Sequence[tuple[str, bytes]]) -> Epoch:
     """The decoder floor: soundfile on each audio member's bytes, already in memory, in a tight loop."""
+
     def epoch() -> tuple[int, float]:
         seconds = 0.0
         for _ext, data in members:
             audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
             seconds += audio.shape[0] / rate
         return len(members), seconds
+
     return epoch
 
 
 def memory_file_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
     """The decoder floor as shardio reads FLAC: soundfile on each member's bytes copied into a memory file
     (:mod:`shardio.reading.memoryfile`); None where the members are of other formats, or there is no memfd."""
-    if not members or any(ext not in FILE_FORMATS for ext, _data in members) \
-            or read_as_file(memoryview(members[0][1]), lambda sound: sound.read()) is None:
+    if (
+        not members
+        or any(ext not in FILE_FORMATS for ext, _data in members)
+        or read_as_file(memoryview(members[0][1]), lambda sound: sound.read()) is None
+    ):
         return None
 
     def epoch() -> tuple[int, float]:
         seconds = 0.0
         for _ext, data in members:
-            decoded = read_as_file(memoryview(data), lambda sound: (sound.read(dtype="float32", always_2d=True),
-                                                                   sound.samplerate))
+            decoded = read_as_file(
+                memoryview(data),
+                lambda sound: (sound.read(dtype="float32", always_2d=True), sound.samplerate),
+            )
             assert decoded is not None, "a member the memory file read once no longer reads"
             seconds += decoded[0].shape[0] / decoded[1]
         return len(members), seconds
+
     return epoch
 
 
@@ -69,13 +85,22 @@ def pcm_layout(data: bytes | memoryview) -> tuple[int, int, int, int, int] | Non
             if (tag, bits) not in ((1, 16), (1, 32), (3, 32)):
                 return None
             size = min(size, len(data) - position - 8)
-            return position + 8, size // (channels * bits // 8), channels, rate, bits * (1 if tag == 1 else -1)
+            return (
+                position + 8,
+                size // (channels * bits // 8),
+                channels,
+                rate,
+                bits * (1 if tag == 1 else -1),
+            )
         position += 8 + size + (size & 1)
     return None
 
 
-_PCM_KINDS = {16: ("<i2", np.float32(2.0**-15)), 32: ("<i4", np.float32(2.0**-31)),
-              -32: ("<f4", np.float32(1.0))}
+_PCM_KINDS = {
+    16: ("<i2", np.float32(2.0**-15)),
+    32: ("<i4", np.float32(2.0**-31)),
+    -32: ("<f4", np.float32(1.0)),
+}
 """``pcm_layout``'s signed bits -> (numpy dtype of the stored samples, scale to float32)."""
 
 
@@ -100,12 +125,14 @@ def numpy_floor(members: Sequence[tuple[str, bytes]]) -> Epoch | None:
             audio = audio.reshape(frames, channels).T
             seconds += frames / rate
         return len(members), seconds
+
     return epoch
 
 
 def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> Epoch | None:
     """The raw floor of a loader that yields padded batches: as :func:`numpy_floor`, but each sample is cast
-    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on (fresh memory, not cache)."""
+    into its row of a new zero-padded float32 ``(B, C, T)`` batch, which lives on
+    (fresh memory, not cache)."""
     if not _all_pcm(members):
         return None
     kinds = _PCM_KINDS
@@ -120,19 +147,23 @@ def numpy_batch_floor(members: Sequence[tuple[str, bytes]], batch_size: int) -> 
                 offset, frames, channels, rate, bits = layout  # type: ignore[misc]
                 dtype, scale = kinds[bits]
                 target = batch[row, :, :frames]
-                np.copyto(target, np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
-                          casting="unsafe")
+                np.copyto(
+                    target,
+                    np.frombuffer(data, dtype, frames * channels, offset).reshape(frames, channels).T,
+                    casting="unsafe",
+                )
                 target *= scale
                 seconds += frames / rate
             kept = batch  # the consumer holds the batch while the next one is made
         del kept
         return len(members), seconds
+
     return epoch
 
 
 def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
-    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its zstd
-    frame decompressed from memory with one reused context, as a reader with random access must. The
+    """The decompression floor of a ``.tar.zst`` corpus: for each sample (``(frame, audio seconds)``), its
+    zstd frame decompressed from memory with one reused context, as a reader with random access must. The
     floor of the whole ``.tar.zst`` path is this plus the ``.tar`` path (:mod:`shardio.bench.throughput`)."""
     import zstandard
 
@@ -142,15 +173,17 @@ def zstd_floor(frames: Sequence[tuple[bytes, float]]) -> Epoch:
         for frame, _seconds in frames:
             decompressor.decompress(frame)
         return len(frames), sum(seconds for _frame, seconds in frames)
+
     return epoch
 
 
 def python_floor(directory: str, batch_size: int) -> Epoch | None:
-    """The floor of a pure-Python loader over a dataset of PCM WAV (and JSON) samples in plain ``.tar`` shards: in
-    shuffled batches, each sample's bytes a view of its shard's memory map faulted in by one call, its tar
-    members parsed (checksums included) and checked against its key, its JSON parsed and its WAV header read,
-    its samples cast and scaled into its row of a reused zero-padded batch. No plan, no error handling, no
-    fields but the keys, lengths, rates and JSON values: what shardio's checks cost in Python at the least."""
+    """The floor of a pure-Python loader over a dataset of PCM WAV (and JSON) samples in plain ``.tar``
+    shards: in shuffled batches, each sample's bytes a view of its shard's memory map faulted in by one call,
+    its tar members parsed (checksums included) and checked against its key, its JSON parsed and its WAV
+    header read, its samples cast and scaled into its row of a reused zero-padded batch. No plan, no error
+    handling, no fields but the keys, lengths, rates and JSON values: what shardio's checks cost
+    in Python at the least."""
     index = Index.load(directory)
     if not CAN_MAP or set(index.formats) != {"wav"} or any(info.codec != "none" for info in index.shards):
         return None
@@ -192,8 +225,11 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
                 offset, count, channels, rate, bits = layout
                 dtype, scale = kinds[bits]
                 target = batch[row, :, :count]
-                np.copyto(target, np.frombuffer(wav, dtype, count * channels, offset).reshape(count, channels).T,
-                          casting="unsafe")
+                np.copyto(
+                    target,
+                    np.frombuffer(wav, dtype, count * channels, offset).reshape(count, channels).T,
+                    casting="unsafe",
+                )
                 target *= scale
                 batch[row, :, count:] = 0
                 lengths.append(count)
@@ -201,6 +237,7 @@ def python_floor(directory: str, batch_size: int) -> Epoch | None:
                 seconds += count / rate
             float(batch.reshape(-1)[::1024].sum())  # as the loaders' consumer touches each page
         return len(order), seconds
+
     return epoch
 
 

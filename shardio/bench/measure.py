@@ -49,7 +49,11 @@ def _descendants() -> list[int]:
     while todo:
         pid = todo.pop()
         try:
-            children = [int(c) for task in Path(f"/proc/{pid}/task").glob("*/children") for c in task.read_text().split()]
+            children = [
+                int(c)
+                for task in Path(f"/proc/{pid}/task").glob("*/children")
+                for c in task.read_text().split()
+            ]
         except (OSError, ValueError):
             children = []
         found += children
@@ -121,10 +125,16 @@ def machine_facts() -> dict[str, Any]:
         except (ImportError, AttributeError):
             versions[module] = "absent"
     import soundfile
+
     versions["libsndfile"] = str(soundfile.__libsndfile_version__)
     # the kernel tells hosts apart that report the same CPU (a VM's, a sandbox's), whose ratios can differ
-    return {"cpu": model, "cores": os.cpu_count(), "kernel": f"{platform.system()} {platform.release()}",
-            "load_average_start": list(os.getloadavg()), **versions}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "load_average_start": list(os.getloadavg()),
+        **versions,
+    }
 
 
 @dataclass
@@ -146,8 +156,9 @@ class Case:
         return f"{self.corpus}|{self.name}"
 
 
-def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: float = 0.0
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def measure_rounds(
+    items: list[Case], reps: int, progress: bool, min_seconds: float = 0.0
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A warm-up round (which also measures peak RSS), then ``reps`` timed rounds over every case in turn;
     in a round, a case reads its corpus as many times as it takes to last ``min_seconds``. Rounds run the
     cases forward and backward in turn, so that a drift of the machine's speed (a shared host's neighbours
@@ -179,23 +190,34 @@ def measure_rounds(items: list[Case], reps: int, progress: bool, min_seconds: fl
                 samples, seconds, passes = samples + more[0], seconds + more[1], passes + 1
             elapsed = time.perf_counter() - started
             total = max(cpu_seconds() - used, 1e-6)
-            runs[case.key].append((elapsed, total, samples, seconds, passes, (time.process_time() - own) / total))
+            runs[case.key].append(
+                (elapsed, total, samples, seconds, passes, (time.process_time() - own) / total)
+            )
     rows, rates = [], {}
     for case in live:
         done = runs[case.key]
         wall, cpu = [r[0] for r in done], [r[1] for r in done]
         rates[case.key] = {"wall": [r[2] / r[0] for r in done], "cpu": [r[2] / r[1] for r in done]}
         first = done[0]
-        rows.append({"corpus": case.corpus, "case": case.name, "loader": case.loader, "codec": case.codec,
-                     "workers": case.workers, "samples": first[2] // first[4],
-                     "audio_seconds": round(first[3] / first[4], 3), "megabytes": round(case.megabytes, 3),
-                     "passes_per_round": stats([r[4] for r in done]),
-                     "samples_per_s": stats(rates[case.key]["wall"]),
-                     "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
-                     "audio_s_per_s": stats([r[3] / r[0] for r in done]),
-                     "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
-                     "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
-                     "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
-                     "trainer_cpu_share": stats([min(r[5], 1.0) for r in done]),
-                     "peak_rss_mb": round(peaks[case.key] / 1e6, 1)})
+        rows.append(
+            {
+                "corpus": case.corpus,
+                "case": case.name,
+                "loader": case.loader,
+                "codec": case.codec,
+                "workers": case.workers,
+                "samples": first[2] // first[4],
+                "audio_seconds": round(first[3] / first[4], 3),
+                "megabytes": round(case.megabytes, 3),
+                "passes_per_round": stats([r[4] for r in done]),
+                "samples_per_s": stats(rates[case.key]["wall"]),
+                "samples_per_cpu_s": stats(rates[case.key]["cpu"]),
+                "audio_s_per_s": stats([r[3] / r[0] for r in done]),
+                "audio_s_per_cpu_s": stats([r[3] / r[1] for r in done]),
+                "mb_per_cpu_s": stats([case.megabytes * r[4] / r[1] for r in done]),
+                "cores_used": stats([c / t for c, t in zip(cpu, wall)]),
+                "trainer_cpu_share": stats([min(r[5], 1.0) for r in done]),
+                "peak_rss_mb": round(peaks[case.key] / 1e6, 1),
+            }
+        )
     return rows, rates

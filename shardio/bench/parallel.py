@@ -28,7 +28,9 @@ __all__ = ["parallel_floor"]
 _PATIENCE = 600.0  # seconds an epoch of one reader may take before the bench gives up on it
 
 
-def _serve(conn: Connection, directory: str, rank: int, processes: int, batch_size: int, shuffle: bool) -> None:
+def _serve(
+    conn: Connection, directory: str, rank: int, processes: int, batch_size: int, shuffle: bool
+) -> None:
     """A reader process: one epoch of its rank per request, until it is sent None."""
     torch.set_num_threads(1)  # as in a DataLoader worker: no intra-op pool spinning beside the other readers
     dataset = ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, world=World(rank, processes))
@@ -47,8 +49,12 @@ def _planned(batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if bool(keep.all()):
             yield batch
         else:
-            yield {**batch, "keys": [k for k, kept in zip(batch["keys"], keep.tolist()) if kept],
-                   "lengths": batch["lengths"][keep], "sample_rate": batch["sample_rate"][keep]}
+            yield {
+                **batch,
+                "keys": [k for k, kept in zip(batch["keys"], keep.tolist()) if kept],
+                "lengths": batch["lengths"][keep],
+                "sample_rate": batch["sample_rate"][keep],
+            }
 
 
 def _stop(pipes: list[Connection], procs: list[Any]) -> None:
@@ -64,17 +70,22 @@ def _stop(pipes: list[Connection], procs: list[Any]) -> None:
 
 
 def parallel_floor(directory: str, *, processes: int, batch_size: int, shuffle: bool = True) -> Epoch:
-    """``processes`` reader processes, started now and kept (as persistent DataLoader workers are), each reading
-    rank ``r`` of ``processes`` of ``directory`` with 0 workers; an epoch runs them all at once and returns the
-    samples and audio seconds they read together."""
-    context: Any = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
-                                               else "spawn")
+    """``processes`` reader processes, started now and kept (as persistent DataLoader workers are), each
+    reading rank ``r`` of ``processes`` of ``directory`` with 0 workers; an epoch runs them all at once and
+    returns the samples and audio seconds they read together."""
+    context: Any = multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    )
     pipes: list[Connection] = []
     procs: list[Any] = []
     for rank in range(processes):
         ours, theirs = context.Pipe()
-        proc = context.Process(target=_serve, args=(theirs, directory, rank, processes, batch_size, shuffle),
-                               daemon=True, name=f"shardio-bench-reader-{rank}")
+        proc = context.Process(
+            target=_serve,
+            args=(theirs, directory, rank, processes, batch_size, shuffle),
+            daemon=True,
+            name=f"shardio-bench-reader-{rank}",
+        )
         proc.start()
         theirs.close()
         pipes.append(ours)
@@ -87,8 +98,10 @@ def parallel_floor(directory: str, *, processes: int, batch_size: int, shuffle: 
         for rank, pipe in enumerate(pipes):
             try:
                 if not pipe.poll(_PATIENCE):
-                    raise ReadError(f"parallel floor: reader process {rank} of {processes} sent nothing in "
-                                    f"{_PATIENCE:.0f} s")
+                    raise ReadError(
+                        f"parallel floor: reader process {rank} of {processes} sent nothing in "
+                        f"{_PATIENCE:.0f} s"
+                    )
                 status, value = pipe.recv()
             except EOFError:
                 raise ReadError(f"parallel floor: reader process {rank} of {processes} exited") from None

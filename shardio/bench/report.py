@@ -1,4 +1,5 @@
-"""Rendering of ``shardio bench`` results: the targets, a Markdown report, a PNG chart and the JSON file."""
+"""Rendering of ``shardio bench`` results: a Markdown report, a PNG chart and the JSON file (the targets they
+list are checked in :mod:`shardio.bench.targets`)."""
 
 from __future__ import annotations
 
@@ -9,77 +10,9 @@ from typing import Any
 
 from ..storage.files import check_output_file, write_atomic
 
-__all__ = ["TARGETS", "chart", "evaluate_targets", "markdown", "write_report", "write_results"]
+__all__ = ["chart", "markdown", "write_report", "write_results"]
 
 logger = logging.getLogger(__name__)
-
-TARGETS: list[tuple[str, str, str, float]] = [
-    # (ratio name, audio format it applies to ("*": any), description, threshold: the ratio must be >= it)
-    ("shard_loader_vs_webdataset_2w", "wav", ("headline: shardio's ShardLoader with 2 workers (the set-up the README "
-     "recommends) >= 5x WebDataset + soundfile through DataLoader with 2 workers, per core (PCM WAV)"), 5.0),
-    ("shardio_vs_webdataset_2w", "wav", ("through DataLoader with 2 workers, shardio >= 5x WebDataset + soundfile with "
-     "2 workers, per core (PCM WAV)"), 5.0),
-    ("shardio_vs_webdataset", "wav", "shardio >= 5x WebDataset + soundfile, 0 workers, per core (PCM WAV)", 5.0),
-    ("two_workers_vs_zero", "*", "2 workers >= 1.8x 0 workers (wall samples/s; needs 2 free cores)", 1.8),
-    ("two_workers_vs_zero_per_cpu_s", "*", ("loader CPU per sample with 2 workers at most 1.15x 0 workers "
-     "(per CPU-s ratio >= 1/1.15)"), 1 / 1.15),
-    ("shard_loader_vs_zero", "*", "ShardLoader, 2 workers >= 1.8x 0 workers (wall samples/s; needs 2 free cores)",
-     1.8),
-    ("shard_loader_vs_zero_per_cpu_s", "*", ("loader CPU per sample with ShardLoader's 2 workers at most 1.15x 0 "
-     "workers (per CPU-s ratio >= 1/1.15)"), 1 / 1.15),
-    ("shard_loader_vs_dataloader_2w", "*", "(context) ShardLoader vs DataLoader, 2 workers each, per CPU-s", 1.0),
-    ("parallel_floor_vs_zero", "*", ("(context) the machine: 2 reader processes at once, 0 workers each, vs one "
-     "(wall samples/s): the most 2 workers can reach here"), 1.8),
-    ("parallel_floor_vs_zero_per_cpu_s", "*", ("(context) the machine: 2 reader processes at once vs one, per "
-     "CPU-s (shared caches, memory bandwidth, neighbours)"), 1 / 1.15),
-    ("two_workers_vs_parallel_floor_per_cpu_s", "*", ("(context) the transport: 2 workers vs 2 reader processes "
-     "at once, per CPU-s (the DataLoader's hand-off alone)"), 1 / 1.15),
-    ("shard_loader_vs_parallel_floor_per_cpu_s", "*", ("(context) ShardLoader's transport: 2 workers vs 2 reader "
-     "processes at once, per CPU-s"), 1 / 1.15),
-    ("shardio_vs_numpy_floor", "wav", "shardio >= 50% of the numpy raw floor, per core (PCM WAV)", 0.5),
-    ("shardio_vs_numpy_batch_floor", "wav", "(context) shardio vs the numpy floor writing padded batches, per core",
-     0.5),
-    ("shardio_vs_python_floor", "wav", "(context) shardio vs the pure-Python floor, 0 workers, per core", 0.8),
-    ("python_floor_vs_webdataset", "wav", ("(context) the pure-Python floor vs WebDataset + soundfile, 0 workers, "
-     "per core: the most a loader in Python reaches"), 5.0),
-    ("shardio_vs_soundfile_floor", "flac", "shardio >= 90% of the soundfile decode floor, per core (FLAC)", 0.9),
-    ("shard_loader_vs_soundfile_floor", "flac", ("shardio's ShardLoader with 2 workers >= 90% of the soundfile "
-     "decode floor, per core (FLAC)"), 0.9),
-    ("shardio_2w_vs_soundfile_floor", "flac", ("through DataLoader with 2 workers, shardio >= 90% of the soundfile "
-     "decode floor, per core (FLAC)"), 0.9),
-    ("shardio_vs_memory_file_floor", "flac", ("(context) shardio vs the soundfile floor reading a memory file, as "
-     "shardio does, 0 workers, per core (FLAC)"), 0.9),
-    ("shard_loader_vs_memory_file_floor", "flac", ("(context) ShardLoader with 2 workers vs the soundfile floor "
-     "reading a memory file, per core (FLAC)"), 0.9),
-    ("zstd_vs_floor", "wav", ("zstd-3 >= 90% of its floor (decompressing the same frames + the .tar path), "
-     "per core"), 0.9),
-    ("zstd_vs_tar", "*", "(context) zstd-3 vs .tar, per core", 1 / 1.1),
-    ("int16_vs_float32_2w", "*", "(context) dtype='int16' vs float32 with 2 workers, per core", 1.0),
-    ("int16_vs_float32_0w", "*", "(context) dtype='int16' vs float32, 0 workers, per core", 1.0),
-    ("int16_shard_loader_vs_webdataset_2w", "wav", ("(context) int16 on both sides: ShardLoader with 2 workers vs "
-     "WebDataset + soundfile reading int16 with 2 workers, per core (PCM WAV)"), 5.0),
-    ("webdataset_int16_vs_float32_2w", "*", ("(context) WebDataset + soundfile, int16 vs float32 with 2 workers, "
-     "per core (libsndfile's own float conversion)"), 1.0),
-    ("int16_shard_loader_vs_zero_per_cpu_s", "*", ("(context) int16: loader CPU per sample with ShardLoader's 2 "
-     "workers vs 0 workers (per CPU-s ratio)"), 1 / 1.15),
-    ("unbatched_vs_batched", "*", "(context) unbatched mode (the DataLoader collates) vs batched, 0 workers", 0.9),
-]
-
-
-def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target that applies to a bench corpus, with its measured ratio and whether it is met."""
-    rows = []
-    for corpus in result["corpora"]:
-        ratios = result["ratios"].get(corpus["name"], {})
-        for name, audio_format, description, threshold in TARGETS:
-            if audio_format not in ("*", corpus["audio_format"]) or name not in ratios:
-                continue
-            measured = ratios[name]
-            rows.append({"corpus": corpus["name"], "target": description, "ratio": name,
-                         "threshold": round(threshold, 3), "median": round(measured["median"], 3),
-                         "min": round(measured["min"], 3), "max": round(measured["max"], 3),
-                         "met": measured["median"] >= threshold})
-    return rows
 
 
 def _fig(stat: dict[str, Any], digits: int = 0) -> str:
@@ -87,8 +20,10 @@ def _fig(stat: dict[str, Any], digits: int = 0) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header)))
-             + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -96,53 +31,155 @@ def markdown(result: dict[str, Any]) -> str:
     """The results as a Markdown report: the targets first, then one table per comparison."""
     machine = result["machine"]
     kernel = machine.get("kernel", "kernel not recorded")
-    out = ["# shardio bench", "",
-           (f"`{result['command']}` on {machine['cpu']}, {machine['cores']} cores, {kernel} "
-           f"(load average at start {machine['load_average_start'][0]:.1f}, at end "
-           f"{machine.get('load_average_end', [0])[0]:.1f}); Python {machine['python']}, torch {machine['torch']}, "
-           f"numpy {machine['numpy']}, libsndfile {machine['libsndfile'].removeprefix('libsndfile-')}, "
-           f"webdataset {machine['webdataset']}. Medians of {result['reps']} interleaved "
-           f"rounds (min-max); batch size {result['batch_size']}; {'QUICK run: not figures. ' if result['quick'] else ''}"
-           f"{result['seconds']:.0f} s in all."), "", "## Corpora", ""]
-    out += _table(["corpus", "source", "format", "samples", "audio h", "shards", ".tar MB", "zstd-3 size"],
-                  [[c["name"], c["source"], c["audio_format"], str(c["samples"]), f"{c['audio_seconds'] / 3600:.2f}",
-                    str(c["shards"]), f"{c['shard_bytes'] / 1e6:.1f}", f"{c['zstd3_size_vs_tar']:.1%}"]
-                   for c in result["corpora"]])
+    out = [
+        "# shardio bench",
+        "",
+        (
+            f"`{result['command']}` on {machine['cpu']}, {machine['cores']} cores, {kernel} "
+            f"(load average at start {machine['load_average_start'][0]:.1f}, at end "
+            f"{machine.get('load_average_end', [0])[0]:.1f}); Python {machine['python']}, torch "
+            f"{machine['torch']}, numpy {machine['numpy']}, libsndfile "
+            f"{machine['libsndfile'].removeprefix('libsndfile-')}, webdataset {machine['webdataset']}. "
+            f"Medians of {result['reps']} interleaved rounds (min-max); batch size {result['batch_size']}; "
+            f"{'QUICK run: not figures. ' if result['quick'] else ''}{result['seconds']:.0f} s in all."
+        ),
+        "",
+        "## Corpora",
+        "",
+    ]
+    out += _table(
+        ["corpus", "source", "format", "samples", "audio h", "shards", ".tar MB", "zstd-3 size"],
+        [
+            [
+                c["name"],
+                c["source"],
+                c["audio_format"],
+                str(c["samples"]),
+                f"{c['audio_seconds'] / 3600:.2f}",
+                str(c["shards"]),
+                f"{c['shard_bytes'] / 1e6:.1f}",
+                f"{c['zstd3_size_vs_tar']:.1%}",
+            ]
+            for c in result["corpora"]
+        ],
+    )
     out += ["", "## Targets (medians of per-round ratios, same run)", ""]
-    out += ["Per core = per CPU-second of the loader's processes; ratios of the same round, then the median.", ""]
-    out += _table(["corpus", "target", "ratio", "needed", "met"],
-                  [[t["corpus"], t["target"], f"{t['median']:.2f} ({t['min']:.2f}-{t['max']:.2f})",
-                    f"{t['threshold']:.2f}", "yes" if t["met"] else "**no**"] for t in result["targets"]])
-    out += ["", "## Throughput (end to end: read, decompress, decode, collate)", "",
-            ("Per CPU-s: samples per CPU-second of the loader's processes (main + workers), i.e. per core; "
+    out += [
+        "Per core = per CPU-second of the loader's processes; ratios of the same round, then the median.",
+        "",
+    ]
+    out += _table(
+        ["corpus", "target", "ratio", "needed", "met"],
+        [
+            [
+                t["corpus"],
+                t["target"],
+                f"{t['median']:.2f} ({t['min']:.2f}-{t['max']:.2f})",
+                f"{t['threshold']:.2f}",
+                "yes" if t["met"] else "**no**",
+            ]
+            for t in result["targets"]
+        ],
+    )
+    out += [
+        "",
+        "## Throughput (end to end: read, decompress, decode, collate)",
+        "",
+        (
+            "Per CPU-s: samples per CPU-second of the loader's processes (main + workers), i.e. per core; "
             "cores used: CPU-seconds per wall second (below the worker count when the machine is shared). "
-            "MB: shard bytes (for floors, audio member bytes). Trainer CPU: the share of that CPU spent in the "
-            "process that iterates (where a training loop runs). Peak RSS: the process and its workers, summed."), ""]
-    out += _table(["corpus", "case", "samples/s (wall)", "samples per CPU-s", "audio s per CPU-s",
-                   "MB per CPU-s", "cores used", "trainer CPU", "peak RSS MB"],
-                  [[r["corpus"], r["case"], _fig(r["samples_per_s"]), _fig(r["samples_per_cpu_s"]),
-                    _fig(r["audio_s_per_cpu_s"]), _fig(r["mb_per_cpu_s"], 1), _fig(r["cores_used"], 2),
-                    _fig(r["trainer_cpu_share"], 2) if "trainer_cpu_share" in r else "-",
-                    f"{r['peak_rss_mb']:.0f}"] for r in result["throughput"]])
+            "MB: shard bytes (for floors, audio member bytes). Trainer CPU: the share of that CPU spent in "
+            "the process that iterates (where a training loop runs). Peak RSS: the process and its workers, "
+            "summed."
+        ),
+        "",
+    ]
+    out += _table(
+        [
+            "corpus",
+            "case",
+            "samples/s (wall)",
+            "samples per CPU-s",
+            "audio s per CPU-s",
+            "MB per CPU-s",
+            "cores used",
+            "trainer CPU",
+            "peak RSS MB",
+        ],
+        [
+            [
+                r["corpus"],
+                r["case"],
+                _fig(r["samples_per_s"]),
+                _fig(r["samples_per_cpu_s"]),
+                _fig(r["audio_s_per_cpu_s"]),
+                _fig(r["mb_per_cpu_s"], 1),
+                _fig(r["cores_used"], 2),
+                _fig(r["trainer_cpu_share"], 2) if "trainer_cpu_share" in r else "-",
+                f"{r['peak_rss_mb']:.0f}",
+            ]
+            for r in result["throughput"]
+        ],
+    )
     out += ["", "## Shard compression (read in shard order, 0 workers)", ""]
-    out += _table(["codec", "reader", "size vs .tar", "samples/s (wall)", "samples per CPU-s",
-                   "MB on disk per CPU-s"],
-                  [[r["codec"], r["loader"], f"{r['size_vs_tar']:.1%}", _fig(r["samples_per_s"]),
-                    _fig(r["samples_per_cpu_s"]), _fig(r["mb_per_cpu_s"], 1)] for r in result["compression"]])
+    out += _table(
+        ["codec", "reader", "size vs .tar", "samples/s (wall)", "samples per CPU-s", "MB on disk per CPU-s"],
+        [
+            [
+                r["codec"],
+                r["loader"],
+                f"{r['size_vs_tar']:.1%}",
+                _fig(r["samples_per_s"]),
+                _fig(r["samples_per_cpu_s"]),
+                _fig(r["mb_per_cpu_s"], 1),
+            ]
+            for r in result["compression"]
+        ],
+    )
     out += ["", "## Resume: seconds to the first batch (fresh dataset, load_state_dict, next(iter))", ""]
-    out += _table(["position", "loader", "seconds"],
-                  [[f"{r['position']:.0%}", r["loader"], _fig(r["seconds_to_first_batch"], 3)]
-                   for r in result["resume"]])
-    out += ["", ("## Balance: batches and audio per rank (uneven shards: metadata of 24 shards of 10-400 "
-            "samples, 1-15 s)"), ""]
-    out += _table(["world", "loader", "batches per rank", "batch spread", "audio max/min", "idle rank-batches"],
-                  [[str(r["world_size"]), r["loader"], " ".join(map(str, r["batches_per_rank"])),
-                    str(r["batch_spread"]), f"{r['audio_max_over_min']:.2f}", str(r["idle_rank_batches"])]
-                   for r in result["balance"]])
+    out += _table(
+        ["position", "loader", "seconds"],
+        [
+            [f"{r['position']:.0%}", r["loader"], _fig(r["seconds_to_first_batch"], 3)]
+            for r in result["resume"]
+        ],
+    )
+    out += [
+        "",
+        (
+            "## Balance: batches and audio per rank (uneven shards: metadata of 24 shards of 10-400 "
+            "samples, 1-15 s)"
+        ),
+        "",
+    ]
+    out += _table(
+        ["world", "loader", "batches per rank", "batch spread", "audio max/min", "idle rank-batches"],
+        [
+            [
+                str(r["world_size"]),
+                r["loader"],
+                " ".join(map(str, r["batches_per_rank"])),
+                str(r["batch_spread"]),
+                f"{r['audio_max_over_min']:.2f}",
+                str(r["idle_rank_batches"]),
+            ]
+            for r in result["balance"]
+        ],
+    )
     out += ["", "## Training-loop stall: share of the loop's time spent waiting for data", ""]
-    out += _table(["loader", "workers", "step ms", "wait share", "wait ms per batch"],
-                  [[r["loader"], str(r["workers"]), f"{r['step_ms']:g}", _fig(r["wait_share"], 2),
-                    _fig(r["wait_ms_per_batch"], 1)] for r in result["stall"]])
+    out += _table(
+        ["loader", "workers", "step ms", "wait share", "wait ms per batch"],
+        [
+            [
+                r["loader"],
+                str(r["workers"]),
+                f"{r['step_ms']:g}",
+                _fig(r["wait_share"], 2),
+                _fig(r["wait_ms_per_batch"], 1),
+            ]
+            for r in result["stall"]
+        ],
+    )
     return "\n".join(out) + "\n"
 
 
@@ -161,15 +198,25 @@ def chart(result: dict[str, Any], path: str | Path) -> bool:
     fig, axes = plt.subplots(1, len(corpora) + 1, figsize=(6 * (len(corpora) + 1), 5.5))
     for axis, corpus in zip(axes, corpora):
         rows = [r for r in result["throughput"] if r["corpus"] == corpus]
-        _bars(axis, [r["case"] for r in rows], [r["samples_per_cpu_s"] for r in rows],
-              [_colour(r["loader"]) for r in rows])
+        _bars(
+            axis,
+            [r["case"] for r in rows],
+            [r["samples_per_cpu_s"] for r in rows],
+            [_colour(r["loader"]) for r in rows],
+        )
         axis.set_title(f"{corpus}: samples per CPU-second")
     rows = [r for r in result["compression"] if r["loader"] == "shardio"] or result["compression"]
-    _bars(axes[-1], [f"{r['codec']} ({r['size_vs_tar']:.0%})" for r in rows],
-          [r["samples_per_cpu_s"] for r in rows], [_colour(r["loader"]) for r in rows])
+    _bars(
+        axes[-1],
+        [f"{r['codec']} ({r['size_vs_tar']:.0%})" for r in rows],
+        [r["samples_per_cpu_s"] for r in rows],
+        [_colour(r["loader"]) for r in rows],
+    )
     axes[-1].set_title(f"codec (size vs .tar): {rows[0]['loader'] if rows else ''} samples per CPU-s")
-    fig.suptitle(f"shardio bench, {result['machine']['cpu']}, {result['machine']['cores']} cores; "
-                 f"medians of {result['reps']} rounds, bars min-max")
+    fig.suptitle(
+        f"shardio bench, {result['machine']['cpu']}, {result['machine']['cores']} cores; "
+        f"medians of {result['reps']} rounds, bars min-max"
+    )
     fig.tight_layout()
     check_output_file(path)
     fig.savefig(path, dpi=110)
@@ -178,13 +225,20 @@ def chart(result: dict[str, Any], path: str | Path) -> bool:
 
 
 def _colour(loader: str) -> str:
-    return {"shardio": "tab:blue", "webdataset": "tab:orange", "soundfile floor": "tab:gray",
-            "numpy floor": "tab:green"}.get(loader, "tab:purple")
+    return {
+        "shardio": "tab:blue",
+        "webdataset": "tab:orange",
+        "soundfile floor": "tab:gray",
+        "numpy floor": "tab:green",
+    }.get(loader, "tab:purple")
 
 
 def _bars(axis: Any, labels: list[str], figures: list[dict[str, Any]], colours: list[str]) -> None:
     medians = [f["median"] for f in figures]
-    errors = [[m - f["min"] for m, f in zip(medians, figures)], [f["max"] - m for m, f in zip(medians, figures)]]
+    errors = [
+        [m - f["min"] for m, f in zip(medians, figures)],
+        [f["max"] - m for m, f in zip(medians, figures)],
+    ]
     axis.barh(range(len(labels)), medians, xerr=errors, color=colours, capsize=3)
     axis.set_yticks(range(len(labels)), labels, fontsize=8)
     axis.invert_yaxis()

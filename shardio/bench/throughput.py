@@ -1,11 +1,11 @@
 """The throughput matrix of ``shardio bench``: which cases a round times, and the ratios the targets read.
 
 :func:`throughput_cases` lists, for one corpus, shardio end to end (0, 1 and 2 DataLoader workers; ``.tar``,
-``.tar.zst``, unbatched, ``dtype="int16"``; its own :class:`~shardio.ShardLoader`), WebDataset + soundfile on the
-same shards, and the floors (soundfile, memory file, numpy, pure Python, zstd, two parallel readers), each next to
-the cases a target compares it with, so that a noisy machine slows both sides of a ratio alike.
-:func:`throughput_ratios` turns the timed rounds into the per-round ratios of the pairs in :data:`PAIRS` (and the
-``.tar.zst`` path against its floor) that :func:`shardio.bench.report.evaluate_targets` checks.
+``.tar.zst``, unbatched, ``dtype="int16"``; its own :class:`~shardio.ShardLoader`), WebDataset + soundfile on
+the same shards, and the floors (soundfile, memory file, numpy, pure Python, zstd, two parallel readers), each
+next to the cases a target compares it with, so that a noisy machine slows both sides of a ratio alike.
+:func:`throughput_ratios` turns the timed rounds into the per-round ratios of the pairs in :data:`PAIRS` (and
+the ``.tar.zst`` path against its floor) that :func:`shardio.bench.targets.evaluate_targets` checks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from .parallel import parallel_floor
 __all__ = ["PAIRS", "throughput_cases", "throughput_ratios"]
 
 
-def throughput_cases(plain: Corpus, zstd: Corpus, worker_counts: tuple[int, ...], batch_size: int) -> list[Case]:
+def throughput_cases(
+    plain: Corpus, zstd: Corpus, worker_counts: tuple[int, ...], batch_size: int
+) -> list[Case]:
     """The cases of ``plain`` (and its ``zstd`` copy) in the order a round runs them, each next to the cases a
     target compares it with; ``worker_counts``: the DataLoader worker counts to time."""
     shards = shard_files(plain)
@@ -30,46 +32,134 @@ def throughput_cases(plain: Corpus, zstd: Corpus, worker_counts: tuple[int, ...]
     ext = members[0][0]
     member_mb = sum(len(data) for _, data in members) / 1e6
 
-    def shardio(corpus: Corpus, codec: str, workers: int, unbatched: bool = False, dtype: str = "float32",
-                lean: bool = False) -> Case:
+    def shardio(
+        corpus: Corpus,
+        codec: str,
+        workers: int,
+        unbatched: bool = False,
+        dtype: str = "float32",
+        lean: bool = False,
+    ) -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
         suffix += " unbatched (DataLoader batches)" if unbatched else ""
         suffix += " ShardLoader" if lean else ""
         suffix += f" {dtype}" if dtype != "float32" else ""
-        return Case(plain.name, f"shardio {suffix}, {workers}w", "shardio", codec, workers,
-                     corpus.shard_bytes / 1e6,
-                     partial(cases.shardio_epoch, corpus.directory, workers=workers, batch_size=batch_size,
-                             unbatched=unbatched, dtype=dtype, lean=lean))
+        return Case(
+            plain.name,
+            f"shardio {suffix}, {workers}w",
+            "shardio",
+            codec,
+            workers,
+            corpus.shard_bytes / 1e6,
+            partial(
+                cases.shardio_epoch,
+                corpus.directory,
+                workers=workers,
+                batch_size=batch_size,
+                unbatched=unbatched,
+                dtype=dtype,
+                lean=lean,
+            ),
+        )
 
     def webdataset(workers: int, dtype: str = "float32") -> Case:
         suffix = f" {dtype}" if dtype != "float32" else ""
-        return Case(plain.name, f"webdataset + soundfile .tar{suffix}, {workers}w", "webdataset", "none", workers,
-                    plain.shard_bytes / 1e6,
-                    partial(cases.webdataset_epoch, shards, ext=ext, workers=workers, batch_size=batch_size,
-                            dtype=dtype))
+        return Case(
+            plain.name,
+            f"webdataset + soundfile .tar{suffix}, {workers}w",
+            "webdataset",
+            "none",
+            workers,
+            plain.shard_bytes / 1e6,
+            partial(
+                cases.webdataset_epoch, shards, ext=ext, workers=workers, batch_size=batch_size, dtype=dtype
+            ),
+        )
 
     first, *more = worker_counts
     zstd_first, *zstd_more = sorted({min(worker_counts), max(worker_counts)})
     return [
         webdataset(first),
         shardio(plain, "none", first),
-        Case(plain.name, "soundfile floor (bytes in memory)", "soundfile floor", "-", 0, member_mb,
-              lambda: floors.soundfile_floor(members)),
-        Case(plain.name, _FILE_FLOOR, "soundfile floor", "-", 0, member_mb, lambda: floors.memory_file_floor(members)),
-        Case(plain.name, "numpy raw floor (bytes in memory)", "numpy floor", "-", 0, member_mb,
-              lambda: floors.numpy_floor(members)),
-        Case(plain.name, "numpy raw floor into padded batches", "numpy floor", "-", 0, member_mb,
-              lambda: floors.numpy_batch_floor(members, batch_size)),
-        Case(plain.name, _PYTHON_FLOOR, "python floor", "none", 0, plain.shard_bytes / 1e6,
-             lambda: floors.python_floor(plain.directory, batch_size)),
-        Case(plain.name, "zstd-3 decompression floor (frames in memory)", "zstd floor", "zstd-3", 0,
-              zstd.shard_bytes / 1e6, lambda: floors.zstd_floor(frames)),
+        Case(
+            plain.name,
+            "soundfile floor (bytes in memory)",
+            "soundfile floor",
+            "-",
+            0,
+            member_mb,
+            lambda: floors.soundfile_floor(members),
+        ),
+        Case(
+            plain.name,
+            _FILE_FLOOR,
+            "soundfile floor",
+            "-",
+            0,
+            member_mb,
+            lambda: floors.memory_file_floor(members),
+        ),
+        Case(
+            plain.name,
+            "numpy raw floor (bytes in memory)",
+            "numpy floor",
+            "-",
+            0,
+            member_mb,
+            lambda: floors.numpy_floor(members),
+        ),
+        Case(
+            plain.name,
+            "numpy raw floor into padded batches",
+            "numpy floor",
+            "-",
+            0,
+            member_mb,
+            lambda: floors.numpy_batch_floor(members, batch_size),
+        ),
+        Case(
+            plain.name,
+            _PYTHON_FLOOR,
+            "python floor",
+            "none",
+            0,
+            plain.shard_bytes / 1e6,
+            lambda: floors.python_floor(plain.directory, batch_size),
+        ),
+        Case(
+            plain.name,
+            "zstd-3 decompression floor (frames in memory)",
+            "zstd floor",
+            "zstd-3",
+            0,
+            zstd.shard_bytes / 1e6,
+            lambda: floors.zstd_floor(frames),
+        ),
         shardio(zstd, "zstd-3", zstd_first),
-        *(case for workers in more for case in (shardio(plain, "none", workers), shardio(plain, "none", workers, lean=True),
-                                                webdataset(workers))),
-        *([Case(plain.name, _PARALLEL, "parallel floor", "none", 0, plain.shard_bytes / 1e6,
-                partial(parallel_floor, plain.directory, processes=2, batch_size=batch_size))]
-          if 2 in more else []),
+        *(
+            case
+            for workers in more
+            for case in (
+                shardio(plain, "none", workers),
+                shardio(plain, "none", workers, lean=True),
+                webdataset(workers),
+            )
+        ),
+        *(
+            [
+                Case(
+                    plain.name,
+                    _PARALLEL,
+                    "parallel floor",
+                    "none",
+                    0,
+                    plain.shard_bytes / 1e6,
+                    partial(parallel_floor, plain.directory, processes=2, batch_size=batch_size),
+                )
+            ]
+            if 2 in more
+            else []
+        ),
         shardio(plain, "none", max(worker_counts), dtype="int16"),
         shardio(plain, "none", first, dtype="int16"),
         shardio(plain, "none", max(worker_counts), dtype="int16", lean=True),
@@ -81,7 +171,8 @@ def throughput_cases(plain: Corpus, zstd: Corpus, worker_counts: tuple[int, ...]
 
 
 _PARALLEL = "shardio .tar, 2 processes x 0w (parallel floor)"
-"""Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2 workers can reach here."""
+"""Two reader processes at once, no transport (:mod:`shardio.bench.parallel`): what 2
+workers can reach here."""
 
 _PYTHON_FLOOR = "pure-Python floor (mapped .tar: members, key, JSON, WAV header, cast into reused rows)"
 """:func:`~shardio.bench.floors.python_floor`: the per-sample work shardio must do, in the least Python."""
@@ -124,12 +215,19 @@ PAIRS = {  # ratio name: (case, reference case, basis)
     "int16_vs_float32_0w": ("shardio .tar int16, 0w", "shardio .tar, 0w", "cpu"),
     "int16_shard_loader_vs_webdataset_2w": (_LEAN_INT16, "webdataset + soundfile .tar int16, 2w", "cpu"),
     "int16_shard_loader_vs_zero_per_cpu_s": (_LEAN_INT16, "shardio .tar int16, 0w", "cpu"),
-    "webdataset_int16_vs_float32_2w": ("webdataset + soundfile .tar int16, 2w", "webdataset + soundfile .tar, 2w",
-                                       "cpu"),
+    "webdataset_int16_vs_float32_2w": (
+        "webdataset + soundfile .tar int16, 2w",
+        "webdataset + soundfile .tar, 2w",
+        "cpu",
+    ),
 }
-_ZSTD_FLOOR = ("shardio .tar.zst (zstd-3), 0w", "zstd-3 decompression floor (frames in memory)", "shardio .tar, 0w")
-"""zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar`` path
-(per CPU-s; the floor's time per sample is the sum of the two)."""
+_ZSTD_FLOOR = (
+    "shardio .tar.zst (zstd-3), 0w",
+    "zstd-3 decompression floor (frames in memory)",
+    "shardio .tar, 0w",
+)
+"""zstd_vs_floor: the ``.tar.zst`` path against its floor, decompressing the same frames plus the ``.tar``
+path (per CPU-s; the floor's time per sample is the sum of the two)."""
 
 
 def throughput_ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str, Any]]:
@@ -142,6 +240,8 @@ def throughput_ratios(rates: dict[str, Any], corpus: str) -> dict[str, dict[str,
             found[name] = {**stats([x / y for x, y in zip(a[basis], b[basis])]), "basis": basis}
     zstd, floor, tar = (rates.get(f"{corpus}|{case}") for case in _ZSTD_FLOOR)
     if zstd and floor and tar:
-        found["zstd_vs_floor"] = {**stats([z * (1 / f + 1 / t) for z, f, t in zip(zstd["cpu"], floor["cpu"],
-                                                                                       tar["cpu"])]), "basis": "cpu"}
+        found["zstd_vs_floor"] = {
+            **stats([z * (1 / f + 1 / t) for z, f, t in zip(zstd["cpu"], floor["cpu"], tar["cpu"])]),
+            "basis": "cpu",
+        }
     return found

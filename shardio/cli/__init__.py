@@ -1,5 +1,6 @@
 """The ``shardio`` command line: the parser and its exit codes (``main``), argument types, and each group of
-subcommands (``shards``: inspect, verify, index; ``ledger``: trace, quarantine, remix; ``cache``; ``demo``)."""
+subcommands (``shards``: inspect, verify, index; ``ledger``: trace, quarantine, remix;
+``cache``; ``demo``)."""
 
 from .argtypes import parse_size
 from .main import EXIT_CODES, build_parser, main

@@ -10,20 +10,33 @@ from collections.abc import Callable
 
 __all__ = ["PATH_OPTIONS", "at_least", "non_negative", "parse_size", "path", "worker_count"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest"})
 """Options (by ``dest``) that name a file or directory; every subcommand's positional arguments do too."""
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+    """Bytes in a size such as ``256MB``, ``1.5GiB`` or ``4096`` (KB/MB/GB are powers of 1000,
+    KiB/MiB/GiB of 1024)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; expected a number with an optional unit "
-                                         "B, KB, MB, GB, KiB, MiB or GiB (e.g. 256MB)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; expected a number with an optional unit "
+            "B, KB, MB, GB, KiB, MiB or GiB (e.g. 256MB)"
+        )
     size = int(float(match.group(1)) * _UNITS[unit])
     if size < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
@@ -32,6 +45,7 @@ def parse_size(text: str) -> int:
 
 def at_least(least: int) -> Callable[[str], int]:
     """A whole number of at least ``least``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -40,6 +54,7 @@ def at_least(least: int) -> Callable[[str], int]:
         if value < least:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {least}")
         return value
+
     return parse
 
 
@@ -51,14 +66,18 @@ def worker_count(least: int, most: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = whole(text)
         if value > most:
-            raise argparse.ArgumentTypeError(f"{text!r} is more workers than the limit of {most}; expected a "
-                                             f"whole number from {least} to {most}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is more workers than the limit of {most}; expected a "
+                f"whole number from {least} to {most}"
+            )
         return value
+
     return parse
 
 
 def non_negative(what: str = "number") -> Callable[[str], float]:
     """A finite number >= 0 (``what`` names it in the error: ``"number of milliseconds"``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -67,6 +86,7 @@ def non_negative(what: str = "number") -> Callable[[str], float]:
         if not math.isfinite(value) or value < 0:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {what} >= 0")
         return value
+
     return parse
 
 

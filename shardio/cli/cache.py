@@ -16,21 +16,39 @@ __all__ = ["add_cache"]
 
 
 def add_cache(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("cache", help="the node-local shard cache: what it holds, and --prune",
-                                   description="Report the shard cache under $SHARDIO_CACHE_DIR (default "
-                                               "~/.cache/shardio); --prune removes lock files without an entry, "
-                                               "temporary files of dead fetches, index files (hash markers, "
-                                               "fetched remote index columns) unused for --unused-days, plan "
-                                               "files older than a day and, with "
-                                               "--max-bytes, the least recently used shards beyond that size. "
-                                               "Safe while loaders run.")
+    parser = subparsers.add_parser(
+        "cache",
+        help="the node-local shard cache: what it holds, and --prune",
+        description="Report the shard cache under $SHARDIO_CACHE_DIR (default "
+        "~/.cache/shardio); --prune removes lock files without an entry, "
+        "temporary files of dead fetches, index files (hash markers, "
+        "fetched remote index columns) unused for --unused-days, plan "
+        "files older than a day and, with "
+        "--max-bytes, the least recently used shards beyond that size. "
+        "Safe while loaders run.",
+    )
     parser.add_argument("--prune", action="store_true", help="remove what is no longer needed (see above)")
-    parser.add_argument("--max-bytes", type=at_least(0), default=None, metavar="N",
-                        help="with --prune: evict entries until the cache holds at most N bytes")
-    parser.add_argument("--stale", type=non_negative(), default=None, metavar="SECONDS",
-                        help="with --prune: temporary files older than this are from dead fetches (default 3600)")
-    parser.add_argument("--unused-days", type=non_negative(), default=None, metavar="DAYS",
-                        help="with --prune: index files untouched this long go (default 7; made again when needed)")
+    parser.add_argument(
+        "--max-bytes",
+        type=at_least(0),
+        default=None,
+        metavar="N",
+        help="with --prune: evict entries until the cache holds at most N bytes",
+    )
+    parser.add_argument(
+        "--stale",
+        type=non_negative(),
+        default=None,
+        metavar="SECONDS",
+        help="with --prune: temporary files older than this are from dead fetches (default 3600)",
+    )
+    parser.add_argument(
+        "--unused-days",
+        type=non_negative(),
+        default=None,
+        metavar="DAYS",
+        help="with --prune: index files untouched this long go (default 7; made again when needed)",
+    )
     parser.set_defaults(run=_run_cache)
 
 
@@ -38,8 +56,15 @@ def _run_cache(args: argparse.Namespace) -> int:
     from ..reading.cache import ShardCache
     from ..storage.files import cache_dir
 
-    given = [name for name, value in (("--max-bytes", args.max_bytes), ("--stale", args.stale),
-                                      ("--unused-days", args.unused_days)) if value is not None]
+    given = [
+        name
+        for name, value in (
+            ("--max-bytes", args.max_bytes),
+            ("--stale", args.stale),
+            ("--unused-days", args.unused_days),
+        )
+        if value is not None
+    ]
     if given and not args.prune:
         raise OptionError(f"{', '.join(given)}: only with --prune (without it, cache only reports)")
     stale = 3600.0 if args.stale is None else args.stale
@@ -51,8 +76,7 @@ def _run_cache(args: argparse.Namespace) -> int:
         from ..runtime import planfiles
         from ..shards import indexcache
 
-        removed = (cache.prune(stale) + indexcache.prune(unused_days * 86400, stale)
-                   + planfiles.prune())
+        removed = cache.prune(stale) + indexcache.prune(unused_days * 86400, stale) + planfiles.prune()
     try:
         entries = sum(name.endswith(".shard") for name in os.listdir(directory))
     except FileNotFoundError:

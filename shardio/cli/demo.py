@@ -1,9 +1,9 @@
 """The demo: shardio's main job on a built-in default corpus, end to end, with no data to download.
 
 :func:`run_demo` makes a synthetic speech corpus (:mod:`shardio.synth`), packs it into zstd shards with
-an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and a
-:class:`~shardio.ShardLoader`, interrupting it halfway and resuming from the saved state, and returns (and logs) what it did
-and how fast.
+an index (:func:`shardio.packing.pack.pack`), reads one epoch back through :class:`~shardio.ShardDataset` and
+a :class:`~shardio.ShardLoader`, interrupting it halfway and resuming from the saved state, and returns (and
+logs) what it did and how fast.
 """
 
 from __future__ import annotations
@@ -49,16 +49,27 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
     if not 1 <= num_files <= MAX_FILES:
         raise OptionError(f"num_files must be from 1 to {MAX_FILES} (a demo corpus), not {num_files}")
     if not 0 <= workers <= MAX_WORKERS:
-        raise OptionError(f"workers must be from 0 to {MAX_WORKERS} (a demo's corpus is small), not {workers}")
+        raise OptionError(
+            f"workers must be from 0 to {MAX_WORKERS} (a demo's corpus is small), not {workers}"
+        )
     root = Path(out_dir)
     corpus, dataset = root / CORPUS_DIR, root / DATASET_DIR
     started = time.perf_counter()
     _clear(corpus, ["spk[0-9]*/spk[0-9]*_[0-9]*.wav", "spk[0-9]*/spk[0-9]*_[0-9]*.txt"])
     files = make_corpus(corpus, num_files=num_files)
     synth_seconds = time.perf_counter() - started
-    _clear(dataset, [INDEX_JSON, INDEX_COLUMNS, INDEX_COLUMNS_V1, f"{_PREFIX}-[0-9]*.tar*"])  # the index goes first
-    packed = pack(corpus, dataset, compression="zstd", samples_per_shard=_SAMPLES_PER_SHARD,
-                  workers=max(1, workers), prefix=_PREFIX, progress=False)
+    _clear(
+        dataset, [INDEX_JSON, INDEX_COLUMNS, INDEX_COLUMNS_V1, f"{_PREFIX}-[0-9]*.tar*"]
+    )  # the index goes first
+    packed = pack(
+        corpus,
+        dataset,
+        compression="zstd",
+        samples_per_shard=_SAMPLES_PER_SHARD,
+        workers=max(1, workers),
+        prefix=_PREFIX,
+        progress=False,
+    )
     started = time.perf_counter()
     read = _read_back(dataset, workers)
     read_seconds = time.perf_counter() - started
@@ -77,10 +88,20 @@ def run_demo(out_dir: str | Path, *, num_files: int = 200, workers: int = 0) -> 
         "corpus_dir": str(corpus),
         "dataset_dir": str(dataset),
     }
-    logger.info("demo: %d files (%.3f h) -> %d shards, %.1f MB, packed in %.2f s; read back %d samples in %d "
-                "batches, interrupted at batch %d and resumed exactly, in %.1f s; dataset in %s", summary["files"],
-                summary["hours"], summary["shards"], summary["bytes"] / 1e6, summary["pack_seconds"], samples,
-                read["batches"], read["resumed_at_batch"], read_seconds, dataset)
+    logger.info(
+        "demo: %d files (%.3f h) -> %d shards, %.1f MB, packed in %.2f s; read back %d samples in %d "
+        "batches, interrupted at batch %d and resumed exactly, in %.1f s; dataset in %s",
+        summary["files"],
+        summary["hours"],
+        summary["shards"],
+        summary["bytes"] / 1e6,
+        summary["pack_seconds"],
+        samples,
+        read["batches"],
+        read["resumed_at_batch"],
+        read_seconds,
+        dataset,
+    )
     return summary
 
 
@@ -92,7 +113,8 @@ def _clear(directory: Path, patterns: list[str]) -> None:
 
 
 def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
-    """Train-style read of one epoch through :class:`ShardDataset` and a :class:`ShardLoader`, interrupted halfway.
+    """Train-style read of one epoch through :class:`ShardDataset` and a
+    :class:`ShardLoader`, interrupted halfway.
 
     The first half of the epoch is read, the loader's state saved, and a fresh dataset and loader resume from
     it; the keys of the two halves must equal an uninterrupted epoch's, or :class:`StateError` is raised.
@@ -118,5 +140,9 @@ def _read_back(dataset_dir: Path, workers: int) -> dict[str, Any]:
     if seen != straight:
         raise StateError("the demo's resumed epoch differs from the uninterrupted one")
     samples = sum(len(keys) for keys in straight)
-    return {"samples": samples, "batches": len(straight), "resumed_at_batch": half,
-            "distinct_samples": len({key for keys in straight for key in keys})}
+    return {
+        "samples": samples,
+        "batches": len(straight),
+        "resumed_at_batch": half,
+        "distinct_samples": len({key for keys in straight for key in keys}),
+    }

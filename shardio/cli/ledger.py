@@ -1,4 +1,5 @@
-"""The data ledger's subcommands of the ``shardio`` command line: ``trace``, ``quarantine`` and ``remix``.
+"""The data ledger's subcommands of the ``shardio`` command line: ``trace`` and ``quarantine`` (``remix``:
+:mod:`shardio.cli.remix`).
 
 Each is a pair as in :mod:`shardio.cli.main`: ``add_NAME(subparsers)`` builds its parser and sets ``run``.
 """
@@ -9,39 +10,60 @@ import argparse
 import json
 import re
 import sys
-from collections import Counter
 from typing import Any
 
 from ..errors import OptionError
 
-__all__ = ["add_quarantine", "add_remix", "add_trace"]
+__all__ = ["OUT_HELP", "STATE_HELP", "add_quarantine", "add_trace"]
 
-_STATE_HELP = ("the saved loader state: a JSON state, a torch.save checkpoint holding one (a Lightning .ckpt "
-               "too), or an Accelerate save_state directory; read with torch.load(weights_only=True)")
-_OUT_HELP = ("where to write the new state: a copy of --state's checkpoint (same kind, the model's weights "
-             "unchanged) with the new state in the old one's place, so the job resumes from it as it did")
+STATE_HELP = (
+    "the saved loader state: a JSON state, a torch.save checkpoint holding one (a Lightning .ckpt "
+    "too), or an Accelerate save_state directory; read with torch.load(weights_only=True)"
+)
+OUT_HELP = (
+    "where to write the new state: a copy of --state's checkpoint (same kind, the model's weights "
+    "unchanged) with the new state in the old one's place, so the job resumes from it as it did"
+)
 
 
 def add_trace(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("trace", help="which samples each rank's batch held at a step, or where a key is",
-                                   description="Answer from the plan alone (no audio read): the keys of every rank's "
-                                               "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.")
+    parser = subparsers.add_parser(
+        "trace",
+        help="which samples each rank's batch held at a step, or where a key is",
+        description="Answer from the plan alone (no audio read): the keys of every rank's "
+        "batch at a step, every (epoch, step, rank) of a key, or a whole epoch.",
+    )
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help=_STATE_HELP)
+    parser.add_argument("--state", required=True, help=STATE_HELP)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, metavar="S", help="epoch step S: batches per rank since the epoch's "
-                                                           "start, from 0 (its first batch is step 0)")
-    what.add_argument("--global-step", type=int, metavar="G",
-                      help="a trainer's global step G, counted from 0 across epochs (Lightning's global_step; "
-                           "a loop counting from 1 subtracts 1): mapped to an epoch and epoch step through "
-                           "each epoch's planned length, printed first")
+    what.add_argument(
+        "--step",
+        type=int,
+        metavar="S",
+        help="epoch step S: batches per rank since the epoch's start, from 0 (its first batch is step 0)",
+    )
+    what.add_argument(
+        "--global-step",
+        type=int,
+        metavar="G",
+        help="a trainer's global step G, counted from 0 across epochs (Lightning's global_step; "
+        "a loop counting from 1 subtracts 1): mapped to an epoch and epoch step through "
+        "each epoch's planned length, printed first",
+    )
     what.add_argument("--key", action="append", metavar="K", help="a sample key (repeat for several)")
     what.add_argument("--epoch", type=int, metavar="E", help="the whole epoch E, one row per (step, rank)")
     parser.add_argument("--stop", type=int, metavar="S2", help="with --step: epoch steps S to S2 - 1")
     parser.add_argument("--rank", type=int, metavar="R", help="with --step: rank R only")
-    parser.add_argument("--in-epoch", type=int, metavar="E", help="with --step: this epoch (default: the state's)")
-    parser.add_argument("--epochs", type=int, default=1, metavar="N",
-                        help="with --key: search N epochs from the state's (default 1, at most 1000)")
+    parser.add_argument(
+        "--in-epoch", type=int, metavar="E", help="with --step: this epoch (default: the state's)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --key: search N epochs from the state's (default 1, at most 1000)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON Lines: one object per (epoch, step, rank)")
     parser.add_argument("--csv", action="store_true", help="with --step/--epoch: CSV, one line per sample")
     parser.set_defaults(run=_run_trace)
@@ -59,15 +81,22 @@ def _run_trace(args: argparse.Namespace) -> int:
     if args.global_step is not None:
         _check_global_steps(trace, checkpoint)
         args.in_epoch, args.step = trace.epoch_step(args.global_step)
-        print(f"# global step {args.global_step} (from 0) is epoch {args.in_epoch} epoch step {args.step} "
-              "(from 0), if every epoch before ran whole on this world size", file=sys.stderr)
+        print(
+            f"# global step {args.global_step} (from 0) is epoch {args.in_epoch} epoch step {args.step} "
+            "(from 0), if every epoch before ran whole on this world size",
+            file=sys.stderr,
+        )
     if args.key:
         epochs = range(trace.state.epoch, trace.state.epoch + args.epochs)
         for found in trace.find(args.key, epochs):
             corpus = f" ({found['corpus']})" if "corpus" in found else ""
             ahead = " (consumed ahead)" if found.get("ahead") else ""
-            print(json.dumps(found) if args.json else
-                  f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank {found['rank']}{ahead}")
+            print(
+                json.dumps(found)
+                if args.json
+                else f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank "
+                f"{found['rank']}{ahead}"
+            )
         return 0
     if args.epoch is not None:
         records = trace.epoch(args.epoch)
@@ -76,8 +105,10 @@ def _run_trace(args: argparse.Namespace) -> int:
         records = iter(trace.steps(epoch, args.step, args.stop, args.rank))
     rows = (trace.row(record) for record in records)
     if not (args.csv or args.json or args.epoch is not None):
-        print("# step: the epoch step, batches per rank from 0 at the epoch's start (--global-step takes a "
-              "trainer's)")
+        print(
+            "# step: the epoch step, batches per rank from 0 at the epoch's start (--global-step takes a "
+            "trainer's)"
+        )
     if args.csv:
         write_samples(rows, sys.stdout)
     else:
@@ -91,20 +122,31 @@ def _check_trace_args(args: argparse.Namespace) -> None:
     from ..ledger.trace import MAX_FIND_EPOCHS
 
     by_step = args.step is not None or args.global_step is not None
-    stray = [name for name, given in (("--stop", args.stop is not None), ("--rank", args.rank is not None),
-                                      ("--in-epoch", args.in_epoch is not None)) if given and not by_step]
+    stray = [
+        name
+        for name, given in (
+            ("--stop", args.stop is not None),
+            ("--rank", args.rank is not None),
+            ("--in-epoch", args.in_epoch is not None),
+        )
+        if given and not by_step
+    ]
     stray += ["--in-epoch"] if args.in_epoch is not None and args.global_step is not None else []
     stray += ["--stop"] if args.stop is not None and args.global_step is not None else []
     stray += ["--epochs"] if args.epochs != 1 and not args.key else []
     stray += ["--csv"] if args.csv and args.key else []
     if stray:
-        raise OptionError(f"not with this question: {', '.join(stray)} (--stop, --rank and --in-epoch go with --step, "
-                          "--epochs with --key, --csv with --step or --epoch)")
+        raise OptionError(
+            f"not with this question: {', '.join(stray)} (--stop, --rank and --in-epoch go with --step, "
+            "--epochs with --key, --csv with --step or --epoch)"
+        )
     if args.key and args.epochs < 1:
         raise OptionError(f"--epochs must be at least 1, not {args.epochs}")
     if args.key and args.epochs > MAX_FIND_EPOCHS:
-        raise OptionError(f"--epochs must be at most {MAX_FIND_EPOCHS} (each epoch searched is planned in "
-                          f"full), not {args.epochs}: search from a later epoch's state for later epochs")
+        raise OptionError(
+            f"--epochs must be at most {MAX_FIND_EPOCHS} (each epoch searched is planned in "
+            f"full), not {args.epochs}: search from a later epoch's state for later epochs"
+        )
     if args.csv and args.json:
         raise OptionError("--csv and --json: choose one")
 
@@ -117,21 +159,32 @@ def _step_range(text: str) -> tuple[int, int]:
 
 
 def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("quarantine", help="a state that resumes without some keys or steps",
-                                   description="Write a copy of a saved loader state whose resume leaves the given "
-                                               "keys (or every rank's batch at the given steps) out of the rest of "
-                                               "the epoch; every other remaining sample is still seen once.")
+    parser = subparsers.add_parser(
+        "quarantine",
+        help="a state that resumes without some keys or steps",
+        description="Write a copy of a saved loader state whose resume leaves the given "
+        "keys (or every rank's batch at the given steps) out of the rest of "
+        "the epoch; every other remaining sample is still seen once.",
+    )
     parser.add_argument("dataset", nargs="+", help="the dataset directory (a mix: NAME=LOCATION per corpus)")
-    parser.add_argument("--state", required=True, help=_STATE_HELP)
-    parser.add_argument("--out", required=True, help=_OUT_HELP)
+    parser.add_argument("--state", required=True, help=STATE_HELP)
+    parser.add_argument("--out", required=True, help=OUT_HELP)
     parser.add_argument("--key", action="append", default=[], metavar="K", help="a key to leave out (repeat)")
-    parser.add_argument("--steps", type=_step_range, metavar="A:B",
-                        help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
-                             "start, as trace --step counts; trace --global-step G names the epoch step of a "
-                             "trainer's global step)")
-    parser.add_argument("--global-steps", type=_step_range, metavar="G1:G2",
-                        help="as --steps, for a trainer's global steps G1 to G2 - 1 (from 0 across epochs; "
-                             "mapped as trace --global-step maps them, within the state's epoch)")
+    parser.add_argument(
+        "--steps",
+        type=_step_range,
+        metavar="A:B",
+        help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
+        "start, as trace --step counts; trace --global-step G names the epoch step of a "
+        "trainer's global step)",
+    )
+    parser.add_argument(
+        "--global-steps",
+        type=_step_range,
+        metavar="G1:G2",
+        help="as --steps, for a trainer's global steps G1 to G2 - 1 (from 0 across epochs; "
+        "mapped as trace --global-step maps them, within the state's epoch)",
+    )
     parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
     parser.set_defaults(run=_run_quarantine)
 
@@ -150,10 +203,14 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     healed = quarantine(state, dataset, keys=args.key, steps=steps, carry=args.carry)
     written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
-    print(f"quarantined {len(rows)} samples; resume from {args.out} (the state at {_place(checkpoint, written)})")
+    print(
+        f"quarantined {len(rows)} samples; resume from {args.out} (the state at "
+        f"{_place(checkpoint, written)})"
+    )
     for row in rows:
-        notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + \
-            ("\tcarried" if row["carry"] else "")
+        notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + (
+            "\tcarried" if row["carry"] else ""
+        )
         print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
     return 0
 
@@ -168,104 +225,36 @@ def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tup
     _check_global_steps(trace, checkpoint)
     first, last = (trace.epoch_step(g) for g in (args.global_steps[0], args.global_steps[1] - 1))
     if first[0] != trace.state.epoch or last[0] != trace.state.epoch:
-        raise OptionError(f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
-                          f"{first[1]} to epoch {last[0]} step {last[1]}; a quarantine takes steps of the state's "
-                          f"epoch {trace.state.epoch} (keys: --key, with --carry for later epochs)")
-    print(f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
-          f"steps {first[1]}:{last[1] + 1} (from 0)", file=sys.stderr)
+        raise OptionError(
+            f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
+            f"{first[1]} to epoch {last[0]} step {last[1]}; a quarantine takes steps of the state's "
+            f"epoch {trace.state.epoch} (keys: --key, with --carry for later epochs)"
+        )
+    print(
+        f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
+        f"steps {first[1]}:{last[1] + 1} (from 0)",
+        file=sys.stderr,
+    )
     return first[1], last[1] + 1
 
 
 def _check_global_steps(trace: Any, checkpoint: Any) -> None:
-    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not give
-    its state (earlier epochs cut short or on another world size, or gradient accumulation): a global step would
-    map to the wrong batch."""
+    """An :class:`OptionError` where the checkpoint records a trainer's global step that the plan does not
+    give its state (earlier epochs cut short or on another world size, or gradient accumulation): a global
+    step would map to the wrong batch."""
     recorded = checkpoint.global_step
     if recorded is None:
         return
     planned = trace.global_step(trace.state.epoch, trace.position_step())
     if planned != recorded:
-        raise OptionError(f"the checkpoint records global_step {recorded}, but its state stands at epoch "
-                          f"{trace.state.epoch} epoch step {trace.position_step()}, global step {planned} as the "
-                          "plan counts (earlier epochs cut short or on another world size, or several batches an "
-                          "optimizer step): a global step would name the wrong batch; use --step with --in-epoch")
-
-
-def _weight(text: str) -> tuple[str, float]:
-    name, _, value = text.partition("=")
-    try:
-        return name, float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=WEIGHT") from None
-
-
-def add_remix(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("remix", help="a state of a mix that resumes under new weights or corpora",
-                                   description="Write a state for a new mix (weights changed, corpora added or "
-                                               "dropped) that continues a saved state of the old one, at an epoch "
-                                               "boundary or mid-epoch, every corpus's passes exact "
-                                               "(see shardio.remix).")
-    parser.add_argument("dataset", nargs="+", help="NAME=LOCATION for every corpus of the old and the new mix")
-    parser.add_argument("--state", required=True, help="the old mix's state: " + _STATE_HELP)
-    parser.add_argument("--weight", type=_weight, action="append", required=True, metavar="NAME=W",
-                        help="a corpus of the new mix and its weight (repeat)")
-    parser.add_argument("--primary", help="the new mix's epoch is one pass over this corpus (default: the old "
-                                          "epoch size)")
-    parser.add_argument("--out", required=True, help=_OUT_HELP)
-    parser.set_defaults(run=_run_remix)
-
-
-def _run_remix(args: argparse.Namespace) -> int:
-    from ..datasets.mixed import MixedDataset
-    from ..ledger.checkpoints import read_checkpoint, write_checkpoint
-    from ..ledger.rebuild import open_for_state, state_corpora
-    from ..ledger.remix import remix, remix_report
-    from ..planning.mixoptions import EpochSize
-    from ..state import job_state
-
-    checkpoint = read_checkpoint(args.state)
-    state = checkpoint.state
-    sources = _sources(args.dataset)
-    weights = dict(args.weight)
-    twice = sorted(name for name, count in Counter(name for name, _ in args.weight).items() if count > 1)
-    if twice:
-        raise OptionError(f"--weight names {twice} more than once")
-    old_names = state_corpora(job_state(state).options)  # a StateError where it is not a mix's
-    if not old_names:
-        raise OptionError("remix needs the state of a mix; this state is of one dataset")
-    old = open_for_state([f"{n}={sources[n]}" for n in old_names if n in sources], state)
-    missing = sorted(set(weights) - set(sources))
-    if not isinstance(old, MixedDataset) or missing:
-        raise OptionError(f"remix needs a mix's state and NAME=LOCATION for every corpus of the new mix "
-                          f"(missing: {missing})")
-    size = EpochSize(primary=args.primary) if args.primary else old.mix.epoch_size
-    new = MixedDataset({n: sources[n] for n in weights}, weights, size, weight_by=old.mix.weight_by,
-                       single_corpus_batches=old.mix.single_corpus_batches, batching=old.batching, seed=old.seed,
-                       ordering=old.ordering)
-    mixed = remix(state, old, new)
-    write_checkpoint(checkpoint, mixed, args.out)
-    event = remix_report(mixed)[-len(mixed["extra"]["remix"]["events"][-1]["corpora"]):]  # this re-mix's rows
-    print(f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from {args.out}")
-    for row in event:
-        extra = f"\t{row['remaining']} of its {row['slice']} positions this epoch left" if "slice" in row else ""
-        print(f"  {row['corpus']}\t{row['status']}\tweight {row['old_weight']} -> {row['new_weight']}{extra}"
-              + (f"\t{row['pending']} pending" if row["pending"] else ""))
-    return 0
+        raise OptionError(
+            f"the checkpoint records global_step {recorded}, but its state stands at epoch "
+            f"{trace.state.epoch} epoch step {trace.position_step()}, global step {planned} as the "
+            "plan counts (earlier epochs cut short or on another world size, or several batches an "
+            "optimizer step): a global step would name the wrong batch; use --step with --in-epoch"
+        )
 
 
 def _place(checkpoint: Any, written: str) -> str:
     """Where the new state is in the file written, in words (``out.pt['loader']``)."""
     return written + "".join(f"[{key!r}]" for key in checkpoint.where or ())
-
-
-def _sources(locations: list[str]) -> dict[str, str]:
-    """``NAME=LOCATION`` arguments as a dict: an :class:`OptionError` for one without a name or a name given twice."""
-    pairs = [location.split("=", 1) for location in locations]
-    bad = [location for location, pair in zip(locations, pairs) if len(pair) != 2 or not pair[0] or not pair[1]]
-    if bad:
-        raise OptionError(f"remix takes NAME=LOCATION for every corpus, not {bad[:3]}")
-    names = [pair[0] for pair in pairs]
-    twice = sorted(name for name, count in Counter(names).items() if count > 1)
-    if twice:
-        raise OptionError(f"corpora {twice} are given more than once")
-    return dict(pairs)

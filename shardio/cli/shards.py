@@ -16,18 +16,25 @@ __all__ = ["add_index", "add_inspect", "add_verify"]
 
 # -- inspect -----------------------------------------------------------------------------------------
 
+
 def _allow_outside_root(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--allow-outside-root", action="store_true",
-                        help="take shard names outside the dataset directory (a trusted index written with "
-                             "'shardio index --out' elsewhere)")
+    parser.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        help="take shard names outside the dataset directory (a trusted index written with "
+        "'shardio index --out' elsewhere)",
+    )
 
 
 def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     """``shardio inspect``: summarise a dataset from its index."""
-    parser = subparsers.add_parser("inspect", help="summarise a dataset from its index",
-                                   description="Summarise a dataset from its index alone (no shard is read): shards, "
-                                               "samples, hours, codecs, formats, sample rates and a duration "
-                                               "histogram.")
+    parser = subparsers.add_parser(
+        "inspect",
+        help="summarise a dataset from its index",
+        description="Summarise a dataset from its index alone (no shard is read): shards, "
+        "samples, hours, codecs, formats, sample rates and a duration "
+        "histogram.",
+    )
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     _allow_outside_root(parser)
@@ -44,12 +51,16 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 # -- verify ------------------------------------------------------------------------------------------
 
+
 def add_verify(subparsers: argparse._SubParsersAction) -> None:
     """``shardio verify``: check shards against the index."""
-    parser = subparsers.add_parser("verify", help="check shards against the index (exit 1 on problems)",
-                                   description="Check every shard's size and SHA-256 against the index and parse "
-                                               "every sample at its indexed offsets (with --decode, decode its "
-                                               "audio too); list every problem and exit 1 if there is any.")
+    parser = subparsers.add_parser(
+        "verify",
+        help="check shards against the index (exit 1 on problems)",
+        description="Check every shard's size and SHA-256 against the index and parse "
+        "every sample at its indexed offsets (with --decode, decode its "
+        "audio too); list every problem and exit 1 if there is any.",
+    )
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -60,8 +71,12 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from ..packing.verification import verify_dataset
 
-    problems = verify_dataset(args.directory, decode=args.decode, allow_outside_root=args.allow_outside_root,
-                              progress=not args.no_progress)
+    problems = verify_dataset(
+        args.directory,
+        decode=args.decode,
+        allow_outside_root=args.allow_outside_root,
+        progress=not args.no_progress,
+    )
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
@@ -73,25 +88,40 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 # -- index -------------------------------------------------------------------------------------------
 
+
 def add_index(subparsers: argparse._SubParsersAction) -> None:
     """``shardio index``: build an index for existing shards."""
-    parser = subparsers.add_parser("index", help="build an index for existing WebDataset-style shards",
-                                   description="Build a shardio index for shards written by other tools "
-                                               "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
-                                               "audio facts read from each sample's audio member.")
-    parser.add_argument("shards", nargs="+", help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: "
-                                                  "dataset directories)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where to write the index (default: next to the shards)")
+    parser = subparsers.add_parser(
+        "index",
+        help="build an index for existing WebDataset-style shards",
+        description="Build a shardio index for shards written by other tools "
+        "(webdataset, WeNet, tar + zstd): samples are grouped by key, "
+        "audio facts read from each sample's audio member.",
+    )
+    parser.add_argument(
+        "shards",
+        nargs="+",
+        help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: dataset directories)",
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="where to write the index (default: next to the shards)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an index already there")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--nemo-manifest", default=None, metavar="MANIFEST",
-                        help="index a NeMo tarred dataset in place: the one directory given holds its "
-                             "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
-                             "fields are kept in the index; '-sub' repeats read the first copy)")
-    parser.add_argument("--upgrade", action="store_true",
-                        help="rewrite the format-1 index of each dataset directory given as the current format "
-                             "(same content and fingerprint, so saved loader states still resume)")
+    parser.add_argument(
+        "--nemo-manifest",
+        default=None,
+        metavar="MANIFEST",
+        help="index a NeMo tarred dataset in place: the one directory given holds its "
+        "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
+        "fields are kept in the index; '-sub' repeats read the first copy)",
+    )
+    parser.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="rewrite the format-1 index of each dataset directory given as the current format "
+        "(same content and fingerprint, so saved loader states still resume)",
+    )
     parser.set_defaults(run=_run_index)
 
 
@@ -99,11 +129,19 @@ def _run_index(args: argparse.Namespace) -> int:
     from ..packing.indexer import build_index, upgrade_index
 
     if args.upgrade:
-        stray = [name for name, given in (("--out", args.out is not None), ("--overwrite", args.overwrite),
-                                          ("--nemo-manifest", args.nemo_manifest is not None)) if given]
+        stray = [
+            name
+            for name, given in (
+                ("--out", args.out is not None),
+                ("--overwrite", args.overwrite),
+                ("--nemo-manifest", args.nemo_manifest is not None),
+            )
+            if given
+        ]
         if stray:
-            raise OptionError("--upgrade rewrites each directory's index in place: not with "
-                              f"{', '.join(stray)}")
+            raise OptionError(
+                f"--upgrade rewrites each directory's index in place: not with {', '.join(stray)}"
+            )
         for directory in args.shards:
             upgraded = upgrade_index(directory)
             print(f"{directory}: index format {upgraded}")
@@ -112,12 +150,19 @@ def _run_index(args: argparse.Namespace) -> int:
         from ..integrations.importers.nemo_index import index_nemo
 
         if len(args.shards) != 1 or args.out is not None:
-            raise OptionError("--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
-                              "writes the index there: no --out")
-        index = index_nemo(args.shards[0], args.nemo_manifest, overwrite=args.overwrite,
-                           progress=not args.no_progress)
+            raise OptionError(
+                "--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
+                "writes the index there: no --out"
+            )
+        index = index_nemo(
+            args.shards[0], args.nemo_manifest, overwrite=args.overwrite, progress=not args.no_progress
+        )
     else:
-        index = build_index(args.shards, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress)
-    print(f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
-          f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}")
+        index = build_index(
+            args.shards, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress
+        )
+    print(
+        f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
+        f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}"
+    )
     return 0

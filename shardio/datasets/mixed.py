@@ -64,12 +64,22 @@ class MixIndex(Index):
             tables.append(np.array([_position(formats, ext) for ext in index.formats] or [0], dtype=np.uint8))
             shards += [replace(s, name=join(index.root, s.name)) for s in index.shards]
         remote = [indexes[n].storage_options for n in names if indexes[n].storage_options is not None]
-        fingerprint = hashlib.sha256(json.dumps([[n, indexes[n].fingerprint] for n in names]).encode()).hexdigest()
-        combined = cls(root="", shards=shards, formats=formats, columns={}, fingerprint=fingerprint[:32],
-                       names=names, offsets=corpus_offsets([len(indexes[n]) for n in names]),
-                       shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
-                       parts=[indexes[n] for n in names], format_tables=tables,
-                       storage_options=remote[0] if remote else None)
+        fingerprint = hashlib.sha256(
+            json.dumps([[n, indexes[n].fingerprint] for n in names]).encode()
+        ).hexdigest()
+        combined = cls(
+            root="",
+            shards=shards,
+            formats=formats,
+            columns={},
+            fingerprint=fingerprint[:32],
+            names=names,
+            offsets=corpus_offsets([len(indexes[n]) for n in names]),
+            shard_offsets=corpus_offsets([len(indexes[n].shards) for n in names]),
+            parts=[indexes[n] for n in names],
+            format_tables=tables,
+            storage_options=remote[0] if remote else None,
+        )
         combined.columns = combined._chained()
         return combined
 
@@ -102,7 +112,8 @@ class MixIndex(Index):
 
     @property
     def fingerprinted(self) -> bool:
-        """Whether the fingerprint names this mix: every corpus's index is fingerprinted (see :class:`Index`)."""
+        """Whether the fingerprint names this mix: every corpus's index is fingerprinted
+        (see :class:`Index`)."""
         return all(part.fingerprinted for part in self.parts)
 
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
@@ -144,8 +155,10 @@ class MixIndex(Index):
 
     def columns_of(self) -> dict[str, CorpusColumns]:
         """Each corpus's planner columns (its own, as mapped: nothing is concatenated)."""
-        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
-                for name, part in zip(self.names, self.parts)}
+        return {
+            name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
+            for name, part in zip(self.names, self.parts)
+        }
 
     def save(self, directory: str | None = None, *, keep_fingerprint: bool = False) -> None:
         """A combined index lives in memory only; save each corpus's own index instead."""
@@ -195,31 +208,71 @@ class MixedDataset(ShardDataset):
 
     index: MixIndex
 
-    def __init__(self, sources: Mapping[str, str | os.PathLike[str] | Index], weights: Mapping[str, float],
-                 epoch_size: EpochSize, *, weight_by: str = "duration", single_corpus_batches: bool = False,
-                 batching: Batching | None = None, ordering: Ordering | None = None,
-                 decoding: Decoding | None = None, reading: Reading | None = None, seed: int = 0,
-                 world: World | None = None, batch_size: int | None = None, max_duration: float | None = None,
-                 num_buckets: int | None = None, shuffle: bool | None = None, sample_rate: int | None = None,
-                 on_error: str | None = None, **deprecated: Any) -> None:
-        groups = option_groups(type(self).__name__, dict(batching=batching, ordering=ordering, decoding=decoding,
-                                                         reading=reading),
-                               dict(batch_size=batch_size, max_duration=max_duration, num_buckets=num_buckets,
-                                    shuffle=shuffle, sample_rate=sample_rate, on_error=on_error), deprecated)
+    def __init__(
+        self,
+        sources: Mapping[str, str | os.PathLike[str] | Index],
+        weights: Mapping[str, float],
+        epoch_size: EpochSize,
+        *,
+        weight_by: str = "duration",
+        single_corpus_batches: bool = False,
+        batching: Batching | None = None,
+        ordering: Ordering | None = None,
+        decoding: Decoding | None = None,
+        reading: Reading | None = None,
+        seed: int = 0,
+        world: World | None = None,
+        batch_size: int | None = None,
+        max_duration: float | None = None,
+        num_buckets: int | None = None,
+        shuffle: bool | None = None,
+        sample_rate: int | None = None,
+        on_error: str | None = None,
+        **deprecated: Any,
+    ) -> None:
+        groups = option_groups(
+            type(self).__name__,
+            dict(batching=batching, ordering=ordering, decoding=decoding, reading=reading),
+            dict(
+                batch_size=batch_size,
+                max_duration=max_duration,
+                num_buckets=num_buckets,
+                shuffle=shuffle,
+                sample_rate=sample_rate,
+                on_error=on_error,
+            ),
+            deprecated,
+        )
         self.mix = Mix(weights, epoch_size, weight_by, single_corpus_batches)
         if not isinstance(sources, Mapping) or set(sources) != set(self.mix.weights):
             names = sorted(sources) if isinstance(sources, Mapping) else shown(sources)
             raise OptionError(f"sources name corpora {names}, weights name {sorted(self.mix.weights)}")
         storage = groups.reading.storage_options  # for the corpora given by location, not the combined index
         indexes = {n: s if isinstance(s, Index) else Index.load(s, storage) for n, s in sources.items()}
-        super().__init__(MixIndex.combine(indexes), batching=groups.batching, ordering=groups.ordering,
-                         decoding=groups.decoding, reading=replace(groups.reading, storage_options=None), seed=seed,
-                         world=world)
+        super().__init__(
+            MixIndex.combine(indexes),
+            batching=groups.batching,
+            ordering=groups.ordering,
+            decoding=groups.decoding,
+            reading=replace(groups.reading, storage_options=None),
+            seed=seed,
+            world=world,
+        )
         self.reading = groups.reading
-        self._use(Planner(self.index, self.seed, self.batching, self.ordering, self.mix,
-                          tuple(zip(self.index.names, self.index.parts))))
+        self._use(
+            Planner(
+                self.index,
+                self.seed,
+                self.batching,
+                self.ordering,
+                self.mix,
+                tuple(zip(self.index.names, self.index.parts)),
+            )
+        )
 
     def _check_plannable(self, batching: Batching) -> None:
         # the epoch's size, checked against each corpus here rather than when the first epoch is planned
-        planned = batching if batching.batch_size or batching.max_duration else replace(batching, batch_size=1)
+        planned = (
+            batching if batching.batch_size or batching.max_duration else replace(batching, batch_size=1)
+        )
         check_epoch_size(self.index.columns_of(), self.mix, planned)

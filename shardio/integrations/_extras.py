@@ -17,6 +17,7 @@ def require(extra: str, *modules: str) -> list[ModuleType]:
         except ImportError:
             continue
     if not found:
-        raise ImportError(f"shardio's {extra} integration needs {' or '.join(modules)}: "
-                          f"pip install 'shardio[{extra}]'")
+        raise ImportError(
+            f"shardio's {extra} integration needs {' or '.join(modules)}: pip install 'shardio[{extra}]'"
+        )
     return found

@@ -96,11 +96,13 @@ def track(accelerator: Any, dataset: ShardDataset) -> LoaderProgress:
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")
     world = dataset.ranks()
     if (world.rank, world.world_size) != (accelerator.process_index, accelerator.num_processes):
-        raise OptionError(f"the dataset plans for rank {world.rank} of {world.world_size}, the accelerator "
-                          f"runs process {accelerator.process_index} of {accelerator.num_processes}: build "
-                          "the dataset "
-                          "after Accelerator() (or give it World(accelerator.process_index, "
-                          "accelerator.num_processes))")
+        raise OptionError(
+            f"the dataset plans for rank {world.rank} of {world.world_size}, the accelerator "
+            f"runs process {accelerator.process_index} of {accelerator.num_processes}: build "
+            "the dataset "
+            "after Accelerator() (or give it World(accelerator.process_index, "
+            "accelerator.num_processes))"
+        )
     progress = LoaderProgress(dataset)
     accelerator.register_for_checkpointing(progress)
     return progress

@@ -27,9 +27,10 @@ own state, and applies a loaded state when ``train_dataloader()`` hands it the n
 
 Two of Lightning's warnings say the opposite of what the callback guarantees, so it silences them (those two
 messages only, and only once it holds what makes them wrong): "Your `IterableDataset` has `__len__` defined"
-(a ShardDataset's length is this rank's exact batch count, with any worker count: silenced from :meth:`attach`)
-and "... your dataloader is not resumable. This can cause unreliable results" (the callback resumes it exactly:
-silenced when a checkpoint holding its state is loaded). Without the callback both still appear.
+(a ShardDataset's length is this rank's exact batch count, with any worker count: silenced from
+:meth:`attach`) and "... your dataloader is not resumable. This can cause unreliable results" (the callback
+resumes it exactly: silenced when a checkpoint holding its state is loaded). Without the
+callback both still appear.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ logger = logging.getLogger(__name__)
 
 # Subclassing the Callback of every Lightning installed makes the callback fit either package's Trainer.
 _LENGTH_WARNING = r"Your `IterableDataset` has `__len__` defined"
-_RESUME_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+_RESUME_WARNING = (
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+)
 
 _BASES = tuple(module.Callback for module in require("lightning", "lightning.pytorch", "pytorch_lightning"))
 
@@ -81,8 +84,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     def __init__(self, dataset: ShardDataset | None = None) -> None:
         super().__init__()
         if dataset is not None and not isinstance(dataset, ShardDataset):
-            raise TypeError(f"ShardioCallback takes a ShardDataset (or none, then attach), not "
-                            f"{type(dataset).__name__}")
+            raise TypeError(
+                f"ShardioCallback takes a ShardDataset (or none, then attach), not {type(dataset).__name__}"
+            )
         self._dataset = dataset
         if dataset is not None:
             warnings.filterwarnings("ignore", message=_LENGTH_WARNING)  # its length is exact (module docs)
@@ -111,7 +115,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"ShardioCallback.attach takes a ShardDataset, not {type(dataset).__name__}")
         self._dataset = dataset
-        warnings.filterwarnings("ignore", message=_LENGTH_WARNING)  # its length is exact (see the module docs)
+        warnings.filterwarnings(
+            "ignore", message=_LENGTH_WARNING
+        )  # its length is exact (see the module docs)
         if self._pending is not None:
             dataset.load_state_dict(self._pending)
             self._pending = None
@@ -130,14 +136,17 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._pending is not None:
-            raise StateError("the checkpoint holds a shardio loader state that no dataset received: pass the "
-                             "dataset through ShardioCallback.attach() in train_dataloader(), or the epoch "
-                             "would restart at its first batch")
+            raise StateError(
+                "the checkpoint holds a shardio loader state that no dataset received: pass the "
+                "dataset through ShardioCallback.attach() in train_dataloader(), or the epoch "
+                "would restart at its first batch"
+            )
         if self._dataset is None:  # a fresh run may do without attach(): epoch 0 needs nothing set
             found = getattr(trainer.train_dataloader, "dataset", None) if trainer is not None else None
             if not isinstance(found, ShardDataset):
-                raise StateError("ShardioCallback found no ShardDataset: pass it through attach() in "
-                                 "train_dataloader()")
+                raise StateError(
+                    "ShardioCallback found no ShardDataset: pass it through attach() in train_dataloader()"
+                )
             self._dataset = found
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -156,20 +165,25 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         # the CombinedLoader's limits), and ends every epoch there; a shardio epoch's length varies (duration
         # batching; the rest of an epoch resumed on another world size): a longer epoch would be cut short.
         length, limit = len(self._dataset), trainer.limit_train_batches
-        wanted = min(length, limit) if isinstance(limit, int) else int(length * limit)  # as Lightning limits it
+        wanted = (
+            min(length, limit) if isinstance(limit, int) else int(length * limit)
+        )  # as Lightning limits it
         if trainer.fit_loop.max_batches != wanted:
             combined = getattr(trainer.fit_loop, "_combined_loader", None)  # Lightning 2.x
             if combined is not None:  # else its length is len(loader), read again at each iter()
                 combined.limits = None if wanted == length else [wanted]
             trainer.fit_loop.max_batches = wanted
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._dataset is None:
             raise StateError("ShardioCallback has no dataset: pass it through attach() in train_dataloader()")
         if not isinstance(batch, dict):
-            raise StateError(f"ShardioCallback needs the batches ShardDataset yields (dicts with 'epoch' and "
-                             f"'batch_index'), got a {type(batch).__name__}")
+            raise StateError(
+                f"ShardioCallback needs the batches ShardDataset yields (dicts with 'epoch' and "
+                f"'batch_index'), got a {type(batch).__name__}"
+            )
         state = self._dataset.state_after(batch)
         check_follows(self._state, state)
         self._state = state
@@ -189,20 +203,27 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             warnings.filterwarnings("ignore", message=_RESUME_WARNING)
 
     def _has_state(self, checkpoint: dict[str, Any]) -> bool:
-        return any(isinstance(value, dict) and value.get("loader") is not None
-                   for key, value in checkpoint.get("callbacks", {}).items() if key == self.state_key)
+        return any(
+            isinstance(value, dict) and value.get("loader") is not None
+            for key, value in checkpoint.get("callbacks", {}).items()
+            if key == self.state_key
+        )
 
 
 def _iterates_again(trainer: Any) -> bool:
     """Whether Lightning's epoch loop calls ``iter()`` on the train loader after ``on_train_epoch_start`` (the
     condition of ``TrainingEpochLoop.on_run_start`` in 2.6: every epoch after the first, unless resuming)."""
     fit_loop = trainer.fit_loop
-    return bool(trainer.current_epoch > 0 and not getattr(fit_loop, "is_resuming", False)
-                and not fit_loop.epoch_loop.restarting)
+    return bool(
+        trainer.current_epoch > 0
+        and not getattr(fit_loop, "is_resuming", False)
+        and not fit_loop.epoch_loop.restarting
+    )
 
 
 def _stop_workers(trainer: Any) -> None:
-    """Shut down (and join) the workers of the train loader's current iterator; the next ``iter()`` starts new."""
+    """Shut down (and join) the workers of the train loader's current iterator; the next
+    ``iter()`` starts new."""
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     for iterator in getattr(getattr(combined, "_iterator", None), "iterators", []):
         if hasattr(iterator, "_shutdown_workers"):

@@ -45,9 +45,11 @@ __all__ = ["LoaderProgress", "track"]
 try:
     (_checkpoints,) = require("speechbrain", "speechbrain.utils.checkpoints")
 except OSError as exc:  # SpeechBrain imports torchaudio, whose C++ extension is built for one torch
-    raise ImportError(f"shardio's speechbrain integration needs speechbrain, which imports torchaudio, and the "
-                      f"torchaudio installed does not load against this torch: install its build for this torch "
-                      f"({exc})") from exc
+    raise ImportError(
+        f"shardio's speechbrain integration needs speechbrain, which imports torchaudio, and the "
+        f"torchaudio installed does not load against this torch: install its build for this torch "
+        f"({exc})"
+    ) from exc
 
 
 @_checkpoints.register_checkpoint_hooks
@@ -99,13 +101,15 @@ class LoaderProgress:
             batch: A batch the dataset yielded.
 
         Raises:
-            StateError: ``Brain.fit`` did not call :meth:`set_epoch` (``brain.train_sampler`` was replaced), or
-                the batch is not the one after the last (a loader handing batches over out of order).
+            StateError: ``Brain.fit`` did not call :meth:`set_epoch` (``brain.train_sampler`` was replaced),
+                or the batch is not the one after the last (a loader handing batches over out of order).
         """
         if not self._epoch_set:
-            raise StateError("Brain.fit did not call LoaderProgress.set_epoch before this batch: keep "
-                             "brain.train_sampler the LoaderProgress that track() set, and hand fit() the "
-                             "loader (or the dataset without shuffle or a sampler)")
+            raise StateError(
+                "Brain.fit did not call LoaderProgress.set_epoch before this batch: keep "
+                "brain.train_sampler the LoaderProgress that track() set, and hand fit() the "
+                "loader (or the dataset without shuffle or a sampler)"
+            )
         state = self.dataset.state_after(batch)
         check_follows(self._state, state)
         self._state = state
@@ -161,17 +165,23 @@ def track(brain: Any, dataset: ShardDataset, *, name: str = "shardio_loader") ->
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")
     checkpointer = getattr(brain, "checkpointer", None)
     if checkpointer is None:
-        raise OptionError("the Brain has no checkpointer: make it with checkpointer=Checkpointer(...), or there "
-                          "is nothing to resume from")
+        raise OptionError(
+            "the Brain has no checkpointer: make it with checkpointer=Checkpointer(...), or there "
+            "is nothing to resume from"
+        )
     if getattr(brain, "train_sampler", None) is not None:
-        raise OptionError(f"the Brain already has a train_sampler ({type(brain.train_sampler).__name__}): a "
-                          "ShardDataset plans its own order, and the LoaderProgress must be the train_sampler "
-                          "for Brain.fit to tell it the epoch")
+        raise OptionError(
+            f"the Brain already has a train_sampler ({type(brain.train_sampler).__name__}): a "
+            "ShardDataset plans its own order, and the LoaderProgress must be the train_sampler "
+            "for Brain.fit to tell it the epoch"
+        )
     world, rank, world_size = dataset.ranks(), *_process_group()
     if (world.rank, world.world_size) != (rank, world_size):
-        raise OptionError(f"the dataset plans for rank {world.rank} of {world.world_size}, the Brain runs "
-                          f"rank {rank} of {world_size}: build the dataset after ddp_init_group (or give it "
-                          f"World({rank}, {world_size}))")
+        raise OptionError(
+            f"the dataset plans for rank {world.rank} of {world.world_size}, the Brain runs "
+            f"rank {rank} of {world_size}: build the dataset after ddp_init_group (or give it "
+            f"World({rank}, {world_size}))"
+        )
     progress = LoaderProgress(dataset)
     checkpointer.add_recoverable(name, progress)
     brain.train_sampler = progress

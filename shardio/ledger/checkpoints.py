@@ -1,4 +1,5 @@
-"""The shardio state inside the checkpoints users write, read for the ledger and written back in the same form.
+"""The shardio state inside the checkpoints users write, read for the ledger and
+written back in the same form.
 
 ``shardio trace``, ``quarantine`` and ``remix`` take ``--state`` as any of:
 
@@ -14,9 +15,9 @@ in it is executed) and memory-mapped where it is in the zip format, so its tenso
 older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`. The state is found by its
 ``"format": "shardio-state"`` field wherever it is nested; :attr:`Checkpoint.where` names the key path.
 
-:func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest of
-the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as it
-did from ``--state``. A state that is several states (a ``StatefulDataLoader`` with workers saves one per
+:func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest
+of the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as
+it did from ``--state``. A state that is several states (a ``StatefulDataLoader`` with workers saves one per
 worker) cannot take one job-level state in their place: writing it is refused, write a JSON state instead.
 """
 
@@ -116,9 +117,11 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
         OutputError: ``out`` cannot be written.
     """
     if checkpoint.where is None:
-        raise StateError(f"{checkpoint.describe()}: one job-level state cannot replace a StatefulDataLoader's "
-                         "per-worker states; write a JSON state (--out NAME.json) and load it with "
-                         "ds.load_state_dict() on the dataset before iterating")
+        raise StateError(
+            f"{checkpoint.describe()}: one job-level state cannot replace a StatefulDataLoader's "
+            "per-worker states; write a JSON state (--out NAME.json) and load it with "
+            "ds.load_state_dict() on the dataset before iterating"
+        )
     container = _replaced(checkpoint.container, checkpoint.where, dict(state))
     try:
         if checkpoint.kind == "json":
@@ -140,12 +143,15 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
 
 
 def _head(path: str) -> bytes:
-    """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular file (a FIFO would hang)."""
+    """The first 4 bytes of ``path``; a :class:`StateError` unless it is a regular
+    file (a FIFO would hang)."""
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
-            raise StateError(f"{path}: {kind(mode)}, not a regular file: a loader state must be a regular file or "
-                             "an Accelerate checkpoint directory")
+            raise StateError(
+                f"{path}: {kind(mode)}, not a regular file: a loader state must be a regular file or "
+                "an Accelerate checkpoint directory"
+            )
         with open(path, "rb") as handle:
             return handle.read(4)
     except OSError as exc:
@@ -160,14 +166,18 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
     if not os.path.isfile(path):
         raise StateError(f"{path}: a checkpoint must be a regular file")
     if not mmap and os.path.getsize(path) > MAX_LEGACY_BYTES:
-        raise StateError(f"{path}: a torch.save file of the pre-zip format larger than {MAX_LEGACY_BYTES} bytes "
-                         "(it would be read whole): save it with torch.save's default format")
+        raise StateError(
+            f"{path}: a torch.save file of the pre-zip format larger than {MAX_LEGACY_BYTES} bytes "
+            "(it would be read whole): save it with torch.save's default format"
+        )
     try:
         return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, AttributeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StateError(f"{path}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
-                         f"values are read from a checkpoint, nothing is executed): {shown(reason[:300])}") from None
+        raise StateError(
+            f"{path}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
+            f"values are read from a checkpoint, nothing is executed): {shown(reason[:300])}"
+        ) from None
 
 
 def _torch_save(container: Any, path: str) -> None:
@@ -181,7 +191,9 @@ def _torch_save(container: Any, path: str) -> None:
 
 
 def _read_accelerate(directory: str) -> Checkpoint:
-    names = sorted(name for name in os.listdir(directory) if name.startswith(_CUSTOM) and name.endswith(".pkl"))
+    names = sorted(
+        name for name in os.listdir(directory) if name.startswith(_CUSTOM) and name.endswith(".pkl")
+    )
     found = []
     for name in names:
         path = os.path.join(directory, name)
@@ -191,9 +203,11 @@ def _read_accelerate(directory: str) -> Checkpoint:
                 found.append((path, container))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(os.path.basename(p) for p, _ in found)})"
-        raise StateError(f"{directory}: an Accelerate checkpoint holding {what} shardio states among its "
-                         f"{_CUSTOM}*.pkl files; register one dataset's progress (shardio.integrations.accelerate"
-                         ".track) or give the file")
+        raise StateError(
+            f"{directory}: an Accelerate checkpoint holding {what} shardio states among its "
+            f"{_CUSTOM}*.pkl files; register one dataset's progress (shardio.integrations.accelerate"
+            ".track) or give the file"
+        )
     path, container = found[0]
     where = _where(container)
     return Checkpoint(path, "accelerate", container, _state_of(container, path, where), where)
@@ -201,8 +215,10 @@ def _read_accelerate(directory: str) -> Checkpoint:
 
 def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[str, Any]:
     if not any(True for _ in _paths(container)):
-        raise StateError(f"{path}: no shardio loader state in this checkpoint (a dict with \"format\": "
-                         f"\"{_FORMAT}\", as loader.state_dict() or ShardioCallback saves it)")
+        raise StateError(
+            f'{path}: no shardio loader state in this checkpoint (a dict with "format": '
+            f'"{_FORMAT}", as loader.state_dict() or ShardioCallback saves it)'
+        )
     for key in where or ():
         container = container[key]
     return job_state(container).to_dict()
@@ -227,14 +243,17 @@ def _where(container: Any) -> tuple[Any, ...] | None:
     """The path of the one state in ``container``; in a Lightning checkpoint, the ShardioCallback's (which
     replaces a StatefulDataLoader's own state on resume)."""
     found = list(_paths(container))
-    callback = [p for p in found if len(p) > 2 and p[0] == "callbacks" and str(p[1]).startswith("ShardioCallback")]
+    callback = [
+        p for p in found if len(p) > 2 and p[0] == "callbacks" and str(p[1]).startswith("ShardioCallback")
+    ]
     if len(callback) == 1:
         return callback[0]
     return found[0] if len(found) == 1 else None
 
 
 def _replaced(container: Any, where: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists on the way are copied)."""
+    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists
+    on the way are copied)."""
     if not where:
         return state
     key, rest = where[0], where[1:]

@@ -1,4 +1,5 @@
-"""Sample keys to sample ids, for the ledger: the keys a quarantine or a trace names, found in a dataset's index."""
+"""Sample keys to sample ids, for the ledger: the keys a quarantine or a trace names, found
+in a dataset's index."""
 
 from __future__ import annotations
 

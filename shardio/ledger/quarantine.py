@@ -5,8 +5,8 @@ which then loads like any other state. The semantics:
 
 - **What is left out.** The given ``keys`` (resolved to sample ids through the dataset's index; a key that
   several corpora of a mix share is left out in each) and the samples of every rank's batch at the given
-  ``steps`` (epoch steps, counted as :mod:`shardio.ledger.trace` counts them: batches per rank since the epoch's
-  start, across elastic segments). In a mix, every occurrence of a quarantined sample is left out.
+  ``steps`` (epoch steps, counted as :mod:`shardio.ledger.trace` counts them: batches per rank since the
+  epoch's start, across elastic segments). In a mix, every occurrence of a quarantined sample is left out.
 - **From where.** From the state's position on: the position becomes a finished segment of the epoch's
   history (as an elastic resume does) and the rest of the epoch is re-planned without the quarantined
   samples, for the world that loads the state. Every sample the epoch still held that is not quarantined
@@ -19,8 +19,8 @@ which then loads like any other state. The semantics:
   ids, keys, steps and ``carry``; states saved later keep it. :func:`quarantine_report` lists it.
 
 The same entries, marked ``ahead``, leave out of the rest of an epoch the samples that a state's DataLoader
-workers consumed ahead of its position (:func:`~shardio.planning.exclusions.leave_out_consumed`): consumed, not quarantined, so the report
-leaves them out.
+workers consumed ahead of its position (:func:`~shardio.planning.exclusions.leave_out_consumed`): consumed,
+not quarantined, so the report leaves them out.
 """
 
 from __future__ import annotations
@@ -46,8 +46,14 @@ if TYPE_CHECKING:
 __all__ = ["quarantine", "quarantine_report"]
 
 
-def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterable[str] = (),
-               steps: tuple[int, int] | None = None, carry: bool = False) -> dict[str, Any]:
+def quarantine(
+    state: Mapping[str, Any],
+    dataset: ShardDataset,
+    *,
+    keys: Iterable[str] = (),
+    steps: tuple[int, int] | None = None,
+    carry: bool = False,
+) -> dict[str, Any]:
     """A copy of a state that resumes without some samples, in the rest of its epoch (and later ones with
     `carry`). See the module docs for the exact semantics.
 
@@ -68,14 +74,18 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
     """
     loaded = job_state(state)
     if isinstance(keys, (str, bytes)):
-        raise OptionError(f"keys must be a list of keys, not one {type(keys).__name__} ({reprlib.repr(keys)})")
+        raise OptionError(
+            f"keys must be a list of keys, not one {type(keys).__name__} ({reprlib.repr(keys)})"
+        )
     keys = list(dict.fromkeys(keys))
     if not keys and steps is None:
         raise OptionError("quarantine needs keys or steps to leave out")
     if len(loaded.history) >= MAX_HISTORY:
-        raise StateError(f"the state's epoch {loaded.epoch} already has {len(loaded.history)} history segments, "
-                         f"the most a state keeps ({MAX_HISTORY}); a quarantine adds one: quarantine at a state of "
-                         "a later epoch")
+        raise StateError(
+            f"the state's epoch {loaded.epoch} already has {len(loaded.history)} history segments, "
+            f"the most a state keeps ({MAX_HISTORY}); a quarantine adds one: quarantine at a state of "
+            "a later epoch"
+        )
     trace = Trace(dataset, state)
     ids: list[int] = []
     first = stop = 0
@@ -83,19 +93,30 @@ def quarantine(state: Mapping[str, Any], dataset: ShardDataset, *, keys: Iterabl
         ids = [i for found in resolve_keys(keys, dataset.index.keys).values() for i in found]
     if steps is not None:
         pair = tuple(steps) if isinstance(steps, (tuple, list)) else ()
-        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair) \
-                or not 0 <= pair[0] < pair[1]:
-            raise OptionError(f"steps must be (first, stop) with 0 <= first < stop, not {reprlib.repr(steps)}")
+        if (
+            len(pair) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair)
+            or not 0 <= pair[0] < pair[1]
+        ):
+            raise OptionError(
+                f"steps must be (first, stop) with 0 <= first < stop, not {reprlib.repr(steps)}"
+            )
         first, stop = pair
         for record in trace.steps(loaded.epoch, first, stop):
             ids.extend(int(i) for i in record.ids)
     unique = sorted(set(ids))
     corpora = [trace.planner.corpus(i) for i in unique]
-    entry = Quarantine(loaded.epoch, len(loaded.history) + 1, tuple(unique), carry=bool(carry),
-                       keys=tuple(dataset.index.keys[i] for i in unique),
-                       steps=(int(first), int(stop)) if steps is not None else None,
-                       from_step=trace.position_step(), consumed=tuple(_consumed(trace, unique)),
-                       corpora=tuple(c or "" for c in corpora) if any(corpora) else None)
+    entry = Quarantine(
+        loaded.epoch,
+        len(loaded.history) + 1,
+        tuple(unique),
+        carry=bool(carry),
+        keys=tuple(dataset.index.keys[i] for i in unique),
+        steps=(int(first), int(stop)) if steps is not None else None,
+        from_step=trace.position_step(),
+        consumed=tuple(_consumed(trace, unique)),
+        corpora=tuple(c or "" for c in corpora) if any(corpora) else None,
+    )
     surgery = trace.surgery.with_quarantines((*trace.surgery.quarantines, entry))
     history = (*loaded.history, Segment(loaded.world_size, loaded.position))
     return replace(loaded, history=history, start=0, yielded=0, extra=surgery.to_extra()).to_dict()
@@ -133,13 +154,23 @@ def quarantine_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
         if entry.ahead:
             continue
         if entry.keys is None:
-            raise StateError(f"malformed loader state: quarantine entry {number}: 'keys' must be a list of "
-                             f"{len(entry.ids)} strings, one per id")
+            raise StateError(
+                f"malformed loader state: quarantine entry {number}: 'keys' must be a list of "
+                f"{len(entry.ids)} strings, one per id"
+            )
         consumed = set(entry.consumed or ())
         corpora = entry.corpora or (None,) * len(entry.ids)
         for key, sample_id, corpus in zip(entry.keys, entry.ids, corpora):
-            rows.append({"key": key, "id": sample_id, **({"corpus": corpus} if corpus else {}),
-                         "epoch": entry.epoch, "from_step": entry.from_step,
-                         "already_consumed": sample_id in consumed,
-                         "steps": None if entry.steps is None else list(entry.steps), "carry": entry.carry})
+            rows.append(
+                {
+                    "key": key,
+                    "id": sample_id,
+                    **({"corpus": corpus} if corpus else {}),
+                    "epoch": entry.epoch,
+                    "from_step": entry.from_step,
+                    "already_consumed": sample_id in consumed,
+                    "steps": None if entry.steps is None else list(entry.steps),
+                    "carry": entry.carry,
+                }
+            )
     return rows

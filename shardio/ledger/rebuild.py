@@ -30,10 +30,20 @@ _T = TypeVar("_T")
 _ORDERING = ("shuffle", "shuffle_shards")
 # what each plan option a state records may be (JSON types; ranges are Batching's and Ordering's to check)
 _INT, _NUMBER, _TEXT, _FLAG = "an integer", "a number", "a string", "true or false"
-_KINDS = {"batch_size": (_INT, True), "max_batch_size": (_INT, True), "num_buckets": (_INT, True),
-          "max_duration": (_NUMBER, True), "quadratic_duration": (_NUMBER, True), "min_duration": (_NUMBER, True),
-          "max_sample_duration": (_NUMBER, True), "remainder": (_TEXT, False), "sync_buckets": (_FLAG, True),
-          "batch_cost_name": (_TEXT, True), "shuffle": (_FLAG, False), "shuffle_shards": (_INT, False)}
+_KINDS = {
+    "batch_size": (_INT, True),
+    "max_batch_size": (_INT, True),
+    "num_buckets": (_INT, True),
+    "max_duration": (_NUMBER, True),
+    "quadratic_duration": (_NUMBER, True),
+    "min_duration": (_NUMBER, True),
+    "max_sample_duration": (_NUMBER, True),
+    "remainder": (_TEXT, False),
+    "sync_buckets": (_FLAG, True),
+    "batch_cost_name": (_TEXT, True),
+    "shuffle": (_FLAG, False),
+    "shuffle_shards": (_INT, False),
+}
 _TYPES: dict[str, tuple[type, ...]] = {_INT: (int,), _NUMBER: (int, float), _TEXT: (str,), _FLAG: (bool,)}
 
 
@@ -61,8 +71,10 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     options.pop("corpora", None)
     ordering = {name: options.pop(name) for name in _ORDERING if name in options}
     if options.get("batch_cost") is not None:
-        raise OptionError(f"the run planned with batch_cost {shown(options['batch_cost'])}, a function the state "
-                          "names but does not hold: trace it from Python, shardio.Trace(dataset, state)")
+        raise OptionError(
+            f"the run planned with batch_cost {shown(options['batch_cost'])}, a function the state "
+            "names but does not hold: trace it from Python, shardio.Trace(dataset, state)"
+        )
     options.pop("batch_cost", None)
     _check_kinds({**options, **ordering})
     options["sync_buckets"] = bool(options.get("sync_buckets"))  # a state records it only when on
@@ -80,8 +92,9 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
     else:
         sources = dict(location.split("=", 1) for location in locations if "=" in location)
         if len(sources) != len(locations) or set(sources) != set(corpora or {}):
-            raise OptionError(f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for "
-                              "each")
+            raise OptionError(
+                f"the state is of a mix of {sorted(corpora or {})}: give NAME=LOCATION for each"
+            )
         if not isinstance(mix, dict):
             raise StateError(f"state field options.mix must be a shardio mix's options, not {shown(mix)}")
         values.update({f"options.mix.{name}": value for name, value in mix.items()})
@@ -91,13 +104,19 @@ def open_for_state(locations: Sequence[str], state: Mapping[str, Any]) -> ShardD
             # as recorded: the planner used these very floats (normalising them again may move one an ulp)
             weights = _from_state(values, lambda: recorded_weights(mix["weights"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"state field options.mix is not a shardio mix's options ({shown(exc)})") from exc
+            raise StateError(
+                f"state field options.mix is not a shardio mix's options ({shown(exc)})"
+            ) from exc
         indexes = {name: Index.load(location) for name, location in sources.items()}
-        ds = _from_state(values, lambda: MixedDataset(indexes, weights, epoch_size, batching=batching, **arguments,
-                                                      **common))
+        ds = _from_state(
+            values,
+            lambda: MixedDataset(indexes, weights, epoch_size, batching=batching, **arguments, **common),
+        )
     if ds.index.fingerprint != loaded.index:
-        raise StateError(f"the state was saved for index {shown(loaded.index)}, the dataset's is "
-                         f"{ds.index.fingerprint} (another dataset or a re-pack)")
+        raise StateError(
+            f"the state was saved for index {shown(loaded.index)}, the dataset's is "
+            f"{ds.index.fingerprint} (another dataset or a re-pack)"
+        )
     return ds
 
 
@@ -107,10 +126,15 @@ def state_corpora(options: Mapping[str, Any]) -> dict[str, str] | None:
     corpora = options.get("corpora")
     if corpora is None and options.get("mix") is None:
         return None
-    if not (isinstance(corpora, dict) and corpora
-            and all(isinstance(n, str) and isinstance(v, str) for n, v in corpora.items())):
-        raise StateError(f"state field options.corpora must map a mix's corpus names to their index "
-                         f"fingerprints, not {shown(corpora)}")
+    if not (
+        isinstance(corpora, dict)
+        and corpora
+        and all(isinstance(n, str) and isinstance(v, str) for n, v in corpora.items())
+    ):
+        raise StateError(
+            f"state field options.corpora must map a mix's corpus names to their index "
+            f"fingerprints, not {shown(corpora)}"
+        )
     return dict(corpora)
 
 
@@ -122,8 +146,12 @@ def _from_state(values: Mapping[str, Any], make: Callable[[], _T]) -> _T:
     except OptionError as exc:
         reason = str(exc)
         names = {field: field.rsplit(".", 1)[-1] for field in values}
-        named = [field for field, name in names.items() if re.search(rf"\b{re.escape(name)}\b", reason)
-                 or ("_" in name and name.replace("_", "") in reason.lower())]  # EpochSize: epoch_size
+        named = [
+            field
+            for field, name in names.items()
+            if re.search(rf"\b{re.escape(name)}\b", reason)
+            or ("_" in name and name.replace("_", "") in reason.lower())
+        ]  # EpochSize: epoch_size
         named = [field for field in named if values[field] is not None] or named  # "or num_buckets=1": a hint
         where = ", ".join(f"{field} ({shown(values[field], 60)})" for field in named[:3]) or "options"
         raise StateError(f"state field {where}: the dataset refuses this saved option ({reason})") from exc
@@ -134,17 +162,24 @@ def _check_kinds(options: Mapping[str, Any]) -> None:
     type the plan takes (``2.5`` or ``"3"`` batches, ``"yes"`` to shuffle); ranges are Batching's to check."""
     for name, value in options.items():
         if name == "duration_bins":
-            if value is not None and not (isinstance(value, (list, tuple)) and len(value) < MAX_BUCKETS
-                                          and all(type(edge) in (int, float) for edge in value)):
-                raise StateError(f"state field options: duration_bins must be a list of fewer than {MAX_BUCKETS} "
-                                 f"numbers, or null, not {shown(value)}")
+            if value is not None and not (
+                isinstance(value, (list, tuple))
+                and len(value) < MAX_BUCKETS
+                and all(type(edge) in (int, float) for edge in value)
+            ):
+                raise StateError(
+                    f"state field options: duration_bins must be a list of fewer than {MAX_BUCKETS} "
+                    f"numbers, or null, not {shown(value)}"
+                )
             continue
         if name not in _KINDS:
             raise StateError(f"state field options: {shown(name)} is not a shardio plan option")
         kind, optional = _KINDS[name]
         if not (optional and value is None) and type(value) not in _TYPES[kind]:
-            raise StateError(f"state field options: {name} must be {kind}{' or null' if optional else ''}, not "
-                             f"{shown(value)}")
+            raise StateError(
+                f"state field options: {name} must be {kind}{' or null' if optional else ''}, not "
+                f"{shown(value)}"
+            )
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -> int:
@@ -157,9 +192,11 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             continue
         seconds = sum(row["durations"])
         ahead = ", consumed ahead" if row.get("ahead") else ""
-        out.write(f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
-                  f"batch_index {row['batch_index']}, world {row['world_size']}{ahead}): "
-                  f"{len(row['keys'])} samples, {seconds:.2f} s\n")
+        out.write(
+            f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
+            f"batch_index {row['batch_index']}, world {row['world_size']}{ahead}): "
+            f"{len(row['keys'])} samples, {seconds:.2f} s\n"
+        )
         corpora = row.get("corpus") or [None] * len(row["keys"])
         for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
             out.write(f"  {key}\t{duration:.3f}" + (f"\t{corpus}" if corpus else "") + "\n")
@@ -174,5 +211,16 @@ def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
     for row in rows:
         corpora = row.get("corpus") or [""] * len(row["keys"])
         for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
-            writer.writerow([row["epoch"], row["step"], row["rank"], row["segment"], row["batch_index"], key,
-                             duration, corpus, int(bool(row.get("ahead")))])
+            writer.writerow(
+                [
+                    row["epoch"],
+                    row["step"],
+                    row["rank"],
+                    row["segment"],
+                    row["batch_index"],
+                    key,
+                    duration,
+                    corpus,
+                    int(bool(row.get("ahead"))),
+                ]
+            )

@@ -11,15 +11,15 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
   it stood at the boundary.
 - **In the middle of an epoch** (any position, after any elastic history, also inside the rest of an epoch
   that an earlier mid-epoch re-mix made): the old plan's occurrences not consumed yet
-  (:mod:`shardio.ledger.remainder`) are known exactly. The rest of epoch ``E`` plays exactly the unconsumed stream positions of the corpora
-  the new mix keeps, each once, re-planned like an elastic resume for whatever world loads the state
-  (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays ``E``, position 0, no
-  history). New weights and added corpora take effect from ``E + 1``, where each kept corpus's stream
-  continues right after its epoch-``E`` slice. A corpus dropped here: its unconsumed positions of the
-  epoch-``E`` slice become its *pending* positions (as ranges), and re-adding it later replays exactly those
-  first, then continues after the slice. So no sample of a pass is seen twice and none is skipped, for every
-  corpus, across any sequence of re-mixes (pass accounting is of the loader's plan: the documented skips of
-  the ``batches`` epoch size, ``remainder='drop'`` and quarantines stay what they are).
+  (:mod:`shardio.ledger.remainder`) are known exactly. The rest of epoch ``E`` plays exactly the unconsumed
+  stream positions of the corpora the new mix keeps, each once, re-planned like an elastic resume for whatever
+  world loads the state (equal batches on every rank; a fresh plan of the rest, so ``state["epoch"]`` stays
+  ``E``, position 0, no history). New weights and added corpora take effect from ``E + 1``, where each kept
+  corpus's stream continues right after its epoch-``E`` slice. A corpus dropped here: its unconsumed positions
+  of the epoch-``E`` slice become its *pending* positions (as ranges), and re-adding it later replays exactly
+  those first, then continues after the slice. So no sample of a pass is seen twice and none is skipped, for
+  every corpus, across any sequence of re-mixes (pass accounting is of the loader's plan: the documented skips
+  of the ``batches`` epoch size, ``remainder='drop'`` and quarantines stay what they are).
 - **Corpora.** A new corpus starts its stream at position 0; a dropped corpus's stream (cursor and pending)
   stays in the state, so re-adding it later continues it. A corpus must keep its index (fingerprint, recorded
   for dropped ones too), else a :class:`~shardio.StateError`.
@@ -30,10 +30,10 @@ semantics, in terms of each corpus's stream of passes (:mod:`shardio.planning.st
   ``pending`` ranges of the streams there, the ``tail`` (epoch ``E`` and the positions of each corpus that the
   rest of ``E`` plays), the index ``fingerprints`` and the ``events``; :func:`remix_report` lists them.
   Position ranges keep it small (bounded by the slices being played, not by the corpora's size); read, they
-  stay ranges, expanded only to plan the rest of ``E`` where at most :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS`
-  epochs of the mix playing it (a re-mix leaving more is refused: every state it writes loads). The
-  ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new state shows the rest of ``E`` as re-planned;
-  the part played before the re-mix is traced from the old state.
+  stay ranges, expanded only to plan the rest of ``E`` where at most
+  :data:`~shardio.planning.mix.MAX_TAIL_EPOCHS` epochs of the mix playing it (a re-mix leaving more is
+  refused: every state it writes loads). The ledger (:class:`~shardio.Trace`) of epoch ``E`` from the new
+  state shows the rest of ``E`` as re-planned; the part played before the re-mix is traced from the old state.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ if TYPE_CHECKING:
 
 __all__ = ["remix", "remix_report"]
 
-def _moved_quarantines(entries: tuple[Quarantine, ...], old: MixedDataset, new: MixedDataset,
-                       since: int) -> tuple[Quarantine, ...]:
+
+def _moved_quarantines(
+    entries: tuple[Quarantine, ...], old: MixedDataset, new: MixedDataset, since: int
+) -> tuple[Quarantine, ...]:
     """The quarantine entries that apply from epoch ``since``, on ``new``'s global ids, from its start."""
     moved = []
     for entry in entries:
@@ -73,8 +75,17 @@ def _moved_quarantines(entries: tuple[Quarantine, ...], old: MixedDataset, new: 
                 keys.append(key)
                 corpora.append(corpus)
         if ids:
-            moved.append(replace(entry, epoch=since, segment=0, ids=tuple(ids), keys=tuple(keys),
-                                 corpora=tuple(corpora), consumed=()))
+            moved.append(
+                replace(
+                    entry,
+                    epoch=since,
+                    segment=0,
+                    ids=tuple(ids),
+                    keys=tuple(keys),
+                    corpora=tuple(corpora),
+                    consumed=(),
+                )
+            )
     return tuple(moved)
 
 
@@ -85,10 +96,12 @@ def _check_tail(tail: Mapping[str, np.ndarray], new: MixedDataset, epoch: int) -
     quotas = new.planner.quotas()
     total, epoch_size = sum(range_length(found) for found in tail.values()), sum(quotas.values())
     if total > tail_limit(quotas):
-        raise OptionError(f"the rest of epoch {epoch} holds {total} samples of the corpora the new mix keeps, "
-                          f"more than {MAX_TAIL_EPOCHS} epochs of the new mix ({epoch_size} samples each) that "
-                          f"would play it: re-mix at the end of epoch {epoch}, or give the new mix a larger "
-                          "epoch_size")
+        raise OptionError(
+            f"the rest of epoch {epoch} holds {total} samples of the corpora the new mix keeps, "
+            f"more than {MAX_TAIL_EPOCHS} epochs of the new mix ({epoch_size} samples each) that "
+            f"would play it: re-mix at the end of epoch {epoch}, or give the new mix a larger "
+            "epoch_size"
+        )
 
 
 def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dict[str, Any]:
@@ -118,12 +131,19 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     current_plan = planner.check(loaded)  # the state must be old's: a StateError names what differs
     current = loaded.surgery.mix_streams
     in_tail = current.tail is not None and current.tail[0] == loaded.epoch
-    fingerprints = {**current.fingerprints, **dict(zip(old.index.names, (p.fingerprint for p in old.index.parts)))}
-    changed = [name for name, part in zip(new.index.names, new.index.parts)
-               if name in fingerprints and fingerprints[name] != part.fingerprint]
+    fingerprints = {
+        **current.fingerprints,
+        **dict(zip(old.index.names, (p.fingerprint for p in old.index.parts))),
+    }
+    changed = [
+        name
+        for name, part in zip(new.index.names, new.index.parts)
+        if name in fingerprints and fingerprints[name] != part.fingerprint
+    ]
     if changed:
-        raise StateError(f"corpora {changed} have another index in the new mix (a re-pack): their passes "
-                         "cannot continue")
+        raise StateError(
+            f"corpora {changed} have another index in the new mix (a re-pack): their passes cannot continue"
+        )
     fingerprints.update(zip(new.index.names, (p.fingerprint for p in new.index.parts)))
     at_end = loaded.position == current_plan.num_batches
     since = loaded.epoch if not (loaded.history or loaded.position or in_tail) else loaded.epoch + 1
@@ -131,34 +151,57 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     streams = dict(current.streams)
     for name in old.index.names:  # every stream of the old mix, right after its last epoch before `since`
         streams[name] = streams.get(name, Stream()).advance((since - current.since) * quotas[name])
-    event: dict[str, Any] = {"epoch": loaded.epoch, "step": sum(s.consumed for s in loaded.history) + loaded.position,
-                             "old": dict(old.mix.weights), "new": dict(new.mix.weights), "corpora": {}}
+    event: dict[str, Any] = {
+        "epoch": loaded.epoch,
+        "step": sum(s.consumed for s in loaded.history) + loaded.position,
+        "old": dict(old.mix.weights),
+        "new": dict(new.mix.weights),
+        "corpora": {},
+    }
     tail = None
     if since == loaded.epoch or at_end:
         event["at"] = "start" if since == loaded.epoch else "end"
     else:
         event["at"] = "mid-epoch"
         remaining, sizes = remaining_positions(planner, loaded)
-        tail = (loaded.epoch, {name: as_ranges(remaining[name]) for name in new.index.names
-                               if name in remaining})
+        tail = (
+            loaded.epoch,
+            {name: as_ranges(remaining[name]) for name in new.index.names if name in remaining},
+        )
         _check_tail(tail[1], new, loaded.epoch)
         for name in old.index.names:
             if name not in new.index.names:
                 held = streams[name]
-                streams[name] = Stream(held.cursor, join_ranges(np.concatenate([as_ranges(remaining[name]),
-                                                                                held.pending])))
+                streams[name] = Stream(
+                    held.cursor, join_ranges(np.concatenate([as_ranges(remaining[name]), held.pending]))
+                )
             event["corpora"][name] = {"slice": sizes[name], "remaining": int(remaining[name].shape[0])}
     for name in sorted(set(old.index.names) | set(new.index.names)):
-        status = "kept" if name in old.index.names and name in new.index.names else (
-            "added" if name in new.index.names else "dropped")
+        status = (
+            "kept"
+            if name in old.index.names and name in new.index.names
+            else ("added" if name in new.index.names else "dropped")
+        )
         held = streams.get(name, Stream())
-        event["corpora"][name] = {**event["corpora"].get(name, {}), "status": status, "cursor": held.cursor,
-                                  "pending": held.held}
-    surgery = Surgery(_moved_quarantines(loaded.surgery.quarantines, old, new, since),
-                      Streams(since, streams, tail, fingerprints, [*current.events, event]), loaded.surgery.other)
-    fresh = LoaderState(epoch=loaded.epoch if tail is not None else since, seed=loaded.seed,
-                        index=new.index.fingerprint, options=new.options, world_size=loaded.world_size,
-                        extra=surgery.to_extra())
+        event["corpora"][name] = {
+            **event["corpora"].get(name, {}),
+            "status": status,
+            "cursor": held.cursor,
+            "pending": held.held,
+        }
+    surgery = Surgery(
+        _moved_quarantines(loaded.surgery.quarantines, old, new, since),
+        Streams(since, streams, tail, fingerprints, [*current.events, event]),
+        loaded.surgery.other,
+    )
+    fresh = LoaderState(
+        epoch=loaded.epoch if tail is not None else since,
+        seed=loaded.seed,
+        index=new.index.fingerprint,
+        options=new.options,
+        world_size=loaded.world_size,
+        extra=surgery.to_extra(),
+    )
     return fresh.to_dict()
 
 
@@ -180,10 +223,17 @@ def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     for number, event in enumerate(loaded.surgery.mix_streams.events):
         try:
             for name, fields in dict(event["corpora"]).items():
-                rows.append({"epoch": event["epoch"], "step": event["step"], "at": event["at"],
-                             "corpus": name, "old_weight": dict(event["old"]).get(name),
-                             "new_weight": dict(event["new"]).get(name), **dict(fields)})
+                rows.append(
+                    {
+                        "epoch": event["epoch"],
+                        "step": event["step"],
+                        "at": event["at"],
+                        "corpus": name,
+                        "old_weight": dict(event["old"]).get(name),
+                        "new_weight": dict(event["new"]).get(name),
+                        **dict(fields),
+                    }
+                )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StateError(f"malformed loader state: extra.remix.events[{number}]: {exc!r}"[:300]) \
-                from None
+            raise StateError(f"malformed loader state: extra.remix.events[{number}]: {exc!r}"[:300]) from None
     return rows

@@ -6,19 +6,19 @@ utterance X seen?" without reading a byte of audio. It plans with the dataset's 
 (``dataset.planner``, a :class:`~shardio.Planner`: mixes, quarantines and re-mixes included) and follows the
 epoch's elastic history exactly as the loader played it.
 
-**Steps.** ``step`` (the *epoch step*) counts batches per rank from 0 at the start of each epoch, across elastic
-segments (a trainer's global step, counted across epochs, maps to one with :meth:`Trace.epoch_step`): segment
-``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier segments'
-``consumed``; the last (current) segment runs under the state's world size to the end of the epoch. A
-yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
+**Steps.** ``step`` (the *epoch step*) counts batches per rank from 0 at the start of each epoch, across
+elastic segments (a trainer's global step, counted across epochs, maps to one with :meth:`Trace.epoch_step`):
+segment ``i`` of the state's history (``world_size``, ``consumed``) covers the steps after the earlier
+segments' ``consumed``; the last (current) segment runs under the state's world size to the end of the epoch.
+A yielded batch's ``batch_index`` is its index within its segment, so ``step = batch_index`` + the batches
 of the earlier segments (the two agree when the world never changed). Epochs other than the state's are
 traced as planned from their start under the state's world size: the state records the elastic history
 of its own epoch only.
 
 **Consumed ahead.** Where the state resumed one saved between rounds of DataLoader workers that batch samples
-(:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the segment's
-position are records too, marked ``ahead``: their step is their place in that segment's plan, a number the
-next segment's steps also use.
+(:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the
+segment's position are records too, marked ``ahead``: their step is their place in that segment's plan, a
+number the next segment's steps also use.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..checks.states import MAX_COUNT
 from ..errors import OptionError
 from ..planning.plan import EpochPlan
 from ..state import LoaderState, job_state
 from .keyids import resolve_keys
+from .segmentplans import SegmentPlans, check_epoch
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -45,7 +45,8 @@ MAX_FIND_EPOCHS = 1000
 """The most epochs one :meth:`Trace.find` (``shardio trace --key --epochs N``) searches. Each epoch searched
 is planned in full (a key is in every epoch, so nothing can be skipped, and each adds rows to the answer): the
 work is N plans. A training run has tens to hundreds of epochs; 1000 covers any of them and bounds a question
-to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from a later epoch's state."""
+to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from
+a later epoch's state."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Trace:
         state: A state the job saved (its world size and history say how the epochs were played).
 
     Raises:
-        StateError: ``state`` was not saved from ``dataset`` (see :meth:`~shardio.planning.planner.Planner.check`).
+        StateError: ``state`` was not saved from ``dataset`` (see
+            :meth:`~shardio.planning.planner.Planner.check`).
     """
 
     def __init__(self, dataset: ShardDataset, state: Mapping[str, Any]) -> None:
@@ -81,9 +83,7 @@ class Trace:
         self.dataset = dataset
         self.planner = dataset.planner
         self.surgery = self.state.surgery
-        current = self.planner.check(self.state)
-        self._plans: dict[tuple[int, int], EpochPlan] = {(self.state.epoch, len(self.state.history)): current}
-        self._ahead = self.surgery.consumed_ahead(self.state.epoch)
+        self._segments = SegmentPlans(self.planner, self.state)
 
     # -- the plan, segment by segment -----------------------------------------------------------------
 
@@ -93,15 +93,7 @@ class Trace:
         Args:
             epoch: The epoch.
         """
-        _check_epoch(epoch)
-        history = self.state.history if epoch == self.state.epoch else ()
-        found, first = [], 0
-        for finished in history:
-            found.append((finished.world_size, first, finished.consumed))
-            first += finished.consumed
-        last = self.plan(epoch, len(history))
-        found.append((self.state.world_size, first, last.num_batches))
-        return found
+        return self._segments.segments(epoch)
 
     def plan(self, epoch: int, segment: int) -> EpochPlan:
         """The loader's plan of one segment of an epoch.
@@ -110,15 +102,7 @@ class Trace:
             epoch: The epoch.
             segment: The segment's number, from 0 (`segments` lists them).
         """
-        if (epoch, segment) not in self._plans:
-            _check_epoch(epoch)
-            history = self.state.history if epoch == self.state.epoch else ()
-            if type(segment) is not int or not 0 <= segment <= len(history):
-                raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
-            world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-            planned = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
-            self._plans[(epoch, segment)] = planned
-        return self._plans[(epoch, segment)]
+        return self._segments.plan(epoch, segment)
 
     def ahead(self, epoch: int, segment: int) -> np.ndarray:
         """The batch indices of a segment that its workers consumed ahead of its position.
@@ -127,30 +111,15 @@ class Trace:
             epoch: The epoch.
             segment: The segment's number, from 0.
         """
-        ids = self._ahead.get(segment) if epoch == self.state.epoch else None
-        if ids is None:
-            return np.zeros(0, dtype=np.int64)
-        plan = self.plan(epoch, segment)
-        held = np.zeros(plan.offsets.shape[0] - 1, dtype=bool)
-        positions = np.flatnonzero(np.isin(plan.samples, ids))
-        held[np.searchsorted(plan.offsets, positions, side="right") - 1] = True
-        consumed = self.state.history[segment].consumed
-        return np.flatnonzero(held[plan.rank_batches].any(axis=0)[consumed:]) + consumed
-
-    def _dealt(self, epoch: int, segment: int, start: int, count: int, first: int = 0,
-               stop: int | None = None) -> list[tuple[int, bool]]:
-        """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``, ``count``
-        steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
-        window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
-        return [(j, False) for j in window] + [(j, True) for j in self.ahead(epoch, segment).tolist()
-                                               if first <= start + j and (stop is None or start + j < stop)]
+        return self._segments.ahead(epoch, segment)
 
     def epoch_step(self, global_step: int) -> tuple[int, int]:
-        """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it since
-        epoch 0's first (Lightning's ``trainer.global_step`` while it trains that batch; a loop that adds 1 after
-        each batch, from 0, holds it before the add). Each epoch's length is its plan's, which varies with duration
-        batching, under the world sizes the state records for its epoch and the state's world size for the others:
-        a run whose earlier epochs ran on another world size, or were cut short, is not described.
+        """The ``(epoch, epoch step)`` of a trainer's global step: the batches every rank trained before it
+        since epoch 0's first (Lightning's ``trainer.global_step`` while it trains that batch; a loop that
+        adds 1 after each batch, from 0, holds it before the add). Each epoch's length is its plan's, which
+        varies with duration batching, under the world sizes the state records for its epoch and the state's
+        world size for the others: a run whose earlier epochs ran on another world size, or were cut
+        short, is not described.
 
         Args:
             global_step: the trainer's step, from 0 across epochs.
@@ -165,13 +134,12 @@ class Trace:
             raise OptionError(f"a global step is an integer from 0, not {global_step!r}"[:200])
         left = int(global_step)
         for epoch in range(MAX_FIND_EPOCHS):
-            cached = set(self._plans)
+            cached = self._segments.planned()
             length = sum(count for _, _, count in self.segments(epoch))
             if left < length:
                 return epoch, left
             left -= length
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]  # one epoch's plans held at a time
+            self._segments.forget_since(cached)  # one epoch's plans held at a time
         raise OptionError(f"global step {global_step} is beyond the first {MAX_FIND_EPOCHS} epochs")
 
     def global_step(self, epoch: int, step: int) -> int:
@@ -187,15 +155,16 @@ class Trace:
         Raises:
             OptionError: ``epoch`` beyond :data:`MAX_FIND_EPOCHS` (each epoch before it is planned).
         """
-        _check_epoch(epoch)
+        check_epoch(epoch)
         if epoch > MAX_FIND_EPOCHS:
-            raise OptionError(f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps")
+            raise OptionError(
+                f"epoch {epoch} is beyond the first {MAX_FIND_EPOCHS} epochs a global step maps"
+            )
         before = 0
         for earlier in range(epoch):
-            cached = set(self._plans)
+            cached = self._segments.planned()
             before += sum(count for _, _, count in self.segments(earlier))
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]
+            self._segments.forget_since(cached)
         return before + int(step)
 
     def position_step(self) -> int:
@@ -204,8 +173,9 @@ class Trace:
 
     # -- questions ------------------------------------------------------------------------------------
 
-    def steps(self, epoch: int, first: int, stop: int | None = None,
-              rank: int | None = None) -> list[StepRecord]:
+    def steps(
+        self, epoch: int, first: int, stop: int | None = None, rank: int | None = None
+    ) -> list[StepRecord]:
         """Every rank's (or one rank's) batch at a run of steps (steps or a rank that are not integers, or
         beyond the epoch, are an `OptionError`).
 
@@ -222,7 +192,7 @@ class Trace:
             raise OptionError(f"steps must satisfy 0 <= first < stop, not {first} and {stop}")
         records = []
         for number, (world_size, start, count) in enumerate(self.segments(epoch)):
-            dealt = self._dealt(epoch, number, start, count, first, stop)
+            dealt = self._segments.dealt(epoch, number, start, count, first, stop)
             if not dealt:
                 continue
             if rank is not None and not 0 <= rank < world_size:
@@ -230,7 +200,9 @@ class Trace:
             plan = self.plan(epoch, number)
             for j, ahead in dealt:
                 for r in range(world_size) if rank is None else (rank,):
-                    records.append(StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead))
+                    records.append(
+                        StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
+                    )
         records.sort(key=lambda record: (record.step, record.ahead, record.rank))
         if not records:
             total = sum(count for _, _, count in self.segments(epoch))
@@ -249,7 +221,7 @@ class Trace:
         def records() -> Iterator[StepRecord]:
             for number, (world_size, start, count) in enumerate(segments):
                 plan = self.plan(epoch, number)
-                for j, ahead in self._dealt(epoch, number, start, count):
+                for j, ahead in self._segments.dealt(epoch, number, start, count):
                     for r in range(world_size):
                         yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
 
@@ -267,18 +239,19 @@ class Trace:
         chosen = list(islice(iter(epochs), MAX_FIND_EPOCHS + 1))  # never more than the limit is read
         if len(chosen) > MAX_FIND_EPOCHS:
             asked = len(epochs) if isinstance(epochs, Sized) else "more"
-            raise OptionError(f"find searches at most {MAX_FIND_EPOCHS} epochs at a time (each is planned in "
-                              f"full), not {asked}: search fewer, or from a later epoch's state")
+            raise OptionError(
+                f"find searches at most {MAX_FIND_EPOCHS} epochs at a time (each is planned in "
+                f"full), not {asked}: search fewer, or from a later epoch's state"
+            )
         for epoch in chosen:  # every epoch checked before any is planned
-            _check_epoch(epoch)
+            check_epoch(epoch)
         wanted = resolve_keys(keys, self.dataset.index.keys)
         key_of = {i: key for key, ids in wanted.items() for i in ids}
         ids = np.fromiter(key_of, dtype=np.int64)
         found = []
-        cached = set(self._plans)
+        cached = self._segments.planned()
         for epoch in chosen:
-            for planned in [key for key in self._plans if key not in cached]:
-                del self._plans[planned]  # one epoch's plans held at a time, not one per epoch searched
+            self._segments.forget_since(cached)  # one epoch's plans held at a time
             for number, (_world_size, start, count) in enumerate(self.segments(epoch)):
                 plan = self.plan(epoch, number)
                 positions = np.flatnonzero(np.isin(plan.samples, ids))
@@ -294,13 +267,24 @@ class Trace:
                 for position, batch, low, high in zip(positions.tolist(), batches.tolist(), lows, highs):
                     places = [(at // count, at % count, False) for at in order[low:high].tolist()]
                     if ahead.shape[0]:
-                        places += [(r, int(ahead[k]), True)
-                                   for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()]
+                        places += [
+                            (r, int(ahead[k]), True)
+                            for r, k in np.argwhere(plan.rank_batches[:, ahead] == batch).tolist()
+                        ]
                     for r, j, early in places:
                         sample = int(plan.samples[position])
-                        found.append({"key": key_of[sample], "epoch": epoch, "step": start + j, "rank": r,
-                                      "segment": number, "batch_index": j, **({"ahead": True} if early else {}),
-                                      **self.planner.fields(sample)})  # a mix adds the corpus
+                        found.append(
+                            {
+                                "key": key_of[sample],
+                                "epoch": epoch,
+                                "step": start + j,
+                                "rank": r,
+                                "segment": number,
+                                "batch_index": j,
+                                **({"ahead": True} if early else {}),
+                                **self.planner.fields(sample),
+                            }
+                        )  # a mix adds the corpus
         return sorted(found, key=lambda row: (row["epoch"], row["step"], row["rank"], row["key"]))
 
     def row(self, record: StepRecord) -> dict[str, Any]:
@@ -311,19 +295,21 @@ class Trace:
         """
         index = self.dataset.index
         ids = record.ids.tolist()
-        row: dict[str, Any] = {"epoch": record.epoch, "step": record.step, "rank": record.rank,
-                               "segment": record.segment, "batch_index": record.batch_index,
-                               "world_size": record.world_size, "keys": [index.keys[i] for i in ids],
-                               "durations": [round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))]}
+        row: dict[str, Any] = {
+            "epoch": record.epoch,
+            "step": record.step,
+            "rank": record.rank,
+            "segment": record.segment,
+            "batch_index": record.batch_index,
+            "world_size": record.world_size,
+            "keys": [index.keys[i] for i in ids],
+            "durations": [
+                round(float(d), 4) for d in index.durations_of(np.asarray(record.ids, dtype=np.int64))
+            ],
+        }
         corpora = [self.planner.corpus(i) for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
         if record.ahead:
             row["ahead"] = True
         return row
-
-
-def _check_epoch(epoch: Any) -> None:
-    """An :class:`OptionError` unless ``epoch`` is an epoch a state can reach (an integer in 0..MAX_COUNT)."""
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= int(epoch) <= MAX_COUNT:
-        raise OptionError(f"an epoch must be an integer from 0 to {MAX_COUNT}, not {epoch!r}"[:200])

@@ -1,2 +1,3 @@
 """ShardLoader, shardio's own loader, which stands on the datasets: its worker processes (pool, server), their
-pipes (channel, descriptors), credits, the word about a silent worker (silence) and pinned memory (pinning)."""
+pipes (channel, descriptors), credits, the word about a silent worker (silence) and
+pinned memory (pinning)."""

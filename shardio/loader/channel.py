@@ -43,7 +43,9 @@ class Channel:
         self._reducers = ForkingPickler(io.BytesIO()).dispatch_table
         self._carrier = descriptors.Carrier() if carry_fds and self._socket is not None else None
         self._incoming = descriptors.Incoming()  # the message being read
-        self._arrived: descriptors.Incoming | BaseException | None = None  # read whole (or the end), not taken
+        self._arrived: descriptors.Incoming | BaseException | None = (
+            None  # read whole (or the end), not taken
+        )
         if self._carrier is not None:
             self._reducers = self._carrier.reducers(self._reducers)
 

@@ -46,7 +46,8 @@ class Credits:
         self._semaphore.release()
 
     def interrupt(self) -> None:
-        """Tell the worker to read its pipe (call before sending ``STOP`` or ``EXIT``), waking it if it waits."""
+        """Tell the worker to read its pipe (call before sending ``STOP`` or ``EXIT``),
+        waking it if it waits."""
         self._interruptions.value += 1
         self._semaphore.release()
 

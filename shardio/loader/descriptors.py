@@ -70,8 +70,10 @@ class _Arrived:
 def _arrived(index: int) -> _Arrived:
     fds = getattr(_ARRIVED, "fds", None)
     if fds is None or not 0 <= index < len(fds):
-        raise RuntimeError("a message sent with its file descriptors by a shardio channel was read without "
-                           "them: read it with a shardio.loader.channel.Channel")
+        raise RuntimeError(
+            "a message sent with its file descriptors by a shardio channel was read without "
+            "them: read it with a shardio.loader.channel.Channel"
+        )
     return _Arrived(fds, index)
 
 
@@ -85,8 +87,10 @@ class Carrier:
 
     def reducers(self, table: dict[Any, Any]) -> dict[Any, Any]:
         """``table`` (a pickler's dispatch table) with torch's storage reducer carrying descriptors here."""
-        return {kind: self._carrying(reduce) if reduce is reductions.reduce_storage else reduce
-                for kind, reduce in table.items()}
+        return {
+            kind: self._carrying(reduce) if reduce is reductions.reduce_storage else reduce
+            for kind, reduce in table.items()
+        }
 
     def _carrying(self, reduce: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def reducer(storage: Any) -> Any:
@@ -191,7 +195,8 @@ class Incoming:
             self._got += count
 
     def _next_stage(self) -> bool:
-        """After a part of the message is read whole: begin the next (True), or the message is whole (False)."""
+        """After a part of the message is read whole: begin the next (True), or the
+        message is whole (False)."""
         if self._stage == _BODY:
             return False
         if self._stage == _HEADER:
@@ -213,11 +218,14 @@ class Incoming:
         self._truncated = self._truncated or bool(flags & _CTRUNC)
 
     def message(self) -> Any:
-        """The whole message, unpickled with the descriptors that came with it (those it leaves are closed)."""
+        """The whole message, unpickled with the descriptors that came with it (those
+        it leaves are closed)."""
         try:
             if self._truncated:  # the message is read whole: the next one is read as it should be
-                raise RuntimeError("a shardio worker's message came without some of its file descriptors (too "
-                                   "many open files? see `ulimit -n`)")
+                raise RuntimeError(
+                    "a shardio worker's message came without some of its file descriptors (too "
+                    "many open files? see `ulimit -n`)"
+                )
             if not self.fds:
                 return pickle.loads(self._buffer)
             _ARRIVED.fds = self.fds

@@ -17,8 +17,8 @@ matches ``num_workers=0`` batch for batch.
 Workers run the dataset exactly as DataLoader workers do (``torch.utils.data.get_worker_info()`` says which
 one), so planning, instructions (``set_epoch``, ``load_state_dict``) and persistent workers behave as they do
 under a DataLoader. A worker's exception is raised in the training process with the worker's traceback as a
-note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but gives
-nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
+note; a worker that dies is a ``RuntimeError`` naming it and its exit code, never a hang. One that lives but
+gives nothing (stopped, blocked) fails at ``timeout``; without one it is waited for, with a warning naming it
 (:mod:`.pool`, :mod:`.silence`).
 """
 
@@ -48,7 +48,8 @@ __all__ = ["ShardLoader"]
 logger = logging.getLogger(__name__)
 
 MAX_PREFETCH = 1024
-"""The most batches a worker may have ready ahead (each holds a batch's memory; credits count up one by one)."""
+"""The most batches a worker may have ready ahead (each holds a batch's memory; credits
+count up one by one)."""
 
 _WITH_WORKERS: weakref.WeakSet[ShardLoader] = weakref.WeakSet()
 """Loaders whose workers may be running, closed at exit while the modules they use are still whole (an
@@ -84,15 +85,27 @@ class ShardLoader:
         OptionError: Not a shardio dataset, an unbatched one, or an option of the wrong type or out of range.
     """
 
-    def __init__(self, dataset: ShardDataset, *, num_workers: int = 2, prefetch: int = 2,
-                 persistent_workers: bool = True, multiprocessing_context: Any = None, pin_memory: bool = False,
-                 timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        *,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        persistent_workers: bool = True,
+        multiprocessing_context: Any = None,
+        pin_memory: bool = False,
+        timeout: float = 0.0,
+    ) -> None:
         if not isinstance(dataset, ShardDataset):
-            raise OptionError(f"ShardLoader iterates a shardio ShardDataset or MixedDataset, not a "
-                              f"{type(dataset).__name__}; use torch's DataLoader for other datasets")
+            raise OptionError(
+                f"ShardLoader iterates a shardio ShardDataset or MixedDataset, not a "
+                f"{type(dataset).__name__}; use torch's DataLoader for other datasets"
+            )
         if not dataset.batched:
-            raise OptionError("ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
-                              "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)")
+            raise OptionError(
+                "ShardLoader hands over whole batches: give the dataset batch_size or max_duration "
+                "(or batch its samples with a DataLoader: batch_size=N, collate_fn=shardio.collate)"
+            )
         num_workers = integer("num_workers", num_workers, 0, MAX_WORKERS)
         prefetch = integer("prefetch", prefetch, 1, MAX_PREFETCH)
         if timeout == float("inf"):  # no limit, as 0 (and warned of silence as 0 is)
@@ -104,26 +117,36 @@ class ShardLoader:
         pin_memory = flag("pin_memory", pin_memory)
         if isinstance(multiprocessing_context, str):
             if multiprocessing_context not in multiprocessing.get_all_start_methods():
-                raise OptionError(f"multiprocessing_context must be one of "
-                                  f"{', '.join(multiprocessing.get_all_start_methods())} or a context, not "
-                                  f"{shown(multiprocessing_context)}")
-        elif multiprocessing_context is not None and not isinstance(multiprocessing_context,
-                                                                    multiprocessing.context.BaseContext):
-            raise OptionError(f"multiprocessing_context must be a start method's name or a multiprocessing context, "
-                              f"not {shown(multiprocessing_context)}")
+                raise OptionError(
+                    f"multiprocessing_context must be one of "
+                    f"{', '.join(multiprocessing.get_all_start_methods())} or a context, not "
+                    f"{shown(multiprocessing_context)}"
+                )
+        elif multiprocessing_context is not None and not isinstance(
+            multiprocessing_context, multiprocessing.context.BaseContext
+        ):
+            raise OptionError(
+                f"multiprocessing_context must be a start method's name or a multiprocessing context, "
+                f"not {shown(multiprocessing_context)}"
+            )
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.persistent_workers = persistent_workers
         self.timeout = float(timeout)
-        self._pool = WorkerPool(multiprocessing.get_context(multiprocessing_context)
-                                if multiprocessing_context is None or isinstance(multiprocessing_context, str)
-                                else multiprocessing_context)
+        self._pool = WorkerPool(
+            multiprocessing.get_context(multiprocessing_context)
+            if multiprocessing_context is None or isinstance(multiprocessing_context, str)
+            else multiprocessing_context
+        )
         self.pin_memory = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
-            warnings.warn("pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2)
+            warnings.warn(
+                "pin_memory=True, but no accelerator is available: batches are not pinned", stacklevel=2
+            )
         self._iteration = 0  # iterations begun; an older iterator that is resumed fails
-        # (instruction generation, position of the last batch yielded): not the batch, whose block it would hold
+        # (instruction generation, position of the last batch yielded): not the batch,
+        # whose block it would hold
         self._last: tuple[int, dict[str, int]] | None = None
         self._pinner: Pinner | None = None  # the pin-memory thread of the iteration in progress
 
@@ -220,7 +243,9 @@ class ShardLoader:
 
     def _check(self, iteration: int) -> None:
         if iteration != self._iteration:
-            raise RuntimeError("this ShardLoader iterator was superseded: a newer iteration of the loader began")
+            raise RuntimeError(
+                "this ShardLoader iterator was superseded: a newer iteration of the loader began"
+            )
 
     def _stop_pinning(self) -> None:
         """End the pin-memory thread of an earlier iteration, which may still be taking its batches."""

@@ -37,8 +37,9 @@ class Pinner:
     def __init__(self, source: Generator[dict[str, Any], None, None], depth: int, device: int | None) -> None:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(source, device), name="shardio-pin-memory",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(source, device), name="shardio-pin-memory", daemon=True
+        )
         self._thread.start()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -47,7 +48,9 @@ class Pinner:
                 kind, payload = self._queue.get(timeout=_WATCH_S)
             except queue.Empty:
                 if not self._thread.is_alive():
-                    raise RuntimeError("shardio's pin-memory thread ended without handing over its batches") from None
+                    raise RuntimeError(
+                        "shardio's pin-memory thread ended without handing over its batches"
+                    ) from None
                 continue
             if kind == _END:
                 return

@@ -63,8 +63,12 @@ class WorkerPool:
             # closes
             forked = self.context.get_start_method() == "fork"
             ends = [channel, *(worker.channel for worker in self.workers)] if forked else []
-            process = self.context.Process(target=serve, name=f"shardio-loader-{number}", daemon=True,
-                                           args=(theirs, credits, dataset, number, count, base_seed, ends))
+            process = self.context.Process(
+                target=serve,
+                name=f"shardio-loader-{number}",
+                daemon=True,
+                args=(theirs, credits, dataset, number, count, base_seed, ends),
+            )
             process.start()
             theirs.close()
             self.workers.append(Worker(process, channel, credits))
@@ -97,14 +101,18 @@ class WorkerPool:
             if not worker.process.is_alive():
                 code = worker.process.exitcode
                 self.shutdown()
-                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) exited "
-                                   f"unexpectedly with exit code {code}" +
-                                   (f" (killed by signal {-code})" if code is not None and code < 0 else ""))
+                raise RuntimeError(
+                    f"shardio loader worker {number} (pid {worker.process.pid}) exited "
+                    f"unexpectedly with exit code {code}"
+                    + (f" (killed by signal {-code})" if code is not None and code < 0 else "")
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 state = process_state(worker.process.pid)
                 self.shutdown()
-                raise RuntimeError(f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch "
-                                   f"in {timeout:g} s (timeout)" + (f"; it was {state}" if state else ""))
+                raise RuntimeError(
+                    f"shardio loader worker {number} (pid {worker.process.pid}) gave no batch "
+                    f"in {timeout:g} s (timeout)" + (f"; it was {state}" if state else "")
+                )
             if deadline is None:
                 silence = silence or Silence(number, worker.process.pid, began)
                 silence.check()

@@ -40,8 +40,15 @@ WATCH_S = 1.0
 _DONE = object()
 
 
-def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int, workers: int,
-          base_seed: int, inherited: Sequence[Channel] = ()) -> None:
+def serve(
+    pipe: Connection,
+    credits: Credits,
+    dataset: ShardDataset,
+    number: int,
+    workers: int,
+    base_seed: int,
+    inherited: Sequence[Channel] = (),
+) -> None:
     """A worker: each iteration the training process starts, the dataset's batches, one per credit.
     ``inherited``: the training process's ends of the pipes (this worker's, earlier workers'), which a forked
     worker has copies of and closes: kept open, they would hide the training process's closing its own (a
@@ -57,7 +64,9 @@ def serve(pipe: Connection, credits: Credits, dataset: ShardDataset, number: int
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=number, num_workers=workers, seed=seed, dataset=dataset)
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=number, num_workers=workers, seed=seed, dataset=dataset
+    )
     channel = Channel(pipe, carry_fds=True)  # a batch's descriptors go with it: it needs nothing more of us
     try:
         while True:
@@ -90,8 +99,9 @@ def _iterate(channel: Channel, credits: Credits, dataset: ShardDataset, since: i
     """One iteration, begun at interruption count ``since``; False when the worker is to exit.
 
     A batch is made only once a credit allows sending it, as a DataLoader worker makes one per index it is
-    sent: no batch waits in its block for a credit, so a worker keeps ``prefetch`` batches ahead, not one more,
-    and one block fewer in use (one fewer to cycle through the caches: 0-3% less CPU a WAV batch here)."""
+    sent: no batch waits in its block for a credit, so a worker keeps ``prefetch`` batches ahead, not one
+    more, and one block fewer in use (one fewer to cycle through the caches: 0-3% less
+    CPU a WAV batch here)."""
     try:
         batches = iter(dataset)
         # the first batch is made whatever follows START (whose credits are there): making it begins the
@@ -143,7 +153,8 @@ def _message(channel: Channel, parent: int) -> Any:
 
 
 def _portable(exc: Exception) -> Exception:
-    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when it cannot be pickled."""
+    """``exc`` with the worker's traceback as a note, or a ``RuntimeError`` telling it when
+    it cannot be pickled."""
     context = Context.detect()
     where = f"in shardio loader worker {context.worker if context.in_worker else '?'} (pid {os.getpid()})"
     text = "".join(traceback.format_exception(exc))

@@ -1,1 +1,2 @@
-"""A corpus into shards: inputs and their validation, packing engines, indexing foreign shards, verifying and inspecting a dataset."""
+"""A corpus into shards: inputs and their validation, packing engines, indexing foreign shards, verifying and
+inspecting a dataset."""

@@ -1,4 +1,5 @@
-"""Corpus readers: an audio folder, a JSONL manifest, a Kaldi data dir or a TSV/CSV table, as :class:`Source` s.
+"""Corpus readers: an audio folder, a JSONL manifest, a Kaldi data dir or a TSV/CSV
+table, as :class:`Source` s.
 
 Every reader yields its sources in a deterministic order (sorted paths for a folder, file order for the
 manifests). An entry that cannot become a source (a malformed line, a piped ``wav.scp`` command, a row
@@ -9,10 +10,8 @@ end when they are given none. Nothing here opens the audio; :func:`shardio.packi
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import re
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,13 +21,13 @@ from typing import Any
 from ..errors import InputError, InputProblem, OptionError
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
+from .kaldi import kaldi_sources
 from .manifestlines import json_entry, manifest_lines
 from .source import (
     AUDIO_EXTENSIONS,
     KEY_COLUMNS,
     Problems,
     Source,
-    manifest_text,
     not_regular,
     read_regular_input,
     resolve_path,
@@ -37,8 +36,16 @@ from .source import (
 )
 from .table import table_sources
 
-__all__ = ["KINDS", "Source", "detect_kind", "read_corpus", "read_folder", "read_jsonl",
-           "read_kaldi", "read_table"]
+__all__ = [
+    "KINDS",
+    "Source",
+    "detect_kind",
+    "read_corpus",
+    "read_folder",
+    "read_jsonl",
+    "read_kaldi",
+    "read_table",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +75,21 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     raise OptionError(f"{location}: cannot tell the corpus kind from the name; pass a kind, one of {KINDS}")
 
 
-def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *, problems: Problems | None = None,
-                left_out: Counter[str] | None = None, listed: Callable[[int], object] | None = None
-                ) -> Iterator[Source]:
+def read_corpus(
+    path: str | os.PathLike[str],
+    kind: str | None = None,
+    *,
+    problems: Problems | None = None,
+    left_out: Counter[str] | None = None,
+    listed: Callable[[int], object] | None = None,
+) -> Iterator[Source]:
     """The sources of the corpus at ``path`` (its kind detected unless given), in a deterministic order.
 
     Files a folder holds that are not inputs are counted in ``left_out`` (by extension) when given. A corpus
-    path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`: detecting
-    its kind would read it, and a FIFO blocks. ``listed`` (a progress counter's ``update``) is called with the
-    count of each batch of files found as the listing goes: a folder's files as its walk meets them (before
-    the first source), a manifest's sources as they come."""
+    path that is neither a directory nor a regular file (a FIFO, a device) is an :class:`InputError`:
+    detecting its kind would read it, and a FIFO blocks. ``listed`` (a progress counter's ``update``) is
+    called with the count of each batch of files found as the listing goes: a folder's files as its walk meets
+    them (before the first source), a manifest's sources as they come."""
     _check_corpus_path(Path(path))
     kind = {"csv": "tsv", "table": "tsv"}.get(kind or "", kind) or detect_kind(path)
     if kind not in _READERS:
@@ -91,7 +103,8 @@ def read_corpus(path: str | os.PathLike[str], kind: str | None = None, *, proble
         return _READERS[kind](location, problems, left_out)
     if kind == "folder":  # counted by its walk, which finds every file before the first source
         return _collected(lambda root, found, counts: _read_folder(root, found, counts, listed))(
-            location, problems, left_out)
+            location, problems, left_out
+        )
     return _counted(_READERS[kind](location, problems, left_out), listed)
 
 
@@ -102,22 +115,31 @@ def _counted(sources: Iterator[Source], listed: Callable[[int], object]) -> Iter
 
 
 def _check_corpus_path(location: Path) -> None:
-    """Refuse a corpus path that exists but is neither a directory nor a regular file (see :func:`read_corpus`)."""
+    """Refuse a corpus path that exists but is neither a directory nor a regular file (see
+    :func:`read_corpus`)."""
     try:
         mode = os.stat(location).st_mode
     except OSError:
         return  # missing or unreadable: the callers say so
     problem = None if stat.S_ISDIR(mode) else not_regular(mode)
     if problem is not None:
-        raise InputError([InputProblem(str(location), "", f"cannot read the corpus: {problem}; expected a corpus "
-                                       "directory or manifest file")])
+        raise InputError(
+            [
+                InputProblem(
+                    str(location),
+                    "",
+                    f"cannot read the corpus: {problem}; expected a corpus directory or manifest file",
+                )
+            ]
+        )
 
 
 def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]]) -> _Reader:
     """Give ``reader`` the public contract: append problems to the caller's list, or raise them at the end."""
 
-    def public(path: str | os.PathLike[str], problems: Problems | None = None,
-               left_out: Counter[str] | None = None) -> Iterator[Source]:
+    def public(
+        path: str | os.PathLike[str], problems: Problems | None = None, left_out: Counter[str] | None = None
+    ) -> Iterator[Source]:
         collected: Problems = [] if problems is None else problems
         yield from reader(Path(path), collected, Counter() if left_out is None else left_out)
         if problems is None and collected:
@@ -128,8 +150,9 @@ def _collected(reader: Callable[[Path, Problems, Counter[str]], Iterator[Source]
     return public
 
 
-def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
-                 listed: Callable[[int], object] | None = None) -> Iterator[Source]:
+def _read_folder(
+    root: Path, problems: Problems, left_out: Counter[str], listed: Callable[[int], object] | None = None
+) -> Iterator[Source]:
     """Audio files under a folder (recursive, sorted, through symlinked sub-directories); a ``.txt`` (else
     ``.lab``) sidecar of the same name is the transcript. Files of other formats, and sidecars no sample uses,
     are counted in ``left_out`` (see :mod:`shardio.packing.folder`)."""
@@ -142,12 +165,23 @@ def _read_folder(root: Path, problems: Problems, left_out: Counter[str],
             try:
                 meta["text"] = read_regular_input(root / sidecar).decode("utf-8").strip()
             except OSError as exc:
-                problems.append(InputProblem(str(root / sidecar), stem, "cannot read the transcript "
-                                             f"({exc.strerror or exc}); the sample is left out"))
+                problems.append(
+                    InputProblem(
+                        str(root / sidecar),
+                        stem,
+                        f"cannot read the transcript ({exc.strerror or exc}); the sample is left out",
+                    )
+                )
                 continue
             except UnicodeDecodeError as exc:
-                problems.append(InputProblem(str(root / sidecar), stem, "the transcript is not UTF-8 (byte "
-                                             f"{exc.start} cannot be decoded); the sample is left out"))
+                problems.append(
+                    InputProblem(
+                        str(root / sidecar),
+                        stem,
+                        "the transcript is not UTF-8 (byte "
+                        f"{exc.start} cannot be decoded); the sample is left out",
+                    )
+                )
                 continue
         yield Source(key=stem, audio_path=str(root / name), meta=meta)
 
@@ -168,8 +202,12 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
             problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
             continue
         path = resolve_path(manifest.parent, audio)
-        entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
-                                 "duration": duration if offset is not None else None}
+        entry: dict[str, Any] = {
+            "where": where,
+            "stem": Path(audio).stem,
+            "offset": offset,
+            "duration": duration if offset is not None else None,
+        }
         for name in KEY_COLUMNS:
             if record.get(name) not in (None, ""):
                 entry["key"] = str(record.pop(name))
@@ -178,107 +216,24 @@ def _read_jsonl(manifest: Path, problems: Problems, left_out: Counter[str]) -> I
         entries.append((path, entry))
     segment_keys(entries)
     for path, entry in entries:
-        yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
-                     duration=entry["duration"], meta=entry["meta"], origin=entry["where"])
-
-
-def _kaldi_table(path: Path, problems: Problems, fields: int) -> dict[str, tuple[list[str], str]]:
-    """``{first field: (the other fields, 'file:line')}``; the last of ``fields`` takes the rest of the line."""
-    table: dict[str, tuple[list[str], str]] = {}
-    if not path.is_file():
-        return table
-    with io.StringIO(manifest_text(path, "utf-8")) as handle:
-        for number, line in enumerate(handle, 1):
-            parts = line.strip().split(maxsplit=fields - 1)
-            if not parts:
-                continue
-            where = f"{path}:{number}"
-            if len(parts) < fields and not (fields == 2 and path.name == "text"):
-                problems.append(InputProblem(where, parts[0], f"expected {fields} fields, found {len(parts)}"))
-                continue
-            if parts[0] in table:
-                problems.append(InputProblem(where, parts[0], f"{parts[0]!r} is listed twice in {path.name} "
-                                             f"(first at {table[parts[0]][1]})"))
-                continue
-            table[parts[0]] = (parts[1:], where)
-    return table
-
-
-_ARCHIVE_OFFSET = re.compile(r".+:[0-9]+")
-
-
-def _kaldi_extended(command: str) -> str | None:
-    """What a ``wav.scp`` entry that is no plain file asks of Kaldi's I/O, as words (None for a plain path):
-    a piped command, standard input, an offset into an archive or a range of a file."""
-    if command.endswith("|"):
-        return "a piped command"
-    if command == "-":
-        return "standard input"
-    if _ARCHIVE_OFFSET.fullmatch(command):
-        return "an offset into a Kaldi archive"
-    if command.endswith("]") and "[" in command:
-        return "a range of a file"
-    return None
-
-
-def _read_kaldi(data_dir: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
-    """A Kaldi data dir: ``wav.scp`` (plain paths), ``text``, optional ``utt2spk`` and ``segments``. Lines of
-    ``text`` and ``utt2spk`` whose id is no utterance's are counted in ``left_out``."""
-    if not (data_dir / "wav.scp").is_file():
-        raise InputError([InputProblem(str(data_dir), "", "not a Kaldi data dir: no wav.scp")])
-    recordings = _kaldi_table(data_dir / "wav.scp", problems, 2)
-    texts = _kaldi_table(data_dir / "text", problems, 2)
-    speakers = _kaldi_table(data_dir / "utt2spk", problems, 2)
-    paths: dict[str, str] = {}
-    for rec, ([command], where) in recordings.items():
-        unsupported = _kaldi_extended(command)
-        if unsupported and not Path(resolve_path(data_dir, command)).is_file():
-            problems.append(InputProblem(where, rec, f"wav.scp entry is {unsupported} ({command!r}); only plain "
-                                         "file paths are supported: write the audio to files first"))
-            continue
-        resolved = Path(resolve_path(data_dir, command))
-        # Kaldi paths are relative to the recipe directory the tools run in, usually the cwd.
-        paths[rec] = str(resolved if resolved.exists() or Path(command).is_absolute() else Path(command).resolve())
-    segments = _kaldi_table(data_dir / "segments", problems, 4)
-    if segments:
-        items = [(utt, fields, where) for utt, (fields, where) in segments.items()]
-    else:
-        items = [(rec, [rec], where) for rec, (_, where) in recordings.items()]
-    for utt, fields, where in items:
-        rec = fields[0]
-        if rec not in paths:
-            if rec not in recordings:
-                problems.append(InputProblem(where, utt, f"recording {rec!r} is not in wav.scp"))
-            continue
-        offset = duration = None
-        meta: dict[str, Any] = {}
-        if segments:
-            try:
-                start, end = float(fields[1]), float(fields[2])
-            except ValueError:
-                problems.append(InputProblem(where, utt, f"segment times {fields[1:]} are not numbers"))
-                continue
-            if start < 0 or (end >= 0 and end <= start):
-                problems.append(InputProblem(where, utt, f"segment [{start}, {end}] is empty or negative"))
-                continue
-            offset, duration = start, (end - start if end >= 0 else None)
-            meta["recording"] = rec
-        if utt in texts:
-            meta["text"] = texts[utt][0][0] if texts[utt][0] else ""
-        if utt in speakers:
-            meta["speaker"] = speakers[utt][0][0]
-        yield Source(key=utt, audio_path=paths[rec], offset=offset, duration=duration, meta=meta, origin=where)
-    utterances = {utt for utt, _, _ in items}
-    for name, table in (("text", texts), ("utt2spk", speakers)):
-        stray = len(table.keys() - utterances)  # keyed by recording where segments name utterances, say
-        if stray:
-            left_out[f"{name} lines naming no utterance"] += stray
+        yield Source(
+            key=entry.get("key", entry["stem"]),
+            audio_path=path,
+            offset=entry["offset"],
+            duration=entry["duration"],
+            meta=entry["meta"],
+            origin=entry["where"],
+        )
 
 
 read_folder = _collected(_read_folder)
 read_jsonl = _collected(_read_jsonl)
-read_kaldi = _collected(_read_kaldi)
+read_kaldi = _collected(kaldi_sources)
 read_table = _collected(table_sources)
 _READERS: dict[str, _Reader] = {
-    "folder": read_folder, "jsonl": read_jsonl, "kaldi": read_kaldi, "tsv": read_table,
-    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS}}
+    "folder": read_folder,
+    "jsonl": read_jsonl,
+    "kaldi": read_kaldi,
+    "tsv": read_table,
+    **{kind: _collected(imported_reader(kind)) for kind in IMPORTED_KINDS},
+}

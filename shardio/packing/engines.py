@@ -1,8 +1,10 @@
-"""Engines that run the partitions of a :class:`~shardio.packing.partitions.PartitionPlan`: local processes or Ray.
+"""Engines that run the partitions of a
+:class:`~shardio.packing.partitions.PartitionPlan`: local processes or Ray.
 
-An engine is any callable ``engine(plan, numbers)`` that runs :func:`~shardio.packing.partitions.pack_partition`
-on ``plan.job(number)`` for each partition number, in any order, with any retries;
-:func:`pack_partitioned` then merges in partition order, so the dataset is byte-identical whichever engine ran the work.
+An engine is any callable ``engine(plan, numbers)`` that runs
+:func:`~shardio.packing.partitions.pack_partition` on ``plan.job(number)`` for each partition number, in any
+order, with any retries; :func:`pack_partitioned` then merges in partition order, so the dataset is
+byte-identical whichever engine ran the work.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def local_engine(workers: int = 1, *, progress: bool = False) -> Engine:
     """Run partitions in this process (``workers=1``) or in a pool of ``workers`` processes."""
 
     def run(plan: PartitionPlan, numbers: Sequence[int]) -> None:
-        with tqdm(total=len(numbers), disable=not progress, file=sys.stderr, unit="partition", desc="pack") as bar:
+        with tqdm(
+            total=len(numbers), disable=not progress, file=sys.stderr, unit="partition", desc="pack"
+        ) as bar:
             if workers <= 1 or len(numbers) <= 1:
                 for number in numbers:
                     pack_partition(plan.job(number))
@@ -63,8 +67,9 @@ def local_engine(workers: int = 1, *, progress: bool = False) -> Engine:
     return run
 
 
-def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | None = None,
-               progress: bool = False) -> Engine:
+def ray_engine(
+    address: str | None = None, *, retries: int = 3, num_cpus: int | None = None, progress: bool = False
+) -> Engine:
     """Run partitions as Ray tasks (retried ``retries`` times when a worker dies), on the cluster at
     ``address`` (``"auto"``: the running one) or on a local one started here (``num_cpus`` workers).
     Every task needs ``out_dir`` on a file system it shares with the driver. Needs the ``ray`` extra."""
@@ -76,13 +81,19 @@ def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | 
             raise OptionError("engine 'ray' needs the ray package: pip install 'shardio[ray]'") from None
         started_here = not ray.is_initialized()
         if started_here:
-            ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            ray.init(
+                address=address,
+                num_cpus=None if address else num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         try:
             remote = ray.remote(max_retries=retries, retry_exceptions=False)(pack_partition)
             pending = [remote.remote(plan.job(n)) for n in numbers]
-            with tqdm(total=len(pending), disable=not progress, file=sys.stderr, unit="partition",
-                      desc="pack (ray)") as bar:
+            with tqdm(
+                total=len(pending), disable=not progress, file=sys.stderr, unit="partition", desc="pack (ray)"
+            ) as bar:
                 while pending:
                     done, pending = ray.wait(pending, num_returns=1)
                     ray.get(done)  # raises the task's error after its retries
@@ -94,21 +105,37 @@ def ray_engine(address: str | None = None, *, retries: int = 3, num_cpus: int | 
     return run
 
 
-def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, engine: str | Engine = "local",
-                     workers: int | None = 1, address: str | None = None, kind: str | None = None,
-                     partition_bytes: int = DEFAULT_PARTITION_BYTES, samples_per_shard: int | None = None,
-                     shard_bytes: int | None = None, compression: str = "none", zstd_level: int = 3,
-                     transcode: str | None = None, shuffle: bool = False, seed: int = 0, on_error: str = "raise",
-                     require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
-                     progress: bool = True, storage_options: dict[str, Any] | None = None) -> PackSummary:
-    """Pack like :func:`shardio.packing.pack.pack`, in partitions of about ``partition_bytes`` input bytes, run by
-    ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or a
-    local cluster of ``workers`` CPUs; None: :func:`~shardio.packing.pack.default_workers`), or any :data:`Engine`.
-    Shards are named
+def pack_partitioned(
+    input: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    engine: str | Engine = "local",
+    workers: int | None = 1,
+    address: str | None = None,
+    kind: str | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    samples_per_shard: int | None = None,
+    shard_bytes: int | None = None,
+    compression: str = "none",
+    zstd_level: int = 3,
+    transcode: str | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    on_error: str = "raise",
+    require_text: bool = False,
+    rewrite_keys: bool = False,
+    prefix: str = "shard",
+    progress: bool = True,
+    storage_options: dict[str, Any] | None = None,
+) -> PackSummary:
+    """Pack like :func:`shardio.packing.pack.pack`, in partitions of about ``partition_bytes`` input bytes,
+    run by ``engine``: ``"local"`` (``workers`` processes), ``"ray"`` (tasks on the cluster at ``address``, or
+    a local cluster of ``workers`` CPUs; None: :func:`~shardio.packing.pack.default_workers`), or any
+    :data:`Engine`. Shards are named
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
-    ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes its
-    shards locally and uploads them, its index part last.
+    ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes
+    its shards locally and uploads them, its index part last.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
@@ -121,8 +148,15 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
     started = time.perf_counter()
     if samples_per_shard is None and shard_bytes is None:
         shard_bytes = 256 * 10**6
-    options = PackOptions(samples_per_shard=samples_per_shard, shard_bytes=shard_bytes, compression=compression,
-                          zstd_level=zstd_level, transcode=transcode, on_error=on_error, prefix=prefix)
+    options = PackOptions(
+        samples_per_shard=samples_per_shard,
+        shard_bytes=shard_bytes,
+        compression=compression,
+        zstd_level=zstd_level,
+        transcode=transcode,
+        on_error=on_error,
+        prefix=prefix,
+    )
     run: Engine
     if engine == "local":
         run = local_engine(workers, progress=progress)
@@ -136,17 +170,30 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
     fresh = not output.exists(PARTS_DIR)  # only a _parts this run makes is removed on failure
     created = not output.remote and not os.path.lexists(output.root)
     try:
-        plan = plan_partitions(input, out_dir, kind=kind, options=options, partition_bytes=partition_bytes,
-                               shuffle=shuffle, seed=seed, require_text=require_text, rewrite_keys=rewrite_keys,
-                               storage_options=storage_options, progress=progress)
+        plan = plan_partitions(
+            input,
+            out_dir,
+            kind=kind,
+            options=options,
+            partition_bytes=partition_bytes,
+            shuffle=shuffle,
+            seed=seed,
+            require_text=require_text,
+            rewrite_keys=rewrite_keys,
+            storage_options=storage_options,
+            progress=progress,
+        )
     except Exception:
         if fresh:
             _remove_uncommitted(output, 0, created)
         raise
     todo = [n for n in range(len(plan.partitions)) if not partition_done(plan, n)]
     if len(todo) < len(plan.partitions):
-        logger.info("%d of %d partitions already committed; packing the rest", len(plan.partitions) - len(todo),
-                    len(plan.partitions))
+        logger.info(
+            "%d of %d partitions already committed; packing the rest",
+            len(plan.partitions) - len(todo),
+            len(plan.partitions),
+        )
     try:
         run(plan, todo)
         index, problems, input_bytes = merge_partitions(plan)
@@ -155,10 +202,17 @@ def pack_partitioned(input: str | os.PathLike[str], out_dir: str | os.PathLike[s
             _remove_uncommitted(output, len(plan.partitions), created)
         raise
     seconds = time.perf_counter() - started
-    return PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
-                       bytes=sum(s.bytes for s in index.shards), seconds=seconds,
-                       mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
-                       left_out=plan.left_out)
+    return PackSummary(
+        shards=len(index.shards),
+        samples=len(index),
+        hours=index.total_duration / 3600,
+        bytes=sum(s.bytes for s in index.shards),
+        seconds=seconds,
+        mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9),
+        rejected=problems,
+        input_bytes=input_bytes,
+        left_out=plan.left_out,
+    )
 
 
 def _remove_uncommitted(output: Output, partitions: int, created: bool) -> None:

@@ -1,4 +1,5 @@
-"""The folder walk behind :func:`shardio.packing.corpus.read_folder`: every file under a root, and what is left out.
+"""The folder walk behind :func:`shardio.packing.corpus.read_folder`: every file under a
+root, and what is left out.
 
 Symlinked sub-directories are followed, each real directory once, by the first path the top-down walk
 meets (in one folder, real directories before links): any other path to it (a loop back up, or a second
@@ -31,12 +32,23 @@ transcript."""
 
 
 def _unreadable(error: OSError) -> None:
-    raise InputError([InputProblem(str(error.filename), "", "cannot list this directory "
-                                   f"({error.strerror or error}); expected a readable directory")])
+    raise InputError(
+        [
+            InputProblem(
+                str(error.filename),
+                "",
+                f"cannot list this directory ({error.strerror or error}); expected a readable directory",
+            )
+        ]
+    )
 
 
-def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter[str],
-                listed: Callable[[int], object] | None = None) -> tuple[list[str], dict[str, str]]:
+def walk_folder(
+    root: Path,
+    audio_extensions: tuple[str, ...],
+    left_out: Counter[str],
+    listed: Callable[[int], object] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """The non-hidden audio files under ``root`` (posix paths relative to it, sorted), and the transcript
     sidecar of each one that has one (audio path -> sidecar path).
 
@@ -78,9 +90,11 @@ def walk_folder(root: Path, audio_extensions: tuple[str, ...], left_out: Counter
     return _pair_sidecars(sorted(found), audio_extensions, left_out)
 
 
-def _pair_sidecars(found: list[str], audio_extensions: tuple[str, ...], left_out: Counter[str]
-                   ) -> tuple[list[str], dict[str, str]]:
-    """``found`` split into its audio files and each one's sidecar, unused sidecars counted in ``left_out``."""
+def _pair_sidecars(
+    found: list[str], audio_extensions: tuple[str, ...], left_out: Counter[str]
+) -> tuple[list[str], dict[str, str]]:
+    """``found`` split into its audio files and each one's sidecar, unused sidecars
+    counted in ``left_out``."""
     audio: list[str] = []
     sidecars: dict[tuple[str, str], str] = {}  # (stem, "txt" or "lab") -> path, the first in sorted order
     for name in found:
@@ -101,4 +115,3 @@ def _pair_sidecars(found: list[str], audio_extensions: tuple[str, ...], left_out
         if ext in SIDECARS and name not in used:
             left_out[UNUSED_SIDECAR.format("." + ext)] += 1
     return audio, transcripts
-

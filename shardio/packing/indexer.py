@@ -1,4 +1,5 @@
-"""build_index: an index for existing WebDataset-style shards (``.tar``, ``.tar.gz``, ``.tar.zst``, ``.tar.bz2``).
+"""build_index: an index for existing WebDataset-style shards (``.tar``, ``.tar.gz``,
+``.tar.zst``, ``.tar.bz2``).
 
 Shards written by other tools (``webdataset.ShardWriter``, WeNet, ``tar`` + ``zstd``) are walked once as a
 stream; members are grouped into samples by key (adjacent members sharing the part of their name before
@@ -7,131 +8,40 @@ channels are read with ``soundfile.info``. A sample's bytes run from the end of 
 last member (so any pax header of its first member is included) to the end of its own last member.
 
 A ``.tar`` is seekable (codec ``none``). A multi-frame ``.tar.zst`` whose frames each hold whole samples
-(shardio's own layout) is seekable too (codec ``zstd``); any other ``.tar.zst`` is ``zstd-stream``, and ``.tar.gz`` and
-``.tar.bz2`` are ``gzip`` and ``bz2``: for those the offsets are in the decompressed tar.
+(shardio's own layout) is seekable too (codec ``zstd``); any other ``.tar.zst`` is ``zstd-stream``, and
+``.tar.gz`` and ``.tar.bz2`` are ``gzip`` and ``bz2``: for those the offsets are in the decompressed tar.
 """
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import hashlib
-import io
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, BinaryIO
+from collections.abc import Sequence
 
-import soundfile as sf
-import zstandard
 from tqdm import tqdm
 
-from ..errors import DecodeError, FormatError, OptionError, ReadError
-from ..reading.streams import describe
+from ..errors import OptionError, ReadError
 from ..shards.builder import IndexBuilder
 from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
-from ..shards.names import key_problem, split_name
-from ..shards.tarformat import walk
-from ..shards.writer import writable_directory
-from .source import AUDIO_EXTENSIONS, not_regular
+from ..shards.outputdir import writable_directory
+from .foreignshards import HashingReader, index_shard, shard_codec, tar_stream
+from .source import not_regular
 from .zstdframes import seekable_frames, zstd_frames
 
 __all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade_index"]
 
 logger = logging.getLogger(__name__)
 
-_SUFFIXES = ((".tar", "none"), (".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.zst", "zstd-stream"),
-             (".tar.zstd", "zstd-stream"), (".tar.bz2", "bz2"))
-_Sample = tuple[str, int, int, str, IO[bytes]]  # key, start, end, audio ext, audio data (caller closes it)
 
-
-def shard_codec(name: str) -> str:
-    """The stream codec a shard's file name says it has: ``none``, ``gzip``, ``zstd-stream`` or ``bz2``."""
-    for suffix, codec in _SUFFIXES:
-        if name.endswith(suffix):
-            return codec
-    raise OptionError(f"{name}: not a shard name this indexer reads (expected one of "
-                      f"{', '.join(s for s, _ in _SUFFIXES)})")
-
-
-class HashingReader(io.RawIOBase):
-    """Counts and hashes every byte read through it from the shard file (and tells ``read`` each count)."""
-
-    def __init__(self, raw: BinaryIO, read: Callable[[int], object] | None = None) -> None:
-        self.raw = raw
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-        self._on_read = read
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        count = self.raw.readinto(buffer)  # type: ignore[attr-defined]
-        self.sha256.update(memoryview(buffer)[:count])
-        self.size += count
-        if self._on_read is not None:
-            self._on_read(count)
-        return count
-
-
-def tar_stream(raw: BinaryIO, codec: str) -> BinaryIO:
-    """The tar bytes of a shard file opened as ``raw``, decompressed as ``codec`` says (a stream codec, or
-    ``none``/``zstd``); :func:`~shardio.shards.tarformat.walk` completes the decompressors' short reads."""
-    if codec == "gzip":
-        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
-    elif codec == "bz2":
-        stream = bz2.BZ2File(raw, mode="rb")
-    elif codec in ("zstd-stream", "zstd"):
-        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    else:
-        stream = raw
-    return stream
-
-
-def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
-    """Each sample of a tar stream: its key, byte span in the (decompressed) tar, and its audio member."""
-    key: str | None = None
-    audio: tuple[str, IO[bytes]] | None = None
-    others: list[str] = []
-    boundary = start = end = 0
-    for member, data in walk(stream, where):
-        try:
-            member_key, ext = split_name(member.name)
-        except FormatError:
-            logger.warning("%s: skipping member %r, whose name is not {key}.{ext}", where, member.name)
-            boundary = member.end
-            continue
-        if member_key != key and (problem := key_problem(member_key)) is not None:
-            raise FormatError(f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
-                              f"which breaks pack's key rules: {problem}")
-        if member_key != key:
-            if key is not None:
-                yield _finish(key, start, end, audio, others, where)
-            key, audio, others, start = member_key, None, [], boundary
-        if audio is None and ext.rsplit(".", 1)[-1].lower() in AUDIO_EXTENSIONS:
-            audio = (ext, data)
-        else:
-            data.close()
-            others.append(ext)
-        end = boundary = member.end
-    if key is not None:
-        yield _finish(key, start, end, audio, others, where)
-
-
-def _finish(key: str, start: int, end: int, audio: tuple[str, IO[bytes]] | None, others: list[str],
-            where: str) -> _Sample:
-    if audio is None:
-        raise FormatError(f"{where}: sample {key!r} at offset {start} has no audio member (members: "
-                          f"{', '.join('.' + e for e in others)}; expected one of "
-                          f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)})")
-    return key, start, end, audio[0], audio[1]
-
-
-def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None, *,
-                overwrite: bool = False, progress: bool = True) -> Index:
+def build_index(
+    shards: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Index:
     """Index existing shards and save the index next to them (or in ``out_dir``); returns the index.
 
     Shard names in the index are relative to the index's directory. An index already there is an
@@ -143,20 +53,31 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     if not paths:
         raise OptionError("build_index needs at least one shard")
     _check_shard_list(paths)
-    root = os.path.abspath(os.fspath(out_dir)) if out_dir is not None else \
-        os.path.commonpath([os.path.dirname(p) for p in paths])
+    root = (
+        os.path.abspath(os.fspath(out_dir))
+        if out_dir is not None
+        else os.path.commonpath([os.path.dirname(p) for p in paths])
+    )
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
-        raise OptionError(f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
-                          "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
-                          "replace it, or --out to write the new index elsewhere")
+        raise OptionError(
+            f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
+            "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
+            "replace it, or --out to write the new index elsewhere"
+        )
     builder = IndexBuilder(root)
     keys: set[str] = set()
-    with tqdm(total=sum(os.path.getsize(p) for p in paths), disable=not progress, file=sys.stderr, unit="B",
-              unit_scale=True, desc="index") as bar:
+    with tqdm(
+        total=sum(os.path.getsize(p) for p in paths),
+        disable=not progress,
+        file=sys.stderr,
+        unit="B",
+        unit_scale=True,
+        desc="index",
+    ) as bar:
         for path in paths:
             codec = shard_codec(path)
-            samples, info = _index_shard(path, codec, bar.update)
+            samples, info = index_shard(path, codec, bar.update)
             spans = [(start, end) for _, start, end, _, _ in samples]
             placed = None
             if codec == "zstd-stream":
@@ -167,25 +88,50 @@ def build_index(shards: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
             duration = 0.0
             repeated = _repeated_keys([key for key, *_ in samples], keys)
             if repeated:
-                logger.warning("%s: %d keys appear earlier in this dataset too (first: %r)", path, len(repeated),
-                               repeated[0])
+                logger.warning(
+                    "%s: %d keys appear earlier in this dataset too (first: %r)",
+                    path,
+                    len(repeated),
+                    repeated[0],
+                )
             for i, (key, start, end, ext, (frames_, rate, channels)) in enumerate(samples):
                 keys.add(key)
                 frame_offset, frame_size, member_offset = placed[i] if placed else (start, end - start, 0)
-                builder.add_sample(key, shard=number, frame_offset=frame_offset, frame_size=frame_size,
-                                   member_offset=member_offset, member_size=end - start, num_frames=frames_,
-                                   sample_rate=rate, channels=channels, audio_ext=ext)
+                builder.add_sample(
+                    key,
+                    shard=number,
+                    frame_offset=frame_offset,
+                    frame_size=frame_size,
+                    member_offset=member_offset,
+                    member_size=end - start,
+                    num_frames=frames_,
+                    sample_rate=rate,
+                    channels=channels,
+                    audio_ext=ext,
+                )
                 duration += frames_ / max(rate, 1)
-            builder.add_shard(ShardInfo(name=os.path.relpath(path, root), bytes=info[0], sha256=info[1],
-                                        samples=len(samples), duration=round(duration, 6), codec=codec))
+            builder.add_shard(
+                ShardInfo(
+                    name=os.path.relpath(path, root),
+                    bytes=info[0],
+                    sha256=info[1],
+                    samples=len(samples),
+                    duration=round(duration, 6),
+                    codec=codec,
+                )
+            )
             logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
     index = builder.build()
     index.save(root)
     outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
     if outside:
-        logger.warning("%s: %d shards lie outside the index's directory (first: %s): load this dataset "
-                       "with Index.load(..., allow_outside_root=True), or --allow-outside-root", root,
-                       len(outside), outside[0])
+        logger.warning(
+            "%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+            "with Index.load(..., allow_outside_root=True), or --allow-outside-root",
+            root,
+            len(outside),
+            outside[0],
+        )
     return index
 
 
@@ -204,7 +150,8 @@ def _check_shard_list(paths: list[str]) -> None:
 
 
 def _check_shard_file(path: str) -> None:
-    """A :class:`~shardio.errors.ReadError` unless ``path`` is a regular file (a FIFO would block the walk)."""
+    """A :class:`~shardio.errors.ReadError` unless ``path`` is a regular file (a FIFO
+    would block the walk)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -244,34 +191,3 @@ def upgrade_index(directory: str | os.PathLike[str]) -> str:
         os.unlink(old)
     logger.info("%s: index upgraded from format %s to %s", directory, version, FORMAT_VERSION)
     return f"{version} -> {FORMAT_VERSION}"
-
-
-def _index_shard(path: str, codec: str, read: Callable[[int], object] | None = None
-                 ) -> tuple[list[tuple[str, int, int, str, tuple[int, int, int]]], tuple[int, str]]:
-    """The samples of one shard with their audio facts, and the shard's ``(bytes, sha256)``; ``read`` is
-    called with the count of each chunk of the file read."""
-    samples = []
-    with open(path, "rb") as handle:
-        hashing = HashingReader(handle, read)
-        raw = io.BufferedReader(hashing, 1 << 20)
-        try:
-            stream = tar_stream(raw, codec)
-            for key, start, end, ext, data in _samples(stream, path):
-                try:
-                    with data:
-                        facts = sf.info(data)
-                except (sf.LibsndfileError, RuntimeError) as exc:
-                    reason = getattr(exc, "error_string", None) or exc
-                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
-                                      f"decoded ({reason})") from None
-                if facts.frames <= 0:
-                    raise DecodeError(f"{path}: sample {key!r} at offset {start}: the .{ext} member has no frames")
-                samples.append((key, start, end, ext, (int(facts.frames), int(facts.samplerate),
-                                                       int(facts.channels))))
-            while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
-                pass
-        except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise FormatError(f"{path}: cannot decompress the {codec} stream ({describe(exc)})") from None
-        while raw.read(1 << 20):
-            pass
-    return samples, (hashing.size, hashing.sha256.hexdigest())

@@ -29,13 +29,21 @@ def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bo
     index = Index.load(directory, allow_outside_root=allow_outside_root)
     durations = index.durations
     edges = [*HISTOGRAM_EDGES, float("inf")]
-    binned = np.histogram(durations, bins=edges)[0] if len(index) else np.zeros(len(HISTOGRAM_EDGES), np.int64)
-    histogram = [{"from": lo, "to": None if hi == float("inf") else hi, "samples": int(n)}
-                 for lo, hi, n in zip(edges[:-1], edges[1:], binned)]
+    binned = (
+        np.histogram(durations, bins=edges)[0] if len(index) else np.zeros(len(HISTOGRAM_EDGES), np.int64)
+    )
+    histogram = [
+        {"from": lo, "to": None if hi == float("inf") else hi, "samples": int(n)}
+        for lo, hi, n in zip(edges[:-1], edges[1:], binned)
+    ]
     stats = {"min": 0.0, "mean": 0.0, "median": 0.0, "max": 0.0}
     if len(index):
-        stats = {"min": float(durations.min()), "mean": float(durations.mean()),
-                 "median": float(np.median(durations)), "max": float(durations.max())}
+        stats = {
+            "min": float(durations.min()),
+            "mean": float(durations.mean()),
+            "median": float(np.median(durations)),
+            "max": float(durations.max()),
+        }
     return {
         "root": str(index.root),
         "fingerprint": index.fingerprint,
@@ -56,6 +64,7 @@ def inspect_dataset(directory: str | os.PathLike[str], *, allow_outside_root: bo
 
 def render_report(report: dict[str, Any], width: int = 40) -> str:
     """``report`` (from :func:`inspect_dataset`) as readable text with a bar chart of durations."""
+
     def listing(counts: dict[str, int]) -> str:
         return ", ".join(f"{name} ({count})" for name, count in counts.items()) or "-"
 
@@ -77,7 +86,9 @@ def render_report(report: dict[str, Any], width: int = 40) -> str:
         lines.insert(8, "metadata     in the index")
     peak = max((b["samples"] for b in report["histogram"]), default=0) or 1
     for bin_ in report["histogram"]:
-        label = f"{bin_['from']:>4g}-{bin_['to']:<4g}" if bin_["to"] is not None else f"{bin_['from']:>4g}+   "
+        label = (
+            f"{bin_['from']:>4g}-{bin_['to']:<4g}" if bin_["to"] is not None else f"{bin_['from']:>4g}+   "
+        )
         bar = "#" * round(width * bin_["samples"] / peak)
         lines.append(f"  {label} {bin_['samples']:>8} {bar}")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The corpus listing that starts a pack, with a progress counter: a folder of 100k files takes minutes to walk."""
+"""The corpus listing that starts a pack, with a progress counter: a folder of 100k files
+takes minutes to walk."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from .source import Problems, Source
 __all__ = ["list_corpus"]
 
 
-def list_corpus(input: str | os.PathLike[str], kind: str | None, *, problems: Problems, left_out: Counter[str],
-                progress: bool) -> list[Source]:
+def list_corpus(
+    input: str | os.PathLike[str],
+    kind: str | None,
+    *,
+    problems: Problems,
+    left_out: Counter[str],
+    progress: bool,
+) -> list[Source]:
     """Every source of :func:`~shardio.packing.corpus.read_corpus`, with a tqdm counter of the files found
     (``list``, no total: the count is what the listing finds) on stderr when ``progress``."""
     with tqdm(desc="list", unit="file", disable=not progress, file=sys.stderr) as bar:

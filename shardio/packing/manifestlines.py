@@ -26,7 +26,15 @@ from typing import Any, Protocol
 from ..errors import InputError, InputProblem
 from .source import NotRegularFile, Problems, not_regular, open_regular_input, refuse_constant
 
-__all__ = ["MAX_DEPTH", "MAX_LINE_BYTES", "LineSource", "check_manifest_file", "json_entry", "manifest_lines", "numbered_lines"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LINE_BYTES",
+    "LineSource",
+    "check_manifest_file",
+    "json_entry",
+    "manifest_lines",
+    "numbered_lines",
+]
 
 MAX_LINE_BYTES = 1 << 20
 """The most bytes of one manifest line (a transcript and its fields need far less)."""
@@ -41,8 +49,13 @@ def check_manifest_file(path: str | os.PathLike[str]) -> None:
     :class:`~shardio.errors.InputError` saying what it is; a missing path raises ``FileNotFoundError``."""
     problem = not_regular(os.stat(path).st_mode)
     if problem is not None:
-        raise InputError([InputProblem(os.fspath(path), "", f"cannot read the manifest: {problem}; expected a "
-                                       "manifest file")])
+        raise InputError(
+            [
+                InputProblem(
+                    os.fspath(path), "", f"cannot read the manifest: {problem}; expected a manifest file"
+                )
+            ]
+        )
 
 
 class LineSource(Protocol):
@@ -51,16 +64,22 @@ class LineSource(Protocol):
     def readline(self, size: int = -1, /) -> bytes: ...
 
 
-def numbered_lines(handle: LineSource, name: str, problems: Problems, limit: int = MAX_LINE_BYTES
-                   ) -> Iterator[tuple[int, str]]:
-    """The non-blank lines of ``handle`` (named ``name`` in problems) as ``(line number, text)``; a line longer
-    than ``limit`` bytes, or not UTF-8, is a problem naming it instead (see the module docstring)."""
+def numbered_lines(
+    handle: LineSource, name: str, problems: Problems, limit: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of ``handle`` (named ``name`` in problems) as ``(line number, text)``; a line
+    longer than ``limit`` bytes, or not UTF-8, is a problem naming it instead (see the module docstring)."""
     number = 0
     while raw := handle.readline(limit + 1):
         number += 1
         if len(raw) > limit:
-            problems.append(InputProblem(f"{name}:{number}", "", f"a line of more than {limit} bytes; expected one "
-                                         "manifest entry per line"))
+            problems.append(
+                InputProblem(
+                    f"{name}:{number}",
+                    "",
+                    f"a line of more than {limit} bytes; expected one manifest entry per line",
+                )
+            )
             while raw and not raw.endswith(b"\n"):  # the rest of the line, a chunk at a time
                 raw = handle.readline(_SKIP_CHUNK)
             continue
@@ -69,22 +88,33 @@ def numbered_lines(handle: LineSource, name: str, problems: Problems, limit: int
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.append(InputProblem(f"{name}:{number}", "", f"byte {exc.start} of the line is not UTF-8; "
-                                         "expected a UTF-8 JSON line"))
+            problems.append(
+                InputProblem(
+                    f"{name}:{number}",
+                    "",
+                    f"byte {exc.start} of the line is not UTF-8; expected a UTF-8 JSON line",
+                )
+            )
             continue
         if text.strip():
             yield number, text
 
 
-def manifest_lines(path: str | os.PathLike[str], problems: Problems, limit: int = MAX_LINE_BYTES
-                   ) -> Iterator[tuple[int, str]]:
+def manifest_lines(
+    path: str | os.PathLike[str], problems: Problems, limit: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, str]]:
     """The non-blank lines of the manifest file at ``path`` (see :func:`numbered_lines`); a path that is not a
     regular file is an :class:`~shardio.errors.InputError` (:func:`check_manifest_file`)."""
     try:
         handle = open_regular_input(path)
     except NotRegularFile as exc:
-        raise InputError([InputProblem(os.fspath(path), "", f"cannot read the manifest: {exc.strerror}; "
-                                       "expected a manifest file")]) from None
+        raise InputError(
+            [
+                InputProblem(
+                    os.fspath(path), "", f"cannot read the manifest: {exc.strerror}; expected a manifest file"
+                )
+            ]
+        ) from None
     with handle:
         yield from numbered_lines(handle, os.fspath(path), problems, limit)
 
@@ -93,8 +123,9 @@ def json_entry(text: str) -> dict[str, Any]:
     """One manifest line's JSON object; a ``ValueError`` saying why when it is not one that every reader takes
     alike (see the module docstring)."""
     try:
-        value = json.loads(text, object_pairs_hook=_unique_fields, parse_constant=refuse_constant,
-                           parse_float=_finite_float)
+        value = json.loads(
+            text, object_pairs_hook=_unique_fields, parse_constant=refuse_constant, parse_float=_finite_float
+        )
     except RecursionError:
         raise ValueError(f"the JSON is nested more than {MAX_DEPTH} deep") from None
     except json.JSONDecodeError as exc:
@@ -106,12 +137,15 @@ def json_entry(text: str) -> dict[str, Any]:
 
 
 def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would keep the last, silently)."""
+    """A JSON object's fields; a field given twice is a ``ValueError`` (``json`` would
+    keep the last, silently)."""
     fields: dict[str, Any] = {}
     for name, value in pairs:
         if name in fields:
-            raise ValueError(f"the field {name!r} appears twice in one object (a JSON reader keeps one value and "
-                             "drops the other unseen); expected each field once")
+            raise ValueError(
+                f"the field {name!r} appears twice in one object (a JSON reader keeps one value and "
+                "drops the other unseen); expected each field once"
+            )
         fields[name] = value
     return fields
 
@@ -125,12 +159,16 @@ def _finite_float(text: str) -> float:
 
 
 def _check_depth(value: Any) -> None:
-    """A ``ValueError`` when ``value`` nests objects and lists more than :data:`MAX_DEPTH` deep (walked without
-    recursion)."""
+    """A ``ValueError`` when ``value`` nests objects and lists more than :data:`MAX_DEPTH` deep (walked
+    without recursion)."""
     level: list[Any] = [value]
     for _ in range(MAX_DEPTH):
-        level = [child for item in level if isinstance(item, (dict, list))
-                 for child in (item.values() if isinstance(item, dict) else item)]
+        level = [
+            child
+            for item in level
+            if isinstance(item, (dict, list))
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
         if not level:
             return
     if any(isinstance(item, (dict, list)) for item in level):

@@ -1,12 +1,13 @@
 """The merge of a partitioned pack: the committed index parts joined into the dataset's index.
 
 :func:`merge_partitions` runs on the driver once every partition of a
-:class:`~shardio.packing.partitions.PartitionPlan` has committed its index part (``_parts/{p:05d}/``). It refuses
-a part that another plan packed (its report names another plan, or it holds other samples than the plan gives
-that partition), joins the parts in partition order (never completion order), so the result does not depend on
-which engine ran the partitions, renumbers their shards and audio formats, checks keys are unique over the whole
-dataset, writes the rejected inputs (``on_error="skip"``), the columns file and then ``index.json``, and removes
-``_parts``. Under ``on_error="raise"`` a part with rejected inputs is uncommitted again and nothing is written.
+:class:`~shardio.packing.partitions.PartitionPlan` has committed its index part (``_parts/{p:05d}/``). It
+refuses a part that another plan packed (its report names another plan, or it holds other samples than the
+plan gives that partition), joins the parts in partition order (never completion order), so the result does
+not depend on which engine ran the partitions, renumbers their shards and audio formats, checks keys are
+unique over the whole dataset, writes the rejected inputs (``on_error="skip"``), the columns file and then
+``index.json``, and removes ``_parts``. Under ``on_error="raise"`` a part with rejected inputs is uncommitted
+again and nothing is written.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     failed: list[int] = []
     for number in range(len(plan.partitions)):
         if not partition_done(plan, number):
-            raise FormatError(f"{output.path(part_dir(number))}: partition {number} has no committed index part; "
-                              "pack it before merging")
+            raise FormatError(
+                f"{output.path(part_dir(number))}: partition {number} has no committed index part; "
+                "pack it before merging"
+            )
         part = Index.load(output.path(part_dir(number)), plan.storage_options)
         report = json.loads(output.read(f"{part_dir(number)}/report.json"))
         _check_part(plan, number, report, list(part.keys))
@@ -71,13 +74,23 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         seen: set[str] = set()
         duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
-    merged = Index(root=out, shards=shards, formats=formats,
-                   columns={name: np.concatenate(parts) for name, parts in columns.items()}, _keys=Keys.of(keys),
-                   storage_options=plan.storage_options)
+    merged = Index(
+        root=out,
+        shards=shards,
+        formats=formats,
+        columns={name: np.concatenate(parts) for name, parts in columns.items()},
+        _keys=Keys.of(keys),
+        storage_options=plan.storage_options,
+    )
     merged.validate(out)
     if plan.options.on_error == "skip":
-        lines = [json.dumps({"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True,
-                            ensure_ascii=False) + "\n" for p in problems]
+        lines = [
+            json.dumps(
+                {"source": p.source, "key": p.key, "reason": p.reason}, sort_keys=True, ensure_ascii=False
+            )
+            + "\n"
+            for p in problems
+        ]
         output.write(REJECTED_FILE, "".join(lines).encode("utf-8"))
     if output.remote:
         with tempfile.TemporaryDirectory(prefix="shardio-index-") as local:
@@ -97,8 +110,10 @@ def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: 
     redo = f"remove {where} and pack again (only that partition is packed anew)"
     recorded = report.get("plan") or ""
     if recorded and plan.fingerprint and recorded != plan.fingerprint:
-        raise FormatError(f"{where}: partition {number} was packed by another plan ({recorded}, this plan is "
-                          f"{plan.fingerprint}): an earlier run's task committed it; {redo}")
+        raise FormatError(
+            f"{where}: partition {number} was packed by another plan ({recorded}, this plan is "
+            f"{plan.fingerprint}): an earlier run's task committed it; {redo}"
+        )
     if report["problems"] and plan.options.on_error == "raise":
         return  # not merged: removed with the error that lists its problems
     rejected = {problem["key"] for problem in report["problems"]}
@@ -107,10 +122,17 @@ def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: 
         have, want = set(keys), set(expected)
         missing = next((key for key in expected if key not in have), None)
         extra = next((key for key in keys if key not in want), None)
-        detail = f"it lacks {missing!r}" if missing is not None else \
-            f"it holds {extra!r}, which is not in this partition" if extra is not None else "its order differs"
-        raise FormatError(f"{where}: partition {number} holds {len(keys)} samples, the plan gives it "
-                          f"{len(expected)} ({detail}): another run's task committed it; {redo}")
+        detail = (
+            f"it lacks {missing!r}"
+            if missing is not None
+            else f"it holds {extra!r}, which is not in this partition"
+            if extra is not None
+            else "its order differs"
+        )
+        raise FormatError(
+            f"{where}: partition {number} holds {len(keys)} samples, the plan gives it "
+            f"{len(expected)} ({detail}): another run's task committed it; {redo}"
+        )
 
 
 def _format_id(formats: list[str], ext: str) -> int:

@@ -65,7 +65,9 @@ class Output:
         """The names of partition shards (``{prefix}-PPPPP-NNNNNN.tar*``) under the root, sorted."""
         pattern = f"{prefix}-[0-9][0-9][0-9][0-9][0-9]-[0-9]*.tar*"
         if not self.remote:
-            return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(self.root), pattern)))
+            return sorted(
+                os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(self.root), pattern))
+            )
         fs, _ = self._fs()
         return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(self.path(pattern)))
 

@@ -18,12 +18,10 @@ import glob
 import json
 import logging
 import os
-import re
 import sys
 import time
-import unicodedata
 from collections import Counter, deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -31,21 +29,29 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import InputError, InputProblem, OptionError
-from ..shards.names import key_problem
 from ..shards.writer import ShardWriter
 from ..storage.files import write_atomic
+from .keys import assign_keys, rewrite_key
 from .listing import list_corpus
 from .preparation import Prepared, Task, prepare
-from .source import AUDIO_EXTENSIONS, Source
+from .source import AUDIO_EXTENSIONS
 
-__all__ = ["DEFAULT_SHARD_BYTES", "REJECTED_FILE", "PackSummary", "assign_keys", "default_workers", "describe_left_out", "pack", "rewrite_key"]
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "REJECTED_FILE",
+    "PackSummary",
+    "assign_keys",
+    "default_workers",
+    "describe_left_out",
+    "pack",
+    "rewrite_key",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
 """Shard size (tar bytes) when neither ``samples_per_shard`` nor ``shard_bytes`` is given."""
 REJECTED_FILE = "rejected.jsonl"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")  # and the surrogates of a name's non-UTF-8 bytes
 _AHEAD = 4  # results per worker thread prepared ahead of the writer
 
 
@@ -72,7 +78,8 @@ class PackSummary:
 
 def default_workers() -> int:
     """Pack's workers when none are asked for: one per CPU core this process may use, but one (for the thread
-    that writes the shards); 1 (no pool: inputs read by the writing thread) on a machine of one or two cores."""
+    that writes the shards); 1 (no pool: inputs read by the writing thread) on a
+    machine of one or two cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 
@@ -82,22 +89,26 @@ def describe_left_out(left_out: dict[str, int]) -> str:
     return ", ".join(f"{count} {name}" for name, count in sorted(left_out.items()))
 
 
-def rewrite_key(key: str) -> str:
-    """``key`` made a valid WebDataset key: dots in the basename, control characters, bytes of a file name that
-    are not UTF-8 and '.'/'..' parts become ``_``, empty path parts are dropped."""
-    parts = [part for part in _CONTROL.sub("_", key).split("/") if part]
-    parts = ["_" if part in (".", "..") else part for part in parts]
-    if parts:
-        parts[-1] = parts[-1].replace(".", "_")
-    return "/".join(parts)
-
-
-def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
-         samples_per_shard: int | None = None, shard_bytes: int | None = None, compression: str = "none",
-         zstd_level: int = 3, transcode: str | None = None, shuffle: bool = False, seed: int = 0,
-         workers: int | None = 1,
-         on_error: str = "raise", require_text: bool = False, rewrite_keys: bool = False, prefix: str = "shard",
-         progress: bool = True, overwrite: bool = False) -> PackSummary:
+def pack(
+    input: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    kind: str | None = None,
+    samples_per_shard: int | None = None,
+    shard_bytes: int | None = None,
+    compression: str = "none",
+    zstd_level: int = 3,
+    transcode: str | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    workers: int | None = 1,
+    on_error: str = "raise",
+    require_text: bool = False,
+    rewrite_keys: bool = False,
+    prefix: str = "shard",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> PackSummary:
     """Pack the corpus at ``input`` into shards and an index under ``out_dir``; returns what was written.
 
     ``kind``: the corpus kind (see :func:`shardio.packing.corpus.read_corpus`), detected when None.
@@ -128,8 +139,15 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
         shard_bytes = DEFAULT_SHARD_BYTES
     before = _shard_files(out, prefix)
     created = not os.path.lexists(out)
-    writer = ShardWriter(out, prefix=prefix, compression=compression, zstd_level=zstd_level,
-                         max_samples=samples_per_shard, max_bytes=shard_bytes, overwrite=overwrite)
+    writer = ShardWriter(
+        out,
+        prefix=prefix,
+        compression=compression,
+        zstd_level=zstd_level,
+        max_samples=samples_per_shard,
+        max_bytes=shard_bytes,
+        overwrite=overwrite,
+    )
     try:
         problems: list[InputProblem] = []
         left_out: Counter[str] = Counter()
@@ -138,14 +156,23 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
             logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
         if shuffle:
             sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
-        tasks = assign_keys(sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text)
+        tasks = assign_keys(
+            sources, problems, transcode=transcode, rewrite=rewrite_keys, require_text=require_text
+        )
         if not sources and not problems:
-            problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
-                                         f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
+            problems.append(
+                InputProblem(
+                    os.fspath(input),
+                    "",
+                    f"no audio inputs found (audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})",
+                )
+            )
         writing = on_error == "skip" or not problems
         samples = input_bytes = 0
-        with tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar, \
-                contextlib.closing(_results(tasks, workers)) as results:  # closed (pool stopped) on any exit
+        with (
+            tqdm(total=len(tasks), disable=not progress, file=sys.stderr, unit="file", desc="pack") as bar,
+            contextlib.closing(_results(tasks, workers)) as results,
+        ):  # closed (pool stopped) on any exit
             for result in results:
                 bar.update()
                 if isinstance(result, InputProblem):
@@ -155,8 +182,14 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
                         writing = False
                         _discard(writer, out, prefix, before)
                 elif writing:
-                    writer.write(result.key, result.members, audio_ext=result.audio_ext, num_frames=result.num_frames,
-                                 sample_rate=result.sample_rate, channels=result.channels)
+                    writer.write(
+                        result.key,
+                        result.members,
+                        audio_ext=result.audio_ext,
+                        num_frames=result.num_frames,
+                        sample_rate=result.sample_rate,
+                        channels=result.channels,
+                    )
                     samples += 1
                     input_bytes += result.input_bytes
         if (problems and on_error == "raise") or samples == 0:
@@ -174,12 +207,26 @@ def pack(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind
                 os.rmdir(out)
         raise
     seconds = time.perf_counter() - started
-    summary = PackSummary(shards=len(index.shards), samples=len(index), hours=index.total_duration / 3600,
-                          bytes=sum(s.bytes for s in index.shards), seconds=seconds,
-                          mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9), rejected=problems, input_bytes=input_bytes,
-                          left_out=dict(sorted(left_out.items())))
-    logger.info("packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected", summary.samples,
-                summary.hours, summary.shards, out, seconds, len(problems))
+    summary = PackSummary(
+        shards=len(index.shards),
+        samples=len(index),
+        hours=index.total_duration / 3600,
+        bytes=sum(s.bytes for s in index.shards),
+        seconds=seconds,
+        mb_per_s=input_bytes / 1e6 / max(seconds, 1e-9),
+        rejected=problems,
+        input_bytes=input_bytes,
+        left_out=dict(sorted(left_out.items())),
+    )
+    logger.info(
+        "packed %d samples (%.2f h) into %d shards under %s in %.1f s; %d rejected",
+        summary.samples,
+        summary.hours,
+        summary.shards,
+        out,
+        seconds,
+        len(problems),
+    )
     return summary
 
 
@@ -210,68 +257,6 @@ def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple
         if before.get(path) != stamp:
             os.unlink(path)
     writer.abort()
-
-
-def assign_keys(sources: Sequence[Source], problems: list[InputProblem], *, transcode: str | None, rewrite: bool,
-                require_text: bool) -> list[Task]:
-    """The checks that need no audio: format extension, key rule, unique keys, transcript (partitioned packing
-    makes them too).
-
-    Args:
-        sources: the corpus's samples.
-        problems: where each refused sample's problem is appended.
-        transcode: the codec audio is transcoded to, if any.
-        rewrite: rewrite keys that break the key rule instead of refusing them.
-        require_text: refuse a sample without a transcript.
-
-    Returns:
-        One packing task per accepted sample.
-    """
-    tasks: list[Task] = []
-    seen: dict[str, Source] = {}
-    for source in sources:
-        key = rewrite_key(source.key) if rewrite else source.key
-        was = f" (rewritten from {source.key!r})" if key != source.key else ""
-        reason = None
-        if source.ext not in AUDIO_EXTENSIONS:
-            reason = (f"unknown audio format extension {'.' + source.ext if source.ext else '(none)'}; expected "
-                      f"one of {', '.join('.' + e for e in AUDIO_EXTENSIONS)}")
-        elif (problem := key_problem(key)) is not None:
-            hint = "" if rewrite else "; pass rewrite_keys=True (--rewrite-keys) to rewrite it"
-            reason = f"key {key!r}{was} breaks the '{{key}}.{{ext}}' member rule: {problem}{hint}"
-        elif key in seen:
-            other = seen[key]
-            other_was = f" (rewritten from {other.key!r})" if other.key != key else ""
-            formats = ("; the same name in two audio formats: keep one, or pack a manifest that lists one of them"
-                       if other.ext != source.ext else "")
-            reason = f"duplicate key {key!r}{was}: {other.where} has the same key{other_was}{formats}"
-        elif require_text and not str(source.meta.get("text") or "").strip():
-            reason = "no transcript: require_text asks for a non-empty 'text' for every input"
-        if reason is not None:
-            problems.append(InputProblem(source.where, key, reason))
-            continue
-        seen[key] = source
-        tasks.append(Task(source, key, transcode))
-    _warn_of_lookalike_keys(seen)
-    return tasks
-
-
-def _warn_of_lookalike_keys(keys: Iterable[str]) -> None:
-    """Warn of keys that differ only in case or Unicode normalisation (``Café``, ``café``, ``cafe\u0301``):
-    distinct samples to shardio and WebDataset, but one file where the shards are extracted on a
-    case-insensitive file system (macOS, Windows), and the same text in every message."""
-    first: dict[str, str] = {}
-    pairs = []
-    for key in keys:
-        folded = unicodedata.normalize("NFC", key).casefold()
-        if folded in first:
-            pairs.append((first[folded], key))
-        else:
-            first[folded] = key
-    if pairs:
-        logger.warning("%d key(s) differ from another only in case or Unicode normalisation (first: %a and %a): "
-                       "they stay distinct samples, but name one file where the shards are extracted on a "
-                       "case-insensitive file system; --rewrite-keys does not merge them", len(pairs), *pairs[0])
 
 
 def _results(tasks: Sequence[Task], workers: int) -> Generator[Prepared | InputProblem, None, None]:

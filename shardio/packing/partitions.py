@@ -35,14 +35,23 @@ import numpy as np
 from ..errors import InputProblem, OptionError
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
+from .keys import assign_keys
 from .listing import list_corpus
 from .output import Output
-from .pack import assign_keys
 from .preparation import Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
 
-__all__ = ["PARTS_DIR", "DEFAULT_PARTITION_BYTES", "PackOptions", "PartitionJob", "PartitionPlan", "plan_partitions",
-           "pack_partition", "partition_done", "part_dir"]
+__all__ = [
+    "PARTS_DIR",
+    "DEFAULT_PARTITION_BYTES",
+    "PackOptions",
+    "PartitionJob",
+    "PartitionPlan",
+    "plan_partitions",
+    "pack_partition",
+    "partition_done",
+    "part_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +84,8 @@ class PartitionPlan:
     problems: list[InputProblem] = field(default_factory=list)
     """Inputs rejected on the driver (key rule, duplicate keys, unknown formats)."""
     left_out: dict[str, int] = field(default_factory=dict)
-    """Files in a folder corpus that are not inputs (see :attr:`shardio.packing.pack.PackSummary.left_out`)."""
+    """Files in a folder corpus that are not inputs (see
+    :attr:`shardio.packing.pack.PackSummary.left_out`)."""
     fingerprint: str = ""
     storage_options: dict[str, Any] | None = None
     """fsspec options for a URL ``out_dir`` (never written to the plan file)."""
@@ -87,8 +97,14 @@ class PartitionPlan:
 
     def job(self, number: int) -> PartitionJob:
         """What partition ``number``'s task needs (its inputs only: tasks never carry the whole plan)."""
-        return PartitionJob(self.out_dir, self.options, number, self.partitions[number], self.storage_options,
-                            self.fingerprint)
+        return PartitionJob(
+            self.out_dir,
+            self.options,
+            number,
+            self.partitions[number],
+            self.storage_options,
+            self.fingerprint,
+        )
 
     def to_json(self) -> str:
         """The plan as canonical JSON (its fingerprint covers everything but the output directory)."""
@@ -115,10 +131,14 @@ class PartitionJob:
 
 
 def _plan_body(plan: PartitionPlan) -> dict[str, Any]:
-    return {"options": asdict(plan.options),
-            "partitions": [[{"key": t.key, "source": asdict(t.source), "transcode": t.transcode} for t in part]
-                           for part in plan.partitions],
-            "problems": [asdict(p) for p in plan.problems]}
+    return {
+        "options": asdict(plan.options),
+        "partitions": [
+            [{"key": t.key, "source": asdict(t.source), "transcode": t.transcode} for t in part]
+            for part in plan.partitions
+        ],
+        "problems": [asdict(p) for p in plan.problems],
+    }
 
 
 def _estimate(source: Source) -> int:
@@ -132,11 +152,20 @@ def _estimate(source: Source) -> int:
         return 0  # reported when the partition reads it
 
 
-def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, kind: str | None = None,
-                    options: PackOptions | None = None, partition_bytes: int = DEFAULT_PARTITION_BYTES,
-                    shuffle: bool = False, seed: int = 0, require_text: bool = False,
-                    rewrite_keys: bool = False, storage_options: dict[str, Any] | None = None,
-                    progress: bool = False) -> PartitionPlan:
+def plan_partitions(
+    input: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    kind: str | None = None,
+    options: PackOptions | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    shuffle: bool = False,
+    seed: int = 0,
+    require_text: bool = False,
+    rewrite_keys: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> PartitionPlan:
     """Read the corpus and cut it into partitions; writes ``_parts/plan.json`` (or checks an existing one).
     ``progress``: a tqdm counter of the files listed, on stderr."""
     options = options or PackOptions()
@@ -153,11 +182,17 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
     sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
     if shuffle:
         sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
-    tasks = assign_keys(sources, problems, transcode=options.transcode, rewrite=rewrite_keys,
-                         require_text=require_text)
+    tasks = assign_keys(
+        sources, problems, transcode=options.transcode, rewrite=rewrite_keys, require_text=require_text
+    )
     if not sources and not problems:
-        problems.append(InputProblem(os.fspath(input), "", "no audio inputs found "
-                                     f"(audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})"))
+        problems.append(
+            InputProblem(
+                os.fspath(input),
+                "",
+                f"no audio inputs found (audio files are {', '.join('.' + e for e in AUDIO_EXTENSIONS)})",
+            )
+        )
     partitions: list[list[Task]] = []
     current: list[Task] = []
     size = 0
@@ -169,24 +204,33 @@ def plan_partitions(input: str | os.PathLike[str], out_dir: str | os.PathLike[st
             current, size = [], 0
     if current:
         partitions.append(current)
-    plan = PartitionPlan(out, options, partitions, problems, dict(sorted(left_out.items())),
-                         storage_options=storage_options)
+    plan = PartitionPlan(
+        out, options, partitions, problems, dict(sorted(left_out.items())), storage_options=storage_options
+    )
     text = plan.to_json()
     plan.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
     name = f"{PARTS_DIR}/plan.json"
     if output.exists(name):
         recorded = json.loads(output.read(name)).get("fingerprint")
         if recorded != plan.fingerprint:
-            raise OptionError(f"{output.path(name)}: an earlier run planned other inputs or options (plan "
-                              f"{recorded}, now {plan.fingerprint}); remove {output.path(PARTS_DIR)} or use "
-                              "another directory")
+            raise OptionError(
+                f"{output.path(name)}: an earlier run planned other inputs or options (plan "
+                f"{recorded}, now {plan.fingerprint}); remove {output.path(PARTS_DIR)} or use "
+                "another directory"
+            )
     else:
         stale = output.shard_files(options.prefix)
         if stale:
-            raise OptionError(f"{out} holds partition shards ({', '.join(stale[:3])}) of an earlier run with no plan; "
-                              "remove them or use another directory")
-        output.write(name, json.dumps({"fingerprint": plan.fingerprint, "partitions": len(partitions),
-                                       "samples": len(tasks)}).encode())
+            raise OptionError(
+                f"{out} holds partition shards ({', '.join(stale[:3])}) of an earlier run with no plan; "
+                "remove them or use another directory"
+            )
+        output.write(
+            name,
+            json.dumps(
+                {"fingerprint": plan.fingerprint, "partitions": len(partitions), "samples": len(tasks)}
+            ).encode(),
+        )
     logger.info("planned %d inputs in %d partitions (plan %s)", len(tasks), len(partitions), plan.fingerprint)
     return plan
 
@@ -213,9 +257,14 @@ def pack_partition(job: PartitionJob) -> int:
         attempt = tempfile.mkdtemp(prefix=f"shardio-part-{number:05d}-")
     else:
         attempt = output.path(f"{PARTS_DIR}/.attempt-{number:05d}-{uuid.uuid4().hex}")
-    writer = ShardWriter(attempt, prefix=f"{options.prefix}-{number:05d}", compression=options.compression,
-                         zstd_level=options.zstd_level, max_samples=options.samples_per_shard,
-                         max_bytes=options.shard_bytes)
+    writer = ShardWriter(
+        attempt,
+        prefix=f"{options.prefix}-{number:05d}",
+        compression=options.compression,
+        zstd_level=options.zstd_level,
+        max_samples=options.samples_per_shard,
+        max_bytes=options.shard_bytes,
+    )
     try:
         problems: list[InputProblem] = []
         samples = input_bytes = 0
@@ -226,15 +275,25 @@ def pack_partition(job: PartitionJob) -> int:
                 continue
             if options.on_error == "raise" and problems:
                 continue  # no shard will be merged; validate the rest to list every problem
-            writer.write(result.key, result.members, audio_ext=result.audio_ext, num_frames=result.num_frames,
-                         sample_rate=result.sample_rate, channels=result.channels)
+            writer.write(
+                result.key,
+                result.members,
+                audio_ext=result.audio_ext,
+                num_frames=result.num_frames,
+                sample_rate=result.sample_rate,
+                channels=result.channels,
+            )
             samples += 1
             input_bytes += result.input_bytes
         index = writer.close()
         for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
             output.publish(os.path.join(attempt, shard.name), shard.name)
         part = part_dir(number)
-        report = {"problems": [asdict(p) for p in problems], "input_bytes": input_bytes, "plan": job.fingerprint}
+        report = {
+            "problems": [asdict(p) for p in problems],
+            "input_bytes": input_bytes,
+            "plan": job.fingerprint,
+        }
         output.write(f"{part}/report.json", json.dumps(report, sort_keys=True).encode())
         output.publish(os.path.join(attempt, INDEX_COLUMNS), f"{part}/{INDEX_COLUMNS}")
         output.publish(os.path.join(attempt, INDEX_JSON), f"{part}/{INDEX_JSON}")  # the commit marker, last

@@ -1,10 +1,10 @@
 """One corpus input made ready for a shard: read, validated, and (when asked, or for a segment) encoded.
 
-:func:`prepare` runs in :func:`shardio.packing.pack.pack`'s worker threads, so everything here is a plain function
-of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
-(:func:`shardio.reading.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are kept
-unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the recording
-and encoded as FLAC (or WAV), with integer PCM kept exact.
+:func:`prepare` runs in :func:`shardio.packing.pack.pack`'s worker threads, so everything here is a plain
+function of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
+(:func:`shardio.reading.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are
+kept unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the
+recording and encoded as FLAC (or WAV), with integer PCM kept exact.
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ from .truncation import truncation_problem
 
 __all__ = ["Prepared", "Task", "prepare"]
 
-_CONTAINERS = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "ogg": ("OGG",), "oga": ("OGG",),
-               "opus": ("OGG",), "mp3": ("MP3",)}
+_CONTAINERS = {
+    "wav": ("WAV", "WAVEX", "RF64"),
+    "flac": ("FLAC",),
+    "ogg": ("OGG",),
+    "oga": ("OGG",),
+    "opus": ("OGG",),
+    "mp3": ("MP3",),
+}
 _INT16 = ("PCM_16", "PCM_S8", "PCM_U8", "ULAW", "ALAW")
 _WHOLE_TOLERANCE = 0.01  # seconds: a segment [0, d] this close to the recording's end is the whole file
 _END_TOLERANCE = 0.1  # seconds a segment may run past the recording's end (clipped), as Kaldi's often do
@@ -68,9 +74,13 @@ def prepare(task: Task) -> Prepared | InputProblem:
     source = task.source
     clash = BATCH_FIELDS.intersection(source.meta)
     if clash:
-        return InputProblem(source.where, task.key, f"the metadata field(s) {', '.join(map(repr, sorted(clash)))} "
-                            "have the name of a field shardio gives every batch "
-                            f"({', '.join(sorted(BATCH_FIELDS))}): rename them")
+        return InputProblem(
+            source.where,
+            task.key,
+            f"the metadata field(s) {', '.join(map(repr, sorted(clash)))} "
+            "have the name of a field shardio gives every batch "
+            f"({', '.join(sorted(BATCH_FIELDS))}): rename them",
+        )
     try:
         ext, data, frames, rate, channels = _load(source, task.transcode)
     except _Reject as exc:
@@ -81,9 +91,15 @@ def prepare(task: Task) -> Prepared | InputProblem:
     try:
         text = json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:  # NaN, infinity or a value JSON has no form for, from an importer
-        return InputProblem(source.where, task.key, f"the metadata cannot be written as JSON ({exc}); expected "
-                            "strings, finite numbers, booleans, null, lists and objects")
-    return Prepared(task.key, {ext: data, "json": text.encode("utf-8")}, ext, frames, rate, channels, len(data))
+        return InputProblem(
+            source.where,
+            task.key,
+            f"the metadata cannot be written as JSON ({exc}); expected "
+            "strings, finite numbers, booleans, null, lists and objects",
+        )
+    return Prepared(
+        task.key, {ext: data, "json": text.encode("utf-8")}, ext, frames, rate, channels, len(data)
+    )
 
 
 def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, int]:
@@ -92,6 +108,7 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
     data = _member_bytes(source) if source.member else b""
     if source.offset is not None:
         with contextlib.closing(io.BytesIO(data) if source.member else _opened(path)) as file:
+
             def opened() -> BinaryIO:
                 file.seek(0)
                 return file
@@ -99,7 +116,9 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
             info = _decoding(path, lambda: sf.info(opened()))
             start, stop = _segment_frames(source, info.frames, info.samplerate)
             if not (start == 0 and stop >= info.frames - round(_WHOLE_TOLERANCE * info.samplerate)):
-                audio, rate, subtype = _decoding(path, lambda: _read(opened(), source.ext, start, stop - start))
+                audio, rate, subtype = _decoding(
+                    path, lambda: _read(opened(), source.ext, start, stop - start)
+                )
                 target = transcode or "flac"
                 return target, _encode(audio, rate, subtype, target), len(audio), rate, audio.shape[1]
     if not source.member:
@@ -135,7 +154,8 @@ def _opened(path: str) -> BinaryIO:
 
 
 def _member_bytes(source: Source) -> bytes:
-    """The bytes of audio stored inside another file (see :mod:`shardio.integrations.importers.containers`)."""
+    """The bytes of audio stored inside another file (see
+    :mod:`shardio.integrations.importers.containers`)."""
     from ..integrations.importers.containers import read_member
 
     try:
@@ -164,10 +184,14 @@ def _check_magic(data: bytes, ext: str) -> None:
     elif data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
         found = "MP3"  # an ID3 tag or an MPEG frame sync
     else:
-        raise _Reject(f"the content is not {' or '.join(_CONTAINERS[ext])} audio (its first bytes are no audio "
-                      f"container's signature), as the extension .{ext} says")
+        raise _Reject(
+            f"the content is not {' or '.join(_CONTAINERS[ext])} audio (its first bytes are no audio "
+            f"container's signature), as the extension .{ext} says"
+        )
     if found not in _CONTAINERS[ext] and not (found == "MP3" and data[:3] == b"ID3" and ext == "flac"):
-        raise _Reject(f"the content is {found} audio, but the extension .{ext} says {' or '.join(_CONTAINERS[ext])}")
+        raise _Reject(
+            f"the content is {found} audio, but the extension .{ext} says {' or '.join(_CONTAINERS[ext])}"
+        )
 
 
 def _decoding(path: str, action: Callable[[], _T]) -> _T:
@@ -177,17 +201,28 @@ def _decoding(path: str, action: Callable[[], _T]) -> _T:
     except FileNotFoundError:
         raise _Reject("file not found") from None
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise _Reject(f"could not be decoded as audio ({getattr(exc, 'error_string', None) or exc})") from None
+        raise _Reject(
+            f"could not be decoded as audio ({getattr(exc, 'error_string', None) or exc})"
+        ) from None
 
 
 def _read(file: BinaryIO, ext: str, start: int, frames: int) -> tuple[np.ndarray, int, str]:
     """Decode ``frames`` frames from ``start`` (-1: to the end) as ``(frames, channels)`` and check them."""
     with sf.SoundFile(file) as sound:
         if sound.format not in _CONTAINERS[ext]:
-            raise _Reject(f"the content is {sound.format} audio, but the extension .{ext} says "
-                          f"{' or '.join(_CONTAINERS[ext])}")
-        dtype = "int16" if sound.subtype in _INT16 else "int32" if sound.subtype in ("PCM_24", "PCM_32") else \
-            "float64" if sound.subtype == "DOUBLE" else "float32"
+            raise _Reject(
+                f"the content is {sound.format} audio, but the extension .{ext} says "
+                f"{' or '.join(_CONTAINERS[ext])}"
+            )
+        dtype = (
+            "int16"
+            if sound.subtype in _INT16
+            else "int32"
+            if sound.subtype in ("PCM_24", "PCM_32")
+            else "float64"
+            if sound.subtype == "DOUBLE"
+            else "float32"
+        )
         if start:
             sound.seek(start)
         audio = sound.read(frames, dtype=dtype, always_2d=True)
@@ -195,8 +230,10 @@ def _read(file: BinaryIO, ext: str, start: int, frames: int) -> tuple[np.ndarray
     if audio.shape[0] == 0:
         raise _Reject("the audio has no samples (0 frames); expected at least one frame")
     if audio.dtype.kind == "f" and not np.isfinite(audio).all():
-        raise _Reject(f"the decoded audio holds {int((~np.isfinite(audio)).sum())} NaN or infinite sample(s); "
-                      "expected finite samples")
+        raise _Reject(
+            f"the decoded audio holds {int((~np.isfinite(audio)).sum())} NaN or infinite sample(s); "
+            "expected finite samples"
+        )
     return audio, rate, subtype
 
 
@@ -205,10 +242,14 @@ def _segment_frames(source: Source, total: int, rate: int) -> tuple[int, int]:
     start = round(offset * rate)
     stop = total if source.duration is None else start + round(source.duration * rate)
     if start >= total:
-        raise _Reject(f"the segment starts at {offset:.3f} s, at or past the end of the recording "
-                      f"({total / rate:.3f} s)")
+        raise _Reject(
+            f"the segment starts at {offset:.3f} s, at or past the end of the recording "
+            f"({total / rate:.3f} s)"
+        )
     if stop - total > round(_END_TOLERANCE * rate):
-        raise _Reject(f"the segment ends at {stop / rate:.3f} s, past the end of the recording ({total / rate:.3f} s)")
+        raise _Reject(
+            f"the segment ends at {stop / rate:.3f} s, past the end of the recording ({total / rate:.3f} s)"
+        )
     return start, min(stop, total)
 
 
@@ -233,10 +274,19 @@ def _encode(audio: np.ndarray, rate: int, subtype: str, target: str) -> bytes:
 
 
 def _float_wav(audio: np.ndarray, rate: int) -> bytes:
-    """A float32 WAV written here: libsndfile's has a PEAK chunk with a timestamp, which breaks determinism."""
+    """A float32 WAV written here: libsndfile's has a PEAK chunk with a timestamp,
+    which breaks determinism."""
     frames, channels = audio.shape
     data = np.ascontiguousarray(audio).tobytes()
     fmt = struct.pack("<HHIIHH", 3, channels, rate, rate * channels * 4, channels * 4, 32)
-    body = (b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, frames)
-            + b"data" + struct.pack("<I", len(data)) + data)
+    body = (
+        b"WAVEfmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"fact"
+        + struct.pack("<II", 4, frames)
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
+    )
     return b"RIFF" + struct.pack("<I", len(body)) + body

@@ -1,4 +1,5 @@
-"""Source: one corpus input, and the helpers the corpus readers share to make sources from manifest entries."""
+"""Source: one corpus input, and the helpers the corpus readers share to make sources
+from manifest entries."""
 
 from __future__ import annotations
 
@@ -13,9 +14,22 @@ from typing import Any, BinaryIO
 from ..errors import InputError, InputProblem
 from ..storage.localshard import NotRegular, kind, open_regular
 
-__all__ = ["AUDIO_EXTENSIONS", "KEY_COLUMNS", "NotJsonConstant", "NotRegularFile", "Problems", "Source", "manifest_text",
-           "not_regular", "open_regular_input", "read_regular_input", "refuse_constant", "resolve_path", "seconds_field",
-           "segment_keys"]
+__all__ = [
+    "AUDIO_EXTENSIONS",
+    "KEY_COLUMNS",
+    "NotJsonConstant",
+    "NotRegularFile",
+    "Problems",
+    "Source",
+    "manifest_text",
+    "not_regular",
+    "open_regular_input",
+    "read_regular_input",
+    "refuse_constant",
+    "resolve_path",
+    "seconds_field",
+    "segment_keys",
+]
 
 
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "oga", "mp3", "opus")
@@ -37,7 +51,8 @@ class Source:
     """Where the entry was listed (``train.jsonl:12``); empty for a file found in a folder."""
     member: str = ""
     """For audio stored inside ``audio_path`` (a Parquet or Arrow table, a tar): where in it, as
-    :func:`shardio.integrations.importers.containers.read_member` reads it; its name ends with the audio's extension."""
+    :func:`shardio.integrations.importers.containers.read_member` reads it; its name ends with
+    the audio's extension."""
     size: int | None = None
     """The audio's stored bytes, when an importer knows them without a file of their own (plan estimates)."""
 
@@ -59,31 +74,33 @@ Problems = list[InputProblem]
 
 
 class NotRegularFile(OSError):
-    """A path that is not a regular file (a FIFO, a device, a socket, a directory): reading a FIFO blocks until
-    a writer comes, and ``/dev/zero`` never ends, so an input must be a regular file. ``strerror`` says what
-    the path is."""
+    """A path that is not a regular file (a FIFO, a device, a socket, a directory): reading a FIFO blocks
+    until a writer comes, and ``/dev/zero`` never ends, so an input must be a regular file. ``strerror`` says
+    what the path is."""
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
 
 
 def not_regular(mode: int) -> str | None:
-    """Why a file of ``mode`` (``st_mode``) cannot be read as an input (``it is a FIFO, ...``), or None when it
-    is a regular file."""
+    """Why a file of ``mode`` (``st_mode``) cannot be read as an input (``it is a FIFO, ...``), or None when
+    it is a regular file."""
     if stat.S_ISREG(mode):
         return None
     return f"it is {kind(mode)}, not a regular file: reading it could block or never end"
 
 
 def open_regular_input(path: str | os.PathLike[str]) -> BinaryIO:
-    """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for anything
-    else (:func:`shardio.storage.localshard.open_regular`: a device is not opened, a FIFO not read)."""
+    """The regular file at ``path`` (symlinks followed) opened for reading; :class:`NotRegularFile` for
+    anything else (:func:`shardio.storage.localshard.open_regular`: a device is not
+    opened, a FIFO not read)."""
     name = os.fspath(path)
     try:
         fd, _ = open_regular(name)
     except NotRegular as exc:
-        raise NotRegularFile(0, f"it is {exc}, not a regular file: reading it could block or never end",
-                             name) from None
+        raise NotRegularFile(
+            0, f"it is {exc}, not a regular file: reading it could block or never end", name
+        ) from None
     return os.fdopen(fd, "rb")
 
 
@@ -99,23 +116,37 @@ def manifest_text(path: Path, encoding: str) -> str:
     try:
         data = read_regular_input(path)
     except NotRegularFile as exc:
-        raise InputError([InputProblem(str(path), "", f"cannot read the manifest: {exc.strerror}; expected a "
-                                       "manifest file")]) from None
+        raise InputError(
+            [
+                InputProblem(
+                    str(path), "", f"cannot read the manifest: {exc.strerror}; expected a manifest file"
+                )
+            ]
+        ) from None
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError([InputProblem(f"{path}:{line}", "", f"byte {exc.start} of the file is not UTF-8 "
-                                       f"({exc.reason}); expected a UTF-8 text manifest")]) from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(
+            [
+                InputProblem(
+                    f"{path}:{line}",
+                    "",
+                    f"byte {exc.start} of the file is not UTF-8 "
+                    f"({exc.reason}); expected a UTF-8 text manifest",
+                )
+            ]
+        ) from None
 
 
 class NotJsonConstant(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity`` in a manifest line: Python's JSON reader takes them, JSON does not."""
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a manifest line: Python's JSON reader
+    takes them, JSON does not."""
 
 
 def refuse_constant(name: str) -> Any:
-    """``json.loads``' ``parse_constant`` hook: :class:`NotJsonConstant`, since metadata must stay JSON for every
-    reader."""
+    """``json.loads``' ``parse_constant`` hook: :class:`NotJsonConstant`, since metadata must stay JSON for
+    every reader."""
     raise NotJsonConstant(f"{name} is not a JSON value; expected a finite number, or null")
 
 

@@ -36,19 +36,38 @@ def _table_layout(table: Path, first_line: str) -> tuple[str, bool]:
         if any(name in PATH_COLUMNS for name in header):
             return delimiter, True
     fields = first_line.split("|")
-    if 2 <= len(fields) <= 3 and any((table.parent / "wavs" / f"{fields[0]}.{e}").exists() for e in AUDIO_EXTENSIONS):
+    if 2 <= len(fields) <= 3 and any(
+        (table.parent / "wavs" / f"{fields[0]}.{e}").exists() for e in AUDIO_EXTENSIONS
+    ):
         return "|", False  # LJSpeech's headerless id|text|normalized
-    raise InputError([InputProblem(str(table), "", "the first line is not a header naming the audio path column "
-                                   f"(expected one of {', '.join(PATH_COLUMNS)}; delimiters tried: tab | , ;)")])
+    raise InputError(
+        [
+            InputProblem(
+                str(table),
+                "",
+                "the first line is not a header naming the audio path column "
+                f"(expected one of {', '.join(PATH_COLUMNS)}; delimiters tried: tab | , ;)",
+            )
+        ]
+    )
 
 
 def _unique_columns(table: Path, header: list[str], lowered: list[str]) -> None:
-    """Refuse a header naming a column twice (any case): one column's values would replace the other's unseen."""
+    """Refuse a header naming a column twice (any case): one column's values would
+    replace the other's unseen."""
     twice = sorted({name for i, name in enumerate(header) if lowered.index(name.lower()) != i})
     if twice:
-        raise InputError([InputProblem(f"{table}:1", "", f"the header names the column(s) "
-                                       f"{', '.join(map(repr, twice))} twice; expected each column once (one "
-                                       "column's values would replace the other's)")])
+        raise InputError(
+            [
+                InputProblem(
+                    f"{table}:1",
+                    "",
+                    f"the header names the column(s) "
+                    f"{', '.join(map(repr, twice))} twice; expected each column once (one "
+                    "column's values would replace the other's)",
+                )
+            ]
+        )
 
 
 def table_sources(table: Path, problems: Problems, left_out: Counter[str]) -> Iterator[Source]:
@@ -72,21 +91,43 @@ def table_sources(table: Path, problems: Problems, left_out: Counter[str]) -> It
                 continue
             if not has_header:
                 row = row + [""] * (3 - len(row))
-                audio = next((f"wavs/{row[0]}.{e}" for e in AUDIO_EXTENSIONS
-                              if (table.parent / "wavs" / f"{row[0]}.{e}").exists()), f"wavs/{row[0]}.wav")
+                audio = next(
+                    (
+                        f"wavs/{row[0]}.{e}"
+                        for e in AUDIO_EXTENSIONS
+                        if (table.parent / "wavs" / f"{row[0]}.{e}").exists()
+                    ),
+                    f"wavs/{row[0]}.wav",
+                )
                 meta = {"text": row[2] or row[1], "raw_text": row[1]}
-                entries.append((resolve_path(table.parent, audio), {"where": where, "stem": row[0], "key": row[0],
-                                "offset": None, "duration": None, "meta": meta}))
+                entries.append(
+                    (
+                        resolve_path(table.parent, audio),
+                        {
+                            "where": where,
+                            "stem": row[0],
+                            "key": row[0],
+                            "offset": None,
+                            "duration": None,
+                            "meta": meta,
+                        },
+                    )
+                )
                 continue
             if len(row) != len(header):
                 problems.append(InputProblem(where, "", f"{len(row)} fields, the header has {len(header)}"))
                 continue
             audio = row[path_column].strip() if path_column is not None else ""
             if not audio:
-                problems.append(InputProblem(where, "", f"empty audio path in column {header[path_column or 0]!r}"))
+                problems.append(
+                    InputProblem(where, "", f"empty audio path in column {header[path_column or 0]!r}")
+                )
                 continue
-            record = {name: value for i, (name, value) in enumerate(zip(header, row))
-                      if i not in (path_column, text_column, key_column)}
+            record = {
+                name: value
+                for i, (name, value) in enumerate(zip(header, row))
+                if i not in (path_column, text_column, key_column)
+            }
             try:
                 offset = seconds_field(record.pop("offset", None), "offset")
                 duration = seconds_field(record.pop("duration", None), "duration")
@@ -94,12 +135,23 @@ def table_sources(table: Path, problems: Problems, left_out: Counter[str]) -> It
                 problems.append(InputProblem(where, "", str(exc)))
                 continue
             meta = ({"text": row[text_column]} if text_column is not None else {}) | record
-            entry: dict[str, Any] = {"where": where, "stem": Path(audio).stem, "offset": offset,
-                                     "duration": duration if offset is not None else None, "meta": meta}
+            entry: dict[str, Any] = {
+                "where": where,
+                "stem": Path(audio).stem,
+                "offset": offset,
+                "duration": duration if offset is not None else None,
+                "meta": meta,
+            }
             if key_column is not None and row[key_column].strip():
                 entry["key"] = row[key_column].strip()
             entries.append((resolve_path(table.parent, audio), entry))
     segment_keys(entries)
     for path, entry in entries:
-        yield Source(key=entry.get("key", entry["stem"]), audio_path=path, offset=entry["offset"],
-                     duration=entry["duration"], meta=entry["meta"], origin=entry["where"])
+        yield Source(
+            key=entry.get("key", entry["stem"]),
+            audio_path=path,
+            offset=entry["offset"],
+            duration=entry["duration"],
+            meta=entry["meta"],
+            origin=entry["where"],
+        )

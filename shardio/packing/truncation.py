@@ -45,7 +45,7 @@ def _wav(view: memoryview) -> str | None:
     ds64_data: int | None = None  # RF64/BW64: the data chunk's 64-bit size, from the ds64 chunk
     position = 12
     while position + 8 <= len(view):
-        name = bytes(view[position:position + 4])
+        name = bytes(view[position : position + 4])
         (size,) = struct.unpack_from("<I", view, position + 4)
         if wide and name == b"ds64" and size >= 16 and position + 24 <= len(view):
             (ds64_data,) = struct.unpack_from("<Q", view, position + 16)
@@ -58,9 +58,11 @@ def _wav(view: memoryview) -> str | None:
             elif size == _STREAMING:
                 return None
             if size > held:
-                return (f"truncated: the {'RF64 ds64' if wide else 'WAV data'} chunk claims {size} bytes of "
-                        f"samples, the file holds {held} after the data chunk header (an interrupted download "
-                        "or copy?)")
+                return (
+                    f"truncated: the {'RF64 ds64' if wide else 'WAV data'} chunk claims {size} bytes of "
+                    f"samples, the file holds {held} after the data chunk header (an interrupted download "
+                    "or copy?)"
+                )
             return None
         position += 8 + size + (size & 1)
     return None
@@ -69,7 +71,9 @@ def _wav(view: memoryview) -> str | None:
 def _mp3(view: memoryview, decoded_frames: int | None) -> str | None:
     start = 0
     if bytes(view[:3]) == b"ID3" and len(view) >= 10:  # ID3v2: a syncsafe size after a 10-byte header
-        start = 10 + ((view[6] & 0x7F) << 21 | (view[7] & 0x7F) << 14 | (view[8] & 0x7F) << 7 | (view[9] & 0x7F))
+        start = 10 + (
+            (view[6] & 0x7F) << 21 | (view[7] & 0x7F) << 14 | (view[8] & 0x7F) << 7 | (view[9] & 0x7F)
+        )
         start += 10 if view[5] & 0x10 else 0  # a footer
     if start + 4 > len(view) or view[start] != 0xFF or view[start + 1] & 0xE0 != 0xE0:
         return None
@@ -79,7 +83,7 @@ def _mp3(view: memoryview, decoded_frames: int | None) -> str | None:
     mono = (view[start + 3] >> 6) == 3
     side = (17 if mono else 32) if version == 3 else (9 if mono else 17)
     tag = start + 4 + side
-    if bytes(view[tag:tag + 4]) not in (b"Xing", b"Info") or tag + 16 > len(view):
+    if bytes(view[tag : tag + 4]) not in (b"Xing", b"Info") or tag + 16 > len(view):
         return None
     (flags,) = struct.unpack_from(">I", view, tag + 4)
     fields, position = {}, tag + 8
@@ -89,29 +93,35 @@ def _mp3(view: memoryview, decoded_frames: int | None) -> str | None:
             position += 4
     held = len(view) - start - (128 if bytes(view[-128:-125]) == b"TAG" else 0)
     if "bytes" in fields and fields["bytes"] > held:
-        return (f"truncated: the MP3's {bytes(view[tag:tag + 4]).decode()} header claims {fields['bytes']} bytes "
-                f"of frames, the file holds {held} (an interrupted download or copy?)")
+        return (
+            f"truncated: the MP3's {bytes(view[tag : tag + 4]).decode()} header claims {fields['bytes']} "
+            f"bytes of frames, the file holds {held} (an interrupted download or copy?)"
+        )
     if "frames" in fields and decoded_frames is not None:
         per_frame = 1152 if version == 3 else 576
         claimed = fields["frames"] * per_frame
         if decoded_frames < claimed - _SLACK_FRAMES * per_frame:
-            return (f"truncated: the MP3's header claims {fields['frames']} MPEG frames (about {claimed} samples), "
-                    f"only {decoded_frames} samples decode (an interrupted download or copy?)")
+            return (
+                f"truncated: the MP3's header claims {fields['frames']} MPEG frames (about {claimed} "
+                f"samples), only {decoded_frames} samples decode (an interrupted download or copy?)"
+            )
     return None
 
 
 def _ogg(view: memoryview) -> str | None:
     position = 0
     while position < len(view):
-        if bytes(view[position:position + 4]) != b"OggS":
+        if bytes(view[position : position + 4]) != b"OggS":
             return None  # not a page (trailing bytes of another kind): nothing this check can say
         segments = view[position + 26] if position + 27 <= len(view) else None
         if segments is not None and position + 27 + segments <= len(view):
-            size = 27 + segments + sum(view[position + 27:position + 27 + segments])
+            size = 27 + segments + sum(view[position + 27 : position + 27 + segments])
         else:
             size = 27 + (segments or 0)
         if position + size > len(view):
-            return (f"truncated: the Ogg page at byte {position} is cut short (it needs at least {size} bytes, the "
-                    f"file holds {len(view) - position} from there; an interrupted download or copy?)")
+            return (
+                f"truncated: the Ogg page at byte {position} is cut short (it needs at least {size} bytes, "
+                f"the file holds {len(view) - position} from there; an interrupted download or copy?)"
+            )
         position += size
     return None

@@ -35,8 +35,13 @@ logger = logging.getLogger(__name__)
 _MAX_PER_SHARD = 20
 
 
-def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
-                   allow_outside_root: bool = False, progress: bool = True) -> list[str]:
+def verify_dataset(
+    directory: str | os.PathLike[str],
+    decode: bool = False,
+    *,
+    allow_outside_root: bool = False,
+    progress: bool = True,
+) -> list[str]:
     """Every problem found in the dataset at ``directory``, one line each; empty when it is sound.
     ``allow_outside_root`` is :meth:`Index.load`'s (for a trusted index whose shards live elsewhere);
     ``progress``: a tqdm bar of the shard bytes checked, on stderr. A local ``directory`` (or ``index.json``)
@@ -47,10 +52,15 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
         directory = directory.removeprefix("file://").removeprefix("localhost")  # as Index.load reads it
     if not is_url(os.fspath(directory)) and not os.path.exists(directory):
         raise OptionError(f"{directory}: no such dataset directory or index file")
-    if not is_url(os.fspath(directory)) and not os.path.isdir(directory) and \
-            os.path.basename(os.fspath(directory)) != "index.json":
-        raise OptionError(f"{directory}: a file, not a dataset directory; expected a directory holding "
-                          "index.json, or that index.json")
+    if (
+        not is_url(os.fspath(directory))
+        and not os.path.isdir(directory)
+        and os.path.basename(os.fspath(directory)) != "index.json"
+    ):
+        raise OptionError(
+            f"{directory}: a file, not a dataset directory; expected a directory holding "
+            "index.json, or that index.json"
+        )
     try:
         index = Index.load(directory, allow_outside_root=allow_outside_root)
     except ShardioError as exc:
@@ -59,14 +69,22 @@ def verify_dataset(directory: str | os.PathLike[str], decode: bool = False, *,
     reader = Reader(index)
     by_shard = np.argsort(index.columns["shard"], kind="stable")
     bounds = np.searchsorted(index.columns["shard"][by_shard], np.arange(len(index.shards) + 1))
-    bar = tqdm(total=sum(shard.bytes for shard in index.shards), disable=not progress, file=sys.stderr, unit="B",
-               unit_scale=True, desc="verify")
+    bar = tqdm(
+        total=sum(shard.bytes for shard in index.shards),
+        disable=not progress,
+        file=sys.stderr,
+        unit="B",
+        unit_scale=True,
+        desc="verify",
+    )
     try:
         for number, shard in enumerate(index.shards):
-            rows = by_shard[bounds[number]:bounds[number + 1]]
+            rows = by_shard[bounds[number] : bounds[number + 1]]
             found = list(_verify_shard(index, reader, number, rows, decode))
             if len(found) > _MAX_PER_SHARD:
-                found = found[:_MAX_PER_SHARD] + [f"{shard.name}: ... and {len(found) - _MAX_PER_SHARD} more problems"]
+                found = found[:_MAX_PER_SHARD] + [
+                    f"{shard.name}: ... and {len(found) - _MAX_PER_SHARD} more problems"
+                ]
             problems += found
             logger.info("verified %s: %s", shard.name, "ok" if not found else f"{len(found)} problems")
             bar.update(shard.bytes)
@@ -92,7 +110,9 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
     shard = index.shards[number]
     path = index.shard_path(number)
     try:
-        if is_url(path):  # retried as the loader's reads are; a server's error is a ReadError naming its status
+        if is_url(
+            path
+        ):  # retried as the loader's reads are; a server's error is a ReadError naming its status
             options, retry = index.shard_options(number), RetryPolicy()
             size = retrying(lambda: file_size(path, options), path, retry)
             digest = retrying(lambda: _sha256(open_input(path, options), size), path, retry)
@@ -115,8 +135,10 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
     if digest != shard.sha256:
         yield f"{shard.name}: SHA-256 {digest}, the index says {shard.sha256}"
     if size != shard.bytes:
-        yield f"{shard.name}: {size} bytes, the index says {shard.bytes} (truncated or replaced); its samples " \
-              "were not checked"
+        yield (
+            f"{shard.name}: {size} bytes, the index says {shard.bytes} (truncated or replaced); its samples "
+            "were not checked"
+        )
         return
     for row in rows:
         yield from _check_sample(index, reader, int(row), decode)
@@ -146,9 +168,14 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     truncated = truncation_problem(members[audio_ext], audio_ext, audio.shape[1])
     if truncated is not None:
         yield f"{where}: {truncated}"
-    expected = (int(index.columns["num_frames"][row]), int(index.columns["sample_rate"][row]),
-                int(index.columns["channels"][row]))
+    expected = (
+        int(index.columns["num_frames"][row]),
+        int(index.columns["sample_rate"][row]),
+        int(index.columns["channels"][row]),
+    )
     actual = (audio.shape[1], rate, audio.shape[0])
     if actual != expected:
-        yield f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index says " \
-              f"{expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"
+        yield (
+            f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index "
+            f"says {expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"
+        )

@@ -1,4 +1,5 @@
-"""Where a ``.tar.zst`` shard's zstd frames lie, and whether its samples can be read frame by frame (codec ``zstd``)."""
+"""Where a ``.tar.zst`` shard's zstd frames lie, and whether its samples can be read frame by
+frame (codec ``zstd``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ _SEEKABLE_FRAME = 4 << 20
 
 
 def zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
-    """``(compressed offset, compressed size, decompressed size)`` of each zstd frame, or None when a frame does
-    not record its decompressed size (then the shard can only be read as a stream)."""
+    """``(compressed offset, compressed size, decompressed size)`` of each zstd frame, or None when a frame
+    does not record its decompressed size (then the shard can only be read as a stream)."""
     frames: list[tuple[int, int, int]] = []
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -51,8 +52,9 @@ def zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
     return frames
 
 
-def seekable_frames(frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]
-                    ) -> list[tuple[int, int, int]] | None:
+def seekable_frames(
+    frames: list[tuple[int, int, int]], spans: list[tuple[int, int]]
+) -> list[tuple[int, int, int]] | None:
     """Per sample ``(frame offset, frame size, offset in the frame)`` when every sample lies in one frame and
     frames are small (one sample, or at most ``_SEEKABLE_FRAME`` bytes): a whole-shard frame is no index."""
     placed: list[tuple[int, int, int]] = []

@@ -82,7 +82,9 @@ class EpochSize:
     def __post_init__(self) -> None:
         given = [name for name in ("primary", "hours", "batches") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise OptionError(f"EpochSize needs exactly one of primary, hours or batches, got {given or 'none'}")
+            raise OptionError(
+                f"EpochSize needs exactly one of primary, hours or batches, got {given or 'none'}"
+            )
         if self.primary is not None and not isinstance(self.primary, str):
             raise OptionError(f"EpochSize primary must be a corpus name, not {shown(self.primary)}")
         if self.hours is not None:
@@ -114,26 +116,35 @@ class Mix:
 
     def __post_init__(self) -> None:
         if not isinstance(self.weights, Mapping):
-            raise OptionError(f"weights must map each corpus name to a positive number, not {shown(self.weights)}")
+            raise OptionError(
+                f"weights must map each corpus name to a positive number, not {shown(self.weights)}"
+            )
         bad = {k: v for k, v in dict(self.weights).items() if not _positive(v)}
         if not self.weights or bad:
-            raise OptionError(f"weights must map each corpus name to a positive number, got "
-                              f"{shown(dict(self.weights))}")
+            raise OptionError(
+                f"weights must map each corpus name to a positive number, got {shown(dict(self.weights))}"
+            )
         if not math.isfinite(float(sum(float(v) for v in self.weights.values()))):
             raise OptionError(f"weights must sum to a finite number, got {shown(dict(self.weights))}")
         if not isinstance(self.epoch_size, EpochSize):
             raise OptionError(f"epoch_size must be a shardio.EpochSize, not {shown(self.epoch_size)}")
         if not isinstance(self.weight_by, str) or self.weight_by not in ("duration", "samples"):
             raise OptionError(f"weight_by must be 'duration' or 'samples', not {shown(self.weight_by)}")
-        object.__setattr__(self, "single_corpus_batches", flag("single_corpus_batches", self.single_corpus_batches))
+        object.__setattr__(
+            self, "single_corpus_batches", flag("single_corpus_batches", self.single_corpus_batches)
+        )
         primary = self.epoch_size.primary
         if primary is not None and primary not in self.weights:
-            raise OptionError(f"EpochSize primary {primary!r} is not one of the corpora {sorted(self.weights)}")
+            raise OptionError(
+                f"EpochSize primary {primary!r} is not one of the corpora {sorted(self.weights)}"
+            )
         total = float(sum(self.weights.values()))
         if isinstance(self.weights, _RecordedWeights):  # already normalised: normalising again moves them
             if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
-                raise OptionError(f"recorded weights must be normalised (summing to 1), not "
-                                  f"{shown(dict(self.weights))} (sum {total!r})")
+                raise OptionError(
+                    f"recorded weights must be normalised (summing to 1), not "
+                    f"{shown(dict(self.weights))} (sum {total!r})"
+                )
             total = 1.0
         object.__setattr__(self, "weights", {k: float(self.weights[k]) / total for k in sorted(self.weights)})
 
@@ -145,5 +156,9 @@ class Mix:
     def options(self) -> dict[str, Any]:
         """The mix options as a JSON-ready dict (a loader state records them)."""
         size = {k: v for k, v in vars(self.epoch_size).items() if v is not None}
-        return {"weights": dict(self.weights), "epoch_size": size, "weight_by": self.weight_by,
-                "single_corpus_batches": self.single_corpus_batches}
+        return {
+            "weights": dict(self.weights),
+            "epoch_size": size,
+            "weight_by": self.weight_by,
+            "single_corpus_batches": self.single_corpus_batches,
+        }

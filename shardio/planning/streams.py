@@ -25,8 +25,17 @@ from ..errors import OptionError, StateError
 from .options import Ordering
 from .order import MIX, window_order
 
-__all__ = ["Stream", "expand", "ranges_of", "as_ranges", "join_ranges", "stream_samples", "corpus_key",
-           "merge_places", "MAX_POSITION"]
+__all__ = [
+    "Stream",
+    "expand",
+    "ranges_of",
+    "as_ranges",
+    "join_ranges",
+    "stream_samples",
+    "corpus_key",
+    "merge_places",
+    "MAX_POSITION",
+]
 
 MAX_POSITION = 2**63 - 1
 """Stream positions are int64: the last position any epoch may play."""
@@ -38,10 +47,16 @@ def expand(ranges: Sequence[Sequence[int]]) -> np.ndarray:
     """The positions of ``ranges`` in order, with a :class:`StateError` for a malformed range."""
     parts = []
     for item in ranges:
-        if (not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item)
-                or not 0 <= item[0] < item[1]):
-            raise StateError(f"malformed loader state: a stream range must be [start, stop] integers with "
-                             f"0 <= start < stop, not {item!r}")
+        if (
+            not isinstance(item, (list, tuple))
+            or len(item) != 2
+            or any(type(v) is not int for v in item)
+            or not 0 <= item[0] < item[1]
+        ):
+            raise StateError(
+                f"malformed loader state: a stream range must be [start, stop] integers with "
+                f"0 <= start < stop, not {item!r}"
+            )
         parts.append(np.arange(item[0], item[1], dtype=np.int64))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -91,9 +106,11 @@ class Stream(NamedTuple):
         after = min(count, max(first + count - held, 0))  # the items past the pending positions
         shift = self.cursor + max(first - held, 0)  # the position of the first of them (Python ints: no wrap)
         if after and shift + after - 1 > MAX_POSITION:
-            raise OptionError(f"stream items {first} to {first + count - 1} reach position "
-                              f"{shift + after - 1}, "
-                              f"beyond the int64 positions a stream has ({MAX_POSITION})")
+            raise OptionError(
+                f"stream items {first} to {first + count - 1} reach position "
+                f"{shift + after - 1}, "
+                f"beyond the int64 positions a stream has ({MAX_POSITION})"
+            )
         if first >= held:
             return np.arange(count, dtype=np.int64) + np.int64(shift)
         items = np.arange(first, first + count, dtype=np.int64)
@@ -123,8 +140,14 @@ def corpus_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
-def stream_samples(columns: tuple[np.ndarray, np.ndarray, int], keep: np.ndarray, ordering: Ordering, seed: int,
-                   name: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stream_samples(
+    columns: tuple[np.ndarray, np.ndarray, int],
+    keep: np.ndarray,
+    ordering: Ordering,
+    seed: int,
+    name: str,
+    positions: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """The local sample ids at stream ``positions`` of corpus ``name`` (``keep``: its eligible samples), and
     their shard windows (numbered on across passes)."""
     shard_ids, _, num_shards = columns

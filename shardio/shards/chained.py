@@ -1,10 +1,11 @@
 """ChainedColumn: one index column of several corpora in global id order, read from each corpus's own column.
 
-A mix (:class:`shardio.datasets.mixed.MixIndex`) numbers samples ``offsets[c] + i`` over corpora ``c``. Concatenating the
-corpora's columns would give every process a private copy of all of them (34 bytes a sample); a chained column
-keeps the corpora's columns as they are (mapped read-only from their index files, shared through the page
-cache) and answers what readers ask of a column, a sample or a batch of samples, from the right corpus. Any other
-use (numpy functions, operators, slices) sees the concatenation, made for that use and then dropped.
+A mix (:class:`shardio.datasets.mixed.MixIndex`) numbers samples ``offsets[c] + i`` over corpora ``c``.
+Concatenating the corpora's columns would give every process a private copy of all of them (34 bytes a
+sample); a chained column keeps the corpora's columns as they are (mapped read-only from their index files,
+shared through the page cache) and answers what readers ask of a column, a sample or a batch of samples, from
+the right corpus. Any other use (numpy functions, operators, slices) sees the concatenation, made for
+that use and then dropped.
 """
 
 from __future__ import annotations
@@ -20,12 +21,24 @@ __all__ = ["ChainedColumn"]
 
 
 class ChainedColumn(NDArrayOperatorsMixin):
-    """Corpus ``c``'s column ``parts[c]`` holds global ids ``offsets[c]`` to ``offsets[c + 1] - 1``; its values
-    are shifted by ``shifts[c]`` (shard numbers) or mapped through ``tables[c]`` (format numbers), if given."""
+    """Corpus ``c``'s column ``parts[c]`` holds global ids ``offsets[c]`` to ``offsets[c + 1] - 1``; its
+    values are shifted by ``shifts[c]`` (shard numbers) or mapped through ``tables[c]``
+    (format numbers), if given."""
 
-    def __init__(self, parts: Sequence[np.ndarray], offsets: np.ndarray, dtype: Any, *,
-                 shifts: Sequence[int] | None = None, tables: Sequence[np.ndarray] | None = None) -> None:
-        self.parts, self.offsets, self.dtype = list(parts), np.asarray(offsets, dtype=np.int64), np.dtype(dtype)
+    def __init__(
+        self,
+        parts: Sequence[np.ndarray],
+        offsets: np.ndarray,
+        dtype: Any,
+        *,
+        shifts: Sequence[int] | None = None,
+        tables: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        self.parts, self.offsets, self.dtype = (
+            list(parts),
+            np.asarray(offsets, dtype=np.int64),
+            np.dtype(dtype),
+        )
         self.shifts, self.tables = shifts, tables
         self._starts = self.offsets.tolist()
 
@@ -75,8 +88,11 @@ class ChainedColumn(NDArrayOperatorsMixin):
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        whole = np.concatenate([self._lift(c, np.asarray(part)) for c, part in enumerate(self.parts)]) \
-            if self.parts else np.zeros(0, dtype=self.dtype)
+        whole = (
+            np.concatenate([self._lift(c, np.asarray(part)) for c, part in enumerate(self.parts)])
+            if self.parts
+            else np.zeros(0, dtype=self.dtype)
+        )
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,7 @@
 
 A columns file hashed once on a node leaves a marker under ``cache_dir()/verified`` naming its device, inode,
 size and times, so later loads on the node skip the hash; a remote index's columns file is fetched once into
-``cache_dir()`` (:func:`~shardio.storage.files.fetch_to_cache`). Each load touches the files it uses, and
+``cache_dir()`` (:func:`~shardio.storage.nodecache.fetch_to_cache`). Each load touches the files it uses, and
 :func:`prune` removes those unused for a while (what goes is made again when next needed: a marker by hashing,
 a columns file by fetching), with temporary files of fetches that died.
 """
@@ -18,8 +18,8 @@ from ..storage.files import cache_dir, open_output
 __all__ = ["SETTLED_S", "UNUSED_S", "mark_verified", "prune", "touch", "verified_marker"]
 
 SETTLED_S = 5.0
-"""A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it moves
-its modification time past any file system's timestamp granularity, so the marker no longer matches."""
+"""A file whose last change is this many seconds old when it is hashed gets a marker: a later change to it
+moves its modification time past any file system's timestamp granularity, so the marker no longer matches."""
 
 UNUSED_S = 7 * 86400.0
 """:func:`prune`'s default: index files untouched for a week go."""
@@ -63,8 +63,10 @@ def prune(unused_for: float = UNUSED_S, stale: float = 3600.0) -> int:
     fetches older than ``stale`` seconds; returns how many files went."""
     directory = cache_dir()
     now = time.time()
-    candidates = [(os.path.join(directory, "verified", name), unused_for)
-                  for name in _names(os.path.join(directory, "verified"))]
+    candidates = [
+        (os.path.join(directory, "verified", name), unused_for)
+        for name in _names(os.path.join(directory, "verified"))
+    ]
     for name in _names(directory):
         if name.startswith("index-") and name.endswith(".columns"):
             candidates.append((os.path.join(directory, name), unused_for))

@@ -16,11 +16,9 @@ An ``index.json`` is input like any other: it may come with a downloaded dataset
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import stat
-import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,10 +31,23 @@ from .metadata import check_size
 from .names import has_hidden
 from .shardtable import CODECS, ShardTable
 
-__all__ = ["COLUMNS_BYTES_PER_SAMPLE", "COLUMNS_OVERHEAD", "FRAMES_PER_BYTE", "check_columns_file",
-           "check_columns_size", "check_confined", "check_frames", "check_local_columns", "check_names",
-           "check_npz", "check_shard_name", "check_structure",
-           "columns_size_bound", "read_columns", "read_local_index"]
+__all__ = [
+    "COLUMNS_BYTES_PER_SAMPLE",
+    "COLUMNS_OVERHEAD",
+    "FRAMES_PER_BYTE",
+    "check_columns_file",
+    "check_columns_size",
+    "check_confined",
+    "check_frames",
+    "check_local_columns",
+    "check_names",
+    "check_shard_name",
+    "check_structure",
+    "columns_size_bound",
+    "read_columns",
+    "read_local_index",
+    "shown_name",
+]
 
 COLUMNS_OVERHEAD = 1 << 20
 """Bytes of ``index.npz`` allowed beyond the per-sample bound (array and zip headers)."""
@@ -54,7 +65,8 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # a colon alone is a file 
 _NAME_LIMIT = 4096
 
 
-def _shown(name: str) -> str:
+def shown_name(name: str) -> str:
+    """A name from an index for a message: its repr, cut at 200 characters."""
     return repr(name if len(name) <= 200 else name[:200] + "...")
 
 
@@ -80,11 +92,16 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
     elif "%" in name and escapes_root(name):  # an HTTP client decodes them, and leaves the root
         problem = "has percent-escapes that decode to '/', '\\', '.' or '..' path parts"
     if problem is not None:
-        hint = "" if problem.startswith(("is not", "has a URL", "contains")) else (
-            "; shard names must be plain relative paths under the dataset root (load it with "
-            "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really spans "
-            "directories)")
-        raise FormatError(f"{where}: shard name {_shown(name)} {problem}{hint}")
+        hint = (
+            ""
+            if problem.startswith(("is not", "has a URL", "contains"))
+            else (
+                "; shard names must be plain relative paths under the dataset root (load it with "
+                "allow_outside_root=True, or --allow-outside-root, if you trust this dataset and it really "
+                "spans directories)"
+            )
+        )
+        raise FormatError(f"{where}: shard name {shown_name(name)} {problem}{hint}")
 
 
 def check_confined(root: str, names: list[str], where: str) -> None:
@@ -101,18 +118,29 @@ def check_confined(root: str, names: list[str], where: str) -> None:
             continue
         resolved = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([base, resolved]) != base:
-            raise FormatError(f"{where}: shard {_shown(name)} resolves (through a symbolic link) to a file "
-                              "outside the dataset root; load it with allow_outside_root=True if you trust "
-                              "this dataset")
+            raise FormatError(
+                f"{where}: shard {shown_name(name)} resolves (through a symbolic link) to a file "
+                "outside the dataset root; load it with allow_outside_root=True if you trust "
+                "this dataset"
+            )
 
 
 def check_columns_file(name: object, where: str) -> str:
     """The ``columns_file`` of ``index.json``: a plain file name in the dataset root."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
-            or _SCHEME.match(name) or any(ord(ch) < 32 for ch in name) or len(name) > 255:
-        shown = _shown(name) if isinstance(name, str) else type(name).__name__
-        raise FormatError(f"{where}: 'columns_file' must be a plain file name in the dataset root, not "
-                          f"{shown}")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or _SCHEME.match(name)
+        or any(ord(ch) < 32 for ch in name)
+        or len(name) > 255
+    ):
+        shown = shown_name(name) if isinstance(name, str) else type(name).__name__
+        raise FormatError(
+            f"{where}: 'columns_file' must be a plain file name in the dataset root, not {shown}"
+        )
     return name
 
 
@@ -120,8 +148,10 @@ def columns_size_bound(samples: object, where: str, meta_bytes: object = None) -
     """The most bytes the columns file of an index of ``samples`` samples (the header's count) may have, with
     ``meta_bytes`` of per-sample metadata (the header's claim, itself bounded by the sample count)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 1 << 40:
-        raise FormatError(f"{where}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
-                          f"{samples if isinstance(samples, int) else ''}".rstrip())
+        raise FormatError(
+            f"{where}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
+            f"{samples if isinstance(samples, int) else ''}".rstrip()
+        )
     meta = 0 if meta_bytes is None else 8 * samples + check_size(samples, meta_bytes, where)
     return COLUMNS_OVERHEAD + samples * COLUMNS_BYTES_PER_SAMPLE + meta
 
@@ -134,8 +164,9 @@ def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
     except OSError:
         return  # the read reports it
     if _outside(root, path):
-        raise FormatError(f"{where}: the columns file resolves (through a symbolic link) to a file outside "
-                          "the dataset root")
+        raise FormatError(
+            f"{where}: the columns file resolves (through a symbolic link) to a file outside the dataset root"
+        )
     if not stat.S_ISREG(info.st_mode):
         raise FormatError(f"{where}: the columns file is not a regular file")
     check_columns_size(info.st_size, bound, where)
@@ -162,8 +193,9 @@ def _read_regular(root: str, path: str, expected: str, bound: int | None = None)
         raise FormatError(f"{path}: not a regular file ({exc}); expected {expected}") from None
     try:
         if _outside(root, path):
-            raise FormatError(f"{path}: resolves (through a symbolic link) to a file outside the dataset "
-                              "root")
+            raise FormatError(
+                f"{path}: resolves (through a symbolic link) to a file outside the dataset root"
+            )
         if bound is not None:
             check_columns_size(size, bound, path)
         with os.fdopen(fd, "rb", closefd=False) as handle:
@@ -175,47 +207,25 @@ def _read_regular(root: str, path: str, expected: str, bound: int | None = None)
 def check_columns_size(size: int, bound: int, where: str) -> None:
     """A columns file of ``size`` bytes, at most ``bound``."""
     if size > bound:
-        raise FormatError(f"{where}: the columns file has {size} bytes, more than the {bound} that the "
-                          "sample count in index.json allows")
+        raise FormatError(
+            f"{where}: the columns file has {size} bytes, more than the {bound} that the "
+            "sample count in index.json allows"
+        )
 
 
-def check_npz(archive: zipfile.ZipFile, where: str, limits: Mapping[str, int] | None = None,
-              basis: str = "") -> None:
-    """Every ``.npy`` member of a columns file holds as many bytes as its header's shape claims, and a member
-    named in ``limits`` claims at most that many bytes (what ``basis``, such as the header's sample count,
-    allows), so that numpy, which allocates the claimed array before reading, allocates no more than the file
-    holds and the index justifies. Only each member's first 64 KiB are decompressed here: a deflated member
-    may declare any size."""
-    limits = limits or {}
-    for info in archive.infolist():
-        try:
-            with archive.open(info) as member:
-                handle = io.BytesIO(member.read(1 << 16))  # an .npy header is at most a few KiB
-            version = np.lib.format.read_magic(handle)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(handle)
-            header = handle.tell()
-        except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a damaged archive
-            raise FormatError(f"{where}: member {_shown(info.filename)} is not a numpy array "
-                              f"({type(exc).__name__})") from None
-        claimed = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize if shape else 0
-        if dtype.hasobject or claimed > info.file_size - header:
-            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
-                              f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes")
-        limit = limits.get(info.filename)
-        if limit is not None and claimed > limit:
-            raise FormatError(f"{where}: member {_shown(info.filename)} claims an array of shape {shape} and "
-                              f"type {dtype} ({claimed} bytes), more than the {limit} bytes {basis}")
-
-
-def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: list[str], where: str,
-                 key: Callable[[int], str] = str) -> None:
+def check_frames(
+    columns: dict[str, np.ndarray],
+    formats: list[str],
+    shards: list[str],
+    where: str,
+    key: Callable[[int], str] = str,
+) -> None:
     """Every sample's ``num_frames * channels`` at most :data:`FRAMES_PER_BYTE` (by format) times its member
     size, so that no batch is sized beyond what the bytes can hold. ``key(sample)`` names a sample."""
     num_frames, channels, member_size = columns["num_frames"], columns["channels"], columns["member_size"]
-    ratios = np.array([FRAMES_PER_BYTE.get(name, COMPRESSED_FRAMES_PER_BYTE) for name in formats] or [1],
-                      np.uint64)
+    ratios = np.array(
+        [FRAMES_PER_BYTE.get(name, COMPRESSED_FRAMES_PER_BYTE) for name in formats] or [1], np.uint64
+    )
     claimed = num_frames.astype(np.uint64) * np.maximum(channels, 1).astype(np.uint64)
     allowed = member_size.astype(np.uint64) * ratios[np.minimum(columns["format"], len(ratios) - 1)]
     bad = np.flatnonzero(claimed > allowed)
@@ -223,12 +233,14 @@ def check_frames(columns: dict[str, np.ndarray], formats: list[str], shards: lis
         first = int(bad[0])
         shard = shards[int(columns["shard"][first])]
         try:
-            name = _shown(key(first))
+            name = shown_name(key(first))
         except FormatError:  # the keys cannot be read either
             name = str(first)
-        raise FormatError(f"{where}: sample {name} (shard {_shown(shard)}; {bad.size - 1} more like it) "
-                          f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
-                          f"member of {int(member_size[first])} bytes, more than its format can hold")
+        raise FormatError(
+            f"{where}: sample {name} (shard {shown_name(shard)}; {bad.size - 1} more like it) "
+            f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
+            f"member of {int(member_size[first])} bytes, more than its format can hold"
+        )
 
 
 def read_columns(root: str, path: str, bound: int, storage_options: dict[str, Any] | None) -> bytes:
@@ -255,19 +267,29 @@ def check_names(root: str, names: list[str], where: str, allow_outside_root: boo
         check_confined(root, names, where)
 
 
-def check_structure(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, type], formats: list[str],
-                    table: ShardTable, where: str) -> None:
-    """The index's structure: every column of ``dtypes`` with its dtype and one entry a sample, shard and format
-    numbers within the shard table and ``formats``, known codecs, and each shard's sample count as the table says."""
+def check_structure(
+    columns: Mapping[str, np.ndarray],
+    dtypes: Mapping[str, type],
+    formats: list[str],
+    table: ShardTable,
+    where: str,
+) -> None:
+    """The index's structure: every column of ``dtypes`` with its dtype and one entry a sample, shard and
+    format numbers within the shard table and ``formats``, known codecs, and each shard's sample
+    count as the table says."""
     n = int(columns["shard"].shape[0])
     for name, dtype in dtypes.items():
         column = columns[name]
         if column.dtype != np.dtype(dtype) or column.shape != (n,):
-            raise FormatError(f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
-                              f"expected {np.dtype(dtype)} and ({n},)")
+            raise FormatError(
+                f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
+                f"expected {np.dtype(dtype)} and ({n},)"
+            )
     if n and int(columns["shard"].max()) >= len(table):
-        raise FormatError(f"{where}: a sample names shard {int(columns['shard'].max())}, "
-                          f"but the index lists {len(table)} shards")
+        raise FormatError(
+            f"{where}: a sample names shard {int(columns['shard'].max())}, "
+            f"but the index lists {len(table)} shards"
+        )
     if n and int(columns["format"].max()) >= len(formats):
         raise FormatError(f"{where}: a sample names an audio format the index does not list")
     if len(table) and int(table.codecs.max()) >= len(CODECS):
@@ -276,5 +298,7 @@ def check_structure(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, type
     wrong = np.flatnonzero(counts != table.samples)
     if wrong.size:
         number = int(wrong[0])
-        raise FormatError(f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
-                          f"the columns hold {counts[number]}")
+        raise FormatError(
+            f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
+            f"the columns hold {counts[number]}"
+        )

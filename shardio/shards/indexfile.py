@@ -4,17 +4,18 @@ Layout: a 64-byte header (``MAGIC``, then the SHA-256 of everything after the he
 per column of :data:`~shardio.shards.index.COLUMNS` in that order, then the keys' end offsets (``uint64``) and
 the keys' UTF-8 blob, and, only in an index with per-sample metadata (``meta_bytes`` in ``index.json``),
 the metadata's end offsets and JSON blob (:mod:`shardio.shards.metadata`). Every section is little-endian,
-uncompressed and starts at a multiple of :data:`ALIGN` bytes, so its place follows from the sample count and the blob's size alone (both in
-``index.json``) and each column is a ``numpy`` view of one shared memory map: the page cache holds one
-copy however many processes on the node read it, and a process's private memory does not grow with it.
+uncompressed and starts at a multiple of :data:`ALIGN` bytes, so its place follows from the sample count and
+the blob's size alone (both in ``index.json``) and each column is a ``numpy`` view of one shared memory map:
+the page cache holds one copy however many processes on the node read it, and a process's private
+memory does not grow with it.
 
 Integrity, in two strengths. Every time the file is mapped (every process, every worker) its size must be
 the one the layout gives and its header must carry the digest ``index.json`` records: a columns file of
 another index, or a truncated one, is refused with :class:`FormatError` for the cost of one 64-byte read.
 :meth:`ColumnsFile.verify` hashes the whole content against that digest; :meth:`Index.load
-<shardio.shards.index.Index.load>` does it in the process that loads the index, never in DataLoader workers (which
-receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node: a
-file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
+<shardio.shards.index.Index.load>` does it in the process that loads the index, never in DataLoader workers
+(which receive the mapped file by reference, see :meth:`ColumnsFile.__reduce__`), and once per file per node:
+a file that matched leaves a marker in the node cache naming its device, inode, size and times (only when its
 last change is a few seconds old, so that any later change shows in its times), and the same file is not
 hashed again (markers: :mod:`shardio.shards.indexcache`).
 """
@@ -22,7 +23,6 @@ hashed again (markers: :mod:`shardio.shards.indexcache`).
 from __future__ import annotations
 
 import hashlib
-import io
 import mmap
 import os
 from collections.abc import Mapping
@@ -31,12 +31,24 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, ReadError
-from ..storage.files import fetch_to_cache, is_url
-from . import indexcache, indexchecks
+from ..storage.files import is_url
+from ..storage.nodecache import fetch_to_cache
+from . import indexcache
+from .indexnpz import read_format1
 from .keys import Keys
 from .metadata import Metadata, check_size
 
-__all__ = ["ALIGN", "MAGIC", "ColumnsFile", "Unreadable", "columns_bytes", "encode", "layout", "map_columns", "read_format1"]
+__all__ = [
+    "ALIGN",
+    "MAGIC",
+    "ColumnsFile",
+    "Unreadable",
+    "columns_bytes",
+    "encode",
+    "layout",
+    "map_columns",
+    "read_format1",
+]
 
 MAGIC = b"SHARDIO-COLUMNS2"
 HEADER = 64
@@ -49,8 +61,9 @@ def _up(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def layout(columns: Mapping[str, Any], samples: int, key_bytes: int,
-           meta_bytes: int | None = None) -> dict[str, tuple[np.dtype, int, int]]:
+def layout(
+    columns: Mapping[str, Any], samples: int, key_bytes: int, meta_bytes: int | None = None
+) -> dict[str, tuple[np.dtype, int, int]]:
     """``{section: (little-endian dtype, byte offset, count)}`` for ``samples`` samples whose keys take
     ``key_bytes`` (and metadata ``meta_bytes``; None: the index has none); ``columns`` maps column names to
     dtypes, in file order. The last section ends the file."""
@@ -69,16 +82,20 @@ def layout(columns: Mapping[str, Any], samples: int, key_bytes: int,
     return sections
 
 
-def columns_bytes(columns: Mapping[str, Any], samples: int, key_bytes: int, meta_bytes: int | None = None) -> int:
+def columns_bytes(
+    columns: Mapping[str, Any], samples: int, key_bytes: int, meta_bytes: int | None = None
+) -> int:
     """The size of a columns file for ``samples`` samples, ``key_bytes`` of keys and ``meta_bytes`` of
     metadata (None: none)."""
     _, offset, count = list(layout(columns, samples, key_bytes, meta_bytes).values())[-1]
     return offset + count
 
 
-def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys,
-           meta: Metadata | None = None) -> tuple[bytes, str]:
-    """The columns file for ``columns``, ``keys`` and ``meta``, and its digest (the SHA-256 after the header)."""
+def encode(
+    columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: Keys, meta: Metadata | None = None
+) -> tuple[bytes, str]:
+    """The columns file for ``columns``, ``keys`` and ``meta``, and its digest (the
+    SHA-256 after the header)."""
     samples = len(keys)
     meta_bytes = None if meta is None else len(meta.blob)
     sections = layout(dtypes, samples, len(keys.blob), meta_bytes)
@@ -86,7 +103,9 @@ def encode(columns: Mapping[str, np.ndarray], dtypes: Mapping[str, Any], keys: K
     arrays = {**columns, _KEY_ENDS: keys.ends, **({} if meta is None else {_META_ENDS: meta.ends})}
     blobs = {_KEY_BLOB: keys.blob, **({} if meta is None else {_META_BLOB: meta.blob})}
     for name, (dtype, offset, _count) in sections.items():
-        data = bytes(blobs[name]) if name in blobs else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
+        data = (
+            bytes(blobs[name]) if name in blobs else np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
+        )
         body[offset - HEADER : offset - HEADER + len(data)] = data
     digest = hashlib.sha256(body).hexdigest()
     header = MAGIC + bytes.fromhex(digest)
@@ -114,7 +133,8 @@ class Unreadable:
 
 
 def _reopened(*args: Any) -> ColumnsFile | Unreadable:
-    """A pickled :class:`ColumnsFile` mapped again, or, when it fails its checks now, an :class:`Unreadable`."""
+    """A pickled :class:`ColumnsFile` mapped again, or, when it fails its checks now,
+    an :class:`Unreadable`."""
     try:
         return ColumnsFile(*args)
     except (FormatError, ReadError) as exc:
@@ -128,8 +148,16 @@ class ColumnsFile:
     repeats the cheap checks.
     """
 
-    def __init__(self, path: str, dtypes: Mapping[str, Any], samples: int, key_bytes: int, digest: str,
-                 where: str | None = None, meta_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        dtypes: Mapping[str, Any],
+        samples: int,
+        key_bytes: int,
+        digest: str,
+        where: str | None = None,
+        meta_bytes: int | None = None,
+    ) -> None:
         self.path = path
         self.dtypes = dict(dtypes)
         self.samples = samples
@@ -141,8 +169,15 @@ class ColumnsFile:
         self._map, self._blob = self._open()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reopened, (self.path, self.dtypes, self.samples, self.key_bytes, self.digest, self.where,
-                           self.meta_bytes)
+        return _reopened, (
+            self.path,
+            self.dtypes,
+            self.samples,
+            self.key_bytes,
+            self.digest,
+            self.where,
+            self.meta_bytes,
+        )
 
     def _open(self) -> tuple[Any, Any]:
         try:
@@ -154,18 +189,24 @@ class ColumnsFile:
         try:
             actual = os.fstat(fd).st_size
             if actual != self.size:
-                raise FormatError(f"{self.where}: {actual} bytes, but index.json describes {self.samples} samples "
-                                  f"and {self.key_bytes} bytes of keys ({self.size} bytes): the index files do "
-                                  "not belong together or one is damaged; rebuild the index")
+                raise FormatError(
+                    f"{self.where}: {actual} bytes, but index.json describes {self.samples} samples "
+                    f"and {self.key_bytes} bytes of keys ({self.size} bytes): the index files do "
+                    "not belong together or one is damaged; rebuild the index"
+                )
             header = os.pread(fd, HEADER, 0)
             if header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : len(MAGIC) + 32].hex() != self.digest:
-                raise FormatError(f"{self.where}: its header does not carry the digest index.json records "
-                                  f"({self.digest[:16]}...): the index files do not belong together or one is "
-                                  "damaged; rebuild the index")
+                raise FormatError(
+                    f"{self.where}: its header does not carry the digest index.json records "
+                    f"({self.digest[:16]}...): the index files do not belong together or one is "
+                    "damaged; rebuild the index"
+                )
             _, blob_offset, blob_size = self._layout()[_KEY_BLOB]
             try:
                 whole: Any = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
-                blob: Any = mmap.mmap(fd, blob_size, prot=mmap.PROT_READ, offset=blob_offset) if blob_size else b""
+                blob: Any = (
+                    mmap.mmap(fd, blob_size, prot=mmap.PROT_READ, offset=blob_offset) if blob_size else b""
+                )
             except (OSError, ValueError):  # a file system that cannot map files: read it into this process
                 whole = _read_all(fd, self.size, self.where)
                 blob = whole[blob_offset : blob_offset + blob_size]
@@ -179,9 +220,13 @@ class ColumnsFile:
     def columns(self) -> dict[str, np.ndarray]:
         """Every column: a read-only view of the map."""
         sections = self._layout()
-        return {name: np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(
-                    np.dtype(self.dtypes[name]))
-                for name, (dtype, offset, count) in sections.items() if name in self.dtypes}
+        return {
+            name: np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).view(
+                np.dtype(self.dtypes[name])
+            )
+            for name, (dtype, offset, count) in sections.items()
+            if name in self.dtypes
+        }
 
     def keys(self) -> Keys:
         """The keys, decoded on demand from the mapped blob."""
@@ -203,8 +248,10 @@ class ColumnsFile:
         """Hash the whole content against the digest (:class:`FormatError` when a byte differs)."""
         digest = hashlib.sha256(memoryview(self._map)[HEADER:]).hexdigest()
         if digest != self.digest:
-            raise FormatError(f"{self.where}: SHA-256 {digest}, but index.json records {self.digest}: the index "
-                              "files do not belong together or one is damaged; rebuild the index")
+            raise FormatError(
+                f"{self.where}: SHA-256 {digest}, but index.json records {self.digest}: the index "
+                "files do not belong together or one is damaged; rebuild the index"
+            )
 
 
 def _read_all(fd: int, size: int, where: str) -> bytes:
@@ -225,8 +272,13 @@ def _count(header: dict[str, Any], name: str, json_path: str) -> int:
     return value
 
 
-def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, Any], json_path: str,
-                storage_options: dict[str, Any] | None) -> ColumnsFile:
+def map_columns(
+    columns_path: str,
+    header: dict[str, Any],
+    dtypes: Mapping[str, Any],
+    json_path: str,
+    storage_options: dict[str, Any] | None,
+) -> ColumnsFile:
     """The format-2 columns file mapped (fetched into the node's cache first when remote) and hashed."""
     samples, key_bytes = _count(header, "samples", json_path), _count(header, "keys_bytes", json_path)
     meta_bytes = None if "meta_bytes" not in header else check_size(samples, header["meta_bytes"], json_path)
@@ -237,8 +289,13 @@ def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, 
     local = columns_path
     if is_url(columns_path):
         try:
-            local = fetch_to_cache(columns_path, f"index-{digest}.columns", size, storage_options,
-                                   lambda path: _fits(path, digest))
+            local = fetch_to_cache(
+                columns_path,
+                f"index-{digest}.columns",
+                size,
+                storage_options,
+                lambda path: _fits(path, digest),
+            )
         except FileNotFoundError:
             raise FormatError(f"{columns_path}: index columns file is missing") from None
     mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path, meta_bytes=meta_bytes)
@@ -254,32 +311,8 @@ def map_columns(columns_path: str, header: dict[str, Any], dtypes: Mapping[str, 
 
 
 def _fits(path: str, digest: str) -> bool:
-    """Whether the cached file at ``path`` carries ``digest`` in its header (its size is checked by the cache)."""
+    """Whether the cached file at ``path`` carries ``digest`` in its header (its size is
+    checked by the cache)."""
     with open(path, "rb") as handle:
         head = handle.read(len(MAGIC) + 32)
     return head == MAGIC + bytes.fromhex(digest)
-
-
-def read_format1(payload: bytes, columns_path: str, digest: Any, dtypes: Mapping[str, Any],
-                 samples: int) -> tuple[dict[str, np.ndarray], Keys]:
-    """A format-1 ``index.npz``'s columns and keys from its bytes (read with a size bound by the caller),
-    hashed against ``digest`` and its arrays' shapes checked against their bytes and the ``samples`` that
-    ``index.json`` declares before numpy allocates them (``shardio index --upgrade`` turns it into a mapped
-    format-2 file)."""
-    limits = {f"{name}.npy": samples * np.dtype(dtype).itemsize for name, dtype in dtypes.items()}
-    limits.update({"keys_end.npy": 8 * samples,
-                   "keys_blob.npy": indexchecks.columns_size_bound(samples, columns_path)})
-    if hashlib.sha256(payload).hexdigest() != digest:
-        raise FormatError(f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
-                          f"records {digest!r}: the index files do not belong together "
-                          "or one is damaged; rebuild the index")
-    try:
-        archive = np.load(io.BytesIO(payload))
-        indexchecks.check_npz(archive.zip, columns_path, limits, f"that index.json's {samples} samples allow")
-        columns = {name: archive[name] for name in dtypes}
-        keys = Keys(archive["keys_blob"].tobytes(), archive["keys_end"].astype(np.uint64), columns_path)
-    except FormatError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-        raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
-    return columns, keys

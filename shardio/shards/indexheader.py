@@ -1,5 +1,5 @@
-"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a URL),
-its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
+"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a
+URL), its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,17 @@ from ..errors import FormatError, ReadError
 from ..storage.files import is_url, read_bytes
 from . import indexchecks
 
-__all__ = ["FORMAT_VERSION", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "INDEX_JSON", "METADATA_VERSION", "READ_VERSIONS",
-           "check_version", "columns_file_of", "read_header"]
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_COLUMNS",
+    "INDEX_COLUMNS_V1",
+    "INDEX_JSON",
+    "METADATA_VERSION",
+    "READ_VERSIONS",
+    "check_version",
+    "columns_file_of",
+    "read_header",
+]
 
 FORMAT_VERSION = 2
 METADATA_VERSION = 3  # format 2 plus per-sample metadata: a shardio that cannot read it refuses it by version
@@ -25,14 +34,21 @@ INDEX_COLUMNS_V1 = "index.npz"
 def read_header(root: str, json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """The header in ``index.json`` (local under ``root``, or a URL): a JSON object of a shardio index."""
     try:
-        raw = read_bytes(json_path, storage_options) if is_url(json_path) else \
-            indexchecks.read_local_index(root, json_path)
+        raw = (
+            read_bytes(json_path, storage_options)
+            if is_url(json_path)
+            else indexchecks.read_local_index(root, json_path)
+        )
     except FileNotFoundError:
-        raise FormatError(f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first") from None
+        raise FormatError(
+            f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first"
+        ) from None
     except OSError as exc:
         if isinstance(exc, NotADirectoryError) and os.path.isfile(root):
-            raise FormatError(f"{root}: a file, not a dataset directory; expected a directory holding "
-                              f"{INDEX_JSON}, or that {INDEX_JSON}") from None
+            raise FormatError(
+                f"{root}: a file, not a dataset directory; expected a directory holding "
+                f"{INDEX_JSON}, or that {INDEX_JSON}"
+            ) from None
         raise ReadError(f"{json_path}: cannot be read ({exc})") from None
     try:
         header = json.loads(raw)
@@ -45,15 +61,20 @@ def read_header(root: str, json_path: str, storage_options: dict[str, Any] | Non
 
 
 def check_version(header: dict[str, Any], json_path: str) -> int:
-    """The header's format version: one this shardio reads, with ``meta_bytes`` exactly where it has metadata."""
+    """The header's format version: one this shardio reads, with ``meta_bytes`` exactly
+    where it has metadata."""
     version = header.get("version")
     if isinstance(version, bool) or version not in READ_VERSIONS:
-        raise FormatError(f"{json_path}: index format version {version!r}; this shardio reads versions "
-                          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'")
+        raise FormatError(
+            f"{json_path}: index format version {version!r}; this shardio reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'"
+        )
     if (version == METADATA_VERSION) != ("meta_bytes" in header):
-        raise FormatError(f"{json_path}: a version-{version} index "
-                          f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
-                          "(per-sample metadata is format 3)")
+        raise FormatError(
+            f"{json_path}: a version-{version} index "
+            f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
+            "(per-sample metadata is format 3)"
+        )
     return int(version)
 
 
@@ -62,6 +83,7 @@ def columns_file_of(header: dict[str, Any], version: int, json_path: str) -> str
     expected = INDEX_COLUMNS_V1 if version == 1 else INDEX_COLUMNS
     columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
     if columns_file != expected:
-        raise FormatError(f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is "
-                          f"{expected!r}")
+        raise FormatError(
+            f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is {expected!r}"
+        )
     return columns_file

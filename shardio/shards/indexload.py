@@ -35,14 +35,18 @@ class IndexParts(NamedTuple):
     mapped: ColumnsFile | None
 
 
-def read_index(location: str | os.PathLike[str], storage_options: dict[str, Any] | None,
-               columns_spec: dict[str, type]) -> IndexParts:
+def read_index(
+    location: str | os.PathLike[str], storage_options: dict[str, Any] | None, columns_spec: dict[str, type]
+) -> IndexParts:
     """The parts of the index at ``location`` (a directory, URL, or its ``index.json``), read with
     ``storage_options``; ``columns_spec``: the columns' names and dtypes."""
-    if not isinstance(location, (str, os.PathLike)) or (storage_options is not None
-                                                         and not isinstance(storage_options, dict)):
-        raise OptionError(f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
-                          f"options, not {shown(location)} and {shown(storage_options)}")
+    if not isinstance(location, (str, os.PathLike)) or (
+        storage_options is not None and not isinstance(storage_options, dict)
+    ):
+        raise OptionError(
+            f"Index.load takes a dataset's location (a path or URL) and a dict of fsspec "
+            f"options, not {shown(location)} and {shown(storage_options)}"
+        )
     location = os.fspath(location)
     if location.startswith("file://"):  # read as the local path it names (links resolved against that)
         location = location.removeprefix("file://").removeprefix("localhost")
@@ -58,8 +62,9 @@ def read_index(location: str | os.PathLike[str], storage_options: dict[str, Any]
     mapped = None
     if version == 1:
         payload = indexchecks.read_columns(root, columns_path, bound, storage_options)
-        columns, keys = indexfile.read_format1(payload, columns_path, header.get("columns_sha256"),
-                                               columns_spec, header["samples"])  # checked by the bound
+        columns, keys = indexfile.read_format1(
+            payload, columns_path, header.get("columns_sha256"), columns_spec, header["samples"]
+        )  # checked by the bound
         meta = None
     else:
         if not is_url(columns_path):
@@ -85,8 +90,9 @@ def check_loaded(index: Any, parts: IndexParts, allow_outside_root: bool) -> Non
     indexchecks.check_names(index.root, names, json_path, allow_outside_root)  # before messages name them
     index.validate(json_path)
     if parts.header.get("samples") != len(index):
-        raise FormatError(f"{json_path}: 'samples' is {parts.header.get('samples')!r}, the columns hold "
-                          f"{len(index)}")
+        raise FormatError(
+            f"{json_path}: 'samples' is {parts.header.get('samples')!r}, the columns hold {len(index)}"
+        )
     indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
     if len(parts.keys) != len(index):
         raise FormatError(f"{parts.columns_path}: {len(parts.keys)} keys for {len(index)} samples")

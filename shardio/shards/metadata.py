@@ -23,7 +23,14 @@ import numpy as np
 from ..errors import FormatError
 from .spans import Spans, join_spans
 
-__all__ = ["MAX_BYTES_PER_SAMPLE", "MAX_ENTRY_BYTES", "MEMBER_FIELD", "Metadata", "check_size", "encode_metadata"]
+__all__ = [
+    "MAX_BYTES_PER_SAMPLE",
+    "MAX_ENTRY_BYTES",
+    "MEMBER_FIELD",
+    "Metadata",
+    "check_size",
+    "encode_metadata",
+]
 
 MEMBER_FIELD = "__member_key__"
 """The entry field that names the tar members' key when it differs from the sample's key."""
@@ -41,8 +48,10 @@ def encode_metadata(entries: Sequence[Mapping[str, Any]], where: str = "index") 
     for number, entry in enumerate(entries):
         data = json.dumps(dict(entry), ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
         if len(data) > MAX_ENTRY_BYTES:
-            raise FormatError(f"{where}: the metadata of sample {number} takes {len(data)} bytes, more than "
-                              f"{MAX_ENTRY_BYTES}")
+            raise FormatError(
+                f"{where}: the metadata of sample {number} takes {len(data)} bytes, more than "
+                f"{MAX_ENTRY_BYTES}"
+            )
         encoded.append(data)
     blob, ends = join_spans(encoded)
     check_size(len(encoded), len(blob), where)
@@ -54,8 +63,10 @@ def check_size(samples: int, meta_bytes: object, where: str) -> int:
     if isinstance(meta_bytes, bool) or not isinstance(meta_bytes, int) or meta_bytes < 0:
         raise FormatError(f"{where}: 'meta_bytes' must be a non-negative integer, not {meta_bytes!r}")
     if meta_bytes > samples * MAX_BYTES_PER_SAMPLE:
-        raise FormatError(f"{where}: 'meta_bytes' is {meta_bytes}, more than {MAX_BYTES_PER_SAMPLE} bytes for each "
-                          f"of the {samples} samples")
+        raise FormatError(
+            f"{where}: 'meta_bytes' is {meta_bytes}, more than {MAX_BYTES_PER_SAMPLE} bytes for each "
+            f"of the {samples} samples"
+        )
     return meta_bytes
 
 
@@ -81,11 +92,14 @@ class Metadata(Spans):
         try:
             value = json.loads(raw.decode("utf-8"))  # str: json.loads skips its encoding detection
         except (ValueError, RecursionError):
-            raise FormatError(f"{self._where}: the metadata of sample {i} is not valid JSON: the index is "
-                              "damaged") from None
+            raise FormatError(
+                f"{self._where}: the metadata of sample {i} is not valid JSON: the index is damaged"
+            ) from None
         if not isinstance(value, dict):
-            raise FormatError(f"{self._where}: the metadata of sample {i} is a JSON {type(value).__name__}, "
-                              "expected an object")
+            raise FormatError(
+                f"{self._where}: the metadata of sample {i} is a JSON {type(value).__name__}, "
+                "expected an object"
+            )
         return value
 
     def fields(self, i: int) -> dict[str, Any]:
@@ -101,5 +115,7 @@ class Metadata(Spans):
             return None
         member = self.entry(i, raw).get(MEMBER_FIELD)
         if member is not None and not isinstance(member, str):
-            raise FormatError(f"{self._where}: sample {i}'s {MEMBER_FIELD!r} is not a string: the index is damaged")
+            raise FormatError(
+                f"{self._where}: sample {i}'s {MEMBER_FIELD!r} is not a string: the index is damaged"
+            )
         return member

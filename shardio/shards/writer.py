@@ -22,24 +22,25 @@ from typing import BinaryIO
 import zstandard
 
 from ..checks.options import integer
-from ..errors import InputError, InputProblem, OptionError, OutputError
+from ..errors import InputError, InputProblem, OptionError
 from ..storage.dirlock import DirectoryLock
 from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
-from .index import INDEX_JSON, Index, ShardInfo
+from .index import Index, ShardInfo
 from .names import key_problem
+from .outputdir import claim_directory, shard_files, writable_directory
 from .tarformat import END_OF_ARCHIVE, encode_sample
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 
 logger = logging.getLogger(__name__)
 
-_FLAG = "--overwrite"
 DEFAULT_FRAME_BYTES = 16 * 1024
-"""Samples are grouped into one zstd frame until it holds this many tar bytes: a sample of over half a second of
-16 kHz PCM has a frame of its own, so reading it decompresses nothing else (with 64 KiB frames, shuffled reads of
-1-5 s speech decompressed 1.2x the bytes and ran 1.2x slower, for the same size); clips of a few KB still share
-frames (FSDD: 16 KiB frames cost 1 point of size against 64 KiB, one frame per sample 2.5; README, Packing)."""
+"""Samples are grouped into one zstd frame until it holds this many tar bytes: a sample of over half a second
+of 16 kHz PCM has a frame of its own, so reading it decompresses nothing else (with 64 KiB frames, shuffled
+reads of 1-5 s speech decompressed 1.2x the bytes and ran 1.2x slower, for the same size); clips of a few KB
+still share frames (FSDD: 16 KiB frames cost 1 point of size against 64 KiB, one frame per sample
+2.5; README, Packing)."""
 
 
 class ShardWriter:
@@ -64,14 +65,24 @@ class ShardWriter:
         OutputError: A directory that cannot be written, or that another run is writing.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "shard", compression: str = "none",
-                 zstd_level: int = 3, max_samples: int | None = None, max_bytes: int | None = None,
-                 frame_bytes: int = DEFAULT_FRAME_BYTES, overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        prefix: str = "shard",
+        compression: str = "none",
+        zstd_level: int = 3,
+        max_samples: int | None = None,
+        max_bytes: int | None = None,
+        frame_bytes: int = DEFAULT_FRAME_BYTES,
+        overwrite: bool = False,
+    ) -> None:
         if compression not in ("none", "zstd"):
             raise OptionError(f"compression must be 'none' or 'zstd', not {compression!r}")
         max_samples = None if max_samples is None else integer("max_samples", max_samples, 1)
         max_bytes = None if max_bytes is None else integer("max_bytes", max_bytes, 1)
-        zstd_level = integer("zstd_level", zstd_level, -(1 << 17), 22)  # zstd's fastest to its strongest level
+        # zstd's fastest to its strongest level
+        zstd_level = integer("zstd_level", zstd_level, -(1 << 17), 22)
         frame_bytes = integer("frame_bytes", frame_bytes, 1)
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
@@ -80,7 +91,8 @@ class ShardWriter:
         writable_directory(self.directory)
         self._lock = DirectoryLock(self.directory)
         try:
-            self._claim(prefix, overwrite)
+            self.prefix = prefix
+            self._journal = claim_directory(self.directory, prefix, overwrite)
         except BaseException:
             self._lock.release()
             raise
@@ -101,26 +113,6 @@ class ShardWriter:
         self._closed = False
         self._remove_partials()
 
-    def _claim(self, prefix: str, overwrite: bool) -> None:
-        """Check the directory may be written (no dataset; no shard files but an interrupted run's, unless
-        ``overwrite``) and start the journal."""
-        if os.path.exists(os.path.join(self.directory, INDEX_JSON)):
-            if not overwrite:
-                raise OptionError(f"{self.directory} already holds a dataset ({INDEX_JSON}); choose another "
-                                  f"directory or pass overwrite=True ({_FLAG} on the command line)")
-            os.unlink(os.path.join(self.directory, INDEX_JSON))
-        self.prefix = prefix
-        # shard-named files are replaced only when a run of this writer left them (its journal says so)
-        self._journal = os.path.join(self.directory, f".{prefix}.writing")
-        existing = self._shard_named()
-        if existing and not overwrite and not os.path.exists(self._journal):
-            names = ", ".join(sorted(map(os.path.basename, existing))[:3])
-            raise OptionError(f"{self.directory} holds shard files ({names}) that no interrupted shardio run left; "
-                              f"choose another directory or prefix, or pass overwrite=True ({_FLAG} on the "
-                              "command line) to replace them")
-        with open_output(self._journal):
-            pass
-
     @property
     def _suffix(self) -> str:
         return ".tar.zst" if self.compression == "zstd" else ".tar"
@@ -135,13 +127,18 @@ class ShardWriter:
         for stale in glob.glob(os.path.join(glob.escape(self.directory), f".{self.prefix}-*.partial")):
             os.unlink(stale)
 
-    def _shard_named(self) -> list[str]:
-        return glob.glob(os.path.join(glob.escape(self.directory), f"{self.prefix}-[0-9]*.tar*"))
-
     # -- writing ---------------------------------------------------------------------------------
 
-    def write(self, key: str, members: dict[str, bytes], *, audio_ext: str, num_frames: int, sample_rate: int,
-              channels: int) -> None:
+    def write(
+        self,
+        key: str,
+        members: dict[str, bytes],
+        *,
+        audio_ext: str,
+        num_frames: int,
+        sample_rate: int,
+        channels: int,
+    ) -> None:
         """Append one sample.
 
         Args:
@@ -169,19 +166,22 @@ class ShardWriter:
         data = encode_sample(key, members)
         rolls = self._samples > 0 and (
             (self.max_samples is not None and self._samples >= self.max_samples)
-            or (self.max_bytes is not None and self._tar_bytes + len(data) > self.max_bytes))
+            or (self.max_bytes is not None and self._tar_bytes + len(data) > self.max_bytes)
+        )
         if rolls:
             self._finish_shard()
         if self._file is None:
             self._start_shard()
-        info: dict[str, object] = dict(key=key, num_frames=num_frames, sample_rate=sample_rate, channels=channels,
-                                       audio_ext=audio_ext)
+        info: dict[str, object] = dict(
+            key=key, num_frames=num_frames, sample_rate=sample_rate, channels=channels, audio_ext=audio_ext
+        )
         self._samples += 1
         self._tar_bytes += len(data)
         self._duration += num_frames / max(sample_rate, 1)
         if self.compression == "none":
-            self._record(info, frame_offset=self._written, frame_size=len(data), member_offset=0,
-                         member_size=len(data))
+            self._record(
+                info, frame_offset=self._written, frame_size=len(data), member_offset=0, member_size=len(data)
+            )
             self._emit(data)
         else:
             self._group.append((info, data))
@@ -204,8 +204,13 @@ class ShardWriter:
         frame = self._compressor.compress(b"".join(data for _, data in self._group))
         member_offset = 0
         for info, data in self._group:
-            self._record(info, frame_offset=self._written, frame_size=len(frame), member_offset=member_offset,
-                         member_size=len(data))
+            self._record(
+                info,
+                frame_offset=self._written,
+                frame_size=len(frame),
+                member_offset=member_offset,
+                member_size=len(data),
+            )
             member_offset += len(data)
         self._emit(frame)
         self._group.clear()
@@ -231,9 +236,16 @@ class ShardWriter:
         name = self._name(len(self._builder.shards))
         check_output_file(os.path.join(self.directory, name))
         os.replace(self._partial(name), os.path.join(self.directory, name))
-        self._builder.add_shard(ShardInfo(name=name, bytes=self._written, sha256=self._hash.hexdigest(),
-                                          samples=self._samples, duration=round(self._duration, 6),
-                                          codec=self.compression))
+        self._builder.add_shard(
+            ShardInfo(
+                name=name,
+                bytes=self._written,
+                sha256=self._hash.hexdigest(),
+                samples=self._samples,
+                duration=round(self._duration, 6),
+                codec=self.compression,
+            )
+        )
         logger.debug("wrote shard %s: %d samples, %d bytes", name, self._samples, self._written)
 
     def end_shard(self) -> None:
@@ -251,8 +263,8 @@ class ShardWriter:
             self._closed = True
             index = self._builder.build()
             written = {s.name for s in index.shards}
-            for stale in self._shard_named():
-                if os.path.basename(stale) not in written:  # left by an earlier, interrupted run (checked at start)
+            for stale in shard_files(self.directory, self.prefix):
+                if os.path.basename(stale) not in written:  # an earlier, interrupted run's (checked at start)
                     os.unlink(stale)
             index.save(self.directory)
             os.unlink(self._journal)
@@ -267,7 +279,7 @@ class ShardWriter:
             self._file.close()
             self._file = None
         self._remove_partials()
-        if not self._shard_named() and os.path.exists(self._journal):
+        if not shard_files(self.directory, self.prefix) and os.path.exists(self._journal):
             os.unlink(self._journal)
         self._closed = True
         self._lock.release()
@@ -275,25 +287,10 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if kind is None:
             self.close()
         else:
             self.abort()
-
-
-def writable_directory(directory: str) -> None:
-    """Create ``directory`` if needed; an :class:`~shardio.errors.OutputError` when it cannot be, or when it
-    is not a writable directory."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError:
-        raise OutputError(f"{directory} is a file, not a directory; expected a directory to write the dataset "
-                          "into") from None
-    except OSError as exc:
-        raise OutputError(f"cannot create the output directory {directory} ({exc.strerror or exc})") from None
-    if not os.path.isdir(directory):
-        raise OutputError(f"{directory} is not a directory; expected a directory to write the dataset into")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise OutputError(f"{directory} is not writable; expected a directory this user may write into")

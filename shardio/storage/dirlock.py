@@ -27,11 +27,15 @@ class DirectoryLock:
         try:
             taken = self._lock.acquire(0)
         except OSError as exc:
-            raise OutputError(f"{directory}: cannot create the lock file {LOCK_FILE} "
-                              f"({exc.strerror or exc}); expected a writable directory") from None
+            raise OutputError(
+                f"{directory}: cannot create the lock file {LOCK_FILE} "
+                f"({exc.strerror or exc}); expected a writable directory"
+            ) from None
         if not taken:
-            raise OutputError(f"{directory} is being written by another shardio run ({self._lock.holder()}); "
-                              "wait for it to finish, or write elsewhere")
+            raise OutputError(
+                f"{directory} is being written by another shardio run ({self._lock.holder()}); "
+                "wait for it to finish, or write elsewhere"
+            )
 
     def release(self) -> None:
         """Remove the lock file and let the next writer in (idempotent)."""

@@ -16,8 +16,9 @@ Bounds on what a server answers: an HTTP range read (:func:`read_range`) must co
 bytes asked for (its ``Content-Range`` and length checked, no ``Content-Encoding``), is read no further than
 its size, and must keep up an average rate after a grace of ``HTTP_READ_TIMEOUT`` (a
 server that drips a byte a second fails the attempt, instead of holding the read for days); a whole object
-(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched into
-the node cache (:func:`fetch_to_cache`) no further than its expected size (:mod:`shardio.storage.objectcopy`).
+(:func:`read_bytes`, an ``index.json``) is read no further than :data:`MAX_READ_BYTES`, and a file fetched
+into the node cache (:func:`shardio.storage.nodecache.fetch_to_cache`) no further than its expected size
+(:mod:`shardio.storage.objectcopy`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any, BinaryIO, Literal
 from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, OutputError, ReadError
+from ..errors import FormatError, OptionError, OutputError
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .localshard import kind
@@ -46,7 +47,6 @@ __all__ = [
     "cache_dir",
     "check_output_file",
     "escapes_root",
-    "fetch_to_cache",
     "file_size",
     "filesystem",
     "is_url",
@@ -63,7 +63,8 @@ logger = logging.getLogger(__name__)
 
 HTTP_CONNECT_TIMEOUT = 30.0
 MAX_READ_BYTES = 1 << 28
-"""The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of about a million shards)."""
+"""The most bytes :func:`read_bytes` reads of a remote object (an ``index.json`` of
+about a million shards)."""
 
 
 def is_url(location: str) -> bool:
@@ -83,9 +84,9 @@ def join(root: str, name: str) -> str:
 
 
 def escapes_root(name: str) -> bool:
-    """Whether decoding ``name``'s percent-escapes changes how it splits into path parts, or makes a part ``.``
-    or ``..`` (which URL normalisation removes, with the part before it): an HTTP client decodes ``%2e`` and
-    drops the dot segments, so ``%2e%2e/x`` under ``http://host/data`` is fetched as ``http://host/x``."""
+    """Whether decoding ``name``'s percent-escapes changes how it splits into path parts, or makes a part
+    ``.`` or ``..`` (which URL normalisation removes, with the part before it): an HTTP client decodes ``%2e``
+    and drops the dot segments, so ``%2e%2e/x`` under ``http://host/data`` is fetched as ``http://host/x``."""
     raw, decoded = (text.replace("\\", "/").split("/") for text in (name, unquote(name)))
     return len(raw) != len(decoded) or any(d != r and d in (".", "..") for r, d in zip(raw, decoded))
 
@@ -100,8 +101,10 @@ def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         import aiohttp
 
         client = options.setdefault("client_kwargs", {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT,
-                                                           sock_read=HTTP_READ_TIMEOUT))
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=HTTP_READ_TIMEOUT),
+        )
     return options
 
 
@@ -116,11 +119,19 @@ def filesystem(location: str, storage_options: dict[str, Any] | None = None) -> 
         fs, path = fsspec.core.url_to_fs(location, **_with_defaults(protocol, storage_options or {}))
     except ImportError as exc:
         extra = "gcs" if protocol in ("gs", "gcs") else "remote"
-        raise OptionError(f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[{extra}]") from None
-    except (TypeError, ValueError, KeyError) as exc:  # KeyError: gcsfs reading a credentials file it cannot use
-        raise OptionError(f"{location}: storage options {sorted(storage_options or {})} do not fit the "
-                          f"{protocol}:// backend, or its credentials cannot be used: {type(exc).__name__}: "
-                          f"{exc}") from None
+        raise OptionError(
+            f"{location}: no fsspec backend for {protocol}:// ({exc}); install shardio[{extra}]"
+        ) from None
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+    ) as exc:  # KeyError: gcsfs reading a credentials file it cannot use
+        raise OptionError(
+            f"{location}: storage options {sorted(storage_options or {})} do not fit the "
+            f"{protocol}:// backend, or its credentials cannot be used: {type(exc).__name__}: "
+            f"{exc}"
+        ) from None
     if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
         fs.retries = 1  # s3fs's own loop (not a constructor option): shardio's RetryPolicy retries instead
     remember(fs)  # a forked worker keeps it rather than wait a second on its finalizer (reading.inherited)
@@ -135,8 +146,9 @@ def open_input(location: str, storage_options: dict[str, Any] | None = None) -> 
     return open(_local(location), "rb")
 
 
-def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
-               retry: RetryPolicy = RetryPolicy()) -> bytes:
+def read_bytes(
+    location: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy = RetryPolicy()
+) -> bytes:
     """The whole content of a local file or URL; remote reads are retried under ``retry``, and read no further
     than :data:`MAX_READ_BYTES` (more is a :class:`FormatError`).
 
@@ -154,18 +166,22 @@ def read_bytes(location: str, storage_options: dict[str, Any] | None = None,
 
     data = retrying(whole, location, retry)
     if len(data) > MAX_READ_BYTES:
-        raise FormatError(f"{location}: more than {MAX_READ_BYTES} bytes, the most shardio reads of a whole "
-                          "remote file (an index.json is far smaller): not the file expected here")
+        raise FormatError(
+            f"{location}: more than {MAX_READ_BYTES} bytes, the most shardio reads of a whole "
+            "remote file (an index.json is far smaller): not the file expected here"
+        )
     return data
 
 
-def read_range(fs: Any, path: str, start: int, end: int, total: int | None = None,
-               pin: Pin | None = None) -> bytes:
+def read_range(
+    fs: Any, path: str, start: int, end: int, total: int | None = None, pin: Pin | None = None
+) -> bytes:
     """Bytes ``start`` to ``end`` of remote ``path`` (of ``total`` bytes, where known) through its filesystem
     ``fs`` (one try: the caller retries); ``pin``: the version of a shard this process reads, over HTTP and
     S3 sent as a condition and checked (:mod:`shardio.storage.validators`).
 
-    Over HTTP the answer is checked and bounded (:mod:`shardio.storage.httpreads`); other backends answer through fsspec.
+    Over HTTP the answer is checked and bounded (:mod:`shardio.storage.httpreads`); other
+    backends answer through fsspec.
     """
     if is_http(fs):
         return http_read(fs, path, (start, end), total, pin)
@@ -200,8 +216,10 @@ def check_output_file(path: str | os.PathLike[str]) -> None:
     except OSError:  # nothing there (or a dangling link): the write itself reports what stands in its way
         return
     if not stat.S_ISREG(mode):
-        raise OutputError(f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
-                          "output only where nothing is yet, or over a regular file")
+        raise OutputError(
+            f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
+            "output only where nothing is yet, or over a regular file"
+        )
 
 
 def open_output(path: str | os.PathLike[str]) -> BinaryIO:
@@ -228,7 +246,9 @@ def write_atomic(path: str, data: bytes) -> None:
     :class:`OutputError` where ``path`` is there and not a regular file (:func:`check_output_file`)."""
     check_output_file(path)
     with staged(path) as out:
-        os.fchmod(out.fileno(), 0o666 & ~current_umask())  # mkstemp makes it 0600: follow the umask, as shards do
+        os.fchmod(
+            out.fileno(), 0o666 & ~current_umask()
+        )  # mkstemp makes it 0600: follow the umask, as shards do
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
@@ -253,7 +273,9 @@ def staged(path: str, mode: Literal["wb", "w+b"] = "wb", suffix: str | None = No
         OutputError: ``path`` is there and not a regular file when the block ends.
     """
     suffix = "-" + os.path.basename(path) if suffix is None else suffix
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path)))
+    handle, temporary = tempfile.mkstemp(
+        prefix=".tmp-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path))
+    )
     try:
         with os.fdopen(handle, mode) as out:
             yield out
@@ -266,7 +288,8 @@ def staged(path: str, mode: Literal["wb", "w+b"] = "wb", suffix: str | None = No
 
 
 def current_umask() -> int:
-    """The process's umask (read from ``/proc`` where it can be, since setting it to read it races threads)."""
+    """The process's umask (read from ``/proc`` where it can be, since setting it to
+    read it races threads)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -287,38 +310,3 @@ def cache_dir() -> str:
         return configured
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "shardio")
-
-
-def fetch_to_cache(location: str, name: str, size: int, storage_options: dict[str, Any] | None,
-                   fits: Callable[[str], bool], retry: RetryPolicy = RetryPolicy()) -> str:
-    """The local path of a copy of remote ``location`` (``size`` bytes) in :func:`cache_dir` under ``name``,
-    fetched unless a copy of that size for which ``fits(path)`` holds is there. Processes that fetch at once
-    each write a temporary file and rename it into place, so none ever sees a partial copy."""
-    directory = cache_dir()
-    path = os.path.join(directory, name)
-    try:
-        if os.path.getsize(path) == size and fits(path):
-            return path
-    except OSError:
-        pass
-    fs, remote = filesystem(location, storage_options)
-
-    def fetch(out: IO[bytes]) -> int:  # no further than size + 1 bytes: an endless answer never fills the disk
-        out.seek(0)
-        out.truncate()
-        return copy_capped(fs, remote, out, size)
-
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with staged(path) as out:
-            got = retrying(lambda: fetch(out), location, retry)
-            if got != size:
-                raise FormatError(f"{location}: {'more than ' if got > size else ''}{min(got, size)} bytes, but "
-                                  f"index.json describes {size}: the index files do not belong together or one "
-                                  "is damaged; rebuild the index")
-    except (FileNotFoundError, FormatError, ReadError, OutputError):
-        raise
-    except OSError as exc:  # the cache itself: a full disk, a read-only directory
-        raise ReadError(f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
-                        "writable local directory with room") from None
-    return path

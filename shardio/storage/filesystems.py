@@ -49,8 +49,9 @@ class Filesystems:
         self._ranged: dict[str, bool] = {}  # "scheme://host" -> whether it answered a ranged GET with 206
         self._lock = threading.Lock()  # read-ahead threads open shards too: one filesystem and one probe each
 
-    def get(self, url: str, options: dict[str, Any] | None, where: str, retry: RetryPolicy,
-            on_retry: Any = None) -> tuple[Any, str]:
+    def get(
+        self, url: str, options: dict[str, Any] | None, where: str, retry: RetryPolicy, on_retry: Any = None
+    ) -> tuple[Any, str]:
         """The filesystem for ``url`` (made with ``options``) and the path to pass it; an HTTP server is
         probed for ``Range`` support the first time one of its shards is opened."""
         protocol = url.split("://", 1)[0].lower()
@@ -80,4 +81,5 @@ class Filesystems:
                 f"{where}: the HTTP server {server} ignores Range requests (it answered a ranged GET with "
                 "200 and the whole file), and shardio reads each sample by byte range: serve the dataset "
                 "with a server that supports Range (nginx, Apache, caddy, any object store), or copy it to "
-                "a local directory")
+                "a local directory"
+            )

@@ -23,8 +23,15 @@ from typing import IO, Any
 from ..errors import shown
 from .validators import Pin, from_headers
 
-__all__ = ["BadAnswer", "HTTP_MIN_RATE", "HTTP_READ_TIMEOUT", "SlowAnswerTimeout", "http_copy", "http_read",
-           "is_http"]
+__all__ = [
+    "BadAnswer",
+    "HTTP_MIN_RATE",
+    "HTTP_READ_TIMEOUT",
+    "SlowAnswerTimeout",
+    "http_copy",
+    "http_read",
+    "is_http",
+]
 
 HTTP_READ_TIMEOUT = 60.0
 """Seconds a read may take before :data:`HTTP_MIN_RATE` applies (and the socket read timeout shardio sets)."""
@@ -32,8 +39,9 @@ HTTP_MIN_RATE = 256 << 10
 """Bytes per second an HTTP read must average, after a grace of ``HTTP_READ_TIMEOUT`` seconds, to go on."""
 
 
-def http_read(fs: Any, url: str, span: tuple[int, int], total: int | None = None,
-              pin: Pin | None = None) -> bytes:
+def http_read(
+    fs: Any, url: str, span: tuple[int, int], total: int | None = None, pin: Pin | None = None
+) -> bytes:
     """``url``'s bytes ``span`` (``(start, end)``) through fsspec HTTP file system ``fs`` (one try: the caller
     retries), checked and bounded as the module says; ``total``: the object's size where the caller knows it
     (the answer's ``Content-Range`` must then carry it); ``pin``: the shard's validator, sent as a condition
@@ -45,8 +53,15 @@ def http_read(fs: Any, url: str, span: tuple[int, int], total: int | None = None
     return b"".join(chunks)
 
 
-def http_copy(fs: Any, url: str, span: tuple[int, int] | None, bound: int, out: IO[bytes],
-              total: int | None = None, pin: Pin | None = None) -> int:
+def http_copy(
+    fs: Any,
+    url: str,
+    span: tuple[int, int] | None,
+    bound: int,
+    out: IO[bytes],
+    total: int | None = None,
+    pin: Pin | None = None,
+) -> int:
     """``url``'s bytes ``span`` (None: the whole object, read no further than ``bound + 1`` bytes), checked
     as :func:`http_read` checks them, but written into ``out`` as they arrive (a chunk of at most 1 MiB at a
     time, from ``fs``'s event loop); returns the bytes written (``bound + 1`` at most: a whole object longer
@@ -71,17 +86,25 @@ class BadAnswer(Exception):
 class SlowAnswerTimeout(Exception):
     """An HTTP answer slower than a read may be (transient, by its name: see
     :func:`~shardio.storage.retries.is_transient`). Not a
-    ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``, dropping the message."""
+    ``TimeoutError``, which fsspec's ``sync`` replaces with a bare ``FSTimeoutError``,
+    dropping the message."""
 
 
-async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, sink: Callable[[bytes], Any],
-                  total: int | None, pin: Pin | None) -> int:
+async def _stream(
+    fs: Any,
+    url: str,
+    span: tuple[int, int] | None,
+    bound: int,
+    sink: Callable[[bytes], Any],
+    total: int | None,
+    pin: Pin | None,
+) -> int:
     """``url``'s bytes ``span`` (``(start, end)``; None: the whole object) over ``fs``'s aiohttp session, each
-    chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with the
-    bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes): :class:`SlowAnswerTimeout`
-    past it. A ranged answer must be the ``206`` of exactly those bytes, of an object of ``total`` bytes where
-    that is given (:class:`BadAnswer` otherwise), and of the version ``pin`` recorded where it has one (sent
-    as a condition). Returns the bytes received."""
+    chunk handed to ``sink``, read no further than ``bound + 1`` bytes and within a deadline that grows with
+    the bytes received (``HTTP_READ_TIMEOUT`` plus one second per ``HTTP_MIN_RATE`` bytes):
+    :class:`SlowAnswerTimeout` past it. A ranged answer must be the ``206`` of exactly those bytes, of an
+    object of ``total`` bytes where that is given (:class:`BadAnswer` otherwise), and of the version ``pin``
+    recorded where it has one (sent as a condition). Returns the bytes received."""
     loop = asyncio.get_running_loop()
     begun = loop.time()
     got = 0
@@ -98,8 +121,9 @@ async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, s
     encode = getattr(fs, "encode_url", None)  # fsspec's URL encoding where it has one
     try:
         session = await asyncio.wait_for(fs.set_session(), left())
-        response = await asyncio.wait_for(session.get(encode(url) if encode else url, headers=headers, **options),
-                                          left())
+        response = await asyncio.wait_for(
+            session.get(encode(url) if encode else url, headers=headers, **options), left()
+        )
         async with response:
             if response.status == 412 and pin is not None and conditions:
                 raise pin.refused(", ".join(f"{name}: {shown(value)}" for name, value in conditions.items()))
@@ -113,9 +137,11 @@ async def _stream(fs: Any, url: str, span: tuple[int, int] | None, bound: int, s
                 sink(chunk)
                 got += len(chunk)
     except TimeoutError:  # the builtin TimeoutError from Python 3.11
-        raise SlowAnswerTimeout(f"{url}: {got} bytes in {loop.time() - begun:.0f} s, short of the "
-                                f"{HTTP_MIN_RATE >> 10} KiB/s (after {HTTP_READ_TIMEOUT:.0f} s) a read must "
-                                "average") from None
+        raise SlowAnswerTimeout(
+            f"{url}: {got} bytes in {loop.time() - begun:.0f} s, short of the "
+            f"{HTTP_MIN_RATE >> 10} KiB/s (after {HTTP_READ_TIMEOUT:.0f} s) a read must "
+            "average"
+        ) from None
     if span is not None and got > bound:
         raise BadAnswer(f"{url}: the answer to a request for {bound} bytes is longer")
     return got
@@ -132,20 +158,28 @@ def _check_answer(response: Any, url: str, span: tuple[int, int] | None, total: 
         response.raise_for_status()
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding != "identity":
-        raise BadAnswer(f"{url}: the server answered with Content-Encoding {shown(encoding)}, though asked for "
-                        "the bytes as they are (Accept-Encoding: identity)")
+        raise BadAnswer(
+            f"{url}: the server answered with Content-Encoding {shown(encoding)}, though asked for "
+            "the bytes as they are (Accept-Encoding: identity)"
+        )
     if span is None:
         return
     if response.status != 206:
-        raise BadAnswer(f"{url}: a GET of bytes {span[0]} to {span[1]} was answered HTTP {response.status}, not "
-                        "206 (Partial Content): the server stopped honouring Range")
+        raise BadAnswer(
+            f"{url}: a GET of bytes {span[0]} to {span[1]} was answered HTTP {response.status}, not "
+            "206 (Partial Content): the server stopped honouring Range"
+        )
     wanted = f"bytes {span[0]}-{span[1] - 1}/"
     found = response.headers.get("Content-Range", "")
     size = found.rpartition("/")[2].strip()
     if total is not None and found.startswith("bytes ") and size not in (str(total), "*"):
-        raise BadAnswer(f"{url}: the object now has {shown(size)} bytes (Content-Range {shown(found)}), the index "
-                        f"records {total}: it was replaced after indexing; re-run 'shardio index' or re-pack")
+        raise BadAnswer(
+            f"{url}: the object now has {shown(size)} bytes (Content-Range {shown(found)}), the index "
+            f"records {total}: it was replaced after indexing; re-run 'shardio index' or re-pack"
+        )
     length = response.headers.get("Content-Length")
     if not found.startswith(wanted) or (length is not None and length.strip() != str(span[1] - span[0])):
-        raise BadAnswer(f"{url}: a GET of bytes {span[0]} to {span[1]} was answered with Content-Range "
-                        f"{shown(found)} and Content-Length {shown(length)}, not those bytes")
+        raise BadAnswer(
+            f"{url}: a GET of bytes {span[0]} to {span[1]} was answered with Content-Range "
+            f"{shown(found)} and Content-Length {shown(length)}, not those bytes"
+        )

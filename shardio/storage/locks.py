@@ -70,7 +70,8 @@ class FileLock:
         start = time.monotonic()
         pauses = polls()
         logged = False
-        # read before the first attempt: filelock before 4.0 truncates the file it opens, the holder's record too
+        # read before the first attempt: filelock before 4.0 truncates the file it
+        # opens, the holder's record too
         self._seen = self.holder() if os.path.exists(self.path) else _UNKNOWN
         import filelock  # here: importing shardio stays quick (filelock's import is not)
 
@@ -81,8 +82,9 @@ class FileLock:
             if wait is not None and waited >= wait:
                 return False
             if not logged and waited >= QUIET_S:
-                logger.log(self.level, "waiting for %s: %s is held by %s", self.what, self.path,
-                           self.holder())
+                logger.log(
+                    self.level, "waiting for %s: %s is held by %s", self.what, self.path, self.holder()
+                )
                 logged = True
             pause = next(pauses)
             time.sleep(pause if wait is None else max(0.0, min(pause, wait - waited)))
@@ -102,8 +104,11 @@ class FileLock:
             return self._seen
 
     def _record(self) -> None:
-        record = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
         except OSError:

@@ -1,4 +1,5 @@
-"""Whole remote objects copied into local files: streamed, no further than a bound, over HTTP checked as reads are."""
+"""Whole remote objects copied into local files: streamed, no further than a bound, over HTTP
+checked as reads are."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ __all__ = ["copy_capped"]
 CHUNK = 1 << 22
 
 
-def copy_capped(fs: Any, path: str, out: IO[bytes], bound: int, size: int | None = None,
-                pin: Pin | None = None) -> int:
+def copy_capped(
+    fs: Any, path: str, out: IO[bytes], bound: int, size: int | None = None, pin: Pin | None = None
+) -> int:
     """Stream remote ``path`` through fsspec file system ``fs`` into ``out`` (one try: the caller retries), no
     further than ``bound + 1`` bytes (enough to tell that it is too big: refusing it is the caller's); returns
     the bytes written. ``size``: the object's size as an index records it (a shard's), then asked over HTTP as

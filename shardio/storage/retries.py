@@ -4,7 +4,8 @@ A remote read that fails transiently (5xx, 408/429, a dropped connection, a time
 an exponential backoff with jitter; once the attempts are spent, or at once for a failure that asking again
 would not mend, it is a :class:`~shardio.errors.ReadError` naming what was read. This is the only retry layer
 (:mod:`shardio.storage.files` turns botocore's and s3fs's own down). A shard that changed while the run
-reads it (:mod:`shardio.storage.validators`) is never retried: it stays a :class:`~shardio.errors.ShardChanged`.
+reads it (:mod:`shardio.storage.validators`) is never retried: it stays a
+:class:`~shardio.errors.ShardChanged`.
 """
 
 from __future__ import annotations
@@ -126,9 +127,14 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
-    """``action()``, retried under ``retry`` while it fails transiently; then :class:`ReadError` naming ``where``.
+def retrying(
+    action: Callable[[], T],
+    where: str,
+    retry: RetryPolicy,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """``action()``, retried under ``retry`` while it fails transiently; then
+    :class:`ReadError` naming ``where``.
 
     A ``FileNotFoundError`` that is not transient is re-raised as is, for the caller to name what is missing,
     unless an HTTP answer other than 404 is behind it (fsspec's HTTP ``size()`` turns any failure into one):
@@ -142,15 +148,25 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         assert exc is not None  # tenacity sleeps only after a failed attempt
-        logger.warning("%s: attempt %d of %d failed (%s: %s); retrying in %.2fs", where, state.attempt_number,
-                       retry.attempts, type(exc).__name__, exc, state.next_action.sleep if state.next_action else 0.0)
+        logger.warning(
+            "%s: attempt %d of %d failed (%s: %s); retrying in %.2fs",
+            where,
+            state.attempt_number,
+            retry.attempts,
+            type(exc).__name__,
+            exc,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
         if on_retry is not None:
             on_retry(exc)
 
-    attempts = tenacity.Retrying(stop=tenacity.stop_after_attempt(retry.attempts),
-                                 wait=lambda state: retry.delay(state.attempt_number - 1),
-                                 retry=tenacity.retry_if_exception(is_transient), before_sleep=before_sleep,
-                                 reraise=True)
+    attempts = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(retry.attempts),
+        wait=lambda state: retry.delay(state.attempt_number - 1),
+        retry=tenacity.retry_if_exception(is_transient),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
     try:
         return attempts(action)
     except ShardChanged as exc:
@@ -159,7 +175,12 @@ def retrying(action: Callable[[], T], where: str, retry: RetryPolicy,
         transient, status = is_transient(exc), http_status(exc)
         if not transient and isinstance(exc, FileNotFoundError) and status in (None, 404):
             raise
-        how = (f"after {attempts.statistics.get('attempt_number', retry.attempts)} attempt(s)" if transient
-               else "(not retried: not a transient error)")
-        answer = "" if status is None else f"the server answered HTTP {status}: "  # fsspec may say FileNotFound
+        how = (
+            f"after {attempts.statistics.get('attempt_number', retry.attempts)} attempt(s)"
+            if transient
+            else "(not retried: not a transient error)"
+        )
+        answer = (
+            "" if status is None else f"the server answered HTTP {status}: "
+        )  # fsspec may say FileNotFound
         raise ReadError(f"{where}: read failed {how}: {answer}{type(exc).__name__}: {exc}") from exc

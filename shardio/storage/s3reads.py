@@ -38,9 +38,14 @@ async def _get(fs: Any, path: str, span: tuple[int, int], pin: Pin) -> bytes:
     known = pin.expected
     condition = {"IfMatch": known.etag} if known is not None and known.etag else {}
     try:
-        response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                     Range=f"bytes={span[0]}-{span[1] - 1}",
-                                     **({"VersionId": version} if version else {}), **condition)
+        response = await fs._call_s3(
+            "get_object",
+            Bucket=bucket,
+            Key=key,
+            Range=f"bytes={span[0]}-{span[1] - 1}",
+            **({"VersionId": version} if version else {}),
+            **condition,
+        )
     except OSError as exc:  # s3fs's translation of botocore's ClientError, which it keeps as the cause
         if condition and http_status(exc) == 412:
             raise pin.refused(f"GetObject with IfMatch {shown(condition['IfMatch'])}") from None

@@ -21,8 +21,13 @@ import numpy as np
 from ..errors import StateError, shown
 from .localshard import NotRegular, open_regular
 
-__all__ = ["MAX_STATE_FILE_BYTES", "MAX_STATE_FILE_DEPTH", "MAX_STATE_FILE_VALUES", "load_state_file",
-           "read_state_bytes"]
+__all__ = [
+    "MAX_STATE_FILE_BYTES",
+    "MAX_STATE_FILE_DEPTH",
+    "MAX_STATE_FILE_VALUES",
+    "load_state_file",
+    "read_state_bytes",
+]
 
 MAX_STATE_FILE_BYTES = 1 << 27
 """The largest state file read (128 MiB). A state is kilobytes; quarantine entries (a key, an id and a few
@@ -60,15 +65,21 @@ def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
     try:
         fd, size = open_regular(path)
     except NotRegular as exc:
-        raise StateError(f"{shown(path, 200)}: it is {exc}, not a regular file: a saved state is read from a "
-                         "regular file only") from None
+        raise StateError(
+            f"{shown(path, 200)}: it is {exc}, not a regular file: a saved state is read from a "
+            "regular file only"
+        ) from None
     except OSError as exc:
-        raise StateError(f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
-                         f"{shown(exc.strerror or str(exc), 200)})") from None
+        raise StateError(
+            f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
+            f"{shown(exc.strerror or str(exc), 200)})"
+        ) from None
     try:
         if size > most:
-            raise StateError(f"{shown(path, 200)}: {size} bytes, more than the {most} a saved loader state "
-                             "may hold: not a state file")
+            raise StateError(
+                f"{shown(path, 200)}: {size} bytes, more than the {most} a saved loader state "
+                "may hold: not a state file"
+            )
         parts, got = [], 0
         while got <= most:
             part = os.read(fd, min(1 << 20, most + 1 - got))
@@ -77,13 +88,17 @@ def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
             parts.append(part)
             got += len(part)
     except OSError as exc:
-        raise StateError(f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
-                         f"{shown(exc.strerror or str(exc), 200)})") from None
+        raise StateError(
+            f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
+            f"{shown(exc.strerror or str(exc), 200)})"
+        ) from None
     finally:
         os.close(fd)
     if got > most:
-        raise StateError(f"{shown(path, 200)}: more than the {most} bytes a saved loader state may hold (it "
-                         "grew while read): not a state file")
+        raise StateError(
+            f"{shown(path, 200)}: more than the {most} bytes a saved loader state may hold (it "
+            "grew while read): not a state file"
+        )
     return b"".join(parts)
 
 
@@ -96,7 +111,7 @@ def _shape(data: bytes) -> tuple[int, int]:
     bare = np.frombuffer(data.replace(b"\\\\", b"").replace(b'\\"', b""), dtype=np.uint8)
     deepest = depth = values = quotes = 0
     for start in range(0, bare.shape[0], _CHUNK):
-        codes = bare[start:start + _CHUNK]
+        codes = bare[start : start + _CHUNK]
         marks = codes[_MARKS[codes]]  # the few bytes that matter, in order: '"', brackets, ','
         quoted = marks == ord('"')
         outside = (np.cumsum(quoted, dtype=np.int64) + quotes) % 2 == 0
@@ -127,13 +142,18 @@ def load_state_file(path: str) -> Any:
     data = read_state_bytes(path)
     depth, values = _shape(data)
     if depth > MAX_STATE_FILE_DEPTH:
-        raise StateError(f"{shown(path, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a "
-                         "loader state")
+        raise StateError(
+            f"{shown(path, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a loader state"
+        )
     if values > MAX_STATE_FILE_VALUES:
-        raise StateError(f"{shown(path, 200)}: about {values} JSON values, more than the "
-                         f"{MAX_STATE_FILE_VALUES} a loader state file may hold")
+        raise StateError(
+            f"{shown(path, 200)}: about {values} JSON values, more than the "
+            f"{MAX_STATE_FILE_VALUES} a loader state file may hold"
+        )
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # ValueError: UnicodeDecodeError and JSONDecodeError
-        raise StateError(f"{shown(path, 200)}: cannot read a JSON loader state ({exc.__class__.__name__}: "
-                         f"{shown(str(exc), 200)})") from None
+        raise StateError(
+            f"{shown(path, 200)}: cannot read a JSON loader state ({exc.__class__.__name__}: "
+            f"{shown(str(exc), 200)})"
+        ) from None

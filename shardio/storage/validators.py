@@ -123,9 +123,11 @@ class Pin:
     def changed(self, how: str) -> ShardChanged:
         """The :class:`ShardChanged` error saying ``how`` the shard was seen to change (and recorded, so
         later reads of it fail at once)."""
-        reason = (f"the remote shard changed since this process first read it ({how}): it was replaced "
-                  "while the run reads it (or replicas behind one address serve it with different "
-                  "validators), and reading on would mix two versions of its audio; keep shards unchanged "
-                  "during a run, or re-run 'shardio index' (or re-pack) and start again")
+        reason = (
+            f"the remote shard changed since this process first read it ({how}): it was replaced "
+            "while the run reads it (or replicas behind one address serve it with different "
+            "validators), and reading on would mix two versions of its audio; keep shards unchanged "
+            "during a run, or re-run 'shardio index' (or re-pack) and start again"
+        )
         self.store.changed.setdefault(self.shard, reason)
         return ShardChanged(reason)

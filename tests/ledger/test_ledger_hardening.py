@@ -451,7 +451,7 @@ def test_trace_find_searches_a_bounded_number_of_epochs_and_holds_one_epoch_of_p
     assert plans == []
     found = trace.find(["s000_00000"], range(30))
     assert sorted({row["epoch"] for row in found}) == list(range(30))  # (a padded epoch may hold it twice)
-    assert len(trace._plans) <= 2  # the state's epoch (kept) and the last one searched, not 30
+    assert len(trace._segments.planned()) <= 2  # the state's epoch (kept) and the last one searched, not 30
     code, out, _ = cli(base + ["--epochs", str(MAX_FIND_EPOCHS)], capsys)
     assert code == 0 and {line.split(" epoch ")[1].split()[0] for line in out.splitlines()} == {
         str(epoch) for epoch in range(MAX_FIND_EPOCHS)}

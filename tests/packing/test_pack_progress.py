@@ -18,7 +18,8 @@ import shardio.packing.indexer as indexer
 import shardio.packing.listing as listing
 from shardio.cli.demo import MAX_WORKERS as DEMO_MAX_WORKERS
 from shardio.cli.demo import run_demo
-from shardio.cli.main import PACK_MAX_WORKERS, main
+from shardio.cli.main import main
+from shardio.cli.pack import PACK_MAX_WORKERS
 from shardio.packing.corpus import read_corpus
 from shardio.packing.engines import pack_partitioned
 from shardio.packing.pack import pack

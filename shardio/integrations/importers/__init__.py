@@ -1,1 +1,2 @@
-"""Importers: corpora other tools wrote (Hugging Face, Lhotse, NeMo) as :class:`~shardio.packing.source.Source` s."""
+"""Importers: corpora other tools wrote (Hugging Face, Lhotse, NeMo) as
+:class:`~shardio.packing.source.Source` s."""

@@ -1,8 +1,9 @@
 """Reading audio stored inside another file: a row of a Parquet or Arrow table, a member of a tar.
 
-A :class:`~shardio.packing.source.Source` with a ``member`` names such audio; :func:`read_member` returns its bytes
-as they are stored. A pack worker reads the members of one partition in order, so the last few row groups,
-tables and tar listings it opened are kept (a bounded cache per process); Arrow files are memory-mapped.
+A :class:`~shardio.packing.source.Source` with a ``member`` names such audio; :func:`read_member` returns its
+bytes as they are stored. A pack worker reads the members of one partition in order, so the last few row
+groups, tables and tar listings it opened are kept (a bounded cache per process); Arrow
+files are memory-mapped.
 """
 
 from __future__ import annotations

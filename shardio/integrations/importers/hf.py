@@ -1,4 +1,5 @@
-"""Hugging Face datasets as a corpus: a dataset saved with ``save_to_disk``, or Parquet files, with an Audio column.
+"""Hugging Face datasets as a corpus: a dataset saved with ``save_to_disk``, or Parquet
+files, with an Audio column.
 
 Audio bytes stored in the table are copied as they are (no decoding here; pack validates them); a row whose
 Audio value has only a ``path`` names a file (relative paths from the table's folder). The other columns
@@ -32,7 +33,9 @@ def is_hf_dataset(path: Path) -> bool:
     """Whether ``path`` is a saved dataset, a Parquet/Arrow file, or a folder of Parquet files (or ``data/``
     of them, as on the hub)."""
     if path.is_dir():
-        return (path / "state.json").is_file() or any(path.glob("*.parquet")) or any(path.glob("data/*.parquet"))
+        return (
+            (path / "state.json").is_file() or any(path.glob("*.parquet")) or any(path.glob("data/*.parquet"))
+        )
     return path.suffix in (".parquet", ".arrow")
 
 
@@ -57,15 +60,35 @@ def _table_files(path: Path, problems: Problems) -> list[Path]:
     try:
         listed = json.loads(read_regular_input(state).decode("utf-8")).get("_data_files", [])
         names = [entry["filename"] for entry in listed]
-    except (NotRegularFile, UnicodeDecodeError, ValueError, AttributeError, TypeError, KeyError, RecursionError):
-        problems.append(InputProblem(str(state), "", "not a saved dataset's state: expected a UTF-8 JSON object "
-                                     "whose '_data_files' lists objects with a 'filename'"))
+    except (
+        NotRegularFile,
+        UnicodeDecodeError,
+        ValueError,
+        AttributeError,
+        TypeError,
+        KeyError,
+        RecursionError,
+    ):
+        problems.append(
+            InputProblem(
+                str(state),
+                "",
+                "not a saved dataset's state: expected a UTF-8 JSON object "
+                "whose '_data_files' lists objects with a 'filename'",
+            )
+        )
         return []
     files = []
     for name in names:
         if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
-            problems.append(InputProblem(str(state), "", f"the data file {shown(name)} is not a file name inside "
-                                         "the dataset's folder; expected a relative path without '..'"))
+            problems.append(
+                InputProblem(
+                    str(state),
+                    "",
+                    f"the data file {shown(name)} is not a file name inside "
+                    "the dataset's folder; expected a relative path without '..'",
+                )
+            )
             continue
         files.append(path / name)
     return files
@@ -80,8 +103,11 @@ def _audio_column(schema: Any) -> str | None:
         if isinstance(feature, dict) and feature.get("_type") == "Audio":
             return str(name)
     for field in schema:  # no feature metadata: a struct of bytes and path
-        names = {field.type.field(i).name for i in range(field.type.num_fields)} if hasattr(field.type, "num_fields") \
+        names = (
+            {field.type.field(i).name for i in range(field.type.num_fields)}
+            if hasattr(field.type, "num_fields")
             else set()
+        )
         if {"bytes", "path"} <= names:
             return str(field.name)
     return None
@@ -118,7 +144,8 @@ _BYTES = object()  # what _plain makes of bytes: left out of the metadata wherev
 
 def _plain(value: Any) -> Any:
     """A metadata value JSON can hold: bytes (another Audio column's, say) are :data:`_BYTES`, left out by the
-    caller and inside lists and dicts, so no file's raw bytes reach the metadata; other types become strings."""
+    caller and inside lists and dicts, so no file's raw bytes reach the metadata; other
+    types become strings."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _BYTES
     if value is None or isinstance(value, (str, int, float, bool)):
@@ -148,8 +175,13 @@ def _rows(file: Path, problems: Problems) -> Iterator[dict[str, Any]]:
         for batch in _batches(file):
             yield from batch.to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        problems.append(InputProblem(str(file), "", f"cannot read the table ({shown(str(exc), 200)}); expected a "
-                                     "Parquet or Arrow file"))
+        problems.append(
+            InputProblem(
+                str(file),
+                "",
+                f"cannot read the table ({shown(str(exc), 200)}); expected a Parquet or Arrow file",
+            )
+        )
 
 
 def _audio_value(value: Any) -> tuple[bytes | None, str] | str:
@@ -169,14 +201,23 @@ def read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[
     number = 0
     for file in _table_files(path, problems):
         if not file.is_file():
-            problems.append(InputProblem(str(file), "", "a data file the dataset lists is missing (or is not a "
-                                         "regular file)"))
+            problems.append(
+                InputProblem(
+                    str(file), "", "a data file the dataset lists is missing (or is not a regular file)"
+                )
+            )
             continue
         try:
             audio = _audio_column(_schema(file))
         except (pa.ArrowException, OSError, ValueError) as exc:
-            problems.append(InputProblem(str(file), "", f"cannot read the table's schema ({shown(str(exc), 200)}); "
-                                         "expected a Parquet or Arrow file"))
+            problems.append(
+                InputProblem(
+                    str(file),
+                    "",
+                    f"cannot read the table's schema ({shown(str(exc), 200)}); "
+                    "expected a Parquet or Arrow file",
+                )
+            )
             continue
         if audio is None:
             problems.append(InputProblem(str(file), "", "no Audio column (a struct of 'bytes' and 'path')"))
@@ -187,8 +228,9 @@ def read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[
             text = next((meta[c] for c in _TEXT_COLUMNS if isinstance(meta.get(c), str)), None)
             if text is not None:
                 meta["text"] = text
-            key = next((str(values[c]) for c in _KEY_COLUMNS if values.get(c) not in (None, "")),
-                       f"{number:09d}")
+            key = next(
+                (str(values[c]) for c in _KEY_COLUMNS if values.get(c) not in (None, "")), f"{number:09d}"
+            )
             origin = f"{file.name}:row {row}"
             number += 1
             if isinstance(audio_value, str):
@@ -201,5 +243,6 @@ def read_hf(path: Path, problems: Problems, left_out: Counter[str]) -> Iterator[
             elif name:
                 yield Source(key, resolve_path(file.parent, name), meta=meta, origin=origin)
             else:
-                problems.append(InputProblem(f"{file}:row {row}", key, "the Audio value has neither bytes "
-                                             "nor a path"))
+                problems.append(
+                    InputProblem(f"{file}:row {row}", key, "the Audio value has neither bytes nor a path")
+                )

@@ -1,4 +1,5 @@
-"""The corpus kinds importers add to :func:`shardio.packing.corpus.read_corpus`, detected and imported lazily."""
+"""The corpus kinds importers add to :func:`shardio.packing.corpus.read_corpus`,
+detected and imported lazily."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Lhotse corpora as a corpus: a CutSet manifest (``cuts.jsonl[.gz]``) or a Lhotse Shar directory.
 
-A cut of a CutSet becomes a segment of its recording's file (``start``/``duration``; the whole file when the cut
-covers it; a relative path is taken from the manifest's folder); a Shar directory's ``cuts.N.jsonl[.gz]`` pairs
-with ``recording.N.tar``, whose ``{cut id}.{ext}`` member is copied as it is. The supervisions' texts (joined by
-spaces) are the transcript; their speaker and language, the cut's ``custom`` fields and the recording id become
-metadata. The manifests are read as JSON, so the ``lhotse`` package is not needed to read them. Recordings that are
-URLs, commands or one file per channel are listed as problems.
+A cut of a CutSet becomes a segment of its recording's file (``start``/``duration``; the whole file when the
+cut covers it; a relative path is taken from the manifest's folder); a Shar directory's ``cuts.N.jsonl[.gz]``
+pairs with ``recording.N.tar``, whose ``{cut id}.{ext}`` member is copied as it is. The supervisions' texts
+(joined by spaces) are the transcript; their speaker and language, the cut's ``custom`` fields and the
+recording id become metadata. The manifests are read as JSON, so the ``lhotse`` package is not needed to read
+them. Recordings that are URLs, commands or one file per channel are listed as problems.
 """
 
 from __future__ import annotations
@@ -61,16 +61,28 @@ def _lines(path: Path, problems: Problems) -> Iterator[tuple[int, str]]:
                     yield number, line
     except (NotRegularFile, OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, NotRegularFile) else shown(str(exc))
-        problems.append(InputProblem(f"{path}:{number + 1}" if number else str(path), "", "cannot read the "
-                                     f"manifest ({reason}); expected a JSONL or gzipped JSONL file of cuts"))
+        problems.append(
+            InputProblem(
+                f"{path}:{number + 1}" if number else str(path),
+                "",
+                f"cannot read the manifest ({reason}); expected a JSONL or gzipped JSONL file of cuts",
+            )
+        )
 
 
 def _seconds(value: Any, name: str, *, positive: bool = False) -> float:
-    """A cut's or recording's time field as finite seconds (>= 0, or > 0 when ``positive``), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} is {shown(value)}, expected a finite number of seconds "
-                         f"{'> 0' if positive else '>= 0'}")
+    """A cut's or recording's time field as finite seconds (>= 0, or > 0 when
+    ``positive``), else ValueError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        raise ValueError(
+            f"{name} is {shown(value)}, expected a finite number of seconds {'> 0' if positive else '>= 0'}"
+        )
     return float(value)
 
 
@@ -89,8 +101,10 @@ def _span(cut: dict[str, Any]) -> tuple[float | None, float | None]:
     channels = recording.get("channel_ids")
     wanted = cut.get("channel")
     if wanted is not None and channels is not None and _channel_set(wanted) != _channel_set(channels):
-        raise ValueError(f"the cut takes channel(s) {shown(wanted)} of a recording with channels "
-                         f"{shown(channels)}; pack keeps every channel of the file, so expected all of them")
+        raise ValueError(
+            f"the cut takes channel(s) {shown(wanted)} of a recording with channels "
+            f"{shown(channels)}; pack keeps every channel of the file, so expected all of them"
+        )
     if start == 0.0 and abs(duration - total) < 1e-3:
         return None, None
     return start, duration
@@ -122,7 +136,11 @@ def _cuts(path: Path, problems: Problems) -> Iterator[tuple[str, dict[str, Any]]
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
             problems.append(InputProblem(f"{path}:{number}", "", f"not a JSON cut ({reason})"))
             continue
-        if not (isinstance(cut, dict) and isinstance(cut.get("id"), str) and isinstance(cut.get("recording"), dict)):
+        if not (
+            isinstance(cut, dict)
+            and isinstance(cut.get("id"), str)
+            and isinstance(cut.get("recording"), dict)
+        ):
             problems.append(InputProblem(f"{path}:{number}", "", "not a cut with an 'id' and a 'recording'"))
             continue
         yield origin, cut
@@ -137,11 +155,21 @@ def read_lhotse(path: Path, problems: Problems, left_out: Counter[str]) -> Itera
         sources = cut["recording"].get("sources")
         sources = sources if isinstance(sources, list) else []
         kinds = [s.get("type") for s in sources if isinstance(s, dict)]
-        if len(sources) != 1 or kinds != ["file"] or not isinstance(sources[0].get("source"), str) or \
-                not sources[0]["source"]:
-            problems.append(InputProblem(f"{path} ({origin})", cut["id"], f"recording sources {shown(kinds)}: only "
-                                         "one 'file' source (a path) per recording is supported (not URLs, "
-                                         "commands, or a file per channel)"))
+        if (
+            len(sources) != 1
+            or kinds != ["file"]
+            or not isinstance(sources[0].get("source"), str)
+            or not sources[0]["source"]
+        ):
+            problems.append(
+                InputProblem(
+                    f"{path} ({origin})",
+                    cut["id"],
+                    f"recording sources {shown(kinds)}: only "
+                    "one 'file' source (a path) per recording is supported (not URLs, "
+                    "commands, or a file per channel)",
+                )
+            )
             continue
         try:
             offset, duration = _span(cut)
@@ -159,8 +187,11 @@ def _read_shar(path: Path, problems: Problems) -> Iterator[Source]:
         tar = path / f"recording.{shard}.tar"
         try:
             with open_regular_input(tar) as raw, tarfile.open(fileobj=raw, mode="r:") as archive:
-                audio = {name.rsplit(".", 1)[0]: (name, info.size) for info in archive
-                         if info.isfile() and not (name := info.name).endswith(".json")}
+                audio = {
+                    name.rsplit(".", 1)[0]: (name, info.size)
+                    for info in archive
+                    if info.isfile() and not (name := info.name).endswith(".json")
+                }
         except (OSError, tarfile.TarError) as exc:  # a FIFO is refused, not read (it would block)
             reason = exc.strerror if isinstance(exc, NotRegularFile) else exc
             problems.append(InputProblem(str(tar), "", f"cannot read the Shar recordings ({reason})"))
@@ -168,7 +199,14 @@ def _read_shar(path: Path, problems: Problems) -> Iterator[Source]:
         for origin, cut in _cuts(cuts_file, problems):
             member = audio.get(cut["id"])
             if member is None:
-                problems.append(InputProblem(f"{cuts_file} ({origin})", cut["id"], f"{tar.name} has no audio "
-                                             f"member for this cut (expected {cut['id']}.<ext>)"))
+                problems.append(
+                    InputProblem(
+                        f"{cuts_file} ({origin})",
+                        cut["id"],
+                        f"{tar.name} has no audio member for this cut (expected {cut['id']}.<ext>)",
+                    )
+                )
                 continue
-            yield Source(cut["id"], str(tar), meta=_meta(cut), origin=origin, member=member[0], size=member[1])
+            yield Source(
+                cut["id"], str(tar), meta=_meta(cut), origin=origin, member=member[0], size=member[1]
+            )

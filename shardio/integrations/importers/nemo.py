@@ -1,4 +1,5 @@
-"""NeMo tarred audio datasets as a corpus: ``tarred_audio_manifest.json`` joined with its ``audio_{shard_id}.tar``.
+"""NeMo tarred audio datasets as a corpus: ``tarred_audio_manifest.json`` joined with its
+``audio_{shard_id}.tar``.
 
 Each manifest line names its tar member (``audio_filepath``) and tar (``shard_id``). NeMo writes a file that
 occurs twice in one shard once, and names the repeats ``{name}-sub{n}.{ext}`` in the manifest: such an entry
@@ -38,14 +39,16 @@ def is_nemo_manifest(path: Path) -> bool:
 
 
 def _listing(tar: Path) -> dict[str, int]:
-    """The regular members of ``tar`` and their sizes; a FIFO or device is refused, not read (it would block)."""
+    """The regular members of ``tar`` and their sizes; a FIFO or device is refused, not
+    read (it would block)."""
     with open_regular_input(tar) as raw, tarfile.open(fileobj=raw, mode="r:") as archive:
         return {info.name: info.size for info in archive if info.isfile()}
 
 
 def _entry(line: str) -> tuple[dict[str, Any], str, int]:
     """A manifest line as ``(entry, audio_filepath, shard_id)``; ValueError when it is not a tarred entry, or
-    its ``offset``/``duration`` are not seconds (:func:`~shardio.packing.manifestlines.json_entry`'s rules)."""
+    its ``offset``/``duration`` are not seconds
+    (:func:`~shardio.packing.manifestlines.json_entry`'s rules)."""
     entry = json_entry(line)
     name, shard = entry.get("audio_filepath"), entry.get("shard_id")
     if not isinstance(name, str) or not name:
@@ -54,7 +57,9 @@ def _entry(line: str) -> tuple[dict[str, Any], str, int]:
         raise ValueError(f"shard_id is {shown(shard)}, expected an integer >= 0")
     for field in ("offset", "duration"):
         if not (seconds_field(entry.get(field), field) or 0.0) < float("inf"):
-            raise ValueError(f"field {field!r} is {shown(entry.get(field))}, expected a finite number of seconds")
+            raise ValueError(
+                f"field {field!r} is {shown(entry.get(field))}, expected a finite number of seconds"
+            )
     return entry, name, shard
 
 
@@ -68,8 +73,9 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
         try:
             entry, name, shard = _entry(line)
         except ValueError as exc:
-            problems.append(InputProblem(where, "", f"not a tarred NeMo entry with audio_filepath and shard_id "
-                                         f"({exc})"))
+            problems.append(
+                InputProblem(where, "", f"not a tarred NeMo entry with audio_filepath and shard_id ({exc})")
+            )
             continue
         tar = path.parent / f"audio_{shard}.tar"
         if shard not in listings:
@@ -92,11 +98,23 @@ def read_nemo(path: Path, problems: Problems, left_out: Counter[str]) -> Iterato
             continue
         read.setdefault(shard, set()).add(member)
         meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id", "offset")}
-        offset = seconds_field(entry.get("offset"), "offset") or None  # NeMo reads [offset, offset + duration]
+        offset = (
+            seconds_field(entry.get("offset"), "offset") or None
+        )  # NeMo reads [offset, offset + duration]
         duration = seconds_field(entry.get("duration"), "duration") if offset is not None else None
-        yield Source(key, str(tar), offset=offset, duration=duration, meta=meta, origin=f"{path.name}:{number}",
-                     member=member, size=listing[member])
-    unread = sum(len(listing.keys() - read.get(shard, set())) for shard, listing in listings.items() if listing)
+        yield Source(
+            key,
+            str(tar),
+            offset=offset,
+            duration=duration,
+            meta=meta,
+            origin=f"{path.name}:{number}",
+            member=member,
+            size=listing[member],
+        )
+    unread = sum(
+        len(listing.keys() - read.get(shard, set())) for shard, listing in listings.items() if listing
+    )
     if unread:
         left_out[UNREAD_MEMBERS] += unread
     unnamed = [tar for tar in path.parent.glob("audio_*.tar") if _shard_of(tar.name) not in listings]

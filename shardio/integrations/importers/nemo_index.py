@@ -1,4 +1,5 @@
-"""A NeMo tarred audio dataset indexed in place: ``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
+"""A NeMo tarred audio dataset indexed in place:
+``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
 
 NeMo's ``convert_to_tarred_audio_dataset`` writes shards ``audio_{shard_id}.tar`` (NeMo configs name them with
 a brace pattern such as ``audio__OP_0..N_CL_.tar``: give shardio the directory that holds them) and one
@@ -29,7 +30,6 @@ one that resolves, through a symbolic link, outside the directory: each is an
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
@@ -41,17 +41,16 @@ from typing import Any
 import soundfile as sf
 from tqdm import tqdm
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
-from ...packing.indexer import HashingReader
-from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
-from ...packing.source import AUDIO_EXTENSIONS
-from ...reading.fields import BATCH_FIELDS
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
+from ...packing.foreignshards import HashingReader
+from ...packing.manifestlines import check_manifest_file
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
-from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
-from ...shards.names import key_problem, split_name
+from ...shards.metadata import MEMBER_FIELD
+from ...shards.names import split_name
+from ...shards.outputdir import writable_directory
 from ...shards.tarformat import walk
-from ...shards.writer import writable_directory
+from .nemo_manifest import ManifestLine, parse_manifest
 
 __all__ = ["MANIFEST", "index_nemo"]
 
@@ -61,19 +60,6 @@ MANIFEST = "tarred_audio_manifest.json"
 """The manifest's name in NeMo's layout (the default of :func:`index_nemo`)."""
 _SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]*)$")
 _SHARD = re.compile(r"^audio_(\d+)\.tar$", re.ASCII)
-_MAX_SHARD_ID = 1 << 31
-_NAME_LIMIT = 255
-
-
-@dataclass(frozen=True)
-class _Line:
-    """One manifest line: where it is, its member name, shard and the fields it adds."""
-
-    where: str
-    name: str
-    key: str
-    shard: int
-    meta: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -84,64 +70,9 @@ class _Member:
     facts: tuple[int, int, int]  # frames, sample rate, channels
 
 
-def _split(name: str) -> tuple[str, str] | str:
-    """A manifest's ``audio_filepath`` as ``(key, ext)``, or why it cannot name a member of a NeMo tar: a
-    plain file name ``{key}.{audio ext}`` whose key follows pack's rules (no '.', so ``a.b.wav`` is refused)."""
-    if not name or len(name) > _NAME_LIMIT or any(ord(ch) < 32 for ch in name):
-        return "is not a file name"
-    if "/" in name or "\\" in name or name in (".", ".."):
-        return "is a path; a tarred NeMo manifest names tar members by their plain file name"
-    key, _, ext = name.partition(".")
-    if ext.lower() not in AUDIO_EXTENSIONS or key_problem(key) is not None:
-        return (f"is not {{key}}.{{ext}} with a key that has no '.' and an audio ext (one of "
-                f"{', '.join(AUDIO_EXTENSIONS)})")
-    return key, ext
-
-
-def _parse(manifest: str, problems: list[InputProblem]) -> list[_Line]:
-    """Every line of the manifest that is a tarred entry with a plain member name and a shard id."""
-    lines: list[_Line] = []
-    for number, text in manifest_lines(manifest, problems):
-        where = f"{manifest}:{number}"
-        try:
-            entry = json_entry(text)
-        except ValueError as exc:
-            problems.append(InputProblem(where, "", f"not a valid manifest line: {exc}"))
-            continue
-        name, shard = entry.get("audio_filepath"), entry.get("shard_id")
-        if not isinstance(name, str) or isinstance(shard, bool) or not isinstance(shard, int):
-            problems.append(InputProblem(where, "", "not a tarred NeMo entry: expected a string 'audio_filepath' "
-                                         "and an integer 'shard_id'"))
-            continue
-        named = name if len(name) <= 80 else name[:80] + "..."
-        split = _split(name)
-        if isinstance(split, str):
-            problems.append(InputProblem(where, "", f"audio_filepath {named!r} {split}"))
-            continue
-        if not 0 <= shard < _MAX_SHARD_ID:
-            problems.append(InputProblem(where, "", f"shard_id {shard} is not between 0 and {_MAX_SHARD_ID - 1}"))
-            continue
-        meta = {k: v for k, v in entry.items() if k not in ("audio_filepath", "shard_id")}
-        if meta.get("offset") not in (None, 0):
-            problems.append(InputProblem(where, split[0], f"offset {shown(meta['offset'])}: NeMo reads "
-                                         "[offset, offset + duration] of the member, and an index in place "
-                                         "reads whole members; pack the manifest (shardio pack) to cut the "
-                                         "segment"))
-            continue
-        size = len(json.dumps(meta, ensure_ascii=False).encode())
-        reserved = sorted(BATCH_FIELDS.union([MEMBER_FIELD]).intersection(meta))
-        if reserved or size > MAX_ENTRY_BYTES:
-            reason = (f"uses the field name(s) {', '.join(map(repr, reserved))}, which shardio reserves (a batch's "
-                      f"own fields: {', '.join(sorted(BATCH_FIELDS))}); rename them" if reserved
-                      else f"has {size} bytes of fields, more than the {MAX_ENTRY_BYTES} an index keeps per sample")
-            problems.append(InputProblem(where, "", reason))
-            continue
-        lines.append(_Line(where, name, split[0], shard, meta))
-    return lines
-
-
-def _members(path: str, wanted: set[str], problems: list[InputProblem],
-             read: Callable[[int], object] | None = None) -> tuple[dict[str, _Member], int, str]:
+def _members(
+    path: str, wanted: set[str], problems: list[InputProblem], read: Callable[[int], object] | None = None
+) -> tuple[dict[str, _Member], int, str]:
     """The members of the tar at ``path`` that ``wanted`` names (their spans and audio facts), and the tar's
     ``(bytes, sha256)``; a member not wanted (every wanted name is a valid ``{key}.{ext}``) is a problem.
     ``read(count)`` is told of each read's bytes (a progress bar)."""
@@ -167,15 +98,17 @@ def _members(path: str, wanted: set[str], problems: list[InputProblem],
                 if info.frames <= 0:
                     problems.append(InputProblem(where, key, "the audio has no frames"))
                     continue
-                found[member.name] = _Member(start, member.end, ext, (int(info.frames), int(info.samplerate),
-                                                                       int(info.channels)))
+                found[member.name] = _Member(
+                    start, member.end, ext, (int(info.frames), int(info.samplerate), int(info.channels))
+                )
         while raw.read(1 << 20):  # the rest of the file (end-of-archive blocks), for its size and digest
             pass
     return found, hashing.size, hashing.sha256.hexdigest()
 
 
-def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
-            problems: list[InputProblem]) -> Iterator[tuple[_Line, str, _Member, dict[str, Any]]]:
+def _joined(
+    lines: list[ManifestLine], members: dict[str, _Member], tar: str, problems: list[InputProblem]
+) -> Iterator[tuple[ManifestLine, str, _Member, dict[str, Any]]]:
     """Each line of one shard as ``(line, key, member, metadata)``: a ``-sub{n}`` line the first copy's
     member. Then a member no line read is a problem."""
     used: set[str] = set()
@@ -186,8 +119,13 @@ def _joined(lines: list[_Line], members: dict[str, _Member], tar: str,
         key, member = line.key, members.get(member_name)
         if member is None:
             nor = f" (nor {member_name!r})" if member_name != line.name else ""
-            problems.append(InputProblem(line.where, key, f"{os.path.basename(tar)} has no readable audio member "
-                                         f"{line.name!r}{nor}"))
+            problems.append(
+                InputProblem(
+                    line.where,
+                    key,
+                    f"{os.path.basename(tar)} has no readable audio member {line.name!r}{nor}",
+                )
+            )
             continue
         used.add(member_name)
         meta = dict(line.meta)
@@ -211,12 +149,24 @@ def _present_shards(root: str, problems: list[InputProblem]) -> set[int]:
             continue
         path = os.path.join(root, name)
         if name != f"audio_{int(match[1])}.tar":
-            problems.append(InputProblem(path, "", f"not a shard name NeMo writes (audio_{int(match[1])}.tar, "
-                                         "without leading zeros): rename it, or move it out of the directory"))
+            problems.append(
+                InputProblem(
+                    path,
+                    "",
+                    f"not a shard name NeMo writes (audio_{int(match[1])}.tar, "
+                    "without leading zeros): rename it, or move it out of the directory",
+                )
+            )
             continue
         if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
-            problems.append(InputProblem(path, "", "resolves (through a symbolic link) to a file outside the "
-                                         "dataset directory, which the loader refuses to read: copy the tar in"))
+            problems.append(
+                InputProblem(
+                    path,
+                    "",
+                    "resolves (through a symbolic link) to a file outside the "
+                    "dataset directory, which the loader refuses to read: copy the tar in",
+                )
+            )
             continue
         present.add(int(match[1]))
     return present
@@ -224,14 +174,22 @@ def _present_shards(root: str, problems: list[InputProblem]) -> set[int]:
 
 def _check_directory(directory: str) -> str:
     if any(mark in directory for mark in ("_OP_", "_CL_", "{", "}")) or not os.path.isdir(directory):
-        raise OptionError(f"{directory}: expected the directory that holds the dataset's audio_{{shard_id}}.tar "
-                          "files (not a NeMo brace pattern such as audio__OP_0..N_CL_.tar)")
+        raise OptionError(
+            f"{directory}: expected the directory that holds the dataset's audio_{{shard_id}}.tar "
+            "files (not a NeMo brace pattern such as audio__OP_0..N_CL_.tar)"
+        )
     return os.path.abspath(directory)
 
 
-def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None, *,
-               overwrite: bool = False, progress: bool = True) -> Index:
-    """Index the NeMo tarred dataset in ``directory`` in place (see the module docstring) and return the index.
+def index_nemo(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Index:
+    """Index the NeMo tarred dataset in ``directory`` in place (see the module
+    docstring) and return the index.
 
     ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
     ``index.columns``) is written into ``directory``; an index already there is an
@@ -246,29 +204,40 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
         raise ReadError(f"{manifest}: no such manifest file") from None
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
-        raise OptionError(f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to "
-                          "replace it")
+        raise OptionError(
+            f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to replace it"
+        )
     problems: list[InputProblem] = []
-    by_shard: dict[int, list[_Line]] = {}
-    for line in _parse(manifest, problems):
+    by_shard: dict[int, list[ManifestLine]] = {}
+    for line in parse_manifest(manifest, problems):
         by_shard.setdefault(line.shard, []).append(line)
     present = _present_shards(root, problems)
     for shard in sorted(present - set(by_shard)):
-        problems.append(InputProblem(os.path.join(root, f"audio_{shard}.tar"), "", "no manifest line names this "
-                                     "shard"))
+        problems.append(
+            InputProblem(os.path.join(root, f"audio_{shard}.tar"), "", "no manifest line names this shard")
+        )
     builder = IndexBuilder(root)
     first_line: dict[str, str] = {}
     tars = {shard: os.path.join(root, f"audio_{shard}.tar") for shard in sorted(by_shard)}
-    bar = tqdm(total=sum(os.path.getsize(tar) for shard, tar in tars.items() if shard in present
-                         and os.path.isfile(tar)),
-               disable=not progress, file=sys.stderr, unit="B", unit_scale=True, desc="index")
+    bar = tqdm(
+        total=sum(
+            os.path.getsize(tar) for shard, tar in tars.items() if shard in present and os.path.isfile(tar)
+        ),
+        disable=not progress,
+        file=sys.stderr,
+        unit="B",
+        unit_scale=True,
+        desc="index",
+    )
     for shard, tar in tars.items():
         lines = by_shard[shard]
         if shard not in present or not os.path.isfile(tar):
             if shard not in present and os.path.lexists(tar):
                 continue  # refused by _present_shards
-            problems += [InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
-                         for line in lines[:1]]
+            problems += [
+                InputProblem(line.where, "", f"shard_id {shard}: no file {os.path.basename(tar)} in {root}")
+                for line in lines[:1]
+            ]
             continue
         repeated = (_SUB.match(line.name) for line in lines)
         wanted = {line.name for line in lines} | {m["base"] + m["ext"] for m in repeated if m}
@@ -280,12 +249,30 @@ def index_nemo(directory: str | os.PathLike[str], manifest: str | os.PathLike[st
                 continue
             first_line[key] = line.where
             frames, rate, channels = member.facts
-            builder.add_sample(key, shard=number, frame_offset=member.start, frame_size=member.end - member.start,
-                               member_offset=0, member_size=member.end - member.start, num_frames=frames,
-                               sample_rate=rate, channels=channels, audio_ext=member.ext, meta=meta)
+            builder.add_sample(
+                key,
+                shard=number,
+                frame_offset=member.start,
+                frame_size=member.end - member.start,
+                member_offset=0,
+                member_size=member.end - member.start,
+                num_frames=frames,
+                sample_rate=rate,
+                channels=channels,
+                audio_ext=member.ext,
+                meta=meta,
+            )
             count, duration = count + 1, duration + frames / max(rate, 1)
-        builder.add_shard(ShardInfo(name=os.path.basename(tar), bytes=size, sha256=digest, samples=count,
-                                    duration=round(duration, 6), codec="none"))
+        builder.add_shard(
+            ShardInfo(
+                name=os.path.basename(tar),
+                bytes=size,
+                sha256=digest,
+                samples=count,
+                duration=round(duration, 6),
+                codec="none",
+            )
+        )
         logger.info("indexed %s: %d samples", tar, count)
     bar.close()
     if problems:
