@@ -66,19 +66,22 @@ class Assembler:
         self.batched = batched
         self.on_error = on_error
         self.fields = fields
-        self._lane = Lane(reader, decoding.dtype, fields) if Lane.serves(
+        self.lane = Lane(reader, decoding.dtype, fields, self.general) if Lane.serves(
             reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio) else None
+        """Where this process's batches may take the common case's :class:`~shardio.reading.lane.Lane`, the lane,
+        which leaves the batches it cannot make to :meth:`general`: the first stop of a batch (``None``: this)."""
 
     def batch(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
-        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched).
+        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched): the lane's
+        where it serves, else :meth:`general`'s."""
+        return self.general(ids, epoch, repeats) if self.lane is None else self.lane.batch(ids, epoch, repeats)
+
+    def general(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
+        """The batch of sample ids ``ids`` made by the general path, whatever the samples.
 
         ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.planning.repeats`) becomes the batch's
         ``repeat`` field, a bool tensor over the samples it holds (a bool in an unbatched sample).
         """
-        if self._lane is not None:
-            common = self._lane.batch(ids, repeats)
-            if common is not None:
-                return common
         skipped: list[tuple[int, str]] = []
         located = self._located(ids.tolist(), skipped)
         prepared: Iterable[_Prepared]

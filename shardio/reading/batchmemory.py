@@ -110,18 +110,19 @@ def _aligned(nbytes: int) -> int:
 
 
 def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
-             pooled: bool = False) -> list[tuple[torch.Tensor, np.ndarray]]:
+             pooled: bool = False, in_worker: bool | None = None) -> list[tuple[torch.Tensor, np.ndarray]]:
     """Tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker, views of
     one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with
     ``pooled``, a block of :mod:`shardio.reading.blocks`). Zero, unless ``pooled``: then their contents are
-    undefined (reused memory, in the process that iterates too), and the caller writes every element."""
+    undefined (reused memory, in the process that iterates too), and the caller writes every element.
+    ``in_worker``: whether this is a DataLoader worker, where the caller knows (else looked up)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
         offsets.append(total)
         total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if not Context.detect().in_worker:
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return [_private(shape, dtype, reuse=pooled) for shape, dtype in specs]
     if total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
@@ -183,20 +184,21 @@ def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype
     return audio_rows(frames, channels, dtype)[0]
 
 
-def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)
-               ) -> tuple[torch.Tensor, np.ndarray]:
-    """An :func:`audio_block` and its numpy view (``Tensor.numpy`` costs microseconds)."""
+def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32),
+               in_worker: bool | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """An :func:`audio_block` and its numpy view (``Tensor.numpy`` costs microseconds); ``in_worker``: whether
+    this is a DataLoader worker, where the caller knows (else looked up)."""
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
-    if not Context.detect().in_worker:
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return _private(shape, dtype, reuse=True)
     if nbytes:  # a fresh shared block costs system calls and page faults at any size
         memory = blocks.take_memory(_aligned(nbytes) + 3 * _aligned(count * 8))
         if memory is not None:
             rows = memory[:nbytes].view(dtype).reshape(shape)
             return torch.from_numpy(rows), rows
-    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
+    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)], in_worker=True)[0]
 
 
 def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
@@ -205,13 +207,14 @@ def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32
     return _SAMPLES.take(channels * frames * dtype.itemsize).view(dtype).reshape(channels, frames)
 
 
-def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray], in_worker: bool | None = None
+                   ) -> dict[str, torch.Tensor]:
     """A batch's per-sample ``columns`` (new arrays, of shape ``(B,)``) as tensors: in a DataLoader worker,
     copies behind ``audio`` (an :func:`audio_block`) in its shared block, as :func:`allocate` places them;
-    elsewhere the arrays themselves."""
-    if not Context.detect().in_worker:
+    elsewhere the arrays themselves. ``in_worker``: as for :func:`audio_rows`."""
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return {name: torch.from_numpy(column) for name, column in columns.items()}
-    made = allocate([(column.shape, column.dtype) for column in columns.values()], spare=audio)
+    made = allocate([(column.shape, column.dtype) for column in columns.values()], spare=audio, in_worker=True)
     for (_, out), column in zip(made, columns.values()):
         out[...] = column
     return {name: tensor for name, (tensor, _) in zip(columns, made)}

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import FormatError
 
-__all__ = ["BATCH_FIELDS", "add_member_fields", "check_field_names", "json_object"]
+__all__ = ["BATCH_FIELDS", "add_batch_fields", "add_member_fields", "check_field_names", "json_object"]
 
 BATCH_FIELDS = frozenset({"keys", "lengths", "repeat", "skipped", "epoch", "batch_index"})
 """Fields shardio gives every batch: a sample's metadata field of one of these names would replace the batch's
@@ -49,6 +49,12 @@ def add_member_fields(sample: dict[str, Any], members: Mapping[str, memoryview],
             sample.setdefault(name, value)
     if "txt" in members:  # kept beside a .json (webdataset's wav + txt + json); the JSON's "text" wins
         sample.setdefault("text", bytes(members["txt"]).decode("utf-8", errors="replace"))
+
+
+def add_batch_fields(samples: list[dict[str, Any]], members: list[Mapping[str, memoryview]], where: str) -> None:
+    """:func:`add_member_fields` of each of a batch's samples, ``members[i]`` to ``samples[i]``."""
+    for sample, found in zip(samples, members):
+        add_member_fields(sample, found, where)
 
 
 def check_field_names(fields: Mapping[str, Any], where: str) -> None:

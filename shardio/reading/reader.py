@@ -228,6 +228,21 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                                           and not is_url(self.index.shard_path(shard)))
         return mapped
 
+    def local_shard(self, shard: int) -> LocalShard | None:
+        """Shard number ``shard``, open, where its samples are views of its memory map (:meth:`maps`): a caller
+        may keep it to take a batch's views at once (:meth:`LocalShard.views`) until it is ``closed`` (this
+        reader closes its least recently opened shards beyond ``max_open``, and all of them after a fork). None
+        elsewhere, or where it cannot be opened (:meth:`sample_bytes` says why)."""
+        if self._pid != _PROCESS[0]:
+            self._after_fork()
+        if not self.maps(shard):
+            return None
+        try:
+            handle = self._open(shard, f"shard {self.index.shard_path(shard)}")
+        except ShardioError:
+            return None
+        return handle if isinstance(handle, LocalShard) else None
+
     def local_bytes(self, sample: int) -> memoryview | None:
         """The tar bytes of sample number ``sample`` where its shard is a local file (a view of its memory map
         where :meth:`maps`, else read or decompressed); None where the shard is remote or the read fails:

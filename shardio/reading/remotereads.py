@@ -87,16 +87,19 @@ class RemoteReads:
         """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
         reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
         and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's batches these are
-        (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go."""
+        (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go: ``iter(batches)``."""
         if budget <= 0 or not self._any_remote():
-            yield from batches
-            return
+            return iter(batches)
+        return self._reading_ahead(batches, ReadAhead(self._spans, self._fetch_span, budget=budget,
+                                                      concurrency=concurrency, max_gap=max_gap, share=share,
+                                                      on_request=self._count_request))
+
+    def _reading_ahead(self, batches: Iterable[np.ndarray], ahead: ReadAhead) -> Iterator[np.ndarray]:
         if self._pid != os.getpid():
             self._after_fork()
-        self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
-                                max_gap=max_gap, share=share, on_request=self._count_request)
+        self._ahead = ahead
         try:
-            yield from self._ahead.run(batches)
+            yield from ahead.run(batches)
         finally:
             self._ahead = None
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["WavLayout", "convert_wav", "fits", "wav_layout"]
+__all__ = ["WavLayout", "convert_wav", "decode_rows", "fits", "wav_layout", "wav_layouts"]
 
 
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
@@ -71,6 +71,29 @@ def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> 
     else:
         np.copyto(target, source)
     return target, layout.sample_rate, layout.scale == 1.0
+
+
+def decode_rows(audio: list[tuple[memoryview, WavLayout]], rows: np.ndarray) -> list[np.ndarray]:
+    """A batch's WAVs (each with the layout :func:`wav_layouts` read, which fits its row) decoded into the rows
+    of ``rows``, a ``(B, channels, T)`` batch, each row zero past its audio: float32 rows as :func:`convert_wav`
+    converts, int16 rows as stored (16-bit PCM only). Each sample's audio, a view of its row."""
+    decoded = []
+    for (view, layout), row in zip(audio, rows):
+        if rows.dtype == np.int16:
+            samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
+            target = row[:, : layout.frames]
+            np.copyto(target, samples[None] if layout.channels == 1
+                      else samples.reshape(layout.frames, layout.channels).T)
+        else:
+            target = convert_wav(view, layout, row)[0]
+        row[:, layout.frames :] = 0
+        decoded.append(target)
+    return decoded
+
+
+def wav_layouts(views: list[memoryview]) -> list[WavLayout | None]:
+    """:func:`wav_layout` of each of a batch's WAVs."""
+    return [wav_layout(view) for view in views]
 
 
 # the canonical 44-byte header: "RIFF", "WAVE", a 16-byte "fmt " chunk (tag, channels, rate, byte rate, block

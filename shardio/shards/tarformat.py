@@ -1,8 +1,8 @@
-"""POSIX tar members in WebDataset's ``{key}.{ext}`` convention: encode, parse and walk.
+"""POSIX tar members in WebDataset's ``{key}.{ext}`` convention: parse a sample's members, and walk a tar.
 
-shardio writes its own headers (ustar, with a pax record only for names ustar cannot hold) so that the
+shardio writes its own headers (:mod:`shardio.shards.tarencode`, whose names are also here) so that the
 bytes are deterministic, and parses them itself so that a sample can be decoded from a slice of a shard
-without ``tarfile``'s per-member overhead.
+without ``tarfile``'s per-member overhead: :func:`split_samples` takes a batch's samples at once.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import re
 import struct
-import tarfile
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -18,51 +17,13 @@ from dataclasses import dataclass
 from typing import IO, BinaryIO
 
 from ..errors import FormatError
+from .tarencode import BLOCK, END_OF_ARCHIVE, encode_sample
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "parse_members", "walk"]
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "parse_members", "split_sample", "split_samples",
+           "walk"]
 
-BLOCK = 512
-END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
 _ADLER_MOD = 65521
-
-
-def _tarfile_header(name: str, size: int) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
-
-
-_TEMPLATE = bytearray(_tarfile_header("", 0))
-
-
-def _header(name: str, size: int) -> bytes:
-    """A ustar header equal to ``tarfile``'s for these fields, built from a template (3x faster)."""
-    encoded = name.encode("utf-8")
-    if len(encoded) > 100 or not name.isascii() or size >= 8**11:
-        return _tarfile_header(name, size)  # a pax record carries long or non-ASCII names
-    header = bytearray(_TEMPLATE)
-    header[0 : len(encoded)] = encoded
-    header[124:136] = b"%011o\0" % size
-    header[148:156] = b"        "
-    header[148:156] = b"%06o\0 " % sum(header)
-    return bytes(header)
-
-
-def _padding(size: int) -> bytes:
-    return b"\0" * (-size % BLOCK)
-
-
-def encode_sample(key: str, members: dict[str, bytes]) -> bytes:
-    """The tar bytes of one sample: a header, the data and its padding for each ``{key}.{ext}``."""
-    parts: list[bytes] = []
-    for ext, data in members.items():
-        parts += [_header(f"{key}.{ext}", len(data)), data, _padding(len(data))]
-    return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -216,6 +177,28 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
                 found.append((name, view[start : start + size]))
         offset = start + size + (-size % BLOCK)
     return found
+
+
+def split_sample(buffer: bytes | memoryview, key: str, where: str) -> dict[str, memoryview]:
+    """The members of one sample's tar bytes as ``{ext: data view}``, each checked to be ``{key}.{ext}``: a
+    shard re-written with other samples, or an offset that lands on another sample, is a
+    :class:`~shardio.errors.FormatError` rather than one sample's audio under another's key."""
+    found: dict[str, memoryview] = {}
+    stem = len(key) + 1
+    for name, member in parse_members(buffer, where):
+        ext = name[stem:]  # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
+        if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
+            shown = name if len(name) <= 120 else name[:120] + "..."
+            raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
+        found[ext] = member
+    if not found:
+        raise FormatError(f"{where}: no members at the indexed offset")
+    return found
+
+
+def split_samples(buffers: list[memoryview], keys: list[str], where: str) -> list[dict[str, memoryview]]:
+    """:func:`split_sample` of each of a batch's samples."""
+    return [split_sample(buffer, key, where) for buffer, key in zip(buffers, keys)]
 
 
 _CHUNK = 1 << 20

@@ -57,6 +57,8 @@ class LocalShard:
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = CAN_MAP and size > 0
+        self.closed = False
+        """Whether :meth:`close` was called: a holder of this object opens the file again."""
         # the descriptor is this object's: a reader dropped without close() (a dataset made per validation
         # run, say) must not leak one descriptor per shard it read until the process runs out of them
         self._closer = weakref.finalize(self, os.close, fd)
@@ -66,6 +68,8 @@ class LocalShard:
         """Close the file (once; it closes by itself when the object is collected). The map lives on (the
         mmap object holds its own descriptor) until the last view of a range is gone."""
         self._map = self._view = None
+        self._mapping = False
+        self.closed = True
         self._closer()
 
     def check_unchanged(self, where: str) -> None:
@@ -110,6 +114,28 @@ class LocalShard:
         used, else of a copy of their own (a batch holds all its samples' views before decoding any)."""
         view = self.mapped(offset, size, where)
         return view if view is not None else memoryview(self.read(offset, size, where))
+
+    def views(self, offsets: list[int], sizes: list[int], where: str) -> list[memoryview] | None:
+        """Several ranges (a batch's samples in this shard) as views of the map, their pages faulted in, the
+        file's status checked once; None when mapping is not possible here (read them with :meth:`view`).
+        A range past the end of the file is a :class:`FormatError`."""
+        if not self._mapping or self._map is None:
+            first = self.mapped(offsets[0], sizes[0], where) if offsets and self._mapping else None
+            if first is None:
+                return None
+        assert self._map is not None and self._view is not None
+        found, whole, populate = [], self._view, self._map.madvise
+        for offset, size in zip(offsets, sizes):
+            if offset + size > self.size:
+                raise short_read(where, size, offset, max(0, self.size - offset))
+            start = offset - offset % mmap.PAGESIZE
+            try:
+                populate(_MADV_POPULATE_READ, start, offset + size - start)
+            except OSError:
+                return None  # mapped() says what went wrong, one range at a time
+            found.append(whole[offset : offset + size])
+        self.check_unchanged(where)
+        return found
 
     def mapped(self, offset: int, size: int, where: str) -> memoryview | None:
         """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""
