@@ -59,13 +59,14 @@ General = Callable[[np.ndarray, int, "np.ndarray | None"], dict[str, Any]]
 
 class Lane:
     """The common case's batches (see the module) for one process's :class:`Reader`, made in the process that
-    iterates (it keeps the shards it reads open, and knows whether it is a DataLoader worker): ``dtype`` is the
-    batch's audio dtype (``"float32"`` or ``"int16"``), ``fields(sample_id)`` the fields a sample has before its
-    members' (as :class:`~shardio.reading.assembly.Assembler` takes them), and ``general`` makes the batches the
-    lane leaves."""
+    iterates (it keeps the shards it reads open, and knows whether it is a DataLoader worker): ``dtype`` is
+    the batch's audio dtype (``"float32"`` or ``"int16"``), ``fields(sample_id)`` the fields a sample has
+    before its members' (as :class:`~shardio.reading.assembly.Assembler` takes them), and ``general`` makes
+    the batches the lane leaves."""
 
-    def __init__(self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]] | None,
-                 general: General) -> None:
+    def __init__(
+        self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]] | None, general: General
+    ) -> None:
         self.reader = reader
         self.int16 = dtype == "int16"
         self.fields = fields
@@ -77,11 +78,16 @@ class Lane:
         except FormatError:  # an index without keys: the general path says so, sample by sample
             self._keys = None
         self._shard, self._format = columns["shard"], columns["format"]
-        self._frames, self._channels, self._rate = columns["num_frames"], columns["channels"], columns["sample_rate"]
+        self._frames, self._channels, self._rate = (
+            columns["num_frames"],
+            columns["channels"],
+            columns["sample_rate"],
+        )
         self._offset, self._member_offset = columns["frame_offset"], columns["member_offset"]
         self._member_size = columns["member_size"]
         self._in_worker = Context.detect().in_worker
-        self._shards: dict[int, LocalShard | None] = {}  # shard -> open, its samples views of its map (None: not)
+        # shard -> open, its samples views of its map (None: not)
+        self._shards: dict[int, LocalShard | None] = {}
 
     @staticmethod
     def serves(reader: Reader, *, batched: bool, keeps_decoded_audio: bool) -> bool:
@@ -95,8 +101,8 @@ class Lane:
         return made if made is not None else self.general(ids, epoch, repeats)
 
     def common(self, ids: np.ndarray, repeats: np.ndarray | None) -> dict[str, Any] | None:
-        """The collated batch of sample ids ``ids`` (with its ``repeat`` flags and an empty ``skipped``), as the
-        general path would make it; None where the general path must make it."""
+        """The collated batch of sample ids ``ids`` (with its ``repeat`` flags and an empty ``skipped``), as
+        the general path would make it; None where the general path must make it."""
         count = len(ids)
         channels = self._channels[ids].tolist()
         if not count or self._keys is None or channels.count(channels[0]) != count:
@@ -142,8 +148,8 @@ class Lane:
         return self._collated(samples, block, lengths, rates, flags)
 
     def _mapped(self, ids: np.ndarray) -> list[memoryview] | None:
-        """The tar bytes of each sample, views of the maps of their plain local shards, taken a shard at a time;
-        None where a shard is not read so (compressed, or where the kernel cannot map it)."""
+        """The tar bytes of each sample, views of the maps of their plain local shards, taken a shard at a
+        time; None where a shard is not read so (compressed, or where the kernel cannot map it)."""
         shards = self._shard[ids]
         offsets, sizes = self._offset[ids], self._member_size[ids]
         views: list[Any] = [None] * len(ids)
@@ -165,9 +171,9 @@ class Lane:
 
     def _in_passes(self, ids: np.ndarray) -> bool:
         """Whether to read every sample of a batch of compressed shards before preparing any (the general
-        path's passes, see :mod:`~shardio.reading.assembly`): where the frames it decompresses to hold (at most
-        each sample's frame up to its end) are at most :data:`PASS_BYTES`. Decompressed WAV zstd-3 batches were
-        ~7% cheaper so (``benchmarks/ab.py``)."""
+        path's passes, see :mod:`~shardio.reading.assembly`): where the frames it decompresses to hold (at
+        most each sample's frame up to its end) are at most :data:`PASS_BYTES`. Decompressed WAV zstd-3
+        batches were ~7% cheaper so (``benchmarks/ab.py``)."""
         held = self._member_offset[ids].sum(dtype=np.int64) + self._member_size[ids].sum(dtype=np.int64)
         return int(held) <= PASS_BYTES
 
@@ -177,40 +183,67 @@ class Lane:
             raise _Unusual
         return data
 
-    def _prepared(self, ids: np.ndarray, keys: list[str], views: list[memoryview], exts: list[str],
-                  shape: tuple[int, int]) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]]:
-        """The middle pass over samples ``ids`` whose tar bytes are ``views`` and audio members ``exts``: their
-        dicts (key and member fields), and their audio members with their layouts, which must fit rows of
-        ``shape`` (channels, frames)."""
+    def _prepared(
+        self,
+        ids: np.ndarray,
+        keys: list[str],
+        views: list[memoryview],
+        exts: list[str],
+        shape: tuple[int, int],
+    ) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]]:
+        """The middle pass over samples ``ids`` whose tar bytes are ``views`` and audio members ``exts``:
+        their dicts (key and member fields), and their audio members with their layouts, which must fit rows
+        of ``shape`` (channels, frames)."""
         members = split_samples(views, keys, "")
         fields = self.fields
-        samples = [{"key": key, "audio": None, "sample_rate": None, **(fields(sample_id) if fields else {})}
-                   for key, sample_id in zip(keys, ids.tolist())]
+        samples = [
+            {"key": key, "audio": None, "sample_rate": None, **(fields(sample_id) if fields else {})}
+            for key, sample_id in zip(keys, ids.tolist())
+        ]
         add_batch_fields(samples, members, "")
         audio = [found.get(ext) for found, ext in zip(members, exts)]
         if None in audio:
             raise _Unusual
         layouts = wav_layouts(audio)  # type: ignore[arg-type]  # no None left
         for layout in layouts:
-            if layout is None or not 0 < layout.frames <= shape[1] or layout.channels != shape[0] \
-                    or layout.scale == 1.0 or (self.int16 and layout.dtype != "<i2"):
+            if (
+                layout is None
+                or not 0 < layout.frames <= shape[1]
+                or layout.channels != shape[0]
+                or layout.scale == 1.0
+                or (self.int16 and layout.dtype != "<i2")
+            ):
                 raise _Unusual
         return samples, list(zip(audio, layouts))  # type: ignore[arg-type]  # checked above
 
-    def _collated(self, samples: list[dict[str, Any]], block: torch.Tensor, lengths: list[int],
-                  rates: list[int], flags: np.ndarray) -> dict[str, Any]:
+    def _collated(
+        self,
+        samples: list[dict[str, Any]],
+        block: torch.Tensor,
+        lengths: list[int],
+        rates: list[int],
+        flags: np.ndarray,
+    ) -> dict[str, Any]:
         """The batch :func:`~shardio.reading.collate.collate` makes of ``samples`` (decoded into the rows of
         ``block``) with the ``repeat`` column ``flags``, and an empty ``skipped``: what it does with fields of
         plain values (lists), in its order (see :func:`_check_fields`), its small tensors behind the audio."""
         int64 = np.dtype(np.int64)
-        tensors = columns_behind(block, {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64),
-                                         "repeat": flags}, self._in_worker)
-        batch: dict[str, Any] = {"keys": [sample["key"] for sample in samples], "audio": block,
-                                 "lengths": tensors["lengths"], "sample_rate": tensors["sample_rate"]}
+        tensors = columns_behind(
+            block,
+            {"lengths": np.array(lengths, int64), "sample_rate": np.array(rates, int64), "repeat": flags},
+            self._in_worker,
+        )
+        batch: dict[str, Any] = {
+            "keys": [sample["key"] for sample in samples],
+            "audio": block,
+            "lengths": tensors["lengths"],
+            "sample_rate": tensors["sample_rate"],
+        }
         for name in _field_names(samples):
             batch[name] = [sample.get(name) for sample in samples]
         batch["repeat"] = tensors["repeat"]
-        if self._in_worker:  # a batch in a worker's shared block travels as one (the iterating process's never do)
+        # a batch in a worker's shared block travels as one (the iterating process's never do)
+        if self._in_worker:
             batch = blocks.outgoing(batch)
         batch["skipped"] = []
         return batch
@@ -234,9 +267,10 @@ def _field_names(samples: list[dict[str, Any]]) -> list[str]:
 
 
 def _check_fields(samples: list[dict[str, Any]]) -> None:
-    """That the fields collate gives the batch (:func:`_field_names`) are lists of plain values, none named as a
-    field of the batch's own."""
+    """That the fields collate gives the batch (:func:`_field_names`) are lists of plain values, none named as
+    a field of the batch's own."""
     names = _field_names(samples)
-    if not _COLLATE_OWNS.isdisjoint(names) \
-            or any(not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples]) for name in names):
+    if not _COLLATE_OWNS.isdisjoint(names) or any(
+        not PLAIN_TYPES.issuperset([type(sample.get(name)) for sample in samples]) for name in names
+    ):
         raise _Unusual

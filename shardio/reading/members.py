@@ -35,8 +35,9 @@ class SampleMembers:
         where = where or self.where(sample)
         return self.split_members(sample, self.sample_bytes(sample, where), where)
 
-    def split_members(self, sample: int, data: memoryview, where: str, key: str | None = None
-                      ) -> dict[str, memoryview]:
+    def split_members(
+        self, sample: int, data: memoryview, where: str, key: str | None = None
+    ) -> dict[str, memoryview]:
         """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
         checking each member belongs to its key (a damaged shard from the node cache is fetched again).
         ``key``: the sample's own key, when the caller has it."""

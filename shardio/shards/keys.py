@@ -55,7 +55,9 @@ class Keys(Spans, Sequence[str]):
                 self._span(i)  # names the damaged one
         blob = self._blob
         try:
-            return [bytes(blob[start:end]).decode("utf-8") for start, end in zip(starts.tolist(), ends.tolist())]
+            return [
+                bytes(blob[start:end]).decode("utf-8") for start, end in zip(starts.tolist(), ends.tolist())
+            ]
         except UnicodeDecodeError:
             for i in ids.tolist():
                 self.key(i)  # names the key that is not UTF-8
@@ -89,7 +91,8 @@ class Keys(Spans, Sequence[str]):
         size = len(self._blob)
         position = self._blob.find(needle, 0) if needle else -1
         while position >= 0:
-            first = int(np.searchsorted(self._ends, position, side="right"))  # the key holding byte `position`
+            first = int(np.searchsorted(self._ends, position, side="right"))
+            # the key holding byte `position`
             start = int(self._ends[first - 1]) if first else 0
             if start == position and first < len(self) and int(self._ends[first]) == position + len(needle):
                 return first
@@ -110,8 +113,11 @@ class Keys(Spans, Sequence[str]):
 
     def __eq__(self, other: object) -> bool:
         if type(other) is Keys and type(self) is Keys:
-            return len(self) == len(other) and bytes(self.blob) == bytes(other.blob) and \
-                bool(np.array_equal(self.ends, other.ends))
+            return (
+                len(self) == len(other)
+                and bytes(self.blob) == bytes(other.blob)
+                and bool(np.array_equal(self.ends, other.ends))
+            )
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented

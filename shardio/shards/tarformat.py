@@ -19,8 +19,16 @@ from typing import IO, BinaryIO
 from ..errors import FormatError
 from .tarencode import BLOCK, END_OF_ARCHIVE, encode_sample
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "Member", "encode_sample", "parse_members", "split_sample", "split_samples",
-           "walk"]
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "Member",
+    "encode_sample",
+    "parse_members",
+    "split_sample",
+    "split_samples",
+    "walk",
+]
 
 _REGULAR = (b"0", b"\0", b"7")
 _ADLER_MOD = 65521
@@ -76,8 +84,10 @@ def _pax_path(data: bytes, where: str) -> str | None:
         length = int(digits) if digits.isdigit() else 0
         end = pos + length
         if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
-            raise FormatError(f"{where}: malformed pax record at byte {pos} of the extended header "
-                              f"({len(data) - pos} bytes left)")
+            raise FormatError(
+                f"{where}: malformed pax record at byte {pos} of the extended header "
+                f"({len(data) - pos} bytes left)"
+            )
         name, _, value = data[space + 1 : end - 1].partition(b"=")
         if name == b"path":
             path = _text(value, where)
@@ -85,8 +95,12 @@ def _pax_path(data: bytes, where: str) -> str | None:
     return path
 
 
-def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable[[int, int], bytes],
-                  skip_data: Callable[[int, int], None], where: str) -> Iterator[Member]:
+def _walk_headers(
+    read_block: Callable[[int], bytes | None],
+    read_data: Callable[[int, int], bytes],
+    skip_data: Callable[[int, int], None],
+    where: str,
+) -> Iterator[Member]:
     """Walk tar headers through three callbacks over a sequential stream (see :func:`walk`)."""
     offset = 0
     long_name: str | None = None
@@ -95,8 +109,9 @@ def _walk_headers(read_block: Callable[[int], bytes | None], read_data: Callable
         if header is None or not any(header):
             return
         if len(header) < BLOCK:
-            raise FormatError(f"{where}: truncated tar header at offset {offset} "
-                              f"({len(header)} of {BLOCK} bytes)")
+            raise FormatError(
+                f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)"
+            )
         header = bytes(header)
         _check(header, f"{where} at offset {offset}")
         size = _octal(header[124:136], where)
@@ -147,9 +162,19 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
         try:
             raw_name, digits, digits_end, checksum, kind, prefix = _USTAR.unpack_from(view, offset)
             size = int(digits, 8)
-            fast = (digits.isdigit() and digits_end in _ENDS  # int() takes a sign, and a size < 0 loops
-                    and (int(checksum[:6], 8) + sum(checksum) - 8 * 32 + 1
-                         - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)) % _ADLER_MOD == 0)
+            fast = (
+                digits.isdigit()
+                and digits_end in _ENDS  # int() takes a sign, and a size < 0 loops
+                and (
+                    int(checksum[:6], 8)
+                    + sum(checksum)
+                    - 8 * 32
+                    + 1
+                    - (zlib.adler32(view[offset : offset + BLOCK]) & 0xFFFF)
+                )
+                % _ADLER_MOD
+                == 0
+            )
         except (ValueError, struct.error):  # not zero-padded octal, or less than a block left
             fast = False
         if not fast:
@@ -157,8 +182,9 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
             if not header[0] and not any(header):
                 break
             if len(header) < BLOCK:
-                raise FormatError(f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} "
-                                  "bytes)")
+                raise FormatError(
+                    f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)"
+                )
             _check(header, f"{where} at offset {offset}")
             size = _octal(header[124:136], where)
             raw_name, kind, prefix = header[:100], header[156:157], header[345:500]
@@ -186,7 +212,8 @@ def split_sample(buffer: bytes | memoryview, key: str, where: str) -> dict[str, 
     found: dict[str, memoryview] = {}
     stem = len(key) + 1
     for name, member in parse_members(buffer, where):
-        ext = name[stem:]  # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
+        ext = name[stem:]
+        # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
         if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
             shown = name if len(name) <= 120 else name[:120] + "..."
             raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
@@ -207,16 +234,18 @@ SPOOL_BYTES = 8 << 20
 """Member data up to this size stays in memory while :func:`walk` yields it; larger goes to a temp file."""
 
 
-def _copy_exact(stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str,
-                offset: int) -> None:
+def _copy_exact(
+    stream: BinaryIO, size: int, sink: Callable[[bytes], object], where: str, offset: int
+) -> None:
     """Copy exactly ``size`` bytes of ``stream`` to ``sink`` in chunks (never one buffer of ``size``: a header
     may claim any size)."""
     left = size
     while left:
         data = stream.read(min(_CHUNK, left))
         if not data:
-            raise FormatError(f"{where}: truncated tar stream at offset {offset + size - left}, expected "
-                              f"{left} more bytes")
+            raise FormatError(
+                f"{where}: truncated tar stream at offset {offset + size - left}, expected {left} more bytes"
+            )
         sink(data)
         left -= len(data)
 
@@ -231,8 +260,10 @@ def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
 
     def read_exact(offset: int, size: int) -> bytes:
         if size > _MAX_NAME_RECORD:
-            raise FormatError(f"{where}: an extended header at offset {offset} claims {size} bytes, more "
-                              f"than {_MAX_NAME_RECORD} for a name")
+            raise FormatError(
+                f"{where}: an extended header at offset {offset} claims {size} bytes, more "
+                f"than {_MAX_NAME_RECORD} for a name"
+            )
         parts: list[bytes] = []
         skip_to(offset)
         _copy_exact(stream, size, parts.append, where, offset)
