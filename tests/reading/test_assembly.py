@@ -93,9 +93,10 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
     assert not Reader(plain).maps(0)
 
 
-def test_the_lane_opens_again_the_shards_the_reader_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lane keeps the shards it reads for the iteration; one the reader closed since (it keeps ``max_open``
-    open) is opened again, and the lane still makes every batch."""
+def test_the_lane_opens_again_the_shards_the_reader_closed(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane keeps the shards it reads for the iteration; one the reader closed since (it keeps
+    ``max_open`` open) is opened again, and the lane still makes every batch."""
     from shardio.reading.assembly import Assembler, Decoding
     from shardio.reading.lane import Lane
 
@@ -117,7 +118,8 @@ def test_the_lane_opens_again_the_shards_the_reader_closed(tmp_path: Path, monke
         batch = assembler.batch(np.array(ids), 0)
         for row, key in enumerate(batch["keys"]):
             expected, _ = soundfile.read(io.BytesIO(dict(clips)[key]["wav"]), dtype="float32", always_2d=True)
-            assert torch.equal(batch["audio"][row, :, : expected.shape[0]], torch.from_numpy(expected.T.copy()))
+            decoded = batch["audio"][row, :, : expected.shape[0]]
+            assert torch.equal(decoded, torch.from_numpy(expected.T.copy()))
     assert served == [True] * 4 and len(reader._handles) == 1
 
 

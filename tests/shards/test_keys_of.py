@@ -1,5 +1,5 @@
-"""Keys of a batch at once (``Keys.keys_of``): each sample's key, in order, from a plain or a chained key table;
-a damaged span or a key that is not UTF-8 is a ``FormatError``, as it is one key at a time."""
+"""Keys of a batch at once (``Keys.keys_of``): each sample's key, in order, from a plain or a chained key
+table; a damaged span or a key that is not UTF-8 is a ``FormatError``, as it is one key at a time."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_the_keys_of_a_batch_are_each_samples_key(keys: list[str], data: st.Data
 
 @given(parts=st.lists(st.lists(st.text(max_size=5), min_size=1, max_size=6), min_size=1, max_size=4),
        data=st.data())
-def test_the_keys_of_a_batch_of_a_chain_are_each_samples_key(parts: list[list[str]], data: st.DataObject) -> None:
+def test_the_keys_of_a_batch_of_a_chain_are_each_samples_key(parts: list[list[str]],
+                                                               data: st.DataObject) -> None:
     every = [key for part in parts for key in part]
     ids = data.draw(st.lists(st.integers(0, len(every) - 1), max_size=12))
     chain = ChainedKeys([Keys.of(part) for part in parts])

@@ -27,7 +27,8 @@ def _shard(tmp_path: Path, unchanged_since: int | None = None) -> tuple[Path, Lo
 def test_the_views_are_the_ranges(tmp_path: Path) -> None:
     _, shard = _shard(tmp_path)
     views = shard.views([0, 100, 5000, 100], [10, 300, 1000, 0], "shard")
-    assert views is not None and [bytes(view) for view in views] == [DATA[:10], DATA[100:400], DATA[5000:6000], b""]
+    assert views is not None
+    assert [bytes(view) for view in views] == [DATA[:10], DATA[100:400], DATA[5000:6000], b""]
     shard.close()
     assert shard.closed and shard.views([0], [10], "shard") is None
 
