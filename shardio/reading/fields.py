@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import FormatError
@@ -15,8 +15,8 @@ BATCH_FIELDS = frozenset({"keys", "lengths", "repeat", "skipped", "epoch", "batc
 """Fields shardio gives every batch: a sample's metadata field of one of these names would replace the batch's
 own (or be replaced by it) unseen, so such a field is refused (:func:`check_field_names`)."""
 
-# type: ignore[arg-type]  # typeshed takes it for a class
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+# typeshed takes make_scanner for a class
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def json_object(data: memoryview, where: str) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def add_member_fields(sample: dict[str, Any], members: Mapping[str, memoryview],
 
 
 def add_batch_fields(
-    samples: list[dict[str, Any]], members: list[Mapping[str, memoryview]], where: str
+    samples: list[dict[str, Any]], members: Sequence[Mapping[str, memoryview]], where: str
 ) -> None:
     """:func:`add_member_fields` of each of a batch's samples, ``members[i]`` to ``samples[i]``."""
     for sample, found in zip(samples, members):

@@ -1,4 +1,4 @@
-"""Lane: a batch of the common case in fewer steps, or None to leave the batch to the general assembly.
+"""Lane: a batch of the common case in fewer steps, each taking the whole batch; else the general assembly's.
 
 The common case is how shardio packs speech: local shards (plain ``.tar`` read as views of their memory maps,
 or compressed), integer PCM WAV that the decoder's header parser reads, audio decoded straight into the batch
@@ -8,14 +8,19 @@ could need it, a record per sample between the passes, the decoder's dispatch, c
 and of each field's values) cost a good part of what reading, checking and converting the samples does:
 the lane makes a WAV batch ~10% cheaper (``benchmarks/ab.py``; ``benchmarks/README.md``).
 
-The lane does the same work, in passes as the general path does (every sample's bytes, then each sample's
-members, JSON and header, then the conversions into the batch's rows) where the reads are views of maps or
-their decompressed frames are small, and builds the batch :func:`~shardio.reading.collate.collate` would:
-``tests/reading/test_lane.py`` holds its batches equal to the general path's over generated datasets. It quits
-at the first thing it does not expect (a remote shard, a failed read, a member of another key, JSON that
-does not parse, a field collate would not list, a WAV header the parser leaves to soundfile, float samples,
-which must be checked for NaN, a header that disagrees with the index) before it has counted or logged
-anything, and the general path builds the whole batch: its errors, skips and messages stay the only ones.
+The lane does the same work, in passes as the general path does, each one call for the batch: its keys
+(:meth:`~shardio.shards.keys.Keys.keys_of`), its samples' bytes (views of each shard's map, a shard at a time:
+:meth:`~shardio.storage.localshard.LocalShard.views`; the shards stay open for the iteration), their members
+(:func:`~shardio.shards.tarformat.split_samples`), JSON and text
+(:func:`~shardio.reading.fields.add_batch_fields`) and WAV headers (:func:`~shardio.reading.wav.wav_layouts`),
+then the conversions into the batch's rows (:func:`~shardio.reading.wav.decode_rows`). Compressed shards'
+samples are read one by one, and taken in passes where their decompressed frames are small. It builds the
+batch :func:`~shardio.reading.collate.collate` would: ``tests/reading/test_lane.py`` holds its batches equal
+to the general path's over generated datasets. It quits at the first thing it does not expect (a remote shard,
+a failed read, a member of another key, JSON that does not parse, a field collate would not list, a WAV header
+the parser leaves to soundfile, float samples, which must be checked for NaN, a header that disagrees with the
+index) before it has counted or logged anything, and the general path builds the whole batch: its errors,
+skips and messages stay the only ones.
 """
 
 from __future__ import annotations
