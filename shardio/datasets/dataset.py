@@ -312,7 +312,7 @@ class ShardDataset(Planned, IterableDataset):
         assembler = Assembler(self._reader, self.decoding, seed=self.seed, batched=self.batched,
                               on_error=self.reading.on_error,
                               fields=self.planner.fields if self.planner.corpora else None)
-        builder = assembler.lane or assembler  # a batch's first stop: the common case's lane, where it serves
+        builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.reading.read_ahead,
                                           share=1 / world.num_workers)
