@@ -26,7 +26,8 @@ from typing import Any
 import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, ShardioError
-from ..shards.index import STREAM_CODECS, Index
+from ..shards.columns import STREAM_CODECS
+from ..shards.index import Index
 from ..storage import localshard
 from ..storage.files import is_url
 from ..storage.filesystems import Filesystems

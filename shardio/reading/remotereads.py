@@ -19,7 +19,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import ReadError
-from ..shards.index import STREAM_CODECS, Index
+from ..shards.columns import STREAM_CODECS
+from ..shards.index import Index
 from ..storage.files import is_url, read_range
 from ..storage.filesystems import Filesystems
 from ..storage.httpreads import is_http
