@@ -312,11 +312,12 @@ class ShardDataset(Planned, IterableDataset):
         assembler = Assembler(self._reader, self.decoding, seed=self.seed, batched=self.batched,
                               on_error=self.reading.on_error,
                               fields=self.planner.fields if self.planner.corpora else None)
+        builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.reading.read_ahead,
                                           share=1 / world.num_workers)
         for j, ids in zip(numbers, batches):
-            batch = assembler.batch(ids, at.epoch, plan.repeat_flags(j))
+            batch = builder.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j
             progress.yielded += 1
             yield batch

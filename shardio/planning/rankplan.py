@@ -57,5 +57,9 @@ def rank_plan(plan: EpochPlan, rank: int, repeats: Repeats | None = None) -> Ran
     positions = np.repeat(starts - offsets[:-1], sizes) + np.arange(int(offsets[-1]), dtype=np.int64)
     ids = plan.samples[positions]
     small = ids.size == 0 or int(ids.max()) < np.iinfo(np.int32).max
-    return RankPlan(rank, ids.astype(np.int32) if small else ids.astype(np.int64), offsets,
-                    (Repeats(plan) if repeats is None else repeats).rank_flags(rank))
+    return RankPlan(
+        rank,
+        ids.astype(np.int32) if small else ids.astype(np.int64),
+        offsets,
+        (Repeats(plan) if repeats is None else repeats).rank_flags(rank),
+    )

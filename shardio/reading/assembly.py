@@ -36,6 +36,7 @@ __all__ = ["Assembler", "Decoding", "Transform"]
 
 logger = logging.getLogger(__name__)
 
+
 def _key_seed(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
@@ -53,38 +54,55 @@ class _Prepared(NamedTuple):
 class Assembler:
     """Builds one process's batches with its :class:`Reader`.
 
-    ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``; ``None``: none).
-    ``on_error="skip"`` leaves out (and logs, and counts in the reader's stats) samples that cannot be read
-    or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order.
-    """
+    ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``; ``None``:
+    none). ``on_error="skip"`` leaves out (and logs, and counts in the reader's stats) samples that cannot be
+    read or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order."""
 
-    def __init__(self, reader: Reader, decoding: Decoding, *, seed: int, batched: bool, on_error: str,
-                 fields: Callable[[int], dict[str, Any]] | None) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        decoding: Decoding,
+        *,
+        seed: int,
+        batched: bool,
+        on_error: str,
+        fields: Callable[[int], dict[str, Any]] | None,
+    ) -> None:
         self.reader = reader
         self.decoding = decoding
         self.seed = seed
         self.batched = batched
         self.on_error = on_error
         self.fields = fields
-        self._lane = Lane(reader, decoding.dtype, fields) if Lane.serves(
-            reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio) else None
+        self.lane = (
+            Lane(reader, decoding.dtype, fields, self.general)
+            if Lane.serves(reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio)
+            else None
+        )
+        """Where this process's batches may take the common case's :class:`~shardio.reading.lane.Lane`, the
+        lane, which leaves the batches it cannot make to :meth:`general`: the first stop of a batch (``None``:
+        this)."""
 
     def batch(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
-        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched).
+        """The batch of sample ids ``ids`` (one sample, not batched, when the dataset is unbatched): the
+        lane's where it serves, else :meth:`general`'s."""
+        return (
+            self.general(ids, epoch, repeats) if self.lane is None else self.lane.batch(ids, epoch, repeats)
+        )
+
+    def general(self, ids: np.ndarray, epoch: int, repeats: np.ndarray | None = None) -> dict[str, Any]:
+        """The batch of sample ids ``ids`` made by the general path, whatever the samples.
 
         ``repeats`` (a bool per id: planned repeats, see :mod:`shardio.planning.repeats`) becomes the batch's
         ``repeat`` field, a bool tensor over the samples it holds (a bool in an unbatched sample).
         """
-        if self._lane is not None:
-            common = self._lane.batch(ids, repeats)
-            if common is not None:
-                return common
         skipped: list[tuple[int, str]] = []
         located = self._located(ids.tolist(), skipped)
         prepared: Iterable[_Prepared]
         if self._in_passes(ids):
             prepared = list(self._prepared(list(located), skipped))
-        else:  # each sample read, prepared and decoded in turn: a batch of decompressed samples outgrows caches
+        else:
+            # each sample read, prepared and decoded in turn: a batch of decompressed samples outgrows caches
             prepared = self._prepared(located, skipped)
         block, rows = self._audio_block(ids) if self.batched else (None, self._sample_rows(ids))
         samples: list[dict[str, Any]] = []
@@ -93,7 +111,8 @@ class Assembler:
         try:
             for position, sample, audio in prepared:
                 try:
-                    row = None if rows is None else rows[len(samples)]  # a failed sample's row is written again
+                    row = None if rows is None else rows[len(samples)]
+                    # a failed sample's row is written again
                     samples.append(self._decode(sample, audio, epoch, row))
                 except ShardioError as exc:
                     self._failed(position, int(ids[position]), exc, skipped)
@@ -109,8 +128,9 @@ class Assembler:
         if self.batched:
             if skipped:
                 blocks.release(block)
-            batch = collate_into(samples, audio=block if not skipped else None, in_rows=in_rows,
-                                 columns={"repeat": flags})
+            batch = collate_into(
+                samples, audio=block if not skipped else None, in_rows=in_rows, columns={"repeat": flags}
+            )
         else:
             batch = to_tensors(samples[0]) if samples else collate([])
             if samples:
@@ -148,7 +168,9 @@ class Assembler:
                 continue
             yield prepared
 
-    def _failed(self, position: int, sample_id: int, exc: ShardioError, skipped: list[tuple[int, str]]) -> None:
+    def _failed(
+        self, position: int, sample_id: int, exc: ShardioError, skipped: list[tuple[int, str]]
+    ) -> None:
         """Raise ``exc`` again, or (``on_error="skip"``) log it and list the sample as skipped."""
         if self.on_error == "raise" or isinstance(exc, RangeNotSupported):  # that one fails every sample
             raise exc
@@ -192,8 +214,12 @@ class Assembler:
         ext = index.formats[int(index.columns["format"][sample_id])]
         if ext not in members:
             raise FormatError(f"{where}: no '{ext}' audio member, found {sorted(members)}")
-        sample: dict[str, Any] = {"key": key, "audio": None, "sample_rate": None,
-                                  **(self.fields(sample_id) if self.fields else {})}
+        sample: dict[str, Any] = {
+            "key": key,
+            "audio": None,
+            "sample_rate": None,
+            **(self.fields(sample_id) if self.fields else {}),
+        }
         if index.has_metadata:  # kept in the index (a NeMo dataset's manifest)
             metadata = index.metadata(sample_id)
             check_field_names(metadata, where)
@@ -201,12 +227,21 @@ class Assembler:
                 sample.setdefault(name, value)
         add_member_fields(sample, members, where)
         columns = index.columns
-        return _Prepared(position, sample, read_header(members[ext], ext, where=where,
-                                                       frames=int(columns["num_frames"][sample_id]),
-                                                       rate=int(columns["sample_rate"][sample_id])))
+        return _Prepared(
+            position,
+            sample,
+            read_header(
+                members[ext],
+                ext,
+                where=where,
+                frames=int(columns["num_frames"][sample_id]),
+                rate=int(columns["sample_rate"][sample_id]),
+            ),
+        )
 
-    def _decode(self, sample: dict[str, Any], audio: EncodedAudio, epoch: int,
-                row: np.ndarray | None) -> dict[str, Any]:
+    def _decode(
+        self, sample: dict[str, Any], audio: EncodedAudio, epoch: int, row: np.ndarray | None
+    ) -> dict[str, Any]:
         """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then the
         transform."""
         decoding = self.decoding
@@ -216,8 +251,12 @@ class Assembler:
             sample["audio"], sample["sample_rate"] = stored
             return sample
         sample["audio"], sample["sample_rate"] = decode_encoded(
-            audio, mono=decoding.mono, sample_rate=decoding.sample_rate, check_finite=decoding.check_finite,
-            out=row)
+            audio,
+            mono=decoding.mono,
+            sample_rate=decoding.sample_rate,
+            check_finite=decoding.check_finite,
+            out=row,
+        )
         if decoding.transform is not None:
             key = sample["key"]
             sample = decoding.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))

@@ -1,10 +1,10 @@
 """Batch memory: where a batch's tensors live, so that the memory of a batch is reused, not faulted in anew.
 
 In a DataLoader worker every tensor of a batch is carved out of one shared-memory block (as torch's default
-collate allocates in shared memory): the batch then travels to the main process as one file descriptor
-instead of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL).
-The block is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.reading.blocks`), and after
-its first trip it is named, not sent.
+collate allocates in shared memory): the batch then travels to the main process as one file descriptor instead
+of one copy and one descriptor hand-over per tensor (each hand-over waits on the busy worker's GIL). The block
+is one the worker reuses once the trainer has dropped the batch (:mod:`shardio.reading.blocks`), and after its
+first trip it is named, not sent.
 
 In the process that iterates (``num_workers=0``) the audio of a batch reuses the memory of an earlier batch
 that nothing references any more (the trainer has dropped it): a fresh multi-megabyte block costs a zero
@@ -109,29 +109,39 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor | None = None,
-             pooled: bool = False) -> list[tuple[torch.Tensor, np.ndarray]]:
-    """Tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker, views of
-    one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with
+def allocate(
+    specs: list[tuple[tuple[int, ...], np.dtype]],
+    spare: torch.Tensor | None = None,
+    pooled: bool = False,
+    in_worker: bool | None = None,
+) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """Tensors of the given shapes and numpy dtypes, each with its numpy view: in a DataLoader worker, views
+    of one shared block (the room left behind ``spare``, an :func:`audio_block`, when it is large enough; with
     ``pooled``, a block of :mod:`shardio.reading.blocks`). Zero, unless ``pooled``: then their contents are
-    undefined (reused memory, in the process that iterates too), and the caller writes every element."""
+    undefined (reused memory, in the process that iterates too), and the caller writes every element.
+    ``in_worker``: whether this is a DataLoader worker, where the caller knows (else looked up)."""
     start = _aligned(spare.numel() * spare.element_size()) if spare is not None else 0
     offsets, total = [], start
     for shape, dtype in specs:
         offsets.append(total)
         total += _aligned(math.prod(shape) * dtype.itemsize)
     dtypes = [_torch_dtype(dtype) for _, dtype in specs]
-    if not Context.detect().in_worker:
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return [_private(shape, dtype, reuse=pooled) for shape, dtype in specs]
     if total == start or any(d is None for d in dtypes):
         arrays = [np.zeros(shape, dtype=dtype) for shape, dtype in specs]
         return [(torch.from_numpy(array), array) for array in arrays]
     memory = blocks.memory_of(spare) if spare is not None else None
-    if memory is not None and memory.nbytes >= total:  # a pooled block: what lies behind the audio is not zero
+    # a pooled block: what lies behind the audio is not zero
+    if memory is not None and memory.nbytes >= total:
         memory[start:total] = 0
         return _views(memory, specs, offsets)
-    if spare is not None and spare.untyped_storage().is_shared() and spare.storage_offset() == 0 \
-            and blocks.usable(spare) >= total:
+    if (
+        spare is not None
+        and spare.untyped_storage().is_shared()
+        and spare.storage_offset() == 0
+        and blocks.usable(spare) >= total
+    ):
         storage = spare.untyped_storage()  # a new shared-memory file: zero-filled behind the audio
     else:
         offsets = [offset - start for offset in offsets]
@@ -139,24 +149,32 @@ def allocate(specs: list[tuple[tuple[int, ...], np.dtype]], spare: torch.Tensor 
         if memory is not None:
             return _views(memory, specs, offsets)
         storage = torch.UntypedStorage._new_shared(total - start)  # a new shared-memory file: zero-filled
-    tensors = [torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
-               for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)]
+    tensors = [
+        torch.empty(0, dtype=torch_dtype).set_(storage, offset // dtype.itemsize, shape, _strides(shape))
+        for (shape, dtype), torch_dtype, offset in zip(specs, dtypes, offsets)
+    ]
     return [(tensor, tensor.numpy()) for tensor in tensors]
 
 
 def _private(shape: tuple[int, ...], dtype: np.dtype, reuse: bool) -> tuple[torch.Tensor, np.ndarray]:
     """A private array and its tensor: zeros, or (``reuse``, when large) unused memory of the pool, as is."""
     nbytes = math.prod(shape) * dtype.itemsize
-    array = _POOL.take(nbytes).view(dtype).reshape(shape) if reuse and nbytes >= _POOL_MIN_BYTES \
+    array = (
+        _POOL.take(nbytes).view(dtype).reshape(shape)
+        if reuse and nbytes >= _POOL_MIN_BYTES
         else np.zeros(shape, dtype=dtype)
+    )
     return torch.from_numpy(array), array
 
 
-def _views(memory: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]], offsets: list[int]
-           ) -> list[tuple[torch.Tensor, np.ndarray]]:
+def _views(
+    memory: np.ndarray, specs: list[tuple[tuple[int, ...], np.dtype]], offsets: list[int]
+) -> list[tuple[torch.Tensor, np.ndarray]]:
     """Arrays of ``specs`` at ``offsets`` in ``memory`` (uint8), each with a tensor over it."""
-    arrays = [memory[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-              for (shape, dtype), offset in zip(specs, offsets)]
+    arrays = [
+        memory[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+        for (shape, dtype), offset in zip(specs, offsets)
+    ]
     return [(torch.from_numpy(array), array) for array in arrays]
 
 
@@ -176,27 +194,31 @@ def audio_block(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype
 
     In a DataLoader worker it lies in shared memory, with room behind it for the batch's lengths, sample rates
     and repeat flags, so the whole batch crosses to the training process as one block: a block of
-    :mod:`shardio.reading.blocks`, reused once the trainer has dropped the batch it held. Elsewhere a large block
-    reuses the memory of an earlier batch that nothing references any more, so its contents are undefined
-    until written.
-    """
+    :mod:`shardio.reading.blocks`, reused once the trainer has dropped the batch it held. Elsewhere a large
+    block reuses the memory of an earlier batch that nothing references any more, so its contents are
+    undefined until written."""
     return audio_rows(frames, channels, dtype)[0]
 
 
-def audio_rows(frames: Sequence[int], channels: int, dtype: np.dtype = np.dtype(np.float32)
-               ) -> tuple[torch.Tensor, np.ndarray]:
-    """An :func:`audio_block` and its numpy view (``Tensor.numpy`` costs microseconds)."""
+def audio_rows(
+    frames: Sequence[int],
+    channels: int,
+    dtype: np.dtype = np.dtype(np.float32),
+    in_worker: bool | None = None,
+) -> tuple[torch.Tensor, np.ndarray]:
+    """An :func:`audio_block` and its numpy view (``Tensor.numpy`` costs microseconds); ``in_worker``: whether
+    this is a DataLoader worker, where the caller knows (else looked up)."""
     count, int64 = len(frames), np.dtype(np.int64)
     shape = (count, channels, max(frames, default=0))
     nbytes = count * channels * shape[2] * dtype.itemsize
-    if not Context.detect().in_worker:
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return _private(shape, dtype, reuse=True)
     if nbytes:  # a fresh shared block costs system calls and page faults at any size
         memory = blocks.take_memory(_aligned(nbytes) + 3 * _aligned(count * 8))
         if memory is not None:
             rows = memory[:nbytes].view(dtype).reshape(shape)
             return torch.from_numpy(rows), rows
-    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)])[0]
+    return allocate([(shape, dtype), ((count,), int64), ((count,), int64)], in_worker=True)[0]
 
 
 def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
@@ -205,13 +227,17 @@ def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32
     return _SAMPLES.take(channels * frames * dtype.itemsize).view(dtype).reshape(channels, frames)
 
 
-def columns_behind(audio: torch.Tensor, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def columns_behind(
+    audio: torch.Tensor, columns: dict[str, np.ndarray], in_worker: bool | None = None
+) -> dict[str, torch.Tensor]:
     """A batch's per-sample ``columns`` (new arrays, of shape ``(B,)``) as tensors: in a DataLoader worker,
     copies behind ``audio`` (an :func:`audio_block`) in its shared block, as :func:`allocate` places them;
-    elsewhere the arrays themselves."""
-    if not Context.detect().in_worker:
+    elsewhere the arrays themselves. ``in_worker``: as for :func:`audio_rows`."""
+    if not (Context.detect().in_worker if in_worker is None else in_worker):
         return {name: torch.from_numpy(column) for name, column in columns.items()}
-    made = allocate([(column.shape, column.dtype) for column in columns.values()], spare=audio)
+    made = allocate(
+        [(column.shape, column.dtype) for column in columns.values()], spare=audio, in_worker=True
+    )
     for (_, out), column in zip(made, columns.values()):
         out[...] = column
     return {name: tensor for name, (tensor, _) in zip(columns, made)}

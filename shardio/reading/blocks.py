@@ -34,7 +34,8 @@ from ..errors import ReadError
 __all__ = ["LIMIT", "Outgoing", "is_pooled", "memory_of", "outgoing", "release", "take", "take_memory"]
 
 LIMIT = 8
-"""Blocks a worker keeps: the DataLoader's prefetch (2 per worker), the batches the trainer holds and pinning."""
+"""Blocks a worker keeps: the DataLoader's prefetch (2 per worker), the batches the trainer holds and
+pinning."""
 _TAIL = 64  # bytes kept free at the end of a block: its flag lies in the last one
 _SMALL = 4096  # tensors of the block up to this size travel as copies: a trainer keeping a batch's lengths
 # (for its logs) does not hold the whole block
@@ -45,7 +46,8 @@ class _Block(NamedTuple):
     tensor: torch.Tensor  # uint8, the whole shared storage
     flag: np.ndarray  # its last byte
     token: tuple[int, int]  # (worker pid, serial): names the block in the training process once it has it
-    memory: np.ndarray  # uint8, the block but its tail: batches are written through numpy views (~1 us, torch's ~5)
+    # uint8, the block but its tail: batches are written through numpy views (~1 us, torch's ~5)
+    memory: np.ndarray
 
 
 class _Pool:
@@ -109,9 +111,9 @@ def take(nbytes: int) -> torch.Tensor | None:
 
 
 def take_memory(nbytes: int) -> np.ndarray | None:
-    """As :func:`take`, the block's usable bytes as a uint8 numpy array: views of it, and tensors made from them
-    by ``torch.from_numpy``, cost a fraction of torch's views of the storage, and are as much the block's (it is
-    found by address)."""
+    """As :func:`take`, the block's usable bytes as a uint8 numpy array: views of it, and tensors made from
+    them by ``torch.from_numpy``, cost a fraction of torch's views of the storage, and are as much the block's
+    (it is found by address)."""
     block = _POOL.take(nbytes)
     return None if block is None else block.memory
 
@@ -166,7 +168,9 @@ class Outgoing(dict[str, Any]):
             inside = False
             if block is not None and isinstance(value, torch.Tensor) and value.is_cpu:
                 pointer = value.data_ptr()
-                inside = start <= pointer < end if value.numel() else value.untyped_storage().data_ptr() == start
+                inside = (
+                    start <= pointer < end if value.numel() else value.untyped_storage().data_ptr() == start
+                )
             if not inside:
                 rest[name] = value
                 continue
@@ -174,13 +178,19 @@ class Outgoing(dict[str, Any]):
             if not array.flags.c_contiguous:
                 rest[name] = value.clone()
             elif array.nbytes <= _SMALL:
-                small[name] = (array.dtype.str, array.shape, array.tobytes())  # by value: cheaper than an array
+                small[name] = (
+                    array.dtype.str,
+                    array.shape,
+                    array.tobytes(),
+                )  # by value: cheaper than an array
             else:
                 views[name] = (array.dtype.str, pointer - start, array.shape)
         if block is None or not views:  # nothing left in the block: copies go as torch sends tensors
             if block is not None:
                 block.flag[0] = _FREE
-            return dict, ({name: _small_tensor(*small[name]) if name in small else rest[name] for name in self},)
+            return dict, (
+                {name: _small_tensor(*small[name]) if name in small else rest[name] for name in self},
+            )
         with _POOL.lock:
             first = block.token not in _POOL.sent
             _POOL.sent.add(block.token)
@@ -241,9 +251,11 @@ class _Mapped:
         """The block ``token`` names, received earlier."""
         received = self.storages.get(token)
         if received is None:
-            raise ReadError(f"a batch names shared-memory block {token[1]} of DataLoader worker {token[0]}, which "
-                            "this process was never sent: a batch from a worker can be unpickled once, by the "
-                            "process that iterates the DataLoader")
+            raise ReadError(
+                f"a batch names shared-memory block {token[1]} of DataLoader worker {token[0]}, which "
+                "this process was never sent: a batch from a worker can be unpickled once, by the "
+                "process that iterates the DataLoader"
+            )
         return received
 
 
@@ -274,12 +286,17 @@ def _set_free(flag: np.ndarray) -> None:
     flag[0] = _FREE
 
 
-def _arrived(token: tuple[int, int], storage: torch.UntypedStorage | None,
-             views: dict[str, tuple[str, int, tuple[int, ...]]],
-             small: dict[str, tuple[str, tuple[int, ...], bytes]], rest: dict[str, Any],
-             order: list[str], retired: list[tuple[int, int]]) -> dict[str, Any]:
-    """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become tensors
-    over views of one array, whose death (that of every view) clears the block's flag."""
+def _arrived(
+    token: tuple[int, int],
+    storage: torch.UntypedStorage | None,
+    views: dict[str, tuple[str, int, tuple[int, ...]]],
+    small: dict[str, tuple[str, tuple[int, ...], bytes]],
+    rest: dict[str, Any],
+    order: list[str],
+    retired: list[tuple[int, int]],
+) -> dict[str, Any]:
+    """Unpickling an :class:`Outgoing` batch (in the training process): its tensors in the block become
+    tensors over views of one array, whose death (that of every view) clears the block's flag."""
     _MAPPED.drop(retired)
     if storage is not None:
         _MAPPED.add(token, storage)

@@ -15,10 +15,10 @@ again; if that fails too the shard is read remotely, by ranges, and a warning sa
 
 Housekeeping: a fetch removes its lock file when it is done, an entry takes a lock file left by a killed fetch
 with it when it is evicted or discarded, and :meth:`ShardCache.prune` (``shardio cache --prune``) also removes
-lock files without an entry and the temporary files of fetches that died (older than ``stale`` seconds). A lock file is removed only by a process holding its lock, and a process
-that takes a lock takes the file that is under that name once locked (``filelock`` locks again where it was
-removed meanwhile): two processes never both believe they hold one shard's lock.
-"""
+lock files without an entry and the temporary files of fetches that died (older than ``stale`` seconds). A
+lock file is removed only by a process holding its lock, and a process that takes a lock takes the file that
+is under that name once locked (``filelock`` locks again where it was removed meanwhile): two processes never
+both believe they hold one shard's lock."""
 
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ class ShardCache:
             pass
 
     def fill(self, sha256: str, size: int, fetch: Callable[[BinaryIO], None], where: str) -> str | None:
-        """The shard cached, fetched with ``fetch(out)`` (which writes its bytes) unless another process did it
-        first; None when the disk has no room for it even after eviction. A fetched shard whose SHA-256 differs
-        from the index's is not kept (:class:`IntegrityError`)."""
+        """The shard cached, fetched with ``fetch(out)`` (which writes its bytes) unless another process did
+        it first; None when the disk has no room for it even after eviction. A fetched shard whose SHA-256
+        differs from the index's is not kept (:class:`IntegrityError`)."""
         if size > self.max_bytes:
             return None
         os.makedirs(self.directory, exist_ok=True)
@@ -88,11 +88,18 @@ class ShardCache:
                 except OSError as exc:
                     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                         raise
-                    logger.warning("%s: no room in the shard cache %s (%s)%s", where, self.directory, exc,
-                                   "; evicting more" if attempt == 0 else "; reading it remotely instead")
+                    logger.warning(
+                        "%s: no room in the shard cache %s (%s)%s",
+                        where,
+                        self.directory,
+                        exc,
+                        "; evicting more" if attempt == 0 else "; reading it remotely instead",
+                    )
         return None
 
-    def _fetch_into(self, path: str, sha256: str, size: int, fetch: Callable[[BinaryIO], None], where: str) -> None:
+    def _fetch_into(
+        self, path: str, sha256: str, size: int, fetch: Callable[[BinaryIO], None], where: str
+    ) -> None:
         with staged(path, "w+b", suffix="") as out:  # not named *.shard: eviction counts those
             fetch(out)
             out.flush()
@@ -102,15 +109,18 @@ class ShardCache:
                 hashed.update(chunk)
             digest, got = hashed.hexdigest(), out.tell()
             if got != size or digest != sha256:
-                raise IntegrityError(f"{where}: fetched {got} bytes with SHA-256 {digest}, the index records "
-                                     f"{size} bytes and {sha256}: the remote shard changed after indexing")
+                raise IntegrityError(
+                    f"{where}: fetched {got} bytes with SHA-256 {digest}, the index records "
+                    f"{size} bytes and {sha256}: the remote shard changed after indexing"
+                )
 
     def discard(self, sha256: str, size: int) -> None:
         """Remove the entry (a reader found it damaged); the next reader fetches it again."""
         self._remove(self._name(sha256, size))
 
     def _remove(self, path: str) -> bool:
-        """Remove an entry, then its lock file unless a process holds that lock; whether the entry was there."""
+        """Remove an entry, then its lock file unless a process holds that lock; whether the entry was
+        there."""
         try:
             os.unlink(path)
             removed = True
@@ -120,8 +130,8 @@ class ShardCache:
         return removed
 
     def prune(self, stale: float = 3600.0) -> int:
-        """Evict down to ``max_bytes``, and remove lock files without an entry (unless held) and temporary files of
-        fetches older than ``stale`` seconds (a fetch that died); returns how many files went."""
+        """Evict down to ``max_bytes``, and remove lock files without an entry (unless held) and temporary
+        files of fetches older than ``stale`` seconds (a fetch that died); returns how many files went."""
         self.evict(0)
         try:
             names = os.listdir(self.directory)
@@ -143,7 +153,8 @@ class ShardCache:
         return removed
 
     def evict(self, need: int, keep: str = "") -> None:
-        """Remove least recently used entries (never ``keep``) until ``need`` more bytes fit in ``max_bytes``."""
+        """Remove least recently used entries (never ``keep``) until ``need`` more bytes fit in
+        ``max_bytes``."""
         entries = []
         try:
             names = os.listdir(self.directory)

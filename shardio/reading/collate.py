@@ -21,7 +21,6 @@ from .batchmemory import allocate, audio_block
 __all__ = ["PLAIN_TYPES", "audio_block", "clear_padding", "collate", "collate_into", "to_tensors"]
 
 
-
 PLAIN_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
 """Types of field values that are never arrays (so a field of only these is a list in the batch)."""
 
@@ -46,18 +45,24 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-
 def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: bool) -> bool:
     """Whether ``audio`` can be the batch of ``arrays``: each fits its row, where it is copied unless it was
     decoded there already (``in_rows``: the caller knows each is)."""
     block = audio.numpy()
     if audio.dtype not in (torch.float32, torch.int16) or block.ndim != 3 or block.shape[0] != len(arrays):
         return False
-    if not in_rows and any(a is None or a.ndim != 2 or a.dtype != block.dtype or a.shape[0] != block.shape[1]
-                           or a.shape[1] > block.shape[2] for a in arrays):
+    if not in_rows and any(
+        a is None
+        or a.ndim != 2
+        or a.dtype != block.dtype
+        or a.shape[0] != block.shape[1]
+        or a.shape[1] > block.shape[2]
+        for a in arrays
+    ):
         return False
     # a new shared-memory block is created zero-filled; a reused one (either pool) is not
-    if not in_rows:  # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
+    if not in_rows:
+        # the row check costs ~2 us a row (ctypes.data), which callers that decoded into the rows skip
         start, row_bytes = block.ctypes.data, block.strides[0]
         for row, array in enumerate(arrays):
             assert array is not None
@@ -87,8 +92,10 @@ def _pad_last_torch(tensors: list[torch.Tensor], name: str) -> tuple[torch.Tenso
     """Padding for tensors numpy cannot view (GPU, autograd, bfloat16), in torch."""
     lead = tensors[0].shape[:-1]
     if any(t.shape[:-1] != lead for t in tensors):
-        raise OptionError(f"cannot batch field {name!r}: leading shapes differ across samples "
-                          f"{sorted({tuple(t.shape[:-1]) for t in tensors})}")
+        raise OptionError(
+            f"cannot batch field {name!r}: leading shapes differ across samples "
+            f"{sorted({tuple(t.shape[:-1]) for t in tensors})}"
+        )
     lengths = torch.tensor([t.shape[-1] for t in tensors], dtype=torch.int64)
     out = tensors[0].new_zeros((len(tensors), *lead, int(lengths.max())))
     for row, tensor in enumerate(tensors):
@@ -113,10 +120,11 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ``~batch["repeat"]`` masks planned repeats either way); ``keys`` and every other field (``epoch`` and
     ``batch_index`` too) become lists.
 
-    A field some samples lack is ``None`` in their rows of its list (a sample without ``audio`` while
-    others have it is an :class:`~shardio.OptionError`). An empty sequence gives an empty batch (``keys == []``, ``audio`` of shape ``(0, 1, 0)``). In a DataLoader
-    worker the batch is written into the worker's reused shared memory (never while the trainer holds it).
-    Batches of a batched dataset are an :class:`~shardio.OptionError`: give the DataLoader ``batch_size=None``.
+    A field some samples lack is ``None`` in their rows of its list (a sample without ``audio`` while others
+    have it is an :class:`~shardio.OptionError`). An empty sequence gives an empty batch (``keys == []``,
+    ``audio`` of shape ``(0, 1, 0)``). In a DataLoader worker the batch is written into the worker's reused
+    shared memory (never while the trainer holds it). Batches of a batched dataset are an
+    :class:`~shardio.OptionError`: give the DataLoader ``batch_size=None``.
 
     Args:
         samples: The samples of an unbatched dataset.
@@ -135,35 +143,48 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     with_audio = [("audio" in sample) for sample in samples]
     if any(with_audio) and not all(with_audio):
         position = with_audio.index(False)
-        raise OptionError(f"cannot batch field 'audio': sample {position} ({shown(samples[position].get('key'))}) "
-                          "has none, others have")
+        raise OptionError(
+            f"cannot batch field 'audio': sample {position} ({shown(samples[position].get('key'))}) "
+            "has none, others have"
+        )
     if samples and "keys" in samples[0] and "key" not in samples[0]:
-        raise OptionError(f"collate batches single samples (a ShardDataset without batch_size or max_duration); "
-                          f"these are {len(samples)} batches of a batched dataset: give the DataLoader "
-                          "batch_size=None, which hands them over as they are")
+        raise OptionError(
+            f"collate batches single samples (a ShardDataset without batch_size or max_duration); "
+            f"these are {len(samples)} batches of a batched dataset: give the DataLoader "
+            "batch_size=None, which hands them over as they are"
+        )
     return collate_into(samples)
 
 
-def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | None = None,
-                 in_rows: bool = False, columns: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+def collate_into(
+    samples: Sequence[dict[str, Any]],
+    *,
+    audio: torch.Tensor | None = None,
+    in_rows: bool = False,
+    columns: dict[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """:func:`collate`, into the memory the caller has decoded the samples' audio into.
 
     ``audio``, an :func:`audio_block` whose rows hold the samples' audio (decoded there), becomes the batch's
     audio as it is: no copy. A sample whose audio lies elsewhere is copied into its row; when one does not
-    fit, ``audio`` is ignored and a new batch is made. ``in_rows`` tells that every sample's audio is the start
-    of its row already (``decode_audio(..., out=audio[row])`` returned a view of the row): rows are then not
-    compared, only their padding zeroed. ``columns`` are per-sample arrays of shape ``(B,)`` added as they are
-    (after the samples' fields), in the same memory block.
-    """
+    fit, ``audio`` is ignored and a new batch is made. ``in_rows`` tells that every sample's audio is the
+    start of its row already (``decode_audio(..., out=audio[row])`` returned a view of the row): rows are then
+    not compared, only their padding zeroed. ``columns`` are per-sample arrays of shape ``(B,)`` added as they
+    are (after the samples' fields), in the same memory block."""
     if not samples:
-        return {"audio": torch.zeros((0, 1, 0)), "lengths": torch.zeros(0, dtype=torch.int64),
-                "sample_rate": torch.zeros(0, dtype=torch.int64), "keys": []}
+        return {
+            "audio": torch.zeros((0, 1, 0)),
+            "lengths": torch.zeros(0, dtype=torch.int64),
+            "sample_rate": torch.zeros(0, dtype=torch.int64),
+            "keys": [],
+        }
     count = len(samples)
     batch: dict[str, Any] = {}
     fills: list[tuple[str, Any]] = []  # (output name, what to write): filled once the block is allocated
     specs: list[tuple[tuple[int, ...], np.dtype]] = []
     int64 = np.dtype(np.int64)
-    names = dict.fromkeys(name for sample in samples for name in sample)  # every sample's fields, not the first's
+    # every sample's fields, not the first's
+    names = dict.fromkeys(name for sample in samples for name in sample)
     for name in names:
         values = [sample.get(name) for sample in samples]
         if name == "key":
@@ -183,7 +204,9 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
         arrays = [_as_array(v) for v in values]
         if name == "audio" and audio is not None and _in_place(audio, arrays, in_rows):
             batch["audio"] = audio
-            fills.append(("lengths", np.array([a.shape[-1] for a in arrays if a is not None], dtype=np.int64)))
+            fills.append(
+                ("lengths", np.array([a.shape[-1] for a in arrays if a is not None], dtype=np.int64))
+            )
             specs.append(((count,), int64))
         elif all(a is not None and a.ndim > 0 for a in arrays):
             padded = [a for a in arrays if a is not None]
@@ -191,8 +214,9 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
             if any(a.shape[:-1] != lead for a in padded):
                 shapes = sorted({a.shape[:-1] for a in padded})
                 hint = " (pass mono=True to mix every sample to one channel)" if name == "audio" else ""
-                raise OptionError(f"cannot batch field {name!r}: leading shapes differ across samples "
-                                  f"{shapes}{hint}")
+                raise OptionError(
+                    f"cannot batch field {name!r}: leading shapes differ across samples {shapes}{hint}"
+                )
             sizes = np.array([a.shape[-1] for a in padded], dtype=np.int64)
             fills += [(name, padded), ("lengths" if name == "audio" else f"{name}_lengths", sizes)]
             specs += [((count, *lead, int(sizes.max())), padded[0].dtype), ((count,), int64)]
@@ -225,7 +249,9 @@ def collate_into(samples: Sequence[dict[str, Any]], *, audio: torch.Tensor | Non
     return blocks.outgoing(_ordered(batch, names, list(columns or ())))
 
 
-def _ordered(batch: dict[str, Any], first: dict[str, Any] | dict[str, None], last: list[str]) -> dict[str, Any]:
+def _ordered(
+    batch: dict[str, Any], first: dict[str, Any] | dict[str, None], last: list[str]
+) -> dict[str, Any]:
     """``batch`` with its fields in the order of the samples' fields (each followed by its lengths), then
     the fields named in ``last``."""
     order: list[str] = []
@@ -236,4 +262,3 @@ def _ordered(batch: dict[str, Any], first: dict[str, Any] | dict[str, None], las
         order.append(name)
         order.append("lengths" if name == "audio" else f"{name}_lengths")
     return {name: batch[name] for name in [*order, *last] if name in batch}
-

@@ -3,9 +3,8 @@
 A seekable ``.tar.zst`` sample is one zstd frame read and decompressed; the last frame is kept, since
 neighbouring samples often share it. A stream-compressed shard (``.tar.gz``, a single-frame ``.tar.zst``)
 cannot be seeked: it is decompressed once, as far as its indexed samples reach, and recent ones are kept (up
-to ``stream_cache_bytes``); one whose samples reach further is read a sample's span at a time. Neither a frame's header nor a stream allocates
-beyond what the index places in it.
-"""
+to ``stream_cache_bytes``); one whose samples reach further is read a sample's span at a time. Neither a
+frame's header nor a stream allocates beyond what the index places in it."""
 
 from __future__ import annotations
 
@@ -27,9 +26,9 @@ __all__ = ["CompressedReads"]
 _MAX_FRAME_EXCESS = 256 << 20
 # A frame claiming more (or not saying) is decompressed in chunks, so that a claim alone allocates nothing.
 _ONE_SHOT_FRAME = 64 << 20
-# What a frame may decompress to, whatever the index places in it: this many times its own bytes plus this many
-# bytes. Audio compresses a few times at most; digital silence far more (10 minutes at 16 kHz, 19 MB, in 607
-# bytes at level 3), which the additive part leaves room for.
+# What a frame may decompress to, whatever the index places in it: this many times its own bytes plus this
+# many bytes. Audio compresses a few times at most; digital silence far more (10 minutes at 16 kHz, 19 MB, in
+# 607 bytes at level 3), which the additive part leaves room for.
 _FRAME_RATIO, _FRAME_SLACK = 64, 64 << 20
 
 
@@ -52,9 +51,9 @@ class CompressedReads:
         tar they start at. A shard whose indexed samples span at most ``stream_cache_bytes`` is decompressed
         once, as far as they reach, and kept (recent ones, up to ``stream_cache_bytes`` in all), so a shuffle
         window over a few such shards decompresses each once. A larger one is read by a
-        :class:`~shardio.reading.streams.StreamCursor`: only ``sample``'s span is held (the bytes before it are
-        decompressed and dropped), so a huge member costs memory only to a read of its own sample. A sample
-        ending past ``max_stream_bytes`` is a :class:`FormatError`."""
+        :class:`~shardio.reading.streams.StreamCursor`: only ``sample``'s span is held (the bytes before it
+        are decompressed and dropped), so a huge member costs memory only to a read of its own sample. A
+        sample ending past ``max_stream_bytes`` is a :class:`FormatError`."""
         cached = self._streams.get(shard)
         if cached is not None:
             self._streams.move_to_end(shard)
@@ -63,9 +62,11 @@ class CompressedReads:
         start = int(self._columns["frame_offset"][sample])
         end = start + int(self._columns["member_size"][sample])
         if end > self.max_stream_bytes:
-            raise FormatError(f"{where}: the sample ends {end} bytes into its decompressed {info.codec} "
-                              f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
-                              "; re-pack the shard with 'shardio pack' (seekable) or raise the bound")
+            raise FormatError(
+                f"{where}: the sample ends {end} bytes into its decompressed {info.codec} "
+                f"shard, past the reader's bound (max_stream_bytes={self.max_stream_bytes})"
+                "; re-pack the shard with 'shardio pack' (seekable) or raise the bound"
+            )
         need = self._stream_need(shard)
         if need > min(self.stream_cache_bytes, self.max_stream_bytes):
             return self._span(shard, start, end, where), start
@@ -99,14 +100,19 @@ class CompressedReads:
         problem = f"{where}: corrupt zstd frame ({frame_size} bytes at offset {frame_offset})"
         bound = _FRAME_RATIO * frame_size + _FRAME_SLACK
         if need > bound:
-            raise FormatError(f"{problem}: the index places {need} bytes in it, more than a frame of its size may "
-                              f"hold ({bound}: {_FRAME_RATIO} times its bytes plus {_FRAME_SLACK >> 20} MiB)")
+            raise FormatError(
+                f"{problem}: the index places {need} bytes in it, more than a frame of its size may "
+                f"hold ({bound}: {_FRAME_RATIO} times its bytes plus {_FRAME_SLACK >> 20} MiB)"
+            )
         limit = min(need + _MAX_FRAME_EXCESS, bound)
-        raw = self._local_view(shard, frame_offset, frame_size, where)  # a local frame is read in place, not copied
+        # a local frame is read in place, not copied
+        raw = self._local_view(shard, frame_offset, frame_size, where)
         try:
             claimed = zstandard.frame_content_size(raw)
             if claimed >= 0 and not need <= claimed <= limit:
-                raise FormatError(f"{problem}: its header claims {claimed} bytes, the index places {need} in it")
+                raise FormatError(
+                    f"{problem}: its header claims {claimed} bytes, the index places {need} in it"
+                )
             if 0 <= claimed <= _ONE_SHOT_FRAME:  # shardio's frames: one call, one buffer of the claimed size
                 data = self._decompressor.decompress(raw, max_output_size=limit)
             else:  # the buffer grows only as the frame really decompresses, whatever its header claims

@@ -20,8 +20,19 @@ from ..errors import DecodeError, OptionError
 from .memoryfile import read_sound
 from .wav import WavLayout, convert_wav, fits, wav_layout
 
-__all__ = ["MAX_RESAMPLING", "EncodedAudio", "check_frames_read", "check_layout", "check_rate", "decode_audio",
-           "decode_encoded", "frames_to_read", "mix_to_mono", "read_header", "resample"]
+__all__ = [
+    "MAX_RESAMPLING",
+    "EncodedAudio",
+    "check_frames_read",
+    "check_layout",
+    "check_rate",
+    "decode_audio",
+    "decode_encoded",
+    "frames_to_read",
+    "mix_to_mono",
+    "read_header",
+    "resample",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +52,18 @@ class EncodedAudio(NamedTuple):
     """The frames the index records for the sample: the decoder reads no more (more is a
     :class:`~shardio.errors.DecodeError`), whatever the header claims. None: as many as the header says."""
     rate: int | None = None
-    """The sample rate the index records: another one in the header is a :class:`~shardio.errors.DecodeError`."""
+    """The sample rate the index records: another one in the header is a
+    :class:`~shardio.errors.DecodeError`."""
 
 
-def read_header(data: bytes | bytearray | memoryview, ext: str, *, where: str = "", frames: int | None = None,
-                rate: int | None = None) -> EncodedAudio:
+def read_header(
+    data: bytes | bytearray | memoryview,
+    ext: str,
+    *,
+    where: str = "",
+    frames: int | None = None,
+    rate: int | None = None,
+) -> EncodedAudio:
     """The first, cheap half of :func:`decode_audio`: parse a WAV's header, copy nothing, raise nothing.
     ``frames`` and ``rate``: what the index records for the sample (see :class:`EncodedAudio`).
 
@@ -65,9 +83,16 @@ def read_header(data: bytes | bytearray | memoryview, ext: str, *, where: str = 
     return EncodedAudio(view, ext, where, layout, frames, rate)
 
 
-def decode_audio(data: bytes | bytearray | memoryview, ext: str, *, where: str = "", mono: bool = False,
-                 sample_rate: int | None = None, check_finite: bool = True,
-                 out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def decode_audio(
+    data: bytes | bytearray | memoryview,
+    ext: str,
+    *,
+    where: str = "",
+    mono: bool = False,
+    sample_rate: int | None = None,
+    check_finite: bool = True,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, int]:
     """Decode audio bytes into a C-contiguous float32 ``(channels, frames)`` array and its sample rate.
 
     ``ext`` is the member's extension (``wav``, ``flac``, ``ogg``, ``mp3``, ``opus``, ...) and ``where`` names
@@ -81,13 +106,25 @@ def decode_audio(data: bytes | bytearray | memoryview, ext: str, *, where: str =
     and no mono mix or resampling is asked; otherwise it is left alone and a new array is returned. A batch
     is so decoded in place, without a copy of each sample.
     """
-    return decode_encoded(read_header(data, ext, where=where), mono=mono, sample_rate=sample_rate,
-                          check_finite=check_finite, out=out)
+    return decode_encoded(
+        read_header(data, ext, where=where),
+        mono=mono,
+        sample_rate=sample_rate,
+        check_finite=check_finite,
+        out=out,
+    )
 
 
-def decode_encoded(encoded: EncodedAudio, *, mono: bool = False, sample_rate: int | None = None,
-                   check_finite: bool = True, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """The second half of :func:`decode_audio` (same options, results and errors), after :func:`read_header`."""
+def decode_encoded(
+    encoded: EncodedAudio,
+    *,
+    mono: bool = False,
+    sample_rate: int | None = None,
+    check_finite: bool = True,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, int]:
+    """The second half of :func:`decode_audio` (same options, results and errors), after
+    :func:`read_header`."""
     if sample_rate is not None and sample_rate <= 0:
         raise OptionError(f"sample_rate must be a positive number of Hz, not {sample_rate}")
     view, ext, where, layout = encoded.view, encoded.ext, encoded.where, encoded.layout
@@ -100,17 +137,22 @@ def decode_encoded(encoded: EncodedAudio, *, mono: bool = False, sample_rate: in
         audio, rate, maybe_nonfinite = _decode_soundfile(encoded, out)
         check_rate(encoded, rate)
     if audio.shape[1] == 0:
-        raise DecodeError(f"{where}: the {ext} audio has no samples (0 frames, {len(view)} bytes); "
-                          "expected at least one frame")
+        raise DecodeError(
+            f"{where}: the {ext} audio has no samples (0 frames, {len(view)} bytes); "
+            "expected at least one frame"
+        )
     if check_finite and maybe_nonfinite:
         _check_finite(audio, where)
     if mono and audio.shape[0] > 1:
         audio = mix_to_mono(audio)
     if sample_rate is not None and sample_rate != rate:
         if sample_rate > MAX_RESAMPLING * rate:
-            raise DecodeError(f"{where}: resampling {rate} Hz audio to {sample_rate} Hz would make "
-                              f"{sample_rate / rate:.0f} times as many samples; shardio resamples by at most "
-                              f"{MAX_RESAMPLING}x (expected audio at a rate of at least {-(-sample_rate // MAX_RESAMPLING)} Hz)")
+            raise DecodeError(
+                f"{where}: resampling {rate} Hz audio to {sample_rate} Hz would make "
+                f"{sample_rate / rate:.0f} times as many samples; shardio resamples by at most "
+                f"{MAX_RESAMPLING}x (expected audio at a rate of at least "
+                f"{-(-sample_rate // MAX_RESAMPLING)} Hz)"
+            )
         audio = resample(audio, rate, sample_rate)
         rate = sample_rate
     return audio, rate
@@ -121,8 +163,10 @@ def _check_finite(audio: np.ndarray, where: str) -> None:
     if not finite.all():
         channel, frame = (int(i[0]) for i in np.nonzero(~finite))
         bad = int(finite.size - finite.sum())
-        raise DecodeError(f"{where}: the decoded audio holds {bad} NaN or infinite sample(s), the first at "
-                          f"frame {frame} of channel {channel}; expected finite samples")
+        raise DecodeError(
+            f"{where}: the decoded audio holds {bad} NaN or infinite sample(s), the first at "
+            f"frame {frame} of channel {channel}; expected finite samples"
+        )
 
 
 MAX_RESAMPLING = 64
@@ -134,11 +178,14 @@ _INTEGER_SUBTYPES = ("PCM_", "ULAW", "ALAW", "DPCM", "DWVW", "IMA_ADPCM", "MS_AD
 
 
 def _decode_soundfile(encoded: EncodedAudio, out: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
-    return read_sound(encoded.view, encoded.ext, encoded.where, lambda sound: _read_float32(sound, out, encoded))
+    return read_sound(
+        encoded.view, encoded.ext, encoded.where, lambda sound: _read_float32(sound, out, encoded)
+    )
 
 
-def _read_float32(sound: soundfile.SoundFile, out: np.ndarray | None, encoded: EncodedAudio
-                  ) -> tuple[np.ndarray, int, bool]:
+def _read_float32(
+    sound: soundfile.SoundFile, out: np.ndarray | None, encoded: EncodedAudio
+) -> tuple[np.ndarray, int, bool]:
     """The audio of an open sound as float32 (into ``out`` when it is mono and fits), its rate, and whether
     its samples may be other than finite."""
     if sound.seekable():
@@ -164,26 +211,32 @@ def check_frames_read(frames: int, sound: soundfile.SoundFile, encoded: EncodedA
     """A :class:`~shardio.errors.DecodeError` where ``frames`` read (see :func:`frames_to_read`) are more
     than the index records."""
     if encoded.frames is not None and frames > encoded.frames:
-        raise DecodeError(f"{encoded.where}: the {encoded.ext} audio holds more than the {encoded.frames} frames "
-                          f"the index records (its header claims {sound.frames}); expected the sample the index "
-                          "describes: re-pack or re-index the shard")
+        raise DecodeError(
+            f"{encoded.where}: the {encoded.ext} audio holds more than the {encoded.frames} frames "
+            f"the index records (its header claims {sound.frames}); expected the sample the index "
+            "describes: re-pack or re-index the shard"
+        )
 
 
 def check_rate(encoded: EncodedAudio, rate: int) -> None:
     """A :class:`~shardio.errors.DecodeError` where the audio's ``rate`` is not the one the index records."""
     if encoded.rate is not None and rate != encoded.rate:
-        raise DecodeError(f"{encoded.where}: the {encoded.ext} audio is at {rate} Hz where the index records "
-                          f"{encoded.rate} Hz; expected the sample the index describes: re-pack or re-index the "
-                          "shard")
+        raise DecodeError(
+            f"{encoded.where}: the {encoded.ext} audio is at {rate} Hz where the index records "
+            f"{encoded.rate} Hz; expected the sample the index describes: re-pack or re-index the "
+            "shard"
+        )
 
 
 def check_layout(encoded: EncodedAudio, layout: WavLayout) -> None:
     """:func:`check_rate` and the frame count of a WAV whose layout the fast path read, before decoding."""
     check_rate(encoded, layout.sample_rate)
     if encoded.frames is not None and layout.frames > encoded.frames:
-        raise DecodeError(f"{encoded.where}: the WAV header claims {layout.frames} frames where the index records "
-                          f"{encoded.frames}; expected the sample the index describes: re-pack or re-index the "
-                          "shard")
+        raise DecodeError(
+            f"{encoded.where}: the WAV header claims {layout.frames} frames where the index records "
+            f"{encoded.frames}; expected the sample the index describes: re-pack or re-index the "
+            "shard"
+        )
 
 
 def mix_to_mono(audio: np.ndarray) -> np.ndarray:
@@ -208,8 +261,9 @@ def resample(audio: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     try:
         import soxr
     except ImportError:  # a core dependency: only a broken install lacks it
-        raise OptionError("resampling needs the soxr package (a dependency of shardio): pip install soxr"
-                          ) from None
+        raise OptionError(
+            "resampling needs the soxr package (a dependency of shardio): pip install soxr"
+        ) from None
     channels, frames = audio.shape
     target = -(-frames * new_rate // orig_rate)
     pad = -(-orig_rate // new_rate) + 1  # soxr rounds its output length: zeros make it at least `target`

@@ -4,7 +4,7 @@ its members, ``{ext: bytes}``.
 Every member must carry the key the index gives the sample: a shard re-written with other samples, or an
 offset that lands on another sample, fails here with :class:`~shardio.errors.FormatError` rather than
 yielding one sample's audio under another's key. Each tar header's checksum is checked as the members are
-parsed (:func:`~shardio.shards.tarformat.parse_members`). A sample whose shard came from the node cache and
+parsed (:func:`~shardio.shards.tarformat.split_sample`). A sample whose shard came from the node cache and
 fails these checks is read once more from a fresh copy (the reader's ``_refetch``): the cached file may have
 been damaged on disk.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ..errors import FormatError
 from ..shards.index import Index
-from ..shards.tarformat import parse_members
+from ..shards.tarformat import split_sample
 
 __all__ = ["SampleMembers"]
 
@@ -35,8 +35,9 @@ class SampleMembers:
         where = where or self.where(sample)
         return self.split_members(sample, self.sample_bytes(sample, where), where)
 
-    def split_members(self, sample: int, data: memoryview, where: str, key: str | None = None
-                      ) -> dict[str, memoryview]:
+    def split_members(
+        self, sample: int, data: memoryview, where: str, key: str | None = None
+    ) -> dict[str, memoryview]:
         """``data``, the tar bytes of sample number ``sample`` (:meth:`sample_bytes`), as ``{ext: bytes}``,
         checking each member belongs to its key (a damaged shard from the node cache is fetched again).
         ``key``: the sample's own key, when the caller has it."""
@@ -50,15 +51,4 @@ class SampleMembers:
     def _split(self, sample: int, data: memoryview, where: str, key: str | None) -> dict[str, memoryview]:
         if key is None or self.index.has_metadata:  # metadata may name another sample's members
             key = self.index.member_key(sample)
-        found: dict[str, memoryview] = {}
-        stem = len(key) + 1
-        for name, member in parse_members(data, where):
-            # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
-            ext = name[stem:]
-            if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
-                shown = name if len(name) <= 120 else name[:120] + "..."
-                raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
-            found[ext] = member
-        if not found:
-            raise FormatError(f"{where}: no members at the indexed offset")
-        return found
+        return split_sample(data, key, where)

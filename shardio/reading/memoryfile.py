@@ -1,16 +1,17 @@
 """MemoryFile: audio bytes handed to libsndfile as a file of their own, one in memory (a Linux memfd), and
 :func:`read_sound`, which opens bytes with soundfile that way where it can, else from ``io.BytesIO``.
 
-soundfile reads in-memory bytes through libsndfile's virtual I/O, which calls back into Python for each read and
-each position asked: about 120 calls for a 6 s FLAC clip. Given a file, libsndfile reads with system calls
+soundfile reads in-memory bytes through libsndfile's virtual I/O, which calls back into Python for each read
+and each position asked: about 120 calls for a 6 s FLAC clip. Given a file, libsndfile reads with system calls
 instead: a FLAC sample decodes ~4% cheaper (``benchmarks/README.md``, "FLAC from a memory file"), for one copy
 of its bytes into the file.
 
 The file holds exactly the member's bytes, so libsndfile sees what it sees in memory. A result is taken only
 where the read returned every frame the header promises; anything else (an error, a short read, no memfd on
-this system) gives None, and :func:`read_sound` decodes from ``io.BytesIO`` as before: errors and their messages stay
-those of the in-memory path. (Decoding straight from the shard file, at the member's offset, was cheaper still,
-but libsndfile then reads on past the member's end: a stream cut short decoded the next member's frames.)
+this system) gives None, and :func:`read_sound` decodes from ``io.BytesIO`` as before: errors and their
+messages stay those of the in-memory path. (Decoding straight from the shard file, at the member's offset, was
+cheaper still, but libsndfile then reads on past the member's end: a stream cut short decoded the next
+member's frames.)
 
 Each thread of each process writes a file of its own, which holds the last bytes it decoded, unless they were
 more than :data:`KEPT_BYTES`.
@@ -36,7 +37,8 @@ FILE_FORMATS = frozenset({"flac"})
 (``tests/reading/test_memory_file.py``)."""
 
 KEPT_BYTES = 4 << 20
-"""A file that held more than this is emptied after its read, so that a long recording's bytes are not held."""
+"""A file that held more than this is emptied after its read, so that a long recording's bytes are not
+held."""
 
 _Result = TypeVar("_Result")
 
@@ -68,8 +70,8 @@ def _descriptor() -> int | None:
 
 
 def read_as_file(data: memoryview, read: Callable[[soundfile.SoundFile], _Result | None]) -> _Result | None:
-    """``read(sound)`` of ``data`` opened by libsndfile from a memory file, where it leaves the sound at the end
-    of every frame the header promises; else None (see the module)."""
+    """``read(sound)`` of ``data`` opened by libsndfile from a memory file, where it leaves the sound at the
+    end of every frame the header promises; else None (see the module)."""
     fd = _descriptor()
     if fd is None:
         return None
@@ -90,10 +92,12 @@ def read_as_file(data: memoryview, read: Callable[[soundfile.SoundFile], _Result
                 os.ftruncate(fd, 0)
 
 
-def read_sound(view: memoryview, ext: str, where: str, read: Callable[[soundfile.SoundFile], _Result]) -> _Result:
+def read_sound(
+    view: memoryview, ext: str, where: str, read: Callable[[soundfile.SoundFile], _Result]
+) -> _Result:
     """``read(sound)`` of audio bytes opened by soundfile: from a memory file for the formats it takes (where
-    that gives a result), else from ``io.BytesIO``; a :class:`~shardio.errors.DecodeError` naming ``where`` for
-    bytes libsndfile cannot read."""
+    that gives a result), else from ``io.BytesIO``; a :class:`~shardio.errors.DecodeError` naming ``where``
+    for bytes libsndfile cannot read."""
     decoded = read_as_file(view, read) if ext in FILE_FORMATS else None
     if decoded is not None:
         return decoded
@@ -102,5 +106,7 @@ def read_sound(view: memoryview, ext: str, where: str, read: Callable[[soundfile
             return read(sound)
     except (RuntimeError, ValueError, TypeError, EOFError, OSError) as exc:  # LibsndfileError: a RuntimeError
         detail = getattr(exc, "error_string", "") or str(exc)  # without soundfile's "<BytesIO object at ..>"
-        raise DecodeError(f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
-                          f"expected a complete {ext} file that libsndfile can read") from exc
+        raise DecodeError(
+            f"{where}: {len(view)} bytes could not be decoded as {ext} audio ({detail}); "
+            f"expected a complete {ext} file that libsndfile can read"
+        ) from exc

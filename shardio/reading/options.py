@@ -65,8 +65,9 @@ class Decoding:
         if self.sample_rate is not None:
             object.__setattr__(self, "sample_rate", integer("sample_rate", self.sample_rate, 1))
         if self.transform is not None and not callable(self.transform):
-            raise OptionError(f"transform must be a function transform(sample, rng) -> sample, not "
-                              f"{shown(self.transform)}")
+            raise OptionError(
+                f"transform must be a function transform(sample, rng) -> sample, not {shown(self.transform)}"
+            )
 
     @property
     def keeps_decoded_audio(self) -> bool:
@@ -110,7 +111,8 @@ class Reading:
         if not isinstance(self.retry, RetryPolicy):
             raise OptionError(f"retry must be a shardio.RetryPolicy, not {shown(self.retry)}")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise OptionError(f"storage_options must be a dict of fsspec options, not "
-                              f"{shown(self.storage_options)}")
+            raise OptionError(
+                f"storage_options must be a dict of fsspec options, not {shown(self.storage_options)}"
+            )
         object.__setattr__(self, "read_ahead", integer("read_ahead", self.read_ahead, 0))
         object.__setattr__(self, "cache_bytes", integer("cache_bytes", self.cache_bytes, 0))

@@ -46,8 +46,9 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
     return stored
 
 
-def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None, encoded: EncodedAudio
-                ) -> tuple[np.ndarray, int] | None:
+def _read_int16(
+    sound: soundfile.SoundFile, out: np.ndarray | None, encoded: EncodedAudio
+) -> tuple[np.ndarray, int] | None:
     """The samples of an open 16-bit PCM sound, as stored (into ``out`` when it is mono and fits), and its
     rate; None for any other sound."""
     if sound.subtype != "PCM_16" or sound.frames <= 0:
@@ -65,7 +66,12 @@ def _read_int16(sound: soundfile.SoundFile, out: np.ndarray | None, encoded: Enc
 
 
 def _fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | None:
-    if out is None or out.dtype != np.int16 or out.ndim != 2 or out.shape[0] != channels \
-            or not 0 < frames <= out.shape[1]:
+    if (
+        out is None
+        or out.dtype != np.int16
+        or out.ndim != 2
+        or out.shape[0] != channels
+        or not 0 < frames <= out.shape[1]
+    ):
         return None
     return out[:, :frames]

@@ -47,7 +47,8 @@ less than one more request's latency on object storage (20-100 ms). With 64 KiB,
 over 12 shards took 0.7 requests a sample and ran below WebDataset at 50 ms (418 vs 485 samples/s); with
 1 MiB, 0.1 requests and 1,103 samples/s, for 2.7x the bytes (``benchmarks/remote.py``)."""
 DENSE = 0.5
-"""A reader that wants this share of the bytes from a shard's first wanted byte to its last reads them whole."""
+"""A reader that wants this share of the bytes from a shard's first wanted byte to its last reads them
+whole."""
 MIN_DENSE = 0.25
 """The least density read whole, whatever the worker count: below it a worker fetches 4x the bytes it uses."""
 
@@ -59,9 +60,9 @@ def dense_for(share: float) -> float:
 
 
 def coalesce(spans: Iterable[Span], max_gap: int, dense: float = DENSE) -> list[Span]:
-    """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other; and a shard
-    whose spans cover at least ``dense`` of the bytes from its first to its last is read in one span (most of
-    it is wanted: one request, streamed, beats many)."""
+    """``spans`` merged per shard where they overlap or lie within ``max_gap`` bytes of each other; and a
+    shard whose spans cover at least ``dense`` of the bytes from its first to its last is read in one span
+    (most of it is wanted: one request, streamed, beats many)."""
     merged: list[Span] = []
     wanted: dict[int, int] = {}
     for span in sorted(spans, key=lambda s: (s.shard, s.start)):
@@ -77,10 +78,16 @@ def coalesce(spans: Iterable[Span], max_gap: int, dense: float = DENSE) -> list[
     for span in merged:
         first.setdefault(span.shard, span)
         last[span.shard] = span
-    whole = {shard for shard, span in first.items()
-             if wanted[shard] >= dense * (last[shard].end - span.start)}
-    return sorted([*(Span(shard, first[shard].start, last[shard].end) for shard in whole),
-                   *(span for span in merged if span.shard not in whole)], key=lambda s: (s.shard, s.start))
+    whole = {
+        shard for shard, span in first.items() if wanted[shard] >= dense * (last[shard].end - span.start)
+    }
+    return sorted(
+        [
+            *(Span(shard, first[shard].start, last[shard].end) for shard in whole),
+            *(span for span in merged if span.shard not in whole),
+        ],
+        key=lambda s: (s.shard, s.start),
+    )
 
 
 class _Fetch:
@@ -94,8 +101,12 @@ class _Fetch:
         try:
             data = self.future.result()
         except Exception as exc:  # noqa: BLE001 - the reader reads it again itself, and reports what fails
-            logger.debug("read-ahead of %s failed (%s: %s); the reader reads it itself", self.span,
-                         type(exc).__name__, exc)
+            logger.debug(
+                "read-ahead of %s failed (%s: %s); the reader reads it itself",
+                self.span,
+                type(exc).__name__,
+                exc,
+            )
             return None
         start = offset - self.span.start
         return data[start : start + size] if start + size <= len(data) else None
@@ -108,9 +119,17 @@ class ReadAhead:
     (it runs in the pool's threads). Use :meth:`run` around the batches, and :meth:`take` from the reader.
     """
 
-    def __init__(self, spans_of: Callable[[np.ndarray], list[Span]], fetch: Callable[[Span], bytes], *,
-                 budget: int = 64 << 20, concurrency: int = 16, max_gap: int = MAX_GAP, share: float = 1.0,
-                 on_request: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        spans_of: Callable[[np.ndarray], list[Span]],
+        fetch: Callable[[Span], bytes],
+        *,
+        budget: int = 64 << 20,
+        concurrency: int = 16,
+        max_gap: int = MAX_GAP,
+        share: float = 1.0,
+        on_request: Callable[[int], None] | None = None,
+    ) -> None:
         self.spans_of = spans_of
         self.fetch = fetch
         self.budget = budget
@@ -156,8 +175,11 @@ class ReadAhead:
                     fetch.future.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _group(self, upcoming: Iterator[np.ndarray]) -> tuple[list[np.ndarray], dict[int, list[_Fetch]]] | None:
-        """The next batches, up to about half the budget of spans (at least one), with their fetches submitted."""
+    def _group(
+        self, upcoming: Iterator[np.ndarray]
+    ) -> tuple[list[np.ndarray], dict[int, list[_Fetch]]] | None:
+        """The next batches, up to about half the budget of spans (at least one), with their fetches
+        submitted."""
         group: list[np.ndarray] = []
         spans: list[list[Span]] = []  # per batch of the group
         size = 0
@@ -176,7 +198,8 @@ class ReadAhead:
         """The coalesced requests of a group's spans (one list per batch), submitted in the order of the first
         batch that needs each."""
         merged = coalesce((span for batch in spans for span in batch), self.max_gap, self.dense)
-        starts: dict[int, list[int]] = {}  # per shard: its coalesced spans' starts, in order (coalesce sorts them)
+        # per shard: its coalesced spans' starts, in order (coalesce sorts them)
+        starts: dict[int, list[int]] = {}
         first: dict[int, int] = {}  # per shard: the position of its first coalesced span
         for position, span in enumerate(merged):
             first.setdefault(span.shard, position)
@@ -187,7 +210,8 @@ class ReadAhead:
                 position = first[span.shard] + bisect.bisect_right(starts[span.shard], span.start) - 1
                 need[position] = min(need[position], number)
         fetches: dict[int, list[_Fetch]] = {}
-        for position in sorted(range(len(merged)), key=lambda p: need[p]):  # stable: shard order within a batch
+        # stable: shard order within a batch
+        for position in sorted(range(len(merged)), key=lambda p: need[p]):
             span = merged[position]
             fetches.setdefault(span.shard, []).append(_Fetch(span, self._pool.submit(self.fetch, span)))
             if self.on_request is not None:

@@ -12,23 +12,22 @@ Integrity, per read and cheap: a shard's size must match the index when it is op
 re-written shard of another size fails with :class:`IntegrityError` before any sample is read); every tar
 header's checksum must hold and every member must carry the indexed key (:mod:`shardio.reading.members`);
 ``.tar.zst`` frames carry zstd's content checksum. A local shard rewritten or replaced after its index was
-loaded is a :class:`ShardChanged` (:mod:`shardio.storage.localshard`), as a remote one is. What this cannot see
-is a same-size shard whose member *data* changed before the index was loaded, in a plain ``.tar`` (headers and
-keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job.
-"""
+loaded is a :class:`ShardChanged` (:mod:`shardio.storage.localshard`), as a remote one is. What this cannot
+see is a same-size shard whose member *data* changed before the index was loaded, in a plain ``.tar`` (headers
+and keys intact): comparing every shard's SHA-256 with the index is ``shardio verify``'s job."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any
 
 import zstandard
 
 from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, ShardioError
-from ..shards.index import STREAM_CODECS, Index
+from ..shards.columns import STREAM_CODECS
+from ..shards.index import Index
 from ..storage import localshard
 from ..storage.files import is_url
 from ..storage.filesystems import Filesystems
@@ -39,6 +38,7 @@ from .cache import ShardCache
 from .compressedreads import CompressedReads
 from .members import SampleMembers
 from .prefetch import ReadAhead
+from .readstats import ReadStats
 from .remotereads import RemoteReads
 from .streams import StreamCursor
 
@@ -50,25 +50,6 @@ _PROCESS = [os.getpid()]  # this process's pid, kept current across fork: no sys
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
 
-@dataclass
-class ReadStats:
-    """Counters of one process's loading: samples loaded, samples skipped (by error type) and retries."""
-
-    samples: int = 0
-    skipped: int = 0
-    retries: int = 0
-    requests: int = 0
-    """Remote read requests made (each coalesced read-ahead request counts once)."""
-    bytes_fetched: int = 0
-    """Bytes those requests asked for."""
-    errors: Counter[str] = field(default_factory=Counter)
-    """Skipped samples by error type (``FormatError``, ``DecodeError``, ...)."""
-
-    def skip(self, exc: BaseException) -> None:
-        """Count one sample skipped because of ``exc``."""
-        self.skipped += 1
-        self.errors[type(exc).__name__] += 1
-
 
 class Reader(RemoteReads, CompressedReads, SampleMembers):
     """Reads samples of one dataset. Cheap to create; holds open file handles, so make one per process.
@@ -77,9 +58,16 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
     worker) drops its parent's handles and counters on first use, and reopens.
     """
 
-    def __init__(self, index: Index, *, retry: RetryPolicy = RetryPolicy(), max_open: int = 64,
-                 stream_cache_bytes: int = 1 << 30, max_stream_bytes: int = 4 << 30,
-                 cache: ShardCache | None = None) -> None:
+    def __init__(
+        self,
+        index: Index,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        max_open: int = 64,
+        stream_cache_bytes: int = 1 << 30,
+        max_stream_bytes: int = 4 << 30,
+        cache: ShardCache | None = None,
+    ) -> None:
         self.index = index
         self.cache = cache
         """The node-local cache remote shards are read through, whole (None: read by ranges)."""
@@ -95,12 +83,15 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self._validators = Validators()  # remote shards' versions as first read (kept across fork, pickling)
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
-        self._cursor: tuple[int, StreamCursor] | None = None  # a stream shard too large to keep, read by spans
+        self._cursor: tuple[int, StreamCursor] | None = (
+            None  # a stream shard too large to keep, read by spans
+        )
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
         self._local: dict[int, bool] = {}  # shard -> a local file
-        self._labels: dict[int, tuple[str, bool]] = {}  # shard -> ("shard PATH", has zstd frames), for messages
+        # shard -> ("shard PATH", has zstd frames), for messages
+        self._labels: dict[int, tuple[str, bool]] = {}
         self._pid = os.getpid()
         self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
         self._has_urls: bool | None = None  # whether any shard is a URL (looked at on the first read-ahead)
@@ -112,8 +103,17 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_handles=OrderedDict(), _frame=None, _streams=OrderedDict(), _cursor=None, _decompressor=None,
-                     stats=ReadStats(), _filesystems=Filesystems(), _ahead=None, _from_cache=set())
+        state.update(
+            _handles=OrderedDict(),
+            _frame=None,
+            _streams=OrderedDict(),
+            _cursor=None,
+            _decompressor=None,
+            stats=ReadStats(),
+            _filesystems=Filesystems(),
+            _ahead=None,
+            _from_cache=set(),
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -129,7 +129,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self._handles.clear()
 
     def _after_fork(self) -> None:
-        # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's copies
+        # fsspec's async filesystems refuse to run in a child process; file descriptors are the parent's
+        # copies
         self.close()
         self._frame = self._ahead = self._cursor = None
         self._filesystems = Filesystems()
@@ -168,8 +169,9 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                     raise FormatError(f"{where}: {self._broken[shard]}") from None
                 handle = LocalShard(fd, expected, self.index.loaded_ns)
         except FileNotFoundError:
-            self._broken[shard] = ReadError(f"the shard file is missing (the index lists it with {expected} "
-                                            "bytes)")
+            self._broken[shard] = ReadError(
+                f"the shard file is missing (the index lists it with {expected} bytes)"
+            )
             raise ReadError(f"{where}: {self._broken[shard]}") from None
         except OSError as exc:
             raise ReadError(f"{where}: the shard file cannot be opened: {exc}") from None
@@ -178,7 +180,8 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
                 handle.close()
             self._broken[shard] = IntegrityError(
                 f"the shard file has {actual} bytes, the index recorded {expected}: it was replaced or "
-                "truncated after indexing; re-run 'shardio index' or re-pack")
+                "truncated after indexing; re-run 'shardio index' or re-pack"
+            )
             raise IntegrityError(f"{where}: {self._broken[shard]}")
         if isinstance(handle, LocalShard) and handle.unchanged_since is not None:
             try:
@@ -207,8 +210,10 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         where = where or f"shard {self.index.shard_path(shard)}, offset {offset}"
         handle = self._open(shard, where)
         if offset + size > self.index.table.bytes_of(shard):
-            raise FormatError(f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
-                              f"shard ({self.index.table.bytes_of(shard)} bytes)")
+            raise FormatError(
+                f"{where}: the index places {size} bytes at offset {offset}, past the end of the "
+                f"shard ({self.index.table.bytes_of(shard)} bytes)"
+            )
         if isinstance(handle, LocalShard):
             return handle.read(offset, size, where)
         if self._ahead is not None:
@@ -224,9 +229,25 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         mapped = self._maps.get(shard)
         if mapped is None:
             info = self.index.shards[shard]
-            mapped = self._maps[shard] = (info.codec == "none" and localshard.CAN_MAP
-                                          and not is_url(self.index.shard_path(shard)))
+            mapped = self._maps[shard] = (
+                info.codec == "none" and localshard.CAN_MAP and not is_url(self.index.shard_path(shard))
+            )
         return mapped
+
+    def local_shard(self, shard: int) -> LocalShard | None:
+        """Shard number ``shard``, open, where its samples are views of its memory map (:meth:`maps`): a
+        caller may keep it to take a batch's views at once (:meth:`LocalShard.views`) until it is ``closed``
+        (this reader closes its least recently opened shards beyond ``max_open``, and all of them after a
+        fork). None elsewhere, or where it cannot be opened (:meth:`sample_bytes` says why)."""
+        if self._pid != _PROCESS[0]:
+            self._after_fork()
+        if not self.maps(shard):
+            return None
+        try:
+            handle = self._open(shard, f"shard {self.index.shard_path(shard)}")
+        except ShardioError:
+            return None
+        return handle if isinstance(handle, LocalShard) else None
 
     def local_bytes(self, sample: int) -> memoryview | None:
         """The tar bytes of sample number ``sample`` where its shard is a local file (a view of its memory map
@@ -280,8 +301,11 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         if self._pid != _PROCESS[0]:
             self._after_fork()
         c = self._columns
-        shard, frame_offset, member_size = int(c["shard"][sample]), int(c["frame_offset"][sample]), \
-            int(c["member_size"][sample])
+        shard, frame_offset, member_size = (
+            int(c["shard"][sample]),
+            int(c["frame_offset"][sample]),
+            int(c["member_size"][sample]),
+        )
         codec = self.index.table.codec_of(shard)
         if codec == "none":
             return self._local_view(shard, frame_offset, member_size, where)

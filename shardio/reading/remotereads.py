@@ -1,12 +1,11 @@
 """RemoteReads: the part of :class:`~shardio.reading.reader.Reader` that reads remote shards.
 
 Two ways to hide object-storage latency, both driven by the plan: read-ahead (the next batches' spans,
-coalesced per shard and fetched concurrently while the current batch is built: :mod:`shardio.reading.prefetch`),
-and the node-local shard cache (whole shards fetched once per node and mapped from local disk:
-:mod:`shardio.reading.cache`). With the cache, the read-ahead fetches the shards the next batches need into it.
-Every read of a shard over HTTP or S3 is held to the version this process first read
-(:mod:`shardio.storage.validators`).
-"""
+coalesced per shard and fetched concurrently while the current batch is built:
+:mod:`shardio.reading.prefetch`), and the node-local shard cache (whole shards fetched once per node and
+mapped from local disk: :mod:`shardio.reading.cache`). With the cache, the read-ahead fetches the shards the
+next batches need into it. Every read of a shard over HTTP or S3 is held to the version this process first
+read (:mod:`shardio.storage.validators`)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import ReadError
-from ..shards.index import STREAM_CODECS, Index
+from ..shards.columns import STREAM_CODECS
+from ..shards.index import Index
 from ..storage.files import is_url, read_range
 from ..storage.filesystems import Filesystems
 from ..storage.httpreads import is_http
@@ -67,41 +67,70 @@ class RemoteReads:
         total = self.index.table.bytes_of(shard)
         self._validators.refuse_changed(shard, where)
         pin = self._validators.pin(shard)
-        data = retrying(lambda: read_range(fs, path, offset, offset + size, total, pin), where, self.retry,
-                        self._count_retry)
+        data = retrying(
+            lambda: read_range(fs, path, offset, offset + size, total, pin),
+            where,
+            self.retry,
+            self._count_retry,
+        )
         if len(data) != size:
             raise short_read(where, size, offset, len(data))
         return data
 
     def _remote(self, shard: int, where: str) -> tuple[Any, str]:
         """The filesystem of remote shard ``shard`` (one per protocol and options) and its path there."""
-        return self._filesystems.get(self.index.shard_path(shard), self.index.shard_options(shard), where,
-                                     self.retry, self._count_retry)
+        return self._filesystems.get(
+            self.index.shard_path(shard),
+            self.index.shard_options(shard),
+            where,
+            self.retry,
+            self._count_retry,
+        )
 
     def _count_request(self, size: int) -> None:
         self.stats.requests += 1
         self.stats.bytes_fetched += size
 
-    def read_ahead(self, batches: Iterable[np.ndarray], budget: int, concurrency: int = 16,
-                   max_gap: int = MAX_GAP, share: float = 1.0) -> Iterator[np.ndarray]:
-        """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the caller
-        reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced per shard
-        and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's batches these are
-        (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go."""
+    def read_ahead(
+        self,
+        batches: Iterable[np.ndarray],
+        budget: int,
+        concurrency: int = 16,
+        max_gap: int = MAX_GAP,
+        share: float = 1.0,
+    ) -> Iterator[np.ndarray]:
+        """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the
+        caller reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced
+        per shard and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's
+        batches these are (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go:
+        ``iter(batches)``."""
         if budget <= 0 or not self._any_remote():
-            yield from batches
-            return
+            return iter(batches)
+        return self._reading_ahead(
+            batches,
+            ReadAhead(
+                self._spans,
+                self._fetch_span,
+                budget=budget,
+                concurrency=concurrency,
+                max_gap=max_gap,
+                share=share,
+                on_request=self._count_request,
+            ),
+        )
+
+    def _reading_ahead(self, batches: Iterable[np.ndarray], ahead: ReadAhead) -> Iterator[np.ndarray]:
         if self._pid != os.getpid():
             self._after_fork()
-        self._ahead = ReadAhead(self._spans, self._fetch_span, budget=budget, concurrency=concurrency,
-                                max_gap=max_gap, share=share, on_request=self._count_request)
+        self._ahead = ahead
         try:
-            yield from self._ahead.run(batches)
+            yield from ahead.run(batches)
         finally:
             self._ahead = None
 
     def _any_remote(self) -> bool:
-        """Whether any shard is a URL: looked at once per reader (every shard's path, O(shards)), not per epoch."""
+        """Whether any shard is a URL: looked at once per reader (every shard's path, O(shards)), not per
+        epoch."""
         if self._has_urls is None:
             self._has_urls = any(is_url(self.index.shard_path(s)) for s in range(len(self.index.shards)))
         return self._has_urls
@@ -131,8 +160,9 @@ class RemoteReads:
         return [s for s in spans if s.end <= self.index.table.bytes_of(s.shard)]
 
     def _check_size_ahead(self, shard: int) -> None:
-        """Start the size check of a remote shard not yet opened, in the read-ahead's pool (else the reader makes
-        one request per shard, in turn, as it first opens each: 6 shards at 50 ms were 0.3 s of each epoch)."""
+        """Start the size check of a remote shard not yet opened, in the read-ahead's pool (else the reader
+        makes one request per shard, in turn, as it first opens each: 6 shards at 50 ms were 0.3 s of each
+        epoch)."""
         assert self._ahead is not None
         if shard not in self._handles and shard not in self._ahead.sizes:
             where = f"shard {self.index.shard_path(shard)}"
@@ -153,9 +183,9 @@ class RemoteReads:
         return int(retrying(info, where, self.retry, self._count_retry))
 
     def _remote_size(self, shard: int, where: str) -> int:
-        """The size of remote shard ``shard``: from the read-ahead's check when it made one, else asked now (also
-        when that check failed other than with a missing file: as for read-ahead fetches, the reader tries
-        itself, with its own retries and its own ``where`` in the error)."""
+        """The size of remote shard ``shard``: from the read-ahead's check when it made one, else asked now
+        (also when that check failed other than with a missing file: as for read-ahead fetches, the reader
+        tries itself, with its own retries and its own ``where`` in the error)."""
         pending = self._ahead.sizes.pop(shard, None) if self._ahead is not None else None
         if pending is not None:
             try:
@@ -183,7 +213,9 @@ class RemoteReads:
             self._cached(span.shard, f"shard {self.index.shard_path(span.shard)} (read-ahead)")
             return b""
         where = f"shard {self.index.shard_path(span.shard)}, bytes {span.start} to {span.end} (read-ahead)"
-        return self._fetch(span.shard, self._remote(span.shard, where), span.start, span.end - span.start, where)
+        return self._fetch(
+            span.shard, self._remote(span.shard, where), span.start, span.end - span.start, where
+        )
 
     # -- the node cache ------------------------------------------------------------------------------
 
@@ -194,14 +226,16 @@ class RemoteReads:
         info = self.index.shards[shard]
         found = self.cache.lookup(info.sha256, info.bytes)
         if found is None:
-            found = self.cache.fill(info.sha256, info.bytes, lambda out: self._download(shard, out, where), where)
+            found = self.cache.fill(
+                info.sha256, info.bytes, lambda out: self._download(shard, out, where), where
+            )
         return found
 
     def _download(self, shard: int, out: BinaryIO, where: str) -> None:
-        """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further than
-        one byte past the size the index records (a longer answer is refused by the cache's size check, not
-        written on until the disk is full); over HTTP as the range of those bytes, which must say the object
-        has that size and come at :data:`~shardio.storage.httpreads.HTTP_MIN_RATE` after a grace
+        """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further
+        than one byte past the size the index records (a longer answer is refused by the cache's size check,
+        not written on until the disk is full); over HTTP as the range of those bytes, which must say the
+        object has that size and come at :data:`~shardio.storage.httpreads.HTTP_MIN_RATE` after a grace
         (:func:`~shardio.storage.objectcopy.copy_capped`)."""
         fs, path = self._remote(shard, where)
         size = self.index.table.bytes_of(shard)
@@ -213,15 +247,16 @@ class RemoteReads:
 
         try:
             retrying(attempt, where, self.retry, self._count_retry)
-        except ReadError as exc:  # a full disk is the cache's to handle (evict, or read by ranges): not a read error
+        except ReadError as exc:
+            # a full disk is the cache's to handle (evict, or read by ranges): not a read error
             if isinstance(exc.__cause__, OSError) and exc.__cause__.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise exc.__cause__ from None
             raise
         self._count_request(size)
 
     def _refetch(self, sample: int, where: str) -> bool:
-        """Whether sample ``sample``'s shard came from the node cache: then its entry is discarded (it failed a
-        check) and the shard is fetched again on the next read."""
+        """Whether sample ``sample``'s shard came from the node cache: then its entry is discarded (it failed
+        a check) and the shard is fetched again on the next read."""
         shard = int(self._columns["shard"][sample])
         if shard not in self._from_cache or self.cache is None:
             return False

@@ -61,9 +61,11 @@ def decompress_upto(raw: bytes | memoryview, codec: str, limit: int, where: str)
 
 def out_of_memory(where: str, codec: str, size: int) -> ReadError:
     """The error for ``size`` decompressed bytes this process could not allocate."""
-    return ReadError(f"{where}: {size} bytes decompressed from the {codec} shard cannot be held in this "
-                     "process's memory (its address space or memory limit); re-pack the dataset with "
-                     "'shardio pack' (seekable, a frame per sample) or lower the reader's max_stream_bytes")
+    return ReadError(
+        f"{where}: {size} bytes decompressed from the {codec} shard cannot be held in this "
+        "process's memory (its address space or memory limit); re-pack the dataset with "
+        "'shardio pack' (seekable, a frame per sample) or lower the reader's max_stream_bytes"
+    )
 
 
 class StreamCursor:
@@ -95,14 +97,18 @@ class StreamCursor:
                 self.position += out.write(chunk)
         except (OSError, EOFError, ValueError, zstandard.ZstdError) as exc:
             self._stream = None
-            raise FormatError(f"{where}: cannot decompress the shard ({self.codec}): {describe(exc)}") from None
+            raise FormatError(
+                f"{where}: cannot decompress the shard ({self.codec}): {describe(exc)}"
+            ) from None
         except MemoryError:
             self._stream = None
             raise out_of_memory(where, self.codec, end - start) from None
         if self.position != end:
             self._stream = None
-            raise FormatError(f"{where}: the shard decompresses ({self.codec}) to {self.position} bytes, but "
-                              f"the index places a sample up to byte {end}")
+            raise FormatError(
+                f"{where}: the shard decompresses ({self.codec}) to {self.position} bytes, but "
+                f"the index places a sample up to byte {end}"
+            )
         return out.getvalue()
 
 
@@ -111,6 +117,8 @@ def decompress_prefix(raw: bytes, codec: str, need: int, where: str) -> bytes:
     stream that decompresses to fewer, or cannot be decompressed, is a :class:`FormatError`."""
     out = decompress_upto(raw, codec, need, where)
     if len(out) < need:
-        raise FormatError(f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
-                          f"places samples up to byte {need}")
+        raise FormatError(
+            f"{where}: the shard decompresses ({codec}) to {len(out)} bytes, but the index "
+            f"places samples up to byte {need}"
+        )
     return out

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["WavLayout", "convert_wav", "fits", "wav_layout"]
+__all__ = ["WavLayout", "convert_wav", "decode_rows", "fits", "wav_layout", "wav_layouts"]
 
 
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
@@ -73,6 +73,32 @@ def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> 
     return target, layout.sample_rate, layout.scale == 1.0
 
 
+def decode_rows(audio: list[tuple[memoryview, WavLayout]], rows: np.ndarray) -> list[np.ndarray]:
+    """A batch's WAVs (each with the layout :func:`wav_layouts` read, which fits its row) decoded into the
+    rows of ``rows``, a ``(B, channels, T)`` batch, each row zero past its audio: float32 rows as
+    :func:`convert_wav` converts, int16 rows as stored (16-bit PCM only). Each sample's audio, a view of its
+    row."""
+    decoded = []
+    for (view, layout), row in zip(audio, rows):
+        if rows.dtype == np.int16:
+            samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
+            target = row[:, : layout.frames]
+            np.copyto(
+                target,
+                samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T,
+            )
+        else:
+            target = convert_wav(view, layout, row)[0]
+        row[:, layout.frames :] = 0
+        decoded.append(target)
+    return decoded
+
+
+def wav_layouts(views: list[memoryview]) -> list[WavLayout | None]:
+    """:func:`wav_layout` of each of a batch's WAVs."""
+    return [wav_layout(view) for view in views]
+
+
 # the canonical 44-byte header: "RIFF", "WAVE", a 16-byte "fmt " chunk (tag, channels, rate, byte rate, block
 # align, bits), then "data" and its size
 _CANONICAL = struct.Struct("<4s4x4s4sIHHIIHH4sI")
@@ -82,9 +108,16 @@ def wav_layout(view: memoryview) -> WavLayout | None:
     """Where a RIFF/WAVE buffer's samples lie, or None when the fast path should leave it to soundfile."""
     size = len(view)
     if size >= _CANONICAL.size:  # one unpack, no chunk walk
-        riff, wave, fmt_id, fmt_size, tag, channels, rate, _, block_align, bits, data_id, data_size = \
+        riff, wave, fmt_id, fmt_size, tag, channels, rate, _, block_align, bits, data_id, data_size = (
             _CANONICAL.unpack_from(view)
-        if riff == b"RIFF" and wave == b"WAVE" and fmt_id == b"fmt " and fmt_size == 16 and data_id == b"data":
+        )
+        if (
+            riff == b"RIFF"
+            and wave == b"WAVE"
+            and fmt_id == b"fmt "
+            and fmt_size == 16
+            and data_id == b"data"
+        ):
             if not _fast_path_takes(tag, channels, rate, bits, block_align):
                 return None
             return _data_layout((tag, channels, rate, bits, block_align), _CANONICAL.size, data_size, size)
@@ -110,7 +143,9 @@ def wav_layout(view: memoryview) -> WavLayout | None:
     return None
 
 
-def _data_layout(fmt: tuple[int, int, int, int, int], body: int, chunk_size: int, size: int) -> WavLayout | None:
+def _data_layout(
+    fmt: tuple[int, int, int, int, int], body: int, chunk_size: int, size: int
+) -> WavLayout | None:
     """The layout of a data chunk of ``chunk_size`` bytes at ``body`` in a buffer of ``size`` bytes."""
     if chunk_size == 0:  # may mean "not closed properly", which libsndfile repairs in its own way
         return None

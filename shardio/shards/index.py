@@ -4,19 +4,13 @@ On disk a dataset directory holds its shards plus two index files, written last 
 
 - ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
   the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
-- ``index.columns`` (format 2): every column (34 bytes a sample) and the keys (a UTF-8 blob plus end
-  offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets too),
-  uncompressed and aligned, mapped read-only by every process that reads the index
+- ``index.columns`` (format 2): every column (:mod:`shardio.shards.columns`) and the keys (a UTF-8 blob
+  plus end offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets
+  too), uncompressed and aligned, mapped read-only by every process that reads the index
   (:mod:`shardio.shards.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
   Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
   --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
   fetched once per node into the local cache (:func:`shardio.storage.files.cache_dir`) and mapped from there.
-
-Per sample the columns say where its tar bytes are: ``frame_offset``/``frame_size`` locate the bytes to
-read from the shard file (a zstd frame, or the sample's own tar bytes in a plain ``.tar``), and
-``member_offset``/``member_size`` locate the sample's members inside those bytes once decompressed.
-Shards with a stream codec (``gzip``, ``bz2``, ``zstd-stream``: shards from other tools that cannot be
-seeked) use ``frame_offset`` as the offset in the decompressed tar and are read as a whole.
 """
 
 from __future__ import annotations
@@ -34,6 +28,7 @@ import numpy as np
 from ..errors import FormatError
 from ..storage.files import is_url, join, write_atomic
 from . import indexchecks, indexfile
+from .columns import COLUMNS, STREAM_CODECS
 from .indexfile import ColumnsFile
 from .indexheader import FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION
 from .indexload import check_loaded, read_index
@@ -41,21 +36,7 @@ from .keys import Keys
 from .metadata import Metadata
 from .shardtable import CODECS, ShardInfo, ShardTable
 
-__all__ = ["FORMAT_VERSION", "METADATA_VERSION", "INDEX_JSON", "INDEX_COLUMNS", "INDEX_COLUMNS_V1", "COLUMNS", "CODECS",
-           "ShardInfo", "ShardTable", "Index"]
-
-COLUMNS: dict[str, type] = {
-    "shard": np.uint32,
-    "frame_offset": np.uint64,
-    "frame_size": np.uint32,
-    "member_offset": np.uint32,
-    "member_size": np.uint32,
-    "num_frames": np.uint32,
-    "sample_rate": np.uint32,
-    "channels": np.uint8,
-    "format": np.uint8,
-}
-STREAM_CODECS = frozenset({"zstd-stream", "gzip", "bz2"})
+__all__ = ["CODECS", "COLUMNS", "INDEX_COLUMNS_V1", "STREAM_CODECS", "Index", "ShardInfo", "ShardTable"]
 
 
 @dataclass
@@ -88,7 +69,8 @@ class Index:
     _meta: Metadata | None = field(default=None, repr=False, compare=False)
     """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
     _digested: bool = field(default=False, repr=False, compare=False)
-    """Whether ``fingerprint`` was computed from this content (loaded or saved), not given: :attr:`fingerprinted`."""
+    """Whether ``fingerprint`` was computed from this content (loaded or saved), not given:
+    :attr:`fingerprinted`."""
     _content_id: str = field(default="", repr=False, compare=False)
     loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
 
@@ -121,18 +103,18 @@ class Index:
 
     @property
     def fingerprinted(self) -> bool:
-        """Whether :attr:`fingerprint` names this content: an index loaded from disk or saved there (where it is the
-        digest of what was written), not one made in memory with whatever fingerprint it was given. Derived data
-        shared between processes, such as the node's plan files, is kept only for such an index (keyed by its
-        :attr:`content_id`)."""
+        """Whether :attr:`fingerprint` names this content: an index loaded from disk or saved there (where it
+        is the digest of what was written), not one made in memory with whatever fingerprint it was given.
+        Derived data shared between processes, such as the node's plan files, is kept only for such an index
+        (keyed by its :attr:`content_id`)."""
         return self._digested
 
     @property
     def content_id(self) -> str:
         """A digest of what this index holds: its header as shardio writes it, which records the digest of its
-        columns (checked when they are loaded) and every shard's size and hash. Unlike :attr:`fingerprint`, which
-        ``index.json`` states (and an upgraded index keeps), it cannot be copied from another dataset, so data
-        derived from an index and shared between processes (the node's plan files) is keyed by it."""
+        columns (checked when they are loaded) and every shard's size and hash. Unlike :attr:`fingerprint`,
+        which ``index.json`` states (and an upgraded index keeps), it cannot be copied from another dataset,
+        so data derived from an index and shared between processes (the node's plan files) is keyed by it."""
         if not self._content_id:
             self._content_id = self._compute_fingerprint()
         return self._content_id
@@ -241,7 +223,11 @@ class Index:
         if isinstance(self._file, indexfile.Unreadable):  # raised at first use (see Unreadable)
             self.columns = self._keys = self._meta = self._file
         elif self._file is not None:
-            self.columns, self._keys, self._meta = self._file.columns(), self._file.keys(), self._file.metadata()
+            self.columns, self._keys, self._meta = (
+                self._file.columns(),
+                self._file.keys(),
+                self._file.metadata(),
+            )
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -283,8 +269,13 @@ class Index:
         return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
 
     @classmethod
-    def load(cls, location: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *,
-             allow_outside_root: bool = False) -> Index:
+    def load(
+        cls,
+        location: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        allow_outside_root: bool = False,
+    ) -> Index:
         """Load a dataset's index. The columns file must carry the digest `index.json` records, and its
         content is hashed against it here, once (DataLoader workers receive the mapped file and check only its
         size and header). A remote columns file is fetched into the node's cache once and mapped from there.
@@ -304,13 +295,22 @@ class Index:
         """
         parts = read_index(location, storage_options, COLUMNS)
         try:
-            index = cls(root=parts.root, shards=parts.shards, formats=[str(f) for f in parts.header["formats"]],
-                        columns=parts.columns, fingerprint=str(parts.header["fingerprint"]),
-                        columns_sha256=str(parts.header["columns_sha256"]), _keys=parts.keys,
-                        storage_options=storage_options, _file=parts.mapped, _meta=parts.meta)
+            index = cls(
+                root=parts.root,
+                shards=parts.shards,
+                formats=[str(f) for f in parts.header["formats"]],
+                columns=parts.columns,
+                fingerprint=str(parts.header["fingerprint"]),
+                columns_sha256=str(parts.header["columns_sha256"]),
+                _keys=parts.keys,
+                storage_options=storage_options,
+                _file=parts.mapped,
+                _meta=parts.meta,
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"{parts.json_path}: index header has a missing or malformed field "
-                              f"({exc})") from None
+            raise FormatError(
+                f"{parts.json_path}: index header has a missing or malformed field ({exc})"
+            ) from None
         check_loaded(index, parts, allow_outside_root)
         index._digested = True
         if not is_url(parts.json_path):  # a file server's clock ahead of ours: shards predate index.json

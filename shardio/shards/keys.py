@@ -46,6 +46,23 @@ class Keys(Spans, Sequence[str]):
         except UnicodeDecodeError:
             raise FormatError(f"{self._where}: key {i} is not valid UTF-8: the index is damaged") from None
 
+    def keys_of(self, ids: np.ndarray) -> list[str]:
+        """The keys of samples ``ids`` (a batch: their spans checked at once, then each decoded)."""
+        ends = self._ends[ids].astype(np.int64)
+        starts = np.where(ids > 0, self._ends[ids - 1], 0).astype(np.int64) if ids.size else ends
+        if ids.size and not (0 <= starts.min() and (starts <= ends).all() and ends.max() <= len(self._blob)):
+            for i in ids.tolist():
+                self._span(i)  # names the damaged one
+        blob = self._blob
+        try:
+            return [
+                bytes(blob[start:end]).decode("utf-8") for start, end in zip(starts.tolist(), ends.tolist())
+            ]
+        except UnicodeDecodeError:
+            for i in ids.tolist():
+                self.key(i)  # names the key that is not UTF-8
+            raise
+
     @overload
     def __getitem__(self, i: int) -> str: ...
 
@@ -74,7 +91,8 @@ class Keys(Spans, Sequence[str]):
         size = len(self._blob)
         position = self._blob.find(needle, 0) if needle else -1
         while position >= 0:
-            first = int(np.searchsorted(self._ends, position, side="right"))  # the key holding byte `position`
+            first = int(np.searchsorted(self._ends, position, side="right"))
+            # the key holding byte `position`
             start = int(self._ends[first - 1]) if first else 0
             if start == position and first < len(self) and int(self._ends[first]) == position + len(needle):
                 return first
@@ -95,8 +113,11 @@ class Keys(Spans, Sequence[str]):
 
     def __eq__(self, other: object) -> bool:
         if type(other) is Keys and type(self) is Keys:
-            return len(self) == len(other) and bytes(self.blob) == bytes(other.blob) and \
-                bool(np.array_equal(self.ends, other.ends))
+            return (
+                len(self) == len(other)
+                and bytes(self.blob) == bytes(other.blob)
+                and bool(np.array_equal(self.ends, other.ends))
+            )
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
@@ -123,6 +144,17 @@ class ChainedKeys(Keys):
         """Key number ``i`` of the chain."""
         part = int(np.searchsorted(self._offsets, i, side="right")) - 1
         return self._parts[part].key(i - int(self._offsets[part]))
+
+    def keys_of(self, ids: np.ndarray) -> list[str]:
+        """The keys of samples ``ids`` of the chain, each part's asked at once."""
+        parts = np.searchsorted(self._offsets, ids, side="right") - 1
+        found: list[str] = [""] * len(ids)
+        for part in np.unique(parts).tolist():
+            at = np.flatnonzero(parts == part)
+            keys = self._parts[part].keys_of(ids[at] - self._offsets[part])
+            for position, key in zip(at.tolist(), keys):
+                found[position] = key
+        return found
 
     def find(self, key: str) -> int | None:
         """The number of the first sample with ``key`` in the chain, or None."""

@@ -1,11 +1,12 @@
 """ShardTable: the index's shard table (name, bytes, sha256, samples, duration, codec) as a few numpy arrays.
 
-A list of one :class:`ShardInfo` a shard costs about 500 bytes a shard as Python objects in every process
-that holds it, and a DataLoader worker started by ``spawn`` or ``forkserver`` receives it pickled: at 360k
-shards, about 180 MB in each worker. The table keeps names and SHA-256s as UTF-8 blobs plus end offsets
-(:mod:`shardio.shards.spans`, ``int64`` ends), sizes and sample counts as ``int64``, durations as ``float64`` and codecs as
-``uint8`` numbers into :data:`CODECS`; it pickles as those arrays, or, once a dataset has put them in shared
-memory for its workers (:func:`shardio.runtime.sharing.shared_table`), as the objects that carry them there.
+A list of one :class:`ShardInfo` a shard costs about 500 bytes a shard as Python objects in every process that
+holds it, and a DataLoader worker started by ``spawn`` or ``forkserver`` receives it pickled: at 360k shards,
+about 180 MB in each worker. The table keeps names and SHA-256s as UTF-8 blobs plus end offsets
+(:mod:`shardio.shards.spans`, ``int64`` ends), sizes and sample counts as ``int64``, durations as ``float64``
+and codecs as ``uint8`` numbers into :data:`CODECS`; it pickles as those arrays, or, once a dataset has put
+them in shared memory for its workers (:func:`shardio.runtime.sharing.shared_table`), as the objects that
+carry them there.
 
 It is a read-only ``Sequence[ShardInfo]``: ``table[i]`` builds one :class:`ShardInfo` when asked, and the
 per-sample read paths use the column accessors (:meth:`ShardTable.bytes_of`, :meth:`ShardTable.codec_of`).
@@ -50,9 +51,16 @@ class ShardInfo:
 
 
 _FIELDS = tuple(f.name for f in fields(ShardInfo))
-_ARRAYS: dict[str, Any] = {"name_blob": np.uint8, "name_ends": np.int64, "sha256_blob": np.uint8,
-                           "sha256_ends": np.int64, "bytes": np.int64, "samples": np.int64,
-                           "duration": np.float64, "codec": np.uint8}
+_ARRAYS: dict[str, Any] = {
+    "name_blob": np.uint8,
+    "name_ends": np.int64,
+    "sha256_blob": np.uint8,
+    "sha256_ends": np.int64,
+    "bytes": np.int64,
+    "samples": np.int64,
+    "duration": np.float64,
+    "codec": np.uint8,
+}
 
 
 class _Texts(Spans):
@@ -76,14 +84,20 @@ def _checked(entry: Any, where: str) -> tuple[str, int, str, int, float, int]:
     """One shard entry (an ``index.json`` object or a :class:`ShardInfo`), its field types checked:
     ``TypeError``/``ValueError`` naming the shard and field, :class:`FormatError` for an unknown codec."""
     if isinstance(entry, ShardInfo):
-        values = dict(zip(_FIELDS, (entry.name, entry.bytes, entry.sha256, entry.samples, entry.duration,
-                                    entry.codec)))
+        values = dict(
+            zip(_FIELDS, (entry.name, entry.bytes, entry.sha256, entry.samples, entry.duration, entry.codec))
+        )
     elif isinstance(entry, dict):
         values = {"codec": "none", **entry}
-        unknown, missing = sorted(set(values) - set(_FIELDS), key=str), [f for f in _FIELDS if f not in values]
+        unknown, missing = (
+            sorted(set(values) - set(_FIELDS), key=str),
+            [f for f in _FIELDS if f not in values],
+        )
         if unknown or missing:
-            raise TypeError(f"a shard entry has fields {shown(sorted(map(str, values)))}, expected {list(_FIELDS)} "
-                            "(codec optional)")
+            raise TypeError(
+                f"a shard entry has fields {shown(sorted(map(str, values)))}, expected {list(_FIELDS)} "
+                "(codec optional)"
+            )
     else:
         raise TypeError(f"a shard entry must be an object, not {shown(entry)}")
     name, codec = values["name"], values["codec"]
@@ -91,7 +105,9 @@ def _checked(entry: Any, where: str) -> tuple[str, int, str, int, float, int]:
         raise TypeError(f"shard name {shown(name)} is not a file name")
     size, samples = (_count(name, field, values[field]) for field in ("bytes", "samples"))
     if not isinstance(values["sha256"], str):
-        raise TypeError(f"shard {shown(name)}: sha256 must be a string, not {type(values['sha256']).__name__}")
+        raise TypeError(
+            f"shard {shown(name)}: sha256 must be a string, not {type(values['sha256']).__name__}"
+        )
     duration = values["duration"]
     if isinstance(duration, bool) or not isinstance(duration, (int, float)):
         raise TypeError(f"shard {shown(name)}: duration must be a number, not {type(duration).__name__}")
@@ -129,10 +145,15 @@ class ShardTable(Sequence[ShardInfo]):
         n = len(self._names)
         for name, dtype in _ARRAYS.items():
             array = self._arrays[name]
-            if array.dtype != np.dtype(dtype) or array.ndim != 1 or \
-                    (not name.endswith("_blob") and array.shape[0] != n):
-                raise FormatError(f"shard table: array {name!r} has dtype {array.dtype} and shape {array.shape}, "
-                                  f"expected {np.dtype(dtype)} and ({n},)")
+            if (
+                array.dtype != np.dtype(dtype)
+                or array.ndim != 1
+                or (not name.endswith("_blob") and array.shape[0] != n)
+            ):
+                raise FormatError(
+                    f"shard table: array {name!r} has dtype {array.dtype} and shape {array.shape}, "
+                    f"expected {np.dtype(dtype)} and ({n},)"
+                )
 
     @classmethod
     def of(cls, entries: Iterable[ShardInfo | Mapping[str, Any]], where: str = "index") -> ShardTable:
@@ -144,10 +165,18 @@ class ShardTable(Sequence[ShardInfo]):
         rows = [_checked(entry, where) for entry in entries]
         columns = list(zip(*rows)) if rows else [()] * len(_FIELDS)
         names, sha256 = _texts(columns[0]), _texts(columns[2])
-        return cls({"name_blob": names[0], "name_ends": names[1], "sha256_blob": sha256[0],
-                    "sha256_ends": sha256[1], "bytes": np.array(columns[1], np.int64),
-                    "samples": np.array(columns[3], np.int64), "duration": np.array(columns[4], np.float64),
-                    "codec": np.array(columns[5], np.uint8)})
+        return cls(
+            {
+                "name_blob": names[0],
+                "name_ends": names[1],
+                "sha256_blob": sha256[0],
+                "sha256_ends": sha256[1],
+                "bytes": np.array(columns[1], np.int64),
+                "samples": np.array(columns[3], np.int64),
+                "duration": np.array(columns[4], np.float64),
+                "codec": np.array(columns[5], np.uint8),
+            }
+        )
 
     @classmethod
     def from_arrays(cls, carriers: Mapping[str, Any]) -> ShardTable:
@@ -212,9 +241,16 @@ class ShardTable(Sequence[ShardInfo]):
         return self._sha256.text(shard)
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every shard as the ``index.json`` object it is written as (the fields of :class:`ShardInfo`, in order)."""
-        columns = (self.names(), self._bytes.tolist(), [self._sha256.text(i) for i in range(len(self))],
-                   self._samples.tolist(), self.durations.tolist(), [CODECS[c] for c in self._codecs.tolist()])
+        """Every shard as the ``index.json`` object it is written as (the fields of :class:`ShardInfo`, in
+        order)."""
+        columns = (
+            self.names(),
+            self._bytes.tolist(),
+            [self._sha256.text(i) for i in range(len(self))],
+            self._samples.tolist(),
+            self.durations.tolist(),
+            [CODECS[c] for c in self._codecs.tolist()],
+        )
         return [dict(zip(_FIELDS, row)) for row in zip(*columns)]
 
     # -- the sequence ------------------------------------------------------------------------------
@@ -224,8 +260,14 @@ class ShardTable(Sequence[ShardInfo]):
 
     def info(self, shard: int) -> ShardInfo:
         """Shard number ``shard`` as a :class:`ShardInfo` (made for this call)."""
-        return ShardInfo(self._names.text(shard), int(self._bytes[shard]), self._sha256.text(shard),
-                         int(self._samples[shard]), float(self.durations[shard]), CODECS[self._codecs[shard]])
+        return ShardInfo(
+            self._names.text(shard),
+            int(self._bytes[shard]),
+            self._sha256.text(shard),
+            int(self._samples[shard]),
+            float(self.durations[shard]),
+            CODECS[self._codecs[shard]],
+        )
 
     @overload
     def __getitem__(self, i: int) -> ShardInfo: ...
@@ -246,8 +288,10 @@ class ShardTable(Sequence[ShardInfo]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ShardTable):
-            return all(np.array_equal(a, other._arrays[name], equal_nan=name == "duration")
-                       for name, a in self._arrays.items())
+            return all(
+                np.array_equal(a, other._arrays[name], equal_nan=name == "duration")
+                for name, a in self._arrays.items()
+            )
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented

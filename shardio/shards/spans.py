@@ -51,6 +51,8 @@ class Spans:
         start = int(self._ends[i - 1]) if i else 0
         end = int(self._ends[i])
         if not 0 <= start <= end <= len(self._blob) or (limit is not None and end - start > limit):
-            raise FormatError(f"{self._where}: {self._what.format(i)} spans bytes {start} to {end} of a "
-                              f"{len(self._blob)}-byte blob: the index is damaged")
+            raise FormatError(
+                f"{self._where}: {self._what.format(i)} spans bytes {start} to {end} of a "
+                f"{len(self._blob)}-byte blob: the index is damaged"
+            )
         return start, end

@@ -6,16 +6,15 @@ it was opened raises SIGBUS, which kills the process; so each range is first fau
 Populating the range also replaces a page fault per 4 KiB by one call. Where the kernel lacks it (or on
 other systems), ranges are read with ``pread``.
 
-A shard rewritten in place or replaced (renamed over) while a run reads it would mix two versions of its audio,
-silently where the size stays the same. So a shard opened with ``unchanged_since`` (the time its index was
-loaded, which DataLoader workers share) is checked after its bytes are read or mapped (at most once a
-millisecond: :data:`CHECK_EVERY_NS`): a
-status-change time (``st_ctime``, which every write, rename onto the path, ``chmod`` or ``chown`` sets, and no
-one can set back) later than that, or a status (ctime, mtime, size) other than at the file's first read in this
-process, is a :class:`~shardio.errors.ShardChanged`, and so is every later read of the file. Checked on the
-open descriptor (one ``fstat``), this also sees a file rewritten after it was opened; a replacement by rename
-is seen when a process opens the new file. File times come from a clock that ticks every few milliseconds, so
-a file replaced within a tick of the index's load can go unseen.
+A shard rewritten in place or replaced (renamed over) while a run reads it would mix two versions of its
+audio, silently where the size stays the same. So a shard opened with ``unchanged_since`` (the time its index
+was loaded, which DataLoader workers share) is checked after its bytes are read or mapped (at most once a
+millisecond: :data:`CHECK_EVERY_NS`): a status-change time (``st_ctime``, which every write, rename onto the
+path, ``chmod`` or ``chown`` sets, and no one can set back) later than that, or a status (ctime, mtime, size)
+other than at the file's first read in this process, is a :class:`~shardio.errors.ShardChanged`, and so is
+every later read of the file. Checked on the open descriptor (one ``fstat``), this also sees a file rewritten
+after it was opened; a replacement by rename is seen when a process opens the new file. File times come from a
+clock that ticks every few milliseconds, so a file replaced within a tick of the index's load can go unseen.
 """
 
 from __future__ import annotations
@@ -38,9 +37,9 @@ CAN_MAP = sys.platform == "linux" and hasattr(mmap.mmap, "madvise")
 
 
 CHECK_EVERY_NS = 1_000_000
-"""A local shard's status is checked at most once a millisecond of reads (an ``fstat`` per sample cost 1.7 µs):
-a change is seen at the first check after it, a millisecond of reads later at most, which is finer than the
-few milliseconds by which file times tick."""
+"""A local shard's status is checked at most once a millisecond of reads (an ``fstat`` per sample cost 1.7
+µs): a change is seen at the first check after it, a millisecond of reads later at most, which is finer than
+the few milliseconds by which file times tick."""
 
 
 class LocalShard:
@@ -57,6 +56,8 @@ class LocalShard:
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # of the map, sliced per range
         self._mapping = CAN_MAP and size > 0
+        self.closed = False
+        """Whether :meth:`close` was called: a holder of this object opens the file again."""
         # the descriptor is this object's: a reader dropped without close() (a dataset made per validation
         # run, say) must not leak one descriptor per shard it read until the process runs out of them
         self._closer = weakref.finalize(self, os.close, fd)
@@ -66,11 +67,14 @@ class LocalShard:
         """Close the file (once; it closes by itself when the object is collected). The map lives on (the
         mmap object holds its own descriptor) until the last view of a range is gone."""
         self._map = self._view = None
+        self._mapping = False
+        self.closed = True
         self._closer()
 
     def check_unchanged(self, where: str) -> None:
         """A :class:`ShardChanged` naming ``where`` if the file's status changed after ``unchanged_since``, or
-        since this object's first check (see the module docstring); once found, every later check raises it."""
+        since this object's first check (see the module docstring); once found, every later check raises
+        it."""
         if self.unchanged_since is None:
             return
         if self._changed is None:
@@ -84,13 +88,18 @@ class LocalShard:
                 self._status = status
             if status == self._status and info.st_ctime_ns <= self.unchanged_since:
                 return
-            how = (f"its status changed at {_when(info.st_ctime_ns)}, after its index was loaded at "
-                   f"{_when(self.unchanged_since)}" if info.st_ctime_ns > self.unchanged_since
-                   else "its status (ctime, mtime, size) changed while this process read it")
+            how = (
+                f"its status changed at {_when(info.st_ctime_ns)}, after its index was loaded at "
+                f"{_when(self.unchanged_since)}"
+                if info.st_ctime_ns > self.unchanged_since
+                else "its status (ctime, mtime, size) changed while this process read it"
+            )
             self._changed = ShardChanged(
-                f"the local shard file changed ({how}): it was rewritten or replaced while the run reads it, and "
-                "reading on would mix two versions of its audio; keep shards unchanged during a run (a chmod or "
-                "chown counts as a change too), or re-run 'shardio index' (or re-pack) and start again")
+                f"the local shard file changed ({how}): it was rewritten or replaced while the run reads it, "
+                "and reading on would mix two versions of its audio; keep shards unchanged during a run (a "
+                "chmod or chown counts as a change too), or re-run 'shardio index' (or re-pack) and start "
+                "again"
+            )
         raise ShardChanged(f"{where}: {self._changed}")
 
     def read(self, offset: int, size: int, where: str) -> bytes:
@@ -110,6 +119,28 @@ class LocalShard:
         used, else of a copy of their own (a batch holds all its samples' views before decoding any)."""
         view = self.mapped(offset, size, where)
         return view if view is not None else memoryview(self.read(offset, size, where))
+
+    def views(self, offsets: list[int], sizes: list[int], where: str) -> list[memoryview] | None:
+        """Several ranges (a batch's samples in this shard) as views of the map, their pages faulted in, the
+        file's status checked once; None when mapping is not possible here (read them with :meth:`view`).
+        A range past the end of the file is a :class:`FormatError`."""
+        if not self._mapping or self._map is None:
+            first = self.mapped(offsets[0], sizes[0], where) if offsets and self._mapping else None
+            if first is None:
+                return None
+        assert self._map is not None and self._view is not None
+        found, whole, populate = [], self._view, self._map.madvise
+        for offset, size in zip(offsets, sizes):
+            if offset + size > self.size:
+                raise short_read(where, size, offset, max(0, self.size - offset))
+            start = offset - offset % mmap.PAGESIZE
+            try:
+                populate(_MADV_POPULATE_READ, start, offset + size - start)
+            except OSError:
+                return None  # mapped() says what went wrong, one range at a time
+            found.append(whole[offset : offset + size])
+        self.check_unchanged(where)
+        return found
 
     def mapped(self, offset: int, size: int, where: str) -> memoryview | None:
         """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""
@@ -133,8 +164,10 @@ class LocalShard:
             actual = os.fstat(self.fd).st_size
             if actual < offset + size:
                 raise short_read(where, size, offset, max(0, actual - offset)) from None
-            raise ReadError(f"{where}: reading {size} bytes at offset {offset} failed: an I/O error in the "
-                            "shard file's pages") from None
+            raise ReadError(
+                f"{where}: reading {size} bytes at offset {offset} failed: an I/O error in the "
+                "shard file's pages"
+            ) from None
         self.check_unchanged(where)
         return self._view[offset : offset + size]
 
@@ -147,20 +180,26 @@ def _when(ns: int) -> str:
 
 def short_read(where: str, size: int, offset: int, got: int) -> FormatError:
     """The error for ``got`` bytes where ``size`` were wanted at ``offset``: the file shrank after opening."""
-    return FormatError(f"{where}: wanted {size} bytes at offset {offset}, got {got} "
-                       "(the shard changed after it was opened?)")
+    return FormatError(
+        f"{where}: wanted {size} bytes at offset {offset}, got {got} (the shard changed after it was opened?)"
+    )
 
 
 def kind(mode: int) -> str:
     """What a file of ``st_mode`` ``mode`` is, in words, for messages about one that is not a regular file."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "of an unknown kind")
 
 
 class NotRegular(Exception):
-    """A path that names a directory, FIFO, device or socket where a regular file is expected; the message says
-    which (:func:`kind`)."""
+    """A path that names a directory, FIFO, device or socket where a regular file is expected; the message
+    says which (:func:`kind`)."""
 
     def __init__(self, mode: int) -> None:
         super().__init__(kind(mode))
@@ -168,8 +207,9 @@ class NotRegular(Exception):
 
 
 def open_regular(path: str) -> tuple[int, int]:
-    """A read-only descriptor of the regular file at ``path`` and its size, opened without blocking (a plain open
-    of a FIFO waits for a writer); :class:`NotRegular` for anything else, ``OSError`` where it cannot be opened."""
+    """A read-only descriptor of the regular file at ``path`` and its size, opened without blocking (a plain
+    open of a FIFO waits for a writer); :class:`NotRegular` for anything else, ``OSError`` where it cannot be
+    opened."""
     mode = os.stat(path).st_mode  # a device is not opened (opening some acts), a socket cannot be
     if not stat.S_ISREG(mode):
         raise NotRegular(mode)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,6 +91,36 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
     assert not Reader(zstd).maps(0)  # each sample is decompressed: held one at a time
     monkeypatch.setattr(shardio.storage.localshard, "CAN_MAP", False)
     assert not Reader(plain).maps(0)
+
+
+def test_the_lane_opens_again_the_shards_the_reader_closed(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane keeps the shards it reads for the iteration; one the reader closed since (it keeps
+    ``max_open`` open) is opened again, and the lane still makes every batch."""
+    from shardio.reading.assembly import Assembler, Decoding
+    from shardio.reading.lane import Lane
+
+    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
+             for i in range(12)]
+    index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
+    served: list[bool] = []
+    common = Lane.common
+
+    def counted(self: Lane, *args: Any) -> dict[str, Any] | None:
+        made = common(self, *args)
+        served.append(made is not None)
+        return made
+
+    monkeypatch.setattr(Lane, "common", counted)
+    reader = Reader(index, max_open=1)
+    assembler = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {})
+    for ids in ([0, 4], [8, 1], [5, 9], [0, 4]):
+        batch = assembler.batch(np.array(ids), 0)
+        for row, key in enumerate(batch["keys"]):
+            expected, _ = soundfile.read(io.BytesIO(dict(clips)[key]["wav"]), dtype="float32", always_2d=True)
+            decoded = batch["audio"][row, :, : expected.shape[0]]
+            assert torch.equal(decoded, torch.from_numpy(expected.T.copy()))
+    assert served == [True] * 4 and len(reader._handles) == 1
 
 
 def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -> None:

@@ -143,18 +143,18 @@ def test_the_lane_batches_are_the_general_paths(drawn: list[dict[str, Any]], bat
 def _counting_lane() -> Iterator[list[bool]]:
     """Whether the lane built each batch (True) or left it to the general path (False), in order."""
     served: list[bool] = []
-    batch = Lane.batch
+    common = Lane.common
 
     def counted(self: Lane, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        made = batch(self, *args, **kwargs)
+        made = common(self, *args, **kwargs)
         served.append(made is not None)
         return made
 
-    Lane.batch = counted  # type: ignore[method-assign]
+    Lane.common = counted  # type: ignore[method-assign]
     try:
         yield served
     finally:
-        Lane.batch = batch  # type: ignore[method-assign]
+        Lane.common = common  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
@@ -262,14 +262,14 @@ def test_batches_from_workers_are_the_general_paths(tmp_path: Path, monkeypatch:
         general = _epoch(root, workers=2, batch_size=4)
     assert with_lane == general and isinstance(general, list) and len(general) == 6
 
-    lane_batch = Lane.batch
+    lane_common = Lane.common
 
     def marked(self: Lane, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        made = lane_batch(self, *args, **kwargs)
+        made = lane_common(self, *args, **kwargs)
         if made is not None:
             made["from_lane"] = True
         return made
 
-    monkeypatch.setattr(Lane, "batch", marked)  # forked workers inherit it
+    monkeypatch.setattr(Lane, "common", marked)  # forked workers inherit it
     marks = _epoch(root, workers=2, batch_size=4)
     assert isinstance(marks, list) and all(("from_lane", True) in batch for batch in marks)
