@@ -127,7 +127,7 @@ def test_spawn_workers_report_an_index_replaced_between_epochs(tmp_path: Path) -
     unexpectedly"); the FormatError now reaches the training process with its message."""
     make_uneven_dataset(tmp_path / "a", [6, 6])
     make_uneven_dataset(tmp_path / "b", [5, 9], seed=2)
-    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=2,
+    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=1,
                         multiprocessing_context="spawn")
     assert sum(len(batch["keys"]) for batch in loader) == 12
     for name in ("index.json", "index.columns"):
