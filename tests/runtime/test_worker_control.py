@@ -226,8 +226,11 @@ def test_a_quarantine_loaded_after_persistent_workers_started_is_refused(data: s
     state = ds.state_after({"epoch": 0, "batch_index": 2})
     healed = quarantine(state, make(data), keys=[first[5][1][0]])
     ds.load_state_dict(healed)  # the persistent workers plan without the quarantine: refuse, never play wrong
-    with pytest.raises(OptionError, match="persistent_workers=False"):
+    with pytest.raises(OptionError, match="persistent_workers=False") as caught:
         played(loader)
+    # the loader's workers end with it, here: left to the garbage collector, torch waits 5 s for each
+    traceback.clear_frames(caught.tb)
+    del loader, caught
     fresh = make(data)
     fresh.load_state_dict(healed)  # loaded before the workers start: it reaches them
     rest = played(persistent(fresh))
