@@ -39,6 +39,10 @@ _parents: list[weakref.ref[Any]] = []  # the parent's filesystem, weakly: alive 
 
 
 def _child_read(url: str, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    # a first collection, before the parent's filesystems are dropped, pays what a collection costs a child of
+    # this (late in a run, large) test process whatever it finalizes: touching every page copies it from the
+    # parent, ~1 s on a busy machine; the timed part is what the drop adds
+    gc.collect()
     started = time.perf_counter()
     _held.clear()
     fs, path = filesystem(url)
