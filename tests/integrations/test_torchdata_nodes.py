@@ -21,12 +21,13 @@ pytest.importorskip("torchdata.nodes")
 from sample_shards import dataset_fixture, planned_keys
 from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
 
-from shardio import ShardDataset
+from shardio import Ordering, ShardDataset
 from shardio.errors import StateError
 from shardio.integrations.torchdata import ShardNode
 
 data = dataset_fixture("nodes", (7, 5, 9, 4), seed=1)  # 9 batches of 3 an epoch
 EPOCHS = 3
+ORDERING = Ordering(shuffle_shards=2)
 
 
 def batch_keys(batch: dict[str, Any]) -> list[str]:
@@ -36,20 +37,20 @@ def batch_keys(batch: dict[str, Any]) -> list[str]:
 def pipeline(data: Path, kind: str) -> tuple[Loader, ShardNode]:
     """The pipeline of ``kind`` and its source node."""
     if kind == "batcher":  # samples, batched by torchdata
-        node = ShardNode(ShardDataset(data, seed=5, shuffle_shards=2))
+        node = ShardNode(ShardDataset(data, seed=5, ordering=ORDERING))
         batcher = Batcher(node, batch_size=3, drop_last=False)
         return Loader(
             ParallelMapper(batcher, map_fn=lambda samples: [s["key"] for s in samples], num_workers=2)
         ), node
-    node = ShardNode(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2))
+    node = ShardNode(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING))
     mapped = ParallelMapper(node, map_fn=batch_keys, num_workers=2)
     return Loader(Prefetcher(mapped, prefetch_factor=2) if kind == "prefetch" else mapped), node
 
 
 def planned(data: Path, kind: str) -> list[list[str]]:
     if kind != "batcher":
-        return planned_keys(data, 1, EPOCHS, batch_size=3, seed=5, shuffle_shards=2)[0]
-    dataset = ShardDataset(data, seed=5, shuffle_shards=2)
+        return planned_keys(data, 1, EPOCHS, batch_size=3, seed=5, ordering=ORDERING)[0]
+    dataset = ShardDataset(data, seed=5, ordering=ORDERING)
     samples = []
     for epoch in range(EPOCHS):
         dataset.set_epoch(epoch)
@@ -133,9 +134,9 @@ def test_a_closed_node_ends_its_pipeline(data: Path, kind: str) -> None:
 def test_the_resumed_node_reads_nothing_before_the_state(data: Path) -> None:
     """The state loads into the dataset (O(1)): with no mapper, the node's first batch is the only one
     read."""
-    first = Loader(ShardNode(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)))
+    first = Loader(ShardNode(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)))
     _, state = run(first, 1, 6)
-    dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
+    dataset = ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)
     resumed = Loader(ShardNode(dataset))
     resumed.load_state_dict(state)
     batch = next(iter(resumed))
@@ -164,9 +165,9 @@ def test_torchdatas_iterable_wrapper_uses_the_datasets_own_state(data: Path) -> 
     def wrapped(dataset: ShardDataset) -> Loader:
         return Loader(ParallelMapper(IterableWrapper(dataset), map_fn=batch_keys, num_workers=2))
 
-    seen, state = run(wrapped(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)), EPOCHS, 13)
+    seen, state = run(wrapped(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)), EPOCHS, 13)
     assert seen == plan[:13] and state is not None
-    dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
+    dataset = ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)
     resumed = wrapped(dataset)
     resumed.load_state_dict(state)
     rest, _ = run(resumed, 2)
