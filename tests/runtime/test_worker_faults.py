@@ -23,7 +23,7 @@ import pytest
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader, get_worker_info
 
-from shardio import FormatError, Index, ShardDataset
+from shardio import Decoding, FormatError, Index, ShardDataset
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,7 +114,7 @@ class Slow:
 def test_worker_killed_from_outside(index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pids = tmp_path / "pids"
     monkeypatch.setenv("SHARDIO_TEST_PIDS", str(pids))
-    dataset = ShardDataset(index.root, batch_size=2, transform=Slow())
+    dataset = ShardDataset(index.root, batch_size=2, decoding=Decoding(transform=Slow()))
     iterator = iter(DataLoader(dataset, batch_size=None, num_workers=2, worker_init_fn=record_pid))
     next(iterator)
     victim = int(pids.read_text().split()[0])
