@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from job_runs import dump_stacks_on_signal
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset, ShardLoader, collate
+from shardio import Ordering, ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 
 
@@ -39,7 +39,7 @@ def main(config: dict[str, Any]) -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     collated = config.get("collate", False)  # an unbatched dataset batched by the DataLoader
     dataset = ShardDataset(config["data"], batch_size=None if collated else config["batch_size"], seed=5,
-                           shuffle_shards=2)
+                           ordering=Ordering(shuffle_shards=2))
     progress = track(accelerator, dataset)
     options: dict[str, Any] = {"batch_size": config["batch_size"] if collated else None,
                                "num_workers": config["workers"]}

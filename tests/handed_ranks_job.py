@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset
+from shardio import Ordering, ShardDataset
 
 WORLD_SIZE = 2
 
@@ -41,7 +41,7 @@ def main(method: str, data: str, out: str, epoch: str | None) -> None:
     from process_groups import free_port
 
     torch.set_num_threads(1)
-    dataset = ShardDataset(data, batch_size=2, seed=3, shuffle_shards=2)
+    dataset = ShardDataset(data, batch_size=2, seed=3, ordering=Ordering(shuffle_shards=2))
     if epoch is not None:
         dataset.set_epoch(int(epoch))
     mp.start_processes(rank_main, args=(dataset, free_port(), out), nprocs=WORLD_SIZE, start_method=method)

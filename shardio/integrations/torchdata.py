@@ -46,7 +46,8 @@ class ShardNode(BaseNode):
     Each ``iter()`` of the ``Loader`` plays the dataset's next epoch (the first one plays ``dataset.epoch``:
     0, or the epoch given to ``set_epoch``). The batches are read and decoded in the thread that pulls from
     the node (a mapper's reader thread); the mapper's workers run ``map_fn``. Keep the mappers' default
-    ``in_order=True``: out of order, no state says which batches were handed on.
+    ``in_order=True``: out of order, no state says which batches were handed on. To stop mid-epoch and end
+    the pipeline's threads, :meth:`close` the node and drain the iterator.
 
     Args:
         dataset: the ShardDataset (or MixedDataset) to play, in this process (no DataLoader workers).
@@ -105,6 +106,19 @@ class ShardNode(BaseNode):
     def get_state(self) -> dict[str, Any]:
         with self._lock:
             return {_STATE_KEY: self._state}
+
+    def close(self) -> None:
+        """End the epoch here: the node yields no batch until the next ``reset`` (the ``Loader``'s next
+        ``iter()``), and its state stays the one after its last batch.
+
+        A pipeline left mid-epoch keeps its threads (a ``ParallelMapper``'s reader, sorter and workers, a
+        ``Prefetcher``'s) until the garbage collector reaches it. To end them, close the node and drain the
+        iterator you were looping over (``for _ in iterator: pass``): the mappers hand on the few batches they
+        hold and their threads end. Take ``loader.state_dict()`` before, as the drain moves it on.
+        """
+        with self._lock:
+            self._close()
+            self._iterator = None
 
     def _close(self) -> None:
         if self._iterator is not None:

@@ -26,7 +26,7 @@ from remote_servers import HTTPFileServer
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import EpochSize, Index, MixedDataset, ShardDataset
+from shardio import EpochSize, Index, MixedDataset, Ordering, ShardDataset
 from shardio.cli import main
 from shardio.errors import FormatError, InputError, OptionError, ShardioError
 from shardio.integrations.exporters.nemo import export_nemo
@@ -181,7 +181,7 @@ def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, A
     """Remote: the read-ahead coalesces a repeat's span with its first copy's (the same bytes)."""
     root, expected = nemo
     with HTTPFileServer(str(root)) as server:
-        ds = ShardDataset(server.url, batch_size=4, seed=3, shuffle_shards=1)
+        ds = ShardDataset(server.url, batch_size=4, seed=3, ordering=Ordering(shuffle_shards=1))
         local = {key: (audio, text) for batch in ShardDataset(root, batch_size=4, seed=3, shuffle_shards=1)
                  for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])}
         remote = [(key, audio, text) for batch in ds for key, audio, text in zip(batch["keys"], batch["audio"],

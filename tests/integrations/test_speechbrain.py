@@ -5,7 +5,8 @@ killed with SIGKILL, recovered by ``Checkpointer.recover_if_possible`` in a new 
 (``ckpt_interval_steps``) and one at each epoch end; every rank kills itself at a given batch; the run
 recovered from the latest checkpoint trains, per rank, on exactly the batches of the uninterrupted run (the
 dataset's plan) after it. Where the checkpoint stands is read from SpeechBrain's own files (the epoch counter
-and the Brain's step), not from shardio's. The default tier runs one case; the rest is marked ``matrix``
+and the Brain's step), not from shardio's. The fast tier runs one case (one process); two processes under
+torchrun are ``slow``; the rest is marked ``matrix``
 (``pytest -m matrix tests/integrations/test_speechbrain.py``).
 """
 
@@ -99,6 +100,12 @@ def check_resume(data: Path, tmp_path: Path, *, processes: int, kill_at: int, **
     return step
 
 
+def test_resume_mid_epoch_one_process(data: Path, tmp_path: Path) -> None:
+    # 9 steps an epoch; checkpoints after steps 3, 6, 9 (the epoch end), 12: killed at 5, resumed at 3.
+    assert check_resume(data, tmp_path, processes=1, kill_at=5, workers=2) == 3
+
+
+@pytest.mark.slow
 def test_resume_mid_epoch_two_processes(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks; checkpoints after steps 3, 5 (epoch end), 8, 10: killed at 4, resumed at 3.
     assert check_resume(data, tmp_path, processes=2, kill_at=4, workers=2) == 3

@@ -3,11 +3,14 @@
 Each case builds ``Loader(ParallelMapper(ShardNode(ds), ...))`` (with a ``Prefetcher`` on top, or a
 ``Batcher`` over an unbatched dataset), stops after some batches, saves ``loader.state_dict()``, and resumes
 a new pipeline over a new dataset from it: the batches after the state equal the uninterrupted run's, epoch
-after epoch, and the resumed node reads no batch before the state.
+after epoch, and the resumed node reads no batch before the state. A run stopped mid-epoch closes its node and
+drains its iterator, which ends the pipeline's threads (left alone, they poll until the garbage collector
+reaches them, in whatever test runs then).
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +21,36 @@ pytest.importorskip("torchdata.nodes")
 from sample_shards import dataset_fixture, planned_keys
 from torchdata.nodes import Batcher, Loader, ParallelMapper, Prefetcher
 
-from shardio import ShardDataset
+from shardio import Ordering, ShardDataset
 from shardio.errors import StateError
 from shardio.integrations.torchdata import ShardNode
 
 data = dataset_fixture("nodes", (7, 5, 9, 4), seed=1)  # 9 batches of 3 an epoch
 EPOCHS = 3
+ORDERING = Ordering(shuffle_shards=2)
 
 
 def batch_keys(batch: dict[str, Any]) -> list[str]:
     return list(batch["keys"])
 
 
-def pipeline(data: Path, kind: str) -> tuple[Loader, ShardDataset]:
+def pipeline(data: Path, kind: str) -> tuple[Loader, ShardNode]:
+    """The pipeline of ``kind`` and its source node."""
     if kind == "batcher":  # samples, batched by torchdata
-        dataset = ShardDataset(data, seed=5, shuffle_shards=2)
-        node = Batcher(ShardNode(dataset), batch_size=3, drop_last=False)
+        node = ShardNode(ShardDataset(data, seed=5, ordering=ORDERING))
+        batcher = Batcher(node, batch_size=3, drop_last=False)
         return Loader(
-            ParallelMapper(node, map_fn=lambda samples: [s["key"] for s in samples], num_workers=2)
-        ), dataset
-    dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
-    mapped = ParallelMapper(ShardNode(dataset), map_fn=batch_keys, num_workers=2)
-    return Loader(Prefetcher(mapped, prefetch_factor=2) if kind == "prefetch" else mapped), dataset
+            ParallelMapper(batcher, map_fn=lambda samples: [s["key"] for s in samples], num_workers=2)
+        ), node
+    node = ShardNode(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING))
+    mapped = ParallelMapper(node, map_fn=batch_keys, num_workers=2)
+    return Loader(Prefetcher(mapped, prefetch_factor=2) if kind == "prefetch" else mapped), node
 
 
 def planned(data: Path, kind: str) -> list[list[str]]:
     if kind != "batcher":
-        return planned_keys(data, 1, EPOCHS, batch_size=3, seed=5, shuffle_shards=2)[0]
-    dataset = ShardDataset(data, seed=5, shuffle_shards=2)
+        return planned_keys(data, 1, EPOCHS, batch_size=3, seed=5, ordering=ORDERING)[0]
+    dataset = ShardDataset(data, seed=5, ordering=ORDERING)
     samples = []
     for epoch in range(EPOCHS):
         dataset.set_epoch(epoch)
@@ -59,16 +64,23 @@ def planned(data: Path, kind: str) -> list[list[str]]:
 
 
 def run(
-    loader: Loader, epochs: int, stop: int | None = None
+    loader: Loader, epochs: int, stop: int | None = None, node: ShardNode | None = None
 ) -> tuple[list[list[str]], dict[str, Any] | None]:
     """The batches of ``epochs`` iterations of ``loader`` (each ``iter()`` an epoch), up to ``stop`` of them;
-    the loader's state there."""
+    the loader's state there. Stopped, the pipeline is ended: ``node`` closed and the iterator drained
+    (without a node, the drain plays the epoch out)."""
     seen: list[list[str]] = []
     for _ in range(epochs):
-        for batch in loader:
+        iterator = iter(loader)
+        for batch in iterator:
             seen.append(batch)
             if len(seen) == stop:
-                return seen, loader.state_dict()
+                state = loader.state_dict()
+                if node is not None:
+                    node.close()
+                for _ in iterator:
+                    pass
+                return seen, state
     return seen, None
 
 
@@ -86,8 +98,8 @@ def test_resume_from_a_loader_state(data: Path, kind: str, stop: int) -> None:
     """Mid-epoch 0 (4), at its end (9: the next ``iter()`` plays epoch 1), mid-epoch 1 (13: across an
     epoch)."""
     plan = planned(data, kind)
-    first, _ = pipeline(data, kind)
-    seen, state = run(first, EPOCHS, stop)
+    first, node = pipeline(data, kind)
+    seen, state = run(first, EPOCHS, stop, node)
     assert seen == plan[:stop] and state is not None
     resumed, _ = pipeline(data, kind)
     resumed.load_state_dict(state)
@@ -95,12 +107,36 @@ def test_resume_from_a_loader_state(data: Path, kind: str, stop: int) -> None:
     assert rest == plan[stop:]
 
 
+@pytest.mark.parametrize("kind", ["mapper", "prefetch", "batcher"])
+def test_a_closed_node_ends_its_pipeline(data: Path, kind: str) -> None:
+    """Closed mid-epoch, the node ends the epoch: the drained iterator hands on the few batches the mappers
+    held, every pipeline thread ends, and the next ``iter()`` plays the next epoch whole. Without ``close``,
+    the threads poll until the garbage collector reaches the pipeline."""
+    plan = planned(data, kind)
+    before = set(threading.enumerate())
+    loader, node = pipeline(data, kind)
+    iterator = iter(loader)
+    seen = [next(iterator) for _ in range(2)]
+    node.close()
+    drained = list(iterator)
+    # in plan order (a Batcher closed in the middle of a batch hands it on short)
+    flat = [key for batch in seen + drained for key in batch]
+    assert seen == plan[:2] and flat == [key for batch in plan for key in batch][: len(flat)]
+    assert len(drained) < 9
+    started = set(threading.enumerate()) - before
+    for thread in started:
+        thread.join(timeout=10)  # each polls its stop flag every 0.1 s
+    assert started and not [thread.name for thread in started if thread.is_alive()]
+    per_epoch = len(plan) // EPOCHS
+    assert run(loader, 1)[0] == plan[per_epoch : 2 * per_epoch]
+
+
 def test_the_resumed_node_reads_nothing_before_the_state(data: Path) -> None:
     """The state loads into the dataset (O(1)): with no mapper, the node's first batch is the only one
     read."""
-    first = Loader(ShardNode(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)))
+    first = Loader(ShardNode(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)))
     _, state = run(first, 1, 6)
-    dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
+    dataset = ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)
     resumed = Loader(ShardNode(dataset))
     resumed.load_state_dict(state)
     batch = next(iter(resumed))
@@ -129,9 +165,9 @@ def test_torchdatas_iterable_wrapper_uses_the_datasets_own_state(data: Path) -> 
     def wrapped(dataset: ShardDataset) -> Loader:
         return Loader(ParallelMapper(IterableWrapper(dataset), map_fn=batch_keys, num_workers=2))
 
-    seen, state = run(wrapped(ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)), EPOCHS, 13)
+    seen, state = run(wrapped(ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)), EPOCHS, 13)
     assert seen == plan[:13] and state is not None
-    dataset = ShardDataset(data, batch_size=3, seed=5, shuffle_shards=2)
+    dataset = ShardDataset(data, batch_size=3, seed=5, ordering=ORDERING)
     resumed = wrapped(dataset)
     resumed.load_state_dict(state)
     rest, _ = run(resumed, 2)

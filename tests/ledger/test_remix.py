@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 
-from shardio import Batching, EpochSize, Mix, StateError, World
+from shardio import Batching, EpochSize, Mix, Ordering, StateError, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.remix import remix
@@ -68,7 +68,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def mixed(sources: dict[str, str], weights: dict[str, float],
           world: World = World(0, 2)) -> MixedDataset:
     return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.006), world=world,
-                        seed=3, shuffle_shards=2, batching=Batching(max_duration=2.0))
+                        seed=3, ordering=Ordering(shuffle_shards=2), batching=Batching(max_duration=2.0))
 
 
 def taken(ds: MixedDataset, epoch: int) -> Counter[tuple[str, str]]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardio import ShardDataset, ShardLoader
+from shardio import Decoding, ShardDataset, ShardLoader
 from shardio.loader import server
 from shardio.loader.channel import Channel
 from shardio.loader.credits import Credits
@@ -76,7 +76,7 @@ def test_reset_leaves_exactly_the_count_and_returns_the_interruptions_so_far() -
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_a_worker_runs_at_most_its_prefetch_ahead(data: Path, prefetch: int) -> None:
     _made.value = 0
-    dataset = ShardDataset(data, batch_size=3, seed=1, transform=_count_sample)
+    dataset = ShardDataset(data, batch_size=3, seed=1, decoding=Decoding(transform=_count_sample))
     expected = [list(batch["keys"]) for batch in ShardDataset(data, batch_size=3, seed=1)]
     with ShardLoader(dataset, num_workers=1, prefetch=prefetch, multiprocessing_context="fork") as loader:
         iterator = iter(loader)

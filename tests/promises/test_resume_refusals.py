@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardio import OptionError, ShardDataset, StateError, World, collate
+from shardio import Decoding, OptionError, ShardDataset, StateError, World, collate
 from shardio.ledger.quarantine import quarantine_report
 from shardio.ledger.trace import Trace
 from shardio.state import LoaderState, combine, job_state, split
@@ -182,7 +182,7 @@ def test_trained_batches_out_of_plan_order_are_refused(data: str) -> None:
     from shardio.integrations.accelerate import LoaderProgress
     from shardio.state import check_follows
 
-    ds = ShardDataset(data, batch_size=2, seed=1, transform=_worker_zero_lags)
+    ds = ShardDataset(data, batch_size=2, seed=1, decoding=Decoding(transform=_worker_zero_lags))
     progress = LoaderProgress(ds)
     loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
     with pytest.raises(StateError, match="out of plan order \\(in_order=False\\?\\)"):

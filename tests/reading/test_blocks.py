@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardio import ShardDataset
+from shardio import Decoding, ShardDataset
 from shardio.reading import blocks
 from shardio.reading.collate import collate
 from tests.sample_shards import make_uneven_dataset
@@ -69,7 +69,7 @@ def test_dropped_blocks_are_reused_and_views_keep_theirs(long_wavs: Path) -> Non
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
 def test_epochs_from_workers_match_zero_workers(long_wavs: Path, dtype: str) -> None:
     plain = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, dtype=dtype)  # int16: still over 1 MiB
-    pooled = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, dtype=dtype)
+    pooled = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, decoding=Decoding(dtype=dtype))
     loader = DataLoader(pooled, batch_size=None, num_workers=2, persistent_workers=True)
     for epoch in range(2):
         plain.set_epoch(epoch)
@@ -149,7 +149,7 @@ def test_unbatched_samples_are_never_overwritten_while_held_and_their_memory_com
         return found[0] if found else None
 
     expected = {b["keys"][0]: b["audio"][0, :, : int(b["lengths"][0])].clone()  # batches of one: not the arena
-                for b in ShardDataset(long_wavs, batch_size=1, seed=8, dtype=dtype)}
+                for b in ShardDataset(long_wavs, batch_size=1, seed=8, decoding=Decoding(dtype=dtype))}
     blocks_used = set()
     for sample in ShardDataset(long_wavs, seed=9, dtype=dtype):  # each dropped before the next is decoded
         assert torch.equal(sample["audio"], expected[sample["key"]])

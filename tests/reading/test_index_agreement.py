@@ -14,7 +14,7 @@ import soundfile
 from hostile import run_limited
 from sample_shards import wav_bytes
 
-from shardio import DecodeError, ShardDataset, ShardWriter
+from shardio import DecodeError, Decoding, ShardDataset, ShardWriter
 from shardio.reading.decode import MAX_RESAMPLING, decode_audio, decode_encoded, read_header
 
 RATE = 8000
@@ -78,7 +78,7 @@ def test_more_frames_than_the_index_records_is_a_decode_error(tmp_path: Path, ex
     data = wav_bytes(longer, RATE) if ext == "wav" else flac_bytes(longer)
     root = write_dataset(tmp_path / "ds", [(ext, data)] * 2, frames=RATE)
     with pytest.raises(DecodeError, match=rf"k0.*(index records {RATE}\b|{RATE} frames the index records)"):
-        next(iter(ShardDataset(root, batch_size=2, shuffle=False, dtype=dtype)))
+        next(iter(ShardDataset(root, batch_size=2, shuffle=False, decoding=Decoding(dtype=dtype))))
 
 
 @pytest.mark.parametrize("ext", ["wav", "flac"])
@@ -87,7 +87,7 @@ def test_a_rate_the_index_does_not_record_is_a_decode_error(tmp_path: Path, ext:
     data = wav_bytes(signal(), RATE) if ext == "wav" else flac_bytes(signal())
     root = write_dataset(tmp_path / "ds", [(ext, data)] * 2, frames=RATE, rate=16000)
     with pytest.raises(DecodeError, match=rf"k0.*{RATE} Hz where the index records 16000 Hz"):
-        next(iter(ShardDataset(root, batch_size=2, shuffle=False, dtype=dtype)))
+        next(iter(ShardDataset(root, batch_size=2, shuffle=False, decoding=Decoding(dtype=dtype))))
     skipped = list(ShardDataset(root, batch_size=2, shuffle=False, dtype=dtype, on_error="skip"))
     assert [len(batch["skipped"]) for batch in skipped] == [2]
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from remote_servers import serve_copy
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset, ShardWriter
+from shardio import Decoding, ShardDataset, ShardWriter
 from shardio.errors import ShardioError
 from shardio.packing.indexer import build_index
 from shardio.reading import lane
@@ -164,7 +164,7 @@ def test_the_lane_serves_pcm_wav_in_plain_tar_shards(tmp_path: Path, dtype: str)
               "json": {"text": f"t{n}"}, "txt": None} for n in range(8)]
     root = _write(tmp_path / "ds", drawn)
     with _counting_lane() as served:
-        batches = list(ShardDataset(root, batch_size=3, seed=0, dtype=dtype))
+        batches = list(ShardDataset(root, batch_size=3, seed=0, decoding=Decoding(dtype=dtype)))
     assert served == [True, True, True]
     assert sorted(key for batch in batches for key in batch["keys"]) == [f"utt{n:03d}" for n in range(8)]
     for batch in batches:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardio import ShardDataset, ShardWriter
+from shardio import Decoding, ShardDataset, ShardWriter
 from shardio.errors import OptionError
 from shardio.reading.pcm16 import to_int16
 from tests.audio_factory import audio_bytes
@@ -68,7 +68,7 @@ def test_int16_after_a_transform_is_the_transformed_float_rounded(wavs: Path) ->
 
 def test_an_unknown_dtype_is_refused_when_the_dataset_is_made(wavs: Path) -> None:
     with pytest.raises(OptionError, match="dtype must be one of float32, int16, not 'float16'"):
-        ShardDataset(wavs, dtype="float16")
+        ShardDataset(wavs, decoding=Decoding(dtype="float16"))
 
 
 @given(st.lists(st.integers(-32768, 32767), max_size=50), st.floats(-4.0, 4.0, allow_nan=False, width=32))

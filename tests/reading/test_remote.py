@@ -22,7 +22,7 @@ from remote_servers import Faults, HTTPFileServer, S3Server, aws_test_env
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import FormatError, Index, ReadError, RetryPolicy, ShardDataset
+from shardio import FormatError, Index, ReadError, Reading, RetryPolicy, ShardDataset
 from shardio.reading.reader import Reader
 from shardio.storage.files import filesystem
 from shardio.storage.retries import is_transient
@@ -105,7 +105,7 @@ def test_remote_dataset_reads_like_the_local_one(remote: Remote, data: dict[str,
                                                  request: pytest.FixtureRequest) -> None:
     url = published(remote, data[codec], request)
     local = ShardDataset(data[codec].root, batch_size=2, seed=1)
-    far = ShardDataset(url, batch_size=2, seed=1, storage_options=remote.options)
+    far = ShardDataset(url, batch_size=2, seed=1, reading=Reading(storage_options=remote.options))
     assert far.index.fingerprint == local.index.fingerprint and far.index.keys == local.index.keys
     pairs = list(zip(local, far, strict=True))
     assert len(pairs) == len(local)

@@ -14,7 +14,7 @@ from remote_servers import HTTPFileServer, serve_copy
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import Index, ShardDataset
+from shardio import Index, Ordering, Reading, ShardDataset
 from shardio.reading import remotereads
 from shardio.reading.cache import ShardCache
 
@@ -50,13 +50,13 @@ def test_two_workers_fetch_each_shard_once_then_read_locally(server: HTTPFileSer
     expected = keys_of(list(ShardDataset(local.root, batch_size=3, seed=2)))
     total = sum(s.bytes for s in local.shards)
     server.faults.clear()
-    dataset = ShardDataset(f"{server.url}/ds", batch_size=3, seed=2, cache_bytes=10 * total)
+    dataset = ShardDataset(f"{server.url}/ds", batch_size=3, seed=2, reading=Reading(cache_bytes=10 * total))
     assert keys_of(list(DataLoader(dataset, batch_size=None, num_workers=2))) == expected
     cached = sorted(cache_dir.glob("*.shard"))
     assert sorted(p.name for p in cached) == sorted(f"{s.sha256}-{s.bytes}.shard" for s in local.shards)
     fetched = shard_gets(server)
     assert fetched <= 2 * len(local.shards)  # whole shards, each once (an HTTP GET may be split in two)
-    again = ShardDataset(f"{server.url}/ds", batch_size=3, seed=2, cache_bytes=10 * total)
+    again = ShardDataset(f"{server.url}/ds", batch_size=3, seed=2, reading=Reading(cache_bytes=10 * total))
     assert keys_of(list(DataLoader(again, batch_size=None, num_workers=2))) == expected
     assert shard_gets(server) == fetched  # a warm cache: no shard bytes from the server
 
@@ -64,7 +64,7 @@ def test_two_workers_fetch_each_shard_once_then_read_locally(server: HTTPFileSer
 def test_eviction_keeps_the_cache_within_its_bytes(server: HTTPFileServer, local: Index, cache_dir: Path) -> None:
     largest = max(s.bytes for s in local.shards)
     budget = 2 * largest
-    expected = keys_of(list(ShardDataset(local.root, batch_size=2, shuffle_shards=1)))
+    expected = keys_of(list(ShardDataset(local.root, batch_size=2, ordering=Ordering(shuffle_shards=1))))
     dataset = ShardDataset(f"{server.url}/ds", batch_size=2, shuffle_shards=1, cache_bytes=budget, read_ahead=1)
     assert keys_of(list(dataset)) == expected
     cache = ShardCache(str(cache_dir), budget)
@@ -121,6 +121,6 @@ def test_a_full_disk_falls_back_to_remote_ranges(server: HTTPFileServer, local: 
     else:
         monkeypatch.setattr(remotereads, "copy_capped", half_then_full)
     expected = keys_of(list(ShardDataset(local.root, batch_size=4)))
-    dataset = ShardDataset(f"{server.url}/ds", batch_size=4, cache_bytes=1 << 30)
+    dataset = ShardDataset(f"{server.url}/ds", batch_size=4, reading=Reading(cache_bytes=1 << 30))
     assert keys_of(list(dataset)) == expected
     assert not list(cache_dir.glob("*.shard")) and dataset.stats.requests > 0

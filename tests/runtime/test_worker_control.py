@@ -213,8 +213,9 @@ def test_a_stateful_dataloader_state_from_another_world_is_refused_at_the_first_
     assert len(ds) == len(played(DataLoader(ds, batch_size=None, num_workers=2)))
     resumed = StatefulDataLoader(make(data, world=World(0, 2)), batch_size=None, num_workers=2)
     resumed.load_state_dict(state)
-    with pytest.raises(StateError, match="load the loader's whole state into a fresh dataset"):
+    with pytest.raises(StateError, match="load the loader's whole state into a fresh dataset") as caught:
         next(iter(resumed))
+    traceback.clear_frames(caught.tb)  # ends the iterator's workers now (the garbage collector: 5 s for each)
 
 
 def test_a_quarantine_loaded_after_persistent_workers_started_is_refused(data: str) -> None:
@@ -226,8 +227,11 @@ def test_a_quarantine_loaded_after_persistent_workers_started_is_refused(data: s
     state = ds.state_after({"epoch": 0, "batch_index": 2})
     healed = quarantine(state, make(data), keys=[first[5][1][0]])
     ds.load_state_dict(healed)  # the persistent workers plan without the quarantine: refuse, never play wrong
-    with pytest.raises(OptionError, match="persistent_workers=False"):
+    with pytest.raises(OptionError, match="persistent_workers=False") as caught:
         played(loader)
+    # the loader's workers end with it, here: left to the garbage collector, torch waits 5 s for each
+    traceback.clear_frames(caught.tb)
+    del loader, caught
     fresh = make(data)
     fresh.load_state_dict(healed)  # loaded before the workers start: it reaches them
     rest = played(persistent(fresh))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_two_fork_workers_refuse_a_shard_rewritten_in_place_mid_epoch(versions: 
     with pytest.raises(ShardChanged, match="the local shard file changed") as caught:
         _drain(loader, lambda: [_rewrite_in_place(old / n, new / n) for n in names])
     assert any(n in str(caught.value) for n in names)
+    traceback.clear_frames(caught.tb)  # ends the iterator's workers now (the garbage collector: 5 s for each)
 
 
 def test_two_spawn_workers_refuse_a_shard_replaced_by_rename(versions: tuple[Path, Path]) -> None:
@@ -107,6 +109,7 @@ def test_two_spawn_workers_refuse_a_shard_replaced_by_rename(versions: tuple[Pat
     with pytest.raises(ShardChanged, match="the local shard file changed") as caught:
         next(iter(loader))
     assert any(n in str(caught.value) for n in names)
+    traceback.clear_frames(caught.tb)  # ends the iterator's workers now (the garbage collector: 5 s for each)
 
 
 def test_skip_leaves_out_the_samples_of_a_changed_shard_only(versions: tuple[Path, Path]) -> None:
@@ -127,10 +130,12 @@ def test_spawn_workers_report_an_index_replaced_between_epochs(tmp_path: Path) -
     unexpectedly"); the FormatError now reaches the training process with its message."""
     make_uneven_dataset(tmp_path / "a", [6, 6])
     make_uneven_dataset(tmp_path / "b", [5, 9], seed=2)
-    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=2,
+    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=1,
                         multiprocessing_context="spawn")
     assert sum(len(batch["keys"]) for batch in loader) == 12
     for name in ("index.json", "index.columns"):
         shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)
-    with pytest.raises(FormatError, match="index.columns: .* the index files do not belong together"):
+    belong = "index.columns: .* the index files do not belong together"
+    with pytest.raises(FormatError, match=belong) as caught:
         next(iter(loader))
+    traceback.clear_frames(caught.tb)  # ends the iterator's workers now (the garbage collector: 5 s for each)
