@@ -28,6 +28,7 @@ def accelerator_options(config: dict[str, Any]) -> dict[str, Any]:
     if "dispatch_batches" not in config:
         return {}
     from accelerate.utils import DataLoaderConfiguration
+
     return {"dataloader_config": DataLoaderConfiguration(dispatch_batches=config["dispatch_batches"])}
 
 
@@ -38,18 +39,26 @@ def main(config: dict[str, Any]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
     collated = config.get("collate", False)  # an unbatched dataset batched by the DataLoader
-    dataset = ShardDataset(config["data"], batch_size=None if collated else config["batch_size"], seed=5,
-                           ordering=Ordering(shuffle_shards=2))
+    dataset = ShardDataset(
+        config["data"],
+        batch_size=None if collated else config["batch_size"],
+        seed=5,
+        ordering=Ordering(shuffle_shards=2),
+    )
     progress = track(accelerator, dataset)
-    options: dict[str, Any] = {"batch_size": config["batch_size"] if collated else None,
-                               "num_workers": config["workers"]}
+    options: dict[str, Any] = {
+        "batch_size": config["batch_size"] if collated else None,
+        "num_workers": config["workers"],
+    }
     if collated:
         options["collate_fn"] = collate
     if config["workers"]:
         options["persistent_workers"] = config["persistent"]
     loader: Any = DataLoader(dataset, **options)  # not prepared: the dataset plans this rank's batches itself
     if config.get("loader") == "shardio":
-        loader = ShardLoader(dataset, num_workers=config["workers"], persistent_workers=config.get("persistent", True))
+        loader = ShardLoader(
+            dataset, num_workers=config["workers"], persistent_workers=config.get("persistent", True)
+        )
     if config.get("prepare"):  # the pitfall, for tests/integrations/test_accelerate.py
         loader = accelerator.prepare(loader)
     step = 0

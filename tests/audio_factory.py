@@ -15,8 +15,16 @@ import soundfile as sf
 
 from shardio import synth
 
-__all__ = ["FORMATS", "SHARED_CORPORA", "audio_bytes", "make_folder_corpus", "tone", "write_samples", "write_text",
-           "write_tone"]
+__all__ = [
+    "FORMATS",
+    "SHARED_CORPORA",
+    "audio_bytes",
+    "make_folder_corpus",
+    "tone",
+    "write_samples",
+    "write_text",
+    "write_tone",
+]
 
 FORMATS: dict[str, tuple[str, str]] = {**synth.FORMATS, "oga": ("OGG", "VORBIS")}
 """Extension -> (libsndfile format, default subtype): what the synthetic corpora write, plus ``.oga``."""
@@ -25,14 +33,22 @@ SHARED_CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 """The project's shared real corpora, next to the repository; absent in users' clones."""
 
 
-def tone(seconds: float, sample_rate: int = 16000, channels: int = 1, freq: float = 440.0,
-         amplitude: float = 0.3, seed: int = 0) -> np.ndarray:
+def tone(
+    seconds: float,
+    sample_rate: int = 16000,
+    channels: int = 1,
+    freq: float = 440.0,
+    amplitude: float = 0.3,
+    seed: int = 0,
+) -> np.ndarray:
     """A ``(frames, channels)`` float32 sine (one frequency per channel) plus a little noise."""
     frames = max(int(round(seconds * sample_rate)), 0)
     t = np.arange(frames, dtype=np.float64) / sample_rate
     rng = np.random.default_rng(seed)
-    columns = [amplitude * np.sin(2 * np.pi * freq * (1 + 0.25 * c) * t) + 0.01 * rng.standard_normal(frames)
-               for c in range(channels)]
+    columns = [
+        amplitude * np.sin(2 * np.pi * freq * (1 + 0.25 * c) * t) + 0.01 * rng.standard_normal(frames)
+        for c in range(channels)
+    ]
     return np.stack(columns, axis=1).astype(np.float32) if frames else np.zeros((0, channels), np.float32)
 
 
@@ -44,8 +60,14 @@ def audio_bytes(samples: np.ndarray, sample_rate: int, ext: str = "wav", subtype
     return buffer.getvalue()
 
 
-def write_samples(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int, *,
-                  format: str | None = None, subtype: str | None = None) -> Path:
+def write_samples(
+    path: str | os.PathLike[str],
+    samples: np.ndarray,
+    sample_rate: int,
+    *,
+    format: str | None = None,
+    subtype: str | None = None,
+) -> Path:
     """Write ``samples`` to ``path``; the format follows the extension unless ``format`` names one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -54,12 +76,25 @@ def write_samples(path: str | os.PathLike[str], samples: np.ndarray, sample_rate
     return target
 
 
-def write_tone(path: str | os.PathLike[str], seconds: float = 0.5, sample_rate: int = 16000, *,
-               format: str | None = None, subtype: str | None = None, channels: int = 1, freq: float = 440.0,
-               seed: int = 0) -> Path:
+def write_tone(
+    path: str | os.PathLike[str],
+    seconds: float = 0.5,
+    sample_rate: int = 16000,
+    *,
+    format: str | None = None,
+    subtype: str | None = None,
+    channels: int = 1,
+    freq: float = 440.0,
+    seed: int = 0,
+) -> Path:
     """Write a tone of ``seconds`` to ``path`` (format from the extension unless given); returns the path."""
-    return write_samples(path, tone(seconds, sample_rate, channels, freq, seed=seed), sample_rate,
-                         format=format, subtype=subtype)
+    return write_samples(
+        path,
+        tone(seconds, sample_rate, channels, freq, seed=seed),
+        sample_rate,
+        format=format,
+        subtype=subtype,
+    )
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -70,9 +105,17 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return target
 
 
-def make_folder_corpus(root: str | os.PathLike[str], count: int, *, formats: Sequence[str] = ("wav",),
-                       seconds: tuple[float, float] = (0.2, 0.6), sample_rate: int = 8000, texts: bool = True,
-                       subdirs: int = 3, seed: int = 0) -> list[Path]:
+def make_folder_corpus(
+    root: str | os.PathLike[str],
+    count: int,
+    *,
+    formats: Sequence[str] = ("wav",),
+    seconds: tuple[float, float] = (0.2, 0.6),
+    sample_rate: int = 8000,
+    texts: bool = True,
+    subdirs: int = 3,
+    seed: int = 0,
+) -> list[Path]:
     """``count`` tones under ``root`` (spread over ``subdirs`` folders, formats taken in turn) with ``.txt``
     transcripts; returns the audio paths in the order the folder reader yields them (sorted)."""
     rng = np.random.default_rng(seed)

@@ -11,8 +11,11 @@ import pytest
 # tests/ is on sys.path (pytest puts the folder of a conftest.py without __init__.py there); its folders too,
 # so that a test module imports the helpers of another folder's test module by name (names are unique across
 # tests/) however few test files a run collects (tests/README.md)
-sys.path.extend(str(folder) for folder in sorted(Path(__file__).parent.iterdir())
-                if folder.is_dir() and not folder.name.startswith(("_", ".")) and str(folder) not in sys.path)
+sys.path.extend(
+    str(folder)
+    for folder in sorted(Path(__file__).parent.iterdir())
+    if folder.is_dir() and not folder.name.startswith(("_", ".")) and str(folder) not in sys.path
+)
 
 from audio_factory import SHARED_CORPORA, make_folder_corpus, write_text, write_tone
 

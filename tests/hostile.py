@@ -47,8 +47,13 @@ def to_format1(root: Path) -> None:
     """Rewrite the (format-2) index of ``root`` as format 1 wrote it: ``index.npz`` holding the columns, the
     keys blob and their ends, and a version-1 header (same fingerprint)."""
     index = Index.load(root)
-    payload = _npz_bytes({**index.columns, "keys_blob": np.frombuffer(bytes(index.keys.blob), np.uint8),
-                          "keys_end": np.asarray(index.keys.ends)})
+    payload = _npz_bytes(
+        {
+            **index.columns,
+            "keys_blob": np.frombuffer(bytes(index.keys.blob), np.uint8),
+            "keys_end": np.asarray(index.keys.ends),
+        }
+    )
     (root / "index.npz").write_bytes(payload)
 
     def change(header: dict[str, Any]) -> None:
@@ -73,14 +78,18 @@ def rewrite_columns(root: Path, change: Callable[[dict[str, np.ndarray]], None])
         index = Index.load(root)
         arrays = {name: np.array(column) for name, column in index.columns.items()}
         change(arrays)
-        payload, digest = encode({name: arrays[name] for name in COLUMNS}, COLUMNS,
-                                 Keys(bytes(index.keys.blob), np.asarray(index.keys.ends), "columns"))
+        payload, digest = encode(
+            {name: arrays[name] for name in COLUMNS},
+            COLUMNS,
+            Keys(bytes(index.keys.blob), np.asarray(index.keys.ends), "columns"),
+        )
         (root / "index.columns").write_bytes(payload)
     rewrite_header(root, lambda header: header.update(columns_sha256=digest))
 
 
-def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: str = ""
-                ) -> subprocess.CompletedProcess[str]:
+def run_limited(
+    code: str, *, headroom_mb: int, timeout: float = 120, preload: str = ""
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh Python whose address space is limited, after shardio's imports (and the
     modules ``preload`` names, comma-separated), to what they use plus ``headroom_mb`` MiB (so that an
     allocation beyond that is a MemoryError or a crash)."""
@@ -94,5 +103,11 @@ def run_limited(code: str, *, headroom_mb: int, timeout: float = 120, preload: s
         f"resource.setrlimit(resource.RLIMIT_AS, (_vm() + {headroom_mb} * 2**20, resource.RLIM_INFINITY))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )

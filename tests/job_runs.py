@@ -37,13 +37,23 @@ _OPEN: list[object] = []
 def run_in_session(command: list[str], *, env: dict[str, str], cwd: Path, limit: float) -> tuple[str, int]:
     """Run ``command`` in a new session to its end, at most ``limit`` seconds; its output (stdout and stderr)
     and exit code. Past the limit, an ``AssertionError`` with the session's processes and their stacks."""
-    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        listing = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:32,etime,args", "-s", str(process.pid)],
-                                 capture_output=True, text=True).stdout
+        listing = subprocess.run(
+            ["ps", "-o", "pid,ppid,stat,wchan:32,etime,args", "-s", str(process.pid)],
+            capture_output=True,
+            text=True,
+        ).stdout
         for line in listing.splitlines()[1:]:
             try:
                 os.kill(int(line.split()[0]), STACKS_SIGNAL)
@@ -52,10 +62,15 @@ def run_in_session(command: list[str], *, env: dict[str, str], cwd: Path, limit:
         time.sleep(2)
         _kill_session(process.pid)
         output, _ = process.communicate()
-        stacks = "".join(f"-- process {path.stem[7:]}:\n{path.read_text()}"
-                         for path in sorted(cwd.glob("stacks-*.txt")) if path.stat().st_size)
-        raise AssertionError(f"the job's processes outlived {limit:g} s:\n{listing}\n{stacks[-16000:]}\n"
-                             f"the job's last output:\n{output[-4000:]}") from None
+        stacks = "".join(
+            f"-- process {path.stem[7:]}:\n{path.read_text()}"
+            for path in sorted(cwd.glob("stacks-*.txt"))
+            if path.stat().st_size
+        )
+        raise AssertionError(
+            f"the job's processes outlived {limit:g} s:\n{listing}\n{stacks[-16000:]}\n"
+            f"the job's last output:\n{output[-4000:]}"
+        ) from None
     finally:
         _kill_session(process.pid)  # a rank left behind, should one outlive the job's first process
     return output, process.returncode

@@ -36,14 +36,18 @@ class NaiveCallback(pl.Callback):
     def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.state = trainer.train_dataloader.dataset.state_after(batch)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.seen = getattr(self, "seen", 0) + 1
-        if self.state is not None and self.seen >= max(1, trainer.train_dataloader.num_workers) \
-                and not getattr(self, "loaded", False):
+        if (
+            self.state is not None
+            and self.seen >= max(1, trainer.train_dataloader.num_workers)
+            and not getattr(self, "loaded", False)
+        ):
             # every worker has delivered a batch, so every one has begun the epoch (after the first batch alone,
             # a worker still starting up on a loaded machine would begin it with the state loaded here)
             self.loaded = True
@@ -69,8 +73,11 @@ class Model(pl.LightningModule):
 
     def dataset(self) -> ShardDataset:
         config = self.config
-        sizes = {"max_duration": config["max_duration"]} if config.get("max_duration") else \
-            {"batch_size": config["batch_size"]}
+        sizes = (
+            {"max_duration": config["max_duration"]}
+            if config.get("max_duration")
+            else {"batch_size": config["batch_size"]}
+        )
         return ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
 
     def train_dataloader(self) -> Any:
@@ -122,29 +129,51 @@ class ValidatedModel(Model):
 def main(config: dict[str, Any]) -> None:
     model = ValidatedModel(config) if config.get("val_every") else Model(config)
     if config.get("val_every"):  # a checkpoint at each validation end
-        middle = pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], save_top_k=-1, monitor="val_loss",
-                                              filename="val-{epoch}-{step}", save_on_train_epoch_end=False)
+        middle = pl.callbacks.ModelCheckpoint(
+            dirpath=config["ckpt_dir"],
+            save_top_k=-1,
+            monitor="val_loss",
+            filename="val-{epoch}-{step}",
+            save_on_train_epoch_end=False,
+        )
     else:
-        middle = pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], save_top_k=-1,
-                                              every_n_train_steps=config["every_n_steps"],
-                                              filename="mid-{epoch}-{step}")
+        middle = pl.callbacks.ModelCheckpoint(
+            dirpath=config["ckpt_dir"],
+            save_top_k=-1,
+            every_n_train_steps=config["every_n_steps"],
+            filename="mid-{epoch}-{step}",
+        )
     callbacks: list[Any] = [
         middle,
-        pl.callbacks.ModelCheckpoint(dirpath=config["ckpt_dir"], every_n_epochs=1, save_top_k=-1,
-                                     filename="end-{epoch}-{step}", save_on_train_epoch_end=True)]
+        pl.callbacks.ModelCheckpoint(
+            dirpath=config["ckpt_dir"],
+            every_n_epochs=1,
+            save_top_k=-1,
+            filename="end-{epoch}-{step}",
+            save_on_train_epoch_end=True,
+        ),
+    ]
     if model.resume is not None:
         callbacks.insert(0, model.resume)
     elif config["callback"] == "naive":
         callbacks.insert(0, NaiveCallback())
     devices = config["devices"]
     strategy = config.get("strategy", "ddp" if devices > 1 else "auto")
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
-                         max_epochs=config["max_epochs"], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
-                         use_distributed_sampler=False,
-                         reload_dataloaders_every_n_epochs=config.get("reload", 0),
-                         val_check_interval=config.get("val_every"),
-                         limit_train_batches=config.get("limit_train_batches", 1.0))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=config["max_epochs"],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        reload_dataloaders_every_n_epochs=config.get("reload", 0),
+        val_check_interval=config.get("val_every"),
+        limit_train_batches=config.get("limit_train_batches", 1.0),
+    )
     trainer.fit(model, ckpt_path=config.get("ckpt_path"))
 
 

@@ -32,9 +32,16 @@ def errors(out: Path) -> str:
     return "\n".join(f"--- {path.name} ---\n{path.read_text()}" for path in found if path.stat().st_size)
 
 
-def run_group(target: Callable[[int, int, int, dict[str, Any]], None], world_size: int, config: dict[str, Any],
-              out: Path, *, timeout_s: float, preload: Sequence[str] = ("torch", "torch.distributed", "shardio"),
-              exit_code: int = 0) -> list[dict[str, Any]]:
+def run_group(
+    target: Callable[[int, int, int, dict[str, Any]], None],
+    world_size: int,
+    config: dict[str, Any],
+    out: Path,
+    *,
+    timeout_s: float,
+    preload: Sequence[str] = ("torch", "torch.distributed", "shardio"),
+    exit_code: int = 0,
+) -> list[dict[str, Any]]:
     """Run ``world_size`` processes of ``target`` (a module-level function) to completion; each rank's result.
 
     ``config`` reaches every rank with ``out`` added; ``exit_code`` is what every rank must end with
@@ -44,8 +51,12 @@ def run_group(target: Callable[[int, int, int, dict[str, Any]], None], world_siz
     port = free_port()
     ctx = cast(multiprocessing.context.ForkServerContext, multiprocessing.get_context("forkserver"))
     ctx.set_forkserver_preload(list(preload))
-    processes = [ctx.Process(target=target, args=(rank, world_size, port, {**config, "out": str(out)}),
-                             name=f"rank{rank}") for rank in range(world_size)]
+    processes = [
+        ctx.Process(
+            target=target, args=(rank, world_size, port, {**config, "out": str(out)}), name=f"rank{rank}"
+        )
+        for rank in range(world_size)
+    ]
     try:
         for process in processes:
             process.start()

@@ -87,7 +87,12 @@ class Faults:
     def random(self, rate: float, *, seed: int, match: str = "", max_in_row: int = 2) -> None:
         """From now on, fault each matching request with probability ``rate`` (a 5xx or a dropped connection)."""
         with self._lock:
-            self._rate, self._rng, self._random_match, self._max_in_row = rate, random.Random(seed), match, max_in_row
+            self._rate, self._rng, self._random_match, self._max_in_row = (
+                rate,
+                random.Random(seed),
+                match,
+                max_in_row,
+            )
 
     def clear(self) -> None:
         """Remove every rule and the random faults, and reset the counts."""
@@ -115,8 +120,11 @@ class Faults:
             if self._rate and self._random_match in path:
                 if self._in_row[path] < self._max_in_row and self._rng.random() < self._rate:
                     self._in_row[path] += 1
-                    fault = Fault("drop") if self._rng.random() < 0.2 else Fault("status",
-                                                                                   self._rng.choice((500, 503)))
+                    fault = (
+                        Fault("drop")
+                        if self._rng.random() < 0.2
+                        else Fault("status", self._rng.choice((500, 503)))
+                    )
                     self.injected[fault.kind] += 1
                     return fault
                 self._in_row[path] = 0
@@ -204,7 +212,9 @@ class _RangeHandler(BaseHTTPRequestHandler):
 
 class _FileHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
-    request_queue_size = 1024  # Python's default of 5 drops concurrent read-ahead connections into 1 s retransmits
+    request_queue_size = (
+        1024  # Python's default of 5 drops concurrent read-ahead connections into 1 s retransmits
+    )
 
     def __init__(self, root: str, faults: Faults) -> None:
         self.root, self.faults = root, faults
@@ -237,6 +247,7 @@ class HTTPFileServer:
 
 # -- S3 --------------------------------------------------------------------------------------------
 
+
 class _FaultMiddleware:
     """WSGI middleware in front of moto: applies the fault plan before moto sees a request."""
 
@@ -252,10 +263,14 @@ class _FaultMiddleware:
             start_response("500 Dropped", [("Content-Length", "0")])
             return []
         elif fault is not None:
-            body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>"
-                    b"<Message>injected fault</Message></Error>")
-            start_response(f"{fault.status} Injected", [("Content-Type", "application/xml"),
-                                                        ("Content-Length", str(len(body)))])
+            body = (
+                b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>"
+                b"<Message>injected fault</Message></Error>"
+            )
+            start_response(
+                f"{fault.status} Injected",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+            )
             return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
         return self.app(environ, start_response)
 
@@ -263,8 +278,12 @@ class _FaultMiddleware:
 @contextmanager
 def aws_test_env() -> Iterator[None]:
     """Dummy AWS credentials and region in the environment (never real ones), restored afterwards."""
-    names = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-             "AWS_DEFAULT_REGION": "us-east-1"}
+    names = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     with patch.dict(os.environ, names):  # restores the whole environment on exit
         for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             os.environ.pop(name, None)
@@ -300,8 +319,9 @@ class S3Server:
         server = self._moto._server  # the werkzeug server, to put the faults in front of moto
         assert server is not None
         server.app = _FaultMiddleware(server.app, self.faults)
-        server.RequestHandlerClass = type("_NoDelayHandler", (server.RequestHandlerClass,),
-                                          {"disable_nagle_algorithm": True})  # as in _RangeHandler
+        server.RequestHandlerClass = type(
+            "_NoDelayHandler", (server.RequestHandlerClass,), {"disable_nagle_algorithm": True}
+        )  # as in _RangeHandler
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -311,8 +331,13 @@ class S3Server:
         """A boto3 S3 client for this server (for setting up buckets)."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def upload(self, directory: str, bucket: str, prefix: str) -> str:
         """Copy every file of ``directory`` under ``s3://bucket/prefix/`` (creating the bucket); returns that URL."""
@@ -329,6 +354,7 @@ class S3Server:
 
 
 # -- GCS -------------------------------------------------------------------------------------------
+
 
 class GCSServer:
     """``gcp-storage-emulator`` (Google Cloud Storage's JSON API, in memory) on loopback, read with gcsfs.

@@ -109,8 +109,13 @@ def write_corpora(root: Path) -> dict[str, str]:
 
     dirs = {}
     for number, (name, sizes) in enumerate(SHARDS.items()):
-        make_uneven_dataset(root / name, sizes, seed=number, compression="zstd" if number else "none",
-                            duration_range=(0.05, 0.5))
+        make_uneven_dataset(
+            root / name,
+            sizes,
+            seed=number,
+            compression="zstd" if number else "none",
+            duration_range=(0.05, 0.5),
+        )
         dirs[name] = str(root / name)
     return dirs
 
@@ -119,11 +124,19 @@ def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
     """The case's dataset (``world``: an explicit :class:`shardio.World`, or ``None`` to detect it)."""
     from shardio import EpochSize, MixedDataset, ShardDataset
 
-    options: dict[str, Any] = {**BATCHINGS[case.batching], "seed": SEED, "shuffle_shards": 2, "world": world,
-                               "transform": gain, **case.extra}
+    options: dict[str, Any] = {
+        **BATCHINGS[case.batching],
+        "seed": SEED,
+        "shuffle_shards": 2,
+        "world": world,
+        "transform": gain,
+        **case.extra,
+    }
     if case.mixed:
         weights = dict(case.weights)
-        return MixedDataset({name: dirs[name] for name in weights}, weights, EpochSize(primary="main"), **options)
+        return MixedDataset(
+            {name: dirs[name] for name in weights}, weights, EpochSize(primary="main"), **options
+        )
     return ShardDataset(dirs["main"], **options)
 
 
@@ -140,8 +153,13 @@ def make_loader(case: Case, ds: Any) -> Any:
         from shardio.loader import pinning
 
         accelerated = torch.cuda.is_available()
-        loader = ShardLoader(ds, num_workers=case.workers, persistent_workers=case.persistent,
-                             multiprocessing_context=case.start_method, pin_memory=case.pin_memory and accelerated)
+        loader = ShardLoader(
+            ds,
+            num_workers=case.workers,
+            persistent_workers=case.persistent,
+            multiprocessing_context=case.start_method,
+            pin_memory=case.pin_memory and accelerated,
+        )
         if case.pin_memory and not accelerated:  # the same path, with a copy standing in for page-locking
             loader.pin_memory = True
             pinning.pin_memory = _copied
@@ -173,7 +191,9 @@ def record(batch: dict[str, Any]) -> Record:
     """What the harness compares of a batch."""
     keys = list(batch["keys"]) if "keys" in batch else [batch["key"]]
     gains = list(batch["gain"]) if "keys" in batch else [batch["gain"]]
-    epochs = set(batch["epoch"]) if isinstance(batch["epoch"], list) else {int(batch["epoch"])}  # a collated batch's
+    epochs = (
+        set(batch["epoch"]) if isinstance(batch["epoch"], list) else {int(batch["epoch"])}
+    )  # a collated batch's
     assert len(epochs) == 1, f"a batch of samples from epochs {sorted(epochs)}"
     return epochs.pop(), tuple(keys), tuple(float(g) for g in gains)
 
@@ -206,8 +226,14 @@ def epoch_of(state: dict[str, Any]) -> int:
     return epochs.pop()
 
 
-def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | None,
-         stop: int | None, rollback: tuple[int, int] | None = None) -> tuple[list[Record], dict[str, Any] | None]:
+def life(
+    case: Case,
+    dirs: dict[str, str],
+    world: Any,
+    state: dict[str, Any] | None,
+    stop: int | None,
+    rollback: tuple[int, int] | None = None,
+) -> tuple[list[Record], dict[str, Any] | None]:
     """One life of the job: build, restore ``state``, train ``stop`` batches (``None``: to the end of the run);
     the batches consumed and the state saved after the last. Checks ``len(ds)`` against what each epoch yields."""
     ds = make_dataset(case, dirs, world)
@@ -247,7 +273,9 @@ def life(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any] | N
             loaded_unseen = case.loader == "stateful" and not case.ds_load
             epoch = epoch_of(restart)
             continue
-        assert yielded == planned or not knows, f"epoch {epoch}: len(ds) said {planned}, the loader yielded {yielded}"
+        assert yielded == planned or not knows, (
+            f"epoch {epoch}: len(ds) said {planned}, the loader yielded {yielded}"
+        )
         epoch += 1
     return records, states[len(records)]
 
@@ -257,7 +285,9 @@ def run(case: Case, dirs: dict[str, str], world: Any = None) -> list[Record]:
     records: list[Record] = []
     state, done = None, 0
     for number, stop in enumerate(case.stops):
-        lived = case if number == 0 or case.resume_workers is None else replace(case, workers=case.resume_workers)
+        lived = (
+            case if number == 0 or case.resume_workers is None else replace(case, workers=case.resume_workers)
+        )
         taken, state = life(lived, dirs, world, state, stop - done)
         records += taken
         done = stop
@@ -285,7 +315,7 @@ def expected(case: Case, straight: list[Record]) -> list[Record]:
     if case.rollback is None or base + case.rollback[1] > len(straight):  # the last life ends before it
         return straight
     first, second = case.rollback
-    return straight[:base + second] + straight[base + first:]
+    return straight[: base + second] + straight[base + first :]
 
 
 def check_same_world(case: Case, dirs: dict[str, str], world: Any = None) -> None:
@@ -295,8 +325,14 @@ def check_same_world(case: Case, dirs: dict[str, str], world: Any = None) -> Non
     assert got == expected(case, straight), f"{case} diverged from the uninterrupted run"
 
 
-def check_elastic(before: list[Record], after: list[Record], draws: list[Record], padded: int,
-                  dropped: int = 0, padded_before: int = 0) -> None:
+def check_elastic(
+    before: list[Record],
+    after: list[Record],
+    draws: list[Record],
+    padded: int,
+    dropped: int = 0,
+    padded_before: int = 0,
+) -> None:
     """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats, less
     the ``dropped`` ones (``remainder="drop"``: ``draws`` then holds every sample once). ``before`` may hold up
     to ``padded_before`` repeats of the old plan's padding (a DataLoader's workers that batch samples reach the
@@ -304,12 +340,17 @@ def check_elastic(before: list[Record], after: list[Record], draws: list[Record]
     consumed = Counter(key for _, keys, _ in before for key in keys)
     remaining = Counter(key for _, keys, _ in draws for key in keys) - consumed
     over = (consumed - Counter(key for _, keys, _ in draws for key in keys)).total()
-    assert over <= padded_before, f"consumed {over} keys more often than drawn, the old plan pads {padded_before}"
+    assert over <= padded_before, (
+        f"consumed {over} keys more often than drawn, the old plan pads {padded_before}"
+    )
     got = Counter(key for _, keys, _ in after for key in keys)
     lost = remaining - got
-    assert lost.total() == dropped, f"{lost.total()} lost in the elastic resume (the plan drops {dropped}): " \
-        f"{sorted(lost.elements())[:5]}"
-    assert (got - remaining).total() == padded, f"{(got - remaining).total()} repeats, the plan reports {padded}"
+    assert lost.total() == dropped, (
+        f"{lost.total()} lost in the elastic resume (the plan drops {dropped}): {sorted(lost.elements())[:5]}"
+    )
+    assert (got - remaining).total() == padded, (
+        f"{(got - remaining).total()} repeats, the plan reports {padded}"
+    )
 
 
 def resumed_dataset(case: Case, dirs: dict[str, str], world: Any, state: dict[str, Any]) -> Any:
@@ -345,8 +386,13 @@ def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, sto
         every = make_dataset(case, dirs, World(0, 1)).index.keys
         check_elastic(before, after, [(case.epoch, tuple(every), ())], 0, plan.dropped)
     else:
-        check_elastic(before, after, uninterrupted(case, dirs, World(0, 1)), plan.padded,
-                      padded_before=old_plan.padded if case.batching == "collated" else 0)
+        check_elastic(
+            before,
+            after,
+            uninterrupted(case, dirs, World(0, 1)),
+            plan.padded,
+            padded_before=old_plan.padded if case.batching == "collated" else 0,
+        )
 
 
 # -- rank processes ------------------------------------------------------------------------------
@@ -371,19 +417,35 @@ def rank_entry(rank: int, world_size: int, port: int, config: dict[str, Any]) ->
             if config["ranks"] != "env" or name not in os.environ:
                 os.environ.pop(name, None)
         if config["ranks"] == "env" and "RANK" not in os.environ:
-            os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                               "WORLD_SIZE": str(world_size)})
+            os.environ.update(
+                {
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world_size),
+                }
+            )
         world = None
         if config["ranks"] == "init":
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world_size, timeout=timedelta(seconds=60))
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=60),
+            )
         elif config["ranks"] == "env":
             dist.init_process_group("gloo", timeout=timedelta(seconds=60))
             rank, world_size = dist.get_rank(), dist.get_world_size()
         else:
             world = World(rank=rank, world_size=world_size)
-        case = Case(**{**config["case"], "stops": tuple(config["case"]["stops"]),
-                       "rollback": None if config["case"]["rollback"] is None else tuple(config["case"]["rollback"])})
+        case = Case(
+            **{
+                **config["case"],
+                "stops": tuple(config["case"]["stops"]),
+                "rollback": None if config["case"]["rollback"] is None else tuple(config["case"]["rollback"]),
+            }
+        )
         state = json.loads(Path(config["load"]).read_text()) if config.get("load") else None
         if config.get("whole"):
             records, saved = run(case, config["dirs"], world), None

@@ -26,9 +26,15 @@ def wav_bytes(samples: np.ndarray, sample_rate: int, subtype: str = "PCM_16") ->
     return buffer.getvalue()
 
 
-def make_uneven_dataset(directory: str | os.PathLike[str], shard_sizes: Sequence[int], *, seed: int = 0,
-                        sample_rate: int = 8000, compression: str = "none",
-                        duration_range: tuple[float, float] = (0.1, 0.5)) -> Index:
+def make_uneven_dataset(
+    directory: str | os.PathLike[str],
+    shard_sizes: Sequence[int],
+    *,
+    seed: int = 0,
+    sample_rate: int = 8000,
+    compression: str = "none",
+    duration_range: tuple[float, float] = (0.1, 0.5),
+) -> Index:
     """Write a dataset whose shard ``s`` holds exactly ``shard_sizes[s]`` samples; return its index.
 
     Each sample is a mono 16-bit WAV of uniform noise with a duration drawn uniformly from
@@ -52,8 +58,14 @@ def make_uneven_dataset(directory: str | os.PathLike[str], shard_sizes: Sequence
                 frames = max(1, round(rng.uniform(low, high) * sample_rate))
                 audio = rng.uniform(-0.5, 0.5, frames).astype(np.float32)
                 meta = json.dumps({"text": key, "shard": shard, "index": i}).encode()
-                writer.write(key, {"wav": wav_bytes(audio, sample_rate), "json": meta}, audio_ext="wav",
-                             num_frames=frames, sample_rate=sample_rate, channels=1)
+                writer.write(
+                    key,
+                    {"wav": wav_bytes(audio, sample_rate), "json": meta},
+                    audio_ext="wav",
+                    num_frames=frames,
+                    sample_rate=sample_rate,
+                    channels=1,
+                )
     except BaseException:
         writer.abort()
         raise

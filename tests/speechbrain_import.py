@@ -29,8 +29,10 @@ def import_speechbrain() -> bool:
         for name in [name for name in sys.modules if name == "torchaudio" or name.startswith("torchaudio.")]:
             del sys.modules[name]
         sys.modules["torchaudio"] = types.ModuleType("torchaudio")
-        warnings.warn(f"torchaudio does not import ({type(exc).__name__}); SpeechBrain gets an empty stand-in",
-                      stacklevel=2)
+        warnings.warn(
+            f"torchaudio does not import ({type(exc).__name__}); SpeechBrain gets an empty stand-in",
+            stacklevel=2,
+        )
         stood_in = True
     import speechbrain.core
     import speechbrain.utils.checkpoints  # noqa: F401

@@ -41,18 +41,25 @@ class TinyBrain(sb.Brain):
         features = batch["audio"].mean(dim=(1, 2)).unsqueeze(1).to(self.device)
         return self.modules.layer(features)
 
-    def compute_objectives(self, predictions: torch.Tensor, batch: dict[str, Any], stage: Any) -> torch.Tensor:
+    def compute_objectives(
+        self, predictions: torch.Tensor, batch: dict[str, Any], stage: Any
+    ) -> torch.Tensor:
         return predictions.pow(2).mean()
 
     def on_fit_batch_start(self, batch: dict[str, Any], should_step: bool) -> None:
         if self.trained == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_fit_batch_end(self, batch: dict[str, Any], outputs: Any, loss: torch.Tensor, should_step: bool) -> None:
+    def on_fit_batch_end(
+        self, batch: dict[str, Any], outputs: Any, loss: torch.Tensor, should_step: bool
+    ) -> None:
         if self.progress is not None:
             self.progress.update(batch)
-        keys = [f"{corpus}/{key}" for corpus, key in zip(batch["corpus"], batch["keys"])] if "corpus" in batch \
+        keys = (
+            [f"{corpus}/{key}" for corpus, key in zip(batch["corpus"], batch["keys"])]
+            if "corpus" in batch
             else list(batch["keys"])
+        )
         self.log.write(json.dumps({"step": self.trained, "keys": keys}) + "\n")
         self.log.flush()
         self.trained += 1
@@ -61,8 +68,9 @@ class TinyBrain(sb.Brain):
         if stage == sb.Stage.TRAIN:
             self.checkpointer.save_and_keep_only(meta={"epoch": epoch}, end_of_epoch=True, num_to_keep=2)
 
-    def make_dataloader(self, dataset: Any, stage: Any, ckpt_prefix: str | None = "dataloader-",
-                        **loader_kwargs: Any) -> Any:
+    def make_dataloader(
+        self, dataset: Any, stage: Any, ckpt_prefix: str | None = "dataloader-", **loader_kwargs: Any
+    ) -> Any:
         # Brain.fit uses a torch DataLoader as it is and wraps anything else in one: a ShardLoader goes as it is
         if isinstance(dataset, ShardLoader):
             return dataset
@@ -70,19 +78,35 @@ class TinyBrain(sb.Brain):
 
 
 def main(config: dict[str, Any]) -> None:
-    run_opts = {"device": "cpu", "distributed_backend": "gloo", "ckpt_interval_steps": config["ckpt_steps"],
-                "noprogressbar": True}
+    run_opts = {
+        "device": "cpu",
+        "distributed_backend": "gloo",
+        "ckpt_interval_steps": config["ckpt_steps"],
+        "noprogressbar": True,
+    }
     sb.utils.distributed.ddp_init_group(run_opts)  # under torchrun (RANK, LOCAL_RANK set): a gloo group
     torch.manual_seed(0)
     counter = EpochCounter(limit=config["epochs"])
     modules = {"layer": torch.nn.Linear(1, 1)}
-    checkpointer = Checkpointer(config["ckpt_dir"], recoverables={"layer": modules["layer"], "counter": counter})
-    brain = TinyBrain(modules=modules, opt_class=lambda params: torch.optim.SGD(params, lr=0.01),
-                      run_opts=run_opts, checkpointer=checkpointer)
+    checkpointer = Checkpointer(
+        config["ckpt_dir"], recoverables={"layer": modules["layer"], "counter": counter}
+    )
+    brain = TinyBrain(
+        modules=modules,
+        opt_class=lambda params: torch.optim.SGD(params, lr=0.01),
+        run_opts=run_opts,
+        checkpointer=checkpointer,
+    )
     dataset: ShardDataset
     if config.get("mix"):  # a MixedDataset of data and mix (another dataset), epochs sized by data
-        dataset = MixedDataset({"a": config["data"], "b": config["mix"]}, {"a": 0.6, "b": 0.4},
-                               EpochSize(primary="a"), batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+        dataset = MixedDataset(
+            {"a": config["data"], "b": config["mix"]},
+            {"a": 0.6, "b": 0.4},
+            EpochSize(primary="a"),
+            batch_size=config["batch_size"],
+            seed=5,
+            shuffle_shards=2,
+        )
     else:
         dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
     if config.get("track", True):
@@ -93,7 +117,9 @@ def main(config: dict[str, Any]) -> None:
     workers = config["workers"]
     train_set: Any
     if config.get("loader") == "shardio":
-        train_set = ShardLoader(dataset, num_workers=workers, persistent_workers=config.get("persistent", True))
+        train_set = ShardLoader(
+            dataset, num_workers=workers, persistent_workers=config.get("persistent", True)
+        )
     else:
         options: dict[str, Any] = {"batch_size": None, "num_workers": workers}
         if workers:

@@ -15,10 +15,44 @@ from shardio.planning.plan import Segment
 from shardio.state import LoaderState, combine, find_states
 
 PUBLIC = {
-    "__version__", "ShardDataset", "MixedDataset", "ShardLoader", "collate", "Mix", "EpochSize", "Transform", "ShardWriter", "Index", "ShardInfo", "World", "Batching",
-    "Ordering", "Decoding", "Reading", "Segment", "EpochPlan", "plan_epoch", "Planner", "LoaderState", "RetryPolicy", "ShardioError",
-    "OptionError", "InputError", "InputProblem", "FormatError", "IntegrityError", "ReadError", "DecodeError",
-    "OutputError", "StateError", "RangeNotSupported", "ShardChanged", "Trace", "quarantine", "quarantine_report", "remix",
+    "__version__",
+    "ShardDataset",
+    "MixedDataset",
+    "ShardLoader",
+    "collate",
+    "Mix",
+    "EpochSize",
+    "Transform",
+    "ShardWriter",
+    "Index",
+    "ShardInfo",
+    "World",
+    "Batching",
+    "Ordering",
+    "Decoding",
+    "Reading",
+    "Segment",
+    "EpochPlan",
+    "plan_epoch",
+    "Planner",
+    "LoaderState",
+    "RetryPolicy",
+    "ShardioError",
+    "OptionError",
+    "InputError",
+    "InputProblem",
+    "FormatError",
+    "IntegrityError",
+    "ReadError",
+    "DecodeError",
+    "OutputError",
+    "StateError",
+    "RangeNotSupported",
+    "ShardChanged",
+    "Trace",
+    "quarantine",
+    "quarantine_report",
+    "remix",
     "remix_report",
 }
 
@@ -32,8 +66,15 @@ def test_public_names_are_pinned() -> None:
 
 
 def test_error_tree() -> None:
-    for name in ("OptionError", "InputError", "FormatError", "ReadError", "DecodeError", "OutputError",
-                 "StateError"):
+    for name in (
+        "OptionError",
+        "InputError",
+        "FormatError",
+        "ReadError",
+        "DecodeError",
+        "OutputError",
+        "StateError",
+    ):
         assert issubclass(getattr(shardio, name), ShardioError)
     assert issubclass(shardio.IntegrityError, shardio.FormatError)
     assert issubclass(shardio.RangeNotSupported, shardio.ReadError)
@@ -54,8 +95,10 @@ def test_world_explicit_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_world_from_torch_distributed() -> None:
-    code = ("import torch.distributed as dist; from shardio import World;"
-            "dist.init_process_group('gloo', rank=0, world_size=1); print(World.detect())")
+    code = (
+        "import torch.distributed as dist; from shardio import World;"
+        "dist.init_process_group('gloo', rank=0, world_size=1); print(World.detect())"
+    )
     # the environment says rank 0 of 1 too; the group (not the environment) must be what is read
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -78,8 +121,13 @@ def test_state_is_small_json_and_round_trips() -> None:
 
 def test_worker_states_combine_into_the_job_position() -> None:
     workers = [_state(start=4, yielded=y, worker=w, num_workers=3) for w, y in enumerate((3, 2, 2))]
-    nested = {"_snapshot": {"_worker_snapshots": {f"worker_{w}": {"dataset_state": s.to_dict()}
-                                                  for w, s in enumerate(workers)}}}
+    nested = {
+        "_snapshot": {
+            "_worker_snapshots": {
+                f"worker_{w}": {"dataset_state": s.to_dict()} for w, s in enumerate(workers)
+            }
+        }
+    }
     job = combine(find_states(nested))
     assert job.position == 4 + 7 and job.num_workers == 1
     with pytest.raises(StateError, match="worker"):

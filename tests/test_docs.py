@@ -79,8 +79,16 @@ def page_blocks(page: Path) -> list[Block]:
         assert end is not None, f"{page.relative_to(REPO)}:{number + 1}: a code block that never closes"
         before = next((lines[i] for i in range(number - 1, -1, -1) if lines[i].strip()), "")
         not_run, file = _NOT_RUN.match(before), _FILE.match(before)
-        found.append(Block(page, number + 1, fence.group(1), "\n".join(lines[number + 1:end]) + "\n",
-                           not_run.group(1) if not_run else None, file.group(1) if file else None))
+        found.append(
+            Block(
+                page,
+                number + 1,
+                fence.group(1),
+                "\n".join(lines[number + 1 : end]) + "\n",
+                not_run.group(1) if not_run else None,
+                file.group(1) if file else None,
+            )
+        )
         number = end + 1
     return found
 
@@ -105,8 +113,9 @@ def test_every_marker_stands_right_before_a_block_and_not_run_gives_a_reason() -
                 continue
             after = next((lines[i] for i in range(number + 1, len(lines)) if lines[i].strip()), "")
             if not _FENCE.match(after):
-                misplaced.append(f"{page.relative_to(REPO)}:{number + 1}: {line!r} is not followed by a "
-                                 "block")
+                misplaced.append(
+                    f"{page.relative_to(REPO)}:{number + 1}: {line!r} is not followed by a block"
+                )
     assert not misplaced, "\n".join(misplaced)
 
 
@@ -114,7 +123,9 @@ def test_no_block_that_runs_installs_packages() -> None:
     """A block that installs packages must be marked not run: run here it would change this virtualenv for every
     later test."""
     installing = [block.where for page in PAGES for block in runnable(page) if _INSTALLS.search(block.code)]
-    assert not installing, "blocks that install packages, mark them <!-- not run: ... -->: " + ", ".join(installing)
+    assert not installing, "blocks that install packages, mark them <!-- not run: ... -->: " + ", ".join(
+        installing
+    )
 
 
 def test_every_extra_the_docs_name_exists() -> None:
@@ -122,8 +133,12 @@ def test_every_extra_the_docs_name_exists() -> None:
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg", encoding="utf-8")
     extras = set(config["options.extras_require"])
-    named = {(page.relative_to(REPO).as_posix(), extra) for page in PAGES
-             for group in _EXTRA.findall(page.read_text(encoding="utf-8")) for extra in group.split(",")}
+    named = {
+        (page.relative_to(REPO).as_posix(), extra)
+        for page in PAGES
+        for group in _EXTRA.findall(page.read_text(encoding="utf-8"))
+        for extra in group.split(",")
+    }
     missing = sorted(f"{page}: shardio[{extra}]" for page, extra in named if extra not in extras)
     assert not missing, f"extras named in the docs but not in setup.cfg: {missing}"
 
@@ -182,18 +197,28 @@ def _environment() -> dict[str, str]:
 def _run(command: list[str], cwd: Path, block: Block) -> None:
     """Run ``command`` for ``block`` in a session of its own, killed whole (torchrun's ranks too) at the
     time limit."""
-    process = subprocess.Popen(command, cwd=cwd, env=_environment(), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"{block.where}: the {block.language} block ran past {BLOCK_TIMEOUT_S} s\n"
-                    f"{output[-4000:]}")
+        pytest.fail(
+            f"{block.where}: the {block.language} block ran past {BLOCK_TIMEOUT_S} s\n{output[-4000:]}"
+        )
     if process.returncode != 0:
-        pytest.fail(f"{block.where}: the {block.language} block exited {process.returncode}\n"
-                    f"--- block ---\n{block.code}--- output ---\n{output[-6000:]}")
+        pytest.fail(
+            f"{block.where}: the {block.language} block exited {process.returncode}\n"
+            f"--- block ---\n{block.code}--- output ---\n{output[-6000:]}"
+        )
 
 
 def run_block(block: Block, cwd: Path) -> None:
@@ -213,8 +238,9 @@ PAGES_WITH_BLOCKS = [page for page in PAGES if runnable(page)]
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("page", PAGES_WITH_BLOCKS,
-                         ids=[page.relative_to(REPO).as_posix() for page in PAGES_WITH_BLOCKS])
+@pytest.mark.parametrize(
+    "page", PAGES_WITH_BLOCKS, ids=[page.relative_to(REPO).as_posix() for page in PAGES_WITH_BLOCKS]
+)
 def test_every_block_of_the_page_runs(page: Path, docs_data: Path, tmp_path: Path) -> None:
     for name in ("corpus", "data"):
         shutil.copytree(docs_data / name, tmp_path / name)
@@ -232,8 +258,23 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     missing = [name for name in needed if importlib.util.find_spec(name.split(".")[0]) is None]
     if missing:
         pytest.skip(f"the docs extra is not installed (pip install -e '.[docs]'): no {', '.join(missing)}")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                             str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
-                            cwd=REPO, env=_environment(), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=REPO,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").read_text().count("shardio pack") > 0

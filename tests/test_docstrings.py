@@ -34,12 +34,15 @@ def documented_args(doc: str | None) -> list[str] | None:
     """The parameter names a docstring's ``Args:`` section lists (``None``: it has no such section)."""
     lines = inspect.cleandoc(doc or "").splitlines()
     try:
-        start = next(i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:")
-                     and not line.startswith(" "))
+        start = next(
+            i
+            for i, line in enumerate(lines)
+            if line.strip() in ("Args:", "Arguments:") and not line.startswith(" ")
+        )
     except StopIteration:
         return None
     names = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line and not line.startswith(" "):
             if _SECTION.match(line) or line.strip():
                 break
@@ -53,8 +56,10 @@ def documented_args(doc: str | None) -> list[str] | None:
 
 def _parameters(function: Callable[..., Any], skip_first: bool) -> list[str]:
     found = []
-    for parameter in list(inspect.signature(function).parameters.values())[1 if skip_first else 0:]:
-        prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
+    for parameter in list(inspect.signature(function).parameters.values())[1 if skip_first else 0 :]:
+        prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(
+            parameter.kind, ""
+        )
         found.append(prefix + parameter.name)
     return found
 
@@ -73,7 +78,11 @@ def _methods(cls: type) -> Iterator[tuple[str, Callable[..., Any], bool]]:
         if name.startswith("_"):
             continue
         owners = [base for base in cls.__mro__ if name in vars(base)]
-        if not owners or not _ours(owners[0]) or any(not _ours(base) and base is not object for base in owners):
+        if (
+            not owners
+            or not _ours(owners[0])
+            or any(not _ours(base) and base is not object for base in owners)
+        ):
             continue  # another library's, or a hook of a framework's base class
         member = vars(owners[0])[name]
         if isinstance(member, staticmethod):
@@ -104,7 +113,9 @@ def public_callables() -> Iterator[tuple[str, list[str], str | None]]:
                     continue
                 parameters = _constructor(obj)
                 if parameters == ["*args", "**kwargs"] and not all(_ours(base) for base in obj.__mro__[:-1]):
-                    parameters = None  # everything passed on to a framework's class (a Trainer), which documents it
+                    parameters = (
+                        None  # everything passed on to a framework's class (a Trainer), which documents it
+                    )
                 if parameters:
                     yield where, parameters, obj.__doc__
                 for method, function, bound in _methods(obj):
@@ -152,7 +163,9 @@ def test_the_args_parser_reads_google_sections() -> None:
 
 def test_every_public_callable_documents_its_arguments() -> None:
     found = problems()
-    assert not found, f"{len(found)} public callables' Args: sections are missing or wrong:\n" + "\n".join(found)
+    assert not found, f"{len(found)} public callables' Args: sections are missing or wrong:\n" + "\n".join(
+        found
+    )
 
 
 if __name__ == "__main__":
@@ -160,5 +173,7 @@ if __name__ == "__main__":
     print("\n".join(listed))
     bare = [p.partition(":")[0] for p in listed if "no Args" in p]
     top = [p for p in bare if p.startswith("shardio.") and p.count(".") == 1]
-    print(f"{len(top)} of shardio.__all__'s callables without an Args: section; {len(bare)} public callables "
-          f"(methods and integrations too); {len(listed)} problems in all")
+    print(
+        f"{len(top)} of shardio.__all__'s callables without an Args: section; {len(bare)} public callables "
+        f"(methods and integrations too); {len(listed)} problems in all"
+    )

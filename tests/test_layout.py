@@ -18,14 +18,26 @@ MAX_LINES = 330  # "about 300": a module past this is due a split
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # From the ground up: a module imports only modules of its own layer or of the layers below it (modules of
     # one layer may import each other, without a cycle). The single written statement of shardio's layers.
-    ("errors", ("shardio.errors", "shardio.checks", "shardio.version")),  # and the checks of values users hand in
+    (
+        "errors",
+        ("shardio.errors", "shardio.checks", "shardio.version"),
+    ),  # and the checks of values users hand in
     ("storage", ("shardio.storage",)),  # paths and URLs, fsspec, ranged reads, retries, atomic writes, locks
     ("shards", ("shardio.shards",)),  # the on-disk format: tar members, index, columns, writer
-    ("planning, world, state", ("shardio.planning", "shardio.world", "shardio.state")),  # decisions on metadata
+    (
+        "planning, world, state",
+        ("shardio.planning", "shardio.world", "shardio.state"),
+    ),  # decisions on metadata
     ("reading", ("shardio.reading",)),  # members -> decoded samples -> padded batches
-    ("runtime", ("shardio.runtime",)),  # what runs under the datasets: worker instructions, node plans, sharing
+    (
+        "runtime",
+        ("shardio.runtime",),
+    ),  # what runs under the datasets: worker instructions, node plans, sharing
     ("datasets", ("shardio.datasets",)),  # ShardDataset, MixedDataset
-    ("packing", ("shardio.packing", "shardio.integrations.importers")),  # the corpora importers are its inputs
+    (
+        "packing",
+        ("shardio.packing", "shardio.integrations.importers"),
+    ),  # the corpora importers are its inputs
     ("loader", ("shardio.loader",)),  # ShardLoader
     ("ledger, integrations", ("shardio.ledger", "shardio.integrations")),
     ("bench", ("shardio.bench", "shardio.synth")),
@@ -44,12 +56,14 @@ def _modules() -> dict[str, Path]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path], *, nested: bool = True,
-             typing: bool = False) -> set[str]:
+def _imports(
+    name: str, path: Path, modules: dict[str, Path], *, nested: bool = True, typing: bool = False
+) -> set[str]:
     """The shardio modules ``name`` imports: at import time, with ``nested`` in functions and classes too (they
     run later, but a cycle through them is one), and with ``typing`` under ``TYPE_CHECKING`` too (annotations
     only, never run)."""
@@ -67,7 +81,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path], *, nested: bool = 
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
                 submodules = {f"{base}.{alias.name}" for alias in node.names} & modules.keys()
                 found.update(submodules)
@@ -88,7 +102,9 @@ def _graph(*, nested: bool = True, typing: bool = False) -> dict[str, set[str]]:
     modules = _modules()
     # a package imports what its __init__ names; a module inside it importing a sibling goes through the
     # package only when the __init__ imports something, so __init__ files count as modules of their own
-    return {name: _imports(name, path, modules, nested=nested, typing=typing) for name, path in modules.items()}
+    return {
+        name: _imports(name, path, modules, nested=nested, typing=typing) for name, path in modules.items()
+    }
 
 
 def layer_of(module: str) -> int:
@@ -105,9 +121,12 @@ def layer_of(module: str) -> int:
 
 def _crossings(graph: dict[str, set[str]]) -> list[str]:
     """Every import of a module of a higher layer than the importer's."""
-    return [f"{source} ({LAYERS[layer_of(source)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
-            for source, targets in sorted(graph.items()) for target in sorted(targets)
-            if layer_of(target) > layer_of(source)]
+    return [
+        f"{source} ({LAYERS[layer_of(source)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for source, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(source)
+    ]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -162,16 +181,20 @@ def test_a_layer_imports_only_the_layers_below_it() -> None:
 
 def test_one_module_asks_torch_which_worker_this_process_is() -> None:
     """The ambient context (rank, world, DataLoader worker) is detected in shardio.world and handed on as a value."""
+
     def asks(path: Path) -> bool:
-        return any(isinstance(node, ast.Call) and "get_worker_info" in ast.unparse(node.func)
-                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+        return any(
+            isinstance(node, ast.Call) and "get_worker_info" in ast.unparse(node.func)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
 
     assert [name for name, path in _modules().items() if asks(path)] == ["shardio.world"]
 
 
 def test_the_layer_check_finds_an_import_from_above() -> None:
-    assert _crossings({"shardio.shards.index": {"shardio.reading.reader"}, "shardio.reading.reader": set()}) == [
-        "shardio.shards.index (shards) imports shardio.reading.reader (reading)"]
+    assert _crossings(
+        {"shardio.shards.index": {"shardio.reading.reader"}, "shardio.reading.reader": set()}
+    ) == ["shardio.shards.index (shards) imports shardio.reading.reader (reading)"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -179,14 +202,20 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_every_module_and_subpackage_says_what_lives_there() -> None:
-    missing = [name for name, path in _modules().items()
-               if not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))]
+    missing = [
+        name
+        for name, path in _modules().items()
+        if not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    ]
     assert missing == []
 
 
 def test_modules_stay_about_300_lines() -> None:
-    long = {name: n for name, path in _modules().items()
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        name: n
+        for name, path in _modules().items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -219,8 +248,9 @@ def _private_uses() -> list[str]:
             private = []
             if isinstance(node, ast.ImportFrom):
                 private = [alias.name for alias in node.names]
-            elif isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
-                                                          and node.value.id in ("self", "cls")):
+            elif isinstance(node, ast.Attribute) and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            ):
                 private = [node.attr] if node.attr not in own else []
             for attr in private:
                 if attr.startswith("_") and not attr.startswith("__") and owners.get(attr, set()) - {name}:
@@ -236,8 +266,10 @@ def _report() -> None:
     for nested, what in ((False, "import-time imports"), (True, "all imports (functions too)")):
         graph = _graph(nested=nested)
         cycles = _cycles(graph)
-        print(f"{what}: {sum(map(len, graph.values()))} edges, {len(cycles)} cycles, "
-              f"{sum(map(len, cycles))} modules in them")
+        print(
+            f"{what}: {sum(map(len, graph.values()))} edges, {len(cycles)} cycles, "
+            f"{sum(map(len, cycles))} modules in them"
+        )
         for cycle in cycles:
             print("  cycle:", ", ".join(cycle))
     private = _private_uses()

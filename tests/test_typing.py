@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_mypy_is_clean() -> None:
     pytest.importorskip("mypy")
-    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "shardio"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "shardio"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -44,20 +44,41 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         assert 0 <= row["trainer_cpu_share"]["median"] <= 1
     codecs = {r["codec"] for r in result["compression"]}
     assert {"none", "zstd-1", "zstd-3", "zstd-19", "gzip", "bz2"} <= codecs
-    assert {(r["position"], r["loader"]) for r in result["resume"]} >= {(0.9, "shardio, 0w"), (0.5, "shardio, 2w")}
+    assert {(r["position"], r["loader"]) for r in result["resume"]} >= {
+        (0.9, "shardio, 0w"),
+        (0.5, "shardio, 2w"),
+    }
     shardio_balance = [r for r in result["balance"] if r["loader"] == "shardio"]
     assert [r["world_size"] for r in shardio_balance] == [2, 4, 8]
     assert all(r["batch_spread"] == 0 for r in shardio_balance)  # every rank the same number of batches
     assert {(r["loader"], r["workers"]) for r in result["stall"]} == {
-        (loader, w) for loader in ("shardio", "shardio ShardLoader", "webdataset + soundfile") for w in (1, 2)}
+        (loader, w) for loader in ("shardio", "shardio ShardLoader", "webdataset + soundfile") for w in (1, 2)
+    }
     assert {t["ratio"] for t in result["targets"]} >= {
-        "shardio_vs_webdataset", "shardio_vs_webdataset_2w", "shardio_vs_numpy_floor", "shardio_vs_soundfile_floor",
-        "shardio_2w_vs_soundfile_floor", "zstd_vs_floor", "two_workers_vs_zero", "two_workers_vs_zero_per_cpu_s",
-        "parallel_floor_vs_zero", "parallel_floor_vs_zero_per_cpu_s", "two_workers_vs_parallel_floor_per_cpu_s",
-        "shard_loader_vs_webdataset_2w", "shard_loader_vs_zero", "shard_loader_vs_zero_per_cpu_s",
-        "shard_loader_vs_soundfile_floor", "shardio_vs_python_floor", "python_floor_vs_webdataset",
-        "int16_vs_float32_0w", "int16_shard_loader_vs_webdataset_2w", "int16_shard_loader_vs_zero_per_cpu_s"}
-    assert result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"  # the headline: the recommended set-up
+        "shardio_vs_webdataset",
+        "shardio_vs_webdataset_2w",
+        "shardio_vs_numpy_floor",
+        "shardio_vs_soundfile_floor",
+        "shardio_2w_vs_soundfile_floor",
+        "zstd_vs_floor",
+        "two_workers_vs_zero",
+        "two_workers_vs_zero_per_cpu_s",
+        "parallel_floor_vs_zero",
+        "parallel_floor_vs_zero_per_cpu_s",
+        "two_workers_vs_parallel_floor_per_cpu_s",
+        "shard_loader_vs_webdataset_2w",
+        "shard_loader_vs_zero",
+        "shard_loader_vs_zero_per_cpu_s",
+        "shard_loader_vs_soundfile_floor",
+        "shardio_vs_python_floor",
+        "python_floor_vs_webdataset",
+        "int16_vs_float32_0w",
+        "int16_shard_loader_vs_webdataset_2w",
+        "int16_shard_loader_vs_zero_per_cpu_s",
+    }
+    assert (
+        result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"
+    )  # the headline: the recommended set-up
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()
     markdown = (tmp_path / "bench.md").read_text()
@@ -110,13 +131,18 @@ def test_decoding_into_an_audio_block_gives_the_same_batch() -> None:
 
     rng = np.random.default_rng(3)
     encoded = []
-    for frames, (container, subtype) in zip((900, 400, 1200), (("WAV", "PCM_16"), ("FLAC", "PCM_24"),
-                                                                ("WAV", "FLOAT"))):
+    for frames, (container, subtype) in zip(
+        (900, 400, 1200), (("WAV", "PCM_16"), ("FLAC", "PCM_24"), ("WAV", "FLOAT"))
+    ):
         buffer = io.BytesIO()
         soundfile.write(buffer, rng.uniform(-1, 1, (frames, 1)), 16000, format=container, subtype=subtype)
         encoded.append((container.lower(), buffer.getvalue()))
-    plain = collate([{"key": str(i), "audio": decode_audio(data, ext)[0], "sample_rate": 16000}
-                     for i, (ext, data) in enumerate(encoded)])
+    plain = collate(
+        [
+            {"key": str(i), "audio": decode_audio(data, ext)[0], "sample_rate": 16000}
+            for i, (ext, data) in enumerate(encoded)
+        ]
+    )
     block = audio_block([900, 400, 1200], 1)
     rows = block.numpy()
     samples = []
@@ -148,15 +174,30 @@ def test_ab_script_compares_a_commit_with_this_checkout_in_one_process(tmp_path:
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert script.main([index.root, "--base", "HEAD", "--rounds", "2", "--seconds", "0",
-                        "--results", str(tmp_path / "out")]) == 0
+    assert (
+        script.main(
+            [
+                index.root,
+                "--base",
+                "HEAD",
+                "--rounds",
+                "2",
+                "--seconds",
+                "0",
+                "--results",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "out" / "ab.json").read_text())
     assert len(report["us_per_sample"]["base"]["runs"]) == len(report["speedup"]["runs"]) == 2
     assert report["speedup"]["median"] > 0 and (tmp_path / "out" / "ab.md").read_text().startswith("# A/B")
 
 
 def test_parallel_floor_reads_the_corpus_once_across_its_processes_and_reports_a_failing_reader(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from sample_shards import make_uneven_dataset
 
     from shardio.bench.parallel import parallel_floor
@@ -184,7 +225,8 @@ def test_workers_script_splits_the_cpu_of_a_batch_by_thread(tmp_path: Path) -> N
 
     make_uneven_dataset(tmp_path / "ds", [20, 20], duration_range=(1.0, 2.0))
     spec = importlib.util.spec_from_file_location(
-        "workers_script", Path(__file__).resolve().parents[2] / "benchmarks" / "workers.py")
+        "workers_script", Path(__file__).resolve().parents[2] / "benchmarks" / "workers.py"
+    )
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -193,5 +235,7 @@ def test_workers_script_splits_the_cpu_of_a_batch_by_thread(tmp_path: Path) -> N
     for row in figures.values():
         assert row["samples_per_s"] > 0
         assert row["total"] == pytest.approx(sum(row[role] for role in script.ROLES))
-    assert figures["0 workers"]["worker main threads"] == 0  # (CPU counts in 10 ms ticks: no lower bounds here)
+    assert (
+        figures["0 workers"]["worker main threads"] == 0
+    )  # (CPU counts in 10 ms ticks: no lower bounds here)
     assert blocks.LIMIT == 8  # the bundles' extra blocks were the workers' own

@@ -49,19 +49,60 @@ def _refused(make: Any, *words: str) -> None:
 
 
 DATASET_CASES = [
-    ("batch_size", 2.5), ("batch_size", True), ("batch_size", "4"), ("batch_size", NAN), ("batch_size", INF),
-    ("batch_size", 3.0), ("max_duration", "2"), ("max_duration", True),
-    ("num_buckets", True), ("duration_bins", []), ("duration_bins", {}), ("duration_bins", "abc"),
-    ("duration_bins", [True]), ("duration_bins", 5), ("min_duration", "x"), ("sync_buckets", 1),
-    ("shuffle", "no"), ("shuffle", 0), ("shuffle_shards", 2.5), ("shuffle_shards", True),
-    ("shuffle_shards", NAN), ("shuffle_shards", None), ("seed", True),
-    ("mono", "yes"), ("check_finite", "no"), ("sample_rate", 0), ("sample_rate", -1), ("sample_rate", True),
-    ("sample_rate", 16000.0), ("sample_rate", NAN), ("sample_rate", "16000"), ("sample_rate", 10**18),
-    ("transform", 1), ("retry", None), ("retry", 3), ("storage_options", []), ("storage_options", "x"),
-    ("read_ahead", -1), ("read_ahead", 2.5), ("read_ahead", True), ("read_ahead", None), ("read_ahead", NAN),
-    ("cache_bytes", -1), ("cache_bytes", 2.5), ("cache_bytes", None), ("world", 1), ("world", (0, 1)),
-    ("dtype", "float16"), ("remainder", "x"), ("on_error", "ignore"),
-    ("batching", "x"), ("ordering", 1), ("decoding", {}), ("reading", RetryPolicy()),
+    ("batch_size", 2.5),
+    ("batch_size", True),
+    ("batch_size", "4"),
+    ("batch_size", NAN),
+    ("batch_size", INF),
+    ("batch_size", 3.0),
+    ("max_duration", "2"),
+    ("max_duration", True),
+    ("num_buckets", True),
+    ("duration_bins", []),
+    ("duration_bins", {}),
+    ("duration_bins", "abc"),
+    ("duration_bins", [True]),
+    ("duration_bins", 5),
+    ("min_duration", "x"),
+    ("sync_buckets", 1),
+    ("shuffle", "no"),
+    ("shuffle", 0),
+    ("shuffle_shards", 2.5),
+    ("shuffle_shards", True),
+    ("shuffle_shards", NAN),
+    ("shuffle_shards", None),
+    ("seed", True),
+    ("mono", "yes"),
+    ("check_finite", "no"),
+    ("sample_rate", 0),
+    ("sample_rate", -1),
+    ("sample_rate", True),
+    ("sample_rate", 16000.0),
+    ("sample_rate", NAN),
+    ("sample_rate", "16000"),
+    ("sample_rate", 10**18),
+    ("transform", 1),
+    ("retry", None),
+    ("retry", 3),
+    ("storage_options", []),
+    ("storage_options", "x"),
+    ("read_ahead", -1),
+    ("read_ahead", 2.5),
+    ("read_ahead", True),
+    ("read_ahead", None),
+    ("read_ahead", NAN),
+    ("cache_bytes", -1),
+    ("cache_bytes", 2.5),
+    ("cache_bytes", None),
+    ("world", 1),
+    ("world", (0, 1)),
+    ("dtype", "float16"),
+    ("remainder", "x"),
+    ("on_error", "ignore"),
+    ("batching", "x"),
+    ("ordering", 1),
+    ("decoding", {}),
+    ("reading", RetryPolicy()),
 ]
 
 
@@ -73,10 +114,18 @@ def test_dataset_option_refused_when_made(data: dict[str, Path], name: str, valu
     _refused(lambda: ShardDataset(data["a"], **options), name)
 
 
-GROUP_CASES = [("decoding", "mono", "yes"), ("decoding", "check_finite", "no"), ("decoding", "sample_rate", 0),
-               ("decoding", "transform", 1), ("decoding", "dtype", "float16"), ("reading", "on_error", "x"),
-               ("reading", "retry", 3), ("reading", "storage_options", []), ("reading", "read_ahead", -1),
-               ("reading", "cache_bytes", 2.5)]
+GROUP_CASES = [
+    ("decoding", "mono", "yes"),
+    ("decoding", "check_finite", "no"),
+    ("decoding", "sample_rate", 0),
+    ("decoding", "transform", 1),
+    ("decoding", "dtype", "float16"),
+    ("reading", "on_error", "x"),
+    ("reading", "retry", 3),
+    ("reading", "storage_options", []),
+    ("reading", "read_ahead", -1),
+    ("reading", "cache_bytes", 2.5),
+]
 
 
 @pytest.mark.parametrize(("group", "name", "value"), GROUP_CASES, ids=lambda v: repr(v)[:20])
@@ -87,10 +136,22 @@ def test_group_field_refused(group: str, name: str, value: Any) -> None:
 @pytest.mark.parametrize("name", sorted({**SHORTCUTS, **DEPRECATED}))
 def test_a_keyword_given_with_its_group_is_refused_naming_both(data: dict[str, Path], name: str) -> None:
     group = {**SHORTCUTS, **DEPRECATED}[name]
-    value = getattr({"batching": Batching(batch_size=2), "ordering": Ordering(), "decoding": Decoding(),
-                     "reading": Reading()}[group], name)
+    value = getattr(
+        {
+            "batching": Batching(batch_size=2),
+            "ordering": Ordering(),
+            "decoding": Decoding(),
+            "reading": Reading(),
+        }[group],
+        name,
+    )
     value = 2 if value is None else value
-    groups = {"batching": Batching(batch_size=2), "ordering": Ordering(), "decoding": Decoding(), "reading": Reading()}
+    groups = {
+        "batching": Batching(batch_size=2),
+        "ordering": Ordering(),
+        "decoding": Decoding(),
+        "reading": Reading(),
+    }
     with pytest.warns(DeprecationWarning) if name in DEPRECATED else _no_warning():
         _refused(lambda: ShardDataset(data["a"], world=W, **{group: groups[group], name: value}), name, group)
         _refused(lambda: _mix(data, **{group: groups[group], name: value}), name, group)
@@ -104,11 +165,21 @@ class _no_warning:
         return None
 
 
-@pytest.mark.parametrize(("name", "value", "group"), [("mono", True, "decoding"), ("shuffle_shards", 3, "ordering"),
-                                                      ("remainder", "drop", "batching"), ("read_ahead", 0, "reading")])
-def test_old_keywords_still_work_with_a_deprecation_naming_the_group_field(data: dict[str, Path], name: str,
-                                                                          value: Any, group: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"ShardDataset\({name}=\.\.\.\) is deprecated: give {group}="):
+@pytest.mark.parametrize(
+    ("name", "value", "group"),
+    [
+        ("mono", True, "decoding"),
+        ("shuffle_shards", 3, "ordering"),
+        ("remainder", "drop", "batching"),
+        ("read_ahead", 0, "reading"),
+    ],
+)
+def test_old_keywords_still_work_with_a_deprecation_naming_the_group_field(
+    data: dict[str, Path], name: str, value: Any, group: str
+) -> None:
+    with pytest.warns(
+        DeprecationWarning, match=rf"ShardDataset\({name}=\.\.\.\) is deprecated: give {group}="
+    ):
         ds = ShardDataset(data["a"], batch_size=2, world=W, **{name: value})
     assert getattr(getattr(ds, group), name) == value
     fields = {name: value, **({"batch_size": 2} if group == "batching" else {})}
@@ -119,8 +190,14 @@ def test_old_keywords_still_work_with_a_deprecation_naming_the_group_field(data:
 
 def test_shortcuts_and_groups_plan_alike(data: dict[str, Path]) -> None:
     short = ShardDataset(data["a"], batch_size=2, shuffle=False, sample_rate=8000, on_error="skip", world=W)
-    grouped = ShardDataset(data["a"], batching=Batching(batch_size=2), ordering=Ordering(shuffle=False),
-                           decoding=Decoding(sample_rate=8000), reading=Reading(on_error="skip"), world=W)
+    grouped = ShardDataset(
+        data["a"],
+        batching=Batching(batch_size=2),
+        ordering=Ordering(shuffle=False),
+        decoding=Decoding(sample_rate=8000),
+        reading=Reading(on_error="skip"),
+        world=W,
+    )
     assert short.options == grouped.options and short.decoding == grouped.decoding
     assert short.reading == grouped.reading
     assert [b["keys"] for b in short] == [b["keys"] for b in grouped]
@@ -131,8 +208,9 @@ def test_unknown_keyword_is_a_type_error(data: dict[str, Path]) -> None:
         ShardDataset(data["a"], batchsize=2)
 
 
-@pytest.mark.parametrize(("name", "value"), [("max_batch_size", 2.5), ("max_batch_size", True),
-                                             ("quadratic_duration", True)])
+@pytest.mark.parametrize(
+    ("name", "value"), [("max_batch_size", 2.5), ("max_batch_size", True), ("quadratic_duration", True)]
+)
 def test_duration_batching_option_refused(name: str, value: Any) -> None:
     _refused(lambda: Batching(max_duration=1.0, **{name: value}), name)
 
@@ -144,11 +222,15 @@ def test_source_of_wrong_type(source: Any) -> None:
 
 def test_storage_options_with_loaded_index_refused(data: dict[str, Path]) -> None:
     index = ShardDataset(data["a"], batch_size=2, world=W).index
-    _refused(lambda: ShardDataset(index, batch_size=2, world=W, storage_options={"anon": True}), "storage_options")
+    _refused(
+        lambda: ShardDataset(index, batch_size=2, world=W, storage_options={"anon": True}), "storage_options"
+    )
 
 
 def test_valid_options_normalised(data: dict[str, Path]) -> None:
-    ds = ShardDataset(data["a"], batch_size=np.int64(2), world=W, sample_rate=np.int32(8000), shuffle=np.bool_(True))
+    ds = ShardDataset(
+        data["a"], batch_size=np.int64(2), world=W, sample_rate=np.int32(8000), shuffle=np.bool_(True)
+    )
     assert type(ds.batching.batch_size) is int and type(ds.sample_rate) is int and ds.ordering.shuffle is True
     assert len(next(iter(ds))["keys"]) == 2
 
@@ -158,19 +240,42 @@ def test_ordering(options: dict[str, Any]) -> None:
     _refused(lambda: Ordering(**options), next(iter(options)))
 
 
-@pytest.mark.parametrize("options", [dict(rank=True, world_size=2), dict(rank=0.5, world_size=2),
-                                     dict(rank=0, world_size=2.5), dict(rank="0", world_size=2),
-                                     dict(rank=None, world_size=2), dict(rank=0, world_size=10**18),
-                                     dict(rank=0, world_size=INF), dict(num_workers=2.5), dict(num_workers=True)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(rank=True, world_size=2),
+        dict(rank=0.5, world_size=2),
+        dict(rank=0, world_size=2.5),
+        dict(rank="0", world_size=2),
+        dict(rank=None, world_size=2),
+        dict(rank=0, world_size=10**18),
+        dict(rank=0, world_size=INF),
+        dict(num_workers=2.5),
+        dict(num_workers=True),
+    ],
+)
 def test_world(options: dict[str, Any]) -> None:
     words = [k for k, v in options.items() if not (type(v) is int and v < 10)]
     _refused(lambda: World(**options), *words)
 
 
-@pytest.mark.parametrize("options", [dict(attempts=2.5), dict(attempts=True), dict(attempts=NAN),
-                                     dict(attempts=INF), dict(attempts=10**18), dict(attempts="3"),
-                                     dict(backoff=NAN), dict(backoff=INF), dict(backoff=None),
-                                     dict(max_backoff=NAN), dict(max_backoff=INF), dict(max_backoff=1e300)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(attempts=2.5),
+        dict(attempts=True),
+        dict(attempts=NAN),
+        dict(attempts=INF),
+        dict(attempts=10**18),
+        dict(attempts="3"),
+        dict(backoff=NAN),
+        dict(backoff=INF),
+        dict(backoff=None),
+        dict(max_backoff=NAN),
+        dict(max_backoff=INF),
+        dict(max_backoff=1e300),
+    ],
+)
 def test_retry_policy(options: dict[str, Any]) -> None:
     _refused(lambda: RetryPolicy(**options), next(iter(options)))
 
@@ -184,22 +289,29 @@ def _mix(data: dict[str, Path], weights: Any = None, epoch_size: Any = None, **o
     options.setdefault("world", W)
     if "batching" not in options:
         options.setdefault("batch_size", 2)
-    return MixedDataset({"a": data["a"], "b": data["b"]}, {"a": 1, "b": 1} if weights is None else weights,
-                        EpochSize(primary="a") if epoch_size is None else epoch_size, **options)
+    return MixedDataset(
+        {"a": data["a"], "b": data["b"]},
+        {"a": 1, "b": 1} if weights is None else weights,
+        EpochSize(primary="a") if epoch_size is None else epoch_size,
+        **options,
+    )
 
 
-@pytest.mark.parametrize(("options", "word"), [
-    (dict(weights={"a": True, "b": 1}), "weights"),
-    (dict(weights={"a": 10**400, "b": 1}), "weights"),
-    (dict(weights={"a": 1e308, "b": 1e308}), "finite"),
-    (dict(weights={"a": 1e-300, "b": 1}), "epoch_size"),
-    (dict(epoch_size=EpochSize(hours=1e300)), "epoch_size"),
-    (dict(epoch_size=EpochSize(batches=10**18)), "epoch_size"),
-    (dict(epoch_size="x"), "epoch_size"),
-    (dict(single_corpus_batches="no"), "single_corpus_batches"),
-    (dict(batching="x"), "batching"),
-    (dict(storage_options="x"), "storage_options"),
-])
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        (dict(weights={"a": True, "b": 1}), "weights"),
+        (dict(weights={"a": 10**400, "b": 1}), "weights"),
+        (dict(weights={"a": 1e308, "b": 1e308}), "finite"),
+        (dict(weights={"a": 1e-300, "b": 1}), "epoch_size"),
+        (dict(epoch_size=EpochSize(hours=1e300)), "epoch_size"),
+        (dict(epoch_size=EpochSize(batches=10**18)), "epoch_size"),
+        (dict(epoch_size="x"), "epoch_size"),
+        (dict(single_corpus_batches="no"), "single_corpus_batches"),
+        (dict(batching="x"), "batching"),
+        (dict(storage_options="x"), "storage_options"),
+    ],
+)
 def test_mixed_dataset_refused_when_made(data: dict[str, Path], options: dict[str, Any], word: str) -> None:
     _refused(lambda: _mix(data, **options), word)
 
@@ -209,10 +321,20 @@ def test_mixed_dataset_valid_still_plans(data: dict[str, Path]) -> None:
     assert len(next(iter(mix))["keys"]) == 2
 
 
-@pytest.mark.parametrize("options", [dict(num_workers=10**6), dict(prefetch=10**18), dict(timeout=NAN),
-                                     dict(timeout=True), dict(timeout=10**400),
-                                     dict(multiprocessing_context="bogus"), dict(multiprocessing_context=3),
-                                     dict(persistent_workers="no"), dict(pin_memory="no")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_workers=10**6),
+        dict(prefetch=10**18),
+        dict(timeout=NAN),
+        dict(timeout=True),
+        dict(timeout=10**400),
+        dict(multiprocessing_context="bogus"),
+        dict(multiprocessing_context=3),
+        dict(persistent_workers="no"),
+        dict(pin_memory="no"),
+    ],
+)
 def test_loader(data: dict[str, Path], options: dict[str, Any]) -> None:
     ds = ShardDataset(data["a"], batch_size=2, world=W)
     _refused(lambda: ShardLoader(ds, **options), next(iter(options)))
@@ -233,21 +355,42 @@ def test_collate_keeps_every_samples_fields() -> None:
     assert batch["audio"].shape == (2, 1, 5)
 
 
-@pytest.mark.parametrize("samples", [None, [1, 2], "ab", [_sample("a", 3), {"key": "b", "sample_rate": 8000}]])
+@pytest.mark.parametrize(
+    "samples", [None, [1, 2], "ab", [_sample("a", 3), {"key": "b", "sample_rate": 8000}]]
+)
 def test_collate_refuses(samples: Any) -> None:
     _refused(lambda: collate(samples))
 
 
-@pytest.mark.parametrize("options", [dict(max_samples=2.5), dict(max_samples=True), dict(max_bytes=NAN),
-                                     dict(zstd_level=100), dict(zstd_level="3"), dict(frame_bytes=0),
-                                     dict(frame_bytes=-1), dict(frame_bytes=2.5)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_samples=2.5),
+        dict(max_samples=True),
+        dict(max_bytes=NAN),
+        dict(zstd_level=100),
+        dict(zstd_level="3"),
+        dict(frame_bytes=0),
+        dict(frame_bytes=-1),
+        dict(frame_bytes=2.5),
+    ],
+)
 def test_shard_writer(tmp_path: Path, options: dict[str, Any]) -> None:
     _refused(lambda: ShardWriter(tmp_path / "out", **options), next(iter(options)))
 
 
-@pytest.mark.parametrize("options", [{"min_duration": 10.0}, {"max_sample_duration": 0.001},
-                                     {"max_duration": 0.01}, {"batch_size": 2, "min_duration": 10.0}])
-def test_duration_filters_that_leave_no_sample_are_refused(data: dict[str, Path], options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"min_duration": 10.0},
+        {"max_sample_duration": 0.001},
+        {"max_duration": 0.01},
+        {"batch_size": 2, "min_duration": 10.0},
+    ],
+)
+def test_duration_filters_that_leave_no_sample_are_refused(
+    data: dict[str, Path], options: dict[str, Any]
+) -> None:
     """Every epoch would be empty (it was, with a warning in the log): refused when the dataset is made."""
     with pytest.raises(OptionError, match=r"no sample can be planned with .* the dataset's samples last"):
         ShardDataset(data["a"], **options)
@@ -264,16 +407,24 @@ def cost_of(durations: np.ndarray) -> float:
 
 
 OLD_VALUES: dict[str, dict[str, Any]] = {
-    "max_batch_size": {"max_batch_size": 3}, "remainder": {"remainder": "drop"},
-    "duration_bins": {"duration_bins": (0.1,)}, "quadratic_duration": {"quadratic_duration": 5.0},
-    "min_duration": {"min_duration": 0.01}, "max_sample_duration": {"max_sample_duration": 100.0},
+    "max_batch_size": {"max_batch_size": 3},
+    "remainder": {"remainder": "drop"},
+    "duration_bins": {"duration_bins": (0.1,)},
+    "quadratic_duration": {"quadratic_duration": 5.0},
+    "min_duration": {"min_duration": 0.01},
+    "max_sample_duration": {"max_sample_duration": 100.0},
     "sync_buckets": {"sync_buckets": True},
     "batch_cost": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
     "batch_cost_name": {"batch_cost": cost_of, "batch_cost_name": "v1", "num_buckets": 2},
     "shuffle_shards": {"shuffle_shards": 3},
-    "mono": {"mono": True}, "transform": {"transform": cost_of}, "check_finite": {"check_finite": False},
-    "dtype": {"dtype": "int16"}, "retry": {"retry": RetryPolicy(attempts=2)}, "storage_options": {"storage_options": {}},
-    "read_ahead": {"read_ahead": 0}, "cache_bytes": {"cache_bytes": 1 << 20},
+    "mono": {"mono": True},
+    "transform": {"transform": cost_of},
+    "check_finite": {"check_finite": False},
+    "dtype": {"dtype": "int16"},
+    "retry": {"retry": RetryPolicy(attempts=2)},
+    "storage_options": {"storage_options": {}},
+    "read_ahead": {"read_ahead": 0},
+    "cache_bytes": {"cache_bytes": 1 << 20},
 }
 
 
@@ -288,6 +439,10 @@ def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name:
     fields = {**given, **({"max_duration": 1.0} if group == "batching" else {})}
     shortcut = {} if group == "batching" else {"max_duration": 1.0}
     new = ShardDataset(data["a"], world=W, **shortcut, **{group: cls(**fields)})
-    assert (old.batching, old.ordering, old.decoding, old.reading) == (new.batching, new.ordering, new.decoding,
-                                                                       new.reading)
+    assert (old.batching, old.ordering, old.decoding, old.reading) == (
+        new.batching,
+        new.ordering,
+        new.decoding,
+        new.reading,
+    )
     assert old.options == new.options

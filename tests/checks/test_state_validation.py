@@ -18,8 +18,14 @@ from shardio import ShardDataset, StateError
 from shardio.state import LoaderState
 
 INT_FIELDS = ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")
-NOT_INTS = st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=3), st.none(),
-                     st.lists(st.integers(), max_size=2), st.integers().map(str))
+NOT_INTS = st.one_of(
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.text(max_size=3),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+    st.integers().map(str),
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +50,9 @@ def refused(data: str, state: dict[str, Any], field: str) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(field=st.sampled_from(INT_FIELDS), value=NOT_INTS)
-def test_an_integer_field_of_another_type_is_refused(data: str, valid: dict[str, Any], field: str,
-                                                       value: Any) -> None:
+def test_an_integer_field_of_another_type_is_refused(
+    data: str, valid: dict[str, Any], field: str, value: Any
+) -> None:
     refused(data, {**valid, field: value}, field)
 
 
@@ -55,20 +62,38 @@ def test_a_negative_field_is_refused(data: str, valid: dict[str, Any], field: st
     refused(data, {**valid, field: value}, field)
 
 
-@pytest.mark.parametrize("field,value", [("epoch", 0.9), ("epoch", "1"), ("epoch", True), ("start", "3"),
-                                         ("world_size", 0), ("num_workers", 0), ("worker", 1), ("index", 5),
-                                         ("options", [1]), ("extra", "x"), ("history", "[]"), ("history", None)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("epoch", 0.9),
+        ("epoch", "1"),
+        ("epoch", True),
+        ("start", "3"),
+        ("world_size", 0),
+        ("num_workers", 0),
+        ("worker", 1),
+        ("index", 5),
+        ("options", [1]),
+        ("extra", "x"),
+        ("history", "[]"),
+        ("history", None),
+    ],
+)
 def test_the_reported_coercions_are_refused(data: str, valid: dict[str, Any], field: str, value: Any) -> None:
     refused(data, {**valid, field: value}, field)
 
 
-@pytest.mark.parametrize("segment", [[0, 5], [-2, 5], [2, -5], [2], [2, 1, 1], [True, 1], [2, 1.0], "ab", None])
+@pytest.mark.parametrize(
+    "segment", [[0, 5], [-2, 5], [2, -5], [2], [2, 1, 1], [True, 1], [2, 1.0], "ab", None]
+)
 def test_a_malformed_history_segment_is_refused(data: str, valid: dict[str, Any], segment: Any) -> None:
     refused(data, {**valid, "history": [[1, 1], segment]}, r"history\[1\]")
 
 
 @pytest.mark.parametrize("consumed", [10**9, 7])
-def test_a_history_segment_beyond_its_plan_is_refused(data: str, valid: dict[str, Any], consumed: int) -> None:
+def test_a_history_segment_beyond_its_plan_is_refused(
+    data: str, valid: dict[str, Any], consumed: int
+) -> None:
     refused(data, {**valid, "history": [[2, consumed]]}, "history")
 
 

@@ -16,9 +16,19 @@ from shardio.shards.index import Index
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("text", "size"), [("256MB", 256_000_000), ("1.5GiB", 3 * 2**29), ("4096", 4096),
-                                            ("10 kb", 10_000), ("2MiB", 2 * 2**20), ("1GB", 10**9),
-                                            ("7B", 7), ("3KiB", 3072)])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("256MB", 256_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("4096", 4096),
+        ("10 kb", 10_000),
+        ("2MiB", 2 * 2**20),
+        ("1GB", 10**9),
+        ("7B", 7),
+        ("3KiB", 3072),
+    ],
+)
 def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size
 
@@ -29,10 +39,30 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text)
 
 
-def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_inspect_verify_index(
+    mixed_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
-    assert main(["pack", str(mixed_corpus), str(out), "--shard-size", "20KB", "--compression", "zstd",
-                 "--zstd-level", "5", "--no-progress", "--shuffle", "--seed", "3"]) == 0
+    assert (
+        main(
+            [
+                "pack",
+                str(mixed_corpus),
+                str(out),
+                "--shard-size",
+                "20KB",
+                "--compression",
+                "zstd",
+                "--zstd-level",
+                "5",
+                "--no-progress",
+                "--shuffle",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("packed 5 samples (0.001 h) into ") and "MB/s" in printed
     assert len(Index.load(out).shards) > 1
@@ -61,19 +91,44 @@ def test_pack_inspect_verify_index(mixed_corpus: Path, tmp_path: Path, capsys: p
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "mistyped")]) == 2  # a usage error, not a damaged dataset (exit 1)
     assert capsys.readouterr().err.strip().endswith("mistyped: no such dataset directory or index file")
-    assert main(["verify", "--allow-outside-root", str(tmp_path / "idx" / "index.json")]) == 0  # its index.json
+    assert (
+        main(["verify", "--allow-outside-root", str(tmp_path / "idx" / "index.json")]) == 0
+    )  # its index.json
 
 
-def test_pack_options_reach_pack(wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["pack", str(wav_corpus), str(tmp_path / "o"), "--samples-per-shard", "20", "--transcode", "wav",
-                 "--prefix", "train", "--kind", "folder", "--require-text", "--no-progress", "-j", "1"]) == 0
+def test_pack_options_reach_pack(
+    wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "pack",
+                str(wav_corpus),
+                str(tmp_path / "o"),
+                "--samples-per-shard",
+                "20",
+                "--transcode",
+                "wav",
+                "--prefix",
+                "train",
+                "--kind",
+                "folder",
+                "--require-text",
+                "--no-progress",
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     index = Index.load(tmp_path / "o")
     assert [s.name for s in index.shards] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
     assert index.formats == ["wav"]
 
 
-def test_errors_exit_2_with_the_message(mixed_corpus: Path, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_exit_2_with_the_message(
+    mixed_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (mixed_corpus / "broken.wav").write_bytes(b"junk")
     assert main(["pack", str(mixed_corpus), str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -91,11 +146,26 @@ def test_errors_exit_2_with_the_message(mixed_corpus: Path, tmp_path: Path,
         main(["pack", str(mixed_corpus)])
     assert usage.value.code == 2
     error = capsys.readouterr().err  # one line, as every error (argparse would print its usage block first)
-    assert error == "shardio pack: error: the following arguments are required: out_dir (see 'shardio pack --help')\n"
+    assert (
+        error
+        == "shardio pack: error: the following arguments are required: out_dir (see 'shardio pack --help')\n"
+    )
 
 
 def test_module_entry_point_exit_code(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "shardio.cli", "pack", str(tmp_path / "absent"),
-                             str(tmp_path / "o"), "--no-progress"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardio.cli",
+            "pack",
+            str(tmp_path / "absent"),
+            str(tmp_path / "o"),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert "no such corpus file or directory" in result.stderr and "Traceback" not in result.stderr

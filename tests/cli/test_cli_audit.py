@@ -23,17 +23,28 @@ REPO = Path(__file__).resolve().parents[2]
 def dataset(wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     """A small packed dataset (48 samples, 3 shards)."""
     out = tmp_path / "data"
-    assert main(["pack", str(wav_corpus), str(out), "--samples-per-shard", "16", "--no-progress",
-                 "-j", "1"]) == 0
+    assert (
+        main(["pack", str(wav_corpus), str(out), "--samples-per-shard", "16", "--no-progress", "-j", "1"])
+        == 0
+    )
     capsys.readouterr()
     return out
 
 
-@pytest.mark.parametrize("argv", [["pack", "", "OUT"], ["pack", "IN", ""], ["inspect", ""], ["verify", ""],
-                                  ["index", "IN", "--out", ""],
-                                  ["trace", "", "--state", "s.json", "--step", "0"],
-                                  ["quarantine", "IN", "--state", "s.json", "--key", "k", "--out", ""],
-                                  ["bench", "--out-dir", ""], ["demo", ""]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pack", "", "OUT"],
+        ["pack", "IN", ""],
+        ["inspect", ""],
+        ["verify", ""],
+        ["index", "IN", "--out", ""],
+        ["trace", "", "--state", "s.json", "--step", "0"],
+        ["quarantine", "IN", "--state", "s.json", "--key", "k", "--out", ""],
+        ["bench", "--out-dir", ""],
+        ["demo", ""],
+    ],
+)
 def test_an_empty_path_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """An empty path (an unset shell variable) would mean the current directory: `pack ""` packed it all."""
     with pytest.raises(SystemExit) as usage:
@@ -73,22 +84,26 @@ def test_pack_file_names_that_are_not_utf8(tmp_path: Path, capsys: pytest.Captur
     assert sorted(Index.load(tmp_path / "r").keys[:]) == ["caf_", "d_/x", "ok"]
 
 
-def test_index_refuses_a_shard_given_twice(dataset: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_refuses_a_shard_given_twice(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The same shard twice would index every one of its samples twice (read twice an epoch)."""
     shard = str(sorted(dataset.glob("*.tar"))[0])
     os.symlink(shard, tmp_path / "again.tar")
     for again in (shard, str(tmp_path / "again.tar")):
         assert main(["index", shard, again, "--out", str(tmp_path / "idx"), "--no-progress"]) == 2
         assert "given twice" in capsys.readouterr().err
-    assert main(["index", shard, str(tmp_path / "absent.tar"), "--out", str(tmp_path / "idx"),
-                 "--no-progress"]) == 2
+    assert (
+        main(["index", shard, str(tmp_path / "absent.tar"), "--out", str(tmp_path / "idx"), "--no-progress"])
+        == 2
+    )
     assert "absent.tar: no such shard file" in capsys.readouterr().err
     assert not (tmp_path / "idx").exists()  # every shard is checked before anything is written
 
 
-def test_index_upgrade_refuses_options_it_would_ignore(dataset: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_upgrade_refuses_options_it_would_ignore(
+    dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for extra in (["--out", "elsewhere"], ["--overwrite"], ["--nemo-manifest", "m.json"]):
         assert main(["index", "--upgrade", str(dataset), *extra]) == 2
         assert f"not with {extra[0]}" in capsys.readouterr().err
@@ -105,8 +120,11 @@ def test_a_file_is_not_a_dataset(dataset: Path, capsys: pytest.CaptureFixture[st
 
 def test_cache_options(capsys: pytest.CaptureFixture[str]) -> None:
     """Negative or NaN limits (--max-bytes -5 would evict everything) and options --prune alone uses."""
-    for argv in (["--prune", "--max-bytes", "-5"], ["--prune", "--stale", "nan"],
-                 ["--prune", "--unused-days", "-1"]):
+    for argv in (
+        ["--prune", "--max-bytes", "-5"],
+        ["--prune", "--stale", "nan"],
+        ["--prune", "--unused-days", "-1"],
+    ):
         with pytest.raises(SystemExit) as usage:
             main(["cache", *argv])
         assert usage.value.code == 2
@@ -142,8 +160,13 @@ def test_output_into_a_closed_pipe_is_quiet(dataset: Path) -> None:
     says."""
     env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     for unbuffered in ({}, {"PYTHONUNBUFFERED": "1"}):
-        child = subprocess.Popen([sys.executable, "-m", "shardio.cli", "inspect", str(dataset)], cwd=REPO,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, **unbuffered})
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardio.cli", "inspect", str(dataset)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**env, **unbuffered},
+        )
         assert child.stdout is not None and child.stderr is not None
         child.stdout.close()
         err = child.stderr.read().decode()
@@ -152,8 +175,18 @@ def test_output_into_a_closed_pipe_is_quiet(dataset: Path) -> None:
 
 
 def test_every_subcommand_has_a_help(capsys: pytest.CaptureFixture[str]) -> None:
-    commands = ["pack", "inspect", "verify", "index", "demo", "bench", "trace", "quarantine", "remix",
-                "cache"]
+    commands = [
+        "pack",
+        "inspect",
+        "verify",
+        "index",
+        "demo",
+        "bench",
+        "trace",
+        "quarantine",
+        "remix",
+        "cache",
+    ]
     for command in commands:
         with pytest.raises(SystemExit) as done:
             main([command, "--help"])
@@ -170,14 +203,17 @@ def test_json_line_round_trips_surrogates() -> None:
     assert _json_line({"source": "é"}) == '{"source": "é"}\n'
 
 
-def test_pack_options_that_would_crash_or_be_ignored(wav_corpus: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_options_that_would_crash_or_be_ignored(
+    wav_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--seed -1 was numpy's traceback; --zstd-level without zstd and --address without Ray were ignored."""
     with pytest.raises(SystemExit) as usage:
         main(["pack", str(wav_corpus), str(tmp_path / "o"), "--shuffle", "--seed", "-1"])
     assert usage.value.code == 2 and "--seed: '-1' is not a whole number >= 0" in capsys.readouterr().err
-    for extra, expected in ((["--zstd-level", "9"], "needs --compression zstd"),
-                            (["--address", "auto"], "--engine ray")):
+    for extra, expected in (
+        (["--zstd-level", "9"], "needs --compression zstd"),
+        (["--address", "auto"], "--engine ray"),
+    ):
         assert main(["pack", str(wav_corpus), str(tmp_path / "o"), "--no-progress", *extra]) == 2
         assert expected in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -26,7 +26,9 @@ def _identity(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any
 
 def test_in_place_decoding_gives_the_same_batches_as_copying(dataset_dir: Path) -> None:
     fast = list(ShardDataset(dataset_dir, max_duration=2.0, seed=1))
-    copied = list(ShardDataset(dataset_dir, max_duration=2.0, seed=1, transform=_identity))  # no in-place path
+    copied = list(
+        ShardDataset(dataset_dir, max_duration=2.0, seed=1, transform=_identity)
+    )  # no in-place path
     assert len(fast) == len(copied) > 3
     for a, b in zip(fast, copied):
         assert a["keys"] == b["keys"]
@@ -62,8 +64,9 @@ def test_unbatched_samples_and_options(dataset_dir: Path) -> None:
         ShardDataset(dataset_dir, on_error="ignore")
 
 
-def test_a_dataset_of_several_sample_rates_warns_unless_resampled(tmp_path: Path,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dataset_of_several_sample_rates_warns_unless_resampled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from audio_factory import write_tone
 
     from shardio.packing.pack import pack
@@ -86,6 +89,10 @@ def test_a_dataset_of_several_sample_rates_warns_unless_resampled(tmp_path: Path
 
     make_uneven_dataset(tmp_path / "two", (2,), sample_rate=16000)
     with caplog.at_level("WARNING", logger="shardio"):  # corpora of different rates in a mix
-        MixedDataset({"one": tmp_path / "one", "two": tmp_path / "two"}, {"one": 1, "two": 1}, EpochSize(primary="one"),
-                     batch_size=2)
+        MixedDataset(
+            {"one": tmp_path / "one", "two": tmp_path / "two"},
+            {"one": 1, "two": 1},
+            EpochSize(primary="one"),
+            batch_size=2,
+        )
     assert "samples at 8000 Hz (3), 16000 Hz (2)" in caplog.text

@@ -45,30 +45,63 @@ def planned(data: Path, world_size: int) -> list[list[list[str]]]:
     return planned_keys(data, world_size, EPOCHS, batch_size=BATCH, seed=5, shuffle_shards=2)
 
 
-def run_job(data: Path, out: Path, *, processes: int = 2, expect_kill: bool = False,
-            **options: Any) -> list[list[dict[str, Any]]]:
+def run_job(
+    data: Path, out: Path, *, processes: int = 2, expect_kill: bool = False, **options: Any
+) -> list[list[dict[str, Any]]]:
     """Run the job under ``accelerate launch`` to its end (or its SIGKILL); every rank's trained batches."""
     out.mkdir(parents=True)
-    config = {"data": str(data), "batch_size": BATCH, "workers": 0, "persistent": False, "max_epochs": EPOCHS,
-              "every_n_steps": 3, "out": str(out), "ckpt_dir": str(out / "ckpt"), **options}
+    config = {
+        "data": str(data),
+        "batch_size": BATCH,
+        "workers": 0,
+        "persistent": False,
+        "max_epochs": EPOCHS,
+        "every_n_steps": 3,
+        "out": str(out),
+        "ckpt_dir": str(out / "ckpt"),
+        **options,
+    }
     (out / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
-           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-               str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), str(JOB), str(out / "config.json")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(JOB),
+        str(out / "config.json"),
+    ]
     output, returncode = run_in_session(command, env=env, cwd=out, limit=280)  # under pytest-timeout's 300 s
     assert (returncode != 0) == expect_kill, output[-4000:]
     if expect_kill:
         assert "SIGKILL" in output or options.get("prepare"), output[-4000:]
     (out / "output.txt").write_text(output)
-    return [[json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
-            for rank in range(processes)]
+    return [
+        [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+        for rank in range(processes)
+    ]
 
 
 def last_checkpoint(out: Path) -> tuple[Path, int]:
-    return max(((path, int(path.name.split("-")[1])) for path in (out / "ckpt").glob("step-*")),
-               key=lambda found: found[1])
+    return max(
+        ((path, int(path.name.split("-")[1])) for path in (out / "ckpt").glob("step-*")),
+        key=lambda found: found[1],
+    )
 
 
 def keys(records: list[dict[str, Any]]) -> list[list[str]]:
@@ -99,7 +132,9 @@ def test_resume_mid_epoch_two_processes_with_the_shard_loader(data: Path, tmp_pa
 @pytest.mark.parametrize("loader", ["plain", "shardio"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("kill_at", [4, 5, 8])  # resumed at step 3, the epoch end (5), 6
-def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, kill_at: int) -> None:
+def test_resume_matrix(
+    data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, kill_at: int
+) -> None:
     check_resume(data, tmp_path, kill_at=kill_at, workers=workers, persistent=persistent, loader=loader)
 
 
@@ -112,13 +147,15 @@ def test_resume_on_three_processes(data: Path, tmp_path: Path) -> None:
     assert step == 3
     resumed = run_job(data, tmp_path / "resumed", processes=3, resume_from=str(checkpoint))
     consumed = {key for batches in plan for batch in batches[:step] for key in batch}
-    rest = Counter(key for records in resumed for record in records if record["epoch"] == 0
-                   for key in record["keys"])
+    rest = Counter(
+        key for records in resumed for record in records if record["epoch"] == 0 for key in record["keys"]
+    )
     everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
     assert set(rest) == everything - consumed
     assert sum(rest.values()) - len(rest) < 3 * BATCH
-    assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == \
-        [batches[len(batches) // EPOCHS:] for batches in planned(data, 3)]
+    assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == [
+        batches[len(batches) // EPOCHS :] for batches in planned(data, 3)
+    ]
 
 
 @pytest.mark.matrix

@@ -21,9 +21,12 @@ pytest.importorskip("pyarrow")
 def build(paths: list[Path], root: Path) -> None:
     """Write the Hugging Face datasets the tests pack: a saved dataset, Parquet shards, paths, a bad row."""
     datasets = pytest.importorskip("datasets")
-    rows = {"audio": [{"bytes": p.read_bytes(), "path": p.name} for p in paths],
-            "sentence": [f"words {i}" for i in range(len(paths))], "speaker": [i % 3 for i in range(len(paths))],
-            "id": [f"utt-{i:03d}" for i in range(len(paths))]}
+    rows = {
+        "audio": [{"bytes": p.read_bytes(), "path": p.name} for p in paths],
+        "sentence": [f"words {i}" for i in range(len(paths))],
+        "speaker": [i % 3 for i in range(len(paths))],
+        "id": [f"utt-{i:03d}" for i in range(len(paths))],
+    }
     table = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
     table.save_to_disk(str(root / "saved"))
     (root / "pq").mkdir()
@@ -31,9 +34,12 @@ def build(paths: list[Path], root: Path) -> None:
     table.select(range(7, len(paths))).to_parquet(str(root / "pq" / "train-00001.parquet"), batch_size=3)
     by_path = {"audio": [str(p) for p in paths[:3]], "text": ["a", "b", "c"]}
     datasets.Dataset.from_dict(by_path).cast_column("audio", datasets.Audio()).to_parquet(
-        str(root / "paths.parquet"))
+        str(root / "paths.parquet")
+    )
     bad = {"audio": [{"bytes": b"RIFF....WAVEnot audio", "path": "bad.wav"}], "text": ["x"]}
-    datasets.Dataset.from_dict(bad).cast_column("audio", datasets.Audio()).to_parquet(str(root / "bad.parquet"))
+    datasets.Dataset.from_dict(bad).cast_column("audio", datasets.Audio()).to_parquet(
+        str(root / "bad.parquet")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,9 @@ def test_parquet_files_pack_alike_whatever_the_engine(audio: list[Path], hf: Pat
     assert {p.name: p.read_bytes() for p in one.iterdir()} == {p.name: p.read_bytes() for p in two.iterdir()}
 
 
-def test_paths_without_bytes_name_files_and_bad_rows_are_listed(audio: list[Path], hf: Path, tmp_path: Path) -> None:
+def test_paths_without_bytes_name_files_and_bad_rows_are_listed(
+    audio: list[Path], hf: Path, tmp_path: Path
+) -> None:
     sources = list(read_corpus(hf / "paths.parquet"))
     assert [s.audio_path for s in sources] == [str(p) for p in audio[:3]] and not sources[0].member
     with pytest.raises(InputError, match=r"bad\.parquet:audio/0/audio\.wav"):

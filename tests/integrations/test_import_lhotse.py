@@ -41,17 +41,22 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], Path]:
     audio = make_folder_corpus(tmp_path_factory.mktemp("audio"), 7, subdirs=1, sample_rate=8000, seed=4)
     root = tmp_path_factory.mktemp("lhotse")
     (root / "shar").mkdir()
-    result = subprocess.run([sys.executable, "-c", BUILD, json.dumps([str(p) for p in audio]), str(root)],
-                            cwd=root, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD, json.dumps([str(p) for p in audio]), str(root)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if "No module named 'lhotse'" in result.stderr:
         pytest.skip("the lhotse package is not installed")
     assert result.returncode == 0, result.stderr[-2000:]
     return audio, root
 
 
-
-
-def test_cutset_whole_cuts_keep_their_bytes_and_a_part_is_cut(corpus: tuple[list[Path], Path], tmp_path: Path) -> None:
+def test_cutset_whole_cuts_keep_their_bytes_and_a_part_is_cut(
+    corpus: tuple[list[Path], Path], tmp_path: Path
+) -> None:
     audio, root = corpus
     assert detect_kind(root / "cuts.jsonl.gz") == "lhotse"
     pack(root / "cuts.jsonl.gz", tmp_path / "out", progress=False)
@@ -66,7 +71,9 @@ def test_cutset_whole_cuts_keep_their_bytes_and_a_part_is_cut(corpus: tuple[list
     assert json.loads(found["part.json"])["offset"] == 0.05
 
 
-def test_shar_members_are_copied_and_partitions_agree(corpus: tuple[list[Path], Path], tmp_path: Path) -> None:
+def test_shar_members_are_copied_and_partitions_agree(
+    corpus: tuple[list[Path], Path], tmp_path: Path
+) -> None:
     audio, root = corpus
     assert detect_kind(root / "shar") == "lhotse"
     stored = {}
@@ -78,7 +85,9 @@ def test_shar_members_are_copied_and_partitions_agree(corpus: tuple[list[Path], 
                     stored[info.name] = handle.read()
     one, two = tmp_path / "one", tmp_path / "two"
     summary = pack_partitioned(root / "shar", one, partition_bytes=8_000, samples_per_shard=2, progress=False)
-    pack_partitioned(root / "shar", two, workers=2, partition_bytes=8_000, samples_per_shard=2, progress=False)
+    pack_partitioned(
+        root / "shar", two, workers=2, partition_bytes=8_000, samples_per_shard=2, progress=False
+    )
     assert summary.samples == len(audio) + 1
     found = tar_members(one)
     assert {name: found[name] for name in stored} == stored

@@ -20,7 +20,7 @@ def write_tarred(root: Path, audio: list[Path]) -> Path:
     """A tarred dataset laid out as NeMo's convert_to_tarred_audio_dataset writes it: two shards, the last
     file listed twice in shard 1 (stored once, the repeat named ``-sub1`` in the manifest)."""
     entries = []
-    halves = [audio[: len(audio) // 2], audio[len(audio) // 2:]]
+    halves = [audio[: len(audio) // 2], audio[len(audio) // 2 :]]
     for shard, files in enumerate(halves):
         with tarfile.open(root / f"audio_{shard}.tar", "w") as archive:
             for path in files:
@@ -28,16 +28,26 @@ def write_tarred(root: Path, audio: list[Path]) -> Path:
                 data = path.read_bytes()
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
-                entries.append({"audio_filepath": path.name, "duration": 0.5, "text": f"text of {path.stem}",
-                                "shard_id": shard})
+                entries.append(
+                    {
+                        "audio_filepath": path.name,
+                        "duration": 0.5,
+                        "text": f"text of {path.stem}",
+                        "shard_id": shard,
+                    }
+                )
     last = halves[1][-1]
-    entries.append({"audio_filepath": f"{last.stem}-sub1{last.suffix}", "duration": 0.5, "text": "a second text",
-                    "shard_id": 1})
+    entries.append(
+        {
+            "audio_filepath": f"{last.stem}-sub1{last.suffix}",
+            "duration": 0.5,
+            "text": "a second text",
+            "shard_id": 1,
+        }
+    )
     manifest = root / "tarred_audio_manifest.json"
     manifest.write_text("".join(json.dumps(e) + "\n" for e in entries))
     return manifest
-
-
 
 
 def test_tarred_manifest_joins_members_and_sub_repeats(tmp_path: Path) -> None:
@@ -77,5 +87,7 @@ def test_members_and_tars_no_manifest_line_names_are_counted_as_left_out(tmp_pat
         archive.addfile(info, io.BytesIO(audio[1].read_bytes()))
     summary = pack(manifest, tmp_path / "out", progress=False)
     assert summary.samples == len(kept)
-    assert summary.left_out == {"NeMo tar members no manifest line reads": 1,
-                                "NeMo audio_*.tar files no manifest line names": 1}
+    assert summary.left_out == {
+        "NeMo tar members no manifest line reads": 1,
+        "NeMo audio_*.tar files no manifest line names": 1,
+    }

@@ -23,23 +23,33 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_shardio_imports_no_trainer() -> None:
     trainers = ("lightning", "pytorch_lightning", "accelerate", "transformers", "torchdata.nodes")
-    done = _python(f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])")
+    done = _python(
+        f"import sys, shardio, shardio.integrations\nprint([m for m in {trainers} if m in sys.modules])"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
 def test_a_missing_extra_is_named() -> None:
-    hidden = ("lightning", "lightning.pytorch", "pytorch_lightning", "accelerate", "transformers",
-              "torchdata.nodes")
-    code = "\n".join([
-        "import sys",
-        *(f"sys.modules[{name!r}] = None" for name in hidden),  # None: importing it raises ImportError
-        "for module in ('lightning', 'accelerate', 'transformers', 'torchdata'):",
-        "    try:",
-        "        __import__(f'shardio.integrations.{module}')",
-        "    except ImportError as exc:",
-        "        print(exc)",
-    ])
+    hidden = (
+        "lightning",
+        "lightning.pytorch",
+        "pytorch_lightning",
+        "accelerate",
+        "transformers",
+        "torchdata.nodes",
+    )
+    code = "\n".join(
+        [
+            "import sys",
+            *(f"sys.modules[{name!r}] = None" for name in hidden),  # None: importing it raises ImportError
+            "for module in ('lightning', 'accelerate', 'transformers', 'torchdata'):",
+            "    try:",
+            "        __import__(f'shardio.integrations.{module}')",
+            "    except ImportError as exc:",
+            "        print(exc)",
+        ]
+    )
     done = _python(code)
     assert done.returncode == 0, done.stderr
     assert "pip install 'shardio[lightning]'" in done.stdout
@@ -95,7 +105,8 @@ def test_accelerate_skip_first_batches_after_a_resume_is_refused(data: Path) -> 
     resumed = LoaderProgress(ShardDataset(data, batch_size=2, seed=1))
     resumed.load_state_dict(progress.state_dict())
     skipping = accelerate.Accelerator(cpu=True).skip_first_batches(
-        DataLoader(resumed.dataset, batch_size=None, num_workers=2), 3)
+        DataLoader(resumed.dataset, batch_size=None, num_workers=2), 3
+    )
     batch = next(iter(skipping))
     assert batch["batch_index"] == 6
     with pytest.raises(StateError, match="after batch 2: batches 3 to 5 were skipped .skip_first_batches"):
@@ -176,16 +187,18 @@ def test_the_transformers_trainer_takes_a_shard_dataset(tmp_path: Path) -> None:
         _Tiny.trainer(tmp_path, [1, 2, 3])
 
 
-def test_the_transformers_trainer_refuses_a_dataset_planned_for_other_ranks(data: Path,
-                                                                           tmp_path: Path) -> None:
+def test_the_transformers_trainer_refuses_a_dataset_planned_for_other_ranks(
+    data: Path, tmp_path: Path
+) -> None:
     pytest.importorskip("transformers")
     trainer = _Tiny.trainer(tmp_path, ShardDataset(data, batch_size=2, world=World(1, 2)))
     with pytest.raises(OptionError, match="rank 1 of 2"):
         trainer.get_train_dataloader()  # type: ignore[attr-defined]
 
 
-def test_the_transformers_trainer_refuses_a_checkpoint_without_a_loader_state(data: Path,
-                                                                             tmp_path: Path) -> None:
+def test_the_transformers_trainer_refuses_a_checkpoint_without_a_loader_state(
+    data: Path, tmp_path: Path
+) -> None:
     """A plain Trainer's checkpoint says nothing of the loader: resuming would restart (or skip) batches."""
     pytest.importorskip("transformers")
     from transformers import TrainerState

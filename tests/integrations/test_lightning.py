@@ -40,31 +40,55 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def planned(data: Path, world_size: int, epochs: int = EPOCHS, **sizes: Any) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
-    return planned_keys(data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH}))
+    return planned_keys(
+        data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH})
+    )
 
 
-def run_job(data: Path, out: Path, *, devices: int, expect_kill: bool = False,
-            **options: Any) -> list[list[dict[str, Any]]]:
+def run_job(
+    data: Path, out: Path, *, devices: int, expect_kill: bool = False, **options: Any
+) -> list[list[dict[str, Any]]]:
     """Run the job to its end (or its SIGKILL); every rank's trained batches."""
     out.mkdir(parents=True)
-    config = {"data": str(data), "batch_size": BATCH, "workers": 0, "persistent": False, "loader": "plain",
-              "callback": "shardio", "devices": devices, "max_epochs": EPOCHS, "every_n_steps": 3,
-              "out": str(out), "ckpt_dir": str(out / "ckpt"), **options}
+    config = {
+        "data": str(data),
+        "batch_size": BATCH,
+        "workers": 0,
+        "persistent": False,
+        "loader": "plain",
+        "callback": "shardio",
+        "devices": devices,
+        "max_epochs": EPOCHS,
+        "every_n_steps": 3,
+        "out": str(out),
+        "ckpt_dir": str(out / "ckpt"),
+        **options,
+    }
     (out / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PYTHONWARNINGS": "ignore",
+    }
     # under pytest-timeout's 300 s, to say what hung
-    output, returncode = run_in_session([sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out,
-                                        limit=240)
+    output, returncode = run_in_session(
+        [sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out, limit=240
+    )
     assert returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
-    return [[json.loads(line) for line in path.read_text().splitlines()]
-            for path in sorted(out.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))]
+    return [
+        [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(out.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
+    ]
 
 
 def last_checkpoint(out: Path) -> tuple[Path, int]:
     """The checkpoint with the highest step (an epoch-end one where both were written at that step)."""
-    found = [(int(path.stem.rsplit("step=", 1)[1]), path.stem.startswith("end"), path)
-             for path in (out / "ckpt").glob("*.ckpt")]
+    found = [
+        (int(path.stem.rsplit("step=", 1)[1]), path.stem.startswith("end"), path)
+        for path in (out / "ckpt").glob("*.ckpt")
+    ]
     step, _, path = max(found)
     return path, step
 
@@ -76,12 +100,14 @@ def keys(records: list[dict[str, Any]]) -> list[list[str]]:
 def check_resume(data: Path, tmp_path: Path, *, devices: int, kill_at: int, **options: Any) -> int:
     """Kill a run at step ``kill_at``, resume it from its last checkpoint, compare with the plan; the step."""
     plan = planned(data, devices)
-    killed = run_job(data, tmp_path / "killed", devices=devices, kill_at_step=kill_at, expect_kill=True,
-                     **options)
+    killed = run_job(
+        data, tmp_path / "killed", devices=devices, kill_at_step=kill_at, expect_kill=True, **options
+    )
     assert [keys(records) for records in killed] == [batches[:kill_at] for batches in plan]
     if "max_duration" not in options:  # fixed batch sizes: every epoch has the first one's length
-        estimates = [json.loads((tmp_path / "killed" / f"estimate{rank}.json").read_text())
-                     for rank in range(devices)]
+        estimates = [
+            json.loads((tmp_path / "killed" / f"estimate{rank}.json").read_text()) for rank in range(devices)
+        ]
         assert [e["estimated_stepping_batches"] for e in estimates] == [len(batches) for batches in plan]
     checkpoint, step = last_checkpoint(tmp_path / "killed")
     assert 0 < step <= kill_at
@@ -98,7 +124,9 @@ def test_resume_mid_epoch_with_workers(data: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_resume_mid_epoch_with_the_shard_loader_on_two_ranks(data: Path, tmp_path: Path) -> None:
     # 5 steps an epoch on 2 ranks, each iterating a ShardLoader with 2 workers: killed at 8, resumed at 6.
-    assert check_resume(data, tmp_path, devices=2, kill_at=8, workers=2, persistent=True, loader="shardio") == 6
+    assert (
+        check_resume(data, tmp_path, devices=2, kill_at=8, workers=2, persistent=True, loader="shardio") == 6
+    )
 
 
 @pytest.mark.slow
@@ -116,16 +144,24 @@ def test_resume_from_a_checkpoint_at_a_mid_epoch_validation(data: Path, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp_spawn", pytest.param("ddp_fork", marks=pytest.mark.matrix)])
-def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(data: Path, tmp_path: Path,
-                                                                       strategy: str) -> None:
+def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(
+    data: Path, tmp_path: Path, strategy: str
+) -> None:
     """The module builds the dataset in the launcher; ``ddp_spawn`` pickles it to each rank (``ddp_fork``
     forks them), each iterating 2 workers: every rank trains its own plan, and resumes it from a checkpoint."""
     plan = planned(data, 2)
     run = run_job(data, tmp_path / "run", devices=2, strategy=strategy, prebuilt=True, workers=2)
     assert [keys(records) for records in run] == plan
     checkpoint = next((tmp_path / "run" / "ckpt").glob("mid-epoch=0-step=3*.ckpt"))
-    resumed = run_job(data, tmp_path / "resumed", devices=2, strategy=strategy, prebuilt=True, workers=2,
-                      ckpt_path=str(checkpoint))
+    resumed = run_job(
+        data,
+        tmp_path / "resumed",
+        devices=2,
+        strategy=strategy,
+        prebuilt=True,
+        workers=2,
+        ckpt_path=str(checkpoint),
+    )
     assert [keys(records) for records in resumed] == [batches[3:] for batches in plan]
 
 
@@ -137,8 +173,15 @@ def test_epochs_of_different_lengths_are_trained_whole(data: Path, tmp_path: Pat
     whole = planned(data, 1, epochs=3, max_duration=1.2)[0]
     plan = [whole[:9], whole[9:18], whole[18:]]
     assert len(whole) == 28 and planned(data, 1, epochs=2, max_duration=1.2)[0] == whole[:18]
-    trained = run_job(data, tmp_path / "run", devices=1, max_duration=1.2, max_epochs=3, every_n_steps=100,
-                      limit_train_batches=limit)
+    trained = run_job(
+        data,
+        tmp_path / "run",
+        devices=1,
+        max_duration=1.2,
+        max_epochs=3,
+        every_n_steps=100,
+        limit_train_batches=limit,
+    )
     cut = int(limit) if isinstance(limit, int) else None
     assert keys(trained[0]) == [batch for epoch in plan for batch in epoch[:cut]]
 
@@ -150,11 +193,16 @@ def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
     ``on_train_start``, before the first batch, it may or may not reach workers still starting up: only
     ``ShardioCallback.attach`` in ``train_dataloader()`` is on time in every configuration.)"""
     plan = planned(data, 1)[0]
-    run_job(data, tmp_path / "killed", devices=1, callback="naive", workers=2, kill_at_step=5, expect_kill=True)
+    run_job(
+        data, tmp_path / "killed", devices=1, callback="naive", workers=2, kill_at_step=5, expect_kill=True
+    )
     checkpoint, step = last_checkpoint(tmp_path / "killed")
     assert step == 3
-    resumed = keys(run_job(data, tmp_path / "resumed", devices=1, callback="naive", workers=2,
-                           ckpt_path=str(checkpoint))[0])
+    resumed = keys(
+        run_job(
+            data, tmp_path / "resumed", devices=1, callback="naive", workers=2, ckpt_path=str(checkpoint)
+        )[0]
+    )
     assert resumed[: 9 - step] == plan[: 9 - step]  # epoch 0 again from its first batch, cut at Lightning's
     assert resumed != plan[step:]
 
@@ -163,10 +211,18 @@ def test_naive_callback_restarts_the_epoch(data: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("loader", ["plain", "stateful", "shardio"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("devices,kill_at", [(1, 7), (1, 10), (2, 8), (3, 5)])
-def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, devices: int,
-                       kill_at: int) -> None:
-    check_resume(data, tmp_path, devices=devices, kill_at=kill_at, workers=workers, persistent=persistent,
-                 loader=loader)
+def test_resume_matrix(
+    data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, devices: int, kill_at: int
+) -> None:
+    check_resume(
+        data,
+        tmp_path,
+        devices=devices,
+        kill_at=kill_at,
+        workers=workers,
+        persistent=persistent,
+        loader=loader,
+    )
 
 
 @pytest.mark.slow
@@ -179,12 +235,21 @@ def test_reloaded_dataloaders_train_every_epoch_with_workers(data: Path, tmp_pat
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize("loader,persistent", [("plain", True), ("stateful", False), ("stateful", True),
-                                               ("shardio", True)])
+@pytest.mark.parametrize(
+    "loader,persistent", [("plain", True), ("stateful", False), ("stateful", True), ("shardio", True)]
+)
 def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, persistent: bool) -> None:
     plan = planned(data, 1, epochs=3)[0]
-    trained = run_job(data, tmp_path / "run", devices=1, workers=2, reload=1, max_epochs=3, loader=loader,
-                      persistent=persistent)
+    trained = run_job(
+        data,
+        tmp_path / "run",
+        devices=1,
+        workers=2,
+        reload=1,
+        max_epochs=3,
+        loader=loader,
+        persistent=persistent,
+    )
     assert keys(trained[0]) == plan
 
 
@@ -193,47 +258,85 @@ def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, pe
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("loader,workers", [("plain", 0), ("stateful", 2)])
-def test_without_the_callback_a_fresh_run_trains_each_epochs_plan(data: Path, tmp_path: Path, loader: str,
-                                                                  workers: int) -> None:
+def test_without_the_callback_a_fresh_run_trains_each_epochs_plan(
+    data: Path, tmp_path: Path, loader: str, workers: int
+) -> None:
     """Lightning calls ``iter()`` once per epoch (without reloads), and each iteration without ``set_epoch``
     plays the next epoch: epoch e trains epoch e's plan."""
-    trained = run_job(data, tmp_path / "run", devices=1, callback="none", loader=loader, workers=workers,
-                      max_epochs=3)
+    trained = run_job(
+        data, tmp_path / "run", devices=1, callback="none", loader=loader, workers=workers, max_epochs=3
+    )
     assert keys(trained[0]) == planned(data, 1, epochs=3)[0]
 
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("loader,kill_at,step,rest", [("plain", 13, 12, 6), ("stateful", 10, 9, 9)])
 def test_without_the_callback_a_resumed_run_restarts_the_dataset_at_epoch_0(
-        data: Path, tmp_path: Path, loader: str, kill_at: int, step: int, rest: int) -> None:
+    data: Path, tmp_path: Path, loader: str, kill_at: int, step: int, rest: int
+) -> None:
     """The resumed process's dataset starts at epoch 0 while Lightning is in epoch 1: a plain loader saves no
     state (resumed mid-epoch 1 at step 12, Lightning's 6 remaining batches are epoch 0's first 6), and Lightning
     restores a StatefulDataLoader's state only mid-epoch (from the epoch-end checkpoint at step 9, epoch 1
     trains epoch 0's plan); every later epoch trains the plan of one epoch earlier than Lightning's."""
     plan = planned(data, 1, epochs=3)[0]
-    run_job(data, tmp_path / "killed", devices=1, callback="none", loader=loader, workers=2, max_epochs=3,
-            kill_at_step=kill_at, expect_kill=True)
+    run_job(
+        data,
+        tmp_path / "killed",
+        devices=1,
+        callback="none",
+        loader=loader,
+        workers=2,
+        max_epochs=3,
+        kill_at_step=kill_at,
+        expect_kill=True,
+    )
     checkpoint, found = last_checkpoint(tmp_path / "killed")
     assert found == step
-    resumed = run_job(data, tmp_path / "resumed", devices=1, callback="none", loader=loader, workers=2,
-                      max_epochs=3, ckpt_path=str(checkpoint))[0]
+    resumed = run_job(
+        data,
+        tmp_path / "resumed",
+        devices=1,
+        callback="none",
+        loader=loader,
+        workers=2,
+        max_epochs=3,
+        ckpt_path=str(checkpoint),
+    )[0]
     assert [record["epoch"] for record in resumed] == [1] * rest + [2] * 9
     assert keys(resumed) == plan[:rest] + plan[9:18] != plan[step:]
 
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("workers", [0, 2])
-def test_without_the_callback_a_stateful_loader_resumes_mid_epoch_exactly(data: Path, tmp_path: Path,
-                                                                         workers: int) -> None:
+def test_without_the_callback_a_stateful_loader_resumes_mid_epoch_exactly(
+    data: Path, tmp_path: Path, workers: int
+) -> None:
     """Lightning restores a StatefulDataLoader's own state before its first ``iter()``: from a mid-epoch
     checkpoint, the rest of the epoch and the epochs after it are the uninterrupted run's."""
     plan = planned(data, 1, epochs=3)[0]
-    run_job(data, tmp_path / "killed", devices=1, callback="none", loader="stateful", workers=workers,
-            max_epochs=3, kill_at_step=13, expect_kill=True)
+    run_job(
+        data,
+        tmp_path / "killed",
+        devices=1,
+        callback="none",
+        loader="stateful",
+        workers=workers,
+        max_epochs=3,
+        kill_at_step=13,
+        expect_kill=True,
+    )
     checkpoint, step = last_checkpoint(tmp_path / "killed")
     assert step == 12
-    resumed = run_job(data, tmp_path / "resumed", devices=1, callback="none", loader="stateful", workers=workers,
-                      max_epochs=3, ckpt_path=str(checkpoint))
+    resumed = run_job(
+        data,
+        tmp_path / "resumed",
+        devices=1,
+        callback="none",
+        loader="stateful",
+        workers=workers,
+        max_epochs=3,
+        ckpt_path=str(checkpoint),
+    )
     assert keys(resumed[0]) == plan[step:]
 
 
@@ -249,8 +352,9 @@ def test_without_the_callback_reloaded_dataloaders_replay_epoch_0(data: Path, tm
 @pytest.mark.matrix
 @pytest.mark.parametrize("reload", [0, 1])
 @pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
-def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: int, after: int,
-                                          reload: int) -> None:
+def test_resume_on_another_number_of_ranks(
+    data: Path, tmp_path: Path, before: int, after: int, reload: int
+) -> None:
     """Every sample not trained on before the checkpoint is trained on once in the rest of the epoch (and
     the planned padding of the new world's last round); the next epoch is the new world's whole epoch."""
     plan = planned(data, before)
@@ -260,10 +364,12 @@ def test_resume_on_another_number_of_ranks(data: Path, tmp_path: Path, before: i
     assert step == 2  # mid-epoch 0 for both worlds (5 and 3 steps an epoch)
     resumed = run_job(data, tmp_path / "resumed", devices=after, ckpt_path=str(checkpoint), **options)
     consumed = {key for batches in plan for batch in batches[:step] for key in batch}
-    rest = Counter(key for records in resumed for record in records if record["epoch"] == 0
-                   for key in record["keys"])
+    rest = Counter(
+        key for records in resumed for record in records if record["epoch"] == 0 for key in record["keys"]
+    )
     everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
     assert set(rest) == everything - consumed
     assert sum(rest.values()) - len(rest) < after * BATCH  # repeats: the padding of one last round at most
-    assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == \
-        [batches[len(batches) // EPOCHS:] for batches in planned(data, after)]
+    assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == [
+        batches[len(batches) // EPOCHS :] for batches in planned(data, after)
+    ]

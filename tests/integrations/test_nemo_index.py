@@ -56,13 +56,22 @@ def write_tarred(root: Path, count: int = 10, shards: int = 3) -> dict[str, dict
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
-                lines.append({"audio_filepath": name, "duration": 0.5, "text": f"text of {name}", "shard_id": shard})
+                lines.append(
+                    {"audio_filepath": name, "duration": 0.5, "text": f"text of {name}", "shard_id": shard}
+                )
                 expected[name.rsplit(".", 1)[0]] = {"member": name, "text": f"text of {name}"}
         if shard == 1:
             last = lines[-1]["audio_filepath"]
             stem, ext = last.rsplit(".", 1)
-            lines.append({"audio_filepath": f"{stem}-sub1.{ext}", "duration": 0.5, "text": "a second text",
-                          "lang": "en", "shard_id": 1})
+            lines.append(
+                {
+                    "audio_filepath": f"{stem}-sub1.{ext}",
+                    "duration": 0.5,
+                    "text": "a second text",
+                    "lang": "en",
+                    "shard_id": 1,
+                }
+            )
             expected[f"{stem}-sub1"] = {"member": last, "text": "a second text"}
     (root / "tarred_audio_manifest.json").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return expected
@@ -91,7 +100,9 @@ def nemo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
     return root, expected
 
 
-def test_reads_members_with_manifest_text_through_workers(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+def test_reads_members_with_manifest_text_through_workers(
+    nemo: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
     root, expected = nemo
     stored = members(root)
     ds = ShardDataset(root, batch_size=3, seed=1)
@@ -110,7 +121,9 @@ def test_reads_members_with_manifest_text_through_workers(nemo: tuple[Path, dict
     np.testing.assert_array_equal(seen[repeat][0], seen[repeat[: -len("-sub1")]][0])
 
 
-def test_index_keeps_metadata_and_shares_the_repeats_bytes(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+def test_index_keeps_metadata_and_shares_the_repeats_bytes(
+    nemo: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
     root, expected = nemo
     index = Index.load(root)
     assert index.has_metadata and len(index) == len(expected) == 11
@@ -125,7 +138,9 @@ def test_index_keeps_metadata_and_shares_the_repeats_bytes(nemo: tuple[Path, dic
     state = pickle.dumps(index)  # as a spawned worker receives it: the mapped file by reference
     assert len(state) < 4096
     again = pickle.loads(state)
-    assert again.metadata(repeat) == index.metadata(repeat) and again.member_key(repeat) == index.key(original)
+    assert again.metadata(repeat) == index.metadata(repeat) and again.member_key(repeat) == index.key(
+        original
+    )
 
 
 def test_an_index_with_metadata_is_format_3_and_the_version_must_match(tmp_path: Path) -> None:
@@ -168,13 +183,23 @@ def test_a_mix_reads_each_corpus_text(nemo: tuple[Path, dict[str, dict[str, Any]
     # an index without metadata is laid out as before: no 'meta_bytes', no metadata sections
     assert "meta_bytes" not in json.loads((tmp_path / "packed" / "index.json").read_text())
     assert not Index.load(tmp_path / "packed").has_metadata
-    ds = MixedDataset({"nemo": root, "packed": tmp_path / "packed"}, {"nemo": 0.5, "packed": 0.5},
-                      EpochSize(primary="nemo"), batch_size=4)
-    texts = {key: text for batch in DataLoader(ds, batch_size=None, num_workers=1)
-             for key, text in zip(batch["keys"], batch["text"])}
-    assert {key: texts[key] for key in expected if key in texts} == \
-        {key: value["text"] for key, value in expected.items() if key in texts}
-    assert any(key.endswith("-sub1") for key in texts) and all(texts[k] == k for k in texts if k.startswith("s0"))
+    ds = MixedDataset(
+        {"nemo": root, "packed": tmp_path / "packed"},
+        {"nemo": 0.5, "packed": 0.5},
+        EpochSize(primary="nemo"),
+        batch_size=4,
+    )
+    texts = {
+        key: text
+        for batch in DataLoader(ds, batch_size=None, num_workers=1)
+        for key, text in zip(batch["keys"], batch["text"])
+    }
+    assert {key: texts[key] for key in expected if key in texts} == {
+        key: value["text"] for key, value in expected.items() if key in texts
+    }
+    assert any(key.endswith("-sub1") for key in texts) and all(
+        texts[k] == k for k in texts if k.startswith("s0")
+    )
 
 
 def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
@@ -182,23 +207,31 @@ def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, A
     root, expected = nemo
     with HTTPFileServer(str(root)) as server:
         ds = ShardDataset(server.url, batch_size=4, seed=3, ordering=Ordering(shuffle_shards=1))
-        local = {key: (audio, text) for batch in ShardDataset(root, batch_size=4, seed=3, shuffle_shards=1)
-                 for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])}
-        remote = [(key, audio, text) for batch in ds for key, audio, text in zip(batch["keys"], batch["audio"],
-                                                                                  batch["text"])]
+        local = {
+            key: (audio, text)
+            for batch in ShardDataset(root, batch_size=4, seed=3, shuffle_shards=1)
+            for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])
+        }
+        remote = [
+            (key, audio, text)
+            for batch in ds
+            for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])
+        ]
     assert sorted(key for key, _, _ in remote) == sorted(expected)
     for key, audio, text in remote:
         assert text == local[key][1] and bool((audio == local[key][0]).all())
 
 
-def test_export_back_to_nemo_keeps_text_and_repeats(nemo: tuple[Path, dict[str, dict[str, Any]]],
-                                                    tmp_path: Path) -> None:
+def test_export_back_to_nemo_keeps_text_and_repeats(
+    nemo: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path
+) -> None:
     root, expected = nemo
     pattern = export_nemo(root, tmp_path / "manifest.json")
     assert pattern == str(root / "{audio_0.tar,audio_1.tar,audio_2.tar}")
     lines = [json.loads(line) for line in (tmp_path / "manifest.json").read_text().splitlines()]
-    assert {line["audio_filepath"].rsplit(".", 1)[0]: line["text"] for line in lines} == \
-        {key: value["text"] for key, value in expected.items()}
+    assert {line["audio_filepath"].rsplit(".", 1)[0]: line["text"] for line in lines} == {
+        key: value["text"] for key, value in expected.items()
+    }
 
 
 def test_resume_through_the_harness(nemo: tuple[Path, dict[str, dict[str, Any]]]) -> None:
@@ -223,26 +256,46 @@ def _extra_member(root: Path) -> None:
 
 
 HOSTILE = {
-    "a path": (lambda r: _append(r, {"audio_filepath": "../x.wav", "shard_id": 0}),
-               r"audio_filepath '\.\./x\.wav' is a path"),
-    "an absurd shard id": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 10**15}),
-                           r"shard_id 1000000000000000 is not between"),
-    "a shard not there": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 7}),
-                          r"shard_id 7: no file audio_7\.tar"),
-    "a missing member": (lambda r: _append(r, {"audio_filepath": "nowhere.wav", "shard_id": 0}),
-                         r"\(key 'nowhere'\): audio_0\.tar has no readable audio member 'nowhere\.wav'"),
-    "a duplicate key": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 0}),
-                        r"\(key 'utt00000'\): duplicate key \(first at .*:1\)"),
-    "a member no line names": (_extra_member,
-                               r"audio_0\.tar: member 'stray\.wav': no manifest line names this member"),
-    "a tar no line names": (lambda r: (r / "audio_9.tar").write_bytes((r / "audio_0.tar").read_bytes()),
-                            r"audio_9\.tar: no manifest line names this shard"),
-    "a dotted name": (lambda r: _append(r, {"audio_filepath": "a.b.wav", "shard_id": 0}),
-                      r"audio_filepath 'a\.b\.wav' is not \{key\}\.\{ext\} with a key that has no '\.'"),
-    "not an entry": (lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": True}),
-                     r"not a tarred NeMo entry"),
-    "a reserved field": (lambda r: _append(r, {"audio_filepath": "utt00003.wav", "shard_id": 0,
-                                               "__member_key__": "x"}), r"reserves"),
+    "a path": (
+        lambda r: _append(r, {"audio_filepath": "../x.wav", "shard_id": 0}),
+        r"audio_filepath '\.\./x\.wav' is a path",
+    ),
+    "an absurd shard id": (
+        lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 10**15}),
+        r"shard_id 1000000000000000 is not between",
+    ),
+    "a shard not there": (
+        lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 7}),
+        r"shard_id 7: no file audio_7\.tar",
+    ),
+    "a missing member": (
+        lambda r: _append(r, {"audio_filepath": "nowhere.wav", "shard_id": 0}),
+        r"\(key 'nowhere'\): audio_0\.tar has no readable audio member 'nowhere\.wav'",
+    ),
+    "a duplicate key": (
+        lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": 0}),
+        r"\(key 'utt00000'\): duplicate key \(first at .*:1\)",
+    ),
+    "a member no line names": (
+        _extra_member,
+        r"audio_0\.tar: member 'stray\.wav': no manifest line names this member",
+    ),
+    "a tar no line names": (
+        lambda r: (r / "audio_9.tar").write_bytes((r / "audio_0.tar").read_bytes()),
+        r"audio_9\.tar: no manifest line names this shard",
+    ),
+    "a dotted name": (
+        lambda r: _append(r, {"audio_filepath": "a.b.wav", "shard_id": 0}),
+        r"audio_filepath 'a\.b\.wav' is not \{key\}\.\{ext\} with a key that has no '\.'",
+    ),
+    "not an entry": (
+        lambda r: _append(r, {"audio_filepath": "utt00000.wav", "shard_id": True}),
+        r"not a tarred NeMo entry",
+    ),
+    "a reserved field": (
+        lambda r: _append(r, {"audio_filepath": "utt00003.wav", "shard_id": 0, "__member_key__": "x"}),
+        r"reserves",
+    ),
 }
 
 
@@ -266,9 +319,13 @@ def test_hostile_index_metadata_is_refused_before_it_is_mapped(tmp_path: Path) -
     index_nemo(tmp_path)
     samples = json.loads((tmp_path / "index.json").read_text())["samples"]
     rewrite_header(tmp_path, lambda header: header.update(meta_bytes=samples * MAX_BYTES_PER_SAMPLE + 1))
-    with pytest.raises(FormatError, match="'meta_bytes' is .* more than 4096 bytes for each of the 5 samples"):
+    with pytest.raises(
+        FormatError, match="'meta_bytes' is .* more than 4096 bytes for each of the 5 samples"
+    ):
         Index.load(tmp_path)
-    rewrite_header(tmp_path, lambda header: header.update(meta_bytes=10000))  # within the bound, not the file's
+    rewrite_header(
+        tmp_path, lambda header: header.update(meta_bytes=10000)
+    )  # within the bound, not the file's
     with pytest.raises(FormatError, match="do not belong together"):
         Index.load(tmp_path)
 
@@ -311,8 +368,9 @@ def layouts(draw: st.DrawFn) -> tuple[list[list[str]], list[tuple[str, int, str]
 
 @settings(max_examples=25, deadline=None)
 @given(layout=layouts())
-def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]], list[tuple[str, int, str]]]
-                                                   ) -> None:
+def test_every_manifest_line_reads_its_member_once(
+    layout: tuple[list[list[str]], list[tuple[str, int, str]]],
+) -> None:
     members, lines = layout
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -320,14 +378,19 @@ def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]]
         for shard, names in enumerate(members):
             with tarfile.open(root / f"audio_{shard}.tar", "w") as archive:
                 for number, name in enumerate(names):
-                    data = audio_bytes(tone(0.01 * (number + 1), 8000, seed=number), 8000, name.rsplit(".", 1)[1])
+                    data = audio_bytes(
+                        tone(0.01 * (number + 1), 8000, seed=number), 8000, name.rsplit(".", 1)[1]
+                    )
                     stored[name] = data
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     archive.addfile(info, io.BytesIO(data))
-        (root / "tarred_audio_manifest.json").write_text("".join(
-            json.dumps({"audio_filepath": name, "shard_id": shard, "text": text}) + "\n"
-            for name, shard, text in lines))
+        (root / "tarred_audio_manifest.json").write_text(
+            "".join(
+                json.dumps({"audio_filepath": name, "shard_id": shard, "text": text}) + "\n"
+                for name, shard, text in lines
+            )
+        )
         index = index_nemo(root)
         reader = Reader(index)
         try:
@@ -347,13 +410,28 @@ def test_every_manifest_line_reads_its_member_once(layout: tuple[list[list[str]]
 HOSTILE_SIZES = st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 10**18]) | st.integers(0, 10**6)
 
 
-@settings(max_examples=40, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(blob=st.binary(max_size=64) | st.sampled_from([b"[]", b"{}", b'{"__member_key__": 7}', b'"x"', b"{" * 5000,
-                                                         b'{"__member_key__": "../../x"}']),
-       ends=st.lists(HOSTILE_SIZES, min_size=11, max_size=11), claimed=st.none() | HOSTILE_SIZES)
-def test_hostile_metadata_sections_give_typed_errors(nemo: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path,
-                                                     blob: bytes, ends: list[int], claimed: int | None) -> None:
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    blob=st.binary(max_size=64)
+    | st.sampled_from(
+        [b"[]", b"{}", b'{"__member_key__": 7}', b'"x"', b"{" * 5000, b'{"__member_key__": "../../x"}']
+    ),
+    ends=st.lists(HOSTILE_SIZES, min_size=11, max_size=11),
+    claimed=st.none() | HOSTILE_SIZES,
+)
+def test_hostile_metadata_sections_give_typed_errors(
+    nemo: tuple[Path, dict[str, dict[str, Any]]],
+    tmp_path: Path,
+    blob: bytes,
+    ends: list[int],
+    claimed: int | None,
+) -> None:
     """A columns file whose metadata (digest made to match) or its ``meta_bytes`` claim is hostile: loading,
     reading every sample and verifying raise only ShardioErrors."""
     root = tmp_path / "case"
@@ -361,11 +439,19 @@ def test_hostile_metadata_sections_give_typed_errors(nemo: tuple[Path, dict[str,
     shutil.copytree(nemo[0], root, ignore=shutil.ignore_patterns("src"))
     index = Index.load(root)
     meta = Metadata(blob, np.array([e % 2**64 for e in ends], dtype=np.uint64))
-    payload, digest = encode({name: np.array(index.columns[name]) for name in COLUMNS}, COLUMNS,
-                             Keys(bytes(index.keys.blob), np.array(index.keys.ends)), meta)
+    payload, digest = encode(
+        {name: np.array(index.columns[name]) for name in COLUMNS},
+        COLUMNS,
+        Keys(bytes(index.keys.blob), np.array(index.keys.ends)),
+        meta,
+    )
     (root / "index.columns").write_bytes(payload)
-    rewrite_header(root, lambda header: header.update(columns_sha256=digest,
-                                                      meta_bytes=len(blob) if claimed is None else claimed))
+    rewrite_header(
+        root,
+        lambda header: header.update(
+            columns_sha256=digest, meta_bytes=len(blob) if claimed is None else claimed
+        ),
+    )
     try:
         loaded = Index.load(root)
         for _ in ShardDataset(loaded, batch_size=2, shuffle=False, on_error="skip"):

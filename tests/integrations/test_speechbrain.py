@@ -48,54 +48,92 @@ def planned(data: Path, world_size: int) -> list[list[list[str]]]:
     return planned_keys(data, world_size, EPOCHS, batch_size=BATCH, seed=5, shuffle_shards=2)
 
 
-def run_job(data: Path, out: Path, *, processes: int, expect_kill: bool = False, ckpt_dir: Path | None = None,
-            **options: Any) -> list[list[list[str]]]:
+def run_job(
+    data: Path,
+    out: Path,
+    *,
+    processes: int,
+    expect_kill: bool = False,
+    ckpt_dir: Path | None = None,
+    **options: Any,
+) -> list[list[list[str]]]:
     """Run the recipe (under torchrun for 2 processes) to its end or its SIGKILL; each rank's trained keys."""
     out.mkdir(parents=True)
-    config = {"data": str(data), "batch_size": BATCH, "workers": 0, "epochs": EPOCHS, "ckpt_steps": 3,
-              "out": str(out), "ckpt_dir": str(ckpt_dir or out / "ckpt"), **options}
+    config = {
+        "data": str(data),
+        "batch_size": BATCH,
+        "workers": 0,
+        "epochs": EPOCHS,
+        "ckpt_steps": 3,
+        "out": str(out),
+        "ckpt_dir": str(ckpt_dir or out / "ckpt"),
+        **options,
+    }
     (out / "config.json").write_text(json.dumps(config))
     tests = Path(__file__).parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
-           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+    }
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [sys.executable, str(JOB), str(out / "config.json")]
     if processes > 1:  # SpeechBrain's DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
-        command[1:1] = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
-                        "127.0.0.1", "--master_port", str(free_port())]
+        command[1:1] = [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
     output, returncode = run_in_session(command, env=env, cwd=out, limit=280)  # under pytest-timeout's 300 s
     (out / "output.txt").write_text(output)
     assert (returncode != 0) == expect_kill, output[-4000:]
     ranks = []
     for rank in range(processes):
         log = out / f"rank{rank}.jsonl"
-        ranks.append([json.loads(line)["keys"] for line in log.read_text().splitlines()] if log.exists() else [])
+        ranks.append(
+            [json.loads(line)["keys"] for line in log.read_text().splitlines()] if log.exists() else []
+        )
     return ranks
 
 
 def checkpoint_step(ckpt_dir: Path, steps_per_epoch: int) -> int:
     """The batches trained (per rank) before SpeechBrain's latest checkpoint, from its epoch counter and the
     Brain's own step count (the latest by the ``unixtime`` of its meta file, as ``recover_if_possible`` picks)."""
+
     def unixtime(path: Path) -> float:
-        return next(float(line.split(":", 1)[1]) for line in (path / "CKPT.yaml").read_text().splitlines()
-                    if line.startswith("unixtime:"))
+        return next(
+            float(line.split(":", 1)[1])
+            for line in (path / "CKPT.yaml").read_text().splitlines()
+            if line.startswith("unixtime:")
+        )
 
     latest = max(ckpt_dir.glob("CKPT+*"), key=unixtime)
     epoch = int((latest / "counter.ckpt").read_text())
-    step = next(int(line.split(":", 1)[1]) for line in (latest / "brain.ckpt").read_text().splitlines()
-                if line.startswith("step:"))
+    step = next(
+        int(line.split(":", 1)[1])
+        for line in (latest / "brain.ckpt").read_text().splitlines()
+        if line.startswith("step:")
+    )
     return (epoch - 1) * steps_per_epoch + step
 
 
 def check_resume(data: Path, tmp_path: Path, *, processes: int, kill_at: int, **options: Any) -> int:
     plan = planned(data, processes)
-    killed = run_job(data, tmp_path / "killed", processes=processes, kill_at_step=kill_at, expect_kill=True,
-                     **options)
+    killed = run_job(
+        data, tmp_path / "killed", processes=processes, kill_at_step=kill_at, expect_kill=True, **options
+    )
     assert killed == [batches[:kill_at] for batches in plan]
     step = checkpoint_step(tmp_path / "killed" / "ckpt", len(plan[0]) // EPOCHS)
-    resumed = run_job(data, tmp_path / "resumed", processes=processes, ckpt_dir=tmp_path / "killed" / "ckpt",
-                      **options)
+    resumed = run_job(
+        data, tmp_path / "resumed", processes=processes, ckpt_dir=tmp_path / "killed" / "ckpt", **options
+    )
     assert resumed == [batches[step:] for batches in plan]
     return step
 
@@ -120,14 +158,38 @@ def test_a_straight_run_trains_on_the_plan(data: Path, tmp_path: Path, processes
 @pytest.mark.matrix
 @pytest.mark.parametrize("loader", ["plain", "shardio"])
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
-@pytest.mark.parametrize("processes,kill_at,resumed_at", [
-    (1, 5, 3), (1, 10, 9),  # 9 steps an epoch: intra-epoch checkpoints after 3, 6, 9 (the last batch), 12
-    (2, 4, 3), (2, 6, 5), (2, 9, 8),  # 5 steps an epoch: 6 resumes at the epoch end (5), across the boundary
-])
-def test_resume_matrix(data: Path, tmp_path: Path, loader: str, workers: int, persistent: bool, processes: int,
-                       kill_at: int, resumed_at: int) -> None:
-    assert check_resume(data, tmp_path, processes=processes, kill_at=kill_at, workers=workers,
-                        persistent=persistent, loader=loader) == resumed_at
+@pytest.mark.parametrize(
+    "processes,kill_at,resumed_at",
+    [
+        (1, 5, 3),
+        (1, 10, 9),  # 9 steps an epoch: intra-epoch checkpoints after 3, 6, 9 (the last batch), 12
+        (2, 4, 3),
+        (2, 6, 5),
+        (2, 9, 8),  # 5 steps an epoch: 6 resumes at the epoch end (5), across the boundary
+    ],
+)
+def test_resume_matrix(
+    data: Path,
+    tmp_path: Path,
+    loader: str,
+    workers: int,
+    persistent: bool,
+    processes: int,
+    kill_at: int,
+    resumed_at: int,
+) -> None:
+    assert (
+        check_resume(
+            data,
+            tmp_path,
+            processes=processes,
+            kill_at=kill_at,
+            workers=workers,
+            persistent=persistent,
+            loader=loader,
+        )
+        == resumed_at
+    )
 
 
 @pytest.mark.matrix
@@ -137,13 +199,14 @@ def test_resume_on_one_process_after_two(data: Path, tmp_path: Path) -> None:
     run_job(data, tmp_path / "killed", processes=2, kill_at_step=4, expect_kill=True, workers=2)
     step = checkpoint_step(tmp_path / "killed" / "ckpt", len(plan[0]) // EPOCHS)
     assert step == 3
-    (resumed,) = run_job(data, tmp_path / "resumed", processes=1, ckpt_dir=tmp_path / "killed" / "ckpt",
-                         workers=2)
+    (resumed,) = run_job(
+        data, tmp_path / "resumed", processes=1, ckpt_dir=tmp_path / "killed" / "ckpt", workers=2
+    )
     consumed = {key for batches in plan for batch in batches[:step] for key in batch}
     one_rank = planned(data, 1)
-    second_epoch = one_rank[0][len(one_rank[0]) // EPOCHS:]
-    assert resumed[len(resumed) - len(second_epoch):] == second_epoch
-    rest = Counter(key for batch in resumed[:len(resumed) - len(second_epoch)] for key in batch)
+    second_epoch = one_rank[0][len(one_rank[0]) // EPOCHS :]
+    assert resumed[len(resumed) - len(second_epoch) :] == second_epoch
+    rest = Counter(key for batch in resumed[: len(resumed) - len(second_epoch)] for key in batch)
     everything = {f"s{s:03d}_{i:05d}" for s, size in enumerate(SHARD_SIZES) for i in range(size)}
     assert set(rest) == everything - consumed
     assert sum(rest.values()) - len(rest) < BATCH  # only the last batch's padding repeats a sample
@@ -158,8 +221,9 @@ def test_speechbrain_alone_restarts_the_epoch(data: Path, tmp_path: Path) -> Non
     assert killed[0] == plan[:5]
     step = checkpoint_step(tmp_path / "killed" / "ckpt", len(plan) // EPOCHS)
     assert step == 3
-    (resumed,) = run_job(data, tmp_path / "resumed", processes=1, ckpt_dir=tmp_path / "killed" / "ckpt",
-                         track=False)
+    (resumed,) = run_job(
+        data, tmp_path / "resumed", processes=1, ckpt_dir=tmp_path / "killed" / "ckpt", track=False
+    )
     assert resumed == plan  # not plan[3:]: epoch 0 again from its first batch, 3 batches trained twice
 
 
@@ -167,17 +231,23 @@ def _python(code: str) -> str:
     """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it does
     not import, never in pytest's); its output."""
     tests = Path(__file__).parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
-           "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
+        "PYTHONWARNINGS": "ignore",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
 
 
 def test_a_missing_extra_is_named() -> None:
-    out = _python("import sys\nsys.modules['speechbrain'] = None\n"
-                  "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)")
+    out = _python(
+        "import sys\nsys.modules['speechbrain'] = None\n"
+        "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)"
+    )
     assert "pip install 'shardio[speechbrain]'" in out
 
 
@@ -185,9 +255,13 @@ def test_a_torchaudio_that_does_not_load_is_named(tmp_path: Path) -> None:
     """A torchaudio built for another torch fails in its C++ extension with an OSError, which SpeechBrain's import
     passes on: an ImportError that says so (here a torchaudio package whose import raises it)."""
     (tmp_path / "torchaudio").mkdir()
-    (tmp_path / "torchaudio" / "__init__.py").write_text("raise OSError('Could not load this library: x.so')\n")
-    out = _python(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
-                  "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)")
+    (tmp_path / "torchaudio" / "__init__.py").write_text(
+        "raise OSError('Could not load this library: x.so')\n"
+    )
+    out = _python(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        "try:\n    import shardio.integrations.speechbrain\nexcept ImportError as exc:\n    print(exc)"
+    )
     assert "the torchaudio installed does not load against this torch" in out
 
 
@@ -263,11 +337,18 @@ def test_resume_a_mixed_dataset(data: Path, tmp_path: Path) -> None:
     straight = run_job(data, tmp_path / "straight", processes=2, workers=2, mix=str(other))
     assert all(len(batches) > 4 for batches in straight)
     assert {key.split("/")[0] for batches in straight for batch in batches for key in batch} == {"a", "b"}
-    killed = run_job(data, tmp_path / "killed", processes=2, kill_at_step=4, expect_kill=True, workers=2,
-                     mix=str(other))
+    killed = run_job(
+        data, tmp_path / "killed", processes=2, kill_at_step=4, expect_kill=True, workers=2, mix=str(other)
+    )
     assert killed == [batches[:4] for batches in straight]
     step = checkpoint_step(tmp_path / "killed" / "ckpt", steps_per_epoch=0)  # killed in the first epoch
     assert step == 3
-    resumed = run_job(data, tmp_path / "resumed", processes=2, ckpt_dir=tmp_path / "killed" / "ckpt", workers=2,
-                      mix=str(other))
+    resumed = run_job(
+        data,
+        tmp_path / "resumed",
+        processes=2,
+        ckpt_dir=tmp_path / "killed" / "ckpt",
+        workers=2,
+        mix=str(other),
+    )
     assert resumed == [batches[step:] for batches in straight]

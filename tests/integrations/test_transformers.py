@@ -159,11 +159,21 @@ def test_restored_callback_states(data: Path, tmp_path: Path) -> None:
     checkpoint: the loader state still reaches the dataset, and later checkpoints save the new position."""
     plan = planned(data, 1)[0]
     run_job(data, tmp_path / "killed", kill_at_step=4, restore_callbacks=True, expect_kill=True)
-    resumed = run_job(data, tmp_path / "resumed", kill_at_step=13, restore_callbacks=True, expect_kill=True,
-                      resume_from=str(tmp_path / "killed" / "ckpt" / "checkpoint-3"))
+    resumed = run_job(
+        data,
+        tmp_path / "resumed",
+        kill_at_step=13,
+        restore_callbacks=True,
+        expect_kill=True,
+        resume_from=str(tmp_path / "killed" / "ckpt" / "checkpoint-3"),
+    )
     assert keys(resumed[0]) == plan[3:13]
-    again = run_job(data, tmp_path / "again", restore_callbacks=True,
-                    resume_from=str(tmp_path / "resumed" / "ckpt" / "checkpoint-12"))
+    again = run_job(
+        data,
+        tmp_path / "again",
+        restore_callbacks=True,
+        resume_from=str(tmp_path / "resumed" / "ckpt" / "checkpoint-12"),
+    )
     assert keys(again[0]) == plan[12:]
 
 

@@ -33,11 +33,17 @@ def corpus(n: int, num_shards: int, seed: int) -> CorpusColumns:
 
 
 @settings(max_examples=60, deadline=None)
-@given(old=st.lists(st.floats(0.1, 1), min_size=2, max_size=2), new=st.lists(st.floats(0.1, 1), min_size=2,
-                                                                            max_size=2),
-       at=st.integers(1, 3), after=st.integers(1, 3), seed=st.integers(0, 20), world=st.integers(1, 3))
-def test_pass_accounting_continues_across_a_remix(old: list[float], new: list[float], at: int, after: int,
-                                                  seed: int, world: int) -> None:
+@given(
+    old=st.lists(st.floats(0.1, 1), min_size=2, max_size=2),
+    new=st.lists(st.floats(0.1, 1), min_size=2, max_size=2),
+    at=st.integers(1, 3),
+    after=st.integers(1, 3),
+    seed=st.integers(0, 20),
+    world=st.integers(1, 3),
+)
+def test_pass_accounting_continues_across_a_remix(
+    old: list[float], new: list[float], at: int, after: int, seed: int, world: int
+) -> None:
     corpora = {"a": corpus(40, 5, seed), "b": corpus(9, 2, seed + 1)}
     batching = Batching(max_duration=12.0)
     mixes = [Mix(dict(zip("ab", weights)), EpochSize(hours=0.05)) for weights in (old, new)]
@@ -65,10 +71,16 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: str(root / name) for name in ("big", "mid", "tiny")}
 
 
-def mixed(sources: dict[str, str], weights: dict[str, float],
-          world: World = World(0, 2)) -> MixedDataset:
-    return MixedDataset({n: sources[n] for n in weights}, weights, EpochSize(hours=0.006), world=world,
-                        seed=3, ordering=Ordering(shuffle_shards=2), batching=Batching(max_duration=2.0))
+def mixed(sources: dict[str, str], weights: dict[str, float], world: World = World(0, 2)) -> MixedDataset:
+    return MixedDataset(
+        {n: sources[n] for n in weights},
+        weights,
+        EpochSize(hours=0.006),
+        world=world,
+        seed=3,
+        ordering=Ordering(shuffle_shards=2),
+        batching=Batching(max_duration=2.0),
+    )
 
 
 def taken(ds: MixedDataset, epoch: int) -> Counter[tuple[str, str]]:
@@ -105,8 +117,10 @@ def test_a_carried_quarantine_moves_to_the_new_mix(sources: dict[str, str]) -> N
     old = mixed(sources, {"big": 0.5, "tiny": 0.5})
     healed = quarantine(old.state_dict(), old, keys=["s000_00001"], carry=True)  # in big and in tiny
     assert [old.index.corpus(i) for i in healed["extra"]["quarantine"][0]["ids"]] == ["big", "tiny"]
-    assert [(r["key"], r["corpus"]) for r in quarantine_report(healed)] == [("s000_00001", "big"),
-                                                                           ("s000_00001", "tiny")]
+    assert [(r["key"], r["corpus"]) for r in quarantine_report(healed)] == [
+        ("s000_00001", "big"),
+        ("s000_00001", "tiny"),
+    ]
     played = mixed(sources, {"big": 0.5, "tiny": 0.5})
     played.load_state_dict(healed)
     last = played.state_after(list(played)[-1])  # the epoch played to its end, without them

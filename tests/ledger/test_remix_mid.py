@@ -42,13 +42,21 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: str(root / name) for name in "abc"}
 
 
-def mixed(sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None,
-          single: bool = False) -> MixedDataset:
+def mixed(
+    sources: dict[str, str], weights: dict[str, float], world: int, buckets: int | None, single: bool = False
+) -> MixedDataset:
     """A mix of ``weights``' corpora; ``single``: one corpus per batch, an epoch of one pass over ``a``."""
     size = EpochSize(primary="a") if single else EpochSize(hours=0.012)
-    return MixedDataset({n: sources[n] for n in weights}, weights, size, world=World(0, world), seed=SEED,
-                        shuffle_shards=2, batching=Batching(max_duration=1.2, num_buckets=buckets),
-                        single_corpus_batches=single)
+    return MixedDataset(
+        {n: sources[n] for n in weights},
+        weights,
+        size,
+        world=World(0, world),
+        seed=SEED,
+        shuffle_shards=2,
+        batching=Batching(max_duration=1.2, num_buckets=buckets),
+        single_corpus_batches=single,
+    )
 
 
 class Ledger:
@@ -69,8 +77,9 @@ def planned(ds: MixedDataset, epoch: int, history: tuple[Segment, ...]) -> Epoch
     return ds.planner.plan(epoch, ds.ranks().world_size, history, ds.surgery)
 
 
-def play(ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, ...] = (),
-         upto: int | None = None) -> int:
+def play(
+    ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, ...] = (), upto: int | None = None
+) -> int:
     """Consume ``epoch``'s current segment (after ``history``) up to batch ``upto`` (default: its end) in
     ``ds``'s world; return the segment's batches per rank."""
     plan = planned(ds, epoch, history)
@@ -80,13 +89,25 @@ def play(ds: MixedDataset, ledger: Ledger, epoch: int, history: tuple[Segment, .
 
 
 def state_at(ds: MixedDataset, epoch: int, history: tuple[Segment, ...], position: int) -> dict[str, Any]:
-    return LoaderState(epoch=epoch, seed=ds.seed, index=ds.index.fingerprint, options=ds.options,
-                       world_size=ds.ranks().world_size, history=history, start=position,
-                       extra=ds.surgery.to_extra()).to_dict()
+    return LoaderState(
+        epoch=epoch,
+        seed=ds.seed,
+        index=ds.index.fingerprint,
+        options=ds.options,
+        world_size=ds.ranks().world_size,
+        history=history,
+        start=position,
+        extra=ds.surgery.to_extra(),
+    ).to_dict()
 
 
-def resumed(sources: dict[str, str], weights: dict[str, float], world: int, shape: tuple[int | None, bool],
-            state: dict[str, Any]) -> MixedDataset:
+def resumed(
+    sources: dict[str, str],
+    weights: dict[str, float],
+    world: int,
+    shape: tuple[int | None, bool],
+    state: dict[str, Any],
+) -> MixedDataset:
     ds = mixed(sources, weights, world, *shape)
     ds.load_state_dict(json.loads(json.dumps(state)))
     return ds
@@ -102,18 +123,34 @@ def expected(ds: MixedDataset, name: str, cursor: int, pending: list[list[int]])
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), change=st.sampled_from(["weights", "add", "drop"]), epoch=st.integers(0, 1),
-       elastic=st.booleans(), world=st.integers(1, 3), again=st.booleans(),
-       shape=st.tuples(st.sampled_from([None, 2]), st.booleans()),
-       weights=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3))
+@given(
+    data=st.data(),
+    change=st.sampled_from(["weights", "add", "drop"]),
+    epoch=st.integers(0, 1),
+    elastic=st.booleans(),
+    world=st.integers(1, 3),
+    again=st.booleans(),
+    shape=st.tuples(st.sampled_from([None, 2]), st.booleans()),
+    weights=st.lists(st.floats(0.2, 1.0), min_size=3, max_size=3),
+)
 @pytest.mark.slow
-def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], data: st.DataObject, change: str,
-                                                       epoch: int, elastic: bool, world: int,
-                                                       shape: tuple[int | None, bool], again: bool,
-                                                       weights: list[float]) -> None:
+def test_mid_epoch_remix_keeps_every_corpus_pass_exact(
+    sources: dict[str, str],
+    data: st.DataObject,
+    change: str,
+    epoch: int,
+    elastic: bool,
+    world: int,
+    shape: tuple[int | None, bool],
+    again: bool,
+    weights: list[float],
+) -> None:
     old_weights = {"a": weights[0], "b": weights[1]}
-    new_weights = {"weights": {"a": weights[1], "b": weights[2]}, "add": {**old_weights, "c": weights[2]},
-                   "drop": {"a": weights[2]}}[change]
+    new_weights = {
+        "weights": {"a": weights[1], "b": weights[2]},
+        "add": {**old_weights, "c": weights[2]},
+        "drop": {"a": weights[2]},
+    }[change]
     ledger = Ledger()
     old = mixed(sources, old_weights, 3 if elastic else 2, *shape)
     for e in range(epoch):
@@ -147,9 +184,17 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
     play(new, ledger, now)
     last = now
     if "b" not in weights_now:  # b comes back: first its pending positions, then on after its slice
-        new = resumed(sources, old_weights, world, shape,
-                      remix(state_at(new, last, (), planned(new, last, ()).num_batches), new,
-                            mixed(sources, old_weights, 1, *shape)))
+        new = resumed(
+            sources,
+            old_weights,
+            world,
+            shape,
+            remix(
+                state_at(new, last, (), planned(new, last, ()).num_batches),
+                new,
+                mixed(sources, old_weights, 1, *shape),
+            ),
+        )
         last += 1
         play(new, ledger, last)
     for _ in range(12):  # on until every stream's pending positions (a dropped corpus's) are replayed
@@ -166,7 +211,9 @@ def test_mid_epoch_remix_keeps_every_corpus_pass_exact(sources: dict[str, str], 
         assert seen == expected(new, name, end["cursors"][name], []), name
 
 
-def test_stateful_dataloader_with_workers_resumes_a_mid_epoch_remix(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_stateful_dataloader_with_workers_resumes_a_mid_epoch_remix(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Through the resume harness: a StatefulDataLoader with 2 workers stops mid-epoch, the state is re-mixed
     (new weights), a fresh job with 2 workers plays the rest of the epoch and the next: it yields exactly
     the re-mixed plan (keys and augmentation draws), and the epoch's samples are the old plan's, each once."""
@@ -174,8 +221,14 @@ def test_stateful_dataloader_with_workers_resumes_a_mid_epoch_remix(tmp_path_fac
 
     dirs = write_corpora(tmp_path_factory.mktemp("remix_corpora"))
     old_case = Case(mixed=True, loader="stateful", workers=2, epochs=2)
-    new_case = Case(mixed=True, loader="stateful", workers=2, epochs=2, ds_load=True,
-                    weights=(("main", 0.4), ("extra", 0.6)))
+    new_case = Case(
+        mixed=True,
+        loader="stateful",
+        workers=2,
+        epochs=2,
+        ds_load=True,
+        weights=(("main", 0.4), ("extra", 0.6)),
+    )
     before, saved = life(old_case, dirs, None, None, 5)
     assert saved is not None and len(before) == 5
     state = remix(saved, make_dataset(old_case, dirs), make_dataset(new_case, dirs))
@@ -205,8 +258,9 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     new = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), state)
     plan = planned(new, 0, ())
     trace = Trace(new, state)
-    assert [r.ids.tolist() for r in trace.steps(0, 0, 2)] == [plan.batch(r, j).tolist() for j in (0, 1)
-                                                                for r in (0, 1)]
+    assert [r.ids.tolist() for r in trace.steps(0, 0, 2)] == [
+        plan.batch(r, j).tolist() for j in (0, 1) for r in (0, 1)
+    ]
     left_out = plan.batch(1, 2)  # quarantined before it is played: the rest of the epoch goes on without it
     ahead = state_at(new, 0, (), 1)
     cut = quarantine(ahead, new, keys=[new.index.keys[i] for i in left_out.tolist()])
@@ -214,12 +268,16 @@ def test_trace_and_quarantine_follow_the_rest_of_a_remixed_epoch(sources: dict[s
     assert gone >= set(left_out.tolist())
     healed = resumed(sources, {"a": 0.3, "b": 0.7}, 2, (None, False), cut)
     rest = planned(healed, 0, healed._progress.live(Context()).history)
-    played = Counter(plan.consumed_samples(1).tolist()) + Counter(rest.consumed_samples(rest.num_batches).tolist())
+    played = Counter(plan.consumed_samples(1).tolist()) + Counter(
+        rest.consumed_samples(rest.num_batches).tolist()
+    )
     assert not gone & set(rest.samples.tolist())
     assert set(played) == set(plan.samples.tolist()) - (gone - set(plan.consumed_samples(1).tolist()))
 
 
-def test_a_malformed_or_foreign_remix_record_is_a_state_error(sources: dict[str, str], tmp_path: Path) -> None:
+def test_a_malformed_or_foreign_remix_record_is_a_state_error(
+    sources: dict[str, str], tmp_path: Path
+) -> None:
     old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
     state = remix(state_at(old, 0, (), 2), old, mixed(sources, {"a": 0.5}, 1, None))
     for broken, match in ((["x"], "stream range"), ([[5, 3]], "stream range"), ([[-1, 2]], "stream range")):
@@ -233,20 +291,36 @@ def test_a_malformed_or_foreign_remix_record_is_a_state_error(sources: dict[str,
         mixed(sources, {"a": 0.5}, 2, None).load_state_dict(foreign)
     make_uneven_dataset(tmp_path / "b2", [5, 4], seed=9)
     at_end = state_at(resumed(sources, {"a": 0.5}, 2, (None, False), state), 0, (), 0)
-    with pytest.raises(StateError, match="another index"):  # b comes back re-packed: its pending cannot continue
-        remix(at_end, mixed(sources, {"a": 0.5}, 2, None),
-              mixed({**sources, "b": str(tmp_path / "b2")}, {"a": 0.5, "b": 0.5}, 1, None))
+    with pytest.raises(
+        StateError, match="another index"
+    ):  # b comes back re-packed: its pending cannot continue
+        remix(
+            at_end,
+            mixed(sources, {"a": 0.5}, 2, None),
+            mixed({**sources, "b": str(tmp_path / "b2")}, {"a": 0.5, "b": 0.5}, 1, None),
+        )
 
 
-def test_the_cli_remixes_a_saved_state_mid_epoch(sources: dict[str, str], tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_remixes_a_saved_state_mid_epoch(
+    sources: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import main
 
     old = mixed(sources, {"a": 0.5, "b": 0.5}, 2, None)
     saved = state_at(old, 0, (), 2)
     (tmp_path / "state.json").write_text(json.dumps(saved))
-    args = ["remix", *(f"{n}={sources[n]}" for n in "abc"), "--state", str(tmp_path / "state.json"),
-            "--weight", "a=0.4", "--weight", "c=0.6", "--out", str(tmp_path / "new.json")]
+    args = [
+        "remix",
+        *(f"{n}={sources[n]}" for n in "abc"),
+        "--state",
+        str(tmp_path / "state.json"),
+        "--weight",
+        "a=0.4",
+        "--weight",
+        "c=0.6",
+        "--out",
+        str(tmp_path / "new.json"),
+    ]
     assert main(args) == 0
     written = json.loads((tmp_path / "new.json").read_text())
     assert written == remix(saved, old, mixed(sources, {"a": 0.4, "c": 0.6}, 1, None))

@@ -72,7 +72,9 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
     for r in range(3):
         ds = make(dataset_dir, World(r, 3))
         ds.load_state_dict(state)
-        resumed_state = ds.state_dict()  # the rest of epoch 0 on 3 ranks (once the workers finish it: epoch 1)
+        resumed_state = (
+            ds.state_dict()
+        )  # the rest of epoch 0 on 3 ranks (once the workers finish it: epoch 1)
         seen.update(run(ds, step0=4)[0])
     trace = Trace(make(dataset_dir, World()), resumed_state)
     assert trace.segments(0)[0][:2] == (2, 0) and trace.segments(0)[1][:2] == (3, 4)
@@ -80,15 +82,17 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
     one = trace.steps(0, 5, rank=1)
     assert len(one) == 1 and trace.row(one[0])["keys"] == seen[(0, 5, 1)]
     key = seen[(0, 5, 1)][0]
-    assert {(f["epoch"], f["step"], f["rank"]) for f in trace.find([key], [0])} == \
-        {place for place, keys in seen.items() if key in keys}
+    assert {(f["epoch"], f["step"], f["rank"]) for f in trace.find([key], [0])} == {
+        place for place, keys in seen.items() if key in keys
+    }
     with pytest.raises(OptionError, match="not in the dataset"):
         trace.find(["no-such-key"], [0])
 
 
 @pytest.mark.parametrize("stop", [1, 3])
 def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
-        dataset_dir: Path, tmp_path: Path, stop: int, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset_dir: Path, tmp_path: Path, stop: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two ranks of collated samples from 2 workers each stop between rounds (worker 0 has handed over one batch
     more), three ranks resume. Every key the epoch trained is traced where it was consumed: those the workers
     consumed ahead of the state's position as ``ahead`` batches of the first segment (they were missing)."""
@@ -99,8 +103,9 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
 
     before: Counter[str] = Counter()
     for r in range(2):
-        loader = StatefulDataLoader(make(dataset_dir, World(r, 2), max_duration=None), batch_size=3,
-                                    collate_fn=collate, num_workers=2)
+        loader = StatefulDataLoader(
+            make(dataset_dir, World(r, 2), max_duration=None), batch_size=3, collate_fn=collate, num_workers=2
+        )
         for n, batch in enumerate(loader):
             before.update(batch["keys"])
             if n + 1 == stop:
@@ -113,7 +118,9 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
         ds.load_state_dict(state)
         if r == 0:
             saved = ds.state_dict()
-        after.update(key for batch in DataLoader(ds, batch_size=3, collate_fn=collate) for key in batch["keys"])
+        after.update(
+            key for batch in DataLoader(ds, batch_size=3, collate_fn=collate) for key in batch["keys"]
+        )
     assert set(before) | set(after) == set(ds.index.keys) and not set(before) & set(after)
     trace = Trace(make(dataset_dir, World(), max_duration=None), saved)
     records = list(trace.epoch(0))
@@ -134,7 +141,9 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
     assert capsys.readouterr().out.strip().endswith("(consumed ahead)")
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(",ahead") and {line.split(",")[5] for line in lines if line.endswith(",1")} == early
+    assert (
+        lines[0].endswith(",ahead") and {line.split(",")[5] for line in lines if line.endswith(",1")} == early
+    )
 
 
 def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: dict[str, str]) -> None:
@@ -160,21 +169,38 @@ def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: 
     assert epoch(fresh) == epoch(make(dataset_dir, World()), 0)
 
     def mix(weights: dict[str, float]) -> MixedDataset:
-        return MixedDataset(sources, weights, EpochSize(primary="big"), world=World(), seed=2, shuffle_shards=2,
-                            batching=Batching(max_duration=0.9))
+        return MixedDataset(
+            sources,
+            weights,
+            EpochSize(primary="big"),
+            world=World(),
+            seed=2,
+            shuffle_shards=2,
+            batching=Batching(max_duration=0.9),
+        )
+
     old = mix({"big": 0.7, "tiny": 0.3})
     mid = old.state_after({"epoch": 0, "batch_index": 1})
     remix(mid, old, mix({"big": 0.5, "tiny": 0.5}))
     assert epoch(old) == epoch(mix({"big": 0.7, "tiny": 0.3}), 0)
 
 
-def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str], tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_trace_agrees_with_a_mix_and_later_epochs(
+    sources: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import main
 
     def mix(world: World) -> MixedDataset:
-        return MixedDataset(sources, {"big": 0.7, "tiny": 0.3}, EpochSize(primary="big"), world=world, seed=2,
-                            shuffle_shards=2, batching=Batching(max_duration=0.9, num_buckets=2))
+        return MixedDataset(
+            sources,
+            {"big": 0.7, "tiny": 0.3},
+            EpochSize(primary="big"),
+            world=world,
+            seed=2,
+            shuffle_shards=2,
+            batching=Batching(max_duration=0.9, num_buckets=2),
+        )
+
     seen: Rows = {}
     for r in range(2):
         ds = mix(World(r, 2))
@@ -187,15 +213,20 @@ def test_trace_agrees_with_a_mix_and_later_epochs(sources: dict[str, str], tmp_p
     tiny = next(key for row in table.values() for key, c in zip(row["keys"], row["corpus"]) if c == "tiny")
     found = trace.find([tiny], [1])  # the corpora share keys (s000_00000, ...): each is found, named
     assert {(f["step"], f["rank"], f["corpus"]) for f in found} == {
-        (step, rank, c) for (_, step, rank), row in table.items()
-        for key, c in zip(row["keys"], row["corpus"]) if key == tiny}
+        (step, rank, c)
+        for (_, step, rank), row in table.items()
+        for key, c in zip(row["keys"], row["corpus"])
+        if key == tiny
+    }
     assert {f["corpus"] for f in found} == {"big", "tiny"}
     state_path = tmp_path / "state.json"
     state_path.write_text(json.dumps(mix(World(0, 2)).state_dict()))
     capsys.readouterr()
     locations = [f"{name}={location}" for name, location in sources.items()]
-    assert main(["trace", *locations, "--state", str(state_path), "--step", "2", "--in-epoch", "1",
-                 "--json"]) == 0
+    assert (
+        main(["trace", *locations, "--state", str(state_path), "--step", "2", "--in-epoch", "1", "--json"])
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows == [table[(1, 2, 0)], table[(1, 2, 1)]]
     assert main(["trace", sources["big"], "--state", str(state_path), "--step", "2"]) == 2
@@ -252,40 +283,74 @@ def test_quarantine_of_steps_skips_every_ranks_batch_there(dataset_dir: Path) ->
 
 # -- properties on the planner side: in-memory indexes, no audio ------------------------------------
 
+
 def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
     rng = np.random.default_rng(seed)
     n = sum(shard_sizes)
     columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
-    columns.update(shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
-                   num_frames=rng.integers(100, 3000, n).astype(np.uint32),
-                   sample_rate=np.full(n, 1000, np.uint32))
+    columns.update(
+        shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
+        num_frames=rng.integers(100, 3000, n).astype(np.uint32),
+        sample_rate=np.full(n, 1000, np.uint32),
+    )
     shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
-    return Index(root="", shards=shards, formats=["wav"], columns=columns, fingerprint=f"mem{prefix}{seed}",
-                 _keys=[f"{prefix}{i}" for i in range(n)])
+    return Index(
+        root="",
+        shards=shards,
+        formats=["wav"],
+        columns=columns,
+        fingerprint=f"mem{prefix}{seed}",
+        _keys=[f"{prefix}{i}" for i in range(n)],
+    )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6), seed=st.integers(0, 50),
-       worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-       fractions=st.lists(st.floats(0, 1), min_size=2, max_size=2),
-       batch=st.sampled_from([{"batch_size": 3}, {"max_duration": 4.0},
-                              {"max_duration": 5.0, "num_buckets": 2},
-                              {"max_duration": 5.0, "num_buckets": 2, "sync_buckets": False}]),
-       remainder=st.sampled_from(["pad", "drop"]), bad=st.integers(0, 10**6), mix=st.booleans())
+@given(
+    sizes=st.lists(st.integers(1, 25), min_size=1, max_size=6),
+    seed=st.integers(0, 50),
+    worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    fractions=st.lists(st.floats(0, 1), min_size=2, max_size=2),
+    batch=st.sampled_from(
+        [
+            {"batch_size": 3},
+            {"max_duration": 4.0},
+            {"max_duration": 5.0, "num_buckets": 2},
+            {"max_duration": 5.0, "num_buckets": 2, "sync_buckets": False},
+        ]
+    ),
+    remainder=st.sampled_from(["pad", "drop"]),
+    bad=st.integers(0, 10**6),
+    mix=st.booleans(),
+)
 @pytest.mark.slow
 def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
-        sizes: list[int], seed: int, worlds: list[int], fractions: list[float], batch: dict[str, Any],
-        remainder: str, bad: int, mix: bool) -> None:
+    sizes: list[int],
+    seed: int,
+    worlds: list[int],
+    fractions: list[float],
+    batch: dict[str, Any],
+    remainder: str,
+    bad: int,
+    mix: bool,
+) -> None:
     index = memory_index(sizes, seed)
     small = memory_index([2, 1], seed + 1, prefix="small")
 
     def build(world: int) -> ShardDataset:
         if mix:  # the small corpus repeats within the epoch: a quarantine drops each occurrence
-            return MixedDataset({"main": index, "small": small}, {"main": 0.7, "small": 0.3},
-                                EpochSize(primary="main"), world=World(0, world), seed=seed, shuffle_shards=2,
-                                remainder=remainder, **batch)
-        return ShardDataset(index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder,
-                            **batch)
+            return MixedDataset(
+                {"main": index, "small": small},
+                {"main": 0.7, "small": 0.3},
+                EpochSize(primary="main"),
+                world=World(0, world),
+                seed=seed,
+                shuffle_shards=2,
+                remainder=remainder,
+                **batch,
+            )
+        return ShardDataset(
+            index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch
+        )
 
     ds = build(worlds[0])
     state = ds.state_dict()
@@ -325,12 +390,15 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
         expected = remaining - done
         expected.pop(second, None)
         assert Counter(left.samples.tolist()) == expected and victim not in expected
-        assert [row["key"] for row in quarantine_report(again.state.to_dict())] == \
-            [ds.index.keys[victim], ds.index.keys[second]]
+        assert [row["key"] for row in quarantine_report(again.state.to_dict())] == [
+            ds.index.keys[victim],
+            ds.index.keys[second],
+        ]
 
 
 def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state(
-        dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import main
 
     ds = make(dataset_dir, World(0, 2))
@@ -347,8 +415,12 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "1", "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("epoch,step,rank") and len(lines) - 1 >= len(ds.index.keys)
-    assert main(["quarantine", str(dataset_dir), "--state", str(state_path), "--key", key, "--out",
-                 str(out_path)]) == 0
+    assert (
+        main(
+            ["quarantine", str(dataset_dir), "--state", str(state_path), "--key", key, "--out", str(out_path)]
+        )
+        == 0
+    )
     assert key in capsys.readouterr().out
     healed = make(dataset_dir, World(0, 1))
     healed.load_state_dict(json.loads(out_path.read_text()))
@@ -358,8 +430,9 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
         state_path.write_text(json.dumps(bucketed.state_dict()))
         assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--json"]) == 0
         table = Trace(bucketed, bucketed.state_dict())
-        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == \
-            [table.row(r) for r in table.epoch(0)]
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
+            table.row(r) for r in table.epoch(0)
+        ]
     other = make(dataset_dir, World(0, 2), max_duration=0.5)
     state_path.write_text(json.dumps(other.state_dict()))
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "999"]) == 2
@@ -367,7 +440,8 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
 
 
 def test_the_readme_worked_example_nan_trace_quarantine_resume(
-        dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
     from shardio.cli import main
@@ -391,18 +465,35 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
             kept = len(trained)
     assert nan_step == 14  # as in docs/guides/ledger.md: after the checkpoint at step 11
     capsys.readouterr()
-    assert main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step),
-                 "--json"]) == 0
+    assert (
+        main(["trace", str(dataset_dir), "--state", str(checkpoint), "--step", str(nan_step), "--json"]) == 0
+    )
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert poisoned in row["keys"]
     healed = tmp_path / "healed.json"
-    assert main(["quarantine", str(dataset_dir), "--state", str(checkpoint), "--key", poisoned,
-                 "--out", str(healed)]) == 0
+    assert (
+        main(
+            [
+                "quarantine",
+                str(dataset_dir),
+                "--state",
+                str(checkpoint),
+                "--key",
+                poisoned,
+                "--out",
+                str(healed),
+            ]
+        )
+        == 0
+    )
     resumed = make(dataset_dir, World(), transform=poison)
     resumed.load_state_dict(json.loads(healed.read_text()))
     planned = len(resumed)  # the resumed epoch's rest (once its workers finished it: the next epoch's)
-    after = [list(b["keys"]) for b in DataLoader(resumed, batch_size=None, num_workers=2)
-             if torch.isfinite(b["audio"]).all()]
+    after = [
+        list(b["keys"])
+        for b in DataLoader(resumed, batch_size=None, num_workers=2)
+        if torch.isfinite(b["audio"]).all()
+    ]
     assert len(after) == planned  # every batch finite
     seen = Counter(k for keys in trained[:kept] + after for k in keys)
     assert set(seen) == set(ds.index.keys) - {poisoned} and max(seen.values()) == 1
@@ -418,8 +509,21 @@ def test_the_cli_writes_a_quarantined_state_over_its_input_whole(dataset_dir: Pa
     state_path.write_text(json.dumps(ds.state_dict()))
     before = state_path.stat().st_ino
     key = ds.index.keys[0]
-    assert main(["quarantine", str(dataset_dir), "--state", str(state_path), "--key", key, "--out",
-                 str(state_path)]) == 0
+    assert (
+        main(
+            [
+                "quarantine",
+                str(dataset_dir),
+                "--state",
+                str(state_path),
+                "--key",
+                key,
+                "--out",
+                str(state_path),
+            ]
+        )
+        == 0
+    )
     assert state_path.stat().st_ino != before  # a new file renamed over it, not the old one truncated
     healed = make(dataset_dir, World(0, 1))
     healed.load_state_dict(json.loads(state_path.read_text()))

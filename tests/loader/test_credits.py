@@ -87,10 +87,15 @@ def test_a_worker_runs_at_most_its_prefetch_ahead(data: Path, prefetch: int) -> 
     assert got == expected
 
 
-def test_an_interruption_wakes_a_worker_waiting_for_a_credit(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "WATCH_S", 60.0)  # inherited by forked workers: only the interruption wakes them
-    with ShardLoader(ShardDataset(data, batch_size=3, seed=1), num_workers=2, prefetch=1,
-                     multiprocessing_context="fork") as loader:
+def test_an_interruption_wakes_a_worker_waiting_for_a_credit(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        server, "WATCH_S", 60.0
+    )  # inherited by forked workers: only the interruption wakes them
+    with ShardLoader(
+        ShardDataset(data, batch_size=3, seed=1), num_workers=2, prefetch=1, multiprocessing_context="fork"
+    ) as loader:
         first = iter(loader)
         next(first)
         time.sleep(0.5)  # both workers made their next batches and wait for credits

@@ -69,8 +69,9 @@ def pinned_in_their_thread(pin: list[tuple[str, int]] | None) -> bool:
     """True unless batches were pinned outside the pin-memory thread or with more than one intra-op thread;
     and once every loader is closed, no pin-memory thread is left."""
     alive = [t for t in threading.enumerate() if t.name == "shardio-pin-memory"]
-    return not alive and (pin is None or torch.cuda.is_available()
-                          or bool(pin) and set(pin) == {("shardio-pin-memory", 1)})
+    return not alive and (
+        pin is None or torch.cuda.is_available() or bool(pin) and set(pin) == {("shardio-pin-memory", 1)}
+    )
 
 
 def keys(batches: Any) -> list[tuple[str, ...]]:
@@ -86,14 +87,25 @@ def straight(data: Path, epochs: range, **options: Any) -> list[list[tuple[str, 
     return played
 
 
-@pytest.mark.parametrize("method,workers,persistent", [("fork", 1, True), ("fork", 3, False),
-                                                        ("forkserver", 2, True),
-                                                        pytest.param("spawn", 2, False,
-                                                                     marks=pytest.mark.slow)])
-def test_epochs_are_the_zero_worker_epochs(data: Path, method: str, workers: int, persistent: bool,
-                                           pin: list[tuple[str, int]] | None) -> None:
-    with loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=workers, persistent_workers=persistent,
-                    multiprocessing_context=method) as loader:
+@pytest.mark.parametrize(
+    "method,workers,persistent",
+    [
+        ("fork", 1, True),
+        ("fork", 3, False),
+        ("forkserver", 2, True),
+        pytest.param("spawn", 2, False, marks=pytest.mark.slow),
+    ],
+)
+def test_epochs_are_the_zero_worker_epochs(
+    data: Path, method: str, workers: int, persistent: bool, pin: list[tuple[str, int]] | None
+) -> None:
+    with loader_for(
+        ShardDataset(data, **OPTIONS),
+        pin,
+        num_workers=workers,
+        persistent_workers=persistent,
+        multiprocessing_context=method,
+    ) as loader:
         played = []
         for epoch in range(3):
             loader.set_epoch(epoch)
@@ -111,8 +123,9 @@ def test_epochs_advance_without_set_epoch_and_zero_workers_iterate_here(data: Pa
 
 
 @pytest.mark.parametrize("workers_after", [2, pytest.param(3, marks=pytest.mark.slow), 0])
-def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int,
-                                                 pin: list[tuple[str, int]] | None) -> None:
+def test_a_state_after_any_batch_resumes_exactly(
+    data: Path, workers_after: int, pin: list[tuple[str, int]] | None
+) -> None:
     expected = [key for epoch in straight(data, range(2)) for key in epoch]
     n = len(straight(data, range(1))[0])
     for stop in (0, 1, n - 1, n, n + 2):
@@ -140,8 +153,9 @@ def test_a_state_after_any_batch_resumes_exactly(data: Path, workers_after: int,
         assert pinned_in_their_thread(pin if workers_after else None)
 
 
-def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(data: Path,
-                                                                    pin: list[tuple[str, int]] | None) -> None:
+def test_break_then_iterate_plays_the_next_epoch_as_a_dataloader_does(
+    data: Path, pin: list[tuple[str, int]] | None
+) -> None:
     loader = loader_for(ShardDataset(data, **OPTIONS), pin, num_workers=2)
     iter(loader)  # begins nothing: Lightning calls iter() to check that a loader is iterable
     first = iter(loader)
@@ -164,8 +178,9 @@ def test_held_batches_are_never_overwritten(long_wavs: Path, pin: list[tuple[str
         assert torch.equal(batch["audio"], audio)
 
 
-def test_a_worker_error_is_raised_typed_with_the_worker_s_traceback(tmp_path: Path,
-                                                                   pin: list[tuple[str, int]] | None) -> None:
+def test_a_worker_error_is_raised_typed_with_the_worker_s_traceback(
+    tmp_path: Path, pin: list[tuple[str, int]] | None
+) -> None:
     index = make_uneven_dataset(tmp_path, [6, 6], seed=1)
     shard = Path(index.shard_path(1))
     raw = bytearray(shard.read_bytes())
@@ -193,8 +208,9 @@ def _stall_worker_1(sample: dict[str, Any], rng: np.random.Generator) -> dict[st
     return sample
 
 
-def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              pin: list[tuple[str, int]] | None) -> None:
+def test_a_dead_worker_fails_the_iteration_instead_of_hanging(
+    data: Path, monkeypatch: pytest.MonkeyPatch, pin: list[tuple[str, int]] | None
+) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
     loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), pin, num_workers=2)
     iterator = iter(loader)
@@ -210,13 +226,24 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(data: Path, monkey
     assert pinned_in_their_thread(pin)
 
 
-@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow),
-                                    pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "fork",
+        pytest.param("forkserver", marks=pytest.mark.slow),
+        pytest.param("spawn", marks=pytest.mark.slow),
+    ],
+)
 def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, method: str) -> None:
     """A worker waiting for a credit, or between iterations, looks every ``WATCH_S`` whether the training process
     is gone; under forkserver its parent is the fork server, not the training process."""
-    with ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, persistent_workers=True,
-                     multiprocessing_context=method) as loader:
+    with ShardLoader(
+        ShardDataset(data, **OPTIONS),
+        num_workers=2,
+        prefetch=1,
+        persistent_workers=True,
+        multiprocessing_context=method,
+    ) as loader:
         played = []
         for number, batch in enumerate(loader):
             played.append(tuple(batch["keys"]))
@@ -228,7 +255,9 @@ def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, met
 
 
 def _orphaned_workers_exit(data: str, method: str) -> None:
-    loader = ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, multiprocessing_context=method)
+    loader = ShardLoader(
+        ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1, multiprocessing_context=method
+    )
     next(iter(loader))
     print(" ".join(str(worker.process.pid) for worker in loader._pool.workers), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # the training process dies without a word to its workers
@@ -237,9 +266,11 @@ def _orphaned_workers_exit(data: str, method: str) -> None:
 @pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_workers_exit_once_the_training_process_is_killed(data: Path, method: str) -> None:
     paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1])]
-    code = (f"import sys; sys.path[:0] = {paths!r}\n"
-            f"from tests.loader.test_loader import _orphaned_workers_exit\n"
-            f"if __name__ == '__main__':\n    _orphaned_workers_exit({str(data)!r}, {method!r})\n")
+    code = (
+        f"import sys; sys.path[:0] = {paths!r}\n"
+        f"from tests.loader.test_loader import _orphaned_workers_exit\n"
+        f"if __name__ == '__main__':\n    _orphaned_workers_exit({str(data)!r}, {method!r})\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     pids = [int(pid) for pid in done.stdout.split()]
@@ -252,15 +283,22 @@ def test_workers_exit_once_the_training_process_is_killed(data: Path, method: st
 
 @pytest.mark.parametrize("pin_memory", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_an_iterator_left_unfinished_at_exit_closes_quietly(data: Path, pin_memory: bool) -> None:
-    code = ("import warnings; warnings.simplefilter('ignore')\n"  # pin_memory without an accelerator warns
-            "from shardio import ShardDataset, ShardLoader\n"
-            f"loader = ShardLoader(ShardDataset({str(data)!r}, batch_size=3), num_workers=2, "
-            f"pin_memory={pin_memory})\n"
-            "batches = iter(loader)\n"
-            "next(batches)\n"
-            "print(*[worker.process.pid for worker in loader._pool.workers])\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).parents[2])
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"  # pin_memory without an accelerator warns
+        "from shardio import ShardDataset, ShardLoader\n"
+        f"loader = ShardLoader(ShardDataset({str(data)!r}, batch_size=3), num_workers=2, "
+        f"pin_memory={pin_memory})\n"
+        "batches = iter(loader)\n"
+        "next(batches)\n"
+        "print(*[worker.process.pid for worker in loader._pool.workers])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
     # the iterator was finalised after the modules it halts with: "Exception ignored ... AttributeError"
     assert done.returncode == 0 and done.stderr == "", done.stderr
     pids = [int(pid) for pid in done.stdout.split()]
@@ -276,8 +314,9 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_silent_worker_fails_at_the_timeout(data: Path, monkeypatch: pytest.MonkeyPatch,
-                                              pin: list[tuple[str, int]] | None) -> None:
+def test_a_silent_worker_fails_at_the_timeout(
+    data: Path, monkeypatch: pytest.MonkeyPatch, pin: list[tuple[str, int]] | None
+) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
     loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall), pin, num_workers=1, timeout=0.5)
     with pytest.raises(RuntimeError, match=r"gave no batch in 0.5 s"):
@@ -308,7 +347,9 @@ def test_pin_memory_without_an_accelerator_warns_and_yields_plain_batches(data: 
 def test_pin_memory_on_an_accelerator_yields_pinned_copies_that_outlive_the_blocks(long_wavs: Path) -> None:
     options = {"batch_size": 8, "seed": 2}
     expected = list(ShardDataset(long_wavs, **options))
-    with ShardLoader(ShardDataset(long_wavs, **options), num_workers=2, pin_memory=True, prefetch=3) as loader:
+    with ShardLoader(
+        ShardDataset(long_wavs, **options), num_workers=2, pin_memory=True, prefetch=3
+    ) as loader:
         held = list(loader)  # every batch kept: more batches than blocks in flight
     assert keys(held) == keys(expected)
     for got, want in zip(held, expected):

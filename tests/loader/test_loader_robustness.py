@@ -47,18 +47,27 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run(function: str, *args: Any, limit: float = 90.0) -> subprocess.CompletedProcess[str]:
     """``function(*args)`` of this module in a fresh interpreter, in a session of its own; past ``limit``
     seconds the test fails and the session is killed whole (its workers too, stopped ones included)."""
-    code = (f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
-            f"from tests.loader.test_loader_robustness import {function}\n"
-            f"if __name__ == '__main__':\n    {function}(*{args!r})\n")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT, start_new_session=True)
+    code = (
+        f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
+        f"from tests.loader.test_loader_robustness import {function}\n"
+        f"if __name__ == '__main__':\n    {function}(*{args!r})\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = child.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         stdout, stderr = child.communicate()
-        pytest.fail(f"{function}{args!r} hung: killed after {limit:g} s\nstdout:\n{stdout}\n"
-                    f"stderr:\n{stderr}")
+        pytest.fail(
+            f"{function}{args!r} hung: killed after {limit:g} s\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        )
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
@@ -84,7 +93,9 @@ class StopAt:
         return sample
 
 
-def _stopping_loader(data: str, timeout: float) -> tuple[ShardLoader, Iterator[dict[str, Any]], list[list[str]]]:
+def _stopping_loader(
+    data: str, timeout: float
+) -> tuple[ShardLoader, Iterator[dict[str, Any]], list[list[str]]]:
     """A loader whose worker 1 stops itself while making batch 3 (its second), its iterator, and the keys of the
     first batch (taken: the workers are running)."""
     key = epochs(data, 1)[0][3][0]
@@ -119,7 +130,10 @@ def test_a_stopped_worker_is_named_while_the_loader_waits_and_its_batches_follow
     assert result["keys"] == epochs(str(data), 1)[0]  # every batch, in order, once the worker resumed
     assert result["waited"] >= 3.0  # it did wait for the stopped worker
     pid = result["pid"]
-    assert f"shardio loader worker 1 (pid {pid}) has given nothing for 1 s and is stopped (SIGSTOP" in done.stderr
+    assert (
+        f"shardio loader worker 1 (pid {pid}) has given nothing for 1 s and is stopped (SIGSTOP"
+        in done.stderr
+    )
     assert f"worker 1 (pid {pid}) has given nothing for 2 s" in done.stderr  # again once the wait doubled
     assert "worker 0" not in done.stderr
 
@@ -141,8 +155,10 @@ def test_a_stopped_worker_fails_at_the_timeout_named_and_is_ended(data: Path) ->
     assert done.returncode == 0, done.stderr  # not killed by run's time limit: the exit did not hang
     result = json.loads(done.stdout)
     pid = result["pid"]
-    assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it was "
-                               f"stopped (SIGSTOP or job control: SIGCONT resumes it)")
+    assert result["error"] == (
+        f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it was "
+        f"stopped (SIGSTOP or job control: SIGCONT resumes it)"
+    )
     assert result["after"] < 5.0  # the timeout, not the timeout and the seconds spent asking a stopped worker
     assert not _running(pid)
 
@@ -205,15 +221,25 @@ def _rest_of_an_epoch(loader: ShardLoader, timeout: float, stop: Any = None) -> 
 
 def _stopped_at_hand_off(data: str, timeout: float) -> None:
     _stop_after_handing_over()
-    _rest_of_an_epoch(ShardLoader(ShardDataset(data, **OPTIONS), num_workers=2, prefetch=1,
-                                  multiprocessing_context="fork", timeout=timeout), timeout)
+    _rest_of_an_epoch(
+        ShardLoader(
+            ShardDataset(data, **OPTIONS),
+            num_workers=2,
+            prefetch=1,
+            multiprocessing_context="fork",
+            timeout=timeout,
+        ),
+        timeout,
+    )
 
 
-@pytest.mark.parametrize("timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)],
-                         ids=["timeout", "no_timeout"])
+@pytest.mark.parametrize(
+    "timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)], ids=["timeout", "no_timeout"]
+)
 @pytest.mark.parametrize("audio", ["short", pytest.param("long", marks=pytest.mark.slow)])
-def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(data: Path, long_data: Path, audio: str,
-                                                                   timeout: float) -> None:
+def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(
+    data: Path, long_data: Path, audio: str, timeout: float
+) -> None:
     directory = str(data if audio == "short" else long_data)
     shm = set(os.listdir("/dev/shm"))
     done = run("_stopped_at_hand_off", directory, timeout, limit=40)
@@ -221,8 +247,10 @@ def test_a_worker_stopped_right_after_handing_a_batch_over_is_named(data: Path, 
     result = json.loads(done.stdout)
     pid = result["pids"][1]
     if timeout:
-        assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
-                                   f"was stopped (SIGSTOP or job control: SIGCONT resumes it)")
+        assert result["error"] == (
+            f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
+            f"was stopped (SIGSTOP or job control: SIGCONT resumes it)"
+        )
         assert result["after"] < 5.0  # the timeout, not the seconds spent asking a stopped worker
     else:
         assert "error" not in result
@@ -251,21 +279,29 @@ def _stop_in_the_middle_of_a_message(pid: int) -> None:
 
 
 def _stopped_in_a_message(data: str, timeout: float) -> None:
-    loader = ShardLoader(ShardDataset(data, **OPTIONS, transform=Bloated()), num_workers=2, prefetch=1,
-                         multiprocessing_context="fork", timeout=timeout)
+    loader = ShardLoader(
+        ShardDataset(data, **OPTIONS, transform=Bloated()),
+        num_workers=2,
+        prefetch=1,
+        multiprocessing_context="fork",
+        timeout=timeout,
+    )
     _rest_of_an_epoch(loader, timeout, _stop_in_the_middle_of_a_message)
 
 
-@pytest.mark.parametrize("timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)],
-                         ids=["timeout", "no_timeout"])
+@pytest.mark.parametrize(
+    "timeout", [1.0, pytest.param(0.0, marks=pytest.mark.slow)], ids=["timeout", "no_timeout"]
+)
 def test_a_worker_stopped_in_the_middle_of_a_large_message_is_named(data: Path, timeout: float) -> None:
     done = run("_stopped_in_a_message", str(data), timeout, limit=40)
     assert done.returncode == 0, done.stderr  # not killed at the limit: the training process read no rest
     result = json.loads(done.stdout)
     pid = result["pids"][1]
     if timeout:
-        assert result["error"] == (f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
-                                   f"was stopped (SIGSTOP or job control: SIGCONT resumes it)")
+        assert result["error"] == (
+            f"shardio loader worker 1 (pid {pid}) gave no batch in 1 s (timeout); it "
+            f"was stopped (SIGSTOP or job control: SIGCONT resumes it)"
+        )
         assert result["after"] < 5.0
     else:
         assert "error" not in result
@@ -284,8 +320,9 @@ def _send_large_and_stop(pipe: Any, size: int) -> None:
 def test_a_channel_reads_a_large_message_as_it_arrives_and_waits_no_longer_than_asked() -> None:
     size = 4 << 20
     ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=True)
-    sender = multiprocessing.get_context("fork").Process(target=_send_large_and_stop, args=(theirs, size),
-                                                         daemon=True)
+    sender = multiprocessing.get_context("fork").Process(
+        target=_send_large_and_stop, args=(theirs, size), daemon=True
+    )
     channel = Channel(ours)
     sender.start()
     theirs.close()
@@ -300,7 +337,11 @@ def test_a_channel_reads_a_large_message_as_it_arrives_and_waits_no_longer_than_
         os.kill(sender.pid, signal.SIGCONT)
         assert channel.ready(30.0)
         kind, batch = channel.receive()
-        assert kind == "batch" and batch["notes"] == b"y" * size and torch.equal(batch["audio"], torch.arange(10))
+        assert (
+            kind == "batch"
+            and batch["notes"] == b"y" * size
+            and torch.equal(batch["audio"], torch.arange(10))
+        )
         assert channel.ready(30.0) and channel.receive() == ("end", None)
         del batch
         sender.join(10)
@@ -393,7 +434,9 @@ def test_a_silent_worker_s_state_is_read_from_proc() -> None:
 def _interrupted(data: str, method: str, persistent: bool) -> None:
     expected = epochs(data, 3)
     dataset = ShardDataset(data, **OPTIONS)
-    loader = ShardLoader(dataset, num_workers=2, persistent_workers=persistent, multiprocessing_context=method)
+    loader = ShardLoader(
+        dataset, num_workers=2, persistent_workers=persistent, multiprocessing_context=method
+    )
     seen = []
     try:
         for batch in loader:
@@ -411,10 +454,13 @@ def _interrupted(data: str, method: str, persistent: bool) -> None:
     print(json.dumps([worker.process.pid for worker in loader._pool.workers]))
 
 
-@pytest.mark.parametrize("persistent", [pytest.param(False, marks=pytest.mark.slow), True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize(
+    "persistent", [pytest.param(False, marks=pytest.mark.slow), True], ids=["fresh", "persistent"]
+)
 @pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
-def test_ctrl_c_in_an_epoch_leaves_the_next_ones_exact_and_no_worker_behind(data: Path, method: str,
-                                                                            persistent: bool) -> None:
+def test_ctrl_c_in_an_epoch_leaves_the_next_ones_exact_and_no_worker_behind(
+    data: Path, method: str, persistent: bool
+) -> None:
     done = run("_interrupted", str(data), method, persistent)
     assert done.returncode == 0, done.stderr
     pids = json.loads(done.stdout)

@@ -49,16 +49,20 @@ def test_jsonl_manifest_paths_fields_ids_and_segments(tmp_path: Path) -> None:
     manifest = write_text(tmp_path / "train.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
     sources = list(read_jsonl(manifest))
     assert [s.key for s in sources] == ["one", "custom-id", "long_00000000", "long_00001000"]
-    assert sources[0] == Source("one", str(tmp_path / "audio" / "one.wav"), None, None,
-                                {"text": "one", "lang": "en"}, f"{manifest}:1")
+    assert sources[0] == Source(
+        "one", str(tmp_path / "audio" / "one.wav"), None, None, {"text": "one", "lang": "en"}, f"{manifest}:1"
+    )
     assert sources[1].audio_path == str(absolute)
     assert (sources[2].offset, sources[2].duration) == (0.0, 1.0)
     assert (sources[3].offset, sources[3].duration, sources[3].meta) == (1.0, 1.0, {"text": "second half"})
 
 
 def test_jsonl_bad_lines_are_problems_naming_the_line(tmp_path: Path) -> None:
-    manifest = write_text(tmp_path / "m.jsonl", '{"audio_filepath": "a.wav"}\nnot json\n{"text": "no path"}\n'
-                          '{"audio_filepath": "b.wav", "offset": "soon"}\n')
+    manifest = write_text(
+        tmp_path / "m.jsonl",
+        '{"audio_filepath": "a.wav"}\nnot json\n{"text": "no path"}\n'
+        '{"audio_filepath": "b.wav", "offset": "soon"}\n',
+    )
     problems: list[InputProblem] = []
     assert [s.key for s in read_corpus(manifest, problems=problems)] == ["a"]
     assert [p.source for p in problems] == [f"{manifest}:2", f"{manifest}:3", f"{manifest}:4"]
@@ -85,16 +89,21 @@ def _kaldi_dir(root: Path, *, segments: bool) -> Path:
 def test_kaldi_dir_without_segments(tmp_path: Path) -> None:
     data = _kaldi_dir(tmp_path, segments=False)
     sources = list(read_corpus(data))
-    assert [(s.key, s.meta) for s in sources] == [("rec1", {"text": "hello there", "speaker": "spk1"}),
-                                                  ("rec2", {"text": "general kenobi", "speaker": "spk2"})]
+    assert [(s.key, s.meta) for s in sources] == [
+        ("rec1", {"text": "hello there", "speaker": "spk1"}),
+        ("rec2", {"text": "general kenobi", "speaker": "spk2"}),
+    ]
     assert Path(sources[1].audio_path).resolve() == (tmp_path / "wav" / "rec2.wav").resolve()
     assert sources[0].origin == f"{data / 'wav.scp'}:1"
 
 
 def test_kaldi_dir_with_segments(tmp_path: Path) -> None:
     sources = list(read_kaldi(_kaldi_dir(tmp_path, segments=True)))
-    assert [(s.key, s.offset, s.duration) for s in sources] == [("utt1", 0.5, 1.0), ("utt2", 1.5, None),
-                                                                ("utt3", 0.0, 1.0)]
+    assert [(s.key, s.offset, s.duration) for s in sources] == [
+        ("utt1", 0.5, 1.0),
+        ("utt2", 1.5, None),
+        ("utt3", 0.0, 1.0),
+    ]
     assert sources[0].meta == {"text": "hello there", "speaker": "spk1", "recording": "rec1"}
     assert sources[2].meta == {"text": "", "speaker": "spk1", "recording": "rec2"}
 
@@ -116,12 +125,19 @@ def test_kaldi_piped_command_is_a_problem_naming_the_line(tmp_path: Path) -> Non
     problems: list[InputProblem] = []
     assert [s.key for s in read_corpus(data, "kaldi", problems=problems)] == ["s1"]
     assert problems[0].source == f"{data / 'wav.scp'}:2" and "piped command" in problems[0].reason
-    assert problems[1].source == f"{data / 'segments'}:2" and "'nowhere' is not in wav.scp" in problems[1].reason
+    assert (
+        problems[1].source == f"{data / 'segments'}:2" and "'nowhere' is not in wav.scp" in problems[1].reason
+    )
 
 
-@pytest.mark.parametrize(("entry", "what"), [("-", "standard input"),
-                                             ("/data/raw/wav.1.ark:1234", "an offset into a Kaldi archive"),
-                                             ("rec.wav[100:200]", "a range of a file")])
+@pytest.mark.parametrize(
+    ("entry", "what"),
+    [
+        ("-", "standard input"),
+        ("/data/raw/wav.1.ark:1234", "an offset into a Kaldi archive"),
+        ("rec.wav[100:200]", "a range of a file"),
+    ],
+)
 def test_kaldi_extended_filenames_are_named_as_what_they_are(tmp_path: Path, entry: str, what: str) -> None:
     data = tmp_path / "d"
     write_tone(data / "ok.wav", 0.2)
@@ -141,16 +157,29 @@ def test_a_kaldi_path_that_only_looks_extended_is_a_file(tmp_path: Path) -> None
     assert [s.key for s in read_corpus(data, "kaldi", problems=problems)] == ["a"] and problems == []
 
 
-@pytest.mark.parametrize(("delimiter", "path_column", "text_column"),
-                         [("\t", "path", "sentence"), (",", "audio_filepath", "text"), ("|", "audio_file", "text"),
-                          (";", "file", "transcript"), ("\t", "audio", "transcription")])
-def test_table_header_columns_and_delimiters(tmp_path: Path, delimiter: str, path_column: str,
-                                             text_column: str) -> None:
+@pytest.mark.parametrize(
+    ("delimiter", "path_column", "text_column"),
+    [
+        ("\t", "path", "sentence"),
+        (",", "audio_filepath", "text"),
+        ("|", "audio_file", "text"),
+        (";", "file", "transcript"),
+        ("\t", "audio", "transcription"),
+    ],
+)
+def test_table_header_columns_and_delimiters(
+    tmp_path: Path, delimiter: str, path_column: str, text_column: str
+) -> None:
     write_tone(tmp_path / "clips" / "a.wav", 0.2)
     write_tone(tmp_path / "clips" / "b.mp3", 0.2)
-    rows = [[path_column, text_column, "speaker_name"], ["clips/a.wav", "alpha, \"quoted\"", "s1"],
-            ["clips/b.mp3", "beta", "s2"]]
-    quote = (lambda cell: f'"{cell.replace(chr(34), chr(34) * 2)}"') if delimiter in ",;" else (lambda cell: cell)
+    rows = [
+        [path_column, text_column, "speaker_name"],
+        ["clips/a.wav", 'alpha, "quoted"', "s1"],
+        ["clips/b.mp3", "beta", "s2"],
+    ]
+    quote = (
+        (lambda cell: f'"{cell.replace(chr(34), chr(34) * 2)}"') if delimiter in ",;" else (lambda cell: cell)
+    )
     text = "\n".join(delimiter.join(quote(c) if "," in c else c for c in row) for row in rows) + "\n"
     table = write_text(tmp_path / ("list.tsv" if delimiter == "\t" else "list.csv"), text)
     sources = list(read_corpus(table))
@@ -161,7 +190,9 @@ def test_table_header_columns_and_delimiters(tmp_path: Path, delimiter: str, pat
 
 def test_table_problems(tmp_path: Path) -> None:
     write_text(tmp_path / "nopath.tsv", "name\ttext\nx.wav\thi\n")
-    with pytest.raises(InputError, match=r"nopath\.tsv: the first line is not a header naming the audio path"):
+    with pytest.raises(
+        InputError, match=r"nopath\.tsv: the first line is not a header naming the audio path"
+    ):
         list(read_table(tmp_path / "nopath.tsv"))
     table = write_text(tmp_path / "t.tsv", "id\tpath\ttext\nk1\ta.wav\tone\nk2\tb.wav\n\t\tthree\n")
     problems: list[InputProblem] = []
@@ -174,8 +205,10 @@ def test_ljspeech_headerless_metadata(tmp_path: Path) -> None:
     write_tone(tmp_path / "wavs" / "LJ001-0002.flac", 0.2)
     table = write_text(tmp_path / "metadata.csv", "LJ001-0001|Dr. Smith|Doctor Smith\nLJ001-0002|in 1850.|\n")
     sources = list(read_corpus(table))
-    assert [(s.key, Path(s.audio_path).name) for s in sources] == [("LJ001-0001", "LJ001-0001.wav"),
-                                                                   ("LJ001-0002", "LJ001-0002.flac")]
+    assert [(s.key, Path(s.audio_path).name) for s in sources] == [
+        ("LJ001-0001", "LJ001-0001.wav"),
+        ("LJ001-0002", "LJ001-0002.flac"),
+    ]
     assert sources[0].meta == {"text": "Doctor Smith", "raw_text": "Dr. Smith"}
     assert sources[1].meta["text"] == "in 1850."
 

@@ -24,16 +24,29 @@ from shardio.packing.verification import verify_dataset
 from shardio.shards.index import Index
 from shardio.shards.tarformat import parse_members
 
-SPECS = [("wav", 8000, 1, 0.3), ("flac", 16000, 2, 0.5), ("ogg", 22050, 1, 0.4), ("mp3", 16000, 1, 0.6),
-         ("wav", 16000, 2, 0.2), ("flac", 8000, 1, 0.25), ("wav", 8000, 1, 0.1)]
+SPECS = [
+    ("wav", 8000, 1, 0.3),
+    ("flac", 16000, 2, 0.5),
+    ("ogg", 22050, 1, 0.4),
+    ("mp3", 16000, 1, 0.6),
+    ("wav", 16000, 2, 0.2),
+    ("flac", 8000, 1, 0.25),
+    ("wav", 8000, 1, 0.1),
+]
 
 
 def webdataset_samples(long_keys: bool = False) -> list[dict]:
     samples = []
     for i, (ext, rate, channels, seconds) in enumerate(SPECS):
         key = f"spk{i % 2}/utt{i:03d}" + ("_" + "x" * 120 if long_keys and i % 3 == 0 else "")
-        samples.append({"__key__": key, ext: audio_bytes(tone(seconds, rate, channels, seed=i), rate, ext),
-                        "json": json.dumps({"text": f"sample {i}"}).encode(), "txt": f"sample {i}".encode()})
+        samples.append(
+            {
+                "__key__": key,
+                ext: audio_bytes(tone(seconds, rate, channels, seed=i), rate, ext),
+                "json": json.dumps({"text": f"sample {i}"}).encode(),
+                "txt": f"sample {i}".encode(),
+            }
+        )
     return samples
 
 
@@ -62,13 +75,13 @@ def read_back(index: Index, sample: int) -> dict[str, bytes]:
     codec = index.shards[shard].codec
     offset, size = int(c["frame_offset"][sample]), int(c["frame_size"][sample])
     if codec == "none":
-        data = path.read_bytes()[offset:offset + size]
+        data = path.read_bytes()[offset : offset + size]
     elif codec == "zstd":
-        frame = zstandard.ZstdDecompressor().decompress(path.read_bytes()[offset:offset + size])
-        data = frame[int(c["member_offset"][sample]):][:int(c["member_size"][sample])]
+        frame = zstandard.ZstdDecompressor().decompress(path.read_bytes()[offset : offset + size])
+        data = frame[int(c["member_offset"][sample]) :][: int(c["member_size"][sample])]
     else:
         assert size == int(c["member_size"][sample]) and int(c["member_offset"][sample]) == 0
-        data = decompressed(path)[offset:offset + size]
+        data = decompressed(path)[offset : offset + size]
     return {name: bytes(view) for name, view in parse_members(data, str(path))}
 
 
@@ -109,7 +122,9 @@ def test_webdataset_tar_gz_shards(tmp_path: Path) -> None:
 def test_tar_zst_from_the_zstd_cli_is_a_stream(tmp_path: Path) -> None:
     samples = webdataset_samples()
     for shard in write_webdataset(tmp_path / "src" / "wds-%06d.tar", samples, maxcount=7):
-        subprocess.run(["zstd", "-q", "-19", str(shard), "-o", str(tmp_path / f"{shard.name}.zst")], check=True)
+        subprocess.run(
+            ["zstd", "-q", "-19", str(shard), "-o", str(tmp_path / f"{shard.name}.zst")], check=True
+        )
     index = build_index([tmp_path / "wds-000000.tar.zst"])
     assert [s.codec for s in index.shards] == ["zstd-stream"]
     check_index(index, samples)
@@ -125,8 +140,9 @@ def test_shardio_zstd_shards_reindex_as_seekable(mixed_corpus: Path, tmp_path: P
     assert rebuilt.keys == packed.keys and rebuilt.formats == packed.formats
     for name, column in packed.columns.items():
         assert np.array_equal(rebuilt.columns[name], column), name
-    assert [(s.bytes, s.sha256, s.samples) for s in rebuilt.shards] == \
-        [(s.bytes, s.sha256, s.samples) for s in packed.shards]
+    assert [(s.bytes, s.sha256, s.samples) for s in rebuilt.shards] == [
+        (s.bytes, s.sha256, s.samples) for s in packed.shards
+    ]
     assert "allow_outside_root=True" in verify_dataset(tmp_path / "elsewhere")[0]
     assert verify_dataset(tmp_path / "elsewhere", decode=True, allow_outside_root=True) == []
 
@@ -163,7 +179,7 @@ def test_multi_frame_zstd_not_aligned_with_samples_is_a_stream(tmp_path: Path) -
     (tar,) = write_webdataset(tmp_path / "src" / "wds-%06d.tar", samples, maxcount=7)
     data, compressor = tar.read_bytes(), zstandard.ZstdCompressor()
     shard = tmp_path / "chunked.tar.zst"  # frames of 3000 bytes cut through the samples
-    shard.write_bytes(b"".join(compressor.compress(data[i:i + 3000]) for i in range(0, len(data), 3000)))
+    shard.write_bytes(b"".join(compressor.compress(data[i : i + 3000]) for i in range(0, len(data), 3000)))
     index = build_index([shard])
     assert [s.codec for s in index.shards] == ["zstd-stream"]
     check_index(index, samples)

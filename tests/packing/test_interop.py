@@ -14,13 +14,18 @@ import webdataset
 from shardio.packing.pack import pack
 from shardio.shards.index import Index
 
-pytestmark = pytest.mark.skipif(not (shutil.which("tar") and shutil.which("zstd")), reason="needs tar and zstd")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("tar") and shutil.which("zstd")), reason="needs tar and zstd"
+)
 
 
 def expected_members(corpus: Path, index: Index) -> dict[str, bytes]:
     """Every member name a packed dataset of the mixed corpus should hold, with the audio's original bytes."""
-    files = {p.relative_to(corpus).as_posix().rsplit(".", 1)[0]: p for p in corpus.rglob("*")
-             if p.suffix in (".wav", ".flac", ".ogg", ".mp3")}
+    files = {
+        p.relative_to(corpus).as_posix().rsplit(".", 1)[0]: p
+        for p in corpus.rglob("*")
+        if p.suffix in (".wav", ".flac", ".ogg", ".mp3")
+    }
     return {f"{key}{files[key].suffix}": files[key].read_bytes() for key in index.keys}
 
 
@@ -32,14 +37,17 @@ def packed(request: pytest.FixtureRequest, mixed_corpus: Path, tmp_path: Path) -
 
 def tar_listing(shard: Path) -> list[str]:
     if shard.name.endswith(".zst"):
-        tar = subprocess.run(f"zstd -dc '{shard}' | tar -t", shell=True, check=True, capture_output=True, text=True)
+        tar = subprocess.run(
+            f"zstd -dc '{shard}' | tar -t", shell=True, check=True, capture_output=True, text=True
+        )
     else:
         tar = subprocess.run(["tar", "-tf", str(shard)], check=True, capture_output=True, text=True)
     return tar.stdout.splitlines()
 
 
-def test_tar_and_zstd_cli_list_and_extract_the_same(packed: tuple[Path, Index], mixed_corpus: Path,
-                                                     tmp_path: Path) -> None:
+def test_tar_and_zstd_cli_list_and_extract_the_same(
+    packed: tuple[Path, Index], mixed_corpus: Path, tmp_path: Path
+) -> None:
     out, index = packed
     names = [name for shard in index.shards for name in tar_listing(out / shard.name)]
     audio_names = list(expected_members(mixed_corpus, index))  # in index order
@@ -48,8 +56,11 @@ def test_tar_and_zstd_cli_list_and_extract_the_same(packed: tuple[Path, Index], 
     extracted.mkdir()
     for shard in index.shards:
         source = out / shard.name
-        command = f"zstd -dc '{source}' | tar -x -C '{extracted}'" if shard.codec == "zstd" else \
-            f"tar -xf '{source}' -C '{extracted}'"
+        command = (
+            f"zstd -dc '{source}' | tar -x -C '{extracted}'"
+            if shard.codec == "zstd"
+            else f"tar -xf '{source}' -C '{extracted}'"
+        )
         subprocess.run(command, shell=True, check=True)
     for name, data in expected_members(mixed_corpus, index).items():
         assert (extracted / name).read_bytes() == data
@@ -59,7 +70,9 @@ def test_tar_and_zstd_cli_list_and_extract_the_same(packed: tuple[Path, Index], 
 
 def test_webdataset_reads_the_same_samples(packed: tuple[Path, Index], mixed_corpus: Path) -> None:
     out, index = packed
-    urls = [f"pipe:zstd -dc '{out / s.name}'" if s.codec == "zstd" else str(out / s.name) for s in index.shards]
+    urls = [
+        f"pipe:zstd -dc '{out / s.name}'" if s.codec == "zstd" else str(out / s.name) for s in index.shards
+    ]
     samples = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
     assert [s["__key__"] for s in samples] == index.keys
     expected = expected_members(mixed_corpus, index)

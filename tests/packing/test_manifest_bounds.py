@@ -27,8 +27,14 @@ MANIFEST = "tarred_audio_manifest.json"
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "shardio.cli", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "shardio.cli", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _append_raw(root: Path, line: str) -> int:
@@ -69,8 +75,13 @@ def test_pack_refuses_a_line_nested_too_deeply_without_a_traceback(tmp_path: Pat
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(f'{{"audio_filepath": "a.wav"}}\n{{"audio_filepath": "b.wav", "x": {deep}}}\n')
     result = _cli("pack", manifest, tmp_path / "out", "--no-progress")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr  # a RecursionError before
-    assert f"{manifest}:2: not a valid manifest line: the JSON is nested more than {MAX_DEPTH} deep" in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (
+        result.stderr
+    )  # a RecursionError before
+    assert (
+        f"{manifest}:2: not a valid manifest line: the JSON is nested more than {MAX_DEPTH} deep"
+        in result.stderr
+    )
 
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 900, 5000])
@@ -110,7 +121,9 @@ def test_a_long_jsonl_line_is_a_problem_and_is_never_read_whole(tmp_path: Path) 
 
 def test_index_nemo_skips_a_long_line_in_bounded_memory(tmp_path: Path) -> None:
     write_tarred(tmp_path, count=4, shards=2)
-    number = _append_raw(tmp_path, '{"audio_filepath": "y.wav", "shard_id": 0, "text": "' + "x" * (40 << 20) + '"}')
+    number = _append_raw(
+        tmp_path, '{"audio_filepath": "y.wav", "shard_id": 0, "text": "' + "x" * (40 << 20) + '"}'
+    )
     caught: list[InputError] = []
 
     def index() -> None:
@@ -120,7 +133,9 @@ def test_index_nemo_skips_a_long_line_in_bounded_memory(tmp_path: Path) -> None:
             caught.append(exc)
 
     peak = _traced_peak(index)  # 650 MB RSS for a 300 MB line before: it was read whole to be skipped
-    assert len(caught) == 1 and f"{MANIFEST}:{number}: a line of more than {MAX_LINE_BYTES} bytes" in str(caught[0])
+    assert len(caught) == 1 and f"{MANIFEST}:{number}: a line of more than {MAX_LINE_BYTES} bytes" in str(
+        caught[0]
+    )
     assert peak < 4 * MAX_LINE_BYTES + (8 << 20), peak
 
 

@@ -28,8 +28,13 @@ from shardio.packing.manifestlines import MAX_LINE_BYTES
 
 pytestmark = pytest.mark.timeout(300)
 
-FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 CASE_SECONDS = 20  # a case that runs longer has hung
 PEAK_BYTES = 4 * MAX_LINE_BYTES + (8 << 20)  # a few lines at their bound, and the readers' own state
 
@@ -86,12 +91,20 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     jsonl = tmp_path_factory.mktemp("jsonl")
     for number, name in enumerate("abc"):
         write_tone(jsonl / f"{name}.wav", seed=number)
-    (jsonl / "m.jsonl").write_text("".join(json.dumps({"audio_filepath": f"{n}.wav", "text": f"text {n}",
-                                                       "duration": 1.0}) + "\n" for n in "abc"))
+    (jsonl / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"audio_filepath": f"{n}.wav", "text": f"text {n}", "duration": 1.0}) + "\n"
+            for n in "abc"
+        )
+    )
     nemo = tmp_path_factory.mktemp("nemo")
     write_tarred(nemo, count=6, shards=2)
-    return {"jsonl": jsonl, "nemo": nemo, "jsonl_bytes": (jsonl / "m.jsonl").read_bytes(),
-            "nemo_bytes": (nemo / "tarred_audio_manifest.json").read_bytes()}
+    return {
+        "jsonl": jsonl,
+        "nemo": nemo,
+        "jsonl_bytes": (jsonl / "m.jsonl").read_bytes(),
+        "nemo_bytes": (nemo / "tarred_audio_manifest.json").read_bytes(),
+    }
 
 
 def _read_every_way(corpora: dict[str, Any], jsonl: bytes, nemo: bytes) -> None:
@@ -107,13 +120,16 @@ def _read_every_way(corpora: dict[str, Any], jsonl: bytes, nemo: bytes) -> None:
 @FUZZ
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=4))
 def test_damaged_manifest_bytes(corpora: dict[str, Any], mutations: list[tuple[str, int, Any]]) -> None:
-    _read_every_way(corpora, mutate(corpora["jsonl_bytes"], mutations), mutate(corpora["nemo_bytes"], mutations))
+    _read_every_way(
+        corpora, mutate(corpora["jsonl_bytes"], mutations), mutate(corpora["nemo_bytes"], mutations)
+    )
 
 
 @FUZZ
 @given(line=st.sampled_from(HOSTILE_LINES), at=st.integers(0, 8), mutations=st.lists(MUTATION, max_size=2))
-def test_hostile_manifest_lines(corpora: dict[str, Any], line: bytes, at: int,
-                                mutations: list[tuple[str, int, Any]]) -> None:
+def test_hostile_manifest_lines(
+    corpora: dict[str, Any], line: bytes, at: int, mutations: list[tuple[str, int, Any]]
+) -> None:
     def spliced(original: bytes) -> bytes:
         lines = original.splitlines(keepends=True)
         position = at % (len(lines) + 1)

@@ -43,7 +43,7 @@ def sample_members(index: Index, sample: int) -> dict[str, bytes]:
     if index.shards[shard].codec == "zstd":
         frame = zstandard.ZstdDecompressor().decompress(frame)
     start = int(c["member_offset"][sample])
-    data = frame[start:start + int(c["member_size"][sample])]
+    data = frame[start : start + int(c["member_size"][sample])]
     return {name: bytes(view) for name, view in parse_members(data, "test")}
 
 
@@ -58,8 +58,13 @@ def test_pack_keeps_original_bytes_of_every_format(mixed_corpus: Path, tmp_path:
     assert summary.bytes == (tmp_path / "out" / "shard-000000.tar").stat().st_size
     assert summary.hours == pytest.approx((0.4 + 0.6 + 0.5 + 0.7 + 0.3) / 3600, rel=0.01)
     assert index.keys == ["a_wav", "b_flac", "e_stereo", "sub/c_ogg", "sub/deep/d_mp3"]
-    originals = {"a_wav": "a_wav.wav", "b_flac": "b_flac.flac", "e_stereo": "e_stereo.wav",
-                 "sub/c_ogg": "sub/c_ogg.ogg", "sub/deep/d_mp3": "sub/deep/d_mp3.mp3"}
+    originals = {
+        "a_wav": "a_wav.wav",
+        "b_flac": "b_flac.flac",
+        "e_stereo": "e_stereo.wav",
+        "sub/c_ogg": "sub/c_ogg.ogg",
+        "sub/deep/d_mp3": "sub/deep/d_mp3.mp3",
+    }
     for sample, key in enumerate(index.keys):
         members = sample_members(index, sample)
         ext = originals[key].rsplit(".", 1)[1]
@@ -68,39 +73,65 @@ def test_pack_keeps_original_bytes_of_every_format(mixed_corpus: Path, tmp_path:
         info = sf.info(mixed_corpus / originals[key])
         meta = json.loads(members[f"{key}.json"])
         assert meta["duration"] == round(int(index.columns["num_frames"][sample]) / info.samplerate, 6)
-        assert (int(index.columns["sample_rate"][sample]), int(index.columns["channels"][sample])) == \
-            (info.samplerate, info.channels)
+        assert (int(index.columns["sample_rate"][sample]), int(index.columns["channels"][sample])) == (
+            info.samplerate,
+            info.channels,
+        )
     assert json.loads(sample_members(index, 0)["a_wav.json"]) == {"duration": 0.4, "text": "the wav one"}
     assert sorted(index.formats) == ["flac", "mp3", "ogg", "wav"]
     assert verify_dataset(tmp_path / "out", decode=True) == []
 
 
-_SAMPLE = st.fixed_dictionaries({
-    "seconds": st.floats(0.01, 0.3),
-    "rate": st.sampled_from([8000, 16000, 22050]),
-    "channels": st.integers(1, 2),
-    "ext": st.sampled_from(["wav", "flac"]),
-    "text": st.text(max_size=30),
-    "extra": st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=5)),
-})
+_SAMPLE = st.fixed_dictionaries(
+    {
+        "seconds": st.floats(0.01, 0.3),
+        "rate": st.sampled_from([8000, 16000, 22050]),
+        "channels": st.integers(1, 2),
+        "ext": st.sampled_from(["wav", "flac"]),
+        "text": st.text(max_size=30),
+        "extra": st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=5)),
+    }
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(samples=st.lists(_SAMPLE, min_size=1, max_size=8), compression=st.sampled_from(["none", "zstd"]),
-       per_shard=st.integers(1, 4), by_count=st.booleans())
-def test_read_back_at_index_offsets_returns_exact_bytes_and_metadata(samples: list[dict], compression: str,
-                                                                     per_shard: int, by_count: bool) -> None:
+@given(
+    samples=st.lists(_SAMPLE, min_size=1, max_size=8),
+    compression=st.sampled_from(["none", "zstd"]),
+    per_shard=st.integers(1, 4),
+    by_count=st.booleans(),
+)
+def test_read_back_at_index_offsets_returns_exact_bytes_and_metadata(
+    samples: list[dict], compression: str, per_shard: int, by_count: bool
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         lines = []
         for i, spec in enumerate(samples):
-            path = write_tone(root / "in" / f"s{i}.{spec['ext']}", spec["seconds"], spec["rate"],
-                              channels=spec["channels"], seed=i)
-            lines.append({"audio_filepath": path.name, "text": spec["text"], "extra": spec["extra"],
-                          "duration": spec["seconds"]})
+            path = write_tone(
+                root / "in" / f"s{i}.{spec['ext']}",
+                spec["seconds"],
+                spec["rate"],
+                channels=spec["channels"],
+                seed=i,
+            )
+            lines.append(
+                {
+                    "audio_filepath": path.name,
+                    "text": spec["text"],
+                    "extra": spec["extra"],
+                    "duration": spec["seconds"],
+                }
+            )
         write_text(root / "in" / "manifest.jsonl", "\n".join(json.dumps(x) for x in lines))
-        pack(root / "in" / "manifest.jsonl", root / "out", compression=compression, progress=False,
-             samples_per_shard=per_shard if by_count else None, shard_bytes=None if by_count else 4096)
+        pack(
+            root / "in" / "manifest.jsonl",
+            root / "out",
+            compression=compression,
+            progress=False,
+            samples_per_shard=per_shard if by_count else None,
+            shard_bytes=None if by_count else 4096,
+        )
         index = Index.load(root / "out")
         assert index.keys == [f"s{i}" for i in range(len(samples))]
         for i, spec in enumerate(samples):
@@ -108,8 +139,11 @@ def test_read_back_at_index_offsets_returns_exact_bytes_and_metadata(samples: li
             audio = (root / "in" / f"s{i}.{spec['ext']}").read_bytes()
             assert members[f"s{i}.{spec['ext']}"] == audio
             frames = sf.info(io.BytesIO(audio)).frames
-            assert json.loads(members[f"s{i}.json"]) == {"text": spec["text"], "extra": spec["extra"],
-                                                         "duration": round(frames / spec["rate"], 6)}
+            assert json.loads(members[f"s{i}.json"]) == {
+                "text": spec["text"],
+                "extra": spec["extra"],
+                "duration": round(frames / spec["rate"], 6),
+            }
             assert int(index.columns["num_frames"][i]) == frames
 
 
@@ -117,7 +151,9 @@ def test_workers_give_byte_identical_shards_index_and_report(wav_corpus: Path, t
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 40, formats=("wav", "flac", "ogg"))
     (corpus / "d0" / "broken.wav").write_bytes(b"RIFF not really")
-    options = dict(compression="zstd", transcode="flac", samples_per_shard=15, on_error="skip", progress=False)
+    options = dict(
+        compression="zstd", transcode="flac", samples_per_shard=15, on_error="skip", progress=False
+    )
     one = pack(corpus, tmp_path / "j1", workers=1, **options)
     two = pack(corpus, tmp_path / "j2", workers=2, **options)
     assert (one.samples, one.shards, len(one.rejected)) == (40, 3, 1)
@@ -157,7 +193,12 @@ def test_segments_are_cut_exactly(tmp_path: Path, transcode: str | None) -> None
     members = sample_members(index, 0)
     cut, rate = sf.read(io.BytesIO(members[f"a.{ext}"]), dtype="int16")
     assert rate == 8000 and np.array_equal(cut, audio[4000:8000, 0])
-    assert json.loads(members["a.json"]) == {"text": "first", "recording": "rec", "offset": 0.5, "duration": 0.5}
+    assert json.loads(members["a.json"]) == {
+        "text": "first",
+        "recording": "rec",
+        "offset": 0.5,
+        "duration": 0.5,
+    }
     cut, _ = sf.read(io.BytesIO(sample_members(index, 1)[f"b.{ext}"]), dtype="int16")
     assert np.array_equal(cut, audio[8000:22000, 0])
     # a "segment" covering the whole recording keeps the original bytes
@@ -175,23 +216,31 @@ def test_transcode_is_lossless_for_pcm_and_clips_lossy(tmp_path: Path) -> None:
     pack(tmp_path / "in", tmp_path / "flac", transcode="flac", progress=False)
     index = Index.load(tmp_path / "flac")
     assert index.formats == ["flac"]
-    decoded = {key: sf.read(io.BytesIO(sample_members(index, i)[f"{key}.flac"]), dtype="int32")[0]
-               for i, key in enumerate(index.keys)}
+    decoded = {
+        key: sf.read(io.BytesIO(sample_members(index, i)[f"{key}.flac"]), dtype="int32")[0]
+        for i, key in enumerate(index.keys)
+    }
     assert np.array_equal(decoded["pcm16"] >> 16, pcm) and np.array_equal(decoded["pcm24"], pcm24[:, 0])
-    assert sf.info(io.BytesIO(sample_members(index, index.keys.index("loud"))["loud.flac"])).subtype == "PCM_16"
+    assert (
+        sf.info(io.BytesIO(sample_members(index, index.keys.index("loud"))["loud.flac"])).subtype == "PCM_16"
+    )
     pack(tmp_path / "in", tmp_path / "wav", transcode="wav", progress=False)
     wav = Index.load(tmp_path / "wav")
     assert wav.keys == ["float", "loud", "pcm16", "pcm24"]
     assert sample_members(wav, 0)["float.wav"] == (tmp_path / "in" / "float.wav").read_bytes()  # already WAV
     loud = sf.read(io.BytesIO(sample_members(wav, 1)["loud.wav"]), dtype="float32")[0]
     assert loud.max() <= 1.0 and loud.min() >= -1.0
-    assert verify_dataset(tmp_path / "flac", decode=True) == [] and verify_dataset(tmp_path / "wav", decode=True) == []
+    assert (
+        verify_dataset(tmp_path / "flac", decode=True) == []
+        and verify_dataset(tmp_path / "wav", decode=True) == []
+    )
 
 
 def test_float_segment_as_wav_is_deterministic(tmp_path: Path) -> None:
     write_samples(tmp_path / "f.wav", tone(2.0, 8000), 8000, subtype="FLOAT")
-    manifest = write_text(tmp_path / "m.jsonl", json.dumps({"audio_filepath": "f.wav", "offset": 0.5,
-                                                            "duration": 0.5}))
+    manifest = write_text(
+        tmp_path / "m.jsonl", json.dumps({"audio_filepath": "f.wav", "offset": 0.5, "duration": 0.5})
+    )
     pack(manifest, tmp_path / "a", transcode="wav", progress=False)
     time.sleep(1.1)  # libsndfile's own float WAV would carry a different PEAK timestamp now
     pack(manifest, tmp_path / "b", transcode="wav", progress=False)
@@ -215,8 +264,13 @@ def test_pack_refuses_a_finished_dataset_and_bad_options(wav_corpus: Path, tmp_p
     pack(wav_corpus, tmp_path / "out", progress=False)
     with pytest.raises(OptionError, match="already holds a dataset"):
         pack(wav_corpus, tmp_path / "out", progress=False)
-    for bad in (dict(transcode="mp3"), dict(on_error="ignore"), dict(workers=0), dict(compression="gzip"),
-                dict(samples_per_shard=0)):
+    for bad in (
+        dict(transcode="mp3"),
+        dict(on_error="ignore"),
+        dict(workers=0),
+        dict(compression="gzip"),
+        dict(samples_per_shard=0),
+    ):
         with pytest.raises(OptionError):
             pack(wav_corpus, tmp_path / "other", progress=False, **bad)
 
@@ -232,10 +286,28 @@ def _start_pack(tmp_path: Path, *options: str, **popen: Any) -> tuple[subprocess
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
     out = tmp_path / "out"
-    shardio = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-               "from shardio.cli import main; sys.exit(main())")
-    command = [sys.executable, "-c", shardio, "pack", str(corpus), str(out), "--samples-per-shard", "25",
-               "--transcode", "flac", "--compression", "zstd", "--zstd-level", "12", "--no-progress", *options]
+    shardio = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from shardio.cli import main; sys.exit(main())"
+    )
+    command = [
+        sys.executable,
+        "-c",
+        shardio,
+        "pack",
+        str(corpus),
+        str(out),
+        "--samples-per-shard",
+        "25",
+        "--transcode",
+        "flac",
+        "--compression",
+        "zstd",
+        "--zstd-level",
+        "12",
+        "--no-progress",
+        *options,
+    ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     return process, corpus, out
 
@@ -264,12 +336,24 @@ def test_killed_pack_leaves_no_partial_shard_and_reruns(tmp_path: Path) -> None:
         with zstandard.ZstdDecompressor().stream_reader(open(shard, "rb"), read_across_frames=True) as stream:
             assert sum(1 for _ in walk(stream, str(shard))) == 50
     # the journal, and the lock file (unlocked: the kernel dropped the dead process's lock)
-    leftovers = {p.name for p in out.iterdir()} - {s.name for s in finals} - {".shard.writing", ".shardio.lock"}
+    leftovers = (
+        {p.name for p in out.iterdir()} - {s.name for s in finals} - {".shard.writing", ".shardio.lock"}
+    )
     assert all(name.startswith(".") and name.endswith(".partial") for name in leftovers), leftovers
     assert (out / ".shard.writing").exists()  # the journal: these shards are a run's leftovers, to replace
-    summary = pack(corpus, out, samples_per_shard=25, transcode="flac", compression="zstd", zstd_level=12,
-                   progress=False, workers=1)
-    assert summary.samples == 600 and not list(out.glob(".*partial")) and not (out / ".shard.writing").exists()
+    summary = pack(
+        corpus,
+        out,
+        samples_per_shard=25,
+        transcode="flac",
+        compression="zstd",
+        zstd_level=12,
+        progress=False,
+        workers=1,
+    )
+    assert (
+        summary.samples == 600 and not list(out.glob(".*partial")) and not (out / ".shard.writing").exists()
+    )
     assert verify_dataset(out) == []
     assert os.path.exists(out / "index.json")
 
@@ -283,7 +367,9 @@ def _tone_wav() -> bytes:
 def _write(out: Path, keys: list[str], **options: object) -> Index:
     with ShardWriter(out, max_samples=1, **options) as writer:  # type: ignore[arg-type]
         for key in keys:
-            writer.write(key, {"wav": _tone_wav()}, audio_ext="wav", num_frames=800, sample_rate=8000, channels=1)
+            writer.write(
+                key, {"wav": _tone_wav()}, audio_ext="wav", num_frames=800, sample_rate=8000, channels=1
+            )
     return Index.load(out)
 
 
@@ -318,7 +404,9 @@ def test_ctrl_c_stops_a_parallel_pack_cleanly(tmp_path: Path) -> None:
     process, _, out = _start_pack(tmp_path, "-j", "2", start_new_session=True, text=True)
     try:
         _wait_for(process, out / "shard-000001.tar.zst")
-        status = [line for line in open(f"/proc/{process.pid}/status").read().splitlines() if line.startswith("Sig")]
+        status = [
+            line for line in open(f"/proc/{process.pid}/status").read().splitlines() if line.startswith("Sig")
+        ]
         parent = [line for line in open("/proc/self/status").read().splitlines() if line.startswith("Sig")]
         os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=60)

@@ -36,8 +36,14 @@ needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs need a 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """``shardio ARGS`` in a real process; a hang raises ``TimeoutExpired`` after :data:`_TIMEOUT` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "shardio.cli", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=_TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "shardio.cli", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT,
+    )
 
 
 def _refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -53,8 +59,9 @@ def _refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
 
 @needs_fifo
 @pytest.mark.parametrize("special", ["fifo", "dev-zero", "socket"])
-def test_a_special_file_named_as_audio_is_refused_not_read(tmp_path: Path, special: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_special_file_named_as_audio_is_refused_not_read(
+    tmp_path: Path, special: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     corpus = tmp_path / "corpus"
     write_tone(corpus / "good.wav")
     target = corpus / "bad.wav"
@@ -104,7 +111,8 @@ def test_a_fifo_transcript_or_manifest_is_refused_not_read(tmp_path: Path) -> No
 
 
 def test_keys_that_differ_only_in_case_or_normalisation_are_packed_with_a_warning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     manifest = tmp_path / "m.jsonl"
     lines = []
     for i, key in enumerate(["caf\u00e9", "cafe\u0301", "Speaker", "speaker", "other"]):
@@ -122,20 +130,26 @@ def test_keys_that_differ_only_in_case_or_normalisation_are_packed_with_a_warnin
 # -- manifest values JSON cannot carry, and fields given twice -----------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    ('{"score": NaN}', "NaN is not a JSON value"),
-    pytest.param('{"score": -Infinity}', "-Infinity is not a JSON value", marks=pytest.mark.slow),
-    pytest.param('{"score": 1e400}', "1e400 is beyond the range", marks=pytest.mark.slow),
-    ('{"text": "first", "text": "second"}', "'text' appears twice"),
-    pytest.param('{"align": {"start": 1, "start": 2}}', "'start' appears twice", marks=pytest.mark.slow),
-])
-def test_jsonl_values_json_cannot_carry_are_problems_naming_the_line(tmp_path: Path, value: str, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ('{"score": NaN}', "NaN is not a JSON value"),
+        pytest.param('{"score": -Infinity}', "-Infinity is not a JSON value", marks=pytest.mark.slow),
+        pytest.param('{"score": 1e400}', "1e400 is beyond the range", marks=pytest.mark.slow),
+        ('{"text": "first", "text": "second"}', "'text' appears twice"),
+        pytest.param('{"align": {"start": 1, "start": 2}}', "'start' appears twice", marks=pytest.mark.slow),
+    ],
+)
+def test_jsonl_values_json_cannot_carry_are_problems_naming_the_line(
+    tmp_path: Path, value: str, reason: str
+) -> None:
     write_tone(tmp_path / "a.wav")
     write_tone(tmp_path / "b.wav", seed=1)
     fields = value[1:-1]
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text('{"audio_filepath": "a.wav", "text": "fine"}\n'
-                        f'{{"audio_filepath": "b.wav", {fields}}}\n')
+    manifest.write_text(
+        f'{{"audio_filepath": "a.wav", "text": "fine"}}\n{{"audio_filepath": "b.wav", {fields}}}\n'
+    )
     # NaN and infinities crashed pack with a ValueError traceback (exit 1, as if verify had found problems),
     # under --on-error skip too; a field given twice kept its last value unseen
     _refused(_cli("pack", manifest, tmp_path / "out", "--no-progress"), f"{manifest}:2", reason)
@@ -149,7 +163,9 @@ def test_jsonl_values_json_cannot_carry_are_problems_naming_the_line(tmp_path: P
 def test_jsonl_keeps_large_integers_and_plain_values(tmp_path: Path) -> None:
     write_tone(tmp_path / "a.wav")
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text('{"audio_filepath": "a.wav", "big": 123456789012345678901234567890, "x": 0.5, "n": null}\n')
+    manifest.write_text(
+        '{"audio_filepath": "a.wav", "big": 123456789012345678901234567890, "x": 0.5, "n": null}\n'
+    )
     (source,) = read_jsonl(manifest)
     assert source.meta == {"big": 123456789012345678901234567890, "x": 0.5, "n": None}
 
@@ -182,7 +198,9 @@ def test_merge_refuses_a_part_another_plan_committed(tmp_path: Path, old_report:
     pack_partition(first.job(0))  # a task of run A, still running, commits partition 0 (u00-u02)
     if old_report:  # a part whose report records no plan (as an older shardio wrote it): its keys tell
         report = out / "_parts" / "00000" / "report.json"
-        report.write_text(json.dumps({k: v for k, v in json.loads(report.read_text()).items() if k != "plan"}))
+        report.write_text(
+            json.dumps({k: v for k, v in json.loads(report.read_text()).items() if k != "plan"})
+        )
     for number in range(len(second.partitions)):
         pack_partition(second.job(number))
     # merged, B's index held 9 samples of 12: u03-u05 were lost, silently
@@ -211,7 +229,9 @@ def test_merge_of_one_plan_with_skipped_inputs_still_merges(tmp_path: Path) -> N
 # -- shardio index: a key repeated inside one shard, and a FIFO named as a shard ----------------------------
 
 
-def test_index_warns_of_a_key_repeated_within_one_shard(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_index_warns_of_a_key_repeated_within_one_shard(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     source = tmp_path / "src"
     write_tone(source / "a.wav")
     write_tone(source / "b.wav", seed=1)
@@ -224,8 +244,9 @@ def test_index_warns_of_a_key_repeated_within_one_shard(tmp_path: Path, caplog: 
     with caplog.at_level(logging.WARNING, logger="shardio"):
         index = build_index([shard], progress=False)
     assert list(index.keys) == ["a", "b", "a"]
-    assert any("1 keys appear earlier" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records), \
-        caplog.text
+    assert any(
+        "1 keys appear earlier" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records
+    ), caplog.text
 
 
 @needs_fifo

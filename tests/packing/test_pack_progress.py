@@ -57,12 +57,18 @@ def big_shard(tmp_path: Path) -> Path:
     path.parent.mkdir()
     with webdataset.TarWriter(str(path)) as writer:
         for i in range(4):
-            writer.write({"__key__": f"utt{i}", "wav": audio_bytes(tone(37.5, 16000, seed=i), 16000, "wav"),
-                          "json": json.dumps({"text": f"sample {i}"}).encode()})
+            writer.write(
+                {
+                    "__key__": f"utt{i}",
+                    "wav": audio_bytes(tone(37.5, 16000, seed=i), 16000, "wav"),
+                    "json": json.dumps({"text": f"sample {i}"}).encode(),
+                }
+            )
     return path
 
 
 # -- shardio index: bytes, not shards ------------------------------------------------------------------
+
 
 def test_index_bar_counts_the_bytes_read(big_shard: Path, recording: list[RecordingBar]) -> None:
     index = indexer.build_index([big_shard], progress=True)
@@ -84,8 +90,9 @@ def test_nemo_index_bar_counts_the_bytes_read(tmp_path: Path, recording: list[Re
     assert bar.options["unit"] == "B" and bar.total == size and bar.n == size
 
 
-def test_index_cli_bar_on_stderr_unless_no_progress(big_shard: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_cli_bar_on_stderr_unless_no_progress(
+    big_shard: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["index", str(big_shard), "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
     assert "index:" in err and "B/s" in err
@@ -95,6 +102,7 @@ def test_index_cli_bar_on_stderr_unless_no_progress(big_shard: Path, tmp_path: P
 
 
 # -- pack: the listing before the first bar ------------------------------------------------------------
+
 
 def test_folder_listing_counts_files_as_the_walk_finds_them(tmp_path: Path) -> None:
     make_folder_corpus(tmp_path / "corpus", 6, subdirs=3)
@@ -110,14 +118,20 @@ def test_folder_listing_counts_files_as_the_walk_finds_them(tmp_path: Path) -> N
 def test_manifest_listing_counts_sources(tmp_path: Path) -> None:
     make_folder_corpus(tmp_path / "corpus", 3)
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text("".join(json.dumps({"audio_filepath": str(p), "duration": 0.5}) + "\n"
-                                for p in sorted((tmp_path / "corpus").rglob("*.wav"))))
+    manifest.write_text(
+        "".join(
+            json.dumps({"audio_filepath": str(p), "duration": 0.5}) + "\n"
+            for p in sorted((tmp_path / "corpus").rglob("*.wav"))
+        )
+    )
     calls: list[int] = []
     assert len(list(read_corpus(manifest, listed=calls.append))) == 3 and calls == [1, 1, 1]
 
 
 @pytest.mark.parametrize("partitioned", [False, True])
-def test_pack_shows_a_listing_counter(tmp_path: Path, recording: list[RecordingBar], partitioned: bool) -> None:
+def test_pack_shows_a_listing_counter(
+    tmp_path: Path, recording: list[RecordingBar], partitioned: bool
+) -> None:
     make_folder_corpus(tmp_path / "corpus", 5)
     if partitioned:
         pack_partitioned(tmp_path / "corpus", tmp_path / "out", progress=True)
@@ -129,7 +143,9 @@ def test_pack_shows_a_listing_counter(tmp_path: Path, recording: list[RecordingB
     assert bar.options["disable"] is False
 
 
-def test_pack_cli_listing_on_stderr_unless_no_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_cli_listing_on_stderr_unless_no_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     make_folder_corpus(tmp_path / "corpus", 4)
     assert main(["pack", str(tmp_path / "corpus"), str(tmp_path / "a"), "-j", "1"]) == 0
     assert "list: " in capsys.readouterr().err
@@ -139,14 +155,17 @@ def test_pack_cli_listing_on_stderr_unless_no_progress(tmp_path: Path, capsys: p
 
 # -- -j: a sane most -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("name", "limit"), [("demo", DEMO_MAX_WORKERS), ("pack", PACK_MAX_WORKERS)])
-def test_workers_beyond_the_limit_are_a_usage_error(name: str, limit: int, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_beyond_the_limit_are_a_usage_error(
+    name: str, limit: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"{name} ran with workers beyond the limit")
 
-    monkeypatch.setattr("shardio.cli.demo.run_demo", refuse)  # an unbounded -j must not start 1000 workers here
+    monkeypatch.setattr(
+        "shardio.cli.demo.run_demo", refuse
+    )  # an unbounded -j must not start 1000 workers here
     monkeypatch.setattr("shardio.packing.pack.pack", refuse)
     command = [name, str(tmp_path / "corpus"), str(tmp_path / "out")][: 2 if name == "demo" else 3]
     with pytest.raises(SystemExit) as exit:
@@ -160,7 +179,9 @@ def test_workers_beyond_the_limit_are_a_usage_error(name: str, limit: int, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_demo_workers_keep_zero_and_refuse_negative(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_workers_keep_zero_and_refuse_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import build_parser
 
     assert build_parser().parse_args(["demo", "-j", "0"]).workers == 0

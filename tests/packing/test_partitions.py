@@ -32,8 +32,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def files(directory: Path) -> dict[str, str]:
     """Every file under ``directory`` (relative name -> sha256)."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 _FAULTY: dict[int, int] = {}
@@ -91,29 +94,56 @@ def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[in
     return {}
 
 
-def reference_files(corpus: Path, cache: dict[int, dict[str, str]], root: Path, partition_bytes: int,
-                    compression: str) -> dict[str, str]:
+def reference_files(
+    corpus: Path, cache: dict[int, dict[str, str]], root: Path, partition_bytes: int, compression: str
+) -> dict[str, str]:
     key = partition_bytes * 2 + (compression == "zstd")
     if key not in cache:
         out = root / f"ref-{partition_bytes}-{compression}"
-        pack_partitioned(corpus, out, engine="local", workers=1, partition_bytes=partition_bytes,
-                         samples_per_shard=3, compression=compression, progress=False)
+        pack_partitioned(
+            corpus,
+            out,
+            engine="local",
+            workers=1,
+            partition_bytes=partition_bytes,
+            samples_per_shard=3,
+            compression=compression,
+            progress=False,
+        )
         cache[key] = files(out)
     return cache[key]
 
 
-CHAOS = dict(partition_kb=st.integers(4, 120), order_seed=st.integers(0, 2**16),
-             failures=st.lists(st.integers(-1, 2), min_size=1, max_size=4), duplicates=st.booleans(),
-             compression=st.sampled_from(["none", "zstd"]))
+CHAOS = dict(
+    partition_kb=st.integers(4, 120),
+    order_seed=st.integers(0, 2**16),
+    failures=st.lists(st.integers(-1, 2), min_size=1, max_size=4),
+    duplicates=st.booleans(),
+    compression=st.sampled_from(["none", "zstd"]),
+)
 
 
-def check_chaos(corpus: Path, reference: dict[int, dict[str, str]], root: Path, partition_kb: int,
-                order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
+def check_chaos(
+    corpus: Path,
+    reference: dict[int, dict[str, str]],
+    root: Path,
+    partition_kb: int,
+    order_seed: int,
+    failures: list[int],
+    duplicates: bool,
+    compression: str,
+) -> None:
     expected = reference_files(corpus, reference, root, partition_kb * 1000, compression)
     out = root / "out"
-    pack_partitioned(corpus, out, engine=chaos_engine(order_seed, failures, duplicates),
-                     partition_bytes=partition_kb * 1000, samples_per_shard=3, compression=compression,
-                     progress=False)
+    pack_partitioned(
+        corpus,
+        out,
+        engine=chaos_engine(order_seed, failures, duplicates),
+        partition_bytes=partition_kb * 1000,
+        samples_per_shard=3,
+        compression=compression,
+        progress=False,
+    )
     assert files(out) == expected
     assert len(Index.load(out)) == COUNT
 
@@ -122,10 +152,25 @@ def check_chaos(corpus: Path, reference: dict[int, dict[str, str]], root: Path, 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(**CHAOS)
 def test_any_order_failures_and_duplicates_give_the_bytes_of_j1(
-        corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
-        partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
-    check_chaos(corpus, reference, tmp_path_factory.mktemp("chaos"), partition_kb, order_seed, failures, duplicates,
-                compression)
+    corpus: Path,
+    reference: dict[int, dict[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    partition_kb: int,
+    order_seed: int,
+    failures: list[int],
+    duplicates: bool,
+    compression: str,
+) -> None:
+    check_chaos(
+        corpus,
+        reference,
+        tmp_path_factory.mktemp("chaos"),
+        partition_kb,
+        order_seed,
+        failures,
+        duplicates,
+        compression,
+    )
 
 
 MANY = int(os.environ.get("SHARDIO_CHAOS_EXAMPLES", "0"))
@@ -133,21 +178,40 @@ MANY = int(os.environ.get("SHARDIO_CHAOS_EXAMPLES", "0"))
 
 @pytest.mark.slow
 @pytest.mark.skipif(not MANY, reason="set SHARDIO_CHAOS_EXAMPLES=N to run the property over N examples")
-@settings(max_examples=max(MANY, 1), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max(MANY, 1), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(**CHAOS)
 def test_any_order_failures_and_duplicates_give_the_bytes_of_j1_many(
-        corpus: Path, reference: dict[int, dict[str, str]], tmp_path_factory: pytest.TempPathFactory,
-        partition_kb: int, order_seed: int, failures: list[int], duplicates: bool, compression: str) -> None:
+    corpus: Path,
+    reference: dict[int, dict[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    partition_kb: int,
+    order_seed: int,
+    failures: list[int],
+    duplicates: bool,
+    compression: str,
+) -> None:
     """The same property over more examples (about 1 s each):
     ``SHARDIO_CHAOS_EXAMPLES=100 pytest -m slow tests/packing/test_partitions.py``."""
-    check_chaos(corpus, reference, tmp_path_factory.mktemp("chaos"), partition_kb, order_seed, failures, duplicates,
-                compression)
+    check_chaos(
+        corpus,
+        reference,
+        tmp_path_factory.mktemp("chaos"),
+        partition_kb,
+        order_seed,
+        failures,
+        duplicates,
+        compression,
+    )
 
 
 def test_local_pool_matches_j1_and_reads_back(corpus: Path, tmp_path: Path) -> None:
     one = tmp_path / "one"
     two = tmp_path / "two"
-    summary = pack_partitioned(corpus, one, workers=1, partition_bytes=30_000, samples_per_shard=4, progress=False)
+    summary = pack_partitioned(
+        corpus, one, workers=1, partition_bytes=30_000, samples_per_shard=4, progress=False
+    )
     pack_partitioned(corpus, two, workers=2, partition_bytes=30_000, samples_per_shard=4, progress=False)
     assert files(one) == files(two)
     assert not (one / PARTS_DIR).exists()
@@ -171,7 +235,9 @@ def test_rerun_packs_only_uncommitted_partitions(corpus: Path, tmp_path: Path) -
         raise KeyboardInterrupt  # the driver dies before the rest
 
     with pytest.raises(KeyboardInterrupt):
-        pack_partitioned(corpus, out, engine=half, partition_bytes=30_000, samples_per_shard=4, progress=False)
+        pack_partitioned(
+            corpus, out, engine=half, partition_bytes=30_000, samples_per_shard=4, progress=False
+        )
 
     def record(plan: PartitionPlan, numbers: Sequence[int]) -> None:
         packed.extend(numbers)
@@ -222,7 +288,9 @@ def test_bad_inputs_are_listed_or_skipped(tmp_path: Path) -> None:
     finally:
         (corpus / "d0" / "broken.wav").write_bytes(good)
     assert files(tmp_path / "mended") == files(tmp_path / "fresh")
-    summary = pack_partitioned(corpus, tmp_path / "skip", partition_bytes=20_000, on_error="skip", progress=False)
+    summary = pack_partitioned(
+        corpus, tmp_path / "skip", partition_bytes=20_000, on_error="skip", progress=False
+    )
     assert summary.samples == 8 and [p.key for p in summary.rejected] == ["d0/broken"]
     assert "broken" in (tmp_path / "skip" / "rejected.jsonl").read_text()
 
@@ -230,8 +298,20 @@ def test_bad_inputs_are_listed_or_skipped(tmp_path: Path) -> None:
 def test_cli_engine_local(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from shardio.cli import main
 
-    args = ["pack", str(corpus), str(tmp_path / "cli"), "--engine", "local", "-j", "1", "--partition-size", "30KB",
-            "--samples-per-shard", "4", "--no-progress"]
+    args = [
+        "pack",
+        str(corpus),
+        str(tmp_path / "cli"),
+        "--engine",
+        "local",
+        "-j",
+        "1",
+        "--partition-size",
+        "30KB",
+        "--samples-per-shard",
+        "4",
+        "--no-progress",
+    ]
     assert main(args) == 0
     assert f"packed {COUNT} samples" in capsys.readouterr().out
     pack_partitioned(corpus, tmp_path / "api", partition_bytes=30_000, samples_per_shard=4, progress=False)

@@ -21,8 +21,11 @@ psutil = pytest.importorskip("psutil")
 
 
 def files(directory: Path) -> dict[str, str]:
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _kill_a_busy_worker(out: Path, stop: threading.Event, killed: list[int]) -> None:
@@ -42,8 +45,9 @@ def _kill_a_busy_worker(out: Path, stop: threading.Event, killed: list[int]) -> 
 def test_ray_local_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 60, seconds=(0.5, 1.5), sample_rate=16000, seed=5)
-    options = dict(partition_bytes=200_000, samples_per_shard=5, compression="zstd", transcode="flac",
-                   progress=False)
+    options = dict(
+        partition_bytes=200_000, samples_per_shard=5, compression="zstd", transcode="flac", progress=False
+    )
     reference = tmp_path / "j1"
     pack_partitioned(corpus, reference, workers=1, **options)  # type: ignore[arg-type]
     out = tmp_path / "ray"

@@ -66,8 +66,9 @@ def test_audio_looks_like_speech_not_a_tone(tmp_path: Path) -> None:
 
 
 def test_speakers_differ_in_pitch(tmp_path: Path) -> None:
-    low, high = make_corpus(tmp_path, num_files=2, speakers=2, min_seconds=3.0, max_seconds=3.0,
-                            with_text=False)
+    low, high = make_corpus(
+        tmp_path, num_files=2, speakers=2, min_seconds=3.0, max_seconds=3.0, with_text=False
+    )
 
     def pitch(path: Path) -> float:
         """The median autocorrelation pitch of the loudest quarter of 40 ms frames."""
@@ -101,11 +102,20 @@ def test_given_durations_and_sample_rate(tmp_path: Path) -> None:
     assert all(load(p)[1] == 8000 for p in paths)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"formats": ("wav", "aiff")}, {"formats": ()}, {"formats": ("opus",), "sample_rate": 44100},
-    {"min_seconds": 3.0, "max_seconds": 2.0}, {"min_seconds": 0.0}, {"speakers": 0}, {"sample_rate": 4000},
-    {"durations": [1.0]}, {"durations": [1.0, -1.0]},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"formats": ("wav", "aiff")},
+        {"formats": ()},
+        {"formats": ("opus",), "sample_rate": 44100},
+        {"min_seconds": 3.0, "max_seconds": 2.0},
+        {"min_seconds": 0.0},
+        {"speakers": 0},
+        {"sample_rate": 4000},
+        {"durations": [1.0]},
+        {"durations": [1.0, -1.0]},
+    ],
+)
 def test_bad_options(tmp_path: Path, kwargs: dict[str, object]) -> None:
     with pytest.raises(OptionError):
         make_corpus(tmp_path, num_files=2, **kwargs)  # type: ignore[arg-type]

@@ -47,7 +47,9 @@ def test_missing_file(tmp_path: Path) -> None:
     good_corpus(tmp_path / "in")
     corpus = manifest(tmp_path / "in", {"audio_filepath": "good0.wav"}, {"audio_filepath": "gone.wav"})
     problem = only_failure(corpus, tmp_path / "out")
-    assert problem.source.startswith(str(tmp_path / "in" / "gone.wav")) and "manifest.jsonl:2" in problem.source
+    assert (
+        problem.source.startswith(str(tmp_path / "in" / "gone.wav")) and "manifest.jsonl:2" in problem.source
+    )
     assert problem.reason == "file not found" and problem.key == "gone"
 
 
@@ -58,17 +60,31 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert str(tmp_path / "in" / "folder.wav") in problem.source and "cannot read the file" in problem.reason
 
 
-@pytest.mark.parametrize(("name", "data", "reason"), [
-    ("noise.flac", bytes(range(256)) * 8, "the content is not FLAC audio (its first bytes are no audio container's"),
-    ("broken.flac", b"fLaC" + bytes(range(256)) * 8, "could not be decoded as flac audio"),
-    ("broken.wav", b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(range(40)), "could not be decoded as wav audio"),
-    ("broken.mp3", b"ID3" + bytes(64), "could not be decoded as mp3 audio")])
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        (
+            "noise.flac",
+            bytes(range(256)) * 8,
+            "the content is not FLAC audio (its first bytes are no audio container's",
+        ),
+        ("broken.flac", b"fLaC" + bytes(range(256)) * 8, "could not be decoded as flac audio"),
+        (
+            "broken.wav",
+            b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(range(40)),
+            "could not be decoded as wav audio",
+        ),
+        ("broken.mp3", b"ID3" + bytes(64), "could not be decoded as mp3 audio"),
+    ],
+)
 def test_undecodable_bytes(tmp_path: Path, name: str, data: bytes, reason: str) -> None:
     (good_corpus(tmp_path / "in") / name).write_bytes(data)
     problem = only_failure(tmp_path / "in", tmp_path / "out")
     assert problem.source == str(tmp_path / "in" / name)
     assert reason in problem.reason and str(tmp_path) not in problem.reason
-    assert "0x7f" not in problem.reason and "\\x" not in problem.reason  # no file bytes in messages, raw or escaped
+    assert (
+        "0x7f" not in problem.reason and "\\x" not in problem.reason
+    )  # no file bytes in messages, raw or escaped
 
 
 def test_empty_file(tmp_path: Path) -> None:
@@ -98,15 +114,19 @@ def test_content_not_matching_extension(tmp_path: Path) -> None:
     problems = failures(tmp_path / "in", tmp_path / "out")
     assert [(Path(p.source).name, p.reason) for p in problems] == [
         ("really_flac.wav", "the content is FLAC audio, but the extension .wav says WAV or WAVEX or RF64"),
-        ("really_ogg.mp3", "the content is OGG audio, but the extension .mp3 says MP3")]
+        ("really_ogg.mp3", "the content is OGG audio, but the extension .mp3 says MP3"),
+    ]
 
 
 def test_segment_problems_use_the_same_checks(tmp_path: Path) -> None:
     samples = tone(1.0, 8000)
     samples[4000] = np.nan
     write_samples(tmp_path / "rec.wav", samples, 8000, subtype="FLOAT")
-    corpus = manifest(tmp_path, {"audio_filepath": "rec.wav", "offset": 0.1, "duration": 0.2},
-                      {"audio_filepath": "rec.wav", "offset": 0.4, "duration": 0.2})
+    corpus = manifest(
+        tmp_path,
+        {"audio_filepath": "rec.wav", "offset": 0.1, "duration": 0.2},
+        {"audio_filepath": "rec.wav", "offset": 0.4, "duration": 0.2},
+    )
     problem = only_failure(corpus, tmp_path / "out")
     assert problem.key == "rec_00000400" and "holds 1 NaN or infinite sample(s)" in problem.reason
 
@@ -122,8 +142,11 @@ def test_unknown_format_extension(tmp_path: Path) -> None:
 
 def test_duplicate_keys(tmp_path: Path) -> None:
     good_corpus(tmp_path / "in")
-    corpus = manifest(tmp_path / "in", {"audio_filepath": "good0.wav", "id": "same"},
-                      {"audio_filepath": "good1.wav", "id": "same"})
+    corpus = manifest(
+        tmp_path / "in",
+        {"audio_filepath": "good0.wav", "id": "same"},
+        {"audio_filepath": "good1.wav", "id": "same"},
+    )
     problem = only_failure(corpus, tmp_path / "out")
     assert problem.source.startswith(str(tmp_path / "in" / "good1.wav")) and problem.key == "same"
     assert "duplicate key 'same'" in problem.reason and str(tmp_path / "in" / "good0.wav") in problem.reason
@@ -178,9 +201,12 @@ def test_piped_wav_scp_entry(tmp_path: Path) -> None:
 
 def test_segment_past_the_end(tmp_path: Path) -> None:
     write_tone(tmp_path / "rec.wav", 1.0, 8000)
-    corpus = manifest(tmp_path, {"audio_filepath": "rec.wav", "offset": 0.5, "duration": 0.3},
-                      {"audio_filepath": "rec.wav", "offset": 0.8, "duration": 0.5},
-                      {"audio_filepath": "rec.wav", "offset": 1.2})
+    corpus = manifest(
+        tmp_path,
+        {"audio_filepath": "rec.wav", "offset": 0.5, "duration": 0.3},
+        {"audio_filepath": "rec.wav", "offset": 0.8, "duration": 0.5},
+        {"audio_filepath": "rec.wav", "offset": 1.2},
+    )
     problems = failures(corpus, tmp_path / "out")
     assert [p.key for p in problems] == ["rec_00000800", "rec_00001200"]
     assert "ends at 1.300 s, past the end of the recording (1.000 s)" in problems[0].reason
@@ -203,7 +229,10 @@ def test_skip_packs_the_rest_and_reports(tmp_path: Path) -> None:
     summary = pack(corpus, tmp_path / "out", on_error="skip", progress=False)
     assert summary.samples == 4 and len(summary.rejected) == 2
     report = [json.loads(line) for line in (tmp_path / "out" / REJECTED_FILE).read_text().splitlines()]
-    assert [(Path(r["source"]).name, r["key"]) for r in report] == [("x.y.wav", "x.y"), ("broken.wav", "broken")]
+    assert [(Path(r["source"]).name, r["key"]) for r in report] == [
+        ("x.y.wav", "x.y"),
+        ("broken.wav", "broken"),
+    ]
     assert all(set(r) == {"source", "key", "reason"} and r["reason"] for r in report)
     assert Index.load(tmp_path / "out").keys == ["good0", "good1", "good2", "good3"]
     assert verify_dataset(tmp_path / "out", decode=True) == []

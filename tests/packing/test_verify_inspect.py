@@ -60,7 +60,9 @@ def test_truncated_and_missing_shards(dataset: Path) -> None:
     (dataset / index.shards[2].name).unlink()
     problems = verify_dataset(dataset)
     expected = index.shards[0].bytes
-    assert f"{index.shards[0].name}: {expected - 1500} bytes, the index says {expected}" in "\n".join(problems)
+    assert f"{index.shards[0].name}: {expected - 1500} bytes, the index says {expected}" in "\n".join(
+        problems
+    )
     assert any(p.startswith(f"{index.shards[2].name}: the shard file is missing") for p in problems)
     assert not any(p.startswith(index.shards[1].name) for p in problems)
 
@@ -73,8 +75,13 @@ def test_missing_index_is_a_problem(tmp_path: Path) -> None:
 
 
 def test_inspect_numbers(tmp_path: Path) -> None:
-    specs = [("a.wav", 0.5, 8000, 1), ("b.wav", 0.5, 8000, 1), ("c.flac", 1.5, 16000, 2), ("d.flac", 2.5, 16000, 1),
-             ("e.mp3", 12.0, 22050, 1)]
+    specs = [
+        ("a.wav", 0.5, 8000, 1),
+        ("b.wav", 0.5, 8000, 1),
+        ("c.flac", 1.5, 16000, 2),
+        ("d.flac", 2.5, 16000, 1),
+        ("e.mp3", 12.0, 22050, 1),
+    ]
     for name, seconds, rate, channels in specs:
         write_tone(tmp_path / "in" / name, seconds, rate, channels=channels)
     summary = pack(tmp_path / "in", tmp_path / "ds", samples_per_shard=2, progress=False)

@@ -24,14 +24,18 @@ ORDERING = Ordering(shuffle_shards=2)
 
 def corpus(n: int, num_shards: int, low: float, high: float, seed: int) -> CorpusColumns:
     rng = np.random.default_rng(seed)
-    return CorpusColumns(np.sort(rng.integers(0, num_shards, n)).astype(np.uint32), rng.uniform(low, high, n),
-                         num_shards)
+    return CorpusColumns(
+        np.sort(rng.integers(0, num_shards, n)).astype(np.uint32), rng.uniform(low, high, n), num_shards
+    )
 
 
 def three_corpora(seed: int = 0, sizes: tuple[int, int, int] = (600, 80, 7)) -> dict[str, CorpusColumns]:
     """Very different sizes and durations: a big short-utterance corpus, a mid long one, a tiny one."""
-    return {"aishell": corpus(sizes[0], 12, 1.0, 6.0, seed), "libri": corpus(sizes[1], 5, 8.0, 17.0, seed + 1),
-            "inhouse": corpus(sizes[2], 1, 2.0, 4.0, seed + 2)}
+    return {
+        "aishell": corpus(sizes[0], 12, 1.0, 6.0, seed),
+        "libri": corpus(sizes[1], 5, 8.0, 17.0, seed + 1),
+        "inhouse": corpus(sizes[2], 1, 2.0, 4.0, seed + 2),
+    }
 
 
 WEIGHTS = {"aishell": 0.5, "libri": 0.3, "inhouse": 0.2}
@@ -43,18 +47,31 @@ def corpus_numbers(corpora: dict[str, CorpusColumns], ids: np.ndarray) -> np.nda
 
 
 def batches_of(plan: Any) -> list[np.ndarray]:
-    return [plan.samples[plan.offsets[b]:plan.offsets[b + 1]] for b in range(plan.offsets.shape[0] - 1)]
+    return [plan.samples[plan.offsets[b] : plan.offsets[b + 1]] for b in range(plan.offsets.shape[0] - 1)]
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 1000), weights=st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3),
-       hours=st.floats(0.5, 3.0), weight_by=st.sampled_from(["duration", "samples"]), epoch=st.integers(0, 5))
-def test_an_epoch_holds_each_corpus_in_proportion(seed: int, weights: list[float], hours: float, weight_by: str,
-                                                  epoch: int) -> None:
+@given(
+    seed=st.integers(0, 1000),
+    weights=st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3),
+    hours=st.floats(0.5, 3.0),
+    weight_by=st.sampled_from(["duration", "samples"]),
+    epoch=st.integers(0, 5),
+)
+def test_an_epoch_holds_each_corpus_in_proportion(
+    seed: int, weights: list[float], hours: float, weight_by: str, epoch: int
+) -> None:
     corpora = three_corpora(seed)
     mix = Mix(dict(zip(sorted(corpora), weights)), EpochSize(hours=hours), weight_by=weight_by)
-    plan = plan_mix(corpora, mix, seed=seed, epoch=epoch, world_size=2, batching=Batching(max_duration=40.0),
-                    ordering=ORDERING)
+    plan = plan_mix(
+        corpora,
+        mix,
+        seed=seed,
+        epoch=epoch,
+        world_size=2,
+        batching=Batching(max_duration=40.0),
+        ordering=ORDERING,
+    )
     numbers = corpus_numbers(corpora, plan.samples)
     durations = np.concatenate([corpora[name].durations for name in sorted(corpora)])[plan.samples]
     amount = np.bincount(numbers, weights=durations if weight_by == "duration" else None, minlength=3)
@@ -72,8 +89,15 @@ def test_every_pass_of_every_corpus_is_taken_exactly_once_across_epochs() -> Non
     assert quotas["libri"] == 80 and quotas["aishell"] < 600 < 4 * quotas["aishell"] and quotas["inhouse"] > 7
     seen: Counter[int] = Counter()
     for epoch in range(4):
-        plan = plan_mix(corpora, mix, seed=9, epoch=epoch, world_size=3, batching=Batching(batch_size=4),
-                        ordering=ORDERING)
+        plan = plan_mix(
+            corpora,
+            mix,
+            seed=9,
+            epoch=epoch,
+            world_size=3,
+            batching=Batching(batch_size=4),
+            ordering=ORDERING,
+        )
         libri = plan.samples[corpus_numbers(corpora, plan.samples) == 2]
         assert sorted(libri.tolist()) == list(range(600 + 7, 600 + 7 + 80))  # the primary: once per epoch
         seen.update(plan.samples.tolist())
@@ -88,20 +112,33 @@ def test_every_pass_of_every_corpus_is_taken_exactly_once_across_epochs() -> Non
 def mix_batchings(draw: st.DrawFn) -> Batching:
     buckets = draw(st.sampled_from([None, 1, 3]))
     if draw(st.booleans()):
-        return Batching(batch_size=draw(st.integers(1, 6)), num_buckets=buckets,
-                        remainder=draw(st.sampled_from(["pad", "drop"])))
-    return Batching(max_duration=draw(st.sampled_from([20.0, 45.0])), num_buckets=buckets,
-                    quadratic_duration=draw(st.sampled_from([None, 30.0])), min_duration=1.5,
-                    remainder=draw(st.sampled_from(["pad", "drop"])))
+        return Batching(
+            batch_size=draw(st.integers(1, 6)),
+            num_buckets=buckets,
+            remainder=draw(st.sampled_from(["pad", "drop"])),
+        )
+    return Batching(
+        max_duration=draw(st.sampled_from([20.0, 45.0])),
+        num_buckets=buckets,
+        quadratic_duration=draw(st.sampled_from([None, 30.0])),
+        min_duration=1.5,
+        remainder=draw(st.sampled_from(["pad", "drop"])),
+    )
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 500), batching=mix_batchings(), single=st.booleans(), first=st.integers(1, 4),
-       second=st.integers(1, 4), fraction=st.floats(0, 1),
-       size=st.sampled_from([EpochSize(primary="aishell"), EpochSize(hours=0.6), EpochSize(batches=37)]))
+@given(
+    seed=st.integers(0, 500),
+    batching=mix_batchings(),
+    single=st.booleans(),
+    first=st.integers(1, 4),
+    second=st.integers(1, 4),
+    fraction=st.floats(0, 1),
+    size=st.sampled_from([EpochSize(primary="aishell"), EpochSize(hours=0.6), EpochSize(batches=37)]),
+)
 def test_mix_plans_keep_limits_equal_ranks_and_exactly_once_on_an_elastic_resume(
-        seed: int, batching: Batching, single: bool, first: int, second: int, fraction: float,
-        size: EpochSize) -> None:
+    seed: int, batching: Batching, single: bool, first: int, second: int, fraction: float, size: EpochSize
+) -> None:
     corpora = three_corpora(seed, sizes=(150, 40, 5))
     mix = Mix(WEIGHTS, size, single_corpus_batches=single)
     options: dict[str, Any] = dict(seed=seed, epoch=1, batching=batching, ordering=ORDERING)
@@ -132,34 +169,61 @@ def test_mix_plans_keep_limits_equal_ranks_and_exactly_once_on_an_elastic_resume
 
 def test_the_plan_depends_on_seed_and_epoch_only() -> None:
     corpora, mix = three_corpora(1), Mix(WEIGHTS, EpochSize(primary="aishell"))
-    plan = lambda seed, epoch: plan_mix(corpora, mix, seed=seed, epoch=epoch, world_size=2,  # noqa: E731
-                                        batching=Batching(max_duration=30.0, num_buckets=3)).samples.tolist()
+    plan = lambda seed, epoch: plan_mix(
+        corpora,
+        mix,
+        seed=seed,
+        epoch=epoch,
+        world_size=2,  # noqa: E731
+        batching=Batching(max_duration=30.0, num_buckets=3),
+    ).samples.tolist()
     assert plan(1, 2) == plan(1, 2) != plan(1, 3)
     assert plan(2, 2) != plan(1, 2)
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda: EpochSize(), "exactly one"),
-    (lambda: EpochSize(primary="a", hours=1.0), "exactly one"),
-    (lambda: EpochSize(batches=0), "batches"),
-    (lambda: Mix({"a": 1.0}, EpochSize(primary="b")), "primary"),
-    (lambda: Mix({"a": 1.0, "b": 0.0}, EpochSize(hours=1.0)), "weights"),
-    (lambda: Mix({"a": 1.0}, EpochSize(hours=1.0), weight_by="bytes"), "weight_by"),
-    (lambda: plan_mix(three_corpora(), Mix({"aishell": 1.0}, EpochSize(hours=1.0)), seed=0, epoch=0,
-                      world_size=1), "weights name"),
-    (lambda: plan_mix(three_corpora(), Mix(WEIGHTS, EpochSize(hours=1.0)), seed=0, epoch=0, world_size=1,
-                      batching=Batching(batch_size=2, min_duration=7.0)), "no sample"),
-    # a planned epoch of 10**15 hours allocated until a MemoryError (a saved state's mix can say so)
-    (lambda: mix_quotas(three_corpora(), Mix(WEIGHTS, EpochSize(hours=1e15))), "smaller epoch_size"),
-    (lambda: mix_quotas(three_corpora(), Mix(WEIGHTS, EpochSize(batches=10**12)), Batching(batch_size=4)),
-     "smaller epoch_size"),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: EpochSize(), "exactly one"),
+        (lambda: EpochSize(primary="a", hours=1.0), "exactly one"),
+        (lambda: EpochSize(batches=0), "batches"),
+        (lambda: Mix({"a": 1.0}, EpochSize(primary="b")), "primary"),
+        (lambda: Mix({"a": 1.0, "b": 0.0}, EpochSize(hours=1.0)), "weights"),
+        (lambda: Mix({"a": 1.0}, EpochSize(hours=1.0), weight_by="bytes"), "weight_by"),
+        (
+            lambda: plan_mix(
+                three_corpora(), Mix({"aishell": 1.0}, EpochSize(hours=1.0)), seed=0, epoch=0, world_size=1
+            ),
+            "weights name",
+        ),
+        (
+            lambda: plan_mix(
+                three_corpora(),
+                Mix(WEIGHTS, EpochSize(hours=1.0)),
+                seed=0,
+                epoch=0,
+                world_size=1,
+                batching=Batching(batch_size=2, min_duration=7.0),
+            ),
+            "no sample",
+        ),
+        # a planned epoch of 10**15 hours allocated until a MemoryError (a saved state's mix can say so)
+        (lambda: mix_quotas(three_corpora(), Mix(WEIGHTS, EpochSize(hours=1e15))), "smaller epoch_size"),
+        (
+            lambda: mix_quotas(
+                three_corpora(), Mix(WEIGHTS, EpochSize(batches=10**12)), Batching(batch_size=4)
+            ),
+            "smaller epoch_size",
+        ),
+    ],
+)
 def test_bad_mix_options_are_option_errors(make: Any, words: str) -> None:
     with pytest.raises(OptionError, match=words):
         make()
 
 
 # -- MixedDataset on real shards -------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
@@ -172,8 +236,16 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def mixed(sources: dict[str, str], world: World = World(), **options: Any) -> MixedDataset:
     options.setdefault("weights", {"big": 0.5, "mid": 0.3, "tiny": 0.2})
-    return MixedDataset(sources, options.pop("weights"), EpochSize(primary="big"), world=world, seed=3,
-                        shuffle_shards=2, batching=Batching(max_duration=2.0, num_buckets=2), **options)
+    return MixedDataset(
+        sources,
+        options.pop("weights"),
+        EpochSize(primary="big"),
+        world=world,
+        seed=3,
+        shuffle_shards=2,
+        batching=Batching(max_duration=2.0, num_buckets=2),
+        **options,
+    )
 
 
 def identity(batches: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -186,8 +258,9 @@ def test_mixed_batches_name_their_corpus_and_follow_the_plan(sources: dict[str, 
     batches = list(dataset)
     assert len(batches) == length == plan.num_batches
     planned = [plan.batch(0, j).tolist() for j in range(len(batches))]
-    assert [[(dataset.index.corpus(i), dataset.index.keys[i]) for i in ids] for ids in planned] == \
-        [list(zip(b["corpus"], b["keys"])) for b in batches]
+    assert [[(dataset.index.corpus(i), dataset.index.keys[i]) for i in ids] for ids in planned] == [
+        list(zip(b["corpus"], b["keys"])) for b in batches
+    ]
     rates = {name: set() for name in sources}
     for batch in batches:
         for corpus, length in zip(batch["corpus"], batch["lengths"].tolist()):
@@ -224,16 +297,33 @@ def test_a_state_from_another_mix_is_refused(sources: dict[str, str]) -> None:
     with pytest.raises(StateError, match="mix"):
         other.load_state_dict(state)
     with pytest.raises(OptionError, match="batch_size and batching were both given"):
-        MixedDataset(sources, {"big": 1, "mid": 1, "tiny": 1}, EpochSize(hours=1), batching=Batching(batch_size=2),
-                     batch_size=3)
+        MixedDataset(
+            sources,
+            {"big": 1, "mid": 1, "tiny": 1},
+            EpochSize(hours=1),
+            batching=Batching(batch_size=2),
+            batch_size=3,
+        )
 
 
 def test_batching_keywords_reach_the_mix(sources: dict[str, str]) -> None:
-    by_keywords = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), seed=3,
-                               max_duration=2.0, num_buckets=2, quadratic_duration=30.0)
+    by_keywords = MixedDataset(
+        sources,
+        {"big": 0.5, "mid": 0.3, "tiny": 0.2},
+        EpochSize(primary="big"),
+        seed=3,
+        max_duration=2.0,
+        num_buckets=2,
+        quadratic_duration=30.0,
+    )
     assert by_keywords.batching == Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0)
-    explicit = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), seed=3,
-                            batching=Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0))
+    explicit = MixedDataset(
+        sources,
+        {"big": 0.5, "mid": 0.3, "tiny": 0.2},
+        EpochSize(primary="big"),
+        seed=3,
+        batching=Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0),
+    )
     assert by_keywords.plan().rank_batches.tolist() == explicit.plan().rank_batches.tolist()
 
 

@@ -54,8 +54,13 @@ class Corpus:
 @st.composite
 def corpora(draw: st.DrawFn, max_shards: int = 24) -> Corpus:
     """Shards of 1 to 400 samples (a third of them tiny), durations 0.1-35 s (some rounded, so ties occur)."""
-    sizes = draw(st.lists(st.one_of(st.just(1), st.integers(1, 6), st.integers(1, 300), st.integers(100, 400)),
-                          min_size=1, max_size=max_shards))
+    sizes = draw(
+        st.lists(
+            st.one_of(st.just(1), st.integers(1, 6), st.integers(1, 300), st.integers(100, 400)),
+            min_size=1,
+            max_size=max_shards,
+        )
+    )
     generator = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     shard_ids = np.repeat(np.arange(len(sizes), dtype=np.uint32), sizes)
     durations = generator.uniform(0.1, 35.0, shard_ids.shape[0])
@@ -82,12 +87,22 @@ def batchings(draw: st.DrawFn, bucketed: bool = True) -> Batching:
     buckets = draw(st.one_of(st.none(), st.integers(1, 4))) if bucketed else None
     remainder = draw(REMAINDERS)
     if draw(st.booleans()):
-        return Batching(batch_size=draw(st.integers(1, 40)), remainder=remainder, min_duration=low,
-                        max_sample_duration=high, num_buckets=buckets)
-    return Batching(max_duration=draw(st.floats(10.0, 300.0)),
-                    max_batch_size=draw(st.one_of(st.none(), st.integers(1, 24))),
-                    quadratic_duration=draw(st.one_of(st.none(), st.floats(5.0, 100.0))), remainder=remainder,
-                    min_duration=low, max_sample_duration=high, num_buckets=buckets)
+        return Batching(
+            batch_size=draw(st.integers(1, 40)),
+            remainder=remainder,
+            min_duration=low,
+            max_sample_duration=high,
+            num_buckets=buckets,
+        )
+    return Batching(
+        max_duration=draw(st.floats(10.0, 300.0)),
+        max_batch_size=draw(st.one_of(st.none(), st.integers(1, 24))),
+        quadratic_duration=draw(st.one_of(st.none(), st.floats(5.0, 100.0))),
+        remainder=remainder,
+        min_duration=low,
+        max_sample_duration=high,
+        num_buckets=buckets,
+    )
 
 
 orderings = st.builds(Ordering, shuffle=st.booleans(), shuffle_shards=st.integers(1, 8))
@@ -96,11 +111,28 @@ seeds = st.integers(0, 2**63 - 1)
 epochs = st.integers(0, 10_000)
 
 
-def plan_for(corpus: Corpus, world_size: int, batching: Batching, ordering: Ordering | None = None, *,
-             seed: int = 0, epoch: int = 0, history: tuple[Segment, ...] = ()) -> EpochPlan:
+def plan_for(
+    corpus: Corpus,
+    world_size: int,
+    batching: Batching,
+    ordering: Ordering | None = None,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    history: tuple[Segment, ...] = (),
+) -> EpochPlan:
     """``plan_epoch`` over a synthetic corpus (default ordering when ``ordering`` is None)."""
-    return plan_epoch(corpus.shard_ids, corpus.durations, corpus.num_shards, seed=seed, epoch=epoch,
-                      world_size=world_size, batching=batching, ordering=ordering or Ordering(), history=history)
+    return plan_epoch(
+        corpus.shard_ids,
+        corpus.durations,
+        corpus.num_shards,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        batching=batching,
+        ordering=ordering or Ordering(),
+        history=history,
+    )
 
 
 def rank_samples(plan: EpochPlan, rank: int, batches: int | None = None) -> list[np.ndarray]:
@@ -137,11 +169,20 @@ def excluded_by(corpus: Corpus, batching: Batching) -> np.ndarray:
 
 
 @FAST
-@given(corpus=corpora(), world_size=worlds, batching=batchings(), ordering=orderings, seed=seeds, epoch=epochs)
-@example(corpus=big_corpus(), world_size=7, batching=Batching(max_duration=45.0, remainder="drop"),
-         ordering=Ordering(), seed=5, epoch=1)
-def test_each_sample_once_except_the_reported_remainder(corpus: Corpus, world_size: int, batching: Batching,
-                                                        ordering: Ordering, seed: int, epoch: int) -> None:
+@given(
+    corpus=corpora(), world_size=worlds, batching=batchings(), ordering=orderings, seed=seeds, epoch=epochs
+)
+@example(
+    corpus=big_corpus(),
+    world_size=7,
+    batching=Batching(max_duration=45.0, remainder="drop"),
+    ordering=Ordering(),
+    seed=5,
+    epoch=1,
+)
+def test_each_sample_once_except_the_reported_remainder(
+    corpus: Corpus, world_size: int, batching: Batching, ordering: Ordering, seed: int, epoch: int
+) -> None:
     plan = plan_for(corpus, world_size, batching, ordering, seed=seed, epoch=epoch)
     counts = appearances(plan, corpus.size)
     excluded = excluded_by(corpus, batching)
@@ -161,8 +202,14 @@ def test_each_sample_once_except_the_reported_remainder(corpus: Corpus, world_si
         assert plan.padded < world_size * max(1, int(np.diff(plan.offsets).max(initial=1)))
     for rank in range(world_size):
         assert all(batch.size > 0 for batch in rank_samples(plan, rank)), f"rank {rank} got an empty batch"
-    expected = {"samples": corpus.size, "planned": int(plan.samples.shape[0]), "batches_per_rank": plan.num_batches,
-                "excluded": plan.excluded, "dropped": plan.dropped, "padded": plan.padded}
+    expected = {
+        "samples": corpus.size,
+        "planned": int(plan.samples.shape[0]),
+        "batches_per_rank": plan.num_batches,
+        "excluded": plan.excluded,
+        "dropped": plan.dropped,
+        "padded": plan.padded,
+    }
     assert {name: plan.report.get(name) for name in expected} == expected
 
 
@@ -183,8 +230,9 @@ def test_fewer_shards_and_batches_than_ranks_times_workers() -> None:
 @given(corpus=corpora(), world_size=worlds, batching=batchings(), seed=seeds)
 @example(corpus=big_corpus(), world_size=3, batching=Batching(max_duration=60.0), seed=1)
 @example(corpus=big_corpus(), world_size=8, batching=Batching(max_duration=200.0, max_batch_size=9), seed=2)
-def test_batches_respect_their_limits_and_fill_greedily(corpus: Corpus, world_size: int, batching: Batching,
-                                                        seed: int) -> None:
+def test_batches_respect_their_limits_and_fill_greedily(
+    corpus: Corpus, world_size: int, batching: Batching, seed: int
+) -> None:
     plan = plan_for(corpus, world_size, batching, seed=seed)
     sizes = np.diff(plan.offsets)
     assert plan.offsets[0] == 0 and plan.offsets[-1] == plan.samples.shape[0] and (sizes > 0).all()
@@ -208,10 +256,14 @@ def test_batches_respect_their_limits_and_fill_greedily(corpus: Corpus, world_si
 
 
 @FAST
-@given(durations=st.lists(st.floats(0.1, 35.0), min_size=0, max_size=60), max_duration=st.floats(0.05, 120.0),
-       max_batch_size=st.one_of(st.none(), st.integers(1, 8)))
-def test_duration_batches_match_a_plain_greedy_loop(durations: list[float], max_duration: float,
-                                                    max_batch_size: int | None) -> None:
+@given(
+    durations=st.lists(st.floats(0.1, 35.0), min_size=0, max_size=60),
+    max_duration=st.floats(0.05, 120.0),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_duration_batches_match_a_plain_greedy_loop(
+    durations: list[float], max_duration: float, max_batch_size: int | None
+) -> None:
     """The vectorised greedy pass over one block equals the obvious loop (oversized samples stand alone)."""
     expected, count, longest = [0], 0, 0.0
     for i, duration in enumerate(durations):
@@ -221,8 +273,10 @@ def test_duration_batches_match_a_plain_greedy_loop(durations: list[float], max_
             count, grown = 0, duration
         count, longest = count + 1, grown
     expected = expected + [len(durations)] if durations else [0]
-    got = batch_offsets(np.array(durations, dtype=np.float64),
-                        Batching(max_duration=max_duration, max_batch_size=max_batch_size))
+    got = batch_offsets(
+        np.array(durations, dtype=np.float64),
+        Batching(max_duration=max_duration, max_batch_size=max_batch_size),
+    )
     assert got.tolist() == expected
 
 
@@ -231,8 +285,9 @@ def test_duration_batches_match_a_plain_greedy_loop(durations: list[float], max_
 
 @FAST
 @given(corpus=corpora(), ordering=orderings, seed=seeds, epoch=epochs)
-def test_order_is_a_permutation_read_in_windows_of_shards(corpus: Corpus, ordering: Ordering, seed: int,
-                                                          epoch: int) -> None:
+def test_order_is_a_permutation_read_in_windows_of_shards(
+    corpus: Corpus, ordering: Ordering, seed: int, epoch: int
+) -> None:
     order = epoch_order(corpus.shard_ids, corpus.num_shards, seed=seed, epoch=epoch, ordering=ordering)
     assert np.array_equal(np.sort(order), np.arange(corpus.size))
     shards = corpus.shard_ids[order]
@@ -252,9 +307,12 @@ def test_order_is_a_permutation_read_in_windows_of_shards(corpus: Corpus, orderi
 
 
 @SLOW
-@given(corpus=corpora(), world_size=worlds, batching=batchings(), ordering=orderings, seed=seeds, epoch=epochs)
-def test_same_inputs_same_plan_and_epochs_differ(corpus: Corpus, world_size: int, batching: Batching,
-                                                 ordering: Ordering, seed: int, epoch: int) -> None:
+@given(
+    corpus=corpora(), world_size=worlds, batching=batchings(), ordering=orderings, seed=seeds, epoch=epochs
+)
+def test_same_inputs_same_plan_and_epochs_differ(
+    corpus: Corpus, world_size: int, batching: Batching, ordering: Ordering, seed: int, epoch: int
+) -> None:
     first = plan_for(corpus, world_size, batching, ordering, seed=seed, epoch=epoch)
     again = plan_for(corpus, world_size, batching, ordering, seed=seed, epoch=epoch)
     for name in ("samples", "offsets", "rank_batches"):
@@ -262,7 +320,9 @@ def test_same_inputs_same_plan_and_epochs_differ(corpus: Corpus, world_size: int
     assert first.report == again.report
     if ordering.shuffle and corpus.size >= 20:  # identical orders by chance: at most 1 in 20!/...
         order = epoch_order(corpus.shard_ids, corpus.num_shards, seed=seed, epoch=epoch, ordering=ordering)
-        other = epoch_order(corpus.shard_ids, corpus.num_shards, seed=seed, epoch=epoch + 1, ordering=ordering)
+        other = epoch_order(
+            corpus.shard_ids, corpus.num_shards, seed=seed, epoch=epoch + 1, ordering=ordering
+        )
         assert not np.array_equal(order, other)
 
 
@@ -270,8 +330,10 @@ def test_rng_is_seeded_by_the_tuple_not_a_sum() -> None:
     assert not np.array_equal(rng(1, 2).integers(0, 2**62, 8), rng(2, 1).integers(0, 2**62, 8))
     assert not np.array_equal(rng(5, 0, 1).integers(0, 2**62, 8), rng(5, 0, 2).integers(0, 2**62, 8))
     corpus = Corpus(np.repeat(np.arange(10, dtype=np.uint32), 30), np.full(300, 2.0), 10)
-    orders = {(seed, epoch): epoch_order(corpus.shard_ids, 10, seed=seed, epoch=epoch).tobytes()
-              for seed, epoch in [(1, 2), (2, 1), (0, 3), (3, 0)]}
+    orders = {
+        (seed, epoch): epoch_order(corpus.shard_ids, 10, seed=seed, epoch=epoch).tobytes()
+        for seed, epoch in [(1, 2), (2, 1), (0, 3), (3, 0)]
+    }
     assert len(set(orders.values())) == 4, "plans with equal seed + epoch coincide"
 
 
@@ -288,9 +350,21 @@ def test_plan_is_stable_across_processes_and_versions() -> None:
     shard_ids = np.repeat(np.arange(40, dtype=np.uint32), generator.integers(1, 400, 40))
     durations = np.round(generator.uniform(0.1, 35.0, shard_ids.shape[0]), 2)
     digest = hashlib.sha256()
-    for batching in (Batching(batch_size=7), Batching(max_duration=90.0, max_batch_size=12, remainder="drop")):
-        plan = plan_epoch(shard_ids, durations, 40, seed=11, epoch=3, world_size=3, batching=batching,
-                          ordering=Ordering(shuffle_shards=4), history=(Segment(5, 9),))
+    for batching in (
+        Batching(batch_size=7),
+        Batching(max_duration=90.0, max_batch_size=12, remainder="drop"),
+    ):
+        plan = plan_epoch(
+            shard_ids,
+            durations,
+            40,
+            seed=11,
+            epoch=3,
+            world_size=3,
+            batching=batching,
+            ordering=Ordering(shuffle_shards=4),
+            history=(Segment(5, 9),),
+        )
         for array in (plan.samples, plan.offsets, plan.rank_batches):
             digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     assert digest.hexdigest() == GOLDEN_PLAN_SHA256
@@ -301,8 +375,9 @@ def test_plan_is_stable_across_processes_and_versions() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), num_batches=st.integers(0, 300), num_workers=st.integers(1, 16))
-def test_worker_batches_split_a_rank_exactly_once_in_plan_order(data: st.DataObject, num_batches: int,
-                                                                num_workers: int) -> None:
+def test_worker_batches_split_a_rank_exactly_once_in_plan_order(
+    data: st.DataObject, num_batches: int, num_workers: int
+) -> None:
     start = data.draw(st.integers(0, num_batches))
     shares = [list(worker_batches(num_batches, start, w, num_workers)) for w in range(num_workers)]
     assert sorted(j for share in shares for j in share) == list(range(start, num_batches))
@@ -316,11 +391,24 @@ def test_worker_batches_split_a_rank_exactly_once_in_plan_order(data: st.DataObj
 
 
 @SLOW
-@given(data=st.data(), corpus=corpora(max_shards=12), batching=batchings(), ordering=orderings, seed=seeds,
-       epoch=epochs, sizes=st.lists(worlds, min_size=1, max_size=4))
-def test_elastic_history_consumes_every_sample_once(data: st.DataObject, corpus: Corpus, batching: Batching,
-                                                    ordering: Ordering, seed: int, epoch: int,
-                                                    sizes: list[int]) -> None:
+@given(
+    data=st.data(),
+    corpus=corpora(max_shards=12),
+    batching=batchings(),
+    ordering=orderings,
+    seed=seeds,
+    epoch=epochs,
+    sizes=st.lists(worlds, min_size=1, max_size=4),
+)
+def test_elastic_history_consumes_every_sample_once(
+    data: st.DataObject,
+    corpus: Corpus,
+    batching: Batching,
+    ordering: Ordering,
+    seed: int,
+    epoch: int,
+    sizes: list[int],
+) -> None:
     """Segments consume some batches under one world size each; the last segment plans the rest.
 
     All samples consumed in the finished segments plus all samples of the last segment's plan are every

@@ -31,22 +31,50 @@ def corpus(seed: int = 7, shards: int = 40, most: int = 400) -> tuple[np.ndarray
     return shard_ids, np.round(generator.uniform(0.1, 35.0, shard_ids.shape[0]), 2), shards
 
 
-def single(batching: Batching, ordering: Ordering = Ordering(shuffle_shards=4), world_size: int = 3, *,
-           history: tuple[Segment, ...] = (), exclude: tuple[tuple[int, np.ndarray], ...] = (),
-           shape: tuple[int, int, int] = (7, 40, 400)) -> Callable[[], EpochPlan]:
+def single(
+    batching: Batching,
+    ordering: Ordering = Ordering(shuffle_shards=4),
+    world_size: int = 3,
+    *,
+    history: tuple[Segment, ...] = (),
+    exclude: tuple[tuple[int, np.ndarray], ...] = (),
+    shape: tuple[int, int, int] = (7, 40, 400),
+) -> Callable[[], EpochPlan]:
     def make() -> EpochPlan:
         shard_ids, durations, shards = corpus(*shape)
-        return plan_epoch(shard_ids, durations, shards, seed=11, epoch=3, world_size=world_size,
-                          batching=batching, ordering=ordering, history=history, exclude=exclude)
+        return plan_epoch(
+            shard_ids,
+            durations,
+            shards,
+            seed=11,
+            epoch=3,
+            world_size=world_size,
+            batching=batching,
+            ordering=ordering,
+            history=history,
+            exclude=exclude,
+        )
+
     return make
 
 
 def mixed(batching: Batching, mix: Mix, history: tuple[Segment, ...] = ()) -> Callable[[], EpochPlan]:
     def make() -> EpochPlan:
-        corpora = {name: CorpusColumns(*corpus(seed, shards)) for name, seed, shards in
-                   [("a", 1, 12), ("b", 2, 5), ("c", 3, 1)]}
-        return plan_mix(corpora, mix, seed=5, epoch=2, world_size=4, batching=batching,
-                        ordering=Ordering(shuffle_shards=2), history=history)
+        corpora = {
+            name: CorpusColumns(*corpus(seed, shards))
+            for name, seed, shards in [("a", 1, 12), ("b", 2, 5), ("c", 3, 1)]
+        }
+        return plan_mix(
+            corpora,
+            mix,
+            seed=5,
+            epoch=2,
+            world_size=4,
+            batching=batching,
+            ordering=Ordering(shuffle_shards=2),
+            history=history,
+        )
+
     return make
 
 
@@ -55,18 +83,32 @@ CASES: dict[str, Callable[[], EpochPlan]] = {
     "fixed": single(Batching(batch_size=7)),
     "fixed, one rank, no shuffle": single(Batching(batch_size=5), Ordering(shuffle=False), 1),
     "duration, drop": single(Batching(max_duration=90.0, max_batch_size=12, remainder="drop")),
-    "duration, history": single(Batching(max_duration=90.0), world_size=5, history=(Segment(3, 4), Segment(2, 7))),
+    "duration, history": single(
+        Batching(max_duration=90.0), world_size=5, history=(Segment(3, 4), Segment(2, 7))
+    ),
     "buckets, synchronised": single(Batching(max_duration=120.0, num_buckets=3), world_size=4),
     "buckets, not synchronised": single(Batching(batch_size=5, num_buckets=4, sync_buckets=False)),
-    "bins, quadratic, filters": single(Batching(max_duration=150.0, duration_bins=(5.0, 15.0), quadratic_duration=30.0,
-                                                min_duration=1.0, max_sample_duration=30.0)),
-    "synchronised, one bucket, history": single(Batching(batch_size=6, sync_buckets=True), history=(Segment(8, 3),)),
+    "bins, quadratic, filters": single(
+        Batching(
+            max_duration=150.0,
+            duration_bins=(5.0, 15.0),
+            quadratic_duration=30.0,
+            min_duration=1.0,
+            max_sample_duration=30.0,
+        )
+    ),
+    "synchronised, one bucket, history": single(
+        Batching(batch_size=6, sync_buckets=True), history=(Segment(8, 3),)
+    ),
     "quarantine": single(Batching(batch_size=4), exclude=((0, np.arange(0, 3000, 7)),)),
     "mix, hours": mixed(Batching(max_duration=60.0, num_buckets=2), Mix(WEIGHTS, EpochSize(hours=20.0))),
-    "mix, batches, history": mixed(Batching(batch_size=8), Mix(WEIGHTS, EpochSize(batches=301)),
-                                   history=(Segment(2, 30),)),
+    "mix, batches, history": mixed(
+        Batching(batch_size=8), Mix(WEIGHTS, EpochSize(batches=301)), history=(Segment(2, 30),)
+    ),
     # 8 equal 32-bit shuffle keys among 2e5 samples of one window: ties must keep id order
-    "one large window": single(Batching(batch_size=64), Ordering(shuffle_shards=16), 8, shape=(11, 3, 200_000)),
+    "one large window": single(
+        Batching(batch_size=64), Ordering(shuffle_shards=16), 8, shape=(11, 3, 200_000)
+    ),
 }
 
 DIGESTS = {
@@ -105,11 +147,17 @@ def test_plan_digest_is_pinned(name: str) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), groups=st.integers(1, 2**31 - 1),
-       ties=st.one_of(st.none(), st.integers(1, 2**32 - 1)), chunk=st.sampled_from([7, 1 << 20]),
-       packed=st.booleans())
-def test_the_window_order_is_a_stable_argsort(seed: int, n: int, groups: int, ties: int | None, chunk: int,
-                                              packed: bool) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 3000),
+    groups=st.integers(1, 2**31 - 1),
+    ties=st.one_of(st.none(), st.integers(1, 2**32 - 1)),
+    chunk=st.sampled_from([7, 1 << 20]),
+    packed=st.booleans(),
+)
+def test_the_window_order_is_a_stable_argsort(
+    seed: int, n: int, groups: int, ties: int | None, chunk: int, packed: bool
+) -> None:
     """The planner's order by (group, tie, id): packed sorts (in chunks) or the stable argsort it replaces."""
     generator = np.random.default_rng(seed)
     group = generator.integers(0, groups, n)

@@ -53,12 +53,17 @@ def check_exactly_once(plan: EpochPlan) -> None:
         assert len(kept) == len(occurrences)  # nothing repeated, nothing flagged
 
 
-plans = st.fixed_dictionaries({
-    "n": st.integers(1, 120), "shards": st.integers(1, 9), "world": st.integers(1, 7),
-    "seed": st.integers(0, 3),
-    "remainder": st.sampled_from(["pad", "drop"]), "size": st.one_of(st.integers(1, 9), st.none()),
-    "buckets": st.sampled_from([None, 3]),
-})
+plans = st.fixed_dictionaries(
+    {
+        "n": st.integers(1, 120),
+        "shards": st.integers(1, 9),
+        "world": st.integers(1, 7),
+        "seed": st.integers(0, 3),
+        "remainder": st.sampled_from(["pad", "drop"]),
+        "size": st.one_of(st.integers(1, 9), st.none()),
+        "buckets": st.sampled_from([None, 3]),
+    }
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -69,15 +74,30 @@ def test_every_planned_sample_counts_once(case: dict) -> None:
     durations = rng.uniform(0.2, 3.0, case["n"])
     options = {"batch_size": case["size"]} if case["size"] else {"max_duration": 6.0}
     batching = Batching(remainder=case["remainder"], num_buckets=case["buckets"], **options)
-    plan = plan_epoch(shard_ids, durations, case["shards"], seed=case["seed"], epoch=1,
-                      world_size=case["world"], batching=batching)
+    plan = plan_epoch(
+        shard_ids,
+        durations,
+        case["shards"],
+        seed=case["seed"],
+        epoch=1,
+        world_size=case["world"],
+        batching=batching,
+    )
     check_exactly_once(plan)
     if case["remainder"] == "drop":
         assert counted(plan)[0].total() == len(counted(plan)[1])  # dropping leaves nothing to flag
     # after an elastic change: the rest of the epoch, planned for another world
     if plan.num_batches > 1:
-        rest = plan_epoch(shard_ids, durations, case["shards"], seed=case["seed"], epoch=1, world_size=3,
-                          batching=batching, history=[Segment(case["world"], plan.num_batches // 2)])
+        rest = plan_epoch(
+            shard_ids,
+            durations,
+            case["shards"],
+            seed=case["seed"],
+            epoch=1,
+            world_size=3,
+            batching=batching,
+            history=[Segment(case["world"], plan.num_batches // 2)],
+        )
         check_exactly_once(rest)
 
 
@@ -86,15 +106,23 @@ def test_every_planned_sample_counts_once(case: dict) -> None:
 def test_fixed_length_epochs_flag_repeated_batches(n: int, size: int, limit: int, world: int) -> None:
     """A ``limit`` longer than the data repeats whole batches under new batch numbers: still counted once."""
     durations = np.linspace(0.5, 1.5, n)
-    plan = plan_segments(np.arange(n), durations, seed=0, epoch=0, world_size=world,
-                         batching=Batching(batch_size=size), limit=limit)
+    plan = plan_segments(
+        np.arange(n),
+        durations,
+        seed=0,
+        epoch=0,
+        world_size=world,
+        batching=Batching(batch_size=size),
+        limit=limit,
+    )
     check_exactly_once(plan)
 
 
 def test_padding_is_flagged_when_batches_run_short() -> None:
     """One batch for three ranks: ranks 1 and 2 get it again, flagged; rank 0's counts."""
-    plan = plan_epoch(np.zeros(2, np.int64), np.ones(2), 1, seed=0, epoch=0, world_size=3,
-                      batching=Batching(batch_size=4))
+    plan = plan_epoch(
+        np.zeros(2, np.int64), np.ones(2), 1, seed=0, epoch=0, world_size=3, batching=Batching(batch_size=4)
+    )
     repeats = Repeats(plan)
     flags = [repeats.flags(rank, 0).tolist() for rank in range(3)]
     assert flags == [[False, False], [True, True], [True, True]]
@@ -121,18 +149,31 @@ def test_batches_carry_the_flags(data: Path, workers: int) -> None:
 
 
 def test_unbatched_samples_carry_a_flag(data: Path) -> None:
-    kept = [sample["key"] for rank in range(4) for sample in ShardDataset(data, world=World(rank, 4))
-            if not sample["repeat"]]
+    kept = [
+        sample["key"]
+        for rank in range(4)
+        for sample in ShardDataset(data, world=World(rank, 4))
+        if not sample["repeat"]
+    ]
     assert sorted(kept) == sorted(set(kept)) and len(kept) == 19
 
 
 def _example(data: Path, out: Path, ranks: int, *extra: str) -> dict[str, int]:
     command = [sys.executable, str(EXAMPLE), str(data), "--out", str(out), *extra]
     if ranks > 1:
-        command[1:2] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1",
-                        f"--master_port={free_port()}", str(EXAMPLE)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), *sys.path]),
-           "OMP_NUM_THREADS": "1"}
+        command[1:2] = [
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(EXAMPLE),
+        ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE.parents[1]), *sys.path]),
+        "OMP_NUM_THREADS": "1",
+    }
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())

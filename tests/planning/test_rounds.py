@@ -37,21 +37,31 @@ def corpora(draw: st.DrawFn) -> Corpus:
 @st.composite
 def synchronised(draw: st.DrawFn) -> Batching:
     fixed = draw(st.booleans())
-    return Batching(batch_size=draw(st.integers(1, 7)) if fixed else None,
-                    max_duration=None if fixed else draw(st.sampled_from([40.0, 90.0])),
-                    max_batch_size=None if fixed else draw(st.sampled_from([None, 6])),
-                    remainder=draw(st.sampled_from(["pad", "drop"])),
-                    num_buckets=draw(st.one_of(st.none(), st.integers(1, 6))), sync_buckets=True,
-                    quadratic_duration=None if fixed else draw(st.sampled_from([None, 15.0])),
-                    max_sample_duration=draw(st.sampled_from([None, 30.0])))
+    return Batching(
+        batch_size=draw(st.integers(1, 7)) if fixed else None,
+        max_duration=None if fixed else draw(st.sampled_from([40.0, 90.0])),
+        max_batch_size=None if fixed else draw(st.sampled_from([None, 6])),
+        remainder=draw(st.sampled_from(["pad", "drop"])),
+        num_buckets=draw(st.one_of(st.none(), st.integers(1, 6))),
+        sync_buckets=True,
+        quadratic_duration=None if fixed else draw(st.sampled_from([None, 15.0])),
+        max_sample_duration=draw(st.sampled_from([None, 30.0])),
+    )
 
 
 def plan_of(corpus: Corpus, world_size: int, batching: Batching, **options: Any) -> EpochPlan:
     shard_ids, durations, num_shards = corpus
     options.setdefault("seed", 3)
     options.setdefault("epoch", 1)
-    return plan_epoch(shard_ids, durations, num_shards, world_size=world_size, batching=batching,
-                      ordering=Ordering(shuffle_shards=2), **options)
+    return plan_epoch(
+        shard_ids,
+        durations,
+        num_shards,
+        world_size=world_size,
+        batching=batching,
+        ordering=Ordering(shuffle_shards=2),
+        **options,
+    )
 
 
 def step_costs(plan: EpochPlan, durations: np.ndarray, quadratic: float | None) -> np.ndarray:
@@ -71,7 +81,8 @@ def step_efficiency(costs: np.ndarray) -> float:
 @settings(max_examples=50, deadline=None)
 @given(corpus=corpora(), batching=synchronised(), world_size=st.integers(1, 6), epoch=st.integers(0, 2))
 def test_synchronised_plans_keep_every_sample_once_equal_ranks_and_one_bucket_per_step(
-        corpus: Corpus, batching: Batching, world_size: int, epoch: int) -> None:
+    corpus: Corpus, batching: Batching, world_size: int, epoch: int
+) -> None:
     shard_ids, durations, _ = corpus
     plan = plan_of(corpus, world_size, batching, epoch=epoch)
     again = plan_of(corpus, world_size, batching, epoch=epoch)
@@ -81,8 +92,10 @@ def test_synchronised_plans_keep_every_sample_once_equal_ranks_and_one_bucket_pe
     eligible = batching.eligible(durations)
     assert sorted(plan.samples.tolist()) == np.flatnonzero(eligible).tolist()  # formed: each eligible once
     assert plan.rank_batches.shape == (world_size, plan.num_batches)
-    dealt = np.concatenate([plan.batch(r, j) for r in range(world_size) for j in range(plan.num_batches)] or
-                           [np.zeros(0, np.int64)])
+    dealt = np.concatenate(
+        [plan.batch(r, j) for r in range(world_size) for j in range(plan.num_batches)]
+        or [np.zeros(0, np.int64)]
+    )
     sizes = np.diff(plan.offsets)
     assert dealt.shape[0] == plan.samples.shape[0] - plan.dropped + plan.padded  # the reported remainder
     if batching.remainder == "drop":
@@ -91,8 +104,9 @@ def test_synchronised_plans_keep_every_sample_once_equal_ranks_and_one_bucket_pe
         assert set(dealt.tolist()) == set(plan.samples.tolist())
         assert plan.padded <= (world_size - 1) * sizes.max(initial=0)
     buckets = bucket_of(durations, bucket_edges(durations, batching))
-    step_buckets = [{int(buckets[plan.batch(r, j)[0]]) for r in range(world_size)}
-                    for j in range(plan.num_batches)]
+    step_buckets = [
+        {int(buckets[plan.batch(r, j)[0]]) for r in range(world_size)} for j in range(plan.num_batches)
+    ]
     for r in range(world_size):
         for j in range(plan.num_batches):
             assert len(set(buckets[plan.batch(r, j)].tolist())) == 1, "a batch mixes buckets"
@@ -122,17 +136,24 @@ def balanced_steps(corpus: Corpus, world_size: int, batching: Batching) -> tuple
 
 @settings(max_examples=40, deadline=None)
 @given(corpus=corpora(), world_size=st.integers(2, 6), quadratic=st.sampled_from([None, 15.0]))
-def test_full_batches_of_a_step_differ_by_less_than_one_sample(corpus: Corpus, world_size: int,
-                                                               quadratic: float | None) -> None:
-    balanced_steps(corpus, world_size, Batching(max_duration=60.0, num_buckets=4, quadratic_duration=quadratic,
-                                                remainder="drop"))
+def test_full_batches_of_a_step_differ_by_less_than_one_sample(
+    corpus: Corpus, world_size: int, quadratic: float | None
+) -> None:
+    balanced_steps(
+        corpus,
+        world_size,
+        Batching(max_duration=60.0, num_buckets=4, quadratic_duration=quadratic, remainder="drop"),
+    )
 
 
 @pytest.mark.parametrize("quadratic", [None, 15.0])
 def test_most_steps_are_full_batches_of_one_bucket(quadratic: float | None) -> None:
     corpus = (np.arange(20_000) // 500).astype(np.uint32), duration_sample(20_000, seed=3), 40
-    found, steps = balanced_steps(corpus, 8, Batching(max_duration=300.0, num_buckets=10,
-                                                      quadratic_duration=quadratic, remainder="drop"))
+    found, steps = balanced_steps(
+        corpus,
+        8,
+        Batching(max_duration=300.0, num_buckets=10, quadratic_duration=quadratic, remainder="drop"),
+    )
     assert found >= 0.85 * steps
 
 
@@ -143,11 +164,15 @@ def test_step_efficiency_on_librispeech_like_durations(world_size: int, quadrati
     shard_ids = (np.arange(60_000) // 1000).astype(np.uint32)
     efficiency, padding = {}, {}
     for sync in (False, True):
-        batching = Batching(max_duration=600.0, num_buckets=30, quadratic_duration=quadratic, sync_buckets=sync)
+        batching = Batching(
+            max_duration=600.0, num_buckets=30, quadratic_duration=quadratic, sync_buckets=sync
+        )
         plan = plan_epoch(shard_ids, durations, 60, seed=0, epoch=0, world_size=world_size, batching=batching)
         costs = step_costs(plan, durations, quadratic)
         efficiency[sync] = step_efficiency(costs[:, :-1])  # the last step is padded
-        assert plan.report["step_efficiency"] == pytest.approx(step_efficiency(costs), abs=1e-6)  # over all steps
+        assert plan.report["step_efficiency"] == pytest.approx(
+            step_efficiency(costs), abs=1e-6
+        )  # over all steps
         padding[sync] = plan.report["padding_ratio"]
     assert efficiency[True] >= 0.98 > efficiency[False]
     assert padding[True] <= padding[False] + 0.002
@@ -159,8 +184,15 @@ def test_without_buckets_sync_buckets_balances_cost_alone(world_size: int) -> No
     shard_ids = (np.arange(60_000) // 1000).astype(np.uint32)
     efficiency = {}
     for sync in (None, True):
-        plan = plan_epoch(shard_ids, durations, 60, seed=0, epoch=0, world_size=world_size,
-                          batching=Batching(max_duration=600.0, sync_buckets=sync))
+        plan = plan_epoch(
+            shard_ids,
+            durations,
+            60,
+            seed=0,
+            epoch=0,
+            world_size=world_size,
+            batching=Batching(max_duration=600.0, sync_buckets=sync),
+        )
         efficiency[sync] = step_efficiency(step_costs(plan, durations, None)[:, :-1])
     assert efficiency[True] >= 0.98 > efficiency[None]
 
@@ -174,38 +206,56 @@ def test_a_named_batch_cost_balances_steps_and_is_recorded() -> None:
 
     batching = Batching(max_duration=300.0, num_buckets=10, batch_cost=samples, batch_cost_name="samples-v1")
     plan = plan_epoch(shard_ids, durations, 40, seed=0, epoch=0, world_size=8, batching=batching)
-    counts = np.array([[len(plan.batch(r, j)) for j in range(plan.num_batches)] for r in range(8)], dtype=float)
+    counts = np.array(
+        [[len(plan.batch(r, j)) for j in range(plan.num_batches)] for r in range(8)], dtype=float
+    )
     assert step_efficiency(counts[:, :-1]) >= 0.98
     options = options_of(batching, Ordering())
     assert options["batch_cost"] == "samples-v1" and options["sync_buckets"] is True
     assert json.loads(json.dumps(options)) == options
     assert "batch_cost" not in options_of(Batching(max_duration=300.0), Ordering())
-    for plain in (Batching(max_duration=300.0), Batching(max_duration=300.0, num_buckets=10, sync_buckets=False)):
+    for plain in (
+        Batching(max_duration=300.0),
+        Batching(max_duration=300.0, num_buckets=10, sync_buckets=False),
+    ):
         assert "sync_buckets" not in options_of(plain, Ordering())  # states from before sync_buckets load
-    broken = Batching(max_duration=300.0, num_buckets=10, batch_cost=lambda d: float("nan"), batch_cost_name="nan")
+    broken = Batching(
+        max_duration=300.0, num_buckets=10, batch_cost=lambda d: float("nan"), batch_cost_name="nan"
+    )
     with pytest.raises(OptionError, match="'nan' returned nan"):
         plan_epoch(shard_ids, durations, 40, seed=0, epoch=0, world_size=8, batching=broken)
 
 
-@pytest.mark.parametrize("options, words", [
-    (dict(batch_size=4, num_buckets=3, sync_buckets="yes"), "sync_buckets"),
-    (dict(max_duration=9.0, num_buckets=3, batch_cost=len), "together"),
-    (dict(max_duration=9.0, num_buckets=3, batch_cost_name="x"), "together"),
-    (dict(max_duration=9.0, num_buckets=3, batch_cost=3, batch_cost_name="x"), "function"),
-    (dict(max_duration=9.0, num_buckets=3, batch_cost=len, batch_cost_name=""), "non-empty"),
-    (dict(max_duration=9.0, num_buckets=3, sync_buckets=False, batch_cost=len, batch_cost_name="n"), "sync"),
-    (dict(max_duration=9.0, batch_cost=len, batch_cost_name="n"), "sync_buckets on"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(batch_size=4, num_buckets=3, sync_buckets="yes"), "sync_buckets"),
+        (dict(max_duration=9.0, num_buckets=3, batch_cost=len), "together"),
+        (dict(max_duration=9.0, num_buckets=3, batch_cost_name="x"), "together"),
+        (dict(max_duration=9.0, num_buckets=3, batch_cost=3, batch_cost_name="x"), "function"),
+        (dict(max_duration=9.0, num_buckets=3, batch_cost=len, batch_cost_name=""), "non-empty"),
+        (
+            dict(max_duration=9.0, num_buckets=3, sync_buckets=False, batch_cost=len, batch_cost_name="n"),
+            "sync",
+        ),
+        (dict(max_duration=9.0, batch_cost=len, batch_cost_name="n"), "sync_buckets on"),
+    ],
+)
 def test_bad_sync_options_are_option_errors(options: dict[str, Any], words: str) -> None:
     with pytest.raises(OptionError, match=words):
         Batching(**options)
 
 
 @settings(max_examples=40, deadline=None)
-@given(data=st.data(), corpus=corpora(), batching=synchronised(),
-       sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4))
-def test_elastic_segments_consume_every_sample_once(data: st.DataObject, corpus: Corpus, batching: Batching,
-                                                    sizes: list[int]) -> None:
+@given(
+    data=st.data(),
+    corpus=corpora(),
+    batching=synchronised(),
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4),
+)
+def test_elastic_segments_consume_every_sample_once(
+    data: st.DataObject, corpus: Corpus, batching: Batching, sizes: list[int]
+) -> None:
     batching = Batching(**{**vars(batching), "remainder": "drop"})
     history: tuple[Segment, ...] = ()
     seen: Counter[int] = Counter()
@@ -221,17 +271,28 @@ def test_elastic_segments_consume_every_sample_once(data: st.DataObject, corpus:
 
 def test_mixed_plans_synchronise_steps_and_stay_exactly_once() -> None:
     rng = np.random.default_rng(0)
-    corpora = {name: CorpusColumns(np.sort(rng.integers(0, 20, n)).astype(np.uint32), rng.uniform(lo, hi, n), 20)
-               for name, n, lo, hi in (("short", 6000, 1.0, 6.0), ("long", 3000, 8.0, 20.0))}
+    corpora = {
+        name: CorpusColumns(np.sort(rng.integers(0, 20, n)).astype(np.uint32), rng.uniform(lo, hi, n), 20)
+        for name, n, lo, hi in (("short", 6000, 1.0, 6.0), ("long", 3000, 8.0, 20.0))
+    }
     mix = Mix({"short": 1.0, "long": 1.0}, EpochSize(primary="long"))
     options: dict[str, Any] = dict(seed=1, epoch=0, ordering=Ordering(shuffle_shards=4))
-    plans = {sync: plan_mix(corpora, mix, world_size=8, **options, batching=Batching(
-        max_duration=200.0, num_buckets=8, sync_buckets=sync, remainder="drop")) for sync in (False, True)}
+    plans = {
+        sync: plan_mix(
+            corpora,
+            mix,
+            world_size=8,
+            **options,
+            batching=Batching(max_duration=200.0, num_buckets=8, sync_buckets=sync, remainder="drop"),
+        )
+        for sync in (False, True)
+    }
     durations = np.concatenate([corpora["long"].durations, corpora["short"].durations])  # name order
     ids = {sync: plan.samples for sync, plan in plans.items()}
     for quadratic in (None, 15.0):  # padded batches of one bucket also balance a quadratic cost
-        efficiency = {sync: step_efficiency(step_costs(plan, durations, quadratic))
-                      for sync, plan in plans.items()}
+        efficiency = {
+            sync: step_efficiency(step_costs(plan, durations, quadratic)) for sync, plan in plans.items()
+        }
         assert efficiency[True] >= 0.98 > efficiency[False]
     assert Counter(ids[True].tolist()) == Counter(ids[False].tolist())  # the same occurrences
     batching = Batching(max_duration=200.0, num_buckets=8, remainder="drop")
@@ -251,8 +312,15 @@ def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_synchronised_dataset_resumes_exactly_and_refuses_a_changed_cost(dataset_dir: Path) -> None:
     def make(**extra: Any) -> ShardDataset:
-        return ShardDataset(dataset_dir, max_duration=2.5, num_buckets=3, seed=4, shuffle_shards=2,
-                            world=World(rank=1, world_size=2), **extra)
+        return ShardDataset(
+            dataset_dir,
+            max_duration=2.5,
+            num_buckets=3,
+            seed=4,
+            shuffle_shards=2,
+            world=World(rank=1, world_size=2),
+            **extra,
+        )
 
     whole = [list(batch["keys"]) for batch in make()]
     assert make().batching.synchronised and len(whole) >= 6

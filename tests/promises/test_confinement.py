@@ -53,9 +53,19 @@ def _shard(root: Path, number: int = 0) -> Path:
 # -- item 13: shard names ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../secret.tar", "{outside}/secret.tar", "sub/../../secret.tar",
-                                  "./x/../x.tar", "file:///etc/passwd", "http://example.invalid/x.tar", "",
-                                  "a\0b.tar"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../secret.tar",
+        "{outside}/secret.tar",
+        "sub/../../secret.tar",
+        "./x/../x.tar",
+        "file:///etc/passwd",
+        "http://example.invalid/x.tar",
+        "",
+        "a\0b.tar",
+    ],
+)
 def test_shard_names_outside_the_root_are_refused(dataset: Path, name: str) -> None:
     secret = dataset.parent / "secret.tar"
     shard = _shard(dataset)
@@ -105,8 +115,9 @@ def test_a_symlinked_sub_directory_out_of_the_root_is_refused(dataset: Path) -> 
     assert Index.load(dataset, allow_outside_root=True).shard_path(0).endswith(f"sub/{shard.name}")
 
 
-def test_an_index_written_elsewhere_needs_the_opt_in(dataset: Path, tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_an_index_written_elsewhere_needs_the_opt_in(
+    dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shards = sorted(dataset.glob("*.tar"))
     with caplog.at_level(logging.WARNING):
         built = build_index(shards, out_dir=tmp_path / "index-only")
@@ -131,11 +142,15 @@ def _header_with(field: slice, value: bytes) -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize("crafted", [
-    SECRET * 12,  # not a tar header at all: the old checksum message quoted the field's bytes
-    _header_with(slice(0, 100), b"SECRET\xff\xfe"),  # a name that is not UTF-8
-    _header_with(slice(124, 136), b"SECRET!!"),  # a size that is not octal
-], ids=["text", "name", "size"])
+@pytest.mark.parametrize(
+    "crafted",
+    [
+        SECRET * 12,  # not a tar header at all: the old checksum message quoted the field's bytes
+        _header_with(slice(0, 100), b"SECRET\xff\xfe"),  # a name that is not UTF-8
+        _header_with(slice(124, 136), b"SECRET!!"),  # a size that is not octal
+    ],
+    ids=["text", "name", "size"],
+)
 def test_tar_errors_quote_no_file_bytes(crafted: bytes) -> None:
     with pytest.raises(FormatError) as caught:
         parse_members(crafted.ljust(1536, b"\0"), "shard x")
@@ -154,8 +169,14 @@ def test_skipped_samples_do_not_leak_file_content(dataset: Path, caplog: pytest.
 
 def test_a_json_member_that_is_not_utf8_is_reported_without_its_bytes(tmp_path: Path) -> None:
     writer = ShardWriter(tmp_path / "ds")
-    writer.write("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000), "json": b'{"a": "\xff"}'},
-                 audio_ext="wav", num_frames=80, sample_rate=8000, channels=1)
+    writer.write(
+        "a",
+        {"wav": wav_bytes(np.zeros(80, np.float32), 8000), "json": b'{"a": "\xff"}'},
+        audio_ext="wav",
+        num_frames=80,
+        sample_rate=8000,
+        channels=1,
+    )
     writer.close()
     batch = next(iter(ShardDataset(tmp_path / "ds", batch_size=1, on_error="skip")))
     assert len(batch["skipped"]) == 1 and "not UTF-8 at byte 7" in batch["skipped"][0]
@@ -227,8 +248,10 @@ def test_npy_shapes_are_checked_against_the_bytes(dataset: Path) -> None:
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(raw)) as source, zipfile.ZipFile(out, "w") as target:
         for info in source.infolist():
-            target.writestr(info.filename, payload.getvalue() if info.filename == "shard.npy" else
-                            source.read(info.filename))
+            target.writestr(
+                info.filename,
+                payload.getvalue() if info.filename == "shard.npy" else source.read(info.filename),
+            )
     (dataset / "index.npz").write_bytes(out.getvalue())
     digest = hashlib.sha256(out.getvalue()).hexdigest()
     rewrite_header(dataset, lambda header: header.update(columns_sha256=digest))
@@ -319,8 +342,18 @@ def test_a_zstd_frame_without_a_size_is_decompressed_as_far_as_it_goes(tmp_path:
     frame = zstandard.ZstdCompressor(write_content_size=False).compress(sample)
     (root / "s.tar.zst").write_bytes(frame)
     builder = IndexBuilder(str(root))
-    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=0,
-                       member_size=3 << 30, num_frames=80, sample_rate=8000, channels=1, audio_ext="wav")
+    builder.add_sample(
+        "a",
+        shard=0,
+        frame_offset=0,
+        frame_size=len(frame),
+        member_offset=0,
+        member_size=3 << 30,
+        num_frames=80,
+        sample_rate=8000,
+        channels=1,
+        audio_ext="wav",
+    )
     builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 0.01, "zstd"))
     builder.build().save()
     result = run_limited(_READ_ONE.format(root=str(root)), headroom_mb=256)
@@ -332,8 +365,18 @@ def _zstd_dataset(root: Path, frame: bytes, member_offset: int, member_size: int
     root.mkdir()
     (root / "s.tar.zst").write_bytes(frame)
     builder = IndexBuilder(str(root))
-    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=member_offset,
-                       member_size=member_size, num_frames=80, sample_rate=8000, channels=1, audio_ext="wav")
+    builder.add_sample(
+        "a",
+        shard=0,
+        frame_offset=0,
+        frame_size=len(frame),
+        member_offset=member_offset,
+        member_size=member_size,
+        num_frames=80,
+        sample_rate=8000,
+        channels=1,
+        audio_ext="wav",
+    )
     builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 0.01, "zstd"))
     builder.build().save()
 
@@ -359,9 +402,18 @@ def test_ten_minutes_of_digital_silence_in_one_frame_still_reads(tmp_path: Path)
     root.mkdir()
     (root / "s.tar.zst").write_bytes(frame)
     builder = IndexBuilder(str(root))
-    builder.add_sample("a", shard=0, frame_offset=0, frame_size=len(frame), member_offset=0,
-                       member_size=len(sample), num_frames=len(silence), sample_rate=16000, channels=1,
-                       audio_ext="wav")
+    builder.add_sample(
+        "a",
+        shard=0,
+        frame_offset=0,
+        frame_size=len(frame),
+        member_offset=0,
+        member_size=len(sample),
+        num_frames=len(silence),
+        sample_rate=16000,
+        channels=1,
+        audio_ext="wav",
+    )
     builder.add_shard(ShardInfo("s.tar.zst", len(frame), "", 1, 600.0, "zstd"))
     builder.build().save()
     members = Reader(Index.load(root)).members(0)
@@ -385,9 +437,11 @@ def test_a_huge_size_claim_in_a_tar_header_is_a_format_error(tmp_path: Path) -> 
         header[148:156] = b"        "
         header[148:156] = b"%06o\0 " % sum(header)
         out.write(bytes(header) + b"\0" * 4096)
-    code = (f"from shardio.packing.indexer import build_index\nfrom shardio.errors import FormatError\n"
-            f"try:\n    build_index([{str(shard)!r}])\n"
-            "except FormatError as exc:\n    print('FormatError', exc)\n")
+    code = (
+        f"from shardio.packing.indexer import build_index\nfrom shardio.errors import FormatError\n"
+        f"try:\n    build_index([{str(shard)!r}])\n"
+        "except FormatError as exc:\n    print('FormatError', exc)\n"
+    )
     result = run_limited(code, headroom_mb=64)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("FormatError"), result.stdout

@@ -72,8 +72,15 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
 
     from shardio import ShardDataset
 
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})  # as torchrun sets them
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+        }
+    )  # as torchrun sets them
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     torch.manual_seed(0)
@@ -109,8 +116,14 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
     steps = torch.tensor([len(keys)])
     everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(everyone, steps)
-    result = {"rank": rank, "world_size": world_size, "planned": planned, "keys": keys,
-              "batch_indices": batch_indices, "steps_everywhere": [int(t) for t in everyone]}
+    result = {
+        "rank": rank,
+        "world_size": world_size,
+        "planned": planned,
+        "keys": keys,
+        "batch_indices": batch_indices,
+        "steps_everywhere": [int(t) for t in everyone],
+    }
     Path(config["out"], f"rank{rank}.json").write_text(json.dumps(result))
     del model, optimizer  # DDP's reducer must go while its process group lives: freed after, it can hang
     dist.barrier()
@@ -122,8 +135,9 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
 
 def run_group(world_size: int, config: dict[str, Any], out: Path, exit_code: int = 0) -> list[dict[str, Any]]:
     """Run ``world_size`` ranks of :func:`rank_main`; each rank's result (see :mod:`process_groups`)."""
-    return process_groups.run_group(rank_main, world_size, config, out, timeout_s=GROUP_TIMEOUT_S,
-                                    preload=PRELOAD, exit_code=exit_code)
+    return process_groups.run_group(
+        rank_main, world_size, config, out, timeout_s=GROUP_TIMEOUT_S, preload=PRELOAD, exit_code=exit_code
+    )
 
 
 def flat(keys: list[list[str]]) -> list[str]:
@@ -155,26 +169,40 @@ def interrupted(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """Each rank's results of 3 ranks killed after ``STOP`` steps, and rank 0's saved state."""
     base = tmp_path_factory.mktemp("stopped")
     state = base / "state.json"
-    results = run_group(3, {"dataset": str(dataset), "stop": STOP, "save": str(state), "kill": True}, base / "out",
-                        exit_code=-signal.SIGKILL)
+    results = run_group(
+        3,
+        {"dataset": str(dataset), "stop": STOP, "save": str(state), "kill": True},
+        base / "out",
+        exit_code=-signal.SIGKILL,
+    )
     assert state.exists(), "rank 0 did not save its state"
     return results, state
 
 
-def test_every_rank_yields_the_same_number_of_batches(dataset: Path,
-                                                      uninterrupted: list[dict[str, Any]]) -> None:
+def test_every_rank_yields_the_same_number_of_batches(
+    dataset: Path, uninterrupted: list[dict[str, Any]]
+) -> None:
     from shardio import Index, plan_epoch
     from shardio.planning.plan import Batching
 
     counts = [len(result["keys"]) for result in uninterrupted]
     assert counts[0] > STOP and counts == [counts[0]] * 3
-    assert all(result["planned"] == counts[0] and result["steps_everywhere"] == counts for result in uninterrupted)
+    assert all(
+        result["planned"] == counts[0] and result["steps_everywhere"] == counts for result in uninterrupted
+    )
     assert all(result["batch_indices"] == list(range(counts[0])) for result in uninterrupted)
     index = Index.load(dataset)
     seen = Counter(key for result in uninterrupted for key in flat(result["keys"]))
     assert set(seen) == set(index.keys), "a sample was never yielded"
-    plan = plan_epoch(index.shard_ids, index.durations, len(index.shards), seed=SEED, epoch=0, world_size=3,
-                      batching=Batching(max_duration=MAX_DURATION))
+    plan = plan_epoch(
+        index.shard_ids,
+        index.durations,
+        len(index.shards),
+        seed=SEED,
+        epoch=0,
+        world_size=3,
+        batching=Batching(max_duration=MAX_DURATION),
+    )
     assert sum(seen.values()) - len(seen) == plan.padded
     durations = dict(zip(index.keys, index.durations.tolist()))
     for result in uninterrupted:
@@ -183,12 +211,17 @@ def test_every_rank_yields_the_same_number_of_batches(dataset: Path,
 
 
 @pytest.mark.slow
-def test_resume_on_a_new_group_continues_exactly(dataset: Path, uninterrupted: list[dict[str, Any]],
-                                                 interrupted: tuple[list[dict[str, Any]], Path],
-                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_resume_on_a_new_group_continues_exactly(
+    dataset: Path,
+    uninterrupted: list[dict[str, Any]],
+    interrupted: tuple[list[dict[str, Any]], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     stopped, state = interrupted
     assert json.loads(state.read_text())["start"] == STOP
-    resumed = run_group(3, {"dataset": str(dataset), "load": str(state)}, tmp_path_factory.mktemp("resumed") / "out")
+    resumed = run_group(
+        3, {"dataset": str(dataset), "load": str(state)}, tmp_path_factory.mktemp("resumed") / "out"
+    )
     for before, after, whole in zip(stopped, resumed, uninterrupted):
         assert before["keys"] == whole["keys"][:STOP]
         assert after["batch_indices"] == list(range(STOP, len(whole["keys"])))
@@ -196,14 +229,16 @@ def test_resume_on_a_new_group_continues_exactly(dataset: Path, uninterrupted: l
 
 
 @pytest.mark.slow
-def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
-                                                              interrupted: tuple[list[dict[str, Any]], Path],
-                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(
+    dataset: Path, interrupted: tuple[list[dict[str, Any]], Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     from shardio import Index, Segment, plan_epoch
     from shardio.planning.plan import Batching
 
     stopped, state = interrupted
-    resumed = run_group(2, {"dataset": str(dataset), "load": str(state)}, tmp_path_factory.mktemp("elastic") / "out")
+    resumed = run_group(
+        2, {"dataset": str(dataset), "load": str(state)}, tmp_path_factory.mktemp("elastic") / "out"
+    )
     counts = [len(result["keys"]) for result in resumed]
     assert counts[0] > 0 and counts == [counts[0]] * 2
     assert all(result["steps_everywhere"] == counts for result in resumed)
@@ -213,8 +248,16 @@ def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
     assert not set(before) & set(after), "a sample consumed before the stop was consumed again"
     assert set(before) | set(after) == set(index.keys), "a sample was lost in the elastic resume"
     assert sum(before.values()) == len(before), "repeats before the last round"
-    plan = plan_epoch(index.shard_ids, index.durations, len(index.shards), seed=SEED, epoch=0, world_size=2,
-                      batching=Batching(max_duration=MAX_DURATION), history=(Segment(3, STOP),))
+    plan = plan_epoch(
+        index.shard_ids,
+        index.durations,
+        len(index.shards),
+        seed=SEED,
+        epoch=0,
+        world_size=2,
+        batching=Batching(max_duration=MAX_DURATION),
+        history=(Segment(3, STOP),),
+    )
     assert plan.num_batches == counts[0]
     assert sum(after.values()) - len(after) == plan.padded, "repeats beyond the plan's reported padding"
     from shardio import ShardDataset, Trace, World
@@ -229,8 +272,9 @@ def test_elastic_resume_on_fewer_ranks_consumes_the_rest_once(dataset: Path,
         assert [trace.row(row)["keys"] for row in rows] == result["keys"]
 
 
-def test_trace_names_every_ranks_batches_of_a_gloo_run(dataset: Path,
-                                                       uninterrupted: list[dict[str, Any]]) -> None:
+def test_trace_names_every_ranks_batches_of_a_gloo_run(
+    dataset: Path, uninterrupted: list[dict[str, Any]]
+) -> None:
     from shardio import ShardDataset, Trace, World
 
     ds = ShardDataset(dataset, max_duration=MAX_DURATION, seed=SEED, world=World(0, 3))

@@ -39,14 +39,21 @@ def readme_checkpoint(data: Path, path: Path, steps: int) -> tuple[ShardDataset,
     for step, batch in enumerate(ds, start=1):  # the README loop's global_step after its += 1
         seen.append(list(batch["keys"]))
         if step == steps:
-            torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "loader": ds.state_after(batch),
-                        "global_step": step}, path)
+            torch.save(
+                {
+                    "model": torch.nn.Linear(2, 2).state_dict(),
+                    "loader": ds.state_after(batch),
+                    "global_step": step,
+                },
+                path,
+            )
             break
     return ds, seen
 
 
 def test_trace_and_quarantine_read_a_torch_save_checkpoint_and_write_one_the_loop_resumes(
-        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt, healed = tmp_path / "ckpt.pt", tmp_path / "healed.pt"
     _, seen = readme_checkpoint(data, ckpt, steps=2)
     assert main(["trace", str(data), "--state", str(ckpt), "--step", "1", "--json"]) == 0  # old code: exit 2
@@ -101,8 +108,9 @@ def test_a_json_state_and_a_state_dict_without_a_state_are_told_apart(data: Path
         read_checkpoint(str(empty))
 
 
-def test_global_step_maps_through_each_epochs_plan(data: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_global_step_maps_through_each_epochs_plan(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ds = ShardDataset(str(data), max_duration=1.0, seed=0)  # duration batches: epochs of different lengths
     by_global = []
     for epoch in range(3):
@@ -111,8 +119,10 @@ def test_global_step_maps_through_each_epochs_plan(data: Path, tmp_path: Path,
     state = tmp_path / "state.json"
     state.write_text(json.dumps(ds.state_dict()))
     for global_step in (0, len(by_global) // 2, len(by_global) - 1):
-        assert main(["trace", str(data), "--state", str(state), "--global-step", str(global_step),
-                     "--json"]) == 0
+        assert (
+            main(["trace", str(data), "--state", str(state), "--global-step", str(global_step), "--json"])
+            == 0
+        )
         captured = capsys.readouterr()
         row = json.loads(captured.out)
         epoch, step, keys = by_global[global_step]
@@ -127,7 +137,9 @@ def test_trace_help_says_which_step_it_takes(capsys: pytest.CaptureFixture[str])
     assert "from 0" in text and "--global-step" in text
 
 
-def _fit(data: Path, root: Path, *, callback: bool, max_steps: int, ckpt_path: str | None = None) -> list[str]:
+def _fit(
+    data: Path, root: Path, *, callback: bool, max_steps: int, ckpt_path: str | None = None
+) -> list[str]:
     """A tiny in-process Lightning run (0 workers); the messages of the warnings it raised."""
     pl = pytest.importorskip("pytorch_lightning")
     from torch.utils.data import DataLoader
@@ -151,10 +163,18 @@ def _fit(data: Path, root: Path, *, callback: bool, max_steps: int, ckpt_path: s
             ds = make(data)
             return DataLoader(resume.attach(ds) if resume else ds, batch_size=None, num_workers=0)
 
-    saver = pl.callbacks.ModelCheckpoint(dirpath=str(root), every_n_train_steps=1, save_top_k=-1,
-                                         filename="{step}")
-    trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[saver, *([resume] if resume else [])])
+    saver = pl.callbacks.ModelCheckpoint(
+        dirpath=str(root), every_n_train_steps=1, save_top_k=-1, filename="{step}"
+    )
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[saver, *([resume] if resume else [])],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(Model(), ckpt_path=ckpt_path)
@@ -163,31 +183,41 @@ def _fit(data: Path, root: Path, *, callback: bool, max_steps: int, ckpt_path: s
 
 @pytest.mark.parametrize("callback", [True, False])
 def test_lightning_warnings_on_an_exact_resume_are_silenced_by_the_callback_only(
-        data: Path, tmp_path: Path, callback: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    data: Path, tmp_path: Path, callback: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("pytorch_lightning")
     saved = warnings.filters[:]
     try:
         _fit(data, tmp_path, callback=callback, max_steps=2)
-        caught = _fit(data, tmp_path / "again", callback=callback, max_steps=4, ckpt_path=str(tmp_path / "step=2.ckpt"))
+        caught = _fit(
+            data, tmp_path / "again", callback=callback, max_steps=4, ckpt_path=str(tmp_path / "step=2.ckpt")
+        )
     finally:
         warnings.filters[:] = saved
     wrong = [m for m in caught if "`__len__` defined" in m or "not resumable" in m]
     assert bool(wrong) != callback, wrong
     if callback:  # and the ledger reads the .ckpt: epoch step 2 is the batch after the checkpoint's two
         capsys.readouterr()
-        assert main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--step", "2", "--json"]) == 0
+        assert (
+            main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--step", "2", "--json"]) == 0
+        )
         assert json.loads(capsys.readouterr().out)["keys"] == list(next(iter(_batches(data, 3)))["keys"])
-        assert main(["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--global-step", "2",
-                     "--json"]) == 0  # the .ckpt's global_step agrees with its state, so G maps
+        assert (
+            main(
+                ["trace", str(data), "--state", str(tmp_path / "step=2.ckpt"), "--global-step", "2", "--json"]
+            )
+            == 0
+        )  # the .ckpt's global_step agrees with its state, so G maps
         assert json.loads(capsys.readouterr().out)["keys"] == list(next(iter(_batches(data, 3)))["keys"])
 
 
 def _batches(data: Path, skip: int) -> list[dict[str, Any]]:
-    return list(make(data))[skip - 1:]
+    return list(make(data))[skip - 1 :]
 
 
 def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
-        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("accelerate")
     from accelerate import Accelerator
 
@@ -205,8 +235,21 @@ def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
     accelerator.save_state(str(tmp_path / "ckpt"))
     assert main(["trace", str(data), "--state", str(tmp_path / "ckpt"), "--step", "2", "--json"]) == 0
     bad = json.loads(capsys.readouterr().out)["keys"][0]
-    assert main(["quarantine", str(data), "--state", str(tmp_path / "ckpt"), "--key", bad, "--out",
-                 str(tmp_path / "healed")]) == 0
+    assert (
+        main(
+            [
+                "quarantine",
+                str(data),
+                "--state",
+                str(tmp_path / "ckpt"),
+                "--key",
+                bad,
+                "--out",
+                str(tmp_path / "healed"),
+            ]
+        )
+        == 0
+    )
     resumed, restarted = make(data), Accelerator(cpu=True)  # the resumed script's
     again = track(restarted, resumed)
     restarted.load_state(str(tmp_path / "healed"))
@@ -216,7 +259,8 @@ def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
 
 
 def test_a_resume_on_another_world_size_logs_one_info_line_with_the_padding(
-        data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     two = make(data, World(0, 2))
     batch = next(iter(two))
     state = two.state_after(batch)
@@ -237,8 +281,9 @@ def test_pack_help_shows_the_manifest_schema_and_the_keys(capsys: pytest.Capture
     assert "ranks x workers" in text
 
 
-def test_quarantine_takes_a_trainers_global_steps(data: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_quarantine_takes_a_trainers_global_steps(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ds, trained = make(data), []
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -249,19 +294,38 @@ def test_quarantine_takes_a_trainers_global_steps(data: Path, tmp_path: Path,
     state, out = tmp_path / "state.json", tmp_path / "healed.json"
     state.write_text(json.dumps(ds.state_after(batch)))  # epoch 1, after its first batch
     g = first_epoch + 2  # the third batch of epoch 1
-    assert main(["quarantine", str(data), "--state", str(state), "--global-steps", f"{g}:{g + 1}",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "quarantine",
+                str(data),
+                "--state",
+                str(state),
+                "--global-steps",
+                f"{g}:{g + 1}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "epoch 1 epoch steps 2:3" in capsys.readouterr().err
     healed = make(data)
     healed.load_state_dict(json.loads(out.read_text()))
     rest = {k for b in healed for k in b["keys"]}
-    assert not rest & set(trained[g]) and rest == {k for b in trained[first_epoch + 1:] for k in b} - set(trained[g])
-    assert main(["quarantine", str(data), "--state", str(state), "--global-steps", "0:1", "--out", str(out)]) == 2
+    assert not rest & set(trained[g]) and rest == {k for b in trained[first_epoch + 1 :] for k in b} - set(
+        trained[g]
+    )
+    assert (
+        main(["quarantine", str(data), "--state", str(state), "--global-steps", "0:1", "--out", str(out)])
+        == 2
+    )
     assert "a quarantine takes steps of the state's epoch 1" in capsys.readouterr().err
 
 
 def test_a_stateful_dataloader_state_is_traced_and_its_rewrite_refused_loudly(
-        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     ds = make(data)
@@ -276,13 +340,27 @@ def test_a_stateful_dataloader_state_is_traced_and_its_rewrite_refused_loudly(
     del loader
     assert main(["trace", str(data), "--state", str(ckpt), "--step", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keys"] == [list(b["keys"]) for b in make(data)][3]
-    assert main(["quarantine", str(data), "--state", str(ckpt), "--key", trained[0][0], "--out",
-                 str(tmp_path / "out.pt")]) == 2
+    assert (
+        main(
+            [
+                "quarantine",
+                str(data),
+                "--state",
+                str(ckpt),
+                "--key",
+                trained[0][0],
+                "--out",
+                str(tmp_path / "out.pt"),
+            ]
+        )
+        == 2
+    )
     assert "per-worker states" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
 
 
-def test_a_global_step_the_checkpoint_contradicts_is_refused(data: Path, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_global_step_the_checkpoint_contradicts_is_refused(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt, wrong = tmp_path / "ckpt.pt", tmp_path / "wrong.pt"
     _, seen = readme_checkpoint(data, ckpt, steps=2)
     saved = torch.load(ckpt, weights_only=True)

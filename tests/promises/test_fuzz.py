@@ -28,8 +28,13 @@ from shardio.reading.reader import Reader
 
 pytestmark = pytest.mark.timeout(180)
 
-FUZZ = settings(max_examples=100, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 Members = dict[str, bytes]
 
@@ -117,13 +122,15 @@ def mutate(data: bytes, mutations: list[tuple[str, int, Any]]) -> bytes:
         elif kind in ("insert", "shift"):
             out[position:position] = arg
             if kind == "shift":
-                del out[len(out) - len(arg):]
+                del out[len(out) - len(arg) :]
     return bytes(out)
 
 
 @FUZZ
 @given(shard=st.integers(min_value=0, max_value=1), mutations=st.lists(MUTATION, min_size=1, max_size=3))
-def test_damaged_shards(clean: Clean, scratch: Path, shard: int, mutations: list[tuple[str, int, Any]]) -> None:
+def test_damaged_shards(
+    clean: Clean, scratch: Path, shard: int, mutations: list[tuple[str, int, Any]]
+) -> None:
     name = clean.index.shards[shard].name
     original = clean.files[name]
     data = mutate(original, mutations)
@@ -136,7 +143,9 @@ def test_damaged_shards(clean: Clean, scratch: Path, shard: int, mutations: list
         # only a same-size plain .tar can give changed data without an error: the file's bytes, as indexed
         assert index.shards[shard].codec == "none" and len(data) == len(original), (sample, got)
         assert int(index.columns["shard"][sample]) == shard
-        assert {ext: len(b) for ext, b in got.items()} == {ext: len(b) for ext, b in clean.members[sample].items()}
+        assert {ext: len(b) for ext, b in got.items()} == {
+            ext: len(b) for ext, b in clean.members[sample].items()
+        }
         for ext, at in clean.data_at[sample].items():
             assert got[ext] == data[at : at + len(got[ext])], (sample, ext)
 
@@ -144,8 +153,14 @@ def test_damaged_shards(clean: Clean, scratch: Path, shard: int, mutations: list
 # -- index files ---------------------------------------------------------------------------------------
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -198,8 +213,13 @@ def test_damaged_index_json_fields(clean: Clean, scratch: Path, data: st.DataObj
 
 
 @FUZZ
-@given(name=st.sampled_from(["index.json", "index.columns"]), mutations=st.lists(MUTATION, min_size=1, max_size=3))
-def test_damaged_index_bytes(clean: Clean, scratch: Path, name: str, mutations: list[tuple[str, int, Any]]) -> None:
+@given(
+    name=st.sampled_from(["index.json", "index.columns"]),
+    mutations=st.lists(MUTATION, min_size=1, max_size=3),
+)
+def test_damaged_index_bytes(
+    clean: Clean, scratch: Path, name: str, mutations: list[tuple[str, int, Any]]
+) -> None:
     original = clean.files[name]
     with damaged(scratch, name, mutate(original, mutations), original):
         assert_right_or_shardio_error(clean, scratch)
@@ -213,8 +233,14 @@ def pax_dataset(tmp_path_factory: pytest.TempPathFactory) -> Index:
     """One sample whose key needs a pax ``path`` record: ``NNN path=...`` in the data of an ``x`` member."""
     root = tmp_path_factory.mktemp("pax") / "ds"
     with ShardWriter(root) as writer:
-        writer.write("spk/" + "x" * 120, {"wav": wav_bytes(np.zeros(80, np.float32), 8000)},
-                     audio_ext="wav", num_frames=80, sample_rate=8000, channels=1)
+        writer.write(
+            "spk/" + "x" * 120,
+            {"wav": wav_bytes(np.zeros(80, np.float32), 8000)},
+            audio_ext="wav",
+            num_frames=80,
+            sample_rate=8000,
+            channels=1,
+        )
     return Index.load(root)
 
 
@@ -224,7 +250,7 @@ def read_with_pax_length(index: Index, length: bytes) -> Members:
     original = path.read_bytes()
     assert original[512:516] == b"138 "  # the pax data block follows the x header
     try:
-        path.write_bytes(original[:512] + length + original[512 + len(length):])
+        path.write_bytes(original[:512] + length + original[512 + len(length) :])
         return {ext: bytes(data) for ext, data in Reader(Index.load(index.root)).members(0).items()}
     finally:
         path.write_bytes(original)

@@ -40,8 +40,9 @@ def the_plan() -> EpochPlan:
     generator = np.random.default_rng(3)
     shard_ids = np.repeat(np.arange(7), generator.integers(1, 30, 7))
     durations = generator.uniform(1, 20, len(shard_ids))
-    plan = plan_epoch(shard_ids, durations, 7, seed=11, epoch=3, world_size=WORLD_SIZE,
-                      batching=Batching(batch_size=5))
+    plan = plan_epoch(
+        shard_ids, durations, 7, seed=11, epoch=3, world_size=WORLD_SIZE, batching=Batching(batch_size=5)
+    )
     assert any(rank_plan(plan, rank).repeats is not None for rank in range(WORLD_SIZE))
     return plan
 
@@ -96,8 +97,9 @@ def special(path: Path, kind: str) -> None:
         path.mkdir()
     elif kind == "huge header":  # a header that claims 2**40 ids, on a small file
         header = b"{'descr': '<i8', 'fortran_order': False, 'shape': (1099511627776,), }"
-        path.write_bytes(b"\x93NUMPY\x01\x00" + (118).to_bytes(2, "little") + header.ljust(117) + b"\n"
-                         + bytes(64))
+        path.write_bytes(
+            b"\x93NUMPY\x01\x00" + (118).to_bytes(2, "little") + header.ljust(117) + b"\n" + bytes(64)
+        )
 
 
 class Hung(BaseException):
@@ -105,9 +107,13 @@ class Hung(BaseException):
 
 
 def same(got: RankPlan, expected: RankPlan) -> bool:
-    return (np.array_equal(got.ids, expected.ids) and np.array_equal(got.offsets, expected.offsets)
-            and all(np.array_equal(got.repeat_flags(j), expected.repeat_flags(j))
-                    for j in range(expected.num_batches)))
+    return (
+        np.array_equal(got.ids, expected.ids)
+        and np.array_equal(got.offsets, expected.offsets)
+        and all(
+            np.array_equal(got.repeat_flags(j), expected.repeat_flags(j)) for j in range(expected.num_batches)
+        )
+    )
 
 
 def obtained_within_limits(pristine: dict[str, Any], rank: int) -> RankPlan | ShardioError:
@@ -134,9 +140,11 @@ def obtained_within_limits(pristine: dict[str, Any], rank: int) -> RankPlan | Sh
 
 
 @FUZZ
-@given(target=st.sampled_from([*FILES, "the plan's directory", "the plans directory"]),
-       change=st.one_of(st.lists(MUTATION, min_size=1, max_size=3), st.sampled_from(SPECIALS)),
-       rank=st.integers(0, WORLD_SIZE - 1))
+@given(
+    target=st.sampled_from([*FILES, "the plan's directory", "the plans directory"]),
+    change=st.one_of(st.lists(MUTATION, min_size=1, max_size=3), st.sampled_from(SPECIALS)),
+    rank=st.integers(0, WORLD_SIZE - 1),
+)
 def test_damaged_plan_files(pristine: dict[str, Any], target: str, change: Any, rank: int) -> None:
     directory = restore(pristine)
     path = {"the plan's directory": directory, "the plans directory": directory.parent}.get(target)

@@ -39,7 +39,9 @@ pytestmark = pytest.mark.timeout(300)
 def _in_child(code: str, *, headroom_mb: int = 256, timeout: float = 60) -> str:
     """Run ``code`` in a subprocess limited in time and memory; its stdout (a hang fails the test)."""
     try:
-        result = run_limited(code, headroom_mb=headroom_mb, timeout=timeout, preload="shardio.datasets.dataset, torch")
+        result = run_limited(
+            code, headroom_mb=headroom_mb, timeout=timeout, preload="shardio.datasets.dataset, torch"
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running after {timeout} s")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -84,9 +86,15 @@ def _with_size_field(field: bytes, data: bytes = b"\0" * 10) -> bytes:
     return bytes(header) + sample[512:] + b"\0" * 1024
 
 
-_SIGNED = [b"-0000001000\0", b"-0000000001\0", b"0x000000012\0",
-           *(pytest.param(field, marks=pytest.mark.slow)  # one child process each: the rest in the slow tier
-             for field in (b"  -1000    \0", b"+0000000012\0", b"0000_000012\0", b"\t0000000012\0"))]
+_SIGNED = [
+    b"-0000001000\0",
+    b"-0000000001\0",
+    b"0x000000012\0",
+    *(
+        pytest.param(field, marks=pytest.mark.slow)  # one child process each: the rest in the slow tier
+        for field in (b"  -1000    \0", b"+0000000012\0", b"0000_000012\0", b"\t0000000012\0")
+    ),
+]
 
 
 @pytest.mark.parametrize("field", _SIGNED, ids=lambda field: repr(field.rstrip(b"\0").strip()))
@@ -109,8 +117,9 @@ for attempt in (lambda: parse_members(data, "shard s.tar"),
     assert all("not octal digits" in line for line in lines), lines
 
 
-@pytest.mark.parametrize("field", [b"00000000012\0", b"         12\0", b"00000000012 ", b"000000000012",
-                                   b"   12 \0\0\0\0\0\0"])
+@pytest.mark.parametrize(
+    "field", [b"00000000012\0", b"         12\0", b"00000000012 ", b"000000000012", b"   12 \0\0\0\0\0\0"]
+)
 def test_octal_sizes_padded_as_tar_writers_pad_them_are_read(field: bytes) -> None:
     data = _with_size_field(field, b"0123456789")
     assert [(name, bytes(view)) for name, view in parse_members(data, "s")] == [("k.wav", b"0123456789")]
@@ -153,8 +162,16 @@ except FormatError as exc:
 
 # -- 2: control and bidi characters in names ----------------------------------------------------------
 
-_HIDDEN = ["evil\u009b2J.tar", "raT\u202e.tar", "a\u2066b\u2069.tar", "a\u200e.tar", "a\u200f.tar",
-           "a\x7f.tar", "a\u061c.tar", "a\u0085.tar"]
+_HIDDEN = [
+    "evil\u009b2J.tar",
+    "raT\u202e.tar",
+    "a\u2066b\u2069.tar",
+    "a\u200e.tar",
+    "a\u200f.tar",
+    "a\x7f.tar",
+    "a\u061c.tar",
+    "a\u0085.tar",
+]
 
 
 @pytest.mark.parametrize("name", _HIDDEN, ids=ascii)
@@ -187,8 +204,11 @@ def test_member_keys_with_control_or_bidi_characters_are_refused(tmp_path: Path,
     assert key_problem(key) is not None
     assert key_problem("ключ/音声") is None
     shard = tmp_path / "s.tar"
-    shard.write_bytes(encode_sample("fine", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})
-                      + encode_sample(key, {"wav": wav_bytes(np.zeros(80, np.float32), 8000)}) + b"\0" * 1024)
+    shard.write_bytes(
+        encode_sample("fine", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})
+        + encode_sample(key, {"wav": wav_bytes(np.zeros(80, np.float32), 8000)})
+        + b"\0" * 1024
+    )
     with pytest.raises(FormatError, match="control") as caught:
         build_index([shard], progress=False)
     assert key not in str(caught.value) and key[1] not in str(caught.value)
@@ -197,10 +217,15 @@ def test_member_keys_with_control_or_bidi_characters_are_refused(tmp_path: Path,
 # -- 3: index.json that json cannot hold ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["[" * 200_000 + "]" * 200_000,
-                                  '{"format": "shardio-index", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
-                                  '{"format": "shardio-index", "samples": 1' + "0" * 5000 + "}"],
-                         ids=["nested", "nested-field", "digits"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 200_000 + "]" * 200_000,
+        '{"format": "shardio-index", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"format": "shardio-index", "samples": 1' + "0" * 5000 + "}",
+    ],
+    ids=["nested", "nested-field", "digits"],
+)
 def test_malformed_index_json_is_a_format_error(dataset: Path, text: str) -> None:
     (dataset / "index.json").write_text(text)
     with pytest.raises(FormatError, match=f"{dataset / 'index.json'}: not a valid index file"):
@@ -324,7 +349,9 @@ except ShardioError as exc:
 """
     printed = _in_child(code, headroom_mb=96, timeout=60)
     assert printed.startswith("FormatError"), printed
-    assert "'num_frames.npy' claims an array of shape (67108864,)" in printed and "5 samples" in printed, printed
+    assert "'num_frames.npy' claims an array of shape (67108864,)" in printed and "5 samples" in printed, (
+        printed
+    )
     assert float(printed.split()[1]) < 2, printed
 
 

@@ -32,8 +32,13 @@ from shardio.shards.index import COLUMNS
 
 pytestmark = pytest.mark.timeout(240)
 
-FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 _opened: list[str] | None = None
 
@@ -66,16 +71,36 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "ds"
 
 
-HOSTILE_NAMES = st.sampled_from([
-    "../secret.tar", "/etc/passwd", "/dev/zero", "sub/../../secret.tar", "..", ".", "", "file:///etc/passwd",
-    "http://127.0.0.1:1/x.tar", "s3://bucket/x.tar", "C:\\x.tar", "shard-000000.tar/..", "a" * 5000,
-    "x\0y", "./shard-000000.tar", "shard-000001.tar", "index.npz", "index.json",
-]) | st.text(max_size=20)
+HOSTILE_NAMES = st.sampled_from(
+    [
+        "../secret.tar",
+        "/etc/passwd",
+        "/dev/zero",
+        "sub/../../secret.tar",
+        "..",
+        ".",
+        "",
+        "file:///etc/passwd",
+        "http://127.0.0.1:1/x.tar",
+        "s3://bucket/x.tar",
+        "C:\\x.tar",
+        "shard-000000.tar/..",
+        "a" * 5000,
+        "x\0y",
+        "./shard-000000.tar",
+        "shard-000001.tar",
+        "index.npz",
+        "index.json",
+    ]
+) | st.text(max_size=20)
 HOSTILE_INTS = st.sampled_from([0, 1, -1, 2**31, 2**32 - 1, 2**32, 2**63, 10**18]) | st.integers(-5, 10**6)
 HEADER_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "name": HOSTILE_NAMES, "bytes": HOSTILE_INTS, "samples": HOSTILE_INTS, "codec": st.sampled_from(
-        ["none", "zstd", "gzip", "bz2", "zstd-stream", "x", ""]),
-    "columns_file": HOSTILE_NAMES, "header_samples": HOSTILE_INTS,
+    "name": HOSTILE_NAMES,
+    "bytes": HOSTILE_INTS,
+    "samples": HOSTILE_INTS,
+    "codec": st.sampled_from(["none", "zstd", "gzip", "bz2", "zstd-stream", "x", ""]),
+    "columns_file": HOSTILE_NAMES,
+    "header_samples": HOSTILE_INTS,
     "formats": st.lists(st.sampled_from(["wav", "flac", "mp3", "", "../x"]), max_size=3),
 }
 
@@ -93,8 +118,12 @@ def check(root: Path, outside: Path) -> None:
             pass
     parent = os.path.realpath(root.parent)
     resolved = [os.path.realpath(path) for path in opened]
-    escaped = [path for path in resolved if path.startswith(("/etc", "/dev", "/proc"))
-               or (path.startswith(parent + os.sep) and not path.startswith(base + os.sep))]
+    escaped = [
+        path
+        for path in resolved
+        if path.startswith(("/etc", "/dev", "/proc"))
+        or (path.startswith(parent + os.sep) and not path.startswith(base + os.sep))
+    ]
     assert not escaped, escaped
 
 
@@ -113,8 +142,9 @@ def mutate_header(root: Path, field: str, value: Any, shard: int) -> None:
 @FUZZ
 @given(field=st.sampled_from(sorted(HEADER_FIELDS)), shard=st.integers(0, 1), data=st.data())
 @pytest.mark.parametrize("kind", ["ds", "dz"])
-def test_hostile_index_json_fields(pristine: Path, tmp_path: Path, kind: str, field: str, shard: int,
-                                   data: st.DataObject) -> None:
+def test_hostile_index_json_fields(
+    pristine: Path, tmp_path: Path, kind: str, field: str, shard: int, data: st.DataObject
+) -> None:
     root = tmp_path / "case" / kind
     shutil.rmtree(root.parent, ignore_errors=True)
     shutil.copytree(pristine.parent, root.parent)
@@ -134,11 +164,15 @@ def mutate_columns(root: Path, column: str, rows: list[int], value: int) -> None
 
 
 @FUZZ
-@given(column=st.sampled_from(sorted(COLUMNS)), rows=st.lists(st.integers(0, 4), min_size=1, max_size=3),
-       value=COLUMN_VALUES)
+@given(
+    column=st.sampled_from(sorted(COLUMNS)),
+    rows=st.lists(st.integers(0, 4), min_size=1, max_size=3),
+    value=COLUMN_VALUES,
+)
 @pytest.mark.parametrize("kind", ["ds", "dz"])
-def test_hostile_columns(pristine: Path, tmp_path: Path, kind: str, column: str, rows: list[int],
-                         value: int) -> None:
+def test_hostile_columns(
+    pristine: Path, tmp_path: Path, kind: str, column: str, rows: list[int], value: int
+) -> None:
     root = tmp_path / "case" / kind
     shutil.rmtree(root.parent, ignore_errors=True)
     shutil.copytree(pristine.parent, root.parent)
@@ -173,7 +207,10 @@ print("ok", {cases})
 
 def test_the_fuzz_stays_within_its_memory_bound(pristine: Path, tmp_path: Path) -> None:
     tests = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
-    code = textwrap.dedent(_LIMITED.format(tests=tests, pristine=str(pristine), scratch=str(tmp_path),
-                                           cases=40))
-    result = run_limited(code, headroom_mb=256, timeout=180, preload="torch, hypothesis, shardio.datasets.dataset")
+    code = textwrap.dedent(
+        _LIMITED.format(tests=tests, pristine=str(pristine), scratch=str(tmp_path), cases=40)
+    )
+    result = run_limited(
+        code, headroom_mb=256, timeout=180, preload="torch, hypothesis, shardio.datasets.dataset"
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok 40", result.stdout + result.stderr[-3000:]

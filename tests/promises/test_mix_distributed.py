@@ -38,8 +38,15 @@ def make(sources: dict[str, str], world: Any = None) -> Any:
     from shardio.planning.mixoptions import EpochSize
     from shardio.planning.plan import Batching
 
-    return MixedDataset(sources, WEIGHTS, EpochSize(primary="big"), seed=5, shuffle_shards=2, world=world,
-                        batching=Batching(max_duration=1.5, num_buckets=2))
+    return MixedDataset(
+        sources,
+        WEIGHTS,
+        EpochSize(primary="big"),
+        seed=5,
+        shuffle_shards=2,
+        world=world,
+        batching=Batching(max_duration=1.5, num_buckets=2),
+    )
 
 
 def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
@@ -52,8 +59,14 @@ def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> 
         import torch.distributed as dist
         from torch.utils.data import DataLoader
 
-        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                           "WORLD_SIZE": str(world_size)})
+        os.environ.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+            }
+        )
         torch.set_num_threads(1)
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         dataset = make(config["sources"])
@@ -94,8 +107,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: str(root / name) for name in SIZES}
 
 
-def test_a_mix_over_gloo_ranks_has_equal_batches_and_resumes_elastically(sources: dict[str, str],
-                                                                          tmp_path: Path) -> None:
+def test_a_mix_over_gloo_ranks_has_equal_batches_and_resumes_elastically(
+    sources: dict[str, str], tmp_path: Path
+) -> None:
     from shardio import World
 
     state = tmp_path / "state.json"
@@ -110,7 +124,9 @@ def test_a_mix_over_gloo_ranks_has_equal_batches_and_resumes_elastically(sources
     epoch = Counter(named(dataset, plan.samples))
     assert {corpus for corpus, _ in epoch} == set(SIZES)
     assert all(n == 1 for (corpus, _), n in epoch.items() if corpus == "big")  # the primary: one pass
-    assert sum(n for (corpus, _), n in epoch.items() if corpus == "tiny") > 3 * 3  # tiny repeats, pass after pass
+    assert (
+        sum(n for (corpus, _), n in epoch.items() if corpus == "tiny") > 3 * 3
+    )  # tiny repeats, pass after pass
 
     rest = run_group(2, {"sources": sources, "load": str(state)}, tmp_path / "elastic")
     assert rest[0]["counts"] == rest[1]["counts"] == [len(rest[0]["seen"])] * 2

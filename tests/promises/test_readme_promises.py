@@ -60,8 +60,11 @@ def test_int16_batches_from_workers_are_the_float32_batches_times_32768(long: Pa
         floats.set_epoch(epoch)
         reference += [(tuple(b["keys"]), b["audio"].clone(), b["lengths"].clone()) for b in floats]
     ds = ShardDataset(long, dtype="int16", **options)
-    made: Any = ShardLoader(ds, num_workers=2) if loader == "shardloader" else \
-        DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    made: Any = (
+        ShardLoader(ds, num_workers=2)
+        if loader == "shardloader"
+        else DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    )
     got = []
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -94,8 +97,14 @@ def _lying_dataset(directory: Path, samples: int = 6) -> Path:
             frames = 400 + 100 * i
             signal = rng.uniform(-0.5, 0.5, frames).astype(np.float32)
             meta = json.dumps({**LYING_METADATA, "i": i}).encode()
-            writer.write(f"k{i}", {"wav": wav_bytes(signal, 8000), "json": meta}, audio_ext="wav",
-                         num_frames=frames, sample_rate=8000, channels=1)
+            writer.write(
+                f"k{i}",
+                {"wav": wav_bytes(signal, 8000), "json": meta},
+                audio_ext="wav",
+                num_frames=frames,
+                sample_rate=8000,
+                channels=1,
+            )
     return directory
 
 
@@ -128,10 +137,14 @@ def _check_sample(sample: dict[str, Any], corpora: set[str] | None) -> None:
     assert sample["corpus"] == "liar" if corpora is None else sample["corpus"] in corpora
 
 
-@pytest.mark.parametrize("options", [{}, {"mono": True}, {"dtype": "int16"}, {"on_error": "skip"}],
-                         ids=["fast-lane", "general-path", "int16", "skip"])
-def test_a_samples_own_facts_win_over_metadata_of_the_same_name(lying: dict[str, Path],
-                                                                 options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"mono": True}, {"dtype": "int16"}, {"on_error": "skip"}],
+    ids=["fast-lane", "general-path", "int16", "skip"],
+)
+def test_a_samples_own_facts_win_over_metadata_of_the_same_name(
+    lying: dict[str, Path], options: dict[str, Any]
+) -> None:
     """Docs: "A sample's own facts win over metadata of the same name, and such a metadata field does not
     reach the batch: ``key``, ``audio``, ``sample_rate`` ... and, in a ``MixedDataset``, ``corpus``". In
     process (batched, single samples), and the same batches through 2 workers."""
@@ -153,8 +166,12 @@ def test_a_samples_own_facts_win_over_metadata_of_the_same_name(lying: dict[str,
 
 def test_a_mixs_corpus_name_wins_over_a_corpus_metadata_field(lying: dict[str, Path]) -> None:
     def mix(**options: Any) -> MixedDataset:
-        return MixedDataset({"x": str(lying["a"]), "y": str(lying["b"])}, {"x": 0.5, "y": 0.5},
-                            EpochSize(primary="x"), **options)
+        return MixedDataset(
+            {"x": str(lying["a"]), "y": str(lying["b"])},
+            {"x": 0.5, "y": 0.5},
+            EpochSize(primary="x"),
+            **options,
+        )
 
     corpora = {"x", "y"}
     seen = set()
@@ -173,7 +190,8 @@ def test_a_mixs_corpus_name_wins_over_a_corpus_metadata_field(lying: dict[str, P
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_collated_samples_of_workers_every_rank_as_many_batches_within_workers_less_one(
-        small: Path, workers: int) -> None:
+    small: Path, workers: int
+) -> None:
     """Docs: with ``collate_fn=shardio.collate`` "each worker batches its own share of the samples, so an
     epoch can hold up to ``num_workers - 1`` batches more than ``len(loader)`` says, every rank as many". Two
     ranks, real workers: each rank consumes its share of samples exactly once, its batch count lies in
@@ -182,8 +200,12 @@ def test_collated_samples_of_workers_every_rank_as_many_batches_within_workers_l
     counts = []
     for rank in range(2):
         share = [sample["key"] for sample in ShardDataset(small, seed=3, world=World(rank, 2))]
-        loader = DataLoader(ShardDataset(small, seed=3, world=World(rank, 2)), batch_size=4,
-                            num_workers=workers, collate_fn=collate)
+        loader = DataLoader(
+            ShardDataset(small, seed=3, world=World(rank, 2)),
+            batch_size=4,
+            num_workers=workers,
+            collate_fn=collate,
+        )
         batches = keys_of(loader)
         assert sorted(key for keys in batches for key in keys) == sorted(share)
         assert len(loader) <= len(batches) <= len(loader) + workers - 1, (len(loader), len(batches))
@@ -195,10 +217,13 @@ def test_collated_samples_of_workers_every_rank_as_many_batches_within_workers_l
 
 
 def _loaders() -> dict[str, Callable[[ShardDataset], Any]]:
-    return {"in_process": lambda ds: ds,
-            "persistent_dataloader": lambda ds: DataLoader(ds, batch_size=None, num_workers=2,
-                                                           persistent_workers=True),
-            "shardloader": lambda ds: ShardLoader(ds, num_workers=2)}
+    return {
+        "in_process": lambda ds: ds,
+        "persistent_dataloader": lambda ds: DataLoader(
+            ds, batch_size=None, num_workers=2, persistent_workers=True
+        ),
+        "shardloader": lambda ds: ShardLoader(ds, num_workers=2),
+    }
 
 
 @pytest.mark.parametrize("loader", ["in_process", "persistent_dataloader", "shardloader"])
@@ -232,13 +257,18 @@ def test_a_bucketed_state_from_before_sync_buckets_resumes_with_sync_buckets_off
     options: dict[str, Any] = {"max_duration": 1.5, "num_buckets": 3, "seed": 2}
     unsynced = keys_of(ShardDataset(small, sync_buckets=False, **options))
     assert unsynced != keys_of(ShardDataset(small, **options))  # the two plans differ here
-    old = json.loads(json.dumps(ShardDataset(small, sync_buckets=False, **options)
-                                .state_after({"epoch": 0, "batch_index": 2})))
+    old = json.loads(
+        json.dumps(
+            ShardDataset(small, sync_buckets=False, **options).state_after({"epoch": 0, "batch_index": 2})
+        )
+    )
     assert "sync_buckets" not in json.dumps(old)
     resumed = ShardDataset(small, sync_buckets=False, **options)
     resumed.load_state_dict(old)
     assert keys_of(resumed) == unsynced[3:]
-    with pytest.raises(StateError, match=r"sync_buckets: state None, dataset True .*Batching\(sync_buckets=False\)"):
+    with pytest.raises(
+        StateError, match=r"sync_buckets: state None, dataset True .*Batching\(sync_buckets=False\)"
+    ):
         ShardDataset(small, **options).load_state_dict(old)
 
 
@@ -302,12 +332,15 @@ def test_the_readme_evaluation_mask_works_on_every_kind_of_batch(small: Path) ->
     and over the 3 ranks those are every sample once."""
     kinds: dict[str, Callable[[int], Iterable[dict[str, Any]]]] = {
         "batched": lambda rank: ShardDataset(small, batch_size=4, seed=1, world=World(rank, 3)),
-        "workers": lambda rank: DataLoader(ShardDataset(small, batch_size=4, seed=1, world=World(rank, 3)),
-                                           batch_size=None, num_workers=2),
-        "collated": lambda rank: DataLoader(ShardDataset(small, seed=1, world=World(rank, 3)), batch_size=4,
-                                            collate_fn=collate),
-        "collated in workers": lambda rank: DataLoader(ShardDataset(small, seed=1, world=World(rank, 3)),
-                                                       batch_size=4, collate_fn=collate, num_workers=2),
+        "workers": lambda rank: DataLoader(
+            ShardDataset(small, batch_size=4, seed=1, world=World(rank, 3)), batch_size=None, num_workers=2
+        ),
+        "collated": lambda rank: DataLoader(
+            ShardDataset(small, seed=1, world=World(rank, 3)), batch_size=4, collate_fn=collate
+        ),
+        "collated in workers": lambda rank: DataLoader(
+            ShardDataset(small, seed=1, world=World(rank, 3)), batch_size=4, collate_fn=collate, num_workers=2
+        ),
     }
     for kind, make in kinds.items():
         kept = []

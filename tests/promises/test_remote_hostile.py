@@ -62,9 +62,20 @@ def _published(local: Index, web: Path, shard_name: str | None = None) -> Path:
 
 # -- shard names that percent-decode out of the root ------------------------------------------------
 
-@pytest.mark.parametrize("name", ["%2e%2e/other/x.tar", ".%2e/other/x.tar", "%2E%2E/other/x.tar",
-                                  "a/%2e%2e/%2e%2e/other/x.tar", "..%2f..%2fother%2fx.tar"])
-def test_percent_escaped_dot_segments_never_fetch_outside_the_root(local: Index, tmp_path: Path, name: str) -> None:
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "%2e%2e/other/x.tar",
+        ".%2e/other/x.tar",
+        "%2E%2E/other/x.tar",
+        "a/%2e%2e/%2e%2e/other/x.tar",
+        "..%2f..%2fother%2fx.tar",
+    ],
+)
+def test_percent_escaped_dot_segments_never_fetch_outside_the_root(
+    local: Index, tmp_path: Path, name: str
+) -> None:
     """``http://host/ds/%2e%2e/other/x.tar`` is fetched as ``http://host/other/x.tar`` by aiohttp (yarl decodes
     ``%2e`` and drops the dot segments): shardio refuses the name instead, with nothing fetched outside ``ds``."""
     _published(local, tmp_path, name)
@@ -95,6 +106,7 @@ def test_plain_and_escaped_names_that_stay_in_the_root_still_read(local: Index, 
 
 
 # -- HTTP servers that answer a range with something else -------------------------------------------
+
 
 class _Hostile(BaseHTTPRequestHandler):
     """Serves files under the server's root with ``Range``; paths containing ``server.match`` get ``server.mode``."""
@@ -133,8 +145,11 @@ class _Hostile(BaseHTTPRequestHandler):
         elif mode == "whole":
             self._answer(200, data, {})
         elif mode == "gzip":
-            self._answer(206, gzip.compress(bytes(64 * (end - start))),
-                         {"Content-Range": f"bytes {start}-{end - 1}/{size}", "Content-Encoding": "gzip"})
+            self._answer(
+                206,
+                gzip.compress(bytes(64 * (end - start))),
+                {"Content-Range": f"bytes {start}-{end - 1}/{size}", "Content-Encoding": "gzip"},
+            )
         elif mode == "huge":  # a 206 whose body runs on for 64 MiB
             self._answer(206, bytes(64 << 20), {"Content-Range": f"bytes {start}-{end - 1}/{size}"})
         elif mode == "drip":
@@ -212,11 +227,19 @@ def _reader(server: _HostileServer, index: Index) -> Reader:
     return reader
 
 
-@pytest.mark.parametrize("mode, expected", [("other-bytes", "Content-Range"), ("longer", "Content-Length .6656."),
-                                            ("whole", "not 206"), ("gzip", "Content-Encoding"),
-                                            ("huge", "Content-Length .67108864.")])
-def test_a_range_answered_with_other_bytes_is_a_read_error(hostile: _HostileServer, local: Index, mode: str,
-                                                            expected: str) -> None:
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("other-bytes", "Content-Range"),
+        ("longer", "Content-Length .6656."),
+        ("whole", "not 206"),
+        ("gzip", "Content-Encoding"),
+        ("huge", "Content-Length .67108864."),
+    ],
+)
+def test_a_range_answered_with_other_bytes_is_a_read_error(
+    hostile: _HostileServer, local: Index, mode: str, expected: str
+) -> None:
     """Sample 4 (second of shard 1, at offset 2560): the answer is checked against the bytes asked for, not
     only its length, and a body is never read past that length (``huge``: 64 MiB for 2560 bytes)."""
     reader = _reader(hostile, local)
@@ -226,8 +249,9 @@ def test_a_range_answered_with_other_bytes_is_a_read_error(hostile: _HostileServ
     assert local.shards[1].name in str(caught.value) and "s001_00001" in str(caught.value)
 
 
-def test_a_dripping_server_fails_the_read_in_bounded_time(hostile: _HostileServer, local: Index,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dripping_server_fails_the_read_in_bounded_time(
+    hostile: _HostileServer, local: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A byte every 0.2 s (each socket read is quick, so aiohttp's 60 s read timeout never fires): with a
     grace of 1 s, each attempt fails after about 1 s, and the error names the shard and the rate."""
     monkeypatch.setattr(httpreads, "HTTP_READ_TIMEOUT", 1.0)
@@ -240,8 +264,9 @@ def test_a_dripping_server_fails_the_read_in_bounded_time(hostile: _HostileServe
     assert local.shards[1].name in str(caught.value)
 
 
-def test_an_endless_remote_index_is_read_no_further_than_a_bound(hostile: _HostileServer,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_endless_remote_index_is_read_no_further_than_a_bound(
+    hostile: _HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(storage, "MAX_READ_BYTES", 4 << 20)
     hostile.mode, hostile.match = "endless", "index.json"
     with pytest.raises(FormatError, match=r"index.json: more than 4194304 bytes"):
@@ -249,6 +274,7 @@ def test_an_endless_remote_index_is_read_no_further_than_a_bound(hostile: _Hosti
 
 
 # -- S3: the escapes are refused there too -----------------------------------------------------------
+
 
 def test_percent_escaped_names_are_refused_over_s3(local: Index, tmp_path: Path) -> None:
     """s3fs sends the key as it is (``%2e%2e`` stays literal), but the same index must not read differently
@@ -261,6 +287,7 @@ def test_percent_escaped_names_are_refused_over_s3(local: Index, tmp_path: Path)
 
 
 # -- the node cache's fetches, and shards replaced mid-run -------------------------------------------
+
 
 class _Bounded(_Hostile):
     """As :class:`_Hostile`, with modes whose harm stops by itself (so that a test without the bound fails in
@@ -303,9 +330,9 @@ def bounded(hostile: _HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyP
     return hostile
 
 
-def test_a_dripping_server_fails_a_node_cache_fetch_in_bounded_time(bounded: _HostileServer, local: Index,
-                                                                    tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dripping_server_fails_a_node_cache_fetch_in_bounded_time(
+    bounded: _HostileServer, local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A whole shard fetched into the node cache is held to the rate a range read is (a byte every 0.2 s kept
     aiohttp's 60 s read timeout from firing: 9216 bytes took half an hour): each attempt fails after its 1 s
     grace, nothing is kept in the cache, and the error names the shard and the rate."""
@@ -319,12 +346,15 @@ def test_a_dripping_server_fails_a_node_cache_fetch_in_bounded_time(bounded: _Ho
         reader.members(4)
     assert time.monotonic() - begun < 4.5  # the server drips for 5 s, then sends the rest
     assert local.shards[1].name in str(caught.value)
-    assert [p.name for p in shards.glob("*.shard")] == [f"{local.shards[0].sha256}-{local.shards[0].bytes}.shard"]
+    assert [p.name for p in shards.glob("*.shard")] == [
+        f"{local.shards[0].sha256}-{local.shards[0].bytes}.shard"
+    ]
     assert not list(shards.glob(".tmp-*"))
 
 
-def test_an_endless_remote_columns_file_is_fetched_no_further_than_its_size(bounded: _HostileServer,
-                                                                            tmp_path: Path) -> None:
+def test_an_endless_remote_columns_file_is_fetched_no_further_than_its_size(
+    bounded: _HostileServer, tmp_path: Path
+) -> None:
     """The columns file fetched into the node cache is read no further than the size ``index.json`` gives
     it, plus one byte: a server that sends an endless body (here 64 MiB, for a file of 45116 bytes) is
     refused with a FormatError naming the file, and leaves nothing on the disk."""
@@ -336,8 +366,9 @@ def test_an_endless_remote_columns_file_is_fetched_no_further_than_its_size(boun
     assert not list((tmp_path / "node").glob(".tmp-*"))
 
 
-def test_a_shard_replaced_by_one_of_another_size_is_a_read_error(hostile: _HostileServer, local: Index,
-                                                                 tmp_path: Path) -> None:
+def test_a_shard_replaced_by_one_of_another_size_is_a_read_error(
+    hostile: _HostileServer, local: Index, tmp_path: Path
+) -> None:
     """Shard 1 is opened (its size checked), then replaced by one 1024 bytes longer whose sample 4 has other
     audio (same header, same key): the range's ``Content-Range`` says the object's new size, and the read is a
     ReadError naming the shard and both sizes, not the new audio mixed silently with the old."""
@@ -347,13 +378,15 @@ def test_a_shard_replaced_by_one_of_another_size_is_a_read_error(hostile: _Hosti
     shard = tmp_path / "ds" / local.shards[1].name
     old = shard.read_bytes()
     shard.write_bytes(old[:3200] + bytes(100) + old[3300:] + bytes(1024))
-    with pytest.raises(ReadError, match=rf"has '{len(old) + 1024}' bytes .*records {len(old)}: it was replaced") \
-            as caught:
+    with pytest.raises(
+        ReadError, match=rf"has '{len(old) + 1024}' bytes .*records {len(old)}: it was replaced"
+    ) as caught:
         reader.members(4)
     assert local.shards[1].name in str(caught.value) and "s001_00001" in str(caught.value)
 
 
 # -- shards replaced mid-run by one of the same size: validators -------------------------------------
+
 
 @pytest.fixture(scope="module")
 def repacked(local: Index, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -369,8 +402,14 @@ def repacked(local: Index, tmp_path_factory: pytest.TempPathFactory) -> Path:
             writer.end_shard()
         audio = rng.uniform(-0.5, 0.5, int(frames[sample])).astype(np.float32)
         meta = json.dumps({"text": key, "shard": shard, "index": int(key.rsplit("_", 1)[1])}).encode()
-        writer.write(key, {"wav": wav_bytes(audio, 8000), "json": meta}, audio_ext="wav",
-                     num_frames=int(frames[sample]), sample_rate=8000, channels=1)
+        writer.write(
+            key,
+            {"wav": wav_bytes(audio, 8000), "json": meta},
+            audio_ext="wav",
+            num_frames=int(frames[sample]),
+            sample_rate=8000,
+            channels=1,
+        )
     index = writer.close()
     for name in ("frame_offset", "member_size"):
         assert np.array_equal(index.columns[name], local.columns[name])
@@ -416,8 +455,9 @@ class _Versioned(_Hostile):
         self.server.seen.append((self.command, self.path, conditions))
         match, since = conditions.get("If-Match"), conditions.get("If-Unmodified-Since")
         if kind != "etag-ignored" and (
-                (match is not None and (match.startswith("W/") or match != headers.get("ETag")))
-                or (since is not None and mtime > email.utils.parsedate_to_datetime(since).timestamp())):
+            (match is not None and (match.startswith("W/") or match != headers.get("ETag")))
+            or (since is not None and mtime > email.utils.parsedate_to_datetime(since).timestamp())
+        ):
             self._answer(412, b"", {})
             return
         wanted = _RANGE.match(self.headers.get("Range", ""))
@@ -447,13 +487,25 @@ def _replace_file(path: Path, new: bytes) -> None:
     os.utime(path, (before + 10, before + 10))
 
 
-@pytest.mark.parametrize("kind, condition", [("etag", "If-Match"), ("weak-etag", "If-Unmodified-Since"),
-                                             ("last-modified", "If-Unmodified-Since"),
-                                             ("etag-ignored", "If-Match")])
+@pytest.mark.parametrize(
+    "kind, condition",
+    [
+        ("etag", "If-Match"),
+        ("weak-etag", "If-Unmodified-Since"),
+        ("last-modified", "If-Unmodified-Since"),
+        ("etag-ignored", "If-Match"),
+    ],
+)
 @pytest.mark.parametrize("change", ["edited", "repacked"])
-def test_a_same_size_replacement_is_refused_over_http(versioned: _HostileServer, local: Index, repacked: Path,
-                                                      tmp_path: Path, kind: str, condition: str,
-                                                      change: str) -> None:
+def test_a_same_size_replacement_is_refused_over_http(
+    versioned: _HostileServer,
+    local: Index,
+    repacked: Path,
+    tmp_path: Path,
+    kind: str,
+    condition: str,
+    change: str,
+) -> None:
     """Shard 1 is read (its size checked, its first sample read), then replaced by one of the same size: the
     next read sends the validator first seen (a weak ETag cannot go in If-Match: Last-Modified goes instead),
     the server refuses it (412), or, ignoring it, answers with another ETag: a ShardChanged naming the shard
@@ -476,8 +528,9 @@ def test_a_same_size_replacement_is_refused_over_http(versioned: _HostileServer,
     assert len([path for _, path, _ in versioned.seen if name in path]) == 1
 
 
-def test_a_server_without_validators_is_read_as_before(versioned: _HostileServer, local: Index,
-                                                       repacked: Path, tmp_path: Path) -> None:
+def test_a_server_without_validators_is_read_as_before(
+    versioned: _HostileServer, local: Index, repacked: Path, tmp_path: Path
+) -> None:
     """No ETag, no Last-Modified: reads send no condition, and a same-size replacement is read (only its size
     is checked, as before: the member and key checks pass here, ``shardio verify`` would not)."""
     versioned.validators = "none"
@@ -493,9 +546,9 @@ def test_a_server_without_validators_is_read_as_before(versioned: _HostileServer
     assert all(not conditions for _, _, conditions in versioned.seen)
 
 
-def test_a_shard_replaced_before_a_node_cache_fetch_is_refused(versioned: _HostileServer, local: Index,
-                                                                tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shard_replaced_before_a_node_cache_fetch_is_refused(
+    versioned: _HostileServer, local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The node cache holds one shard: shard 1 is fetched (its ETag recorded from the answer), evicted by
     shard 0, replaced, and fetched again: that fetch sends If-Match and is refused, a ShardChanged (without
     the validator, the SHA-256 check of the cache refuses it too, as an IntegrityError after the download)."""
@@ -515,8 +568,9 @@ def test_a_shard_replaced_before_a_node_cache_fetch_is_refused(versioned: _Hosti
 
 
 @pytest.mark.parametrize("change", ["edited", "repacked"])
-def test_a_same_size_replacement_is_refused_over_s3(local: Index, repacked: Path, tmp_path: Path,
-                                                    change: str) -> None:
+def test_a_same_size_replacement_is_refused_over_s3(
+    local: Index, repacked: Path, tmp_path: Path, change: str
+) -> None:
     """As over HTTP: the ETag S3 gave when shard 1 was first read goes as IfMatch on each later GetObject; the
     object replaced (same size, other bytes) is refused with 412, a ShardChanged naming the shard, found by
     one request (not retried), and not asked for again."""
@@ -539,7 +593,8 @@ def test_a_same_size_replacement_is_refused_over_s3(local: Index, repacked: Path
 
 
 def test_a_shard_replaced_before_a_node_cache_fetch_is_refused_over_s3(
-        local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As over HTTP: the ETag s3fs found when shard 1 was first fetched into the cache is checked when it is
     fetched again, after eviction and replacement: a ShardChanged, not a fetch of the new object."""
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
@@ -554,7 +609,8 @@ def test_a_shard_replaced_before_a_node_cache_fetch_is_refused_over_s3(
         reader.members(0)
         old = (root / name).read_bytes()
         s3.client().put_object(Bucket="cached", Key=f"ds/{name}", Body=old[:3200] + bytes(100) + old[3300:])
-        with pytest.raises(ShardChanged, match="ETag .* when this process first read it, ETag .* now") \
-                as caught:
+        with pytest.raises(
+            ShardChanged, match="ETag .* when this process first read it, ETag .* now"
+        ) as caught:
             reader.members(4)
         assert name in str(caught.value)

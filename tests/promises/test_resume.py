@@ -36,7 +36,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
-def test_plain_dataloader_stopped_early_midway_and_before_the_last(dirs: dict[str, str], workers: int) -> None:
+def test_plain_dataloader_stopped_early_midway_and_before_the_last(
+    dirs: dict[str, str], workers: int
+) -> None:
     n = length(Case(), dirs)
     check_same_world(Case(workers=workers, epochs=1, stops=(1, n // 2, n - 1)), dirs)
 
@@ -56,16 +58,22 @@ def test_in_process_at_zero_and_at_the_exact_end(dirs: dict[str, str]) -> None:
 def test_resumed_with_other_workers(dirs: dict[str, str], loader: str) -> None:
     """3 workers, then 1 (a shardio state), or a StatefulDataLoader state of 2 workers into 3."""
     workers, resume_workers = (3, 1) if loader == "state_after" else (2, 3)
-    check_same_world(Case(loader=loader, workers=workers, resume_workers=resume_workers, ds_load=True, epochs=1,
-                          stops=(5,)), dirs)
+    check_same_world(
+        Case(
+            loader=loader, workers=workers, resume_workers=resume_workers, ds_load=True, epochs=1, stops=(5,)
+        ),
+        dirs,
+    )
 
 
 def test_persistent_workers_resumed_in_a_later_epoch(dirs: dict[str, str]) -> None:
     case = Case(batching="fixed", workers=2, persistent=True, epoch=1)
     check_same_world(Case(**{**case.__dict__, "stops": (4,)}), dirs)
     straight = uninterrupted(case, dirs)
-    gains = [{key: g for epoch, keys, draws in straight if epoch == e for key, g in zip(keys, draws)}
-             for e in (1, 2)]
+    gains = [
+        {key: g for epoch, keys, draws in straight if epoch == e for key, g in zip(keys, draws)}
+        for e in (1, 2)
+    ]
     assert gains[0].keys() == gains[1].keys() and all(gains[0][k] != gains[1][k] for k in gains[0])
 
 
@@ -84,17 +92,26 @@ def test_rank0_state_restores_every_rank(dirs: dict[str, str]) -> None:
 def test_any_stops_resume_exactly(dirs: dict[str, str], data: st.DataObject) -> None:
     batching = data.draw(st.sampled_from(sorted(BATCHINGS)))
     # state_after refuses a batch the DataLoader made of several samples: those resume from ds.state_dict()
-    case = Case(batching=batching, loader="in_process" if batching == "collated" else "state_after",
-                epoch=data.draw(st.integers(0, 3)), epochs=1)
+    case = Case(
+        batching=batching,
+        loader="in_process" if batching == "collated" else "state_after",
+        epoch=data.draw(st.integers(0, 3)),
+        epochs=1,
+    )
     stops = data.draw(st.lists(st.integers(0, length(case, dirs)), min_size=1, max_size=3))
     check_same_world(Case(**{**case.__dict__, "stops": tuple(sorted(stops))}), dirs)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(old=st.integers(1, 5), new=st.integers(1, 5), fraction=st.floats(0.05, 0.95),
-       remainder=st.sampled_from(["drop", "pad"]))
-def test_elastic_resume_consumes_the_rest_exactly_once(dirs: dict[str, str], old: int, new: int, fraction: float,
-                                                       remainder: str) -> None:
+@given(
+    old=st.integers(1, 5),
+    new=st.integers(1, 5),
+    fraction=st.floats(0.05, 0.95),
+    remainder=st.sampled_from(["drop", "pad"]),
+)
+def test_elastic_resume_consumes_the_rest_exactly_once(
+    dirs: dict[str, str], old: int, new: int, fraction: float, remainder: str
+) -> None:
     """Any world to any other, either remainder policy: the rest of the epoch once, up to the resumed plan's
     padding (``pad``) or its dropped last round (``drop``)."""
     case = Case(epochs=1, extra={"remainder": remainder})

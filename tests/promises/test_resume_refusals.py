@@ -51,8 +51,9 @@ def taken(loader: Any, count: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_collated_workers_state_between_rounds_resumes_each_sample_once(data: str, world_size: int,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_collated_workers_state_between_rounds_resumes_each_sample_once(
+    data: str, world_size: int, caplog: pytest.LogCaptureFixture
+) -> None:
     """Between rounds, worker 0 has handed over one batch more than worker 1 (samples 0, 2, 4 but not 1): the
     dataset resumes after the prefix (sample 0) without the samples consumed ahead of it (2 and 4)."""
     every = [sample["key"] for sample in ShardDataset(data, seed=1)]
@@ -73,16 +74,29 @@ def test_collated_workers_state_between_rounds_resumes_each_sample_once(data: st
         assert sum(counted.values()) - len(every) <= world_size - 1  # only the new plan's padding repeats
         if count % 2 == 0 and world_size == 1:  # a whole round is a prefix: the exact rest of the epoch
             assert sorted(seen) == sorted(every[: len(seen)]) and rest == every[len(seen) :]
-        replanned = "re-planned without them; with the same workers, the loader's own load_state_dict" in caplog.text
-        assert replanned == (count % 2 == 1 and world_size == 1)  # the same world: not the uninterrupted order
+        replanned = (
+            "re-planned without them; with the same workers, the loader's own load_state_dict" in caplog.text
+        )
+        assert replanned == (
+            count % 2 == 1 and world_size == 1
+        )  # the same world: not the uninterrupted order
         if count % 2:
             with pytest.raises(StateError, match="do not describe a position.*ds.load_state_dict resumes it"):
-                job_state(state)  # the ledger reads a position: the dataset's own state after loading this one
+                job_state(
+                    state
+                )  # the ledger reads a position: the dataset's own state after loading this one
             assert job_state(loaded).position == 0
             trace = Trace(ShardDataset(data, seed=1, world=World(0, world_size)), loaded)
             last = len(trace.segments(0)) - 1
-            planned = [resumed.index.keys[int(i)] for step in trace.epoch(0) if step.segment == last for i in step.ids]
-            assert sorted(planned) == sorted(rest) and quarantine_report(loaded) == []  # consumed, not quarantined
+            planned = [
+                resumed.index.keys[int(i)]
+                for step in trace.epoch(0)
+                if step.segment == last
+                for i in step.ids
+            ]
+            assert (
+                sorted(planned) == sorted(rest) and quarantine_report(loaded) == []
+            )  # consumed, not quarantined
 
 
 def test_state_after_refuses_samples_a_dataloader_batched(data: str) -> None:
@@ -94,11 +108,15 @@ def test_state_after_refuses_samples_a_dataloader_batched(data: str) -> None:
 
 
 @pytest.mark.parametrize("batched", [True, False])
-def test_unbatched_state_between_snapshots_is_refused_a_batched_one_counts_the_steps(data: str,
-                                                                                     batched: bool) -> None:
+def test_unbatched_state_between_snapshots_is_refused_a_batched_one_counts_the_steps(
+    data: str, batched: bool
+) -> None:
     options: dict[str, Any] = {"seed": 1, "batch_size": 2} if batched else {"seed": 1}
-    every = keys_of(list(ShardDataset(data, **options))) if batched else \
-        [sample["key"] for sample in ShardDataset(data, **options)]
+    every = (
+        keys_of(list(ShardDataset(data, **options)))
+        if batched
+        else [sample["key"] for sample in ShardDataset(data, **options)]
+    )
     ds = ShardDataset(data, **options)
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=3)
     seen = taken(loader, 5)  # two steps after the snapshot at step 3
@@ -113,22 +131,35 @@ def test_unbatched_state_between_snapshots_is_refused_a_batched_one_counts_the_s
 
 
 def worker_states(start: int, counts: list[int]) -> list[LoaderState]:
-    return [LoaderState(epoch=0, seed=0, index="i", options={"batch_size": 2}, world_size=1, start=start,
-                        yielded=count, worker=worker, num_workers=len(counts)) for worker, count in enumerate(counts)]
+    return [
+        LoaderState(
+            epoch=0,
+            seed=0,
+            index="i",
+            options={"batch_size": 2},
+            world_size=1,
+            start=start,
+            yielded=count,
+            worker=worker,
+            num_workers=len(counts),
+        )
+        for worker, count in enumerate(counts)
+    ]
 
 
-@given(workers=st.integers(1, 6), start=st.integers(0, 20), total=st.integers(0, 40),
-       steps=st.integers(0, 3))
-def test_workers_that_took_the_plans_first_steps_combine_into_that_position(workers: int, start: int, total: int,
-                                                                           steps: int) -> None:
+@given(workers=st.integers(1, 6), start=st.integers(0, 20), total=st.integers(0, 40), steps=st.integers(0, 3))
+def test_workers_that_took_the_plans_first_steps_combine_into_that_position(
+    workers: int, start: int, total: int, steps: int
+) -> None:
     consumed = range(start, start + total)
     counts = [sum(1 for step in consumed if (step - start) % workers == worker) for worker in range(workers)]
     assert combine(worker_states(start, counts), steps).position == start + total + steps
 
 
 @given(counts=st.lists(st.integers(0, 9), min_size=2, max_size=6), start=st.integers(0, 20))
-def test_workers_that_did_not_take_a_prefix_split_into_one_and_what_they_took_ahead(counts: list[int],
-                                                                                    start: int) -> None:
+def test_workers_that_did_not_take_a_prefix_split_into_one_and_what_they_took_ahead(
+    counts: list[int], start: int
+) -> None:
     workers = len(counts)
     consumed = {start + worker + k * workers for worker, count in enumerate(counts) for k in range(count)}
     loaded, ahead = split(worker_states(start, counts))
@@ -143,14 +174,21 @@ def test_workers_that_did_not_take_a_prefix_split_into_one_and_what_they_took_ah
 
 
 def test_workers_states_far_apart_are_a_malformed_state_not_a_long_walk() -> None:
-    with pytest.raises(StateError, match="malformed loader state: its workers' states are 999999999999 batches"):
+    with pytest.raises(
+        StateError, match="malformed loader state: its workers' states are 999999999999 batches"
+    ):
         split(worker_states(0, [10**12, 0]))
 
 
 def test_job_state_reads_the_steps_after_a_snapshot_wherever_the_checkpoint_holds_it(tmp_path: Path) -> None:
     states = [state.to_dict() for state in worker_states(4, [2, 1])]
-    loader = {"_snapshot": {"_worker_snapshots": {f"worker_{i}": {"dataset_state": s} for i, s in enumerate(states)}},
-              "_steps_since_snapshot": 2, "_iterator_finished": False}
+    loader = {
+        "_snapshot": {
+            "_worker_snapshots": {f"worker_{i}": {"dataset_state": s} for i, s in enumerate(states)}
+        },
+        "_steps_since_snapshot": 2,
+        "_iterator_finished": False,
+    }
     assert job_state({"model": {}, "data": {"train": loader}}).position == 4 + 3 + 2
     with pytest.raises(StateError, match="_steps_since_snapshot must be an integer"):
         job_state({**loader, "_steps_since_snapshot": "2"})
@@ -196,6 +234,8 @@ def test_trained_batches_out_of_plan_order_are_refused(data: str) -> None:
     state = in_order.state_after({"epoch": 0, "batch_index": 3})
     check_follows(None, state)
     check_follows(in_order.state_after({"epoch": 0, "batch_index": 2}), state)
-    check_follows({**state, "epoch": 1}, state)  # another epoch, or a resume onto another world: no order to keep
+    check_follows(
+        {**state, "epoch": 1}, state
+    )  # another epoch, or a resume onto another world: no order to keep
     with pytest.raises(StateError, match="batch 3 of epoch 0 was trained on right after batch 0"):
         check_follows(in_order.state_after({"epoch": 0, "batch_index": 0}), state)

@@ -27,14 +27,16 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ShardDataset
     make_uneven_dataset(root / "tiny", [3], seed=3, duration_range=(0.2, 0.3))
     one = ShardDataset(root / "one", batch_size=3, seed=5, world=World(0, 2))
     sources = {"big": str(root / "big"), "tiny": str(root / "tiny")}
-    new = MixedDataset(sources, {"big": 0.5, "tiny": 0.5}, EpochSize(batches=12), batch_size=2, seed=3,
-                       world=World(0, 2))
+    new = MixedDataset(
+        sources, {"big": 0.5, "tiny": 0.5}, EpochSize(batches=12), batch_size=2, seed=3, world=World(0, 2)
+    )
     return {"one": one, "new": new}
 
 
 @pytest.mark.parametrize("name", sorted(SAVED))
-def test_a_state_saved_before_the_typed_state_traces_as_it_did(datasets: dict[str, ShardDataset],
-                                                               name: str) -> None:
+def test_a_state_saved_before_the_typed_state_traces_as_it_did(
+    datasets: dict[str, ShardDataset], name: str
+) -> None:
     case: dict[str, Any] = SAVED[name]
     state = case["state"]
     dataset = datasets[case["dataset"]]

@@ -30,8 +30,13 @@ from shardio.ledger.trace import Trace
 
 pytestmark = pytest.mark.timeout(600)
 
-FUZZ = settings(max_examples=200, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 CASE_SECONDS = 30
 """The most one case may take (they take well under a second): a hang or a runaway plan fails here."""
 
@@ -52,8 +57,11 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[str]
     mixed = quarantine(first, old, keys=[old.index.keys[2]], carry=True)
     remixed = remix(mixed, old, new)
     mix_at = [f"{name}={location}" for name, location in sources.items()]
-    states = {"plain": ([str(root / "one")], plain), "quarantined": ([str(root / "one")], healed),
-              "remixed": (mix_at, remixed)}
+    states = {
+        "plain": ([str(root / "one")], plain),
+        "quarantined": ([str(root / "one")], healed),
+        "remixed": (mix_at, remixed),
+    }
     return json.loads(json.dumps(states))
 
 
@@ -76,8 +84,9 @@ def use(locations: list[str], state: Any) -> None:
 
 @FUZZ
 @given(data=st.data(), drop=st.booleans())
-def test_damaged_state_fields(bases: dict[str, tuple[list[str], dict[str, Any]]], data: st.DataObject,
-                              drop: bool) -> None:
+def test_damaged_state_fields(
+    bases: dict[str, tuple[list[str], dict[str, Any]]], data: st.DataObject, drop: bool
+) -> None:
     locations, base = bases[data.draw(st.sampled_from(sorted(bases)), label="base")]
     state = copy.deepcopy(base)
     path = data.draw(st.sampled_from(paths(state)[1:]), label="path")
@@ -86,10 +95,16 @@ def test_damaged_state_fields(bases: dict[str, tuple[list[str], dict[str, Any]]]
 
 
 @FUZZ
-@given(name=st.sampled_from(["plain", "quarantined", "remixed"]), mutations=st.lists(MUTATION, min_size=1,
-                                                                                      max_size=3))
-def test_damaged_state_bytes(bases: dict[str, tuple[list[str], dict[str, Any]]], tmp_path: Path, name: str,
-                             mutations: list[tuple[str, int, Any]]) -> None:
+@given(
+    name=st.sampled_from(["plain", "quarantined", "remixed"]),
+    mutations=st.lists(MUTATION, min_size=1, max_size=3),
+)
+def test_damaged_state_bytes(
+    bases: dict[str, tuple[list[str], dict[str, Any]]],
+    tmp_path: Path,
+    name: str,
+    mutations: list[tuple[str, int, Any]],
+) -> None:
     locations, base = bases[name]
     path = tmp_path / f"{name}.json"
     path.write_bytes(mutate(json.dumps(base).encode(), mutations))
@@ -115,18 +130,25 @@ print(sorted(kinds))
 """
 
 
-def test_damaged_state_files_are_read_in_bounded_memory(bases: dict[str, tuple[list[str], dict[str, Any]]],
-                                                        tmp_path: Path) -> None:
+def test_damaged_state_files_are_read_in_bounded_memory(
+    bases: dict[str, tuple[list[str], dict[str, Any]]], tmp_path: Path
+) -> None:
     """Damaged files and hostile ones (deep, wide, long, a list at the top), read with 600 MiB of room."""
     locations, base = bases["remixed"]
     text = json.dumps(base).encode()
-    hostile = [b"[" * 10**6, b"[" + b"[]," * 10**7 + b"[]]", b'"' + b"x" * 10**8 + b'"', b"[" + text + b"]",
-               text.replace(b'"extra": {', b'"extra": {"deep": ' + b"[" * 5000 + b"]" * 5000 + b", ")]
+    hostile = [
+        b"[" * 10**6,
+        b"[" + b"[]," * 10**7 + b"[]]",
+        b'"' + b"x" * 10**8 + b'"',
+        b"[" + text + b"]",
+        text.replace(b'"extra": {', b'"extra": {"deep": ' + b"[" * 5000 + b"]" * 5000 + b", "),
+    ]
     flipped = [mutate(text, [("flip", 97 * i, 1 + i % 255)]) for i in range(40)]
     for number, damaged in enumerate(hostile + flipped):
         (tmp_path / f"{number:03d}.json").write_bytes(damaged)
     code = _READ_ALL.format(pattern=str(tmp_path / "*.json"), locations=locations)
-    result = run_limited(textwrap.dedent(code), headroom_mb=600, timeout=300,
-                         preload="shardio.ledger.rebuild")
+    result = run_limited(
+        textwrap.dedent(code), headroom_mb=600, timeout=300, preload="shardio.ledger.rebuild"
+    )
     assert result.returncode == 0 and result.stdout.startswith("["), result.stdout + result.stderr[-2000:]
     assert "StateError" in result.stdout

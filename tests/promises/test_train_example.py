@@ -14,8 +14,24 @@ SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "train_example.py"
 
 
 def _train(dataset: Path, checkpoint: Path, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(SCRIPT), str(dataset), "--checkpoint", str(checkpoint), "--keys-log", str(log),
-               "--epochs", "2", "--every", "4", "--workers", "2", "--max-duration", "2.0", *extra]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        str(dataset),
+        "--checkpoint",
+        str(checkpoint),
+        "--keys-log",
+        str(log),
+        "--epochs",
+        "2",
+        "--every",
+        "4",
+        "--workers",
+        "2",
+        "--max-duration",
+        "2.0",
+        *extra,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=240)
 
 

@@ -50,7 +50,9 @@ def test_a_truncated_rf64_file_is_refused_like_a_truncated_wav(tmp_path: Path) -
     (corpus / "cut.wav").write_bytes(half)  # packed before as 1.0 s of 2.0 s, and verify --decode said OK
     (corpus / "whole.wav").write_bytes(whole)
     summary = pack(corpus, tmp_path / "out", on_error="skip", progress=False)
-    assert [(p.key, p.reason[:43]) for p in summary.rejected] == [("cut", "truncated: the RF64 ds64 chunk claims 32000")]
+    assert [(p.key, p.reason[:43]) for p in summary.rejected] == [
+        ("cut", "truncated: the RF64 ds64 chunk claims 32000")
+    ]
     assert Index.load(tmp_path / "out").keys == ["whole"]
 
 
@@ -90,8 +92,11 @@ def test_a_permanent_http_500_is_a_read_error_naming_url_and_status(tmp_path: Pa
         server.faults.fail(10**6, status=500, match="shard-000001")
         reader = Reader(index, retry=FAST)
         reader.members(0)
-        with pytest.raises(ReadError, match=r"shard-000001\.tar.*read failed after 2 attempt\(s\): the server "
-                                            r"answered HTTP 500"):
+        with pytest.raises(
+            ReadError,
+            match=r"shard-000001\.tar.*read failed after 2 attempt\(s\): the server "
+            r"answered HTTP 500",
+        ):
             reader.members(3)  # said "FileNotFoundError: URL" (fsspec's size() on a 500)
         server.faults.clear()
         server.faults.fail(10**6, status=500, match="shard-000001", method="GET")
@@ -111,8 +116,12 @@ def test_an_http_403_behind_a_file_not_found_is_not_called_missing() -> None:
         except aiohttp.ClientResponseError as exc:
             raise FileNotFoundError(url) from exc
 
-    with pytest.raises(ReadError, match="not retried: not a transient error\\): the server answered HTTP 403"):
-        retrying(lambda: refused(403), url, FAST)  # re-raised as FileNotFoundError before: "the shard is missing"
+    with pytest.raises(
+        ReadError, match="not retried: not a transient error\\): the server answered HTTP 403"
+    ):
+        retrying(
+            lambda: refused(403), url, FAST
+        )  # re-raised as FileNotFoundError before: "the shard is missing"
     with pytest.raises(FileNotFoundError):
         retrying(lambda: refused(404), url, FAST)
 

@@ -29,8 +29,9 @@ KINDS = {  # name: (extension, soundfile subtype, channels)
 }
 
 
-def write(directory: Path, members: list[tuple[str, dict[str, bytes]]], *, ext: str, channels: int,
-          compression: str) -> Index:
+def write(
+    directory: Path, members: list[tuple[str, dict[str, bytes]]], *, ext: str, channels: int, compression: str
+) -> Index:
     with ShardWriter(directory, compression=compression, max_samples=4) as writer:
         for key, data in members:
             try:
@@ -45,10 +46,17 @@ def write(directory: Path, members: list[tuple[str, dict[str, bytes]]], *, ext: 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_every_kind_of_member_lands_exactly_in_its_row(tmp_path: Path, kind: str, compression: str) -> None:
     ext, subtype, channels = KINDS[kind]
-    clips = {f"k{i}": audio_bytes(tone(0.05 + 0.04 * i, RATE, channels, seed=i), RATE, ext, subtype)
-             for i in range(6)}
-    index = write(tmp_path / "ds", [(key, {ext: data}) for key, data in clips.items()], ext=ext,
-                  channels=channels, compression=compression)
+    clips = {
+        f"k{i}": audio_bytes(tone(0.05 + 0.04 * i, RATE, channels, seed=i), RATE, ext, subtype)
+        for i in range(6)
+    }
+    index = write(
+        tmp_path / "ds",
+        [(key, {ext: data}) for key, data in clips.items()],
+        ext=ext,
+        channels=channels,
+        compression=compression,
+    )
     for epoch in range(2):  # the second reuses memory the first wrote
         for batch in ShardDataset(index.root, batch_size=3, seed=epoch):
             assert batch["audio"].shape[:2] == (3, channels)
@@ -83,8 +91,9 @@ def test_samples_skipped_in_any_pass_are_listed_in_batch_order(tmp_path: Path, c
 
 
 def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05, RATE, seed=i), RATE, "wav", "PCM_16")})
-             for i in range(2)]
+    clips = [
+        (f"k{i}", {"wav": audio_bytes(tone(0.05, RATE, seed=i), RATE, "wav", "PCM_16")}) for i in range(2)
+    ]
     plain = write(tmp_path / "plain", clips, ext="wav", channels=1, compression="none")
     zstd = write(tmp_path / "zstd", clips, ext="wav", channels=1, compression="zstd")
     assert Reader(plain).maps(0) == shardio.storage.localshard.CAN_MAP
@@ -93,15 +102,18 @@ def test_reads_come_in_passes_only_from_memory_maps(tmp_path: Path, monkeypatch:
     assert not Reader(plain).maps(0)
 
 
-def test_the_lane_opens_again_the_shards_the_reader_closed(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lane_opens_again_the_shards_the_reader_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lane keeps the shards it reads for the iteration; one the reader closed since (it keeps
     ``max_open`` open) is opened again, and the lane still makes every batch."""
     from shardio.reading.assembly import Assembler, Decoding
     from shardio.reading.lane import Lane
 
-    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
-             for i in range(12)]
+    clips = [
+        (f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
+        for i in range(12)
+    ]
     index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
     served: list[bool] = []
     common = Lane.common
@@ -128,8 +140,10 @@ def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -
     reader keeps ``max_open`` open) must leave the views already taken intact."""
     from shardio.reading.assembly import Assembler, Decoding
 
-    clips = [(f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
-             for i in range(12)]
+    clips = [
+        (f"k{i}", {"wav": audio_bytes(tone(0.05 + 0.01 * i, RATE, seed=i), RATE, "wav", "PCM_16")})
+        for i in range(12)
+    ]
     index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
     ids = np.array([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])  # every sample's shard differs from the last
     reader = Reader(index, max_open=1)

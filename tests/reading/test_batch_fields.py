@@ -17,8 +17,14 @@ from shardio.packing.pack import pack
 from shardio.reading.fields import BATCH_FIELDS
 
 
-def write_dataset(directory: Path, meta: dict[str, object], *, audio: str = "wav", compression: str = "none",
-                  samples: int = 4) -> str:
+def write_dataset(
+    directory: Path,
+    meta: dict[str, object],
+    *,
+    audio: str = "wav",
+    compression: str = "none",
+    samples: int = 4,
+) -> str:
     """``samples`` one-second samples of 8 kHz noise whose json member is ``meta`` plus its index."""
     rng = np.random.default_rng(0)
     with ShardWriter(directory, compression=compression) as writer:
@@ -29,16 +35,25 @@ def write_dataset(directory: Path, meta: dict[str, object], *, audio: str = "wav
                 path = directory.parent / f"{directory.name}-{i}.flac"
                 soundfile.write(path, signal, 8000, format="FLAC")
                 data = path.read_bytes()
-            writer.write(f"k{i}", {audio: data, "json": json.dumps({**meta, "i": i}).encode()}, audio_ext=audio,
-                         num_frames=8000, sample_rate=8000, channels=1)
+            writer.write(
+                f"k{i}",
+                {audio: data, "json": json.dumps({**meta, "i": i}).encode()},
+                audio_ext=audio,
+                num_frames=8000,
+                sample_rate=8000,
+                channels=1,
+            )
     return str(directory)
 
 
 @pytest.mark.parametrize("audio, compression", [("wav", "none"), ("flac", "none"), ("wav", "zstd")])
 @pytest.mark.parametrize("name", ["keys", "lengths", "epoch", "repeat"])
-def test_a_metadata_field_named_as_a_batch_field_is_refused(tmp_path: Path, audio: str, compression: str,
-                                                            name: str) -> None:
-    root = write_dataset(tmp_path / "ds", {name: ["not", "the", "keys"]}, audio=audio, compression=compression)
+def test_a_metadata_field_named_as_a_batch_field_is_refused(
+    tmp_path: Path, audio: str, compression: str, name: str
+) -> None:
+    root = write_dataset(
+        tmp_path / "ds", {name: ["not", "the", "keys"]}, audio=audio, compression=compression
+    )
     with pytest.raises(FormatError, match=rf"k\d.*'{name}'.*rename"):
         next(iter(ShardDataset(root, batch_size=2, shuffle=False)))
     with pytest.raises(FormatError, match=rf"'{name}'"):  # single samples, batched by the DataLoader

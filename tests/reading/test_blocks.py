@@ -96,19 +96,26 @@ def test_resume_through_workers_continues_onto_the_zero_worker_batches(long_wavs
 
 def _samples(batches: list[dict[str, Any]]) -> list[tuple[int, str, torch.Tensor]]:
     """(position in the plan, key, audio) of each sample of collated unbatched samples, in plan order."""
-    found = [(position, key, batch["audio"][row, :, : int(batch["lengths"][row])].clone())
-             for batch in batches for row, (position, key) in enumerate(zip(batch["batch_index"], batch["keys"]))]
+    found = [
+        (position, key, batch["audio"][row, :, : int(batch["lengths"][row])].clone())
+        for batch in batches
+        for row, (position, key) in enumerate(zip(batch["batch_index"], batch["keys"]))
+    ]
     return sorted(found, key=lambda sample: sample[0])
 
 
 def test_samples_collated_in_workers_use_blocks_and_match_zero_workers(long_wavs: Path) -> None:
     def loader(workers: int) -> DataLoader:
-        return DataLoader(ShardDataset(long_wavs, seed=3), batch_size=BATCH, collate_fn=collate, num_workers=workers)
+        return DataLoader(
+            ShardDataset(long_wavs, seed=3), batch_size=BATCH, collate_fn=collate, num_workers=workers
+        )
 
     expected = _samples(list(loader(0)))
     held = list(loader(2))  # all held: each worker runs out of blocks
     assert len(held) > 2 * blocks.LIMIT
-    got = _samples(held)  # with workers the DataLoader batches each worker's samples: compare sample by sample
+    got = _samples(
+        held
+    )  # with workers the DataLoader batches each worker's samples: compare sample by sample
     assert [s[:2] for s in got] == [s[:2] for s in expected]
     assert all(torch.equal(g[2], w[2]) for g, w in zip(got, expected))
     pointers = {batch["audio"].data_ptr() for batch in loader(2)}  # each dropped at once: blocks come back
@@ -120,7 +127,9 @@ def test_samples_collated_into_reused_memory_are_zero_padded(long_wavs: Path, wo
     # each batch is dropped once the next is made, so later batches reuse earlier batches' memory (a block of
     # each worker, or with 0 workers the process's pool), which is not zeroed: their padding must be
     decoded = {sample["key"]: sample["audio"] for sample in ShardDataset(long_wavs, seed=7)}
-    loader = DataLoader(ShardDataset(long_wavs, seed=7), batch_size=BATCH, collate_fn=collate, num_workers=workers)
+    loader = DataLoader(
+        ShardDataset(long_wavs, seed=7), batch_size=BATCH, collate_fn=collate, num_workers=workers
+    )
     pointers, batches, padded_rows = set(), 0, 0
     for batch in loader:
         audio, lengths = batch["audio"], batch["lengths"].tolist()
@@ -131,12 +140,15 @@ def test_samples_collated_into_reused_memory_are_zero_padded(long_wavs: Path, wo
             padded_rows += length < audio.shape[2]
         pointers.add(audio.data_ptr())
         batches += 1
-    assert batches > len(pointers) and padded_rows > batches  # memory came back, and rows had padding to clear
+    assert (
+        batches > len(pointers) and padded_rows > batches
+    )  # memory came back, and rows had padding to clear
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
 def test_unbatched_samples_are_never_overwritten_while_held_and_their_memory_comes_back(
-        long_wavs: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    long_wavs: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from shardio.reading import batchmemory
 
     arena = batchmemory._SampleArena()  # this test's own, empty
@@ -144,12 +156,17 @@ def test_unbatched_samples_are_never_overwritten_while_held_and_their_memory_com
 
     def block_of(audio: torch.Tensor) -> int | None:  # which of the arena's pooled blocks holds the sample
         start = audio.data_ptr()
-        found = [n for n, block in enumerate(arena._pool._arrays)
-                 if block.ctypes.data <= start < block.ctypes.data + block.nbytes]
+        found = [
+            n
+            for n, block in enumerate(arena._pool._arrays)
+            if block.ctypes.data <= start < block.ctypes.data + block.nbytes
+        ]
         return found[0] if found else None
 
-    expected = {b["keys"][0]: b["audio"][0, :, : int(b["lengths"][0])].clone()  # batches of one: not the arena
-                for b in ShardDataset(long_wavs, batch_size=1, seed=8, decoding=Decoding(dtype=dtype))}
+    expected = {
+        b["keys"][0]: b["audio"][0, :, : int(b["lengths"][0])].clone()  # batches of one: not the arena
+        for b in ShardDataset(long_wavs, batch_size=1, seed=8, decoding=Decoding(dtype=dtype))
+    }
     blocks_used = set()
     for sample in ShardDataset(long_wavs, seed=9, dtype=dtype):  # each dropped before the next is decoded
         assert torch.equal(sample["audio"], expected[sample["key"]])
@@ -193,10 +210,18 @@ def test_batches_reworked_in_the_worker_are_never_overwritten(long_wavs: Path, r
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.one_of(st.tuples(st.just("take"), st.integers(1, 3 << 20)),
-                          st.tuples(st.just("drop"), st.integers(0, 20))), max_size=40))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("take"), st.integers(1, 3 << 20)),
+            st.tuples(st.just("drop"), st.integers(0, 20)),
+        ),
+        max_size=40,
+    )
+)
 def test_a_block_is_never_written_while_a_received_batch_holds_it(
-        monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, int]]) -> None:
+    monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, int]]
+) -> None:
     monkeypatch.setattr(blocks, "_POOL", blocks._Pool())  # this process plays the worker and the trainer
     monkeypatch.setattr(blocks, "_MAPPED", blocks._Mapped())
     held: list[tuple[dict[str, Any], int]] = []
@@ -221,12 +246,19 @@ def test_a_block_is_never_written_while_a_received_batch_holds_it(
 
 
 def test_keeping_a_batch_s_lengths_does_not_hold_its_block(long_wavs: Path) -> None:
-    kept = [batch["lengths"] for batch in DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=8),
-                                                     batch_size=None, num_workers=2)]  # as a trainer's logs do
+    kept = [
+        batch["lengths"]
+        for batch in DataLoader(
+            ShardDataset(long_wavs, batch_size=BATCH, seed=8), batch_size=None, num_workers=2
+        )
+    ]  # as a trainer's logs do
     assert [lengths.tolist() for lengths in kept] == [
-        b["lengths"].tolist() for b in ShardDataset(long_wavs, batch_size=BATCH, seed=8)]
+        b["lengths"].tolist() for b in ShardDataset(long_wavs, batch_size=BATCH, seed=8)
+    ]
     pointers = set()
-    for batch in DataLoader(ShardDataset(long_wavs, batch_size=BATCH, seed=8), batch_size=None, num_workers=2):
+    for batch in DataLoader(
+        ShardDataset(long_wavs, batch_size=BATCH, seed=8), batch_size=None, num_workers=2
+    ):
         kept.append(batch["lengths"])
         pointers.add(batch["audio"].data_ptr())
         del batch

@@ -34,6 +34,7 @@ def _worker(directory: str, max_bytes: int, log: str, rounds: int, seed: int) ->
     cache = ShardCache(directory, max_bytes)
     order = [(seed * 7 + 5 * k) % SHARDS for k in range(rounds)]
     for number in order:
+
         def fetch(out: BinaryIO, number: int = number) -> None:
             flag = os.path.join(log + ".busy", str(number))
             descriptor = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # FileExistsError: two fetchers
@@ -57,13 +58,17 @@ def _pruner(directory: str, max_bytes: int, seconds: float) -> None:
         cache.prune()
 
 
-def run_processes(tmp_path: Path, max_bytes: int, workers: int = 4, rounds: int = 24) -> tuple[Path, list[int]]:
+def run_processes(
+    tmp_path: Path, max_bytes: int, workers: int = 4, rounds: int = 24
+) -> tuple[Path, list[int]]:
     directory = tmp_path / "cache"
     log = tmp_path / "fetches"
     (tmp_path / "fetches.busy").mkdir()
     context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_worker, args=(str(directory), max_bytes, str(log), rounds, seed))
-                 for seed in range(workers)]
+    processes = [
+        context.Process(target=_worker, args=(str(directory), max_bytes, str(log), rounds, seed))
+        for seed in range(workers)
+    ]
     processes.append(context.Process(target=_pruner, args=(str(directory), max_bytes, 1.0)))
     for process in processes:
         process.start()
@@ -128,14 +133,17 @@ def test_prune_of_a_cache_that_is_not_there_or_empty(tmp_path: Path, missing: bo
     assert ShardCache(str(directory), SIZE).prune() == 0
 
 
-def test_the_cache_command_prunes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cache_command_prunes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import main
 
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path))
     cache = ShardCache(str(tmp_path / "shards"), 10 * SIZE)
     for number in range(3):
-        assert cache.fill(digest(number), SIZE, lambda out, n=number: out.write(content(n)), "shard") is not None
+        assert (
+            cache.fill(digest(number), SIZE, lambda out, n=number: out.write(content(n)), "shard") is not None
+        )
     orphan = tmp_path / "shards" / f"{digest(9)}-{SIZE}.shard.lock"
     orphan.touch()
     assert main(["cache"]) == 0 and orphan.exists()

@@ -49,15 +49,18 @@ def _check(batch: dict[str, torch.Tensor], expected: dict[str, np.ndarray]) -> N
         assert not audio[row, :, length:].any(), f"{key}: padding is not zero"
 
 
-def test_batches_kept_by_the_trainer_are_never_overwritten(long_clips: Path,
-                                                           expected: dict[str, np.ndarray]) -> None:
+def test_batches_kept_by_the_trainer_are_never_overwritten(
+    long_clips: Path, expected: dict[str, np.ndarray]
+) -> None:
     kept = _epochs(ShardDataset(long_clips, batch_size=BATCH, seed=1), 2)
     assert len({batch["audio"].data_ptr() for batch in kept}) == len(kept)
     for batch in kept:
         _check(batch, expected)
 
 
-def test_dropped_batches_are_reused_with_zero_padding(long_clips: Path, expected: dict[str, np.ndarray]) -> None:
+def test_dropped_batches_are_reused_with_zero_padding(
+    long_clips: Path, expected: dict[str, np.ndarray]
+) -> None:
     dataset = ShardDataset(long_clips, batch_size=BATCH, seed=2)
     addresses = []
     for epoch in range(3):
@@ -81,8 +84,9 @@ def test_a_view_of_a_batch_keeps_its_memory(long_clips: Path, expected: dict[str
         assert np.array_equal(view[:, :length], expected[key])
 
 
-def test_datasets_iterated_in_threads_never_share_a_batch(long_clips: Path,
-                                                          expected: dict[str, np.ndarray]) -> None:
+def test_datasets_iterated_in_threads_never_share_a_batch(
+    long_clips: Path, expected: dict[str, np.ndarray]
+) -> None:
     import threading
 
     kept: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(3)]
@@ -109,11 +113,13 @@ def test_the_public_collate_pads_samples_and_refuses_batches(tmp_path: Path) -> 
 
     make_uneven_dataset(tmp_path / "d", (5,), seed=1)
     samples = list(ShardDataset(tmp_path / "d", shuffle=False))
-    batch = next(iter(DataLoader(ShardDataset(tmp_path / "d", shuffle=False), batch_size=5, collate_fn=collate)))
+    batch = next(
+        iter(DataLoader(ShardDataset(tmp_path / "d", shuffle=False), batch_size=5, collate_fn=collate))
+    )
     lengths = [sample["audio"].shape[-1] for sample in samples]
     assert batch["keys"] == [sample["key"] for sample in samples] and batch["lengths"].tolist() == lengths
     for row, sample in enumerate(samples):
         assert torch.equal(batch["audio"][row, :, : lengths[row]], sample["audio"])
-        assert not batch["audio"][row, :, lengths[row]:].any()
+        assert not batch["audio"][row, :, lengths[row] :].any()
     with pytest.raises(OptionError, match="these are 2 batches of a batched dataset.*batch_size=None"):
         next(iter(DataLoader(ShardDataset(tmp_path / "d", batch_size=2), batch_size=2, collate_fn=collate)))

@@ -62,8 +62,9 @@ def fmt_pcm16(channels: int = 1, rate: int = 16000) -> tuple[bytes, bytes]:
     return b"fmt ", struct.pack("<HHIIHH", 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
 
 
-def assert_same_as_soundfile(data: bytes | memoryview, *, fast: bool = True,
-                             check_finite: bool = True) -> None:
+def assert_same_as_soundfile(
+    data: bytes | memoryview, *, fast: bool = True, check_finite: bool = True
+) -> None:
     expected, rate = reference(bytes(data))
     audio, got_rate = decode_audio(data, "wav", check_finite=check_finite)
     assert (wav_layout(memoryview(data)) is not None) == fast
@@ -151,8 +152,9 @@ def test_other_wav_codecs_fall_back_to_soundfile(subtype: str) -> None:
 
 def test_big_endian_rifx_falls_back_to_soundfile() -> None:
     buffer = io.BytesIO()
-    soundfile.write(buffer, full_range("PCM_16", 50, 1, seed=5), 16000, subtype="PCM_16", format="WAV",
-                    endian="BIG")
+    soundfile.write(
+        buffer, full_range("PCM_16", 50, 1, seed=5), 16000, subtype="PCM_16", format="WAV", endian="BIG"
+    )
     assert_same_as_soundfile(buffer.getvalue(), fast=False)
 
 
@@ -166,10 +168,15 @@ def test_flac_is_lossless() -> None:
     np.testing.assert_array_equal(audio, values.T.astype(np.float32) / 32768)
 
 
-@pytest.mark.parametrize(("ext", "container", "subtype"), [
-    ("ogg", "OGG", "VORBIS"), ("oga", "OGG", "VORBIS"), ("mp3", "MP3", "MPEG_LAYER_III"),
-    ("opus", "OGG", "OPUS"),
-])
+@pytest.mark.parametrize(
+    ("ext", "container", "subtype"),
+    [
+        ("ogg", "OGG", "VORBIS"),
+        ("oga", "OGG", "VORBIS"),
+        ("mp3", "MP3", "MPEG_LAYER_III"),
+        ("opus", "OGG", "OPUS"),
+    ],
+)
 def test_lossy_formats_decode(ext: str, container: str, subtype: str) -> None:
     rate = 16000
     tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(2 * rate) / rate)
@@ -198,11 +205,21 @@ def tone(frequency: float, rate: int, frames: int, amplitude: float = 0.8) -> np
     return (amplitude * np.sin(2 * np.pi * frequency * np.arange(frames) / rate)).astype(np.float32)[None]
 
 
-@pytest.mark.parametrize(("orig", "new", "frequency"), [
-    (44100, 16000, 440.0), (48000, 16000, 1000.0), (16000, 8000, 3000.0), (8000, 16000, 440.0),
-    (16000, 22050, 2500.0), (22050, 16000, 5000.0), (11127, 16000, 440.0), (22254, 16000, 3000.0),
-    (44056, 16000, 1000.0), (16000, 44056, 2000.0),
-])
+@pytest.mark.parametrize(
+    ("orig", "new", "frequency"),
+    [
+        (44100, 16000, 440.0),
+        (48000, 16000, 1000.0),
+        (16000, 8000, 3000.0),
+        (8000, 16000, 440.0),
+        (16000, 22050, 2500.0),
+        (22050, 16000, 5000.0),
+        (11127, 16000, 440.0),
+        (22254, 16000, 3000.0),
+        (44056, 16000, 1000.0),
+        (16000, 44056, 2000.0),
+    ],
+)
 def test_resampled_sine_keeps_frequency_amplitude_and_phase(orig: int, new: int, frequency: float) -> None:
     out = resample(tone(frequency, orig, orig), orig, new)
     expected = tone(frequency, new, out.shape[1])
@@ -210,8 +227,9 @@ def test_resampled_sine_keeps_frequency_amplitude_and_phase(orig: int, new: int,
     np.testing.assert_allclose(out[:, interior], expected[:, interior], atol=2e-3)
 
 
-@pytest.mark.parametrize(("orig", "new", "frequency"), [(48000, 16000, 12000.0), (44100, 16000, 11000.0),
-                                                         (16000, 8000, 5500.0)])
+@pytest.mark.parametrize(
+    ("orig", "new", "frequency"), [(48000, 16000, 12000.0), (44100, 16000, 11000.0), (16000, 8000, 5500.0)]
+)
 def test_resampling_suppresses_tones_above_the_new_nyquist(orig: int, new: int, frequency: float) -> None:
     out = resample(tone(frequency, orig, orig), orig, new)
     interior = out[:, new // 20 : -new // 20]
@@ -220,10 +238,24 @@ def test_resampling_suppresses_tones_above_the_new_nyquist(orig: int, new: int, 
 
 
 @settings(max_examples=40, deadline=None)
-@given(frames=st.integers(1, 3000), channels=st.integers(1, 2),
-       rates=st.sampled_from([(16000, 8000), (8000, 16000), (44100, 16000), (16000, 44100), (48000, 22050),
-                              (22050, 16000), (16000, 16000), (11127, 16000), (44056, 16000),
-                              (16000, 22254)]))
+@given(
+    frames=st.integers(1, 3000),
+    channels=st.integers(1, 2),
+    rates=st.sampled_from(
+        [
+            (16000, 8000),
+            (8000, 16000),
+            (44100, 16000),
+            (16000, 44100),
+            (48000, 22050),
+            (22050, 16000),
+            (16000, 16000),
+            (11127, 16000),
+            (44056, 16000),
+            (16000, 22254),
+        ]
+    ),
+)
 def test_resampled_length_is_ceil_of_the_ratio(frames: int, channels: int, rates: tuple[int, int]) -> None:
     orig, new = rates
     audio = np.random.default_rng(frames).uniform(-1, 1, (channels, frames)).astype(np.float32)
@@ -264,8 +296,9 @@ def test_bad_sample_rates_are_option_errors() -> None:
 
 
 @pytest.mark.parametrize("ext", ["wav", "flac", "ogg", "mp3", "opus", "weird"])
-@pytest.mark.parametrize("data", [b"", b"not audio at all " * 20, b"RIFF\x24\x00\x00\x00WAVEfmt ",
-                                  b"fLaC\x00"])
+@pytest.mark.parametrize(
+    "data", [b"", b"not audio at all " * 20, b"RIFF\x24\x00\x00\x00WAVEfmt ", b"fLaC\x00"]
+)
 def test_undecodable_bytes_raise_decode_error_naming_where(ext: str, data: bytes) -> None:
     with pytest.raises(DecodeError) as caught:
         decode_audio(data, ext, where=WHERE)
@@ -273,8 +306,11 @@ def test_undecodable_bytes_raise_decode_error_naming_where(ext: str, data: bytes
 
 
 def test_zero_frames_raise_decode_error() -> None:
-    for data in [encode(np.zeros((0, 1)), "PCM_16"), riff(fmt_pcm16(), (b"data", b"\x01")),
-                 encode(np.zeros((0, 2)), "FLOAT", container="WAVEX")]:
+    for data in [
+        encode(np.zeros((0, 1)), "PCM_16"),
+        riff(fmt_pcm16(), (b"data", b"\x01")),
+        encode(np.zeros((0, 2)), "FLOAT", container="WAVEX"),
+    ]:
         with pytest.raises(DecodeError, match="0 frames") as caught:
             decode_audio(data, "wav", where=WHERE)
         assert WHERE in str(caught.value)

@@ -41,8 +41,14 @@ def write_dataset(directory: Path, members: list[tuple[str, bytes]], *, frames: 
     """One sample per ``(ext, audio bytes)``, each recorded in the index as ``frames`` frames at ``rate``."""
     with ShardWriter(directory) as writer:
         for i, (ext, data) in enumerate(members):
-            writer.write(f"k{i}", {ext: data, "json": json.dumps({"i": i}).encode()}, audio_ext=ext,
-                         num_frames=frames, sample_rate=rate, channels=1)
+            writer.write(
+                f"k{i}",
+                {ext: data, "json": json.dumps({"i": i}).encode()},
+                audio_ext=ext,
+                num_frames=frames,
+                sample_rate=rate,
+                channels=1,
+            )
     return str(directory)
 
 

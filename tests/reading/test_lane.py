@@ -40,9 +40,17 @@ AUDIO = {  # name: (extension, soundfile subtype, channels)
     "float": ("wav", "FLOAT", 1),
     "flac": ("flac", "PCM_16", 1),
 }
-JSONS = [None, {"text": "hello", "speaker": 3}, {"text": "x", "lengths": [1, 2], "key": "other", "audio": 1},
-         {"keys": "shadowed?", "sample_rate": 5, "corpus": None}, {"repeat": True, "skipped": 1, "epoch": "e"},
-         {"speaker": {"id": 4}, "text_lengths": 2}, "[1, 2]", "{not json", '{"t\\u00e9xt": 1.5}']
+JSONS = [
+    None,
+    {"text": "hello", "speaker": 3},
+    {"text": "x", "lengths": [1, 2], "key": "other", "audio": 1},
+    {"keys": "shadowed?", "sample_rate": 5, "corpus": None},
+    {"repeat": True, "skipped": 1, "epoch": "e"},
+    {"speaker": {"id": 4}, "text_lengths": 2},
+    "[1, 2]",
+    "{not json",
+    '{"t\\u00e9xt": 1.5}',
+]
 
 
 def _with_chunk(wav: bytes) -> bytes:
@@ -66,8 +74,15 @@ def samples(draw: st.DrawFn) -> dict[str, Any]:
     elif damage == "header":
         data = b"JUNK" + data[4:]
     frames = max(0, int(round(seconds * RATE)) + draw(st.sampled_from([0, 0, 0, -1, 3])))
-    return {"ext": ext, "data": data, "channels": channels, "frames": frames, "other_key": damage == "other-key",
-            "json": draw(st.sampled_from(JSONS)), "txt": draw(st.sampled_from([None, "spoken", "caf\xe9"]))}
+    return {
+        "ext": ext,
+        "data": data,
+        "channels": channels,
+        "frames": frames,
+        "other_key": damage == "other-key",
+        "json": draw(st.sampled_from(JSONS)),
+        "txt": draw(st.sampled_from([None, "spoken", "caf\xe9"])),
+    }
 
 
 def _write(directory: Path, drawn: list[dict[str, Any]], compression: str = "none") -> str:
@@ -76,12 +91,19 @@ def _write(directory: Path, drawn: list[dict[str, Any]], compression: str = "non
             key = f"utt{number:03d}"
             members = {sample["ext"]: sample["data"]}
             if sample["json"] is not None:
-                members["json"] = (sample["json"] if isinstance(sample["json"], str)
-                                   else json.dumps(sample["json"])).encode()
+                members["json"] = (
+                    sample["json"] if isinstance(sample["json"], str) else json.dumps(sample["json"])
+                ).encode()
             if sample["txt"] is not None:
                 members["txt"] = sample["txt"].encode()
-            writer.write(key, members, audio_ext=sample["ext"], num_frames=sample["frames"], sample_rate=RATE,
-                         channels=sample["channels"])
+            writer.write(
+                key,
+                members,
+                audio_ext=sample["ext"],
+                num_frames=sample["frames"],
+                sample_rate=RATE,
+                channels=sample["channels"],
+            )
     for number in [n for n, sample in enumerate(drawn) if sample["other_key"]]:
         _rename_members(directory, f"utt{number:03d}.", f"utx{number:03d}.")
     return str(directory)
@@ -118,20 +140,32 @@ def _epoch(root: str, workers: int = 0, **options: Any) -> list[dict[str, Any]] 
     dataset = ShardDataset(root, seed=1, **options)
     try:
         batches = DataLoader(dataset, batch_size=None, num_workers=workers) if workers else dataset
-        return [[(name, (value.dtype, value.tolist()) if isinstance(value, torch.Tensor) else value)
-                 for name, value in batch.items()] for batch in batches]
+        return [
+            [
+                (name, (value.dtype, value.tolist()) if isinstance(value, torch.Tensor) else value)
+                for name, value in batch.items()
+            ]
+            for batch in batches
+        ]
     except ShardioError as exc:
         return f"{type(exc).__name__}: {exc}"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(drawn=st.lists(samples(), min_size=1, max_size=9), batch_size=st.integers(1, 4),
-       dtype=st.sampled_from(["float32", "int16"]), on_error=st.sampled_from(["skip", "raise"]),
-       compression=st.sampled_from(["none", "none", "zstd"]))
-def test_the_lane_batches_are_the_general_paths(drawn: list[dict[str, Any]], batch_size: int, dtype: str,
-                                                  on_error: str, compression: str) -> None:
+@given(
+    drawn=st.lists(samples(), min_size=1, max_size=9),
+    batch_size=st.integers(1, 4),
+    dtype=st.sampled_from(["float32", "int16"]),
+    on_error=st.sampled_from(["skip", "raise"]),
+    compression=st.sampled_from(["none", "none", "zstd"]),
+)
+def test_the_lane_batches_are_the_general_paths(
+    drawn: list[dict[str, Any]], batch_size: int, dtype: str, on_error: str, compression: str
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        root = _write(Path(directory) / "ds", drawn, "none" if any(s["other_key"] for s in drawn) else compression)
+        root = _write(
+            Path(directory) / "ds", drawn, "none" if any(s["other_key"] for s in drawn) else compression
+        )
         options = {"batch_size": batch_size, "dtype": dtype, "on_error": on_error}
         with_lane = _epoch(root, **options)
         with _general_path_only():
@@ -159,9 +193,18 @@ def _counting_lane() -> Iterator[list[bool]]:
 
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
 def test_the_lane_serves_pcm_wav_in_plain_tar_shards(tmp_path: Path, dtype: str) -> None:
-    drawn = [{"ext": "wav", "data": audio_bytes(tone(0.02 * (1 + n % 3), RATE, seed=n), RATE, "wav", "PCM_16"),
-              "channels": 1, "frames": int(round(0.02 * (1 + n % 3) * RATE)), "other_key": False,
-              "json": {"text": f"t{n}"}, "txt": None} for n in range(8)]
+    drawn = [
+        {
+            "ext": "wav",
+            "data": audio_bytes(tone(0.02 * (1 + n % 3), RATE, seed=n), RATE, "wav", "PCM_16"),
+            "channels": 1,
+            "frames": int(round(0.02 * (1 + n % 3) * RATE)),
+            "other_key": False,
+            "json": {"text": f"t{n}"},
+            "txt": None,
+        }
+        for n in range(8)
+    ]
     root = _write(tmp_path / "ds", drawn)
     with _counting_lane() as served:
         batches = list(ShardDataset(root, batch_size=3, seed=0, decoding=Decoding(dtype=dtype)))
@@ -179,9 +222,23 @@ def test_the_lane_serves_pcm_wav_in_plain_tar_shards(tmp_path: Path, dtype: str)
 
 def test_the_lane_leaves_a_batch_with_anything_unusual_to_the_general_path(tmp_path: Path) -> None:
     pcm = audio_bytes(tone(0.02, RATE), RATE, "wav", "PCM_16")
-    common = {"ext": "wav", "data": pcm, "channels": 1, "frames": 160, "other_key": False, "json": None, "txt": None}
-    drawn = [common, common, {**common, "data": audio_bytes(tone(0.02, RATE), RATE, "wav", "FLOAT")},
-             common, {**common, "json": "{broken"}, common]
+    common = {
+        "ext": "wav",
+        "data": pcm,
+        "channels": 1,
+        "frames": 160,
+        "other_key": False,
+        "json": None,
+        "txt": None,
+    }
+    drawn = [
+        common,
+        common,
+        {**common, "data": audio_bytes(tone(0.02, RATE), RATE, "wav", "FLOAT")},
+        common,
+        {**common, "json": "{broken"},
+        common,
+    ]
     root = _write(tmp_path / "ds", drawn)
     with _counting_lane() as served:
         batches = list(ShardDataset(root, batch_size=2, seed=0, shuffle=False, on_error="skip"))
@@ -192,15 +249,22 @@ def test_the_lane_leaves_a_batch_with_anything_unusual_to_the_general_path(tmp_p
 
 @pytest.mark.parametrize("pass_bytes", [lane.PASS_BYTES, 0])  # read in passes, or each sample in turn
 @pytest.mark.parametrize("compression", ["zstd", "gzip"])
-def test_the_lane_serves_local_compressed_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compression: str,
-                                                 pass_bytes: int) -> None:
+def test_the_lane_serves_local_compressed_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compression: str, pass_bytes: int
+) -> None:
     monkeypatch.setattr(lane, "PASS_BYTES", pass_bytes)
     clips = [audio_bytes(tone(0.02 * (1 + n), RATE, seed=n), RATE, "wav", "PCM_16") for n in range(4)]
     if compression == "zstd":
         with ShardWriter(tmp_path / "ds", compression="zstd") as writer:
             for n, clip in enumerate(clips):
-                writer.write(f"k{n}", {"wav": clip}, audio_ext="wav", num_frames=160 * (1 + n), sample_rate=RATE,
-                             channels=1)
+                writer.write(
+                    f"k{n}",
+                    {"wav": clip},
+                    audio_ext="wav",
+                    num_frames=160 * (1 + n),
+                    sample_rate=RATE,
+                    channels=1,
+                )
         root = str(tmp_path / "ds")
     else:  # a stream-compressed shard of another tool, indexed in place
         with tarfile.open(tmp_path / "shard-000000.tar.gz", "w:gz") as tar:
@@ -219,8 +283,18 @@ def test_the_lane_serves_local_compressed_shards(tmp_path: Path, monkeypatch: py
 
 
 def test_the_lane_does_not_serve_remote_shards(tmp_path: Path) -> None:
-    drawn = [{"ext": "wav", "data": audio_bytes(tone(0.02, RATE, seed=n), RATE, "wav", "PCM_16"), "channels": 1,
-              "frames": 160, "other_key": False, "json": None, "txt": None} for n in range(4)]
+    drawn = [
+        {
+            "ext": "wav",
+            "data": audio_bytes(tone(0.02, RATE, seed=n), RATE, "wav", "PCM_16"),
+            "channels": 1,
+            "frames": 160,
+            "other_key": False,
+            "json": None,
+            "txt": None,
+        }
+        for n in range(4)
+    ]
     root = _write(tmp_path / "ds", drawn)
     with serve_copy(root, tmp_path / "served") as http, _counting_lane() as served:
         batches = list(ShardDataset(f"{http.url}/ds", batch_size=2, shuffle=False))
@@ -230,8 +304,18 @@ def test_the_lane_does_not_serve_remote_shards(tmp_path: Path) -> None:
 
 def test_an_unused_row_of_a_reused_block_is_zero(tmp_path: Path) -> None:
     long, short = (audio_bytes(tone(seconds, RATE, seed=1), RATE, "wav", "PCM_16") for seconds in (1.0, 0.5))
-    drawn = [{"ext": "wav", "data": data, "channels": 1, "frames": frames, "other_key": False, "json": None,
-              "txt": None} for data, frames in ((long, 8000), (long, 8000), (short, 4000), (short, 4000))]
+    drawn = [
+        {
+            "ext": "wav",
+            "data": data,
+            "channels": 1,
+            "frames": frames,
+            "other_key": False,
+            "json": None,
+            "txt": None,
+        }
+        for data, frames in ((long, 8000), (long, 8000), (short, 4000), (short, 4000))
+    ]
     root = _write(tmp_path / "ds", drawn)
     dataset = ShardDataset(root, batch_size=2, seed=0, shuffle=False)
     for _ in range(3):  # later epochs write into blocks the earlier ones filled
@@ -243,19 +327,39 @@ def test_an_unused_row_of_a_reused_block_is_zero(tmp_path: Path) -> None:
 
 def test_a_member_of_another_key_fails_the_same_on_both_paths(tmp_path: Path) -> None:
     pcm = audio_bytes(tone(0.02, RATE), RATE, "wav", "PCM_16")
-    common = {"ext": "wav", "data": pcm, "channels": 1, "frames": 160, "other_key": False, "json": None, "txt": None}
+    common = {
+        "ext": "wav",
+        "data": pcm,
+        "channels": 1,
+        "frames": 160,
+        "other_key": False,
+        "json": None,
+        "txt": None,
+    }
     root = _write(tmp_path / "ds", [common, {**common, "other_key": True}, common])
     with_lane = _epoch(root, batch_size=3)
     with _general_path_only():
         assert _epoch(root, batch_size=3) == with_lane
-    assert isinstance(with_lane, str) and "found member 'utx001.wav' where the index expects key 'utt001'" in with_lane
+    assert (
+        isinstance(with_lane, str)
+        and "found member 'utx001.wav' where the index expects key 'utt001'" in with_lane
+    )
 
 
 def test_batches_from_workers_are_the_general_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a worker the lane's small tensors lie behind the audio in the worker's shared block, as collate's."""
-    drawn = [{"ext": "wav", "data": audio_bytes(tone(0.5 + 0.3 * (n % 4), RATE, seed=n), RATE, "wav", "PCM_16"),
-              "channels": 1, "frames": int(round((0.5 + 0.3 * (n % 4)) * RATE)), "other_key": False,
-              "json": JSONS[(0, 1, 5)[n % 3]], "txt": None} for n in range(24)]
+    drawn = [
+        {
+            "ext": "wav",
+            "data": audio_bytes(tone(0.5 + 0.3 * (n % 4), RATE, seed=n), RATE, "wav", "PCM_16"),
+            "channels": 1,
+            "frames": int(round((0.5 + 0.3 * (n % 4)) * RATE)),
+            "other_key": False,
+            "json": JSONS[(0, 1, 5)[n % 3]],
+            "txt": None,
+        }
+        for n in range(24)
+    ]
     root = _write(tmp_path / "ds", drawn)
     with_lane = _epoch(root, workers=2, batch_size=4)
     with _general_path_only():

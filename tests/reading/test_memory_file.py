@@ -59,8 +59,14 @@ def _write(directory: Path, members: list[tuple[bytes, int]], channels: int) -> 
     """A plain-shard dataset of FLAC members, each with the frame count given for the index."""
     with ShardWriter(directory, max_samples=3) as writer:
         for number, (data, frames) in enumerate(members):
-            writer.write(f"k{number:02d}", {"flac": data, "txt": f"utterance {number}".encode()}, audio_ext="flac",
-                         num_frames=frames, sample_rate=RATE, channels=channels)
+            writer.write(
+                f"k{number:02d}",
+                {"flac": data, "txt": f"utterance {number}".encode()},
+                audio_ext="flac",
+                num_frames=frames,
+                sample_rate=RATE,
+                channels=channels,
+            )
 
 
 def _flac(seconds: float, channels: int, subtype: str, seed: int) -> bytes:
@@ -80,12 +86,21 @@ def _same(left: list[dict[str, Any]], right: list[dict[str, Any]]) -> None:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(clips=st.lists(st.tuples(st.floats(0.01, 0.3), st.sampled_from(["PCM_16", "PCM_24"])), min_size=1,
-                      max_size=7),
-       channels=st.integers(1, 2), dtype=st.sampled_from(["float32", "int16"]), batch_size=st.integers(1, 4))
+@given(
+    clips=st.lists(
+        st.tuples(st.floats(0.01, 0.3), st.sampled_from(["PCM_16", "PCM_24"])), min_size=1, max_size=7
+    ),
+    channels=st.integers(1, 2),
+    dtype=st.sampled_from(["float32", "int16"]),
+    batch_size=st.integers(1, 4),
+)
 def test_flac_members_decode_from_a_memory_file_exactly_as_from_their_bytes(
-        paths: collections.Counter[str], clips: list[tuple[float, str]], channels: int, dtype: str,
-        batch_size: int) -> None:
+    paths: collections.Counter[str],
+    clips: list[tuple[float, str]],
+    channels: int,
+    dtype: str,
+    batch_size: int,
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         data = [_flac(seconds, channels, subtype, seed) for seed, (seconds, subtype) in enumerate(clips)]
         _write(Path(directory), [(flac, _frames(flac)) for flac in data], channels)
@@ -105,9 +120,12 @@ def test_flac_members_decode_from_a_memory_file_exactly_as_from_their_bytes(
 
 
 def test_a_member_whose_header_disagrees_with_the_index_decodes_as_from_its_bytes(
-        tmp_path: Path, paths: collections.Counter[str]) -> None:
+    tmp_path: Path, paths: collections.Counter[str]
+) -> None:
     data = [_flac(0.2, 1, "PCM_16", seed) for seed in range(4)]
-    _write(tmp_path, [(flac, _frames(flac) + (7 if number == 2 else 0)) for number, flac in enumerate(data)], 1)
+    _write(
+        tmp_path, [(flac, _frames(flac) + (7 if number == 2 else 0)) for number, flac in enumerate(data)], 1
+    )
     batches = list(ShardDataset(tmp_path, batch_size=4))
     assert paths == {"file": 4}
     _same(batches, _bytes_only(tmp_path, batch_size=4))
@@ -116,7 +134,8 @@ def test_a_member_whose_header_disagrees_with_the_index_decodes_as_from_its_byte
 
 @pytest.mark.parametrize("cut", [0.5, 0.9, 0.999])
 def test_a_stream_cut_short_fails_or_is_skipped_as_from_its_bytes(
-        tmp_path: Path, paths: collections.Counter[str], cut: float) -> None:
+    tmp_path: Path, paths: collections.Counter[str], cut: float
+) -> None:
     """A FLAC file cut short, indexed with its header's frame count (as ``shardio index`` does), followed in its
     shard by whole ones (decoded from the shard file at its offset, it read on into the next member's frames)."""
     whole = [_flac(0.3, 1, "PCM_16", seed) for seed in range(3)]
@@ -133,17 +152,27 @@ def test_a_stream_cut_short_fails_or_is_skipped_as_from_its_bytes(
     _same(list(ShardDataset(tmp_path, **skipping)), _bytes_only(tmp_path, **skipping))
 
 
-@pytest.mark.parametrize("start_method",
-                         ["fork", "forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "start_method", ["fork", "forkserver", pytest.param("spawn", marks=pytest.mark.slow)]
+)
 def test_workers_decode_as_the_training_process_does(tmp_path: Path, start_method: str) -> None:
     data = [_flac(0.1 + 0.02 * seed, 2 if seed % 2 else 1, "PCM_16", seed) for seed in range(12)]
     with ShardWriter(tmp_path, max_samples=3) as writer:
         for number, flac in enumerate(data):  # mono and stereo: the unbatched path
-            writer.write(f"k{number:02d}", {"flac": flac}, audio_ext="flac", num_frames=_frames(flac),
-                         sample_rate=RATE, channels=2 if number % 2 else 1)
-    in_process = sorted((sample["key"], sample["audio"].numpy().tobytes()) for sample in ShardDataset(tmp_path))
-    loader = torch.utils.data.DataLoader(ShardDataset(tmp_path), batch_size=None, num_workers=2,
-                                         multiprocessing_context=start_method)
+            writer.write(
+                f"k{number:02d}",
+                {"flac": flac},
+                audio_ext="flac",
+                num_frames=_frames(flac),
+                sample_rate=RATE,
+                channels=2 if number % 2 else 1,
+            )
+    in_process = sorted(
+        (sample["key"], sample["audio"].numpy().tobytes()) for sample in ShardDataset(tmp_path)
+    )
+    loader = torch.utils.data.DataLoader(
+        ShardDataset(tmp_path), batch_size=None, num_workers=2, multiprocessing_context=start_method
+    )
     in_workers = sorted((sample["key"], sample["audio"].numpy().tobytes()) for sample in loader)
     assert in_workers == in_process and len(in_process) == len(data)
 

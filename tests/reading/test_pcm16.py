@@ -33,8 +33,14 @@ def flacs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for i in range(10):
             channels = 1 if i % 3 else 2
             audio = rng.uniform(-0.5, 0.5, (int(rng.integers(800, 3000)), channels)).astype(np.float32)
-            writer.write(f"f{i:02d}", {"flac": audio_bytes(audio, 8000, "flac")}, audio_ext="flac",
-                         num_frames=audio.shape[0], sample_rate=8000, channels=channels)
+            writer.write(
+                f"f{i:02d}",
+                {"flac": audio_bytes(audio, 8000, "flac")},
+                audio_ext="flac",
+                num_frames=audio.shape[0],
+                sample_rate=8000,
+                channels=channels,
+            )
     return directory
 
 
@@ -46,9 +52,13 @@ def _pairs(directory: Path, **options: Any) -> list[tuple[dict[str, Any], dict[s
 
 
 @pytest.mark.parametrize("source", ["wavs", "flacs"])
-def test_int16_batches_are_the_float32_batches_times_32768(source: str, request: pytest.FixtureRequest) -> None:
+def test_int16_batches_are_the_float32_batches_times_32768(
+    source: str, request: pytest.FixtureRequest
+) -> None:
     directory = request.getfixturevalue(source)
-    options: dict[str, Any] = {"batch_size": 4} if source == "wavs" else {}  # FLAC: mono and stereo, unbatched
+    options: dict[str, Any] = (
+        {"batch_size": 4} if source == "wavs" else {}
+    )  # FLAC: mono and stereo, unbatched
     for floats, ints in _pairs(directory, **options):
         assert ints["audio"].dtype == torch.int16 and floats["audio"].dtype == torch.float32
         assert ints.get("keys", ints.get("key")) == floats.get("keys", floats.get("key"))

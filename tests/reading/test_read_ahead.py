@@ -19,7 +19,9 @@ from shardio.reading.prefetch import ReadAhead, Span, coalesce, dense_for
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Index:
-    return make_uneven_dataset(tmp_path_factory.mktemp("ahead") / "ds", [24, 24, 16], duration_range=(0.02, 0.05))
+    return make_uneven_dataset(
+        tmp_path_factory.mktemp("ahead") / "ds", [24, 24, 16], duration_range=(0.02, 0.05)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,13 @@ def test_shuffled_read_ahead_gives_the_same_batches(server: HTTPFileServer, loca
 
 def test_two_workers_read_ahead_under_random_faults(server: HTTPFileServer, local: Index) -> None:
     expected = keys_of(list(ShardDataset(local.root, batch_size=4, seed=1)))
-    dataset = ShardDataset(f"{server.url}/ds", batch_size=4, seed=1, read_ahead=1 << 16,
-                           retry=RetryPolicy(attempts=6, backoff=0.005, max_backoff=0.02))
+    dataset = ShardDataset(
+        f"{server.url}/ds",
+        batch_size=4,
+        seed=1,
+        read_ahead=1 << 16,
+        retry=RetryPolicy(attempts=6, backoff=0.005, max_backoff=0.02),
+    )
     server.faults.random(0.3, seed=7, match="shard-", max_in_row=2)
     try:
         batches = list(DataLoader(dataset, batch_size=None, num_workers=2))
@@ -66,8 +73,15 @@ def test_two_workers_read_ahead_under_random_faults(server: HTTPFileServer, loca
     assert not any(batch["skipped"] for batch in batches) and injected > 0
 
 
-SPANS = st.lists(st.builds(lambda shard, start, length: Span(shard, start, start + length),
-                           st.integers(0, 2), st.integers(0, 1000), st.integers(0, 80)), max_size=25)
+SPANS = st.lists(
+    st.builds(
+        lambda shard, start, length: Span(shard, start, start + length),
+        st.integers(0, 2),
+        st.integers(0, 1000),
+        st.integers(0, 80),
+    ),
+    max_size=25,
+)
 
 
 @given(spans=SPANS, gap=st.integers(0, 100))

@@ -48,8 +48,9 @@ def assert_names_sample(exc: BaseException, index: Index, shard: int) -> None:
     assert f"offset {int(index.columns['frame_offset'][sample])}" in message, message
 
 
-def write_custom(directory: Path, samples: list[tuple[str, bytes]], *, compression: str = "none",
-                 max_samples: int = 4) -> Index:
+def write_custom(
+    directory: Path, samples: list[tuple[str, bytes]], *, compression: str = "none", max_samples: int = 4
+) -> Index:
     """A dataset of ``(key, wav member bytes)`` samples, whatever the bytes are."""
     with ShardWriter(directory, compression=compression, max_samples=max_samples) as writer:
         for key, data in samples:
@@ -83,7 +84,9 @@ def test_truncated_shard_fails_at_open(dataset: Index) -> None:
     os.truncate(path, os.path.getsize(path) - 700)
     exc = first_error(ShardDataset(dataset.root, batch_size=2))
     assert isinstance(exc, IntegrityError)
-    assert f"has {dataset.shards[1].bytes - 700} bytes, the index recorded {dataset.shards[1].bytes}" in str(exc)
+    assert f"has {dataset.shards[1].bytes - 700} bytes, the index recorded {dataset.shards[1].bytes}" in str(
+        exc
+    )
     assert_names_sample(exc, dataset, 1)
 
 
@@ -112,8 +115,13 @@ def test_shard_truncated_while_open_is_a_typed_error(tmp_path: Path, compression
     touching mapped pages past the new end would have killed the process with SIGBUS (run in a child)."""
     # samples of 64-80 KB: several pages each, and a zstd frame each
     index = make_uneven_dataset(tmp_path / "ds", [2, 4], compression=compression, duration_range=(4.0, 5.0))
-    child = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_OPEN, index.root], capture_output=True,
-                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    child = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_WHILE_OPEN, index.root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
     assert "wanted" in child.stdout and "the shard changed after it was opened" in child.stdout
 
@@ -126,7 +134,9 @@ def test_plain_shards_are_read_through_a_checked_memory_map(tmp_path: Path) -> N
     if sys.platform == "linux":
         assert shard._map is not None  # this kernel has MADV_POPULATE_READ (Linux 5.14+)
         assert first.obj is shard._map  # a view of the map: no copy
-    assert all(reader.members(i)["wav"].tobytes() == Reader(index).members(i)["wav"].tobytes() for i in range(3))
+    assert all(
+        reader.members(i)["wav"].tobytes() == Reader(index).members(i)["wav"].tobytes() for i in range(3)
+    )
 
 
 def test_missing_shard(dataset: Index) -> None:
@@ -145,12 +155,16 @@ def test_replaced_shard_of_another_size(dataset: Index, tmp_path: Path) -> None:
 
 def test_replaced_shard_of_the_same_size_fails_the_key_check(tmp_path: Path) -> None:
     # shards 0 and 1 hold the same audio under other keys: same size, other bytes
-    index = write_custom(tmp_path / "ds", [(f"a{i}", good_wav(i)) for i in range(4)]
-                         + [(f"b{i}", good_wav(i)) for i in range(4)])
+    index = write_custom(
+        tmp_path / "ds",
+        [(f"a{i}", good_wav(i)) for i in range(4)] + [(f"b{i}", good_wav(i)) for i in range(4)],
+    )
     assert index.shards[0].bytes == index.shards[1].bytes
     shutil.copyfile(index.shard_path(1), index.shard_path(0))
     exc = first_error(ShardDataset(index.root, batch_size=2))
-    assert isinstance(exc, FormatError) and re.search(r"found member 'b\d\.wav' where the index expects key", str(exc))
+    assert isinstance(exc, FormatError) and re.search(
+        r"found member 'b\d\.wav' where the index expects key", str(exc)
+    )
     assert_names_sample(exc, index, 0)
 
 
@@ -186,7 +200,9 @@ def test_zstd_frame_header_claiming_a_huge_size_is_not_allocated(tmp_path: Path)
     index = make_uneven_dataset(tmp_path / "ds", [2], compression="zstd", duration_range=(5.0, 5.0))
     path = index.shard_path(0)
     data = bytearray(Path(path).read_bytes())
-    descriptor = data[4]  # after the magic: FCS field width (top 2 bits), single segment (bit 5), dict id (0-1)
+    descriptor = data[
+        4
+    ]  # after the magic: FCS field width (top 2 bits), single segment (bit 5), dict id (0-1)
     assert descriptor >> 6 == 2 and descriptor & 3 == 0
     size_field = 5 + (0 if descriptor & 0x20 else 1)  # a window byte comes first unless single-segment
     data[size_field + 3] = 0xFF  # content size now over 4 GB
@@ -202,12 +218,16 @@ def float_wav(values: list[float]) -> bytes:
     return wav_bytes(np.asarray(values, dtype=np.float32), RATE, subtype="FLOAT")
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"this is not audio, just text in a .wav member", "could not be decoded as wav audio"),
-    (float_wav([0.1, float("nan"), 0.2]), "NaN or infinite"),
-    (float_wav([0.1, float("inf")]), "NaN or infinite"),
-    (float_wav([]), "has no samples"),
-], ids=["not-audio", "nan", "inf", "empty"])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"this is not audio, just text in a .wav member", "could not be decoded as wav audio"),
+        (float_wav([0.1, float("nan"), 0.2]), "NaN or infinite"),
+        (float_wav([0.1, float("inf")]), "NaN or infinite"),
+        (float_wav([]), "has no samples"),
+    ],
+    ids=["not-audio", "nan", "inf", "empty"],
+)
 def test_bad_member_raises_decode_error(tmp_path: Path, data: bytes, reason: str) -> None:
     index = write_custom(tmp_path / "ds", [("good0", good_wav(0)), ("bad", data), ("good1", good_wav(1))])
     exc = first_error(ShardDataset(index.root, batch_size=3))
@@ -221,18 +241,28 @@ def write_with_json(directory: Path, metadata: bytes) -> Index:
     with ShardWriter(directory, max_samples=4) as writer:
         for seed, key in enumerate(["odd", "good0", "good1"]):
             meta = metadata if key == "odd" else b'{"text": "fine"}'
-            writer.write(key, {"wav": good_wav(seed), "json": meta}, audio_ext="wav", num_frames=400,
-                         sample_rate=RATE, channels=1)
+            writer.write(
+                key,
+                {"wav": good_wav(seed), "json": meta},
+                audio_ext="wav",
+                num_frames=400,
+                sample_rate=RATE,
+                channels=1,
+            )
     return Index.load(directory)
 
 
-@pytest.mark.parametrize(("metadata", "reason"), [
-    (b'{"text": "cut off', "not valid JSON"),
-    (b'{"text": "a"} {"text": "b"}', "not valid JSON"),
-    (b"\xff\xfe{}", "not valid JSON"),
-    (b'["a", "list"]', "holds a JSON list, expected an object"),
-    (b"[" * 100_000, "not valid JSON"),
-], ids=["cut-off", "two-values", "not-utf8", "list", "too-deep"])
+@pytest.mark.parametrize(
+    ("metadata", "reason"),
+    [
+        (b'{"text": "cut off', "not valid JSON"),
+        (b'{"text": "a"} {"text": "b"}', "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b'["a", "list"]', "holds a JSON list, expected an object"),
+        (b"[" * 100_000, "not valid JSON"),
+    ],
+    ids=["cut-off", "two-values", "not-utf8", "list", "too-deep"],
+)
 def test_bad_json_member_is_a_format_error(tmp_path: Path, metadata: bytes, reason: str) -> None:
     index = write_with_json(tmp_path / "ds", metadata)
     exc = first_error(ShardDataset(index.root, batch_size=3))
@@ -240,12 +270,16 @@ def test_bad_json_member_is_a_format_error(tmp_path: Path, metadata: bytes, reas
     assert "key 'odd'" in str(exc)
 
 
-@pytest.mark.parametrize("metadata", [
-    b'{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',
-    b'\xef\xbb\xbf{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',  # a UTF-8 byte order mark
-    b' \n{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}\n',
-    '{"text": "caf\u00e9", "n": [1, 2.5, null]}'.encode("utf-16"),
-], ids=["plain", "bom", "whitespace", "utf-16"])
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        b'{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',
+        b'\xef\xbb\xbf{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}',  # a UTF-8 byte order mark
+        b' \n{"text": "caf\xc3\xa9", "n": [1, 2.5, null]}\n',
+        '{"text": "caf\u00e9", "n": [1, 2.5, null]}'.encode("utf-16"),
+    ],
+    ids=["plain", "bom", "whitespace", "utf-16"],
+)
 def test_json_members_read_as_json_loads_reads_them(tmp_path: Path, metadata: bytes) -> None:
     index = write_with_json(tmp_path / "ds", metadata)
     batch = next(iter(ShardDataset(index.root, batch_size=3, shuffle=False)))

@@ -32,13 +32,19 @@ def test_shuffled_reads_of_gzip_shards_decompress_each_shard_once(tmp_path: Path
     reader, expected = Reader(index), Reader(plain)
     for sample in order.tolist():
         got = {ext: bytes(v) for ext, v in reader.members(sample).items()}
-        assert got == {ext: bytes(v) for ext, v in expected.members(plain.keys.index(index.keys[sample])).items()}
+        assert got == {
+            ext: bytes(v) for ext, v in expected.members(plain.keys.index(index.keys[sample])).items()
+        }
     assert sorted(reader._streams) == [0, 1, 2]  # every shard decompressed once and kept
     small = Reader(index, stream_cache_bytes=1)
     for sample in order.tolist():
         got = {ext: bytes(v) for ext, v in small.members(sample).items()}
-        assert got == {ext: bytes(v) for ext, v in expected.members(plain.keys.index(index.keys[sample])).items()}
-    assert not small._streams  # every shard spans more than the bound: read a sample's span at a time, not kept
+        assert got == {
+            ext: bytes(v) for ext, v in expected.members(plain.keys.index(index.keys[sample])).items()
+        }
+    assert (
+        not small._streams
+    )  # every shard spans more than the bound: read a sample's span at a time, not kept
 
 
 def _no_mmap(*args: object, **kwargs: object) -> None:
@@ -46,8 +52,9 @@ def _no_mmap(*args: object, **kwargs: object) -> None:
 
 
 @pytest.mark.parametrize("why", ["kernel", "file system"])
-def test_reads_without_a_memory_map_give_the_same_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          why: str) -> None:
+def test_reads_without_a_memory_map_give_the_same_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
     """Where the kernel cannot populate a map (old Linux, other systems), or a file system cannot map a file,
     ranges are read instead. A batch may hold every sample's bytes before it decodes any, so no read may reuse
     another's buffer."""

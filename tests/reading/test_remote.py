@@ -50,8 +50,10 @@ class Remote:
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Index]:
     """The local datasets every remote test reads: 2 shards of 3 samples, plain and zstd."""
     root = tmp_path_factory.mktemp("remote-data")
-    return {codec: make_uneven_dataset(root / codec, [3, 3], compression=codec, duration_range=(0.05, 0.1))
-            for codec in ("none", "zstd")}
+    return {
+        codec: make_uneven_dataset(root / codec, [3, 3], compression=codec, duration_range=(0.05, 0.1))
+        for codec in ("none", "zstd")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +82,12 @@ def remote(request: pytest.FixtureRequest) -> Iterator[Remote]:
         backend = Remote("http", server.faults, {}, publish)
     else:
         server = request.getfixturevalue("s3_server")
-        backend = Remote("s3", server.faults, server.storage_options,
-                         lambda directory, name: server.upload(str(directory), "data", name))
+        backend = Remote(
+            "s3",
+            server.faults,
+            server.storage_options,
+            lambda directory, name: server.upload(str(directory), "data", name),
+        )
     server.faults.clear()
     yield backend
     server.faults.clear()
@@ -101,8 +107,9 @@ def all_members(reader: Reader) -> list[dict[str, bytes]]:
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
-def test_remote_dataset_reads_like_the_local_one(remote: Remote, data: dict[str, Index], codec: str,
-                                                 request: pytest.FixtureRequest) -> None:
+def test_remote_dataset_reads_like_the_local_one(
+    remote: Remote, data: dict[str, Index], codec: str, request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data[codec], request)
     local = ShardDataset(data[codec].root, batch_size=2, seed=1)
     far = ShardDataset(url, batch_size=2, seed=1, reading=Reading(storage_options=remote.options))
@@ -113,8 +120,9 @@ def test_remote_dataset_reads_like_the_local_one(remote: Remote, data: dict[str,
         assert near["keys"] == away["keys"] and torch.equal(near["audio"], away["audio"])
 
 
-def test_s3_endpoint_from_the_environment(s3_server: S3Server, data: dict[str, Index],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_endpoint_from_the_environment(
+    s3_server: S3Server, data: dict[str, Index], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """botocore reads ``AWS_ENDPOINT_URL_S3`` when s3fs makes its client, so no storage options are needed."""
     url = s3_server.upload(data["none"].root, "data", "from-env")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
@@ -134,8 +142,9 @@ def test_remote_index_errors(remote: Remote, data: dict[str, Index], request: py
 
 
 @pytest.mark.parametrize("fault", ["503", "500", "429", "drop"])
-def test_transient_faults_are_retried_and_nothing_is_lost(remote: Remote, data: dict[str, Index], fault: str,
-                                                          request: pytest.FixtureRequest) -> None:
+def test_transient_faults_are_retried_and_nothing_is_lost(
+    remote: Remote, data: dict[str, Index], fault: str, request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data["zstd"], request)
     index = Index.load(url, storage_options=remote.options)
     for shard in index.shards:
@@ -150,8 +159,9 @@ def test_transient_faults_are_retried_and_nothing_is_lost(remote: Remote, data: 
     assert (0 if fault == "drop" else 1) <= reader.stats.retries <= 2 * len(index.shards)
 
 
-def test_spent_retries_raise_read_error_and_no_lower_layer_retries(remote: Remote, data: dict[str, Index],
-                                                                   request: pytest.FixtureRequest) -> None:
+def test_spent_retries_raise_read_error_and_no_lower_layer_retries(
+    remote: Remote, data: dict[str, Index], request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data["none"], request)
     index = Index.load(url, storage_options=remote.options)
     shard = index.shards[0].name
@@ -165,8 +175,9 @@ def test_spent_retries_raise_read_error_and_no_lower_layer_retries(remote: Remot
     assert remote.faults.count(shard, "GET") == 3
 
 
-def test_persistent_drops_raise_read_error(remote: Remote, data: dict[str, Index],
-                                           request: pytest.FixtureRequest) -> None:
+def test_persistent_drops_raise_read_error(
+    remote: Remote, data: dict[str, Index], request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data["none"], request)
     index = Index.load(url, storage_options=remote.options)
     remote.faults.drop(100, match=index.shards[1].name)
@@ -177,8 +188,9 @@ def test_persistent_drops_raise_read_error(remote: Remote, data: dict[str, Index
     assert 3 <= remote.faults.count(index.shards[1].name) <= 3 * 4
 
 
-def test_stalled_answers_time_out_and_are_retried(remote: Remote, data: dict[str, Index],
-                                                  request: pytest.FixtureRequest) -> None:
+def test_stalled_answers_time_out_and_are_retried(
+    remote: Remote, data: dict[str, Index], request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data["none"], request)
     if remote.kind == "http":
         options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_read=0.3)}}
@@ -191,9 +203,13 @@ def test_stalled_answers_time_out_and_are_retried(remote: Remote, data: dict[str
     assert reader.stats.retries == 1
 
 
-def test_missing_remote_shard_is_not_retried(remote: Remote, data: dict[str, Index],
-                                             request: pytest.FixtureRequest, s3_server: S3Server,
-                                             http_server: HTTPFileServer) -> None:
+def test_missing_remote_shard_is_not_retried(
+    remote: Remote,
+    data: dict[str, Index],
+    request: pytest.FixtureRequest,
+    s3_server: S3Server,
+    http_server: HTTPFileServer,
+) -> None:
     url = published(remote, data["none"], request)
     index = Index.load(url, storage_options=remote.options)
     name = index.shards[1].name
@@ -216,13 +232,29 @@ def all_members_of_shard(reader: Reader, shard: int) -> list[dict[str, bytes]]:
 # -- classification against the real exceptions -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fault", "call", "transient"), [
-    ("503", "range", True), ("500", "range", True), ("429", "range", True), ("drop", "range", True),
-    ("503", "size", True), ("drop", "size", True),
-    ("403", "range", False), ("404", "range", False), ("missing", "range", False), ("missing", "size", False),
-])
-def test_is_transient_on_what_the_libraries_raise(remote: Remote, data: dict[str, Index], fault: str, call: str,
-                                                  transient: bool, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    ("fault", "call", "transient"),
+    [
+        ("503", "range", True),
+        ("500", "range", True),
+        ("429", "range", True),
+        ("drop", "range", True),
+        ("503", "size", True),
+        ("drop", "size", True),
+        ("403", "range", False),
+        ("404", "range", False),
+        ("missing", "range", False),
+        ("missing", "size", False),
+    ],
+)
+def test_is_transient_on_what_the_libraries_raise(
+    remote: Remote,
+    data: dict[str, Index],
+    fault: str,
+    call: str,
+    transient: bool,
+    request: pytest.FixtureRequest,
+) -> None:
     url = published(remote, data["none"], request)
     name = data["none"].shards[0].name
     target = f"{url}/{name}" if fault != "missing" else f"{url}/no-such-shard.tar"
@@ -240,11 +272,16 @@ def test_is_transient_on_what_the_libraries_raise(remote: Remote, data: dict[str
 # -- workers -------------------------------------------------------------------------------------------
 
 
-def test_two_workers_lose_nothing_under_random_faults(remote: Remote, data: dict[str, Index],
-                                                      request: pytest.FixtureRequest) -> None:
+def test_two_workers_lose_nothing_under_random_faults(
+    remote: Remote, data: dict[str, Index], request: pytest.FixtureRequest
+) -> None:
     url = published(remote, data["zstd"], request)
-    dataset = ShardDataset(url, batch_size=2, storage_options=remote.options,
-                           retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05))
+    dataset = ShardDataset(
+        url,
+        batch_size=2,
+        storage_options=remote.options,
+        retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05),
+    )
     first = [k for batch in dataset for k in batch["keys"]]  # a reader and filesystem in this process first
     remote.faults.fail(2, match="shard-")  # whichever worker asks first
     remote.faults.drop(1, match="shard-")

@@ -37,7 +37,9 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPFileServer]:
 
 
 _held: list[Any] = []  # the parent's Filesystems, or its fsspec filesystem
-_parents: list[weakref.ref[Any]] = []  # the parent's filesystem, weakly: alive in the child means not finalized
+_parents: list[
+    weakref.ref[Any]
+] = []  # the parent's filesystem, weakly: alive in the child means not finalized
 
 
 def _child_read(url: str, results: multiprocessing.Queue, drop: bool) -> None:  # type: ignore[type-arg]
@@ -61,7 +63,9 @@ def _parent_session(url: str) -> None:
 
 
 @pytest.mark.parametrize("holder", [pytest.param("fsspec", marks=pytest.mark.slow), "reader"])
-def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(http: HTTPFileServer, holder: str) -> None:
+def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(
+    http: HTTPFileServer, holder: str
+) -> None:
     """The parent's filesystem is held by fsspec's instance cache only, or by a reader's Filesystems that the
     child drops (as Reader._after_fork does); either way the child's first read takes no longer than that of
     a child that keeps the parent's filesystems (measured side by side: a busy machine slows both)."""

@@ -33,8 +33,9 @@ def gcs() -> Iterator[GCSServer]:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Index:
-    return make_uneven_dataset(tmp_path_factory.mktemp("gcs-data") / "ds", [8, 8, 5], compression="zstd",
-                               duration_range=(0.05, 0.1))
+    return make_uneven_dataset(
+        tmp_path_factory.mktemp("gcs-data") / "ds", [8, 8, 5], compression="zstd", duration_range=(0.05, 0.1)
+    )
 
 
 def batches(dataset: ShardDataset, workers: int = 0) -> list[dict]:
@@ -49,7 +50,9 @@ def assert_same(expected: list[dict], got: list[dict]) -> None:
 
 @pytest.mark.parametrize("read_ahead", [0, 64 << 20], ids=["ranges", "read-ahead"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_gcs_reads_like_the_local_dataset(gcs: GCSServer, local: Index, read_ahead: int, workers: int) -> None:
+def test_gcs_reads_like_the_local_dataset(
+    gcs: GCSServer, local: Index, read_ahead: int, workers: int
+) -> None:
     url = gcs.upload(local.root, f"read-{read_ahead}-{workers}")
     expected = batches(ShardDataset(local.root, batch_size=3, seed=2))
     far = ShardDataset(url, batch_size=3, seed=2, read_ahead=read_ahead, storage_options=gcs.storage_options)
@@ -57,13 +60,16 @@ def test_gcs_reads_like_the_local_dataset(gcs: GCSServer, local: Index, read_ahe
     assert_same(expected, batches(far, workers))
 
 
-def test_gcs_through_the_node_cache(gcs: GCSServer, local: Index, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gcs_through_the_node_cache(
+    gcs: GCSServer, local: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
     url = gcs.upload(local.root, "cached")
     expected = batches(ShardDataset(local.root, batch_size=4, seed=5))
     for _ in range(2):  # cold: fetched whole into the cache; warm: read from it
-        dataset = ShardDataset(url, batch_size=4, seed=5, cache_bytes=1 << 30, storage_options=gcs.storage_options)
+        dataset = ShardDataset(
+            url, batch_size=4, seed=5, cache_bytes=1 << 30, storage_options=gcs.storage_options
+        )
         assert_same(expected, batches(dataset, workers=2))
     assert len(list((tmp_path / "cache" / "shards").glob("*.shard"))) == len(local.shards)
 

@@ -21,8 +21,9 @@ from shardio.reading.cache import ShardCache
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Index:
-    return make_uneven_dataset(tmp_path_factory.mktemp("cache") / "ds", [6, 5, 7, 4], compression="zstd",
-                               duration_range=(0.02, 0.05))
+    return make_uneven_dataset(
+        tmp_path_factory.mktemp("cache") / "ds", [6, 5, 7, 4], compression="zstd", duration_range=(0.02, 0.05)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,9 @@ def shard_gets(server: HTTPFileServer) -> int:
     return server.faults.count("shard-", "GET")
 
 
-def test_two_workers_fetch_each_shard_once_then_read_locally(server: HTTPFileServer, local: Index,
-                                                             cache_dir: Path) -> None:
+def test_two_workers_fetch_each_shard_once_then_read_locally(
+    server: HTTPFileServer, local: Index, cache_dir: Path
+) -> None:
     expected = keys_of(list(ShardDataset(local.root, batch_size=3, seed=2)))
     total = sum(s.bytes for s in local.shards)
     server.faults.clear()
@@ -61,11 +63,15 @@ def test_two_workers_fetch_each_shard_once_then_read_locally(server: HTTPFileSer
     assert shard_gets(server) == fetched  # a warm cache: no shard bytes from the server
 
 
-def test_eviction_keeps_the_cache_within_its_bytes(server: HTTPFileServer, local: Index, cache_dir: Path) -> None:
+def test_eviction_keeps_the_cache_within_its_bytes(
+    server: HTTPFileServer, local: Index, cache_dir: Path
+) -> None:
     largest = max(s.bytes for s in local.shards)
     budget = 2 * largest
     expected = keys_of(list(ShardDataset(local.root, batch_size=2, ordering=Ordering(shuffle_shards=1))))
-    dataset = ShardDataset(f"{server.url}/ds", batch_size=2, shuffle_shards=1, cache_bytes=budget, read_ahead=1)
+    dataset = ShardDataset(
+        f"{server.url}/ds", batch_size=2, shuffle_shards=1, cache_bytes=budget, read_ahead=1
+    )
     assert keys_of(list(dataset)) == expected
     cache = ShardCache(str(cache_dir), budget)
     assert 0 < cache.used_bytes() <= budget
@@ -104,15 +110,18 @@ def test_a_fetch_that_does_not_match_the_index_is_not_kept(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("where", ["cache", "download"])
-def test_a_full_disk_falls_back_to_remote_ranges(server: HTTPFileServer, local: Index, cache_dir: Path,
-                                                 monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+def test_a_full_disk_falls_back_to_remote_ranges(
+    server: HTTPFileServer, local: Index, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     """The disk is full when the cache makes room, or fills half way through the download itself: either is
     the cache's to handle (read by ranges), not a ReadError out of the retries around the download."""
+
     def no_room(*args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    def half_then_full(fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None,
-                       pin: object = None) -> int:
+    def half_then_full(
+        fs: object, path: str, out: BinaryIO, bound: int, size: int | None = None, pin: object = None
+    ) -> int:
         out.write(b"\0" * 100)
         raise OSError(errno.ENOSPC, "No space left on device")
 

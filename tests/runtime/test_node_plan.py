@@ -25,7 +25,9 @@ WORLD_SIZE = 3
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(
+        shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch
+    )  # restored afterwards
     return make_uneven_dataset(tmp_path / "ds", [13, 4, 9, 6, 11], duration_range=(0.01, 0.02)).root
 
 
@@ -37,8 +39,9 @@ def keys(batches: Any) -> list[list[str]]:
     return [list(batch["keys"]) for batch in batches]
 
 
-def in_memory(root: str, rank: int, state: dict[str, Any] | None = None, world_size: int = WORLD_SIZE,
-              epoch: int = 0) -> list[list[str]]:
+def in_memory(
+    root: str, rank: int, state: dict[str, Any] | None = None, world_size: int = WORLD_SIZE, epoch: int = 0
+) -> list[list[str]]:
     """Rank ``rank``'s batches (from ``state``'s position, else epoch ``epoch``'s start), from the whole plan
     computed in this process (``ShardDataset.plan`` writes no file)."""
     ds = dataset(root, rank, world_size)
@@ -70,8 +73,10 @@ def test_the_ranks_of_a_node_plan_an_epoch_once(root: str, tmp_path: Path, start
     context = multiprocessing.get_context(start_method)
     barrier, results = context.Barrier(WORLD_SIZE), context.Queue()
     log = tmp_path / "planned"
-    processes = [context.Process(target=rank_process, args=(root, rank, str(log), barrier, results, state))
-                 for rank in range(WORLD_SIZE)]
+    processes = [
+        context.Process(target=rank_process, args=(root, rank, str(log), barrier, results, state))
+        for rank in range(WORLD_SIZE)
+    ]
     for process in processes:
         process.start()
     outcomes = sorted(results.get(timeout=240) for _ in processes)
@@ -87,8 +92,9 @@ def test_the_ranks_of_a_node_plan_an_epoch_once(root: str, tmp_path: Path, start
 
 
 @pytest.mark.parametrize("damage", ["truncated ids", "starts of another shape", "offsets of another shape"])
-def test_a_damaged_node_plan_is_not_used(root: str, tmp_path: Path, damage: str,
-                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_node_plan_is_not_used(
+    root: str, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     expected = [in_memory(root, rank) for rank in range(WORLD_SIZE)]
     dataset(root, 0).set_epoch(0)
     (name,) = os.listdir(tmp_path / "cache" / "plans")
@@ -191,8 +197,14 @@ def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path)
     def in_memory_copy(scale: int) -> Index:
         columns = {name: np.array(column) for name, column in loaded.columns.items()}
         columns["num_frames"] = columns["num_frames"] * np.uint32(scale)
-        return Index(root=loaded.root, shards=list(loaded.shards), formats=list(loaded.formats), columns=columns,
-                     fingerprint=loaded.fingerprint, _keys=list(loaded.keys))
+        return Index(
+            root=loaded.root,
+            shards=list(loaded.shards),
+            formats=list(loaded.formats),
+            columns=columns,
+            fingerprint=loaded.fingerprint,
+            _keys=list(loaded.keys),
+        )
 
     for scale in (1, 7):  # the same given fingerprint, other durations: other plans
         index = in_memory_copy(scale)
@@ -207,9 +219,16 @@ def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path)
     assert index.fingerprinted and index.fingerprint != loaded.fingerprint
 
 
-@pytest.mark.parametrize("array", [np.arange(5, dtype=np.int64), np.arange(12, dtype=np.int64).reshape(2, 6),
-                                   np.arange(7, dtype=np.int32), np.array([True, False, True]),
-                                   np.zeros(0, np.int32)])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(5, dtype=np.int64),
+        np.arange(12, dtype=np.int64).reshape(2, 6),
+        np.arange(7, dtype=np.int32),
+        np.array([True, False, True]),
+        np.zeros(0, np.int32),
+    ],
+)
 def test_a_plan_file_reads_back_into_private_memory(tmp_path: Path, array: np.ndarray) -> None:
     """The headers nodeplan writes (np.save's for these dtypes and shapes), read into an array of its own."""
     path = str(tmp_path / "a.npy")
@@ -225,8 +244,9 @@ def test_a_plan_file_reads_back_into_private_memory(tmp_path: Path, array: np.nd
     assert not read.flags.writeable
 
 
-@pytest.mark.parametrize("array", [np.arange(3, dtype=">i8"), np.arange(4.0),
-                                   np.arange(24, dtype=np.int64).reshape(2, 3, 4)])
+@pytest.mark.parametrize(
+    "array", [np.arange(3, dtype=">i8"), np.arange(4.0), np.arange(24, dtype=np.int64).reshape(2, 3, 4)]
+)
 def test_a_plan_file_of_another_type_or_shape_is_refused(tmp_path: Path, array: np.ndarray) -> None:
     path = str(tmp_path / "a.npy")
     np.save(path, array)

@@ -65,7 +65,9 @@ def epochs_on_disk(cache: Path) -> list[int]:
 
 def small_plan(samples: int, sizes: list[int]) -> EpochPlan:
     """A one-rank plan of ids ``0 .. samples - 1`` in batches of ``sizes``."""
-    return EpochPlan(np.arange(samples), np.concatenate([[0], np.cumsum(sizes)]), np.arange(len(sizes))[None, :])
+    return EpochPlan(
+        np.arange(samples), np.concatenate([[0], np.cumsum(sizes)]), np.arange(len(sizes))[None, :]
+    )
 
 
 def played(root: str, epochs: int, workers: int, persistent: bool = False) -> list[list[list[str]]]:
@@ -73,19 +75,27 @@ def played(root: str, epochs: int, workers: int, persistent: bool = False) -> li
     dataset = ShardDataset(root, batch_size=3, world=WORLD)
     if workers == 0:
         return [[list(batch["keys"]) for batch in dataset] for _ in range(epochs)]
-    loader = DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        persistent_workers=persistent,
+        multiprocessing_context="fork",
+    )
     return [[list(batch["keys"]) for batch in loader] for _ in range(epochs)]
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_one_process_of_the_rank_plans_each_epoch(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  workers: int, persistent: bool) -> None:
+def test_one_process_of_the_rank_plans_each_epoch(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, persistent: bool
+) -> None:
     expected = played(root, 3, 0)
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of that run (world 3: node plans)
     log = tmp_path / "planned"
-    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch)  # restored afterwards
+    monkeypatch.setattr(
+        shardio.planning.planner, "plan_epoch", shardio.planning.planner.plan_epoch
+    )  # restored afterwards
     count_plans(log)
     assert played(root, 3, workers, persistent) == expected
     plannings = planned(log)
@@ -112,8 +122,9 @@ def contend(log: str, barrier: Any, results: Any) -> None:
 def test_of_two_processes_contending_one_plans_the_other_maps(root: str, tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(2), context.Queue()
-    processes = [context.Process(target=contend, args=(str(tmp_path / "planned"), barrier, results))
-                 for _ in range(2)]
+    processes = [
+        context.Process(target=contend, args=(str(tmp_path / "planned"), barrier, results)) for _ in range(2)
+    ]
     for process in processes:
         process.start()
     outcomes = [results.get(timeout=30) for _ in processes]
@@ -154,7 +165,9 @@ def test_a_killed_holder_does_not_block_the_next(root: str, tmp_path: Path) -> N
     assert os.listdir(tmp_path / "cache" / "plans") == ["killed"]
 
 
-def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_deadline_a_worker_plans_by_itself(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     expected = played(root, 2, 0)
     monkeypatch.setattr(planfiles, "name", lambda job, epoch, history: f"epoch-{epoch}")
     monkeypatch.setattr(planfiles, "WAIT_S", 0.3)
@@ -162,7 +175,9 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
     os.makedirs(directory, exist_ok=True)
     context = multiprocessing.get_context("fork")
     ready, stop = context.Event(), context.Event()
-    holder = context.Process(target=hold, args=([str(directory / f"epoch-{e}.lock") for e in (0, 1)], ready, stop))
+    holder = context.Process(
+        target=hold, args=([str(directory / f"epoch-{e}.lock") for e in (0, 1)], ready, stop)
+    )
     holder.start()
     try:
         assert ready.wait(30)
@@ -176,7 +191,9 @@ def test_past_the_deadline_a_worker_plans_by_itself(root: str, tmp_path: Path, m
         holder.join(30)
 
 
-def test_a_waiter_polls_a_millisecond_apart_then_backs_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_waiter_polls_a_millisecond_apart_then_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = str(tmp_path / "epoch.lock")
     holder = FileLock(path)
     assert holder.acquire(1.0)
@@ -214,11 +231,15 @@ def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Pat
             prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
     else:
         cache.write_text("not a directory")
-    env = {**os.environ, "SHARDIO_CACHE_DIR": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(Path(__file__).parent)])}
+    env = {
+        **os.environ,
+        "SHARDIO_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(Path(__file__).parent)]),
+    }
     code = f"import test_plan_lock; test_plan_lock.unwritable_run({root!r}, {str(tmp_path / 'planned')!r})"
-    result = subprocess.run([*prefix, sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=240)
+    result = subprocess.run(
+        [*prefix, sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["workers"] == outcome["alone"]
@@ -229,8 +250,9 @@ def test_an_unwritable_cache_leaves_each_worker_to_plan(root: str, tmp_path: Pat
         assert os.listdir(cache) == []
 
 
-def test_the_cache_command_prunes_day_old_plans_and_locks(root: str, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cache_command_prunes_day_old_plans_and_locks(
+    root: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardio.cli import main
 
     directory = tmp_path / "cache" / "plans"
@@ -246,8 +268,9 @@ def test_the_cache_command_prunes_day_old_plans_and_locks(root: str, tmp_path: P
     assert sorted(os.listdir(directory)) == ["new", "new.lock"]
 
 
-def test_writing_plans_prunes_day_old_entries_at_most_every_ten_minutes(root: str, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writing_plans_prunes_day_old_entries_at_most_every_ten_minutes(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     directory = tmp_path / "cache" / "plans"
     clock = [1000.0]
     monkeypatch.setattr(planfiles.time, "monotonic", lambda: clock[0])

@@ -31,8 +31,13 @@ WORLD_SIZE = 2
 FOREIGN_UID = 54321
 
 
-def played(root: str, cache: Path, monkeypatch: pytest.MonkeyPatch, seed: int = 5,
-           truncate_after_first: Path | None = None) -> list[list[list[str]]]:
+def played(
+    root: str,
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int = 5,
+    truncate_after_first: Path | None = None,
+) -> list[list[list[str]]]:
     """Each rank's batches of epoch 0 on 2 fork DataLoader workers, with ``cache`` as the cache directory (and
     ``truncate_after_first``, if given, truncated to nothing once the rank's first batch has arrived)."""
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(cache))
@@ -62,8 +67,10 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             found[f"keys-{seed}"] = played(root, cache, monkeypatch, seed=seed)
             (name,) = os.listdir(cache / "plans")
             found[f"name-{seed}"] = name
-            found[f"files-{seed}"] = {file: (cache / "plans" / name / file).read_bytes()
-                                      for file in os.listdir(cache / "plans" / name)}
+            found[f"files-{seed}"] = {
+                file: (cache / "plans" / name / file).read_bytes()
+                for file in os.listdir(cache / "plans" / name)
+            }
     assert found["keys-5"] != found["keys-6"]
     return found
 
@@ -79,21 +86,34 @@ def crafted(job: dict[str, Any], content: str, directory: Path) -> None:
     if content == "one utterance":
         np.save(directory / "ids.npy", np.zeros_like(ids))
     elif content == "rank 1 plays rank 0's":
-        ids[starts[1]:] = np.resize(ids[: starts[1]], len(ids) - starts[1])
+        ids[starts[1] :] = np.resize(ids[: starts[1]], len(ids) - starts[1])
         np.save(directory / "ids.npy", ids)
     elif content == "empty batches":
         offsets[1, 1:-1] = 0
         np.save(directory / "offsets.npy", offsets)
 
 
-@pytest.mark.parametrize(("content", "trust"), [
-    ("another seed's order", "another user's"), ("one utterance", "another user's"),
-    ("rank 1 plays rank 0's", "another user's"), ("empty batches", "another user's"),
-    ("one utterance", "group-writable files"), ("rank 1 plays rank 0's", "world-writable directory"),
-    ("another seed's order", "this user's"), ("empty batches", "this user's")])  # this user's: the digests
-def test_planted_plan_files_change_nothing(job: dict[str, Any], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                                           trust: str, content: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "trust"),
+    [
+        ("another seed's order", "another user's"),
+        ("one utterance", "another user's"),
+        ("rank 1 plays rank 0's", "another user's"),
+        ("empty batches", "another user's"),
+        ("one utterance", "group-writable files"),
+        ("rank 1 plays rank 0's", "world-writable directory"),
+        ("another seed's order", "this user's"),
+        ("empty batches", "this user's"),
+    ],
+)  # this user's: the digests
+def test_planted_plan_files_change_nothing(
+    job: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    trust: str,
+    content: str,
+) -> None:
     plans = tmp_path / "cache" / "plans"
     planted = plans / job["name-5"]
     crafted(job, content, planted)
@@ -133,8 +153,15 @@ def test_a_fifo_in_a_plan_files_place_never_blocks(job: dict[str, Any], tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(folders)}
     code = f"import test_plan_trust; test_plan_trust.fifo_run({job['root']!r}, {str(tmp_path / 'cache')!r})"
     try:
-        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=120, check=False)
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("a FIFO planted as a plan file blocked a rank")
     assert result.returncode == 0, result.stderr
@@ -142,8 +169,9 @@ def test_a_fifo_in_a_plan_files_place_never_blocks(job: dict[str, Any], tmp_path
     assert "not a regular file" in result.stderr
 
 
-def test_a_plan_file_truncated_mid_epoch_kills_no_worker(job: dict[str, Any], tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plan_file_truncated_mid_epoch_kills_no_worker(
+    job: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Truncated to nothing while both ranks' workers play from it: a mapped file SIGBUSed the workers."""
     ids = tmp_path / "cache" / "plans" / job["name-5"] / "ids.npy"
     assert played(job["root"], tmp_path / "cache", monkeypatch, truncate_after_first=ids) == job["keys-5"]

@@ -32,8 +32,9 @@ def epoch_keys(root: str, epoch: int) -> list[list[str]]:
 
 def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
     dataset = ShardDataset(root, batch_size=3, world=World(rank=1, world_size=3))
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+    )
     played = []
     for epoch in range(epochs):
         dataset.set_epoch(epoch)
@@ -41,7 +42,9 @@ def persistent_run(root: str, epochs: int) -> list[list[list[str]]]:
     return played
 
 
-def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_persistent_workers_map_each_epochs_plan(
+    root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(3)]
     shutil.rmtree(tmp_path / "cache" / "plans")  # the plans of those runs (world 3: node plans)
     original = shardio.planning.planner.plan_epoch
@@ -51,14 +54,17 @@ def test_persistent_workers_map_each_epochs_plan(root: str, monkeypatch: pytest.
             raise RuntimeError("a DataLoader worker planned a whole epoch")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(shardio.planning.planner, "plan_epoch", in_the_training_process_only)  # forked workers inherit it
+    monkeypatch.setattr(
+        shardio.planning.planner, "plan_epoch", in_the_training_process_only
+    )  # forked workers inherit it
     assert persistent_run(root, 3) == expected
     assert epochs_on_disk(tmp_path / "cache") == [1, 2]  # epoch 2's writer removed epoch 0's
 
 
 @pytest.mark.parametrize("damage", ["truncated", "ids beyond the index", "starts of another shape"])
-def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypatch: pytest.MonkeyPatch,
-                                                           tmp_path: Path, damage: str) -> None:
+def test_a_damaged_plan_file_is_planned_again_in_the_worker(
+    root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, damage: str
+) -> None:
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
     shutil.rmtree(tmp_path / "cache" / "plans")
     save = shardio.runtime.planfiles.save
@@ -79,8 +85,9 @@ def test_a_damaged_plan_file_is_planned_again_in_the_worker(root: str, monkeypat
     assert persistent_run(root, 2) == expected
 
 
-def test_a_full_disk_leaves_the_workers_to_plan(root: str, monkeypatch: pytest.MonkeyPatch,
-                                               caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+def test_a_full_disk_leaves_the_workers_to_plan(
+    root: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     import errno
 
     expected = [epoch_keys(root, epoch) for epoch in range(2)]
@@ -108,6 +115,10 @@ def test_a_fingerprint_copied_from_another_dataset_never_maps_its_plans(root: st
     assert Index.load(other.root).fingerprint == stated
     for rank in range(2):  # the first dataset's plans, on disk for world 2
         list(ShardDataset(root, batch_size=2, world=World(rank, 2)))
-    keys = [key for rank in range(2) for batch in ShardDataset(other.root, batch_size=2, world=World(rank, 2))
-            for key in batch["keys"]]
+    keys = [
+        key
+        for rank in range(2)
+        for batch in ShardDataset(other.root, batch_size=2, world=World(rank, 2))
+        for key in batch["keys"]
+    ]
     assert sorted(set(keys)) == sorted(Index.load(other.root).keys) and len(keys) == 40

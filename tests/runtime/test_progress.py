@@ -27,7 +27,9 @@ def state(**fields: object) -> LoaderState:
 
 
 def test_a_state_of_the_same_world_resumes_at_its_position() -> None:
-    loaded, instruction, skip, ahead = resume_point([state(start=3, yielded=4)], 0, world_size=4, context=HERE)
+    loaded, instruction, skip, ahead = resume_point(
+        [state(start=3, yielded=4)], 0, world_size=4, context=HERE
+    )
     assert instruction == Instruction(2, (), 7, loaded=True)
     assert (loaded.position, skip, ahead) == (7, 0, ())
 
@@ -39,7 +41,9 @@ def test_the_workers_states_and_the_steps_since_their_snapshot_add_up() -> None:
 
 
 def test_another_world_size_records_a_history_segment_and_starts_the_rest() -> None:
-    _, instruction, skip, _ = resume_point([state(start=5, history=(Segment(8, 2),))], 0, world_size=3, context=HERE)
+    _, instruction, skip, _ = resume_point(
+        [state(start=5, history=(Segment(8, 2),))], 0, world_size=3, context=HERE
+    )
     assert instruction == Instruction(2, (Segment(8, 2), Segment(4, 5)), 0, loaded=True)
     assert skip == 0
 
@@ -114,11 +118,16 @@ def test_every_process_of_an_iteration_plays_the_next_epoch(data: st.DataObject)
             trained += 1
         else:
             keep = data.draw(st.booleans())  # a persistent loader: its workers, their seed and counts, stay
-            seed = 1000 + workers if keep else data.draw(st.sampled_from([7, 7 + number * 100]))  # 7: the same again
+            seed = (
+                1000 + workers if keep else data.draw(st.sampled_from([7, 7 + number * 100]))
+            )  # 7: the same again
             counts = persistent.setdefault(workers, [trained] * workers) if keep else [trained] * workers
             names = [hash((seed, workers, counts[w])) & (2**55 - 1) | 1 for w in range(workers)]
-            order = data.draw(st.permutations([("look", w) for w in range(workers)] +
-                                              [("begin", w) for w in range(workers)]))
+            order = data.draw(
+                st.permutations(
+                    [("look", w) for w in range(workers)] + [("begin", w) for w in range(workers)]
+                )
+            )
             looked: dict[int, Instruction] = {}
             for step, w in order:  # a worker's first event looks (a begin drawn first looks, then begins)
                 if w not in looked:

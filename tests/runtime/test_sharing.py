@@ -33,11 +33,16 @@ def test_a_dataset_pickled_for_workers_does_not_grow_with_the_plan(tmp_path: Pat
 
 def test_a_shared_plan_is_the_same_plan_by_handle_or_by_value() -> None:
     plan = RankPlan(3, np.arange(10, dtype=np.int32), np.array([0, 4, 10]), np.arange(10) % 3 == 0)
-    for copy in (shared(plan), pickle.loads(pickle.dumps(shared(plan))),
-                 ForkingPickler.loads(ForkingPickler.dumps(shared(plan)))):
+    for copy in (
+        shared(plan),
+        pickle.loads(pickle.dumps(shared(plan))),
+        ForkingPickler.loads(ForkingPickler.dumps(shared(plan))),
+    ):
         assert isinstance(copy, SharedRankPlan) and copy.rank == 3
         assert [copy.batch(j).tolist() for j in range(2)] == [plan.batch(j).tolist() for j in range(2)]
-        assert [copy.repeat_flags(j).tolist() for j in range(2)] == [plan.repeat_flags(j).tolist() for j in range(2)]
+        assert [copy.repeat_flags(j).tolist() for j in range(2)] == [
+            plan.repeat_flags(j).tolist() for j in range(2)
+        ]
     assert shared(shared(plan)).tensors[0] is not None and shared(plan).tensors[0].is_shared()
 
 
@@ -50,7 +55,9 @@ def _check_shared(worker: int) -> None:
     if info.dataset.ranks().world_size > 1:  # type: ignore[union-attr]
         received = len(shares) == 1 and isinstance(shares[0], MappedRankPlan)
     else:
-        received = len(shares) == 1 and isinstance(shares[0], SharedRankPlan) and shares[0].tensors[0].is_shared()
+        received = (
+            len(shares) == 1 and isinstance(shares[0], SharedRankPlan) and shares[0].tensors[0].is_shared()
+        )
     if not received:
         raise RuntimeError(f"worker {worker} received its rank's plan by value: {shares!r:.200}")
 
@@ -64,13 +71,15 @@ def test_forkserver_workers_play_the_shared_plan(tmp_path: Path, context: str, w
     ctx: Any = multiprocessing.get_context(context)
     ctx.set_forkserver_preload(["torch", "shardio.datasets.dataset"])
     dataset = ShardDataset(root, batch_size=3, world=world)
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx,
-                        worker_init_fn=_check_shared)
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx, worker_init_fn=_check_shared
+    )
     assert [list(b["keys"]) for b in loader] == expected
 
 
-def test_without_shared_memory_the_plan_stays_private(monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_without_shared_memory_the_plan_stays_private(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import shardio.runtime.sharing
 
     def no_space(array: np.ndarray) -> Any:

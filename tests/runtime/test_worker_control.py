@@ -60,12 +60,15 @@ def played(loader: Any, stop: int | None = None) -> list[tuple[int, list[str]]]:
 
 
 def persistent(ds: ShardDataset, context: str = "fork", workers: int = 2) -> DataLoader:
-    return DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True,
-                      multiprocessing_context=context)
+    return DataLoader(
+        ds, batch_size=None, num_workers=workers, persistent_workers=True, multiprocessing_context=context
+    )
 
 
 @pytest.mark.parametrize("context,workers", [("fork", 2), ("spawn", 1)])
-def test_persistent_workers_play_what_the_training_process_said(data: str, context: str, workers: int) -> None:
+def test_persistent_workers_play_what_the_training_process_said(
+    data: str, context: str, workers: int
+) -> None:
     ds = make(data)
     loader = persistent(ds, context, workers)
     assert played(loader, stop=3) == epoch_keys(data, 0)[:3]
@@ -80,8 +83,11 @@ def test_persistent_workers_play_what_the_training_process_said(data: str, conte
 
 def test_an_iteration_without_set_epoch_plays_the_next_epoch_everywhere(data: str) -> None:
     expected = [epoch_keys(data, 0)[:2], epoch_keys(data, 1), epoch_keys(data, 2)]
-    for make_loader in (lambda ds: ds, lambda ds: DataLoader(ds, batch_size=None, num_workers=2),
-                        lambda ds: persistent(ds)):
+    for make_loader in (
+        lambda ds: ds,
+        lambda ds: DataLoader(ds, batch_size=None, num_workers=2),
+        lambda ds: persistent(ds),
+    ):
         ds = make(data)
         loader = make_loader(ds)
         got = [played(loader, stop=2), played(loader), played(loader)]  # the first is left with a break
@@ -94,19 +100,32 @@ def test_iterations_by_loaders_of_other_worker_counts_play_the_next_epoch_whole(
     ``set_epoch``: each iteration plays the next epoch, every worker the same one. Workers used to go by their own
     slot: the third of 3 workers played epoch 0 beside the others' epoch 1, and 0 workers after 2 replayed epoch 0."""
     ds = make(data)
-    loaders = [DataLoader(ds, batch_size=None, num_workers=2), DataLoader(ds, batch_size=None, num_workers=3),
-               ds, persistent(ds, "spawn", 1), DataLoader(ds, batch_size=None, num_workers=2)]
-    got = [played(loader, stop=2 if n == 1 else None) for n, loader in enumerate(loaders)]  # one left with a break
+    loaders = [
+        DataLoader(ds, batch_size=None, num_workers=2),
+        DataLoader(ds, batch_size=None, num_workers=3),
+        ds,
+        persistent(ds, "spawn", 1),
+        DataLoader(ds, batch_size=None, num_workers=2),
+    ]
+    got = [
+        played(loader, stop=2 if n == 1 else None) for n, loader in enumerate(loaders)
+    ]  # one left with a break
     assert got == [epoch_keys(data, 0), epoch_keys(data, 1)[:2], *(epoch_keys(data, e) for e in (2, 3, 4))]
     assert ds.epoch == 5
     # loaders given a freshly seeded generator each: every iterator's workers draw the same seed
     ds = make(data)
-    got = [played(DataLoader(ds, batch_size=None, num_workers=workers, generator=torch.Generator().manual_seed(0)))
-           for workers in (2, 2, 3, 0, 2)]
+    got = [
+        played(
+            DataLoader(ds, batch_size=None, num_workers=workers, generator=torch.Generator().manual_seed(0))
+        )
+        for workers in (2, 2, 3, 0, 2)
+    ]
     assert got == [epoch_keys(data, e) for e in range(5)]
 
 
-def test_the_training_processs_own_state_while_workers_play(data: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_training_processs_own_state_while_workers_play(
+    data: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Once its workers finished an epoch, the next one (it was the instruction they had played: resuming it
     replayed the epoch). In the middle of one, which it cannot see: the epoch's start, with a warning, never the
     next epoch (which would skip the rest)."""
@@ -172,10 +191,17 @@ def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> 
     try:
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             os.environ.pop(name, None)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
         ds = make(config["data"])  # nothing asks the dataset for its world before the workers start
-        loader = DataLoader(ds, batch_size=None, num_workers=config["workers"], multiprocessing_context=config["context"])
+        loader = DataLoader(
+            ds, batch_size=None, num_workers=config["workers"], multiprocessing_context=config["context"]
+        )
         keys = [list(batch["keys"]) for batch in loader]
         result = {"keys": keys, "len": len(ds), "padded": ds.plan().padded}
         (out / f"rank{rank}.json").write_text(json.dumps(result))
@@ -186,13 +212,34 @@ def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> 
         raise
 
 
-@pytest.mark.parametrize("context,ranks,workers", [
-    ("spawn", 2, 1), pytest.param("forkserver", 3, 2, marks=[pytest.mark.slow, pytest.mark.skipif(
-        not os.environ.get("SHARDIO_RESUME_EXAMPLES"), reason="with the full matrix (SHARDIO_RESUME_EXAMPLES=N)")])])
-def test_spawned_workers_plan_as_their_rank(data: str, tmp_path: Path, context: str, ranks: int,
-                                            workers: int) -> None:
-    results = process_groups.run_group(rank_main, ranks, {"data": data, "context": context, "workers": workers},
-                                       tmp_path / "out", timeout_s=120)
+@pytest.mark.parametrize(
+    "context,ranks,workers",
+    [
+        ("spawn", 2, 1),
+        pytest.param(
+            "forkserver",
+            3,
+            2,
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(
+                    not os.environ.get("SHARDIO_RESUME_EXAMPLES"),
+                    reason="with the full matrix (SHARDIO_RESUME_EXAMPLES=N)",
+                ),
+            ],
+        ),
+    ],
+)
+def test_spawned_workers_plan_as_their_rank(
+    data: str, tmp_path: Path, context: str, ranks: int, workers: int
+) -> None:
+    results = process_groups.run_group(
+        rank_main,
+        ranks,
+        {"data": data, "context": context, "workers": workers},
+        tmp_path / "out",
+        timeout_s=120,
+    )
     counts = Counter(key for result in results for batch in result["keys"] for key in batch)
     assert [len(result["keys"]) for result in results] == [results[0]["len"]] * ranks
     assert results[0]["len"] == len(epoch_keys(data, 0, world=World(0, ranks)))

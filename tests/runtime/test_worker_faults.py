@@ -44,7 +44,9 @@ def _shut_down_abandoned_loaders() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Index:
     """4 shards of 4 short samples, read in batches of 2: 8 batches over two workers."""
-    return make_uneven_dataset(tmp_path_factory.mktemp("workers") / "ds", [4, 4, 4, 4], duration_range=(0.02, 0.05))
+    return make_uneven_dataset(
+        tmp_path_factory.mktemp("workers") / "ds", [4, 4, 4, 4], duration_range=(0.02, 0.05)
+    )
 
 
 class KillAt:

@@ -59,11 +59,17 @@ def test_pickled_index_refers_to_its_file(tmp_path: Path) -> None:
     pickled = pickle.dumps(index)
     assert len(pickled) < 4000 < os.path.getsize(os.path.join(big.root, "index.columns"))
     again = pickle.loads(pickled)
-    assert again.keys == index.keys and all(np.array_equal(again.columns[n], c) for n, c in index.columns.items())
+    assert again.keys == index.keys and all(
+        np.array_equal(again.columns[n], c) for n, c in index.columns.items()
+    )
     other = make_uneven_dataset(tmp_path / "other", [400, 400], seed=5, duration_range=(0.01, 0.02))
     shutil.copyfile(os.path.join(other.root, "index.columns"), os.path.join(big.root, "index.columns"))
-    unpickled = pickle.loads(pickled)  # a worker maps the file again: the header check refuses another index's
-    with pytest.raises(FormatError, match="do not belong together"):  # file, at its first use (see Unreadable)
+    unpickled = pickle.loads(
+        pickled
+    )  # a worker maps the file again: the header check refuses another index's
+    with pytest.raises(
+        FormatError, match="do not belong together"
+    ):  # file, at its first use (see Unreadable)
         len(unpickled)
 
 
@@ -85,15 +91,21 @@ def test_damaged_columns_file_is_refused(dataset: Index, damage: str) -> None:
 def test_hostile_header_counts_are_refused_without_allocating(dataset: Index) -> None:
     path = Path(dataset.root, "index.json")
     header = json.loads(path.read_text())
-    for field, value in [("samples", 10**15), ("keys_bytes", 2**62), ("samples", -1), ("keys_bytes", "12"),
-                         ("columns_sha256", "00" * 31)]:
+    for field, value in [
+        ("samples", 10**15),
+        ("keys_bytes", 2**62),
+        ("samples", -1),
+        ("keys_bytes", "12"),
+        ("columns_sha256", "00" * 31),
+    ]:
         path.write_text(json.dumps({**header, field: value}))
         with pytest.raises(FormatError):
             Index.load(dataset.root)
 
 
-def test_format1_index_reads_and_upgrades_with_the_same_fingerprint(dataset: Index,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_format1_index_reads_and_upgrades_with_the_same_fingerprint(
+    dataset: Index, capsys: pytest.CaptureFixture[str]
+) -> None:
     state_ds = ShardDataset(dataset.root, batch_size=2)
     batches = iter(state_ds)
     next(batches)
@@ -155,8 +167,9 @@ def test_a_pickled_dataset_holds_its_ranks_plan_not_the_corpus(tmp_path: Path) -
         sizes[n] = len(pickle.dumps(dataset))
         again = pickle.loads(pickle.dumps(dataset))
         assert [b["keys"] for b in again] == [b["keys"] for b in dataset]
-        assert [list(dataset.plan(0).batch(3, j)) for j in range(len(again))] == \
-            [list(again._share(0, ()).batch(j)) for j in range(len(again))]
+        assert [list(dataset.plan(0).batch(3, j)) for j in range(len(again))] == [
+            list(again._share(0, ()).batch(j)) for j in range(len(again))
+        ]
     # 1,400 more samples: about 1 KiB more of this rank's plan (ids as int32 and batch offsets); the index
     # alone would be 34 bytes a sample more, the whole plan 8 bytes a sample more
     assert sizes[1600] - sizes[200] < 1400 * 2
@@ -165,7 +178,9 @@ def test_a_pickled_dataset_holds_its_ranks_plan_not_the_corpus(tmp_path: Path) -
 def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: pytest.MonkeyPatch) -> None:
     from shardio.shards import indexcache
 
-    monkeypatch.setattr(indexcache, "SETTLED_S", 0.0)  # else a file changed in the last seconds is always hashed
+    monkeypatch.setattr(
+        indexcache, "SETTLED_S", 0.0
+    )  # else a file changed in the last seconds is always hashed
     hashed = []
     original = ColumnsFile.verify
     monkeypatch.setattr(ColumnsFile, "verify", lambda self: hashed.append(1) or original(self))
@@ -181,8 +196,9 @@ def test_the_full_hash_runs_once_per_file_per_node(dataset: Index, monkeypatch: 
     assert len(hashed) == 2
 
 
-def test_prune_removes_index_files_unused_for_a_while(dataset: Index, monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path) -> None:
+def test_prune_removes_index_files_unused_for_a_while(
+    dataset: Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Markers and fetched columns files untouched for ``unused_for`` go (a load touches what it uses);
     temporary files of dead fetches go after ``stale``; a pruned marker only costs one more hash."""
     import os
@@ -197,8 +213,9 @@ def test_prune_removes_index_files_unused_for_a_while(dataset: Index, monkeypatc
     assert len(markers) == 1
     old = time.time() - 3 * 86400
     os.utime(markers[0], (old, old))
-    fetched, dead, fresh = (tmp_path / "cache" / n for n in ("index-ab.columns", ".tmp-x-index-ab.columns",
-                                                              "index-cd.columns"))
+    fetched, dead, fresh = (
+        tmp_path / "cache" / n for n in ("index-ab.columns", ".tmp-x-index-ab.columns", "index-cd.columns")
+    )
     for path in (fetched, dead, fresh):
         path.write_bytes(b"x")
     os.utime(fetched, (old, old))

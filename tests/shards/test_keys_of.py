@@ -19,10 +19,13 @@ def test_the_keys_of_a_batch_are_each_samples_key(keys: list[str], data: st.Data
     assert table.keys_of(np.array(ids, dtype=np.int64)) == [keys[i] for i in ids]
 
 
-@given(parts=st.lists(st.lists(st.text(max_size=5), min_size=1, max_size=6), min_size=1, max_size=4),
-       data=st.data())
-def test_the_keys_of_a_batch_of_a_chain_are_each_samples_key(parts: list[list[str]],
-                                                               data: st.DataObject) -> None:
+@given(
+    parts=st.lists(st.lists(st.text(max_size=5), min_size=1, max_size=6), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_the_keys_of_a_batch_of_a_chain_are_each_samples_key(
+    parts: list[list[str]], data: st.DataObject
+) -> None:
     every = [key for part in parts for key in part]
     ids = data.draw(st.lists(st.integers(0, len(every) - 1), max_size=12))
     chain = ChainedKeys([Keys.of(part) for part in parts])

@@ -33,8 +33,13 @@ def concatenated(indexes: dict[str, Index]) -> dict[str, np.ndarray]:
     parts = []
     for name in sorted(indexes):
         index = indexes[name]
-        table = np.array([formats.index(f) if f in formats else formats.append(f) or len(formats) - 1
-                          for f in index.formats], dtype=np.uint8)
+        table = np.array(
+            [
+                formats.index(f) if f in formats else formats.append(f) or len(formats) - 1
+                for f in index.formats
+            ],
+            dtype=np.uint8,
+        )
         part = {column: np.asarray(values) for column, values in index.columns.items()}
         part["shard"] = (part["shard"] + shards).astype(np.uint32)
         part["format"] = table[part["format"]]
@@ -51,10 +56,13 @@ def test_a_mix_index_reads_the_corpora_columns_in_place(sources: dict[str, str])
     for column, values in expected.items():
         chained = mix.columns[column]
         assert isinstance(chained, ChainedColumn) and chained.dtype == values.dtype
-        assert [np.shares_memory(part, indexes[name].columns[column])  # views of the mapped files, not copies
-                for part, name in zip(chained.parts, sorted(indexes))] == [True] * 3
-        assert np.array_equal(np.asarray(chained), values) and np.array_equal(chained[np.arange(27, -1, -3)],
-                                                                               values[27::-3])
+        assert [
+            np.shares_memory(part, indexes[name].columns[column])  # views of the mapped files, not copies
+            for part, name in zip(chained.parts, sorted(indexes))
+        ] == [True] * 3
+        assert np.array_equal(np.asarray(chained), values) and np.array_equal(
+            chained[np.arange(27, -1, -3)], values[27::-3]
+        )
         assert [chained[i] for i in range(28)] == values.tolist() and chained[-1] == values[-1]
     assert np.array_equal(mix.durations, np.concatenate([indexes[n].durations for n in sorted(indexes)]))
     assert np.array_equal(mix.columns["shard"] == 3, expected["shard"] == 3)
@@ -65,8 +73,9 @@ def test_a_mix_index_reads_the_corpora_columns_in_place(sources: dict[str, str])
 def test_a_pickled_mix_carries_its_corpora_by_reference(sources: dict[str, str], tmp_path: Path) -> None:
     small = MixIndex.combine({name: Index.load(root) for name, root in sources.items()})
     big_root = make_uneven_dataset(tmp_path / "bigger", [400, 400], duration_range=(0.01, 0.02)).root
-    bigger = MixIndex.combine({**{name: Index.load(root) for name, root in sources.items()},
-                               "big": Index.load(big_root)})
+    bigger = MixIndex.combine(
+        {**{name: Index.load(root) for name, root in sources.items()}, "big": Index.load(big_root)}
+    )
     # 779 more samples: 34 bytes a sample more if the columns travelled (the shard table grows by one entry)
     assert len(pickle.dumps(bigger)) - len(pickle.dumps(small)) < 2000
     again = pickle.loads(pickle.dumps(bigger))
@@ -75,8 +84,9 @@ def test_a_pickled_mix_carries_its_corpora_by_reference(sources: dict[str, str],
 
 
 def test_a_mixed_dataset_plays_the_same_batches_after_a_pickle(sources: dict[str, str]) -> None:
-    dataset = MixedDataset(sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), batch_size=3,
-                           seed=2)
+    dataset = MixedDataset(
+        sources, {"big": 0.5, "mid": 0.3, "tiny": 0.2}, EpochSize(primary="big"), batch_size=3, seed=2
+    )
     again = pickle.loads(pickle.dumps(dataset))
     assert [(b["keys"], b["corpus"]) for b in again] == [(b["keys"], b["corpus"]) for b in dataset]
 
@@ -90,8 +100,10 @@ def test_a_chained_column_indexes_as_its_concatenation(sizes: list[int], data: s
     column = ChainedColumn(parts, offsets, np.uint32, shifts=shifts)
     whole = np.concatenate([p + s for p, s in zip(parts, shifts)]).astype(np.uint32)
     total = int(offsets[-1])
-    ids = np.array(data.draw(st.lists(st.integers(-total, total - 1), max_size=12) if total else st.just([])),
-                   dtype=np.int64)
+    ids = np.array(
+        data.draw(st.lists(st.integers(-total, total - 1), max_size=12) if total else st.just([])),
+        dtype=np.int64,
+    )
     assert np.array_equal(column[ids], whole[ids]) and column[ids].dtype == np.uint32
     assert [column[int(i)] for i in ids] == whole[ids].tolist()
     assert np.array_equal(np.asarray(column), whole) and len(column) == total

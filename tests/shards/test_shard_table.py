@@ -26,8 +26,11 @@ from shardio.runtime.sharing import shared_table
 from shardio.shards.keys import Keys
 from shardio.shards.shardtable import CODECS, ShardTable
 
-SHARDS = [ShardInfo("a.tar", 10, "ab" * 32, 3, 1.25, "none"), ShardInfo("sub/\udcff\u00e9.tar.zst", 2**40, "", 0, 0.0, "zstd"),
-          ShardInfo("c.tar.gz", 0, "x", 7, float("inf"), "gzip")]
+SHARDS = [
+    ShardInfo("a.tar", 10, "ab" * 32, 3, 1.25, "none"),
+    ShardInfo("sub/\udcff\u00e9.tar.zst", 2**40, "", 0, 0.0, "zstd"),
+    ShardInfo("c.tar.gz", 0, "x", 7, float("inf"), "gzip"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,14 @@ def test_an_index_loads_saves_byte_identically_and_reads(dataset: Path, tmp_path
     assert {s.codec for s in index.shards} == {"zstd"}
     fingerprint = index.fingerprint
     assert index._compute_fingerprint() == fingerprint  # the same header as the list of ShardInfo made
-    as_list = Index(root=index.root, shards=list(index.shards), formats=index.formats, columns=index.columns,
-                    columns_sha256=index.columns_sha256, _keys=index.keys)
+    as_list = Index(
+        root=index.root,
+        shards=list(index.shards),
+        formats=index.formats,
+        columns=index.columns,
+        columns_sha256=index.columns_sha256,
+        _keys=index.keys,
+    )
     assert as_list.shards == index.shards and as_list._compute_fingerprint() == fingerprint
     copy_dir = tmp_path / "copy"
     shutil.copytree(dataset, copy_dir)
@@ -80,15 +89,24 @@ def test_an_index_loads_saves_byte_identically_and_reads(dataset: Path, tmp_path
     assert sorted(keys) == sorted(index.keys)
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("bytes", -1, "bytes must be a non-negative integer"), ("samples", "3", "samples must be a non-negative"),
-    ("bytes", 2**63, "bytes must be below 2\\*\\*63"), ("name", "", "is not a file name"),
-    ("name", 7, "is not a file name"), ("codec", 3, "codec must be a string"),
-    ("codec", "lz4", "has unknown codec 'lz4'"), ("duration", "1.0", "duration must be a number"),
-    ("sha256", None, "sha256 must be a string"), ("extra", 1, "a shard entry has fields"),
-])
-def test_malformed_shard_entries_are_format_errors_naming_the_field(dataset: Path, tmp_path: Path, field: str,
-                                                                     value: object, message: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("bytes", -1, "bytes must be a non-negative integer"),
+        ("samples", "3", "samples must be a non-negative"),
+        ("bytes", 2**63, "bytes must be below 2\\*\\*63"),
+        ("name", "", "is not a file name"),
+        ("name", 7, "is not a file name"),
+        ("codec", 3, "codec must be a string"),
+        ("codec", "lz4", "has unknown codec 'lz4'"),
+        ("duration", "1.0", "duration must be a number"),
+        ("sha256", None, "sha256 must be a string"),
+        ("extra", 1, "a shard entry has fields"),
+    ],
+)
+def test_malformed_shard_entries_are_format_errors_naming_the_field(
+    dataset: Path, tmp_path: Path, field: str, value: object, message: str
+) -> None:
     root = tmp_path / "ds"
     shutil.copytree(dataset, root)
     rewrite_header(root, lambda header: header["shards"][1].update({field: value}))
@@ -102,7 +120,9 @@ def test_a_missing_field_or_a_wrong_count_is_a_format_error(dataset: Path, tmp_p
     rewrite_header(root, lambda header: header["shards"][0].pop("sha256"))
     with pytest.raises(FormatError, match="missing or malformed field .*a shard entry has fields"):
         Index.load(root)
-    rewrite_header(root, lambda header: header.update(shards=json.loads((dataset / "index.json").read_text())["shards"]))
+    rewrite_header(
+        root, lambda header: header.update(shards=json.loads((dataset / "index.json").read_text())["shards"])
+    )
     rewrite_header(root, lambda header: header["shards"][2].update(samples=4))
     with pytest.raises(FormatError, match="shard shard-000002.tar.zst lists 4 samples, the columns hold 5"):
         Index.load(root)
@@ -117,11 +137,17 @@ def synthetic(root: Path, one: Index, count: int) -> Index:
     columns = {name: np.tile(np.asarray(column), count) for name, column in one.columns.items()}
     columns["shard"] = np.repeat(np.arange(count, dtype=np.uint32), shard.samples)
     blob = bytes(one.keys.blob) * count
-    ends = (np.arange(count, dtype=np.uint64)[:, None] * np.uint64(len(one.keys.blob))
-            + np.asarray(one.keys.ends)[None, :]).ravel()
-    shards = [ShardInfo(f"shard-{i:06d}.tar", shard.bytes, shard.sha256, shard.samples, shard.duration)
-              for i in range(count)]
-    return Index(root=str(root), shards=shards, formats=list(one.formats), columns=columns, _keys=Keys(blob, ends))
+    ends = (
+        np.arange(count, dtype=np.uint64)[:, None] * np.uint64(len(one.keys.blob))
+        + np.asarray(one.keys.ends)[None, :]
+    ).ravel()
+    shards = [
+        ShardInfo(f"shard-{i:06d}.tar", shard.bytes, shard.sha256, shard.samples, shard.duration)
+        for i in range(count)
+    ]
+    return Index(
+        root=str(root), shards=shards, formats=list(one.formats), columns=columns, _keys=Keys(blob, ends)
+    )
 
 
 def test_a_dataset_pickled_for_workers_does_not_grow_with_the_shards(tmp_path: Path) -> None:
@@ -145,15 +171,23 @@ def test_a_mix_pickled_for_workers_shares_every_table(tmp_path: Path) -> None:
     make_uneven_dataset(sources["b"], [3], seed=1)
     mix = MixedDataset(sources, {"a": 1.0, "b": 1.0}, EpochSize(primary="a"), batch_size=2)
     ForkingPickler.dumps(mix)
-    assert mix.index.shards.carriers is not None and all(p.shards.carriers is not None for p in mix.index.parts)
+    assert mix.index.shards.carriers is not None and all(
+        p.shards.carriers is not None for p in mix.index.parts
+    )
     received = pickle.loads(bytes(ForkingPickler.dumps(mix)))
-    assert received.index.shards == mix.index.shards and received.index.table.name(0).endswith("shard-000000.tar")
+    assert received.index.shards == mix.index.shards and received.index.table.name(0).endswith(
+        "shard-000000.tar"
+    )
 
 
 def test_a_dataloader_with_forkserver_workers_reads_the_right_samples(dataset: Path) -> None:
     expected = [list(batch["keys"]) for batch in ShardDataset(dataset, batch_size=3, seed=2)]
-    loader = DataLoader(ShardDataset(dataset, batch_size=3, seed=2), batch_size=None, num_workers=2,
-                        multiprocessing_context=multiprocessing.get_context("forkserver"))
+    loader = DataLoader(
+        ShardDataset(dataset, batch_size=3, seed=2),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=multiprocessing.get_context("forkserver"),
+    )
     got = [list(batch["keys"]) for batch in loader]
     assert sorted(map(tuple, got)) == sorted(map(tuple, expected)) and len(got) == len(expected)
     assert CODECS[0] == "none"

@@ -14,7 +14,11 @@ from shardio.shards.tarformat import encode_sample, parse_members
 NAMES = [
     "short.wav",
     "a/b/c.json",
-    "speaker_" + "x" * 60 + "/utterance_" + "y" * 60 + ".wav",  # over 100 bytes: ustar splits it into a prefix
+    "speaker_"
+    + "x" * 60
+    + "/utterance_"
+    + "y" * 60
+    + ".wav",  # over 100 bytes: ustar splits it into a prefix
     "d" * 130 + "/" + "e" * 120 + ".flac",  # too long for ustar: GNU and pax only
     "café/ünïcode.txt",  # not ASCII: GNU and pax only
 ]
@@ -30,8 +34,9 @@ def archive(members: list[tuple[str, bytes]], form: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("form", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
-                         ids=["ustar", "gnu", "pax"])
+@pytest.mark.parametrize(
+    "form", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["ustar", "gnu", "pax"]
+)
 def test_members_are_read_as_tarfile_reads_them(form: int) -> None:
     members = [(name, bytes(range(i, i + 40 * i + 1)) * 3) for i, name in enumerate(NAMES, 1)]
     if form == tarfile.USTAR_FORMAT:
@@ -45,7 +50,9 @@ def test_members_are_read_as_tarfile_reads_them(form: int) -> None:
 def test_shardio_samples_parse_back() -> None:
     data = encode_sample("spk/utt1", {"wav": b"RIFF....", "json": b'{"text": "hi"}'})
     assert [(name, bytes(view)) for name, view in parse_members(data, "test")] == [
-        ("spk/utt1.wav", b"RIFF...."), ("spk/utt1.json", b'{"text": "hi"}')]
+        ("spk/utt1.wav", b"RIFF...."),
+        ("spk/utt1.json", b'{"text": "hi"}'),
+    ]
 
 
 @pytest.mark.parametrize("offset", [0, 100, 130, 150, 156, 300, 511])

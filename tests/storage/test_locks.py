@@ -64,7 +64,8 @@ def waits(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_wait_for_a_lock_another_process_holds_is_logged_once_naming_the_file_and_holder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(locks, "QUIET_S", 0.1)
     path = str(tmp_path / "busy.lock")
     with Holder(hold, path) as pid, caplog.at_level(logging.INFO, logger="shardio.storage.locks"):
@@ -73,8 +74,10 @@ def test_a_wait_for_a_lock_another_process_holds_is_logged_once_naming_the_file_
         assert not waiter.acquire(0.8) and waiter.waited
         assert time.monotonic() - begun < 5
     [line] = waits(caplog)
-    assert line == f"waiting for the busy thing: {path} is held by pid {pid} on host " \
-                   f"{socket.gethostname()[:64]} since " + line.rsplit(" since ", 1)[1]
+    assert (
+        line == f"waiting for the busy thing: {path} is held by pid {pid} on host "
+        f"{socket.gethostname()[:64]} since " + line.rsplit(" since ", 1)[1]
+    )
     assert waiter.acquire(5)  # the holder released it
     waiter.release()
 
@@ -87,7 +90,8 @@ def test_a_short_wait_is_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFix
 
 
 def test_a_plan_lock_held_by_another_process_says_so_while_the_rank_waits(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 41 item 8: every rank waited up to WAIT_S (600 s) on a held plan lock without a word."""
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(locks, "QUIET_S", 0.1)

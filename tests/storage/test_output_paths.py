@@ -45,9 +45,9 @@ def same_kind(path: Path, kind: str) -> bool:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_quarantine_out_is_refused_where_it_is_not_a_regular_file(data: str, valid: dict[str, Any], kind: str,
-                                                                  tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_quarantine_out_is_refused_where_it_is_not_a_regular_file(
+    data: str, valid: dict[str, Any], kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "state.json"
     state.write_text(json.dumps(valid))
     out = special(tmp_path / "out", kind)
@@ -65,8 +65,11 @@ def test_quarantine_out_is_refused_where_it_is_not_a_regular_file(data: str, val
 @pytest.mark.parametrize("kind", KINDS)
 def test_write_atomic_and_open_output_refuse_it(tmp_path: Path, kind: str) -> None:
     target = special(tmp_path / "target", kind)
-    for write in (lambda: write_atomic(str(target), b"x"), lambda: open_output(target).close(),
-                  lambda: check_output_file(target)):
+    for write in (
+        lambda: write_atomic(str(target), b"x"),
+        lambda: open_output(target).close(),
+        lambda: check_output_file(target),
+    ):
         with pytest.raises(OutputError, match="not a regular file"):
             write()
         assert same_kind(target, kind)
@@ -96,8 +99,14 @@ def test_an_index_is_not_saved_over_a_special_file(data: str, tmp_path: Path, ki
 
 
 def write_one(writer: ShardWriter) -> None:
-    writer.write("a", {"wav": wav_bytes(np.zeros(80, np.float32), 8000)}, audio_ext="wav", num_frames=80,
-                 sample_rate=8000, channels=1)
+    writer.write(
+        "a",
+        {"wav": wav_bytes(np.zeros(80, np.float32), 8000)},
+        audio_ext="wav",
+        num_frames=80,
+        sample_rate=8000,
+        channels=1,
+    )
 
 
 @pytest.mark.parametrize("name", [".shard.writing", ".shardio.lock"])

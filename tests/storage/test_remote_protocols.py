@@ -61,8 +61,9 @@ def plain_http(corpora: dict[str, Path]) -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_a_server_ignoring_range_fails_the_dataset_once(plain_http: tuple[str, list[str]],
-                                                         on_error: str) -> None:
+def test_a_server_ignoring_range_fails_the_dataset_once(
+    plain_http: tuple[str, list[str]], on_error: str
+) -> None:
     url, requests = plain_http
     dataset = ShardDataset(url, batch_size=2, shuffle=False, on_error=on_error)
     with pytest.raises(RangeNotSupported, match=r"ignores Range requests .* 200 and the whole") as caught:
@@ -109,8 +110,13 @@ def test_a_mix_over_http_and_memory(corpora: dict[str, Path], http_server: str) 
     for path in corpora["two"].iterdir():
         memory.pipe_file(f"/h13-mix/two/{path.name}", path.read_bytes())
     try:
-        mix = MixedDataset({"one": http_server, "two": "memory://h13-mix/two"}, {"one": 1, "two": 1},
-                           EpochSize(primary="one"), batch_size=2, seed=3)
+        mix = MixedDataset(
+            {"one": http_server, "two": "memory://h13-mix/two"},
+            {"one": 1, "two": 1},
+            EpochSize(primary="one"),
+            batch_size=2,
+            seed=3,
+        )
         seen = _keys_by_corpus(mix)
     finally:
         memory.rm("/h13-mix", recursive=True)

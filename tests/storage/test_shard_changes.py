@@ -52,7 +52,9 @@ def test_a_shard_rewritten_in_place_after_it_was_opened_is_refused(versions: tup
     stat = (old / name).stat()
     _rewrite_in_place(old / name, new / name)
     os.utime(old / name, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the old mtime put back: ctime still moves
-    time.sleep(CHECK_EVERY_NS / 1e9)  # a change is seen at the first check after it: a millisecond of reads later
+    time.sleep(
+        CHECK_EVERY_NS / 1e9
+    )  # a change is seen at the first check after it: a millisecond of reads later
     with pytest.raises(ShardChanged, match="the local shard file changed") as caught:
         reader.members(1)  # read silently before: the new version's audio under the old index
     assert name in str(caught.value) and "s000_00001" in str(caught.value)
@@ -65,7 +67,9 @@ def test_a_shard_replaced_before_it_was_opened_is_refused(versions: tuple[Path, 
     old, new = versions
     index = Index.load(old)
     name = index.shards[1].name
-    time.sleep(0.05)  # file times tick every few milliseconds: a change within a tick of the load can go unseen
+    time.sleep(
+        0.05
+    )  # file times tick every few milliseconds: a change within a tick of the load can go unseen
     _replace_by_rename(old / name, new / name)
     reader = Reader(index)
     reader.members(0)
@@ -90,7 +94,9 @@ def test_two_fork_workers_refuse_a_shard_rewritten_in_place_mid_epoch(versions: 
     old, new = versions
     dataset = ShardDataset(old, batch_size=2, shuffle=False)
     names = [s.name for s in dataset.index.shards]
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, prefetch_factor=1, multiprocessing_context="fork")
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=2, prefetch_factor=1, multiprocessing_context="fork"
+    )
     # before: read on silently, 175 of 200 samples the new version's audio
     with pytest.raises(ShardChanged, match="the local shard file changed") as caught:
         _drain(loader, lambda: [_rewrite_in_place(old / n, new / n) for n in names])
@@ -103,7 +109,9 @@ def test_two_spawn_workers_refuse_a_shard_replaced_by_rename(versions: tuple[Pat
     dataset = ShardDataset(old, batch_size=2, shuffle=False)
     names = [s.name for s in dataset.index.shards]
     time.sleep(0.05)
-    for name in names:  # after the dataset was made, before a worker opens the shards: "the first open" is the
+    for (
+        name
+    ) in names:  # after the dataset was made, before a worker opens the shards: "the first open" is the
         _replace_by_rename(old / name, new / name)  # index's load, which the workers share
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     with pytest.raises(ShardChanged, match="the local shard file changed") as caught:
@@ -130,8 +138,12 @@ def test_spawn_workers_report_an_index_replaced_between_epochs(tmp_path: Path) -
     unexpectedly"); the FormatError now reaches the training process with its message."""
     make_uneven_dataset(tmp_path / "a", [6, 6])
     make_uneven_dataset(tmp_path / "b", [5, 9], seed=2)
-    loader = DataLoader(ShardDataset(tmp_path / "a", batch_size=2), batch_size=None, num_workers=1,
-                        multiprocessing_context="spawn")
+    loader = DataLoader(
+        ShardDataset(tmp_path / "a", batch_size=2),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
     assert sum(len(batch["keys"]) for batch in loader) == 12
     for name in ("index.json", "index.columns"):
         shutil.copy(tmp_path / "b" / name, tmp_path / "a" / name)

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.timeout(120)
 COMMANDS = [["trace", "--step", "0"], ["quarantine", "--key", "x", "--out", "{out}"]]
 
 
-def run_cli(command: list[str], data: str, state: str, tmp_path: Path,
-            capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def run_cli(
+    command: list[str], data: str, state: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
     args = [part.format(out=tmp_path / "out.json") for part in command]
     capsys.readouterr()
     code = main([args[0], data, "--state", state, *args[1:]])
@@ -39,8 +40,9 @@ def run_cli(command: list[str], data: str, state: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=["trace", "quarantine"])
-def test_a_fifo_state_is_refused_without_waiting(data: str, tmp_path: Path, command: list[str],
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_fifo_state_is_refused_without_waiting(
+    data: str, tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     fifo = tmp_path / "state.fifo"
     os.mkfifo(fifo)
     started = time.monotonic()
@@ -60,11 +62,14 @@ def test_a_directory_state_is_refused(data: str, tmp_path: Path, capsys: pytest.
     assert code == 2 and "holding no shardio states" in err, err
 
 
-@pytest.mark.parametrize("command", COMMANDS + [["remix", "--weight", "a=1", "--out", "{out}"]],
-                         ids=["trace", "quarantine", "remix"])
-def test_a_list_of_states_is_a_state_error_in_every_command(data: str, valid: dict[str, Any], tmp_path: Path,
-                                                            command: list[str],
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    COMMANDS + [["remix", "--weight", "a=1", "--out", "{out}"]],
+    ids=["trace", "quarantine", "remix"],
+)
+def test_a_list_of_states_is_a_state_error_in_every_command(
+    data: str, valid: dict[str, Any], tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "list.json"
     path.write_text(json.dumps([valid]))
     code, err = run_cli(command, data, str(path), tmp_path, capsys)  # a ValueError traceback (exit 1) before
@@ -72,8 +77,9 @@ def test_a_list_of_states_is_a_state_error_in_every_command(data: str, valid: di
 
 
 @pytest.mark.parametrize("container", [[], "state", 3, None], ids=["list", "str", "int", "none"])
-def test_load_state_dict_refuses_what_the_commands_refuse(data: str, valid: dict[str, Any],
-                                                          container: Any) -> None:
+def test_load_state_dict_refuses_what_the_commands_refuse(
+    data: str, valid: dict[str, Any], container: Any
+) -> None:
     ds = ShardDataset(data, batch_size=2, seed=1)
     with pytest.raises(StateError, match="a saved state is a dict"):
         ds.load_state_dict([valid])  # loaded before: one rule for both
@@ -93,13 +99,16 @@ def test_a_state_file_beyond_the_size_bound_is_not_read(tmp_path: Path) -> None:
     assert time.monotonic() - started < 1  # refused from its size, before a byte is read
 
 
-@pytest.mark.parametrize("text,match", [
-    ("[" * (MAX_STATE_FILE_DEPTH + 1) + "]" * (MAX_STATE_FILE_DEPTH + 1), "nested more than"),
-    ('{"a":' * 100_000 + "0" + "}" * 100_000, "nested more than"),
-    ("[" + "[]," * MAX_STATE_FILE_VALUES + "[]]", "JSON values"),
-    ("{\"format\": \"shardio-state\"", "cannot read a JSON loader state"),
-    ("\xff\xfe", "cannot read a JSON loader state"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("[" * (MAX_STATE_FILE_DEPTH + 1) + "]" * (MAX_STATE_FILE_DEPTH + 1), "nested more than"),
+        ('{"a":' * 100_000 + "0" + "}" * 100_000, "nested more than"),
+        ("[" + "[]," * MAX_STATE_FILE_VALUES + "[]]", "JSON values"),
+        ('{"format": "shardio-state"', "cannot read a JSON loader state"),
+        ("\xff\xfe", "cannot read a JSON loader state"),
+    ],
+)
 def test_nesting_and_values_are_bounded_before_parsing(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(text.encode("latin-1"))
@@ -138,8 +147,9 @@ def test_hostile_state_files_cost_bounded_memory(data: str, tmp_path: Path, kind
     assert "MemoryError" not in result.stderr
 
 
-def test_a_valid_state_file_reads_as_before(data: str, valid: dict[str, Any], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_valid_state_file_reads_as_before(
+    data: str, valid: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps(valid))
     link = tmp_path / "link.json"
