@@ -63,7 +63,8 @@ def wav_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def shared_corpora() -> Path:
-    """The project's shared real corpora (``../shared/corpora``); the test is skipped where they are absent."""
+    """The project's shared real corpora (``../shared/corpora``); the test is skipped
+    where they are absent."""
     if not SHARED_CORPORA.is_dir():
         pytest.skip("the shared corpora are not here (they are not part of the repository)")
     return SHARED_CORPORA

@@ -96,8 +96,8 @@ def run_limited(
     if not sys.platform.startswith("linux"):
         pytest.skip("the address-space limit is measured from /proc/self/status (Linux)")
     prelude = (
-        f"import resource, shardio, shardio.packing.indexer, numpy, soundfile{', ' + preload if preload else ''}\n"
-        "def _vm():\n"
+        "import resource, shardio, shardio.packing.indexer, numpy, "
+        f"soundfile{', ' + preload if preload else ''}\ndef _vm():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmSize:'): return int(line.split()[1]) * 1024\n"
         f"resource.setrlimit(resource.RLIMIT_AS, (_vm() + {headroom_mb} * 2**20, resource.RLIM_INFINITY))\n"

@@ -1,10 +1,12 @@
-"""Running a trainer's job (Lightning, ``accelerate launch``) in a session of its own, to its end or its limit.
+"""Running a trainer's job (Lightning, ``accelerate launch``) in a session of its own,
+to its end or its limit.
 
 A job that outlives its limit is a hang to explain, not only to report: every process of its session (the
 ranks, their DataLoader workers) is asked for its Python stacks first (the jobs register ``faulthandler`` on
-``SIGUSR1``, each process writing to a file of its own, forked workers too), then all are killed, and the error shows the process table (state
-and kernel wait channel of each) and those stacks. A rare hang of 3 ranks x 2 forked workers on 2 cores was seen
-with only the table: one worker single-threaded in a futex wait, its rank and the others polling.
+``SIGUSR1``, each process writing to a file of its own, forked workers too), then all are killed, and the
+error shows the process table (state and kernel wait channel of each) and those stacks. A rare hang of 3 ranks
+x 2 forked workers on 2 cores was seen with only the table: one worker single-threaded in a futex wait, its
+rank and the others polling.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 ``python lightning_job.py CONFIG.json``: Lightning's DDP launcher starts the other ranks by running the same
 command again. Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (epoch, global step,
-keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL. ``strategy`` (default
-``ddp``) may be ``ddp_spawn`` or ``ddp_fork``; with ``prebuilt`` the module builds its dataset in the launcher.
+keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL. ``strategy``
+(default ``ddp``) may be ``ddp_spawn`` or ``ddp_fork``; with ``prebuilt`` the module builds its
+dataset in the launcher.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class NaiveCallback(pl.Callback):
             and self.seen >= max(1, trainer.train_dataloader.num_workers)
             and not getattr(self, "loaded", False)
         ):
-            # every worker has delivered a batch, so every one has begun the epoch (after the first batch alone,
-            # a worker still starting up on a loaded machine would begin it with the state loaded here)
+            # every worker has delivered a batch, so every one has begun the epoch (after the first batch
+            # alone, a worker still starting up on a loaded machine would begin it with the state loaded here)
             self.loaded = True
             trainer.train_dataloader.dataset.load_state_dict(self.state)
 

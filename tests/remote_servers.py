@@ -85,7 +85,8 @@ class Faults:
         self._add(Fault("stall", seconds=min(seconds, MAX_STALL)), count, match, method)
 
     def random(self, rate: float, *, seed: int, match: str = "", max_in_row: int = 2) -> None:
-        """From now on, fault each matching request with probability ``rate`` (a 5xx or a dropped connection)."""
+        """From now on, fault each matching request with probability ``rate`` (a 5xx or
+        a dropped connection)."""
         with self._lock:
             self._rate, self._rng, self._random_match, self._max_in_row = (
                 rate,
@@ -340,7 +341,8 @@ class S3Server:
         )
 
     def upload(self, directory: str, bucket: str, prefix: str) -> str:
-        """Copy every file of ``directory`` under ``s3://bucket/prefix/`` (creating the bucket); returns that URL."""
+        """Copy every file of ``directory`` under ``s3://bucket/prefix/`` (creating the
+        bucket); returns that URL."""
         client = self.client()
         existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
         if bucket not in existing:

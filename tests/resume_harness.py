@@ -3,9 +3,10 @@
 A :class:`Case` is one configuration (dataset, batching, loader, workers, start method, epochs, stop points,
 rollback). :func:`run` plays it as a job that is stopped at each stop point (everything dropped, as a killed
 process) and restarted from its saved state, the state travelling through JSON as a checkpoint would;
-:func:`uninterrupted` plays the same epochs without a stop. Same world: the two agree batch for batch, keys and
-augmentation draws. Another world: :func:`check_elastic` checks that the rest of the epoch is consumed exactly
-once, plus only the padding the new plan reports. Every life also checks that each rank yields ``len(ds)``.
+:func:`uninterrupted` plays the same epochs without a stop. Same world: the two agree batch for batch, keys
+and augmentation draws. Another world: :func:`check_elastic` checks that the rest of the epoch is consumed
+exactly once, plus only the padding the new plan reports. Every life also checks that each
+rank yields ``len(ds)``.
 
 Rank processes (real gloo groups, launched by ``tests/process_groups.py``, ``torch.multiprocessing.spawn`` or
 ``torchrun``) run :func:`rank_entry`, which plays one life of a case on its rank.
@@ -36,7 +37,8 @@ BATCHINGS: dict[str, dict[str, Any]] = {
     "collated": {},
 }
 """The dataset's batching; ``collated``: unbatched samples that the DataLoader batches, :data:`COLLATED` at a
-time, with ``shardio.collate`` (a worker's batch is its next samples: with several workers, out of plan order)."""
+time, with ``shardio.collate`` (a worker's batch is its next samples: with several
+workers, out of plan order)."""
 COLLATED = 3
 LOADERS = ("state_after", "in_process", "stateful", "shardio")
 """``state_after``: a plain DataLoader, ``ds.state_after(batch)``; ``in_process``: ``num_workers=0`` and
@@ -65,12 +67,13 @@ class Case:
     """A ``stateful`` restart loads the loader's whole state with ``ds.load_state_dict`` (the route for
     another world or worker count) instead of ``loader.load_state_dict``."""
     resume_workers: int | None = None
-    """The workers of every life after the first (``None``: ``workers``); with ``stateful``, needs ``ds_load``."""
+    """The workers of every life after the first (``None``: ``workers``); with
+    ``stateful``, needs ``ds_load``."""
     pin_memory: bool = False
     """A ShardLoader pins its batches (in its pin-memory thread); see :func:`make_loader`."""
     snapshot_every: int = 1
-    """A StatefulDataLoader's ``snapshot_every_n_steps`` (its workers' states lag the batches by up to this less
-    one; a state loaded into the dataset counts the batches since)."""
+    """A StatefulDataLoader's ``snapshot_every_n_steps`` (its workers' states lag the batches by up to this
+    less one; a state loaded into the dataset counts the batches since)."""
     extra: dict[str, Any] = field(default_factory=dict)
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
@@ -234,8 +237,9 @@ def life(
     stop: int | None,
     rollback: tuple[int, int] | None = None,
 ) -> tuple[list[Record], dict[str, Any] | None]:
-    """One life of the job: build, restore ``state``, train ``stop`` batches (``None``: to the end of the run);
-    the batches consumed and the state saved after the last. Checks ``len(ds)`` against what each epoch yields."""
+    """One life of the job: build, restore ``state``, train ``stop`` batches (``None``: to the end of the
+    run); the batches consumed and the state saved after the last. Checks ``len(ds)`` against
+    what each epoch yields."""
     ds = make_dataset(case, dirs, world)
     loader = make_loader(case, ds)
     first = case.epoch
@@ -245,9 +249,9 @@ def life(
     records: list[Record] = []
     states: dict[int, dict[str, Any] | None] = {0: state}
     epoch, rolled = first, False
-    # StatefulDataLoader's own load_state_dict restores the workers only (without workers, the dataset at its next
-    # iter()): until its iteration begins, the training process's len(ds) does not know the loaded position
-    # (ds.load_state_dict gives it to both)
+    # StatefulDataLoader's own load_state_dict restores the workers only (without workers, the dataset at its
+    # next iter()): until its iteration begins, the training process's len(ds) does not know the loaded
+    # position (ds.load_state_dict gives it to both)
     loaded_unseen = case.loader == "stateful" and not case.ds_load and state is not None
     while epoch < case.epoch + case.epochs:
         ds.set_epoch(epoch)
@@ -333,10 +337,10 @@ def check_elastic(
     dropped: int = 0,
     padded_before: int = 0,
 ) -> None:
-    """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats, less
-    the ``dropped`` ones (``remainder="drop"``: ``draws`` then holds every sample once). ``before`` may hold up
-    to ``padded_before`` repeats of the old plan's padding (a DataLoader's workers that batch samples reach the
-    last round's before the loader's last batch)."""
+    """``after`` consumes every draw of the epoch not in ``before`` exactly once, plus ``padded`` repeats,
+    less the ``dropped`` ones (``remainder="drop"``: ``draws`` then holds every sample once). ``before`` may
+    hold up to ``padded_before`` repeats of the old plan's padding (a DataLoader's workers that batch samples
+    reach the last round's before the loader's last batch)."""
     consumed = Counter(key for _, keys, _ in before for key in keys)
     remaining = Counter(key for _, keys, _ in draws for key in keys) - consumed
     over = (consumed - Counter(key for _, keys, _ in draws for key in keys)).total()
@@ -401,8 +405,9 @@ def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, sto
 def rank_entry(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
     """One rank of a gloo group: join it as ``config["ranks"]`` says, play one life, write the result.
 
-    ``ranks``: ``env`` (``RANK``/``WORLD_SIZE`` set, as torchrun does), ``init`` (``init_process_group(rank=...,
-    world_size=...)`` with no such environment), ``explicit`` (``world=World(...)``, no environment either).
+    ``ranks``: ``env`` (``RANK``/``WORLD_SIZE`` set, as torchrun does), ``init``
+    (``init_process_group(rank=..., world_size=...)`` with no such environment), ``explicit``
+    (``world=World(...)``, no environment either).
     """
     import traceback
     from datetime import timedelta

@@ -1,4 +1,5 @@
-"""A rank of a ``torchrun`` group for the resume matrix: ``python -m torch.distributed.run ... resume_rank.py CONFIG``."""
+"""A rank of a ``torchrun`` group for the resume matrix:
+``python -m torch.distributed.run ... resume_rank.py CONFIG``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""A tiny SpeechBrain recipe over a ShardDataset, run by ``tests/integrations/test_speechbrain.py`` (alone, or under torchrun).
+"""A tiny SpeechBrain recipe over a ShardDataset, run by ``tests/integrations/test_speechbrain.py``
+(alone, or under torchrun).
 
 ``speechbrain_job.py CONFIG.json``: a ``Brain`` over one linear layer trains ``epochs`` epochs with
-``Brain.fit``, an intra-epoch checkpoint every ``ckpt_steps`` steps (SpeechBrain's ``ckpt_interval_steps``) and
-one at each epoch end, in ``{ckpt_dir}``; a new process recovers from the latest. Every rank appends each batch
-it trains on to ``{out}/rank{rank}.jsonl`` (``corpus/key`` for a ``mix``); at the ``kill_at_step``-th batch this process would train (counted
-from 0 over the whole job) every rank kills itself with SIGKILL. ``track: false`` runs SpeechBrain alone.
+``Brain.fit``, an intra-epoch checkpoint every ``ckpt_steps`` steps (SpeechBrain's ``ckpt_interval_steps``)
+and one at each epoch end, in ``{ckpt_dir}``; a new process recovers from the latest. Every rank appends each
+batch it trains on to ``{out}/rank{rank}.jsonl`` (``corpus/key`` for a ``mix``); at the ``kill_at_step``-th
+batch this process would train (counted from 0 over the whole job) every rank kills itself with SIGKILL.
+``track: false`` runs SpeechBrain alone.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class TinyBrain(sb.Brain):
     def make_dataloader(
         self, dataset: Any, stage: Any, ckpt_prefix: str | None = "dataloader-", **loader_kwargs: Any
     ) -> Any:
-        # Brain.fit uses a torch DataLoader as it is and wraps anything else in one: a ShardLoader goes as it is
+        # Brain.fit uses a torch DataLoader as it is and wraps anything else in one: a
+        # ShardLoader goes as it is
         if isinstance(dataset, ShardLoader):
             return dataset
         return super().make_dataloader(dataset, stage, ckpt_prefix, **loader_kwargs)

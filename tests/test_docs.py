@@ -120,8 +120,8 @@ def test_every_marker_stands_right_before_a_block_and_not_run_gives_a_reason() -
 
 
 def test_no_block_that_runs_installs_packages() -> None:
-    """A block that installs packages must be marked not run: run here it would change this virtualenv for every
-    later test."""
+    """A block that installs packages must be marked not run: run here it would change this virtualenv for
+    every later test."""
     installing = [block.where for page in PAGES for block in runnable(page) if _INSTALLS.search(block.code)]
     assert not installing, "blocks that install packages, mark them <!-- not run: ... -->: " + ", ".join(
         installing

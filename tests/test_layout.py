@@ -1,9 +1,9 @@
-"""The package's layout as docs/architecture.md describes it: its layers (:data:`LAYERS`, written here once), no import
-cycles between modules (imports in functions count), a docstring on every module and subpackage saying what
-lives there, and modules of about 300 lines at most.
+"""The package's layout as docs/architecture.md describes it: its layers (:data:`LAYERS`, written here once),
+no import cycles between modules (imports in functions count), a docstring on every module and subpackage
+saying what lives there, and modules of about 300 lines at most.
 
-``python tests/test_layout.py`` prints the figures: cycles (at import time, and counting imports in functions),
-the modules in them, and the imports that cross the layers upwards."""
+``python tests/test_layout.py`` prints the figures: cycles (at import time, and counting imports in
+functions), the modules in them, and the imports that cross the layers upwards."""
 
 from __future__ import annotations
 
@@ -64,9 +64,9 @@ def _is_type_checking(test: ast.expr) -> bool:
 def _imports(
     name: str, path: Path, modules: dict[str, Path], *, nested: bool = True, typing: bool = False
 ) -> set[str]:
-    """The shardio modules ``name`` imports: at import time, with ``nested`` in functions and classes too (they
-    run later, but a cycle through them is one), and with ``typing`` under ``TYPE_CHECKING`` too (annotations
-    only, never run)."""
+    """The shardio modules ``name`` imports: at import time, with ``nested`` in functions and classes too
+    (they run later, but a cycle through them is one), and with ``typing`` under ``TYPE_CHECKING`` too
+    (annotations only, never run)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -108,8 +108,8 @@ def _graph(*, nested: bool = True, typing: bool = False) -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int:
-    """The number of ``module``'s layer in :data:`LAYERS` (its longest listed prefix; the package itself only by
-    its own name)."""
+    """The number of ``module``'s layer in :data:`LAYERS` (its longest listed prefix; the package itself only
+    by its own name)."""
     best, found = -1, -1
     for number, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
@@ -166,7 +166,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_imports_itself_back() -> None:
     """No cycle, counting the imports made in functions too (a lazy import is a dependency all the same);
-    ``TYPE_CHECKING`` imports are exempt (never run: an annotation may name a module that imports this one)."""
+    ``TYPE_CHECKING`` imports are exempt (never run: an annotation may name a module
+    that imports this one)."""
     assert _cycles(_graph()) == []
 
 
@@ -180,7 +181,8 @@ def test_a_layer_imports_only_the_layers_below_it() -> None:
 
 
 def test_one_module_asks_torch_which_worker_this_process_is() -> None:
-    """The ambient context (rank, world, DataLoader worker) is detected in shardio.world and handed on as a value."""
+    """The ambient context (rank, world, DataLoader worker) is detected in shardio.world and
+    handed on as a value."""
 
     def asks(path: Path) -> bool:
         return any(

@@ -1,4 +1,5 @@
-"""A tiny HF Transformers Trainer job over a ShardDataset, run as a script by ``tests/integrations/test_transformers.py``.
+"""A tiny HF Transformers Trainer job over a ShardDataset, run as a script by
+``tests/integrations/test_transformers.py``.
 
 ``python transformers_job.py CONFIG.json`` (one process) or under ``torchrun --nproc_per_node N`` (gloo on
 CPU). Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (global step, keys, samples its

@@ -430,7 +430,8 @@ OLD_VALUES: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("name", sorted(DEPRECATED))
 def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name: str) -> None:
-    """The 18 keywords that are not shortcuts: the same dataset as the group form, with a DeprecationWarning."""
+    """The 18 keywords that are not shortcuts: the same dataset as the group form, with
+    a DeprecationWarning."""
     assert set(OLD_VALUES) == set(DEPRECATED)
     given, group = OLD_VALUES[name], DEPRECATED[name]
     with pytest.warns(DeprecationWarning, match=rf"give {group}=shardio\.\w+\({name}=\.\.\.\)"):

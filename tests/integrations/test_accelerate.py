@@ -168,9 +168,10 @@ def test_a_prepared_loader_fails(data: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_loader_prepared_without_dispatch_is_refused(data: Path, tmp_path: Path) -> None:
-    """With ``dispatch_batches=False``, ``prepare()`` wraps the dataset in ``IterableDatasetShard``, which splits
-    each rank's stream again: an unbatched dataset batched by ``shardio.collate`` trained, per epoch, on 14 of
-    the 25 samples (4 of them twice) before the dataset refused the wrapper. It fails, naming the fix."""
+    """With ``dispatch_batches=False``, ``prepare()`` wraps the dataset in ``IterableDatasetShard``, which
+    splits each rank's stream again: an unbatched dataset batched by ``shardio.collate`` trained, per epoch,
+    on 14 of the 25 samples (4 of them twice) before the dataset refused the wrapper. It
+    fails, naming the fix."""
     run_job(data, tmp_path / "run", prepare=True, dispatch_batches=False, collate=True, expect_kill=True)
     output = (tmp_path / "run" / "output.txt").read_text()
     assert "IterableDatasetShard iterates this ShardDataset" in output and "not the loader" in output

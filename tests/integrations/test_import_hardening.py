@@ -28,8 +28,8 @@ from shardio.packing.pack import pack
 
 @contextlib.contextmanager
 def _fifo(path: Path) -> Iterator[Path]:
-    """A FIFO at ``path``, and a thread that (while the block runs) opens it to write and closes it at once, so
-    code that wrongly reads it gets an end of file within moments instead of blocking the test for ever."""
+    """A FIFO at ``path``, and a thread that (while the block runs) opens it to write and closes it at once,
+    so code that wrongly reads it gets an end of file within moments instead of blocking the test for ever."""
     os.mkfifo(path)
     done = threading.Event()
 

@@ -27,7 +27,8 @@ for i, path in enumerate(paths):
     recording = Recording.from_file(path)
     cut = recording.to_cut()
     cut.supervisions = [SupervisionSegment(id=f"{recording.id}-s", recording_id=recording.id, start=0,
-                                           duration=recording.duration, text=f"words {i}", speaker=f"spk{i % 2}")]
+                                           duration=recording.duration, text=f"words {i}",
+                                           speaker=f"spk{i % 2}")]
     cuts.append(cut)
 cuts.append(cuts[0].truncate(offset=0.05, duration=0.1).with_id("part"))
 cutset = CutSet.from_cuts(cuts)

@@ -1,4 +1,5 @@
-"""NeMo tarred audio datasets as pack inputs: manifest entries joined with their tar members, ``-sub`` repeats too."""
+"""NeMo tarred audio datasets as pack inputs: manifest entries joined with their tar members,
+``-sub`` repeats too."""
 
 from __future__ import annotations
 

@@ -91,8 +91,8 @@ def test_accelerate_progress_resumes_a_plain_loop_exactly(data: Path) -> None:
 
 
 def test_accelerate_skip_first_batches_after_a_resume_is_refused(data: Path) -> None:
-    """Accelerate's resume idiom skips the batches trained before the checkpoint; ``load_state`` has already put
-    the dataset after them, so skipping would lose as many again. The first update says so."""
+    """Accelerate's resume idiom skips the batches trained before the checkpoint; ``load_state`` has already
+    put the dataset after them, so skipping would lose as many again. The first update says so."""
     accelerate = pytest.importorskip("accelerate")
     from shardio.integrations.accelerate import LoaderProgress
 
@@ -127,8 +127,9 @@ def test_accelerate_track_refuses_a_dataset_planned_for_other_ranks(data: Path) 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_accelerate_resharding_wrapper_is_refused(data: Path, workers: int) -> None:
     """``prepare(loader)`` with ``dispatch_batches=False`` wraps the dataset in Accelerate's own
-    ``IterableDatasetShard`` (built here as it builds it, for rank 0 of 2): each rank would keep a slice of its
-    share, padded with repeats. Iterating it fails, naming the wrapper and the fix; the dataset alone iterates."""
+    ``IterableDatasetShard`` (built here as it builds it, for rank 0 of 2): each rank would keep a slice of
+    its share, padded with repeats. Iterating it fails, naming the wrapper and the fix; the
+    dataset alone iterates."""
     accelerate_loading = pytest.importorskip("accelerate.data_loader")
     from shardio import collate
 

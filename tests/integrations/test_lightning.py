@@ -3,8 +3,8 @@
 Each case trains ``tests/lightning_job.py`` for two epochs, kills every rank mid-run, resumes from the last
 checkpoint it wrote (every 3 steps, and at each epoch end) and checks, per rank, that the batches trained
 on after the checkpoint are exactly those of the uninterrupted run (the dataset's own plan, which the killed
-run's batches must also follow up to its death). The multi-minute matrix is marked ``matrix`` (left out by default)
-(``pytest -m matrix tests/integrations/test_lightning.py``).
+run's batches must also follow up to its death). The multi-minute matrix is marked ``matrix`` (left out by
+default) (``pytest -m matrix tests/integrations/test_lightning.py``).
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def test_a_dataset_built_before_the_ranks_start_plays_each_ranks_plan(
     data: Path, tmp_path: Path, strategy: str
 ) -> None:
     """The module builds the dataset in the launcher; ``ddp_spawn`` pickles it to each rank (``ddp_fork``
-    forks them), each iterating 2 workers: every rank trains its own plan, and resumes it from a checkpoint."""
+    forks them), each iterating 2 workers: every rank trains its own plan, and resumes
+    it from a checkpoint."""
     plan = planned(data, 2)
     run = run_job(data, tmp_path / "run", devices=2, strategy=strategy, prebuilt=True, workers=2)
     assert [keys(records) for records in run] == plan
@@ -253,7 +254,8 @@ def test_reloaded_dataloaders_matrix(data: Path, tmp_path: Path, loader: str, pe
     assert keys(trained[0]) == plan
 
 
-# -- without ShardioCallback: what Lightning 2.6 trains (docs/trainers/lightning.md, "Without the callback") ---------------------------------
+# -- without ShardioCallback: what Lightning 2.6 trains (docs/trainers/lightning.md, "Without the callback")
+# ---------------------------------
 
 
 @pytest.mark.matrix
@@ -275,9 +277,10 @@ def test_without_the_callback_a_resumed_run_restarts_the_dataset_at_epoch_0(
     data: Path, tmp_path: Path, loader: str, kill_at: int, step: int, rest: int
 ) -> None:
     """The resumed process's dataset starts at epoch 0 while Lightning is in epoch 1: a plain loader saves no
-    state (resumed mid-epoch 1 at step 12, Lightning's 6 remaining batches are epoch 0's first 6), and Lightning
-    restores a StatefulDataLoader's state only mid-epoch (from the epoch-end checkpoint at step 9, epoch 1
-    trains epoch 0's plan); every later epoch trains the plan of one epoch earlier than Lightning's."""
+    state (resumed mid-epoch 1 at step 12, Lightning's 6 remaining batches are epoch 0's first 6), and
+    Lightning restores a StatefulDataLoader's state only mid-epoch (from the epoch-end checkpoint at step 9,
+    epoch 1 trains epoch 0's plan); every later epoch trains the plan of one epoch
+    earlier than Lightning's."""
     plan = planned(data, 1, epochs=3)[0]
     run_job(
         data,

@@ -1,5 +1,5 @@
-"""Exact resume under SpeechBrain's ``Brain.fit``: real recipe processes (alone, or 2 under torchrun with gloo),
-killed with SIGKILL, recovered by ``Checkpointer.recover_if_possible`` in a new process.
+"""Exact resume under SpeechBrain's ``Brain.fit``: real recipe processes (alone, or 2 under torchrun with
+gloo), killed with SIGKILL, recovered by ``Checkpointer.recover_if_possible`` in a new process.
 
 ``tests/speechbrain_job.py`` trains two epochs with an intra-epoch checkpoint every 3 steps
 (``ckpt_interval_steps``) and one at each epoch end; every rank kills itself at a given batch; the run
@@ -105,7 +105,8 @@ def run_job(
 
 def checkpoint_step(ckpt_dir: Path, steps_per_epoch: int) -> int:
     """The batches trained (per rank) before SpeechBrain's latest checkpoint, from its epoch counter and the
-    Brain's own step count (the latest by the ``unixtime`` of its meta file, as ``recover_if_possible`` picks)."""
+    Brain's own step count (the latest by the ``unixtime`` of its meta file, as
+    ``recover_if_possible`` picks)."""
 
     def unixtime(path: Path) -> float:
         return next(
@@ -228,8 +229,8 @@ def test_speechbrain_alone_restarts_the_epoch(data: Path, tmp_path: Path) -> Non
 
 
 def _python(code: str) -> str:
-    """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it does
-    not import, never in pytest's); its output."""
+    """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it
+    does not import, never in pytest's); its output."""
     tests = Path(__file__).parents[1]
     env = {
         **os.environ,
@@ -252,8 +253,8 @@ def test_a_missing_extra_is_named() -> None:
 
 
 def test_a_torchaudio_that_does_not_load_is_named(tmp_path: Path) -> None:
-    """A torchaudio built for another torch fails in its C++ extension with an OSError, which SpeechBrain's import
-    passes on: an ImportError that says so (here a torchaudio package whose import raises it)."""
+    """A torchaudio built for another torch fails in its C++ extension with an OSError, which SpeechBrain's
+    import passes on: an ImportError that says so (here a torchaudio package whose import raises it)."""
     (tmp_path / "torchaudio").mkdir()
     (tmp_path / "torchaudio" / "__init__.py").write_text(
         "raise OSError('Could not load this library: x.so')\n"
@@ -274,6 +275,7 @@ def test_refusals(data: Path, tmp_path: Path) -> None:
     """What track and the recoverable refuse, each with the error that names it; a checkpoint's file is JSON,
     never unpickled (a pickle that would run code when loaded is a StateError, and runs nothing)."""
     hostile = tmp_path / "hostile.ckpt"
+    missing = tmp_path / "other.ckpt"
     hostile.write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "ran").encode() + b"'\ntR.")
     (tmp_path / "other.ckpt").write_text('{"step": 3}')
     out = _python(f"""
@@ -301,7 +303,7 @@ cases = {{
     "no set_epoch": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).update(
         next(iter(ShardDataset(data, batch_size=2)))),
     "pickle": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).load({str(hostile)!r}, False),
-    "no state": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).load({str(tmp_path / "other.ckpt")!r}, False),
+    "no state": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).load({str(missing)!r}, False),
 }}
 for name, case in cases.items():
     try:
@@ -330,8 +332,8 @@ except ShardioError as exc:
 
 @pytest.mark.matrix
 def test_resume_a_mixed_dataset(data: Path, tmp_path: Path) -> None:
-    """A MixedDataset (this corpus and another, epochs sized by this one), 2 ranks, 2 workers: the recovered run
-    trains on the straight run's batches after the checkpoint, key for key (``corpus/key``)."""
+    """A MixedDataset (this corpus and another, epochs sized by this one), 2 ranks, 2 workers: the recovered
+    run trains on the straight run's batches after the checkpoint, key for key (``corpus/key``)."""
     other = tmp_path / "other"
     make_uneven_dataset(other, (4, 6), seed=2)
     straight = run_job(data, tmp_path / "straight", processes=2, workers=2, mix=str(other))

@@ -93,9 +93,10 @@ def test_trace_agrees_with_a_multi_worker_multi_rank_run_across_an_elastic_resum
 def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
     dataset_dir: Path, tmp_path: Path, stop: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Two ranks of collated samples from 2 workers each stop between rounds (worker 0 has handed over one batch
-    more), three ranks resume. Every key the epoch trained is traced where it was consumed: those the workers
-    consumed ahead of the state's position as ``ahead`` batches of the first segment (they were missing)."""
+    """Two ranks of collated samples from 2 workers each stop between rounds (worker 0 has handed over one
+    batch more), three ranks resume. Every key the epoch trained is traced where it was consumed: those the
+    workers consumed ahead of the state's position as ``ahead`` batches of the first
+    segment (they were missing)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from shardio import collate
@@ -148,7 +149,8 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
 
 def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: dict[str, str]) -> None:
     """Trace, quarantine and remix load the state into a copy: the dataset handed to them (mid-run, or fresh)
-    still plays what it would have played. They used to share its progress: it jumped to the state's position."""
+    still plays what it would have played. They used to share its progress: it jumped to
+    the state's position."""
     from shardio.ledger.remix import remix
 
     def epoch(ds: ShardDataset, number: int | None = None, workers: int = 0) -> list[list[str]]:

@@ -1,4 +1,5 @@
-"""A ShardLoader worker's pipe end (shardio.loader.channel): its waits, and messages a plain Connection reads."""
+"""A ShardLoader worker's pipe end (shardio.loader.channel): its waits, and messages a
+plain Connection reads."""
 
 from __future__ import annotations
 

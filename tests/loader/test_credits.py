@@ -1,6 +1,6 @@
 """A ShardLoader worker's credits (shardio.loader.credits): a semaphore and an interruption counter in shared
-memory, across real processes; and through a ShardLoader, a worker that never runs more than its prefetch ahead
-and that an interruption wakes while it waits for a credit."""
+memory, across real processes; and through a ShardLoader, a worker that never runs more than its prefetch
+ahead and that an interruption wakes while it waits for a credit."""
 
 from __future__ import annotations
 
@@ -106,8 +106,9 @@ def test_an_interruption_wakes_a_worker_waiting_for_a_credit(
 
 
 def test_an_iteration_stopped_right_after_start_still_begins_its_epoch(data: Path) -> None:
-    """A worker told to stop before its first batch (a slow worker's START and STOP arrive together) still makes
-    that batch: it begins the epoch, so the worker's next iteration plays the next epoch, as the others do."""
+    """A worker told to stop before its first batch (a slow worker's START and STOP arrive together) still
+    makes that batch: it begins the epoch, so the worker's next iteration plays the next
+    epoch, as the others do."""
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe(duplex=True)
     credits = Credits(context)

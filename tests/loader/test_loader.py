@@ -45,7 +45,8 @@ def long_wavs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=[False, True], ids=["plain", "pinned"])
 def pin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]] | None:
     """None, or (pinned) the copies that loaders made by :func:`loader_for` pinned: without an accelerator a
-    clone stands in for torch's pinning, recording the thread that made it and that thread's intra-op threads."""
+    clone stands in for torch's pinning, recording the thread that made it and that
+    thread's intra-op threads."""
     if not request.param:
         return None
     copies: list[tuple[str, int]] = []
@@ -235,8 +236,8 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(
     ],
 )
 def test_workers_outlast_a_training_step_longer_than_their_watch(data: Path, method: str) -> None:
-    """A worker waiting for a credit, or between iterations, looks every ``WATCH_S`` whether the training process
-    is gone; under forkserver its parent is the fork server, not the training process."""
+    """A worker waiting for a credit, or between iterations, looks every ``WATCH_S`` whether the training
+    process is gone; under forkserver its parent is the fork server, not the training process."""
     with ShardLoader(
         ShardDataset(data, **OPTIONS),
         num_workers=2,

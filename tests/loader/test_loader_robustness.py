@@ -96,8 +96,8 @@ class StopAt:
 def _stopping_loader(
     data: str, timeout: float
 ) -> tuple[ShardLoader, Iterator[dict[str, Any]], list[list[str]]]:
-    """A loader whose worker 1 stops itself while making batch 3 (its second), its iterator, and the keys of the
-    first batch (taken: the workers are running)."""
+    """A loader whose worker 1 stops itself while making batch 3 (its second), its iterator, and the keys of
+    the first batch (taken: the workers are running)."""
     key = epochs(data, 1)[0][3][0]
     dataset = ShardDataset(data, **OPTIONS, transform=StopAt(key))
     loader = ShardLoader(dataset, num_workers=2, prefetch=1, multiprocessing_context="fork", timeout=timeout)

@@ -68,7 +68,8 @@ def decompressed(path: Path) -> bytes:
 
 
 def read_back(index: Index, sample: int) -> dict[str, bytes]:
-    """A sample's members from its shard at the index's offsets (in the decompressed tar for stream codecs)."""
+    """A sample's members from its shard at the index's offsets (in the decompressed
+    tar for stream codecs)."""
     c = index.columns
     shard = int(c["shard"][sample])
     path = Path(index.shard_path(shard))

@@ -1,6 +1,6 @@
-"""One bounded manifest reader for every command (issue 41): ``shardio pack`` on a JSONL or tarred NeMo manifest
-and ``shardio index --nemo-manifest`` take and refuse the same lines, read no line further than 1 MiB, and
-refuse a manifest that is not a regular file for what it is."""
+"""One bounded manifest reader for every command (issue 41): ``shardio pack`` on a JSONL or tarred NeMo
+manifest and ``shardio index --nemo-manifest`` take and refuse the same lines, read no line further than 1
+MiB, and refuse a manifest that is not a regular file for what it is."""
 
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ def test_index_nemo_skips_a_long_line_in_bounded_memory(tmp_path: Path) -> None:
     assert peak < 4 * MAX_LINE_BYTES + (8 << 20), peak
 
 
-# -- index --nemo-manifest: what the manifest and the directory may be ----------------------------------------
+# -- index --nemo-manifest: what the manifest and the directory may be
+# ----------------------------------------
 
 
 def _refused(root: Path, *needles: str) -> None:

@@ -280,9 +280,9 @@ def _start_pack(tmp_path: Path, *options: str, **popen: Any) -> tuple[subprocess
     the process, the corpus and the output directory.
 
     The command line starts with SIGINT at Python's default handler, as in a terminal's foreground: a child
-    inherits an ignored SIGINT, and glibc's ``system()`` ignores SIGINT and SIGQUIT process-wide while it runs,
-    so a library calling it in a thread of this process now and then (seen in full runs) made a child deaf to
-    Ctrl-C."""
+    inherits an ignored SIGINT, and glibc's ``system()`` ignores SIGINT and SIGQUIT process-wide while it
+    runs, so a library calling it in a thread of this process now and then (seen in full runs) made a child
+    deaf to Ctrl-C."""
     corpus = tmp_path / "corpus"
     make_folder_corpus(corpus, 600, seconds=(0.4, 0.6), sample_rate=16000, texts=False)
     out = tmp_path / "out"
@@ -399,8 +399,9 @@ def test_writer_replaces_an_interrupted_runs_shards_but_never_other_files(tmp_pa
 
 @pytest.mark.slow
 def test_ctrl_c_stops_a_parallel_pack_cleanly(tmp_path: Path) -> None:
-    """SIGINT to the whole process group (what Ctrl-C in a terminal does), with a worker pool running: the pack
-    exits with 130 and leaves neither an index nor any shard of its own; every process of the group is gone."""
+    """SIGINT to the whole process group (what Ctrl-C in a terminal does), with a worker pool running: the
+    pack exits with 130 and leaves neither an index nor any shard of its own; every process
+    of the group is gone."""
     process, _, out = _start_pack(tmp_path, "-j", "2", start_new_session=True, text=True)
     try:
         _wait_for(process, out / "shard-000001.tar.zst")

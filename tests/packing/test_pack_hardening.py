@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _unprivileged(code: str) -> subprocess.CompletedProcess[str]:
-    """Run Python ``code`` in a real process that file permissions apply to (root without its DAC override)."""
+    """Run Python ``code`` in a real process that file permissions apply to (root
+    without its DAC override)."""
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
@@ -513,8 +514,8 @@ def test_folder_walk_reads_every_reachable_file_once_through_any_links(
     files: list[int],
     links: list[tuple[int, int]],
 ) -> None:
-    """Random trees with directory links anywhere (loops included): the walk ends, every audio file that can be
-    reached is read exactly once, and every link not followed is counted."""
+    """Random trees with directory links anywhere (loops included): the walk ends, every audio file that can
+    be reached is read exactly once, and every link not followed is counted."""
     root = tmp_path_factory.mktemp("tree")
     dirs = [root]
     for number, parent in enumerate(parents):  # each directory under an earlier one

@@ -1,5 +1,5 @@
-"""Progress on the command line's packing side: the corpus listing before a pack, the bytes of ``shardio index``,
-and the bounds of ``-j``."""
+"""Progress on the command line's packing side: the corpus listing before a pack, the bytes of
+``shardio index``, and the bounds of ``-j``."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ _FAULTY: dict[int, int] = {}
 
 
 def _attempt(plan: PartitionPlan, number: int, crash_after: int | None) -> None:
-    """One attempt of a partition in this (child) process; ``crash_after`` shards: die like a killed worker."""
+    """One attempt of a partition in this (child) process; ``crash_after`` shards: die
+    like a killed worker."""
     if crash_after is not None:
         from shardio.shards import writer
 

@@ -1,4 +1,5 @@
-"""Duration bucketing in the planner: batch limits, buckets, filters, shuffled batch order, padding, resume."""
+"""Duration bucketing in the planner: batch limits, buckets, filters, shuffled batch
+order, padding, resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Multi-corpus mixing: proportions, epoch sizes, passes across epochs, equal ranks, resume; and MixedDataset."""
+"""Multi-corpus mixing: proportions, epoch sizes, passes across epochs, equal ranks,
+resume; and MixedDataset."""
 
 from __future__ import annotations
 
@@ -169,14 +170,13 @@ def test_mix_plans_keep_limits_equal_ranks_and_exactly_once_on_an_elastic_resume
 
 def test_the_plan_depends_on_seed_and_epoch_only() -> None:
     corpora, mix = three_corpora(1), Mix(WEIGHTS, EpochSize(primary="aishell"))
-    plan = lambda seed, epoch: plan_mix(
-        corpora,
-        mix,
-        seed=seed,
-        epoch=epoch,
-        world_size=2,  # noqa: E731
-        batching=Batching(max_duration=30.0, num_buckets=3),
-    ).samples.tolist()
+
+    def plan(seed: int, epoch: int) -> list[int]:
+        batching = Batching(max_duration=30.0, num_buckets=3)
+        return plan_mix(
+            corpora, mix, seed=seed, epoch=epoch, world_size=2, batching=batching
+        ).samples.tolist()
+
     assert plan(1, 2) == plan(1, 2) != plan(1, 3)
     assert plan(2, 2) != plan(1, 2)
 

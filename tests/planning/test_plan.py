@@ -1,4 +1,5 @@
-"""Property tests of the pure planner (shardio.planning.plan): coverage, equal batch counts, limits, determinism.
+"""Property tests of the pure planner (shardio.planning.plan): coverage, equal batch
+counts, limits, determinism.
 
 Corpora are synthetic index columns: shards of very different sizes (single-sample shards, fewer shards
 than ranks x workers, several thousand samples so that duration batching spans several blocks) and

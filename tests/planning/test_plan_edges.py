@@ -2,8 +2,8 @@
 many elastic segments, quarantine-like exclusions, and mixes of 1-sample corpora with tiny weights.
 
 Each property checks the planner's promises: every rank the same number of batches; every eligible sample
-exactly once per epoch, across every elastic segment (``pad`` repeats only what it reports, ``drop`` leaves out
-only its reported last round); ``max_duration`` (and ``max_batch_size``) kept; the same plan for the same
+exactly once per epoch, across every elastic segment (``pad`` repeats only what it reports, ``drop`` leaves
+out only its reported last round); ``max_duration`` (and ``max_batch_size``) kept; the same plan for the same
 inputs; well under a second for a tiny input. Found by this file's properties: a mix's stream scanned every
 position once per pass (quadratic in the passes of a small corpus), a primary corpus of a weight that
 underflows and a world of no ranks raised ZeroDivisionError (or planned nothing) instead of an OptionError.
@@ -95,7 +95,8 @@ WORLDS = st.sampled_from([1, 2, 3, 8, 1000]) | st.integers(1, 12)
 def timed_plan(
     corpus: Corpus, world_size: int, batching: Batching, ordering: Ordering, **options: Any
 ) -> EpochPlan:
-    """``plan_epoch`` of ``corpus`` (seed 5, epoch 2 unless given), twice: it must be quick and deterministic."""
+    """``plan_epoch`` of ``corpus`` (seed 5, epoch 2 unless given), twice: it must be
+    quick and deterministic."""
     options.setdefault("seed", 5)
     options.setdefault("epoch", 2)
     shard_ids, durations, shards = corpus
@@ -116,7 +117,8 @@ def timed_plan(
 
 
 def check_batches(plan: EpochPlan, durations: np.ndarray, batching: Batching) -> None:
-    """No empty batch; each within ``batch_size``, or ``max_duration`` (count x costliest) and ``max_batch_size``."""
+    """No empty batch; each within ``batch_size``, or ``max_duration`` (count x costliest)
+    and ``max_batch_size``."""
     sizes = np.diff(plan.offsets)
     assert (sizes > 0).all(), "an empty batch"
     if batching.max_duration is None:
@@ -143,7 +145,8 @@ def play(
     exclude: tuple[tuple[int, np.ndarray], ...] = (),
 ) -> tuple[np.ndarray, int, EpochPlan]:
     """Play an epoch over a segment per world size (each consuming 0, all or some of its batches; the last all
-    of them): every id's count over the epoch, the repeats consumed in finished segments, and the last plan."""
+    of them): every id's count over the epoch, the repeats consumed in finished
+    segments, and the last plan."""
     n = corpus[1].shape[0]
     counts, repeats, history = np.zeros(n, np.int64), 0, ()
     for number, world_size in enumerate(worlds):
@@ -173,7 +176,8 @@ def play(
 
 
 def check_once(counts: np.ndarray, keep: np.ndarray, repeats: int, final: EpochPlan, remainder: str) -> None:
-    """Every kept sample once, but for the last plan's reported remainder and the finished segments' repeats."""
+    """Every kept sample once, but for the last plan's reported remainder and the
+    finished segments' repeats."""
     kept = counts[keep]
     if remainder == "drop":
         assert repeats == 0 and counts.max(initial=0) <= 1, "drop repeated a sample"
@@ -194,7 +198,8 @@ def check_once(counts: np.ndarray, keep: np.ndarray, repeats: int, final: EpochP
 def test_elastic_epochs_at_the_edges_consume_every_sample_once(
     data: st.DataObject, corpus: Corpus, worlds: list[int], shuffle: bool, shuffle_shards: int
 ) -> None:
-    """Up to 32 finished segments (the most a state keeps), worlds of 1-12 and 1000 ranks over 0-40 samples."""
+    """Up to 32 finished segments (the most a state keeps), worlds of 1-12 and 1000
+    ranks over 0-40 samples."""
     batching = data.draw(batchings(corpus[1]), label="batching")
     counts, repeats, final = play(data, corpus, batching, Ordering(shuffle, shuffle_shards), worlds)
     eligible = batching.eligible(corpus[1])
@@ -208,7 +213,8 @@ def test_elastic_epochs_at_the_edges_consume_every_sample_once(
 def test_exclusions_of_everything_or_all_but_one_keep_the_rest_exactly_once(
     data: st.DataObject, corpus: Corpus, worlds: list[int]
 ) -> None:
-    """``exclude`` (a quarantine at resume) of all samples, all but one, a few or none, from any segment on."""
+    """``exclude`` (a quarantine at resume) of all samples, all but one, a few or
+    none, from any segment on."""
     batching = data.draw(batchings(corpus[1]), label="batching")
     n = corpus[1].shape[0]
     exclude = []
@@ -404,7 +410,8 @@ def reference_stream_samples(
 def test_stream_samples_match_their_definition_for_any_positions(
     data: st.DataObject, n: int, shards: int, seed: int, ordering: Ordering
 ) -> None:
-    """Positions in any order (a re-mix's pending ones come first), several passes, some samples ineligible."""
+    """Positions in any order (a re-mix's pending ones come first), several passes,
+    some samples ineligible."""
     shard_ids = np.sort(np.array(data.draw(st.lists(st.integers(0, shards - 1), min_size=n, max_size=n))))
     columns = CorpusColumns(shard_ids.astype(np.uint32), np.ones(n), shards)
     keep = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
@@ -417,8 +424,8 @@ def test_stream_samples_match_their_definition_for_any_positions(
 
 def test_a_stream_of_many_passes_is_not_scanned_once_per_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1-sample corpus in an epoch of 100 000 draws: as many passes. Each pass's positions used to be found
-    by scanning all positions (10**10 steps here, about 12 s); found by one sort, the loop takes well under 1 s.
-    The pass orders themselves are replaced by a cheap stand-in, so only the lookup is timed."""
+    by scanning all positions (10**10 steps here, about 12 s); found by one sort, the loop takes well under 1
+    s. The pass orders themselves are replaced by a cheap stand-in, so only the lookup is timed."""
 
     def identity(
         shard_ids: np.ndarray, num_shards: int, ordering: Ordering, key: tuple[int, ...]

@@ -1,9 +1,10 @@
 """A real multi-process ``torch.distributed`` (gloo) job over shards of very uneven sizes.
 
 Each rank is a separate process (forked from a ``forkserver`` that imported torch once) with the
-environment ``torchrun`` gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), training a tiny DDP model (one all-reduce per step) on
-``ShardDataset`` through a plain ``DataLoader(batch_size=None, num_workers=1)``. A rank with one batch
-more than another would block in that all-reduce: every group runs under a timeout, so a hang fails.
+environment ``torchrun`` gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), training a tiny
+DDP model (one all-reduce per step) on ``ShardDataset`` through a plain
+``DataLoader(batch_size=None, num_workers=1)``. A rank with one batch more than another would block in that
+all-reduce: every group runs under a timeout, so a hang fails.
 
 - uninterrupted: every rank yields the same number of batches, and together they cover every sample;
 - interrupted: after ``STOP`` steps rank 0 saves ``state_after(batch)`` and every rank is killed with SIGKILL

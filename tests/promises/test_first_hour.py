@@ -34,7 +34,8 @@ def make(data: Path, world: World | None = None) -> ShardDataset:
 
 
 def readme_checkpoint(data: Path, path: Path, steps: int) -> tuple[ShardDataset, list[list[str]]]:
-    """The README loop's checkpoint after ``steps`` batches of epoch 0, and the keys of every batch trained."""
+    """The README loop's checkpoint after ``steps`` batches of epoch 0, and the keys
+    of every batch trained."""
     ds, seen = make(data), []
     for step, batch in enumerate(ds, start=1):  # the README loop's global_step after its += 1
         seen.append(list(batch["keys"]))

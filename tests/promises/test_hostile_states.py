@@ -1,5 +1,6 @@
 """A loader state from an untrusted file: every hostile field is a StateError naming it, raised before any
-planning, without allocating beyond what the state's bytes justify, without hanging, and with a short message."""
+planning, without allocating beyond what the state's bytes justify, without hanging, and
+with a short message."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def test_the_largest_world_loads(data: str, valid: dict[str, Any]) -> None:
     assert time.monotonic() - started < 20
 
 
-# -- 3. extra and options: bounded shapes ---------------------------------------------------------------------
+# -- 3. extra and options: bounded shapes
+# ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("field", ["extra", "options"])
@@ -248,7 +250,8 @@ def test_shown_escapes_and_cuts() -> None:
     assert shown(nested(10**5)).startswith("{")
 
 
-# -- 5. a long history is refused first --------------------------------------------------------------------------
+# -- 5. a long history is refused first
+# --------------------------------------------------------------------------
 
 
 def test_a_long_history_is_refused_before_planning(data: str, valid: dict[str, Any]) -> None:
@@ -274,7 +277,8 @@ def test_set_epoch_beyond_the_control_block_is_an_option_error(data: str) -> Non
         ShardDataset(data, batch_size=2, seed=1).set_epoch(2**63)
 
 
-# -- 6. the ledger: options rebuilt from a state, and the state file ------------------------------------------
+# -- 6. the ledger: options rebuilt from a state, and the state file
+# ------------------------------------------
 
 
 def trace(data: str, state: dict[str, Any] | str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -329,8 +333,8 @@ def test_the_trace_command_refuses_huge_bucketing_within_a_memory_limit(
     path = tmp_path / "state.json"
     path.write_text(json.dumps(with_options(valid, batch_size=None, max_duration=10.0, num_buckets=10**9)))
     code = (
-        f"from shardio.cli import main\nimport sys\nsys.exit(main(['trace', {data!r}, '--state', {str(path)!r},"
-        " '--step', '0']))"
+        f"from shardio.cli import main\nimport sys\nsys.exit(main(['trace', {data!r}, '--state', "
+        f"{str(path)!r}, '--step', '0']))"
     )
     result = run_limited(
         code, headroom_mb=512, timeout=120, preload="torch, shardio.datasets.dataset, shardio.cli"

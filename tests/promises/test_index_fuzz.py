@@ -4,8 +4,8 @@ hash).
 
 Whatever the index says: ``Index.load`` and reading every sample raise only ``ShardioError``s, no file
 outside the dataset root is opened (an audit hook watches every ``open``), and no allocation goes beyond
-the documented bounds (:mod:`shardio.shards.indexchecks`): the same fuzz runs in a subprocess whose address space
-is limited to its imports plus 256 MiB.
+the documented bounds (:mod:`shardio.shards.indexchecks`): the same fuzz runs in a subprocess whose address
+space is limited to its imports plus 256 MiB.
 """
 
 from __future__ import annotations

@@ -251,8 +251,9 @@ def test_a_state_loaded_mid_iteration_applies_to_the_next_iteration_only(small: 
 
 def test_a_bucketed_state_from_before_sync_buckets_resumes_with_sync_buckets_off(small: Path) -> None:
     """Docs: "A bucketed state saved before ``sync_buckets`` existed resumes into a dataset built with
-    ``sync_buckets=False`` (one with the default refuses it, saying so)." Such a state records no ``sync_buckets`` (as one saved with it off still does not): into a dataset made
-    with ``sync_buckets=False`` it resumes onto exactly that plan's batches; into the default (synchronised,
+    ``sync_buckets=False`` (one with the default refuses it, saying so)." Such a state records no
+    ``sync_buckets`` (as one saved with it off still does not): into a dataset made with
+    ``sync_buckets=False`` it resumes onto exactly that plan's batches; into the default (synchronised,
     another plan) it is a ``StateError`` naming the option, never a resume onto the other plan's batches."""
     options: dict[str, Any] = {"max_duration": 1.5, "num_buckets": 3, "seed": 2}
     unsynced = keys_of(ShardDataset(small, sync_buckets=False, **options))

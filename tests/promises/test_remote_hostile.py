@@ -1,4 +1,5 @@
-"""Hostile remote datasets and servers, on loopback: what an ``index.json`` or an HTTP server can make shardio do.
+"""Hostile remote datasets and servers, on loopback: what an ``index.json`` or an HTTP
+server can make shardio do.
 
 A shard name whose percent-escapes an HTTP client decodes into ``..`` must not reach outside the root; a
 ranged GET answered with other bytes, a body past its size, an encoding or a 200 is a ``ReadError`` naming the
@@ -76,8 +77,9 @@ def _published(local: Index, web: Path, shard_name: str | None = None) -> Path:
 def test_percent_escaped_dot_segments_never_fetch_outside_the_root(
     local: Index, tmp_path: Path, name: str
 ) -> None:
-    """``http://host/ds/%2e%2e/other/x.tar`` is fetched as ``http://host/other/x.tar`` by aiohttp (yarl decodes
-    ``%2e`` and drops the dot segments): shardio refuses the name instead, with nothing fetched outside ``ds``."""
+    """``http://host/ds/%2e%2e/other/x.tar`` is fetched as ``http://host/other/x.tar`` by aiohttp (yarl
+    decodes ``%2e`` and drops the dot segments): shardio refuses the name instead, with nothing
+    fetched outside ``ds``."""
     _published(local, tmp_path, name)
     with HTTPFileServer(str(tmp_path)) as http:
         with pytest.raises(FormatError, match="percent-escapes") as caught:
@@ -109,7 +111,8 @@ def test_plain_and_escaped_names_that_stay_in_the_root_still_read(local: Index, 
 
 
 class _Hostile(BaseHTTPRequestHandler):
-    """Serves files under the server's root with ``Range``; paths containing ``server.match`` get ``server.mode``."""
+    """Serves files under the server's root with ``Range``; paths containing
+    ``server.match`` get ``server.mode``."""
 
     protocol_version = "HTTP/1.1"
     server: _HostileServer
@@ -175,7 +178,8 @@ class _Hostile(BaseHTTPRequestHandler):
 
     def _endless(self) -> None:
         """A chunked body of ``[`` that ends after 64 MiB (far past any bound under test, so that a test whose
-        bound is missing fails in seconds instead of filling memory or the disk), counted in ``server.sent``."""
+        bound is missing fails in seconds instead of filling memory or the disk),
+        counted in ``server.sent``."""
         self.send_response(200)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()

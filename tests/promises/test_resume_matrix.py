@@ -131,8 +131,9 @@ def test_collated_samples_with_persistent_workers_resume_from_the_loaders_own_st
 def test_collated_samples_of_two_workers_stopped_between_rounds_and_resumed_by_another_world(
     dirs: dict[str, str],
 ) -> None:
-    # after an odd number of batches worker 0 has handed over more samples than worker 1: some are ahead of the
-    # plan's prefix, and the new world's plan leaves them out; near the end, some of them are the old plan's padding
+    # after an odd number of batches worker 0 has handed over more samples than worker 1: some are ahead of
+    # the plan's prefix, and the new world's plan leaves them out; near the end, some of them
+    # are the old plan's padding
     case = Case(batching="collated", loader="stateful", workers=2, epochs=1, ds_load=True)
     check_world_change(case, dirs, 2, 3, stop=3)
     check_world_change(replace(case, workers=3), dirs, 4, 1, stop=4)
@@ -233,7 +234,8 @@ def check_group_world_change(
 
 
 def test_gloo_group_from_init_process_group_changes_world(dirs: dict[str, str], tmp_path: Path) -> None:
-    """Ranks from init_process_group without RANK/WORLD_SIZE, 3 -> 2 (spawned workers: test_worker_control)."""
+    """Ranks from init_process_group without RANK/WORLD_SIZE, 3 -> 2 (spawned workers:
+    test_worker_control)."""
     case = Case(workers=1, epochs=1, ds_load=True)
     check_group_world_change(
         case, dirs, tmp_path, "forkserver", "init", 3, 2, stop=length(case, dirs, World(0, 3)) // 2
@@ -242,7 +244,8 @@ def test_gloo_group_from_init_process_group_changes_world(dirs: dict[str, str], 
 
 @pytest.mark.slow
 def test_gloo_group_with_shard_loaders_changes_world(dirs: dict[str, str], tmp_path: Path) -> None:
-    """Each rank of a real gloo group (RANK/WORLD_SIZE set) iterates a ShardLoader with 2 spawned workers: 3 -> 2."""
+    """Each rank of a real gloo group (RANK/WORLD_SIZE set) iterates a ShardLoader with 2
+    spawned workers: 3 -> 2."""
     case = Case(loader="shardio", workers=2, start_method="spawn", epochs=1)
     check_group_world_change(
         case, dirs, tmp_path, "forkserver", "env", 3, 2, stop=length(case, dirs, World(0, 3)) // 2
@@ -322,7 +325,8 @@ def test_full_matrix_of_the_shard_loader(dirs: dict[str, str], data: st.DataObje
 def check_drawn(dirs: dict[str, str], data: st.DataObject, case: Case) -> None:
     """Stops and a rollback drawn for ``case`` in the same world, or a drawn world change (where the case's
     state can go into a dataset of another world)."""
-    # a mix's collated multi-worker state between rounds can be refused (a sample consumed ahead drawn again later)
+    # a mix's collated multi-worker state between rounds can be refused (a sample consumed
+    # ahead drawn again later)
     elastic = not (case.snapshot_every != 1 and case.batching in ("unbatched", "collated")) and not (
         case.mixed and case.batching == "collated" and case.loader == "stateful" and case.workers > 1
     )

@@ -8,8 +8,8 @@ when it batches an unbatched dataset's samples (``collate_fn=shardio.collate``),
 worker, between rounds of workers: the dataset resumes those after the prefix they consumed, leaving out the
 samples consumed ahead of it (each once, re-planned). A ``StatefulDataLoader`` with
 ``snapshot_every_n_steps > 1`` saves its workers' states as of its last snapshot: the dataset counts the
-batches since, which for an unbatched dataset are an unknown number of samples. The resume harness covers every configuration that resumes; these
-are the ones it leaves out because they are refused.
+batches since, which for an unbatched dataset are an unknown number of samples. The resume harness covers
+every configuration that resumes; these are the ones it leaves out because they are refused.
 """
 
 from __future__ import annotations

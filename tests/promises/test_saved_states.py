@@ -1,7 +1,8 @@
 """States saved before the typed state (:class:`~shardio.planning.surgery.Surgery`) read, trace and resume as
-they did: ``tests/data/states_0c9fd4a.json`` holds states saved by shardio at commit 0c9fd4a (a plain mid-epoch
-state, a quarantine with carry, a mid-epoch re-mix, a quarantine after it) and the keys its ``Trace`` showed for
-every batch of the state's epoch and the next. The datasets are made again here, byte for byte, from their seeds."""
+they did: ``tests/data/states_0c9fd4a.json`` holds states saved by shardio at commit 0c9fd4a (a plain
+mid-epoch state, a quarantine with carry, a mid-epoch re-mix, a quarantine after it) and the keys its
+``Trace`` showed for every batch of the state's epoch and the next. The datasets are made again here, byte for
+byte, from their seeds."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Issue 41, trust boundaries: inputs and remote locations whose failures were silent or untyped — a truncated
-RF64 file, a ``file://`` dataset root, an HTTP server that keeps answering 500, a huge member of a stream shard."""
+RF64 file, a ``file://`` dataset root, an HTTP server that keeps answering 500, a huge
+member of a stream shard."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_an_rf64_cut_anywhere_in_its_samples_is_truncated(cut: float) -> None:
     assert truncation_problem(whole[: start + int(cut * (len(whole) - start))], "wav") is not None
 
 
-# -- 17: a file:// root, and a server that answers 500 for good -------------------------------------------------
+# -- 17: a file:// root, and a server that answers 500 for good
+# -------------------------------------------------
 
 
 def test_a_file_url_root_reads_as_its_path(tmp_path: Path) -> None:
@@ -106,8 +108,8 @@ def test_a_permanent_http_500_is_a_read_error_naming_url_and_status(tmp_path: Pa
 
 
 def test_an_http_403_behind_a_file_not_found_is_not_called_missing() -> None:
-    """fsspec's HTTP ``size()`` raises ``FileNotFoundError`` for any failed answer, the answer as its cause: only a
-    404 (or no answer) behind it is "missing"; another status is a ReadError naming it."""
+    """fsspec's HTTP ``size()`` raises ``FileNotFoundError`` for any failed answer, the answer as its cause:
+    only a 404 (or no answer) behind it is "missing"; another status is a ReadError naming it."""
     url = "http://127.0.0.1:9/shard-000001.tar"
 
     def refused(status: int) -> None:
@@ -126,12 +128,13 @@ def test_an_http_403_behind_a_file_not_found_is_not_called_missing() -> None:
         retrying(lambda: refused(404), url, FAST)
 
 
-# -- 18: one huge member of a stream shard costs memory only to a read of its own sample ----------------------
+# -- 18: one huge member of a stream shard costs memory only to a read of its own
+# sample ----------------------
 
 
 def _gzip_shard_with_a_huge_member_first(path: Path, huge: int) -> None:
-    """A .tar.gz: sample ``x`` (a small WAV and an ``x.bin`` of ``huge`` zero bytes: a few hundred KB of gzip),
-    then a small sample ``y``."""
+    """A .tar.gz: sample ``x`` (a small WAV and an ``x.bin`` of ``huge`` zero bytes: a few hundred KB of
+    gzip), then a small sample ``y``."""
     audio = wav_bytes(np.zeros(800, np.float32), 8000)
     with gzip.open(path, "wb", compresslevel=1) as out:
         out.write(encode_sample("x", {"wav": audio}))

@@ -1,5 +1,5 @@
-"""Reused shared-memory batch blocks (shardio.reading.blocks): DataLoader workers give exactly the batches of the
-0-worker path, a held batch is never overwritten, and dropped batches' blocks are reused."""
+"""Reused shared-memory batch blocks (shardio.reading.blocks): DataLoader workers give exactly the batches of
+the 0-worker path, a held batch is never overwritten, and dropped batches' blocks are reused."""
 
 from __future__ import annotations
 

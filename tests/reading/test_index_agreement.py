@@ -1,5 +1,6 @@
 """Audio whose header disagrees with its index record: a rate or a frame count the index does not record is a
-DecodeError naming the sample, and a header cannot make the decoder allocate for audio its bytes do not hold."""
+DecodeError naming the sample, and a header cannot make the decoder allocate for audio
+its bytes do not hold."""
 
 from __future__ import annotations
 

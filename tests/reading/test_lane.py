@@ -347,7 +347,8 @@ def test_a_member_of_another_key_fails_the_same_on_both_paths(tmp_path: Path) ->
 
 
 def test_batches_from_workers_are_the_general_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a worker the lane's small tensors lie behind the audio in the worker's shared block, as collate's."""
+    """In a worker the lane's small tensors lie behind the audio in the worker's
+    shared block, as collate's."""
     drawn = [
         {
             "ext": "wav",

@@ -32,7 +32,8 @@ RATE = 8000
 
 @pytest.fixture
 def paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
-    """Counts the decodes each path gave: ``file`` (from a memory file) and ``bytes`` (left to ``io.BytesIO``)."""
+    """Counts the decodes each path gave: ``file`` (from a memory file) and ``bytes``
+    (left to ``io.BytesIO``)."""
     counts: collections.Counter[str] = collections.Counter()
     read_as_file = memoryfile.read_as_file
 
@@ -136,8 +137,9 @@ def test_a_member_whose_header_disagrees_with_the_index_decodes_as_from_its_byte
 def test_a_stream_cut_short_fails_or_is_skipped_as_from_its_bytes(
     tmp_path: Path, paths: collections.Counter[str], cut: float
 ) -> None:
-    """A FLAC file cut short, indexed with its header's frame count (as ``shardio index`` does), followed in its
-    shard by whole ones (decoded from the shard file at its offset, it read on into the next member's frames)."""
+    """A FLAC file cut short, indexed with its header's frame count (as ``shardio index`` does), followed in
+    its shard by whole ones (decoded from the shard file at its offset, it read on into the
+    next member's frames)."""
     whole = [_flac(0.3, 1, "PCM_16", seed) for seed in range(3)]
     cut_short = whole[0][: int(len(whole[0]) * cut)]
     _write(tmp_path, [(cut_short, _frames(whole[0]))] + [(flac, _frames(flac)) for flac in whole[1:]], 1)

@@ -169,7 +169,8 @@ def test_replaced_shard_of_the_same_size_fails_the_key_check(tmp_path: Path) -> 
 
 
 def test_same_size_data_change_is_left_to_verify(tmp_path: Path) -> None:
-    """Changed audio bytes in a plain .tar (headers intact) read without error; ``verify`` reports the shard."""
+    """Changed audio bytes in a plain .tar (headers intact) read without error;
+    ``verify`` reports the shard."""
     index = make_uneven_dataset(tmp_path / "ds", [3], duration_range=(0.05, 0.1))
     flip(index.shard_path(0), int(index.columns["frame_offset"][1]) + 512 + 100)  # inside sample 1's WAV data
     reader = Reader(Index.load(index.root))  # loaded after the change (the index at hand: ShardChanged)

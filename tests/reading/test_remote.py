@@ -184,7 +184,8 @@ def test_persistent_drops_raise_read_error(
     with pytest.raises(ReadError, match="attempt"):
         Reader(index, retry=FAST).members(3)
     # per attempt: s3fs sends a HEAD, fsspec's HTTP size() a HEAD then a GET, and aiohttp re-sends once when
-    # a pooled keep-alive connection turns out closed; left to themselves, s3fs and botocore sent 101 for one read (72 s)
+    # a pooled keep-alive connection turns out closed; left to themselves, s3fs and botocore
+    # sent 101 for one read (72 s)
     assert 3 <= remote.faults.count(index.shards[1].name) <= 3 * 4
 
 

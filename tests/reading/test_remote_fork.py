@@ -4,7 +4,8 @@ fsspec's HTTP filesystem closes its aiohttp session from a finalizer that waits 
 on; in a forked child that loop has no thread, so the wait runs to fsspec's 1 s poll before giving up. Every
 parent filesystem a child dropped cost it that second, and since the drop happened when the first read-ahead
 thread asked for a filesystem (fsspec clears its instance cache in a new process) or when a cyclic collection
-ran in fsspec's event-loop thread, all of a worker's first requests waited behind it: the 2-worker read-ahead measured ~1 s slower per epoch than 0 workers.
+ran in fsspec's event-loop thread, all of a worker's first requests waited behind it: the 2-worker read-ahead
+measured ~1 s slower per epoch than 0 workers.
 """
 
 from __future__ import annotations

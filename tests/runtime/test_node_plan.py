@@ -152,7 +152,8 @@ def test_one_rank_without_workers_plans_in_memory(root: str, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp_path: Path) -> None:
     """Pickled for a spawn/forkserver worker (torch's ForkingPickler), a share mapped from the node plan is a
-    reference to its files, not its ids nor a shared-memory copy; where the files are gone the worker plans."""
+    reference to its files, not its ids nor a shared-memory copy; where the files are
+    gone the worker plans."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  (registers its reductions of tensors with ForkingPickler)
@@ -187,8 +188,9 @@ def test_a_mapped_share_reaches_spawned_workers_as_its_plans_name(root: str, tmp
 
 
 def test_an_index_made_in_memory_is_planned_in_memory(root: str, tmp_path: Path) -> None:
-    """Plan files are named by the index fingerprint: an index made in memory, whose fingerprint was given rather
-    than computed from its content, never writes or maps one (two such indexes may share a fingerprint)."""
+    """Plan files are named by the index fingerprint: an index made in memory, whose fingerprint was given
+    rather than computed from its content, never writes or maps one (two such indexes may
+    share a fingerprint)."""
     from shardio import Index
 
     loaded = Index.load(root)

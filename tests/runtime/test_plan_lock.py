@@ -1,4 +1,5 @@
-"""One process of a node plans an epoch; the node's other processes that need it wait for it and map its plan file."""
+"""One process of a node plans an epoch; the node's other processes that need it wait for it
+and map its plan file."""
 
 from __future__ import annotations
 

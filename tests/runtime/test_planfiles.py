@@ -1,4 +1,5 @@
-"""Persistent DataLoader workers map the training process's plan of each later epoch instead of planning it."""
+"""Persistent DataLoader workers map the training process's plan of each later epoch
+instead of planning it."""
 
 from __future__ import annotations
 
@@ -104,9 +105,9 @@ def test_a_full_disk_leaves_the_workers_to_plan(
 
 
 def test_a_fingerprint_copied_from_another_dataset_never_maps_its_plans(root: str, tmp_path: Path) -> None:
-    """Node plan files are keyed by the index's content, not by the fingerprint index.json states: a dataset that
-    states another's fingerprint (copied by hand, or by a hostile dataset) used to map that dataset's plans and
-    yield 32 of its 40 samples, silently."""
+    """Node plan files are keyed by the index's content, not by the fingerprint index.json states: a dataset
+    that states another's fingerprint (copied by hand, or by a hostile dataset) used to map that dataset's
+    plans and yield 32 of its 40 samples, silently."""
     from hostile import rewrite_header
 
     other = make_uneven_dataset(tmp_path / "other", [19, 21], seed=5, duration_range=(0.01, 0.02))

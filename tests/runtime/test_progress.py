@@ -1,7 +1,7 @@
 """A process's position among its instructions (workers.progress), in the training process, in milliseconds.
 
-The configurations where workers play (fork, spawn, persistent, StatefulDataLoader) are the resume harness's and
-tests/runtime/test_worker_control.py's; these pin the rules they rely on.
+The configurations where workers play (fork, spawn, persistent, StatefulDataLoader) are the resume harness's
+and tests/runtime/test_worker_control.py's; these pin the rules they rely on.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def test_a_workers_own_instruction_wins_over_the_control_blocks() -> None:
 def test_every_process_of_an_iteration_plays_the_next_epoch(data: st.DataObject) -> None:
     """Iterations without set_epoch, simulated on a control block: the training process itself (slot 0) or
     the workers of one DataLoader iterator (any count, seeds fresh or the same as before, persistent or not),
-    their first looks and begins interleaved. Every process of an iteration plays the same epoch, the one after
-    the last iteration's (the instruction's first)."""
+    their first looks and begins interleaved. Every process of an iteration plays the same epoch, the one
+    after the last iteration's (the instruction's first)."""
     control = Control()
     given_epoch = data.draw(st.integers(0, 3))
     first = Instruction(given_epoch, start=data.draw(st.integers(0, 2)), loaded=True)

@@ -1,5 +1,5 @@
-"""A rank's plan reaches spawn and forkserver DataLoader workers through shared memory, or mapped from the node
-plan's files, never pickled by value."""
+"""A rank's plan reaches spawn and forkserver DataLoader workers through shared memory, or mapped from the
+node plan's files, never pickled by value."""
 
 from __future__ import annotations
 

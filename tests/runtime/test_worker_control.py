@@ -97,8 +97,9 @@ def test_an_iteration_without_set_epoch_plays_the_next_epoch_everywhere(data: st
 
 def test_iterations_by_loaders_of_other_worker_counts_play_the_next_epoch_whole(data: str) -> None:
     """One dataset, iterated by loaders of 2, 3, 0, 1 (persistent, spawned) and 2 workers in turn, without
-    ``set_epoch``: each iteration plays the next epoch, every worker the same one. Workers used to go by their own
-    slot: the third of 3 workers played epoch 0 beside the others' epoch 1, and 0 workers after 2 replayed epoch 0."""
+    ``set_epoch``: each iteration plays the next epoch, every worker the same one. Workers used to go by their
+    own slot: the third of 3 workers played epoch 0 beside the others' epoch 1, and 0 workers
+    after 2 replayed epoch 0."""
     ds = make(data)
     loaders = [
         DataLoader(ds, batch_size=None, num_workers=2),
@@ -127,8 +128,8 @@ def test_the_training_processs_own_state_while_workers_play(
     data: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Once its workers finished an epoch, the next one (it was the instruction they had played: resuming it
-    replayed the epoch). In the middle of one, which it cannot see: the epoch's start, with a warning, never the
-    next epoch (which would skip the rest)."""
+    replayed the epoch). In the middle of one, which it cannot see: the epoch's start, with a warning, never
+    the next epoch (which would skip the rest)."""
     ds = make(data)
     assert played(DataLoader(ds, batch_size=None, num_workers=2)) == epoch_keys(data, 0)
     resumed = make(data)

@@ -1,5 +1,6 @@
-"""The shard table is columnar (issue 18): it round-trips every field, keeps index files byte-identical, refuses
-malformed entries by field, and a dataset pickled for spawn/forkserver workers does not grow with the shards."""
+"""The shard table is columnar (issue 18): it round-trips every field, keeps index files byte-identical,
+refuses malformed entries by field, and a dataset pickled for spawn/forkserver workers does not
+grow with the shards."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""parse_members against Python's tarfile: ustar (name prefix), GNU (long-name members) and pax archives; a bad
-checksum is a FormatError; the end-of-archive block ends the walk."""
+"""parse_members against Python's tarfile: ustar (name prefix), GNU (long-name members) and pax archives; a
+bad checksum is a FormatError; the end-of-archive block ends the walk."""
 
 from __future__ import annotations
 

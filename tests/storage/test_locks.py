@@ -1,6 +1,6 @@
-"""The one lock primitive (shardio.storage.locks) that the dataset-directory, plan and shard-cache locks stand on:
-a wait for a lock another process holds is logged once, naming the lock file and its holder; a refusal names
-the holder; the lock file goes with its release."""
+"""The one lock primitive (shardio.storage.locks) that the dataset-directory, plan and shard-cache locks stand
+on: a wait for a lock another process holds is logged once, naming the lock file and its holder; a refusal
+names the holder; the lock file goes with its release."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A local shard rewritten or replaced while a run reads it (issue 41): a ``ShardChanged`` naming the shard, as
-over S3 and HTTP, in the process that reads and through DataLoader workers (fork and spawn), for a rewrite in
-place and a replacement by rename; never the other version's audio read silently."""
+"""A local shard rewritten or replaced while a run reads it (issue 41): a ``ShardChanged`` naming the shard,
+as over S3 and HTTP, in the process that reads and through DataLoader workers (fork and spawn), for a rewrite
+in place and a replacement by rename; never the other version's audio read silently."""
 
 from __future__ import annotations
 

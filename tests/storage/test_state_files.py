@@ -57,7 +57,8 @@ def test_a_device_state_is_not_read(data: str, tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_directory_state_is_refused(data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # a directory is read as an Accelerate checkpoint (ledger/checkpoints): one holding no shardio state is refused
+    # a directory is read as an Accelerate checkpoint (ledger/checkpoints): one holding no
+    # shardio state is refused
     code, err = run_cli(["trace", "--step", "0"], data, str(tmp_path), tmp_path, capsys)
     assert code == 2 and "holding no shardio states" in err, err
 
