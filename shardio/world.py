@@ -40,10 +40,13 @@ class World:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
-        object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
-        object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
-        object.__setattr__(self, "worker", integer("worker", self.worker, None))
+        exact = type(self.rank) is type(self.world_size) is type(self.worker) is type(self.num_workers) is int
+        if not (exact and 1 <= self.world_size <= MAX_WORLD_SIZE and 1 <= self.num_workers <= MAX_WORKERS):
+            # anything but plain ints within their bounds (a detected world is): converted, or refused by name
+            object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
+            object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
+            object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
+            object.__setattr__(self, "worker", integer("worker", self.worker, None))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise OptionError(f"rank {self.rank} is not within a world of size {self.world_size}")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
@@ -69,7 +72,8 @@ class World:
             detected_rank, detected_size = _detect_ranks()
             rank = detected_rank if rank is None else rank
             world_size = detected_size if world_size is None else world_size
-        return cls(rank=rank, world_size=world_size).with_worker()
+        context = Context.detect()
+        return cls(rank, world_size, context.worker, context.num_workers)
 
     def with_worker(self, context: Context | None = None) -> World:
         """This world with a context's worker fields.

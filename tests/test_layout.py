@@ -21,7 +21,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("shardio.errors", "shardio.checks", "shardio.version")),  # and the checks of values users hand in
     ("storage", ("shardio.storage",)),  # paths and URLs, fsspec, ranged reads, retries, atomic writes, locks
     ("shards", ("shardio.shards",)),  # the on-disk format: tar members, index, columns, writer
-    ("planning, world, state", ("shardio.planning", "shardio.world", "shardio.state")),  # decisions on metadata
+    # decisions on metadata
+    ("planning, world, state", ("shardio.planning", "shardio.world", "shardio.state", "shardio.jobstate")),
     ("reading", ("shardio.reading",)),  # members -> decoded samples -> padded batches
     ("runtime", ("shardio.runtime",)),  # what runs under the datasets: worker instructions, node plans, sharing
     ("datasets", ("shardio.datasets",)),  # ShardDataset, MixedDataset

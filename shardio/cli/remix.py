@@ -55,7 +55,7 @@ def _run_remix(args: argparse.Namespace) -> int:
     from ..ledger.rebuild import open_for_state, state_corpora
     from ..ledger.remix import remix, remix_report
     from ..planning.mixoptions import EpochSize
-    from ..state import job_state
+    from ..jobstate import job_state
 
     checkpoint = read_checkpoint(args.state)
     state = checkpoint.state

@@ -61,7 +61,7 @@ def leave_out_consumed(surgery: Surgery, plan: EpochPlan, positions: Sequence[in
                        epoch: int, segment: int, keys: Sequence[str]) -> Surgery:
     """``surgery`` with an entry that leaves out of ``epoch``, from history segment ``segment`` on, the samples of
     every rank's batches at ``positions`` of ``plan`` (the segment before it), which workers consumed ahead of
-    a state at ``position`` (:func:`shardio.state.split`). Such entries of earlier epochs are dropped.
+    a state at ``position`` (:func:`shardio.jobstate.split`). Such entries of earlier epochs are dropped.
 
     An entry leaves out every occurrence of its samples, so one that also occurs in a batch not yet consumed (a
     mix's sample drawn twice in the epoch) is a :class:`StateError`, not a lost sample."""

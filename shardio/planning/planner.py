@@ -12,7 +12,7 @@ methods below. No I/O (the columns are the index's, already mapped) and no torch
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -53,6 +53,19 @@ class Planner:
     mix: Mix | None = None
     corpora: tuple[tuple[str, Index], ...] = ()
     """A mix's corpora, in name order: ``(name, index)``."""
+    _options: dict[str, object] = field(init=False, repr=False, compare=False)
+    _samples: int = field(init=False, repr=False, compare=False)
+    _shards: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # made once, with the planner: every state saved or loaded compares the options, every plan counts
+        options = options_of(self.batching, self.ordering)
+        if self.mix is not None:
+            corpora = {name: part.fingerprint for name, part in self.corpora}
+            options = {**options, "mix": self.mix.options(), "corpora": corpora}
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_samples", len(self.index))
+        object.__setattr__(self, "_shards", len(self.index.shards))
 
     @property
     def batched(self) -> bool:
@@ -68,11 +81,27 @@ class Planner:
     def options(self) -> dict[str, object]:
         """The options that shape a plan, JSON-ready (a state records them; a mix adds its options and each
         corpus's index fingerprint)."""
-        options = options_of(self.batching, self.ordering)
-        if self.mix is None:
-            return options
-        corpora = {name: part.fingerprint for name, part in self.corpora}
-        return {**options, "mix": self.mix.options(), "corpora": corpora}
+        return dict(self._options)
+
+    def batch_count(self, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE) -> int | None:
+        """Batches per rank in an epoch's current segment, counted without planning where the options make it
+        a function of the sample count alone: a fixed batch size (or unbatched), no duration filter, no buckets
+        or synchronised rounds, no history, no quarantine, not a mix. Every epoch has that many.
+
+        Args:
+            world_size: the ranks the segment is dealt to.
+            history: the epoch's finished segments.
+            surgery: a loaded state's quarantines and re-mix.
+
+        Returns:
+            ``plan(epoch, world_size, history, surgery).num_batches``; ``None`` where only the plan tells.
+        """
+        batching = self.planned_batching
+        if (self.mix is not None or history or surgery.quarantines or batching.batch_size is None
+                or batching.filters or batching.bucketed or batching.synchronised):
+            return None
+        batches = -(-self._samples // batching.batch_size)
+        return batches // world_size if batching.remainder == "drop" else -(-batches // world_size)
 
     def columns(self) -> dict[str, CorpusColumns]:
         """A mix's planner columns per corpus (each corpus's own, as mapped: nothing is concatenated)."""
@@ -99,7 +128,7 @@ class Planner:
         """
         batching = self.planned_batching
         if self.mix is None:
-            return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
+            return plan_epoch(self.index.shard_ids, self.index.durations, self._shards, seed=self.seed,
                               epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
                               history=history, exclude=surgery.exclusions(epoch) if surgery.quarantines else ())
         return plan_mix(self.columns(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
@@ -192,7 +221,7 @@ class Planner:
         and options are these, its quarantines name samples of this index and its position lies in the plan.
 
         Args:
-            state: a job-level state (:func:`~shardio.state.job_state`).
+            state: a job-level state (:func:`~shardio.jobstate.job_state`).
 
         Returns:
             The plan of the state's epoch and current segment, for its world.
@@ -204,7 +233,7 @@ class Planner:
         if problems:
             raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
         surgery = state.surgery
-        surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.corpus)
+        surgery.check_ids(self._samples, lambda i: self.index.keys[i], self.corpus)
         try:
             plan = self.plan(state.epoch, state.world_size, state.history, surgery)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan

@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
@@ -42,6 +43,7 @@ _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
 _SLOTS = _HISTORY + 2 * MAX_HISTORY  # then per iterating process: generation seen, epoch last begun, finished,
 _WIDTH = 4  # and the iteration that began it (see Control.upcoming)
+_SEEN, _EPOCH_BEGUN, _FINISHED, _ITERATION = range(_WIDTH)  # a slot's fields
 _SIZE = _SLOTS + _WIDTH * (1 + MAX_WORKERS)
 
 
@@ -71,6 +73,7 @@ class Control:
         self._values = self._block.numpy()  # the same memory, read and written through numpy: ~50x cheaper
         self.owner = os.getpid()
         """The training process whose block this is (its workers read it too)."""
+        self._worker = 0  # the process found to be a DataLoader worker, which never owns the block
         _LIVE.add(self)
         self.give(Instruction(0))
 
@@ -85,12 +88,17 @@ class Control:
         self._block = block if shared else block.clone().share_memory_()
         self._values = self._block.numpy()
         self.owner = int(state.get("owner", 0)) if shared else os.getpid()
+        self._worker = 0
         _LIVE.add(self)
 
     def own(self) -> None:
         """In a training process (not a DataLoader worker) that did not make this block: continue on a copy of
         it, this process's own, so that its instructions and its workers' iterations stay its own."""
-        if self.owner == os.getpid() or Context.detect().in_worker:  # pickled or forked: no caller to ask
+        pid = os.getpid()
+        if self.owner == pid or self._worker == pid:
+            return
+        if Context.detect().in_worker:  # pickled or forked: no caller to ask; a worker stays one
+            self._worker = pid
             return
         self._block = self._block.clone().share_memory_()
         self._values = self._block.numpy()
@@ -128,23 +136,22 @@ class Control:
     def instruction(self) -> Instruction:
         """The last instruction given."""
         values = self._values[:_SLOTS].tolist()
-        history = tuple(Segment(values[_HISTORY + 2 * i], values[_HISTORY + 2 * i + 1])
-                        for i in range(values[_HISTORY_LENGTH]))
+        end = _HISTORY + 2 * values[_HISTORY_LENGTH]
+        history = tuple(map(Segment, values[_HISTORY:end:2], values[_HISTORY + 1 : end : 2]))
         return Instruction(values[_EPOCH], history, values[_START], bool(values[_LOADED]), values[_EXTRA])
 
     def started(self) -> bool:
         """Whether some process has begun an iteration since the last instruction."""
-        generation = self.generation
-        return any(seen == generation for seen, _, _, _ in self._slots())
+        return bool((self._slots()[:, _SEEN] == self.generation).any())
 
     def workers_begun(self) -> bool:
         """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
-        return any(seen for seen, _, _, _ in self._slots()[1:])
+        return bool(self._slots()[1:, _SEEN].any())
 
     def workers_playing(self) -> bool:
         """Whether a DataLoader worker has begun an iteration since the last instruction and not finished it."""
-        generation = self.generation
-        return any(seen == generation and not finished for seen, _, finished, _ in self._slots()[1:])
+        workers = self._slots()[1:]
+        return bool(((workers[:, _SEEN] == self.generation) & (workers[:, _FINISHED] == 0)).any())
 
     def upcoming(self, slot: int, iteration: int = 0) -> Instruction:
         """What the next iteration of ``slot`` plays. ``iteration`` names the DataLoader iteration a worker's
@@ -158,14 +165,15 @@ class Control:
         """
         generation = self.generation
         slots = self._slots()
-        begun = [(number, epoch, it) for number, (seen, epoch, _, it) in enumerate(slots) if seen == generation]
+        begun = np.flatnonzero(slots[:, _SEEN] == generation)
         given = self.instruction()
-        if not begun:
+        if not begun.size:
             return given
-        latest = max(epoch for _, epoch, _ in begun)
-        played = slots[slot][1] if slots[slot][0] == generation else -1
-        if iteration and any(it == iteration and number != slot and epoch == latest > played
-                             for number, epoch, it in begun):
+        epochs = slots[begun, _EPOCH_BEGUN]
+        latest = int(epochs.max())
+        played = int(slots[slot, _EPOCH_BEGUN]) if slots[slot, _SEEN] == generation else -1
+        siblings = (slots[begun, _ITERATION] == iteration) & (begun != slot) & (epochs == latest)
+        if iteration and latest > played and siblings.any():
             return given if latest == given.epoch else Instruction(latest)
         return Instruction(latest + 1)
 
@@ -173,12 +181,12 @@ class Control:
         """The job's iteration as the training process sees it when workers play it: the latest epoch begun
         under this instruction (the instruction itself before any), or the epoch after it once every process
         that began it has finished its share."""
-        generation = self.generation
-        begun = [(epoch, finished) for seen, epoch, finished, _ in self._slots() if seen == generation]
-        if not begun:
+        slots = self._slots()
+        begun = slots[slots[:, _SEEN] == self.generation]
+        if not begun.shape[0]:
             return self.instruction()
-        latest = max(epoch for epoch, _ in begun)
-        if all(finished for epoch, finished in begun if epoch == latest):
+        latest = int(begun[:, _EPOCH_BEGUN].max())
+        if begun[begun[:, _EPOCH_BEGUN] == latest, _FINISHED].all():
             return Instruction(latest + 1)
         given = self.instruction()
         return given if latest == given.epoch else Instruction(latest)
@@ -188,17 +196,18 @@ class Control:
         :meth:`upcoming`); that generation."""
         generation = self.generation
         at = _SLOTS + _WIDTH * slot
-        self._values[at + 1 : at + 4] = epoch, 0, iteration
-        self._values[at] = generation  # last: a slot seen under this generation has its other fields
+        self._values[at + _EPOCH_BEGUN], self._values[at + _FINISHED] = epoch, 0
+        self._values[at + _ITERATION] = iteration
+        self._values[at + _SEEN] = generation  # last: a slot seen under this generation has its other fields
         return generation
 
     def finish(self, slot: int) -> None:
         """Record that ``slot`` has played its share of the epoch it began."""
-        self._values[_SLOTS + _WIDTH * slot + 2] = 1
+        self._values[_SLOTS + _WIDTH * slot + _FINISHED] = 1
 
-    def _slots(self) -> list[tuple[int, int, int, int]]:
-        values = self._values[_SLOTS:].tolist()
-        return list(zip(values[0::_WIDTH], values[1::_WIDTH], values[2::_WIDTH], values[3::_WIDTH]))
+    def _slots(self) -> np.ndarray:
+        """A copy of every slot, one row each: generation seen, epoch begun, finished, iteration."""
+        return self._values[_SLOTS:].reshape(-1, _WIDTH).copy()
 
 
 _LIVE: weakref.WeakSet[Control] = weakref.WeakSet()

@@ -51,7 +51,7 @@ from ..storage.locks import FileLock
 from ..version import __version__
 from . import nodeplan
 
-__all__ = ["name", "save", "load", "obtain", "share", "path", "clean", "prune", "STALE_S", "WAIT_S"]
+__all__ = ["name", "save", "load", "obtain", "path", "clean", "prune", "STALE_S", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,15 +170,6 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
     finally:
         lock.release()
     # the holder we waited for wrote no file (a full disk, or it died): plan alongside the others, not in turn
-    return rank_plan(make(), rank)
-
-
-def share(job: Mapping[str, Any], epoch: int, history: Any, rank: int, samples: int,
-          make: Callable[[], EpochPlan], on_node: bool) -> RankPlan:
-    """Rank ``rank``'s share of epoch ``epoch`` (after ``history``) in job ``job``: with ``on_node``, obtained
-    from the node's plan (:func:`obtain`); else cut from ``make()`` here, and nothing is written."""
-    if on_node:
-        return obtain(name(job, epoch, history), rank, samples, make)
     return rank_plan(make(), rank)
 
 

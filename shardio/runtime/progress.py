@@ -13,8 +13,9 @@ import logging
 from collections.abc import Sequence
 
 from ..errors import StateError
+from ..jobstate import split
 from ..planning.plan import Segment
-from ..state import LoaderState, split
+from ..state import LoaderState
 from ..world import Context
 from .control import MAX_HISTORY, Control, Instruction, slot_of
 
@@ -124,7 +125,7 @@ def resume_point(states: Sequence[LoaderState], steps_after: int, world_size: in
                  context: Context) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
     """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the state
     they make, its instruction, the batches of it this process has already yielded, and the positions its
-    workers consumed ahead of the state's position (:func:`~shardio.state.split`).
+    workers consumed ahead of the state's position (:func:`~shardio.jobstate.split`).
 
     One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that worker;
     otherwise the states are combined into the job's (``steps_after``: batches consumed since they were saved).
