@@ -26,7 +26,14 @@ from .errors import OptionError, StateError, shown
 from .planning.plan import Segment
 from .planning.surgery import Surgery
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "LoaderState", "batch_position", "check_follows", "options_fingerprint"]
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "LoaderState",
+    "batch_position",
+    "check_follows",
+    "options_fingerprint",
+]
 
 STATE_VERSION = 1
 STATE_FORMAT = "shardio-state"
@@ -70,15 +77,18 @@ class LoaderState:
 
     @cached_property
     def surgery(self) -> Surgery:
-        """``extra`` typed: quarantines and re-mix (a :class:`StateError` where malformed; parsed by from_dict)."""
+        """``extra`` typed: quarantines and re-mix (a :class:`StateError` where malformed; parsed by
+        from_dict)."""
         return Surgery.of(self.extra) if self.extra else Surgery()
 
     @property
     def position(self) -> int:
         """Batches per rank consumed in the current segment (a job-level state only)."""
         if self.num_workers != 1:
-            raise StateError(f"this is worker {self.worker}'s share of a {self.num_workers}-worker state; "
-                             "combine the states of all workers first")
+            raise StateError(
+                f"this is worker {self.worker}'s share of a {self.num_workers}-worker state; "
+                "combine the states of all workers first"
+            )
         return self.start + self.yielded
 
     def at(self, position: int) -> LoaderState:
@@ -93,8 +103,12 @@ class LoaderState:
         """The JSON-ready form (what ``state_dict()`` returns)."""
         body = asdict(self)
         body["history"] = [[s.world_size, s.consumed] for s in self.history]
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, **body,
-                "options_fingerprint": options_fingerprint(self.options)}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            **body,
+            "options_fingerprint": options_fingerprint(self.options),
+        }
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> LoaderState:
@@ -109,27 +123,50 @@ class LoaderState:
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise StateError("not a shardio loader state (expected a dict with format 'shardio-state')")
         if type(state.get("version")) is not int or state.get("version") != STATE_VERSION:
-            raise StateError(f"loader state version {shown(state.get('version'))}; this shardio reads "
-                             f"version {STATE_VERSION}")
-        for name in ("epoch", "seed", "index", "options", "world_size", "history", "start", "yielded", "worker",
-                     "num_workers"):
+            raise StateError(
+                f"loader state version {shown(state.get('version'))}; this shardio reads "
+                f"version {STATE_VERSION}"
+            )
+        for name in (
+            "epoch",
+            "seed",
+            "index",
+            "options",
+            "world_size",
+            "history",
+            "start",
+            "yielded",
+            "worker",
+            "num_workers",
+        ):
             if name not in state:
                 raise StateError(f"malformed loader state: field {name} is missing")
         # the seed is only compared with the dataset's, which may be any integer >= 0
         most = {"world_size": MAX_WORLD_SIZE, "num_workers": MAX_WORKERS, "seed": None}
-        ints = {name: check_count(state, name, 1 if name in ("world_size", "num_workers") else 0,
-                                  most.get(name, MAX_COUNT))
-                for name in ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")}
+        ints = {
+            name: check_count(
+                state, name, 1 if name in ("world_size", "num_workers") else 0, most.get(name, MAX_COUNT)
+            )
+            for name in ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")
+        }
         if ints["worker"] >= ints["num_workers"]:
-            raise StateError(f"malformed loader state: field worker is {ints['worker']}, not below num_workers "
-                             f"{ints['num_workers']}")
+            raise StateError(
+                f"malformed loader state: field worker is {ints['worker']}, not below num_workers "
+                f"{ints['num_workers']}"
+            )
         for name in ("options", "extra"):
             check_tree(name, state.get(name, {}))
         if not isinstance(state["index"], str):
-            raise StateError(f"malformed loader state: field index must be a string, not "
-                             f"{type(state['index']).__name__}")
-        parsed = cls(index=state["index"], options=dict(state["options"]), history=_history(state["history"]),
-                     extra=dict(state.get("extra", {})), **ints)
+            raise StateError(
+                f"malformed loader state: field index must be a string, not {type(state['index']).__name__}"
+            )
+        parsed = cls(
+            index=state["index"],
+            options=dict(state["options"]),
+            history=_history(state["history"]),
+            extra=dict(state.get("extra", {})),
+            **ints,
+        )
         parsed.surgery  # noqa: B018  (parsed and bounded now, before anything plans with it)
         return parsed
 
@@ -143,33 +180,47 @@ class LoaderState:
         """
         found = []
         if self.index != index:
-            found.append(f"index fingerprint: state {shown(self.index)}, dataset {shown(index)} (another dataset "
-                         "or a re-pack)")
+            found.append(
+                f"index fingerprint: state {shown(self.index)}, dataset {shown(index)} (another dataset "
+                "or a re-pack)"
+            )
         if self.seed != seed:
             found.append(f"seed: state {shown(self.seed)}, dataset {shown(seed)}")
         return found + (option_differences(self.options, options) if self.options != options else [])
 
 
 def _history(value: Any) -> tuple[Segment, ...]:
-    """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs, each within the
-    bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
+    """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs, each within
+    the bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to
+    say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
     if len(value) > MAX_HISTORY:
-        raise StateError(f"malformed loader state: field history has {len(value)} world-size changes in one "
-                         f"epoch; at most {MAX_HISTORY} are kept")
+        raise StateError(
+            f"malformed loader state: field history has {len(value)} world-size changes in one "
+            f"epoch; at most {MAX_HISTORY} are kept"
+        )
     segments = []
     for number, item in enumerate(value):
-        if (not isinstance(item, (list, tuple)) or len(item) != 2 or any(type(v) is not int for v in item)
-                or not 1 <= item[0] <= MAX_WORLD_SIZE or not 0 <= item[1] <= MAX_COUNT):
-            raise StateError(f"malformed loader state: field history[{number}] must be [world_size >= 1 and <= "
-                             f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] (integers), not {shown(item)}")
+        if (
+            not isinstance(item, (list, tuple))
+            or len(item) != 2
+            or any(type(v) is not int for v in item)
+            or not 1 <= item[0] <= MAX_WORLD_SIZE
+            or not 0 <= item[1] <= MAX_COUNT
+        ):
+            raise StateError(
+                f"malformed loader state: field history[{number}] must be [world_size >= 1 and <= "
+                f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] (integers), not {shown(item)}"
+            )
         segments.append(Segment(item[0], item[1]))
     return tuple(segments)
 
 
 def batch_position(batch: Mapping[str, Any]) -> tuple[int, int]:
-    """A yielded batch's ``(epoch, batch_index)``: integers (Python, numpy or one-element torch), never bools."""
+    """A yielded batch's ``(epoch, batch_index)``: integers (Python, numpy or one-element torch), never
+    bools."""
+
     def exact(value: Any) -> int:
         if isinstance(value, bool):
             raise TypeError("a bool is not a batch index")
@@ -180,14 +231,18 @@ def batch_position(batch: Mapping[str, Any]) -> tuple[int, int]:
     except (KeyError, TypeError):
         pass
     if isinstance(batch.get("batch_index"), (list, tuple)):
-        raise OptionError(f"state_after takes a batch ShardDataset yielded; this one holds "
-                          f"{len(batch['batch_index'])} samples a DataLoader batched (its 'batch_index' is a list), "
-                          "which several workers hand over out of plan order, so no position describes them: batch "
-                          "in the dataset (ShardDataset(batch_size=...) or max_duration, with DataLoader(batch_size="
-                          "None)), or use torchdata's StatefulDataLoader and its state, or num_workers=0 and "
-                          "ds.state_dict()")
-    raise OptionError("state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
-                      "'batch_index' (a collate_fn must keep them)")
+        raise OptionError(
+            f"state_after takes a batch ShardDataset yielded; this one holds "
+            f"{len(batch['batch_index'])} samples a DataLoader batched (its 'batch_index' is a list), "
+            "which several workers hand over out of plan order, so no position describes them: batch "
+            "in the dataset (ShardDataset(batch_size=...) or max_duration, with DataLoader(batch_size="
+            "None)), or use torchdata's StatefulDataLoader and its state, or num_workers=0 and "
+            "ds.state_dict()"
+        )
+    raise OptionError(
+        "state_after needs a batch yielded by ShardDataset, with integer 'epoch' and "
+        "'batch_index' (a collate_fn must keep them)"
+    )
 
 
 def check_follows(previous: Mapping[str, Any] | None, state: Mapping[str, Any]) -> None:
@@ -199,8 +254,14 @@ def check_follows(previous: Mapping[str, Any] | None, state: Mapping[str, Any]) 
     same = all(previous.get(name) == state.get(name) for name in ("epoch", "history", "world_size"))
     if same and state.get("start") != previous.get("start", 0) + 1:
         now, before = state.get("start", 0) - 1, previous.get("start", 0) - 1
-        skipped = (f"batches {before + 1} to {now - 1} were skipped (skip_first_batches after a resume? the loaded "
-                   "state already starts after the batches trained on) or " if now > before + 1 else "")
-        raise StateError(f"batch {now} of epoch {state.get('epoch')} was trained on right after batch {before}: "
-                         f"{skipped}the DataLoader hands batches over out of plan order (in_order=False?), so no "
-                         "saved state can say which were trained on: keep the DataLoader's default in_order=True")
+        skipped = (
+            f"batches {before + 1} to {now - 1} were skipped (skip_first_batches after a resume? the loaded "
+            "state already starts after the batches trained on) or "
+            if now > before + 1
+            else ""
+        )
+        raise StateError(
+            f"batch {now} of epoch {state.get('epoch')} was trained on right after batch {before}: "
+            f"{skipped}the DataLoader hands batches over out of plan order (in_order=False?), so no "
+            "saved state can say which were trained on: keep the DataLoader's default in_order=True"
+        )

@@ -120,14 +120,15 @@ def _detect_ranks() -> tuple[int, int]:
     try:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
-        raise OptionError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
-                          "are not integers") from None
+        raise OptionError(
+            f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} are not integers"
+        ) from None
 
 
 def refuse_resharding(context: Context, caller: FrameType | None = None) -> None:
     """An :class:`OptionError` where a dataset is iterated by a wrapper that splits its stream among the ranks
-    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)`` puts
-    around an IterableDataset with ``dispatch_batches=False``.
+    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)``
+    puts around an IterableDataset with ``dispatch_batches=False``.
 
     Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
     and pad the last with repeats: most samples lost, some trained twice, with no error of its own. In a
@@ -139,9 +140,14 @@ def refuse_resharding(context: Context, caller: FrameType | None = None) -> None
     else:
         wrapper = caller.f_locals.get("self") if caller is not None else None
     kind = type(wrapper)
-    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in ("accelerate", "transformers"):
-        raise OptionError(f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "
-                          "accelerator.prepare(loader) with dispatch_batches=False splits each rank's stream among "
-                          "the ranks again, but the dataset already gives each rank its own share (each rank "
-                          "would train on a slice of it, padded with repeats). Prepare the model and optimizer, "
-                          "not the loader, and checkpoint with shardio.integrations.accelerate.track")
+    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in (
+        "accelerate",
+        "transformers",
+    ):
+        raise OptionError(
+            f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "
+            "accelerator.prepare(loader) with dispatch_batches=False splits each rank's stream among "
+            "the ranks again, but the dataset already gives each rank its own share (each rank "
+            "would train on a slice of it, padded with repeats). Prepare the model and optimizer, "
+            "not the loader, and checkpoint with shardio.integrations.accelerate.track"
+        )

@@ -1,7 +1,8 @@
-"""Planned: the planning face of a dataset (a base of :class:`~shardio.datasets.dataset.ShardDataset`, which sets
-the attributes below): its rank and world, its plan, its length, the options and the surgery a state records.
-Every answer comes from the dataset's planner through the :class:`~shardio.datasets.epochplans.EpochPlans` it
-holds, which the dataset asks directly for this rank's share of an epoch.
+"""Planned: the planning face of a dataset (a base of :class:`~shardio.datasets.dataset.ShardDataset`, which
+sets the attributes below): its rank and world, its plan, its length, the options and the surgery a state
+records. Every answer comes from the dataset's planner through the
+:class:`~shardio.datasets.epochplans.EpochPlans` it holds, which the dataset asks directly for this rank's
+share of an epoch.
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ class Planned:
         return self._epochs.plan(epoch, history, self.ranks(context).world_size, self._surgery)
 
     def __len__(self) -> int:
-        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its next
-        one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest, from
-        the state's ``start``, as trainers that count batches from the saved index expect)."""
+        """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its
+        next one (the whole epoch, or segment after a world-size change: a resumed iteration yields the rest,
+        from the state's ``start``, as trainers that count batches from the saved index expect)."""
         context = Context.detect()
-        return self._epochs.share(self._progress.live(context), self._epochs.ranks(context), self._surgery,
-                                  context).num_batches
+        return self._epochs.share(
+            self._progress.live(context), self._epochs.ranks(context), self._surgery, context
+        ).num_batches

@@ -1,5 +1,5 @@
-"""Resumable: the state face of a dataset (a base of :class:`~shardio.datasets.dataset.ShardDataset`): where it
-stands (``state_dict``, ``state_after``) and continuing from a saved state (``load_state_dict``).
+"""Resumable: the state face of a dataset (a base of :class:`~shardio.datasets.dataset.ShardDataset`): where
+it stands (``state_dict``, ``state_after``) and continuing from a saved state (``load_state_dict``).
 
 A state is checked when it is loaded, before anything plans with it: parsed with exact types and bounds
 (:class:`~shardio.state.LoaderState`), compared with the planner's index, seed and options, its quarantines
@@ -38,14 +38,22 @@ class Resumable(Planned):
 
     def _set_surgery(self, surgery: Surgery) -> None:
         """Plan with ``surgery`` (a loaded state's quarantines and re-mix) from now on, and carry it into the
-        states saved; its mark (:func:`~shardio.runtime.control.extra_mark`) is what an instruction carries, so
-        that a worker can tell whether it plans with the same."""
+        states saved; its mark (:func:`~shardio.runtime.control.extra_mark`) is what an instruction carries,
+        so that a worker can tell whether it plans with the same."""
         self._surgery, self._surgery_mark = surgery, extra_mark(extra_of(surgery))
 
     def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
-        return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
-                           world_size=self.ranks(context).world_size, history=at.history, start=at.start,
-                           extra=extra_of(self._surgery), **fields)
+        return LoaderState(
+            epoch=at.epoch,
+            seed=self.seed,
+            index=self.index.fingerprint,
+            options=self.options,
+            world_size=self.ranks(context).world_size,
+            history=at.history,
+            start=at.start,
+            extra=extra_of(self._surgery),
+            **fields,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: exact in the process that iterates (see the module docs).
@@ -56,11 +64,15 @@ class Resumable(Planned):
         context = Context.detect()
         at, yielded = self._progress.current(context)
         if not context.in_worker and self._progress.control.workers_playing():
-            logger.warning("ds.state_dict() in the training process cannot see how far its DataLoader workers have "
-                           "got in epoch %d: the state starts it again; save ds.state_after(batch) of the last batch "
-                           "trained on, or use a StatefulDataLoader's state", at.epoch)
-        return self._state(at, context, yielded=yielded, worker=context.worker,
-                           num_workers=context.num_workers).to_dict()
+            logger.warning(
+                "ds.state_dict() in the training process cannot see how far its DataLoader workers have "
+                "got in epoch %d: the state starts it again; save ds.state_after(batch) of the last batch "
+                "trained on, or use a StatefulDataLoader's state",
+                at.epoch,
+            )
+        return self._state(
+            at, context, yielded=yielded, worker=context.worker, num_workers=context.num_workers
+        ).to_dict()
 
     def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The job state to save once a batch and every batch before it have been consumed.
@@ -98,11 +110,14 @@ class Resumable(Planned):
         """
         context = Context.detect()
         world = self._epochs.ranks(context)
-        loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state),
-                                                        world.world_size, context)
+        loaded, instruction, skip, ahead = resume_point(
+            find_states(state), steps_after_snapshot(state), world.world_size, context
+        )
         problems = self.planner.differences(loaded)
         if problems:
-            raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
+            raise StateError(
+                "the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems)
+            )
         surgery = loaded.surgery
         if surgery.quarantines:
             surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.planner.corpus)
@@ -111,21 +126,41 @@ class Resumable(Planned):
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
                 plan = self.planner.plan(loaded.epoch, loaded.world_size, loaded.history, surgery)
-                self._set_surgery(leave_out_consumed(surgery, plan, ahead, position=loaded.position,
-                                                     epoch=loaded.epoch, segment=len(loaded.history) + 1,
-                                                     keys=self.index.keys))
-            self._epochs.check_position(instruction, world.world_size, self._surgery,
-                                        lambda: self._epochs.share(instruction, world, self._surgery, context))
+                self._set_surgery(
+                    leave_out_consumed(
+                        surgery,
+                        plan,
+                        ahead,
+                        position=loaded.position,
+                        epoch=loaded.epoch,
+                        segment=len(loaded.history) + 1,
+                        keys=self.index.keys,
+                    )
+                )
+            self._epochs.check_position(
+                instruction,
+                world.world_size,
+                self._surgery,
+                lambda: self._epochs.share(instruction, world, self._surgery, context),
+            )
         except StateError:
             self._set_surgery(previous)
             raise
         if loaded.world_size != world.world_size:
             share = self._epochs.share(instruction, world, self._surgery, context)
             repeated = 0 if share.repeats is None else int(share.repeats.sum())
-            logger.info("world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
-                        "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
-                        "(padding)", loaded.world_size, world.world_size, loaded.position, loaded.epoch,
-                        share.num_batches, repeated, world.rank)
+            logger.info(
+                "world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
+                "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
+                "(padding)",
+                loaded.world_size,
+                world.world_size,
+                loaded.position,
+                loaded.epoch,
+                share.num_batches,
+                repeated,
+                world.rank,
+            )
         if context.in_worker:
             self._progress.give_own(instruction, skip)
         else:

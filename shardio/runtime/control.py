@@ -15,9 +15,9 @@ workers or forks them: ranks sharing one block would play one another's epochs.
 
 Semantics of an iteration (every configuration agrees): the first iteration after an instruction plays it
 (an epoch from its start, or a loaded position); each further iteration without a new instruction plays the
-epoch after the latest one begun, from its start (even when that one was left with ``break``, and whether it was
-played by workers, of any count, or by the training process). An iteration is the training process iterating
-itself, or one DataLoader iterator's workers, which recognise one another by the iterator's seed.
+epoch after the latest one begun, from its start (even when that one was left with ``break``, and whether it
+was played by workers, of any count, or by the training process). An iteration is the training process
+iterating itself, or one DataLoader iterator's workers, which recognise one another by the iterator's seed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark",
 
 _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
-_SLOTS = _HISTORY + 2 * MAX_HISTORY  # then per iterating process: generation seen, epoch last begun, finished,
+_SLOTS = (
+    _HISTORY + 2 * MAX_HISTORY
+)  # then per iterating process: generation seen, epoch last begun, finished,
 _WIDTH = 4  # and the iteration that began it (see Control.upcoming)
 _SEEN, _EPOCH_BEGUN, _FINISHED, _ITERATION = range(_WIDTH)  # a slot's fields
 _SIZE = _SLOTS + _WIDTH * (1 + MAX_WORKERS)
@@ -49,7 +51,8 @@ _SIZE = _SLOTS + _WIDTH * (1 + MAX_WORKERS)
 
 @dataclass(frozen=True)
 class Instruction:
-    """What an iteration plays: ``epoch`` after its finished ``history`` segments, from batch ``start`` per rank.
+    """What an iteration plays: ``epoch`` after its finished ``history`` segments, from batch ``start`` per
+    rank.
 
     ``loaded`` marks a position from a loaded state (a ``set_epoch`` of the same epoch keeps it); ``extra`` is
     :func:`extra_mark` of the state's ``extra`` (quarantines, re-mixes) the training process plans with.
@@ -65,7 +68,8 @@ class Instruction:
 class Control:
     """The shared block: the current instruction, its generation, and what each iterating process last played.
 
-    Slot 0 is the training process iterating itself (``num_workers=0``); slot ``1 + w`` is DataLoader worker ``w``.
+    Slot 0 is the training process iterating itself (``num_workers=0``); slot ``1 + w`` is DataLoader worker
+    ``w``.
     """
 
     def __init__(self) -> None:
@@ -117,21 +121,34 @@ class Control:
     def give(self, instruction: Instruction) -> None:
         """Make ``instruction`` what the next iteration of every process plays."""
         if len(instruction.history) > MAX_HISTORY:
-            raise StateError(f"state field history: {len(instruction.history)} world-size changes in one epoch; "
-                             f"at most {MAX_HISTORY} are kept")
-        values = {"epoch": instruction.epoch, "start": instruction.start,
-                  **{f"history[{i}]": max(s.world_size, s.consumed) for i, s in enumerate(instruction.history)}}
+            raise StateError(
+                f"state field history: {len(instruction.history)} world-size changes in one epoch; "
+                f"at most {MAX_HISTORY} are kept"
+            )
+        values = {
+            "epoch": instruction.epoch,
+            "start": instruction.start,
+            **{f"history[{i}]": max(s.world_size, s.consumed) for i, s in enumerate(instruction.history)},
+        }
         for name, value in values.items():
             if not 0 <= value <= MAX_COUNT:  # a state is bounded when parsed; set_epoch's argument is not
                 error = StateError if instruction.loaded else OptionError
-                raise error(f"{'state field ' if instruction.loaded else ''}{name} is {shown(value)}, beyond the "
-                            f"{MAX_COUNT} the control block holds")
+                raise error(
+                    f"{'state field ' if instruction.loaded else ''}{name} is {shown(value)}, beyond the "
+                    f"{MAX_COUNT} the control block holds"
+                )
         block = self._values
-        block[_LOADED], block[_EPOCH], block[_START] = int(instruction.loaded), instruction.epoch, instruction.start
+        block[_LOADED], block[_EPOCH], block[_START] = (
+            int(instruction.loaded),
+            instruction.epoch,
+            instruction.start,
+        )
         block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra
         for i, segment in enumerate(instruction.history):
             block[_HISTORY + 2 * i], block[_HISTORY + 2 * i + 1] = segment.world_size, segment.consumed
-        block[_GENERATION] = self.generation + 1  # last: a reader that sees the new generation sees its fields
+        block[_GENERATION] = (
+            self.generation + 1
+        )  # last: a reader that sees the new generation sees its fields
 
     def instruction(self) -> Instruction:
         """The last instruction given."""
@@ -149,7 +166,8 @@ class Control:
         return bool(self._slots()[1:, _SEEN].any())
 
     def workers_playing(self) -> bool:
-        """Whether a DataLoader worker has begun an iteration since the last instruction and not finished it."""
+        """Whether a DataLoader worker has begun an iteration since the last instruction and not finished
+        it."""
         workers = self._slots()[1:]
         return bool(((workers[:, _SEEN] == self.generation) & (workers[:, _FINISHED] == 0)).any())
 
@@ -159,8 +177,8 @@ class Control:
 
         A worker whose siblings (other slots of the same ``iteration``) have begun the latest epoch begun, one
         this slot has not played, plays what they play. Any other iteration is a new one: the instruction when
-        nothing has begun under it, else the epoch after the latest begun, whichever process began it (workers of
-        another count, or the training process without workers). The conditions on siblings keep apart two
+        nothing has begun under it, else the epoch after the latest begun, whichever process began it (workers
+        of another count, or the training process without workers). The conditions on siblings keep apart two
         iterators whose workers draw the same seed (a DataLoader given a freshly seeded generator each time).
         """
         generation = self.generation
@@ -214,7 +232,8 @@ _LIVE: weakref.WeakSet[Control] = weakref.WeakSet()
 
 
 def _own_before_fork() -> None:
-    # a process forking DataLoader workers before it used a block it received: the workers inherit its own copy
+    # a process forking DataLoader workers before it used a block it received: the workers inherit its own
+    # copy
     for control in list(_LIVE):
         control.own()
 
@@ -223,7 +242,8 @@ os.register_at_fork(before=_own_before_fork)
 
 
 def extra_mark(extra: dict[str, Any]) -> int:
-    """A 63-bit hash of a state's ``extra`` (0 for none), so a worker can tell whether it plans with the same."""
+    """A 63-bit hash of a state's ``extra`` (0 for none), so a worker can tell whether it plans with the
+    same."""
     if not extra:
         return 0
     digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).digest()
@@ -235,5 +255,7 @@ def slot_of(worker: int | None, num_workers: int) -> int:
     if worker is None:
         return 0
     if num_workers > MAX_WORKERS:
-        raise OptionError(f"{num_workers} DataLoader workers per rank; shardio supports at most {MAX_WORKERS}")
+        raise OptionError(
+            f"{num_workers} DataLoader workers per rank; shardio supports at most {MAX_WORKERS}"
+        )
     return 1 + worker

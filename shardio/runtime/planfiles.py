@@ -82,8 +82,8 @@ def _hash(key: Mapping[str, Any]) -> str:
 
 @functools.cache
 def _code() -> str:
-    """A digest of shardio's own source: plans made by other code (a development checkout between two versions)
-    are never taken for this code's."""
+    """A digest of shardio's own source: plans made by other code (a development checkout between two
+    versions) are never taken for this code's."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for source in sorted(package.rglob("*.py")):
@@ -122,8 +122,12 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
     except OSError as exc:
         if os.path.isdir(target):  # another process of the node renamed the same plan into place first
             return target
-        logger.warning("cannot write the epoch's plan for the node's other processes under %s (%s): each "
-                       "process plans the epoch by itself", directory, exc)
+        logger.warning(
+            "cannot write the epoch's plan for the node's other processes under %s (%s): each "
+            "process plans the epoch by itself",
+            directory,
+            exc,
+        )
         return None
     return target
 
@@ -149,13 +153,18 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
             return rank_plan(make(), rank)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
-        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the node's "
-                   "plan under %s (%s): this process plans each epoch by itself", _directory(), exc)
+        logger.log(
+            logging.DEBUG if _lock_warned else logging.WARNING,
+            "cannot take the lock of the node's plan under %s (%s): this process plans each epoch by itself",
+            _directory(),
+            exc,
+        )
         _lock_warned = True
         return rank_plan(make(), rank)
     if not held:
-        logger.warning("waited %.0f s for another process to plan the epoch (%s): planning it here",
-                       WAIT_S, name)
+        logger.warning(
+            "waited %.0f s for another process to plan the epoch (%s): planning it here", WAIT_S, name
+        )
         return rank_plan(make(), rank)
     try:
         found = load(name, rank, samples)
