@@ -20,6 +20,7 @@ from ..planning.exclusions import leave_out_consumed
 from ..planning.surgery import Surgery
 from ..runtime.control import Instruction, extra_mark
 from ..runtime.progress import resume_point
+from ..shards.index import Index
 from ..state import LoaderState, batch_position
 from ..world import Context
 from .epochplans import extra_of
@@ -33,6 +34,7 @@ logger = logging.getLogger("shardio.datasets.dataset")  # the dataset's own logg
 class Resumable(Planned):
     """A dataset's saved and loaded states (see the module docs)."""
 
+    index: Index
     seed: int
     _surgery_mark: int
 
