@@ -21,7 +21,8 @@ Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go i
 (:mod:`shardio.runtime.control`) that every worker, persistent ones too, reads when an iteration starts;
 inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. Each
 process's position among them is its :class:`~shardio.runtime.progress.Progress`. The
-world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
+world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled
+for them.
 """
 
 from __future__ import annotations
@@ -99,16 +100,38 @@ class ShardDataset(Resumable, IterableDataset):
         ReadError: An index that cannot be read.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | Index, *, batching: Batching | None = None,
-                 ordering: Ordering | None = None, decoding: Decoding | None = None, reading: Reading | None = None,
-                 seed: int = 0, world: World | None = None, batch_size: int | None = None,
-                 max_duration: float | None = None, num_buckets: int | None = None, shuffle: bool | None = None,
-                 sample_rate: int | None = None, on_error: str | None = None, **deprecated: Any) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Index,
+        *,
+        batching: Batching | None = None,
+        ordering: Ordering | None = None,
+        decoding: Decoding | None = None,
+        reading: Reading | None = None,
+        seed: int = 0,
+        world: World | None = None,
+        batch_size: int | None = None,
+        max_duration: float | None = None,
+        num_buckets: int | None = None,
+        shuffle: bool | None = None,
+        sample_rate: int | None = None,
+        on_error: str | None = None,
+        **deprecated: Any,
+    ) -> None:
         super().__init__()
-        groups = option_groups(type(self).__name__, dict(batching=batching, ordering=ordering, decoding=decoding,
-                                                         reading=reading),
-                               dict(batch_size=batch_size, max_duration=max_duration, num_buckets=num_buckets,
-                                    shuffle=shuffle, sample_rate=sample_rate, on_error=on_error), deprecated)
+        groups = option_groups(
+            type(self).__name__,
+            dict(batching=batching, ordering=ordering, decoding=decoding, reading=reading),
+            dict(
+                batch_size=batch_size,
+                max_duration=max_duration,
+                num_buckets=num_buckets,
+                shuffle=shuffle,
+                sample_rate=sample_rate,
+                on_error=on_error,
+            ),
+            deprecated,
+        )
         seed = integer("seed", seed, 0)
         if world is not None and not isinstance(world, World):
             raise OptionError(f"world must be a shardio.World(rank, world_size), not {shown(world)}")
@@ -131,7 +154,9 @@ class ShardDataset(Resumable, IterableDataset):
     sample_rate = property(lambda self: self.decoding.sample_rate, doc="`decoding.sample_rate` (read-only).")
     transform = property(lambda self: self.decoding.transform, doc="`decoding.transform` (read-only).")
     dtype = property(lambda self: self.decoding.dtype, doc="`decoding.dtype` (read-only).")
-    check_finite = property(lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)")
+    check_finite = property(
+        lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)"
+    )
     on_error = property(lambda self: self.reading.on_error, doc="`reading.on_error` (read-only).")
     retry = property(lambda self: self.reading.retry, doc="`reading.retry` (read-only).")
     read_ahead = property(lambda self: self.reading.read_ahead, doc="`reading.read_ahead` (read-only).")
@@ -143,7 +168,8 @@ class ShardDataset(Resumable, IterableDataset):
         """Start an epoch at its first batch (a state just loaded for this epoch is kept).
 
         It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other
-        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
+        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory,
+        briefly).
 
         Args:
             epoch: The epoch, from 0.
@@ -214,9 +240,11 @@ class ShardDataset(Resumable, IterableDataset):
         progress = self._progress
         at, skip = progress.upcoming(context), progress.upcoming_skip()
         if progress.follows_control and progress.control.instruction().extra != self._surgery_mark:
-            raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
-                              "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
-                              "it: load the state before creating the DataLoader, or use persistent_workers=False")
+            raise OptionError(
+                "a state with quarantines, a re-mix or samples its workers consumed ahead (its "
+                "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
+                "it: load the state before creating the DataLoader, or use persistent_workers=False"
+            )
         # before begin: a worker that has begun has its plan
         world = self._epochs.ranks(context)
         plan = self._epochs.share(at, world, self._surgery, context)
@@ -224,13 +252,19 @@ class ShardDataset(Resumable, IterableDataset):
         world = world.with_worker(context)
         if self._reader is None:
             self._reader = self._new_reader()
-        assembler = Assembler(self._reader, self.decoding, seed=self.seed, batched=self.batched,
-                              on_error=self.reading.on_error,
-                              fields=self.planner.fields if self.planner.corpora else None)
+        assembler = Assembler(
+            self._reader,
+            self.decoding,
+            seed=self.seed,
+            batched=self.batched,
+            on_error=self.reading.on_error,
+            fields=self.planner.fields if self.planner.corpora else None,
+        )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.reading.read_ahead,
-                                          share=1 / world.num_workers)
+        batches = self._reader.read_ahead(
+            (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
+        )
         for j, ids in zip(numbers, batches):
             batch = builder.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j
