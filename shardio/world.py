@@ -40,10 +40,13 @@ class World:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
-        object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
-        object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
-        object.__setattr__(self, "worker", integer("worker", self.worker, None))
+        exact = type(self.rank) is type(self.world_size) is type(self.worker) is type(self.num_workers) is int
+        if not (exact and 1 <= self.world_size <= MAX_WORLD_SIZE and 1 <= self.num_workers <= MAX_WORKERS):
+            # anything but plain ints within their bounds (a detected world is): converted, or refused by name
+            object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
+            object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
+            object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
+            object.__setattr__(self, "worker", integer("worker", self.worker, None))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise OptionError(f"rank {self.rank} is not within a world of size {self.world_size}")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
@@ -69,7 +72,8 @@ class World:
             detected_rank, detected_size = _detect_ranks()
             rank = detected_rank if rank is None else rank
             world_size = detected_size if world_size is None else world_size
-        return cls(rank=rank, world_size=world_size).with_worker()
+        context = Context.detect()
+        return cls(rank, world_size, context.worker, context.num_workers)
 
     def with_worker(self, context: Context | None = None) -> World:
         """This world with a context's worker fields.
@@ -116,14 +120,15 @@ def _detect_ranks() -> tuple[int, int]:
     try:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
-        raise OptionError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
-                          "are not integers") from None
+        raise OptionError(
+            f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} are not integers"
+        ) from None
 
 
 def refuse_resharding(context: Context, caller: FrameType | None = None) -> None:
     """An :class:`OptionError` where a dataset is iterated by a wrapper that splits its stream among the ranks
-    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)`` puts
-    around an IterableDataset with ``dispatch_batches=False``.
+    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)``
+    puts around an IterableDataset with ``dispatch_batches=False``.
 
     Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
     and pad the last with repeats: most samples lost, some trained twice, with no error of its own. In a
@@ -135,9 +140,14 @@ def refuse_resharding(context: Context, caller: FrameType | None = None) -> None
     else:
         wrapper = caller.f_locals.get("self") if caller is not None else None
     kind = type(wrapper)
-    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in ("accelerate", "transformers"):
-        raise OptionError(f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "
-                          "accelerator.prepare(loader) with dispatch_batches=False splits each rank's stream among "
-                          "the ranks again, but the dataset already gives each rank its own share (each rank "
-                          "would train on a slice of it, padded with repeats). Prepare the model and optimizer, "
-                          "not the loader, and checkpoint with shardio.integrations.accelerate.track")
+    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in (
+        "accelerate",
+        "transformers",
+    ):
+        raise OptionError(
+            f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "
+            "accelerator.prepare(loader) with dispatch_batches=False splits each rank's stream among "
+            "the ranks again, but the dataset already gives each rank its own share (each rank "
+            "would train on a slice of it, padded with repeats). Prepare the model and optimizer, "
+            "not the loader, and checkpoint with shardio.integrations.accelerate.track"
+        )

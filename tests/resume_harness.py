@@ -222,7 +222,7 @@ def restore(case: Case, ds: Any, loader: Any, state: dict[str, Any]) -> None:
 
 def epoch_of(state: dict[str, Any]) -> int:
     """The epoch a saved state (a shardio state or a whole StatefulDataLoader state) is in."""
-    from shardio.state import find_states
+    from shardio.jobstate import find_states
 
     epochs = {found.epoch for found in find_states(state)}  # its workers' states, which need not combine
     assert len(epochs) == 1, f"a state of epochs {sorted(epochs)}"

@@ -11,8 +11,9 @@ import pytest
 
 import shardio
 from shardio import OptionError, ShardioError, StateError, World
+from shardio.jobstate import combine, find_states
 from shardio.planning.plan import Segment
-from shardio.state import LoaderState, combine, find_states
+from shardio.state import LoaderState
 
 PUBLIC = {
     "__version__",

@@ -16,32 +16,30 @@ PACKAGE = Path(shardio.__file__).parent
 MAX_LINES = 330  # "about 300": a module past this is due a split
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # From the ground up: a module imports only modules of its own layer or of the layers below it (modules of
-    # one layer may import each other, without a cycle). The single written statement of shardio's layers.
-    (
-        "errors",
-        ("shardio.errors", "shardio.checks", "shardio.version"),
-    ),  # and the checks of values users hand in
-    ("storage", ("shardio.storage",)),  # paths and URLs, fsspec, ranged reads, retries, atomic writes, locks
-    ("shards", ("shardio.shards",)),  # the on-disk format: tar members, index, columns, writer
-    (
-        "planning, world, state",
-        ("shardio.planning", "shardio.world", "shardio.state"),
-    ),  # decisions on metadata
-    ("reading", ("shardio.reading",)),  # members -> decoded samples -> padded batches
-    (
-        "runtime",
-        ("shardio.runtime",),
-    ),  # what runs under the datasets: worker instructions, node plans, sharing
-    ("datasets", ("shardio.datasets",)),  # ShardDataset, MixedDataset
-    (
-        "packing",
-        ("shardio.packing", "shardio.integrations.importers"),
-    ),  # the corpora importers are its inputs
-    ("loader", ("shardio.loader",)),  # ShardLoader
+    # From the ground up: a module imports only modules of its own layer or of the layers below it (modules
+    # of one layer may import each other, without a cycle). The single written statement of shardio's layers.
+    # errors, and the checks of values users hand in
+    ("errors", ("shardio.errors", "shardio.checks", "shardio.version")),
+    # paths and URLs, fsspec, ranged reads, retries, atomic writes, locks
+    ("storage", ("shardio.storage",)),
+    # the on-disk format: tar members, index, columns, writer
+    ("shards", ("shardio.shards",)),
+    # decisions on metadata
+    ("planning, world, state", ("shardio.planning", "shardio.world", "shardio.state", "shardio.jobstate")),
+    # members -> decoded samples -> padded batches
+    ("reading", ("shardio.reading",)),
+    # what runs under the datasets: worker instructions, node plans, sharing
+    ("runtime", ("shardio.runtime",)),
+    # ShardDataset, MixedDataset
+    ("datasets", ("shardio.datasets",)),
+    # the corpora importers are packing's inputs
+    ("packing", ("shardio.packing", "shardio.integrations.importers")),
+    # ShardLoader
+    ("loader", ("shardio.loader",)),
     ("ledger, integrations", ("shardio.ledger", "shardio.integrations")),
     ("bench", ("shardio.bench", "shardio.synth")),
-    ("the public API", ("shardio",)),  # shardio/__init__.py alone
+    # shardio/__init__.py alone
+    ("the public API", ("shardio",)),
     ("cli", ("shardio.cli",)),
 )
 

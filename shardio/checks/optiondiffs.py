@@ -1,5 +1,6 @@
 """How a saved state's plan options differ from a dataset's: the differing leaves of nested option values, and
-a word on how to resume where the difference says more (:meth:`shardio.LoaderState.differences` lists them)."""
+a word on how to resume where the difference says more (:meth:`shardio.LoaderState.differences` lists
+them)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,16 @@ def option_hint(name: str, option: Any, saved: Any, given: Any) -> str:
     """A word on how to resume, where an option's value in a state (``option``; its differing leaf ``saved``,
     the dataset's ``given``) says more than that it differs."""
     if name == "sync_buckets" and option is None:
-        return (" (a state saved before sync_buckets existed: give batching=Batching(sync_buckets=False) to play "
-                "its batches)")
+        return (
+            " (a state saved before sync_buckets existed: give batching=Batching(sync_buckets=False) to play "
+            "its batches)"
+        )
     floats = type(saved) is float and type(given) is float
     if name == "mix" and floats and math.isclose(saved, given, rel_tol=1e-12):
-        return (" (a few ulps apart: the same weights normalised from another order of corpora, whose sum "
-                "differs in its last bits; give them in the order of the run that saved the state)")
+        return (
+            " (a few ulps apart: the same weights normalised from another order of corpora, whose sum "
+            "differs in its last bits; give them in the order of the run that saved the state)"
+        )
     return ""
 
 
@@ -48,6 +53,8 @@ def option_differences(saved: Mapping[str, Any], given: Mapping[str, Any]) -> li
             label = name if len(name) <= 80 and name.isprintable() else shown(name)
             ours, theirs = saved.get(name), given.get(name)
             for where, leaf, other in (where_differ(ours, theirs) or [("", ours, theirs)])[:3]:
-                found.append(f"option {label}{where}: state {shown(leaf)}, dataset {shown(other)}"
-                             + option_hint(name, ours, leaf, other))
+                found.append(
+                    f"option {label}{where}: state {shown(leaf)}, dataset {shown(other)}"
+                    + option_hint(name, ours, leaf, other)
+                )
     return found

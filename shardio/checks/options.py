@@ -1,6 +1,7 @@
-"""Checks of option values, shared by the option dataclasses: each returns the value (an ``int`` for an integer
-option, a ``bool`` for a flag) or raises an :class:`~shardio.errors.OptionError` naming the option, the value
-given and what was expected. ``bool`` is refused where a number is meant (``True`` would read as 1)."""
+"""Checks of option values, shared by the option dataclasses: each returns the value (an ``int`` for an
+integer option, a ``bool`` for a flag) or raises an :class:`~shardio.errors.OptionError` naming the option,
+the value given and what was expected. ``bool`` is refused where a number is meant (``True`` would read as
+1)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,20 @@ def integer(name: str, value: object, least: int | None, most: int | None = None
     ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
     number = int(value) if ok else 0  # type: ignore[call-overload]
     if not ok or (least is not None and number < least) or (most is not None and number > most):
-        span = (f" from {least} to {most}" if least is not None and most is not None
-                else f" of at least {least}" if least is not None else "")
+        span = (
+            f" from {least} to {most}"
+            if least is not None and most is not None
+            else f" of at least {least}"
+            if least is not None
+            else ""
+        )
         raise OptionError(f"{name} must be an integer{span}, not {shown(value)}")
     return number
 
 
 def real(name: str, value: object, what: str) -> None:
-    """Refuse a ``value`` that is not a real number (a bool, a string, None) or is not finite; ``what`` says what
-    was expected (``"a positive, finite number of seconds"``). Range checks are the caller's."""
+    """Refuse a ``value`` that is not a real number (a bool, a string, None) or is not finite; ``what`` says
+    what was expected (``"a positive, finite number of seconds"``). Range checks are the caller's."""
     try:
         finite = math.isfinite(value)  # type: ignore[arg-type]
     except (TypeError, OverflowError):  # not a number; an int beyond a float
@@ -38,7 +44,8 @@ def real(name: str, value: object, what: str) -> None:
 
 
 def flag(name: str, value: object) -> bool:
-    """``value`` as a ``bool`` (``True``/``False``, or a numpy bool): a string such as ``"no"`` would read as true."""
+    """``value`` as a ``bool`` (``True``/``False``, or a numpy bool): a string such as ``"no"`` would read as
+    true."""
     if not isinstance(value, (bool, np.bool_)):
         raise OptionError(f"{name} must be True or False, not {shown(value)}")
     return bool(value)

@@ -1,4 +1,5 @@
-"""Bounds on a loader state's fields, checked when it is parsed: before any planning, in O(size of the state)."""
+"""Bounds on a loader state's fields, checked when it is parsed: before any planning, in O(size of the
+state)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,24 @@ from typing import Any
 
 from ..errors import StateError, shown
 
-__all__ = ["MAX_COUNT", "MAX_DEPTH", "MAX_HISTORY", "MAX_WORKERS", "MAX_WORLD_SIZE", "check_count", "check_tree"]
+__all__ = [
+    "MAX_COUNT",
+    "MAX_DEPTH",
+    "MAX_HISTORY",
+    "MAX_WORKERS",
+    "MAX_WORLD_SIZE",
+    "check_count",
+    "check_tree",
+]
 
 MAX_COUNT = 2**62 - 1
 """The largest epoch, position or batch count a state may hold: the control block's int64 fields hold it with
 room for the next epoch and for a position ``start + yielded``."""
 MAX_WORLD_SIZE = 2**17
 """The most ranks a state's world (or a history segment's) may have: the planner deals at least one round of
-``world_size`` batches (padding with repeats), so each planned world costs O(world_size) memory and time whatever
-the dataset; 131072 ranks is above any data-parallel job, yet bounds that to a few MiB and a tenth of a second."""
+``world_size`` batches (padding with repeats), so each planned world costs O(world_size) memory and time
+whatever the dataset; 131072 ranks is above any data-parallel job, yet bounds that to a few MiB and a tenth of
+a second."""
 MAX_HISTORY = 32
 """World-size changes one epoch's state can record (each elastic resume inside an epoch adds one)."""
 MAX_WORKERS = 1024
@@ -28,19 +38,22 @@ _MAX_INT = 2**63  # an integer inside options or extra: within int64, as every c
 
 
 def check_count(state: Mapping[str, Any], name: str, least: int, most: int | None = MAX_COUNT) -> int:
-    """Field ``name``: an int (not a bool, float or string) from ``least`` to ``most`` (``None``: unbounded)."""
+    """Field ``name``: an int (not a bool, float or string) from ``least`` to ``most`` (``None``:
+    unbounded)."""
     value = state[name]
     if type(value) is not int or value < least or (most is not None and value > most):
         expected = f">= {least}" if most is None else f">= {least} and <= {most}"
-        raise StateError(f"malformed loader state: field {name} must be an integer {expected}, not {shown(value)}")
+        raise StateError(
+            f"malformed loader state: field {name} must be an integer {expected}, not {shown(value)}"
+        )
     return value
 
 
 def check_tree(name: str, value: Any) -> None:
-    """Field ``name`` (``options`` or ``extra``): a dict of JSON values (dicts with string keys, lists, strings,
-    numbers, bools, None), at most :data:`MAX_DEPTH` deep and :data:`MAX_NODES` values, integers within int64.
-    Iterative, so a self-holding or deeply nested value (a pickled checkpoint can hold either) is an error here,
-    not a RecursionError or a hang later (``json.dumps`` and ``repr`` of it)."""
+    """Field ``name`` (``options`` or ``extra``): a dict of JSON values (dicts with string keys, lists,
+    strings, numbers, bools, None), at most :data:`MAX_DEPTH` deep and :data:`MAX_NODES` values, integers
+    within int64. Iterative, so a self-holding or deeply nested value (a pickled checkpoint can hold either)
+    is an error here, not a RecursionError or a hang later (``json.dumps`` and ``repr`` of it)."""
     if not isinstance(value, Mapping):
         raise StateError(f"malformed loader state: field {name} must be a dict, not {type(value).__name__}")
     budget = MAX_NODES[name]
@@ -55,13 +68,17 @@ def check_tree(name: str, value: Any) -> None:
             raise StateError(f"malformed loader state: field {name} holds more than {MAX_NODES[name]} values")
         if isinstance(item, Mapping) and any(type(key) is not str for key in item):
             bad = next(key for key in item if type(key) is not str)
-            raise StateError(f"malformed loader state: field {name} has a key {shown(bad)} that is not a string")
+            raise StateError(
+                f"malformed loader state: field {name} has a key {shown(bad)} that is not a string"
+            )
         kinds = set(map(type, children))  # per kind, not per value: a long list of numbers is checked in C
         containers = {kind for kind in kinds if issubclass(kind, (dict, list, tuple))}
         for kind in kinds - containers:
             if not issubclass(kind, (str, int, float, type(None))):
-                raise StateError(f"malformed loader state: field {name} holds a {kind.__name__}, not a JSON value "
-                                 "(dict, list, string, number, bool or None)")
+                raise StateError(
+                    f"malformed loader state: field {name} holds a {kind.__name__}, not a JSON value "
+                    "(dict, list, string, number, bool or None)"
+                )
         if kinds & {int, bool} and kinds <= {int, bool}:
             if min(children) < -_MAX_INT or max(children) >= _MAX_INT:
                 raise StateError(f"malformed loader state: field {name} holds an integer beyond int64")

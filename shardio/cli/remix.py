@@ -51,11 +51,11 @@ def add_remix(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_remix(args: argparse.Namespace) -> int:
     from ..datasets.mixed import MixedDataset
+    from ..jobstate import job_state
     from ..ledger.checkpoints import read_checkpoint, write_checkpoint
     from ..ledger.rebuild import open_for_state, state_corpora
     from ..ledger.remix import remix, remix_report
     from ..planning.mixoptions import EpochSize
-    from ..state import job_state
 
     checkpoint = read_checkpoint(args.state)
     state = checkpoint.state

@@ -27,8 +27,10 @@ def source_index(source: object, storage_options: Any) -> Index:
         raise OptionError(f"storage_options must be a dict of fsspec options, not {shown(storage_options)}")
     if isinstance(source, Index):
         if storage_options is not None:
-            raise OptionError("storage_options are for a source given by location; a loaded Index reads with "
-                              "its own (give them to Index.load(location, storage_options))")
+            raise OptionError(
+                "storage_options are for a source given by location; a loaded Index reads with "
+                "its own (give them to Index.load(location, storage_options))"
+            )
         return source
     if isinstance(source, (str, os.PathLike)):
         return Index.load(source, storage_options)
@@ -43,24 +45,32 @@ def check_rates(index: Index, sample_rate: int | None) -> None:
         return
     if sample_rate is not None:
         if sample_rate > MAX_RESAMPLING * int(rates.min()):
-            raise OptionError(f"sample_rate {sample_rate} Hz is more than {MAX_RESAMPLING} times the dataset's "
-                              f"lowest sample rate ({int(rates.min())} Hz): shardio resamples by at most "
-                              f"{MAX_RESAMPLING}x")
+            raise OptionError(
+                f"sample_rate {sample_rate} Hz is more than {MAX_RESAMPLING} times the dataset's "
+                f"lowest sample rate ({int(rates.min())} Hz): shardio resamples by at most "
+                f"{MAX_RESAMPLING}x"
+            )
         return
     if rates.min() == rates.max():  # O(N) without a sort, for the common case
         return
     found, counts = np.unique(rates, return_counts=True)
-    logger.warning("the dataset holds samples at %s: batches mix sample rates unless sample_rate= resamples "
-                   "every sample to one", ", ".join(f"{rate} Hz ({count})" for rate, count in
-                                                    zip(found.tolist(), counts.tolist())))
+    logger.warning(
+        "the dataset holds samples at %s: batches mix sample rates unless sample_rate= resamples "
+        "every sample to one",
+        ", ".join(f"{rate} Hz ({count})" for rate, count in zip(found.tolist(), counts.tolist())),
+    )
 
 
 def check_some_eligible(index: Index, batching: Batching) -> None:
-    """An :class:`OptionError` where the duration filters leave no sample to plan (every epoch would be empty)."""
+    """An :class:`OptionError` where the duration filters leave no sample to plan (every epoch would be
+    empty)."""
     durations = index.durations
     if len(durations) and not batching.eligible(durations).any():
         limits = ("min_duration", "max_sample_duration", "max_duration")
-        given = ", ".join(f"{name}={getattr(batching, name):g} s" for name in limits
-                          if getattr(batching, name) is not None)
-        raise OptionError(f"no sample can be planned with {given}: the dataset's samples last "
-                          f"{float(durations.min()):.3f} to {float(durations.max()):.3f} s")
+        given = ", ".join(
+            f"{name}={getattr(batching, name):g} s" for name in limits if getattr(batching, name) is not None
+        )
+        raise OptionError(
+            f"no sample can be planned with {given}: the dataset's samples last "
+            f"{float(durations.min()):.3f} to {float(durations.max()):.3f} s"
+        )

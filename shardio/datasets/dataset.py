@@ -21,7 +21,8 @@ Instructions: ``set_epoch`` and ``load_state_dict`` in the training process go i
 (:mod:`shardio.runtime.control`) that every worker, persistent ones too, reads when an iteration starts;
 inside a worker (``StatefulDataLoader`` restoring its workers) ``load_state_dict`` is that worker's own. Each
 process's position among them is its :class:`~shardio.runtime.progress.Progress`. The
-world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled for them.
+world is decided in the training process and carried to spawn/forkserver workers when the dataset is pickled
+for them.
 """
 
 from __future__ import annotations
@@ -30,14 +31,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from ..checks.options import integer
-from ..errors import OptionError, StateError, shown
-from ..planning.exclusions import leave_out_consumed
+from ..errors import OptionError, shown
 from ..planning.plan import Batching, Ordering, worker_batches
 from ..planning.planner import Planner
 from ..planning.surgery import Surgery
@@ -45,24 +44,23 @@ from ..reading.assembly import Assembler
 from ..reading.cache import ShardCache
 from ..reading.options import Decoding, Reading, Transform
 from ..reading.reader import Reader, ReadStats
-from ..runtime.control import Instruction, extra_mark
-from ..runtime.progress import Progress, resume_point
+from ..runtime.control import Instruction
+from ..runtime.progress import Progress
 from ..runtime.sharing import shared_table
 from ..shards.index import Index
-from ..state import LoaderState, batch_position, find_states, steps_after_snapshot
 from ..storage.files import cache_dir
 from ..world import Context, World, refuse_resharding
 from .checks import check_rates, check_some_eligible, source_index
-from .epochplans import EpochPlans, extra_of
+from .epochplans import EpochPlans
 from .options import option_groups
-from .planned import Planned
+from .resumable import Resumable
 
 __all__ = ["ShardDataset", "Transform"]
 
 logger = logging.getLogger(__name__)
 
 
-class ShardDataset(Planned, IterableDataset):
+class ShardDataset(Resumable, IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
 
     Options come in four groups, each a small frozen value documented field by field: `batching`
@@ -102,16 +100,38 @@ class ShardDataset(Planned, IterableDataset):
         ReadError: An index that cannot be read.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | Index, *, batching: Batching | None = None,
-                 ordering: Ordering | None = None, decoding: Decoding | None = None, reading: Reading | None = None,
-                 seed: int = 0, world: World | None = None, batch_size: int | None = None,
-                 max_duration: float | None = None, num_buckets: int | None = None, shuffle: bool | None = None,
-                 sample_rate: int | None = None, on_error: str | None = None, **deprecated: Any) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Index,
+        *,
+        batching: Batching | None = None,
+        ordering: Ordering | None = None,
+        decoding: Decoding | None = None,
+        reading: Reading | None = None,
+        seed: int = 0,
+        world: World | None = None,
+        batch_size: int | None = None,
+        max_duration: float | None = None,
+        num_buckets: int | None = None,
+        shuffle: bool | None = None,
+        sample_rate: int | None = None,
+        on_error: str | None = None,
+        **deprecated: Any,
+    ) -> None:
         super().__init__()
-        groups = option_groups(type(self).__name__, dict(batching=batching, ordering=ordering, decoding=decoding,
-                                                         reading=reading),
-                               dict(batch_size=batch_size, max_duration=max_duration, num_buckets=num_buckets,
-                                    shuffle=shuffle, sample_rate=sample_rate, on_error=on_error), deprecated)
+        groups = option_groups(
+            type(self).__name__,
+            dict(batching=batching, ordering=ordering, decoding=decoding, reading=reading),
+            dict(
+                batch_size=batch_size,
+                max_duration=max_duration,
+                num_buckets=num_buckets,
+                shuffle=shuffle,
+                sample_rate=sample_rate,
+                on_error=on_error,
+            ),
+            deprecated,
+        )
         seed = integer("seed", seed, 0)
         if world is not None and not isinstance(world, World):
             raise OptionError(f"world must be a shardio.World(rank, world_size), not {shown(world)}")
@@ -122,10 +142,10 @@ class ShardDataset(Planned, IterableDataset):
         self.batched = groups.batching.batch_size is not None or groups.batching.max_duration is not None
         self.seed = seed
         self.planner = Planner(self.index, seed, self.batching, self.ordering)
-        self._epochs = EpochPlans(self.planner, world)
-        self._surgery = Surgery()  # a loaded state's quarantines and re-mix, carried into states
-        self._reader: Reader | None = None
         self._progress = Progress()
+        self._epochs = EpochPlans(self.planner, world, self._progress)
+        self._set_surgery(Surgery())  # a loaded state's quarantines and re-mix, carried into states
+        self._reader: Reader | None = None
 
     def _check_plannable(self, batching: Batching) -> None:
         check_some_eligible(self.index, batching)  # a mix checks each corpus instead
@@ -134,7 +154,9 @@ class ShardDataset(Planned, IterableDataset):
     sample_rate = property(lambda self: self.decoding.sample_rate, doc="`decoding.sample_rate` (read-only).")
     transform = property(lambda self: self.decoding.transform, doc="`decoding.transform` (read-only).")
     dtype = property(lambda self: self.decoding.dtype, doc="`decoding.dtype` (read-only).")
-    check_finite = property(lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)")
+    check_finite = property(
+        lambda self: self.decoding.check_finite, doc="`decoding.check_finite` (read-only)"
+    )
     on_error = property(lambda self: self.reading.on_error, doc="`reading.on_error` (read-only).")
     retry = property(lambda self: self.reading.retry, doc="`reading.retry` (read-only).")
     read_ahead = property(lambda self: self.reading.read_ahead, doc="`reading.read_ahead` (read-only).")
@@ -146,7 +168,8 @@ class ShardDataset(Planned, IterableDataset):
         """Start an epoch at its first batch (a state just loaded for this epoch is kept).
 
         It reaches every DataLoader worker, persistent ones too, at their next iteration. Where other
-        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory, briefly).
+        processes need the plan, the epoch is planned here, once per node (O(samples) CPU and memory,
+        briefly).
 
         Args:
             epoch: The epoch, from 0.
@@ -163,9 +186,10 @@ class ShardDataset(Planned, IterableDataset):
         control = self._progress.control
         current = control.instruction()
         if not (current.loaded and current.epoch == epoch and not control.started()):
-            control.give(Instruction(epoch, extra=extra_mark(extra_of(self._surgery))))
+            control.give(Instruction(epoch, extra=self._surgery_mark))
         given = control.instruction()
-        self._share(given.epoch, given.history, context)  # here, before workers: they inherit, receive or map it
+        # here, before workers: they inherit, receive or map it
+        self._epochs.share(given, self._epochs.ranks(context), self._surgery, context)
 
     @property
     def instructions(self) -> int:
@@ -176,91 +200,6 @@ class ShardDataset(Planned, IterableDataset):
     def epoch(self) -> int:
         """The epoch this process is playing, else the one its next iteration plays."""
         return self._progress.live(Context.detect()).epoch
-
-    def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
-        return LoaderState(epoch=at.epoch, seed=self.seed, index=self.index.fingerprint, options=self.options,
-                           world_size=self.ranks(context).world_size, history=at.history, start=at.start,
-                           extra=extra_of(self._surgery), **fields)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this process stands: exact in the process that iterates (see the module docs)."""
-        context = Context.detect()
-        at, yielded = self._progress.current(context)
-        if not context.in_worker and self._progress.control.workers_playing():
-            logger.warning("ds.state_dict() in the training process cannot see how far its DataLoader workers have "
-                           "got in epoch %d: the state starts it again; save ds.state_after(batch) of the last batch "
-                           "trained on, or use a StatefulDataLoader's state", at.epoch)
-        return self._state(at, context, yielded=yielded, worker=context.worker,
-                           num_workers=context.num_workers).to_dict()
-
-    def state_after(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The job state to save once a batch and every batch before it have been consumed.
-
-        A DataLoader must hand the batches over in order (its default `in_order=True`).
-
-        Args:
-            batch: A batch this dataset yielded (its `epoch` and `batch_index` say where it is).
-
-        Returns:
-            The state (a small JSON-ready dict) that `load_state_dict` continues from, after that batch.
-
-        Raises:
-            OptionError: A batch without its position (one a DataLoader batched from samples).
-        """
-        epoch, index = batch_position(batch)
-        given = self._progress.control.instruction()
-        history = given.history if epoch == given.epoch else ()
-        return self._state(Instruction(epoch, history, index + 1), Context.detect()).to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: a shardio state, or a whole ``StatefulDataLoader`` state dict.
-
-        It applies to the next iteration only (in every DataLoader worker, persistent ones too). With the
-        same world size the job continues onto exactly the batches an uninterrupted run would have seen; with
-        another world size (or worker count) every sample not yet consumed in the epoch is consumed exactly
-        once in the rest of it.
-
-        Args:
-            state: A shardio state (`state_dict()`, `state_after(batch)`), or a `StatefulDataLoader`'s.
-
-        Raises:
-            StateError: A state that does not fit this dataset (another index, seed or plan options) or
-                is malformed.
-        """
-        context = Context.detect()
-        world_size = self.ranks(context).world_size
-        loaded, instruction, skip, ahead = resume_point(find_states(state), steps_after_snapshot(state), world_size,
-                                                        context)
-        problems = self.planner.differences(loaded)
-        if problems:
-            raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
-        surgery = loaded.surgery
-        if surgery.quarantines:
-            surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.planner.corpus)
-        self._surgery, previous = surgery, self._surgery
-        try:
-            if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
-                plan = self.planner.plan(loaded.epoch, loaded.world_size, loaded.history, surgery)
-                self._surgery = leave_out_consumed(surgery, plan, ahead, position=loaded.position,
-                                                   epoch=loaded.epoch, segment=len(loaded.history) + 1,
-                                                   keys=self.index.keys)
-            self._epochs.check_position(instruction, lambda: self._share(instruction.epoch, instruction.history,
-                                                                         context))
-        except StateError:
-            self._surgery = previous
-            raise
-        if loaded.world_size != world_size:
-            share = self._share(instruction.epoch, instruction.history, context)
-            repeated = 0 if share.repeats is None else int(share.repeats.sum())
-            logger.info("world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
-                        "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
-                        "(padding)", loaded.world_size, world_size, loaded.position, loaded.epoch,
-                        share.num_batches, repeated, self.ranks(context).rank)
-        self._share(instruction.epoch, instruction.history, context)
-        if context.in_worker:
-            self._progress.give_own(instruction, skip)
-        else:
-            self._progress.control.give(replace(instruction, extra=extra_mark(extra_of(self._surgery))))
 
     def _new_reader(self) -> Reader:
         size = self.reading.cache_bytes
@@ -284,12 +223,12 @@ class ShardDataset(Planned, IterableDataset):
         context = Context.detect()
         state = dict(self.__dict__, _reader=None)
         if not context.in_worker:
-            at = self._progress.live(context)
-            self._share(at.epoch, at.history, context)
+            world = self._epochs.ranks(context)
+            self._epochs.share(self._progress.live(context), world, self._surgery, context)
             self.index.share_tables(shared_table)
             # pickled for a spawn/forkserver worker: the world is known here (torch.distributed, environment)
             # and may not be there (init_process_group(rank=..., world_size=...) without RANK/WORLD_SIZE)
-            state["_epochs"] = self._epochs.for_workers(self.ranks(context))
+            state["_epochs"] = self._epochs.for_workers(world)
         else:
             state["_epochs"] = self._epochs.for_workers(None)
         return state
@@ -300,22 +239,32 @@ class ShardDataset(Planned, IterableDataset):
         refuse_resharding(context, None if context.in_worker else sys._getframe(1))
         progress = self._progress
         at, skip = progress.upcoming(context), progress.upcoming_skip()
-        if progress.follows_control and progress.control.instruction().extra != extra_mark(extra_of(self._surgery)):
-            raise OptionError("a state with quarantines, a re-mix or samples its workers consumed ahead (its "
-                              "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
-                              "it: load the state before creating the DataLoader, or use persistent_workers=False")
-        plan = self._share(at.epoch, at.history, context)  # before begin: a worker that has begun has its plan
+        if progress.follows_control and progress.control.instruction().extra != self._surgery_mark:
+            raise OptionError(
+                "a state with quarantines, a re-mix or samples its workers consumed ahead (its "
+                "'extra') was loaded after this persistent DataLoader worker started, and cannot reach "
+                "it: load the state before creating the DataLoader, or use persistent_workers=False"
+            )
+        # before begin: a worker that has begun has its plan
+        world = self._epochs.ranks(context)
+        plan = self._epochs.share(at, world, self._surgery, context)
         progress.begin(at, skip, context)
-        world = self.ranks(context).with_worker(context)
+        world = world.with_worker(context)
         if self._reader is None:
             self._reader = self._new_reader()
-        assembler = Assembler(self._reader, self.decoding, seed=self.seed, batched=self.batched,
-                              on_error=self.reading.on_error,
-                              fields=self.planner.fields if self.planner.corpora else None)
+        assembler = Assembler(
+            self._reader,
+            self.decoding,
+            seed=self.seed,
+            batched=self.batched,
+            on_error=self.reading.on_error,
+            fields=self.planner.fields if self.planner.corpora else None,
+        )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        batches = self._reader.read_ahead((plan.batch(j) for j in numbers), self.reading.read_ahead,
-                                          share=1 / world.num_workers)
+        batches = self._reader.read_ahead(
+            (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
+        )
         for j, ids in zip(numbers, batches):
             batch = builder.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j

@@ -1,8 +1,8 @@
 """EpochPlans: what a dataset keeps of its planner's answers for its rank, and the world they are for.
 
 A :class:`~shardio.datasets.dataset.ShardDataset` holds one (not a base class): which rank and world the plans
-are for (given, detected, or carried to a spawned worker), the whole plan of an epoch while this rank's share is
-cut from it (logged when it leaves samples out), and the share, read from the node's plan files
+are for (given, detected, or carried to a spawned worker), the whole plan of an epoch while this rank's share
+is cut from it (logged when it leaves samples out), and the share, read from the node's plan files
 (:mod:`shardio.runtime.planfiles`) where other processes may need it. Every planning decision is the planner's
 (:class:`~shardio.planning.planner.Planner`).
 """
@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import OptionError, StateError
 from ..planning.plan import EpochPlan, Segment
 from ..planning.planner import Planner
-from ..planning.rankplan import RankPlan
+from ..planning.rankplan import RankPlan, rank_plan
 from ..planning.surgery import Surgery
 from ..runtime import planfiles
 from ..runtime.control import Instruction
@@ -34,7 +34,8 @@ logger = logging.getLogger("shardio.datasets.dataset")  # the dataset's own logg
 
 
 def extra_of(surgery: Surgery) -> dict[str, Any]:
-    """``surgery`` as a state's ``extra`` (``{}`` without any, made here: nothing to serialise on the plain path)."""
+    """``surgery`` as a state's ``extra`` (``{}`` without any, made here: nothing to serialise on the plain
+    path)."""
     if not (surgery.quarantines or surgery.streams is not None or surgery.other):
         return {}
     return surgery.to_extra()
@@ -42,22 +43,24 @@ def extra_of(surgery: Surgery) -> dict[str, Any]:
 
 class EpochPlans:
     """The plans of ``planner`` for the rank of ``world`` (``None``: detected), as one process keeps them: the
-    whole plan only while this rank's share is made from it."""
+    whole plan only while this rank's share is made from it. ``progress`` is the dataset's (whose control
+    block says which training process it belongs to, and whether its workers have begun)."""
 
-    def __init__(self, planner: Planner, world: World | None) -> None:
+    def __init__(self, planner: Planner, world: World | None, progress: Progress) -> None:
         self.planner = planner
         self.explicit_world = world
+        self.progress = progress
         self.carried: World | None = world  # carried to spawned workers by for_workers
         self.carried_by = 0  # the process that carried it
         self.plans: dict[tuple[Any, ...], EpochPlan] = {}
         self.shares: dict[tuple[Any, ...], RankPlan] = {}  # this rank's part of the current plan
 
-    def ranks(self, progress: Progress, context: Context | None = None) -> World:
+    def ranks(self, context: Context | None = None) -> World:
         """Rank and world size: the explicit ``world``, else detected here (or carried to a spawned worker by
-        the training process that owns ``progress``'s control)."""
+        the training process that owns the progress's control block)."""
         if self.explicit_world is not None:
             return replace(self.explicit_world, worker=0, num_workers=1)
-        carried = self.carried if self.carried_by == progress.control.owner else None
+        carried = self.carried if self.carried_by == self.progress.control.owner else None
         context = Context.detect() if context is None else context
         if carried is not None and context.in_worker:  # by this worker's training process
             return carried
@@ -74,53 +77,79 @@ class EpochPlans:
             if report.get("excluded"):  # never yielded, this epoch or any: say so at the default level
                 durations = self.planner.index.durations
                 left_out = durations[~self.planner.planned_batching.eligible(durations)]
-                logger.warning("epoch %d: %d samples (%.3f h) are left out of the plan: longer than max_duration "
-                               "alone, or outside min_duration/max_sample_duration", epoch, len(left_out),
-                               float(left_out.sum()) / 3600)
+                logger.warning(
+                    "epoch %d: %d samples (%.3f h) are left out of the plan: longer than max_duration "
+                    "alone, or outside min_duration/max_sample_duration",
+                    epoch,
+                    len(left_out),
+                    float(left_out.sum()) / 3600,
+                )
         return self.plans[key]
 
-    def share(self, epoch: int, history: tuple[Segment, ...], world: World, surgery: Surgery,
-              others: Callable[[], bool]) -> RankPlan:
-        """This rank's part of an epoch's plan (O(N / world)); the whole plan is not kept. ``others()``: whether
-        other processes may need it (workers, other ranks), so that it is planned once per node into plan files
-        (asked only when the share is not kept yet)."""
+    def share(self, at: Instruction, world: World, surgery: Surgery, context: Context) -> RankPlan:
+        """The part of the plan of ``at``'s epoch and history for the rank of ``world`` (:meth:`ranks`), O(N /
+        world); the whole plan is not kept. Where other processes may need it (``context`` is a worker's,
+        there are other ranks, or the workers have begun) and the index's content is known (loaded or saved),
+        it is planned once per node into plan files."""
+        epoch, history = at.epoch, at.history
         extra = extra_of(surgery)
         key = (epoch, history, world.world_size, world.rank, json.dumps(extra, sort_keys=True))
         if key not in self.shares:
             index = self.planner.index
-            job = {"index": index.content_id, "seed": self.planner.seed, "options": self.planner.options,
-                   "world": world.world_size, "extra": extra}
-            # once per node where others may need it and the index's content is known (loaded or saved)
-            found = planfiles.share(job, epoch, history, world.rank, len(index),
-                                    lambda: self.plan(epoch, history, world.world_size, surgery),
-                                    others() and index.fingerprinted)
+            others = context.in_worker or world.world_size > 1 or self.progress.control.workers_begun()
+            if others and index.fingerprinted:
+                job = {
+                    "index": index.content_id,
+                    "seed": self.planner.seed,
+                    "options": self.planner.options,
+                    "world": world.world_size,
+                    "extra": extra,
+                }
+                found = planfiles.obtain(
+                    planfiles.name(job, epoch, history),
+                    world.rank,
+                    len(index),
+                    lambda: self.plan(epoch, history, world.world_size, surgery),
+                )
+            else:
+                found = rank_plan(self.plan(epoch, history, world.world_size, surgery), world.rank)
             self.shares = {key: found}
             self.plans = {}
             trim()  # planning's transient arrays, freed: their memory back to the system
         return self.shares[key]
 
-    @staticmethod
-    def check_position(at: Instruction, share: Any) -> None:
-        """A :class:`StateError` unless ``at`` lies within its epoch's plan, whose share ``share()`` makes.
+    def check_position(
+        self, at: Instruction, world_size: int, surgery: Surgery, share: Callable[[], RankPlan]
+    ) -> None:
+        """A :class:`StateError` unless ``at`` lies within its epoch's plan for ``world_size`` ranks.
 
-        Checked on this rank's share (read from the node's plan where there is one: its batch count is every
-        rank's): the planner refuses an invalid history, and a plan file exists only where planning succeeded
-        with the same inputs."""
-        try:
-            made: RankPlan = share()
-        except OptionError as exc:  # the planner refuses a history segment beyond its plan
-            raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
-        if at.start > made.num_batches:
-            raise StateError(f"state field start: the state is at batch {at.start} of epoch {at.epoch}, which has "
-                             f"only {made.num_batches} batches per rank")
+        The planner counts the batches where the options make their number a function of the sample count
+        (:meth:`~shardio.planning.planner.Planner.batch_count`): nothing is planned, the first iteration
+        plans. Elsewhere the check is made on this rank's share, which ``share()`` makes and keeps for that
+        iteration (read from the node's plan where there is one: its batch count is every rank's): the planner
+        refuses an invalid history, and a plan file exists only where planning succeeded with the same
+        inputs."""
+        batches = self.planner.batch_count(world_size, at.history, surgery)
+        if batches is None:
+            try:
+                batches = share().num_batches
+            except OptionError as exc:  # the planner refuses a history segment beyond its plan
+                raise StateError(f"state field history does not fit epoch {at.epoch}'s plan: {exc}") from None
+        if at.start > batches:
+            raise StateError(
+                f"state field start: the state is at batch {at.start} of epoch {at.epoch}, which has "
+                f"only {batches} batches per rank"
+            )
 
     def for_workers(self, world: World | None) -> EpochPlans:
         """A copy to pickle, without the whole plan. Given ``world`` (the one known in the training process),
         for a spawn or forkserver worker: the shares in shared memory (by handle, not by value) and the world
         carried where none was given."""
         if world is not None:
-            self.shares = {key: shared(plan) for key, plan in self.shares.items()}  # once: every worker the same
-        copied = EpochPlans(self.planner, self.explicit_world)
+            self.shares = {
+                key: shared(plan) for key, plan in self.shares.items()
+            }  # once: every worker the same
+        copied = EpochPlans(self.planner, self.explicit_world, self.progress)
         copied.carried, copied.carried_by = self.carried, self.carried_by
         copied.shares = dict(self.shares)
         if self.explicit_world is None and world is not None:

@@ -1,5 +1,7 @@
-"""A dataset's option groups from what its constructor was given: the groups themselves (:class:`~shardio.Batching`,
-:class:`~shardio.Ordering`, :class:`~shardio.Decoding`, :class:`~shardio.Reading`), the keyword shortcuts of their common fields, and the other fields' old keywords, deprecated.
+"""A dataset's option groups from what its constructor was given: the groups themselves
+(:class:`~shardio.Batching`, :class:`~shardio.Ordering`, :class:`~shardio.Decoding`,
+:class:`~shardio.Reading`), the keyword shortcuts of their common fields, and the other fields' old keywords,
+deprecated.
 
 A shortcut (or an old keyword) given together with its group is an :class:`~shardio.errors.OptionError` naming
 both: neither silently wins.
@@ -17,12 +19,22 @@ from ..reading.options import Decoding, Reading
 
 __all__ = ["DEPRECATED", "GROUPS", "SHORTCUTS", "Groups", "option_groups"]
 
-GROUPS: dict[str, type] = {"batching": Batching, "ordering": Ordering, "decoding": Decoding,
-                           "reading": Reading}
+GROUPS: dict[str, type] = {
+    "batching": Batching,
+    "ordering": Ordering,
+    "decoding": Decoding,
+    "reading": Reading,
+}
 """Each group's keyword and its class."""
 
-SHORTCUTS = {"batch_size": "batching", "max_duration": "batching", "num_buckets": "batching",
-             "shuffle": "ordering", "sample_rate": "decoding", "on_error": "reading"}
+SHORTCUTS = {
+    "batch_size": "batching",
+    "max_duration": "batching",
+    "num_buckets": "batching",
+    "shuffle": "ordering",
+    "sample_rate": "decoding",
+    "on_error": "reading",
+}
 """The keywords kept for the common fields (``None``: not given), and their groups."""
 
 DEPRECATED = {f.name: group for group, cls in GROUPS.items() for f in fields(cls) if f.name not in SHORTCUTS}
@@ -38,8 +50,9 @@ class Groups(NamedTuple):
     reading: Reading
 
 
-def option_groups(owner: str, groups: dict[str, Any], shortcuts: dict[str, Any], old: dict[str, Any], *,
-                  stacklevel: int = 3) -> Groups:
+def option_groups(
+    owner: str, groups: dict[str, Any], shortcuts: dict[str, Any], old: dict[str, Any], *, stacklevel: int = 3
+) -> Groups:
     """The option groups of a dataset ``owner`` (its class name, for messages).
 
     Args:
@@ -65,8 +78,11 @@ def option_groups(owner: str, groups: dict[str, Any], shortcuts: dict[str, Any],
             given[SHORTCUTS[name]][name] = value
     for name, value in old.items():
         group = DEPRECATED[name]
-        warnings.warn(f"{owner}({name}=...) is deprecated: give {group}=shardio.{GROUPS[group].__name__}"
-                      f"({name}=...)", DeprecationWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"{owner}({name}=...) is deprecated: give {group}=shardio.{GROUPS[group].__name__}({name}=...)",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
         given[group][name] = value
     made = {}
     for group, cls in GROUPS.items():
@@ -78,7 +94,9 @@ def option_groups(owner: str, groups: dict[str, Any], shortcuts: dict[str, Any],
             raise OptionError(f"{group} must be a shardio.{cls.__name__}, not {shown(value)}")
         if given[group]:
             name = sorted(given[group])[0]
-            raise OptionError(f"{name} and {group} were both given: {name} is {group}.{name}; give it in "
-                              f"{group}=shardio.{cls.__name__}({name}=...), or leave out {group}")
+            raise OptionError(
+                f"{name} and {group} were both given: {name} is {group}.{name}; give it in "
+                f"{group}=shardio.{cls.__name__}({name}=...), or leave out {group}"
+            )
         made[group] = value
     return Groups(**made)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OutputError, StateError, shown
-from ..state import job_state
+from ..jobstate import job_state
 from ..storage.files import write_atomic
 from ..storage.localshard import kind
 from .rebuild import read_state

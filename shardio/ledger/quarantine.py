@@ -34,9 +34,10 @@ import numpy as np
 
 from ..checks.states import MAX_HISTORY
 from ..errors import OptionError, StateError
+from ..jobstate import job_state
 from ..planning.plan import Segment
 from ..planning.surgery import Quarantine
-from ..state import LoaderState, job_state
+from ..state import LoaderState
 from .keyids import resolve_keys
 from .trace import Trace
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ..errors import OptionError, StateError, shown
+from ..jobstate import job_state
 from ..planning.options import MAX_BUCKETS
-from ..state import job_state
 from ..storage.statefiles import load_state_file
 
 if TYPE_CHECKING:

@@ -45,12 +45,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError, StateError
+from ..jobstate import job_state
 from ..planning.mix import MAX_TAIL_EPOCHS, tail_limit
 from ..planning.mixstreams import Streams, range_length
 from ..planning.planner import Planner
 from ..planning.streams import Stream, as_ranges, join_ranges
 from ..planning.surgery import Quarantine, Surgery
-from ..state import LoaderState, job_state
+from ..state import LoaderState
 
 if TYPE_CHECKING:
     from ..datasets.mixed import MixedDataset

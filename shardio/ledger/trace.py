@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError
+from ..jobstate import job_state
 from ..planning.plan import EpochPlan
-from ..state import LoaderState, job_state
+from ..state import LoaderState
 from .keyids import resolve_keys
 from .segmentplans import SegmentPlans, check_epoch
 

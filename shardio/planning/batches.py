@@ -1,12 +1,13 @@
 """One batching pass's steps: what a sample costs, which samples fit, batches cut from an order, their costs.
 
 Pure numpy, no I/O, no torch, no Python loop over samples. Given samples in the order a segment plays them, a
-batch is ``count`` consecutive samples (``batch_size``) or grows greedily while ``count x cost(longest)`` stays
-within ``max_duration`` (:func:`batch_offsets`); a sample of ``d`` seconds costs ``d``, or ``d + d**2 / Q`` with
-``quadratic_duration`` (:func:`sample_cost`). Batches are moved as a whole (:func:`reorder_batches`), shuffled
-within shard windows (:func:`shuffle_batches`), measured in audio and padded seconds (:func:`batch_audio`) and
-costed under the cost model in use (:func:`batch_costs`). :mod:`shardio.planning.rounds` runs the pass over a
-segment with them; :mod:`shardio.planning.bucketing` makes the duration buckets batches form within.
+batch is ``count`` consecutive samples (``batch_size``) or grows greedily while ``count x cost(longest)``
+stays within ``max_duration`` (:func:`batch_offsets`); a sample of ``d`` seconds costs ``d``, or ``d + d**2 /
+Q`` with ``quadratic_duration`` (:func:`sample_cost`). Batches are moved as a whole (:func:`reorder_batches`),
+shuffled within shard windows (:func:`shuffle_batches`), measured in audio and padded seconds
+(:func:`batch_audio`) and costed under the cost model in use (:func:`batch_costs`).
+:mod:`shardio.planning.rounds` runs the pass over a segment with them; :mod:`shardio.planning.bucketing` makes
+the duration buckets batches form within.
 """
 
 from __future__ import annotations
@@ -20,16 +21,31 @@ from ..errors import OptionError
 if TYPE_CHECKING:
     from .options import Batching
 
-__all__ = ["BLOCK", "sample_cost", "eligible", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets",
-           "batch_offsets", "shuffle_batches", "reorder_batches", "batch_audio", "padding_ratio", "padding_of",
-           "batch_costs", "underfull"]
+__all__ = [
+    "BLOCK",
+    "sample_cost",
+    "eligible",
+    "stable_order",
+    "group_starts",
+    "fixed_offsets",
+    "greedy_offsets",
+    "batch_offsets",
+    "shuffle_batches",
+    "reorder_batches",
+    "batch_audio",
+    "padding_ratio",
+    "padding_of",
+    "batch_costs",
+    "underfull",
+]
 
 BLOCK = 2048
 """Greedy duration batching runs in lockstep over blocks of this many samples; no batch spans two blocks."""
 
 
 def sample_cost(durations: np.ndarray, quadratic: float | None) -> np.ndarray:
-    """What a sample of ``d`` seconds costs in a batch: ``d``, or ``d + d**2 / quadratic`` (attention-like)."""
+    """What a sample of ``d`` seconds costs in a batch: ``d``, or ``d + d**2 / quadratic``
+    (attention-like)."""
     durations = np.asarray(durations, dtype=np.float64)
     return durations if quadratic is None else durations + durations * durations / quadratic
 
@@ -129,7 +145,9 @@ def shuffle_batches(windows: np.ndarray, generator: np.random.Generator | None) 
     return np.lexsort((np.asarray(generator.random(windows.shape[0])), windows)).astype(np.int64)
 
 
-def reorder_batches(samples: np.ndarray, offsets: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reorder_batches(
+    samples: np.ndarray, offsets: np.ndarray, perm: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """``samples``/``offsets`` with batch ``perm[k]`` as the new batch ``k`` (``perm`` may repeat or omit)."""
     sizes = np.diff(offsets)[perm]
     new_offsets = np.zeros(perm.shape[0] + 1, dtype=np.int64)
@@ -164,13 +182,20 @@ def batch_costs(durations: np.ndarray, offsets: np.ndarray, batching: Batching) 
     if offsets.shape[0] < 2:
         return np.zeros(0)
     if batching.batch_cost is not None:
-        costs = np.array([float(batching.batch_cost(durations[offsets[b]:offsets[b + 1]]))
-                          for b in range(offsets.shape[0] - 1)], dtype=np.float64)
+        costs = np.array(
+            [
+                float(batching.batch_cost(durations[offsets[b] : offsets[b + 1]]))
+                for b in range(offsets.shape[0] - 1)
+            ],
+            dtype=np.float64,
+        )
         bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))
         if bad.shape[0]:
-            raise OptionError(f"batch_cost {batching.batch_cost_name!r} returned {costs[bad[0]]} for a batch of "
-                              f"{int(offsets[bad[0] + 1] - offsets[bad[0]])} samples: it must return a finite, "
-                              "non-negative number")
+            raise OptionError(
+                f"batch_cost {batching.batch_cost_name!r} returned {costs[bad[0]]} for a batch of "
+                f"{int(offsets[bad[0] + 1] - offsets[bad[0]])} samples: it must return a finite, "
+                "non-negative number"
+            )
         return costs
     if batching.quadratic_duration is None:
         return batch_audio(durations, offsets)[1]

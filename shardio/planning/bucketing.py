@@ -31,9 +31,25 @@ from .batches import (
 )
 from .options import Batching
 
-__all__ = ["BLOCK", "RESOLUTION", "eligible", "bucket_edges", "sample_cost", "equal_duration_bins",
-           "bucket_of", "stable_order", "group_starts", "fixed_offsets", "greedy_offsets", "batch_offsets",
-           "shuffle_batches", "reorder_batches", "batch_audio", "padding_ratio", "padding_of"]
+__all__ = [
+    "BLOCK",
+    "RESOLUTION",
+    "eligible",
+    "bucket_edges",
+    "sample_cost",
+    "equal_duration_bins",
+    "bucket_of",
+    "stable_order",
+    "group_starts",
+    "fixed_offsets",
+    "greedy_offsets",
+    "batch_offsets",
+    "shuffle_batches",
+    "reorder_batches",
+    "batch_audio",
+    "padding_ratio",
+    "padding_of",
+]
 
 
 def bucket_edges(durations: np.ndarray, batching: Batching, weights: np.ndarray | None = None) -> np.ndarray:
@@ -41,14 +57,18 @@ def bucket_edges(durations: np.ndarray, batching: Batching, weights: np.ndarray 
     if batching.duration_bins is not None:
         return np.asarray(batching.duration_bins, dtype=np.float64)
     keep = eligible(durations, batching)
-    return equal_duration_bins(durations[keep], batching.num_buckets or 1, None if weights is None else weights[keep])
+    return equal_duration_bins(
+        durations[keep], batching.num_buckets or 1, None if weights is None else weights[keep]
+    )
 
 
 RESOLUTION = 1 << 14
 """Bucket edges are estimated on a histogram of this many equal cells over the duration range."""
 
 
-def equal_duration_bins(durations: np.ndarray, num_buckets: int, weights: np.ndarray | None = None) -> np.ndarray:
+def equal_duration_bins(
+    durations: np.ndarray, num_buckets: int, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Interior bucket edges (at most ``num_buckets - 1``, strictly increasing) so that each bucket holds
     about the same total duration; ``weights`` (per sample, default 1) count a sample that many times.
 
@@ -63,8 +83,11 @@ def equal_duration_bins(durations: np.ndarray, num_buckets: int, weights: np.nda
     if not width > 0:  # all equal, or apart by less than a float can split into RESOLUTION cells (5e-324 s)
         return np.zeros(0, dtype=np.float64)
     cells = np.minimum(((durations - low) / width).astype(np.int64), RESOLUTION - 1)
-    mass = np.cumsum(np.bincount(cells, weights=durations if weights is None else durations * weights,
-                                 minlength=RESOLUTION))
+    mass = np.cumsum(
+        np.bincount(
+            cells, weights=durations if weights is None else durations * weights, minlength=RESOLUTION
+        )
+    )
     crossing = np.searchsorted(mass, mass[-1] * np.arange(1, num_buckets) / num_buckets, side="right")
     edges = np.unique(low + np.minimum(crossing + 1, RESOLUTION) * width)
     return edges[(edges > low) & (edges <= high)]
@@ -73,5 +96,3 @@ def equal_duration_bins(durations: np.ndarray, num_buckets: int, weights: np.nda
 def bucket_of(durations: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """The bucket number (0 .. ``len(edges)``) of each duration; ``edges`` are the buckets' lower bounds."""
     return np.searchsorted(np.asarray(edges, dtype=np.float64), durations, side="right").astype(np.int64)
-
-

@@ -21,8 +21,8 @@ __all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "
 
 REMAINDERS = ("pad", "drop")
 MAX_BUCKETS = 2**16
-"""The most duration buckets (``num_buckets``, or ``len(duration_bins) + 1``): far beyond the tens that balance
-padding, and planning allocates per bucket."""
+"""The most duration buckets (``num_buckets``, or ``len(duration_bins) + 1``): far beyond the tens that
+balance padding, and planning allocates per bucket."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,13 @@ class Batching:
         if self.max_duration is not None:
             real("max_duration", self.max_duration, "a positive, finite number of seconds")
             if not self.max_duration > 0:
-                raise OptionError(f"max_duration must be a positive, finite number of seconds, not "
-                                  f"{self.max_duration}")
+                raise OptionError(
+                    f"max_duration must be a positive, finite number of seconds, not {self.max_duration}"
+                )
         if self.max_batch_size is not None and self.max_duration is None:
-            raise OptionError("max_batch_size caps duration batches: give it with max_duration, not batch_size")
+            raise OptionError(
+                "max_batch_size caps duration batches: give it with max_duration, not batch_size"
+            )
         if self.remainder not in REMAINDERS:
             raise OptionError(f"remainder must be one of {REMAINDERS}, not {shown(self.remainder)}")
         _check_buckets_and_filters(self)
@@ -129,12 +132,18 @@ class Batching:
 
     @property
     def filters(self) -> bool:
-        """Whether some samples may be left out: a duration filter, or ``max_duration`` (a sample alone above it)."""
-        return self.max_duration is not None or self.min_duration is not None or self.max_sample_duration is not None
+        """Whether some samples may be left out: a duration filter, or ``max_duration`` (a sample alone above
+        it)."""
+        return (
+            self.max_duration is not None
+            or self.min_duration is not None
+            or self.max_sample_duration is not None
+        )
 
     @property
     def padded_cost(self) -> bool:
-        """Whether a batch costs its padded seconds (count x longest): no quadratic cost, no ``batch_cost``."""
+        """Whether a batch costs its padded seconds (count x longest): no quadratic cost, no
+        ``batch_cost``."""
         return self.quadratic_duration is None and self.batch_cost is None
 
     def eligible(self, durations: np.ndarray) -> np.ndarray:
@@ -158,26 +167,34 @@ def _check_buckets_and_filters(b: Batching) -> None:
         object.__setattr__(b, "num_buckets", integer("num_buckets", b.num_buckets, 1, MAX_BUCKETS))
     if b.duration_bins is not None:
         if isinstance(b.duration_bins, (str, bytes, Mapping)) or not isinstance(b.duration_bins, Iterable):
-            raise OptionError(f"duration_bins must be a sequence of bucket edges in seconds, not "
-                              f"{shown(b.duration_bins)}")
+            raise OptionError(
+                f"duration_bins must be a sequence of bucket edges in seconds, not {shown(b.duration_bins)}"
+            )
         edges = list(itertools.islice(b.duration_bins, MAX_BUCKETS))  # no more read
         for edge in edges:
             real("duration_bins", edge, f"positive, finite numbers of seconds (an edge is {shown(edge)})")
         if not edges:
-            raise OptionError("duration_bins is empty: give at least one bucket edge in seconds, or num_buckets=1 "
-                              "for a single bucket")
+            raise OptionError(
+                "duration_bins is empty: give at least one bucket edge in seconds, or num_buckets=1 "
+                "for a single bucket"
+            )
         bins = tuple(float(edge) for edge in edges)
         if len(bins) >= MAX_BUCKETS:
-            raise OptionError(f"duration_bins holds {MAX_BUCKETS} edges or more; at most {MAX_BUCKETS - 1} "
-                              f"({MAX_BUCKETS} buckets)")
+            raise OptionError(
+                f"duration_bins holds {MAX_BUCKETS} edges or more; at most {MAX_BUCKETS - 1} "
+                f"({MAX_BUCKETS} buckets)"
+            )
         if any(not (e > 0 and np.isfinite(e)) for e in bins) or any(e >= f for e, f in zip(bins, bins[1:])):
-            raise OptionError(f"duration_bins must be positive, finite and strictly increasing, not "
-                              f"{reprlib.repr(bins)}")
+            raise OptionError(
+                f"duration_bins must be positive, finite and strictly increasing, not {reprlib.repr(bins)}"
+            )
         object.__setattr__(b, "duration_bins", bins)
     if b.quadratic_duration is not None:
         real("quadratic_duration", b.quadratic_duration, "a positive, finite number")
         if not b.quadratic_duration > 0:  # finite: real() saw to it
-            raise OptionError(f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}")
+            raise OptionError(
+                f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}"
+            )
         if b.max_duration is None:
             raise OptionError("quadratic_duration weighs samples toward max_duration: give max_duration too")
     for name in ("min_duration", "max_sample_duration"):
@@ -186,24 +203,36 @@ def _check_buckets_and_filters(b: Batching) -> None:
             real(name, value, "a non-negative, finite number of seconds")
             if not value >= 0:
                 raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
-    if b.min_duration is not None and b.max_sample_duration is not None and b.min_duration > b.max_sample_duration:
-        raise OptionError(f"min_duration ({b.min_duration}) is above max_sample_duration "
-                          f"({b.max_sample_duration}): every sample would be left out")
+    if (
+        b.min_duration is not None
+        and b.max_sample_duration is not None
+        and b.min_duration > b.max_sample_duration
+    ):
+        raise OptionError(
+            f"min_duration ({b.min_duration}) is above max_sample_duration "
+            f"({b.max_sample_duration}): every sample would be left out"
+        )
 
 
 def _check_sync(b: Batching) -> None:
-    if b.sync_buckets is not None and not isinstance(b.sync_buckets, (bool, np.bool_)):  # 1 == True: not in (...)
-        raise OptionError(f"sync_buckets must be True, False or None (on when bucketing), not {shown(b.sync_buckets)}")
+    if b.sync_buckets is not None and not isinstance(
+        b.sync_buckets, (bool, np.bool_)
+    ):  # 1 == True: not in (...)
+        raise OptionError(
+            f"sync_buckets must be True, False or None (on when bucketing), not {shown(b.sync_buckets)}"
+        )
     if b.sync_buckets is not None:
         object.__setattr__(b, "sync_buckets", bool(b.sync_buckets))
     if b.batch_cost is not None and not callable(b.batch_cost):
         raise OptionError(f"batch_cost must be a function of a batch's durations, not {b.batch_cost!r}")
     if (b.batch_cost is None) != (b.batch_cost_name is None):
-        raise OptionError("give batch_cost and batch_cost_name together: a state records the cost by its name")
+        raise OptionError(
+            "give batch_cost and batch_cost_name together: a state records the cost by its name"
+        )
     if b.batch_cost_name is not None and not (isinstance(b.batch_cost_name, str) and b.batch_cost_name):
         raise OptionError(f"batch_cost_name must be a non-empty string, not {b.batch_cost_name!r}")
     if b.batch_cost is not None and not b.synchronised:
-        raise OptionError("batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
-                          "with num_buckets or duration_bins)")
-
-
+        raise OptionError(
+            "batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
+            "with num_buckets or duration_bins)"
+        )

@@ -1,4 +1,5 @@
-"""The epoch's order: randomness as a function of ``(seed, epoch, purpose, ...)``, and the shard-window shuffle.
+"""The epoch's order: randomness as a function of ``(seed, epoch, purpose, ...)``, and the shard-window
+shuffle.
 
 Shards are permuted per epoch, then samples are shuffled within windows of ``shuffle_shards`` consecutive
 shards, so reads stay local to a few shards at a time. Every random choice of the planner draws from
@@ -13,7 +14,17 @@ import numpy as np
 from .options import Ordering
 from .stablesort import stable_order
 
-__all__ = ["SHARDS", "SAMPLES", "BATCHES", "MIX", "MERGE", "rng", "window_order", "narrow_window_order", "epoch_order"]
+__all__ = [
+    "SHARDS",
+    "SAMPLES",
+    "BATCHES",
+    "MIX",
+    "MERGE",
+    "rng",
+    "window_order",
+    "narrow_window_order",
+    "epoch_order",
+]
 
 SHARDS = 1
 """The shards' permutation."""
@@ -32,8 +43,9 @@ def rng(seed: int, epoch: int, *purpose: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, *purpose])
 
 
-def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
-                 key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def window_order(
+    shard_ids: np.ndarray, num_shards: int, ordering: Ordering, key: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
     """The sample order for RNG ``key`` (``(seed, epoch)`` or longer), and every sample's shard window.
 
     Shards are permuted, samples shuffled within windows of ``shuffle_shards`` consecutive shards;
@@ -43,8 +55,9 @@ def window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
     return order, windows.astype(np.int64)
 
 
-def narrow_window_order(shard_ids: np.ndarray, num_shards: int, ordering: Ordering,
-             key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def narrow_window_order(
+    shard_ids: np.ndarray, num_shards: int, ordering: Ordering, key: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`window_order` with the windows in the narrowest integer type (4 bytes a sample, not 8)."""
     n = shard_ids.shape[0]
     narrow = np.int32 if num_shards < 1 << 31 else np.int64
@@ -56,10 +69,13 @@ def narrow_window_order(shard_ids: np.ndarray, num_shards: int, ordering: Orderi
         position = np.empty(num_shards, dtype=np.int64)
         position[rng(*key, SHARDS).permutation(num_shards)] = np.arange(num_shards)
         window = (position // ordering.shuffle_shards).astype(narrow)[shard_ids]
-    return stable_order(window, np.asarray(rng(*key, SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))), window
+    return stable_order(
+        window, np.asarray(rng(*key, SAMPLES).integers(0, 1 << 32, n, dtype=np.int64))
+    ), window
 
 
-def epoch_order(shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int,
-                ordering: Ordering = Ordering()) -> np.ndarray:
+def epoch_order(
+    shard_ids: np.ndarray, num_shards: int, *, seed: int, epoch: int, ordering: Ordering = Ordering()
+) -> np.ndarray:
     """All sample ids in this epoch's order: shards permuted, samples shuffled within shard windows."""
     return narrow_window_order(shard_ids, num_shards, ordering, (seed, epoch))[0]

@@ -8,8 +8,9 @@ The steps:
 
 1. **Order** (:mod:`shardio.planning.order`): shards are permuted per epoch, then samples are shuffled
    within windows of ``shuffle_shards`` consecutive shards (reads stay local to a few shards at a time).
-Steps 2 and 3 are one batching pass over a segment, run in one place (:func:`shardio.planning.rounds.batch_segment`,
-with the batches' arithmetic in :mod:`shardio.planning.batches`):
+Steps 2 and 3 are one batching pass over a segment, run in one place
+(:func:`shardio.planning.rounds.batch_segment`, with the batches' arithmetic in
+:mod:`shardio.planning.batches`):
 
 2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
    ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
@@ -42,8 +43,18 @@ from . import bucketing, rounds
 from .options import Batching, Ordering
 from .order import BATCHES, narrow_window_order, rng
 
-__all__ = ["Batching", "Ordering", "Segment", "EpochPlan", "batch_offsets", "deal", "plan_epoch", "plan_segments",
-           "worker_batches", "options_of"]
+__all__ = [
+    "Batching",
+    "Ordering",
+    "Segment",
+    "EpochPlan",
+    "batch_offsets",
+    "deal",
+    "plan_epoch",
+    "plan_segments",
+    "worker_batches",
+    "options_of",
+]
 
 
 @dataclass(frozen=True)
@@ -117,10 +128,22 @@ batch_offsets = bucketing.batch_offsets
 deal = rounds.deal
 
 
-def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch: int, world_size: int,
-                  batching: Batching, history: Sequence[Segment] = (), windows: np.ndarray | None = None,
-                  buckets: np.ndarray | None = None, shuffle: bool = True, purpose: tuple[int, ...] = (),
-                  limit: int | None = None, exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
+def plan_segments(
+    order: np.ndarray,
+    durations: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    batching: Batching,
+    history: Sequence[Segment] = (),
+    windows: np.ndarray | None = None,
+    buckets: np.ndarray | None = None,
+    shuffle: bool = True,
+    purpose: tuple[int, ...] = (),
+    limit: int | None = None,
+    exclude: Sequence[tuple[int, np.ndarray]] = (),
+) -> EpochPlan:
     """Plan an explicit ``order`` of distinct ids (into ``durations``): the core of every planner.
 
     Each segment of ``history`` is re-planned as it was played and the samples it consumed are taken out
@@ -130,7 +153,8 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
     ``rng(seed, epoch, *purpose, 3, segment)``. ``limit``: the first segment has exactly that many batches
     (cut, or filled by repeating), and later segments plan only what it held. ``exclude``: pairs
     ``(segment number, ids)``; those ids are taken out of ``order`` before that segment is planned (a
-    quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them out.
+    quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them
+    out.
     """
     for size in (world_size, *(finished.world_size for finished in history)):
         if not size >= 1:  # no rank to deal to: a division by zero, or a silent empty plan of an empty order
@@ -149,14 +173,17 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
         if windows is not None and buckets is not None:
             generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
             grouping = rounds.Grouping(windows, buckets, generator)
-        return EpochPlan(*rounds.batch_segment(ids, durations, batching, size, grouping,
-                                               limit if number == 0 else None))
+        return EpochPlan(
+            *rounds.batch_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
+        )
 
     for number, finished in enumerate(history):
         order = excluding(number, order)
         plan = segment(number, order, finished.world_size)
         if not 0 <= finished.consumed <= plan.num_batches:
-            raise OptionError(f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}")
+            raise OptionError(
+                f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}"
+            )
         if number == 0 and limit is not None:
             held = np.zeros(durations.shape[0], dtype=bool)
             held[plan.samples] = True
@@ -167,9 +194,19 @@ def plan_segments(order: np.ndarray, durations: np.ndarray, *, seed: int, epoch:
     return segment(len(history), excluding(len(history), order), world_size)
 
 
-def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *, seed: int, epoch: int,
-               world_size: int, batching: Batching = Batching(), ordering: Ordering = Ordering(),
-               history: Sequence[Segment] = (), exclude: Sequence[tuple[int, np.ndarray]] = ()) -> EpochPlan:
+def plan_epoch(
+    shard_ids: np.ndarray,
+    durations: np.ndarray,
+    num_shards: int,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    batching: Batching = Batching(),
+    ordering: Ordering = Ordering(),
+    history: Sequence[Segment] = (),
+    exclude: Sequence[tuple[int, np.ndarray]] = (),
+) -> EpochPlan:
     """The plan of an epoch's next segment for every rank, after its finished segments (O(samples)).
 
     Args:
@@ -200,17 +237,34 @@ def plan_epoch(shard_ids: np.ndarray, durations: np.ndarray, num_shards: int, *,
         buckets = np.zeros(durations.shape[0], dtype=np.int64)  # one bucket: steps balance cost only
     windows = by_window.astype(np.int64) if buckets is not None else None
     del by_window  # without buckets, freed before the segments are planned
-    plan = plan_segments(order, durations, seed=seed, epoch=epoch, world_size=world_size, batching=batching,
-                         history=history, windows=windows, buckets=buckets,
-                         shuffle=ordering.shuffle, exclude=exclude)
+    plan = plan_segments(
+        order,
+        durations,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        batching=batching,
+        history=history,
+        windows=windows,
+        buckets=buckets,
+        shuffle=ordering.shuffle,
+        exclude=exclude,
+    )
     return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
 
 
 def with_report(plan: EpochPlan, **extra: Any) -> EpochPlan:
     """``plan`` with its report filled in: the counts and the padding ratio, plus ``extra`` entries."""
-    report = {"samples": int(plan.samples.shape[0]), "planned": int(plan.samples.shape[0]),
-              "batches_per_rank": plan.num_batches, "excluded": plan.excluded, "dropped": plan.dropped,
-              "padded": plan.padded, **plan.report, **extra}
+    report = {
+        "samples": int(plan.samples.shape[0]),
+        "planned": int(plan.samples.shape[0]),
+        "batches_per_rank": plan.num_batches,
+        "excluded": plan.excluded,
+        "dropped": plan.dropped,
+        "padded": plan.padded,
+        **plan.report,
+        **extra,
+    }
     return replace(plan, report=report)
 
 
@@ -226,8 +280,11 @@ def worker_batches(num_batches: int, start: int, worker: int, num_workers: int) 
 def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
     """The options that shape a plan, as a JSON-ready dict (recorded in a state): the JSON round trip of
     the result compares equal to it (tuples become lists)."""
-    options: dict[str, object] = {f.name: getattr(batching, f.name) for f in fields(batching)
-                                  if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets")}
+    options: dict[str, object] = {
+        f.name: getattr(batching, f.name)
+        for f in fields(batching)
+        if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets")
+    }
     options.update(asdict(ordering))
     if batching.duration_bins is not None:
         options["duration_bins"] = list(batching.duration_bins)

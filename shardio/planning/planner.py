@@ -1,18 +1,19 @@
 """Planner: one public, pure value that answers every planning question about a dataset.
 
 Built from an index (its columns: shard ids and durations) and the planning options (:class:`Batching`,
-:class:`Ordering`, and for a mix the :class:`~shardio.planning.mixoptions.Mix` and its corpora), it answers: the
-plan of epoch ``E`` for ``W`` ranks after the elastic history ``H`` with a state's surgery ``X`` (quarantines, a
-re-mix: :class:`~shardio.planning.surgery.Surgery`), a rank's share of it, which corpus a sample belongs to, and
-whether a saved state fits it. :class:`~shardio.ShardDataset`, :class:`~shardio.MixedDataset`,
-:class:`~shardio.Trace`, :func:`~shardio.quarantine` and :func:`~shardio.remix` each hold one and use only the
-methods below. No I/O (the columns are the index's, already mapped) and no torch.
+:class:`Ordering`, and for a mix the :class:`~shardio.planning.mixoptions.Mix` and its corpora), it answers:
+the plan of epoch ``E`` for ``W`` ranks after the elastic history ``H`` with a state's surgery ``X``
+(quarantines, a re-mix: :class:`~shardio.planning.surgery.Surgery`), a rank's share of it, which corpus a
+sample belongs to, and whether a saved state fits it. :class:`~shardio.ShardDataset`,
+:class:`~shardio.MixedDataset`, :class:`~shardio.Trace`, :func:`~shardio.quarantine` and
+:func:`~shardio.remix` each hold one and use only the methods below. No I/O (the columns are the index's,
+already mapped) and no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -53,6 +54,19 @@ class Planner:
     mix: Mix | None = None
     corpora: tuple[tuple[str, Index], ...] = ()
     """A mix's corpora, in name order: ``(name, index)``."""
+    _options: dict[str, object] = field(init=False, repr=False, compare=False)
+    _samples: int = field(init=False, repr=False, compare=False)
+    _shards: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # made once, with the planner: every state saved or loaded compares the options, every plan counts
+        options = options_of(self.batching, self.ordering)
+        if self.mix is not None:
+            corpora = {name: part.fingerprint for name, part in self.corpora}
+            options = {**options, "mix": self.mix.options(), "corpora": corpora}
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_samples", len(self.index))
+        object.__setattr__(self, "_shards", len(self.index.shards))
 
     @property
     def batched(self) -> bool:
@@ -68,19 +82,47 @@ class Planner:
     def options(self) -> dict[str, object]:
         """The options that shape a plan, JSON-ready (a state records them; a mix adds its options and each
         corpus's index fingerprint)."""
-        options = options_of(self.batching, self.ordering)
-        if self.mix is None:
-            return options
-        corpora = {name: part.fingerprint for name, part in self.corpora}
-        return {**options, "mix": self.mix.options(), "corpora": corpora}
+        return dict(self._options)
+
+    def batch_count(
+        self, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE
+    ) -> int | None:
+        """Batches per rank in an epoch's current segment, counted without planning where the options make it
+        a function of the sample count alone: a fixed batch size (or unbatched), no duration filter, no
+        buckets or synchronised rounds, no history, no quarantine, not a mix. Every epoch has that many.
+
+        Args:
+            world_size: the ranks the segment is dealt to.
+            history: the epoch's finished segments.
+            surgery: a loaded state's quarantines and re-mix.
+
+        Returns:
+            ``plan(epoch, world_size, history, surgery).num_batches``; ``None`` where only the plan tells.
+        """
+        batching = self.planned_batching
+        if (
+            self.mix is not None
+            or history
+            or surgery.quarantines
+            or batching.batch_size is None
+            or batching.filters
+            or batching.bucketed
+            or batching.synchronised
+        ):
+            return None
+        batches = -(-self._samples // batching.batch_size)
+        return batches // world_size if batching.remainder == "drop" else -(-batches // world_size)
 
     def columns(self) -> dict[str, CorpusColumns]:
         """A mix's planner columns per corpus (each corpus's own, as mapped: nothing is concatenated)."""
-        return {name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
-                for name, part in self.corpora}
+        return {
+            name: CorpusColumns(part.shard_ids, part.durations, len(part.shards))
+            for name, part in self.corpora
+        }
 
-    def plan(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
-             surgery: Surgery = _NONE) -> EpochPlan:
+    def plan(
+        self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE
+    ) -> EpochPlan:
         """The plan of ``epoch`` for ``world_size`` ranks after the finished segments ``history``, without the
         samples ``surgery`` quarantines (and, for a mix, with its re-mixed streams).
 
@@ -99,15 +141,34 @@ class Planner:
         """
         batching = self.planned_batching
         if self.mix is None:
-            return plan_epoch(self.index.shard_ids, self.index.durations, len(self.index.shards), seed=self.seed,
-                              epoch=epoch, world_size=world_size, batching=batching, ordering=self.ordering,
-                              history=history, exclude=surgery.exclusions(epoch) if surgery.quarantines else ())
-        return plan_mix(self.columns(), self.mix, seed=self.seed, epoch=epoch, world_size=world_size,
-                        batching=batching, ordering=self.ordering, history=history,
-                        exclude=surgery.exclusions(epoch) if surgery.quarantines else (), **self._streams(epoch, surgery))
+            return plan_epoch(
+                self.index.shard_ids,
+                self.index.durations,
+                self._shards,
+                seed=self.seed,
+                epoch=epoch,
+                world_size=world_size,
+                batching=batching,
+                ordering=self.ordering,
+                history=history,
+                exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
+            )
+        return plan_mix(
+            self.columns(),
+            self.mix,
+            seed=self.seed,
+            epoch=epoch,
+            world_size=world_size,
+            batching=batching,
+            ordering=self.ordering,
+            history=history,
+            exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
+            **self._streams(epoch, surgery),
+        )
 
-    def occurrences(self, epoch: int, world_size: int, history: Sequence[Segment] = (),
-                    surgery: Surgery = _NONE) -> tuple[EpochPlan, Any]:
+    def occurrences(
+        self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE
+    ) -> tuple[EpochPlan, Any]:
         """A mix's plan of an epoch over occurrence numbers, and the occurrences.
 
         Args:
@@ -124,15 +185,24 @@ class Planner:
             OptionError: outside a mix.
         """
         plan, occurrences, _ = plan_occurrences(
-            self.columns(), self._mix(), seed=self.seed, epoch=epoch, world_size=world_size,
-            batching=self.planned_batching, ordering=self.ordering, history=history,
-            exclude=surgery.exclusions(epoch) if surgery.quarantines else (), **self._streams(epoch, surgery))
+            self.columns(),
+            self._mix(),
+            seed=self.seed,
+            epoch=epoch,
+            world_size=world_size,
+            batching=self.planned_batching,
+            ordering=self.ordering,
+            history=history,
+            exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
+            **self._streams(epoch, surgery),
+        )
         return plan, occurrences
 
     def quotas(self) -> dict[str, int]:
         """The samples each corpus of a mix contributes to an epoch."""
-        return mix_quotas(self.columns(), self._mix(), self.planned_batching, seed=self.seed,
-                          ordering=self.ordering)
+        return mix_quotas(
+            self.columns(), self._mix(), self.planned_batching, seed=self.seed, ordering=self.ordering
+        )
 
     @staticmethod
     def share(plan: EpochPlan, rank: int) -> RankPlan:
@@ -183,16 +253,18 @@ class Planner:
             state: a parsed state (:meth:`LoaderState.from_dict`).
 
         Returns:
-            One line per difference (index fingerprint, seed, options); empty when the state was saved from them.
+            One line per difference (index fingerprint, seed, options); empty when the state was saved from
+            them.
         """
         return state.differences(seed=self.seed, index=self.index.fingerprint, options=self.options)
 
     def check(self, state: LoaderState) -> EpochPlan:
-        """The plan of a job-level ``state``'s current segment, once the state is found to fit: its seed, index
-        and options are these, its quarantines name samples of this index and its position lies in the plan.
+        """The plan of a job-level ``state``'s current segment, once the state is found to fit: its seed,
+        index and options are these, its quarantines name samples of this index and its position lies in the
+        plan.
 
         Args:
-            state: a job-level state (:func:`~shardio.state.job_state`).
+            state: a job-level state (:func:`~shardio.jobstate.job_state`).
 
         Returns:
             The plan of the state's epoch and current segment, for its world.
@@ -202,16 +274,20 @@ class Planner:
         """
         problems = self.differences(state)
         if problems:
-            raise StateError("the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems))
+            raise StateError(
+                "the saved loader state does not fit this dataset:\n  - " + "\n  - ".join(problems)
+            )
         surgery = state.surgery
-        surgery.check_ids(len(self.index), lambda i: self.index.keys[i], self.corpus)
+        surgery.check_ids(self._samples, lambda i: self.index.keys[i], self.corpus)
         try:
             plan = self.plan(state.epoch, state.world_size, state.history, surgery)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
             raise StateError(f"state field history does not fit epoch {state.epoch}'s plan: {exc}") from None
         if state.position > plan.num_batches:
-            raise StateError(f"state field start: the state is at batch {state.position} of epoch {state.epoch}, "
-                             f"which has only {plan.num_batches} batches per rank")
+            raise StateError(
+                f"state field start: the state is at batch {state.position} of epoch {state.epoch}, "
+                f"which has only {plan.num_batches} batches per rank"
+            )
         return plan
 
     def _mix(self) -> Mix:

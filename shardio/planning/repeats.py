@@ -56,6 +56,9 @@ class Repeats:
                 return None
             sizes = np.diff(plan.offsets)[plan.rank_batches[rank]]
             return np.repeat(~self._first_slot[rank], sizes)
-        flags = np.concatenate([self.flags(rank, j) for j in range(plan.num_batches)]) \
-            if plan.num_batches else np.zeros(0, dtype=bool)
+        flags = (
+            np.concatenate([self.flags(rank, j) for j in range(plan.num_batches)])
+            if plan.num_batches
+            else np.zeros(0, dtype=bool)
+        )
         return flags if flags.any() else None

@@ -1,12 +1,14 @@
-"""One batching pass over a segment (:func:`batch_segment`), its step-synchronised rounds, and the deal to ranks.
+"""One batching pass over a segment (:func:`batch_segment`), its step-synchronised rounds, and the deal to
+ranks.
 
 :func:`batch_segment` runs the pass in one place: samples filtered, grouped by (window, bucket), batched
 (:mod:`shardio.planning.batches`), ordered in rounds, dealt (:func:`deal`) and reported. With
-``Batching.sync_buckets`` every step gives all ranks batches of one bucket and of nearly equal cost. DDP waits for the slowest rank at every step, so a step costs the *most* expensive of its ``world_size``
-batches. The deal (:func:`deal`) gives round ``j`` (batches ``j * world_size`` to
-``j * world_size + world_size - 1``) one batch per rank; with ``Batching.sync_buckets`` the planner orders
-the batches so that every round is made of batches of the same bucket and of nearly equal cost (the idea
-of Lhotse's ``sync_buckets``: all ranks draw the same bucket at a step). Pure numpy, as the planner:
+``Batching.sync_buckets`` every step gives all ranks batches of one bucket and of nearly equal cost. DDP waits
+for the slowest rank at every step, so a step costs the *most* expensive of its ``world_size`` batches. The
+deal (:func:`deal`) gives round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) one
+batch per rank; with ``Batching.sync_buckets`` the planner orders the batches so that every round is made of
+batches of the same bucket and of nearly equal cost (the idea of Lhotse's ``sync_buckets``: all ranks draw the
+same bucket at a step). Pure numpy, as the planner:
 
 1. **Compaction** (:func:`compact`): batching within (shard window, bucket) groups leaves a partly filled
    batch at the end of every group, of any cost. Their samples are pooled and batched again per bucket
@@ -15,9 +17,9 @@ of Lhotse's ``sync_buckets``: all ranks draw the same bucket at a step). Pure nu
    window), are cut into chunks of ``CHUNK_ROUNDS * world_size``; a chunk is sorted by cost and cut into
    rounds of ``world_size``, so a round holds batches of neighbouring cost. A bucket's last, partial round
    (its cheapest batches) goes to a pool kept in bucket order and cut into rounds too: such a round spans
-   neighbouring buckets (there are at most as many such rounds as buckets). Full rounds are shuffled within their
-   window (the last window any of their batches comes from) and keep window order; pooled rounds come last,
-   so the epoch's last partial round (padded or dropped by ``remainder``) is made of leftovers.
+   neighbouring buckets (there are at most as many such rounds as buckets). Full rounds are shuffled within
+   their window (the last window any of their batches comes from) and keep window order; pooled rounds come
+   last, so the epoch's last partial round (padded or dropped by ``remainder``) is made of leftovers.
 
 The cost of a batch is the cost model in use: padded seconds (``count x longest``), with
 ``quadratic_duration`` the quadratic ``count x (d + d**2 / Q)`` of the longest ``d``, or the user's
@@ -46,15 +48,26 @@ from .batches import (
 )
 from .options import Batching
 
-__all__ = ["CHUNK_ROUNDS", "Grouping", "Segmented", "batch_costs", "underfull", "compact", "synchronised_order",
-           "step_efficiency", "deal", "batch_segment"]
+__all__ = [
+    "CHUNK_ROUNDS",
+    "Grouping",
+    "Segmented",
+    "batch_costs",
+    "underfull",
+    "compact",
+    "synchronised_order",
+    "step_efficiency",
+    "deal",
+    "batch_segment",
+]
 
 CHUNK_ROUNDS = 2
 """Rounds of one bucket sorted by cost together: more balances better, fewer keeps a rank's reads nearer."""
 
 
-def compact(order: np.ndarray, offsets: np.ndarray, durations: np.ndarray, buckets: np.ndarray,
-            batching: Batching) -> tuple[np.ndarray, np.ndarray]:
+def compact(
+    order: np.ndarray, offsets: np.ndarray, durations: np.ndarray, buckets: np.ndarray, batching: Batching
+) -> tuple[np.ndarray, np.ndarray]:
     """Batch the samples of underfull batches again, per bucket: ``(order, offsets)`` with the full batches
     first, as they were, then the new ones. ``durations`` and ``buckets`` are per id."""
     partial = underfull(durations[order], offsets, batching)
@@ -69,8 +82,13 @@ def compact(order: np.ndarray, offsets: np.ndarray, durations: np.ndarray, bucke
     return new_order, np.concatenate([kept_offsets[:-1], kept_offsets[-1] + loose_offsets]).astype(np.int64)
 
 
-def synchronised_order(windows: np.ndarray, buckets: np.ndarray, costs: np.ndarray, world_size: int,
-                       generator: np.random.Generator | None) -> np.ndarray:
+def synchronised_order(
+    windows: np.ndarray,
+    buckets: np.ndarray,
+    costs: np.ndarray,
+    world_size: int,
+    generator: np.random.Generator | None,
+) -> np.ndarray:
     """A batch order in which every ``world_size`` consecutive batches (a round) are of one bucket and of
     neighbouring cost, except the pooled leftover rounds at the end (see the module docs).
 
@@ -117,8 +135,9 @@ def _ties(n: int, generator: np.random.Generator | None) -> np.ndarray:
     return np.asarray(generator.random(n)) if generator is not None else np.arange(n, dtype=np.float64)
 
 
-def deal(num_batches: int, world_size: int, remainder: str,
-         seconds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def deal(
+    num_batches: int, world_size: int, remainder: str, seconds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
 
     Round ``j`` (batches ``j * world_size`` to ``j * world_size + world_size - 1``) gives one batch to each
@@ -135,7 +154,9 @@ def deal(num_batches: int, world_size: int, remainder: str,
     left_out = np.arange(used, num_batches, dtype=np.int64)
     rounds = chosen.reshape(per_rank, world_size)
     if seconds is not None and world_size > 1 and per_rank > 0:
-        longest_first = np.take_along_axis(rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1)
+        longest_first = np.take_along_axis(
+            rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1
+        )
         ordered_seconds = seconds[longest_first].tolist()
         totals = [0.0] * world_size
         ranks = list(range(world_size))
@@ -161,7 +182,8 @@ class Grouping:
 
 
 class Segmented(NamedTuple):
-    """A segment planned for all ranks: the fields of :class:`~shardio.planning.plan.EpochPlan`, in its order."""
+    """A segment planned for all ranks: the fields of :class:`~shardio.planning.plan.EpochPlan`, in its
+    order."""
 
     samples: np.ndarray
     offsets: np.ndarray
@@ -172,10 +194,17 @@ class Segmented(NamedTuple):
     report: dict[str, Any]
 
 
-def batch_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, world_size: int,
-                  grouping: Grouping | None = None, limit: int | None = None) -> Segmented:
+def batch_segment(
+    order: np.ndarray,
+    durations: np.ndarray,
+    batching: Batching,
+    world_size: int,
+    grouping: Grouping | None = None,
+    limit: int | None = None,
+) -> Segmented:
     """One batching pass over a segment's samples in ``order``: filtered, grouped, batched, ordered in rounds
-    and dealt to ``world_size`` ranks (see :mod:`shardio.planning.plan`); ``limit``: exactly that many batches."""
+    and dealt to ``world_size`` ranks (see :mod:`shardio.planning.plan`); ``limit``: exactly that many
+    batches."""
     seconds = durations[order]  # per position: gathered once for every step that needs it
     excluded = 0
     if batching.filters:
@@ -196,8 +225,9 @@ def batch_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
             order, offsets = compact(order, offsets, durations, grouping.buckets, batching)
             first = order[offsets[:-1]]
             costs = batch_costs(durations[order], offsets, batching)
-            perm = synchronised_order(grouping.windows[first], grouping.buckets[first], costs, world_size,
-                                      grouping.generator)
+            perm = synchronised_order(
+                grouping.windows[first], grouping.buckets[first], costs, world_size, grouping.generator
+            )
             costs = costs[perm]
         else:
             perm = shuffle_batches(grouping.windows[order[offsets[:-1]]], grouping.generator)
@@ -225,5 +255,6 @@ def batch_segment(order: np.ndarray, durations: np.ndarray, batching: Batching, 
     dropped = int(sizes[left_out].sum())
     padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)
     report["step_efficiency"] = step_efficiency(costs[rank_batches])
-    return Segmented(order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded,
-                     report=report)
+    return Segmented(
+        order, offsets, rank_batches, excluded=excluded, dropped=dropped, padded=padded, report=report
+    )

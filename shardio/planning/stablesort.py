@@ -27,8 +27,11 @@ def stable_order(groups: np.ndarray, ties: np.ndarray | None = None) -> np.ndarr
     if n >= _PACKED_LIMIT:  # an index no longer fits beside a key
         keys = groups.astype(np.int64) << 32 if ties is None else (groups.astype(np.int64) << 32) | ties
         return np.argsort(keys, kind="stable").astype(np.int64)
-    packed = ties.view(np.uint64) if ties is not None and ties.dtype == np.int64 else \
-        np.asarray(groups if ties is None else ties).astype(np.uint64)  # the caller's int64 ties are overwritten
+    packed = (
+        ties.view(np.uint64)
+        if ties is not None and ties.dtype == np.int64
+        else np.asarray(groups if ties is None else ties).astype(np.uint64)
+    )  # the caller's int64 ties are overwritten
     ids: np.ndarray | None = None
     for at in range(0, n, _CHUNK):  # in chunks, so no temporary is of size n
         packed[at : at + _CHUNK] <<= np.uint64(32)

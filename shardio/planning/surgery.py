@@ -3,10 +3,11 @@
 A state's ``extra`` (JSON) holds them: ``extra["quarantine"]``, a list of :class:`Quarantine` entries (samples
 left out of an epoch from a history segment on, by :func:`shardio.quarantine`, or consumed ahead of a state's
 position by its DataLoader workers), and ``extra["remix"]``, the current mix's streams
-(:class:`~shardio.planning.mixstreams.Streams`, by :func:`shardio.remix`). :meth:`Surgery.of` parses and bounds
-them when a state is read (:class:`~shardio.state.LoaderState`); the planner (:class:`~shardio.planning.planner.
-Planner`) consumes them; the ledger writes them (:meth:`Surgery.to_extra`). The JSON form is unchanged from the
-states shardio wrote before these types, so every saved state reads.
+(:class:`~shardio.planning.mixstreams.Streams`, by :func:`shardio.remix`). :meth:`Surgery.of` parses and
+bounds them when a state is read (:class:`~shardio.state.LoaderState`); the planner
+(:class:`~shardio.planning.planner. Planner`) consumes them; the ledger writes them
+(:meth:`Surgery.to_extra`). The JSON form is unchanged from the states shardio wrote before these types, so
+every saved state reads.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ QUARANTINE = "quarantine"
 @dataclass(frozen=True)
 class Quarantine:
     """Samples left out of epoch ``epoch`` from history segment ``segment`` on (and of every later epoch, from
-    its start, with ``carry``). ``ahead``: samples a state's DataLoader workers consumed ahead of its position,
-    not a quarantine (reports leave them out). The other fields are what the report shows."""
+    its start, with ``carry``). ``ahead``: samples a state's DataLoader workers consumed ahead of its
+    position, not a quarantine (reports leave them out). The other fields are what the report shows."""
 
     epoch: int
     segment: int
@@ -62,8 +63,10 @@ class Quarantine:
                 (integers >= 0), carry (true or false) and consumed (ids, or null).
         """
         if not isinstance(entry, Mapping):
-            raise StateError(f"malformed loader state: quarantine entry {number} must be an object, not "
-                             f"{type(entry).__name__}")
+            raise StateError(
+                f"malformed loader state: quarantine entry {number} must be an object, not "
+                f"{type(entry).__name__}"
+            )
 
         def problem(text: str) -> StateError:
             return StateError(f"malformed loader state: quarantine entry {number}: {text}")
@@ -73,8 +76,11 @@ class Quarantine:
             raise problem(f"'ids' must be a list of integers, not {shown(ids, 80)}")
         if not (isinstance(keys, list) and len(keys) == len(ids) and all(isinstance(k, str) for k in keys)):
             raise problem(f"'keys' must be a list of {len(ids)} strings, one per id")
-        if corpora is not None and not (isinstance(corpora, list) and len(corpora) == len(ids)
-                                        and all(isinstance(c, str) for c in corpora)):
+        if corpora is not None and not (
+            isinstance(corpora, list)
+            and len(corpora) == len(ids)
+            and all(isinstance(c, str) for c in corpora)
+        ):
             raise problem(f"'corpora' must be a list of {len(ids)} corpus names, one per id")
         for name in ("epoch", "segment"):
             if not _count(entry.get(name)):
@@ -83,16 +89,29 @@ class Quarantine:
         if not isinstance(carry, bool):
             raise problem(f"'carry' must be true or false, not {shown(carry, 80)}")
         consumed, steps = entry.get("consumed"), entry.get("steps")
-        if consumed is not None and not (isinstance(consumed, list) and all(type(i) is int for i in consumed)):
+        if consumed is not None and not (
+            isinstance(consumed, list) and all(type(i) is int for i in consumed)
+        ):
             raise problem(f"'consumed' must be a list of ids, not {shown(consumed, 80)}")
-        if steps is not None and not (isinstance(steps, list) and len(steps) <= 2 and all(map(_count, steps))):
+        if steps is not None and not (
+            isinstance(steps, list) and len(steps) <= 2 and all(map(_count, steps))
+        ):
             raise problem("'steps' must be [first, stop] integers, or null")
         from_step = entry.get("from_step")
         if from_step is not None and not _count(from_step):
             raise problem("'from_step' must be an integer from 0, or null")
-        return cls(epoch, segment, tuple(ids), carry, bool(entry.get("ahead")), tuple(keys),
-                   None if steps is None else tuple(steps), from_step,
-                   None if consumed is None else tuple(consumed), None if corpora is None else tuple(corpora))
+        return cls(
+            epoch,
+            segment,
+            tuple(ids),
+            carry,
+            bool(entry.get("ahead")),
+            tuple(keys),
+            None if steps is None else tuple(steps),
+            from_step,
+            None if consumed is None else tuple(consumed),
+            None if corpora is None else tuple(corpora),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready entry."""
@@ -117,8 +136,8 @@ def _count(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Surgery:
-    """A state's quarantines and re-mix (``streams``: ``None`` where it has none), and any other entries of its
-    ``extra`` (``other``, kept as they are)."""
+    """A state's quarantines and re-mix (``streams``: ``None`` where it has none), and any other entries of
+    its ``extra`` (``other``, kept as they are)."""
 
     quarantines: tuple[Quarantine, ...] = ()
     streams: Streams | None = None
@@ -128,11 +147,14 @@ class Surgery:
     def of(cls, extra: Mapping[str, Any]) -> Surgery:
         """Parse a state's ``extra``, with a :class:`StateError` for anything malformed."""
         if not isinstance(extra, Mapping):
-            raise StateError(f"malformed loader state: field extra must be an object, not {type(extra).__name__}")
+            raise StateError(
+                f"malformed loader state: field extra must be an object, not {type(extra).__name__}"
+            )
         entries = extra.get(QUARANTINE, [])
         if not isinstance(entries, list):
-            raise StateError(f"malformed loader state: extra.{QUARANTINE} must be a list, not "
-                             f"{type(entries).__name__}")
+            raise StateError(
+                f"malformed loader state: extra.{QUARANTINE} must be a list, not {type(entries).__name__}"
+            )
         quarantines = tuple(Quarantine.of(entry, number) for number, entry in enumerate(entries))
         streams = Streams.of(extra) if extra.get(REMIX) is not None else None
         other = {name: value for name, value in extra.items() if name not in (QUARANTINE, REMIX)}
@@ -159,11 +181,15 @@ class Surgery:
         """This surgery with ``entries`` as its quarantines."""
         return replace(self, quarantines=entries)
 
-    def check_ids(self, num_samples: int, key_of: Callable[[int], str] | None = None,
-                  corpus_of: Callable[[int], str | None] | None = None) -> None:
-        """Check the quarantines' ids against a dataset: an entry's ids are what the planner leaves out, its keys
-        what the report names, so a hand-edited entry whose two disagree would leave out another sample than
-        the one reported.
+    def check_ids(
+        self,
+        num_samples: int,
+        key_of: Callable[[int], str] | None = None,
+        corpus_of: Callable[[int], str | None] | None = None,
+    ) -> None:
+        """Check the quarantines' ids against a dataset: an entry's ids are what the planner leaves out, its
+        keys what the report names, so a hand-edited entry whose two disagree would leave out another sample
+        than the one reported.
 
         Args:
             num_samples: The dataset's number of samples.
@@ -181,19 +207,26 @@ class Surgery:
                 if not 0 <= sample_id < num_samples:
                     problem = f"id {sample_id} is outside the dataset's {num_samples} samples"
                 elif key_of is not None and entry.keys is not None and key_of(sample_id) != entry.keys[at]:
-                    problem = (f"id {sample_id} is the dataset's sample {shown(key_of(sample_id), 80)}, but the "
-                               f"entry's key {at} is {shown(entry.keys[at], 80)}: its ids and keys must name "
-                               "the same samples")
-                elif corpus_of is not None and entry.corpora is not None \
-                        and corpus_of(sample_id) != entry.corpora[at]:
-                    problem = (f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's "
-                               f"corpus {at} is {shown(entry.corpora[at], 80)}: its ids and corpora must agree")
+                    problem = (
+                        f"id {sample_id} is the dataset's sample {shown(key_of(sample_id), 80)}, but the "
+                        f"entry's key {at} is {shown(entry.keys[at], 80)}: its ids and keys must name "
+                        "the same samples"
+                    )
+                elif (
+                    corpus_of is not None
+                    and entry.corpora is not None
+                    and corpus_of(sample_id) != entry.corpora[at]
+                ):
+                    problem = (
+                        f"id {sample_id} is of corpus {shown(corpus_of(sample_id), 80)}, but the entry's "
+                        f"corpus {at} is {shown(entry.corpora[at], 80)}: its ids and corpora must agree"
+                    )
                 if problem is not None:
                     raise StateError(f"malformed loader state: quarantine entry {number}: {problem}")
 
     def exclusions(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-        """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs, one per segment (the planner
-        does O(epoch) work per pair, so many entries must not each cost a pass over the epoch)."""
+        """The planner's ``exclude`` for ``epoch``: ``(segment number, ids)`` pairs, one per segment (the
+        planner does O(epoch) work per pair, so many entries must not each cost a pass over the epoch)."""
         found: dict[int, list[np.ndarray]] = {}
         for entry in self.quarantines:
             if entry.epoch == epoch:

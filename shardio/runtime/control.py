@@ -15,9 +15,9 @@ workers or forks them: ranks sharing one block would play one another's epochs.
 
 Semantics of an iteration (every configuration agrees): the first iteration after an instruction plays it
 (an epoch from its start, or a loaded position); each further iteration without a new instruction plays the
-epoch after the latest one begun, from its start (even when that one was left with ``break``, and whether it was
-played by workers, of any count, or by the training process). An iteration is the training process iterating
-itself, or one DataLoader iterator's workers, which recognise one another by the iterator's seed.
+epoch after the latest one begun, from its start (even when that one was left with ``break``, and whether it
+was played by workers, of any count, or by the training process). An iteration is the training process
+iterating itself, or one DataLoader iterator's workers, which recognise one another by the iterator's seed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checks.states import MAX_COUNT, MAX_HISTORY, MAX_WORKERS
@@ -40,14 +41,18 @@ __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark",
 
 _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
-_SLOTS = _HISTORY + 2 * MAX_HISTORY  # then per iterating process: generation seen, epoch last begun, finished,
+_SLOTS = (
+    _HISTORY + 2 * MAX_HISTORY
+)  # then per iterating process: generation seen, epoch last begun, finished,
 _WIDTH = 4  # and the iteration that began it (see Control.upcoming)
+_SEEN, _EPOCH_BEGUN, _FINISHED, _ITERATION = range(_WIDTH)  # a slot's fields
 _SIZE = _SLOTS + _WIDTH * (1 + MAX_WORKERS)
 
 
 @dataclass(frozen=True)
 class Instruction:
-    """What an iteration plays: ``epoch`` after its finished ``history`` segments, from batch ``start`` per rank.
+    """What an iteration plays: ``epoch`` after its finished ``history`` segments, from batch ``start`` per
+    rank.
 
     ``loaded`` marks a position from a loaded state (a ``set_epoch`` of the same epoch keeps it); ``extra`` is
     :func:`extra_mark` of the state's ``extra`` (quarantines, re-mixes) the training process plans with.
@@ -63,7 +68,8 @@ class Instruction:
 class Control:
     """The shared block: the current instruction, its generation, and what each iterating process last played.
 
-    Slot 0 is the training process iterating itself (``num_workers=0``); slot ``1 + w`` is DataLoader worker ``w``.
+    Slot 0 is the training process iterating itself (``num_workers=0``); slot ``1 + w`` is DataLoader worker
+    ``w``.
     """
 
     def __init__(self) -> None:
@@ -71,6 +77,7 @@ class Control:
         self._values = self._block.numpy()  # the same memory, read and written through numpy: ~50x cheaper
         self.owner = os.getpid()
         """The training process whose block this is (its workers read it too)."""
+        self._worker = 0  # the process found to be a DataLoader worker, which never owns the block
         _LIVE.add(self)
         self.give(Instruction(0))
 
@@ -85,12 +92,17 @@ class Control:
         self._block = block if shared else block.clone().share_memory_()
         self._values = self._block.numpy()
         self.owner = int(state.get("owner", 0)) if shared else os.getpid()
+        self._worker = 0
         _LIVE.add(self)
 
     def own(self) -> None:
         """In a training process (not a DataLoader worker) that did not make this block: continue on a copy of
         it, this process's own, so that its instructions and its workers' iterations stay its own."""
-        if self.owner == os.getpid() or Context.detect().in_worker:  # pickled or forked: no caller to ask
+        pid = os.getpid()
+        if self.owner == pid or self._worker == pid:
+            return
+        if Context.detect().in_worker:  # pickled or forked: no caller to ask; a worker stays one
+            self._worker = pid
             return
         self._block = self._block.clone().share_memory_()
         self._values = self._block.numpy()
@@ -109,42 +121,55 @@ class Control:
     def give(self, instruction: Instruction) -> None:
         """Make ``instruction`` what the next iteration of every process plays."""
         if len(instruction.history) > MAX_HISTORY:
-            raise StateError(f"state field history: {len(instruction.history)} world-size changes in one epoch; "
-                             f"at most {MAX_HISTORY} are kept")
-        values = {"epoch": instruction.epoch, "start": instruction.start,
-                  **{f"history[{i}]": max(s.world_size, s.consumed) for i, s in enumerate(instruction.history)}}
+            raise StateError(
+                f"state field history: {len(instruction.history)} world-size changes in one epoch; "
+                f"at most {MAX_HISTORY} are kept"
+            )
+        values = {
+            "epoch": instruction.epoch,
+            "start": instruction.start,
+            **{f"history[{i}]": max(s.world_size, s.consumed) for i, s in enumerate(instruction.history)},
+        }
         for name, value in values.items():
             if not 0 <= value <= MAX_COUNT:  # a state is bounded when parsed; set_epoch's argument is not
                 error = StateError if instruction.loaded else OptionError
-                raise error(f"{'state field ' if instruction.loaded else ''}{name} is {shown(value)}, beyond the "
-                            f"{MAX_COUNT} the control block holds")
+                raise error(
+                    f"{'state field ' if instruction.loaded else ''}{name} is {shown(value)}, beyond the "
+                    f"{MAX_COUNT} the control block holds"
+                )
         block = self._values
-        block[_LOADED], block[_EPOCH], block[_START] = int(instruction.loaded), instruction.epoch, instruction.start
+        block[_LOADED], block[_EPOCH], block[_START] = (
+            int(instruction.loaded),
+            instruction.epoch,
+            instruction.start,
+        )
         block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra
         for i, segment in enumerate(instruction.history):
             block[_HISTORY + 2 * i], block[_HISTORY + 2 * i + 1] = segment.world_size, segment.consumed
-        block[_GENERATION] = self.generation + 1  # last: a reader that sees the new generation sees its fields
+        block[_GENERATION] = (
+            self.generation + 1
+        )  # last: a reader that sees the new generation sees its fields
 
     def instruction(self) -> Instruction:
         """The last instruction given."""
         values = self._values[:_SLOTS].tolist()
-        history = tuple(Segment(values[_HISTORY + 2 * i], values[_HISTORY + 2 * i + 1])
-                        for i in range(values[_HISTORY_LENGTH]))
+        end = _HISTORY + 2 * values[_HISTORY_LENGTH]
+        history = tuple(map(Segment, values[_HISTORY:end:2], values[_HISTORY + 1 : end : 2]))
         return Instruction(values[_EPOCH], history, values[_START], bool(values[_LOADED]), values[_EXTRA])
 
     def started(self) -> bool:
         """Whether some process has begun an iteration since the last instruction."""
-        generation = self.generation
-        return any(seen == generation for seen, _, _, _ in self._slots())
+        return bool((self._slots()[:, _SEEN] == self.generation).any())
 
     def workers_begun(self) -> bool:
         """Whether some DataLoader worker has begun an iteration (persistent ones wait for the next)."""
-        return any(seen for seen, _, _, _ in self._slots()[1:])
+        return bool(self._slots()[1:, _SEEN].any())
 
     def workers_playing(self) -> bool:
-        """Whether a DataLoader worker has begun an iteration since the last instruction and not finished it."""
-        generation = self.generation
-        return any(seen == generation and not finished for seen, _, finished, _ in self._slots()[1:])
+        """Whether a DataLoader worker has begun an iteration since the last instruction and not finished
+        it."""
+        workers = self._slots()[1:]
+        return bool(((workers[:, _SEEN] == self.generation) & (workers[:, _FINISHED] == 0)).any())
 
     def upcoming(self, slot: int, iteration: int = 0) -> Instruction:
         """What the next iteration of ``slot`` plays. ``iteration`` names the DataLoader iteration a worker's
@@ -152,20 +177,21 @@ class Control:
 
         A worker whose siblings (other slots of the same ``iteration``) have begun the latest epoch begun, one
         this slot has not played, plays what they play. Any other iteration is a new one: the instruction when
-        nothing has begun under it, else the epoch after the latest begun, whichever process began it (workers of
-        another count, or the training process without workers). The conditions on siblings keep apart two
+        nothing has begun under it, else the epoch after the latest begun, whichever process began it (workers
+        of another count, or the training process without workers). The conditions on siblings keep apart two
         iterators whose workers draw the same seed (a DataLoader given a freshly seeded generator each time).
         """
         generation = self.generation
         slots = self._slots()
-        begun = [(number, epoch, it) for number, (seen, epoch, _, it) in enumerate(slots) if seen == generation]
+        begun = np.flatnonzero(slots[:, _SEEN] == generation)
         given = self.instruction()
-        if not begun:
+        if not begun.size:
             return given
-        latest = max(epoch for _, epoch, _ in begun)
-        played = slots[slot][1] if slots[slot][0] == generation else -1
-        if iteration and any(it == iteration and number != slot and epoch == latest > played
-                             for number, epoch, it in begun):
+        epochs = slots[begun, _EPOCH_BEGUN]
+        latest = int(epochs.max())
+        played = int(slots[slot, _EPOCH_BEGUN]) if slots[slot, _SEEN] == generation else -1
+        siblings = (slots[begun, _ITERATION] == iteration) & (begun != slot) & (epochs == latest)
+        if iteration and latest > played and siblings.any():
             return given if latest == given.epoch else Instruction(latest)
         return Instruction(latest + 1)
 
@@ -173,12 +199,12 @@ class Control:
         """The job's iteration as the training process sees it when workers play it: the latest epoch begun
         under this instruction (the instruction itself before any), or the epoch after it once every process
         that began it has finished its share."""
-        generation = self.generation
-        begun = [(epoch, finished) for seen, epoch, finished, _ in self._slots() if seen == generation]
-        if not begun:
+        slots = self._slots()
+        begun = slots[slots[:, _SEEN] == self.generation]
+        if not begun.shape[0]:
             return self.instruction()
-        latest = max(epoch for epoch, _ in begun)
-        if all(finished for epoch, finished in begun if epoch == latest):
+        latest = int(begun[:, _EPOCH_BEGUN].max())
+        if begun[begun[:, _EPOCH_BEGUN] == latest, _FINISHED].all():
             return Instruction(latest + 1)
         given = self.instruction()
         return given if latest == given.epoch else Instruction(latest)
@@ -188,24 +214,26 @@ class Control:
         :meth:`upcoming`); that generation."""
         generation = self.generation
         at = _SLOTS + _WIDTH * slot
-        self._values[at + 1 : at + 4] = epoch, 0, iteration
-        self._values[at] = generation  # last: a slot seen under this generation has its other fields
+        self._values[at + _EPOCH_BEGUN], self._values[at + _FINISHED] = epoch, 0
+        self._values[at + _ITERATION] = iteration
+        self._values[at + _SEEN] = generation  # last: a slot seen under this generation has its other fields
         return generation
 
     def finish(self, slot: int) -> None:
         """Record that ``slot`` has played its share of the epoch it began."""
-        self._values[_SLOTS + _WIDTH * slot + 2] = 1
+        self._values[_SLOTS + _WIDTH * slot + _FINISHED] = 1
 
-    def _slots(self) -> list[tuple[int, int, int, int]]:
-        values = self._values[_SLOTS:].tolist()
-        return list(zip(values[0::_WIDTH], values[1::_WIDTH], values[2::_WIDTH], values[3::_WIDTH]))
+    def _slots(self) -> np.ndarray:
+        """A copy of every slot, one row each: generation seen, epoch begun, finished, iteration."""
+        return self._values[_SLOTS:].reshape(-1, _WIDTH).copy()
 
 
 _LIVE: weakref.WeakSet[Control] = weakref.WeakSet()
 
 
 def _own_before_fork() -> None:
-    # a process forking DataLoader workers before it used a block it received: the workers inherit its own copy
+    # a process forking DataLoader workers before it used a block it received: the workers inherit its own
+    # copy
     for control in list(_LIVE):
         control.own()
 
@@ -214,7 +242,8 @@ os.register_at_fork(before=_own_before_fork)
 
 
 def extra_mark(extra: dict[str, Any]) -> int:
-    """A 63-bit hash of a state's ``extra`` (0 for none), so a worker can tell whether it plans with the same."""
+    """A 63-bit hash of a state's ``extra`` (0 for none), so a worker can tell whether it plans with the
+    same."""
     if not extra:
         return 0
     digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).digest()
@@ -226,5 +255,7 @@ def slot_of(worker: int | None, num_workers: int) -> int:
     if worker is None:
         return 0
     if num_workers > MAX_WORKERS:
-        raise OptionError(f"{num_workers} DataLoader workers per rank; shardio supports at most {MAX_WORKERS}")
+        raise OptionError(
+            f"{num_workers} DataLoader workers per rank; shardio supports at most {MAX_WORKERS}"
+        )
     return 1 + worker

@@ -73,8 +73,9 @@ def ids_dtype(samples: int) -> np.dtype:
 
 
 def _header(file: BinaryIO, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    np.lib.format.write_array_header_1_0(file, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                "fortran_order": False, "shape": shape})
+    np.lib.format.write_array_header_1_0(
+        file, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
 
 
 def _create(directory: str, name: str) -> BinaryIO:
@@ -83,15 +84,17 @@ def _create(directory: str, name: str) -> BinaryIO:
     return os.fdopen(os.open(os.path.join(directory, name), flags, _FILE_MODE), "wb")
 
 
-def _plan_digest(name: str, samples: int, starts: np.ndarray, offsets_shape: tuple[int, ...],
-                 dtype: np.dtype) -> bytes:
+def _plan_digest(
+    name: str, samples: int, starts: np.ndarray, offsets_shape: tuple[int, ...], dtype: np.dtype
+) -> bytes:
     digest = hashlib.sha256(f"{name}\0{samples}\0{offsets_shape}\0{dtype.str}\0".encode())
     digest.update(np.ascontiguousarray(starts, "<i8").data)
     return digest.digest()
 
 
-def _rank_digest(name: str, rank: int, offsets: np.ndarray, ids: np.ndarray,
-                 repeats: np.ndarray | None) -> bytes:
+def _rank_digest(
+    name: str, rank: int, offsets: np.ndarray, ids: np.ndarray, repeats: np.ndarray | None
+) -> bytes:
     digest = hashlib.sha256(f"{name}\0{rank}\0".encode())
     digest.update(np.ascontiguousarray(offsets, "<i8").data)
     digest.update(np.ascontiguousarray(ids).data)
@@ -195,8 +198,10 @@ def read(directory: str, rank: int, samples: int) -> MappedRankPlan | None:
         for fd in fds:
             os.close(fd)
     if not fds:  # the plans directory: obtain() plans every epoch in memory without asking again
-        _warn_once(os.path.dirname(directory), f"node plan directory not used ({doubt}): this process plans "
-                   "each epoch in memory")
+        _warn_once(
+            os.path.dirname(directory),
+            f"node plan directory not used ({doubt}): this process plans each epoch in memory",
+        )
     else:
         _warn_once(directory, f"node plan file not used ({doubt}): planning the epoch in memory")
     return None
@@ -224,10 +229,15 @@ def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRank
     starts = _array(directory, "starts", files["starts"], 0, None)
     (_, offsets_dtype, offsets_shape), (_, ids_dtype_, ids_shape) = files["offsets"], files["ids"]
     where = f"{directory}: "
-    if not (starts.dtype == offsets_dtype == np.dtype("<i8") and len(files["starts"][2]) == 1
-            and len(offsets_shape) == 2
-            and ids_dtype_ in (np.dtype("<i4"), np.dtype("<i8")) and len(ids_shape) == 1
-            and starts.shape == (offsets_shape[0] + 1,) and offsets_shape[1] >= 1):
+    if not (
+        starts.dtype == offsets_dtype == np.dtype("<i8")
+        and len(files["starts"][2]) == 1
+        and len(offsets_shape) == 2
+        and ids_dtype_ in (np.dtype("<i4"), np.dtype("<i8"))
+        and len(ids_shape) == 1
+        and starts.shape == (offsets_shape[0] + 1,)
+        and offsets_shape[1] >= 1
+    ):
         raise _Doubt(where + "files of other types or shapes")
     if not (starts[0] == 0 and starts[-1] == ids_shape[0] and bool(np.all(starts[1:] >= starts[:-1]))):
         raise _Doubt(where + "starts.npy: not positions in ids.npy")
@@ -243,8 +253,9 @@ def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRank
             raise _Doubt(where + "repeats.npy: of another type or shape than ids.npy")
         repeats = _array(directory, "repeats", files["repeats"], begin, end - begin)
     fds.append(_open("digests", fds[1], os.path.join(directory, "digests")))
-    expected = (_plan_digest(os.path.basename(directory), samples, starts, offsets_shape, ids_dtype_)
-                + _rank_digest(os.path.basename(directory), rank, row, ids, repeats))
+    expected = _plan_digest(
+        os.path.basename(directory), samples, starts, offsets_shape, ids_dtype_
+    ) + _rank_digest(os.path.basename(directory), rank, row, ids, repeats)
     size = os.fstat(fds[-1]).st_size
     found = os.pread(fds[-1], _DIGEST, 0) + os.pread(fds[-1], _DIGEST, (rank + 1) * _DIGEST)
     if size != (offsets_shape[0] + 1) * _DIGEST or found != expected:
@@ -258,8 +269,10 @@ def _read(fds: list[int], directory: str, rank: int, samples: int) -> MappedRank
 
 
 # the header write() and np.save give a 1-d or 2-d array: its dtype and shape
-_HEADER = re.compile(rb"\{'descr': '(<i4|<i8|\|b1)', 'fortran_order': False, "
-                     rb"'shape': \((\d{1,19}),(?: (\d{1,19}))?\), \} *\n")
+_HEADER = re.compile(
+    rb"\{'descr': '(<i4|<i8|\|b1)', 'fortran_order': False, "
+    rb"'shape': \((\d{1,19}),(?: (\d{1,19}))?\), \} *\n"
+)
 _MAGIC = b"\x93NUMPY\x01\x00"
 
 
@@ -276,8 +289,9 @@ def _npy_header(fd: int, path: str) -> tuple[np.dtype, tuple[int, ...]]:
     return dtype, shape
 
 
-def _array(directory: str, name: str, file: tuple[int, np.dtype, tuple[int, ...]], start: int,
-           count: int | None) -> np.ndarray:
+def _array(
+    directory: str, name: str, file: tuple[int, np.dtype, tuple[int, ...]], start: int, count: int | None
+) -> np.ndarray:
     """Items ``start`` to ``start + count`` (all with None) of a checked ``.npy`` file, in private memory."""
     fd, dtype, shape = file
     count = math.prod(shape) - start if count is None else count

@@ -51,7 +51,7 @@ from ..storage.locks import FileLock
 from ..version import __version__
 from . import nodeplan
 
-__all__ = ["name", "save", "load", "obtain", "share", "path", "clean", "prune", "STALE_S", "WAIT_S"]
+__all__ = ["name", "save", "load", "obtain", "path", "clean", "prune", "STALE_S", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ def _hash(key: Mapping[str, Any]) -> str:
 
 @functools.cache
 def _code() -> str:
-    """A digest of shardio's own source: plans made by other code (a development checkout between two versions)
-    are never taken for this code's."""
+    """A digest of shardio's own source: plans made by other code (a development checkout between two
+    versions) are never taken for this code's."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for source in sorted(package.rglob("*.py")):
@@ -122,8 +122,12 @@ def save(name: str, plan: EpochPlan, samples: int) -> str | None:
     except OSError as exc:
         if os.path.isdir(target):  # another process of the node renamed the same plan into place first
             return target
-        logger.warning("cannot write the epoch's plan for the node's other processes under %s (%s): each "
-                       "process plans the epoch by itself", directory, exc)
+        logger.warning(
+            "cannot write the epoch's plan for the node's other processes under %s (%s): each "
+            "process plans the epoch by itself",
+            directory,
+            exc,
+        )
         return None
     return target
 
@@ -149,13 +153,18 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
             return rank_plan(make(), rank)
         held = lock.acquire(WAIT_S)
     except OSError as exc:
-        logger.log(logging.DEBUG if _lock_warned else logging.WARNING, "cannot take the lock of the node's "
-                   "plan under %s (%s): this process plans each epoch by itself", _directory(), exc)
+        logger.log(
+            logging.DEBUG if _lock_warned else logging.WARNING,
+            "cannot take the lock of the node's plan under %s (%s): this process plans each epoch by itself",
+            _directory(),
+            exc,
+        )
         _lock_warned = True
         return rank_plan(make(), rank)
     if not held:
-        logger.warning("waited %.0f s for another process to plan the epoch (%s): planning it here",
-                       WAIT_S, name)
+        logger.warning(
+            "waited %.0f s for another process to plan the epoch (%s): planning it here", WAIT_S, name
+        )
         return rank_plan(make(), rank)
     try:
         found = load(name, rank, samples)
@@ -170,15 +179,6 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
     finally:
         lock.release()
     # the holder we waited for wrote no file (a full disk, or it died): plan alongside the others, not in turn
-    return rank_plan(make(), rank)
-
-
-def share(job: Mapping[str, Any], epoch: int, history: Any, rank: int, samples: int,
-          make: Callable[[], EpochPlan], on_node: bool) -> RankPlan:
-    """Rank ``rank``'s share of epoch ``epoch`` (after ``history``) in job ``job``: with ``on_node``, obtained
-    from the node's plan (:func:`obtain`); else cut from ``make()`` here, and nothing is written."""
-    if on_node:
-        return obtain(name(job, epoch, history), rank, samples, make)
     return rank_plan(make(), rank)
 
 

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Sequence
 
 from ..errors import StateError
+from ..jobstate import split
 from ..planning.plan import Segment
-from ..state import LoaderState, split
+from ..state import LoaderState
 from ..world import Context
 from .control import MAX_HISTORY, Control, Instruction, slot_of
 
@@ -62,9 +63,9 @@ class Progress:
         return slot_of(context.worker, context.num_workers) if context.in_worker else 0
 
     def iteration(self, context: Context) -> int:
-        """The DataLoader iteration this worker's next iteration is part of, the same in each of its workers (its
-        ``base_seed``, drawn per iterator, its worker count, and how many iterations this process has begun); 0
-        outside a worker."""
+        """The DataLoader iteration this worker's next iteration is part of, the same in each of its workers
+        (its ``base_seed``, drawn per iterator, its worker count, and how many iterations this process has
+        begun); 0 outside a worker."""
         if not context.in_worker:
             return 0
         named = f"{context.seed - context.worker}:{context.num_workers}:{self._begun}".encode()
@@ -109,8 +110,10 @@ class Progress:
     def begin(self, at: Instruction, skip: int, context: Context) -> None:
         """Record that this process begins playing ``at``, ``skip`` of its batches already yielded."""
         self._own, self._skip = None, 0
-        self._run, self._run_generation = at, self.control.begin(self.slot(context), at.epoch,
-                                                                  self.iteration(context))
+        self._run, self._run_generation = (
+            at,
+            self.control.begin(self.slot(context), at.epoch, self.iteration(context)),
+        )
         self._begun += 1
         self.yielded, self._finished = skip, False
 
@@ -120,34 +123,47 @@ class Progress:
         self.control.finish(self.slot(context))
 
 
-def resume_point(states: Sequence[LoaderState], steps_after: int, world_size: int,
-                 context: Context) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
-    """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the state
-    they make, its instruction, the batches of it this process has already yielded, and the positions its
-    workers consumed ahead of the state's position (:func:`~shardio.state.split`).
+def resume_point(
+    states: Sequence[LoaderState], steps_after: int, world_size: int, context: Context
+) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
+    """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the
+    state they make, its instruction, the batches of it this process has already yielded, and the positions
+    its workers consumed ahead of the state's position (:func:`~shardio.jobstate.split`).
 
-    One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that worker;
-    otherwise the states are combined into the job's (``steps_after``: batches consumed since they were saved).
-    With another world size, or with batches consumed ahead (which the dataset then leaves out), the rest of the
-    epoch is planned anew, after a history segment that records the position.
+    One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that
+    worker; otherwise the states are combined into the job's (``steps_after``: batches consumed since they
+    were saved). With another world size, or with batches consumed ahead (which the dataset then leaves out),
+    the rest of the epoch is planned anew, after a history segment that records the position.
     """
-    worker_level = (len(states) == 1 and states[0].num_workers > 1 and context.in_worker
-                    and (states[0].worker, states[0].num_workers) == (context.worker, context.num_workers))
+    worker_level = (
+        len(states) == 1
+        and states[0].num_workers > 1
+        and context.in_worker
+        and (states[0].worker, states[0].num_workers) == (context.worker, context.num_workers)
+    )
     if worker_level:
         loaded = states[0]
         if loaded.world_size != world_size:
-            raise StateError(f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
-                             f"{world_size}: load the loader's whole state into a fresh dataset instead")
+            raise StateError(
+                f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
+                f"{world_size}: load the loader's whole state into a fresh dataset instead"
+            )
         return loaded, Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded, ()
     loaded, ahead = split(states, steps_after)
     if loaded.world_size == world_size and not ahead:
         return loaded, Instruction(loaded.epoch, loaded.history, loaded.position, True), 0, ()
     if ahead and loaded.world_size == world_size:
-        logger.warning("the state's DataLoader workers consumed %d batches per rank out of plan order (a DataLoader "
-                       "batching samples): the rest of epoch %d is re-planned without them; with the same workers, "
-                       "the loader's own load_state_dict resumes its exact sequence instead", len(ahead), loaded.epoch)
+        logger.warning(
+            "the state's DataLoader workers consumed %d batches per rank out of plan order (a DataLoader "
+            "batching samples): the rest of epoch %d is re-planned without them; with the same workers, "
+            "the loader's own load_state_dict resumes its exact sequence instead",
+            len(ahead),
+            loaded.epoch,
+        )
     if len(loaded.history) >= MAX_HISTORY:  # refused now, not after planning every segment
-        raise StateError(f"state field history: resuming here adds a world-size change to the {len(loaded.history)} "
-                         f"of epoch {loaded.epoch}; at most {MAX_HISTORY} are kept")
+        raise StateError(
+            f"state field history: resuming here adds a world-size change to the {len(loaded.history)} "
+            f"of epoch {loaded.epoch}; at most {MAX_HISTORY} are kept"
+        )
     history = (*loaded.history, Segment(loaded.world_size, loaded.position))
     return loaded, Instruction(loaded.epoch, history, 0, True), 0, ahead

@@ -4,10 +4,11 @@ receive them by handle.
 A rank's share of an epoch plan (:class:`~shardio.planning.rankplan.RankPlan`) is O(N / world). A DataLoader
 worker started by ``fork`` inherits it (the pages stay shared), but one started by ``spawn`` or ``forkserver``
 receives the dataset pickled, and would receive a copy of every array. :func:`shared` puts the arrays in torch
-shared-memory tensors (as :mod:`shardio.runtime.control` does for its block), and the result pickles as those tensors:
-torch's DataLoader (``multiprocessing``'s ``ForkingPickler``) sends a shared tensor as a handle to the same memory,
-so every worker of the rank maps one copy and nothing of size N / world is pickled. A plain ``pickle`` still
-copies the values, so the plan also survives ``copy.deepcopy`` and a pickle to disk. No files and no locks.
+shared-memory tensors (as :mod:`shardio.runtime.control` does for its block), and the result pickles as those
+tensors: torch's DataLoader (``multiprocessing``'s ``ForkingPickler``) sends a shared tensor as a handle to
+the same memory, so every worker of the rank maps one copy and nothing of size N / world is pickled. A plain
+``pickle`` still copies the values, so the plan also survives ``copy.deepcopy`` and a pickle to disk. No files
+and no locks.
 
 A share read from the node's plan files (:class:`~shardio.runtime.nodeplan.MappedRankPlan`, with several
 ranks) needs none of this: it pickles as the plan's name, and the worker reads the same files.
@@ -44,9 +45,16 @@ class SharedRankPlan(RankPlan):
         return _rebuild, (self.rank, *self.tensors)
 
 
-def _rebuild(rank: int, ids: torch.Tensor, offsets: torch.Tensor, repeats: torch.Tensor | None) -> SharedRankPlan:
-    return SharedRankPlan(rank, ids.numpy(), offsets.numpy(), None if repeats is None else repeats.numpy(),
-                          tensors=(ids, offsets, repeats))
+def _rebuild(
+    rank: int, ids: torch.Tensor, offsets: torch.Tensor, repeats: torch.Tensor | None
+) -> SharedRankPlan:
+    return SharedRankPlan(
+        rank,
+        ids.numpy(),
+        offsets.numpy(),
+        None if repeats is None else repeats.numpy(),
+        tensors=(ids, offsets, repeats),
+    )
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -64,8 +72,12 @@ def shared(plan: RankPlan) -> RankPlan:
         ids, offsets = _tensor(plan.ids), _tensor(plan.offsets)
         repeats = None if plan.repeats is None else _tensor(plan.repeats)
     except (RuntimeError, OSError) as exc:
-        logger.warning("the rank's plan (%d ids) stays private: no shared memory for it (%s); spawn and "
-                       "forkserver DataLoader workers receive a copy", plan.ids.shape[0], exc)
+        logger.warning(
+            "the rank's plan (%d ids) stays private: no shared memory for it (%s); spawn and "
+            "forkserver DataLoader workers receive a copy",
+            plan.ids.shape[0],
+            exc,
+        )
         return plan
     return _rebuild(plan.rank, ids, offsets, repeats)
 
@@ -84,7 +96,11 @@ def shared_table(table: ShardTable) -> ShardTable:
     try:
         tensors = shared_arrays(table.arrays())
     except (RuntimeError, OSError) as exc:
-        logger.warning("the shard table (%d shards) stays private: no shared memory for it (%s); spawn and "
-                       "forkserver DataLoader workers receive a copy", len(table), exc)
+        logger.warning(
+            "the shard table (%d shards) stays private: no shared memory for it (%s); spawn and "
+            "forkserver DataLoader workers receive a copy",
+            len(table),
+            exc,
+        )
         return table
     return ShardTable.from_arrays(tensors)

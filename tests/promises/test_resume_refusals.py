@@ -25,9 +25,10 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardio import Decoding, OptionError, ShardDataset, StateError, World, collate
+from shardio.jobstate import combine, job_state, split
 from shardio.ledger.quarantine import quarantine_report
 from shardio.ledger.trace import Trace
-from shardio.state import LoaderState, combine, job_state, split
+from shardio.state import LoaderState
 
 BATCH = 3
 
