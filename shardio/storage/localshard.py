@@ -124,6 +124,9 @@ class LocalShard:
         """Several ranges (a batch's samples in this shard) as views of the map, their pages faulted in, the
         file's status checked once; None when mapping is not possible here (read them with :meth:`view`).
         A range past the end of the file is a :class:`FormatError`."""
+        for offset, size in zip(offsets, sizes):
+            if offset + size > self.size:
+                raise short_read(where, size, offset, max(0, self.size - offset))
         if not self._mapping or self._map is None:
             first = self.mapped(offsets[0], sizes[0], where) if offsets and self._mapping else None
             if first is None:
@@ -131,8 +134,6 @@ class LocalShard:
         assert self._map is not None and self._view is not None
         found, whole, populate = [], self._view, self._map.madvise
         for offset, size in zip(offsets, sizes):
-            if offset + size > self.size:
-                raise short_read(where, size, offset, max(0, self.size - offset))
             start = offset - offset % mmap.PAGESIZE
             try:
                 populate(_MADV_POPULATE_READ, start, offset + size - start)
@@ -146,6 +147,8 @@ class LocalShard:
         """The range as a view of the map, its pages faulted in; None when mapping is not possible here."""
         if not self._mapping:
             return None
+        if offset + size > self.size:  # the map covers the file as opened; madvise past it is a ValueError
+            raise short_read(where, size, offset, max(0, self.size - offset))
         if self._map is None:
             try:
                 self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
