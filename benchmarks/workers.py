@@ -41,11 +41,12 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardio.bench.cases import count_batches, shardio_epoch
-from shardio.bench.measure import _descendants, machine_facts
+from shardio.bench.measure import descendants, machine_facts
 from shardio.bench.parallel import parallel_floor
 from shardio.bench.report import write_results
 from shardio.datasets.dataset import ShardDataset
 from shardio.loader.loader import ShardLoader
+from shardio.planning.rankplan import rank_plan
 from shardio.reading import batchmemory, blocks
 from shardio.reading.assembly import Assembler, Decoding
 
@@ -124,7 +125,7 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
     def batches() -> Iterator[dict[str, Any]]:
         epoch = next(epochs)
         dataset.set_epoch(epoch)
-        plan = dataset._share(epoch, ())
+        plan = rank_plan(dataset.plan(epoch), 0)
         pending: deque[Future[dict[str, Any]]] = deque()
         for number in range(plan.num_batches):
             pending.append(pool.submit(build, plan, epoch, number))
@@ -149,7 +150,7 @@ def _tiny_epoch(batches: int) -> Callable[[], tuple[int, float]]:
 def _threads() -> dict[tuple[int, int], float]:
     """CPU seconds of every thread of this process and its descendants."""
     found = {}
-    for pid in [os.getpid(), *_descendants()]:
+    for pid in [os.getpid(), *descendants()]:
         try:
             for task in Path(f"/proc/{pid}/task").iterdir():
                 fields = (task / "stat").read_text().rsplit(")", 1)[1].split()

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from .cases import Epoch
 
-__all__ = ["Case", "PeakRss", "cpu_seconds", "machine_facts", "measure_rounds", "stats", "timed"]
+__all__ = ["Case", "PeakRss", "cpu_seconds", "descendants", "machine_facts", "measure_rounds", "stats", "timed"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -43,7 +43,7 @@ def timed(function: Callable[[], object], runs: int) -> tuple[dict[str, Any], di
     return stats(wall), stats(cpu)
 
 
-def _descendants() -> list[int]:
+def descendants() -> list[int]:
     """This process's children, grandchildren, ... (Linux ``/proc``; empty elsewhere)."""
     found, todo = [], [os.getpid()]
     while todo:
@@ -64,7 +64,7 @@ def _descendants() -> list[int]:
 def cpu_seconds() -> float:
     """CPU seconds used so far by this process and its live descendants (DataLoader workers)."""
     total = time.process_time()
-    for pid in _descendants():
+    for pid in descendants():
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / _TICKS
@@ -85,7 +85,7 @@ class PeakRss:
     def sample(self) -> int:
         """Bytes resident now (0 where ``/proc`` is missing)."""
         total = 0
-        for pid in [os.getpid(), *(p for p in _descendants() if p not in self._before)]:
+        for pid in [os.getpid(), *(p for p in descendants() if p not in self._before)]:
             try:
                 total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
             except (OSError, ValueError, IndexError):
@@ -97,7 +97,7 @@ class PeakRss:
             self.peak = max(self.peak, self.sample())
 
     def __enter__(self) -> Self:
-        self._before = set(_descendants())
+        self._before = set(descendants())
         self.peak = self.sample()
         self._thread.start()
         return self

@@ -53,9 +53,13 @@ def in_memory(
     return [[ds.index.keys[int(i)] for i in plan.batch(rank, j)] for j in range(start, plan.num_batches)]
 
 
-def rank_process(root: str, rank: int, log: str, barrier: Any, results: Any, state: dict[str, Any]) -> None:
+def rank_process(
+    root: str, cache: str, rank: int, log: str, barrier: Any, results: Any, state: dict[str, Any]
+) -> None:
     """One rank's training process (started by spawn): ``set_epoch(0)`` with the other ranks at once, then a
-    fresh dataset that loads ``state``; counts each whole-epoch planning in ``log``."""
+    fresh dataset that loads ``state``; counts each whole-epoch planning in ``log``. The node cache is set
+    here: a forkserver started by an earlier test would hand its own environment on."""
+    os.environ["SHARDIO_CACHE_DIR"] = cache
     count_plans(Path(log))
     ds = dataset(root, rank)
     barrier.wait()
@@ -74,7 +78,10 @@ def test_the_ranks_of_a_node_plan_an_epoch_once(root: str, tmp_path: Path, start
     barrier, results = context.Barrier(WORLD_SIZE), context.Queue()
     log = tmp_path / "planned"
     processes = [
-        context.Process(target=rank_process, args=(root, rank, str(log), barrier, results, state))
+        context.Process(
+            target=rank_process,
+            args=(root, os.environ["SHARDIO_CACHE_DIR"], rank, str(log), barrier, results, state),
+        )
         for rank in range(WORLD_SIZE)
     ]
     for process in processes:
