@@ -15,6 +15,7 @@ import pytest
 import soundfile
 
 from shardio import Index, ShardDataset, ShardWriter, World
+from shardio.shards.index import COLUMNS, ShardInfo
 
 __all__ = ["dataset_fixture", "make_uneven_dataset", "wav_bytes"]
 
@@ -113,3 +114,25 @@ def dataset_fixture(name: str, shard_sizes: Sequence[int], **options: Any) -> An
         return directory
 
     return dataset
+
+
+def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
+    """An index of ``shard_sizes`` samples per shard, in memory (durations 0.1-3 s at 1 kHz), keys
+    ``{prefix}{i}``: no audio, no files, for properties of the planner."""
+    rng = np.random.default_rng(seed)
+    n = sum(shard_sizes)
+    columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
+    columns.update(
+        shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
+        num_frames=rng.integers(100, 3000, n).astype(np.uint32),
+        sample_rate=np.full(n, 1000, np.uint32),
+    )
+    shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
+    return Index(
+        root="",
+        shards=shards,
+        formats=["wav"],
+        columns=columns,
+        fingerprint=f"mem{prefix}{seed}",
+        _keys=[f"{prefix}{i}" for i in range(n)],
+    )

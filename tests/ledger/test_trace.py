@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sample_shards import make_uneven_dataset
+from sample_shards import make_uneven_dataset, memory_index
 from torch.utils.data import DataLoader
 
-from shardio import Batching, EpochSize, Index, OptionError, ShardDataset, ShardInfo, World
+from shardio import Batching, EpochSize, OptionError, ShardDataset, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.trace import Trace
-from shardio.shards.index import COLUMNS
 
 Rows = dict[tuple[int, int, int], list[str]]  # (epoch, step, rank) -> keys
 
@@ -284,26 +283,6 @@ def test_quarantine_of_steps_skips_every_ranks_batch_there(dataset_dir: Path) ->
 
 
 # -- properties on the planner side: in-memory indexes, no audio ------------------------------------
-
-
-def memory_index(shard_sizes: list[int], seed: int, prefix: str = "k") -> Index:
-    rng = np.random.default_rng(seed)
-    n = sum(shard_sizes)
-    columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
-    columns.update(
-        shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
-        num_frames=rng.integers(100, 3000, n).astype(np.uint32),
-        sample_rate=np.full(n, 1000, np.uint32),
-    )
-    shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
-    return Index(
-        root="",
-        shards=shards,
-        formats=["wav"],
-        columns=columns,
-        fingerprint=f"mem{prefix}{seed}",
-        _keys=[f"{prefix}{i}" for i in range(n)],
-    )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,37 +4,15 @@ a state's position against it, so a wrong count would refuse a valid state or ac
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sample_shards import memory_index
 
 from shardio.planning.options import Batching, Ordering
 from shardio.planning.plan import Segment
 from shardio.planning.planner import Planner
 from shardio.planning.surgery import Quarantine, Surgery
-from shardio.shards.index import COLUMNS, Index, ShardInfo
-
-
-def memory_index(shard_sizes: list[int], seed: int) -> Index:
-    """An index of ``shard_sizes`` samples per shard, in memory (durations 0.1-3 s): no audio, no files."""
-    rng = np.random.default_rng(seed)
-    n = sum(shard_sizes)
-    columns = {name: np.zeros(n, kind) for name, kind in COLUMNS.items()}
-    columns.update(
-        shard=np.repeat(np.arange(len(shard_sizes), dtype=np.uint32), shard_sizes),
-        num_frames=rng.integers(100, 3000, n).astype(np.uint32),
-        sample_rate=np.full(n, 1000, np.uint32),
-    )
-    shards = [ShardInfo(f"m{s}.tar", 0, "", size, 0.0) for s, size in enumerate(shard_sizes)]
-    return Index(
-        root="",
-        shards=shards,
-        formats=["wav"],
-        columns=columns,
-        fingerprint=f"count{seed}",
-        _keys=[f"k{i}" for i in range(n)],
-    )
 
 
 @settings(max_examples=150, deadline=None)
