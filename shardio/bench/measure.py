@@ -20,7 +20,16 @@ if TYPE_CHECKING:
 
     from .cases import Epoch
 
-__all__ = ["Case", "PeakRss", "cpu_seconds", "descendants", "machine_facts", "measure_rounds", "stats", "timed"]
+__all__ = [
+    "Case",
+    "PeakRss",
+    "cpu_seconds",
+    "descendants",
+    "machine_facts",
+    "measure_rounds",
+    "stats",
+    "timed",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
