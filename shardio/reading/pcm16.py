@@ -15,6 +15,7 @@ import soundfile
 
 from .decode import EncodedAudio, check_frames_read, check_layout, check_rate, frames_to_read
 from .memoryfile import read_sound
+from .wav import planar
 
 __all__ = ["decode_pcm16", "to_int16"]
 
@@ -34,7 +35,7 @@ def decode_pcm16(encoded: EncodedAudio, out: np.ndarray | None) -> tuple[np.ndar
             return None
         check_layout(encoded, layout)
         samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
-        source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
+        source = planar(samples, layout)
         target = _fits(out, layout.channels, layout.frames)
         if target is None:
             return np.ascontiguousarray(source, dtype=np.int16), layout.sample_rate

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["WavLayout", "convert_wav", "decode_rows", "fits", "wav_layout", "wav_layouts"]
+__all__ = ["WavLayout", "convert_wav", "decode_rows", "fits", "planar", "wav_layout", "wav_layouts"]
 
 
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
@@ -43,6 +43,11 @@ def fits(out: np.ndarray | None, channels: int, frames: int) -> np.ndarray | Non
     return out[:, :frames]
 
 
+def planar(samples: np.ndarray, layout: WavLayout) -> np.ndarray:
+    """A WAV's interleaved samples as a ``(channels, frames)`` view."""
+    return samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
+
+
 def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> tuple[np.ndarray, int, bool]:
     """The samples of a WAV whose layout the fast path read, as float32 (written into ``out`` if it fits)."""
     count = layout.frames * layout.channels
@@ -58,7 +63,7 @@ def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> 
     target = fits(out, layout.channels, layout.frames)
     if target is None:
         target = np.empty((layout.channels, layout.frames), np.float32)
-    source = samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T
+    source = planar(samples, layout)
     if layout.scale != 1.0:
         # each integer cast to float32 (rounding as libsndfile's C cast does), then scaled by a power of two,
         # which is exact. Two plain SIMD loops, the second over memory just written: 1.4x faster here than one
@@ -83,10 +88,7 @@ def decode_rows(audio: list[tuple[memoryview, WavLayout]], rows: np.ndarray) -> 
         if rows.dtype == np.int16:
             samples = np.frombuffer(view, "<i2", layout.frames * layout.channels, layout.offset)
             target = row[:, : layout.frames]
-            np.copyto(
-                target,
-                samples[None] if layout.channels == 1 else samples.reshape(layout.frames, layout.channels).T,
-            )
+            np.copyto(target, planar(samples, layout))
         else:
             target = convert_wav(view, layout, row)[0]
         row[:, layout.frames :] = 0
