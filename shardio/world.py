@@ -9,8 +9,8 @@ value to the runtime below it; code that torch calls directly in a worker (a ``c
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import Any
 
 from .checks.options import integer
@@ -91,8 +91,10 @@ class World:
 @dataclass(frozen=True)
 class Context:
     """Where this process runs: DataLoader worker ``worker`` of ``num_workers`` (``in_worker``), with the
-    ``seed`` torch drew for it and the ``dataset`` its DataLoader runs there; else the process that iterates
-    (a training process, with ``num_workers=0`` or between its workers' iterations): worker 0 of 1."""
+    ``seed`` torch drew for it; else the process that iterates (a training process, with ``num_workers=0`` or
+    between its workers' iterations): worker 0 of 1. ``dataset`` is the dataset the DataLoader running here
+    was given, where one is known: in a worker torch names it; in the process, a loader that Accelerate
+    prepared names itself while it iterates (``GradientState.active_dataloader``)."""
 
     in_worker: bool = False
     worker: int = 0
@@ -103,13 +105,26 @@ class Context:
     @classmethod
     def detect(cls) -> Context:
         """The context of this process, from ``torch.utils.data.get_worker_info()`` (also set in a
-        :class:`~shardio.ShardLoader`'s workers)."""
+        :class:`~shardio.ShardLoader`'s workers) and, in the process, Accelerate's active loader.
+
+        Returns:
+            The context detected now.
+        """
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         if info is None:
-            return cls()
+            return cls(dataset=_prepared_loader_dataset())
         return cls(True, info.id, info.num_workers, info.seed, info.dataset)
+
+
+def _prepared_loader_dataset() -> Any:
+    # only where the job imported Accelerate: shardio never imports it for this
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return None
+    gradient = state.GradientState()
+    return getattr(gradient.active_dataloader, "dataset", None) if gradient.in_dataloader else None
 
 
 def _detect_ranks() -> tuple[int, int]:
@@ -125,24 +140,29 @@ def _detect_ranks() -> tuple[int, int]:
         ) from None
 
 
-def refuse_resharding(context: Context, caller: FrameType | None = None) -> None:
-    """An :class:`OptionError` where a dataset is iterated by a wrapper that splits its stream among the ranks
-    again: Accelerate's (or transformers') ``IterableDatasetShard``, which ``accelerator.prepare(loader)``
-    puts around an IterableDataset with ``dispatch_batches=False``.
+def refuse_resharding(context: Context, dataset: Any) -> None:
+    """An :class:`OptionError` where ``dataset`` is iterated by a wrapper that splits its stream among the
+    ranks again: Accelerate's (or transformers') ``IterableDatasetShard``, which
+    ``accelerator.prepare(loader)`` puts around an IterableDataset with ``dispatch_batches=False``.
 
     Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
-    and pad the last with repeats: most samples lost, some trained twice, with no error of its own. In a
-    DataLoader worker the wrapper is the dataset torch names in ``context``; in the process that iterates
-    without workers torch names none, and only ``caller`` (the frame that iterates the dataset) shows it.
+    and pad the last with repeats: most samples lost, some trained twice, with no error of its own. The
+    wrapper is the dataset of the loader that ``context`` names (see :class:`Context`); a wrapper built by
+    hand and iterated without workers outside a prepared loader names none, and is not seen.
+
+    Args:
+        context: Where this process runs.
+        dataset: The dataset being iterated.
+
+    Raises:
+        OptionError: ``context``'s loader iterates ``dataset`` through ``IterableDatasetShard``.
     """
-    if context.in_worker:
-        wrapper = context.dataset
-    else:
-        wrapper = caller.f_locals.get("self") if caller is not None else None
+    wrapper = context.dataset
     kind = type(wrapper)
-    if kind.__name__ == "IterableDatasetShard" and kind.__module__.split(".")[0] in (
-        "accelerate",
-        "transformers",
+    if (
+        kind.__name__ == "IterableDatasetShard"
+        and kind.__module__.split(".")[0] in ("accelerate", "transformers")
+        and getattr(wrapper, "dataset", None) is dataset
     ):
         raise OptionError(
             f"{kind.__module__}.IterableDatasetShard iterates this ShardDataset: "

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -235,8 +234,7 @@ class ShardDataset(Resumable, IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         context = Context.detect()
-        # in a worker torch names the dataset its DataLoader runs; without workers only the caller's frame can
-        refuse_resharding(context, None if context.in_worker else sys._getframe(1))
+        refuse_resharding(context, self)
         progress = self._progress
         at, skip = progress.upcoming(context), progress.upcoming_skip()
         if progress.follows_control and progress.control.instruction().extra != self._surgery_mark:

@@ -126,19 +126,30 @@ def test_accelerate_track_refuses_a_dataset_planned_for_other_ranks(data: Path) 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_accelerate_resharding_wrapper_is_refused(data: Path, workers: int) -> None:
-    """``prepare(loader)`` with ``dispatch_batches=False`` wraps the dataset in Accelerate's own
-    ``IterableDatasetShard`` (built here as it builds it, for rank 0 of 2): each rank would keep a slice of
-    its share, padded with repeats. Iterating it fails, naming the wrapper and the fix; the
-    dataset alone iterates."""
+    """``prepare_data_loader`` with ``dispatch_batches=False`` (what ``accelerator.prepare(loader)`` calls,
+    here for rank 0 of 2) wraps the dataset in Accelerate's own ``IterableDatasetShard``: each rank would keep
+    a slice of its share, padded with repeats. Iterating it fails, naming the wrapper and the fix, with and
+    without workers; the dataset alone iterates, and so does another dataset iterated while that loader is
+    active."""
     accelerate_loading = pytest.importorskip("accelerate.data_loader")
     from shardio import collate
 
     dataset = ShardDataset(data, seed=1, world=World(0, 2))
-    wrapped = accelerate_loading.IterableDatasetShard(dataset, batch_size=3, num_processes=2, process_index=0)
-    with pytest.raises(OptionError, match="IterableDatasetShard iterates this ShardDataset.*not the loader"):
-        list(DataLoader(wrapped, batch_size=3, collate_fn=collate, num_workers=workers))
+    loader = DataLoader(dataset, batch_size=3, collate_fn=collate, num_workers=workers)
+    prepared = accelerate_loading.prepare_data_loader(
+        loader, num_processes=2, process_index=0, dispatch_batches=False
+    )
+    assert type(prepared.dataset).__name__ == "IterableDatasetShard"
     batches = DataLoader(dataset, batch_size=3, collate_fn=collate, num_workers=workers)
     assert sum(len(batch["keys"]) for batch in batches) == 7  # rank 0's half of the 14 samples
+    with pytest.raises(OptionError, match="IterableDatasetShard iterates this ShardDataset.*not the loader"):
+        list(prepared)
+    inner = ShardDataset(data, seed=2, world=World(1, 2))
+    outer = accelerate_loading.prepare_data_loader(
+        DataLoader(list(range(8)), batch_size=2), num_processes=2, process_index=0
+    )
+    for _ in outer:  # a prepared loader of another dataset is active: the dataset iterates
+        assert sum(1 for _ in inner) == 7
 
 
 def test_lightning_callback_refuses_to_restart_an_epoch_silently(data: Path) -> None:
