@@ -23,7 +23,7 @@ from ..planning.rankplan import RankPlan, rank_plan
 from ..planning.surgery import Surgery
 from ..runtime import planfiles
 from ..runtime.control import Instruction
-from ..runtime.memory import trim
+from ..runtime.memory import WORTH_TRIMMING, trim
 from ..runtime.progress import Progress
 from ..runtime.sharing import shared
 from ..world import Context, World
@@ -115,7 +115,8 @@ class EpochPlans:
                 found = rank_plan(self.plan(epoch, history, world.world_size, surgery), world.rank)
             self.shares = {key: found}
             self.plans = {}
-            trim()  # planning's transient arrays, freed: their memory back to the system
+            if len(index) >= WORTH_TRIMMING:
+                trim()  # planning's transient arrays, freed: their memory back to the system
         return self.shares[key]
 
     def check_position(

@@ -83,6 +83,21 @@ class MixIndex(Index):
         combined.columns = combined._chained()
         return combined
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.remote = any(part.remote for part in self.parts)
+
+    def is_remote(self, shard: int) -> bool:
+        """Whether a shard is a remote object: whether its corpus's is.
+
+        Args:
+            shard: The shard's number in the mix.
+
+        Returns:
+            Whether the corpus holding the shard has a URL for its root.
+        """
+        return self.parts[int(np.searchsorted(self.shard_offsets, shard, side="right")) - 1].remote
+
     @property
     def content_id(self) -> str:
         """The corpus names and each part's :attr:`~shardio.shards.index.Index.content_id`, as one digest."""

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from ..errors import OptionError, ReadError
 from ..shards.builder import IndexBuilder
-from ..shards.index import FORMAT_VERSION, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION, Index, ShardInfo
+from ..shards.index import INDEX_COLUMNS_V1, INDEX_JSON, Index, ShardInfo
+from ..shards.indexheader import FORMAT_VERSION, METADATA_VERSION
 from ..shards.outputdir import writable_directory
 from .foreignshards import HashingReader, index_shard, shard_codec, tar_stream
 from .source import not_regular

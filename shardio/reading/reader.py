@@ -29,7 +29,6 @@ from ..errors import FormatError, IntegrityError, ReadError, ShardChanged, Shard
 from ..shards.columns import STREAM_CODECS
 from ..shards.index import Index
 from ..storage import localshard
-from ..storage.files import is_url
 from ..storage.filesystems import Filesystems
 from ..storage.localshard import LocalShard
 from ..storage.retries import RetryPolicy
@@ -79,7 +78,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self.stats = ReadStats()
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._broken: dict[int, ShardioError] = {}  # shards that are missing or of the wrong size
-        self._filesystems = Filesystems()  # fsspec filesystems, one per protocol and options
+        self._filesystems: Filesystems | None = None  # fsspec filesystems by protocol and options, when used
         self._validators = Validators()  # remote shards' versions as first read (kept across fork, pickling)
         self._frame: tuple[int, int, bytes] | None = None  # (shard, frame_offset, decompressed bytes)
         self._streams: OrderedDict[int, bytes] = OrderedDict()  # whole decompressed stream shards, LRU
@@ -89,12 +88,10 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         self._decompressor = zstandard.ZstdDecompressor()
         self._columns = {name: column for name, column in index.columns.items()}
         self._maps: dict[int, bool] = {}  # shard -> read as views of its memory map
-        self._local: dict[int, bool] = {}  # shard -> a local file
         # shard -> ("shard PATH", has zstd frames), for messages
         self._labels: dict[int, tuple[str, bool]] = {}
         self._pid = os.getpid()
         self._ahead: ReadAhead | None = None  # this process's read-ahead, while a run of batches is read
-        self._has_urls: bool | None = None  # whether any shard is a URL (looked at on the first read-ahead)
 
     @property
     def retries(self) -> int:
@@ -110,7 +107,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
             _cursor=None,
             _decompressor=None,
             stats=ReadStats(),
-            _filesystems=Filesystems(),
+            _filesystems=None,
             _ahead=None,
             _from_cache=set(),
         )
@@ -133,7 +130,7 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         # copies
         self.close()
         self._frame = self._ahead = self._cursor = None
-        self._filesystems = Filesystems()
+        self._filesystems = None
         self._streams = OrderedDict()
         self._from_cache = set()
         self.stats = ReadStats()
@@ -153,12 +150,13 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         expected = self.index.table.bytes_of(shard)
         handle: Any
         try:
-            cached = self._cached(shard, where) if is_url(path) and self.cache is not None else None
+            remote = self.index.is_remote(shard)
+            cached = self._cached(shard, where) if remote and self.cache is not None else None
             if cached is not None:
                 handle = LocalShard(os.open(cached, os.O_RDONLY), expected)
                 actual = os.fstat(handle.fd).st_size
                 self._from_cache.add(shard)
-            elif is_url(path):
+            elif remote:
                 handle = self._remote(shard, where)
                 actual = self._remote_size(shard, where)
             else:
@@ -228,9 +226,10 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         hold many at no cost), rather than copied or decompressed one by one."""
         mapped = self._maps.get(shard)
         if mapped is None:
-            info = self.index.shards[shard]
             mapped = self._maps[shard] = (
-                info.codec == "none" and localshard.CAN_MAP and not is_url(self.index.shard_path(shard))
+                self.index.table.codec_of(shard) == "none"
+                and localshard.CAN_MAP
+                and not self.index.is_remote(shard)
             )
         return mapped
 
@@ -243,21 +242,21 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
             self._after_fork()
         if not self.maps(shard):
             return None
-        try:
-            handle = self._open(shard, f"shard {self.index.shard_path(shard)}")
-        except ShardioError:
-            return None
+        handle = self._handles.get(shard)
+        if handle is None:
+            try:
+                handle = self._open(shard, f"shard {self.index.shard_path(shard)}")
+            except ShardioError:
+                return None
+        else:  # open already: no message to name it in
+            self._handles.move_to_end(shard)
         return handle if isinstance(handle, LocalShard) else None
 
     def local_bytes(self, sample: int) -> memoryview | None:
         """The tar bytes of sample number ``sample`` where its shard is a local file (a view of its memory map
         where :meth:`maps`, else read or decompressed); None where the shard is remote or the read fails:
         :meth:`sample_bytes` reads those, and says why it cannot."""
-        shard = int(self._columns["shard"][sample])
-        local = self._local.get(shard)
-        if local is None:
-            local = self._local[shard] = not is_url(self.index.shard_path(shard))
-        if not local:
+        if self.index.is_remote(int(self._columns["shard"][sample])):
             return None
         try:
             return self._sample_bytes(sample, "")

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ReadError
 from ..shards.columns import STREAM_CODECS
 from ..shards.index import Index
-from ..storage.files import is_url, read_range
+from ..storage.files import read_range
 from ..storage.filesystems import Filesystems
 from ..storage.httpreads import is_http
 from ..storage.localshard import LocalShard, short_read
@@ -44,7 +44,7 @@ class RemoteReads:
     retry: RetryPolicy
     cache: ShardCache | None
     stats: Any
-    _filesystems: Filesystems
+    _filesystems: Filesystems | None
     _validators: Validators
     _ahead: ReadAhead | None
     _columns: dict[str, np.ndarray]
@@ -55,7 +55,6 @@ class RemoteReads:
     _cursor: Any
     _frame: tuple[int, int, bytes] | None
     _pid: int
-    _has_urls: bool | None
     _after_fork: Callable[[], None]
     _count_retry: Callable[[BaseException], None]
 
@@ -79,6 +78,8 @@ class RemoteReads:
 
     def _remote(self, shard: int, where: str) -> tuple[Any, str]:
         """The filesystem of remote shard ``shard`` (one per protocol and options) and its path there."""
+        if self._filesystems is None:
+            self._filesystems = Filesystems()
         return self._filesystems.get(
             self.index.shard_path(shard),
             self.index.shard_options(shard),
@@ -104,7 +105,7 @@ class RemoteReads:
         per shard and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's
         batches these are (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go:
         ``iter(batches)``."""
-        if budget <= 0 or not self._any_remote():
+        if budget <= 0 or not self.index.remote:
             return iter(batches)
         return self._reading_ahead(
             batches,
@@ -128,21 +129,13 @@ class RemoteReads:
         finally:
             self._ahead = None
 
-    def _any_remote(self) -> bool:
-        """Whether any shard is a URL: looked at once per reader (every shard's path, O(shards)), not per
-        epoch."""
-        if self._has_urls is None:
-            self._has_urls = any(is_url(self.index.shard_path(s)) for s in range(len(self.index.shards)))
-        return self._has_urls
-
     def _spans(self, ids: np.ndarray) -> list[Span]:
         """The remote byte spans the samples ``ids`` read (a stream-codec shard: all of it)."""
         c = self._columns
         spans = []
         for sample in ids.tolist():
             shard = int(c["shard"][sample])
-            path = self.index.shard_path(shard)
-            if not is_url(path) or shard in self._broken or shard in self._from_cache:
+            if not self.index.is_remote(shard) or shard in self._broken or shard in self._from_cache:
                 continue
             if self.cache is not None:
                 spans += self._whole_shard(shard)

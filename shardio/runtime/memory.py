@@ -13,7 +13,11 @@ import ctypes
 import functools
 from collections.abc import Callable
 
-__all__ = ["trim"]
+__all__ = ["WORTH_TRIMMING", "trim"]
+
+WORTH_TRIMMING = 1 << 16
+"""Samples from which planning an epoch is worth a trim: a smaller plan's arrays total a few MiB, less than a
+trim costs in a training process whose heap is large (``malloc_trim`` walks all of it)."""
 
 
 @functools.cache

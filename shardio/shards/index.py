@@ -4,18 +4,16 @@ On disk a dataset directory holds its shards plus two index files, written last 
 
 - ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
   the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
-- ``index.columns`` (format 2): every column (:mod:`shardio.shards.columns`) and the keys (a UTF-8 blob
-  plus end offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets
-  too), uncompressed and aligned, mapped read-only by every process that reads the index
-  (:mod:`shardio.shards.indexfile`): the page cache holds one copy per node, and keys decode one at a time.
-  Format 1 kept them in ``index.npz``; such indexes are still read (into memory), and ``shardio index
-  --upgrade`` rewrites them as format 2 with the same fingerprint. A remote index's columns file is
-  fetched once per node into the local cache (:func:`shardio.storage.files.cache_dir`) and mapped from there.
+- ``index.columns`` (format 2): every column (:mod:`shardio.shards.columns`) and the keys (a UTF-8 blob plus
+  end offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets too),
+  uncompressed and aligned, mapped read-only by every process that reads it (:mod:`shardio.shards.indexfile`):
+  the page cache holds one copy per node, and keys decode one at a time. Format 1 kept them in ``index.npz``
+  (still read, into memory; ``shardio index --upgrade`` rewrites it as format 2 with the same fingerprint).
+  A remote index's columns file is fetched once per node into the local cache and mapped from there.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -26,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
-from ..storage.files import is_url, join, write_atomic
-from . import indexchecks, indexfile
+from ..storage.files import is_url, joiner, write_atomic
+from . import indexchecks, indexfile, indexheader
 from .columns import COLUMNS, STREAM_CODECS
 from .indexfile import ColumnsFile
-from .indexheader import FORMAT_VERSION, INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON, METADATA_VERSION
+from .indexheader import INDEX_COLUMNS, INDEX_COLUMNS_V1, INDEX_JSON
 from .indexload import check_loaded, read_index
 from .keys import Keys
 from .metadata import Metadata
@@ -64,17 +62,17 @@ class Index:
     columns_sha256: str = ""
     _keys: Keys | None = field(default=None, repr=False)
     storage_options: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-    _file: ColumnsFile | None = field(default=None, repr=False, compare=False)
-    """The mapped columns file the columns and keys are views of (None: they are in memory)."""
-    _meta: Metadata | None = field(default=None, repr=False, compare=False)
-    """Per-sample metadata kept in the index (None: samples carry theirs in ``{key}.json`` members)."""
-    _digested: bool = field(default=False, repr=False, compare=False)
-    """Whether ``fingerprint`` was computed from this content (loaded or saved), not given:
-    :attr:`fingerprinted`."""
+    _file: ColumnsFile | None = field(default=None, repr=False, compare=False)  # mapped (None: in memory)
+    _meta: Metadata | None = field(default=None, repr=False, compare=False)  # None: in ``{key}.json`` members
+    _digested: bool = field(default=False, repr=False, compare=False)  # see :attr:`fingerprinted`
     _content_id: str = field(default="", repr=False, compare=False)
     loaded_ns: int = field(default_factory=time.time_ns, repr=False, compare=False)
+    _join: Callable[[str], str] = field(init=False, repr=False, compare=False)  # a name's path or URL
+    remote: bool = field(init=False, repr=False, compare=False)
+    """Whether any shard is a remote object (HTTP, S3, fsspec), not a local file: the root is a URL."""
 
     def __post_init__(self) -> None:
+        self._join, self.remote = joiner(self.root), is_url(self.root)
         try:
             self.shards = ShardTable.of(self.shards, self.root or "index")
         except (TypeError, ValueError) as exc:
@@ -93,8 +91,7 @@ class Index:
         return self.shards
 
     def share_tables(self, convert: Callable[[ShardTable], ShardTable]) -> None:
-        """Replace the shard table by `convert(table)`, in place: how a dataset pickled for DataLoader workers
-        puts it in shared memory.
+        """Replace the shard table by `convert(table)`, in place (a dataset pickled for workers shares it).
 
         Args:
             convert: Makes the new table from the current one.
@@ -103,10 +100,8 @@ class Index:
 
     @property
     def fingerprinted(self) -> bool:
-        """Whether :attr:`fingerprint` names this content: an index loaded from disk or saved there (where it
-        is the digest of what was written), not one made in memory with whatever fingerprint it was given.
-        Derived data shared between processes, such as the node's plan files, is kept only for such an index
-        (keyed by its :attr:`content_id`)."""
+        """Whether :attr:`fingerprint` names this content (an index loaded from disk or saved there), not one
+        made in memory with any fingerprint: only such an index's derived data is shared (node plans)."""
         return self._digested
 
     @property
@@ -116,7 +111,7 @@ class Index:
         which ``index.json`` states (and an upgraded index keeps), it cannot be copied from another dataset,
         so data derived from an index and shared between processes (the node's plan files) is keyed by it."""
         if not self._content_id:
-            self._content_id = self._compute_fingerprint()
+            self._content_id = indexheader.digest(self._header())
         return self._content_id
 
     @property
@@ -196,13 +191,27 @@ class Index:
             raise KeyError(key)
         return found
 
+    def is_remote(self, shard: int) -> bool:
+        """Whether a shard is a remote object rather than a local file.
+
+        Args:
+            shard: The shard's number.
+
+        Returns:
+            Whether :meth:`shard_path` gives a URL.
+        """
+        return self.remote
+
     def shard_path(self, shard: int) -> str:
         """A shard's local path or URL.
 
         Args:
             shard: The shard's number.
+
+        Returns:
+            What `storage.files.join` makes of the root and the shard's name.
         """
-        return join(self.root, self.table.name(shard))
+        return self._join(self.table.name(shard))
 
     def shard_options(self, shard: int) -> dict[str, Any] | None:
         """The fsspec options to open a shard with (the index's `storage_options`).
@@ -241,32 +250,23 @@ class Index:
         directory = directory or self.root
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
         if not (keep_fingerprint and self.fingerprint):
-            self.fingerprint, self._digested = self._compute_fingerprint(), True
+            self.fingerprint, self._digested = indexheader.digest(self._header()), True
         self._content_id = ""
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
-        write_atomic(os.path.join(directory, INDEX_JSON), self._header_json().encode())
+        header = {**self._header(), "fingerprint": self.fingerprint}
+        write_atomic(os.path.join(directory, INDEX_JSON), json.dumps(header, indent=1).encode())
 
     def _header(self) -> dict[str, Any]:
-        return {
-            "format": "shardio-index",
-            "version": FORMAT_VERSION if self._meta is None else METADATA_VERSION,
-            "samples": len(self),
-            "duration": round(self.total_duration, 3),
-            "formats": self.formats,
-            "columns": {name: np.dtype(dtype).str for name, dtype in COLUMNS.items()},
-            "columns_file": INDEX_COLUMNS,
-            "columns_sha256": self.columns_sha256,
-            "keys_bytes": len(self.keys.blob),
-            "shards": self.table.entries(),
-            **({} if self._meta is None else {"meta_bytes": len(self._meta.blob)}),
-        }
-
-    def _compute_fingerprint(self) -> str:
-        canonical = json.dumps(self._header(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-    def _header_json(self) -> str:
-        return json.dumps({**self._header(), "fingerprint": self.fingerprint}, indent=1)
+        return indexheader.make_header(
+            samples=len(self),
+            duration=self.total_duration,
+            formats=self.formats,
+            columns=COLUMNS,
+            columns_sha256=self.columns_sha256,
+            keys_bytes=len(self.keys.blob),
+            shards=self.table.entries(),
+            meta_bytes=None if self._meta is None else len(self._meta.blob),
+        )
 
     @classmethod
     def load(

@@ -1,11 +1,16 @@
-"""``index.json``: the header of a dataset's index read (bounded, from a regular file under the root or a
-URL), its format version and the name of its columns file checked (see :mod:`shardio.shards.index`)."""
+"""``index.json``: the header of a dataset's index made and digested, and read (bounded, from a regular file
+under the root or a URL), its format version and the name of its columns file checked (see
+:mod:`shardio.shards.index`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from ..errors import FormatError, ReadError
 from ..storage.files import is_url, read_bytes
@@ -20,6 +25,8 @@ __all__ = [
     "READ_VERSIONS",
     "check_version",
     "columns_file_of",
+    "digest",
+    "make_header",
     "read_header",
 ]
 
@@ -29,6 +36,41 @@ READ_VERSIONS = (1, 2, 3)
 INDEX_JSON = "index.json"
 INDEX_COLUMNS = "index.columns"
 INDEX_COLUMNS_V1 = "index.npz"
+
+
+def make_header(
+    *,
+    samples: int,
+    duration: float,
+    formats: list[str],
+    columns: Mapping[str, Any],
+    columns_sha256: str,
+    keys_bytes: int,
+    shards: list[dict[str, Any]],
+    meta_bytes: int | None,
+) -> dict[str, Any]:
+    """What ``index.json`` records of an index, but its fingerprint: its counts, the columns file's name,
+    dtypes and digest, and every shard's entry (``meta_bytes``: None without per-sample metadata)."""
+    return {
+        "format": "shardio-index",
+        "version": FORMAT_VERSION if meta_bytes is None else METADATA_VERSION,
+        "samples": samples,
+        "duration": round(duration, 3),
+        "formats": formats,
+        "columns": {name: np.dtype(dtype).str for name, dtype in columns.items()},
+        "columns_file": INDEX_COLUMNS,
+        "columns_sha256": columns_sha256,
+        "keys_bytes": keys_bytes,
+        "shards": shards,
+        **({} if meta_bytes is None else {"meta_bytes": meta_bytes}),
+    }
+
+
+def digest(header: Mapping[str, Any]) -> str:
+    """The digest of a header made by :func:`make_header` (32 hex digits of the SHA-256 of its canonical
+    JSON): an index's fingerprint where it is computed, and its content id."""
+    canonical = json.dumps(header, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
 def read_header(root: str, json_path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:

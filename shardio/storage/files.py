@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import logging
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO, Literal
 from urllib.parse import unquote
 
@@ -51,6 +52,7 @@ __all__ = [
     "filesystem",
     "is_url",
     "join",
+    "joiner",
     "open_input",
     "open_output",
     "read_bytes",
@@ -81,6 +83,21 @@ def join(root: str, name: str) -> str:
     if is_url(root):
         return root.rstrip("/") + "/" + name
     return os.path.join(_local(root), name)
+
+
+def joiner(root: str) -> Callable[[str], str]:
+    """:func:`join` of ``root`` and a name, with the location kind resolved once: for the names of many files
+    under one root (an index's shards).
+
+    Args:
+        root: A local directory or a URL.
+
+    Returns:
+        A function of a name, giving what ``join(root, name)`` gives.
+    """
+    if is_url(root):
+        return (root.rstrip("/") + "/").__add__
+    return functools.partial(os.path.join, _local(root))
 
 
 def escapes_root(name: str) -> bool:

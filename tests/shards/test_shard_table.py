@@ -70,7 +70,7 @@ def test_an_index_loads_saves_byte_identically_and_reads(dataset: Path, tmp_path
     assert isinstance(index.shards, ShardTable) and [s.samples for s in index.shards] == [4, 3, 5]
     assert {s.codec for s in index.shards} == {"zstd"}
     fingerprint = index.fingerprint
-    assert index._compute_fingerprint() == fingerprint  # the same header as the list of ShardInfo made
+    assert index.content_id == fingerprint  # the same header as the list of ShardInfo made
     as_list = Index(
         root=index.root,
         shards=list(index.shards),
@@ -79,7 +79,7 @@ def test_an_index_loads_saves_byte_identically_and_reads(dataset: Path, tmp_path
         columns_sha256=index.columns_sha256,
         _keys=index.keys,
     )
-    assert as_list.shards == index.shards and as_list._compute_fingerprint() == fingerprint
+    assert as_list.shards == index.shards and as_list.content_id == fingerprint
     copy_dir = tmp_path / "copy"
     shutil.copytree(dataset, copy_dir)
     index.save(str(copy_dir), keep_fingerprint=True)

@@ -121,3 +121,20 @@ def test_a_mix_over_http_and_memory(corpora: dict[str, Path], http_server: str) 
     finally:
         memory.rm("/h13-mix", recursive=True)
     _check(seen, corpora)
+
+
+def test_a_mix_of_a_local_and_a_remote_corpus(corpora: dict[str, Path], http_server: str) -> None:
+    """A mix whose corpora live in different kinds of place: each shard is remote or local as its corpus is
+    (a local corpus's samples are views of its shards' maps, the remote one's are fetched), and both read."""
+    mix = MixedDataset(
+        {"one": http_server, "two": str(corpora["two"])},
+        {"one": 1, "two": 1},
+        EpochSize(primary="one"),
+        batch_size=2,
+        seed=3,
+    )
+    index = mix.index
+    first_local = int(index.shard_offsets[1])
+    assert index.remote and index.is_remote(0) and not index.is_remote(first_local)
+    assert not index.is_remote(len(index.shards) - 1)
+    _check(_keys_by_corpus(mix), corpora)
