@@ -25,7 +25,6 @@ __all__ = [
     "BLOCK",
     "sample_cost",
     "eligible",
-    "stable_order",
     "group_starts",
     "fixed_offsets",
     "greedy_offsets",
@@ -60,14 +59,6 @@ def eligible(durations: np.ndarray, batching: Batching) -> np.ndarray:
     if batching.max_duration is not None:
         keep &= sample_cost(durations, batching.quadratic_duration) <= batching.max_duration * (1 + 1e-9)
     return keep
-
-
-def stable_order(keys: np.ndarray) -> np.ndarray:
-    """``argsort(keys, kind="stable")`` on the narrowest unsigned type that holds ``keys`` (non-negative):
-    numpy sorts 16-bit keys by radix, several times faster than 64-bit ones."""
-    top = int(keys.max(initial=0))
-    narrow = np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32 else np.int64
-    return np.argsort(keys.astype(narrow, copy=False), kind="stable")
 
 
 def group_starts(keys: np.ndarray) -> np.ndarray:

@@ -27,7 +27,6 @@ from .batches import (
     reorder_batches,
     sample_cost,
     shuffle_batches,
-    stable_order,
 )
 from .options import Batching
 
@@ -39,7 +38,6 @@ __all__ = [
     "sample_cost",
     "equal_duration_bins",
     "bucket_of",
-    "stable_order",
     "group_starts",
     "fixed_offsets",
     "greedy_offsets",

@@ -43,10 +43,10 @@ from .batches import (
     padding_of,
     reorder_batches,
     shuffle_batches,
-    stable_order,
     underfull,
 )
 from .options import Batching
+from .stablesort import radix_order
 
 __all__ = [
     "CHUNK_ROUNDS",
@@ -76,7 +76,7 @@ def compact(
     pooled = np.repeat(partial, np.diff(offsets))
     kept_offsets = np.cumsum(np.concatenate([[0], np.diff(offsets)[~partial]])).astype(np.int64)
     loose = order[pooled]
-    loose = loose[stable_order(buckets[loose])]  # stable: window order is kept within a bucket
+    loose = loose[radix_order(buckets[loose])]  # stable: window order is kept within a bucket
     loose_offsets = batch_offsets(durations[loose], batching, group_starts(buckets[loose]))
     new_order = np.concatenate([order[~pooled], loose])
     return new_order, np.concatenate([kept_offsets[:-1], kept_offsets[-1] + loose_offsets]).astype(np.int64)
@@ -216,7 +216,7 @@ def batch_segment(
     if grouping is not None:
         runs = np.cumsum(group_starts(grouping.windows[order])) - 1  # windows arrive in runs
         key = runs * (int(grouping.buckets.max(initial=0)) + 1) + grouping.buckets[order]
-        sort = stable_order(key)
+        sort = radix_order(key)
         order, seconds, starts = order[sort], seconds[sort], group_starts(key[sort])
     offsets = batch_offsets(seconds, batching, starts)
     costs = None

@@ -169,3 +169,14 @@ def test_the_window_order_is_a_stable_argsort(
         patch.setattr(stablesort, "_PACKED_LIMIT", 1 << 32 if packed else 0)
         got = stablesort.stable_order(group, None if tie is None else tie.copy())
     assert got.dtype == np.int64 and np.array_equal(got, expected)
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 3000),
+    top=st.sampled_from([1, 1 << 16, 1 << 32, 1 << 40]),
+)
+def test_the_radix_order_is_a_stable_argsort(seed: int, n: int, top: int) -> None:
+    """Buckets' and costs' order, on the narrowest type that holds the keys: a stable argsort of them."""
+    keys = np.random.default_rng(seed).integers(0, top, n)
+    assert np.array_equal(stablesort.radix_order(keys), np.argsort(keys, kind="stable"))
