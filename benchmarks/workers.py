@@ -119,6 +119,7 @@ def _threaded_epoch(directory: str, threads: int) -> Callable[[], tuple[int, flo
                 batched=True,
                 on_error="raise",
                 fields=dataset.planner.fields,
+                in_worker=False,
             )
         return local.assembler.batch(plan.batch(number), epoch, plan.repeat_flags(number))
 

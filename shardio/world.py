@@ -53,7 +53,9 @@ class World:
             raise OptionError(f"worker {self.worker} is not within {self.num_workers} workers")
 
     @classmethod
-    def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
+    def detect(
+        cls, rank: int | None = None, world_size: int | None = None, context: Context | None = None
+    ) -> World:
         """The ranks from the arguments, else `torch.distributed`, else `RANK`/`WORLD_SIZE`, else 0 of 1.
 
         The worker comes from `torch.utils.data.get_worker_info()` (0 of 1 outside a DataLoader worker).
@@ -61,6 +63,7 @@ class World:
         Args:
             rank: This process's rank (`None`: detected).
             world_size: The job's ranks (`None`: detected).
+            context: Where this process runs, when the caller has detected it already.
 
         Returns:
             The world of this process.
@@ -72,7 +75,7 @@ class World:
             detected_rank, detected_size = _detect_ranks()
             rank = detected_rank if rank is None else rank
             world_size = detected_size if world_size is None else world_size
-        context = Context.detect()
+        context = Context.detect() if context is None else context
         return cls(rank, world_size, context.worker, context.num_workers)
 
     def with_worker(self, context: Context | None = None) -> World:

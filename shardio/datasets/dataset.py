@@ -258,6 +258,7 @@ class ShardDataset(Resumable, IterableDataset):
             batched=self.batched,
             on_error=self.reading.on_error,
             fields=self.planner.fields if self.planner.corpora else None,
+            in_worker=context.in_worker,
         )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]

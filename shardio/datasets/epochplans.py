@@ -64,7 +64,7 @@ class EpochPlans:
         context = Context.detect() if context is None else context
         if carried is not None and context.in_worker:  # by this worker's training process
             return carried
-        return World.detect()
+        return World.detect(context=context)
 
     def plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, surgery: Surgery) -> EpochPlan:
         """The whole plan of ``epoch`` after ``history`` (the last one asked for is kept)."""

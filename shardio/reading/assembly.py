@@ -56,7 +56,8 @@ class Assembler:
 
     ``fields(sample_id)`` gives fields a sample has before its metadata (a mix adds its ``corpus``; ``None``:
     none). ``on_error="skip"`` leaves out (and logs, and counts in the reader's stats) samples that cannot be
-    read or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order."""
+    read or decoded; the batch's ``skipped`` lists them as ``"key: error"``, in batch order. ``in_worker``:
+    whether the process is a DataLoader worker (its batches' memory is shared with the training process)."""
 
     def __init__(
         self,
@@ -67,15 +68,17 @@ class Assembler:
         batched: bool,
         on_error: str,
         fields: Callable[[int], dict[str, Any]] | None,
+        in_worker: bool,
     ) -> None:
         self.reader = reader
+        self.in_worker = in_worker
         self.decoding = decoding
         self.seed = seed
         self.batched = batched
         self.on_error = on_error
         self.fields = fields
         self.lane = (
-            Lane(reader, decoding.dtype, fields, self.general)
+            Lane(reader, decoding.dtype, fields, self.general, in_worker)
             if Lane.serves(reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio)
             else None
         )
@@ -192,7 +195,8 @@ class Assembler:
         channels = columns["channels"][ids].tolist()
         if channels.count(channels[0]) != len(channels):
             return None, None
-        return audio_rows(columns["num_frames"][ids].tolist(), channels[0], np.dtype(self.decoding.dtype))
+        frames = columns["num_frames"][ids].tolist()
+        return audio_rows(frames, channels[0], np.dtype(self.decoding.dtype), self.in_worker)
 
     def _sample_rows(self, ids: np.ndarray) -> np.ndarray | None:
         """For an unbatched dataset's sample, reused memory sized from the index to decode it into (as a batch

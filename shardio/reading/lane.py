@@ -36,7 +36,6 @@ from ..errors import FormatError, ShardioError
 from ..shards.keys import Keys
 from ..shards.tarformat import split_samples
 from ..storage.localshard import LocalShard
-from ..world import Context
 from . import blocks
 from .batchmemory import audio_rows, columns_behind
 from .collate import PLAIN_TYPES
@@ -70,7 +69,12 @@ class Lane:
     the batches the lane leaves."""
 
     def __init__(
-        self, reader: Reader, dtype: str, fields: Callable[[int], dict[str, Any]] | None, general: General
+        self,
+        reader: Reader,
+        dtype: str,
+        fields: Callable[[int], dict[str, Any]] | None,
+        general: General,
+        in_worker: bool,
     ) -> None:
         self.reader = reader
         self.int16 = dtype == "int16"
@@ -90,7 +94,7 @@ class Lane:
         )
         self._offset, self._member_offset = columns["frame_offset"], columns["member_offset"]
         self._member_size = columns["member_size"]
-        self._in_worker = Context.detect().in_worker
+        self._in_worker = in_worker
         # shard -> open, its samples views of its map (None: not)
         self._shards: dict[int, LocalShard | None] = {}
 

@@ -125,7 +125,9 @@ def test_the_lane_opens_again_the_shards_the_reader_closed(
 
     monkeypatch.setattr(Lane, "common", counted)
     reader = Reader(index, max_open=1)
-    assembler = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {})
+    assembler = Assembler(
+        reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {}, in_worker=False
+    )
     for ids in ([0, 4], [8, 1], [5, 9], [0, 4]):
         batch = assembler.batch(np.array(ids), 0)
         for row, key in enumerate(batch["keys"]):
@@ -147,7 +149,9 @@ def test_a_batch_across_more_shards_than_the_reader_keeps_open(tmp_path: Path) -
     index = write(tmp_path / "ds", clips, ext="wav", channels=1, compression="none")  # 3 shards of 4
     ids = np.array([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])  # every sample's shard differs from the last
     reader = Reader(index, max_open=1)
-    assembler = Assembler(reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {})
+    assembler = Assembler(
+        reader, Decoding(), seed=0, batched=True, on_error="raise", fields=lambda _: {}, in_worker=False
+    )
     batch = assembler.batch(ids, 0)
     assert len(reader._handles) == 1
     for row, key in enumerate(batch["keys"]):
