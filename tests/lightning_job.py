@@ -26,7 +26,7 @@ except ImportError:
 
 from job_runs import dump_stacks_on_signal
 
-from shardio import ShardDataset, ShardLoader
+from shardio import Ordering, ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 
 
@@ -79,7 +79,7 @@ class Model(pl.LightningModule):
             if config.get("max_duration")
             else {"batch_size": config["batch_size"]}
         )
-        return ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
+        return ShardDataset(config["data"], seed=5, ordering=Ordering(shuffle_shards=2), **sizes)
 
     def train_dataloader(self) -> Any:
         config = self.config

@@ -36,9 +36,9 @@ BATCHINGS: dict[str, dict[str, Any]] = {
     "unbatched": {},
     "collated": {},
 }
-"""The dataset's batching; ``collated``: unbatched samples that the DataLoader batches, :data:`COLLATED` at a
-time, with ``shardio.collate`` (a worker's batch is its next samples: with several
-workers, out of plan order)."""
+"""The dataset's batching (``shardio.Batching`` fields); ``collated``: unbatched samples that the DataLoader
+batches, :data:`COLLATED` at a time, with ``shardio.collate`` (a worker's batch is its next samples: with
+several workers, out of plan order)."""
 COLLATED = 3
 LOADERS = ("state_after", "in_process", "stateful", "shardio")
 """``state_after``: a plain DataLoader, ``ds.state_after(batch)``; ``in_process``: ``num_workers=0`` and
@@ -75,6 +75,7 @@ class Case:
     """A StatefulDataLoader's ``snapshot_every_n_steps`` (its workers' states lag the batches by up to this
     less one; a state loaded into the dataset counts the batches since)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """``shardio.Batching`` fields over the batching's, and ``seed`` (JSON values: a case travels as JSON)."""
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
 
@@ -125,15 +126,15 @@ def write_corpora(root: Path) -> dict[str, str]:
 
 def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
     """The case's dataset (``world``: an explicit :class:`shardio.World`, or ``None`` to detect it)."""
-    from shardio import EpochSize, MixedDataset, ShardDataset
+    from shardio import Batching, Decoding, EpochSize, MixedDataset, Ordering, ShardDataset
 
+    batching = {**BATCHINGS[case.batching], **case.extra}
     options: dict[str, Any] = {
-        **BATCHINGS[case.batching],
-        "seed": SEED,
-        "shuffle_shards": 2,
+        "seed": batching.pop("seed", SEED),
+        "batching": Batching(**batching),
+        "ordering": Ordering(shuffle_shards=2),
+        "decoding": Decoding(transform=gain),
         "world": world,
-        "transform": gain,
-        **case.extra,
     }
     if case.mixed:
         weights = dict(case.weights)

@@ -29,7 +29,7 @@ import speechbrain as sb
 from speechbrain.utils.checkpoints import Checkpointer
 from speechbrain.utils.epoch_loop import EpochCounter
 
-from shardio import EpochSize, MixedDataset, ShardDataset, ShardLoader
+from shardio import EpochSize, MixedDataset, Ordering, ShardDataset, ShardLoader
 from shardio.integrations.speechbrain import LoaderProgress, track
 
 
@@ -108,10 +108,12 @@ def main(config: dict[str, Any]) -> None:
             EpochSize(primary="a"),
             batch_size=config["batch_size"],
             seed=5,
-            shuffle_shards=2,
+            ordering=Ordering(shuffle_shards=2),
         )
     else:
-        dataset = ShardDataset(config["data"], batch_size=config["batch_size"], seed=5, shuffle_shards=2)
+        dataset = ShardDataset(
+            config["data"], batch_size=config["batch_size"], seed=5, ordering=Ordering(shuffle_shards=2)
+        )
     if config.get("track", True):
         brain.progress = track(brain, dataset)
     brain.kill_at = config.get("kill_at_step")

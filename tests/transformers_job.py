@@ -22,7 +22,7 @@ import torch
 from job_runs import dump_stacks_on_signal
 from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
-from shardio import ShardDataset
+from shardio import Ordering, ShardDataset
 from shardio.integrations.transformers import ShardioSeq2SeqTrainer, ShardioTrainer
 
 
@@ -84,7 +84,7 @@ def main(config: dict[str, Any]) -> None:
         if config.get("max_duration")
         else {"batch_size": None if kind == "plain" else config["batch_size"]}
     )
-    dataset = ShardDataset(config["data"], seed=5, shuffle_shards=2, **sizes)
+    dataset = ShardDataset(config["data"], seed=5, ordering=Ordering(shuffle_shards=2), **sizes)
     torch.manual_seed(0)
     model = TinyModel(out, config.get("kill_at_step"))
     model.dataset = dataset

@@ -4,6 +4,8 @@ accepted and ignored or silently changed)."""
 
 from __future__ import annotations
 
+import re
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from shardio import (
     World,
     collate,
 )
-from shardio.datasets.options import DEPRECATED, SHORTCUTS
+from shardio.datasets.options import DEPRECATED, GROUPS, SHORTCUTS
 
 NAN, INF = float("nan"), float("inf")
 W = World(0, 1)
@@ -39,6 +41,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_uneven_dataset(root / "a", [5, 7, 3])
     make_uneven_dataset(root / "b", [4, 4], seed=1)
     return {"a": root / "a", "b": root / "b"}
+
+
+def _grouped(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each field that has no shortcut given in its group (with that group's shortcuts), as
+    the dataset makes its groups of old keywords (without their deprecation)."""
+    named = {**SHORTCUTS, **DEPRECATED}
+    groups = {DEPRECATED[name] for name in options if name in DEPRECATED}
+    made = {
+        group: GROUPS[group](**{name: value for name, value in options.items() if named.get(name) == group})
+        for group in groups
+    }
+    return {**{name: value for name, value in options.items() if named.get(name) not in groups}, **made}
 
 
 def _refused(make: Any, *words: str) -> None:
@@ -111,7 +125,7 @@ def test_dataset_option_refused_when_made(data: dict[str, Path], name: str, valu
     options: dict[str, Any] = {"batch_size": 2, "world": W, name: value}
     if name in ("max_duration",):
         del options["batch_size"]
-    _refused(lambda: ShardDataset(data["a"], **options), name)
+    _refused(lambda: ShardDataset(data["a"], **_grouped(options)), name)
 
 
 GROUP_CASES = [
@@ -152,17 +166,15 @@ def test_a_keyword_given_with_its_group_is_refused_naming_both(data: dict[str, P
         "decoding": Decoding(),
         "reading": Reading(),
     }
-    with pytest.warns(DeprecationWarning) if name in DEPRECATED else _no_warning():
-        _refused(lambda: ShardDataset(data["a"], world=W, **{group: groups[group], name: value}), name, group)
-        _refused(lambda: _mix(data, **{group: groups[group], name: value}), name, group)
-
-
-class _no_warning:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    given = {group: groups[group], name: value}
+    makers = {
+        "ShardDataset": lambda: ShardDataset(data["a"], world=W, **given),
+        "MixedDataset": lambda: _mix(data, **given),
+    }
+    for owner, make in makers.items():
+        deprecated = pytest.warns(DeprecationWarning, match=rf"{owner}\({name}=\.\.\.\) is deprecated")
+        with deprecated if name in DEPRECATED else nullcontext():
+            _refused(make, name, group)
 
 
 @pytest.mark.parametrize(
@@ -223,7 +235,8 @@ def test_source_of_wrong_type(source: Any) -> None:
 def test_storage_options_with_loaded_index_refused(data: dict[str, Path]) -> None:
     index = ShardDataset(data["a"], batch_size=2, world=W).index
     _refused(
-        lambda: ShardDataset(index, batch_size=2, world=W, storage_options={"anon": True}), "storage_options"
+        lambda: ShardDataset(index, batch_size=2, world=W, reading=Reading(storage_options={"anon": True})),
+        "storage_options",
     )
 
 
@@ -313,7 +326,7 @@ def _mix(data: dict[str, Path], weights: Any = None, epoch_size: Any = None, **o
     ],
 )
 def test_mixed_dataset_refused_when_made(data: dict[str, Path], options: dict[str, Any], word: str) -> None:
-    _refused(lambda: _mix(data, **options), word)
+    _refused(lambda: _mix(data, **_grouped(options)), word)
 
 
 def test_mixed_dataset_valid_still_plans(data: dict[str, Path]) -> None:
@@ -382,10 +395,10 @@ def test_shard_writer(tmp_path: Path, options: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        {"min_duration": 10.0},
-        {"max_sample_duration": 0.001},
+        {"batching": Batching(min_duration=10.0)},
+        {"batching": Batching(max_sample_duration=0.001)},
         {"max_duration": 0.01},
-        {"batch_size": 2, "min_duration": 10.0},
+        {"batching": Batching(batch_size=2, min_duration=10.0)},
     ],
 )
 def test_duration_filters_that_leave_no_sample_are_refused(
@@ -434,8 +447,10 @@ def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name:
     a DeprecationWarning."""
     assert set(OLD_VALUES) == set(DEPRECATED)
     given, group = OLD_VALUES[name], DEPRECATED[name]
-    with pytest.warns(DeprecationWarning, match=rf"give {group}=shardio\.\w+\({name}=\.\.\.\)"):
+    with pytest.warns(DeprecationWarning, match=r"ShardDataset\(\w+=\.\.\.\) is deprecated") as caught:
         old = ShardDataset(data["a"], max_duration=1.0, world=W, **given)
+    expected = rf"give {group}=shardio\.\w+\({name}=\.\.\.\)"
+    assert any(re.search(expected, str(warning.message)) for warning in caught)
     cls = type(getattr(old, group))
     fields = {**given, **({"max_duration": 1.0} if group == "batching" else {})}
     shortcut = {} if group == "batching" else {"max_duration": 1.0}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sample_shards import make_uneven_dataset
 
-from shardio import OptionError, ShardDataset
+from shardio import Decoding, OptionError, ShardDataset
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def _identity(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any
 def test_in_place_decoding_gives_the_same_batches_as_copying(dataset_dir: Path) -> None:
     fast = list(ShardDataset(dataset_dir, max_duration=2.0, seed=1))
     copied = list(
-        ShardDataset(dataset_dir, max_duration=2.0, seed=1, transform=_identity)
+        ShardDataset(dataset_dir, max_duration=2.0, seed=1, decoding=Decoding(transform=_identity))
     )  # no in-place path
     assert len(fast) == len(copied) > 3
     for a, b in zip(fast, copied):

@@ -19,7 +19,7 @@ import pytest
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset, World
+from shardio import Ordering, ShardDataset, World
 
 JOB = Path(__file__).parents[1] / "handed_ranks_job.py"
 
@@ -32,7 +32,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def planned(data: Path, rank: int, epoch: int) -> list[list[Any]]:
-    dataset = ShardDataset(data, batch_size=2, seed=3, shuffle_shards=2, world=World(rank, 2))
+    dataset = ShardDataset(
+        data, batch_size=2, seed=3, ordering=Ordering(shuffle_shards=2), world=World(rank, 2)
+    )
     dataset.set_epoch(epoch)
     return [[epoch, list(batch["keys"])] for batch in DataLoader(dataset, batch_size=None)]
 

@@ -209,7 +209,7 @@ def test_reads_over_http_with_read_ahead(nemo: tuple[Path, dict[str, dict[str, A
         ds = ShardDataset(server.url, batch_size=4, seed=3, ordering=Ordering(shuffle_shards=1))
         local = {
             key: (audio, text)
-            for batch in ShardDataset(root, batch_size=4, seed=3, shuffle_shards=1)
+            for batch in ShardDataset(root, batch_size=4, seed=3, ordering=Ordering(shuffle_shards=1))
             for key, audio, text in zip(batch["keys"], batch["audio"], batch["text"])
         }
         remote = [

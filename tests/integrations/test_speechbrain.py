@@ -30,6 +30,8 @@ from job_runs import run_in_session
 from process_groups import free_port
 from sample_shards import make_uneven_dataset, planned_keys
 
+from shardio import Ordering
+
 JOB = Path(__file__).parents[1] / "speechbrain_job.py"
 EPOCHS = 2
 BATCH = 3
@@ -45,7 +47,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def planned(data: Path, world_size: int) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (both epochs, in step order)."""
-    return planned_keys(data, world_size, EPOCHS, batch_size=BATCH, seed=5, shuffle_shards=2)
+    return planned_keys(
+        data, world_size, EPOCHS, batch_size=BATCH, seed=5, ordering=Ordering(shuffle_shards=2)
+    )
 
 
 def run_job(

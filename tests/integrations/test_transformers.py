@@ -26,6 +26,8 @@ from job_runs import run_in_session
 from process_groups import free_port
 from sample_shards import make_uneven_dataset, planned_keys
 
+from shardio import Ordering
+
 JOB = Path(__file__).parents[1] / "transformers_job.py"
 BATCH = 3
 SHARD_SIZES = (7, 5, 9, 4)  # 25 samples: 9 batches of 3 (the last padded) on 1 rank, 5 on 2
@@ -41,7 +43,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def planned(data: Path, world_size: int, epochs: int = 2, **sizes: Any) -> list[list[list[str]]]:
     """Per rank, the keys of every batch of the uninterrupted run (every epoch, in step order)."""
     return planned_keys(
-        data, world_size, epochs, seed=5, shuffle_shards=2, **(sizes or {"batch_size": BATCH})
+        data,
+        world_size,
+        epochs,
+        seed=5,
+        ordering=Ordering(shuffle_shards=2),
+        **(sizes or {"batch_size": BATCH}),
     )
 
 

@@ -16,7 +16,7 @@ from sample_shards import make_uneven_dataset
 from test_trace import memory_index
 from torch.utils.data import DataLoader
 
-from shardio import EpochSize, OptionError, ShardDataset, StateError, World
+from shardio import Batching, EpochSize, OptionError, Ordering, ShardDataset, StateError, World
 from shardio.cli import main
 from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine
@@ -34,8 +34,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make(data: Path, world: World = World(), **options: Any) -> ShardDataset:
-    options.setdefault("max_duration", 0.8)
-    return ShardDataset(data / "one", world=world, seed=5, shuffle_shards=2, **options)
+    if "batching" not in options:
+        options.setdefault("max_duration", 0.8)
+    return ShardDataset(data / "one", world=world, seed=5, ordering=Ordering(shuffle_shards=2), **options)
 
 
 def mix(data: Path, weights: dict[str, float], world: World = World()) -> MixedDataset:
@@ -179,7 +180,7 @@ def test_quarantine_refuses_what_it_cannot_leave_out(data: Path) -> None:
         [
             {},
             {"num_buckets": 2},
-            {"num_buckets": 2, "sync_buckets": True},
+            {"batching": Batching(max_duration=0.8, num_buckets=2, sync_buckets=True)},
             {"batch_size": 3, "max_duration": None},
         ]
     ),

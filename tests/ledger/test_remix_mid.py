@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 
-from shardio import Batching, EpochSize, StateError, World
+from shardio import Batching, EpochSize, Ordering, StateError, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.remix import remix, remix_report
 from shardio.planning.plan import EpochPlan, Segment
@@ -53,7 +53,7 @@ def mixed(
         size,
         world=World(0, world),
         seed=SEED,
-        shuffle_shards=2,
+        ordering=Ordering(shuffle_shards=2),
         batching=Batching(max_duration=1.2, num_buckets=buckets),
         single_corpus_batches=single,
     )

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset, memory_index
 from torch.utils.data import DataLoader
 
-from shardio import Batching, EpochSize, OptionError, ShardDataset, World
+from shardio import Batching, Decoding, EpochSize, OptionError, Ordering, ShardDataset, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.ledger.quarantine import quarantine, quarantine_report
 from shardio.ledger.trace import Trace
@@ -43,8 +43,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def make(source: Any, world: World, **options: Any) -> ShardDataset:
-    options.setdefault("max_duration", 0.8)
-    return ShardDataset(source, world=world, seed=5, shuffle_shards=2, **options)
+    if "batching" not in options:
+        options.setdefault("max_duration", 0.8)
+    return ShardDataset(source, world=world, seed=5, ordering=Ordering(shuffle_shards=2), **options)
 
 
 def run(ds: ShardDataset, step0: int = 0, stop: int | None = None) -> tuple[Rows, list[dict[str, Any]]]:
@@ -176,7 +177,7 @@ def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: 
             EpochSize(primary="big"),
             world=World(),
             seed=2,
-            shuffle_shards=2,
+            ordering=Ordering(shuffle_shards=2),
             batching=Batching(max_duration=0.9),
         )
 
@@ -198,7 +199,7 @@ def test_trace_agrees_with_a_mix_and_later_epochs(
             EpochSize(primary="big"),
             world=world,
             seed=2,
-            shuffle_shards=2,
+            ordering=Ordering(shuffle_shards=2),
             batching=Batching(max_duration=0.9, num_buckets=2),
         )
 
@@ -325,12 +326,15 @@ def test_trace_follows_elastic_history_and_quarantine_keeps_exactly_once(
                 EpochSize(primary="main"),
                 world=World(0, world),
                 seed=seed,
-                shuffle_shards=2,
-                remainder=remainder,
-                **batch,
+                ordering=Ordering(shuffle_shards=2),
+                batching=Batching(remainder=remainder, **batch),
             )
         return ShardDataset(
-            index, world=World(0, world), seed=seed, shuffle_shards=2, remainder=remainder, **batch
+            index,
+            world=World(0, world),
+            seed=seed,
+            ordering=Ordering(shuffle_shards=2),
+            batching=Batching(remainder=remainder, **batch),
         )
 
     ds = build(worlds[0])
@@ -407,7 +411,9 @@ def test_the_cli_traces_a_step_a_key_and_an_epoch_and_writes_a_quarantined_state
     healed.load_state_dict(json.loads(out_path.read_text()))
     assert key not in {k for batch in healed for k in batch["keys"]}
     for sync in (False, True):  # a bucketed run, with and without step-synchronised buckets
-        bucketed = make(dataset_dir, World(0, 2), num_buckets=2, sync_buckets=sync)
+        bucketed = make(
+            dataset_dir, World(0, 2), batching=Batching(max_duration=0.8, num_buckets=2, sync_buckets=sync)
+        )
         state_path.write_text(json.dumps(bucketed.state_dict()))
         assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--json"]) == 0
         table = Trace(bucketed, bucketed.state_dict())
@@ -434,7 +440,7 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
             sample["audio"] = sample["audio"] * float("nan")
         return sample
 
-    ds = make(dataset_dir, World(), transform=poison)
+    ds = make(dataset_dir, World(), decoding=Decoding(transform=poison))
     trained, checkpoint, nan_step = [], tmp_path / "ckpt.json", -1
     for step, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
         if not torch.isfinite(batch["audio"]).all():
@@ -467,7 +473,7 @@ def test_the_readme_worked_example_nan_trace_quarantine_resume(
         )
         == 0
     )
-    resumed = make(dataset_dir, World(), transform=poison)
+    resumed = make(dataset_dir, World(), decoding=Decoding(transform=poison))
     resumed.load_state_dict(json.loads(healed.read_text()))
     planned = len(resumed)  # the resumed epoch's rest (once its workers finished it: the next epoch's)
     after = [

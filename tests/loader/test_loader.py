@@ -20,12 +20,12 @@ import pytest
 import torch
 from torch.utils.data import get_worker_info
 
-from shardio import FormatError, OptionError, ShardDataset, ShardLoader
+from shardio import Decoding, FormatError, OptionError, Ordering, ShardDataset, ShardLoader
 from shardio.loader import pinning, server
 from shardio.reading import blocks
 from tests.sample_shards import make_uneven_dataset
 
-OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "shuffle_shards": 2}
+OPTIONS: dict[str, Any] = {"batch_size": 3, "seed": 5, "ordering": Ordering(shuffle_shards=2)}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,9 @@ def test_a_dead_worker_fails_the_iteration_instead_of_hanging(
     data: Path, monkeypatch: pytest.MonkeyPatch, pin: list[tuple[str, int]] | None
 ) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
-    loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall_worker_1), pin, num_workers=2)
+    loader = loader_for(
+        ShardDataset(data, **OPTIONS, decoding=Decoding(transform=_stall_worker_1)), pin, num_workers=2
+    )
     iterator = iter(loader)
     next(iterator)  # worker 0's first batch; worker 1 is stuck in its first
     victim = loader._pool.workers[1].process
@@ -319,7 +321,9 @@ def test_a_silent_worker_fails_at_the_timeout(
     data: Path, monkeypatch: pytest.MonkeyPatch, pin: list[tuple[str, int]] | None
 ) -> None:
     monkeypatch.setenv("SHARDIO_TEST_STALL", "1")
-    loader = loader_for(ShardDataset(data, **OPTIONS, transform=_stall), pin, num_workers=1, timeout=0.5)
+    loader = loader_for(
+        ShardDataset(data, **OPTIONS, decoding=Decoding(transform=_stall)), pin, num_workers=1, timeout=0.5
+    )
     with pytest.raises(RuntimeError, match=r"gave no batch in 0.5 s"):
         next(iter(loader))
     assert not loader._pool.workers

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch.utils.data import get_worker_info
 
-from shardio import ShardDataset, ShardLoader
+from shardio import Decoding, Ordering, ShardDataset, ShardLoader
 from shardio.loader import silence
 from shardio.loader.channel import Channel
 from shardio.loader.server import BATCH
@@ -33,7 +33,7 @@ from tests.sample_shards import make_uneven_dataset
 
 pytestmark = pytest.mark.timeout(180)
 
-OPTIONS: dict[str, Any] = {"batch_size": 2, "seed": 3, "shuffle_shards": 2}
+OPTIONS: dict[str, Any] = {"batch_size": 2, "seed": 3, "ordering": Ordering(shuffle_shards=2)}
 ROOT = Path(__file__).parents[2]
 
 
@@ -99,7 +99,7 @@ def _stopping_loader(
     """A loader whose worker 1 stops itself while making batch 3 (its second), its iterator, and the keys of
     the first batch (taken: the workers are running)."""
     key = epochs(data, 1)[0][3][0]
-    dataset = ShardDataset(data, **OPTIONS, transform=StopAt(key))
+    dataset = ShardDataset(data, **OPTIONS, decoding=Decoding(transform=StopAt(key)))
     loader = ShardLoader(dataset, num_workers=2, prefetch=1, multiprocessing_context="fork", timeout=timeout)
     batches = iter(loader)
     return loader, batches, [list(next(batches)["keys"])]
@@ -280,7 +280,7 @@ def _stop_in_the_middle_of_a_message(pid: int) -> None:
 
 def _stopped_in_a_message(data: str, timeout: float) -> None:
     loader = ShardLoader(
-        ShardDataset(data, **OPTIONS, transform=Bloated()),
+        ShardDataset(data, **OPTIONS, decoding=Decoding(transform=Bloated())),
         num_workers=2,
         prefetch=1,
         multiprocessing_context="fork",

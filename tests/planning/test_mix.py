@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from plan_checks import assert_rest_consumes_each_once
 from sample_shards import make_uneven_dataset
 
-from shardio import OptionError, StateError, World
+from shardio import Decoding, OptionError, StateError, World
 from shardio.datasets.mixed import MixedDataset
 from shardio.planning.bucketing import bucket_of, sample_cost
 from shardio.planning.mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix
@@ -242,7 +242,7 @@ def mixed(sources: dict[str, str], world: World = World(), **options: Any) -> Mi
         EpochSize(primary="big"),
         world=world,
         seed=3,
-        shuffle_shards=2,
+        ordering=Ordering(shuffle_shards=2),
         batching=Batching(max_duration=2.0, num_buckets=2),
         **options,
     )
@@ -307,15 +307,16 @@ def test_a_state_from_another_mix_is_refused(sources: dict[str, str]) -> None:
 
 
 def test_batching_keywords_reach_the_mix(sources: dict[str, str]) -> None:
-    by_keywords = MixedDataset(
-        sources,
-        {"big": 0.5, "mid": 0.3, "tiny": 0.2},
-        EpochSize(primary="big"),
-        seed=3,
-        max_duration=2.0,
-        num_buckets=2,
-        quadratic_duration=30.0,
-    )
+    with pytest.warns(DeprecationWarning, match=r"MixedDataset\(quadratic_duration=\.\.\.\) is deprecated"):
+        by_keywords = MixedDataset(
+            sources,
+            {"big": 0.5, "mid": 0.3, "tiny": 0.2},
+            EpochSize(primary="big"),
+            seed=3,
+            max_duration=2.0,
+            num_buckets=2,
+            quadratic_duration=30.0,
+        )
     assert by_keywords.batching == Batching(max_duration=2.0, num_buckets=2, quadratic_duration=30.0)
     explicit = MixedDataset(
         sources,
@@ -332,5 +333,5 @@ def test_a_transform_sees_the_corpus(sources: dict[str, str]) -> None:
         sample["tagged"] = sample["corpus"]
         return sample
 
-    batches = list(mixed(sources, transform=tag))
+    batches = list(mixed(sources, decoding=Decoding(transform=tag)))
     assert all(batch["tagged"] == batch["corpus"] for batch in batches)

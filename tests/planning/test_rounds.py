@@ -311,15 +311,13 @@ def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_synchronised_dataset_resumes_exactly_and_refuses_a_changed_cost(dataset_dir: Path) -> None:
-    def make(**extra: Any) -> ShardDataset:
+    def make(**batching: Any) -> ShardDataset:
         return ShardDataset(
             dataset_dir,
-            max_duration=2.5,
-            num_buckets=3,
+            batching=Batching(max_duration=2.5, num_buckets=3, **batching),
             seed=4,
-            shuffle_shards=2,
+            ordering=Ordering(shuffle_shards=2),
             world=World(rank=1, world_size=2),
-            **extra,
         )
 
     whole = [list(batch["keys"]) for batch in make()]

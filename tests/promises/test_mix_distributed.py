@@ -36,14 +36,14 @@ def make(sources: dict[str, str], world: Any = None) -> Any:
     """The mixed dataset every rank (and the test) builds."""
     from shardio.datasets.mixed import MixedDataset
     from shardio.planning.mixoptions import EpochSize
-    from shardio.planning.plan import Batching
+    from shardio.planning.plan import Batching, Ordering
 
     return MixedDataset(
         sources,
         WEIGHTS,
         EpochSize(primary="big"),
         seed=5,
-        shuffle_shards=2,
+        ordering=Ordering(shuffle_shards=2),
         world=world,
         batching=Batching(max_duration=1.5, num_buckets=2),
     )

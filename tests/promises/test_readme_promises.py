@@ -18,6 +18,8 @@ from sample_shards import dataset_fixture, wav_bytes
 from torch.utils.data import DataLoader
 
 from shardio import (
+    Batching,
+    Decoding,
     EpochSize,
     MixedDataset,
     ShardDataset,
@@ -59,7 +61,7 @@ def test_int16_batches_from_workers_are_the_float32_batches_times_32768(long: Pa
     for epoch in range(2):
         floats.set_epoch(epoch)
         reference += [(tuple(b["keys"]), b["audio"].clone(), b["lengths"].clone()) for b in floats]
-    ds = ShardDataset(long, dtype="int16", **options)
+    ds = ShardDataset(long, decoding=Decoding(dtype="int16"), **options)
     made: Any = (
         ShardLoader(ds, num_workers=2)
         if loader == "shardloader"
@@ -139,7 +141,7 @@ def _check_sample(sample: dict[str, Any], corpora: set[str] | None) -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"mono": True}, {"dtype": "int16"}, {"on_error": "skip"}],
+    [{}, {"decoding": Decoding(mono=True)}, {"decoding": Decoding(dtype="int16")}, {"on_error": "skip"}],
     ids=["fast-lane", "general-path", "int16", "skip"],
 )
 def test_a_samples_own_facts_win_over_metadata_of_the_same_name(
@@ -255,22 +257,21 @@ def test_a_bucketed_state_from_before_sync_buckets_resumes_with_sync_buckets_off
     ``sync_buckets`` (as one saved with it off still does not): into a dataset made with
     ``sync_buckets=False`` it resumes onto exactly that plan's batches; into the default (synchronised,
     another plan) it is a ``StateError`` naming the option, never a resume onto the other plan's batches."""
-    options: dict[str, Any] = {"max_duration": 1.5, "num_buckets": 3, "seed": 2}
-    unsynced = keys_of(ShardDataset(small, sync_buckets=False, **options))
-    assert unsynced != keys_of(ShardDataset(small, **options))  # the two plans differ here
+    options: dict[str, Any] = {"max_duration": 1.5, "num_buckets": 3}
+    off = Batching(**options, sync_buckets=False)
+    unsynced = keys_of(ShardDataset(small, batching=off, seed=2))
+    assert unsynced != keys_of(ShardDataset(small, **options, seed=2))  # the two plans differ here
     old = json.loads(
-        json.dumps(
-            ShardDataset(small, sync_buckets=False, **options).state_after({"epoch": 0, "batch_index": 2})
-        )
+        json.dumps(ShardDataset(small, batching=off, seed=2).state_after({"epoch": 0, "batch_index": 2}))
     )
     assert "sync_buckets" not in json.dumps(old)
-    resumed = ShardDataset(small, sync_buckets=False, **options)
+    resumed = ShardDataset(small, batching=off, seed=2)
     resumed.load_state_dict(old)
     assert keys_of(resumed) == unsynced[3:]
     with pytest.raises(
         StateError, match=r"sync_buckets: state None, dataset True .*Batching\(sync_buckets=False\)"
     ):
-        ShardDataset(small, **options).load_state_dict(old)
+        ShardDataset(small, **options, seed=2).load_state_dict(old)
 
 
 # -- docs/guides/checkpoint-resume.md "What a resume guarantees": a transform's generator --------------------
@@ -292,31 +293,32 @@ def test_a_transforms_draws_depend_on_seed_epoch_and_key_only(small: Path, epoch
     """Docs: "a ``transform`` receives a generator seeded by ``(seed, epoch, key)``": a key's augmentation
     is the same whatever world, batching, worker count or loader plays it, and a resume elsewhere (another
     world size) draws what the uninterrupted run drew; another epoch or seed draws otherwise."""
+    gain = Decoding(transform=_gain)
     alone: dict[str, float] = {}
-    ds = ShardDataset(small, batch_size=3, seed=4, transform=_gain)
+    ds = ShardDataset(small, batch_size=3, seed=4, decoding=gain)
     ds.set_epoch(epoch)
     _gains(ds, alone)
     assert len(alone) == 31
     ranks: dict[str, float] = {}
     for rank in range(2):
-        ds = ShardDataset(small, max_duration=1.0, seed=4, transform=_gain, world=World(rank, 2))
+        ds = ShardDataset(small, max_duration=1.0, seed=4, decoding=gain, world=World(rank, 2))
         ds.set_epoch(epoch)
         _gains(DataLoader(ds, batch_size=None, num_workers=2), ranks)
     assert ranks == alone
     resumed: dict[str, float] = {}
-    first = ShardDataset(small, batch_size=3, seed=4, transform=_gain, world=World(0, 2))
+    first = ShardDataset(small, batch_size=3, seed=4, decoding=gain, world=World(0, 2))
     first.set_epoch(epoch)
     batches = iter(first)
     batch = next(batches)
     _gains([batch], resumed)
     state = json.loads(json.dumps(first.state_after(batch)))
     for rank in range(3):  # 2 -> 3 ranks
-        ds = ShardDataset(small, batch_size=3, seed=4, transform=_gain, world=World(rank, 3))
+        ds = ShardDataset(small, batch_size=3, seed=4, decoding=gain, world=World(rank, 3))
         ds.load_state_dict(state)
         with ShardLoader(ds, num_workers=2) as loader:
             _gains(loader, resumed)
     assert {key: alone[key] for key in resumed} == resumed
-    other = ShardDataset(small, batch_size=3, seed=4, transform=_gain)
+    other = ShardDataset(small, batch_size=3, seed=4, decoding=gain)
     other.set_epoch(epoch + 1)
     later: dict[str, float] = {}
     _gains(other, later)

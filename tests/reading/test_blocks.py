@@ -68,8 +68,11 @@ def test_dropped_blocks_are_reused_and_views_keep_theirs(long_wavs: Path) -> Non
 
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
 def test_epochs_from_workers_match_zero_workers(long_wavs: Path, dtype: str) -> None:
-    plain = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, dtype=dtype)  # int16: still over 1 MiB
-    pooled = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, decoding=Decoding(dtype=dtype))
+    decoding = Decoding(dtype=dtype)
+    plain = ShardDataset(
+        long_wavs, batch_size=BATCH * 2, seed=7, decoding=decoding
+    )  # int16: still over 1 MiB
+    pooled = ShardDataset(long_wavs, batch_size=BATCH * 2, seed=7, decoding=decoding)
     loader = DataLoader(pooled, batch_size=None, num_workers=2, persistent_workers=True)
     for epoch in range(2):
         plain.set_epoch(epoch)
@@ -163,16 +166,21 @@ def test_unbatched_samples_are_never_overwritten_while_held_and_their_memory_com
         ]
         return found[0] if found else None
 
+    decoding = Decoding(dtype=dtype)
     expected = {
         b["keys"][0]: b["audio"][0, :, : int(b["lengths"][0])].clone()  # batches of one: not the arena
-        for b in ShardDataset(long_wavs, batch_size=1, seed=8, decoding=Decoding(dtype=dtype))
+        for b in ShardDataset(long_wavs, batch_size=1, seed=8, decoding=decoding)
     }
     blocks_used = set()
-    for sample in ShardDataset(long_wavs, seed=9, dtype=dtype):  # each dropped before the next is decoded
+    for sample in ShardDataset(
+        long_wavs, seed=9, decoding=decoding
+    ):  # each dropped before the next is decoded
         assert torch.equal(sample["audio"], expected[sample["key"]])
         blocks_used.add(block_of(sample["audio"]))
     assert None not in blocks_used and len(blocks_used) <= 2  # every sample in the same few blocks
-    held = list(ShardDataset(long_wavs, seed=8, dtype=dtype))  # every sample kept: no memory may be reused
+    held = list(
+        ShardDataset(long_wavs, seed=8, decoding=decoding)
+    )  # every sample kept: no memory may be reused
     assert len(held) == len(expected) == 160
     assert all(torch.equal(s["audio"], expected[s["key"]]) for s in held)
 

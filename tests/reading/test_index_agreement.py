@@ -69,9 +69,10 @@ def test_a_dataset_of_such_headers_fails_in_bounded_memory(tmp_path: Path, dtype
     hostile = claiming(flac_bytes(signal()), 2**36 - 1)
     root = write_dataset(tmp_path / "ds", [("flac", hostile)] * 2, frames=RATE)
     code = textwrap.dedent(f"""
-        batches = list(shardio.ShardDataset({root!r}, batch_size=2, dtype={dtype!r}, on_error="skip"))
+        decoding = shardio.Decoding(dtype={dtype!r})
+        batches = list(shardio.ShardDataset({root!r}, batch_size=2, decoding=decoding, on_error="skip"))
         print([len(batch["skipped"]) for batch in batches])
-        next(iter(shardio.ShardDataset({root!r}, batch_size=2, dtype={dtype!r})))
+        next(iter(shardio.ShardDataset({root!r}, batch_size=2, decoding=decoding)))
     """)
     done = run_limited(code, headroom_mb=LIMIT_MB, preload="torch")  # the header asks for 256 GiB
     assert done.stdout.split("\n")[0] == "[2]", done.stderr[-2000:]
@@ -95,7 +96,9 @@ def test_a_rate_the_index_does_not_record_is_a_decode_error(tmp_path: Path, ext:
     root = write_dataset(tmp_path / "ds", [(ext, data)] * 2, frames=RATE, rate=16000)
     with pytest.raises(DecodeError, match=rf"k0.*{RATE} Hz where the index records 16000 Hz"):
         next(iter(ShardDataset(root, batch_size=2, shuffle=False, decoding=Decoding(dtype=dtype))))
-    skipped = list(ShardDataset(root, batch_size=2, shuffle=False, dtype=dtype, on_error="skip"))
+    skipped = list(
+        ShardDataset(root, batch_size=2, shuffle=False, decoding=Decoding(dtype=dtype), on_error="skip")
+    )
     assert [len(batch["skipped"]) for batch in skipped] == [2]
 
 

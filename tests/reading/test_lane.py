@@ -166,7 +166,7 @@ def test_the_lane_batches_are_the_general_paths(
         root = _write(
             Path(directory) / "ds", drawn, "none" if any(s["other_key"] for s in drawn) else compression
         )
-        options = {"batch_size": batch_size, "dtype": dtype, "on_error": on_error}
+        options = {"batch_size": batch_size, "decoding": Decoding(dtype=dtype), "on_error": on_error}
         with_lane = _epoch(root, **options)
         with _general_path_only():
             general = _epoch(root, **options)

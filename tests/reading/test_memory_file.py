@@ -21,7 +21,7 @@ from audio_factory import audio_bytes, tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardio import ShardDataset, ShardWriter
+from shardio import Decoding, ShardDataset, ShardWriter
 from shardio.errors import DecodeError
 from shardio.reading import memoryfile
 
@@ -105,7 +105,7 @@ def test_flac_members_decode_from_a_memory_file_exactly_as_from_their_bytes(
     with tempfile.TemporaryDirectory() as directory:
         data = [_flac(seconds, channels, subtype, seed) for seed, (seconds, subtype) in enumerate(clips)]
         _write(Path(directory), [(flac, _frames(flac)) for flac in data], channels)
-        options = {"batch_size": batch_size, "seed": 3, "dtype": dtype}
+        options = {"batch_size": batch_size, "seed": 3, "decoding": Decoding(dtype=dtype)}
         paths.clear()
         from_file = list(ShardDataset(directory, **options))
         assert paths["file"] >= len(data) and paths["bytes"] <= len(data)  # 24-bit members to int16: 2 tries

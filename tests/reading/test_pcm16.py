@@ -1,7 +1,8 @@
-"""``ShardDataset(dtype="int16")``: 16-bit PCM as stored, exactly the float32 batches times 32768."""
+"""``Decoding(dtype="int16")``: 16-bit PCM as stored, exactly the float32 batches times 32768."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ def flacs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _pairs(directory: Path, **options: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    floats = list(ShardDataset(directory, seed=5, **options))
-    ints = list(ShardDataset(directory, seed=5, dtype="int16", **options))
+def _pairs(
+    directory: Path, decoding: Decoding = Decoding(), **options: Any
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    floats = list(ShardDataset(directory, seed=5, decoding=decoding, **options))
+    ints = list(ShardDataset(directory, seed=5, decoding=replace(decoding, dtype="int16"), **options))
     assert len(floats) == len(ints) > 0
     return list(zip(floats, ints))
 
@@ -71,7 +74,7 @@ def test_int16_after_a_transform_is_the_transformed_float_rounded(wavs: Path) ->
     def quieter(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         return {**sample, "audio": sample["audio"] * np.float32(rng.uniform(0.1, 0.9))}
 
-    for floats, ints in _pairs(wavs, batch_size=3, transform=quieter, mono=True):
+    for floats, ints in _pairs(wavs, batch_size=3, decoding=Decoding(transform=quieter, mono=True)):
         assert ints["audio"].dtype == torch.int16
         assert torch.equal(ints["audio"], torch.from_numpy(to_int16(floats["audio"].numpy())))
 

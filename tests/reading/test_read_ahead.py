@@ -13,7 +13,7 @@ from remote_servers import HTTPFileServer, serve_copy
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import Index, RetryPolicy, ShardDataset
+from shardio import Index, Ordering, Reading, RetryPolicy, ShardDataset
 from shardio.reading.prefetch import ReadAhead, Span, coalesce, dense_for
 
 
@@ -38,7 +38,9 @@ def test_runs_of_a_shard_take_one_request_each(server: HTTPFileServer, local: In
     expected = keys_of(list(ShardDataset(local.root, batch_size=8, shuffle=False)))
     counts = {}
     for budget in (0, 1, 1 << 20):
-        dataset = ShardDataset(f"{server.url}/ds", batch_size=8, shuffle=False, read_ahead=budget)
+        dataset = ShardDataset(
+            f"{server.url}/ds", batch_size=8, shuffle=False, reading=Reading(read_ahead=budget)
+        )
         assert keys_of(list(dataset)) == expected
         counts[budget] = dataset.stats.requests
     assert counts[0] == len(local)  # one ranged request per sample
@@ -47,9 +49,17 @@ def test_runs_of_a_shard_take_one_request_each(server: HTTPFileServer, local: In
 
 
 def test_shuffled_read_ahead_gives_the_same_batches(server: HTTPFileServer, local: Index) -> None:
-    expected = keys_of(list(ShardDataset(local.root, batch_size=5, shuffle_shards=2, seed=3)))
+    expected = keys_of(
+        list(ShardDataset(local.root, batch_size=5, ordering=Ordering(shuffle_shards=2), seed=3))
+    )
     for budget in (1, 4096, 1 << 24):  # at least one batch ahead, a few, everything
-        dataset = ShardDataset(f"{server.url}/ds", batch_size=5, shuffle_shards=2, seed=3, read_ahead=budget)
+        dataset = ShardDataset(
+            f"{server.url}/ds",
+            batch_size=5,
+            ordering=Ordering(shuffle_shards=2),
+            seed=3,
+            reading=Reading(read_ahead=budget),
+        )
         assert keys_of(list(dataset)) == expected
         assert dataset.stats.requests < len(local)
 
@@ -60,8 +70,7 @@ def test_two_workers_read_ahead_under_random_faults(server: HTTPFileServer, loca
         f"{server.url}/ds",
         batch_size=4,
         seed=1,
-        read_ahead=1 << 16,
-        retry=RetryPolicy(attempts=6, backoff=0.005, max_backoff=0.02),
+        reading=Reading(read_ahead=1 << 16, retry=RetryPolicy(attempts=6, backoff=0.005, max_backoff=0.02)),
     )
     server.faults.random(0.3, seed=7, match="shard-", max_in_row=2)
     try:
@@ -129,7 +138,7 @@ def test_requests_go_out_in_the_order_batches_need_them() -> None:
 def test_two_workers_read_runs_of_a_shard_in_few_requests(server: HTTPFileServer, local: Index) -> None:
     """Interleaved DataLoader workers each read every other batch of a shard's run: still about one request
     per shard and worker, not one per sample (exactly once, in plan order)."""
-    options = {"batch_size": 4, "shuffle_shards": 1, "seed": 3}
+    options = {"batch_size": 4, "ordering": Ordering(shuffle_shards=1), "seed": 3}
     expected = keys_of(list(ShardDataset(local.root, **options)))
     server.faults.clear()
     dataset = ShardDataset(f"{server.url}/ds", **options)

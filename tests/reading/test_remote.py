@@ -280,8 +280,9 @@ def test_two_workers_lose_nothing_under_random_faults(
     dataset = ShardDataset(
         url,
         batch_size=2,
-        storage_options=remote.options,
-        retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05),
+        reading=Reading(
+            storage_options=remote.options, retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05)
+        ),
     )
     first = [k for batch in dataset for k in batch["keys"]]  # a reader and filesystem in this process first
     remote.faults.fail(2, match="shard-")  # whichever worker asks first

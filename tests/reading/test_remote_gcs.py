@@ -13,7 +13,7 @@ from remote_servers import GCSServer
 from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
-from shardio import Index, OptionError, ReadError, RetryPolicy, ShardDataset
+from shardio import Index, OptionError, ReadError, Reading, RetryPolicy, ShardDataset
 from shardio.reading.reader import Reader
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported: see GCSServer
@@ -55,7 +55,8 @@ def test_gcs_reads_like_the_local_dataset(
 ) -> None:
     url = gcs.upload(local.root, f"read-{read_ahead}-{workers}")
     expected = batches(ShardDataset(local.root, batch_size=3, seed=2))
-    far = ShardDataset(url, batch_size=3, seed=2, read_ahead=read_ahead, storage_options=gcs.storage_options)
+    reading = Reading(read_ahead=read_ahead, storage_options=gcs.storage_options)
+    far = ShardDataset(url, batch_size=3, seed=2, reading=reading)
     assert far.index.fingerprint == local.fingerprint
     assert_same(expected, batches(far, workers))
 
@@ -67,9 +68,8 @@ def test_gcs_through_the_node_cache(
     url = gcs.upload(local.root, "cached")
     expected = batches(ShardDataset(local.root, batch_size=4, seed=5))
     for _ in range(2):  # cold: fetched whole into the cache; warm: read from it
-        dataset = ShardDataset(
-            url, batch_size=4, seed=5, cache_bytes=1 << 30, storage_options=gcs.storage_options
-        )
+        reading = Reading(cache_bytes=1 << 30, storage_options=gcs.storage_options)
+        dataset = ShardDataset(url, batch_size=4, seed=5, reading=reading)
         assert_same(expected, batches(dataset, workers=2))
     assert len(list((tmp_path / "cache" / "shards").glob("*.shard"))) == len(local.shards)
 

@@ -70,7 +70,10 @@ def test_eviction_keeps_the_cache_within_its_bytes(
     budget = 2 * largest
     expected = keys_of(list(ShardDataset(local.root, batch_size=2, ordering=Ordering(shuffle_shards=1))))
     dataset = ShardDataset(
-        f"{server.url}/ds", batch_size=2, shuffle_shards=1, cache_bytes=budget, read_ahead=1
+        f"{server.url}/ds",
+        batch_size=2,
+        ordering=Ordering(shuffle_shards=1),
+        reading=Reading(cache_bytes=budget, read_ahead=1),
     )
     assert keys_of(list(dataset)) == expected
     cache = ShardCache(str(cache_dir), budget)
@@ -91,7 +94,7 @@ def test_eviction_prefers_least_recently_scheduled(tmp_path: Path) -> None:
 
 def test_a_damaged_entry_is_fetched_again(server: HTTPFileServer, local: Index, cache_dir: Path) -> None:
     expected = keys_of(list(ShardDataset(local.root, batch_size=4, seed=5)))
-    options = dict(batch_size=4, seed=5, cache_bytes=1 << 30)
+    options = dict(batch_size=4, seed=5, reading=Reading(cache_bytes=1 << 30))
     assert keys_of(list(ShardDataset(f"{server.url}/ds", **options))) == expected
     entry = cache_dir / f"{local.shards[1].sha256}-{local.shards[1].bytes}.shard"
     data = bytearray(entry.read_bytes())

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardio import ShardDataset, World
+from shardio import Ordering, ShardDataset, World
 
 SHARD_SIZES = (3, 20, 1, 14, 9)
 
@@ -41,7 +41,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def make(data: str, **options: Any) -> ShardDataset:
-    return ShardDataset(data, batch_size=3, seed=11, shuffle_shards=2, **options)
+    return ShardDataset(data, batch_size=3, seed=11, ordering=Ordering(shuffle_shards=2), **options)
 
 
 def epoch_keys(data: str, epoch: int, **options: Any) -> list[tuple[int, list[str]]]:

@@ -90,7 +90,9 @@ def test_exception_in_a_worker_is_raised_in_the_training_process_with_its_type(t
 
 def test_worker_killed_inside_a_transform(index: Index) -> None:
     probe = ShardDataset(index.root, batch_size=2)
-    dataset = ShardDataset(index.root, batch_size=2, transform=KillAt(key_of_batch(index, probe, 2)))
+    dataset = ShardDataset(
+        index.root, batch_size=2, decoding=Decoding(transform=KillAt(key_of_batch(index, probe, 2)))
+    )
     started = time.monotonic()
     delivered = 0
     with pytest.raises(RuntimeError, match=KILLED):
