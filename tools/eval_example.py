@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset
+from shardio import Batching, ShardDataset
 
 
 def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
@@ -46,7 +46,9 @@ def recognise(reference: str) -> str:
 def evaluate(dataset_dir: str, batch_size: int, workers: int, count_repeats: bool = False) -> dict[str, int]:
     """This job's totals: every rank's sums over its non-repeated samples (all of them with
     ``count_repeats``, the mistake), all-reduced when distributed."""
-    dataset = ShardDataset(dataset_dir, batch_size=batch_size, shuffle=False, remainder="pad")
+    dataset = ShardDataset(
+        dataset_dir, shuffle=False, batching=Batching(batch_size=batch_size, remainder="pad")
+    )
     totals = torch.zeros(3, dtype=torch.int64)  # word errors, reference words, utterances
     for batch in DataLoader(dataset, batch_size=None, num_workers=workers):
         for text, repeat in zip(batch["text"], batch["repeat"].tolist()):

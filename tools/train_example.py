@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from shardio import ShardDataset
+from shardio import Decoding, ShardDataset
 
 
 class TinyModel(nn.Module):
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    dataset = ShardDataset(args.dataset, max_duration=args.max_duration, seed=0, mono=True)
+    dataset = ShardDataset(args.dataset, max_duration=args.max_duration, seed=0, decoding=Decoding(mono=True))
     model = TinyModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step, first_epoch = 0, 0

@@ -1,4 +1,4 @@
-"""PCM16: audio as int16 (``ShardDataset(dtype="int16")``), half the bytes of float32 to move and to hold.
+"""PCM16: audio as int16 (``decoding=Decoding(dtype="int16")``), half the bytes of float32 to move and hold.
 
 16-bit PCM (WAV, and FLAC through libsndfile) is copied as it is stored, with no cast or scale: the model
 converts on the GPU (``batch["audio"].cuda().float() / 32768``, exactly the float32 batch). Anything else is

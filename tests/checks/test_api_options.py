@@ -4,6 +4,7 @@ accepted and ignored or silently changed)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from contextlib import nullcontext
 from pathlib import Path
@@ -462,3 +463,26 @@ def test_every_old_keyword_works_as_its_group_field(data: dict[str, Path], name:
         new.reading,
     )
     assert old.options == new.options
+
+
+def test_no_shipped_code_gives_a_deprecated_keyword() -> None:
+    """The package, the example scripts in ``tools/`` (which users copy, and which tests run in subprocesses,
+    where pytest's warning filter does not reach) and the benchmarks make datasets with the option groups: a
+    dataset made with an old keyword would warn every user who runs them."""
+    from shardio.datasets.options import DEPRECATED
+
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for folder in ("shardio", "tools", "benchmarks"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and getattr(
+                    node.func, "id", getattr(node.func, "attr", "")
+                ) in (
+                    "ShardDataset",
+                    "MixedDataset",
+                ):
+                    old = [k.arg for k in node.keywords if k.arg in DEPRECATED]
+                    if old:
+                        found.append(f"{path.relative_to(repo)}:{node.lineno}: {old}")
+    assert found == []
