@@ -85,7 +85,10 @@ class MixIndex(Index):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.remote = any(part.remote for part in self.parts)
+        kinds = [part.remote for part in self.parts]
+        self.remote = any(kinds)
+        # per shard, where the corpora are of both kinds (a byte a shard; a look-up per sample read)
+        self._shard_remote = np.repeat(kinds, np.diff(self.shard_offsets)) if len(set(kinds)) > 1 else None
 
     def is_remote(self, shard: int) -> bool:
         """Whether a shard is a remote object: whether its corpus's is.
@@ -96,7 +99,7 @@ class MixIndex(Index):
         Returns:
             Whether the corpus holding the shard has a URL for its root.
         """
-        return self.parts[int(np.searchsorted(self.shard_offsets, shard, side="right")) - 1].remote
+        return self.remote if self._shard_remote is None else bool(self._shard_remote[shard])
 
     @property
     def content_id(self) -> str:
