@@ -32,7 +32,7 @@ import numpy as np
 import soundfile
 
 from shardio.bench.report import write_results
-from shardio.planning.bucketing import batch_audio
+from shardio.planning.batches import batch_audio
 from shardio.planning.order import window_order
 from shardio.planning.plan import Batching, Ordering, plan_epoch
 from shardio.synth import duration_sample

@@ -94,10 +94,8 @@ class World:
 @dataclass(frozen=True)
 class Context:
     """Where this process runs: DataLoader worker ``worker`` of ``num_workers`` (``in_worker``), with the
-    ``seed`` torch drew for it; else the process that iterates (a training process, with ``num_workers=0`` or
-    between its workers' iterations): worker 0 of 1. ``dataset`` is the dataset the DataLoader running here
-    was given, where one is known: in a worker torch names it; in the process, a loader that Accelerate
-    prepared names itself while it iterates (``GradientState.active_dataloader``)."""
+    ``seed`` torch drew for it and the ``dataset`` its DataLoader runs there; else the process that iterates
+    (a training process, with ``num_workers=0`` or between its workers' iterations): worker 0 of 1."""
 
     in_worker: bool = False
     worker: int = 0
@@ -108,7 +106,7 @@ class Context:
     @classmethod
     def detect(cls) -> Context:
         """The context of this process, from ``torch.utils.data.get_worker_info()`` (also set in a
-        :class:`~shardio.ShardLoader`'s workers) and, in the process, Accelerate's active loader.
+        :class:`~shardio.ShardLoader`'s workers).
 
         Returns:
             The context detected now.
@@ -117,12 +115,13 @@ class Context:
 
         info = get_worker_info()
         if info is None:
-            return cls(dataset=_prepared_loader_dataset())
+            return cls()
         return cls(True, info.id, info.num_workers, info.seed, info.dataset)
 
 
 def _prepared_loader_dataset() -> Any:
-    # only where the job imported Accelerate: shardio never imports it for this
+    """The dataset of the loader Accelerate prepared and is iterating in this process, if any (read only where
+    the job imported Accelerate: shardio never imports it for this)."""
     state = sys.modules.get("accelerate.state")
     if state is None:
         return None
@@ -149,18 +148,19 @@ def refuse_resharding(context: Context, dataset: Any) -> None:
     ``accelerator.prepare(loader)`` puts around an IterableDataset with ``dispatch_batches=False``.
 
     Every rank would keep a slice of its own share (the dataset has already split the epoch among the ranks)
-    and pad the last with repeats: most samples lost, some trained twice, with no error of its own. The
-    wrapper is the dataset of the loader that ``context`` names (see :class:`Context`); a wrapper built by
-    hand and iterated without workers outside a prepared loader names none, and is not seen.
+    and pad the last with repeats: most samples lost, some trained twice, with no error of its own. In a
+    DataLoader worker the wrapper is the dataset torch names in ``context``; in the process that iterates,
+    the dataset of the loader Accelerate prepared and is iterating (``GradientState.active_dataloader``). A
+    wrapper built by hand and iterated without workers outside a prepared loader is not seen.
 
     Args:
         context: Where this process runs.
         dataset: The dataset being iterated.
 
     Raises:
-        OptionError: ``context``'s loader iterates ``dataset`` through ``IterableDatasetShard``.
+        OptionError: The loader iterates ``dataset`` through ``IterableDatasetShard``.
     """
-    wrapper = context.dataset
+    wrapper = context.dataset if context.in_worker else _prepared_loader_dataset()
     kind = type(wrapper)
     if (
         kind.__name__ == "IterableDatasetShard"

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks.options import integer
@@ -262,9 +261,9 @@ class ShardDataset(Resumable, IterableDataset):
         )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        batches: Iterable[np.ndarray] = (plan.batch(j) for j in numbers)
-        if self.index.remote:  # a local shard reads as it goes
-            batches = self._reader.read_ahead(batches, self.reading.read_ahead, share=1 / world.num_workers)
+        batches = self._reader.read_ahead(
+            (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
+        )
         for j, ids in zip(numbers, batches):
             batch = builder.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j

@@ -14,40 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batches import (
-    BLOCK,
-    batch_audio,
-    batch_offsets,
-    eligible,
-    fixed_offsets,
-    greedy_offsets,
-    group_starts,
-    padding_of,
-    padding_ratio,
-    reorder_batches,
-    sample_cost,
-    shuffle_batches,
-)
+from .batches import eligible
 from .options import Batching
 
-__all__ = [
-    "BLOCK",
-    "RESOLUTION",
-    "eligible",
-    "bucket_edges",
-    "sample_cost",
-    "equal_duration_bins",
-    "bucket_of",
-    "group_starts",
-    "fixed_offsets",
-    "greedy_offsets",
-    "batch_offsets",
-    "shuffle_batches",
-    "reorder_batches",
-    "batch_audio",
-    "padding_ratio",
-    "padding_of",
-]
+__all__ = ["RESOLUTION", "bucket_edges", "bucket_of", "equal_duration_bins"]
 
 
 def bucket_edges(durations: np.ndarray, batching: Batching, weights: np.ndarray | None = None) -> np.ndarray:

@@ -12,16 +12,17 @@ Steps 2 and 3 are one batching pass over a segment, run in one place
 (:func:`shardio.planning.rounds.batch_segment`, with the batches' arithmetic in
 :mod:`shardio.planning.batches`):
 
-2. **Batches** (:func:`batch_offsets`): consecutive samples of that order form batches, of a fixed
-   ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest sample's cost).
+2. **Batches** (:func:`~shardio.planning.batches.batch_offsets`): consecutive samples of that order form
+   batches, of a fixed ``batch_size`` or greedily up to ``max_duration`` padded seconds (count x longest
+   sample's cost).
    With bucketing (``num_buckets`` or ``duration_bins``) each window's samples are first sorted by
    duration bucket (:mod:`shardio.planning.bucketing`), batches form within a bucket, and the batch order is
    shuffled within each window; with ``sync_buckets`` (the default when bucketing) the batches are instead
    ordered in rounds of ``world_size`` of one bucket and nearly equal cost (:mod:`shardio.planning.rounds`).
    Samples outside ``[min_duration, max_sample_duration]`` are left out.
-3. **Deal** (:func:`deal`): batch ``j * world_size + r`` goes to rank ``r``. The last partial round is
-   padded by repeating batches from the start of the epoch, or dropped (``remainder``); so every rank has
-   exactly the same number of batches, by construction.
+3. **Deal** (:func:`~shardio.planning.rounds.deal`): batch ``j * world_size + r`` goes to rank ``r``. The
+   last partial round is padded by repeating batches from the start of the epoch, or dropped (``remainder``);
+   so every rank has exactly the same number of batches, by construction.
 
 An elastic resume (a different world size mid-epoch) is a new *segment*: the samples that no rank has
 consumed yet are batched and dealt again over the new world (:func:`plan_epoch` with ``history``).
@@ -48,8 +49,6 @@ __all__ = [
     "Ordering",
     "Segment",
     "EpochPlan",
-    "batch_offsets",
-    "deal",
     "plan_epoch",
     "plan_segments",
     "worker_batches",
@@ -121,11 +120,6 @@ class EpochPlan:
         taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
         taken[self.rank_batches[:, :consumed].ravel()] = True
         return self.samples[np.repeat(taken, np.diff(self.offsets))]
-
-
-BLOCK = bucketing.BLOCK
-batch_offsets = bucketing.batch_offsets
-deal = rounds.deal
 
 
 def plan_segments(

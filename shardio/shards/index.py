@@ -100,8 +100,7 @@ class Index:
 
     @property
     def fingerprinted(self) -> bool:
-        """Whether :attr:`fingerprint` names this content (an index loaded from disk or saved there), not one
-        made in memory with any fingerprint: only such an index's derived data is shared (node plans)."""
+        """Whether :attr:`fingerprint` digests this content (loaded or saved): only then are plans shared."""
         return self._digested
 
     @property
@@ -249,11 +248,12 @@ class Index:
         """
         directory = directory or self.root
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)
+        header = self._header()  # O(samples + shards): made once
         if not (keep_fingerprint and self.fingerprint):
-            self.fingerprint, self._digested = indexheader.digest(self._header()), True
+            self.fingerprint, self._digested = indexheader.digest(header), True
         self._content_id = ""
         write_atomic(os.path.join(directory, INDEX_COLUMNS), payload)
-        header = {**self._header(), "fingerprint": self.fingerprint}
+        header["fingerprint"] = self.fingerprint
         write_atomic(os.path.join(directory, INDEX_JSON), json.dumps(header, indent=1).encode())
 
     def _header(self) -> dict[str, Any]:

@@ -12,13 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import OptionError
-from shardio.planning.bucketing import (
-    bucket_edges,
-    bucket_of,
-    equal_duration_bins,
-    padding_ratio,
-    sample_cost,
-)
+from shardio.planning.batches import padding_ratio, sample_cost
+from shardio.planning.bucketing import bucket_edges, bucket_of, equal_duration_bins
 from shardio.planning.plan import Batching, Ordering, Segment, options_of, plan_epoch
 from shardio.synth import duration_sample
 

@@ -15,7 +15,8 @@ from sample_shards import make_uneven_dataset
 
 from shardio import Decoding, OptionError, StateError, World
 from shardio.datasets.mixed import MixedDataset
-from shardio.planning.bucketing import bucket_of, sample_cost
+from shardio.planning.batches import sample_cost
+from shardio.planning.bucketing import bucket_of
 from shardio.planning.mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix
 from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import Batching, Ordering, Segment

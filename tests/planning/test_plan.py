@@ -18,18 +18,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardio.errors import OptionError
+from shardio.planning.batches import BLOCK, batch_offsets
 from shardio.planning.order import epoch_order, rng
-from shardio.planning.plan import (
-    BLOCK,
-    Batching,
-    EpochPlan,
-    Ordering,
-    Segment,
-    batch_offsets,
-    deal,
-    plan_epoch,
-    worker_batches,
-)
+from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, plan_epoch, worker_batches
+from shardio.planning.rounds import deal
 
 TOLERANCE = 1 + 1e-9
 """The planner's documented slack on ``max_duration`` (float rounding of count x longest)."""

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 
 from shardio import OptionError, ShardDataset, StateError, World
-from shardio.planning.bucketing import bucket_edges, bucket_of, sample_cost
+from shardio.planning.batches import sample_cost
+from shardio.planning.bucketing import bucket_edges, bucket_of
 from shardio.planning.mix import CorpusColumns, plan_mix
 from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
