@@ -36,14 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO / "bench-out" / "datasets" / "wav16k-none"
 
 
-def export_base(commit: str, into: Path) -> str:
-    """Unpack ``commit``'s ``shardio`` package as ``into/shardio_base``; returns the commit's short hash."""
+def export_base(commit: str, into: Path, name: str = "shardio_base") -> str:
+    """Unpack ``commit``'s ``shardio`` package as ``into/NAME``; returns the commit's short hash."""
     archive = subprocess.run(
         ["git", "archive", commit, "shardio"], cwd=REPO, check=True, capture_output=True
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    (into / "shardio").rename(into / "shardio_base")
+    if name != "shardio":
+        (into / "shardio").rename(into / name)
     return subprocess.run(
         ["git", "rev-parse", "--short", commit], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout.strip()

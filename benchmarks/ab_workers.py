@@ -24,35 +24,23 @@ cheaper) and in how many rounds this checkout was cheaper.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ab import export_base  # benchmarks/ is the script's directory, first on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO / "bench-out" / "datasets" / "wav16k-none"
 LOADERS = ("ShardLoader, 2 workers", "ShardLoader, 0 workers", "DataLoader, 2 workers")
 SETTLED = 0.85  # ShardLoader's samples per CPU-second with workers, at least this share of 0 workers'
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def export(commit: str, into: Path) -> str:
-    """Unpack ``commit``'s ``shardio`` package into ``into``; returns the commit's short hash."""
-    archive = subprocess.run(
-        ["git", "archive", commit, "shardio"], cwd=REPO, check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return subprocess.run(
-        ["git", "rev-parse", "--short", commit], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def _cpu_seconds() -> float:
@@ -216,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.base:
         parser.error("--base is required")
     with tempfile.TemporaryDirectory() as tmp:
-        base = export(args.base, Path(tmp))
+        base = export_base(args.base, Path(tmp), name="shardio")
         report = compare(args.dataset, tmp, rounds=args.rounds, seconds=args.seconds)
     this = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, capture_output=True, text=True
