@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,27 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO / "bench-out" / "datasets" / "wav16k-none"
 LOADERS = ("ShardLoader, 2 workers", "ShardLoader, 0 workers", "DataLoader, 2 workers")
 SETTLED = 0.85  # ShardLoader's samples per CPU-second with workers, at least this share of 0 workers'
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process and its live descendants (the loader's workers)."""
-    total, todo = time.process_time(), [os.getpid()]
-    while todo:
-        children = []
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
-            try:
-                children += [int(pid) for pid in task.read_text().split()]
-            except (OSError, ValueError):
-                pass
-        for pid in children:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / _TICKS
-            except (OSError, ValueError, IndexError):
-                pass
-        todo += children
-    return total
 
 
 def child(package_root: str, dataset: str, name: str, seconds: float) -> float:
@@ -73,6 +51,7 @@ def child(package_root: str, dataset: str, name: str, seconds: float) -> float:
     import torch.utils.data
 
     import shardio
+    from shardio.bench.measure import cpu_seconds  # the version's own (unchanged since 86f47bf)
 
     assert Path(shardio.__file__).resolve().is_relative_to(Path(package_root).resolve()), shardio.__file__
     fork = multiprocessing.get_context("fork")
@@ -99,10 +78,10 @@ def child(package_root: str, dataset: str, name: str, seconds: float) -> float:
         return samples
 
     epoch()
-    used, started, samples = _cpu_seconds(), time.perf_counter(), 0
+    used, started, samples = cpu_seconds(), time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
         samples += epoch()
-    return (_cpu_seconds() - used) / samples * 1e6
+    return (cpu_seconds() - used) / samples * 1e6
 
 
 def run_version(package_root: str, dataset: str, name: str, seconds: float) -> float:
