@@ -71,13 +71,14 @@ def child(package_root: str, dataset: str, name: str, seconds: float) -> float:
         )
 
     def epoch() -> int:
+        # bench.cases.count_batches does this since 86f47bf's private _count: a base commit may lack it
         samples = 0
         for batch in batches:
             samples += len(batch["keys"])
             float(batch["audio"].reshape(-1)[::1024].sum())  # a page in 4 KiB touched, as a copy to a GPU
         return samples
 
-    epoch()
+    epoch()  # a warm-up epoch
     used, started, samples = cpu_seconds(), time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
         samples += epoch()
@@ -186,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         base = export_base(args.base, Path(tmp), name="shardio")
         report = compare(args.dataset, tmp, rounds=args.rounds, seconds=args.seconds)
     this = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True, capture_output=True, text=True
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"],  # -dirty: uncommitted changes measured too
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     samples = json.loads((Path(args.dataset) / "index.json").read_text(encoding="utf-8"))["samples"]
     named = "" if Path(args.dataset) == DEFAULT_DATASET else f" {Path(args.dataset).name}"  # no local paths

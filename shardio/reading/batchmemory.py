@@ -26,7 +26,7 @@ import torch
 from ..world import Context
 from . import blocks
 
-__all__ = ["allocate", "audio_block", "audio_rows", "columns_behind", "sample_row"]
+__all__ = ["allocate", "audio_block", "audio_rows", "clear_padding", "columns_behind", "sample_row"]
 
 _ALIGN = 64
 _POOL_BLOCKS = 4  # batches the iterating process keeps for reuse: the trainer holds one or two at a time
@@ -219,6 +219,21 @@ def audio_rows(
             rows = memory[:nbytes].view(dtype).reshape(shape)
             return torch.from_numpy(rows), rows
     return allocate([(shape, dtype), ((count,), int64), ((count,), int64)], in_worker=True)[0]
+
+
+def clear_padding(audio: torch.Tensor, block: np.ndarray, lengths: list[int]) -> None:
+    """Zero each row of ``audio``, an :func:`audio_block` (``block`` its numpy view), past its length in
+    ``lengths``, unless its memory is new and so zero already; a mono block through its flat view, whose
+    slices cost a third of the 3-d ones."""
+    if audio.untyped_storage().is_shared() and not blocks.is_pooled(audio):  # a new shared-memory file
+        return
+    if block.shape[1] != 1 or not block.flags.c_contiguous:
+        for row, length in enumerate(lengths):
+            block[row, :, length:] = 0
+        return
+    flat, width = block.reshape(-1), block.shape[2]
+    for row, length in enumerate(lengths):
+        flat[row * width + length : (row + 1) * width] = 0
 
 
 def sample_row(frames: int, channels: int, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:

@@ -16,9 +16,9 @@ import torch
 
 from ..errors import OptionError, shown
 from . import blocks
-from .batchmemory import allocate, audio_block
+from .batchmemory import allocate, audio_block, clear_padding
 
-__all__ = ["PLAIN_TYPES", "audio_block", "clear_padding", "collate", "collate_into", "to_tensors"]
+__all__ = ["PLAIN_TYPES", "audio_block", "collate", "collate_into", "to_tensors"]
 
 
 PLAIN_TYPES = frozenset({str, int, float, bool, type(None), list, dict})
@@ -71,21 +71,6 @@ def _in_place(audio: torch.Tensor, arrays: list[np.ndarray | None], in_rows: boo
                 target[...] = array
     clear_padding(audio, block, [array.shape[1] for array in arrays if array is not None])
     return True
-
-
-def clear_padding(audio: torch.Tensor, block: np.ndarray, lengths: list[int]) -> None:
-    """Zero each row of ``audio``, an :func:`audio_block` (``block`` its numpy view), past its length in
-    ``lengths``, unless its memory is new and so zero already; a mono block through its flat view, whose
-    slices cost a third of the 3-d ones."""
-    if audio.untyped_storage().is_shared() and not blocks.is_pooled(audio):  # a new shared-memory file
-        return
-    if block.shape[1] != 1 or not block.flags.c_contiguous:
-        for row, length in enumerate(lengths):
-            block[row, :, length:] = 0
-        return
-    flat, width = block.reshape(-1), block.shape[2]
-    for row, length in enumerate(lengths):
-        flat[row * width + length : (row + 1) * width] = 0
 
 
 def _pad_last_torch(tensors: list[torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:

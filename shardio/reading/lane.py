@@ -37,7 +37,7 @@ from ..shards.keys import Keys
 from ..shards.tarformat import split_samples
 from ..storage.localshard import LocalShard
 from . import blocks
-from .batchmemory import audio_rows, columns_behind
+from .batchmemory import audio_rows, clear_padding, columns_behind
 from .collate import PLAIN_TYPES
 from .fields import add_batch_fields
 from .reader import Reader
@@ -147,6 +147,7 @@ class Lane:
             rates = [layout.sample_rate for _, layout in audio]
             if rates != self._rate[ids].tolist() or any(map(operator.gt, lengths, frames)):
                 raise _Unusual  # a sample unlike its index record: the general path names it
+            clear_padding(block, rows, lengths)
         except BaseException as exc:
             blocks.release(block)
             if isinstance(exc, (_Unusual, ShardioError)):

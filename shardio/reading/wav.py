@@ -80,9 +80,9 @@ def convert_wav(view: memoryview, layout: WavLayout, out: np.ndarray | None) -> 
 
 def decode_rows(audio: list[tuple[memoryview, WavLayout]], rows: np.ndarray) -> list[np.ndarray]:
     """A batch's WAVs (each with the layout :func:`wav_layouts` read, which fits its row) decoded into the
-    rows of ``rows``, a ``(B, channels, T)`` batch, each row zero past its audio: float32 rows as
-    :func:`convert_wav` converts, int16 rows as stored (16-bit PCM only). Each sample's audio, a view of its
-    row."""
+    rows of ``rows``, a ``(B, channels, T)`` batch: float32 rows as :func:`convert_wav` converts, int16 rows
+    as stored (16-bit PCM only); what lies past a row's audio is left to the caller
+    (:func:`~shardio.reading.batchmemory.clear_padding`). Each sample's audio, a view of its row."""
     decoded = []
     for (view, layout), row in zip(audio, rows):
         if rows.dtype == np.int16:
@@ -92,20 +92,7 @@ def decode_rows(audio: list[tuple[memoryview, WavLayout]], rows: np.ndarray) -> 
         else:
             target = convert_wav(view, layout, row)[0]
         decoded.append(target)
-    _zero_padding(rows, [layout.frames for _, layout in audio])
     return decoded
-
-
-def _zero_padding(rows: np.ndarray, frames: list[int]) -> None:
-    """Zero each row of ``rows`` past its ``frames``; a mono batch's through its flat view, whose 1-D slices
-    cost less than 2-D ones (~6 us a batch of 16)."""
-    if rows.shape[1] != 1 or not rows.flags.c_contiguous:
-        for row, length in zip(rows, frames):
-            row[:, length:] = 0
-        return
-    flat, width = rows.reshape(-1), rows.shape[2]
-    for number, length in enumerate(frames):
-        flat[number * width + length : (number + 1) * width] = 0
 
 
 def wav_layouts(views: list[memoryview]) -> list[WavLayout | None]:
