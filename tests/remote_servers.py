@@ -65,6 +65,8 @@ class Faults:
         self._in_row: Counter[str] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
         """Requests seen, by ``(method, path)``."""
+        self.ranges: Counter[tuple[str, str, str | None]] = Counter()
+        """Requests seen, by ``(method, path, Range header)``: a client's retry asks a range it asked before."""
         self.injected: Counter[str] = Counter()
         """Faults injected, by kind."""
 
@@ -102,6 +104,7 @@ class Faults:
             self._rate = 0.0
             self._in_row.clear()
             self.requests.clear()
+            self.ranges.clear()
             self.injected.clear()
 
     def count(self, match: str = "", method: str | None = None) -> int:
@@ -109,10 +112,11 @@ class Faults:
         with self._lock:
             return sum(n for (m, p), n in self.requests.items() if match in p and method in (None, m))
 
-    def decide(self, method: str, path: str) -> Fault | None:
-        """Record a request and say which fault, if any, it gets."""
+    def decide(self, method: str, path: str, wanted: str | None = None) -> Fault | None:
+        """Record a request (``wanted``: its ``Range`` header) and say which fault, if any, it gets."""
         with self._lock:
             self.requests[(method, path)] += 1
+            self.ranges[(method, path, wanted)] += 1
             for rule in self._rules:
                 if rule.remaining > 0 and rule.match in path and rule.method in (None, method):
                     rule.remaining -= 1
@@ -153,7 +157,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
         logging.getLogger(__name__).debug("http: " + format, *args)
 
     def _fault(self) -> bool:
-        fault = self.server.faults.decide(self.command, self.path)
+        fault = self.server.faults.decide(self.command, self.path, self.headers.get("Range"))
         if fault is None:
             return False
         if fault.kind == "stall":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from shardio.bench import run_bench
 from shardio.bench.floors import numpy_floor, pcm_layout
 
 
+@pytest.mark.slow  # a whole (tiny) benchmark run: ~25 s alone, minutes on a loaded machine
 def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
     result = run_bench(None, out_dir=tmp_path, quick=True, progress=False)
     corpora = {c["name"]: c for c in result["corpora"]}
@@ -80,10 +82,13 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         result["targets"][0]["ratio"] == "shard_loader_vs_webdataset_2w"
     )  # the headline: the recommended set-up
     saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["targets"] == result["targets"] and "bench.png" in saved["files"].values()
+    assert saved["targets"] == result["targets"]
     markdown = (tmp_path / "bench.md").read_text()
     assert "## Targets" in markdown and "webdataset + soundfile" in markdown
-    assert (tmp_path / "bench.png").stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # the chart needs the bench extra
+        assert "bench.png" in saved["files"].values() and (tmp_path / "bench.png").stat().st_size > 1000
+    else:
+        assert not (tmp_path / "bench.png").exists()
     assert str(tmp_path) not in (tmp_path / "bench.json").read_text()  # no machine paths in the results
 
 

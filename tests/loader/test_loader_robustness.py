@@ -46,8 +46,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(function: str, *args: Any, limit: float = 90.0) -> subprocess.CompletedProcess[str]:
     """``function(*args)`` of this module in a fresh interpreter, in a session of its own; past ``limit``
-    seconds the test fails and the session is killed whole (its workers too, stopped ones included)."""
+    seconds the test fails and the session is killed whole (its workers too, stopped ones included).
+
+    The interpreter starts with SIGINT at Python's handler, as a terminal's foreground job has it: a test run
+    started in the background of a shell without job control (``pytest ... &`` in a script) inherits SIGINT
+    ignored, and Python then never installs its handler, so the Ctrl-C test's signal was lost."""
     code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"import sys; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
         f"from tests.loader.test_loader_robustness import {function}\n"
         f"if __name__ == '__main__':\n    {function}(*{args!r})\n"

@@ -143,7 +143,9 @@ def test_two_workers_read_runs_of_a_shard_in_few_requests(server: HTTPFileServer
     server.faults.clear()
     dataset = ShardDataset(f"{server.url}/ds", **options)
     assert keys_of(list(DataLoader(dataset, batch_size=None, num_workers=2))) == expected
-    reads = server.faults.count(".tar", method="GET")
+    # distinct ranges: a transport retry (a pooled connection the server had closed, under load) asks for a
+    # range again, which is the network's doing, not the plan's
+    reads = sum(1 for (method, path, _) in server.faults.ranges if method == "GET" and ".tar" in path)
     samples = len(local)
     assert reads <= 0.1 * samples + 2, f"{reads} ranged reads for {samples} samples"
 
