@@ -40,8 +40,8 @@ import warnings
 from typing import Any
 
 from ..datasets.dataset import ShardDataset
-from ..errors import StateError
-from ..state import LoaderState, check_follows
+from ..errors import StateError, shown
+from ..state import LoaderState, batch_position, check_follows
 from ._extras import require
 
 __all__ = ["ShardioCallback"]
@@ -93,6 +93,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         self._state: dict[str, Any] | None = None
         self._pending: dict[str, Any] | None = None
         self._trainer: Any = None
+        self._restored = False  # a checkpoint gave this fit a shardio state
+        self._first = True  # the fit's first batch is yet to come
 
     @property
     def state(self) -> dict[str, Any] | None:
@@ -126,13 +128,14 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
                 # as the next epoch's: so it must already be the next epoch.
                 dataset.set_epoch(dataset.epoch + 1)
         elif self._trainer is not None:
-            dataset.set_epoch(self._trainer.current_epoch)
+            dataset.set_epoch(_epoch_to_train(self._trainer))
         return dataset
 
     # -- Lightning hooks ---------------------------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._trainer = trainer
+        self._trainer = trainer  # called before Lightning restores a checkpoint
+        self._restored, self._first = False, True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._pending is not None:
@@ -174,6 +177,23 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
                 combined.limits = None if wanted == length else [wanted]
             trainer.fit_loop.max_batches = wanted
 
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if not self._first:
+            return
+        self._first = False
+        if self._restored or trainer.ckpt_path is None or not isinstance(batch, dict):
+            return
+        # resumed from a checkpoint without a shardio state: the dataset is where attach() left it
+        epoch, index = batch_position(batch)
+        if (epoch, index) != (trainer.current_epoch, batch_idx):
+            raise StateError(
+                f"the checkpoint {shown(str(trainer.ckpt_path), 200)} holds no shardio loader state "
+                "(saved without ShardioCallback, or its entry is empty): Lightning resumes epoch "
+                f"{trainer.current_epoch} at its batch {batch_idx}, the dataset would train epoch {epoch} "
+                f"from batch {index} (batches trained before the checkpoint again, later ones never); "
+                "resume from a checkpoint saved with ShardioCallback"
+            )
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -190,24 +210,43 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Lightning would restore a StatefulDataLoader's own state after attach(): this one replaces it.
-        loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        if self._has_state(checkpoint) and loop.pop("combined_loader", None) is not None:
+        loop: Any = checkpoint
+        for key in ("loops", "fit_loop", "state_dict"):
+            loop = loop.get(key) if isinstance(loop, dict) else None
+        if (
+            self._has_state(checkpoint)
+            and isinstance(loop, dict)
+            and loop.pop("combined_loader", None) is not None
+        ):
             logger.info("using ShardioCallback's loader state instead of the loader's own")
 
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self._state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._state = self._pending = state_dict.get("loader")
+        loader = state_dict.get("loader") if isinstance(state_dict, dict) else ()
+        if loader is not None and not isinstance(loader, dict):
+            raise StateError(
+                f"the checkpoint's ShardioCallback entry is not {{'loader': a shardio state}}: "
+                f"{shown(state_dict)}"
+            )
+        self._state = self._pending = loader
+        self._restored = loader is not None
         if self._pending is not None:  # this resume is exact: Lightning's warning that it may not be is wrong
             warnings.filterwarnings("ignore", message=_RESUME_WARNING)
 
     def _has_state(self, checkpoint: dict[str, Any]) -> bool:
-        return any(
-            isinstance(value, dict) and value.get("loader") is not None
-            for key, value in checkpoint.get("callbacks", {}).items()
-            if key == self.state_key
-        )
+        callbacks = checkpoint.get("callbacks")
+        entry = callbacks.get(self.state_key) if isinstance(callbacks, dict) else None
+        return isinstance(entry, dict) and entry.get("loader") is not None
+
+
+def _epoch_to_train(trainer: Any) -> int:
+    """The epoch Lightning trains after ``setup_data``: ``current_epoch`` counts completed epochs, which a
+    checkpoint saved in ``on_train_epoch_end`` (the epoch processed, not yet completed) is one short of."""
+    progress = getattr(getattr(trainer.fit_loop, "epoch_progress", None), "current", None)
+    processed = getattr(progress, "processed", None)
+    return max(trainer.current_epoch, processed) if type(processed) is int else trainer.current_epoch
 
 
 def _iterates_again(trainer: Any) -> bool:

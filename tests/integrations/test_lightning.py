@@ -53,9 +53,16 @@ def planned(data: Path, world_size: int, epochs: int = EPOCHS, **sizes: Any) -> 
 
 
 def run_job(
-    data: Path, out: Path, *, devices: int, expect_kill: bool = False, **options: Any
+    data: Path,
+    out: Path,
+    *,
+    devices: int,
+    expect_kill: bool = False,
+    expect: str | None = None,
+    **options: Any,
 ) -> list[list[dict[str, Any]]]:
-    """Run the job to its end (or its SIGKILL); every rank's trained batches."""
+    """Run the job to its end (or its SIGKILL, or its failure with ``expect`` in its output); every rank's
+    trained batches."""
     out.mkdir(parents=True)
     config = {
         "data": str(data),
@@ -83,7 +90,10 @@ def run_job(
     output, returncode = run_in_session(
         [sys.executable, str(JOB), str(out / "config.json")], env=env, cwd=out, limit=240
     )
-    assert returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
+    if expect is not None:
+        assert returncode == 1 and expect in output, output[-4000:]
+    else:
+        assert returncode == (-signal.SIGKILL if expect_kill else 0), output[-4000:]
     return [
         [json.loads(line) for line in path.read_text().splitlines()]
         for path in sorted(out.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
@@ -348,6 +358,33 @@ def test_without_the_callback_a_stateful_loader_resumes_mid_epoch_exactly(
         ckpt_path=str(checkpoint),
     )
     assert keys(resumed[0]) == plan[step:]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_without_the_callback_resumes_at_an_epoch_end_and_is_refused_mid_epoch(
+    data: Path, tmp_path: Path
+) -> None:
+    """The callback added to a run whose checkpoints lack its state: from the epoch-end checkpoint the next
+    epoch is the uninterrupted run's; from a mid-epoch one the run stops before its first batch with a
+    StateError (it trained epoch 1's first 6 batches as its last 6)."""
+    plan = planned(data, 1)[0]
+    run_job(
+        data, tmp_path / "killed", devices=1, callback="none", workers=2, kill_at_step=13, expect_kill=True
+    )
+    ckpt = tmp_path / "killed" / "ckpt"
+    resumed = run_job(
+        data, tmp_path / "end", devices=1, workers=2, ckpt_path=str(ckpt / "end-epoch=0-step=9.ckpt")
+    )
+    assert keys(resumed[0]) == plan[9:]
+    refused = run_job(
+        data,
+        tmp_path / "mid",
+        devices=1,
+        workers=2,
+        ckpt_path=str(ckpt / "mid-epoch=1-step=12.ckpt"),
+        expect="StateError: the checkpoint",
+    )
+    assert refused == []
 
 
 @pytest.mark.matrix
