@@ -32,7 +32,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -40,16 +39,17 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..datasets.dataset import ShardDataset
-from ..errors import OptionError, StateError
+from ..errors import OptionError
 from ..state import LoaderState, check_follows
 from ._extras import require
+from .trainerstate import loader_state_in
 
 __all__ = ["ShardioLoaderState", "ShardioSeq2SeqTrainer", "ShardioTrainer"]
 
 logger = logging.getLogger(__name__)
 
 _transformers = require("transformers", "transformers")[0]
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -71,8 +71,6 @@ for _name, _parameters in _HOOKS.items():
             f"with 5.23); transformers {_transformers.__version__} differs: pip install "
             "'shardio[transformers]'"
         )
-
-_TRAINER_STATE = "trainer_state.json"
 
 
 def _unchanged(batch: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +185,8 @@ class _ShardioTraining:
         at the batch after the last one trained on; nothing is read twice or skipped.
 
         Raises:
-            StateError: the checkpoint holds no shardio loader state (not saved by a ShardioTrainer).
+            StateError: the checkpoint holds no shardio loader state (not saved by a ShardioTrainer), or a
+                ``trainer_state.json`` the Trainer could not load (``loader_state_in``).
         """
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
@@ -195,7 +194,7 @@ class _ShardioTraining:
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
         self._shardio_pending = None
         if resume_from_checkpoint:
-            self._shardio_pending = _saved_loader_state(str(resume_from_checkpoint))
+            self._shardio_pending = loader_state_in(str(resume_from_checkpoint))
         try:
             return super().train(resume_from_checkpoint or None, *args, **kwargs)  # type: ignore[misc]
         finally:
@@ -278,23 +277,6 @@ class _ShardioTraining:
         if epoch + 1 > epochs:  # the last epoch's fraction
             updates = max(math.ceil((epochs - epoch) * whole) - (whole - updates), 1)
         self.state.max_steps = self.state.global_step + updates + later * whole
-
-
-def _saved_loader_state(checkpoint: str) -> dict[str, Any]:
-    """The loader state a ShardioTrainer saved in ``checkpoint``'s ``trainer_state.json``."""
-    path = os.path.join(checkpoint, _TRAINER_STATE)
-    if not os.path.isfile(path):
-        raise StateError(f"the checkpoint {checkpoint} has no {_TRAINER_STATE}")
-    saved = TrainerState.load_from_json(path).stateful_callbacks.get(ShardioLoaderState.__name__)
-    if isinstance(saved, list):
-        saved = saved[-1] if saved else None
-    state = saved.get("attributes", {}).get("loader_state") if isinstance(saved, dict) else None
-    if not isinstance(state, dict):
-        raise StateError(
-            f"the checkpoint {checkpoint} holds no shardio loader state (was it saved by a plain "
-            "Trainer?): resuming would restart or skip batches; resume a ShardioTrainer checkpoint"
-        )
-    return state
 
 
 class ShardioTrainer(_ShardioTraining, Trainer):
