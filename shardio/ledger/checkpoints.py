@@ -7,8 +7,11 @@ written back in the same form.
 - a ``torch.save`` file: the README's ``{"model": ..., "loader": loader.state_dict(), ...}`` dict, a Lightning
   ``.ckpt`` (the :class:`~shardio.integrations.lightning.ShardioCallback`'s entry under ``callbacks``), or one
   holding a ``StatefulDataLoader``'s state (the dataset's states nested inside);
-- an Accelerate ``save_state`` directory: the ``custom_checkpoint_N.pkl`` that
-  :func:`~shardio.integrations.accelerate.track`'s ``LoaderProgress`` saved.
+- an Accelerate ``save_state`` directory: the ``shardio_loader.json`` that
+  :func:`~shardio.integrations.accelerate.track` writes (or the ``custom_checkpoint_N.pkl`` an older shardio
+  registered, read as any ``torch.save`` file);
+- an HF Trainer checkpoint directory (it holds ``trainer_state.json``): the state
+  :class:`~shardio.integrations.transformers.ShardioTrainer` keeps among its ``stateful_callbacks``.
 
 A ``torch.save`` file is loaded with ``torch.load(weights_only=True)`` (tensors and plain values only: nothing
 in it is executed) and memory-mapped where it is in the zip format, so its tensors are not read; a file of the
@@ -35,6 +38,7 @@ from ..errors import OutputError, StateError, shown
 from ..jobstate import job_state
 from ..storage.files import write_atomic
 from ..storage.localshard import kind
+from ..storage.statefiles import load_state_file
 from .rebuild import read_state
 
 __all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]
@@ -45,6 +49,7 @@ MAX_LEGACY_BYTES = 1 << 30
 _FORMAT = "shardio-state"
 _ZIP, _PICKLE = b"PK\x03\x04", b"\x80"
 _CUSTOM = "custom_checkpoint_"  # accelerate's save_state names a registered object's file so
+_TRAINER_STATE = "trainer_state.json"  # an HF Trainer checkpoint folder's
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class Checkpoint:
     path: str
     """The file the state was read from (inside the directory, for an Accelerate checkpoint)."""
     kind: str
-    """``"json"``, ``"torch"`` (a ``torch.save`` file, Lightning's ``.ckpt`` included) or ``"accelerate"``."""
+    """``"json"``, ``"torch"`` (a ``torch.save`` file, Lightning's ``.ckpt`` included), ``"accelerate"`` or
+    ``"transformers"`` (a file inside a checkpoint directory)."""
     container: Any
     """The whole loaded object (the checkpoint dict)."""
     state: dict[str, Any]
@@ -81,7 +87,8 @@ def read_checkpoint(location: str) -> Checkpoint:
     """The shardio state in the checkpoint at ``location`` (see the module docs).
 
     Args:
-        location: a JSON state, a ``torch.save`` file (Lightning ``.ckpt`` too) or an Accelerate directory.
+        location: a JSON state, a ``torch.save`` file (Lightning ``.ckpt`` too), an Accelerate or an HF
+            Trainer checkpoint directory.
 
     Returns:
         The state, its container and its place in it.
@@ -90,6 +97,8 @@ def read_checkpoint(location: str) -> Checkpoint:
         StateError: nothing readable there, no shardio state in it, or states of several loaders.
     """
     if os.path.isdir(location):
+        if os.path.lexists(os.path.join(location, _TRAINER_STATE)):
+            return _read_trainer(location)
         return _read_accelerate(location)
     head = _head(location)
     if not head.startswith((_ZIP, _PICKLE)):
@@ -107,7 +116,7 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
     Args:
         checkpoint: what :func:`read_checkpoint` found.
         state: the new job-level state (what ``quarantine`` or ``remix`` returned).
-        out: a file (a directory for an Accelerate checkpoint: a copy of the whole checkpoint).
+        out: a file (a directory for an Accelerate or HF Trainer checkpoint: a copy of the whole checkpoint).
 
     Returns:
         The path of the file that holds the new state.
@@ -136,7 +145,10 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
                 raise OutputError(f"{out} exists: an Accelerate checkpoint is written to a new directory")
             shutil.copytree(directory, out, symlinks=True)
         target = os.path.join(out, os.path.basename(checkpoint.path))
-        _torch_save(container, target)
+        if target.endswith(".json"):
+            write_atomic(target, json.dumps(container).encode("utf-8"))
+        else:
+            _torch_save(container, target)
         return target
     except OSError as exc:
         raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
@@ -190,23 +202,45 @@ def _torch_save(container: Any, path: str) -> None:
     write_atomic(path, buffer.getvalue())
 
 
+def _read_trainer(directory: str) -> Checkpoint:
+    path = os.path.join(directory, _TRAINER_STATE)
+    container = load_state_file(path)
+    if not any(True for _ in _paths(container)):
+        raise StateError(
+            f"{shown(directory, 200)}: an HF Trainer checkpoint whose {_TRAINER_STATE} holds no shardio "
+            "loader state (saved by a plain Trainer?): a ShardioTrainer keeps it among the stateful_callbacks"
+        )
+    where = _where(container)
+    return Checkpoint(path, "transformers", container, _state_of(container, path, where), where)
+
+
 def _read_accelerate(directory: str) -> Checkpoint:
     names = sorted(
-        name for name in os.listdir(directory) if name.startswith(_CUSTOM) and name.endswith(".pkl")
+        name
+        for name in os.listdir(directory)
+        if name.endswith(".json") or (name.startswith(_CUSTOM) and name.endswith(".pkl"))
     )
-    found = []
+    found, unread = [], []
     for name in names:
         path = os.path.join(directory, name)
         if os.path.isfile(path) and not os.path.islink(path):
-            container = _torch_load(path, mmap=_head(path).startswith(_ZIP))
+            if name.endswith(".json"):
+                try:
+                    container = load_state_file(path)
+                except StateError:  # a file of the user's, maybe: named below if no state is found
+                    unread.append(name)
+                    continue
+            else:  # an older shardio's track() registered a pickled object: read as data only
+                container = _torch_load(path, mmap=_head(path).startswith(_ZIP))
             if any(True for _ in _paths(container)):
                 found.append((path, container))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(os.path.basename(p) for p, _ in found)})"
         raise StateError(
-            f"{directory}: an Accelerate checkpoint holding {what} shardio states among its "
-            f"{_CUSTOM}*.pkl files; register one dataset's progress (shardio.integrations.accelerate"
-            ".track) or give the file"
+            f"{shown(directory, 200)}: a checkpoint directory holding {what} shardio states (an Accelerate "
+            "one keeps it in the JSON file shardio.integrations.accelerate.track writes, an HF Trainer one "
+            f"in {_TRAINER_STATE}, a SpeechBrain one in its recoverable's file): give the file"
+            + (f"; not JSON states: {shown(unread)}" if unread else "")
         )
     path, container = found[0]
     where = _where(container)
