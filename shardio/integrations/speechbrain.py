@@ -35,7 +35,7 @@ import os
 from typing import Any
 
 from ..datasets.dataset import ShardDataset
-from ..errors import OptionError, StateError
+from ..errors import OptionError, StateError, shown
 from ..ledger.rebuild import read_state
 from ..state import check_follows
 from ._extras import require
@@ -158,11 +158,18 @@ def track(brain: Any, dataset: ShardDataset, *, name: str = "shardio_loader") ->
         The :class:`LoaderProgress`: call its :meth:`~LoaderProgress.update` in ``on_fit_batch_end``.
 
     Raises:
-        OptionError: ``dataset`` is not a ShardDataset, the Brain has no checkpointer or already a train
-            sampler, or the dataset plans for other ranks than the Brain's process group.
+        OptionError: ``dataset`` is not a ShardDataset, ``name`` holds ``dataloader``, the Brain has no
+            checkpointer or already a train sampler, or the dataset plans for other ranks than the Brain's
+            process group.
     """
     if not isinstance(dataset, ShardDataset):
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")
+    if not isinstance(name, str) or "dataloader" in name:
+        raise OptionError(
+            f"track's name {shown(name)}: SpeechBrain's Checkpointer loads a checkpoint that lacks a "
+            "recoverable whose name holds 'dataloader' with a warning only, and the epoch would restart: "
+            "name it otherwise"
+        )
     checkpointer = getattr(brain, "checkpointer", None)
     if checkpointer is None:
         raise OptionError(

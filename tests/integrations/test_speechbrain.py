@@ -302,6 +302,7 @@ ckpt = Checkpointer({str(tmp_path / "ckpt")!r})
 cases = {{
     "not a dataset": lambda: track(brain(ckpt), [1, 2]),
     "no checkpointer": lambda: track(brain(None), ShardDataset(data, batch_size=2)),
+    "dataloader name": lambda: track(brain(ckpt), ShardDataset(data, batch_size=2), name="train_dataloader"),
     "other ranks": lambda: track(brain(ckpt), ShardDataset(data, batch_size=2, world=World(1, 2))),
     "epoch 0": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).set_epoch(0),
     "no set_epoch": lambda: LoaderProgress(ShardDataset(data, batch_size=2)).update(
@@ -324,6 +325,7 @@ except ShardioError as exc:
 """)
     assert "not a dataset OptionError track takes a ShardDataset, not list" in out
     assert "no checkpointer OptionError the Brain has no checkpointer" in out
+    assert "dataloader name OptionError track's name 'train_dataloader'" in out
     assert "other ranks OptionError the dataset plans for rank 1 of 2, the Brain runs rank 0 of 1" in out
     assert "epoch 0 OptionError SpeechBrain's epochs count from 1" in out
     assert "no set_epoch StateError Brain.fit did not call LoaderProgress.set_epoch" in out
