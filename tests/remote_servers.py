@@ -66,7 +66,7 @@ class Faults:
         self.requests: Counter[tuple[str, str]] = Counter()
         """Requests seen, by ``(method, path)``."""
         self.ranges: Counter[tuple[str, str, str | None]] = Counter()
-        """Requests seen, by ``(method, path, Range header)``: a client's retry asks a range it asked before."""
+        """Requests seen, by ``(method, path, Range header)``: a client's retry asks a range again."""
         self.injected: Counter[str] = Counter()
         """Faults injected, by kind."""
 
