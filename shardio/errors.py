@@ -20,6 +20,7 @@ the input appears in them through :func:`shown` (bounded, escaped).
 
 from __future__ import annotations
 
+import os
 import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "OutputError",
     "StateError",
     "shown",
+    "shown_path",
 ]
 
 
@@ -64,7 +66,8 @@ class InputProblem:
     reason: str
 
     def __str__(self) -> str:
-        where = f"{self.source} (key {self.key!r})" if self.key else self.source
+        source = shown_path(self.source)
+        where = f"{source} (key {self.key!r})" if self.key else source
         return f"{where}: {self.reason}"
 
 
@@ -139,3 +142,11 @@ def shown(value: object, limit: int = 100) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown_path(path: object, limit: int = 1024) -> str:
+    """A path (or URL) for a message: as it is where every character is printable and it is at most ``limit``
+    characters, else :func:`shown` (quoted, escaped, bounded): a name holding a newline, an escape sequence,
+    a NUL or a bidi control (U+202E) cannot forge or hide lines."""
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    return text if text.isprintable() and len(text) <= limit else shown(text, limit)

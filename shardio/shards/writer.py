@@ -6,12 +6,14 @@ end-of-archive blocks. Concatenated frames are one valid zstd stream, so ``zstd 
 shard, while the index can seek straight to any sample's frame.
 
 Everything is deterministic (fixed mtime, owner and mode; the caller's order), and atomic: a shard is
-written under a temporary name and renamed when complete; the index is written last, by :meth:`close`.
+written under a temporary name and renamed when complete; the index is written last, by :meth:`close`. Until
+then the directory's journal (:mod:`shardio.shards.journal`) names each finished shard with its size and
+SHA-256, so that the next writer into a directory a run left unfinished replaces those files and no other.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import hashlib
 import logging
 import os
@@ -27,6 +29,7 @@ from ..storage.dirlock import DirectoryLock
 from ..storage.files import check_output_file, open_output
 from .builder import IndexBuilder
 from .index import Index, ShardInfo
+from .journal import partial_name
 from .names import key_problem
 from .outputdir import claim_directory, shard_files, writable_directory
 from .tarformat import END_OF_ARCHIVE, encode_sample
@@ -84,19 +87,20 @@ class ShardWriter:
         # zstd's fastest to its strongest level
         zstd_level = integer("zstd_level", zstd_level, -(1 << 17), 22)
         frame_bytes = integer("frame_bytes", frame_bytes, 1)
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
+        if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", prefix):
             raise OptionError(f"shard prefix {prefix!r} must be letters, digits, '_' or '-'")
+        self.compression = compression
         self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
         self.directory = os.fspath(directory)
         writable_directory(self.directory)
         self._lock = DirectoryLock(self.directory)
         try:
             self.prefix = prefix
-            self._journal = claim_directory(self.directory, prefix, overwrite)
+            self._journal = claim_directory(self.directory, prefix, self._suffix, overwrite)
         except BaseException:
             self._lock.release()
             raise
-        self.compression = compression
+        self._overwrite = overwrite
         self.max_samples = max_samples
         self.max_bytes = max_bytes
         self.frame_bytes = frame_bytes
@@ -111,7 +115,6 @@ class ShardWriter:
         self._group: list[tuple[dict[str, object], bytes]] = []
         self._group_bytes = 0
         self._closed = False
-        self._remove_partials()
 
     @property
     def _suffix(self) -> str:
@@ -121,11 +124,7 @@ class ShardWriter:
         return f"{self.prefix}-{number:06d}{self._suffix}"
 
     def _partial(self, name: str) -> str:
-        return os.path.join(self.directory, f".{name}.partial")
-
-    def _remove_partials(self) -> None:
-        for stale in glob.glob(os.path.join(glob.escape(self.directory), f".{self.prefix}-*.partial")):
-            os.unlink(stale)
+        return os.path.join(self.directory, partial_name(name))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -235,6 +234,8 @@ class ShardWriter:
         self._file = None
         name = self._name(len(self._builder.shards))
         check_output_file(os.path.join(self.directory, name))
+        # journaled before it takes its name: a file under a final name is one the journal vouches for
+        self._journal.record(name, self._written, self._hash.hexdigest())
         os.replace(self._partial(name), os.path.join(self.directory, name))
         self._builder.add_shard(
             ShardInfo(
@@ -263,24 +264,27 @@ class ShardWriter:
             self._closed = True
             index = self._builder.build()
             written = {s.name for s in index.shards}
-            for stale in shard_files(self.directory, self.prefix):
-                if os.path.basename(stale) not in written:  # an earlier, interrupted run's (checked at start)
+            for stale in shard_files(self.directory, self.prefix) if self._overwrite else ():
+                if os.path.basename(stale) not in written:  # the files overwrite=True replaces
                     os.unlink(stale)
             index.save(self.directory)
-            os.unlink(self._journal)
+            self._journal.remove()
         finally:  # failed or not, this writer is done with the directory
+            self._journal.close()
             self._lock.release()
         return index
 
     def abort(self) -> None:
         """Drop the shard being written; nothing half-written stays and no index is written. Finished shards
-        stay, for the next writer into this directory to replace (the journal stays with them)."""
+        stay, for the next writer into this directory to replace (the journal naming them stays too)."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        self._remove_partials()
-        if not shard_files(self.directory, self.prefix) and os.path.exists(self._journal):
-            os.unlink(self._journal)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._partial(self._name(len(self._builder.shards))))
+        if not any(os.path.lexists(os.path.join(self.directory, n)) for n in self._journal.names):
+            self._journal.remove()
+        self._journal.close()
         self._closed = True
         self._lock.release()
 
