@@ -13,16 +13,22 @@ from typing import Any
 
 from ..storage.files import check_output_file, filesystem, is_url, join, read_bytes, write_atomic
 
-__all__ = ["Output"]
+__all__ = ["Output", "output_root"]
+
+
+def output_root(location: str) -> str:
+    """Where an output ``location`` is: a ``file://`` URL as its local path (as a dataset root is read), any
+    other URL as it is, a path as it is."""
+    return location.removeprefix("file://")
 
 
 class Output:
     """The dataset location ``root`` (local path or URL, with fsspec ``storage_options``)."""
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.root = root
+        self.root = output_root(root)
         self.storage_options = storage_options
-        self.remote = is_url(root)
+        self.remote = is_url(self.root)
 
     def path(self, name: str) -> str:
         """The local path or URL of ``name`` (``/``-separated) under the root."""

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import InputError, InputProblem, OptionError
+from ..errors import InputError, InputProblem, OptionError, shown_path
 from ..shards.writer import ShardWriter
-from ..storage.files import write_atomic
+from ..storage.files import is_url, write_atomic
 from .keys import assign_keys, rewrite_key
 from .listing import list_corpus
+from .output import output_root
 from .preparation import Prepared, Task, prepare
 from .source import AUDIO_EXTENSIONS
 
@@ -134,7 +135,13 @@ def pack(
     if not -7 <= zstd_level <= 22:
         raise OptionError(f"zstd_level must be between -7 and 22, not {zstd_level}")
     started = time.perf_counter()
-    out = os.fspath(out_dir)
+    out = output_root(os.fspath(out_dir))
+    if is_url(out):
+        raise OptionError(
+            f"{shown_path(out)} is a URL: pack writes a local directory. To write to a URL, pack in "
+            "partitions, which upload each shard (shardio pack --engine local, or "
+            "shardio.packing.engines.pack_partitioned), or pack into a local directory and copy it there"
+        )
     if samples_per_shard is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES
     before = _shard_files(out, prefix)

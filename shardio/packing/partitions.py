@@ -37,7 +37,7 @@ from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
 from .keys import assign_keys
 from .listing import list_corpus
-from .output import Output
+from .output import Output, output_root
 from .preparation import Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
 
@@ -173,7 +173,7 @@ def plan_partitions(
         raise OptionError(f"partition_bytes must be at least 1, not {partition_bytes}")
     if options.on_error not in ("raise", "skip"):
         raise OptionError(f"on_error must be 'raise' or 'skip', not {options.on_error!r}")
-    out = os.fspath(out_dir)
+    out = output_root(os.fspath(out_dir))
     output = Output(out, storage_options)
     if output.exists(INDEX_JSON):
         raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 from ..errors import OptionError, OutputError, shown_path
 from .index import INDEX_JSON
@@ -14,11 +15,18 @@ from .journal import Journal, Recorded, journal_path, matches, read_journal
 __all__ = ["claim_directory", "partial_files", "shard_files", "writable_directory"]
 
 _FLAG = "--overwrite"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def writable_directory(directory: str) -> None:
     """Create ``directory`` if needed; an :class:`~shardio.errors.OutputError` when it cannot be, or when it
-    is not a writable directory."""
+    is not a writable directory; an :class:`~shardio.errors.OptionError` when it is a URL (never a local
+    folder named ``s3:``)."""
+    if _SCHEME.match(directory):
+        raise OptionError(
+            f"{shown_path(directory)} is a URL: shards are written into a local directory (pack in "
+            "partitions to upload them: shardio.packing.engines.pack_partitioned)"
+        )
     try:
         os.makedirs(directory, exist_ok=True)
     except FileExistsError:

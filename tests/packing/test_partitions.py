@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from shardio import Index
 from shardio.errors import InputError, OptionError
 from shardio.packing.engines import pack_partitioned
+from shardio.packing.pack import pack
 from shardio.packing.partitions import PARTS_DIR, PartitionPlan, pack_partition, partition_done
 
 COUNT = 24
@@ -352,3 +353,16 @@ def test_a_failed_run_leaves_no_parts_it_could_not_resume(tmp_path: Path) -> Non
     with pytest.raises(InputError, match="broken"):
         pack_partitioned(corpus, tmp_path / "earlier", partition_bytes=10**9, progress=False)
     assert (tmp_path / "earlier" / PARTS_DIR / "plan.json").is_file()
+
+
+@pytest.mark.parametrize("engine", [None, "local"])
+def test_a_file_url_output_is_its_path_on_every_path(tmp_path: Path, engine: str | None) -> None:
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 3, seed=4)
+    out = tmp_path / "out"
+    if engine is None:
+        pack(corpus, f"file://{out}", progress=False)
+    else:
+        pack_partitioned(corpus, f"file://{out}", engine=engine, progress=False)
+    assert len(Index.load(out)) == 3
+    assert not any(p.name.startswith("file:") for p in Path.cwd().iterdir())

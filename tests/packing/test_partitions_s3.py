@@ -4,6 +4,9 @@ an interrupted run resumes from the committed partitions, and the dataset loads 
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -11,9 +14,13 @@ import pytest
 from audio_factory import make_folder_corpus
 from remote_servers import S3Server, aws_test_env
 
-from shardio import Index
+from shardio import Index, OptionError
 from shardio.packing.engines import pack_partitioned
+from shardio.packing.pack import pack
 from shardio.packing.partitions import PartitionPlan, pack_partition
+from shardio.shards.writer import ShardWriter
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -60,3 +67,36 @@ def test_s3_output_equals_local_and_resumes(s3_server: S3Server, tmp_path: Path)
         assert hashlib.sha256(body).hexdigest() == digest
     index = Index.load(url, storage)
     assert len(index) == 16 and index.fingerprint == Index.load(local).fingerprint
+
+
+def test_a_url_output_without_an_engine_is_refused_not_written_to_a_local_folder(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """``shardio pack DIR s3://bucket/prefix`` without ``--engine`` wrote a local folder
+    ``./s3:/bucket/prefix`` and exited 0 (main 2e2a2c2); with ``--engine local`` it uploads. Now the
+    one-process path refuses the URL, naming it and what to do, and the partitioned path still uploads (the
+    endpoint from the environment)."""
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 4, seed=3)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL_S3": s3_server.endpoint}
+    url = "s3://data/cli"
+
+    def shardio_pack(*options: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "shardio.cli", "pack", str(corpus), url, "--no-progress", *options]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+
+    refused = shardio_pack()
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert f"{url} is a URL" in refused.stderr and "--engine local" in refused.stderr
+    assert not (tmp_path / "s3:").exists()
+    client = s3_server.client()
+    assert client.list_objects_v2(Bucket="data", Prefix="cli/").get("KeyCount") == 0
+    with pytest.raises(OptionError, match="is a URL"):
+        pack(corpus, url, progress=False)
+    with pytest.raises(OptionError, match="is a URL"):
+        ShardWriter(url)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+    uploaded = shardio_pack("--engine", "local")
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert len(Index.load(url, s3_server.storage_options)) == 4
