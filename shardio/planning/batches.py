@@ -12,11 +12,12 @@ the duration buckets batches form within.
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, shown
 
 if TYPE_CHECKING:
     from .options import Batching
@@ -168,16 +169,26 @@ def padding_of(audio: np.ndarray, padded: np.ndarray) -> float:
     return 0.0 if total <= 0 else 1.0 - float(audio.sum()) / total
 
 
+def _cost(batching: Batching, durations: np.ndarray) -> float:
+    """``batching.batch_cost`` of one batch, which must be a real number (a string, None or a bool is not)."""
+    assert batching.batch_cost is not None
+    value = batching.batch_cost(durations)
+    real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if not real and not (isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iuf"):
+        raise OptionError(
+            f"batch_cost {batching.batch_cost_name!r} returned a {type(value).__name__} ({shown(value)}) for "
+            f"a batch of {durations.shape[0]} samples: it must return a finite, non-negative number"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
 def batch_costs(durations: np.ndarray, offsets: np.ndarray, batching: Batching) -> np.ndarray:
     """Each batch's cost under ``batching``'s cost model; ``durations`` in batched order."""
     if offsets.shape[0] < 2:
         return np.zeros(0)
     if batching.batch_cost is not None:
         costs = np.array(
-            [
-                float(batching.batch_cost(durations[offsets[b] : offsets[b + 1]]))
-                for b in range(offsets.shape[0] - 1)
-            ],
+            [_cost(batching, durations[offsets[b] : offsets[b + 1]]) for b in range(offsets.shape[0] - 1)],
             dtype=np.float64,
         )
         bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))

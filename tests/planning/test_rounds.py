@@ -228,6 +228,34 @@ def test_a_named_batch_cost_balances_steps_and_is_recorded() -> None:
 
 
 @pytest.mark.parametrize(
+    "returned, shown",
+    [
+        ("1.5", r"a str \('1.5'\)"),
+        (None, r"a NoneType \(None\)"),
+        (True, r"a bool \(True\)"),
+        ([1.0], "a list"),
+    ],
+)
+def test_a_batch_cost_that_returns_no_number_is_an_option_error_naming_it(
+    returned: object, shown: str
+) -> None:
+    """A string (even one float() takes), None, a bool or a list from ``batch_cost``: an OptionError naming
+    ``batch_cost`` and the type (main 2e2a2c2: a bare ValueError/TypeError, or "1.5" taken as 1.5)."""
+    durations = duration_sample(2_000, seed=5)
+    shard_ids = (np.arange(2_000) // 100).astype(np.uint32)
+    broken = Batching(
+        max_duration=60.0, num_buckets=4, batch_cost=lambda d: returned, batch_cost_name="broken-v1"
+    )
+    with pytest.raises(OptionError, match=rf"batch_cost 'broken-v1' returned {shown}"):
+        plan_epoch(shard_ids, durations, 40, seed=0, epoch=0, world_size=2, batching=broken)
+    for fine in (np.float32(2.0), np.int64(3), np.array(4.0), 5):
+        good = Batching(
+            max_duration=60.0, num_buckets=4, batch_cost=lambda d, f=fine: f, batch_cost_name="fine"
+        )
+        plan_epoch(shard_ids, durations, 40, seed=0, epoch=0, world_size=2, batching=good)
+
+
+@pytest.mark.parametrize(
     "options, words",
     [
         (dict(batch_size=4, num_buckets=3, sync_buckets="yes"), "sync_buckets"),
