@@ -68,7 +68,7 @@ class InputProblem:
     def __str__(self) -> str:
         source = shown_path(self.source)
         where = f"{source} (key {self.key!r})" if self.key else source
-        return f"{where}: {self.reason}"
+        return f"{where}: {_escaped(self.reason)}"
 
 
 class InputError(ShardioError):
@@ -135,18 +135,24 @@ _SHORT.maxstring = _SHORT.maxother = 80
 _SHORT.maxlevel = 3
 
 
+def _escaped(text: str) -> str:
+    """``text`` with each character that is not printable as its escape (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def shown(value: object, limit: int = 100) -> str:
     """``value`` for a message: a bounded repr (:mod:`reprlib`), non-printable characters escaped, at most
     about ``limit`` characters."""
-    text = _SHORT.repr(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    text = _escaped(_SHORT.repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def shown_path(path: object, limit: int = 1024) -> str:
-    """A path (or URL) for a message: as it is where every character is printable and it is at most ``limit``
-    characters, else :func:`shown` (quoted, escaped, bounded): a name holding a newline, an escape sequence,
-    a NUL or a bidi control (U+202E) cannot forge or hide lines."""
+    """A path (or URL) for a message: as it is where every character is printable, else quoted and escaped
+    as keys are (its repr: ``'a\\nb'``), so that a name holding a newline, an escape sequence, a NUL or a bidi
+    control (U+202E) cannot forge, hide or reverse a line; cut after ``limit`` characters."""
     text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
-    return text if text.isprintable() and len(text) <= limit else shown(text, limit)
+    cut = "..." if len(text) > limit else ""
+    return text[:limit] + cut if text.isprintable() else repr(text[:limit]) + cut

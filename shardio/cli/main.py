@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ..errors import OutputError, ShardioError
+from ..errors import OutputError, ShardioError, shown_path
 from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
 from .cache import add_cache
 from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
@@ -212,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the system's own error names the file: one line, not a traceback
         if isinstance(exc, BrokenPipeError) and _stdout_gone():  # `shardio trace ... | head`: stop quietly
             return 141
-        _error(f"shardio {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        where = shown_path(exc.filename) if exc.filename is not None else ""
+        _error(f"shardio {args.command}: error: {exc.strerror or exc}: {where}".rstrip(": "))
         return 3
     except KeyboardInterrupt:
         print(f"shardio {args.command}: interrupted", file=sys.stderr)

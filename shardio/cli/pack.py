@@ -4,8 +4,9 @@ run, in one process or in partitions run by an engine (``--engine``)."""
 from __future__ import annotations
 
 import argparse
+import os
 
-from ..errors import OptionError
+from ..errors import OptionError, shown_path
 from .argtypes import at_least, parse_size, worker_count
 
 __all__ = ["PACK_EPILOG", "PACK_MAX_WORKERS", "add_pack"]
@@ -174,7 +175,8 @@ def _run_pack(args: argparse.Namespace) -> int:
         f"{summary.bytes / 1e6:.1f} MB, in {summary.seconds:.1f} s ({summary.mb_per_s:.1f} MB/s of input)"
     )
     if summary.rejected:
-        print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
+        rejected = shown_path(os.path.join(args.out_dir, REJECTED_FILE))
+        print(f"rejected {len(summary.rejected)} inputs: see {rejected}")
     if summary.left_out:
         print(f"left out: {describe_left_out(summary.left_out)}")
     return 0
@@ -213,5 +215,6 @@ def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
         f"{summary.bytes / 1e6:.1f} MB, in {summary.seconds:.1f} s ({summary.mb_per_s:.1f} MB/s of input)"
     )
     if summary.rejected:
-        print(f"rejected {len(summary.rejected)} inputs: see {args.out_dir}/{REJECTED_FILE}")
+        rejected = shown_path(os.path.join(args.out_dir, REJECTED_FILE))
+        print(f"rejected {len(summary.rejected)} inputs: see {rejected}")
     return 0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, InputProblem, OptionError
+from ..errors import InputError, InputProblem, OptionError, shown_path
 from ..integrations.importers.kinds import IMPORTED_KINDS, detect_imported, imported_reader
 from .folder import walk_folder
 from .kaldi import kaldi_sources
@@ -64,7 +64,7 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     if location.is_dir():
         return "kaldi" if (location / "wav.scp").is_file() else "folder"
     if not location.exists():
-        raise OptionError(f"{location}: no such corpus file or directory")
+        raise OptionError(f"{shown_path(location)}: no such corpus file or directory")
     if location.name == "wav.scp":
         return "kaldi"
     suffix = location.suffix.lower()
@@ -72,7 +72,9 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
         return "jsonl"
     if suffix in (".tsv", ".csv", ".psv", ".txt"):
         return "tsv"
-    raise OptionError(f"{location}: cannot tell the corpus kind from the name; pass a kind, one of {KINDS}")
+    raise OptionError(
+        f"{shown_path(location)}: cannot tell the corpus kind from the name; pass a kind, one of {KINDS}"
+    )
 
 
 def read_corpus(
@@ -96,7 +98,7 @@ def read_corpus(
         raise OptionError(f"unknown corpus kind {kind!r}; expected one of {KINDS}")
     location = Path(path)
     if not location.exists():
-        raise OptionError(f"{location}: no such corpus file or directory")
+        raise OptionError(f"{shown_path(location)}: no such corpus file or directory")
     if kind == "kaldi" and location.name == "wav.scp":
         location = location.parent
     if listed is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, InputProblem
+from ..errors import FormatError, InputError, InputProblem, shown_path
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON, Index
 from ..shards.keys import Keys
 from .pack import REJECTED_FILE
@@ -45,8 +45,8 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     for number in range(len(plan.partitions)):
         if not partition_done(plan, number):
             raise FormatError(
-                f"{output.path(part_dir(number))}: partition {number} has no committed index part; "
-                "pack it before merging"
+                f"{shown_path(output.path(part_dir(number)))}: partition {number} has no committed index "
+                "part; pack it before merging"
             )
         part = Index.load(output.path(part_dir(number)), plan.storage_options)
         report = json.loads(output.read(f"{part_dir(number)}/report.json"))
@@ -73,7 +73,9 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
     if len(set(keys)) != len(keys):
         seen: set[str] = set()
         duplicate = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise FormatError(f"{out}: key {duplicate!r} is in two partitions; the plan's keys must be unique")
+        raise FormatError(
+            f"{shown_path(out)}: key {duplicate!r} is in two partitions; the plan's keys must be unique"
+        )
     merged = Index(
         root=out,
         shards=shards,

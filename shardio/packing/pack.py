@@ -86,8 +86,9 @@ def default_workers() -> int:
 
 
 def describe_left_out(left_out: dict[str, int]) -> str:
-    """``left_out`` (see :attr:`PackSummary.left_out`) as one line: ``3 .aiff, 1 .m4a``."""
-    return ", ".join(f"{count} {name}" for name, count in sorted(left_out.items()))
+    """``left_out`` (see :attr:`PackSummary.left_out`) as one line: ``3 .aiff, 1 .m4a`` (an extension from a
+    file name escaped where it is not printable)."""
+    return ", ".join(f"{count} {shown_path(name)}" for name, count in sorted(left_out.items()))
 
 
 def pack(
@@ -160,7 +161,7 @@ def pack(
         left_out: Counter[str] = Counter()
         sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
         if left_out:
-            logger.warning("%s: left out %s", os.fspath(input), describe_left_out(left_out))
+            logger.warning("%s: left out %s", shown_path(input), describe_left_out(left_out))
         if shuffle:
             sources = [sources[i] for i in np.random.default_rng(seed).permutation(len(sources))]
         tasks = assign_keys(
@@ -203,7 +204,9 @@ def pack(
             raise InputError(problems or [InputProblem(os.fspath(input), "", "no sample was packed")])
         if on_error == "skip":
             if problems:
-                logger.warning("%d inputs rejected; see %s", len(problems), os.path.join(out, REJECTED_FILE))
+                logger.warning(
+                    "%d inputs rejected; see %s", len(problems), shown_path(os.path.join(out, REJECTED_FILE))
+                )
             lines = [_json_line({"source": p.source, "key": p.key, "reason": p.reason}) for p in problems]
             write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
         index = writer.close()
@@ -230,7 +233,7 @@ def pack(
         summary.samples,
         summary.hours,
         summary.shards,
-        out,
+        shown_path(out),
         seconds,
         len(problems),
     )

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputProblem, OptionError
+from ..errors import InputProblem, OptionError, shown, shown_path
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON
 from ..shards.writer import ShardWriter
 from .keys import assign_keys
@@ -176,7 +176,9 @@ def plan_partitions(
     out = output_root(os.fspath(out_dir))
     output = Output(out, storage_options)
     if output.exists(INDEX_JSON):
-        raise OptionError(f"{out} already holds a dataset ({INDEX_JSON}); choose another directory")
+        raise OptionError(
+            f"{shown_path(out)} already holds a dataset ({INDEX_JSON}); choose another directory"
+        )
     problems: list[InputProblem] = []
     left_out: Counter[str] = Counter()
     sources = list_corpus(input, kind, problems=problems, left_out=left_out, progress=progress)
@@ -214,16 +216,16 @@ def plan_partitions(
         recorded = json.loads(output.read(name)).get("fingerprint")
         if recorded != plan.fingerprint:
             raise OptionError(
-                f"{output.path(name)}: an earlier run planned other inputs or options (plan "
-                f"{recorded}, now {plan.fingerprint}); remove {output.path(PARTS_DIR)} or use "
-                "another directory"
+                f"{shown_path(output.path(name))}: an earlier run planned other inputs or options (plan "
+                f"{shown(recorded)}, now {plan.fingerprint}); remove "
+                f"{shown_path(output.path(PARTS_DIR))} or use another directory"
             )
     else:
         stale = output.shard_files(options.prefix)
         if stale:
             raise OptionError(
-                f"{out} holds partition shards ({', '.join(stale[:3])}) of an earlier run with no plan; "
-                "remove them or use another directory"
+                f"{shown_path(out)} holds partition shards ({', '.join(map(shown_path, stale[:3]))}) of an "
+                "earlier run with no plan; remove them or use another directory"
             )
         output.write(
             name,

@@ -144,7 +144,10 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
 
 def _opened(path: str) -> BinaryIO:
     """The audio file ``path`` opened for reading; a FIFO, device, socket or directory is rejected (a FIFO
-    would block the read until a writer came, ``/dev/zero`` would never end), as is a file that is missing."""
+    would block the read until a writer came, ``/dev/zero`` would never end), as is a file that is missing,
+    or a path holding a NUL (from a manifest: no file name can)."""
+    if "\x00" in path:
+        raise _Reject("the path holds a NUL character, which no file name can")
     try:
         return open_regular_input(path)
     except FileNotFoundError:

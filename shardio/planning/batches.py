@@ -179,7 +179,7 @@ def _cost(batching: Batching, durations: np.ndarray) -> float:
             f"batch_cost {batching.batch_cost_name!r} returned a {type(value).__name__} ({shown(value)}) for "
             f"a batch of {durations.shape[0]} samples: it must return a finite, non-negative number"
         )
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def batch_costs(durations: np.ndarray, offsets: np.ndarray, batching: Batching) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import OutputError
+from ..errors import OutputError, shown_path
 from .locks import FileLock
 
 __all__ = ["LOCK_FILE", "DirectoryLock"]
@@ -28,12 +28,12 @@ class DirectoryLock:
             taken = self._lock.acquire(0)
         except OSError as exc:
             raise OutputError(
-                f"{directory}: cannot create the lock file {LOCK_FILE} "
+                f"{shown_path(directory)}: cannot create the lock file {LOCK_FILE} "
                 f"({exc.strerror or exc}); expected a writable directory"
             ) from None
         if not taken:
             raise OutputError(
-                f"{directory} is being written by another shardio run ({self._lock.holder()}); "
+                f"{shown_path(directory)} is being written by another shardio run ({self._lock.holder()}); "
                 "wait for it to finish, or write elsewhere"
             )
 

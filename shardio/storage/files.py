@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO, Literal
 from urllib.parse import unquote
 
-from ..errors import FormatError, OptionError, OutputError
+from ..errors import FormatError, OptionError, OutputError, shown_path
 from .httpreads import HTTP_READ_TIMEOUT, http_read, is_http
 from .inherited import remember
 from .localshard import kind
@@ -234,7 +234,7 @@ def check_output_file(path: str | os.PathLike[str]) -> None:
         return
     if not stat.S_ISREG(mode):
         raise OutputError(
-            f"{os.fspath(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
+            f"{shown_path(path)}: it is {kind(mode)}, not a regular file: shardio writes an "
             "output only where nothing is yet, or over a regular file"
         )
 
@@ -253,7 +253,7 @@ def open_output(path: str | os.PathLike[str]) -> BinaryIO:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise OutputError(f"{os.fspath(path)}: it is {kind(mode)}, not a regular file")
+        raise OutputError(f"{shown_path(path)}: it is {kind(mode)}, not a regular file")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "wb")
 
