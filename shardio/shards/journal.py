@@ -77,8 +77,8 @@ class Recorded:
         return partial_name(f"{prefix}-{len(self.entries):06d}{self.suffix}") if prefix else ""
 
 
-def _refused(path: str, why: str) -> OptionError:
-    return OptionError(
+def _refused(path: str, why: str, error: type[OptionError | OutputError] = OptionError) -> Exception:
+    return error(
         f"{shown_path(path)}: {why}; it is not a journal shardio wrote, so nothing in the directory is "
         f"replaced on its word: remove the shard files yourself, or pass overwrite=True ({_FLAG} on the "
         "command line) to replace them"
@@ -91,16 +91,17 @@ def read_journal(path: str, prefix: str) -> Recorded:
     and a SHA-256.
 
     Raises:
-        OptionError: Anything else: the message says what, and that nothing was replaced.
+        OutputError: A journal that is not a regular file (a link, a FIFO, a directory), or cannot be opened.
+        OptionError: Any other content: the message says what, and that nothing was replaced.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise _refused(path, f"cannot be opened as a file ({exc.strerror or exc})") from None
+        raise _refused(path, f"cannot be opened as a file ({exc.strerror or exc})", OutputError) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise _refused(path, f"it is {kind(mode)}, not a regular file")
+            raise _refused(path, f"it is {kind(mode)}, not a regular file", OutputError)
         with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(MAX_JOURNAL_BYTES + 1)
     finally:

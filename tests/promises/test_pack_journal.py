@@ -19,7 +19,7 @@ import pytest
 from audio_factory import make_folder_corpus
 from hostile import REPO
 
-from shardio.errors import OptionError
+from shardio.errors import OptionError, OutputError
 from shardio.shards.journal import MAX_JOURNAL_BYTES
 from shardio.shards.writer import ShardWriter
 
@@ -219,7 +219,7 @@ def test_a_journal_that_is_not_a_regular_file_is_refused_without_a_hang(tmp_path
         "dangling symlink": lambda: journal.symlink_to(tmp_path / "nowhere"),
     }
     make[what]()
-    with pytest.raises(OptionError, match="not a journal shardio wrote"):
+    with pytest.raises(OutputError, match="not a journal shardio wrote"):
         ShardWriter(out)
     assert (out / "shard-000000.tar").read_bytes() == foreign
 
