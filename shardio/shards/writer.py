@@ -50,7 +50,8 @@ class ShardWriter:
     """Write samples into shards under a directory; use as a context manager, or call `close()`.
 
     Args:
-        directory: Where the shards and `index.json` go (made if missing; held under a lock while writing).
+        directory: Where the shards and `index.json` go: a local directory (made if missing; held under a lock
+            while writing; a URL is refused).
         prefix: The shards' file name prefix (letters, digits, `_`, `-`; default `"shard"`).
         compression: `"none"` (the default: plain `.tar`, read by memory map) or `"zstd"` (`.tar.zst` in
             frames: smaller shards, a decompression per read).
@@ -60,12 +61,16 @@ class ShardWriter:
             single larger sample gets a shard of its own.
         frame_bytes: With zstd, samples share a frame until it holds this many tar bytes (default 16 KiB):
             larger frames compress better, and a read decompresses the whole frame.
-        overwrite: Replace a dataset already in `directory` (default `False`: refused).
+        overwrite: Replace a dataset already in `directory` (default `False`: refused), and any shard-named
+            files. Without it, only the files an interrupted writer's journal names with their size and
+            SHA-256 are replaced (see `shardio.shards.journal`).
 
     Raises:
-        OptionError: An option of the wrong type or out of range, or a directory that holds a dataset or
-            other shards (without `overwrite`).
-        OutputError: A directory that cannot be written, or that another run is writing.
+        OptionError: An option of the wrong type or out of range, a URL, or a directory that holds a dataset,
+            shard files no interrupted writer's journal vouches for, or a journal shardio did not write
+            (without `overwrite`).
+        OutputError: A directory that cannot be written, or that another run is writing, or a journal that
+            is not a regular file.
     """
 
     def __init__(

@@ -91,6 +91,7 @@ def test_a_pack_killed_right_after_start_leaves_a_journal_that_vouches_for_nothi
     assert not (out / "index.json").exists()
 
 
+@pytest.mark.slow  # its refusals are held by the fast hostile-journal cases too
 def test_a_pack_killed_mid_pack_resumes_over_its_own_shards_only(tmp_path: Path) -> None:
     corpus, out = _killed_pack(tmp_path, "shard-000002.tar")
     journal = (out / JOURNAL).read_text().splitlines()
