@@ -6,7 +6,7 @@ The journal is JSON lines: a header ``{"journal": "shardio-shards", "version": 1
 fsynced) before the shard takes its final name. A run that dies leaves it behind; the next run into the
 directory reads it as untrusted input (a regular file, at most :data:`MAX_JOURNAL_BYTES`, each line checked)
 and may remove a shard-named file only where the journal names it with the file's size and SHA-256, and the
-one partial file of the shard the run was writing. A journal that is not one shardio wrote, or a shard-named
+partial file of the shard the run was writing. A journal that is not one shardio wrote, or a shard-named
 file it does not vouch for, is a refusal: nothing is deleted.
 """
 
@@ -65,16 +65,18 @@ def partial_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Recorded:
-    """A valid journal's content: the shards' suffix and the finished shards, in order."""
+    """A valid journal's content: the shards' prefix and suffix, and the finished shards, in order."""
 
+    prefix: str
     suffix: str
     entries: tuple[JournalEntry, ...]
 
     @property
-    def partial(self) -> str:
-        """The partial file of the shard the run was writing when it stopped (perhaps never made)."""
-        prefix = self.entries[-1].name.rsplit("-", 1)[0] if self.entries else ""
-        return partial_name(f"{prefix}-{len(self.entries):06d}{self.suffix}") if prefix else ""
+    def partials(self) -> set[str]:
+        """The partial files the run may have left: the shard it was writing when it stopped, or its last
+        finished one (journaled, then stopped before the rename)."""
+        numbers = range(max(len(self.entries) - 1, 0), len(self.entries) + 1)
+        return {partial_name(f"{self.prefix}-{n:06d}{self.suffix}") for n in numbers}
 
 
 def _refused(path: str, why: str, error: type[OptionError | OutputError] = OptionError) -> Exception:
@@ -140,7 +142,7 @@ def read_journal(path: str, prefix: str) -> Recorded:
                 "and SHA-256",
             )
         entries.append(JournalEntry(str(name), int(str(size)), str(digest)))
-    return Recorded(str(suffix), tuple(entries))
+    return Recorded(prefix, str(suffix), tuple(entries))
 
 
 def _record(path: str, line: str, number: int) -> dict[str, object]:

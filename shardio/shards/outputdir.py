@@ -90,7 +90,7 @@ def claim_directory(directory: str, prefix: str, suffix: str, overwrite: bool) -
 
 def _replace_recorded(directory: str, recorded: Recorded, existing: list[str], partials: list[str]) -> None:
     """Remove the files an interrupted run's journal vouches for, after checking every one: a shard-named file
-    it does not name (or whose size or SHA-256 differs), or a partial file but its last, is a refusal."""
+    it does not name (or whose size or SHA-256 differs), or a partial file but its last two, is a refusal."""
     entries = {entry.name: entry for entry in recorded.entries}
     for path in sorted(existing):
         entry = entries.get(os.path.basename(path))
@@ -102,7 +102,11 @@ def _replace_recorded(directory: str, recorded: Recorded, existing: list[str], p
                 f"directory or prefix, or pass overwrite=True ({_FLAG} on the command line) to replace them"
             )
     for path in partials:
-        if os.path.basename(path) != recorded.partial or not os.path.isfile(path) or os.path.islink(path):
+        if (
+            os.path.basename(path) not in recorded.partials
+            or not os.path.isfile(path)
+            or os.path.islink(path)
+        ):
             raise OptionError(
                 f"{shown_path(directory)} holds {shown_path(os.path.basename(path))}, which is not the "
                 "partial shard the journal of an interrupted shardio run records; nothing was replaced: "

@@ -235,3 +235,28 @@ def test_a_journal_vouches_only_for_regular_files_not_links(tmp_path: Path) -> N
     with pytest.raises(OptionError, match="size or SHA-256 differs"):
         ShardWriter(out)
     assert (out / "shard-000000.tar").is_symlink() and elsewhere.read_bytes() == data
+
+
+@pytest.mark.parametrize("finished", [0, 1, 2])
+def test_the_partial_of_the_shard_being_written_is_replaced_and_no_other(
+    tmp_path: Path, finished: int
+) -> None:
+    """Killed while writing shard ``finished`` (its partial there), or after journaling shard ``finished - 1``
+    but before its rename: the run's own partials go, any other partial is a refusal."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shards = [_foreign_shard(out / f"shard-{n:06d}.tar", f"shard {n}") for n in range(finished)]
+    (out / JOURNAL).write_text(
+        _HEADER + "".join(_entry(f"shard-{n:06d}.tar", shards[n]) for n in range(finished))
+    )
+    stranger = out / f".shard-{finished + 1:06d}.tar.partial"
+    stranger.write_bytes(b"someone's")
+    (out / f".shard-{finished:06d}.tar.partial").write_bytes(b"half a shard")
+    with pytest.raises(OptionError, match=r"\.shard-\d+\.tar\.partial, which is not the partial shard"):
+        ShardWriter(out)
+    assert stranger.exists() and len(list(out.glob("shard-*.tar"))) == finished
+    stranger.unlink()
+    if finished:  # journaled, killed before its rename: its partial is there, its final name not
+        (out / f"shard-{finished - 1:06d}.tar").rename(out / f".shard-{finished - 1:06d}.tar.partial")
+    ShardWriter(out).abort()
+    assert sorted(p.name for p in out.iterdir()) == []
