@@ -7,10 +7,12 @@ index part's ``index.json`` last: a reader that sees that file sees the whole pa
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 from typing import Any
 
+from ..shards.journal import JournalEntry, matches
 from ..storage.files import check_output_file, filesystem, is_url, join, read_bytes, write_atomic
 
 __all__ = ["Output", "output_root"]
@@ -66,6 +68,23 @@ class Output:
             return
         fs, _ = self._fs()
         fs.put_file(local, self.path(name))
+
+    def holds_other(self, name: str, size: int, sha256: str) -> bool:
+        """Whether something is at ``name`` other than a regular file of ``size`` bytes and SHA-256
+        ``sha256`` (a file this partition's attempts did not write: they all write the same bytes)."""
+        if not self.remote:
+            path = self.path(name)
+            return os.path.lexists(path) and not matches(path, JournalEntry(name, size, sha256))
+        fs, _ = self._fs()
+        if not fs.exists(self.path(name)):
+            return False
+        if int(fs.info(self.path(name)).get("size", -1)) != size:
+            return True
+        digest = hashlib.sha256()
+        with fs.open(self.path(name), "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest() != sha256
 
     def shard_files(self, prefix: str) -> list[str]:
         """The names of partition shards (``{prefix}-PPPPP-NNNNNN.tar*``) under the root, sorted."""

@@ -288,6 +288,13 @@ def pack_partition(job: PartitionJob) -> int:
             samples += 1
             input_bytes += result.input_bytes
         index = writer.close()
+        for shard in index.shards:
+            if output.holds_other(shard.name, shard.bytes, shard.sha256):
+                raise OptionError(
+                    f"{shown_path(output.path(shard.name))}: a file that is not partition {number}'s shard "
+                    "(its size or SHA-256 differs) is in the way; nothing was replaced: remove it, or use "
+                    "another directory"
+                )
         for shard in index.shards:  # same name, same bytes from every attempt: replacing is harmless
             output.publish(os.path.join(attempt, shard.name), shard.name)
         part = part_dir(number)

@@ -260,3 +260,30 @@ def test_the_partial_of_the_shard_being_written_is_replaced_and_no_other(
         (out / f"shard-{finished - 1:06d}.tar").rename(out / f".shard-{finished - 1:06d}.tar.partial")
     ShardWriter(out).abort()
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_partitioned_re_run_never_replaces_a_file_in_a_partition_s_way(tmp_path: Path) -> None:
+    """A plan from an interrupted partitioned pack, then a foreign file planted under the name of an
+    uncommitted partition's shard: the re-run refuses it, naming it (main 2e2a2c2 replaced it)."""
+    from audio_factory import make_folder_corpus as corpus_of
+
+    from shardio.packing.engines import pack_partitioned
+    from shardio.packing.partitions import PartitionPlan, pack_partition
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus_of(corpus, 12, seed=6)
+    options: dict[str, Any] = dict(partition_bytes=20_000, samples_per_shard=2, progress=False)
+
+    def first(plan: PartitionPlan, numbers: list[int]) -> None:
+        pack_partition(plan.job(numbers[0]))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack_partitioned(corpus, out, engine=first, **options)
+    foreign = _foreign_shard(out / "shard-00001-000000.tar")
+    with pytest.raises(OptionError, match=r"shard-00001-000000.tar: a file that is not partition 1's shard"):
+        pack_partitioned(corpus, out, **options)
+    assert (out / "shard-00001-000000.tar").read_bytes() == foreign
+    (out / "shard-00001-000000.tar").unlink()
+    summary = pack_partitioned(corpus, out, **options)
+    assert summary.samples == 12
