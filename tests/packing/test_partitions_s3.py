@@ -100,3 +100,25 @@ def test_a_url_output_without_an_engine_is_refused_not_written_to_a_local_folder
     uploaded = shardio_pack("--engine", "local")
     assert uploaded.returncode == 0, uploaded.stderr
     assert len(Index.load(url, s3_server.storage_options)) == 4
+
+
+def test_a_foreign_object_in_a_partition_s_way_is_refused(s3_server: S3Server, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 12, seed=6)
+    options = dict(partition_bytes=20_000, samples_per_shard=2, progress=False)
+    url, storage = "s3://data/planted", s3_server.storage_options
+
+    def first(plan: PartitionPlan, numbers: Sequence[int]) -> None:
+        pack_partition(plan.job(numbers[0]))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack_partitioned(corpus, url, engine=first, storage_options=storage, **options)  # type: ignore[arg-type]
+    client = s3_server.client()
+    pack_partitioned(corpus, tmp_path / "local", **options)  # type: ignore[arg-type]
+    real = (tmp_path / "local" / "shard-00001-000000.tar").read_bytes()
+    for body in (b"someone's", real[:-1] + bytes([real[-1] ^ 1])):  # another size; the size, another digest
+        client.put_object(Bucket="data", Key="planted/shard-00001-000000.tar", Body=body)
+        with pytest.raises(OptionError, match="a file that is not partition 1's shard"):
+            pack_partitioned(corpus, url, storage_options=storage, **options)  # type: ignore[arg-type]
+        assert client.get_object(Bucket="data", Key="planted/shard-00001-000000.tar")["Body"].read() == body
