@@ -158,8 +158,11 @@ def _record(path: str, line: str, number: int) -> dict[str, object]:
 
 
 def matches(path: str, entry: JournalEntry) -> bool:
-    """Whether the file at ``path`` is a regular file (not a link) of ``entry``'s size and SHA-256."""
+    """Whether the file at ``path`` is a regular file (not a link) of ``entry``'s size and SHA-256 (anything
+    else is not opened: opening a device may act)."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False

@@ -287,3 +287,13 @@ def test_a_partitioned_re_run_never_replaces_a_file_in_a_partition_s_way(tmp_pat
     (out / "shard-00001-000000.tar").unlink()
     summary = pack_partitioned(corpus, out, **options)
     assert summary.samples == 12
+
+
+def test_a_fifo_named_like_a_journaled_shard_is_refused_unopened(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "shard-000000.tar")
+    (out / JOURNAL).write_text(_HEADER + _entry("shard-000000.tar", b"x"))
+    with pytest.raises(OptionError, match="size or SHA-256 differs"):
+        ShardWriter(out)
+    assert (out / "shard-000000.tar").exists()
