@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, InputProblem, shown_path
+from ..errors import FormatError, InputError, InputProblem, shown, shown_path
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON, Index
 from ..shards.keys import Keys
 from .pack import REJECTED_FILE
@@ -108,12 +108,13 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
 def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: list[str]) -> None:
     """Refuse a committed part that another plan packed: its report names another plan, or its samples are not
     this plan's partition ``number`` (less its rejected inputs), which merged would lose or repeat samples."""
-    where = plan.output.path(part_dir(number))
-    redo = f"remove {where} and pack again (only that partition is packed anew)"
+    where = shown_path(plan.output.path(part_dir(number)))
+    shards = shown_path(plan.output.path(f"{plan.options.prefix}-{number:05d}-*"))
+    redo = f"remove {where} and its shards {shards}, and pack again (only that partition is packed anew)"
     recorded = report.get("plan") or ""
     if recorded and plan.fingerprint and recorded != plan.fingerprint:
         raise FormatError(
-            f"{where}: partition {number} was packed by another plan ({recorded}, this plan is "
+            f"{where}: partition {number} was packed by another plan ({shown(recorded)}, this plan is "
             f"{plan.fingerprint}): an earlier run's task committed it; {redo}"
         )
     if report["problems"] and plan.options.on_error == "raise":

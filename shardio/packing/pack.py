@@ -14,7 +14,6 @@ written. With ``on_error="skip"`` the failing inputs are left out and listed in 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import logging
 import os
@@ -28,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import InputError, InputProblem, OptionError, shown_path
+from ..errors import InputError, InputProblem, OptionError, ShardioError, shown_path
+from ..shards.journal import journal_path, matches, read_journal
 from ..shards.writer import ShardWriter
 from ..storage.files import is_url, write_atomic
 from .keys import assign_keys, rewrite_key
@@ -145,7 +145,6 @@ def pack(
         )
     if samples_per_shard is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES
-    before = _shard_files(out, prefix)
     created = not os.path.lexists(out)
     writer = ShardWriter(
         out,
@@ -188,7 +187,7 @@ def pack(
                     logger.info("rejected %s", result)
                     if on_error == "raise" and writing:
                         writing = False
-                        _discard(writer, out, prefix, before)
+                        _discard(writer, out, prefix)
                 elif writing:
                     writer.write(
                         result.key,
@@ -211,7 +210,7 @@ def pack(
             write_atomic(os.path.join(out, REJECTED_FILE), "".join(lines).encode("utf-8"))
         index = writer.close()
     except BaseException:
-        _discard(writer, out, prefix, before)
+        _discard(writer, out, prefix)
         if created:  # a failed run leaves no empty output directory behind (a mistyped input made it)
             with contextlib.suppress(OSError):
                 os.rmdir(out)
@@ -251,21 +250,16 @@ def _json_line(record: dict[str, str]) -> str:
     return line + "\n"
 
 
-def _shard_files(out: str, prefix: str) -> dict[str, tuple[int, int]]:
-    """The shard-named files in ``out``, each with its inode and modification time."""
-    files = {}
-    for path in glob.glob(os.path.join(glob.escape(out), f"{prefix}-[0-9]*.tar*")):
-        stat = os.stat(path)
-        files[path] = (stat.st_ino, stat.st_mtime_ns)
-    return files
-
-
-def _discard(writer: ShardWriter, out: str, prefix: str, before: dict[str, tuple[int, int]]) -> None:
-    """Abort the writer and remove the shards this run finished (not files that were there before it): with
-    no index written, no shard of this run may stay under a final name."""
-    for path, stamp in _shard_files(out, prefix).items():
-        if before.get(path) != stamp:
-            os.unlink(path)
+def _discard(writer: ShardWriter, out: str, prefix: str) -> None:
+    """Abort the writer and remove the shards this run finished: those its journal names, with the bytes it
+    wrote (never a file that was there before, or that another put there meanwhile). With no index written,
+    no shard of this run may stay under a final name."""
+    journal = journal_path(out, prefix)
+    if os.path.lexists(journal):  # gone once an earlier discard removed every shard it names
+        with contextlib.suppress(ShardioError):
+            for entry in read_journal(journal, prefix).entries:
+                if matches(os.path.join(out, entry.name), entry):
+                    os.unlink(os.path.join(out, entry.name))
     writer.abort()
 
 

@@ -297,3 +297,38 @@ def test_a_fifo_named_like_a_journaled_shard_is_refused_unopened(tmp_path: Path)
     with pytest.raises(OptionError, match="size or SHA-256 differs"):
         ShardWriter(out)
     assert (out / "shard-000000.tar").exists()
+
+
+def test_a_failing_pack_removes_its_own_shards_and_no_file_put_there_meanwhile(tmp_path: Path) -> None:
+    """``on_error="raise"``: the first failing input makes the run remove the shards it finished. A
+    shard-named file another put in the folder while it ran is not among them (main 2e2a2c2 removed every
+    shard-named file that was not there when the run began)."""
+    import threading
+
+    from audio_factory import make_folder_corpus as corpus_of
+
+    from shardio.errors import InputError
+    from shardio.packing.pack import pack
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus_of(corpus, 200, seconds=(0.1, 0.2), sample_rate=8000, texts=False)
+    inputs = sorted(corpus.rglob("*.wav"))
+    assert len(inputs) == 200
+    inputs[150].write_bytes(b"RIFF not audio")  # an input late in the run fails
+    planted: list[bytes] = []
+
+    def plant() -> None:
+        deadline = time.monotonic() + 60
+        while not (out / "shard-000001.tar").exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        planted.append(_foreign_shard(out / "shard-000777.tar"))
+
+    planter = threading.Thread(target=plant)
+    planter.start()
+    try:
+        with pytest.raises(InputError):
+            pack(corpus, out, samples_per_shard=1, workers=1, progress=False)
+    finally:
+        planter.join()
+    assert sorted(p.name for p in out.iterdir()) == ["shard-000777.tar"]
+    assert (out / "shard-000777.tar").read_bytes() == planted[0]
