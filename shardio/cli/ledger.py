@@ -40,7 +40,8 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
         "--step",
         type=int,
         metavar="S",
-        help="epoch step S: batches per rank since the epoch's start, from 0 (its first batch is step 0)",
+        help="epoch step S: batches per rank since the epoch's start, from 0 (its first batch is step 0); "
+        "with Batching(step_batches=K), optimizer steps: each of K / world batches per rank (micro-batches)",
     )
     what.add_argument(
         "--global-step",
