@@ -115,3 +115,18 @@ def test_quarantine_takes_optimizer_steps_and_refuses_a_state_inside_one(dataset
         resumed = make(dataset_dir, World(rank, 2))
         resumed.load_state_dict(healed)
         assert not left_out & {key for batch in resumed for key in batch["keys"]}
+
+
+@pytest.mark.parametrize("value", [0, -8, 2**40, "8", 8.0, True])
+def test_a_state_with_a_hostile_step_batches_is_refused_by_the_cli(
+    dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], value: Any
+) -> None:
+    from shardio.cli import main
+
+    state = make(dataset_dir, World(0, 2)).state_dict()
+    state["options"]["step_batches"] = value
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert main(["trace", str(dataset_dir), "--state", str(path), "--step", "0"]) == 2
+    assert "step_batches" in capsys.readouterr().err
