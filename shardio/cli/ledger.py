@@ -176,8 +176,8 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
         type=_step_range,
         metavar="A:B",
         help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
-        "start, as trace --step counts; trace --global-step G names the epoch step of a "
-        "trainer's global step)",
+        "start, as trace --step counts: optimizer steps with step_batches; trace --global-step G names "
+        "the epoch step of a trainer's global step)",
     )
     parser.add_argument(
         "--global-steps",
