@@ -213,3 +213,22 @@ def test_a_mix_has_the_same_steps_on_every_world(sync: bool | None) -> None:
     for w in WORLDS:
         assert steps_of(plan(w)) == reference
     assert steps_of(plan(1, (Segment(4, 6),))) == reference[3:]
+
+
+@settings(max_examples=20, deadline=None)
+@given(corpus=corpora(), batching=batchings(), data=st.data())
+def test_a_quarantine_replans_the_rest_as_the_same_steps_on_every_world(
+    corpus: Corpus, batching: Batching, data: st.DataObject
+) -> None:
+    straight = steps_of(plan_of(corpus, 1, batching))
+    step = data.draw(st.integers(0, len(straight)))
+    gone = np.asarray(data.draw(st.lists(st.integers(0, corpus[1].shape[0] - 1), max_size=5)), dtype=np.int64)
+    found = []
+    for before in WORLDS:
+        for after in (1, 4):
+            history = (Segment(before, step * 8 // before),)
+            plan = plan_of(corpus, after, batching, history=history, exclude=[(1, gone)])
+            found.append(steps_of(plan))
+            left = {int(i) for s in found[-1] for batch in s for i in batch}
+            assert not left & set(gone.tolist())
+    assert all(steps == found[0] for steps in found)
