@@ -91,6 +91,19 @@ class LoaderState:
             )
         return self.start + self.yielded
 
+    @property
+    def step(self) -> tuple[int, int] | None:
+        """With `Batching(step_batches=K)` (recorded in `options`): the optimizer step of the epoch this
+        (job-level) state stands at, and the micro-batch within it (0 at a step's boundary), counting the
+        steps of every finished segment on its own world; `None` without steps."""
+        k = self.options.get("step_batches")
+        sizes = [self.world_size, *(segment.world_size for segment in self.history)]
+        if type(k) is not int or k < 1 or any(size < 1 or k % size for size in sizes):
+            return None
+        done = sum(segment.consumed // (k // segment.world_size) for segment in self.history)
+        accumulation = k // self.world_size
+        return done + self.position // accumulation, self.position % accumulation
+
     def at(self, position: int) -> LoaderState:
         """The job-level state at a position of the current segment.
 

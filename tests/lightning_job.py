@@ -2,9 +2,10 @@
 
 ``python lightning_job.py CONFIG.json``: Lightning's DDP launcher starts the other ranks by running the same
 command again. Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (epoch, global step,
-keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL. ``strategy``
-(default ``ddp``) may be ``ddp_spawn`` or ``ddp_fork``; with ``prebuilt`` the module builds its
-dataset in the launcher.
+keys, repeat flags); at global step ``kill_at_step`` every rank kills itself with SIGKILL. With
+``step_batches`` the dataset plans optimizer steps of that many batches and the Trainer accumulates
+``accumulate`` of them. ``strategy`` (default ``ddp``) may be ``ddp_spawn`` or ``ddp_fork``; with
+``prebuilt`` the module builds its dataset in the launcher.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ except ImportError:
 
 from job_runs import dump_stacks_on_signal
 
-from shardio import Ordering, ShardDataset, ShardLoader
+from shardio import Batching, Ordering, ShardDataset, ShardLoader
 from shardio.integrations.lightning import ShardioCallback
 
 
@@ -79,6 +80,13 @@ class Model(pl.LightningModule):
             if config.get("max_duration")
             else {"batch_size": config["batch_size"]}
         )
+        if config.get(
+            "step_batches"
+        ):  # optimizer steps of that many batches, accumulate_grad_batches each rank
+            batching = Batching(**sizes, step_batches=config["step_batches"])
+            return ShardDataset(
+                config["data"], seed=5, ordering=Ordering(shuffle_shards=2), batching=batching
+            )
         return ShardDataset(config["data"], seed=5, ordering=Ordering(shuffle_shards=2), **sizes)
 
     def train_dataloader(self) -> Any:
@@ -174,6 +182,7 @@ def main(config: dict[str, Any]) -> None:
         reload_dataloaders_every_n_epochs=config.get("reload", 0),
         val_check_interval=config.get("val_every"),
         limit_train_batches=config.get("limit_train_batches", 1.0),
+        accumulate_grad_batches=config.get("accumulate", 1),
     )
     trainer.fit(model, ckpt_path=config.get("ckpt_path"))
 

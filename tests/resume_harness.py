@@ -480,3 +480,43 @@ def case_config(case: Case) -> dict[str, Any]:
 def records_of(result: dict[str, Any]) -> list[Record]:
     """A rank's records back from JSON."""
     return [(int(e), tuple(k), tuple(g)) for e, k, g in result["records"]]
+
+
+def step_records(ranks: list[list[Record]], accumulation: int) -> list[tuple[tuple[str, float], ...]]:
+    """Each optimizer step's samples (key and augmentation draw), over every rank's ``accumulation``
+    batches of it, whichever rank and micro-batch held them."""
+    count = len(ranks[0]) // accumulation
+    assert all(len(records) == count * accumulation for records in ranks), "ranks of unequal step counts"
+    return [
+        tuple(
+            sorted(
+                (key, draw)
+                for records in ranks
+                for _, keys, draws in records[s * accumulation : (s + 1) * accumulation]
+                for key, draw in zip(keys, draws)
+            )
+        )
+        for s in range(count)
+    ]
+
+
+def check_steps_world_change(case: Case, dirs: dict[str, str], old: int, new: int, step: int) -> None:
+    """With ``step_batches`` (in ``case.extra``): ``old`` ranks play ``step`` optimizer steps of the epoch,
+    then ``new`` ranks resume rank 0's state and play the straight ``old``-rank run's steps from ``step``
+    on, sample for sample (and every rank the same number of batches)."""
+    from shardio import World
+
+    k = case.extra["step_batches"]
+    case = replace(case, epochs=1)
+    straight = step_records([uninterrupted(case, dirs, World(r, old)) for r in range(old)], k // old)
+    assert 0 <= step <= len(straight)
+    before, state = [], None
+    for rank in range(old):
+        records, saved = life(case, dirs, World(rank, old), None, step * k // old)
+        before.append(records)
+        state = saved if rank == 0 else state
+    assert state is not None
+    assert step_records(before, k // old) == straight[:step]
+    assert resumed_dataset(case, dirs, World(0, new), state).accumulation == k // new
+    after = [life(case, dirs, World(rank, new), state, None)[0] for rank in range(new)]
+    assert step_records(after, k // new) == straight[step:], f"{case}: {old} -> {new} ranks left the steps"

@@ -145,3 +145,15 @@ def test_bad_states_are_state_errors() -> None:
         LoaderState.from_dict({k: v for k, v in good.items() if k != "epoch"})
     with pytest.raises(StateError, match="field start must be an integer >= 0"):
         LoaderState.from_dict({**good, "start": -1})
+
+
+def test_steps_are_stated_once_and_read_from_the_dataset_and_the_state() -> None:
+    from shardio import Batching, ShardDataset
+
+    assert Batching(step_batches=8).accumulation(2) == 4 and Batching().accumulation(2) is None
+    assert isinstance(ShardDataset.accumulation, property)
+    options = {"step_batches": 8}
+    state = _state(options=options, world_size=2, history=(Segment(4, 6),), start=5)
+    assert state.step == (3 + 1, 1)  # 6 batches on 4 ranks (A=2): 3 steps; 5 on 2 (A=4): 1 step and 1
+    assert _state(world_size=2, start=5).step is None
+    assert _state(options={"step_batches": 8}, world_size=3).step is None

@@ -40,7 +40,8 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
         "--step",
         type=int,
         metavar="S",
-        help="epoch step S: batches per rank since the epoch's start, from 0 (its first batch is step 0)",
+        help="epoch step S: batches per rank since the epoch's start, from 0 (its first batch is step 0); "
+        "with Batching(step_batches=K), optimizer steps: each of K / world batches per rank (micro-batches)",
     )
     what.add_argument(
         "--global-step",
@@ -175,8 +176,8 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
         type=_step_range,
         metavar="A:B",
         help="leave out every rank's batch at epoch steps A to B - 1 (from 0 at the epoch's "
-        "start, as trace --step counts; trace --global-step G names the epoch step of a "
-        "trainer's global step)",
+        "start, as trace --step counts: optimizer steps with step_batches; trace --global-step G names "
+        "the epoch step of a trainer's global step)",
     )
     parser.add_argument(
         "--global-steps",

@@ -14,8 +14,9 @@ from ..errors import OptionError, shown
 from ..planning.options import Batching
 from ..reading.decode import MAX_RESAMPLING
 from ..shards.index import Index
+from .planned import Planned
 
-__all__ = ["check_rates", "check_some_eligible", "source_index"]
+__all__ = ["check_accumulation", "check_rates", "check_some_eligible", "source_index"]
 
 logger = logging.getLogger("shardio.datasets.dataset")  # the dataset's own logger: these are its warnings
 
@@ -74,3 +75,18 @@ def check_some_eligible(index: Index, batching: Batching) -> None:
             f"no sample can be planned with {given}: the dataset's samples last "
             f"{float(durations.min()):.3f} to {float(durations.max()):.3f} s"
         )
+
+
+def check_accumulation(dataset: Planned, given: object, setting: str) -> None:
+    """An :class:`OptionError` naming both numbers where a trainer's gradient accumulation (``given``, its
+    ``setting``) is not ``dataset.accumulation`` (nothing to check without ``step_batches``): the trainer's
+    optimizer steps would not be the dataset's steps."""
+    accumulation = dataset.accumulation
+    if accumulation is None or given == accumulation:
+        return
+    world_size = dataset.ranks().world_size
+    raise OptionError(
+        f"{setting} is {shown(given, 40)}, but the dataset's step_batches={accumulation * world_size} on "
+        f"{world_size} ranks makes {accumulation} batches per rank per optimizer step (ds.accumulation): "
+        f"set {setting} to ds.accumulation ({accumulation})"
+    )

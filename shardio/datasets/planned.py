@@ -44,6 +44,16 @@ class Planned:
         return self._surgery
 
     @property
+    def accumulation(self) -> int | None:
+        """Batches each rank accumulates per optimizer step: `Batching.step_batches / world size` (rank batch
+        `s * accumulation + a` is micro-batch `a` of step `s`); `None` without `step_batches`.
+
+        Raises:
+            OptionError: The world size does not divide `step_batches` (naming both).
+        """
+        return self.planner.batching.accumulation(self.ranks().world_size)
+
+    @property
     def options(self) -> dict[str, object]:
         """The options that shape the plan (a state records them)."""
         return self.planner.options

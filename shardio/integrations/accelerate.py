@@ -26,6 +26,7 @@ import re
 import weakref
 from typing import Any
 
+from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError, shown
 from ..ledger.rebuild import read_state
@@ -110,7 +111,8 @@ def track(accelerator: Any, dataset: ShardDataset, *, name: str = "shardio_loade
 
     Raises:
         OptionError: Not a `ShardDataset`, one that plans for other ranks than the accelerator's, a `name`
-            that is not a plain file name, or one already tracked on this accelerator.
+            that is not a plain file name, one already tracked on this accelerator, or a
+            `gradient_accumulation_steps` other than the dataset's `accumulation` (with `step_batches`).
     """
     if not isinstance(dataset, ShardDataset):
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")
@@ -123,6 +125,9 @@ def track(accelerator: Any, dataset: ShardDataset, *, name: str = "shardio_loade
             "after Accelerator() (or give it World(accelerator.process_index, "
             "accelerator.num_processes))"
         )
+    check_accumulation(
+        dataset, accelerator.gradient_accumulation_steps, "Accelerator(gradient_accumulation_steps)"
+    )
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise OptionError(
             f"track's name is a plain file name (letters, digits, '_', '.', '-'), not {shown(name)}"

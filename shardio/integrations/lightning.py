@@ -39,6 +39,7 @@ import logging
 import warnings
 from typing import Any
 
+from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import StateError, shown
 from ..state import LoaderState, batch_position, check_follows
@@ -151,6 +152,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
                     "ShardioCallback found no ShardDataset: pass it through attach() in train_dataloader()"
                 )
             self._dataset = found
+        check_accumulation(self._dataset, trainer.accumulate_grad_batches, "Trainer(accumulate_grad_batches)")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).

@@ -34,6 +34,7 @@ import json
 import os
 from typing import Any
 
+from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError, shown
 from ..ledger.rebuild import read_state
@@ -159,8 +160,9 @@ def track(brain: Any, dataset: ShardDataset, *, name: str = "shardio_loader") ->
 
     Raises:
         OptionError: ``dataset`` is not a ShardDataset, ``name`` holds ``dataloader``, the Brain has no
-            checkpointer or already a train sampler, or the dataset plans for other ranks than the Brain's
-            process group.
+            checkpointer or already a train sampler, the dataset plans for other ranks than the Brain's
+            process group, or the Brain's ``grad_accumulation_factor`` is not the dataset's
+            ``accumulation`` (with ``step_batches``).
     """
     if not isinstance(dataset, ShardDataset):
         raise OptionError(f"track takes a ShardDataset, not {type(dataset).__name__}")
@@ -189,6 +191,7 @@ def track(brain: Any, dataset: ShardDataset, *, name: str = "shardio_loader") ->
             f"rank {rank} of {world_size}: build the dataset after ddp_init_group (or give it "
             f"World({rank}, {world_size}))"
         )
+    check_accumulation(dataset, getattr(brain, "grad_accumulation_factor", 1), "grad_accumulation_factor")
     progress = LoaderProgress(dataset)
     checkpointer.add_recoverable(name, progress)
     brain.train_sampler = progress

@@ -38,6 +38,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError
 from ..state import LoaderState, check_follows
@@ -215,6 +216,9 @@ class _ShardioTraining:
                 "launched process (torchrun sets RANK and WORLD_SIZE), or give it "
                 "World(args.process_index, args.world_size)"
             )
+        check_accumulation(
+            dataset, args.gradient_accumulation_steps, "TrainingArguments(gradient_accumulation_steps)"
+        )
         if not args.dataloader_in_order:
             raise OptionError(
                 "dataloader_in_order=False hands batches over out of plan order: no saved state "
@@ -295,8 +299,9 @@ class ShardioTrainer(_ShardioTraining, Trainer):
     dataset's end, each with its own length; ``max_steps`` stops at that step.
 
     Raises:
-        OptionError: ``train_dataset`` is not a ShardDataset, plans for other ranks than the Trainer's, or
-            ``dataloader_in_order=False``.
+        OptionError: ``train_dataset`` is not a ShardDataset, plans for other ranks than the Trainer's,
+            ``dataloader_in_order=False``, or ``gradient_accumulation_steps`` is not the dataset's
+            ``accumulation`` (with ``Batching(step_batches=...)``).
         StateError: the checkpoint holds no shardio loader state, or one that does not fit the dataset.
     """
 

@@ -63,7 +63,8 @@ def quarantine(
             options.
         dataset: The dataset the state was saved from.
         keys: Sample keys to leave out (a list, not one string).
-        steps: `(first, stop)`: the batches of these steps, every rank's, are left out too.
+        steps: `(first, stop)`: the batches of these steps, every rank's, are left out too (with
+            `Batching(step_batches=K)`, optimizer steps: every batch of each).
         carry: Leave the samples out of later epochs too (default: the rest of the state's epoch only).
 
     Returns:
@@ -71,7 +72,8 @@ def quarantine(
 
     Raises:
         OptionError: Nothing to leave out, one string for `keys`, a key not in the dataset, or bad steps.
-        StateError: A state that does not fit the dataset, or one with too many segments already.
+        StateError: A state that does not fit the dataset, one with too many segments already, or (with
+            `step_batches`) one inside an optimizer step: the rest is planned again as whole steps.
     """
     loaded = job_state(state)
     if isinstance(keys, (str, bytes)):
@@ -86,6 +88,13 @@ def quarantine(
             f"the state's epoch {loaded.epoch} already has {len(loaded.history)} history segments, "
             f"the most a state keeps ({MAX_HISTORY}); a quarantine adds one: quarantine at a state of "
             "a later epoch"
+        )
+    stepped = loaded.step if loaded.num_workers == 1 else None
+    if stepped is not None and stepped[1]:
+        raise StateError(
+            f"the state is at micro-batch {stepped[1]} of optimizer step {stepped[0]} of epoch "
+            f"{loaded.epoch}: with step_batches the rest of the epoch is planned again as whole steps, so "
+            "quarantine at a state saved at a step's boundary"
         )
     trace = Trace(dataset, state)
     ids: list[int] = []
@@ -127,9 +136,8 @@ def _consumed(trace: Trace, ids: list[int]) -> list[int]:
     """Which of ``ids`` the epoch had already consumed at the state's position (they stay consumed)."""
     state = trace.state
     done: set[int] = set()
-    segments = trace.segments(state.epoch)
-    for number, (_, _, count) in enumerate(segments):
-        consumed = count if number < len(segments) - 1 else state.position
+    for number in range(len(trace.segments(state.epoch))):
+        consumed = state.history[number].consumed if number < len(state.history) else state.position
         done.update(trace.plan(state.epoch, number).consumed_samples(consumed).tolist())
     for ahead in trace.surgery.consumed_ahead(state.epoch).values():
         done.update(ahead.tolist())

@@ -41,6 +41,7 @@ _KINDS = {
     "remainder": (_TEXT, False),
     "sync_buckets": (_FLAG, True),
     "batch_cost_name": (_TEXT, True),
+    "step_batches": (_INT, True),
     "shuffle": (_FLAG, False),
     "shuffle_shards": (_INT, False),
 }
@@ -192,6 +193,7 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             continue
         seconds = sum(row["durations"])
         ahead = ", consumed ahead" if row.get("ahead") else ""
+        ahead += f", micro-batch {row['micro_batch']}" if "micro_batch" in row else ""
         out.write(
             f"epoch {row['epoch']} step {row['step']} rank {row['rank']} (segment {row['segment']}, "
             f"batch_index {row['batch_index']}, world {row['world_size']}{ahead}): "

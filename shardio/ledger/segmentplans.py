@@ -39,16 +39,29 @@ class SegmentPlans:
         self._plans: dict[tuple[int, int], EpochPlan] = {(state.epoch, len(state.history)): current}
         self._ahead = self.surgery.consumed_ahead(state.epoch)
 
+    def accumulation(self, world_size: int) -> int:
+        """Batches per rank per step on ``world_size`` ranks: ``step_batches / world_size``, else 1."""
+        return self.planner.batching.accumulation(world_size) or 1
+
+    def world_size(self, epoch: int, segment: int) -> int:
+        """The ranks of a segment of an epoch."""
+        history = self.state.history if epoch == self.state.epoch else ()
+        return history[segment].world_size if segment < len(history) else self.state.world_size
+
     def segments(self, epoch: int) -> list[tuple[int, int, int]]:
-        """``(world_size, first step, steps)`` of each segment of an epoch, in order."""
+        """``(world_size, first step, steps)`` of each segment of an epoch, in order (with ``step_batches`` a
+        step is an optimizer step: ``step_batches / world_size`` batches per rank)."""
         check_epoch(epoch)
         history = self.state.history if epoch == self.state.epoch else ()
         found, first = [], 0
         for finished in history:
-            found.append((finished.world_size, first, finished.consumed))
-            first += finished.consumed
+            steps = finished.consumed // self.accumulation(finished.world_size)
+            found.append((finished.world_size, first, steps))
+            first += steps
         last = self.plan(epoch, len(history))
-        found.append((self.state.world_size, first, last.num_batches))
+        found.append(
+            (self.state.world_size, first, last.num_batches // self.accumulation(self.state.world_size))
+        )
         return found
 
     def plan(self, epoch: int, segment: int) -> EpochPlan:
@@ -80,11 +93,12 @@ class SegmentPlans:
     ) -> list[tuple[int, bool]]:
         """``(batch index, ahead)`` of the batches ``segment`` of ``epoch`` (its first step ``start``,
         ``count`` steps) consumed or plans at steps ``first`` to ``stop - 1`` (default: all), in order."""
+        each = self.accumulation(self.world_size(epoch, segment))
         window = range(max(first, start) - start, count if stop is None else min(stop - start, count))
-        return [(j, False) for j in window] + [
+        return [(s * each + a, False) for s in window for a in range(each)] + [
             (j, True)
             for j in self.ahead(epoch, segment).tolist()
-            if first <= start + j and (stop is None or start + j < stop)
+            if first <= start + j // each and (stop is None or start + j // each < stop)
         ]
 
     def planned(self) -> set[tuple[int, int]]:

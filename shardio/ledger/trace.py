@@ -15,6 +15,9 @@ of the earlier segments (the two agree when the world never changed). Epochs oth
 traced as planned from their start under the state's world size: the state records the elastic history
 of its own epoch only.
 
+With ``Batching(step_batches=K)`` a step is an *optimizer step* (``K / world_size`` batches per rank, its
+``micro_batch`` 0, 1, ...): step ``S`` names the same samples whichever world played it.
+
 **Consumed ahead.** Where the state resumed one saved between rounds of DataLoader workers that batch samples
 (:func:`~shardio.planning.exclusions.leave_out_consumed`), the batches its workers consumed beyond the
 segment's position are records too, marked ``ahead``: their step is their place in that segment's plan, a
@@ -24,7 +27,6 @@ number the next segment's steps also use.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ from ..planning.plan import EpochPlan
 from ..state import LoaderState
 from .keyids import resolve_keys
 from .segmentplans import SegmentPlans, check_epoch
+from .steprecord import StepRecord
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -48,22 +51,6 @@ is planned in full (a key is in every epoch, so nothing can be skipped, and each
 work is N plans. A training run has tens to hundreds of epochs; 1000 covers any of them and bounds a question
 to 1000 plans (not the hours and memory of ``--epochs 100000000``). Search further from
 a later epoch's state."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One rank's batch at one step: its sample ids (global ids in a mix)."""
-
-    epoch: int
-    step: int
-    segment: int
-    batch_index: int
-    """The batch's ``batch_index`` as the loader yields it (its index within the segment)."""
-    rank: int
-    world_size: int
-    ids: np.ndarray
-    ahead: bool = False
-    """Consumed by a DataLoader worker ahead of the segment's position (see the module docs)."""
 
 
 class Trace:
@@ -85,6 +72,7 @@ class Trace:
         self.planner = dataset.planner
         self.surgery = self.state.surgery
         self._segments = SegmentPlans(self.planner, self.state)
+        self._stepped = self.planner.batching.step_batches is not None
 
     # -- the plan, segment by segment -----------------------------------------------------------------
 
@@ -169,8 +157,13 @@ class Trace:
         return before + int(step)
 
     def position_step(self) -> int:
-        """The epoch step the state stands at (the next batch to train on)."""
-        return sum(s.consumed for s in self.state.history) + self.state.position
+        """The epoch step the state stands at (the next batch's; with ``step_batches`` an optimizer step)."""
+        stepped = self.state.step
+        return (
+            stepped[0]
+            if stepped is not None
+            else sum(s.consumed for s in self.state.history) + self.state.position
+        )
 
     # -- questions ------------------------------------------------------------------------------------
 
@@ -198,13 +191,12 @@ class Trace:
                 continue
             if rank is not None and not 0 <= rank < world_size:
                 raise OptionError(f"rank {rank} is not in segment {number}'s world of {world_size}")
-            plan = self.plan(epoch, number)
+            plan, each = self.plan(epoch, number), self._segments.accumulation(world_size)
             for j, ahead in dealt:
                 for r in range(world_size) if rank is None else (rank,):
-                    records.append(
-                        StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
-                    )
-        records.sort(key=lambda record: (record.step, record.ahead, record.rank))
+                    at = (epoch, start + j // each, number, j, r, world_size)
+                    records.append(StepRecord(*at, plan.batch(r, j), ahead, j % each))
+        records.sort(key=lambda record: (record.step, record.ahead, record.rank, record.micro_batch))
         if not records:
             total = sum(count for _, _, count in self.segments(epoch))
             raise OptionError(f"epoch {epoch} has {total} steps; none in [{first}, {stop})")
@@ -221,10 +213,11 @@ class Trace:
 
         def records() -> Iterator[StepRecord]:
             for number, (world_size, start, count) in enumerate(segments):
-                plan = self.plan(epoch, number)
+                plan, each = self.plan(epoch, number), self._segments.accumulation(world_size)
                 for j, ahead in self._segments.dealt(epoch, number, start, count):
                     for r in range(world_size):
-                        yield StepRecord(epoch, start + j, number, j, r, world_size, plan.batch(r, j), ahead)
+                        at = (epoch, start + j // each, number, j, r, world_size)
+                        yield StepRecord(*at, plan.batch(r, j), ahead, j % each)
 
         return records()
 
@@ -253,8 +246,9 @@ class Trace:
         cached = self._segments.planned()
         for epoch in chosen:
             self._segments.forget_since(cached)  # one epoch's plans held at a time
-            for number, (_world_size, start, count) in enumerate(self.segments(epoch)):
-                plan = self.plan(epoch, number)
+            for number, (world_size, start, steps) in enumerate(self.segments(epoch)):
+                plan, each = self.plan(epoch, number), self._segments.accumulation(world_size)
+                count = steps * each  # batches per rank
                 positions = np.flatnonzero(np.isin(plan.samples, ids))
                 if positions.shape[0] == 0:
                     continue
@@ -278,10 +272,11 @@ class Trace:
                             {
                                 "key": key_of[sample],
                                 "epoch": epoch,
-                                "step": start + j,
+                                "step": start + j // each,
                                 "rank": r,
                                 "segment": number,
                                 "batch_index": j,
+                                **({"micro_batch": j % each} if self._stepped else {}),
                                 **({"ahead": True} if early else {}),
                                 **self.planner.fields(sample),
                             }
@@ -302,6 +297,7 @@ class Trace:
             "rank": record.rank,
             "segment": record.segment,
             "batch_index": record.batch_index,
+            **({"micro_batch": record.micro_batch} if self._stepped else {}),
             "world_size": record.world_size,
             "keys": [index.keys[i] for i in ids],
             "durations": [

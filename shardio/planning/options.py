@@ -17,9 +17,11 @@ from ..checks.options import flag, integer, real
 from ..errors import OptionError, shown
 from .batches import eligible, sample_cost
 
-__all__ = ["Batching", "Ordering", "MAX_BUCKETS", "REMAINDERS", "sample_cost", "eligible"]
+__all__ = ["Batching", "Ordering", "MAX_BUCKETS", "MAX_STEP_BATCHES", "REMAINDERS", "sample_cost", "eligible"]
 
 REMAINDERS = ("pad", "drop")
+MAX_STEP_BATCHES = 2**16
+"""The most batches per optimizer step (``step_batches``): ranks x accumulation of any real job."""
 MAX_BUCKETS = 2**16
 """The most duration buckets (``num_buckets``, or ``len(duration_bins) + 1``): far beyond the tens that
 balance padding, and planning allocates per bucket."""
@@ -81,6 +83,11 @@ class Batching:
             padded seconds, or the quadratic cost with `quadratic_duration`. Called per batch when planning.
         batch_cost_name: The name a state records for `batch_cost` (required with it): a state saved under
             another name does not load. Give a new name whenever the function changes.
+        step_batches: `K`: batches per optimizer step for the whole job. The epoch is then planned as a
+            sequence of steps of `K` batches (of one bucket with `sync_buckets`) that is the same on any
+            number of ranks `W` dividing `K`; each rank gets `K / W` of a step's batches (its gradient
+            accumulation, `ds.accumulation`), balanced by cost. A resume on another `W` continues the same
+            steps. `None` (the default): batches are dealt per rank, as without steps.
 
     Raises:
         OptionError: A value of the wrong type or out of range, or options that cannot work together.
@@ -98,6 +105,7 @@ class Batching:
     sync_buckets: bool | None = None
     batch_cost: Callable[[np.ndarray], float] | None = field(default=None, compare=False, repr=False)
     batch_cost_name: str | None = None
+    step_batches: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.max_duration is not None:
@@ -119,6 +127,10 @@ class Batching:
             raise OptionError(f"remainder must be one of {REMAINDERS}, not {shown(self.remainder)}")
         _check_buckets_and_filters(self)
         _check_sync(self)
+        if self.step_batches is not None:
+            object.__setattr__(
+                self, "step_batches", integer("step_batches", self.step_batches, 1, MAX_STEP_BATCHES)
+            )
 
     @property
     def bucketed(self) -> bool:
@@ -145,6 +157,28 @@ class Batching:
         """Whether a batch costs its padded seconds (count x longest): no quadratic cost, no
         ``batch_cost``."""
         return self.quadratic_duration is None and self.batch_cost is None
+
+    def accumulation(self, world_size: int) -> int | None:
+        """Batches each of ``world_size`` ranks accumulates per optimizer step: ``step_batches / world_size``.
+
+        Args:
+            world_size: The number of ranks.
+
+        Returns:
+            ``step_batches // world_size``; ``None`` without ``step_batches``.
+
+        Raises:
+            OptionError: ``world_size`` does not divide ``step_batches``, naming both.
+        """
+        if self.step_batches is None:
+            return None
+        if world_size < 1 or self.step_batches % world_size:
+            raise OptionError(
+                f"step_batches={self.step_batches} batches per optimizer step cannot be shared by "
+                f"{world_size} ranks: the number of ranks must divide step_batches (every rank accumulates "
+                "step_batches / ranks batches per step)"
+            )
+        return self.step_batches // world_size
 
     def eligible(self, durations: np.ndarray) -> np.ndarray:
         """Which samples can be planned: within the duration filters, and alone within `max_duration`.

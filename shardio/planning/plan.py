@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from . import bucketing, rounds
+from . import bucketing, rounds, steps
 from .options import Batching, Ordering
 from .order import BATCHES, narrow_window_order, rng
 
@@ -81,6 +81,10 @@ class EpochPlan:
         dropped: Samples in the dropped last round (`remainder="drop"`).
         padded: Samples repeated to fill the last round (`remainder="pad"`).
         report: What the plan did, for logs: counts, `padding_ratio`, `step_efficiency`, ...
+        accumulation: Batches per rank per optimizer step (`Batching.step_batches / world_size`; 1 without
+            steps): rank batch `s * accumulation + a` is micro-batch `a` of step `s`.
+        earlier: With steps, the global batches of the segment's steps played before it (a resume on another
+            world continues the same steps): their samples count as seen for the repeat flags.
     """
 
     samples: np.ndarray
@@ -90,6 +94,8 @@ class EpochPlan:
     dropped: int = 0
     padded: int = 0
     report: dict[str, Any] = field(default_factory=dict)
+    accumulation: int = 1
+    earlier: np.ndarray | None = None
 
     @property
     def world_size(self) -> int:
@@ -154,6 +160,25 @@ def plan_segments(
         if not size >= 1:  # no rank to deal to: a division by zero, or a silent empty plan of an empty order
             raise OptionError(f"world_size must be at least 1, not {size}")
 
+    def grouping(number: int) -> rounds.Grouping | None:
+        if windows is None or buckets is None:
+            return None
+        generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
+        return rounds.Grouping(windows, buckets, generator)
+
+    def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
+        return EpochPlan(
+            *rounds.batch_segment(
+                ids, durations, batching, size, grouping(number), limit if number == 0 else None
+            )
+        )
+
+    def segment_formed(number: int, ids: np.ndarray) -> rounds.Formed:
+        size = batching.step_batches or 1
+        return rounds.form_batches(
+            ids, durations, batching, size, grouping(number), limit if number == 0 else None
+        )
+
     def excluding(number: int, ids: np.ndarray) -> np.ndarray:
         for at, gone in exclude:
             if at == number:
@@ -162,15 +187,19 @@ def plan_segments(
                 ids = ids[~mask[ids]]
         return ids
 
-    def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
-        grouping = None
-        if windows is not None and buckets is not None:
-            generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
-            grouping = rounds.Grouping(windows, buckets, generator)
-        return EpochPlan(
-            *rounds.batch_segment(ids, durations, batching, size, grouping, limit if number == 0 else None)
+    if batching.step_batches is not None:
+        split = steps.plan_steps(
+            order,
+            durations.shape[0],
+            step_batches=batching.step_batches,
+            remainder=batching.remainder,
+            world_size=world_size,
+            history=[(finished.world_size, finished.consumed) for finished in history],
+            form=segment_formed,
+            exclude=exclude,
+            limited=limit is not None,
         )
-
+        return EpochPlan(*split.segmented(), split.accumulation, split.earlier)
     for number, finished in enumerate(history):
         order = excluding(number, order)
         plan = segment(number, order, finished.world_size)
@@ -277,7 +306,7 @@ def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
     options: dict[str, object] = {
         f.name: getattr(batching, f.name)
         for f in fields(batching)
-        if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets")
+        if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets", "step_batches")
     }
     options.update(asdict(ordering))
     if batching.duration_bins is not None:
@@ -288,4 +317,6 @@ def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
         options["sync_buckets"] = True
     if batching.batch_cost_name is not None:
         options["batch_cost"] = batching.batch_cost_name
+    if batching.step_batches is not None:  # recorded only when set: states saved without it load unchanged
+        options["step_batches"] = batching.step_batches
     return options

@@ -111,6 +111,9 @@ class Planner:
         ):
             return None
         batches = -(-self._samples // batching.batch_size)
+        if batching.step_batches is not None:  # whole steps, each A batches a rank
+            accumulation, k = batching.accumulation(world_size) or 1, batching.step_batches
+            return accumulation * (batches // k if batching.remainder == "drop" else -(-batches // k))
         return batches // world_size if batching.remainder == "drop" else -(-batches // world_size)
 
     def columns(self) -> dict[str, CorpusColumns]:

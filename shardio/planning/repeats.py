@@ -24,20 +24,25 @@ class Repeats:
     def __init__(self, plan: EpochPlan) -> None:
         self.plan = plan
         slots = plan.rank_batches.T.ravel()  # round-major: round j, then rank
+        # with steps, the batches of the segment's earlier steps come first: seen before this segment
+        before = 0 if plan.earlier is None else int(plan.earlier.shape[0])
+        if before:
+            slots = np.concatenate([plan.earlier, slots])
         first_slot = np.zeros(slots.shape[0], dtype=bool)
         first_slot[np.unique(slots, return_index=True)[1]] = True
-        self._first_slot = first_slot.reshape(plan.num_batches, plan.world_size).T
+        self._first_slot = first_slot[before:].reshape(plan.num_batches, plan.world_size).T
         self._sample_flags: np.ndarray | None = None
         self._slot_starts: np.ndarray | None = None
         samples = plan.samples[plan.offsets[0] : plan.offsets[-1]]
         if samples.shape[0] and np.bincount(samples).max() > 1:  # a sample in two different batches
             sizes = np.diff(plan.offsets)[slots]
-            self._slot_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(self._slot_starts[:-1], sizes)
+            starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts[:-1], sizes)
             taken = plan.samples[np.repeat(plan.offsets[slots], sizes) + within]
             flags = np.ones(taken.shape[0], dtype=bool)
             flags[np.unique(taken, return_index=True)[1]] = False
-            self._sample_flags = flags
+            self._slot_starts = starts[before:] - starts[before]
+            self._sample_flags = flags[int(starts[before]) :]
 
     def flags(self, rank: int, j: int) -> np.ndarray:
         """True for each sample of rank ``rank``'s ``j``-th batch that an earlier occurrence counts."""

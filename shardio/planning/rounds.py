@@ -58,6 +58,9 @@ __all__ = [
     "synchronised_order",
     "step_efficiency",
     "deal",
+    "balance",
+    "Formed",
+    "form_batches",
     "batch_segment",
 ]
 
@@ -154,22 +157,31 @@ def deal(
     left_out = np.arange(used, num_batches, dtype=np.int64)
     rounds = chosen.reshape(per_rank, world_size)
     if seconds is not None and world_size > 1 and per_rank > 0:
-        longest_first = np.take_along_axis(
-            rounds, np.argsort(-seconds[rounds], axis=1, kind="stable"), axis=1
-        )
-        ordered_seconds = seconds[longest_first].tolist()
-        totals = [0.0] * world_size
-        ranks = list(range(world_size))
-        receivers = []
-        for round_seconds in ordered_seconds:
-            ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
-            for rank, batch_seconds in zip(ranks, round_seconds):
-                totals[rank] += batch_seconds
-            receivers.append(list(ranks))
-        dealt = np.empty_like(rounds)
-        dealt[np.arange(per_rank)[:, None], np.array(receivers)] = longest_first
-        rounds = dealt
+        rounds = balance(rounds, seconds[rounds])
     return rounds.T.copy(), left_out
+
+
+def balance(rounds: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """``rounds`` (``[rounds, ranks]``, with each entry's ``seconds``) with each round's entries permuted
+    so that column ``r`` is rank ``r``'s: longest first to the ranks with the least seconds so far, so the
+    ranks' totals stay within about one entry of each other (a loop over rounds, not entries)."""
+    count, world_size = rounds.shape
+    by_length = np.argsort(-seconds, axis=1, kind="stable")
+    longest_first = np.take_along_axis(rounds, by_length, axis=1)
+    ordered_seconds = np.take_along_axis(seconds, by_length, axis=1).tolist()
+    totals = [0.0] * world_size
+    ranks = list(range(world_size))
+    receivers = []
+    for round_seconds in ordered_seconds:
+        ranks.sort(key=totals.__getitem__)  # stable: ties keep the previous order
+        for rank, batch_seconds in zip(ranks, round_seconds):
+            totals[rank] += batch_seconds
+        receivers.append(list(ranks))
+    dealt = np.empty_like(rounds)
+    dealt[np.arange(count)[:, None], np.array(receivers, dtype=np.int64).reshape(count, world_size)] = (
+        longest_first
+    )
+    return dealt
 
 
 @dataclass(frozen=True)
@@ -194,16 +206,29 @@ class Segmented(NamedTuple):
     report: dict[str, Any]
 
 
-def batch_segment(
+class Formed(NamedTuple):
+    """A segment's batches before the deal: ``order`` and ``offsets`` (batch ``b`` is
+    ``order[offsets[b]:offsets[b + 1]]``), per batch its ``costs`` and seconds of ``audio``, the samples the
+    filters ``excluded`` and the report so far."""
+
+    order: np.ndarray
+    offsets: np.ndarray
+    costs: np.ndarray
+    audio: np.ndarray
+    excluded: int
+    report: dict[str, Any]
+
+
+def form_batches(
     order: np.ndarray,
     durations: np.ndarray,
     batching: Batching,
     world_size: int,
     grouping: Grouping | None = None,
     limit: int | None = None,
-) -> Segmented:
-    """One batching pass over a segment's samples in ``order``: filtered, grouped, batched, ordered in rounds
-    and dealt to ``world_size`` ranks (see :mod:`shardio.planning.plan`); ``limit``: exactly that many
+) -> Formed:
+    """The batches of one batching pass over a segment's samples in ``order``: filtered, grouped, batched
+    and ordered in rounds of ``world_size`` (see :mod:`shardio.planning.plan`); ``limit``: exactly that many
     batches."""
     seconds = durations[order]  # per position: gathered once for every step that needs it
     excluded = 0
@@ -238,7 +263,6 @@ def batch_segment(
         costs = padded_seconds if batching.padded_cost else batch_costs(seconds, offsets, batching)
     del seconds
     report: dict[str, Any] = {"padding_ratio": round(padding_of(audio, padded_seconds), 6)}
-    batch_seconds = audio
     num_batches = offsets.shape[0] - 1
     if limit is not None and num_batches:
         # An epoch of `limit` batches: cut the plan there, or fill it by repeating batches from the start.
@@ -247,10 +271,27 @@ def batch_segment(
         kept_batches = np.arange(limit, dtype=np.int64) % num_batches
         order, offsets = reorder_batches(order, offsets, kept_batches)
         report["repeated"], costs = max(0, int(order.shape[0]) - kept), costs[kept_batches]
-        batch_seconds, num_batches = audio[kept_batches], limit
+        audio = audio[kept_batches]
+    return Formed(order, offsets, costs, audio, excluded, report)
+
+
+def batch_segment(
+    order: np.ndarray,
+    durations: np.ndarray,
+    batching: Batching,
+    world_size: int,
+    grouping: Grouping | None = None,
+    limit: int | None = None,
+) -> Segmented:
+    """One batching pass over a segment's samples in ``order`` (:func:`form_batches`), dealt to
+    ``world_size`` ranks (:func:`deal`) and reported; ``limit``: exactly that many batches."""
+    order, offsets, costs, audio, excluded, report = form_batches(
+        order, durations, batching, world_size, grouping, limit
+    )
+    num_batches = offsets.shape[0] - 1
     if num_batches == 0:
         return Segmented(order, offsets, np.zeros((world_size, 0), np.int64), excluded, 0, 0, report)
-    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, batch_seconds)
+    rank_batches, left_out = deal(num_batches, world_size, batching.remainder, audio)
     sizes = np.diff(offsets)
     dropped = int(sizes[left_out].sum())
     padded = int(sizes[rank_batches.ravel()].sum() - sizes.sum() + dropped)

@@ -420,3 +420,49 @@ def test_resume_on_another_number_of_ranks(
     assert [keys([r for r in records if r["epoch"] == 1]) for records in resumed] == [
         batches[len(batches) // EPOCHS :] for batches in planned(data, after)
     ]
+
+
+def steps_of(ranks: list[list[dict[str, Any]]]) -> dict[tuple[int, int], list[str]]:
+    """Each (epoch, optimizer step)'s keys over every rank, sorted."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for records in ranks:
+        for record in records:
+            found.setdefault((record["epoch"], record["step"]), []).extend(record["keys"])
+    return {step: sorted(keys) for step, keys in found.items()}
+
+
+def test_accumulate_grad_batches_resumes_on_another_number_of_ranks_onto_the_same_steps(
+    data: Path, tmp_path: Path
+) -> None:
+    """2 ranks x accumulate_grad_batches=2 (step_batches=4), killed with SIGKILL mid-epoch, resumed on 1
+    rank x 4 from the last checkpoint (at an optimizer step): every later step trains on the straight run's
+    samples."""
+    from shardio import Batching, ShardDataset, World
+
+    batching = Batching(batch_size=BATCH, step_batches=4)
+    straight: dict[tuple[int, int], list[str]] = {}
+    first = 0
+    for epoch in range(EPOCHS):
+        length = 0
+        for rank in range(2):
+            ds = ShardDataset(
+                data, seed=5, ordering=Ordering(shuffle_shards=2), batching=batching, world=World(rank, 2)
+            )
+            ds.set_epoch(epoch)
+            for batch in ds:
+                step = first + batch["batch_index"] // ds.accumulation
+                straight.setdefault((epoch, step), []).extend(batch["keys"])
+            length = len(ds) // ds.accumulation
+        first += length
+    straight = {step: sorted(keys) for step, keys in straight.items()}
+    options = {"every_n_steps": 1, "step_batches": 4}
+    killed = run_job(
+        data, tmp_path / "killed", devices=2, accumulate=2, kill_at_step=2, expect_kill=True, **options
+    )
+    assert steps_of(killed) == {step: keys for step, keys in straight.items() if step[1] < 2}
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert step == 2
+    resumed = run_job(
+        data, tmp_path / "resumed", devices=1, accumulate=4, ckpt_path=str(checkpoint), **options
+    )
+    assert steps_of(resumed) == {at: keys for at, keys in straight.items() if at[1] >= 2}

@@ -21,6 +21,7 @@ from shardio.planning.surgery import Quarantine, Surgery
     seed=st.integers(0, 100),
     batch_size=st.one_of(st.none(), st.integers(1, 12)),
     world_size=st.integers(1, 9),
+    steps=st.booleans(),
     remainder=st.sampled_from(["pad", "drop"]),
     shuffle=st.booleans(),
     shuffle_shards=st.integers(1, 4),
@@ -31,6 +32,7 @@ def test_the_counted_batches_are_every_plans(
     seed: int,
     batch_size: int | None,
     world_size: int,
+    steps: bool,
     remainder: str,
     shuffle: bool,
     shuffle_shards: int,
@@ -39,7 +41,7 @@ def test_the_counted_batches_are_every_plans(
     planner = Planner(
         memory_index(sizes, seed),
         seed,
-        Batching(batch_size=batch_size, remainder=remainder),
+        Batching(batch_size=batch_size, remainder=remainder, step_batches=world_size * 2 if steps else None),
         Ordering(shuffle=shuffle, shuffle_shards=shuffle_shards),
     )
     counted = planner.batch_count(world_size)

@@ -1,0 +1,82 @@
+"""Steps on any world (``Batching(step_batches=K)``): a job saved at an optimizer step's boundary on ``W``
+ranks resumes on ``W'`` ranks (``W'`` divides ``K``) onto the straight run's steps, sample for sample, over
+the configurations of the resume harness (workers, start methods, loaders, batchings, a mix); a state saved
+inside a step is refused on another world, naming the step, and resumes exactly on the same one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from resume_harness import (
+    Case,
+    check_same_world,
+    check_steps_world_change,
+    life,
+    resumed_dataset,
+    write_corpora,
+)
+
+from shardio import OptionError, StateError, World
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return write_corpora(tmp_path_factory.mktemp("corpora"))
+
+
+FIXED = {"step_batches": 4}
+
+
+@pytest.mark.parametrize(
+    ("case", "old", "new", "step"),
+    [
+        (Case(batching="fixed", loader="in_process", extra=FIXED), 2, 1, 3),
+        (Case(batching="fixed", loader="state_after", workers=2, extra=FIXED), 2, 4, 2),
+        (Case(batching="duration", loader="shardio", workers=2, start_method="spawn", extra=FIXED), 1, 2, 1),
+        (Case(batching="bucketed", loader="stateful", workers=2, ds_load=True, extra=FIXED), 4, 1, 1),
+        (
+            Case(batching="bucketed", loader="state_after", workers=2, extra={**FIXED, "remainder": "drop"}),
+            2,
+            1,
+            1,
+        ),
+        (Case(batching="unbatched", loader="state_after", workers=2, extra={"step_batches": 8}), 2, 4, 3),
+        (Case(mixed=True, batching="fixed", loader="shardio", workers=2, extra=FIXED), 2, 1, 2),
+    ],
+    ids=[
+        "in-process-2to1",
+        "fork-2to4",
+        "spawn-shardio-1to2",
+        "stateful-bucketed-4to1",
+        "drop-2to1",
+        "unbatched-2to4",
+        "mix-2to1",
+    ],
+)
+def test_a_resume_on_another_world_plays_the_straight_runs_steps(
+    dirs: dict[str, str], case: Case, old: int, new: int, step: int
+) -> None:
+    check_steps_world_change(case, dirs, old, new, step)
+
+
+def test_a_state_inside_a_step_is_refused_on_another_world_and_resumes_on_the_same(
+    dirs: dict[str, str],
+) -> None:
+    case = Case(batching="fixed", loader="state_after", epochs=1, extra=FIXED)
+    _, state = life(case, dirs, World(0, 2), None, 3)  # step 1, micro-batch 1 of 2
+    assert state is not None
+    with pytest.raises(StateError, match=r"micro-batch 1 of optimizer step 1 .*step_batches=4"):
+        resumed_dataset(case, dirs, World(0, 1), state)
+    check_same_world(replace(case, stops=(3,)), dirs, World(0, 2))
+
+
+def test_a_world_that_does_not_divide_step_batches_is_refused_naming_both(dirs: dict[str, str]) -> None:
+    case = Case(batching="fixed", extra=FIXED)
+    from resume_harness import make_dataset
+
+    ds = make_dataset(case, dirs, World(0, 3))
+    with pytest.raises(OptionError, match="step_batches=4 .* 3 ranks"):
+        print(ds.accumulation)
+    with pytest.raises(OptionError, match="step_batches=4 .* 3 ranks"):
+        next(iter(ds))
