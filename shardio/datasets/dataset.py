@@ -32,6 +32,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks.options import integer
@@ -41,6 +42,7 @@ from ..planning.planner import Planner
 from ..planning.surgery import Surgery
 from ..reading.assembly import Assembler
 from ..reading.cache import ShardCache
+from ..reading.decodedcache import DecodedCache
 from ..reading.options import Decoding, Reading, Transform
 from ..reading.reader import Reader, ReadStats
 from ..runtime.control import Instruction
@@ -145,6 +147,7 @@ class ShardDataset(Resumable, IterableDataset):
         self._epochs = EpochPlans(self.planner, world, self._progress)
         self._set_surgery(Surgery())  # a loaded state's quarantines and re-mix, carried into states
         self._reader: Reader | None = None
+        self._decoded: DecodedCache | None = None  # this process's decoded cache, made when first read
 
     def _check_plannable(self, batching: Batching) -> None:
         check_some_eligible(self.index, batching)  # a mix checks each corpus instead
@@ -205,6 +208,16 @@ class ShardDataset(Resumable, IterableDataset):
         cache = ShardCache(os.path.join(cache_dir(), "shards"), size) if size > 0 else None
         return Reader(self.index, retry=self.reading.retry, cache=cache)
 
+    def _decoded_cache(self) -> DecodedCache | None:
+        directory = self.reading.decoded_cache
+        if directory is None:
+            return None
+        if self._decoded is None:
+            self._decoded = DecodedCache(
+                directory, self.reading.decoded_cache_bytes, self.index, self.decoding
+            )
+        return self._decoded
+
     # -- iteration ---------------------------------------------------------------------------------
 
     @property
@@ -220,7 +233,7 @@ class ShardDataset(Resumable, IterableDataset):
         # node plan's files it is read from, else in shared memory (by handle, not by value), and the shard
         # table in shared memory too (O(shards)); the index's columns travel by reference to its mapped file.
         context = Context.detect()
-        state = dict(self.__dict__, _reader=None)
+        state = dict(self.__dict__, _reader=None, _decoded=None)
         if not context.in_worker:
             world = self._epochs.ranks(context)
             self._epochs.share(self._progress.live(context), world, self._surgery, context)
@@ -258,9 +271,12 @@ class ShardDataset(Resumable, IterableDataset):
             on_error=self.reading.on_error,
             fields=self.planner.fields if self.planner.corpora else None,
             in_worker=context.in_worker,
+            cache=self._decoded_cache(),
         )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
+        if assembler.cache is not None and numbers:
+            assembler.cache.upcoming(np.concatenate([plan.batch(j) for j in numbers]))
         batches = self._reader.read_ahead(
             (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
         )

@@ -26,6 +26,7 @@ from . import blocks
 from .batchmemory import audio_rows, sample_row
 from .collate import collate, collate_into, to_tensors
 from .decode import EncodedAudio, decode_encoded, read_header
+from .decodedcache import DecodedCache
 from .fields import add_member_fields, check_field_names
 from .lane import Lane
 from .options import Decoding, Transform
@@ -69,8 +70,11 @@ class Assembler:
         on_error: str,
         fields: Callable[[int], dict[str, Any]] | None,
         in_worker: bool,
+        cache: DecodedCache | None = None,
     ) -> None:
         self.reader = reader
+        self.cache = cache if cache is not None and cache.on else None
+        """The node's decoded cache that samples are read from and kept in (None: decoded on each read)."""
         self.in_worker = in_worker
         self.decoding = decoding
         self.seed = seed
@@ -116,7 +120,7 @@ class Assembler:
                 try:
                     row = None if rows is None else rows[len(samples)]
                     # a failed sample's row is written again
-                    samples.append(self._decode(sample, audio, epoch, row))
+                    samples.append(self._decode(sample, audio, epoch, row, int(ids[position])))
                 except ShardioError as exc:
                     self._failed(position, int(ids[position]), exc, skipped)
                     continue
@@ -244,26 +248,40 @@ class Assembler:
         )
 
     def _decode(
-        self, sample: dict[str, Any], audio: EncodedAudio, epoch: int, row: np.ndarray | None
+        self, sample: dict[str, Any], audio: EncodedAudio, epoch: int, row: np.ndarray | None, sample_id: int
     ) -> dict[str, Any]:
-        """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits), then the
-        transform."""
-        decoding = self.decoding
+        """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits) or read
+        from the decoded cache, then the transform."""
+        decoding, cache = self.decoding, self.cache
         int16 = decoding.dtype == "int16"
-        stored = decode_pcm16(audio, row) if int16 and decoding.keeps_decoded_audio else None
-        if stored is not None:  # 16-bit PCM, as stored
-            sample["audio"], sample["sample_rate"] = stored
-            return sample
-        sample["audio"], sample["sample_rate"] = decode_encoded(
-            audio,
-            mono=decoding.mono,
-            sample_rate=decoding.sample_rate,
-            check_finite=decoding.check_finite,
-            out=row,
-        )
+        if cache is not None and audio.layout is not None and decoding.keeps_decoded_audio:
+            cache = None  # a WAV the fast path converts: as cheap as the cache
+        entry = None if cache is None else cache.get(sample_id, row)
+        if entry is not None:
+            sample["audio"], sample["sample_rate"] = entry.audio, entry.rate
+            if entry.final:
+                return sample
+        else:
+            stored = decode_pcm16(audio, row) if int16 and decoding.keeps_decoded_audio else None
+            if stored is not None:  # 16-bit PCM, as stored
+                sample["audio"], sample["sample_rate"] = stored
+                if cache is not None:
+                    cache.put(sample_id, *stored)
+                return sample
+            sample["audio"], sample["sample_rate"] = decode_encoded(
+                audio,
+                mono=decoding.mono,
+                sample_rate=decoding.sample_rate,
+                check_finite=decoding.check_finite,
+                out=row,
+            )
+            if cache is not None and not cache.final:
+                cache.put(sample_id, sample["audio"], sample["sample_rate"])
         if decoding.transform is not None:
             key = sample["key"]
             sample = decoding.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
         if int16:
             sample["audio"] = to_int16(sample["audio"])
+            if cache is not None and cache.final and entry is None:
+                cache.put(sample_id, sample["audio"], sample["sample_rate"])
         return sample

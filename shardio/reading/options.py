@@ -5,6 +5,7 @@ under one value loads under another.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,15 @@ class Reading:
             many bytes under `$SHARDIO_CACHE_DIR` (default `~/.cache/shardio`), shared by every process of
             the node: a shard is downloaded whole when first read (checked against its SHA-256), and later
             epochs read it from disk. 0 (the default): ranged reads, no disk.
+        decoded_cache: A directory of node-local disk where each sample's decoded audio is kept the first time
+            a process of the node decodes it, and read back after that instead of decoding again (see the
+            guide's "Decoded cache" page): the same batches, bit for bit, for far less CPU on FLAC, MP3 or
+            Opus, and for any corpus with `mono` or `sample_rate`. Shared by every rank, worker and job of the
+            node (entries are keyed by the index's content and the decoding options), checked on every read.
+            The directory must be this user's and writable by no one else. Default `None`: no cache.
+        decoded_cache_bytes: The most bytes the decoded cache's directory holds (every dataset together);
+            default 16 GiB. About 115 MB per hour of 16 kHz mono 16-bit audio, twice that where the audio
+            is resampled or mixed (kept as float32).
 
     Raises:
         OptionError: A value of the wrong type or out of range.
@@ -104,6 +114,8 @@ class Reading:
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
     read_ahead: int = 64 << 20
     cache_bytes: int = 0
+    decoded_cache: str | None = None
+    decoded_cache_bytes: int = 16 << 30
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_error, str) or self.on_error not in ON_ERROR:
@@ -116,3 +128,10 @@ class Reading:
             )
         object.__setattr__(self, "read_ahead", integer("read_ahead", self.read_ahead, 0))
         object.__setattr__(self, "cache_bytes", integer("cache_bytes", self.cache_bytes, 0))
+        if self.decoded_cache is not None:
+            if not isinstance(self.decoded_cache, (str, os.PathLike)) or not os.fspath(self.decoded_cache):
+                raise OptionError(f"decoded_cache must be a directory path, not {shown(self.decoded_cache)}")
+            object.__setattr__(self, "decoded_cache", os.fspath(self.decoded_cache))
+        object.__setattr__(
+            self, "decoded_cache_bytes", integer("decoded_cache_bytes", self.decoded_cache_bytes, 1 << 20)
+        )

@@ -1,0 +1,156 @@
+"""DecodedCache: a sample's audio decoded once per node, and read back from node-local disk after that.
+
+A reader concern, never a plan concern: it changes how bytes become audio, never which samples a batch holds,
+and a batch read through it is bit-identical to one read without it. An entry is what the decoder made of a
+sample (mixed to mono and resampled where asked, before the ``transform``, which runs on every read with its
+epoch's generator): float32 audio, kept as int16 where every value is exactly ``int16 / 32768`` (16-bit
+sources: half the disk, and read back exactly); with ``dtype="int16"`` and no transform, the batch's int16
+audio itself. Entries live in :class:`~shardio.storage.segments.Segments` (checked, bounded, shared by every
+process of the node) under a namespace digested from what makes the audio: the index's ``content_id`` and the
+decoding options that change samples (``mono``, ``sample_rate``, ``dtype``, whether a transform follows).
+An entry is also held to what the index says of its sample (channels, rate, at most its frames) before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import NamedTuple
+
+import numpy as np
+
+from ..shards.index import Index
+from ..storage.segments import Segments
+from .options import Decoding
+from .wav import fits
+
+__all__ = ["FORMAT", "DecodedCache", "Entry", "namespace"]
+
+FORMAT = 1
+"""The entries' layout version: part of the namespace, so another layout is never read."""
+_INT16, _FLOAT32 = 0, 1
+_SCALE = np.float32(2.0**-15)
+
+
+class Entry(NamedTuple):
+    """A cached sample's audio, ``(channels, frames)``, and its rate; ``final``: it is the batch's audio
+    already (int16 for a ``dtype="int16"`` dataset without a transform)."""
+
+    audio: np.ndarray
+    rate: int
+    final: bool
+
+
+def namespace(index: Index, decoding: Decoding) -> str:
+    """The name of the entries of ``index``'s samples decoded with ``decoding``'s options."""
+    key = {
+        "format": FORMAT,
+        "content": index.content_id,
+        "mono": decoding.mono,
+        "sample_rate": decoding.sample_rate,
+        "dtype": decoding.dtype,
+        "transform": decoding.transform is not None,
+    }
+    return hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+class DecodedCache:
+    """The decoded audio of ``index``'s samples under ``decoding``, in the store in ``directory`` (at most
+    ``max_bytes`` on disk, every dataset together)."""
+
+    def __init__(self, directory: str, max_bytes: int, index: Index, decoding: Decoding) -> None:
+        self.directory = directory
+        self.final = decoding.dtype == "int16" and decoding.transform is None
+        self.segments = Segments(directory, namespace(index, decoding), max_bytes, len(index))
+        columns = index.columns
+        self._frames = columns["num_frames"]
+        self._channels = columns["channels"]
+        self._rates = columns["sample_rate"]
+        self._mono = decoding.mono
+        self._rate = decoding.sample_rate
+        self.hits = 0
+        self.stored = 0
+
+    @property
+    def on(self) -> bool:
+        """Whether the cache is in use (its directory is private, with a secret)."""
+        return self.segments.on
+
+    def upcoming(self, ids: np.ndarray) -> None:
+        """The sample ids this process reads next, in order (eviction keeps their entries longest)."""
+        if self.on:
+            self.segments.upcoming(ids)
+
+    def _expected(self, sample_id: int) -> tuple[int, int, int]:
+        """(channels, rate, most frames) the decoded audio of sample ``sample_id`` can have."""
+        channels = 1 if self._mono else int(self._channels[sample_id])
+        rate, frames = int(self._rates[sample_id]), int(self._frames[sample_id])
+        if self._rate is not None and self._rate != rate:
+            frames, rate = -(-frames * self._rate // rate), self._rate
+        return channels, rate, frames
+
+    def get(self, sample_id: int, out: np.ndarray | None = None) -> Entry | None:
+        """Sample ``sample_id``'s entry (float32 written into ``out[:, :frames]`` when that fits, as the
+        decoder does), else None."""
+        found = self.segments.get(sample_id)
+        if found is None:
+            return None
+        meta, payload = found
+        kind, channels, rate = meta & 0xFF, (meta >> 8) & 0xFFFF, meta >> 24
+        want_channels, want_rate, most = self._expected(sample_id)
+        itemsize = 2 if kind == _INT16 else 4
+        frames, rest = divmod(len(payload), itemsize * max(channels, 1))
+        if (
+            kind not in (_INT16, _FLOAT32)
+            or channels != want_channels
+            or rate != want_rate
+            or rest
+            or not 0 < frames <= most
+            or (self.final and kind != _INT16)
+        ):
+            self.segments.distrusted += 1
+            return None
+        stored = np.frombuffer(payload, np.int16 if kind == _INT16 else np.float32).reshape(channels, frames)
+        self.hits += 1
+        if self.final:
+            target = fits(out, channels, frames) if out is not None and out.dtype == np.int16 else None
+            if target is None:
+                return Entry(stored.copy(), rate, True)
+            np.copyto(target, stored)
+            return Entry(target, rate, True)
+        target = fits(out, channels, frames) if out is not None and out.dtype == np.float32 else None
+        if target is None:
+            target = np.empty((channels, frames), np.float32)
+        if kind == _INT16:  # exact: each int16 is a float32, scaled by a power of two
+            np.copyto(target, stored, casting="unsafe")
+            target *= _SCALE
+        else:
+            np.copyto(target, stored)
+        return Entry(target, rate, False)
+
+    def put(self, sample_id: int, audio: np.ndarray, rate: int) -> None:
+        """Keep sample ``sample_id``'s decoded audio: the batch's int16 audio where :attr:`final`, else the
+        decoder's float32 (before any transform)."""
+        if not self.on:
+            return
+        audio = np.asarray(audio)
+        if audio.ndim != 2 or not 0 < audio.shape[0] <= 0xFFFF or rate >= 1 << 40:
+            return
+        if audio.dtype == np.int16:
+            kind, stored = _INT16, np.ascontiguousarray(audio)
+        else:
+            kind, stored = _FLOAT32, np.ascontiguousarray(audio, dtype=np.float32)
+            steps = np.rint(stored * np.float32(32768.0))
+            # compared bit for bit: -0.0 would come back as 0.0
+            exact = (steps * _SCALE).view(np.int32) == stored.view(np.int32)
+            if np.all((steps >= -32768) & (steps <= 32767)) and exact.all():
+                kind, stored = _INT16, steps.astype(np.int16)
+        if self.final and kind != _INT16:
+            return
+        meta = kind | (stored.shape[0] << 8) | (rate << 24)
+        if self.segments.put(sample_id, meta, stored.reshape(-1).view(np.uint8).data):
+            self.stored += 1
+
+    def close(self) -> None:
+        """Close the cache's files (what this process reserved and did not fill is given back)."""
+        self.segments.close()

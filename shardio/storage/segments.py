@@ -1,0 +1,346 @@
+"""Segments: a node-local store of checked byte entries keyed by number, shared by every process of the node.
+
+A store is a directory (private to its owner: made ``0700``; one owned by another user, or writable by
+others, is not used) holding a ``secret`` (16 random bytes, ``0600``, made once) and one subdirectory per
+namespace. A namespace holds segment files (``*.seg``), each appended by one process only: an entry is a
+40-byte header (magic, number, the caller's 64-bit ``meta``, payload length, checksum) and its payload. The
+checksum is xxh3-64 of the header and payload, seeded by the secret: an entry written by another store, cut
+short by a killed writer, or changed on disk is distrusted (counted, never returned), whatever its header
+says. It is a checksum, not a MAC: the directory's permissions keep other users out.
+
+Bounded: a writer reserves room before it appends (``ftruncate`` of its segment, under the store's lock, after
+evicting whole segments of any namespace to fit ``max_bytes``), so the files' sizes never add up past the
+bound. What a writer reserved and did not fill is zeros, where a scan of the segment stops. Eviction prefers
+segments holding none of the numbers :meth:`Segments.upcoming` names, least recently written first, then those
+whose first upcoming number comes latest. A process reads a segment by ``pread`` on a descriptor it keeps, so
+a segment removed while read stays readable to it. A full disk or a file-size limit (``ENOSPC``, ``EDQUOT``,
+``EFBIG``) stops this process's writes with one warning; reads go on.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import struct
+import time
+
+import numpy as np
+import xxhash
+
+from .locks import FileLock
+from .privatedir import private_dir, secret
+
+__all__ = ["HEADER", "Segments"]
+
+logger = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<4s4xQQQQ")  # magic, number, meta, payload length, checksum
+_MAGIC = b"SDC1"
+_SUFFIX = ".seg"
+_MASK = (1 << 64) - 1
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+TOUCH_S = 10.0
+"""A segment read from is marked used (its time set) at most this often per process."""
+RESCAN_S = 1.0
+"""A miss rescans the namespace's segments (others' new entries) at most this often."""
+
+
+class Segments:
+    """Entries numbered ``0 .. count - 1`` in namespace ``namespace`` of the store in ``directory``, whose
+    segment files add up to at most ``max_bytes`` (every namespace together). Not usable (:attr:`on` false)
+    where the directory is not private or has no secret: every lookup misses and nothing is written."""
+
+    def __init__(self, directory: str, namespace: str, max_bytes: int, count: int) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, namespace)
+        self.max_bytes = max_bytes
+        self.count = count
+        self.reserve = min(max(max_bytes // 64, 1 << 20), 16 << 20)
+        self.segment_bytes = min(max(max_bytes // 16, self.reserve), 256 << 20)
+        self.distrusted = 0
+        """Entries found changed or foreign (checksum, header) and ignored, in this process."""
+        self.on = private_dir(directory) and private_dir(self.path)
+        self._seed = secret(directory) if self.on else None
+        self.on = self._seed is not None
+        self._writes = self.on
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._where = np.full(self.count, -1, np.int32)  # number -> segment slot (-1: none known)
+        self._offset = np.zeros(self.count, np.int64)
+        self._length = np.zeros(self.count, np.int64)
+        self._fds: list[int] = []  # slot -> descriptor (-1: closed)
+        self._names: dict[str, int] = {}  # segment name -> slot
+        self._scanned: list[int] = []  # slot -> offset scanned to
+        self._touched: list[float] = []  # slot -> when this process last marked it used
+        self._scan_at = 0.0
+        self._writer: tuple[int, int, int] | None = None  # (slot, write offset, reserved end)
+        self._next_use: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_seed", "_writes")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def close(self) -> None:
+        """Close every segment; a segment this process wrote loses what it reserved and did not fill."""
+        if self._pid != os.getpid():
+            return
+        if self._writer is not None:
+            slot, offset, _ = self._writer
+            try:
+                os.ftruncate(self._fds[slot], offset)
+            except OSError:
+                pass
+        for fd in self._fds:
+            if fd >= 0:
+                os.close(fd)
+        self._reset()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def _check(self, number: int, meta: int, payload: memoryview) -> int:
+        prefix = HEADER.pack(_MAGIC, number, meta, len(payload), 0)[:-8]
+        seed = (self._seed or 0) ^ xxhash.xxh3_64_intdigest(prefix, seed=self._seed or 0)
+        return xxhash.xxh3_64_intdigest(payload, seed=seed & _MASK)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, number: int) -> tuple[int, memoryview] | None:
+        """The ``meta`` and payload of entry ``number``, checked; None where there is none (or it was found
+        changed: counted in :attr:`distrusted`)."""
+        if not self.on:
+            return None
+        if self._pid != os.getpid():
+            self._reset()
+        slot = int(self._where[number])
+        if slot < 0:
+            now = time.monotonic()
+            if now - self._scan_at < RESCAN_S:
+                return None
+            self._scan_at = now
+            self.scan()
+            slot = int(self._where[number])
+            if slot < 0:
+                return None
+        try:
+            data = os.pread(self._fds[slot], int(self._length[number]), int(self._offset[number]))
+        except OSError:
+            data = b""
+        found = self._parse(number, memoryview(data))
+        if found is None:
+            self.distrusted += 1
+            self._where[number] = -1
+        else:
+            self._touch(slot)
+        return found
+
+    def _touch(self, slot: int) -> None:
+        now = time.monotonic()
+        if now - self._touched[slot] > TOUCH_S:
+            self._touched[slot] = now
+            try:
+                os.utime(self._fds[slot])  # the least recently used segment goes first
+            except OSError:
+                pass
+
+    def _parse(self, number: int, data: memoryview) -> tuple[int, memoryview] | None:
+        if len(data) < HEADER.size:
+            return None
+        magic, got, meta, length, check = HEADER.unpack_from(data)
+        payload = data[HEADER.size :]
+        if (
+            magic != _MAGIC
+            or got != number
+            or length != len(payload)
+            or self._check(number, meta, payload) != check
+        ):
+            return None
+        return meta, payload
+
+    def scan(self) -> None:
+        """Learn the entries other processes added since the last scan (new segments, and segments' new
+        entries); forget segments that went."""
+        try:
+            names = [name for name in os.listdir(self.path) if name.endswith(_SUFFIX)]
+        except OSError:
+            return
+        present = set(names)
+        for name, slot in list(self._names.items()):
+            if name not in present and (self._writer is None or self._writer[0] != slot):
+                self._forget(name, slot)
+        for name in names:
+            known = self._names.get(name)
+            if known is None:
+                known = self._open(name)
+                if known is None:
+                    continue
+            if self._writer is None or self._writer[0] != known:
+                self._scan_segment(known)
+
+    def _open(self, name: str) -> int | None:
+        try:
+            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        self._names[name] = len(self._fds)
+        self._fds.append(fd)
+        self._scanned.append(0)
+        self._touched.append(0.0)
+        return len(self._fds) - 1
+
+    def _forget(self, name: str, slot: int) -> None:
+        del self._names[name]
+        os.close(self._fds[slot])
+        self._fds[slot] = -1
+        self._where[self._where == slot] = -1
+
+    def _scan_segment(self, slot: int) -> None:
+        fd, offset = self._fds[slot], self._scanned[slot]
+        size = os.fstat(fd).st_size
+        while offset + HEADER.size <= size:
+            header = os.pread(fd, HEADER.size, offset)
+            if len(header) < HEADER.size:
+                break
+            magic, number, _, length, _ = HEADER.unpack(header)
+            end = offset + HEADER.size + length
+            if magic != _MAGIC or not 0 <= number < self.count or end > size:
+                break  # reserved zeros (a writer's tail), or not an entry: read no further
+            self._where[number], self._offset[number], self._length[number] = slot, offset, end - offset
+            offset = end
+        self._scanned[slot] = offset
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def upcoming(self, numbers: np.ndarray) -> None:
+        """The numbers this process reads next, in order: eviction keeps the segments they are in."""
+        next_use = np.full(self.count, np.iinfo(np.int64).max, np.int64)
+        next_use[numbers[::-1]] = np.arange(len(numbers), dtype=np.int64)[::-1]
+        self._next_use = next_use
+
+    def put(self, number: int, meta: int, payload: memoryview) -> bool:
+        """Append entry ``number`` (unless this process cannot write: a full disk, a bound too small);
+        whether it was."""
+        if not self._writes:
+            return False
+        if self._pid != os.getpid():
+            self._reset()
+        need = HEADER.size + len(payload)
+        if need > self.segment_bytes:
+            return False
+        try:
+            if self._writer is None or self._writer[1] + need > self._writer[2]:
+                if not self._reserve(need):
+                    return False
+            assert self._writer is not None
+            slot, offset, end = self._writer
+            header = HEADER.pack(_MAGIC, number, meta, len(payload), self._check(number, meta, payload))
+            os.pwritev(self._fds[slot], [header, payload], offset)
+        except OSError as exc:
+            if exc.errno not in _FULL:
+                raise
+            self._writes = False
+            logger.warning("decoded cache %s: cannot write (%s): reading on without caching", self.path, exc)
+            return False
+        self._writer = (slot, offset + need, end)
+        self._where[number], self._offset[number], self._length[number] = slot, offset, need
+        return True
+
+    def _reserve(self, need: int) -> bool:
+        """Room for ``need`` more bytes in this process's segment (a new one when it would outgrow
+        :attr:`segment_bytes`), evicting others' to keep within the bound; whether there is."""
+        chunk = max(need, self.reserve)
+        with FileLock(os.path.join(self.directory, "lock"), what="the decoded cache"):
+            writer = self._writer
+            if writer is not None:
+                slot, offset, end = writer
+                if os.fstat(self._fds[slot]).st_nlink == 0 or offset + chunk > self.segment_bytes:
+                    os.ftruncate(self._fds[slot], offset)  # evicted by another process, or full: done with
+                    self._scanned[slot] = offset
+                    writer = self._writer = None
+            sizes = self._sizes()
+            mine = None if writer is None else self._name_of(writer[0])
+            grow = chunk if writer is None else writer[1] + chunk - writer[2]
+            if not self._evict(sizes, grow, keep=mine):
+                return False
+            if writer is None:
+                name = f"{os.urandom(8).hex()}{_SUFFIX}"
+                fd = os.open(
+                    os.path.join(self.path, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                )
+                self._names[name] = len(self._fds)
+                self._fds.append(fd)
+                self._scanned.append(0)
+                self._touched.append(time.monotonic())
+                writer = (len(self._fds) - 1, 0, 0)
+            slot, offset, end = writer
+            os.ftruncate(self._fds[slot], offset + chunk)
+            self._writer = (slot, offset, offset + chunk)
+        return True
+
+    def _name_of(self, slot: int) -> str:
+        return next(name for name, s in self._names.items() if s == slot)
+
+    def _sizes(self) -> dict[str, tuple[int, int]]:
+        """Every segment of the store (all namespaces): path -> (size, mtime)."""
+        found = {}
+        for space in os.listdir(self.directory):
+            folder = os.path.join(self.directory, space)
+            if not os.path.isdir(folder) or os.path.islink(folder):
+                continue
+            for name in os.listdir(folder):
+                if name.endswith(_SUFFIX):
+                    try:
+                        info = os.stat(os.path.join(folder, name), follow_symlinks=False)
+                    except OSError:
+                        continue
+                    found[os.path.join(folder, name)] = (info.st_size, info.st_mtime_ns)
+        return found
+
+    def _evict(self, sizes: dict[str, tuple[int, int]], grow: int, keep: str | None) -> bool:
+        total = sum(size for size, _ in sizes.values())
+        if total + grow <= self.max_bytes:
+            return True
+        kept = None if keep is None else os.path.join(self.path, keep)
+        soonest = self._soonest()
+        order = sorted(
+            (path for path in sizes if path != kept),
+            key=lambda path: (path in soonest, -soonest.get(path, 0), sizes[path][1]),
+        )
+        for path in order:
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            total -= sizes[path][0]
+            if total + grow <= self.max_bytes:
+                return True
+        return False
+
+    def _soonest(self) -> dict[str, int]:
+        """For this namespace's segments that hold upcoming entries: the position of the first."""
+        if self._next_use is None:
+            return {}
+        known = self._where >= 0
+        if not known.any():
+            return {}
+        first = np.full(len(self._fds), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, self._where[known], self._next_use[known])
+        limit = np.iinfo(np.int64).max
+        return {
+            os.path.join(self.path, name): int(first[slot])
+            for name, slot in self._names.items()
+            if first[slot] < limit
+        }
