@@ -82,7 +82,7 @@ class Assembler:
         self.on_error = on_error
         self.fields = fields
         self.lane = (
-            Lane(reader, decoding.dtype, fields, self.general, in_worker)
+            Lane(reader, decoding.dtype, fields, self.general, in_worker, self.cache)
             if Lane.serves(reader, batched=batched, keeps_decoded_audio=decoding.keeps_decoded_audio)
             else None
         )

@@ -54,6 +54,16 @@ def namespace(index: Index, decoding: Decoding) -> str:
     return hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
+def _exact_int16(audio: np.ndarray) -> np.ndarray | None:
+    """``audio`` as int16 steps of 1/32768 where each value is one exactly (bit for bit: not -0.0), else
+    None."""
+    scaled = audio * np.float32(32768.0)  # exact (a power of two), -0.0 kept
+    with np.errstate(invalid="ignore", over="ignore"):
+        steps = scaled.astype(np.int16)  # out of range or between steps: caught below
+    back = steps.astype(np.float32)
+    return steps if np.array_equal(back.view(np.int32), scaled.view(np.int32)) else None
+
+
 class DecodedCache:
     """The decoded audio of ``index``'s samples under ``decoding``, in the store in ``directory`` (at most
     ``max_bytes`` on disk, every dataset together)."""
@@ -80,6 +90,10 @@ class DecodedCache:
         """The sample ids this process reads next, in order (eviction keeps their entries longest)."""
         if self.on:
             self.segments.upcoming(ids)
+
+    def holds(self, ids: np.ndarray) -> bool:
+        """Whether every one of sample ids ``ids`` has an entry this process knows of (not yet checked)."""
+        return self.segments.holds(ids)
 
     def _expected(self, sample_id: int) -> tuple[int, int, int]:
         """(channels, rate, most frames) the decoded audio of sample ``sample_id`` can have."""
@@ -140,11 +154,9 @@ class DecodedCache:
             kind, stored = _INT16, np.ascontiguousarray(audio)
         else:
             kind, stored = _FLOAT32, np.ascontiguousarray(audio, dtype=np.float32)
-            steps = np.rint(stored * np.float32(32768.0))
-            # compared bit for bit: -0.0 would come back as 0.0
-            exact = (steps * _SCALE).view(np.int32) == stored.view(np.int32)
-            if np.all((steps >= -32768) & (steps <= 32767)) and exact.all():
-                kind, stored = _INT16, steps.astype(np.int16)
+            steps = _exact_int16(stored)
+            if steps is not None:
+                kind, stored = _INT16, steps
         if self.final and kind != _INT16:
             return
         meta = kind | (stored.shape[0] << 8) | (rate << 24)

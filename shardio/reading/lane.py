@@ -39,6 +39,7 @@ from ..storage.localshard import LocalShard
 from . import blocks
 from .batchmemory import audio_rows, clear_padding, columns_behind
 from .collate import PLAIN_TYPES
+from .decodedcache import DecodedCache
 from .fields import add_batch_fields
 from .reader import Reader
 from .wav import WavLayout, decode_rows, wav_layouts
@@ -75,8 +76,11 @@ class Lane:
         fields: Callable[[int], dict[str, Any]] | None,
         general: General,
         in_worker: bool,
+        cache: DecodedCache | None = None,
     ) -> None:
         self.reader = reader
+        self.cache = cache
+        """The decoded cache whose entries stand in for audio the lane does not decode (FLAC, ...)."""
         self.int16 = dtype == "int16"
         self.fields = fields
         self.general = general
@@ -117,19 +121,27 @@ class Lane:
         if not count or self._keys is None or channels.count(channels[0]) != count:
             return None
         exts = [self._formats[number] for number in self._format[ids].tolist()]
-        if not _WAV.issuperset(exts):  # before any read: a FLAC dataset's batches leave at once
+        # before any read: a FLAC dataset's batches leave at once, unless the decoded cache holds them
+        cached = not _WAV.issuperset(exts)
+        if cached and (self.cache is None or not self.cache.holds(ids)):
             return None
         frames = self._frames[ids].tolist()
         shape = (channels[0], max(frames))
         dtype = np.dtype(np.int16 if self.int16 else np.float32)
         block: torch.Tensor | None = None
+        samples: list[dict[str, Any]] = []
+        audio: list[tuple[memoryview, WavLayout]] = []
         try:
             keys = self._keys.keys_of(ids)
             views = self._mapped(ids)
-            if views is None and not self._in_passes(ids):  # each read, prepared and decoded in turn
+            if cached:
+                if views is None:
+                    views = [self._read(sample_id) for sample_id in ids.tolist()]
+                samples = self._prepared(ids, keys, views, exts, shape, cached=True)[0]
                 block, rows = audio_rows(frames, shape[0], dtype, self._in_worker)
-                samples: list[dict[str, Any]] = []
-                audio: list[tuple[memoryview, WavLayout]] = []
+                lengths, rates = self._from_cache(ids, rows)
+            elif views is None and not self._in_passes(ids):  # each read, prepared and decoded in turn
+                block, rows = audio_rows(frames, shape[0], dtype, self._in_worker)
                 for position, sample_id in enumerate(ids.tolist()):
                     one = slice(position, position + 1)
                     prepared = self._prepared(ids[one], keys[one], [self._read(sample_id)], exts[one], shape)
@@ -142,9 +154,10 @@ class Lane:
                 samples, audio = self._prepared(ids, keys, views, exts, shape)
                 block, rows = audio_rows(frames, shape[0], dtype, self._in_worker)
                 decode_rows(audio, rows)
+            if not cached:
+                lengths = [layout.frames for _, layout in audio]
+                rates = [layout.sample_rate for _, layout in audio]
             _check_fields(samples)
-            lengths = [layout.frames for _, layout in audio]
-            rates = [layout.sample_rate for _, layout in audio]
             if rates != self._rate[ids].tolist() or any(map(operator.gt, lengths, frames)):
                 raise _Unusual  # a sample unlike its index record: the general path names it
             clear_padding(block, rows, lengths)
@@ -179,6 +192,18 @@ class Lane:
                 views[position] = view
         return views
 
+    def _from_cache(self, ids: np.ndarray, rows: np.ndarray) -> tuple[list[int], list[int]]:
+        """The decoded cache's entries of samples ``ids`` written into ``rows``; their lengths and rates."""
+        lengths, rates = [], []
+        for sample_id, row in zip(ids.tolist(), rows):
+            entry = self.cache.get(sample_id, row)  # type: ignore[union-attr]  # only with a cache
+            # changed since holds(), or not written into its row
+            if entry is None or entry.audio.ctypes.data != row.ctypes.data:
+                raise _Unusual
+            lengths.append(entry.audio.shape[1])
+            rates.append(entry.rate)
+        return lengths, rates
+
     def _in_passes(self, ids: np.ndarray) -> bool:
         """Whether to read every sample of a batch of compressed shards before preparing any (the general
         path's passes, see :mod:`~shardio.reading.assembly`): where the frames it decompresses to hold (at
@@ -200,6 +225,7 @@ class Lane:
         views: list[memoryview],
         exts: list[str],
         shape: tuple[int, int],
+        cached: bool = False,
     ) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]]:
         """The middle pass over samples ``ids`` whose tar bytes are ``views`` and audio members ``exts``:
         their dicts (key and member fields), and their audio members with their layouts, which must fit rows
@@ -214,6 +240,8 @@ class Lane:
         audio = [found.get(ext) for found, ext in zip(members, exts)]
         if None in audio:
             raise _Unusual
+        if cached:  # the audio comes from the decoded cache
+            return samples, []
         layouts = wav_layouts(audio)  # type: ignore[arg-type]  # no None left
         for layout in layouts:
             if (

@@ -12,9 +12,10 @@ Bounded: a writer reserves room before it appends (``ftruncate`` of its segment,
 evicting whole segments of any namespace to fit ``max_bytes``), so the files' sizes never add up past the
 bound. What a writer reserved and did not fill is zeros, where a scan of the segment stops. Eviction prefers
 segments holding none of the numbers :meth:`Segments.upcoming` names, least recently written first, then those
-whose first upcoming number comes latest. A process reads a segment by ``pread`` on a descriptor it keeps, so
-a segment removed while read stays readable to it. A full disk or a file-size limit (``ENOSPC``, ``EDQUOT``,
-``EFBIG``) stops this process's writes with one warning; reads go on.
+whose first upcoming number comes latest. A process reads a segment through its memory map (``LocalShard``: a
+file cut short is a typed error, not SIGBUS) on a descriptor it keeps, so a segment removed while read stays
+readable to it. A full disk or a file-size limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``) stops this process's
+writes with one warning; reads go on.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import time
 import numpy as np
 import xxhash
 
+from ..errors import ShardioError
+from .eviction import SUFFIX, evict, segment_sizes
+from .localshard import LocalShard
 from .locks import FileLock
 from .privatedir import private_dir, secret
 
@@ -38,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<4s4xQQQQ")  # magic, number, meta, payload length, checksum
 _MAGIC = b"SDC1"
-_SUFFIX = ".seg"
+_SUFFIX = SUFFIX
 _MASK = (1 << 64) - 1
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 TOUCH_S = 10.0
@@ -73,6 +77,7 @@ class Segments:
         self._offset = np.zeros(self.count, np.int64)
         self._length = np.zeros(self.count, np.int64)
         self._fds: list[int] = []  # slot -> descriptor (-1: closed)
+        self._maps: list[LocalShard | None] = []  # slot -> its entries' bytes, mapped where the kernel allows
         self._names: dict[str, int] = {}  # segment name -> slot
         self._scanned: list[int] = []  # slot -> offset scanned to
         self._touched: list[float] = []  # slot -> when this process last marked it used
@@ -97,9 +102,11 @@ class Segments:
                 os.ftruncate(self._fds[slot], offset)
             except OSError:
                 pass
-        for fd in self._fds:
+        for fd, mapped in zip(self._fds, self._maps):
             if fd >= 0:
                 os.close(fd)
+            if mapped is not None:
+                mapped.close()
         self._reset()
 
     def __del__(self) -> None:
@@ -132,11 +139,18 @@ class Segments:
             slot = int(self._where[number])
             if slot < 0:
                 return None
+        offset, length = int(self._offset[number]), int(self._length[number])
+        mapped = self._maps[slot]
         try:
-            data = os.pread(self._fds[slot], int(self._length[number]), int(self._offset[number]))
-        except OSError:
-            data = b""
-        found = self._parse(number, memoryview(data))
+            if mapped is None or mapped.size < offset + length:  # new, or grown since mapped
+                if mapped is not None:
+                    mapped.close()  # its map lives on while a view of it does
+                size = max(offset + length, self._scanned[slot])
+                mapped = self._maps[slot] = LocalShard(os.dup(self._fds[slot]), size)
+            data = mapped.view(offset, length, "")
+        except (OSError, ShardioError):
+            data = memoryview(b"")
+        found = self._parse(number, data)
         if found is None:
             self.distrusted += 1
             self._where[number] = -1
@@ -152,6 +166,22 @@ class Segments:
                 os.utime(self._fds[slot])  # the least recently used segment goes first
             except OSError:
                 pass
+
+    def holds(self, numbers: np.ndarray) -> bool:
+        """Whether entries ``numbers`` are all known to this process (a rescan at most every
+        :data:`RESCAN_S`): their :meth:`get` is then likely to find them."""
+        if not self.on:
+            return False
+        if self._pid != os.getpid():
+            self._reset()
+        if (self._where[numbers] >= 0).all():
+            return True
+        now = time.monotonic()
+        if now - self._scan_at < RESCAN_S:
+            return False
+        self._scan_at = now
+        self.scan()
+        return bool((self._where[numbers] >= 0).all())
 
     def _parse(self, number: int, data: memoryview) -> tuple[int, memoryview] | None:
         if len(data) < HEADER.size:
@@ -197,6 +227,7 @@ class Segments:
             return None
         self._names[name] = len(self._fds)
         self._fds.append(fd)
+        self._maps.append(None)
         self._scanned.append(0)
         self._touched.append(0.0)
         return len(self._fds) - 1
@@ -205,6 +236,9 @@ class Segments:
         del self._names[name]
         os.close(self._fds[slot])
         self._fds[slot] = -1
+        mapped, self._maps[slot] = self._maps[slot], None
+        if mapped is not None:
+            mapped.close()
         self._where[self._where == slot] = -1
 
     def _scan_segment(self, slot: int) -> None:
@@ -255,6 +289,7 @@ class Segments:
             logger.warning("decoded cache %s: cannot write (%s): reading on without caching", self.path, exc)
             return False
         self._writer = (slot, offset + need, end)
+        self._scanned[slot] = offset + need
         self._where[number], self._offset[number], self._length[number] = slot, offset, need
         return True
 
@@ -270,10 +305,9 @@ class Segments:
                     os.ftruncate(self._fds[slot], offset)  # evicted by another process, or full: done with
                     self._scanned[slot] = offset
                     writer = self._writer = None
-            sizes = self._sizes()
-            mine = None if writer is None else self._name_of(writer[0])
+            mine = None if writer is None else os.path.join(self.path, self._name_of(writer[0]))
             grow = chunk if writer is None else writer[1] + chunk - writer[2]
-            if not self._evict(sizes, grow, keep=mine):
+            if not evict(segment_sizes(self.directory), grow, self.max_bytes, mine, self._soonest()):
                 return False
             if writer is None:
                 name = f"{os.urandom(8).hex()}{_SUFFIX}"
@@ -282,6 +316,7 @@ class Segments:
                 )
                 self._names[name] = len(self._fds)
                 self._fds.append(fd)
+                self._maps.append(None)
                 self._scanned.append(0)
                 self._touched.append(time.monotonic())
                 writer = (len(self._fds) - 1, 0, 0)
@@ -292,42 +327,6 @@ class Segments:
 
     def _name_of(self, slot: int) -> str:
         return next(name for name, s in self._names.items() if s == slot)
-
-    def _sizes(self) -> dict[str, tuple[int, int]]:
-        """Every segment of the store (all namespaces): path -> (size, mtime)."""
-        found = {}
-        for space in os.listdir(self.directory):
-            folder = os.path.join(self.directory, space)
-            if not os.path.isdir(folder) or os.path.islink(folder):
-                continue
-            for name in os.listdir(folder):
-                if name.endswith(_SUFFIX):
-                    try:
-                        info = os.stat(os.path.join(folder, name), follow_symlinks=False)
-                    except OSError:
-                        continue
-                    found[os.path.join(folder, name)] = (info.st_size, info.st_mtime_ns)
-        return found
-
-    def _evict(self, sizes: dict[str, tuple[int, int]], grow: int, keep: str | None) -> bool:
-        total = sum(size for size, _ in sizes.values())
-        if total + grow <= self.max_bytes:
-            return True
-        kept = None if keep is None else os.path.join(self.path, keep)
-        soonest = self._soonest()
-        order = sorted(
-            (path for path in sizes if path != kept),
-            key=lambda path: (path in soonest, -soonest.get(path, 0), sizes[path][1]),
-        )
-        for path in order:
-            try:
-                os.unlink(path)
-            except OSError:
-                continue
-            total -= sizes[path][0]
-            if total + grow <= self.max_bytes:
-                return True
-        return False
 
     def _soonest(self) -> dict[str, int]:
         """For this namespace's segments that hold upcoming entries: the position of the first."""
