@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SUFFIX", "evict", "segment_sizes"]
+import numpy as np
+
+__all__ = ["SUFFIX", "evict", "segment_sizes", "soonest"]
 
 SUFFIX = ".seg"
 
@@ -34,14 +36,16 @@ def segment_sizes(directory: str) -> dict[str, tuple[int, int]]:
 
 def evict(
     sizes: dict[str, tuple[int, int]], grow: int, max_bytes: int, keep: str | None, soonest: dict[str, int]
-) -> bool:
-    """Remove segments (never ``keep``) until ``grow`` more bytes fit in ``max_bytes``; whether they do.
+) -> tuple[bool, list[str]]:
+    """Remove segments (never ``keep``) until ``grow`` more bytes fit in ``max_bytes``: whether they do, and
+    the segments removed.
 
     First the segments that hold nothing upcoming (``soonest``: path -> position of the first upcoming entry
     it holds), least recently used first; then those whose first upcoming entry comes latest."""
     total = sum(size for size, _ in sizes.values())
+    removed: list[str] = []
     if total + grow <= max_bytes:
-        return True
+        return True, removed
     order = sorted(
         (path for path in sizes if path != keep),
         key=lambda path: (path in soonest, -soonest.get(path, 0), sizes[path][1]),
@@ -51,7 +55,26 @@ def evict(
             os.unlink(path)
         except OSError:
             continue
+        removed.append(path)
         total -= sizes[path][0]
         if total + grow <= max_bytes:
-            return True
-    return False
+            return True, removed
+    return False, removed
+
+
+def soonest(
+    where: np.ndarray, next_use: np.ndarray | None, names: dict[str, int], folder: str
+) -> dict[str, int]:
+    """For the segments (``names``: file name -> slot, in ``folder``) that hold upcoming entries, the position
+    of the first: ``where[n]`` is entry ``n``'s slot (-1: none), ``next_use[n]`` when it is read next."""
+    if next_use is None:
+        return {}
+    known = where >= 0
+    if not known.any():
+        return {}
+    limit = np.iinfo(np.int64).max
+    first = np.full(max(names.values(), default=-1) + 1, limit, np.int64)
+    np.minimum.at(first, where[known], next_use[known])
+    return {
+        os.path.join(folder, name): int(first[slot]) for name, slot in names.items() if first[slot] < limit
+    }

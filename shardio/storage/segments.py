@@ -31,7 +31,7 @@ import numpy as np
 import xxhash
 
 from ..errors import ShardioError
-from .eviction import SUFFIX, evict, segment_sizes
+from .eviction import SUFFIX, evict, segment_sizes, soonest
 from .localshard import LocalShard
 from .locks import FileLock
 from .privatedir import private_dir, secret
@@ -42,13 +42,10 @@ logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<4s4xQQQQ")  # magic, number, meta, payload length, checksum
 _MAGIC = b"SDC1"
-_SUFFIX = SUFFIX
 _MASK = (1 << 64) - 1
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
-TOUCH_S = 10.0
-"""A segment read from is marked used (its time set) at most this often per process."""
-RESCAN_S = 1.0
-"""A miss rescans the namespace's segments (others' new entries) at most this often."""
+TOUCH_S = 10.0  # a segment read from is marked used (its time set) at most this often per process
+RESCAN_S = 1.0  # a miss rescans the namespace's segments (others' new entries) at most this often
 
 
 class Segments:
@@ -84,13 +81,6 @@ class Segments:
         self._scan_at = 0.0
         self._writer: tuple[int, int, int] | None = None  # (slot, write offset, reserved end)
         self._next_use: np.ndarray | None = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k in ("_seed", "_writes")}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self._reset()
 
     def close(self) -> None:
         """Close every segment; a segment this process wrote loses what it reserved and did not fill."""
@@ -129,16 +119,14 @@ class Segments:
             return None
         if self._pid != os.getpid():
             self._reset()
-        slot = int(self._where[number])
-        if slot < 0:
-            now = time.monotonic()
-            if now - self._scan_at < RESCAN_S:
-                return None
+        slot, now = int(self._where[number]), time.monotonic()
+        stale = now - self._scan_at > 10 * RESCAN_S  # segments others evicted are let go (their disk freed)
+        if stale or (slot < 0 and now - self._scan_at >= RESCAN_S):
             self._scan_at = now
             self.scan()
             slot = int(self._where[number])
-            if slot < 0:
-                return None
+        if slot < 0:
+            return None
         offset, length = int(self._offset[number]), int(self._length[number])
         mapped = self._maps[slot]
         try:
@@ -201,7 +189,7 @@ class Segments:
         """Learn the entries other processes added since the last scan (new segments, and segments' new
         entries); forget segments that went."""
         try:
-            names = [name for name in os.listdir(self.path) if name.endswith(_SUFFIX)]
+            names = [name for name in os.listdir(self.path) if name.endswith(SUFFIX)]
         except OSError:
             return
         present = set(names)
@@ -307,10 +295,15 @@ class Segments:
                     writer = self._writer = None
             mine = None if writer is None else os.path.join(self.path, self._name_of(writer[0]))
             grow = chunk if writer is None else writer[1] + chunk - writer[2]
-            if not evict(segment_sizes(self.directory), grow, self.max_bytes, mine, self._soonest()):
+            upcoming = soonest(self._where, self._next_use, self._names, self.path)
+            fits, removed = evict(segment_sizes(self.directory), grow, self.max_bytes, mine, upcoming)
+            for path in removed:  # this process's descriptors would keep their disk
+                if os.path.dirname(path) == self.path and os.path.basename(path) in self._names:
+                    self._forget(os.path.basename(path), self._names[os.path.basename(path)])
+            if not fits:
                 return False
             if writer is None:
-                name = f"{os.urandom(8).hex()}{_SUFFIX}"
+                name = f"{os.urandom(8).hex()}{SUFFIX}"
                 fd = os.open(
                     os.path.join(self.path, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
                 )
@@ -321,25 +314,14 @@ class Segments:
                 self._touched.append(time.monotonic())
                 writer = (len(self._fds) - 1, 0, 0)
             slot, offset, end = writer
-            os.ftruncate(self._fds[slot], offset + chunk)
+            try:
+                os.ftruncate(self._fds[slot], offset + chunk)
+            except OSError:
+                if offset == 0:  # a new segment that cannot hold an entry: not left behind
+                    os.unlink(os.path.join(self.path, self._name_of(slot)))
+                raise
             self._writer = (slot, offset, offset + chunk)
         return True
 
     def _name_of(self, slot: int) -> str:
         return next(name for name, s in self._names.items() if s == slot)
-
-    def _soonest(self) -> dict[str, int]:
-        """For this namespace's segments that hold upcoming entries: the position of the first."""
-        if self._next_use is None:
-            return {}
-        known = self._where >= 0
-        if not known.any():
-            return {}
-        first = np.full(len(self._fds), np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, self._where[known], self._next_use[known])
-        limit = np.iinfo(np.int64).max
-        return {
-            os.path.join(self.path, name): int(first[slot])
-            for name, slot in self._names.items()
-            if first[slot] < limit
-        }
