@@ -76,6 +76,9 @@ class Case:
     less one; a state loaded into the dataset counts the batches since)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """``shardio.Batching`` fields over the batching's, and ``seed`` (JSON values: a case travels as JSON)."""
+    decoded_cache: bool = False
+    """Read through a decoded cache (``Reading(decoded_cache=...)``) beside the corpora, shared by every life
+    and rank: the first fills it, the later read it."""
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
 
@@ -126,7 +129,7 @@ def write_corpora(root: Path) -> dict[str, str]:
 
 def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
     """The case's dataset (``world``: an explicit :class:`shardio.World`, or ``None`` to detect it)."""
-    from shardio import Batching, Decoding, EpochSize, MixedDataset, Ordering, ShardDataset
+    from shardio import Batching, Decoding, EpochSize, MixedDataset, Ordering, Reading, ShardDataset
 
     batching = {**BATCHINGS[case.batching], **case.extra}
     options: dict[str, Any] = {
@@ -136,6 +139,8 @@ def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
         "decoding": Decoding(transform=gain),
         "world": world,
     }
+    if case.decoded_cache:
+        options["reading"] = Reading(decoded_cache=os.path.join(os.path.dirname(dirs["main"]), "decoded"))
     if case.mixed:
         weights = dict(case.weights)
         return MixedDataset(

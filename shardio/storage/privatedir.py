@@ -52,7 +52,7 @@ def secret(directory: str) -> int | None:
             if os.path.exists(temporary):
                 os.unlink(temporary)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             info, data = os.fstat(fd), os.read(fd, 17)
         finally:

@@ -207,7 +207,9 @@ class Segments:
 
     def _open(self, name: str) -> int | None:
         try:
-            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(
+                os.path.join(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            )
         except OSError:
             return None
         if not stat.S_ISREG(os.fstat(fd).st_mode):

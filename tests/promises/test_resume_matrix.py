@@ -68,6 +68,13 @@ def test_stateful_dataloader_mix_bucketed_early_state_and_across_the_epoch_bound
     check_same_world(Case(**{**case.__dict__, "stops": (1, n, n + 2)}), dirs)
 
 
+def test_decoded_cache_persistent_workers_and_stateful_mix_resume_exactly(dirs: dict[str, str]) -> None:
+    n = length(Case(), dirs)
+    check_same_world(Case(workers=2, persistent=True, stops=(1, n // 2), decoded_cache=True), dirs)
+    case = Case(mixed=True, batching="bucketed", loader="stateful", workers=2, decoded_cache=True)
+    check_same_world(replace(case, stops=(2, length(case, dirs) + 1)), dirs)
+
+
 def test_unbatched_in_process_before_the_first_and_after_the_end(dirs: dict[str, str]) -> None:
     case = Case(batching="unbatched", loader="in_process", epoch=3)
     n = length(case, dirs)
