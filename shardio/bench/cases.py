@@ -27,7 +27,7 @@ from ..loader.loader import ShardLoader
 from ..packing.source import AUDIO_EXTENSIONS
 from ..planning.plan import Batching, plan_epoch
 from ..reading.collate import collate
-from ..reading.options import Decoding
+from ..reading.options import Decoding, Reading
 
 __all__ = [
     "Epoch",
@@ -68,12 +68,19 @@ def shardio_loader(
     unbatched: bool = False,
     dtype: str = "float32",
     lean: bool = False,
+    decoded_cache: str | None = None,
 ) -> Iterable[dict[str, Any]]:
     """A plain DataLoader over a ShardDataset (``batch_size=None``: the dataset batches); ``unbatched``: the
     dataset yields samples and the DataLoader batches them with :func:`shardio.reading.collate.collate`;
-    ``lean``: a :class:`~shardio.ShardLoader` instead of the DataLoader."""
+    ``lean``: a :class:`~shardio.ShardLoader` instead of the DataLoader; ``decoded_cache``: read through the
+    decoded cache in that directory (see :class:`~shardio.reading.options.Reading`)."""
     persistent = persistent and workers > 0
     decoding = Decoding(dtype=dtype)
+    if decoded_cache is not None:
+        dataset = ShardDataset(
+            directory, batch_size=batch_size, shuffle=shuffle, reading=Reading(decoded_cache=decoded_cache)
+        )
+        return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
     if lean:
         return ShardLoader(
             ShardDataset(directory, batch_size=batch_size, shuffle=shuffle, decoding=decoding),
@@ -102,13 +109,15 @@ def shardio_epoch(
     unbatched: bool = False,
     dtype: str = "float32",
     lean: bool = False,
+    decoded_cache: str | None = None,
 ) -> Epoch:
     """shardio end to end: plan, read by offset, decompress, decode, collate, through a DataLoader.
 
     ``fresh`` builds a new dataset (so a cold reader) for every epoch: the reader keeps decompressed stream
     shards (gzip, bz2) in memory, which on a bench-sized dataset would hide their decompression after the
     first round, while a real epoch over a large dataset decompresses every shard. ``unbatched`` and ``lean``:
-    see :func:`shardio_loader`; ``dtype``: the dataset's audio dtype.
+    see :func:`shardio_loader`; ``dtype``: the dataset's audio dtype; ``decoded_cache``: read through the
+    decoded cache in that directory (its first epoch fills it).
     """
 
     def make() -> Iterable[dict[str, Any]]:
@@ -120,6 +129,7 @@ def shardio_epoch(
             unbatched=unbatched,
             dtype=dtype,
             lean=lean,
+            decoded_cache=decoded_cache,
         )
 
     if fresh:

@@ -10,6 +10,7 @@ the ``.tar.zst`` path against its floor) that :func:`shardio.bench.targets.evalu
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any
 
@@ -136,6 +137,21 @@ def throughput_cases(
             lambda: floors.zstd_floor(frames),
         ),
         shardio(zstd, "zstd-3", zstd_first),
+        Case(
+            plain.name,
+            f"shardio .tar through the decoded cache (warm), {first}w",
+            "shardio",
+            "none",
+            first,
+            plain.shard_bytes / 1e6,
+            partial(
+                cases.shardio_epoch,
+                plain.directory,
+                workers=first,
+                batch_size=batch_size,
+                decoded_cache=os.path.join(os.path.dirname(plain.directory), "decoded-cache"),
+            ),
+        ),
         *(
             case
             for workers in more

@@ -49,10 +49,37 @@ def add_cache(subparsers: argparse._SubParsersAction) -> None:
         metavar="DAYS",
         help="with --prune: index files untouched this long go (default 7; made again when needed)",
     )
+    parser.add_argument(
+        "--decoded",
+        default=None,
+        metavar="DIR",
+        help="report the decoded cache in DIR (Reading(decoded_cache=DIR)) instead: its datasets, segments "
+        "and bytes; with --clear, remove its segments",
+    )
+    parser.add_argument("--clear", action="store_true", help="with --decoded: remove every decoded entry")
     parser.set_defaults(run=_run_cache)
 
 
+def _run_decoded(args: argparse.Namespace) -> int:
+    from ..reading import decodedcache
+
+    if args.prune:
+        raise OptionError("--prune: not with --decoded (use --clear)")
+    removed = decodedcache.clear(args.decoded) if args.clear else 0
+    found = decodedcache.report(args.decoded)
+    cleared = f"; cleared {removed} segments" if args.clear else ""
+    print(
+        f"{args.decoded}: {found['namespaces']} datasets, {found['segments']} segments, "
+        f"{found['bytes']} bytes{cleared}"
+    )
+    return 0
+
+
 def _run_cache(args: argparse.Namespace) -> int:
+    if args.decoded is not None:
+        return _run_decoded(args)
+    if args.clear:
+        raise OptionError("--clear: only with --decoded DIR")
     from ..reading.cache import ShardCache
     from ..storage.files import cache_dir
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import NamedTuple
 
 import numpy as np
 
 from ..shards.index import Index
+from ..storage.eviction import segment_sizes
 from ..storage.segments import Segments
 from .options import Decoding
 from .wav import fits
 
-__all__ = ["FORMAT", "DecodedCache", "Entry", "namespace"]
+__all__ = ["FORMAT", "DecodedCache", "Entry", "clear", "namespace", "report"]
 
 FORMAT = 1
 """The entries' layout version: part of the namespace, so another layout is never read."""
@@ -166,3 +168,27 @@ class DecodedCache:
     def close(self) -> None:
         """Close the cache's files (what this process reserved and did not fill is given back)."""
         self.segments.close()
+
+
+def report(directory: str) -> dict[str, int]:
+    """What the decoded cache in ``directory`` holds: ``namespaces`` (datasets and decoding options),
+    ``segments`` and ``bytes`` (their files' sizes)."""
+    sizes = segment_sizes(directory)
+    return {
+        "namespaces": len({os.path.dirname(path) for path in sizes}),
+        "segments": len(sizes),
+        "bytes": sum(size for size, _ in sizes.values()),
+    }
+
+
+def clear(directory: str) -> int:
+    """Remove every segment of the decoded cache in ``directory`` (regular ``*.seg`` files in its namespace
+    folders, nothing else; safe while loaders read it: they decode again); returns how many went."""
+    removed = 0
+    for path in segment_sizes(directory):
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -33,6 +33,7 @@ def test_quick_bench_holds_every_comparison(tmp_path: Path) -> None:
         assert (corpus, "webdataset + soundfile .tar int16, 2w") in cases  # int16 compared with int16
         assert (corpus, "shardio .tar, 2 processes x 0w (parallel floor)") in cases
         assert (corpus, "shardio .tar.zst (zstd-3), 0w") in cases
+        assert (corpus, "shardio .tar through the decoded cache (warm), 0w") in cases
         assert (corpus, "zstd-3 decompression floor (frames in memory)") in cases
         assert (corpus, "soundfile floor (bytes in memory)") in cases
     assert ("wav16k", "numpy raw floor (bytes in memory)") in cases
