@@ -110,44 +110,49 @@ def _epoch(loader: Iterable[dict[str, Any]]) -> float:
     return seconds
 
 
-def _rate(run: Callable[[], float]) -> float:
-    started = cpu_seconds()
-    audio = run()
-    return audio / (cpu_seconds() - started)
+def _steady(loader: Iterable[dict[str, Any]]) -> Callable[[], float]:
+    """Audio seconds per CPU second of one more epoch of a loader whose workers live on."""
+
+    def run() -> float:
+        started = cpu_seconds()
+        audio = _epoch(loader)
+        return audio / (cpu_seconds() - started)
+
+    return run
+
+
+def _fresh(directory: Path, workers: int, cache: Path | None) -> Callable[[], float]:
+    """Audio seconds per CPU second of a new loader's first epoch (into an empty ``cache``, when given),
+    its workers' start included, measured before they stop."""
+
+    def run() -> float:
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
+        started = cpu_seconds()
+        loader = _loader(directory, workers, cache)
+        audio = _epoch(loader)
+        return audio / (cpu_seconds() - started)
+
+    return run
 
 
 def measure(corpora: dict[str, Path], work: Path, workers: int, rounds: int) -> dict[str, list[float]]:
     """Audio seconds per CPU second of each case, round by round."""
-    warm = work / f"warm-{workers}"
-    fill = _loader(corpora["flac"], workers, warm)
+    fill = _loader(corpora["flac"], workers, work / f"warm-{workers}")
     _epoch(fill)  # the cache now holds every sample
-    steady = {
-        "wav": _loader(corpora["wav"], workers, None),
-        "flac cache epoch 2+": fill,
-    }
-    for loader in steady.values():
-        _epoch(loader)  # workers started, files mapped
-
-    def fresh(cache: bool) -> Callable[[], float]:
-        def run() -> float:
-            target = work / "fresh"
-            shutil.rmtree(target, ignore_errors=True)
-            loader = _loader(corpora["flac"], workers, target if cache else None)
-            return _epoch(loader)
-
-        return run
-
+    wav = _loader(corpora["wav"], workers, None)
+    _epoch(wav)  # workers started, files mapped
     cases: dict[str, Callable[[], float]] = {
-        "wav": lambda: _epoch(steady["wav"]),
-        "flac": fresh(False),
-        "flac cache epoch 1": fresh(True),
-        "flac cache epoch 2+": lambda: _epoch(steady["flac cache epoch 2+"]),
+        "wav": _steady(wav),
+        "flac": _fresh(corpora["flac"], workers, None),
+        "flac cache epoch 1": _fresh(corpora["flac"], workers, work / "fresh"),
+        "flac cache epoch 2+": _steady(fill),
     }
     rates: dict[str, list[float]] = {name: [] for name in cases}
     names = list(cases)
     for number in range(rounds):
         for name in names if number % 2 == 0 else names[::-1]:
-            rates[name].append(_rate(cases[name]))
+            rates[name].append(cases[name]())
     return rates
 
 

@@ -58,8 +58,8 @@ class Segments:
         self.path = os.path.join(directory, namespace)
         self.max_bytes = max_bytes
         self.count = count
-        self.reserve = min(max(max_bytes // 64, 1 << 20), 16 << 20)
-        self.segment_bytes = min(max(max_bytes // 16, self.reserve), 256 << 20)
+        self.reserve = min(max(max_bytes // 64, 1 << 20), 64 << 20)  # a lock per reservation: ~ms
+        self.segment_bytes = min(max(max_bytes // 16, self.reserve), 1 << 30)
         self.distrusted = 0
         """Entries found changed or foreign (checksum, header) and ignored, in this process."""
         self.on = private_dir(directory) and private_dir(self.path)
