@@ -61,6 +61,10 @@ __all__ = ["ShardDataset", "Transform"]
 logger = logging.getLogger(__name__)
 
 
+UPCOMING_BATCHES = 4096
+"""The batches of a process's that its decoded cache is told it reads next (eviction keeps them longest)."""
+
+
 class ShardDataset(Resumable, IterableDataset):
     """Planned, rank-balanced, resumable batches of decoded audio from a shardio dataset.
 
@@ -275,8 +279,8 @@ class ShardDataset(Resumable, IterableDataset):
         )
         builder = assembler.lane or assembler  # a batch's first stop: the lane, where it serves
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
-        if assembler.cache is not None and numbers:
-            assembler.cache.upcoming(np.concatenate([plan.batch(j) for j in numbers]))
+        if assembler.cache is not None and numbers:  # the next batches (evicted last), not the epoch's all
+            assembler.cache.upcoming(np.concatenate([plan.batch(j) for j in numbers[:UPCOMING_BATCHES]]))
         batches = self._reader.read_ahead(
             (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
         )

@@ -72,8 +72,8 @@ def soonest(
     known = where >= 0
     if not known.any():
         return {}
-    limit = np.iinfo(np.int64).max
-    first = np.full(max(names.values(), default=-1) + 1, limit, np.int64)
+    limit = np.iinfo(next_use.dtype).max
+    first = np.full(max(names.values(), default=-1) + 1, limit, next_use.dtype)
     np.minimum.at(first, where[known], next_use[known])
     return {
         os.path.join(folder, name): int(first[slot]) for name, slot in names.items() if first[slot] < limit

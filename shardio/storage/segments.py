@@ -20,6 +20,7 @@ writes with one warning; reads go on.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -45,6 +46,7 @@ _MAGIC = b"SDC1"
 _MASK = (1 << 64) - 1
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 TOUCH_S = 10.0  # a segment read from is marked used (its time set) at most this often per process
+MAX_SEGMENT = 1 << 30  # bytes; entries past it are not read (offsets are int32)
 RESCAN_S = 1.0  # a miss rescans the namespace's segments (others' new entries) at most this often
 
 
@@ -59,7 +61,7 @@ class Segments:
         self.max_bytes = max_bytes
         self.count = count
         self.reserve = min(max(max_bytes // 64, 1 << 20), 64 << 20)  # a lock per reservation: ~ms
-        self.segment_bytes = min(max(max_bytes // 16, self.reserve), 1 << 30)
+        self.segment_bytes = min(max(max_bytes // 16, self.reserve), MAX_SEGMENT)
         self.distrusted = 0
         """Entries found changed or foreign (checksum, header) and ignored, in this process."""
         self.on = private_dir(directory) and private_dir(self.path)
@@ -71,8 +73,9 @@ class Segments:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._where = np.full(self.count, -1, np.int32)  # number -> segment slot (-1: none known)
-        self._offset = np.zeros(self.count, np.int64)
-        self._length = np.zeros(self.count, np.int64)
+        # 12 bytes a sample, 16 with upcoming(): a segment is at most 1 GiB (segment_bytes)
+        self._offset = np.zeros(self.count, np.int32)
+        self._length = np.zeros(self.count, np.int32)
         self._fds: list[int] = []  # slot -> descriptor (-1: closed)
         self._maps: list[LocalShard | None] = []  # slot -> its entries' bytes, mapped where the kernel allows
         self._names: dict[str, int] = {}  # segment name -> slot
@@ -87,11 +90,8 @@ class Segments:
         if self._pid != os.getpid():
             return
         if self._writer is not None:
-            slot, offset, _ = self._writer
-            try:
-                os.ftruncate(self._fds[slot], offset)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fds[self._writer[0]], self._writer[1])
         for fd, mapped in zip(self._fds, self._maps):
             if fd >= 0:
                 os.close(fd)
@@ -100,10 +100,8 @@ class Segments:
         self._reset()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # at interpreter shutdown
             self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     def _check(self, number: int, meta: int, payload: memoryview) -> int:
         prefix = HEADER.pack(_MAGIC, number, meta, len(payload), 0)[:-8]
@@ -240,7 +238,7 @@ class Segments:
                 break
             magic, number, _, length, _ = HEADER.unpack(header)
             end = offset + HEADER.size + length
-            if magic != _MAGIC or not 0 <= number < self.count or end > size:
+            if magic != _MAGIC or not 0 <= number < self.count or end > min(size, MAX_SEGMENT):
                 break  # reserved zeros (a writer's tail), or not an entry: read no further
             self._where[number], self._offset[number], self._length[number] = slot, offset, end - offset
             offset = end
@@ -250,8 +248,9 @@ class Segments:
 
     def upcoming(self, numbers: np.ndarray) -> None:
         """The numbers this process reads next, in order: eviction keeps the segments they are in."""
-        next_use = np.full(self.count, np.iinfo(np.int64).max, np.int64)
-        next_use[numbers[::-1]] = np.arange(len(numbers), dtype=np.int64)[::-1]
+        next_use = np.full(self.count, np.iinfo(np.int32).max, np.int32)
+        numbers = numbers[: np.iinfo(np.int32).max - 1]
+        next_use[numbers[::-1]] = np.arange(len(numbers), dtype=np.int32)[::-1]
         self._next_use = next_use
 
     def put(self, number: int, meta: int, payload: memoryview) -> bool:
