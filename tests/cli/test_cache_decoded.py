@@ -11,7 +11,9 @@ from shardio.cli.main import main
 from tests.reading.test_decoded_cache import make_corpus
 
 
-def test_the_decoded_cache_is_reported_and_cleared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_decoded_cache_is_reported_and_cleared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     corpus = make_corpus(tmp_path / "corpus", "flac", count=6)
     cache = tmp_path / "decoded"
     dataset = ShardDataset(corpus, batch_size=2, reading=Reading(decoded_cache=str(cache)))
