@@ -36,11 +36,13 @@ _SCALE = np.float32(2.0**-15)
 
 class Entry(NamedTuple):
     """A cached sample's audio, ``(channels, frames)``, and its rate; ``final``: it is the batch's audio
-    already (int16 for a ``dtype="int16"`` dataset without a transform)."""
+    already (int16 for a ``dtype="int16"`` dataset without a transform); ``in_out``: it was written into the
+    ``out`` array given."""
 
     audio: np.ndarray
     rate: int
     final: bool
+    in_out: bool = False
 
 
 def namespace(index: Index, decoding: Decoding) -> str:
@@ -153,8 +155,9 @@ class DecodedCache:
             if target is None:
                 return Entry(stored.copy(), rate, True)
             np.copyto(target, stored)
-            return Entry(target, rate, True)
+            return Entry(target, rate, True, True)
         target = fits(out, channels, frames) if out is not None and out.dtype == np.float32 else None
+        in_out = target is not None
         if target is None:
             target = np.empty((channels, frames), np.float32)
         if kind == _INT16:  # exact: each int16 is a float32, scaled by a power of two
@@ -162,7 +165,7 @@ class DecodedCache:
             target *= _SCALE
         else:
             np.copyto(target, stored)
-        return Entry(target, rate, False)
+        return Entry(target, rate, False, in_out)
 
     def put(self, sample_id: int, audio: np.ndarray, rate: int) -> None:
         """Keep sample ``sample_id``'s decoded audio: the batch's int16 audio where :attr:`final`, else the
