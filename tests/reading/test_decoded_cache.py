@@ -52,8 +52,16 @@ def _frames(encoded: bytes, ext: str) -> int:
     return int(soundfile.info(io.BytesIO(encoded)).frames)
 
 
-def batches(directory: Path, epochs: int = 2, **options: Any) -> list[dict[str, Any]]:
-    dataset = ShardDataset(directory, batch_size=4, seed=3, **options)
+def gain(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A transform: the audio scaled by a draw of the sample's generator (float32)."""
+    sample["audio"] = sample["audio"] * np.float32(rng.uniform(0.5, 1.0))
+    return sample
+
+
+def batches(
+    directory: Path, epochs: int = 2, batch_size: int | None = 4, **options: Any
+) -> list[dict[str, Any]]:
+    dataset = ShardDataset(directory, batch_size=batch_size, seed=3, **options)
     found = []
     for epoch in range(epochs):
         dataset.set_epoch(epoch)
@@ -83,13 +91,15 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ext=st.sampled_from(FORMATS),
     mono=st.booleans(),
     rate=st.sampled_from([None, 8000, 16000, 11025]),
     dtype=st.sampled_from(["float32", "int16"]),
     stereo=st.booleans(),
+    transform=st.sampled_from([None, gain]),
+    batch_size=st.sampled_from([4, None]),
 )
 def test_batches_through_the_cache_are_bit_identical(
     corpora: dict[str, Path],
@@ -99,14 +109,16 @@ def test_batches_through_the_cache_are_bit_identical(
     rate: Any,
     dtype: str,
     stereo: bool,
+    transform: Any,
+    batch_size: int | None,
 ) -> None:
-    decoding = Decoding(mono=mono, sample_rate=rate, dtype=dtype)
+    decoding = Decoding(mono=mono, sample_rate=rate, dtype=dtype, transform=transform)
     ext += "2" if stereo else ""
-    plain = batches(corpora[ext], decoding=decoding)
-    cache = tmp_path_factory.mktemp("decoded")
-    cached = batches(corpora[ext], decoding=decoding, reading=Reading(decoded_cache=str(cache)))
+    plain = batches(corpora[ext], decoding=decoding, batch_size=batch_size)
+    reading = Reading(decoded_cache=str(tmp_path_factory.mktemp("decoded")))
+    cached = batches(corpora[ext], decoding=decoding, batch_size=batch_size, reading=reading)
     assert_identical(plain, cached)
-    again = batches(corpora[ext], decoding=decoding, reading=Reading(decoded_cache=str(cache)))
+    again = batches(corpora[ext], decoding=decoding, batch_size=batch_size, reading=reading)
     assert_identical(plain, again)
 
 
