@@ -53,37 +53,62 @@ def check_tree(name: str, value: Any) -> None:
     """Field ``name`` (``options`` or ``extra``): a dict of JSON values (dicts with string keys, lists,
     strings, numbers, bools, None), at most :data:`MAX_DEPTH` deep and :data:`MAX_NODES` values, integers
     within int64. Iterative, so a self-holding or deeply nested value (a pickled checkpoint can hold either)
-    is an error here, not a RecursionError or a hang later (``json.dumps`` and ``repr`` of it)."""
+    is an error here, not a RecursionError or a hang later (``json.dumps`` and ``repr`` of it).
+
+    Each container is checked once however often it is reached: its count of values and its height are
+    remembered, so a value that shares its lists (``[[x] * 64] * 64 ...``: 64**14 values from a few kB) is
+    refused at once, by arithmetic, instead of after walking :data:`MAX_NODES` of them."""
     if not isinstance(value, Mapping):
         raise StateError(f"malformed loader state: field {name} must be a dict, not {type(value).__name__}")
     budget = MAX_NODES[name]
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    done: dict[int, tuple[int, int]] = {}  # id of a checked container: (values under it, height)
+    open_: set[int] = set()  # containers whose children are being checked: the path from the root
+    stack: list[tuple[Any, int, bool]] = [(value, 1, False)]
     while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise StateError(f"malformed loader state: field {name} is nested more than {MAX_DEPTH} deep")
+        item, depth, finishing = stack.pop()
+        key = id(item)
         children = list(item.values()) if isinstance(item, Mapping) else item
-        budget -= len(children)
-        if budget < 0:
-            raise StateError(f"malformed loader state: field {name} holds more than {MAX_NODES[name]} values")
-        if isinstance(item, Mapping) and any(type(key) is not str for key in item):
-            bad = next(key for key in item if type(key) is not str)
+        if finishing:
+            count, height = len(children), 1
+            for child in children:
+                if isinstance(child, _CONTAINERS):
+                    below, child_height = done[id(child)]
+                    count, height = count + below, max(height, child_height + 1)
+            if count > budget:
+                raise StateError(f"malformed loader state: field {name} holds more than {budget} values")
+            done[key] = (count, height)
+            open_.discard(key)
+            continue
+        if depth > MAX_DEPTH or (key in done and depth + done[key][1] - 1 > MAX_DEPTH) or key in open_:
+            raise StateError(f"malformed loader state: field {name} is nested more than {MAX_DEPTH} deep")
+        if key in done:
+            continue
+        if len(children) > budget:
+            raise StateError(f"malformed loader state: field {name} holds more than {budget} values")
+        _check_values(name, item, children)
+        open_.add(key)
+        stack.append((item, depth, True))
+        stack.extend((child, depth + 1, False) for child in children if isinstance(child, _CONTAINERS))
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _check_values(name: str, item: Any, children: list[Any]) -> None:
+    """One container's keys and values: string keys, JSON kinds, integers within int64."""
+    if isinstance(item, Mapping) and any(type(key) is not str for key in item):
+        bad = next(key for key in item if type(key) is not str)
+        raise StateError(f"malformed loader state: field {name} has a key {shown(bad)} that is not a string")
+    kinds = set(map(type, children))  # per kind, not per value: a long list of numbers is checked in C
+    for kind in kinds:
+        if not issubclass(kind, (str, int, float, type(None), *_CONTAINERS)):
             raise StateError(
-                f"malformed loader state: field {name} has a key {shown(bad)} that is not a string"
+                f"malformed loader state: field {name} holds a {kind.__name__}, not a JSON value "
+                "(dict, list, string, number, bool or None)"
             )
-        kinds = set(map(type, children))  # per kind, not per value: a long list of numbers is checked in C
-        containers = {kind for kind in kinds if issubclass(kind, (dict, list, tuple))}
-        for kind in kinds - containers:
-            if not issubclass(kind, (str, int, float, type(None))):
-                raise StateError(
-                    f"malformed loader state: field {name} holds a {kind.__name__}, not a JSON value "
-                    "(dict, list, string, number, bool or None)"
-                )
-        if kinds & {int, bool} and kinds <= {int, bool}:
-            if min(children) < -_MAX_INT or max(children) >= _MAX_INT:
-                raise StateError(f"malformed loader state: field {name} holds an integer beyond int64")
-        elif any(issubclass(kind, int) for kind in kinds):
-            if any(isinstance(c, int) and not -_MAX_INT <= c < _MAX_INT for c in children):
-                raise StateError(f"malformed loader state: field {name} holds an integer beyond int64")
-        if containers:
-            stack.extend((child, depth + 1) for child in children if type(child) in containers)
+    if kinds & {int, bool} and kinds <= {int, bool}:
+        if min(children) < -_MAX_INT or max(children) >= _MAX_INT:
+            raise StateError(f"malformed loader state: field {name} holds an integer beyond int64")
+    elif any(issubclass(kind, int) for kind in kinds):
+        if any(isinstance(c, int) and not -_MAX_INT <= c < _MAX_INT for c in children):
+            raise StateError(f"malformed loader state: field {name} holds an integer beyond int64")

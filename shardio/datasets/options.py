@@ -37,8 +37,18 @@ SHORTCUTS = {
 }
 """The keywords kept for the common fields (``None``: not given), and their groups."""
 
-DEPRECATED = {f.name: group for group, cls in GROUPS.items() for f in fields(cls) if f.name not in SHORTCUTS}
-"""Every other field's keyword (still accepted, with a DeprecationWarning naming its group's field)."""
+_KEYWORDS_BEFORE_GROUPS = frozenset(
+    {
+        *("max_batch_size", "remainder", "duration_bins", "quadratic_duration", "min_duration"),
+        *("max_sample_duration", "sync_buckets", "batch_cost", "batch_cost_name", "shuffle_shards", "mono"),
+        *("transform", "check_finite", "dtype", "retry", "storage_options", "read_ahead", "cache_bytes"),
+    }
+)
+DEPRECATED = {
+    f.name: group for group, cls in GROUPS.items() for f in fields(cls) if f.name in _KEYWORDS_BEFORE_GROUPS
+}
+"""The other fields that were dataset keywords before the option groups (still accepted, with a
+DeprecationWarning naming its group's field). A field added since has no keyword: only its group takes it."""
 
 
 class Groups(NamedTuple):
