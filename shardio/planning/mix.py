@@ -25,7 +25,9 @@ every occurrence not yet consumed is consumed exactly once; no pass of any corpu
 The quotas come from :mod:`shardio.planning.quotas`, the merged occurrences from
 :mod:`shardio.planning.occurrences`.
 The plan's ``samples`` are *global* ids, ``offset[corpus] + local id`` with corpora in name order; a
-global id repeats when its corpus repeats within the epoch.
+global id recurs when its corpus repeats within the epoch, each time from another pass (the plan's
+``passes``): a re-pass, a sample the epoch trains on again, never a *repeat* (which only fills the epoch's
+last round or its fixed batch count, :mod:`shardio.planning.repeats`).
 """
 
 from __future__ import annotations
@@ -219,8 +221,11 @@ def plan_mix(
         for c, name in enumerate(mix.names)
     }
     excluded = sum(int((~keep).sum()) for keep in eligible.values())
+    sizes = np.array([int(eligible[name].sum()) for name in mix.names], dtype=np.int64)
+    chosen = occurrences.numbers[plan.samples]
+    passes = occurrences.positions[plan.samples] // sizes[chosen]
     return with_report(
-        replace(plan, samples=global_ids[plan.samples], excluded=excluded),
+        replace(plan, samples=global_ids[plan.samples], excluded=excluded, passes=passes),
         samples=int(offsets[-1]),
         corpora=stats,
         **({"bucket_edges": occurrences.edges.round(6).tolist()} if batching.bucketed else {}),

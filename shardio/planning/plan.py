@@ -85,6 +85,9 @@ class EpochPlan:
             steps): rank batch `s * accumulation + a` is micro-batch `a` of step `s`.
         earlier: With steps, the global batches of the segment's steps played before it (a resume on another
             world continues the same steps): their samples count as seen for the repeat flags.
+        passes: A mix's plan: per entry of `samples`, the pass of its corpus it is drawn from (a corpus's
+            stream of passes, counted from 0 at the mix's start: :mod:`shardio.planning.mix`); `None`
+            elsewhere. A sample twice in a mix's epoch under two passes is two samples, neither a repeat.
     """
 
     samples: np.ndarray
@@ -96,6 +99,7 @@ class EpochPlan:
     report: dict[str, Any] = field(default_factory=dict)
     accumulation: int = 1
     earlier: np.ndarray | None = None
+    passes: np.ndarray | None = None
 
     @property
     def world_size(self) -> int:
