@@ -270,3 +270,12 @@ def _check_sync(b: Batching) -> None:
             "batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
             "with num_buckets or duration_bins)"
         )
+
+
+def check_options(batching: object, ordering: object) -> None:
+    """An :class:`OptionError` unless ``batching`` is a :class:`Batching` and ``ordering`` an
+    :class:`Ordering` (their own constructors check their fields)."""
+    if not isinstance(batching, Batching):
+        raise OptionError(f"batching must be a shardio.Batching, not {shown(batching)}")
+    if not isinstance(ordering, Ordering):
+        raise OptionError(f"ordering must be a shardio.Ordering, not {shown(ordering)}")
