@@ -20,16 +20,27 @@ import pytest
 from shardio import Index
 from shardio.shards.index import COLUMNS
 from shardio.shards.indexfile import encode
+from shardio.shards.indexheader import digest
 from shardio.shards.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def rewrite_header(root: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    """Apply ``change`` to ``root/index.json``'s header, in place (the fingerprint is left alone)."""
+def rewrite_header(root: Path, change: Callable[[dict[str, Any]], None], refingerprint: bool = True) -> None:
+    """Apply ``change`` to ``root/index.json``'s header, in place, and fingerprint the result as shardio
+    does (the digest of the header: an edit that is otherwise consistent loads); ``refingerprint=False``
+    leaves the fingerprint as ``change`` left it (a forged or stale one, refused at load)."""
     path = root / "index.json"
     header = json.loads(path.read_text())
     change(header)
+    if (
+        refingerprint
+        and isinstance(header, dict)
+        and "fingerprint" in header
+        and "upgraded_from" not in header
+    ):
+        header.pop("fingerprint")
+        header["fingerprint"] = digest(header)
     path.write_text(json.dumps(header))
 
 
@@ -45,7 +56,7 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 def to_format1(root: Path) -> None:
     """Rewrite the (format-2) index of ``root`` as format 1 wrote it: ``index.npz`` holding the columns, the
-    keys blob and their ends, and a version-1 header (same fingerprint)."""
+    keys blob and their ends, and a version-1 header fingerprinted as format 1 did (its header's digest)."""
     index = Index.load(root)
     payload = _npz_bytes(
         {
@@ -59,6 +70,8 @@ def to_format1(root: Path) -> None:
     def change(header: dict[str, Any]) -> None:
         header.update(version=1, columns_file="index.npz", columns_sha256=hashlib.sha256(payload).hexdigest())
         header.pop("keys_bytes", None)
+        header.pop("fingerprint")
+        header["fingerprint"] = digest(header)  # format 1 digested its own header, as format 2 does
 
     rewrite_header(root, change)
     os.unlink(root / "index.columns")

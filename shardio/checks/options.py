@@ -12,7 +12,11 @@ import numpy as np
 
 from ..errors import OptionError, shown
 
-__all__ = ["flag", "integer", "real"]
+__all__ = ["MAX_INT64", "flag", "integer", "real"]
+
+MAX_INT64 = 2**63 - 1
+"""The largest integer option a plan may take: a state records the plan's options, and a state's integers are
+int64 (larger ones are refused when it loads), so a larger option would save states that never load."""
 
 
 def integer(name: str, value: object, least: int | None, most: int | None = None) -> int:
@@ -32,15 +36,17 @@ def integer(name: str, value: object, least: int | None, most: int | None = None
     return number
 
 
-def real(name: str, value: object, what: str) -> None:
-    """Refuse a ``value`` that is not a real number (a bool, a string, None) or is not finite; ``what`` says
-    what was expected (``"a positive, finite number of seconds"``). Range checks are the caller's."""
+def real(name: str, value: object, what: str) -> float:
+    """``value`` as a ``float``, refused where it is not a real number (a bool, a string, None) or not finite;
+    ``what`` says what was expected (``"a positive, finite number of seconds"``). Range checks are the
+    caller's. A numpy float or a ``Fraction`` becomes a Python ``float``, what a state records (JSON)."""
     try:
         finite = math.isfinite(value)  # type: ignore[arg-type]
     except (TypeError, OverflowError):  # not a number; an int beyond a float
         finite = False
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)) or not finite:
         raise OptionError(f"{name} must be {what}, not {shown(value)}")
+    return float(value)
 
 
 def flag(name: str, value: object) -> bool:

@@ -10,15 +10,22 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import OptionError
 
-__all__ = ["OUT_HELP", "STATE_HELP", "add_quarantine", "add_trace"]
+__all__ = ["OUT_HELP", "STATE_HELP", "add_quarantine", "add_trace", "counted_from"]
 
 STATE_HELP = (
     "the saved loader state: a JSON state, a torch.save checkpoint holding one (a Lightning .ckpt "
     "too), or an Accelerate save_state directory; read with torch.load(weights_only=True)"
+)
+COUNTED_FROM_HELP = (
+    "how the global steps given count: 1 (the default, but for a Lightning .ckpt): the number of batches "
+    "trained once that batch was, what the HF Trainer's state.global_step and a loop that adds 1 after "
+    "each batch log for it; 0 (the default for a Lightning .ckpt): Lightning's trainer.global_step and "
+    "logged step, or a loop that logs before its += 1"
 )
 OUT_HELP = (
     "where to write the new state: a copy of --state's checkpoint (same kind, the model's weights "
@@ -47,9 +54,9 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
         "--global-step",
         type=int,
         metavar="G",
-        help="a trainer's global step G, counted from 0 across epochs (Lightning's global_step; "
-        "a loop counting from 1 subtracts 1): mapped to an epoch and epoch step through "
-        "each epoch's planned length, printed first",
+        help="the global step G your trainer logged for a batch, across epochs (counted as "
+        "--counted-from says): mapped to an epoch and epoch step through each epoch's planned "
+        "length, printed first with the count applied",
     )
     what.add_argument("--key", action="append", metavar="K", help="a sample key (repeat for several)")
     what.add_argument("--epoch", type=int, metavar="E", help="the whole epoch E, one row per (step, rank)")
@@ -64,6 +71,9 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="with --key: search N epochs from the state's (default 1, at most 1000)",
+    )
+    parser.add_argument(
+        "--counted-from", type=int, choices=(0, 1), help="with --global-step: " + COUNTED_FROM_HELP
     )
     parser.add_argument("--json", action="store_true", help="JSON Lines: one object per (epoch, step, rank)")
     parser.add_argument("--csv", action="store_true", help="with --step/--epoch: CSV, one line per sample")
@@ -81,9 +91,10 @@ def _run_trace(args: argparse.Namespace) -> int:
     trace = Trace(open_for_state(args.dataset, state), state)
     if args.global_step is not None:
         _check_global_steps(trace, checkpoint)
-        args.in_epoch, args.step = trace.epoch_step(args.global_step)
+        base, why = counted_from(checkpoint.container, args.counted_from)
+        args.in_epoch, args.step = trace.epoch_step(_from_zero(args.global_step, base))
         print(
-            f"# global step {args.global_step} (from 0) is epoch {args.in_epoch} epoch step {args.step} "
+            f"# global step {args.global_step} ({why}) is epoch {args.in_epoch} epoch step {args.step} "
             "(from 0), if every epoch before ran whole on this world size",
             file=sys.stderr,
         )
@@ -132,6 +143,7 @@ def _check_trace_args(args: argparse.Namespace) -> None:
         )
         if given and not by_step
     ]
+    stray += ["--counted-from"] if args.counted_from is not None and args.global_step is None else []
     stray += ["--in-epoch"] if args.in_epoch is not None and args.global_step is not None else []
     stray += ["--stop"] if args.stop is not None and args.global_step is not None else []
     stray += ["--epochs"] if args.epochs != 1 and not args.key else []
@@ -183,8 +195,12 @@ def add_quarantine(subparsers: argparse._SubParsersAction) -> None:
         "--global-steps",
         type=_step_range,
         metavar="G1:G2",
-        help="as --steps, for a trainer's global steps G1 to G2 - 1 (from 0 across epochs; "
-        "mapped as trace --global-step maps them, within the state's epoch)",
+        help="as --steps, for the global steps G1 to G2 - 1 your trainer logged (across epochs, "
+        "counted as --counted-from says; mapped as trace --global-step maps them, within the state's "
+        "epoch)",
+    )
+    parser.add_argument(
+        "--counted-from", type=int, choices=(0, 1), help="with --global-steps: " + COUNTED_FROM_HELP
     )
     parser.add_argument("--carry", action="store_true", help="leave them out of later epochs too")
     parser.set_defaults(run=_run_quarantine)
@@ -199,6 +215,8 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     state = checkpoint.state
     dataset = open_for_state(args.dataset, state)
     steps = args.steps
+    if args.counted_from is not None and args.global_steps is None:
+        raise OptionError("--counted-from goes with --global-steps")
     if args.global_steps is not None:
         steps = _epoch_steps(dataset, checkpoint, args)
     healed = quarantine(state, dataset, keys=args.key, steps=steps, carry=args.carry)
@@ -224,7 +242,10 @@ def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tup
         raise OptionError("--steps and --global-steps: choose one")
     trace = Trace(dataset, checkpoint.state)
     _check_global_steps(trace, checkpoint)
-    first, last = (trace.epoch_step(g) for g in (args.global_steps[0], args.global_steps[1] - 1))
+    base, why = counted_from(checkpoint.container, args.counted_from)
+    first, last = (
+        trace.epoch_step(_from_zero(g, base)) for g in (args.global_steps[0], args.global_steps[1] - 1)
+    )
     if first[0] != trace.state.epoch or last[0] != trace.state.epoch:
         raise OptionError(
             f"global steps {args.global_steps[0]}:{args.global_steps[1]} are epoch {first[0]} step "
@@ -232,7 +253,7 @@ def _epoch_steps(dataset: Any, checkpoint: Any, args: argparse.Namespace) -> tup
             f"epoch {trace.state.epoch} (keys: --key, with --carry for later epochs)"
         )
     print(
-        f"# global steps {args.global_steps[0]}:{args.global_steps[1]} (from 0) are epoch {first[0]} epoch "
+        f"# global steps {args.global_steps[0]}:{args.global_steps[1]} ({why}) are epoch {first[0]} epoch "
         f"steps {first[1]}:{last[1] + 1} (from 0)",
         file=sys.stderr,
     )
@@ -254,6 +275,27 @@ def _check_global_steps(trace: Any, checkpoint: Any) -> None:
             "plan counts (earlier epochs cut short or on another world size, or several batches an "
             "optimizer step): a global step would name the wrong batch; use --step with --in-epoch"
         )
+
+
+def counted_from(container: Any, given: int | None) -> tuple[int, str]:
+    """How a global step a user gives counts (0 or 1), and that in words for the mapping's line: ``given``
+    (``--counted-from``), else by the checkpoint ``container``: a Lightning checkpoint's from 0 (its
+    ``trainer.global_step`` while the batch trains, the step its loggers record), every other from 1 (the HF
+    Trainer's ``state.global_step`` after the batch's update, the documented loops' count after ``+= 1``)."""
+    if given is not None:
+        return given, f"counted from {given}, as --counted-from {given} says"
+    if isinstance(container, Mapping) and "pytorch-lightning_version" in container:
+        return 0, "counted from 0: a Lightning checkpoint's, as its trainer.global_step and loggers count"
+    return 1, (
+        "counted from 1: the batches trained once it was, as a loop logs global_step after its += 1 and the "
+        "HF Trainer its state.global_step; --counted-from 0 for a count from 0"
+    )
+
+
+def _from_zero(global_step: int, base: int) -> int:
+    if global_step < base:
+        raise OptionError(f"global step {global_step}: counted from {base}, the first batch's is {base}")
+    return global_step - base
 
 
 def _place(checkpoint: Any, written: str) -> str:

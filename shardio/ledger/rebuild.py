@@ -199,20 +199,36 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             f"batch_index {row['batch_index']}, world {row['world_size']}{ahead}): "
             f"{len(row['keys'])} samples, {seconds:.2f} s\n"
         )
-        corpora = row.get("corpus") or [None] * len(row["keys"])
-        for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
-            out.write(f"  {key}\t{duration:.3f}" + (f"\t{corpus}" if corpus else "") + "\n")
+        size = len(row["keys"])
+        corpora = row.get("corpus") or [None] * size
+        passes = row.get("corpus_pass") or [None] * size
+        repeats = row.get("repeat") or [False] * size
+        for key, duration, corpus, number, repeat in zip(
+            row["keys"], row["durations"], corpora, passes, repeats
+        ):
+            where = (f"\t{corpus}" if corpus else "") + (f"\tpass {number}" if number is not None else "")
+            out.write(f"  {key}\t{duration:.3f}{where}" + ("\trepeat (padding)" if repeat else "") + "\n")
     return count
 
 
 def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
     """Write step rows as CSV, one line per sample: epoch, step, rank, segment, batch_index, key, duration,
-    corpus (empty outside a mix), ahead (1 for a batch consumed ahead of its segment's position, else 0)."""
+    corpus (empty outside a mix), ahead (1 for a batch consumed ahead of its segment's position, else 0),
+    repeat (1 for padding, a planned repeat, else 0) and corpus_pass (a mix's pass of the corpus, else
+    empty)."""
     writer = csv.writer(out)
-    writer.writerow(["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus", "ahead"])
+    writer.writerow(
+        ["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus", "ahead"]
+        + ["repeat", "corpus_pass"]
+    )
     for row in rows:
-        corpora = row.get("corpus") or [""] * len(row["keys"])
-        for key, duration, corpus in zip(row["keys"], row["durations"], corpora):
+        count = len(row["keys"])
+        corpora = row.get("corpus") or [""] * count
+        passes = row.get("corpus_pass") or [""] * count
+        repeats = row.get("repeat") or [False] * count
+        for key, duration, corpus, number, repeat in zip(
+            row["keys"], row["durations"], corpora, passes, repeats
+        ):
             writer.writerow(
                 [
                     row["epoch"],
@@ -224,5 +240,7 @@ def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
                     duration,
                     corpus,
                     int(bool(row.get("ahead"))),
+                    int(bool(repeat)),
+                    number,
                 ]
             )

@@ -35,10 +35,11 @@ import numpy as np
 from ..errors import OptionError
 from ..jobstate import job_state
 from ..planning.plan import EpochPlan
+from ..planning.repeats import Repeats
 from ..state import LoaderState
 from .keyids import resolve_keys
 from .segmentplans import SegmentPlans, check_epoch
-from .steprecord import StepRecord
+from .steprecord import StepRecord, sample_marks
 
 if TYPE_CHECKING:
     from ..datasets.dataset import ShardDataset
@@ -192,10 +193,12 @@ class Trace:
             if rank is not None and not 0 <= rank < world_size:
                 raise OptionError(f"rank {rank} is not in segment {number}'s world of {world_size}")
             plan, each = self.plan(epoch, number), self._segments.accumulation(world_size)
+            repeats = Repeats(plan)
             for j, ahead in dealt:
                 for r in range(world_size) if rank is None else (rank,):
                     at = (epoch, start + j // each, number, j, r, world_size)
-                    records.append(StepRecord(*at, plan.batch(r, j), ahead, j % each))
+                    marks = sample_marks(plan, repeats, r, j)
+                    records.append(StepRecord(*at, plan.batch(r, j), ahead, j % each, *marks))
         records.sort(key=lambda record: (record.step, record.ahead, record.rank, record.micro_batch))
         if not records:
             total = sum(count for _, _, count in self.segments(epoch))
@@ -214,10 +217,12 @@ class Trace:
         def records() -> Iterator[StepRecord]:
             for number, (world_size, start, count) in enumerate(segments):
                 plan, each = self.plan(epoch, number), self._segments.accumulation(world_size)
+                repeats = Repeats(plan)
                 for j, ahead in self._segments.dealt(epoch, number, start, count):
                     for r in range(world_size):
                         at = (epoch, start + j // each, number, j, r, world_size)
-                        yield StepRecord(*at, plan.batch(r, j), ahead, j % each)
+                        marks = sample_marks(plan, repeats, r, j)
+                        yield StepRecord(*at, plan.batch(r, j), ahead, j % each, *marks)
 
         return records()
 
@@ -307,6 +312,10 @@ class Trace:
         corpora = [self.planner.corpus(i) for i in ids]
         if any(c is not None for c in corpora):
             row["corpus"] = corpora
+        if record.passes is not None:
+            row["corpus_pass"] = record.passes.tolist()
+        if record.repeat is not None and record.repeat.any():
+            row["repeat"] = record.repeat.tolist()  # padding only (a mix's re-passes are corpus_pass)
         if record.ahead:
             row["ahead"] = True
         return row

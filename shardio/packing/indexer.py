@@ -19,14 +19,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
 from ..errors import OptionError, ReadError
 from ..shards.builder import IndexBuilder
 from ..shards.index import INDEX_COLUMNS_V1, INDEX_JSON, Index, ShardInfo
-from ..shards.indexheader import FORMAT_VERSION, METADATA_VERSION
+from ..shards.indexheader import FORMAT_VERSION, METADATA_VERSION, UPGRADE_FIELDS, UPGRADED_FROM
 from ..shards.outputdir import writable_directory
+from ..storage.files import write_atomic
 from .foreignshards import HashingReader, index_shard, shard_codec, tar_stream
 from .source import not_regular
 from .zstdframes import seekable_frames, zstd_frames
@@ -176,6 +178,30 @@ def _repeated_keys(shard_keys: list[str], earlier: set[str]) -> list[str]:
     return repeated
 
 
+def _record_upgrade(directory: str, before: dict[str, Any]) -> None:
+    """Record in the upgraded ``index.json`` the fields the upgrade changed, as they were (``upgraded_from``),
+    so that its kept fingerprint still checks (:func:`~shardio.shards.indexheader.check_fingerprint`)."""
+    path = os.path.join(directory, INDEX_JSON)
+    with open(path, "rb") as handle:
+        after = json.loads(handle.read())
+    changed = {
+        key: before.get(key)
+        for key in set(before) | set(after)
+        if key != "fingerprint" and before.get(key) != after.get(key)
+    }
+    if not set(changed) <= set(UPGRADE_FIELDS):  # an index an older shardio wrote otherwise: no proof
+        logger.warning(
+            "%s: the upgrade changed %s besides the format, so the old fingerprint cannot be kept "
+            "verifiably: the index gets a new one (states saved on the old index no longer load)",
+            path,
+            sorted(set(changed) - set(UPGRADE_FIELDS)),
+        )
+        Index.load(directory).save(directory)
+        return
+    after[UPGRADED_FROM] = dict(sorted(changed.items()))
+    write_atomic(path, json.dumps(after, indent=1).encode())
+
+
 def upgrade_index(directory: str | os.PathLike[str]) -> str:
     """Rewrite the index of the dataset in local ``directory`` in the current format, with the same content
     and fingerprint (a saved loader state still resumes), and remove a format-1 ``index.npz``. Says what it
@@ -183,10 +209,12 @@ def upgrade_index(directory: str | os.PathLike[str]) -> str:
     directory = os.fspath(directory)
     index = Index.load(directory)  # first: it checks index.json is a regular file in the root, and valid JSON
     with open(os.path.join(directory, INDEX_JSON), "rb") as handle:
-        version = json.loads(handle.read()).get("version")
+        before = json.loads(handle.read())
+    version = before.get("version")
     if version in (FORMAT_VERSION, METADATA_VERSION):
         return f"{version} (already current)"
     index.save(directory, keep_fingerprint=True)
+    _record_upgrade(directory, before)
     old = os.path.join(directory, INDEX_COLUMNS_V1)
     if os.path.exists(old):
         os.unlink(old)

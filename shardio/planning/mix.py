@@ -25,7 +25,9 @@ every occurrence not yet consumed is consumed exactly once; no pass of any corpu
 The quotas come from :mod:`shardio.planning.quotas`, the merged occurrences from
 :mod:`shardio.planning.occurrences`.
 The plan's ``samples`` are *global* ids, ``offset[corpus] + local id`` with corpora in name order; a
-global id repeats when its corpus repeats within the epoch.
+global id recurs when its corpus repeats within the epoch, each time from another pass (the plan's
+``passes``): a re-pass, a sample the epoch trains on again, never a *repeat* (which only fills the epoch's
+last round or its fixed batch count, :mod:`shardio.planning.repeats`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..checks.options import integer
+from ..checks.planargs import epoch_of, seed_of, world_size_of
+from ..checks.states import MAX_COUNT
 from ..errors import OptionError, StateError
 from .mixoptions import Mix
 from .occurrences import CorpusColumns, Occurrences, corpus_offsets, eligible_samples, merge_occurrences
+from .options import check_options
 from .order import MIX
 from .plan import Batching, EpochPlan, Ordering, Segment, plan_segments, with_report
 from .quotas import MAX_EPOCH_SAMPLES, check_epoch_size, mix_quotas
@@ -101,11 +107,10 @@ def plan_occurrences(
 ) -> tuple[EpochPlan, Occurrences, _Args]:
     """:func:`plan_mix`'s plan over *occurrence* numbers (into the returned occurrences), before the ids are
     mapped to global ids: the re-mix (:mod:`shardio.ledger.remix`) reads stream positions from it."""
-    if seed < 0 or since < 0 or (epoch < since and tail is None):
-        raise OptionError(
-            f"seed and epoch must be non-negative integers (epoch at least {since}, where the "
-            f"mix took effect), not {seed} and {epoch}"
-        )
+    seed, since = seed_of(seed), integer("since", since, 0, MAX_COUNT)
+    epoch = epoch_of(epoch, 0 if tail is not None else since)  # from since: where the mix took effect
+    world_size = world_size_of(world_size)
+    check_options(batching, ordering)
     columns = {name: CorpusColumns(*value) for name, value in corpora.items()}
     eligible = eligible_samples(columns, mix, batching)
     quotas = mix_quotas(columns, mix, batching, seed=seed, ordering=ordering)
@@ -219,8 +224,11 @@ def plan_mix(
         for c, name in enumerate(mix.names)
     }
     excluded = sum(int((~keep).sum()) for keep in eligible.values())
+    sizes = np.array([int(eligible[name].sum()) for name in mix.names], dtype=np.int64)
+    chosen = occurrences.numbers[plan.samples]
+    passes = occurrences.positions[plan.samples] // sizes[chosen]
     return with_report(
-        replace(plan, samples=global_ids[plan.samples], excluded=excluded),
+        replace(plan, samples=global_ids[plan.samples], excluded=excluded, passes=passes),
         samples=int(offsets[-1]),
         corpora=stats,
         **({"bucket_edges": occurrences.edges.round(6).tolist()} if batching.bucketed else {}),

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks.options import flag, integer, real
+from ..checks.options import MAX_INT64, flag, integer, real
 from ..errors import OptionError, shown
 
 __all__ = ["WEIGHT_SUM_TOLERANCE", "EpochSize", "Mix", "recorded_weights"]
@@ -88,11 +88,13 @@ class EpochSize:
         if self.primary is not None and not isinstance(self.primary, str):
             raise OptionError(f"EpochSize primary must be a corpus name, not {shown(self.primary)}")
         if self.hours is not None:
-            real("EpochSize hours", self.hours, "a positive, finite number")
+            object.__setattr__(
+                self, "hours", real("EpochSize hours", self.hours, "a positive, finite number")
+            )
             if not self.hours > 0:
                 raise OptionError(f"EpochSize hours must be a positive number, not {self.hours}")
         if self.batches is not None:
-            object.__setattr__(self, "batches", integer("EpochSize batches", self.batches, 1))
+            object.__setattr__(self, "batches", integer("EpochSize batches", self.batches, 1, MAX_INT64))
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ class Mix:
             raise OptionError(
                 f"weights must map each corpus name to a positive number, not {shown(self.weights)}"
             )
+        names = [k for k in self.weights if not (isinstance(k, str) and k)]
+        if names:  # a state records the names as JSON keys: another type would never load
+            raise OptionError(f"weights' corpus names must be non-empty strings, not {shown(names[0])}")
         bad = {k: v for k, v in dict(self.weights).items() if not _positive(v)}
         if not self.weights or bad:
             raise OptionError(

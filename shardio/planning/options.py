@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checks.options import flag, integer, real
+from ..checks.options import MAX_INT64, flag, integer, real
 from ..errors import OptionError, shown
 from .batches import eligible, sample_cost
 
@@ -47,7 +47,9 @@ class Ordering:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", flag("shuffle", self.shuffle))
-        object.__setattr__(self, "shuffle_shards", integer("shuffle_shards", self.shuffle_shards, 1))
+        object.__setattr__(
+            self, "shuffle_shards", integer("shuffle_shards", self.shuffle_shards, 1, MAX_INT64)
+        )
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,10 @@ class Batching:
             raise OptionError("give batch_size or max_duration, not both")
         for name in ("batch_size", "max_batch_size"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, integer(name, getattr(self, name), 1))
+                object.__setattr__(self, name, integer(name, getattr(self, name), 1, MAX_INT64))
         if self.max_duration is not None:
-            real("max_duration", self.max_duration, "a positive, finite number of seconds")
+            seconds = real("max_duration", self.max_duration, "a positive, finite number of seconds")
+            object.__setattr__(self, "max_duration", seconds)  # a float: what a state records
             if not self.max_duration > 0:
                 raise OptionError(
                     f"max_duration must be a positive, finite number of seconds, not {self.max_duration}"
@@ -224,7 +227,8 @@ def _check_buckets_and_filters(b: Batching) -> None:
             )
         object.__setattr__(b, "duration_bins", bins)
     if b.quadratic_duration is not None:
-        real("quadratic_duration", b.quadratic_duration, "a positive, finite number")
+        quadratic = real("quadratic_duration", b.quadratic_duration, "a positive, finite number")
+        object.__setattr__(b, "quadratic_duration", quadratic)
         if not b.quadratic_duration > 0:  # finite: real() saw to it
             raise OptionError(
                 f"quadratic_duration must be a positive, finite number, not {b.quadratic_duration}"
@@ -234,7 +238,8 @@ def _check_buckets_and_filters(b: Batching) -> None:
     for name in ("min_duration", "max_sample_duration"):
         value = getattr(b, name)
         if value is not None:
-            real(name, value, "a non-negative, finite number of seconds")
+            value = real(name, value, "a non-negative, finite number of seconds")
+            object.__setattr__(b, name, value)
             if not value >= 0:
                 raise OptionError(f"{name} must be a non-negative number of seconds, not {value}")
     if (
@@ -270,3 +275,12 @@ def _check_sync(b: Batching) -> None:
             "batch_cost balances step-synchronised batches: it needs sync_buckets on (the default "
             "with num_buckets or duration_bins)"
         )
+
+
+def check_options(batching: object, ordering: object) -> None:
+    """An :class:`OptionError` unless ``batching`` is a :class:`Batching` and ``ordering`` an
+    :class:`Ordering` (their own constructors check their fields)."""
+    if not isinstance(batching, Batching):
+        raise OptionError(f"batching must be a shardio.Batching, not {shown(batching)}")
+    if not isinstance(ordering, Ordering):
+        raise OptionError(f"ordering must be a shardio.Ordering, not {shown(ordering)}")

@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from ..checks.planargs import columns_of, epoch_of, seed_of, segments_of, world_size_of
 from ..errors import OptionError
 from . import bucketing, rounds, steps
-from .options import Batching, Ordering
+from .options import Batching, Ordering, check_options
 from .order import BATCHES, narrow_window_order, rng
 
 __all__ = [
@@ -85,6 +86,8 @@ class EpochPlan:
             steps): rank batch `s * accumulation + a` is micro-batch `a` of step `s`.
         earlier: With steps, the global batches of the segment's steps played before it (a resume on another
             world continues the same steps): their samples count as seen for the repeat flags.
+        passes: A mix's: per entry of `samples`, its corpus's pass (:mod:`shardio.planning.mix`;
+            `None` elsewhere). A sample twice in an epoch under two passes is two samples, not a repeat.
     """
 
     samples: np.ndarray
@@ -96,6 +99,7 @@ class EpochPlan:
     report: dict[str, Any] = field(default_factory=dict)
     accumulation: int = 1
     earlier: np.ndarray | None = None
+    passes: np.ndarray | None = None
 
     @property
     def world_size(self) -> int:
@@ -156,9 +160,9 @@ def plan_segments(
     quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them
     out.
     """
-    for size in (world_size, *(finished.world_size for finished in history)):
-        if not size >= 1:  # no rank to deal to: a division by zero, or a silent empty plan of an empty order
-            raise OptionError(f"world_size must be at least 1, not {size}")
+    # no rank to deal to is a division by zero (or a silent empty plan), too many an unbounded allocation
+    world_size = world_size_of(world_size)
+    history = [Segment(size, consumed) for size, consumed in segments_of(history)]
 
     def grouping(number: int) -> rounds.Grouping | None:
         if windows is None or buckets is None:
@@ -245,12 +249,13 @@ def plan_epoch(
         exclude: `(segment, sample ids)` pairs: those samples are left out from that segment on.
 
     Raises:
-        OptionError: A negative seed, columns of different shapes, a history beyond the plan.
+        OptionError: A seed, epoch, world size, history, options or columns that are not one (each named,
+            with its bounds), a history beyond the plan.
     """
-    if seed < 0:
-        raise OptionError(f"seed must be a non-negative integer, not {seed}")
-    if shard_ids.shape != durations.shape:
-        raise OptionError("shard_ids and durations must have the same shape")
+    seed, epoch, world_size = seed_of(seed), epoch_of(epoch), world_size_of(world_size)
+    history = [Segment(size, consumed) for size, consumed in segments_of(history)]
+    check_options(batching, ordering)
+    num_shards = columns_of(shard_ids, durations, num_shards)
     order, by_window = narrow_window_order(shard_ids, num_shards, ordering, (seed, epoch))
     buckets, extra = None, {}
     if batching.bucketed:

@@ -19,15 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, StateError
+from ..checks.options import integer
+from ..checks.planargs import seed_of, segments_of, world_size_of
+from ..errors import OptionError, StateError, shown
 from ..shards.index import Index
 from ..state import LoaderState
 from .mix import CorpusColumns, corpus_offsets, mix_quotas, plan_mix, plan_occurrences
 from .mixoptions import Mix
 from .mixstreams import mix_args
+from .options import check_options
 from .plan import Batching, EpochPlan, Ordering, Segment, options_of, plan_epoch
 from .rankplan import RankPlan, rank_plan
-from .surgery import Surgery
+from .surgery import Surgery, check_surgery
 
 __all__ = ["Planner"]
 
@@ -45,6 +48,9 @@ class Planner:
         ordering: How an epoch's samples are ordered.
         mix: A mix's options (``None``: not a mix).
         corpora: A mix's corpora, in name order: ``(name, index)``.
+
+    Raises:
+        OptionError: A seed, options, index or mix that is not one; any method's bad argument, named.
     """
 
     index: Index
@@ -59,6 +65,10 @@ class Planner:
     _shards: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", seed_of(self.seed))
+        check_options(self.batching, self.ordering)
+        if not isinstance(self.index, Index) or not isinstance(self.mix, (Mix, type(None))):
+            raise OptionError(f"index, mix: an Index, a Mix or None, not {shown((self.index, self.mix))}")
         # made once, with the planner: every state saved or loaded compares the options, every plan counts
         options = options_of(self.batching, self.ordering)
         if self.mix is not None:
@@ -98,7 +108,13 @@ class Planner:
 
         Returns:
             ``plan(epoch, world_size, history, surgery).num_batches``; ``None`` where only the plan tells.
+
+        Raises:
+            OptionError: a world size or history that is not one.
         """
+        world_size = world_size_of(world_size)
+        history = [Segment(size, consumed) for size, consumed in segments_of(history)]
+        check_surgery(surgery)
         batching = self.planned_batching
         if (
             self.mix is not None
@@ -142,6 +158,7 @@ class Planner:
             OptionError: a history segment beyond its plan.
             StateError: a re-mix that does not fit this mix.
         """
+        check_surgery(surgery)
         batching = self.planned_batching
         if self.mix is None:
             return plan_epoch(
@@ -187,6 +204,7 @@ class Planner:
         Raises:
             OptionError: outside a mix.
         """
+        check_surgery(surgery)
         plan, occurrences, _ = plan_occurrences(
             self.columns(),
             self._mix(),
@@ -217,7 +235,12 @@ class Planner:
 
         Returns:
             The rank's batches.
+
+        Raises:
+            OptionError: ``plan`` is not an `EpochPlan`, or ``rank`` not one of its ranks.
         """
+        if not isinstance(plan, EpochPlan):
+            raise OptionError(f"plan must be an EpochPlan, not {shown(plan)}")
         return rank_plan(plan, rank)
 
     def corpus(self, sample_id: int) -> str | None:
@@ -228,7 +251,11 @@ class Planner:
 
         Returns:
             The corpus's name; ``None`` outside a mix.
+
+        Raises:
+            OptionError: ``sample_id`` is not an id of the index.
         """
+        sample_id = integer("sample_id", sample_id, 0, self._samples - 1)
         if not self.corpora:
             return None
         return self.corpora[int(np.searchsorted(self._offsets, sample_id, side="right")) - 1][0]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks.planargs import rank_of
 from .plan import EpochPlan
 from .repeats import Repeats
 
@@ -47,8 +48,9 @@ class RankPlan:
 def rank_plan(plan: EpochPlan, rank: int, repeats: Repeats | None = None) -> RankPlan:
     """Rank ``rank``'s part of ``plan``: the same batches, in the same order, as ``plan.batch(rank, j)``.
 
-    ``repeats`` is ``Repeats(plan)`` when the caller cuts out several ranks (it is O(N) to make)."""
-    batches = plan.rank_batches[rank]
+    ``repeats`` is ``Repeats(plan)`` when the caller cuts out several ranks (it is O(N) to make); a rank
+    that is not one of the plan's is an :class:`~shardio.errors.OptionError` (never another rank's share)."""
+    batches = plan.rank_batches[rank_of(rank, plan.world_size)]
     starts, ends = plan.offsets[batches], plan.offsets[batches + 1]
     sizes = (ends - starts).astype(np.int64)
     offsets = np.zeros(batches.shape[0] + 1, dtype=np.int64)

@@ -6,6 +6,11 @@ repeats batches too. Summed over ranks, a metric would count those samples twice
 sample but its first is a repeat, where occurrences are ordered by round (batch ``j`` of every rank), then
 rank, then position in the batch: so the first occurrence always lies in a batch some rank trains on.
 
+In a mix, a sample of a corpus that repeats within the epoch recurs under another pass of its corpus (the
+plan's ``passes``): a *re-pass* is a sample trained on again, not a repeat; only an occurrence (sample, pass)
+met again is one. A mix's batches carry no re-pass flag in ``repeat``, so masking ``repeat`` out of a loss
+drops only the padding.
+
 Pure numpy on the plan, no I/O: every rank and worker computes the same flags independently.
 """
 
@@ -16,6 +21,20 @@ import numpy as np
 from .plan import EpochPlan
 
 __all__ = ["Repeats"]
+
+
+def occurrence_ids(plan: EpochPlan) -> np.ndarray:
+    """Per entry of ``plan.samples``, a number that only the same occurrence shares: the sample id, or in a
+    mix the pair (sample id, pass) numbered densely."""
+    if plan.passes is None or plan.samples.shape[0] == 0:
+        return plan.samples
+    passes = plan.passes.astype(np.int64) - int(plan.passes.min())
+    span = int(passes.max()) + 1
+    if int(plan.samples.max()) < np.iinfo(np.int64).max // span:  # one int64 key per pair
+        keys = plan.samples.astype(np.int64) * span + passes
+        return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    pairs = np.stack([plan.samples.astype(np.int64), passes], axis=1)
+    return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 class Repeats:
@@ -33,12 +52,13 @@ class Repeats:
         self._first_slot = first_slot[before:].reshape(plan.num_batches, plan.world_size).T
         self._sample_flags: np.ndarray | None = None
         self._slot_starts: np.ndarray | None = None
-        samples = plan.samples[plan.offsets[0] : plan.offsets[-1]]
+        occurrences = occurrence_ids(plan)
+        samples = occurrences[plan.offsets[0] : plan.offsets[-1]]
         if samples.shape[0] and np.bincount(samples).max() > 1:  # a sample in two different batches
             sizes = np.diff(plan.offsets)[slots]
             starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             within = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts[:-1], sizes)
-            taken = plan.samples[np.repeat(plan.offsets[slots], sizes) + within]
+            taken = occurrences[np.repeat(plan.offsets[slots], sizes) + within]
             flags = np.ones(taken.shape[0], dtype=bool)
             flags[np.unique(taken, return_index=True)[1]] = False
             self._slot_starts = starts[before:] - starts[before]

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..checks.states import MAX_COUNT
-from ..errors import StateError, shown
+from ..errors import OptionError, StateError, shown
 from .mixstreams import REMIX, Streams
 
-__all__ = ["QUARANTINE", "Quarantine", "Surgery"]
+__all__ = ["QUARANTINE", "Quarantine", "Surgery", "check_surgery"]
 
 QUARANTINE = "quarantine"
 """The key of a state's ``extra`` that holds its quarantine entries."""
@@ -243,3 +243,10 @@ class Surgery:
             if entry.ahead and entry.epoch == epoch:
                 found.setdefault(entry.segment - 1, []).extend(entry.ids)
         return {segment: np.unique(np.asarray(ids, dtype=np.int64)) for segment, ids in found.items()}
+
+
+def check_surgery(surgery: object) -> None:
+    """An :class:`~shardio.errors.OptionError` unless ``surgery`` is a :class:`Surgery` (a planner's
+    argument: a loaded state's :attr:`~shardio.LoaderState.surgery`)."""
+    if not isinstance(surgery, Surgery):
+        raise OptionError(f"surgery must be a loaded state's Surgery, not {shown(surgery)}")

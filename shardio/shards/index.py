@@ -3,13 +3,13 @@
 On disk a dataset directory holds its shards plus two index files, written last and atomically:
 
 - ``index.json``: the format version, the shard table (name, bytes, sha256, samples, duration, codec),
-  the audio format names, the size of the keys, the digest of the columns file and the index fingerprint;
+  the audio format names, the size of the keys, the columns file's digest and the fingerprint (checked);
 - ``index.columns`` (format 2): every column (:mod:`shardio.shards.columns`) and the keys (a UTF-8 blob plus
   end offsets; with per-sample metadata, :mod:`shardio.shards.metadata`, its JSON blob plus end offsets too),
   uncompressed and aligned, mapped read-only by every process that reads it (:mod:`shardio.shards.indexfile`):
   the page cache holds one copy per node, and keys decode one at a time. Format 1 kept them in ``index.npz``
-  (still read, into memory; ``shardio index --upgrade`` rewrites it as format 2 with the same fingerprint).
-  A remote index's columns file is fetched once per node into the local cache and mapped from there.
+  (still read; ``shardio index --upgrade`` rewrites it as format 2). A remote index's columns file is fetched
+  once per node into the local cache and mapped from there.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ class Index:
 
         Args:
             directory: Where to write (default: `root`).
-            keep_fingerprint: Keep the fingerprint the index has (an upgrade of the same content).
+            keep_fingerprint: Keep the fingerprint (an upgrade's: `upgrade_index` records what checks it).
         """
         directory = directory or self.root
         payload, self.columns_sha256 = indexfile.encode(self.columns, COLUMNS, self.keys, self._meta)

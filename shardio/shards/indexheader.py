@@ -23,6 +23,8 @@ __all__ = [
     "INDEX_JSON",
     "METADATA_VERSION",
     "READ_VERSIONS",
+    "UPGRADED_FROM",
+    "check_fingerprint",
     "check_version",
     "columns_file_of",
     "digest",
@@ -36,6 +38,11 @@ READ_VERSIONS = (1, 2, 3)
 INDEX_JSON = "index.json"
 INDEX_COLUMNS = "index.columns"
 INDEX_COLUMNS_V1 = "index.npz"
+UPGRADED_FROM = "upgraded_from"
+"""The key of an upgraded index's header that records the fields its upgrade changed, as they were: with
+them, the header is the one its kept fingerprint digests (:func:`check_fingerprint`)."""
+UPGRADE_FIELDS = ("version", "columns_file", "columns_sha256", "keys_bytes")
+"""The fields a format upgrade changes (and only these may an ``upgraded_from`` record)."""
 
 
 def make_header(
@@ -129,3 +136,38 @@ def columns_file_of(header: dict[str, Any], version: int, json_path: str) -> str
             f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is {expected!r}"
         )
     return columns_file
+
+
+def check_fingerprint(header: Mapping[str, Any], json_path: str) -> str:
+    """The fingerprint ``index.json`` states, once checked against what it fingerprints: the digest of the
+    header as written (without the fingerprint), or, for an index upgraded from format 1, of the header its
+    :data:`UPGRADED_FROM` entry restores (only :data:`UPGRADE_FIELDS`). The header records the columns' digest
+    (the columns are hashed against it at load) and every shard's size and SHA-256, so a fingerprint that
+    checks names this content. O(size of ``index.json``), already parsed.
+
+    Raises:
+        FormatError: a fingerprint that is not its header's: copied from another dataset's index, or edited.
+    """
+    stated = header.get("fingerprint")
+    body = {key: value for key, value in header.items() if key not in ("fingerprint", UPGRADED_FROM)}
+    before = header.get(UPGRADED_FROM)
+    if isinstance(before, Mapping) and set(before) <= set(UPGRADE_FIELDS):
+        for key, value in before.items():
+            if value is None:
+                body.pop(key, None)
+            else:
+                body[key] = value
+    elif before is not None:
+        raise FormatError(
+            f"{json_path}: {UPGRADED_FROM!r} may only record the fields an upgrade changes "
+            f"({', '.join(UPGRADE_FIELDS)})"
+        )
+    found = digest(body)
+    if stated != found:
+        raise FormatError(
+            f"{json_path}: its fingerprint {str(stated)[:40]!r} is not the digest of its header ({found}): "
+            "copied from another dataset's index.json, or the header was edited, so a state saved on another "
+            "dataset would resume on this one. Rebuild the index from its shards ('shardio index'; an index "
+            "upgraded from format 1 by an older shardio too): it gets its own fingerprint"
+        )
+    return found

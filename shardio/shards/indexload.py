@@ -13,7 +13,7 @@ from ..errors import FormatError, OptionError, shown
 from ..storage.files import is_url, join
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
-from .indexheader import INDEX_JSON, check_version, columns_file_of, read_header
+from .indexheader import INDEX_JSON, check_fingerprint, check_version, columns_file_of, read_header
 from .keys import Keys
 from .metadata import Metadata
 from .shardtable import ShardTable
@@ -84,7 +84,7 @@ def read_index(
 def check_loaded(index: Any, parts: IndexParts, allow_outside_root: bool) -> None:
     """A :class:`FormatError` where the index made of ``parts`` does not hold together: shard names outside
     the root (unless allowed), a damaged structure, counts that differ from the header, frames a format cannot
-    have, or keys for other samples."""
+    have, keys for other samples, or a fingerprint that is not its header's digest."""
     json_path = parts.json_path
     names = index.table.names()
     indexchecks.check_names(index.root, names, json_path, allow_outside_root)  # before messages name them
@@ -96,3 +96,4 @@ def check_loaded(index: Any, parts: IndexParts, allow_outside_root: bool) -> Non
     indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
     if len(parts.keys) != len(index):
         raise FormatError(f"{parts.columns_path}: {len(parts.keys)} keys for {len(index)} samples")
+    check_fingerprint(parts.header, json_path)  # last: a damaged index is named by what is damaged

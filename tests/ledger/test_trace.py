@@ -142,9 +142,8 @@ def test_trace_places_samples_workers_consumed_ahead_of_a_state_between_rounds(
     assert capsys.readouterr().out.strip().endswith("(consumed ahead)")
     assert main(["trace", str(dataset_dir), "--state", str(state_path), "--epoch", "0", "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert (
-        lines[0].endswith(",ahead") and {line.split(",")[5] for line in lines if line.endswith(",1")} == early
-    )
+    assert lines[0].split(",")[8] == "ahead"
+    assert {line.split(",")[5] for line in lines[1:] if line.split(",")[8] == "1"} == early
 
 
 def test_the_ledger_leaves_a_live_dataset_as_it_was(dataset_dir: Path, sources: dict[str, str]) -> None:
@@ -516,3 +515,46 @@ def test_the_cli_writes_a_quarantined_state_over_its_input_whole(dataset_dir: Pa
     healed.load_state_dict(json.loads(state_path.read_text()))
     assert key not in {k for batch in healed for k in batch["keys"]}
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary file left
+
+
+def test_trace_tells_a_mixs_re_passes_from_padding(
+    sources: dict[str, str], dataset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mix's rows name each sample's corpus pass (a key met twice in an epoch, under two passes) and flag
+    no re-pass as a repeat; padding (3 ranks, 5 batches) is flagged, as the batches' ``repeat`` is."""
+    from shardio.cli import main
+
+    mix = MixedDataset(
+        sources,
+        {"big": 0.5, "tiny": 0.5},
+        EpochSize(primary="big"),
+        seed=2,
+        ordering=Ordering(shuffle_shards=2),
+        batch_size=4,
+    )
+    rows = [Trace(mix, mix.state_dict()).row(record) for record in Trace(mix, mix.state_dict()).epoch(0)]
+    places = Counter(
+        (key, p)
+        for row in rows
+        for key, c, p in zip(row["keys"], row["corpus"], row["corpus_pass"])
+        if c == "tiny"
+    )
+    assert len({p for _, p in places}) > 1 and max(places.values()) == 1  # re-passes, each occurrence once
+    assert not any("repeat" in row for row in rows)
+    fixed = Batching(batch_size=16)
+    padded = make(dataset_dir, World(0, 3), batching=fixed)  # 69 samples: 5 batches, one round padded
+    trace = Trace(padded, padded.state_dict())
+    flagged = {(r.step, r.rank): trace.row(r).get("repeat", [False] * len(r.ids)) for r in trace.epoch(0)}
+    yielded = {
+        (batch["batch_index"], rank): batch["repeat"].tolist()
+        for rank in range(3)
+        for batch in make(dataset_dir, World(rank, 3), batching=fixed)
+    }
+    assert flagged == yielded and flagged[(1, 2)] == [True] * 16
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(padded.state_dict()))
+    capsys.readouterr()
+    assert main(["trace", str(dataset_dir), "--state", str(state), "--step", "1", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(",ahead,repeat,corpus_pass") and lines[-1].endswith(",0,1,")
+    assert sum(line.endswith(",0,1,") for line in lines) == 16

@@ -292,6 +292,24 @@ def test_mixed_dataset_resumes_exactly_and_elastically(sources: dict[str, str]) 
     assert Counter(consumed) + Counter(left) == Counter(named(mixed(sources, World(0, 2)).plan().samples))
 
 
+def test_a_mixs_re_passes_are_real_samples_not_repeats(
+    sources: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One rank pads nothing: a sample of the tiny corpus met again in the epoch (its next pass) is trained
+    on, so ``repeat`` stays False (a loss masked by it keeps every sample), and the world-change line counts
+    only padding."""
+    batches = list(mixed(sources))
+    recurring = Counter(identity(batches))
+    assert max(recurring.values()) > 1  # the tiny corpus repeats within the epoch ...
+    assert not any(bool(batch["repeat"].any()) for batch in batches)  # ... and none of it is padding
+    state = mixed(sources, World(0, 2)).state_after(list(mixed(sources, World(0, 2)))[1])
+    resumed = mixed(sources, World(0, 1))
+    with caplog.at_level("INFO", logger="shardio"):
+        resumed.load_state_dict(state)
+    assert "0 samples repeated on rank 0 to even the ranks (padding)" in caplog.text
+    assert not any(bool(batch["repeat"].any()) for batch in resumed)
+
+
 def test_a_state_from_another_mix_is_refused(sources: dict[str, str]) -> None:
     state = mixed(sources).state_dict()
     other = mixed(sources, weights={"big": 0.4, "mid": 0.4, "tiny": 0.2})

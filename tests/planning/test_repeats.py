@@ -25,6 +25,8 @@ from sample_shards import make_uneven_dataset
 from torch.utils.data import DataLoader
 
 from shardio import Batching, ShardDataset, World
+from shardio.planning.mix import CorpusColumns, plan_mix
+from shardio.planning.mixoptions import EpochSize, Mix
 from shardio.planning.plan import EpochPlan, Segment, plan_epoch, plan_segments
 from shardio.planning.repeats import Repeats
 
@@ -126,6 +128,60 @@ def test_padding_is_flagged_when_batches_run_short() -> None:
     repeats = Repeats(plan)
     flags = [repeats.flags(rank, 0).tolist() for rank in range(3)]
     assert flags == [[False, False], [True, True], [True, True]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 50),
+    world=st.integers(1, 5),
+    remainder=st.sampled_from(["pad", "drop"]),
+    tiny=st.integers(1, 9),
+    epoch=st.integers(0, 3),
+)
+def test_a_mixs_re_passes_are_not_repeats(
+    seed: int, world: int, remainder: str, tiny: int, epoch: int
+) -> None:
+    """A corpus that repeats within a mix's epoch recurs under its next pass: trained on again, so not a
+    repeat. Only padding is flagged: every (sample, pass) of the plan counts exactly once, and on one rank
+    (or with ``remainder="drop"``) nothing is flagged at all. ``passes`` numbers each corpus's stream pass."""
+    rng = np.random.default_rng(seed)
+    corpora = {
+        "big": CorpusColumns(np.sort(rng.integers(0, 6, 90)).astype(np.uint32), rng.uniform(1, 3, 90), 6),
+        "tiny": CorpusColumns(np.zeros(tiny, np.uint32), rng.uniform(1, 3, tiny), 1),
+    }
+    plan = plan_mix(
+        corpora,
+        Mix({"big": 0.6, "tiny": 0.4}, EpochSize(primary="big")),
+        seed=seed,
+        epoch=epoch,
+        world_size=world,
+        batching=Batching(batch_size=4, remainder=remainder),
+    )
+    assert plan.passes is not None and plan.passes.shape == plan.samples.shape
+    tiny_ids = plan.samples >= 90
+    # tiny re-passes within the epoch
+    assert Counter(plan.samples[tiny_ids].tolist()).most_common(1)[0][1] > 1
+    # each corpus's passes: big is the primary (pass = epoch); tiny's passes hold each of its samples once
+    assert set(plan.passes[~tiny_ids].tolist()) == {epoch}
+    for p in set(plan.passes[tiny_ids].tolist()):
+        in_pass = plan.samples[tiny_ids & (plan.passes == p)]
+        assert len(set(in_pass.tolist())) == in_pass.shape[0]
+    repeats = Repeats(plan)
+    counted: Counter[tuple[int, int]] = Counter()
+    occurrences = set()
+    for j in range(plan.num_batches):
+        for rank in range(world):
+            b = plan.rank_batches[rank, j]
+            ids, passes = (
+                plan.samples[plan.offsets[b] : plan.offsets[b + 1]],
+                plan.passes[plan.offsets[b] : plan.offsets[b + 1]],
+            )
+            flags = repeats.flags(rank, j)
+            occurrences |= set(zip(ids.tolist(), passes.tolist()))
+            counted.update(zip(ids[~flags].tolist(), passes[~flags].tolist()))
+            if world == 1 or remainder == "drop":
+                assert not flags.any()
+    assert set(counted) == occurrences and max(counted.values()) == 1
 
 
 @pytest.fixture(scope="module")

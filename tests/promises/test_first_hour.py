@@ -120,22 +120,24 @@ def test_global_step_maps_through_each_epochs_plan(
     state = tmp_path / "state.json"
     state.write_text(json.dumps(ds.state_dict()))
     for global_step in (0, len(by_global) // 2, len(by_global) - 1):
-        assert (
-            main(["trace", str(data), "--state", str(state), "--global-step", str(global_step), "--json"])
-            == 0
-        )
-        captured = capsys.readouterr()
-        row = json.loads(captured.out)
-        epoch, step, keys = by_global[global_step]
-        assert (row["epoch"], row["step"], row["keys"]) == (epoch, step, keys)
-        assert f"epoch {epoch} epoch step {step} (from 0)" in captured.err
+        for given, counted in ((str(global_step + 1), []), (str(global_step), ["--counted-from", "0"])):
+            assert (
+                main(["trace", str(data), "--state", str(state), "--global-step", given, *counted, "--json"])
+                == 0
+            )
+            captured = capsys.readouterr()
+            row = json.loads(captured.out)
+            epoch, step, keys = by_global[global_step]
+            assert (row["epoch"], row["step"], row["keys"]) == (epoch, step, keys)
+            assert f"epoch {epoch} epoch step {step} (from 0)" in captured.err
+            assert f"counted from {0 if counted else 1}" in captured.err
 
 
 def test_trace_help_says_which_step_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["trace", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "from 0" in text and "--global-step" in text
+    assert "from 0" in text and "--global-step" in text and "--counted-from" in text
 
 
 def _fit(
@@ -294,7 +296,7 @@ def test_quarantine_takes_a_trainers_global_steps(
     batch = next(iter(ds))
     state, out = tmp_path / "state.json", tmp_path / "healed.json"
     state.write_text(json.dumps(ds.state_after(batch)))  # epoch 1, after its first batch
-    g = first_epoch + 2  # the third batch of epoch 1
+    g = first_epoch + 2  # the third batch of epoch 1, logged as g + 1 by a loop that adds 1 before it logs
     assert (
         main(
             [
@@ -303,7 +305,7 @@ def test_quarantine_takes_a_trainers_global_steps(
                 "--state",
                 str(state),
                 "--global-steps",
-                f"{g}:{g + 1}",
+                f"{g + 1}:{g + 2}",
                 "--out",
                 str(out),
             ]
@@ -318,7 +320,7 @@ def test_quarantine_takes_a_trainers_global_steps(
         trained[g]
     )
     assert (
-        main(["quarantine", str(data), "--state", str(state), "--global-steps", "0:1", "--out", str(out)])
+        main(["quarantine", str(data), "--state", str(state), "--global-steps", "1:2", "--out", str(out)])
         == 2
     )
     assert "a quarantine takes steps of the state's epoch 1" in capsys.readouterr().err
@@ -365,7 +367,7 @@ def test_a_global_step_the_checkpoint_contradicts_is_refused(
     ckpt, wrong = tmp_path / "ckpt.pt", tmp_path / "wrong.pt"
     _, seen = readme_checkpoint(data, ckpt, steps=2)
     saved = torch.load(ckpt, weights_only=True)
-    assert main(["trace", str(data), "--state", str(ckpt), "--global-step", "1", "--json"]) == 0
+    assert main(["trace", str(data), "--state", str(ckpt), "--global-step", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keys"] == seen[1]
     saved["global_step"] = 7  # as gradient accumulation, or an earlier epoch cut short, would leave it
     torch.save(saved, wrong)
@@ -380,3 +382,55 @@ def test_a_fifo_given_as_the_state_is_refused_without_waiting(data: Path, tmp_pa
     os.mkfifo(fifo)
     with pytest.raises(StateError, match="regular file"):
         read_checkpoint(str(fifo))
+
+
+def test_the_number_the_getting_started_loop_logs_is_the_number_trace_takes(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The getting-started loop logs ``global_step`` after its ``+= 1``; ``trace --global-step N`` (and
+    ``quarantine --global-steps N:N+1``) with a logged N names that line's batch, not the next one, and says
+    how it counted; a count from 0 is one flag away. (It named the next batch, silently.)"""
+    ds, logged = make(data), {}
+    global_step, ckpt = 0, tmp_path / "ckpt.pt"
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for batch in ds:
+            global_step += 1
+            logged[global_step] = list(batch["keys"])  # log.write(f"{global_step} {keys}")
+            if epoch == 1 and len(logged) == len(ds) + 2:
+                torch.save({"loader": ds.state_after(batch), "global_step": global_step}, ckpt)
+    for number in (1, len(ds), len(ds) + 1, max(logged)):
+        assert main(["trace", str(data), "--state", str(ckpt), "--global-step", str(number), "--json"]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out)["keys"] == logged[number]
+        assert "counted from 1" in captured.err and "global_step after its += 1" in captured.err
+    assert main(["trace", str(data), "--state", str(ckpt), "--global-step", "0"]) == 2
+    assert "counted from 1, the first batch's is 1" in capsys.readouterr().err
+    assert (
+        main(
+            ["trace", str(data), "--state", str(ckpt), "--global-step", "0", "--counted-from", "0", "--json"]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["keys"] == logged[1]
+    number, out = len(ds) + 4, tmp_path / "healed.pt"
+    assert (
+        main(
+            [
+                "quarantine",
+                str(data),
+                "--state",
+                str(ckpt),
+                "--global-steps",
+                f"{number}:{number + 1}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "counted from 1" in capsys.readouterr().err
+    healed = make(data)
+    healed.load_state_dict(torch.load(out, weights_only=True)["loader"])
+    rest = [list(b["keys"]) for b in healed]
+    assert logged[number] not in rest and logged[number + 1] in rest and logged[number - 1] in rest

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile import rewrite_header
 from remote_servers import HTTPFileServer, S3Server, aws_test_env
 from sample_shards import make_uneven_dataset, wav_bytes
 
@@ -55,9 +56,7 @@ def _published(local: Index, web: Path, shard_name: str | None = None) -> Path:
     (web / "other").mkdir()
     shutil.copy(Path(local.root) / local.shards[0].name, web / "other" / "x.tar")
     if shard_name is not None:
-        header = json.loads((web / "ds" / "index.json").read_text())
-        header["shards"][0]["name"] = shard_name
-        (web / "ds" / "index.json").write_text(json.dumps(header))
+        rewrite_header(web / "ds", lambda header: header["shards"][0].update(name=shard_name))
     return web / "ds"
 
 

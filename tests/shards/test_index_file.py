@@ -106,19 +106,20 @@ def test_hostile_header_counts_are_refused_without_allocating(dataset: Index) ->
 def test_format1_index_reads_and_upgrades_with_the_same_fingerprint(
     dataset: Index, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state_ds = ShardDataset(dataset.root, batch_size=2)
+    to_format1(Path(dataset.root))
+    old = Index.load(dataset.root)
+    assert old.keys == dataset.keys
+    assert all(np.array_equal(old.columns[n], c) for n, c in dataset.columns.items())
+    state_ds = ShardDataset(dataset.root, batch_size=2)  # a state saved on the format-1 index
     batches = iter(state_ds)
     next(batches)
     state = state_ds.state_dict()
-    to_format1(Path(dataset.root))
-    old = Index.load(dataset.root)
-    assert old.fingerprint == dataset.fingerprint and old.keys == dataset.keys
-    assert all(np.array_equal(old.columns[n], c) for n, c in dataset.columns.items())
     assert main(["index", "--upgrade", dataset.root]) == 0
     assert "1 -> 2" in capsys.readouterr().out
     assert sorted(p.name for p in Path(dataset.root).glob("index.*")) == ["index.columns", "index.json"]
-    new = Index.load(dataset.root)
-    assert new.fingerprint == dataset.fingerprint and new.keys == dataset.keys and new._file is not None
+    new = Index.load(dataset.root)  # its kept fingerprint checks, through the fields the upgrade records
+    assert new.fingerprint == old.fingerprint and new.keys == dataset.keys and new._file is not None
+    assert json.loads(Path(dataset.root, "index.json").read_text())["upgraded_from"]["version"] == 1
     resumed = ShardDataset(dataset.root, batch_size=2)
     resumed.load_state_dict(state)  # a state saved on the format-1 index resumes on the upgraded one
     assert [b["keys"] for b in resumed] == [b["keys"] for b in batches]
