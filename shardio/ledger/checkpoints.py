@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +41,21 @@ from ..storage.localshard import kind
 from ..storage.statefiles import load_state_file
 from .rebuild import read_state
 
-__all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "MAX_LEGACY_BYTES",
+    "MAX_WALK_DEPTH",
+    "MAX_WALK_VALUES",
+    "Checkpoint",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 MAX_LEGACY_BYTES = 1 << 30
 """The largest ``torch.save`` file of the pre-zip format read (whole: it cannot be memory-mapped)."""
+MAX_WALK_DEPTH = 32
+"""How deep the search for the shardio state nests in a checkpoint's dicts and lists."""
+MAX_WALK_VALUES = 1 << 24
+"""The most values (each container's entries, each container once) the search for the state looks at."""
 
 _FORMAT = "shardio-state"
 _ZIP, _PICKLE = b"PK\x03\x04", b"\x80"
@@ -258,19 +269,39 @@ def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[
     return job_state(container).to_dict()
 
 
-def _paths(container: Any, prefix: tuple[Any, ...] = (), depth: int = 0) -> Any:
-    """The key path of every shardio state in ``container`` (dicts and lists, at most 32 deep)."""
-    if depth > 32:
-        return
-    if isinstance(container, Mapping):
-        if container.get("format") == _FORMAT:
+def _paths(container: Any) -> Iterator[tuple[Any, ...]]:
+    """The key path of every shardio state in ``container`` (dicts, lists and tuples), in order. Walked
+    without recursion, each container once (a pickle may share one list at every place of another: ``[a,
+    a]`` of ``[b, b]`` ... is 2**32 paths from 2 KB), at most :data:`MAX_WALK_DEPTH` deep and over at most
+    :data:`MAX_WALK_VALUES` values: beyond either, a :class:`StateError`."""
+    seen: set[int] = set()
+    budget = MAX_WALK_VALUES
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(container, ())]
+    while stack:
+        item, prefix = stack.pop()
+        if isinstance(item, Mapping) and item.get("format") == _FORMAT:
             yield prefix
-            return
-        for key, value in container.items():
-            yield from _paths(value, (*prefix, key), depth + 1)
-    elif isinstance(container, (list, tuple)):
-        for number, value in enumerate(container):
-            yield from _paths(value, (*prefix, number), depth + 1)
+            continue
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if len(prefix) > MAX_WALK_DEPTH:
+            raise StateError(
+                f"the checkpoint nests dicts and lists more than {MAX_WALK_DEPTH} deep (at "
+                f"{shown(''.join(f'[{key!r}]' for key in prefix[:8]))}...); not a checkpoint shardio reads"
+            )
+        pairs = list(item.items()) if isinstance(item, Mapping) else list(enumerate(item))
+        budget -= len(pairs)
+        if budget < 0:
+            raise StateError(
+                f"the checkpoint holds more than {MAX_WALK_VALUES} values in its dicts and lists; not a "
+                "checkpoint shardio reads"
+            )
+        stack.extend(
+            (value, (*prefix, key))
+            for key, value in reversed(pairs)
+            if isinstance(value, (Mapping, list, tuple))
+        )
 
 
 def _where(container: Any) -> tuple[Any, ...] | None:

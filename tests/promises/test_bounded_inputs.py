@@ -5,15 +5,44 @@ a deep JSON line seen by kind detection, a FIFO or folder as a plan lock, and co
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from sample_shards import make_uneven_dataset
 
+from shardio import ShardDataset, StateError
 from shardio.errors import InputError
+from shardio.ledger.checkpoints import MAX_WALK_DEPTH, read_checkpoint
 from shardio.packing.corpus import detect_kind, read_corpus
 from shardio.packing.manifestlines import MAX_DEPTH
 
 pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bounded_inputs") / "ds"
+    make_uneven_dataset(root, [4, 3], seed=2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def state(dataset: Path) -> dict[str, Any]:
+    ds = ShardDataset(dataset, batch_size=2, seed=1)
+    return ds.state_after(next(iter(ds)))
+
+
+def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
 
 
 def _deep(depth: int) -> str:
@@ -34,3 +63,44 @@ def test_a_deep_first_manifest_line_is_a_problem_naming_the_line_not_a_recursion
     assert detect_kind(manifest) == "jsonl"
     with pytest.raises(InputError, match=rf"m\.jsonl:1: .*nested more than {MAX_DEPTH} deep"):
         list(read_corpus(manifest))
+
+
+# -- 8: the search for the state in a checkpoint visits each container once, bounded -------------------------
+
+
+def _shared(levels: int) -> list[Any]:
+    """``[a, a]`` of ``[b, b]`` ...: ``2**levels`` paths to the innermost list from a few hundred bytes."""
+    shared: list[Any] = []
+    for _ in range(levels):
+        shared = [shared, shared]
+    return shared
+
+
+def test_a_checkpoint_of_shared_lists_is_read_at_once(tmp_path: Path, state: dict[str, Any]) -> None:
+    """``{"model": [a, a] of [b, b] ... 31 deep}``: 2 KB that the walk took 2**31 paths to search (hours)."""
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": _shared(31), "loader": state}, path)
+    assert path.stat().st_size < 4096
+    code = (
+        f"from shardio.ledger.checkpoints import read_checkpoint\nprint(read_checkpoint({str(path)!r}).where)"
+    )
+    try:
+        result = _run(code, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading a 2 KB checkpoint of shared lists did not end in 60 s")
+    assert result.returncode == 0 and result.stdout.split() == ["('loader',)"], result.stderr[-2000:]
+
+
+def test_a_checkpoint_nested_deeper_than_the_walk_is_a_state_error(
+    tmp_path: Path, state: dict[str, Any]
+) -> None:
+    path = tmp_path / "deep.pt"
+    deep: list[Any] = []
+    for _ in range(MAX_WALK_DEPTH + 5):
+        deep = [deep]
+    torch.save({"model": deep, "loader": state}, path)
+    with pytest.raises(StateError, match=f"more than {MAX_WALK_DEPTH} deep"):
+        read_checkpoint(str(path))
+    shared_state = {"a": state, "b": [state]}  # one state reached twice: two places to write, refused
+    torch.save(shared_state, path)
+    assert read_checkpoint(str(path)).where is None
