@@ -15,8 +15,10 @@ written back in the same form.
 
 A ``torch.save`` file is loaded with ``torch.load(weights_only=True)`` (tensors and plain values only: nothing
 in it is executed) and memory-mapped where it is in the zip format, so its tensors are not read; a file of the
-older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`. The state is found by its
-``"format": "shardio-state"`` field wherever it is nested; :attr:`Checkpoint.where` names the key path.
+older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`; a zip whose entries declare
+more than its bytes justify (a deflated bomb) is refused before ``torch.load``
+(:mod:`shardio.ledger.torchzip`). The state is found by its ``"format": "shardio-state"`` field wherever it is
+nested; :attr:`Checkpoint.where` names the key path.
 
 :func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest
 of the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as
@@ -40,6 +42,7 @@ from ..storage.files import write_atomic
 from ..storage.localshard import kind
 from ..storage.statefiles import load_state_file
 from .rebuild import read_state
+from .torchzip import check_torch_zip
 
 __all__ = [
     "MAX_LEGACY_BYTES",
@@ -193,6 +196,8 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
             f"{path}: a torch.save file of the pre-zip format larger than {MAX_LEGACY_BYTES} bytes "
             "(it would be read whole): save it with torch.save's default format"
         )
+    if mmap:
+        check_torch_zip(path)  # what torch.load extracts, bounded by the file's bytes
     try:
         return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, AttributeError) as exc:

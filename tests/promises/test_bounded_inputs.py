@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hostile import run_limited
 from sample_shards import make_uneven_dataset
 
 from shardio import ShardDataset, StateError
@@ -104,3 +106,43 @@ def test_a_checkpoint_nested_deeper_than_the_walk_is_a_state_error(
     shared_state = {"a": state, "b": [state]}  # one state reached twice: two places to write, refused
     torch.save(shared_state, path)
     assert read_checkpoint(str(path)).where is None
+
+
+# -- 9: a torch.save zip's entries are bounded by its bytes before torch.load extracts them ------------------
+
+
+def _deflated_bomb(path: Path, state: dict[str, Any], padding: int) -> None:
+    """A ``torch.save`` zip whose ``data.pkl`` is deflated and followed by ``padding`` zero bytes (the
+    unpickler stops at its STOP opcode; torch extracts the whole entry first)."""
+    plain = path.with_suffix(".plain")
+    torch.save({"model": torch.zeros(4), "loader": state}, plain)
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w") as out:
+        for info in source.infolist():
+            data = source.read(info)
+            if not info.filename.endswith("/data.pkl"):
+                out.writestr(info, data)
+                continue
+            bomb = zipfile.ZipInfo(info.filename)
+            bomb.compress_type = zipfile.ZIP_DEFLATED
+            with out.open(bomb, "w", force_zip64=True) as handle:
+                handle.write(data)
+                for _ in range(padding >> 20):
+                    handle.write(bytes(1 << 20))
+
+
+def test_a_deflated_data_pkl_is_refused_before_torch_extracts_it(
+    tmp_path: Path, state: dict[str, Any]
+) -> None:
+    """256 MiB of zeros after the pickle, deflated to 250 KB: torch.load extracted it whole (a 1 MB file of
+    1 GiB took 2.3 GB of memory); refused now from the zip's central directory, within 64 MiB of headroom."""
+    path = tmp_path / "bomb.pt"
+    _deflated_bomb(path, state, 256 << 20)
+    assert path.stat().st_size < 1 << 20
+    code = (
+        "from shardio.errors import StateError\nfrom shardio.ledger.checkpoints import read_checkpoint\n"
+        f"try:\n    read_checkpoint({str(path)!r})\nexcept StateError as exc:\n    print('refused', exc)\n"
+    )
+    result = run_limited(code, headroom_mb=64, preload="torch, shardio.ledger.checkpoints")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("refused") and "/data.pkl' declares 2684" in result.stdout, result.stdout
+    assert read_checkpoint(str(path.with_suffix(".plain"))).where == ("loader",)  # torch.save's own: read
