@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 from ..errors import OutputError, StateError, shown
 from ..jobstate import job_state
 from ..storage.files import write_atomic
+from ..storage.foldercopy import staged_folder_copy
 from ..storage.localshard import kind
 from ..storage.statefiles import load_state_file
 from .rebuild import read_state
@@ -130,13 +130,15 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
     Args:
         checkpoint: what :func:`read_checkpoint` found.
         state: the new job-level state (what ``quarantine`` or ``remix`` returned).
-        out: a file (a directory for an Accelerate or HF Trainer checkpoint: a copy of the whole checkpoint).
+        out: a file (a directory for an Accelerate or HF Trainer checkpoint: a copy of its regular files,
+            folders and inward links, written whole or not at all; see :mod:`shardio.storage.foldercopy`).
 
     Returns:
         The path of the file that holds the new state.
 
     Raises:
-        StateError: the checkpoint holds several states (a ``StatefulDataLoader``'s per worker).
+        StateError: the checkpoint holds several states (a ``StatefulDataLoader``'s per worker), or an
+            Accelerate folder a symbolic link leading outside it.
         OutputError: ``out`` cannot be written.
     """
     if checkpoint.where is None:
@@ -153,17 +155,13 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
         if checkpoint.kind == "torch":
             _torch_save(container, out)
             return out
-        directory = os.path.dirname(checkpoint.path)
-        if os.path.abspath(out) != os.path.abspath(directory):
-            if os.path.exists(out):
-                raise OutputError(f"{out} exists: an Accelerate checkpoint is written to a new directory")
-            shutil.copytree(directory, out, symlinks=True)
-        target = os.path.join(out, os.path.basename(checkpoint.path))
-        if target.endswith(".json"):
-            write_atomic(target, json.dumps(container).encode("utf-8"))
-        else:
-            _torch_save(container, target)
-        return target
+        directory, name = os.path.split(checkpoint.path)
+        if os.path.abspath(out) == os.path.abspath(directory):
+            _write_state_file(container, checkpoint.path)
+            return checkpoint.path
+        with staged_folder_copy(directory, out) as copy:  # whole at out, or nothing there
+            _write_state_file(container, os.path.join(copy, name))
+        return os.path.join(out, name)
     except OSError as exc:
         raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
 
@@ -206,6 +204,14 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
             f"{path}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
             f"values are read from a checkpoint, nothing is executed): {shown(reason[:300])}"
         ) from None
+
+
+def _write_state_file(container: Any, path: str) -> None:
+    """A checkpoint folder's state file: JSON where its name says so, else ``torch.save``'s."""
+    if path.endswith(".json"):
+        write_atomic(path, json.dumps(container).encode("utf-8"))
+    else:
+        _torch_save(container, path)
 
 
 def _torch_save(container: Any, path: str) -> None:

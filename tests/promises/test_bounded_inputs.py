@@ -5,7 +5,9 @@ a deep JSON line seen by kind detection, a FIFO or folder as a plan lock, and co
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
 import zipfile
@@ -18,6 +20,7 @@ from hostile import run_limited
 from sample_shards import make_uneven_dataset
 
 from shardio import ShardDataset, StateError
+from shardio.cli import main
 from shardio.errors import InputError
 from shardio.ledger.checkpoints import MAX_WALK_DEPTH, read_checkpoint
 from shardio.packing.corpus import detect_kind, read_corpus
@@ -146,3 +149,80 @@ def test_a_deflated_data_pkl_is_refused_before_torch_extracts_it(
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("refused") and "/data.pkl' declares 2684" in result.stdout, result.stdout
     assert read_checkpoint(str(path.with_suffix(".plain"))).where == ("loader",)  # torch.save's own: read
+
+
+# -- 10: --out of an Accelerate folder copies its regular files into a new folder, renamed at the end --------
+
+
+def _accelerate_checkpoint(dataset: Path, folder: Path) -> tuple[ShardDataset, Any]:
+    """A real ``save_state`` folder after 2 tracked batches; the dataset and its tracker."""
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from shardio.integrations.accelerate import track
+
+    accelerator = Accelerator(cpu=True)
+    ds = ShardDataset(dataset, batch_size=2, seed=1)
+    progress = track(accelerator, ds)
+    for number, batch in enumerate(ds):
+        progress.update(batch)
+        if number == 1:
+            break
+    accelerator.save_state(str(folder))
+    return ds, progress
+
+
+def _quarantine(
+    dataset: Path, folder: Path, out: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    capsys.readouterr()
+    assert main(["trace", str(dataset), "--state", str(folder), "--step", "2", "--json"]) == 0
+    bad = json.loads(capsys.readouterr().out)["keys"][0]
+    code = main(["quarantine", str(dataset), "--state", str(folder), "--key", bad, "--out", str(out)])
+    return code, capsys.readouterr().err
+
+
+def test_quarantine_out_copies_an_accelerate_folder_s_files_and_leaves_out_fifos_and_devices(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO inside made the copy fail half-way (a partial --out holding the old state, "cannot write
+    --out"); a character device was copied as a file (``/dev/zero``: 22 GB in 60 s). Both are left out now,
+    with a warning; a subfolder and a link inside it are copied, the link pointing inside the copy."""
+    folder = tmp_path / "ckpt"
+    _accelerate_checkpoint(dataset, folder)
+    os.mkfifo(folder / "pipe")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "notes.txt").write_text("kept")
+    os.symlink("../sub/notes.txt", folder / "sub" / "link.txt")
+    try:
+        os.mknod(folder / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's: harmless to copy
+    except PermissionError:
+        pass  # not root: the FIFO alone
+    before = sorted(p.name for p in folder.iterdir())
+    code, err = _quarantine(dataset, folder, tmp_path / "healed", capsys)
+    assert code == 0, err
+    healed = tmp_path / "healed"
+    kept = sorted(p.name for p in healed.iterdir())
+    assert kept == sorted(set(before) - {"pipe", "null"}), kept
+    assert (healed / "sub" / "link.txt").read_text() == "kept"
+    assert os.readlink(healed / "sub" / "link.txt") == "notes.txt"
+    assert any("left out of the copy" in r.getMessage() and "pipe" in r.getMessage() for r in caplog.records)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+    changed = [
+        name
+        for name in kept
+        if (healed / name).is_file() and (healed / name).read_bytes() != (folder / name).read_bytes()
+    ]
+    assert len(changed) == 1, changed  # the file holding the state, and no other
+
+
+def test_quarantine_out_refuses_a_link_leaving_the_accelerate_folder_and_leaves_nothing(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "ckpt"
+    _accelerate_checkpoint(dataset, folder)
+    (tmp_path / "secret").write_text("not the checkpoint's")
+    os.symlink(tmp_path / "secret", folder / "outside")
+    code, err = _quarantine(dataset, folder, tmp_path / "healed", capsys)
+    assert code != 0 and "a symbolic link to" in err and "outside" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "secret"]
