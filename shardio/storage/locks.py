@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .files import check_output_file
+from .localshard import NotRegular, open_regular
 
 if TYPE_CHECKING:
     import filelock
@@ -96,11 +97,12 @@ class FileLock:
         """Who holds the lock, as its file records it: ``pid 123 on host h since ...`` (else ``holder
         unknown``)."""
         try:
-            with open(self.path, "rb") as handle:
+            fd, _ = open_regular(self.path)  # a FIFO put there is not read (it would block)
+            with os.fdopen(fd, "rb") as handle:
                 record = json.loads(handle.read(_RECORD_BYTES) or b"{}")
             host, since = (_printable(str(record[name]))[:64] for name in ("host", "since"))
             return f"pid {int(record['pid'])} on host {host} since {since}"
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, NotRegular):
             return self._seen
 
     def _record(self) -> None:
@@ -110,7 +112,7 @@ class FileLock:
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait
         except OSError:
             return  # the record only names the holder
         try:

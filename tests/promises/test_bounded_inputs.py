@@ -19,12 +19,13 @@ import torch
 from hostile import run_limited
 from sample_shards import make_uneven_dataset
 
-from shardio import ShardDataset, StateError
+from shardio import ShardDataset, StateError, World
 from shardio.cli import main
 from shardio.errors import InputError
 from shardio.ledger.checkpoints import MAX_WALK_DEPTH, read_checkpoint
 from shardio.packing.corpus import detect_kind, read_corpus
 from shardio.packing.manifestlines import MAX_DEPTH
+from shardio.runtime import planfiles
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -226,3 +227,39 @@ def test_quarantine_out_refuses_a_link_leaving_the_accelerate_folder_and_leaves_
     code, err = _quarantine(dataset, folder, tmp_path / "healed", capsys)
     assert code != 0 and "a symbolic link to" in err and "outside" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "secret"]
+
+
+# -- 15: a FIFO or a folder where the node plan's lock goes: a warning and the epoch planned in memory ------
+
+
+def _keys(dataset: Path, epoch: int) -> list[list[str]]:
+    ds = ShardDataset(dataset, batch_size=2, seed=1, world=World(0, 2))
+    ds.set_epoch(epoch)
+    return [list(batch["keys"]) for batch in ds]
+
+
+@pytest.mark.parametrize("planted", ["FIFO", "directory"])
+def test_a_fifo_or_folder_as_the_plan_lock_is_a_warning_and_a_plan_in_memory(
+    dataset: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    planted: str,
+) -> None:
+    """``set_epoch`` raised the lock's OutputError ("it is a FIFO, not a regular file") instead of the
+    documented warning; it plans the epoch in memory now, and never opens the FIFO."""
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "clean"))
+    expected = _keys(dataset, 0)
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(planfiles, "name", lambda job, epoch, history: f"epoch-{epoch}")
+    monkeypatch.setattr(planfiles, "_lock_warned", False)
+    lock = tmp_path / "cache" / "plans" / "epoch-0.lock"
+    lock.parent.mkdir(parents=True)
+    os.mkfifo(lock) if planted == "FIFO" else lock.mkdir()
+    with caplog.at_level("WARNING", logger="shardio.runtime.planfiles"):
+        assert _keys(dataset, 0) == expected
+    lines = [
+        r.getMessage() for r in caplog.records if "cannot take the lock of the node's plan" in r.getMessage()
+    ]
+    assert len(lines) == 1 and f"it is a {planted}" in lines[0], lines
+    assert os.path.exists(lock) and sorted(os.listdir(lock.parent)) == ["epoch-0.lock"]
