@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..errors import OutputError
 from .files import check_output_file
 from .localshard import NotRegular, open_regular
 
@@ -156,7 +157,7 @@ def remove_if_free(path: str) -> bool:
     try:
         if not lock.acquire(0):
             return False
-    except OSError:
+    except (OSError, OutputError):  # OutputError: a directory, FIFO or device of that name is not ours
         return False
     lock.release()
     return True

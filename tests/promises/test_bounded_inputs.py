@@ -5,11 +5,14 @@ a deep JSON line seen by kind detection, a FIFO or folder as a plan lock, and co
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -17,14 +20,17 @@ from typing import Any
 import pytest
 import torch
 from hostile import run_limited
+from remote_servers import serve_copy
 from sample_shards import make_uneven_dataset
+from torch.utils.data import DataLoader
 
-from shardio import ShardDataset, StateError, World
+from shardio import Reading, ShardDataset, StateError, World
 from shardio.cli import main
 from shardio.errors import InputError
 from shardio.ledger.checkpoints import MAX_WALK_DEPTH, read_checkpoint
 from shardio.packing.corpus import detect_kind, read_corpus
 from shardio.packing.manifestlines import MAX_DEPTH
+from shardio.reading.cache import ShardCache
 from shardio.runtime import planfiles
 
 pytestmark = pytest.mark.timeout(300)
@@ -263,3 +269,99 @@ def test_a_fifo_or_folder_as_the_plan_lock_is_a_warning_and_a_plan_in_memory(
     ]
     assert len(lines) == 1 and f"it is a {planted}" in lines[0], lines
     assert os.path.exists(lock) and sorted(os.listdir(lock.parent)) == ["epoch-0.lock"]
+
+
+# -- 16: the shard cache holds at most cache_bytes, concurrent fills together; prune skips what is not ours --
+
+
+def _held(directory: Path) -> int:
+    """Bytes of the cache's entries and fetches under way (regular files: ``*.shard`` and ``.tmp-*``)."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".shard") or entry.name.startswith(".tmp-"):
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    except FileNotFoundError:
+        pass
+    return total
+
+
+def test_the_shard_cache_never_holds_more_than_cache_bytes_with_workers_filling_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """24 shards of ~250 KB over HTTP, 2 MiB of cache, 2 DataLoader workers reading ahead, two epochs: every
+    fill evicted only for itself, and the cache held several times its bound; the bytes on disk (sampled every
+    millisecond) stay within it now, and every batch is as read locally."""
+    local = make_uneven_dataset(tmp_path / "ds", [50] * 24, seed=3, duration_range=(0.2, 0.4))
+    bound = 2 << 20
+    assert sum(shard.bytes for shard in local.shards) > 3 * bound
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
+    directory = tmp_path / "node" / "shards"
+    most, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            most[0] = max(most[0], _held(directory))
+            time.sleep(0.001)
+
+    reference = ShardDataset(local.root, batch_size=8, seed=4)
+    expected = []
+    for epoch in (0, 1):
+        reference.set_epoch(epoch)
+        expected.append([list(batch["keys"]) for batch in reference])
+    with serve_copy(local.root, tmp_path / "http") as server:
+        dataset = ShardDataset(f"{server.url}/ds", batch_size=8, seed=4, reading=Reading(cache_bytes=bound))
+        loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            played = []
+            for epoch in (0, 1):
+                dataset.set_epoch(epoch)
+                played.append([list(batch["keys"]) for batch in loader])
+        finally:
+            stop.set()
+            sampler.join()
+    assert played == expected
+    assert 0 < _held(directory) <= bound and most[0] <= bound, (most[0], _held(directory))
+
+
+def test_cache_prune_skips_folders_links_and_files_it_did_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shardio cache --prune`` stopped at a directory named ``.tmp-*`` or ``*.shard`` ("Is a directory"),
+    pruning nothing after it, and evicted any file whose name ends in ``.shard``."""
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "node"))
+    directory = tmp_path / "node" / "shards"
+    directory.mkdir(parents=True)
+    old = time.time() - 7200
+    cache = ShardCache(str(directory), 1 << 20)
+    digest = hashlib.sha256(b"hello").hexdigest()
+    entry = cache.fill(digest, 5, lambda out: out.write(b"hello"), "shard a")
+    assert entry is not None and os.path.exists(entry)  # evicted by --max-bytes 0
+    for name in (".tmp-folder", f"{'b' * 64}-4096.shard", "x.shard.lock"):
+        (directory / name).mkdir()
+        (directory / name / "inside").write_text("not the cache's")
+        os.utime(directory / name, (old, old))
+    (directory / "notes.shard").write_text("a user's file, not an entry")
+    (tmp_path / "outside").write_text("not the cache's")
+    os.symlink(tmp_path / "outside", directory / ".tmp-link")
+    os.utime(directory / ".tmp-link", (old, old), follow_symlinks=False)
+    stale = directory / ".tmp-abcdefgh"
+    stale.write_bytes(b"x")
+    os.utime(stale, (old, old))
+    orphan = directory / f"{'c' * 64}-7.shard.lock"
+    orphan.touch()
+    capsys.readouterr()
+    assert main(["cache", "--prune", "--max-bytes", "0"]) == 0, capsys.readouterr().err
+    left = sorted(os.listdir(directory))
+    assert left == sorted(
+        [".tmp-folder", f"{'b' * 64}-4096.shard", "x.shard.lock", "notes.shard", ".tmp-link"]
+    ), left
+    assert "pruned 2 files" in capsys.readouterr().out
+    assert (tmp_path / "outside").read_text() == "not the cache's"
