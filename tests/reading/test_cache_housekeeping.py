@@ -152,3 +152,28 @@ def test_the_cache_command_prunes(
     assert "1 shards" in capsys.readouterr().out
     assert not orphan.exists()
     assert list((tmp_path / "shards").glob("*.lock")) == []  # each fetch removed its own
+
+
+def test_a_live_fetch_s_reservation_is_counted_and_a_dead_one_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch under way reserves its shard's bytes (a temporary file named with the size, made while it holds
+    the shard's lock): another fill counts them and waits for room, then reads remotely; a reservation whose
+    fetch died (its lock free) is removed by the next fill."""
+    import fcntl
+
+    from shardio.reading import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "ROOM_WAIT_S", 0.2)
+    cache = ShardCache(str(tmp_path), 2 * SIZE)
+    reservation = tmp_path / f".tmp-abcdefgh-{digest(0)}-{2 * SIZE}.fill"
+    reservation.write_bytes(b"")
+    lock = tmp_path / f"{digest(0)}-{2 * SIZE}.shard.lock"
+    with open(lock, "a+b") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # shard 0's fetch is under way: its 2 * SIZE bytes are taken
+        assert cache.fill(digest(1), SIZE, lambda out: out.write(content(1)), "shard 1") is None
+        assert reservation.exists()
+    # its fetch died (the lock is free, its file left behind): the reservation goes, the fill gets its room
+    assert cache.fill(digest(1), SIZE, lambda out: out.write(content(1)), "shard 1") is not None
+    assert not reservation.exists()
+    assert cache.used_bytes() == SIZE
