@@ -49,6 +49,21 @@ def _worker(directory: str, max_bytes: int, log: str, rounds: int, seed: int) ->
 
         path = cache.fill(digest(number), SIZE, fetch, f"shard {number}")
         assert path is not None
+        held = _held(directory)
+        if held > max_bytes:  # entries and fetches under way, every process's: never above the bound
+            with open(log + ".over", "a") as handle:
+                handle.write(f"{held}\n")
+
+
+def _held(directory: str) -> int:
+    total = 0
+    for entry in os.scandir(directory):
+        if entry.name.endswith(".shard") or entry.name.startswith(".tmp-"):
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def _pruner(directory: str, max_bytes: int, seconds: float) -> None:
@@ -93,6 +108,7 @@ def test_processes_fetch_each_shard_once_while_locks_are_pruned(tmp_path: Path) 
 def test_eviction_removes_the_lock_files_of_what_it_evicts(tmp_path: Path) -> None:
     directory, fetched = run_processes(tmp_path, max_bytes=3 * SIZE)
     assert len(fetched) > SHARDS  # evicted shards were fetched again
+    assert not (tmp_path / "fetches.over").exists(), (tmp_path / "fetches.over").read_text().split()
     entries = names(directory, ".shard")
     assert len(entries) <= 3
     locks = {name[: -len(".shard")] for name in names(directory, ".lock")}
