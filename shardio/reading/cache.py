@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
@@ -55,6 +56,15 @@ ROOM_WAIT_S = 60.0
 _ENTRY = re.compile(r"^[0-9a-f]{64}-[0-9]+\.shard$")
 _FILLING = re.compile(r"^\.tmp-.*-([0-9a-f]{64})-([0-9]+)\.fill$")
 _RESERVE = ".reserve.lock"
+_threads = threading.Lock()  # a process's read-ahead threads queue here, not by polling the file lock
+
+
+def _new_reserving_lock() -> None:
+    global _threads
+    _threads = threading.Lock()  # a fork's child: a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_new_reserving_lock)
 
 
 class ShardCache:
@@ -125,22 +135,35 @@ class ShardCache:
     def _reserved(self, path: str, sha256: str, size: int, need: int) -> Iterator[BinaryIO | None]:
         """The temporary file of the entry at ``path``, made once ``need`` bytes fit beside the entries and
         the other fetches' reservations (evicting entries; waiting for fetches under way); renamed to ``path``
-        when the block ends without an exception. None when no room came within :data:`ROOM_WAIT_S`."""
+        when the block ends without an exception. None when no room came within :data:`ROOM_WAIT_S`. The
+        file is made and renamed under the reservation lock, so that a fill's listing of the directory sees
+        it under one of its names (a rename while a directory is listed may show it under neither)."""
         deadline = time.monotonic() + ROOM_WAIT_S
         pauses = polls()
         while True:
-            with contextlib.ExitStack() as stack:
-                with FileLock(os.path.join(self.directory, _RESERVE), what="room in the shard cache"):
+            with contextlib.ExitStack() as fetching:
+                with self._reserving():
                     room = self._make_room(need, keep=path)
-                    if room:  # the reservation: a file whose name says its size, made under the lock
-                        out = stack.enter_context(staged(path, "w+b", suffix=f"-{sha256}-{size}.fill"))
+                    if room:  # the reservation: a file whose name says its size
+                        out = fetching.enter_context(staged(path, "w+b", suffix=f"-{sha256}-{size}.fill"))
                 if room:
                     yield out
+                    with self._reserving():
+                        fetching.close()  # the rename to the entry
                     return
             if time.monotonic() >= deadline:
                 yield None
                 return
             time.sleep(next(pauses))
+
+    @contextlib.contextmanager
+    def _reserving(self) -> Iterator[None]:
+        """The cache's reservation lock (a process's threads queue on a thread lock first, not by polling)."""
+        with (
+            _threads,
+            FileLock(os.path.join(self.directory, _RESERVE), what="room in the shard cache", record=False),
+        ):
+            yield
 
     def _fetch_into(
         self, out: BinaryIO, sha256: str, size: int, fetch: Callable[[BinaryIO], None], where: str
@@ -213,11 +236,12 @@ class ShardCache:
             pass
         return found
 
-    def _entries(self) -> list[tuple[int, int, str]]:
-        """``(mtime_ns, size, path)`` of every entry (a regular file named as :meth:`_name` names them)."""
+    def _entries(self, files: list[tuple[str, os.stat_result]] | None = None) -> list[tuple[int, int, str]]:
+        """``(mtime_ns, size, path)`` of every entry (a regular file named as :meth:`_name` names them) among
+        ``files`` (default: the directory's)."""
         return [
             (info.st_mtime_ns, info.st_size, os.path.join(self.directory, name))
-            for name, info in self._files()
+            for name, info in (self._files() if files is None else files)
             if _ENTRY.match(name)
         ]
 
@@ -238,7 +262,8 @@ class ShardCache:
         """With the reservation lock held: evict until ``need`` more bytes fit beside the entries and the
         live reservations (a dead fetch's is removed); whether they do."""
         reserved = 0
-        for name, _ in self._files():
+        files = self._files()
+        for name, _ in files:
             match = _FILLING.match(name)
             if match is None:
                 continue
@@ -247,9 +272,9 @@ class ShardCache:
             else:  # its fetch died: the reservation goes
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, name))
-        return self._evict_to(self.max_bytes - reserved - need, self._entries(), keep) + reserved + need <= (
-            self.max_bytes
-        )
+        return self._evict_to(
+            self.max_bytes - reserved - need, self._entries(files), keep
+        ) + reserved + need <= (self.max_bytes)
 
     def _filling(self, lock_name: str) -> bool:
         """Whether a fetch holds the shard lock ``lock_name`` (a fetch holds it while its reservation

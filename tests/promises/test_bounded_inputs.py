@@ -275,8 +275,9 @@ def test_a_fifo_or_folder_as_the_plan_lock_is_a_warning_and_a_plan_in_memory(
 
 
 def _held(directory: Path) -> int:
-    """Bytes of the cache's entries and fetches under way (regular files: ``*.shard`` and ``.tmp-*``)."""
-    total = 0
+    """Bytes of the cache's entries and fetches under way (regular files: ``*.shard`` and ``.tmp-*``), each
+    file once (by inode: a fetch renamed while the directory is listed may be listed under both names)."""
+    sizes: dict[int, int] = {}
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
@@ -285,10 +286,11 @@ def _held(directory: Path) -> int:
                         info = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+                    if stat.S_ISREG(info.st_mode):
+                        sizes[info.st_ino] = max(sizes.get(info.st_ino, 0), info.st_size)
     except FileNotFoundError:
         pass
-    return total
+    return sum(sizes.values())
 
 
 def test_the_shard_cache_never_holds_more_than_cache_bytes_with_workers_filling_it(

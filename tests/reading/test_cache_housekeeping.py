@@ -56,14 +56,17 @@ def _worker(directory: str, max_bytes: int, log: str, rounds: int, seed: int) ->
 
 
 def _held(directory: str) -> int:
-    total = 0
+    """Bytes of the entries and fetches under way, each file once (by inode: a fetch renamed while the
+    directory is listed may be listed under both names)."""
+    sizes: dict[int, int] = {}
     for entry in os.scandir(directory):
         if entry.name.endswith(".shard") or entry.name.startswith(".tmp-"):
             try:
-                total += entry.stat(follow_symlinks=False).st_size
+                info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
-                pass
-    return total
+                continue
+            sizes[info.st_ino] = max(sizes.get(info.st_ino, 0), info.st_size)
+    return sum(sizes.values())
 
 
 def _pruner(directory: str, max_bytes: int, seconds: float) -> None:
