@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,23 +42,13 @@ from ..storage.foldercopy import staged_folder_copy
 from ..storage.localshard import kind
 from ..storage.statefiles import load_state_file
 from .rebuild import read_state
+from .statepaths import replaced_state, state_paths, state_where
 from .torchzip import check_torch_zip
 
-__all__ = [
-    "MAX_LEGACY_BYTES",
-    "MAX_WALK_DEPTH",
-    "MAX_WALK_VALUES",
-    "Checkpoint",
-    "read_checkpoint",
-    "write_checkpoint",
-]
+__all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]
 
 MAX_LEGACY_BYTES = 1 << 30
 """The largest ``torch.save`` file of the pre-zip format read (whole: it cannot be memory-mapped)."""
-MAX_WALK_DEPTH = 32
-"""How deep the search for the shardio state nests in a checkpoint's dicts and lists."""
-MAX_WALK_VALUES = 1 << 24
-"""The most values (each container's entries, each container once) the search for the state looks at."""
 
 _FORMAT = "shardio-state"
 _ZIP, _PICKLE = b"PK\x03\x04", b"\x80"
@@ -117,9 +107,9 @@ def read_checkpoint(location: str) -> Checkpoint:
     head = _head(location)
     if not head.startswith((_ZIP, _PICKLE)):
         state = read_state(location)
-        return Checkpoint(location, "json", state, job_state(state).to_dict(), _where(state))
+        return Checkpoint(location, "json", state, job_state(state).to_dict(), state_where(state))
     container = _torch_load(location, mmap=head.startswith(_ZIP))
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(location, "torch", container, _state_of(container, location, where), where)
 
 
@@ -147,7 +137,7 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
             "per-worker states; write a JSON state (--out NAME.json) and load it with "
             "ds.load_state_dict() on the dataset before iterating"
         )
-    container = _replaced(checkpoint.container, checkpoint.where, dict(state))
+    container = replaced_state(checkpoint.container, checkpoint.where, dict(state))
     try:
         if checkpoint.kind == "json":
             write_atomic(out, json.dumps(container).encode("utf-8"))
@@ -227,12 +217,12 @@ def _torch_save(container: Any, path: str) -> None:
 def _read_trainer(directory: str) -> Checkpoint:
     path = os.path.join(directory, _TRAINER_STATE)
     container = load_state_file(path)
-    if not any(True for _ in _paths(container)):
+    if not any(True for _ in state_paths(container)):
         raise StateError(
             f"{shown(directory, 200)}: an HF Trainer checkpoint whose {_TRAINER_STATE} holds no shardio "
             "loader state (saved by a plain Trainer?): a ShardioTrainer keeps it among the stateful_callbacks"
         )
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(path, "transformers", container, _state_of(container, path, where), where)
 
 
@@ -254,7 +244,7 @@ def _read_accelerate(directory: str) -> Checkpoint:
                     continue
             else:  # an older shardio's track() registered a pickled object: read as data only
                 container = _torch_load(path, mmap=_head(path).startswith(_ZIP))
-            if any(True for _ in _paths(container)):
+            if any(True for _ in state_paths(container)):
                 found.append((path, container))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(os.path.basename(p) for p, _ in found)})"
@@ -265,12 +255,12 @@ def _read_accelerate(directory: str) -> Checkpoint:
             + (f"; not JSON states: {shown(unread)}" if unread else "")
         )
     path, container = found[0]
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(path, "accelerate", container, _state_of(container, path, where), where)
 
 
 def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[str, Any]:
-    if not any(True for _ in _paths(container)):
+    if not any(True for _ in state_paths(container)):
         raise StateError(
             f'{path}: no shardio loader state in this checkpoint (a dict with "format": '
             f'"{_FORMAT}", as loader.state_dict() or ShardioCallback saves it)'
@@ -278,65 +268,3 @@ def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[
     for key in where or ():
         container = container[key]
     return job_state(container).to_dict()
-
-
-def _paths(container: Any) -> Iterator[tuple[Any, ...]]:
-    """The key path of every shardio state in ``container`` (dicts, lists and tuples), in order. Walked
-    without recursion, each container once (a pickle may share one list at every place of another: ``[a,
-    a]`` of ``[b, b]`` ... is 2**32 paths from 2 KB), at most :data:`MAX_WALK_DEPTH` deep and over at most
-    :data:`MAX_WALK_VALUES` values: beyond either, a :class:`StateError`."""
-    seen: set[int] = set()
-    budget = MAX_WALK_VALUES
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(container, ())]
-    while stack:
-        item, prefix = stack.pop()
-        if isinstance(item, Mapping) and item.get("format") == _FORMAT:
-            yield prefix
-            continue
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if len(prefix) > MAX_WALK_DEPTH:
-            raise StateError(
-                f"the checkpoint nests dicts and lists more than {MAX_WALK_DEPTH} deep (at "
-                f"{shown(''.join(f'[{key!r}]' for key in prefix[:8]))}...); not a checkpoint shardio reads"
-            )
-        pairs = list(item.items()) if isinstance(item, Mapping) else list(enumerate(item))
-        budget -= len(pairs)
-        if budget < 0:
-            raise StateError(
-                f"the checkpoint holds more than {MAX_WALK_VALUES} values in its dicts and lists; not a "
-                "checkpoint shardio reads"
-            )
-        stack.extend(
-            (value, (*prefix, key))
-            for key, value in reversed(pairs)
-            if isinstance(value, (Mapping, list, tuple))
-        )
-
-
-def _where(container: Any) -> tuple[Any, ...] | None:
-    """The path of the one state in ``container``; in a Lightning checkpoint, the ShardioCallback's (which
-    replaces a StatefulDataLoader's own state on resume)."""
-    found = list(_paths(container))
-    callback = [
-        p for p in found if len(p) > 2 and p[0] == "callbacks" and str(p[1]).startswith("ShardioCallback")
-    ]
-    if len(callback) == 1:
-        return callback[0]
-    return found[0] if len(found) == 1 else None
-
-
-def _replaced(container: Any, where: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists
-    on the way are copied)."""
-    if not where:
-        return state
-    key, rest = where[0], where[1:]
-    if isinstance(container, Mapping):
-        copy = dict(container)
-        copy[key] = _replaced(container[key], rest, state)
-        return copy
-    items = list(container)
-    items[key] = _replaced(container[key], rest, state)
-    return type(container)(items) if isinstance(container, tuple) else items

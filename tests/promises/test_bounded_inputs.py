@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader
 from shardio import Reading, ShardDataset, StateError, World
 from shardio.cli import main
 from shardio.errors import InputError
-from shardio.ledger.checkpoints import MAX_WALK_DEPTH, read_checkpoint
+from shardio.ledger.checkpoints import read_checkpoint
+from shardio.ledger.statepaths import MAX_WALK_DEPTH
 from shardio.packing.corpus import detect_kind, read_corpus
 from shardio.packing.manifestlines import MAX_DEPTH
 from shardio.reading.cache import ShardCache
