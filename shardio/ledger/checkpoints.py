@@ -15,8 +15,10 @@ written back in the same form.
 
 A ``torch.save`` file is loaded with ``torch.load(weights_only=True)`` (tensors and plain values only: nothing
 in it is executed) and memory-mapped where it is in the zip format, so its tensors are not read; a file of the
-older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`. The state is found by its
-``"format": "shardio-state"`` field wherever it is nested; :attr:`Checkpoint.where` names the key path.
+older format is read whole, so it is refused above :data:`MAX_LEGACY_BYTES`; a zip whose entries declare
+more than its bytes justify (a deflated bomb) is refused before ``torch.load``
+(:mod:`shardio.ledger.torchzip`). The state is found by its ``"format": "shardio-state"`` field wherever it is
+nested; :attr:`Checkpoint.where` names the key path.
 
 :func:`write_checkpoint` writes a new state into a copy of the same container at the same key path (the rest
 of the checkpoint, the model's weights included, unchanged), so the training script resumes from ``--out`` as
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,9 +38,12 @@ from typing import Any
 from ..errors import OutputError, StateError, shown
 from ..jobstate import job_state
 from ..storage.files import write_atomic
+from ..storage.foldercopy import staged_folder_copy
 from ..storage.localshard import kind
 from ..storage.statefiles import load_state_file
 from .rebuild import read_state
+from .statepaths import replaced_state, state_paths, state_where
+from .torchzip import check_torch_zip
 
 __all__ = ["MAX_LEGACY_BYTES", "Checkpoint", "read_checkpoint", "write_checkpoint"]
 
@@ -103,9 +107,9 @@ def read_checkpoint(location: str) -> Checkpoint:
     head = _head(location)
     if not head.startswith((_ZIP, _PICKLE)):
         state = read_state(location)
-        return Checkpoint(location, "json", state, job_state(state).to_dict(), _where(state))
+        return Checkpoint(location, "json", state, job_state(state).to_dict(), state_where(state))
     container = _torch_load(location, mmap=head.startswith(_ZIP))
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(location, "torch", container, _state_of(container, location, where), where)
 
 
@@ -116,13 +120,15 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
     Args:
         checkpoint: what :func:`read_checkpoint` found.
         state: the new job-level state (what ``quarantine`` or ``remix`` returned).
-        out: a file (a directory for an Accelerate or HF Trainer checkpoint: a copy of the whole checkpoint).
+        out: a file (a directory for an Accelerate or HF Trainer checkpoint: a copy of its regular files,
+            folders and inward links, written whole or not at all; see :mod:`shardio.storage.foldercopy`).
 
     Returns:
         The path of the file that holds the new state.
 
     Raises:
-        StateError: the checkpoint holds several states (a ``StatefulDataLoader``'s per worker).
+        StateError: the checkpoint holds several states (a ``StatefulDataLoader``'s per worker), or an
+            Accelerate folder a symbolic link leading outside it.
         OutputError: ``out`` cannot be written.
     """
     if checkpoint.where is None:
@@ -131,7 +137,7 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
             "per-worker states; write a JSON state (--out NAME.json) and load it with "
             "ds.load_state_dict() on the dataset before iterating"
         )
-    container = _replaced(checkpoint.container, checkpoint.where, dict(state))
+    container = replaced_state(checkpoint.container, checkpoint.where, dict(state))
     try:
         if checkpoint.kind == "json":
             write_atomic(out, json.dumps(container).encode("utf-8"))
@@ -139,17 +145,13 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
         if checkpoint.kind == "torch":
             _torch_save(container, out)
             return out
-        directory = os.path.dirname(checkpoint.path)
-        if os.path.abspath(out) != os.path.abspath(directory):
-            if os.path.exists(out):
-                raise OutputError(f"{out} exists: an Accelerate checkpoint is written to a new directory")
-            shutil.copytree(directory, out, symlinks=True)
-        target = os.path.join(out, os.path.basename(checkpoint.path))
-        if target.endswith(".json"):
-            write_atomic(target, json.dumps(container).encode("utf-8"))
-        else:
-            _torch_save(container, target)
-        return target
+        directory, name = os.path.split(checkpoint.path)
+        if os.path.abspath(out) == os.path.abspath(directory):
+            _write_state_file(container, checkpoint.path)
+            return checkpoint.path
+        with staged_folder_copy(directory, out) as copy:  # whole at out, or nothing there
+            _write_state_file(container, os.path.join(copy, name))
+        return os.path.join(out, name)
     except OSError as exc:
         raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
 
@@ -182,6 +184,8 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
             f"{path}: a torch.save file of the pre-zip format larger than {MAX_LEGACY_BYTES} bytes "
             "(it would be read whole): save it with torch.save's default format"
         )
+    if mmap:
+        check_torch_zip(path)  # what torch.load extracts, bounded by the file's bytes
     try:
         return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, AttributeError) as exc:
@@ -190,6 +194,14 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
             f"{path}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
             f"values are read from a checkpoint, nothing is executed): {shown(reason[:300])}"
         ) from None
+
+
+def _write_state_file(container: Any, path: str) -> None:
+    """A checkpoint folder's state file: JSON where its name says so, else ``torch.save``'s."""
+    if path.endswith(".json"):
+        write_atomic(path, json.dumps(container).encode("utf-8"))
+    else:
+        _torch_save(container, path)
 
 
 def _torch_save(container: Any, path: str) -> None:
@@ -205,12 +217,12 @@ def _torch_save(container: Any, path: str) -> None:
 def _read_trainer(directory: str) -> Checkpoint:
     path = os.path.join(directory, _TRAINER_STATE)
     container = load_state_file(path)
-    if not any(True for _ in _paths(container)):
+    if not any(True for _ in state_paths(container)):
         raise StateError(
             f"{shown(directory, 200)}: an HF Trainer checkpoint whose {_TRAINER_STATE} holds no shardio "
             "loader state (saved by a plain Trainer?): a ShardioTrainer keeps it among the stateful_callbacks"
         )
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(path, "transformers", container, _state_of(container, path, where), where)
 
 
@@ -232,7 +244,7 @@ def _read_accelerate(directory: str) -> Checkpoint:
                     continue
             else:  # an older shardio's track() registered a pickled object: read as data only
                 container = _torch_load(path, mmap=_head(path).startswith(_ZIP))
-            if any(True for _ in _paths(container)):
+            if any(True for _ in state_paths(container)):
                 found.append((path, container))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(os.path.basename(p) for p, _ in found)})"
@@ -243,12 +255,12 @@ def _read_accelerate(directory: str) -> Checkpoint:
             + (f"; not JSON states: {shown(unread)}" if unread else "")
         )
     path, container = found[0]
-    where = _where(container)
+    where = state_where(container)
     return Checkpoint(path, "accelerate", container, _state_of(container, path, where), where)
 
 
 def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[str, Any]:
-    if not any(True for _ in _paths(container)):
+    if not any(True for _ in state_paths(container)):
         raise StateError(
             f'{path}: no shardio loader state in this checkpoint (a dict with "format": '
             f'"{_FORMAT}", as loader.state_dict() or ShardioCallback saves it)'
@@ -256,45 +268,3 @@ def _state_of(container: Any, path: str, where: tuple[Any, ...] | None) -> dict[
     for key in where or ():
         container = container[key]
     return job_state(container).to_dict()
-
-
-def _paths(container: Any, prefix: tuple[Any, ...] = (), depth: int = 0) -> Any:
-    """The key path of every shardio state in ``container`` (dicts and lists, at most 32 deep)."""
-    if depth > 32:
-        return
-    if isinstance(container, Mapping):
-        if container.get("format") == _FORMAT:
-            yield prefix
-            return
-        for key, value in container.items():
-            yield from _paths(value, (*prefix, key), depth + 1)
-    elif isinstance(container, (list, tuple)):
-        for number, value in enumerate(container):
-            yield from _paths(value, (*prefix, number), depth + 1)
-
-
-def _where(container: Any) -> tuple[Any, ...] | None:
-    """The path of the one state in ``container``; in a Lightning checkpoint, the ShardioCallback's (which
-    replaces a StatefulDataLoader's own state on resume)."""
-    found = list(_paths(container))
-    callback = [
-        p for p in found if len(p) > 2 and p[0] == "callbacks" and str(p[1]).startswith("ShardioCallback")
-    ]
-    if len(callback) == 1:
-        return callback[0]
-    return found[0] if len(found) == 1 else None
-
-
-def _replaced(container: Any, where: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """A copy of ``container`` with ``state`` at ``where`` (only the dicts and lists
-    on the way are copied)."""
-    if not where:
-        return state
-    key, rest = where[0], where[1:]
-    if isinstance(container, Mapping):
-        copy = dict(container)
-        copy[key] = _replaced(container[key], rest, state)
-        return copy
-    items = list(container)
-    items[key] = _replaced(container[key], rest, state)
-    return type(container)(items) if isinstance(container, tuple) else items

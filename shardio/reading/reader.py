@@ -151,9 +151,9 @@ class Reader(RemoteReads, CompressedReads, SampleMembers):
         handle: Any
         try:
             remote = self.index.is_remote(shard)
-            cached = self._cached(shard, where) if remote and self.cache is not None else None
+            cached = self._open_cached(shard, where) if remote and self.cache is not None else None
             if cached is not None:
-                handle = LocalShard(os.open(cached, os.O_RDONLY), expected)
+                handle = LocalShard(cached, expected)
                 actual = os.fstat(handle.fd).st_size
                 self._from_cache.add(shard)
             elif remote:

@@ -224,6 +224,20 @@ class RemoteReads:
             )
         return found
 
+    def _open_cached(self, shard: int, where: str) -> int | None:
+        """A read-only descriptor of remote shard ``shard``'s copy in the node cache (fetched if need be);
+        None: read it by ranges. A copy another process evicts between its fetch and this open is fetched
+        again (up to 3 times: a small cache that many readers fill at once evicts often)."""
+        for _ in range(3):
+            path = self._cached(shard, where)
+            if path is None:
+                return None
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+        return None
+
     def _download(self, shard: int, out: BinaryIO, where: str) -> None:
         """Stream remote shard ``shard`` into ``out`` (retried whole under the reader's policy), no further
         than one byte past the size the index records (a longer answer is refused by the cache's size check,

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import OutputError
 from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
 from ..storage.files import cache_dir
@@ -152,7 +153,7 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
         if nodeplan.distrust(_directory()) is not None:  # load() warned
             return rank_plan(make(), rank)
         held = lock.acquire(WAIT_S)
-    except OSError as exc:
+    except (OSError, OutputError) as exc:  # OutputError: a FIFO, device or folder where the lock file goes
         logger.log(
             logging.DEBUG if _lock_warned else logging.WARNING,
             "cannot take the lock of the node's plan under %s (%s): this process plans each epoch by itself",

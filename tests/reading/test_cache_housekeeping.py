@@ -49,6 +49,24 @@ def _worker(directory: str, max_bytes: int, log: str, rounds: int, seed: int) ->
 
         path = cache.fill(digest(number), SIZE, fetch, f"shard {number}")
         assert path is not None
+        held = _held(directory)
+        if held > max_bytes:  # entries and fetches under way, every process's: never above the bound
+            with open(log + ".over", "a") as handle:
+                handle.write(f"{held}\n")
+
+
+def _held(directory: str) -> int:
+    """Bytes of the entries and fetches under way, each file once (by inode: a fetch renamed while the
+    directory is listed may be listed under both names)."""
+    sizes: dict[int, int] = {}
+    for entry in os.scandir(directory):
+        if entry.name.endswith(".shard") or entry.name.startswith(".tmp-"):
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            sizes[info.st_ino] = max(sizes.get(info.st_ino, 0), info.st_size)
+    return sum(sizes.values())
 
 
 def _pruner(directory: str, max_bytes: int, seconds: float) -> None:
@@ -93,6 +111,7 @@ def test_processes_fetch_each_shard_once_while_locks_are_pruned(tmp_path: Path) 
 def test_eviction_removes_the_lock_files_of_what_it_evicts(tmp_path: Path) -> None:
     directory, fetched = run_processes(tmp_path, max_bytes=3 * SIZE)
     assert len(fetched) > SHARDS  # evicted shards were fetched again
+    assert not (tmp_path / "fetches.over").exists(), (tmp_path / "fetches.over").read_text().split()
     entries = names(directory, ".shard")
     assert len(entries) <= 3
     locks = {name[: -len(".shard")] for name in names(directory, ".lock")}
@@ -152,3 +171,28 @@ def test_the_cache_command_prunes(
     assert "1 shards" in capsys.readouterr().out
     assert not orphan.exists()
     assert list((tmp_path / "shards").glob("*.lock")) == []  # each fetch removed its own
+
+
+def test_a_live_fetch_s_reservation_is_counted_and_a_dead_one_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch under way reserves its shard's bytes (a temporary file named with the size, made while it holds
+    the shard's lock): another fill counts them and waits for room, then reads remotely; a reservation whose
+    fetch died (its lock free) is removed by the next fill."""
+    import fcntl
+
+    from shardio.reading import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "ROOM_WAIT_S", 0.2)
+    cache = ShardCache(str(tmp_path), 2 * SIZE)
+    reservation = tmp_path / f".tmp-abcdefgh-{digest(0)}-{2 * SIZE}.fill"
+    reservation.write_bytes(b"")
+    lock = tmp_path / f"{digest(0)}-{2 * SIZE}.shard.lock"
+    with open(lock, "a+b") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # shard 0's fetch is under way: its 2 * SIZE bytes are taken
+        assert cache.fill(digest(1), SIZE, lambda out: out.write(content(1)), "shard 1") is None
+        assert reservation.exists()
+    # its fetch died (the lock is free, its file left behind): the reservation goes, the fill gets its room
+    assert cache.fill(digest(1), SIZE, lambda out: out.write(content(1)), "shard 1") is not None
+    assert not reservation.exists()
+    assert cache.used_bytes() == SIZE

@@ -7,7 +7,7 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pytest
 from remote_servers import HTTPFileServer, serve_copy
@@ -136,3 +136,27 @@ def test_a_full_disk_falls_back_to_remote_ranges(
     dataset = ShardDataset(f"{server.url}/ds", batch_size=4, reading=Reading(cache_bytes=1 << 30))
     assert keys_of(list(dataset)) == expected
     assert not list(cache_dir.glob("*.shard")) and dataset.stats.requests > 0
+
+
+def test_an_entry_evicted_between_its_fetch_and_its_open_is_fetched_again(
+    server: HTTPFileServer, local: Index, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process may evict a shard just filled before this reader opens it (a small cache filled by many
+    readers at once): that was "the shard file is missing", the shard then broken for the epoch."""
+    fill = ShardCache.fill
+    evicted: list[str] = []
+
+    def fill_then_evicted(self: ShardCache, *args: Any) -> str | None:
+        path = fill(self, *args)
+        if path is not None and not evicted:
+            evicted.append(path)
+            os.unlink(path)  # as another process's eviction would, at the worst moment
+        return path
+
+    monkeypatch.setattr(ShardCache, "fill", fill_then_evicted)
+    expected = keys_of(list(ShardDataset(local.root, batch_size=4, seed=5)))
+    dataset = ShardDataset(
+        f"{server.url}/ds", batch_size=4, seed=5, reading=Reading(cache_bytes=1 << 30, read_ahead=0)
+    )
+    assert keys_of(list(dataset)) == expected
+    assert evicted and os.path.exists(evicted[0])  # fetched again

@@ -4,13 +4,13 @@ detected and imported lazily."""
 from __future__ import annotations
 
 import importlib
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...packing.source import Problems, Source
+from ...packing.manifestlines import MAX_LINE_BYTES, json_entry
+from ...packing.source import NotRegularFile, Problems, Source, open_regular_input
 
 __all__ = ["IMPORTED_KINDS", "detect_imported", "first_json_object", "imported_reader"]
 
@@ -28,15 +28,23 @@ def _function(module: str, name: str) -> Callable[..., object]:
 
 
 def first_json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object on the first line (at most 1 MiB) of the manifest at ``path``, or None (a detector's
-    look at a file that may be any other kind of corpus)."""
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 20)
+    """The JSON object on the first line of the manifest at ``path``, or None (a detector's look at a file
+    that may be any other kind of corpus). The line is read as the manifest reader reads it
+    (:func:`~shardio.packing.manifestlines.json_entry`: at most
+    :data:`~shardio.packing.manifestlines.MAX_LINE_BYTES`, nested at most
+    :data:`~shardio.packing.manifestlines.MAX_DEPTH` deep); a file that is not regular (a FIFO would
+    block) or a line that reader refuses is None here, and the reader then names the problem."""
     try:
-        entry = json.loads(first)
-    except ValueError:
+        with open_regular_input(path) as handle:
+            first = handle.readline(MAX_LINE_BYTES + 1)
+    except NotRegularFile:
         return None
-    return entry if isinstance(entry, dict) else None
+    if len(first) > MAX_LINE_BYTES:
+        return None
+    try:
+        return json_entry(first.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
+        return None
 
 
 def detect_imported(location: Path) -> str | None:
