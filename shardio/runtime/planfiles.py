@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -173,7 +174,7 @@ def obtain(name: str, rank: int, samples: int, make: Callable[[], EpochPlan]) ->
             return found
         if not lock.waited:
             if os.path.isdir(path(name)):  # there but damaged (load said so): replaced, for the node's others
-                shutil.rmtree(path(name), ignore_errors=True)
+                _remove_where(lambda entry: entry.name == name)
             plan = make()
             found = load(name, rank, samples) if save(name, plan, samples) is not None else None
             return found if found is not None else rank_plan(plan, rank)
@@ -216,8 +217,26 @@ def _prune_now_and_then() -> None:
         _pruned_at = now
 
 
+_TEMPORARY = re.compile(r"^\.tmp-[A-Za-z0-9_]{8}$")  # tempfile.mkdtemp(prefix=".tmp-")'s names
+_PLAN_FILES = frozenset({"ids.npy", "starts.npy", "offsets.npy", "repeats.npy", "digests"})
+
+
+def _ours(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is of a kind and name this module writes, and this user's: a plan or temporary
+    directory, or a plan's lock file (never a link). Anything else in ``plans/`` is someone else's."""
+    info = entry.stat(follow_symlinks=False)
+    if info.st_uid != os.getuid():
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        return bool(_NAME.match(entry.name) or _TEMPORARY.match(entry.name))
+    lock = entry.name.removesuffix(".lock")
+    return stat.S_ISREG(info.st_mode) and lock != entry.name and bool(_NAME.match(lock))
+
+
 def _remove_where(chosen: Callable[[os.DirEntry[str]], bool]) -> int:
-    """Remove the entries of the plans directory that ``chosen`` picks (directories whole); how many went."""
+    """Remove the entries of the plans directory that ``chosen`` picks and this module wrote (a directory:
+    the plan files in it, then it, if nothing else is left in it); how many went. A file it did not write is
+    never removed."""
     try:
         entries = list(os.scandir(_directory()))
     except OSError:
@@ -225,12 +244,16 @@ def _remove_where(chosen: Callable[[os.DirEntry[str]], bool]) -> int:
     removed = 0
     for entry in entries:
         try:
-            if chosen(entry):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-                removed += 1
+            if not (_ours(entry) and chosen(entry)):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                for inner in os.scandir(entry.path):
+                    if inner.name in _PLAN_FILES and inner.is_file(follow_symlinks=False):
+                        os.unlink(inner.path)
+                os.rmdir(entry.path)  # fails where something else was put in it: it stays
+            else:
+                os.unlink(entry.path)
+            removed += 1
         except OSError:  # gone already (another process of the node), or not ours to remove
             pass
     return removed

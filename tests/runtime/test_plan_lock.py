@@ -257,16 +257,41 @@ def test_the_cache_command_prunes_day_old_plans_and_locks(
     from shardio.cli import main
 
     directory = tmp_path / "cache" / "plans"
-    for name in ("old", "new"):
+    old, new = (planfiles.name({"job": job}, 0, []) for job in ("old", "new"))
+    for name in (old, new):
         assert planfiles.save(name, small_plan(4, [4]), 4) is not None
         (directory / f"{name}.lock").touch()
-    (directory / ".tmp-dead").mkdir()
+    (directory / ".tmp-dead1234").mkdir()
     day_ago = time.time() - planfiles.STALE_S - 60
-    for name in ("old", "old.lock", ".tmp-dead"):
+    for name in (old, f"{old}.lock", ".tmp-dead1234"):
         os.utime(directory / name, (day_ago, day_ago))
     assert main(["cache", "--prune"]) == 0
     assert "pruned 3 files" in capsys.readouterr().out
-    assert sorted(os.listdir(directory)) == ["new", "new.lock"]
+    assert sorted(os.listdir(directory)) == sorted([new, f"{new}.lock"])
+
+
+def test_pruning_plans_removes_only_what_shardio_wrote(root: str, tmp_path: Path) -> None:
+    """Day-old entries of ``plans/`` shardio did not write (another name, a link, a plan directory holding
+    a file of someone else's) stay: a file we did not write is never deleted."""
+    directory = tmp_path / "cache" / "plans"
+    ours, planted = (planfiles.name({"job": job}, 0, []) for job in ("ours", "planted"))
+    for name in (ours, planted):
+        assert planfiles.save(name, small_plan(4, [4]), 4) is not None
+    (directory / planted / "notes.txt").write_text("mine")
+    (directory / "notes.shard").write_text("mine")
+    (directory / ".tmp-not-mkdtemps").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("mine")
+    (directory / f"{ours}.lock").symlink_to(tmp_path / "elsewhere" / "keep")
+    day_ago = time.time() - planfiles.STALE_S - 60
+    for entry in directory.iterdir():
+        os.utime(entry, (day_ago, day_ago), follow_symlinks=False)
+    assert planfiles.prune() == 1  # ours
+    assert sorted(os.listdir(directory)) == sorted(
+        [planted, "notes.shard", ".tmp-not-mkdtemps", f"{ours}.lock"]
+    )
+    assert os.listdir(directory / planted) == ["notes.txt"]  # its plan files went, the planted one stayed
+    assert (tmp_path / "elsewhere" / "keep").read_text() == "mine"
 
 
 def test_writing_plans_prunes_day_old_entries_at_most_every_ten_minutes(
@@ -282,13 +307,14 @@ def test_writing_plans_prunes_day_old_entries_at_most_every_ten_minutes(
         (directory / name).mkdir(parents=True)
         os.utime(directory / name, (day_ago, day_ago))
 
-    stale("killed-job-1")
-    assert planfiles.save("a", small_plan(4, [4]), 4) is not None
-    assert sorted(os.listdir(directory)) == ["a"]  # the process's first plan looked
-    stale("killed-job-2")
+    killed1, killed2, a, b, c = (planfiles.name({"job": job}, 0, []) for job in ("k1", "k2", "a", "b", "c"))
+    stale(killed1)
+    assert planfiles.save(a, small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == [a]  # the process's first plan looked
+    stale(killed2)
     clock[0] += planfiles.PRUNE_EVERY_S - 1
-    assert planfiles.save("b", small_plan(4, [4]), 4) is not None
-    assert sorted(os.listdir(directory)) == ["a", "b", "killed-job-2"]  # not again so soon
+    assert planfiles.save(b, small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == sorted([a, b, killed2])  # not again so soon
     clock[0] += 1
-    assert planfiles.save("c", small_plan(4, [4]), 4) is not None
-    assert sorted(os.listdir(directory)) == ["a", "b", "c"]
+    assert planfiles.save(c, small_plan(4, [4]), 4) is not None
+    assert sorted(os.listdir(directory)) == sorted([a, b, c])
