@@ -105,8 +105,8 @@ def add_pack(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         type=worker_count(1, PACK_MAX_WORKERS),
         default=None,
-        help="threads reading and validating the inputs (default: one per CPU core but one, "
-        f"for the writing; 1: the writing thread reads them too; at most {PACK_MAX_WORKERS})",
+        help="threads reading and validating the inputs (default: one per CPU core; 1: the writing "
+        f"thread reads them too; at most {PACK_MAX_WORKERS})",
     )
     parser.add_argument(
         "--on-error",

@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-__all__ = ["flac_crc8", "flac_crc16", "ogg_crc32"]
+__all__ = ["CRC8_TABLE", "flac_crc8", "flac_crc16", "ogg_crc32"]
 
 
 def _crc8_table() -> tuple[int, ...]:
@@ -31,7 +31,8 @@ def _crc8_table() -> tuple[int, ...]:
     return tuple(table)
 
 
-_CRC8 = _crc8_table()
+CRC8_TABLE = _crc8_table()
+"""FLAC's CRC-8 of one byte, by the byte XOR the CRC so far."""
 _REVERSED_BITS = bytes(int(f"{byte:08b}"[::-1], 2) for byte in range(256))
 
 
@@ -39,7 +40,7 @@ def flac_crc8(data: bytes | memoryview) -> int:
     """The CRC-8 of a FLAC frame header (``data``: the header up to, not including, its CRC byte)."""
     crc = 0
     for byte in bytes(data):
-        crc = _CRC8[crc ^ byte]
+        crc = CRC8_TABLE[crc ^ byte]
     return crc
 
 
@@ -64,20 +65,30 @@ def _shift_tables() -> list[np.ndarray]:
 def flac_crc16(data: bytes | memoryview) -> int:
     """The CRC-16 of ``data`` as FLAC computes it for a frame (initial value 0): 0 for whole frames."""
     array = np.frombuffer(data, dtype=np.uint8)
-    if len(array) == 0:
+    if len(array) % 4:  # leading zero bytes leave a zero-initialised CRC as it is
+        array = np.concatenate((np.zeros(-len(array) % 4, np.uint8), array))
+    if not len(array):
         return 0
-    if len(array) & 1:  # leading zero bytes leave a zero-initialised CRC as it is
-        array = np.concatenate((np.zeros(1, np.uint8), array))
     tables = _shift_tables()
-    # a 2-byte word w has the CRC w * x^16 mod P, which is w shifted by two bytes
-    remainders = np.take(tables[0], array.view(">u2"))
-    level = 0  # combining blocks of 2 bytes: the left one shifted by 2 bytes
+    # a 2-byte word w has the CRC w * x^16 mod P (w shifted by two bytes); a 4-byte one, its first word's
+    # shifted by two more bytes, XOR its second word's
+    words = array.view(">u4")
+    remainders = np.take(_word_pairs(), words >> 16)
+    remainders ^= np.take(tables[0], words & 0xFFFF)
+    level = 1  # combining blocks of 4 bytes: the left one shifted by 4 bytes
     while len(remainders) > 1:
         if len(remainders) & 1:
             remainders = np.concatenate((np.zeros(1, np.uint16), remainders))
         remainders = np.take(tables[level], remainders[0::2]) ^ remainders[1::2]
         level += 1
     return int(remainders[0])
+
+
+@functools.cache
+def _word_pairs() -> np.ndarray:
+    """The CRC of a 2-byte word followed by two zero bytes."""
+    tables = _shift_tables()
+    return tables[0][tables[0]]
 
 
 def ogg_crc32(page: bytes | bytearray | memoryview) -> int:

@@ -1,14 +1,19 @@
-"""A FLAC file's structure checked without decoding it: the metadata blocks, every frame header and every
-frame's CRC-16.
+"""A FLAC file's structure checked without decoding it: the metadata blocks, the first and last frame
+headers, and every frame's CRC-16.
 
 A FLAC file is ``fLaC``, metadata blocks (the first a STREAMINFO: sample rate, channels, bits and the total
-samples), then frames. A frame does not say how long it is, so the frames are found by their headers: the
-14-bit sync code (found with numpy), then fields whose CRC-8 must match and whose frame (or sample) number
-must be the next one. The chain must start right after the metadata, its block sizes must add up to
-STREAMINFO's total, and the CRC-16 of all frame bytes must be 0 (each whole frame ends with its own CRC-16,
-so consecutive whole frames have the CRC 0: :mod:`shardio.packing.checksums`). What this cannot see: a frame
-whose bytes are wrong but whose CRCs were computed over the wrong bytes (an encoder's bug, not damage), and
-the MD5 of the decoded samples (which libsndfile does not check either).
+samples), then frames. Each frame ends with the CRC-16 of its bytes, so consecutive whole frames have the
+CRC 0 (:mod:`shardio.packing.checksums`): one pass over everything after the metadata checks every frame, and
+a cut anywhere in them. A frame does not say how long it is; a header does say its frame (or first sample's)
+number and its block size, with a CRC-8. The first frame must start right after the metadata as frame 0, and
+the last one (found from the end: a sync code, then fields whose CRC-8 matches) must end the stream at
+STREAMINFO's total samples, which a cut at a frame boundary does not.
+
+What this cannot see: whole frames lost, repeated or swapped between the first and the last (damage that
+keeps every frame whole); the headers between them beyond their CRC-16; a frame whose CRCs were computed over
+wrong bytes (an encoder's bug, not damage); the MD5 of the decoded samples (libsndfile does not check it
+either). Only when the CRC fails are the frames walked one by one, to name the damaged one. A stream whose
+STREAMINFO does not give its total is left to the decoder.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from .mp3frames import id3v2_end
 
 __all__ = ["flac_facts"]
 
-_RATES = dict(enumerate((88200, 176400, 192000, 8000, 16000, 22050, 24000, 32000, 44100, 48000, 96000), 1))
 _BITS = {1: 8, 2: 12, 4: 16, 5: 20, 6: 24, 7: 32}
+_RATES = {1: 88200, 2: 176400, 3: 192000, 4: 8000, 5: 16000, 6: 22050, 7: 24000, 8: 32000, 9: 44100}
+_RATES |= {10: 48000, 11: 96000}
+_UTF8_LEADS = (0x80, 0xE0, 0xF0, 0xF8, 0xFC, 0xFE, 0xFF)  # below each: 0, 1, ... 6 continuation bytes
 _DECODABLE_BITS = (8, 16, 24)  # what libsndfile reads; others are left to the decoder's verdict
 _ID3V1 = 128
-_UTF8_LEADS = (0x80, 0xE0, 0xF0, 0xF8, 0xFC, 0xFE, 0xFF)  # below each: 0, 1, ... 6 continuation bytes
+_CUT = "(an interrupted download or copy?)"
+Info = tuple[int, int, int, int, int]  # max block size, rate, channels, bits, total samples
 
 
 def flac_facts(view: memoryview) -> tuple[int, int, int] | None:
@@ -36,7 +44,7 @@ def flac_facts(view: memoryview) -> tuple[int, int, int] | None:
     if bytes(view[position : position + 4]) != b"fLaC":
         raise Malformed("no fLaC signature where the FLAC stream should start")
     position += 4
-    info: tuple[int, int, int, int, int] | None = None
+    info: Info | None = None
     last = False
     while not last:
         if position + 4 > len(view):
@@ -60,18 +68,13 @@ def flac_facts(view: memoryview) -> tuple[int, int, int] | None:
     _, rate, channels, bits, total = info
     if bits not in _DECODABLE_BITS:
         return None
-    samples = _frame_chain(view, position, info)
-    if samples == 0:
-        raise Malformed("the audio has no samples (0 frames); expected at least one frame")
-    if total and samples != total:
-        raise Malformed(
-            f"{'truncated: ' if samples < total else ''}the FLAC STREAMINFO says {total} samples, its frames "
-            f"hold {samples}" + (" (an interrupted download or copy?)" if samples < total else "")
-        )
-    return samples, rate, channels
+    if not total:
+        return None
+    _check_frames(view, position, info)
+    return total, rate, channels
 
 
-def _streaminfo(block: memoryview) -> tuple[int, int, int, int, int]:
+def _streaminfo(block: memoryview) -> Info:
     """``(max block size, rate, channels, bits, total samples)`` of a STREAMINFO block."""
     fields = int.from_bytes(block[10:18], "big")  # rate 20 bits, channels-1 3, bits-1 5, total 36
     rate, channels, bits = fields >> 44, ((fields >> 41) & 7) + 1, ((fields >> 36) & 31) + 1
@@ -81,48 +84,72 @@ def _streaminfo(block: memoryview) -> tuple[int, int, int, int, int]:
     return max_block, rate, channels, bits, fields & ((1 << 36) - 1)
 
 
-def _frame_chain(view: memoryview, first: int, info: tuple[int, int, int, int, int]) -> int:
-    """The samples of the frames from ``first`` to the end, each found and checked as the module says."""
-    region = np.frombuffer(view, np.uint8, offset=first)
-    syncs = np.flatnonzero(region[:-1] == 0xFF)
-    syncs = syncs[(region[syncs + 1] & 0xFE) == 0xF8] + first
+def _check_frames(view: memoryview, first: int, info: Info) -> None:
+    """The frames from ``first`` to the end: frame 0 first, their CRC-16, and the last one ending the stream
+    at STREAMINFO's total."""
+    max_block, _, channels, bits, total = info
+    if len(view) == first:
+        raise Malformed("the audio has no samples (0 frames); expected at least one frame")
+    header = _frame_header(view, first, info)
+    if header is None or header[0] != 0:
+        raise Malformed("no valid FLAC frame header follows the metadata (damaged bytes?)")
+    _, block, variable = header
+    end = len(view)
+    if flac_crc16(view[first:end]) != 0:
+        if end - first > _ID3V1 and bytes(view[end - _ID3V1 : end - _ID3V1 + 3]) == b"TAG":
+            end -= _ID3V1  # an ID3v1 tag after the last frame, as some taggers append
+        if flac_crc16(view[first:end]) != 0:
+            _name_damage(view, first, end, info)
+    # the last frame starts within one uncoded (verbatim) frame of the end
+    reach = max_block * channels * (bits + 1) // 8 + 64
+    data = np.frombuffer(view, np.uint8)
+    start = max(first, end - reach)
+    syncs = np.flatnonzero(data[start : end - 1] == 0xFF) + start
+    for position in syncs[(data[syncs + 1] & 0xFE) == 0xF8][::-1].tolist():
+        header = _frame_header(view, position, info)
+        if header is not None and header[2] == variable:
+            number, last_block, _ = header
+            if (number if variable else number * block) + last_block == total:
+                return
+    raise Malformed(
+        f"truncated: the FLAC frames end before the {total} samples STREAMINFO says (a cut between "
+        f"frames) {_CUT}"
+    )
+
+
+def _name_damage(view: memoryview, first: int, end: int, info: Info) -> None:
+    """Raise :class:`Malformed` naming the first frame that fails its CRC-16: the frames walked one by one,
+    each the next header (by its number) after the one before."""
+    data = np.frombuffer(view, np.uint8)
+    syncs = np.flatnonzero(data[first : end - 1] == 0xFF) + first
     starts: list[int] = []
-    blocks: list[int] = []
-    variable = False
     samples = 0
-    for position in syncs.tolist():
+    variable = False
+    for position in syncs[(data[syncs + 1] & 0xFE) == 0xF8].tolist():
         header = _frame_header(view, position, info)
         if header is None:
             continue
         number, block, is_variable = header
-        if not starts:
-            if number != 0:
-                continue
-            if position != first:
-                raise Malformed(f"{position - first} bytes that are no FLAC frame follow the metadata")
-            variable = is_variable
-        elif is_variable != variable or number != (samples if variable else len(starts)):
-            continue  # sync bytes inside a frame, or a frame of another number (missing ones show below)
+        if starts and (is_variable != variable or number != (samples if variable else len(starts))):
+            continue  # sync bytes inside a frame, or a frame of another number
+        variable = is_variable
         starts.append(position)
-        blocks.append(block)
         samples += block
-    if not starts:
-        if len(region):
-            raise Malformed("no valid FLAC frame header follows the metadata (damaged bytes?)")
-        return 0
-    if not variable and any(block != blocks[0] for block in blocks[:-1]):
-        raise Malformed("the frames of a fixed-block-size FLAC stream have different block sizes")
-    _check_crc16(view, starts)
-    return samples
+    for number, (start, stop) in enumerate(zip(starts, [*starts[1:], end], strict=True)):
+        if flac_crc16(view[start:stop]) != 0:
+            last = number == len(starts) - 1
+            raise Malformed(
+                f"FLAC frame {number} (at byte {start}) fails its CRC-16: damaged or lost bytes"
+                + (", a cut inside it, or bytes after it that are no frame" if last else "")
+            )
+    raise Malformed("the FLAC frames fail their CRC-16 (damaged bytes)")
 
 
-def _frame_header(
-    view: memoryview, position: int, info: tuple[int, int, int, int, int]
-) -> tuple[int, int, bool] | None:
+def _frame_header(view: memoryview, position: int, info: Info) -> tuple[int, int, bool] | None:
     """``(frame or sample number, block size, variable)`` of a valid frame header at ``position``, or None."""
     _, rate, channels, bits, _ = info
     head = bytes(view[position : position + 16])
-    if len(head) < 6 or head[3] & 1:
+    if len(head) < 6 or head[0] != 0xFF or head[1] & 0xFE != 0xF8 or head[3] & 1:
         return None
     block_code, rate_code = head[2] >> 4, head[2] & 15
     channel_code, bits_code = head[3] >> 4, (head[3] >> 1) & 7
@@ -134,7 +161,7 @@ def _frame_header(
     extra = next((count for count, top in enumerate(_UTF8_LEADS) if lead < top), -1)
     if extra < 0 or 0x80 <= lead < 0xC0:
         return None
-    number = lead & (0x7F >> extra if extra else 0x7F)
+    number = lead & (0x7F >> extra)
     for byte in head[5 : 5 + extra]:
         if byte & 0xC0 != 0x80:
             return None
@@ -157,21 +184,3 @@ def _frame_header(
     if cursor >= len(head) or flac_crc8(head[:cursor]) != head[cursor]:
         return None
     return number, block, bool(head[1] & 1)
-
-
-def _check_crc16(view: memoryview, starts: list[int]) -> None:
-    """Every frame's CRC-16 matches: one pass over all of them, and frame by frame only when it fails."""
-    end = len(view)
-    if flac_crc16(view[starts[0] : end]) == 0:
-        return
-    if end - starts[0] > _ID3V1 and bytes(view[end - _ID3V1 : end - _ID3V1 + 3]) == b"TAG":
-        end -= _ID3V1  # an ID3v1 tag after the last frame, as some taggers append
-        if flac_crc16(view[starts[0] : end]) == 0:
-            return
-    for number, (start, stop) in enumerate(zip(starts, [*starts[1:], end], strict=True)):
-        if flac_crc16(view[start:stop]) != 0:
-            last = number == len(starts) - 1
-            raise Malformed(
-                f"FLAC frame {number} (at byte {start}) fails its CRC-16: damaged bytes"
-                + (", a cut inside it, or bytes after it that are no frame" if last else "")
-            )
