@@ -180,3 +180,26 @@ def test_levels_pack_the_same_bytes_and_bad_levels_are_refused(tmp_path: Path) -
     assert len(Index.load(tmp_path / "structure")) == 6
     with pytest.raises(OptionError, match="validate must be one of 'structure', 'decode', not 'none'"):
         pack(corpus, tmp_path / "bad", validate="none", progress=False)
+
+
+def test_lost_ogg_page_and_bytes_after_the_last_page_or_frame() -> None:
+    ogg = make("ogg")
+    second = ogg.index(b"OggS", 4)
+    third = ogg.index(b"OggS", second + 4)
+    with pytest.raises(Malformed, match="Ogg page 1 of a stream is missing: page 2 follows"):
+        structure_facts(ogg[:second] + ogg[third:], "ogg")
+    with pytest.raises(Malformed, match="no Ogg page at byte"):
+        structure_facts(ogg + b"junk", "ogg")
+    with pytest.raises(Malformed, match="the MP3 frames break off|bytes after the last MP3 frame"):
+        structure_facts(make("mp3") + b"junk", "mp3")
+    structure_facts(make("mp3") + b"TAG" + bytes(125), "mp3")  # an ID3v1 tag
+
+
+def test_a_whole_flac_frame_lost_between_others_is_found_by_no_structure_check() -> None:
+    """The limit the guide's table lists: every frame stays whole and the last ends the stream."""
+    whole = make("flac")
+    syncs = [at for at in range(len(whole) - 1) if whole[at] == 0xFF and whole[at + 1] == 0xF8]
+    frames = [at for at in syncs if whole[at + 4] == len([s for s in syncs if s < at]) and at > 40][:5]
+    third, fourth = frames[2], frames[3]
+    lost = whole[:third] + whole[fourth:]
+    assert structure_facts(lost, "flac") == (32000, 16000, 1)
