@@ -1,14 +1,13 @@
 """Pack's validation levels, and the one that reads no sample: a file's container checked from its structure,
 sizes and checksums, its frames, rate and channels taken from its headers where they are exact.
 
-* ``structure`` (the default): FLAC's metadata, every frame header (CRC-8, numbering) and every frame's
-  CRC-16, the frames adding up to STREAMINFO's total (:mod:`shardio.packing.flacframes`); a WAV's chunks, its
-  data chunk held whole by the file, and float samples finite (the loader's own header parser,
-  :func:`shardio.reading.wav.wav_layout`); every Ogg page's CRC-32 and sequence
-  (:mod:`shardio.packing.oggpages`); an MP3's chain of frame headers (:mod:`shardio.packing.mp3frames`). MP3
-  and Ogg are decoded as well (no header of theirs gives the decoder's exact sample count), and so is any file
-  these checks leave to a decoder (a WAV the loader's fast path does not take, a FLAC of a sample size
-  libsndfile may not read);
+* ``structure`` (the default): FLAC's metadata, its first and last frame headers and the CRC-16 of every frame
+  (:mod:`shardio.packing.flacframes`); a WAV's chunks, its data chunk held whole by the file, and float
+  samples finite (the loader's own header parser, :func:`shardio.reading.wav.wav_layout`); every Ogg page's
+  CRC-32 and sequence (:mod:`shardio.packing.oggpages`); an MP3's chain of frame headers
+  (:mod:`shardio.packing.mp3frames`). MP3 and Ogg are decoded as well (no header of theirs gives the decoder's
+  exact sample count), and so is any file these checks leave to a decoder (a WAV the loader's fast path does
+  not take, a FLAC of a sample size libsndfile may not read or whose STREAMINFO gives no total);
 * ``decode``: the same checks, then every file decoded by the loader's decoder, which must agree with the
   headers.
 """
