@@ -73,6 +73,10 @@ def make(ext: str) -> bytes:
     return audio_bytes(tone(2.0, 16000), 16000, ext)
 
 
+SAMPLES = {ext: audio_bytes(tone(0.5, 16000), 16000, ext) for ext in ("flac", "wav", "ogg", "mp3")}
+"""Short valid files of each format, to damage."""
+
+
 def flip(data: bytes, at: float) -> bytes:
     damaged = bytearray(data)
     damaged[int(len(data) * at)] ^= 0x10
@@ -203,3 +207,28 @@ def test_a_whole_flac_frame_lost_between_others_is_found_by_no_structure_check()
     third, fourth = frames[2], frames[3]
     lost = whole[:third] + whole[fourth:]
     assert structure_facts(lost, "flac") == (32000, 16000, 1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ext=st.sampled_from(["flac", "wav", "ogg", "mp3"]),
+    edits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=4),
+    cut=st.floats(0, 1),
+    tail=st.binary(max_size=40),
+)
+def test_hostile_bytes_give_facts_or_a_reason_and_nothing_else(
+    ext: str, edits: list[tuple[float, int]], cut: float, tail: bytes
+) -> None:
+    """Any damage: the facts, None (left to the decoder) or Malformed with a message free of the file's bytes;
+    never another exception, and no more memory than the bytes justify (a header claiming a huge frame is only
+    looked for within the file)."""
+    data = bytearray(SAMPLES[ext])
+    for at, value in edits:
+        data[min(int(at * len(data)), len(data) - 1)] = value
+    damaged = bytes(data[: int(cut * len(data))]) + tail
+    try:
+        facts = structure_facts(damaged, ext)
+    except Malformed as exc:
+        assert "\\x" not in str(exc) and str(exc)
+    else:
+        assert facts is None or (facts[0] > 0 and facts[1] > 0 and facts[2] > 0)
