@@ -7,6 +7,7 @@ import argparse
 import os
 
 from ..errors import OptionError, shown_path
+from ..packing.structure import DEFAULT_VALIDATE, VALIDATE_LEVELS
 from .argtypes import at_least, parse_size, worker_count
 
 __all__ = ["PACK_EPILOG", "PACK_MAX_WORKERS", "add_pack"]
@@ -86,6 +87,14 @@ def add_pack(subparsers: argparse._SubParsersAction) -> None:
         help="re-encode the audio (default: keep the original bytes)",
     )
     parser.add_argument(
+        "--validate",
+        choices=VALIDATE_LEVELS,
+        default=DEFAULT_VALIDATE,
+        help="structure: every file's container, sizes and checksums (FLAC frame CRCs, Ogg page CRCs), "
+        "frames from the headers where exact, no decoding of FLAC or WAV; decode: those checks, then every "
+        "file decoded (default %(default)s; docs/guides/packing.md)",
+    )
+    parser.add_argument(
         "--shuffle", action="store_true", help="shuffle the samples (by --seed) before packing"
     )
     parser.add_argument(
@@ -96,8 +105,8 @@ def add_pack(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         type=worker_count(1, PACK_MAX_WORKERS),
         default=None,
-        help="threads reading and validating the inputs (default: one per CPU core but one, "
-        f"for the writing; 1: the writing thread reads them too; at most {PACK_MAX_WORKERS})",
+        help="threads reading and validating the inputs (default: one per CPU core; 1: the writing "
+        f"thread reads them too; at most {PACK_MAX_WORKERS})",
     )
     parser.add_argument(
         "--on-error",
@@ -160,6 +169,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         compression=args.compression,
         zstd_level=args.zstd_level,
         transcode=args.transcode,
+        validate=args.validate,
         shuffle=args.shuffle,
         seed=args.seed,
         workers=args.workers,
@@ -202,6 +212,7 @@ def _run_partitioned(args: argparse.Namespace, kind: str | None) -> int:
         compression=args.compression,
         zstd_level=args.zstd_level,
         transcode=args.transcode,
+        validate=args.validate,
         shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error,

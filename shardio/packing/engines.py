@@ -35,6 +35,7 @@ from .partitions import (
     partition_done,
     plan_partitions,
 )
+from .structure import DEFAULT_VALIDATE, check_validate
 
 __all__ = ["ENGINES", "Engine", "local_engine", "ray_engine", "pack_partitioned"]
 
@@ -119,6 +120,7 @@ def pack_partitioned(
     compression: str = "none",
     zstd_level: int = 3,
     transcode: str | None = None,
+    validate: str = DEFAULT_VALIDATE,
     shuffle: bool = False,
     seed: int = 0,
     on_error: str = "raise",
@@ -135,10 +137,12 @@ def pack_partitioned(
     ``{prefix}-{partition:05d}-{n:06d}.tar[.zst]``. Re-running after an interruption packs only the
     partitions that did not commit. The dataset is byte-identical whatever the engine, order or retries.
     ``out_dir`` may be an fsspec URL (``s3://bucket/data``, with ``storage_options``): each task then writes
-    its shards locally and uploads them, its index part last.
+    its shards locally and uploads them, its index part last. ``validate``: as
+    :func:`~shardio.packing.pack.pack`'s.
     """
     if transcode not in (None, "flac", "wav"):
         raise OptionError(f"transcode must be None, 'flac' or 'wav', not {transcode!r}")
+    check_validate(validate)
     if workers is None:
         workers = default_workers()
     if not isinstance(workers, int) or workers < 1:
@@ -155,6 +159,7 @@ def pack_partitioned(
         zstd_level=zstd_level,
         transcode=transcode,
         on_error=on_error,
+        validate=validate,
         prefix=prefix,
     )
     run: Engine

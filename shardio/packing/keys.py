@@ -13,6 +13,7 @@ from ..errors import InputProblem
 from ..shards.names import key_problem
 from .preparation import Task
 from .source import AUDIO_EXTENSIONS, Source
+from .structure import DEFAULT_VALIDATE
 
 __all__ = ["assign_keys", "rewrite_key"]
 
@@ -36,6 +37,7 @@ def assign_keys(
     problems: list[InputProblem],
     *,
     transcode: str | None,
+    validate: str = DEFAULT_VALIDATE,
     rewrite: bool,
     require_text: bool,
 ) -> list[Task]:
@@ -46,6 +48,7 @@ def assign_keys(
         sources: the corpus's samples.
         problems: where each refused sample's problem is appended.
         transcode: the codec audio is transcoded to, if any.
+        validate: the validation level (see :mod:`shardio.packing.structure`).
         rewrite: rewrite keys that break the key rule instead of refusing them.
         require_text: refuse a sample without a transcript.
 
@@ -81,7 +84,7 @@ def assign_keys(
             problems.append(InputProblem(source.where, key, reason))
             continue
         seen[key] = source
-        tasks.append(Task(source, key, transcode))
+        tasks.append(Task(source, key, transcode, validate))
     _warn_of_lookalike_keys(seen)
     return tasks
 

@@ -40,6 +40,7 @@ from .listing import list_corpus
 from .output import Output, output_root
 from .preparation import Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
+from .structure import DEFAULT_VALIDATE
 
 __all__ = [
     "PARTS_DIR",
@@ -71,6 +72,7 @@ class PackOptions:
     zstd_level: int = 3
     transcode: str | None = None
     on_error: str = "raise"
+    validate: str = DEFAULT_VALIDATE
     prefix: str = "shard"
 
 
@@ -185,7 +187,12 @@ def plan_partitions(
     if shuffle:
         sources = [sources[i] for i in np.random.default_rng((seed, 0x9A27)).permutation(len(sources))]
     tasks = assign_keys(
-        sources, problems, transcode=options.transcode, rewrite=rewrite_keys, require_text=require_text
+        sources,
+        problems,
+        transcode=options.transcode,
+        validate=options.validate,
+        rewrite=rewrite_keys,
+        require_text=require_text,
     )
     if not sources and not problems:
         problems.append(

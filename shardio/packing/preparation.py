@@ -1,10 +1,12 @@
 """One corpus input made ready for a shard: read, validated, and (when asked, or for a segment) encoded.
 
 :func:`prepare` runs in :func:`shardio.packing.pack.pack`'s worker threads, so everything here is a plain
-function of a picklable :class:`Task`. A whole file is validated by the loader's own decoder
-(:func:`shardio.reading.decode.decode_audio`), so whatever pack accepts, training can decode; its bytes are
-kept unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from the
-recording and encoded as FLAC (or WAV), with integer PCM kept exact.
+function of a picklable :class:`Task`. A whole file is validated at the task's level
+(:mod:`shardio.packing.structure`): its container's structure, sizes and checksums, its frames from its
+headers where they are exact; at ``decode``, or where headers do not say, by the loader's own decoder
+(:func:`shardio.reading.decode.decode_audio`) as well, so whatever pack accepts, training can decode. Its
+bytes are kept unless ``transcode`` asks for another format. A segment (``offset``/``duration``) is cut from
+the recording and encoded as FLAC (or WAV), with integer PCM kept exact.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..reading.decode import decode_audio
 from ..reading.fields import BATCH_FIELDS
 from .corpus import Source
 from .source import open_regular_input
+from .structure import DEFAULT_VALIDATE, Malformed, structure_facts
 from .truncation import truncation_problem
 
 __all__ = ["Prepared", "Task", "prepare"]
@@ -50,6 +53,8 @@ class Task:
     source: Source
     key: str
     transcode: str | None
+    validate: str = DEFAULT_VALIDATE
+    """One of :data:`shardio.packing.structure.VALIDATE_LEVELS`."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def prepare(task: Task) -> Prepared | InputProblem:
             f"({', '.join(sorted(BATCH_FIELDS))}): rename them",
         )
     try:
-        ext, data, frames, rate, channels = _load(source, task.transcode)
+        ext, data, frames, rate, channels = _load(source, task.transcode, task.validate)
     except _Reject as exc:
         return InputProblem(source.where, task.key, str(exc))
     meta = {**source.meta, "duration": round(frames / rate, 6)}
@@ -102,7 +107,7 @@ def prepare(task: Task) -> Prepared | InputProblem:
     )
 
 
-def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, int]:
+def _load(source: Source, transcode: str | None, validate: str) -> tuple[str, bytes, int, int, int]:
     """``(member ext, audio bytes, frames, sample rate, channels)`` of a validated source."""
     path = source.audio_path
     data = _member_bytes(source) if source.member else b""
@@ -130,15 +135,24 @@ def _load(source: Source, transcode: str | None) -> tuple[str, bytes, int, int, 
     if not data:
         raise _Reject("the file is empty (0 bytes)")
     _check_magic(data, source.ext)
+    try:
+        facts = structure_facts(data, source.ext)
+    except Malformed as exc:
+        raise _Reject(str(exc)) from None
     if transcode is None or transcode == source.ext:
+        if facts is not None and validate == "structure":
+            return source.ext, data, *facts
         try:  # validated by the loader's own decoder: what pack accepts, training can decode
             planar, rate = decode_audio(data, source.ext, where=path)
         except DecodeError as exc:
             raise _Reject(str(exc).removeprefix(f"{path}: ")) from None
         _check_complete(data, source.ext, planar.shape[1])
-        return source.ext, data, planar.shape[1], rate, planar.shape[0]
+        decoded = (planar.shape[1], rate, planar.shape[0])
+        _check_agree(facts, decoded, source.ext)
+        return source.ext, data, *decoded
     audio, rate, subtype = _decoding(path, lambda: _read(io.BytesIO(data), source.ext, 0, -1))
     _check_complete(data, source.ext, len(audio))
+    _check_agree(facts, (len(audio), rate, audio.shape[1]), source.ext)
     return transcode, _encode(audio, rate, subtype, transcode), len(audio), rate, audio.shape[1]
 
 
@@ -174,6 +188,15 @@ def _check_complete(data: bytes, ext: str, frames: int) -> None:
     problem = truncation_problem(data, ext, frames)
     if problem is not None:
         raise _Reject(problem)
+
+
+def _check_agree(facts: tuple[int, int, int] | None, decoded: tuple[int, int, int], ext: str) -> None:
+    """Reject a file that decodes to other frames, rate or channels than its headers say."""
+    if facts is not None and facts != decoded:
+        raise _Reject(
+            f"the {ext} headers say {facts[0]} frames at {facts[1]} Hz x {facts[2]} channels, it decodes to "
+            f"{decoded[0]} frames at {decoded[1]} Hz x {decoded[2]} channels"
+        )
 
 
 def _check_magic(data: bytes, ext: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tarfile
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "encode_sample"]
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "encode_sample", "sample_parts"]
 
 BLOCK = 512
 """Bytes of a tar header, and the unit member data is padded to."""
@@ -42,9 +42,15 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % BLOCK)
 
 
-def encode_sample(key: str, members: dict[str, bytes]) -> bytes:
-    """The tar bytes of one sample: a header, the data and its padding for each ``{key}.{ext}``."""
+def sample_parts(key: str, members: dict[str, bytes]) -> list[bytes]:
+    """The tar bytes of one sample in parts: a header, the data and its padding for each ``{key}.{ext}``
+    (a writer writes them one by one, without a copy of the data)."""
     parts: list[bytes] = []
     for ext, data in members.items():
         parts += [_header(f"{key}.{ext}", len(data)), data, _padding(len(data))]
-    return b"".join(parts)
+    return parts
+
+
+def encode_sample(key: str, members: dict[str, bytes]) -> bytes:
+    """The tar bytes of one sample: :func:`sample_parts`, joined."""
+    return b"".join(sample_parts(key, members))

@@ -32,7 +32,8 @@ from .index import Index, ShardInfo
 from .journal import partial_name
 from .names import key_problem
 from .outputdir import claim_directory, shard_files, writable_directory
-from .tarformat import END_OF_ARCHIVE, encode_sample
+from .tarencode import sample_parts
+from .tarformat import END_OF_ARCHIVE
 
 __all__ = ["ShardWriter", "DEFAULT_FRAME_BYTES"]
 
@@ -167,10 +168,11 @@ class ShardWriter:
         if problem is not None:
             raise InputError([InputProblem(source=key, key=key, reason=problem)])
         self._keys.add(key)
-        data = encode_sample(key, members)
+        parts = sample_parts(key, members)
+        size = sum(map(len, parts))
         rolls = self._samples > 0 and (
             (self.max_samples is not None and self._samples >= self.max_samples)
-            or (self.max_bytes is not None and self._tar_bytes + len(data) > self.max_bytes)
+            or (self.max_bytes is not None and self._tar_bytes + size > self.max_bytes)
         )
         if rolls:
             self._finish_shard()
@@ -180,16 +182,15 @@ class ShardWriter:
             key=key, num_frames=num_frames, sample_rate=sample_rate, channels=channels, audio_ext=audio_ext
         )
         self._samples += 1
-        self._tar_bytes += len(data)
+        self._tar_bytes += size
         self._duration += num_frames / max(sample_rate, 1)
         if self.compression == "none":
-            self._record(
-                info, frame_offset=self._written, frame_size=len(data), member_offset=0, member_size=len(data)
-            )
-            self._emit(data)
+            self._record(info, frame_offset=self._written, frame_size=size, member_offset=0, member_size=size)
+            for part in parts:  # no copy of the audio into one sample's bytes
+                self._emit(part)
         else:
-            self._group.append((info, data))
-            self._group_bytes += len(data)
+            self._group.append((info, b"".join(parts)))
+            self._group_bytes += size
             if self._group_bytes >= self.frame_bytes:
                 self._flush_group()
 

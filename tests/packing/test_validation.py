@@ -68,13 +68,13 @@ def test_unreadable_file(tmp_path: Path) -> None:
             bytes(range(256)) * 8,
             "the content is not FLAC audio (its first bytes are no audio container's",
         ),
-        ("broken.flac", b"fLaC" + bytes(range(256)) * 8, "could not be decoded as flac audio"),
+        ("broken.flac", b"fLaC" + bytes(range(256)) * 8, "the first FLAC metadata block is not a STREAMINFO"),
         (
             "broken.wav",
             b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(range(40)),
             "could not be decoded as wav audio",
         ),
-        ("broken.mp3", b"ID3" + bytes(64), "could not be decoded as mp3 audio"),
+        ("broken.mp3", b"ID3" + bytes(64), "no MPEG audio frame header where the MP3 audio should start"),
     ],
 )
 def test_undecodable_bytes(tmp_path: Path, name: str, data: bytes, reason: str) -> None:

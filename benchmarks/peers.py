@@ -1,0 +1,287 @@
+"""shardio beside its peers on the same FLAC files: WebDataset, Lhotse (Shar) and LitData, each used as its
+README writes and reads a dataset: pack time and size, then read throughput (every sample decoded to float32,
+batches of 16 padded to their longest, 0 workers) per CPU-second and per wall-second.
+
+Run ``python benchmarks/peers.py [--quick] [--corpus DIR]`` in an environment holding every peer (LitData's
+and MosaicML Streaming's requirements name torchvision, whose CPU build for the project's torch is not on
+PyPI; docs/benchmarks/peers.md says how such an environment is made). A peer that does not import is listed
+as absent. Corpus: ``--corpus`` (a folder of ``.flac``), else the shared LJ Speech FLAC clips, else generated
+FLAC (``shardio.synth``). Each figure: the median of alternated rounds (3; 1 with ``--quick``) after one
+warm-up round. Writes ``benchmarks/results/peers.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile
+
+from shardio.bench.report import write_results
+from shardio.synth import make_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "corpora"
+RESULTS = REPO / "benchmarks" / "results"
+BATCH = 16
+
+
+def padded(audios: list[np.ndarray]) -> np.ndarray:
+    """A batch: each 1-D float32 array in a row, zero-padded to the longest."""
+    batch = np.zeros((len(audios), max(len(a) for a in audios)), np.float32)
+    for row, audio in enumerate(audios):
+        batch[row, : len(audio)] = audio
+    return batch
+
+
+def batches_of(audios: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+    group: list[np.ndarray] = []
+    for audio in audios:
+        group.append(audio)
+        if len(group) == BATCH:
+            yield padded(group)
+            group = []
+    if group:
+        yield padded(group)
+
+
+def decode(data: bytes) -> np.ndarray:
+    audio, _ = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return audio[:, 0]
+
+
+def flac_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.flac"))
+
+
+def text_of(path: Path) -> str:
+    transcript = path.with_suffix(".txt")
+    return transcript.read_text().strip() if transcript.exists() else ""
+
+
+# -- each peer: pack(root, out) and read(out) -> samples read ---------------------------------------------
+
+
+def shardio_pack(root: Path, out: Path) -> None:
+    from shardio.packing.pack import default_workers, pack
+
+    pack(root, out, progress=False, workers=default_workers())
+
+
+def shardio_read(out: Path) -> int:
+    from shardio import ShardDataset
+
+    return sum(len(batch["keys"]) for batch in ShardDataset(out, batch_size=BATCH, shuffle=False))
+
+
+def webdataset_pack(root: Path, out: Path) -> None:
+    import webdataset
+
+    out.mkdir(parents=True, exist_ok=True)
+    with webdataset.ShardWriter(str(out / "shard-%06d.tar"), maxsize=256 * 10**6, verbose=0) as sink:
+        for path in flac_files(root):
+            key = path.relative_to(root).with_suffix("").as_posix()
+            meta = json.dumps({"text": text_of(path)}).encode()
+            sink.write({"__key__": key, "flac": path.read_bytes(), "json": meta})
+
+
+def webdataset_read(out: Path) -> int:
+    import webdataset
+
+    urls = [str(path) for path in sorted(out.glob("shard-*.tar"))]
+    dataset = webdataset.WebDataset(urls, shardshuffle=False).map(lambda sample: decode(sample["flac"]))
+    return sum(len(batch) for batch in batches_of(dataset))
+
+
+def lhotse_pack(root: Path, out: Path) -> None:
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    recordings = RecordingSet.from_recordings(
+        Recording.from_file(path, recording_id=path.relative_to(root).with_suffix("").as_posix())
+        for path in flac_files(root)
+    )
+    supervisions = SupervisionSet.from_segments(
+        SupervisionSegment(
+            id=r.id, recording_id=r.id, start=0, duration=r.duration, text=text_of(root / f"{r.id}.flac")
+        )
+        for r in recordings
+    )
+    cuts = CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
+    out.mkdir(parents=True, exist_ok=True)
+    cuts.to_shar(out, fields={"recording": "flac"}, shard_size=1000)
+
+
+def lhotse_read(out: Path) -> int:
+    from lhotse import CutSet
+    from lhotse.dataset import SimpleCutSampler
+    from lhotse.dataset.collation import collate_audio
+
+    cuts = CutSet.from_shar(in_dir=out)
+    return sum(len(collate_audio(batch)[0]) for batch in SimpleCutSampler(cuts, max_cuts=BATCH))
+
+
+def litdata_item(path: str) -> dict[str, Any]:
+    """One sample as LitData's ``optimize`` stores it (a module's function: its workers are spawned)."""
+    return {"key": Path(path).stem, "flac": Path(path).read_bytes(), "text": text_of(Path(path))}
+
+
+def litdata_pack(root: Path, out: Path) -> None:
+    import litdata
+
+    litdata.optimize(
+        fn=litdata_item,
+        inputs=[str(p) for p in flac_files(root)],
+        output_dir=str(out),
+        chunk_bytes="64MB",
+        num_workers=1,
+    )
+
+
+def litdata_read(out: Path) -> int:
+    import litdata
+
+    dataset = litdata.StreamingDataset(f"local:{out}")
+    return sum(len(batch) for batch in batches_of(decode(item["flac"]) for item in dataset))
+
+
+PEERS: dict[str, tuple[str, Callable[[Path, Path], None], Callable[[Path], int]]] = {
+    "shardio": ("shardio", shardio_pack, shardio_read),
+    "WebDataset": ("webdataset", webdataset_pack, webdataset_read),
+    "Lhotse Shar": ("lhotse", lhotse_pack, lhotse_read),
+    "LitData": ("litdata", litdata_pack, litdata_read),
+}
+
+
+def version(module: str) -> str | None:
+    try:
+        return str(getattr(__import__(module), "__version__", "?"))
+    except ImportError:
+        return None
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process (its threads too) and of its children that ended (LitData's workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def timed(action: Callable[[], object]) -> tuple[float, float, object]:
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    result = action()
+    return time.perf_counter() - wall, cpu_seconds() - cpu, result
+
+
+def measure(root: Path, work: Path, rounds: int) -> dict[str, Any]:
+    present = {name: peer for name, peer in PEERS.items() if version(peer[0]) is not None}
+    files = flac_files(root)
+    for path in files:
+        path.read_bytes()
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in present}
+    sizes: dict[str, int] = {}
+    names = list(present)
+    for number in range(rounds + 1):  # round 0 warms up
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            _, pack, read = present[name]
+            out = work / name.replace(" ", "_")
+            shutil.rmtree(out, ignore_errors=True)
+            pack_wall, pack_cpu, _ = timed(lambda pack=pack, out=out: pack(root, out))  # type: ignore[misc]
+            read_wall, read_cpu, samples = timed(lambda read=read, out=out: read(out))  # type: ignore[misc]
+            assert samples == len(files), (name, samples, len(files))
+            sizes[name] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            if number:
+                for key, value in (
+                    ("pack_wall", pack_wall),
+                    ("pack_cpu", pack_cpu),
+                    ("read_wall", read_wall),
+                    ("read_cpu", read_cpu),
+                ):
+                    figures[name].setdefault(key, []).append(value)
+    return {
+        name: {
+            **{key: statistics.median(values) for key, values in figures[name].items()},
+            "samples_per_cpu_s": len(files) / statistics.median(figures[name]["read_cpu"]),
+            "samples_per_wall_s": len(files) / statistics.median(figures[name]["read_wall"]),
+            "output_mb": sizes[name] / 1e6,
+        }
+        for name in present
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# shardio and its peers",
+        "",
+        f"`python benchmarks/peers.py{' --quick' if report['quick'] else ''}` on {report['date']}, "
+        f"{report['machine']}; {report['corpus']}; medians of {report['rounds']} alternated rounds.",
+        "",
+        "| peer | version | pack wall s | pack CPU s | output MB | read per CPU-s | read per wall-s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in report["peers"].items():
+        lines.append(
+            f"| {name} | {report['versions'][name]} | {r['pack_wall']:.2f} | {r['pack_cpu']:.2f} | "
+            f"{r['output_mb']:.1f} | {r['samples_per_cpu_s']:.0f} | {r['samples_per_wall_s']:.0f} |"
+        )
+    absent = [name for name, v in report["versions"].items() if v is None]
+    if absent:
+        lines += ["", f"Absent (not importable here): {', '.join(absent)}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one round, a smaller generated corpus")
+    parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac files")
+    parser.add_argument("--corpora", type=Path, default=SHARED, help="the shared corpora (../shared/corpora)")
+    args = parser.parse_args()
+    rounds = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory(prefix="shardio-peers-") as tmp:
+        work = Path(tmp)
+        lj = args.corpora / "ljspeech_coqui" / "wavs"
+        if args.corpus is not None:
+            root, about = args.corpus.resolve(), f"corpus: {args.corpus.name}"
+        elif lj.is_dir():
+            root = work / "ljspeech-flac"
+            root.mkdir()
+            for path in sorted(lj.glob("*.flac")):
+                (root / path.name).symlink_to(path)
+            about = "corpus: LJ Speech FLAC clips (22.05 kHz)"
+        else:
+            count = 50 if args.quick else 300
+            root = work / "synthetic-flac"
+            make_corpus(root, num_files=count, formats=("flac",), min_seconds=2.0, max_seconds=16.0)
+            about = f"corpus: {count} generated FLAC (shardio.synth), 2-16 s"
+        hours = sum(soundfile.info(str(p)).duration for p in flac_files(root)) / 3600
+        about += f", {len(flac_files(root))} files, {hours:.2f} h"
+        print(about, file=sys.stderr)
+        peers = measure(root, work / "out", rounds)
+    report = dict(
+        benchmark="peers",
+        quick=args.quick,
+        rounds=rounds,
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        corpus=about,
+        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average "
+        f"{os.getloadavg()[0]:.1f} at the end",
+        versions={name: version(module) for name, (module, _, _) in PEERS.items()},
+        peers=peers,
+    )
+    write_results(RESULTS, "peers", report, markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
