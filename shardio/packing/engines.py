@@ -25,13 +25,12 @@ from ..shards.index import INDEX_JSON
 from .merging import merge_partitions
 from .output import Output
 from .pack import PackSummary, default_workers
+from .partfiles import PARTS_DIR, part_dir, remove_parts
 from .partitions import (
     DEFAULT_PARTITION_BYTES,
-    PARTS_DIR,
     PackOptions,
     PartitionPlan,
     pack_partition,
-    part_dir,
     partition_done,
     plan_partitions,
 )
@@ -226,7 +225,7 @@ def _remove_uncommitted(output: Output, partitions: int, created: bool) -> None:
     when the run made it and nothing else is left in it."""
     if any(output.exists(f"{part_dir(number)}/{INDEX_JSON}") for number in range(partitions)):
         return
-    output.remove_tree(PARTS_DIR)
+    remove_parts(output, partitions)
     if created:
         with contextlib.suppress(OSError):
             os.rmdir(output.root)

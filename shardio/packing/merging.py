@@ -6,8 +6,8 @@ refuses a part that another plan packed (its report names another plan, or it ho
 plan gives that partition), joins the parts in partition order (never completion order), so the result does
 not depend on which engine ran the partitions, renumbers their shards and audio formats, checks keys are
 unique over the whole dataset, writes the rejected inputs (``on_error="skip"``), the columns file and then
-``index.json``, and removes ``_parts``. Under ``on_error="raise"`` a part with rejected inputs is uncommitted
-again and nothing is written.
+``index.json``, and removes what the plan wrote under ``_parts`` (:mod:`shardio.packing.partfiles`). Under
+``on_error="raise"`` a part with rejected inputs is uncommitted again and nothing is written.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ..errors import FormatError, InputError, InputProblem, shown, shown_path
 from ..shards.index import INDEX_COLUMNS, INDEX_JSON, Index
 from ..shards.keys import Keys
 from .pack import REJECTED_FILE
-from .partitions import PARTS_DIR, PartitionPlan, part_dir, partition_done
+from .partfiles import PartReport, part_dir, read_report, remove_part, remove_parts
+from .partitions import PartitionPlan, partition_done
 
 __all__ = ["merge_partitions"]
 
@@ -49,12 +50,12 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
                 "part; pack it before merging"
             )
         part = Index.load(output.path(part_dir(number)), plan.storage_options)
-        report = json.loads(output.read(f"{part_dir(number)}/report.json"))
+        report = read_report(output, number, len(plan.partitions[number]))
         _check_part(plan, number, report, list(part.keys))
-        problems.extend(InputProblem(**p) for p in report["problems"])
-        if report["problems"]:
+        problems.extend(report.problems)
+        if report.problems:
             failed.append(number)
-        input_bytes += int(report["input_bytes"])
+        input_bytes += report.input_bytes
         remap = np.array([_format_id(formats, f) for f in part.formats] or [0], dtype=np.uint8)
         for name, column in part.columns.items():
             if name == "shard":
@@ -66,7 +67,7 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
         keys.extend(part.keys)
     if problems and plan.options.on_error == "raise":
         for number in failed:  # uncommitted again: a re-run after the inputs are mended packs them anew
-            output.remove_tree(part_dir(number))
+            remove_part(output, number)
         raise InputError(problems)
     if not keys:
         raise InputError(problems or [InputProblem(out, "", "no sample was packed")])
@@ -101,25 +102,25 @@ def merge_partitions(plan: PartitionPlan) -> tuple[Index, list[InputProblem], in
             output.publish(os.path.join(local, INDEX_JSON), INDEX_JSON)
     else:
         merged.save(out)
-    output.remove_tree(PARTS_DIR)
+    remove_parts(output, len(plan.partitions))
     return merged, problems, input_bytes
 
 
-def _check_part(plan: PartitionPlan, number: int, report: dict[str, Any], keys: list[str]) -> None:
+def _check_part(plan: PartitionPlan, number: int, report: PartReport, keys: list[str]) -> None:
     """Refuse a committed part that another plan packed: its report names another plan, or its samples are not
     this plan's partition ``number`` (less its rejected inputs), which merged would lose or repeat samples."""
     where = shown_path(plan.output.path(part_dir(number)))
     shards = shown_path(plan.output.path(f"{plan.options.prefix}-{number:05d}-*"))
     redo = f"remove {where} and its shards {shards}, and pack again (only that partition is packed anew)"
-    recorded = report.get("plan") or ""
+    recorded = report.plan
     if recorded and plan.fingerprint and recorded != plan.fingerprint:
         raise FormatError(
             f"{where}: partition {number} was packed by another plan ({shown(recorded)}, this plan is "
             f"{plan.fingerprint}): an earlier run's task committed it; {redo}"
         )
-    if report["problems"] and plan.options.on_error == "raise":
+    if report.problems and plan.options.on_error == "raise":
         return  # not merged: removed with the error that lists its problems
-    rejected = {problem["key"] for problem in report["problems"]}
+    rejected = {problem.key for problem in report.problems}
     expected = [task.key for task in plan.partitions[number] if task.key not in rejected]
     if keys != expected:
         have, want = set(keys), set(expected)

@@ -6,14 +6,17 @@ index part's ``index.json`` last: a reader that sees that file sees the whole pa
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
-import shutil
+import stat
 from typing import Any
 
+from ..errors import FormatError, shown_path
 from ..shards.journal import JournalEntry, matches
 from ..storage.files import check_output_file, filesystem, is_url, join, read_bytes, write_atomic
+from ..storage.statefiles import MAX_STATE_FILE_BYTES, parse_state_json, read_state_bytes
 
 __all__ = ["Output", "output_root"]
 
@@ -46,9 +49,21 @@ class Output:
         fs, _ = self._fs()
         return bool(fs.exists(self.path(name)))
 
-    def read(self, name: str) -> bytes:
-        """The bytes of ``name`` (``FileNotFoundError`` when absent)."""
-        return read_bytes(self.path(name), self.storage_options)
+    def read(self, name: str, what: str = "file", most: int = MAX_STATE_FILE_BYTES) -> bytes:
+        """The bytes of ``name``, a ``what``, read as untrusted data: locally a regular file only (a FIFO is
+        never waited on), at most ``most`` bytes; else a :class:`~shardio.errors.FormatError` naming it."""
+        if not self.remote:
+            return read_state_bytes(self.path(name), most, what=what, error=FormatError)
+        data = read_bytes(self.path(name), self.storage_options)
+        if len(data) > most:
+            raise FormatError(f"{shown_path(self.path(name))}: more than the {most} bytes a {what} may hold")
+        return data
+
+    def load_json(self, name: str, what: str, most: int = MAX_STATE_FILE_BYTES) -> Any:
+        """The JSON document in ``name`` (see :meth:`read`), its nesting and values bounded before it is
+        parsed (:func:`~shardio.storage.statefiles.parse_state_json`)."""
+        data = self.read(name, what, most)
+        return parse_state_json(data, self.path(name), what=what, error=FormatError)
 
     def write(self, name: str, data: bytes) -> None:
         """Write ``name`` whole (atomically on a local disk; one put on an object store)."""
@@ -96,11 +111,20 @@ class Output:
         fs, _ = self._fs()
         return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(self.path(pattern)))
 
-    def remove_tree(self, name: str) -> None:
-        """Remove the folder ``name`` and everything under it, if there."""
+    def remove_file(self, name: str) -> None:
+        """Remove the file ``name`` if there; locally only a regular file (a link, a FIFO or a folder put
+        under a name shardio writes is not its file, and is left in place)."""
         if not self.remote:
-            shutil.rmtree(self.path(name), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(self.path(name)).st_mode):
+                    os.remove(self.path(name))
             return
         fs, _ = self._fs()
-        if fs.exists(self.path(name)):
-            fs.rm(self.path(name), recursive=True)
+        if fs.isfile(self.path(name)):
+            fs.rm_file(self.path(name))
+
+    def remove_empty_dir(self, name: str) -> None:
+        """Remove the folder ``name`` if it is empty (an object store has no folders: nothing to do)."""
+        if not self.remote:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path(name))

@@ -38,6 +38,7 @@ from ..shards.writer import ShardWriter
 from .keys import assign_keys
 from .listing import list_corpus
 from .output import Output, output_root
+from .partfiles import PARTS_DIR, PLAN_FILE, part_dir, read_plan_fingerprint
 from .preparation import Task, prepare
 from .source import AUDIO_EXTENSIONS, Source
 from .structure import DEFAULT_VALIDATE
@@ -56,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PARTS_DIR = "_parts"
 DEFAULT_PARTITION_BYTES = 2 * 10**9
 """Estimated output bytes of one partition when ``partition_bytes`` is not given."""
 _SEGMENT_BYTES_PER_SECOND = 32_000  # a segment's estimate: 16 kHz 16-bit mono
@@ -218,9 +218,9 @@ def plan_partitions(
     )
     text = plan.to_json()
     plan.fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-    name = f"{PARTS_DIR}/plan.json"
+    name = PLAN_FILE
     if output.exists(name):
-        recorded = json.loads(output.read(name)).get("fingerprint")
+        recorded = read_plan_fingerprint(output)
         if recorded != plan.fingerprint:
             raise OptionError(
                 f"{shown_path(output.path(name))}: an earlier run planned other inputs or options (plan "
@@ -242,11 +242,6 @@ def plan_partitions(
         )
     logger.info("planned %d inputs in %d partitions (plan %s)", len(tasks), len(partitions), plan.fingerprint)
     return plan
-
-
-def part_dir(number: int) -> str:
-    """Where partition ``number``'s index part and report go, relative to the output directory."""
-    return f"{PARTS_DIR}/{number:05d}"
 
 
 def partition_done(plan: PartitionPlan | PartitionJob, number: int) -> bool:

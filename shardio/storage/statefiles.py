@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StateError, shown
+from ..errors import ShardioError, StateError, shown
 from .localshard import NotRegular, open_regular
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_STATE_FILE_DEPTH",
     "MAX_STATE_FILE_VALUES",
     "load_state_file",
+    "parse_state_json",
     "read_state_bytes",
 ]
 
@@ -48,38 +49,44 @@ _MARKS[[ord(c) for c in '"[]{},']] = True
 _CHUNK = 1 << 20
 
 
-def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
+def read_state_bytes(
+    path: str,
+    most: int = MAX_STATE_FILE_BYTES,
+    *,
+    what: str = "loader state",
+    error: type[ShardioError] = StateError,
+) -> bytes:
     """The bytes of the regular file at ``path``, at most ``most`` of them.
 
     Args:
         path: the state file (symlinks followed).
         most: the largest size read.
+        what: what the file holds, for messages (another small JSON file shardio wrote, read as untrusted
+            data the same way: a partitioned pack's plan and reports).
+        error: the error raised.
 
     Returns:
         The file's bytes.
 
     Raises:
-        StateError: where ``path`` cannot be opened, is not a regular file (a FIFO, a device, a directory, a
-            socket: none is opened for reading, so none blocks), or holds more than ``most`` bytes.
+        StateError: (or ``error``) where ``path`` cannot be opened, is not a regular file (a FIFO, a device, a
+            directory, a socket: none is opened for reading, so none blocks), or holds more than ``most``
+            bytes.
     """
     try:
         fd, size = open_regular(path)
     except NotRegular as exc:
-        raise StateError(
-            f"{shown(path, 200)}: it is {exc}, not a regular file: a saved state is read from a "
-            "regular file only"
+        raise error(
+            f"{shown(path, 200)}: it is {exc}, not a regular file: a {what} is read from a regular file only"
         ) from None
     except OSError as exc:
-        raise StateError(
-            f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
+        raise error(
+            f"{shown(path, 200)}: cannot read a {what} ({exc.__class__.__name__}: "
             f"{shown(exc.strerror or str(exc), 200)})"
         ) from None
     try:
         if size > most:
-            raise StateError(
-                f"{shown(path, 200)}: {size} bytes, more than the {most} a saved loader state "
-                "may hold: not a state file"
-            )
+            raise error(f"{shown(path, 200)}: {size} bytes, more than the {most} a {what} file may hold")
         parts, got = [], 0
         while got <= most:
             part = os.read(fd, min(1 << 20, most + 1 - got))
@@ -88,16 +95,15 @@ def read_state_bytes(path: str, most: int = MAX_STATE_FILE_BYTES) -> bytes:
             parts.append(part)
             got += len(part)
     except OSError as exc:
-        raise StateError(
-            f"{shown(path, 200)}: cannot read a loader state ({exc.__class__.__name__}: "
+        raise error(
+            f"{shown(path, 200)}: cannot read a {what} ({exc.__class__.__name__}: "
             f"{shown(exc.strerror or str(exc), 200)})"
         ) from None
     finally:
         os.close(fd)
     if got > most:
-        raise StateError(
-            f"{shown(path, 200)}: more than the {most} bytes a saved loader state may hold (it "
-            "grew while read): not a state file"
+        raise error(
+            f"{shown(path, 200)}: more than the {most} bytes a {what} file may hold (it grew while read)"
         )
     return b"".join(parts)
 
@@ -125,35 +131,55 @@ def _shape(data: bytes) -> tuple[int, int]:
     return deepest, values
 
 
-def load_state_file(path: str) -> Any:
-    """The JSON document in the state file at ``path``, read by :func:`read_state_bytes` and parsed only when
-    its nesting and values are within :data:`MAX_STATE_FILE_DEPTH` and :data:`MAX_STATE_FILE_VALUES`.
+def load_state_file(path: str, *, what: str = "loader state", error: type[ShardioError] = StateError) -> Any:
+    """The JSON document in the state file at ``path``, read by :func:`read_state_bytes` and parsed by
+    :func:`parse_state_json`.
 
     Args:
         path: the state file.
+        what: what the file holds, for messages (see :func:`read_state_bytes`).
+        error: the error raised.
 
     Returns:
         The parsed document (whether it is a state is :func:`shardio.state.job_state`'s to say).
 
     Raises:
-        StateError: the file is not a regular file, is too large, nested too deep, holds too many values, or
-            is not JSON text.
+        StateError: (or ``error``) the file is not a regular file, is too large, nested too deep, holds too
+            many values, or is not JSON text.
     """
-    data = read_state_bytes(path)
+    return parse_state_json(read_state_bytes(path, what=what, error=error), path, what=what, error=error)
+
+
+def parse_state_json(
+    data: bytes, where: str, *, what: str = "loader state", error: type[ShardioError] = StateError
+) -> Any:
+    """The JSON document in ``data`` (read from ``where``, a path or URL), parsed only when its nesting and
+    values are within :data:`MAX_STATE_FILE_DEPTH` and :data:`MAX_STATE_FILE_VALUES`.
+
+    Args:
+        data: the file's bytes.
+        where: the file, for messages.
+        what: what the file holds, for messages.
+        error: the error raised.
+
+    Returns:
+        The parsed document.
+
+    Raises:
+        StateError: (or ``error``) ``data`` is nested too deep, holds too many values, or is not JSON text.
+    """
     depth, values = _shape(data)
     if depth > MAX_STATE_FILE_DEPTH:
-        raise StateError(
-            f"{shown(path, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a loader state"
-        )
+        raise error(f"{shown(where, 200)}: JSON nested more than {MAX_STATE_FILE_DEPTH} deep: not a {what}")
     if values > MAX_STATE_FILE_VALUES:
-        raise StateError(
-            f"{shown(path, 200)}: about {values} JSON values, more than the "
-            f"{MAX_STATE_FILE_VALUES} a loader state file may hold"
+        raise error(
+            f"{shown(where, 200)}: about {values} JSON values, more than the "
+            f"{MAX_STATE_FILE_VALUES} a {what} file may hold"
         )
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # ValueError: UnicodeDecodeError and JSONDecodeError
-        raise StateError(
-            f"{shown(path, 200)}: cannot read a JSON loader state ({exc.__class__.__name__}: "
+        raise error(
+            f"{shown(where, 200)}: cannot read a JSON {what} ({exc.__class__.__name__}: "
             f"{shown(str(exc), 200)})"
         ) from None
