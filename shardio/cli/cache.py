@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ..errors import OptionError
+from ..errors import OptionError, shown_path
 from .argtypes import at_least, non_negative
 
 __all__ = ["add_cache"]
@@ -109,5 +109,5 @@ def _run_cache(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         entries = 0
     pruned = f"; pruned {removed} files" if args.prune else ""
-    print(f"{directory}: {entries} shards, {cache.used_bytes()} bytes{pruned}")
+    print(f"{shown_path(directory)}: {entries} shards, {cache.used_bytes()} bytes{pruned}")
     return 0

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import OptionError
+from ..errors import OptionError, shown_path
 
 __all__ = ["OUT_HELP", "STATE_HELP", "add_quarantine", "add_trace", "counted_from"]
 
@@ -223,7 +223,7 @@ def _run_quarantine(args: argparse.Namespace) -> int:
     written = write_checkpoint(checkpoint, healed, args.out)  # --out may be --state: never half-written
     rows = quarantine_report(healed)
     print(
-        f"quarantined {len(rows)} samples; resume from {args.out} (the state at "
+        f"quarantined {len(rows)} samples; resume from {shown_path(args.out)} (the state at "
         f"{_place(checkpoint, written)})"
     )
     for row in rows:
@@ -300,4 +300,4 @@ def _from_zero(global_step: int, base: int) -> int:
 
 def _place(checkpoint: Any, written: str) -> str:
     """Where the new state is in the file written, in words (``out.pt['loader']``)."""
-    return written + "".join(f"[{key!r}]" for key in checkpoint.where or ())
+    return shown_path(written) + "".join(f"[{key!r}]" for key in checkpoint.where or ())

@@ -74,11 +74,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     summary = run_demo(args.out_dir, num_files=args.files, workers=args.workers)
     print(
         f"corpus:   {summary['files']} synthetic utterances, {summary['hours'] * 60:.1f} min, in "
-        f"{summary['corpus_dir']} ({summary['synth_seconds']:.1f} s)"
+        f"{shown_path(summary['corpus_dir'])} ({summary['synth_seconds']:.1f} s)"
     )
     print(
         f"packed:   {summary['shards']} zstd shards, {summary['bytes'] / 1e6:.1f} MB, in "
-        f"{summary['dataset_dir']} ({summary['pack_seconds']:.1f} s)"
+        f"{shown_path(summary['dataset_dir'])} ({summary['pack_seconds']:.1f} s)"
     )
     print(
         f"read:     {summary['read_back_samples']} samples in {summary['read_back_batches']} batches "
@@ -88,7 +88,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"resumed:  interrupted at batch {summary['resumed_at_batch']}, resumed from the saved state: "
         f"the same keys as an uninterrupted epoch ({summary['read_back_seconds']:.1f} s)"
     )
-    print(f"next:     shardio inspect {summary['dataset_dir']}")
+    print(f"next:     shardio inspect {shown_path(summary['dataset_dir'])}")
     return 0
 
 
@@ -134,7 +134,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         command=command,
     )
-    print(f"results: {args.out_dir}/bench.json, bench.md, bench.png")
+    print(f"results: {shown_path(os.path.join(args.out_dir, 'bench.json'))}, bench.md, bench.png")
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from ..errors import OptionError
+from ..errors import OptionError, shown_path
 from .ledger import OUT_HELP, STATE_HELP
 
 __all__ = ["add_remix"]
@@ -92,7 +92,7 @@ def _run_remix(args: argparse.Namespace) -> int:
     ]  # this re-mix's rows
     print(
         f"re-mixed at epoch {event[0]['epoch']} step {event[0]['step']} ({event[0]['at']}); resume from "
-        f"{args.out}"
+        f"{shown_path(args.out)}"
     )
     for row in event:
         extra = (

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..errors import OptionError
+from ..errors import OptionError, shown_path
 
 __all__ = ["add_index", "add_inspect", "add_verify"]
 
@@ -80,9 +80,9 @@ def _run_verify(args: argparse.Namespace) -> int:
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
-        print(f"{args.directory}: {len(problems)} problems", file=sys.stderr)
+        print(f"{shown_path(args.directory)}: {len(problems)} problems", file=sys.stderr)
         return 1
-    print(f"{args.directory}: OK")
+    print(f"{shown_path(args.directory)}: OK")
     return 0
 
 
@@ -144,7 +144,7 @@ def _run_index(args: argparse.Namespace) -> int:
             )
         for directory in args.shards:
             upgraded = upgrade_index(directory)
-            print(f"{directory}: index format {upgraded}")
+            print(f"{shown_path(directory)}: index format {upgraded}")
         return 0
     if args.nemo_manifest is not None:
         from ..integrations.importers.nemo_index import index_nemo
@@ -163,6 +163,6 @@ def _run_index(args: argparse.Namespace) -> int:
         )
     print(
         f"indexed {len(index)} samples ({index.total_duration / 3600:.3f} h) in {len(index.shards)} shards "
-        f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {index.root}"
+        f"({', '.join(sorted({s.codec for s in index.shards}))}); index written to {shown_path(index.root)}"
     )
     return 0

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OutputError, StateError, shown
+from ..errors import OutputError, StateError, shown, shown_path
 from ..jobstate import job_state
 from ..storage.files import write_atomic
 from ..storage.foldercopy import staged_folder_copy
@@ -153,7 +153,7 @@ def write_checkpoint(checkpoint: Checkpoint, state: Mapping[str, Any], out: str)
             _write_state_file(container, os.path.join(copy, name))
         return os.path.join(out, name)
     except OSError as exc:
-        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write {shown_path(out)}: {exc.strerror or exc}") from None
 
 
 def _head(path: str) -> bytes:
@@ -163,13 +163,14 @@ def _head(path: str) -> bytes:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
             raise StateError(
-                f"{path}: {kind(mode)}, not a regular file: a loader state must be a regular file or "
+                f"{shown_path(path)}: {kind(mode)}, not a regular file: a loader state must be a "
+                "regular file or "
                 "an Accelerate checkpoint directory"
             )
         with open(path, "rb") as handle:
             return handle.read(4)
     except OSError as exc:
-        raise StateError(f"{path}: cannot read a loader state ({exc.strerror or exc})") from None
+        raise StateError(f"{shown_path(path)}: cannot read a loader state ({exc.strerror or exc})") from None
 
 
 def _torch_load(path: str, *, mmap: bool) -> Any:
@@ -178,10 +179,11 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
     import torch
 
     if not os.path.isfile(path):
-        raise StateError(f"{path}: a checkpoint must be a regular file")
+        raise StateError(f"{shown_path(path)}: a checkpoint must be a regular file")
     if not mmap and os.path.getsize(path) > MAX_LEGACY_BYTES:
         raise StateError(
-            f"{path}: a torch.save file of the pre-zip format larger than {MAX_LEGACY_BYTES} bytes "
+            f"{shown_path(path)}: a torch.save file of the pre-zip format larger than "
+            f"{MAX_LEGACY_BYTES} bytes "
             "(it would be read whole): save it with torch.save's default format"
         )
     if mmap:
@@ -191,7 +193,7 @@ def _torch_load(path: str, *, mmap: bool) -> Any:
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, AttributeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StateError(
-            f"{path}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
+            f"{shown_path(path)}: cannot read it with torch.load(weights_only=True) (only tensors and plain "
             f"values are read from a checkpoint, nothing is executed): {shown(reason[:300])}"
         ) from None
 

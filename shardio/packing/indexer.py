@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..errors import OptionError, ReadError
+from ..errors import OptionError, ReadError, shown_path
 from ..shards.builder import IndexBuilder
 from ..shards.index import INDEX_COLUMNS_V1, INDEX_JSON, Index, ShardInfo
 from ..shards.indexheader import FORMAT_VERSION, METADATA_VERSION, UPGRADE_FIELDS, UPGRADED_FROM
@@ -64,7 +64,8 @@ def build_index(
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
         raise OptionError(
-            f"{root} already holds an index ({INDEX_JSON}); replacing it would change the dataset "
+            f"{shown_path(root)} already holds an index ({INDEX_JSON}); replacing it would "
+            "change the dataset "
             "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
             "replace it, or --out to write the new index elsewhere"
         )
@@ -131,9 +132,9 @@ def build_index(
         logger.warning(
             "%s: %d shards lie outside the index's directory (first: %s): load this dataset "
             "with Index.load(..., allow_outside_root=True), or --allow-outside-root",
-            root,
+            shown_path(root),
             len(outside),
-            outside[0],
+            shown_path(outside[0]),
         )
     return index
 
@@ -147,8 +148,10 @@ def _check_shard_list(paths: list[str]) -> None:
         _check_shard_file(path)
         real = os.path.realpath(path)
         if real in seen:
-            same = "" if seen[real] == path else f" (as {seen[real]})"
-            raise OptionError(f"{path}: this shard is given twice{same}; each shard is indexed once")
+            same = "" if seen[real] == path else f" (as {shown_path(seen[real])})"
+            raise OptionError(
+                f"{shown_path(path)}: this shard is given twice{same}; each shard is indexed once"
+            )
         seen[real] = path
 
 
@@ -158,12 +161,12 @@ def _check_shard_file(path: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise ReadError(f"{path}: no such shard file") from None
+        raise ReadError(f"{shown_path(path)}: no such shard file") from None
     except OSError as exc:
-        raise ReadError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
+        raise ReadError(f"{shown_path(path)}: cannot read the shard ({exc.strerror or exc})") from None
     problem = not_regular(mode)
     if problem is not None:
-        raise ReadError(f"{path}: cannot read the shard: {problem}; expected a shard file")
+        raise ReadError(f"{shown_path(path)}: cannot read the shard: {problem}; expected a shard file")
 
 
 def _repeated_keys(shard_keys: list[str], earlier: set[str]) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import shown_path
 from ..shards.index import Index
 
 __all__ = ["HISTOGRAM_EDGES", "inspect_dataset", "render_report"]
@@ -70,7 +71,7 @@ def render_report(report: dict[str, Any], width: int = 40) -> str:
 
     stats = report["duration"]
     lines = [
-        f"dataset      {report['root']}",
+        f"dataset      {shown_path(report['root'])}",
         f"fingerprint  {report['fingerprint']}",
         f"shards       {report['shards']} ({listing(report['codecs'])}), {report['bytes'] / 1e6:.1f} MB",
         f"samples      {report['samples']}",

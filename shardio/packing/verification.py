@@ -19,7 +19,7 @@ from typing import IO
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import OptionError, ShardioError
+from ..errors import OptionError, ShardioError, shown_path
 from ..reading.decode import decode_audio
 from ..reading.reader import Reader
 from ..shards.index import Index
@@ -51,14 +51,14 @@ def verify_dataset(
     if directory.startswith("file://"):
         directory = directory.removeprefix("file://").removeprefix("localhost")  # as Index.load reads it
     if not is_url(os.fspath(directory)) and not os.path.exists(directory):
-        raise OptionError(f"{directory}: no such dataset directory or index file")
+        raise OptionError(f"{shown_path(directory)}: no such dataset directory or index file")
     if (
         not is_url(os.fspath(directory))
         and not os.path.isdir(directory)
         and os.path.basename(os.fspath(directory)) != "index.json"
     ):
         raise OptionError(
-            f"{directory}: a file, not a dataset directory; expected a directory holding "
+            f"{shown_path(directory)}: a file, not a dataset directory; expected a directory holding "
             "index.json, or that index.json"
         )
     try:
@@ -120,13 +120,16 @@ def _verify_shard(index: Index, reader: Reader, number: int, rows: np.ndarray, d
             fd, size = open_regular(path)
             digest = _sha256(os.fdopen(fd, "rb"), size)
     except FileNotFoundError:
-        yield f"{shard.name}: the shard file is missing ({path})"
+        yield f"{shard.name}: the shard file is missing ({shown_path(path)})"
         return
     except (NotRegular, IsADirectoryError) as exc:
         if isinstance(exc, NotRegular) and not exc.directory:
-            yield f"{shard.name}: not a regular file ({exc}: {path}); expected the shard file"
+            yield f"{shard.name}: not a regular file ({exc}: {shown_path(path)}); expected the shard file"
         else:
-            yield f"{shard.name}: a directory is where the shard file should be ({path}); expected a file"
+            yield (
+                f"{shard.name}: a directory is where the shard file should be "
+                f"({shown_path(path)}); expected a file"
+            )
         return
     except (OSError, ShardioError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, shown_path
 from ..storage.files import is_url, joiner, write_atomic
 from . import indexchecks, indexfile, indexheader
 from .columns import COLUMNS, STREAM_CODECS
@@ -309,7 +309,7 @@ class Index:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(
-                f"{parts.json_path}: index header has a missing or malformed field ({exc})"
+                f"{shown_path(parts.json_path)}: index header has a missing or malformed field ({exc})"
             ) from None
         check_loaded(index, parts, allow_outside_root)
         index._digested = True

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, ReadError
+from ..errors import FormatError, ReadError, shown_path
 from ..storage.files import escapes_root, file_size, is_url, read_bytes
 from ..storage.localshard import NotRegular, open_regular
 from .metadata import check_size
@@ -101,7 +101,7 @@ def check_shard_name(name: str, where: str, *, allow_outside_root: bool) -> None
                 "spans directories)"
             )
         )
-        raise FormatError(f"{where}: shard name {shown_name(name)} {problem}{hint}")
+        raise FormatError(f"{shown_path(where)}: shard name {shown_name(name)} {problem}{hint}")
 
 
 def check_confined(root: str, names: list[str], where: str) -> None:
@@ -119,7 +119,7 @@ def check_confined(root: str, names: list[str], where: str) -> None:
         resolved = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([base, resolved]) != base:
             raise FormatError(
-                f"{where}: shard {shown_name(name)} resolves (through a symbolic link) to a file "
+                f"{shown_path(where)}: shard {shown_name(name)} resolves (through a symbolic link) to a file "
                 "outside the dataset root; load it with allow_outside_root=True if you trust "
                 "this dataset"
             )
@@ -139,7 +139,7 @@ def check_columns_file(name: object, where: str) -> str:
     ):
         shown = shown_name(name) if isinstance(name, str) else type(name).__name__
         raise FormatError(
-            f"{where}: 'columns_file' must be a plain file name in the dataset root, not {shown}"
+            f"{shown_path(where)}: 'columns_file' must be a plain file name in the dataset root, not {shown}"
         )
     return name
 
@@ -149,7 +149,7 @@ def columns_size_bound(samples: object, where: str, meta_bytes: object = None) -
     ``meta_bytes`` of per-sample metadata (the header's claim, itself bounded by the sample count)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 1 << 40:
         raise FormatError(
-            f"{where}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
+            f"{shown_path(where)}: 'samples' must be a non-negative integer, not {type(samples).__name__} "
             f"{samples if isinstance(samples, int) else ''}".rstrip()
         )
     meta = 0 if meta_bytes is None else 8 * samples + check_size(samples, meta_bytes, where)
@@ -165,10 +165,11 @@ def check_local_columns(root: str, path: str, bound: int, where: str) -> None:
         return  # the read reports it
     if _outside(root, path):
         raise FormatError(
-            f"{where}: the columns file resolves (through a symbolic link) to a file outside the dataset root"
+            f"{shown_path(where)}: the columns file resolves (through a symbolic link) to a file "
+            "outside the dataset root"
         )
     if not stat.S_ISREG(info.st_mode):
-        raise FormatError(f"{where}: the columns file is not a regular file")
+        raise FormatError(f"{shown_path(where)}: the columns file is not a regular file")
     check_columns_size(info.st_size, bound, where)
 
 
@@ -190,11 +191,11 @@ def _read_regular(root: str, path: str, expected: str, bound: int | None = None)
     try:
         fd, size = open_regular(path)
     except NotRegular as exc:
-        raise FormatError(f"{path}: not a regular file ({exc}); expected {expected}") from None
+        raise FormatError(f"{shown_path(path)}: not a regular file ({exc}); expected {expected}") from None
     try:
         if _outside(root, path):
             raise FormatError(
-                f"{path}: resolves (through a symbolic link) to a file outside the dataset root"
+                f"{shown_path(path)}: resolves (through a symbolic link) to a file outside the dataset root"
             )
         if bound is not None:
             check_columns_size(size, bound, path)
@@ -208,7 +209,7 @@ def check_columns_size(size: int, bound: int, where: str) -> None:
     """A columns file of ``size`` bytes, at most ``bound``."""
     if size > bound:
         raise FormatError(
-            f"{where}: the columns file has {size} bytes, more than the {bound} that the "
+            f"{shown_path(where)}: the columns file has {size} bytes, more than the {bound} that the "
             "sample count in index.json allows"
         )
 
@@ -237,7 +238,7 @@ def check_frames(
         except FormatError:  # the keys cannot be read either
             name = str(first)
         raise FormatError(
-            f"{where}: sample {name} (shard {shown_name(shard)}; {bad.size - 1} more like it) "
+            f"{shown_path(where)}: sample {name} (shard {shown_name(shard)}; {bad.size - 1} more like it) "
             f"claims {int(num_frames[first])} frames x {int(channels[first])} channels in a "
             f"member of {int(member_size[first])} bytes, more than its format can hold"
         )
@@ -252,9 +253,9 @@ def read_columns(root: str, path: str, bound: int, storage_options: dict[str, An
         else:
             payload = _read_regular(root, path, "the index's columns file", bound)
     except FileNotFoundError:
-        raise FormatError(f"{path}: index columns file is missing") from None
+        raise FormatError(f"{shown_path(path)}: index columns file is missing") from None
     except OSError as exc:
-        raise ReadError(f"{path}: cannot be read ({exc})") from None
+        raise ReadError(f"{shown_path(path)}: cannot be read ({exc})") from None
     check_columns_size(len(payload), bound, path)
     return payload
 
@@ -282,23 +283,25 @@ def check_structure(
         column = columns[name]
         if column.dtype != np.dtype(dtype) or column.shape != (n,):
             raise FormatError(
-                f"{where}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
+                f"{shown_path(where)}: column {name!r} has dtype {column.dtype} and shape {column.shape}, "
                 f"expected {np.dtype(dtype)} and ({n},)"
             )
     if n and int(columns["shard"].max()) >= len(table):
         raise FormatError(
-            f"{where}: a sample names shard {int(columns['shard'].max())}, "
+            f"{shown_path(where)}: a sample names shard {int(columns['shard'].max())}, "
             f"but the index lists {len(table)} shards"
         )
     if n and int(columns["format"].max()) >= len(formats):
-        raise FormatError(f"{where}: a sample names an audio format the index does not list")
+        raise FormatError(f"{shown_path(where)}: a sample names an audio format the index does not list")
     if len(table) and int(table.codecs.max()) >= len(CODECS):
-        raise FormatError(f"{where}: shard {table.name(int(table.codecs.argmax()))} has an unknown codec")
+        raise FormatError(
+            f"{shown_path(where)}: shard {table.name(int(table.codecs.argmax()))} has an unknown codec"
+        )
     counts = np.bincount(columns["shard"], minlength=len(table))
     wrong = np.flatnonzero(counts != table.samples)
     if wrong.size:
         number = int(wrong[0])
         raise FormatError(
-            f"{where}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
+            f"{shown_path(where)}: shard {table.name(number)} lists {int(table.samples[number])} samples, "
             f"the columns hold {counts[number]}"
         )

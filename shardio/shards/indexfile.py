@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, ReadError
+from ..errors import FormatError, ReadError, shown_path
 from ..storage.files import is_url
 from ..storage.nodecache import fetch_to_cache
 from . import indexcache
@@ -259,7 +259,9 @@ def _read_all(fd: int, size: int, where: str) -> bytes:
     while offset < size:
         chunk = os.pread(fd, min(size - offset, 1 << 26), offset)
         if not chunk:
-            raise FormatError(f"{where}: the file shrank while it was read ({offset} of {size} bytes)")
+            raise FormatError(
+                f"{shown_path(where)}: the file shrank while it was read ({offset} of {size} bytes)"
+            )
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
@@ -268,7 +270,7 @@ def _read_all(fd: int, size: int, where: str) -> bytes:
 def _count(header: dict[str, Any], name: str, json_path: str) -> int:
     value = header.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FormatError(f"{json_path}: {name!r} must be a non-negative integer, not {value!r}")
+        raise FormatError(f"{shown_path(json_path)}: {name!r} must be a non-negative integer, not {value!r}")
     return value
 
 
@@ -284,7 +286,9 @@ def map_columns(
     meta_bytes = None if "meta_bytes" not in header else check_size(samples, header["meta_bytes"], json_path)
     digest = header.get("columns_sha256")
     if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise FormatError(f"{json_path}: 'columns_sha256' must be a SHA-256 in hex, not {digest!r}")
+        raise FormatError(
+            f"{shown_path(json_path)}: 'columns_sha256' must be a SHA-256 in hex, not {digest!r}"
+        )
     size = columns_bytes(dtypes, samples, key_bytes, meta_bytes)
     local = columns_path
     if is_url(columns_path):
@@ -297,7 +301,7 @@ def map_columns(
                 lambda path: _fits(path, digest),
             )
         except FileNotFoundError:
-            raise FormatError(f"{columns_path}: index columns file is missing") from None
+            raise FormatError(f"{shown_path(columns_path)}: index columns file is missing") from None
     mapped = ColumnsFile(local, dtypes, samples, key_bytes, digest, where=columns_path, meta_bytes=meta_bytes)
     if local != columns_path:
         indexcache.touch(local)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, ReadError
+from ..errors import FormatError, ReadError, shown_path
 from ..storage.files import is_url, read_bytes
 from . import indexchecks
 
@@ -90,22 +90,22 @@ def read_header(root: str, json_path: str, storage_options: dict[str, Any] | Non
         )
     except FileNotFoundError:
         raise FormatError(
-            f"{json_path}: no index here; run 'shardio pack' or 'shardio index' first"
+            f"{shown_path(json_path)}: no index here; run 'shardio pack' or 'shardio index' first"
         ) from None
     except OSError as exc:
         if isinstance(exc, NotADirectoryError) and os.path.isfile(root):
             raise FormatError(
-                f"{root}: a file, not a dataset directory; expected a directory holding "
+                f"{shown_path(root)}: a file, not a dataset directory; expected a directory holding "
                 f"{INDEX_JSON}, or that {INDEX_JSON}"
             ) from None
-        raise ReadError(f"{json_path}: cannot be read ({exc})") from None
+        raise ReadError(f"{shown_path(json_path)}: cannot be read ({exc})") from None
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # not JSON or UTF-8, an int of 4300+ digits, deep nesting
         reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
-        raise FormatError(f"{json_path}: not a valid index file ({reason})") from None
+        raise FormatError(f"{shown_path(json_path)}: not a valid index file ({reason})") from None
     if not isinstance(header, dict) or header.get("format") != "shardio-index":
-        raise FormatError(f"{json_path}: not a shardio index (no 'format: shardio-index')")
+        raise FormatError(f"{shown_path(json_path)}: not a shardio index (no 'format: shardio-index')")
     return header
 
 
@@ -115,12 +115,12 @@ def check_version(header: dict[str, Any], json_path: str) -> int:
     version = header.get("version")
     if isinstance(version, bool) or version not in READ_VERSIONS:
         raise FormatError(
-            f"{json_path}: index format version {version!r}; this shardio reads versions "
+            f"{shown_path(json_path)}: index format version {version!r}; this shardio reads versions "
             f"{', '.join(map(str, READ_VERSIONS))}: rebuild it with 'shardio index'"
         )
     if (version == METADATA_VERSION) != ("meta_bytes" in header):
         raise FormatError(
-            f"{json_path}: a version-{version} index "
+            f"{shown_path(json_path)}: a version-{version} index "
             f"{'must have' if version == METADATA_VERSION else 'cannot have'} 'meta_bytes' "
             "(per-sample metadata is format 3)"
         )
@@ -133,7 +133,8 @@ def columns_file_of(header: dict[str, Any], version: int, json_path: str) -> str
     columns_file = indexchecks.check_columns_file(header.get("columns_file", expected), json_path)
     if columns_file != expected:
         raise FormatError(
-            f"{json_path}: 'columns_file' is {columns_file!r}; a version-{version} index's is {expected!r}"
+            f"{shown_path(json_path)}: 'columns_file' is {columns_file!r}; a version-{version} "
+            f"index's is {expected!r}"
         )
     return columns_file
 

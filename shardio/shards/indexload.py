@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError, OptionError, shown
+from ..errors import FormatError, OptionError, shown, shown_path
 from ..storage.files import is_url, join
 from . import indexchecks, indexfile
 from .indexfile import ColumnsFile
@@ -51,7 +51,9 @@ def read_index(
     if location.startswith("file://"):  # read as the local path it names (links resolved against that)
         location = location.removeprefix("file://").removeprefix("localhost")
         if not location.startswith("/"):
-            raise OptionError(f"file://{location}: a file URL names a path on this machine (file:///path)")
+            raise OptionError(
+                f"{shown_path('file://' + location)}: a file URL names a path on this machine (file:///path)"
+            )
     root = location[: -len(INDEX_JSON) - 1] if location.endswith("/" + INDEX_JSON) else location
     json_path = join(root, INDEX_JSON)
     header = read_header(root, json_path, storage_options)
@@ -77,7 +79,9 @@ def read_index(
             raise TypeError(f"'shards' must be a list, not {type(entries).__name__}")
         shards = ShardTable.of(entries, json_path)
     except (KeyError, TypeError, ValueError) as exc:
-        raise FormatError(f"{json_path}: index header has a missing or malformed field ({exc})") from None
+        raise FormatError(
+            f"{shown_path(json_path)}: index header has a missing or malformed field ({exc})"
+        ) from None
     return IndexParts(root, json_path, columns_path, header, shards, columns, keys, meta, mapped)
 
 
@@ -91,7 +95,8 @@ def check_loaded(index: Any, parts: IndexParts, allow_outside_root: bool) -> Non
     index.validate(json_path)
     if parts.header.get("samples") != len(index):
         raise FormatError(
-            f"{json_path}: 'samples' is {parts.header.get('samples')!r}, the columns hold {len(index)}"
+            f"{shown_path(json_path)}: 'samples' is {parts.header.get('samples')!r}, the columns "
+            f"hold {len(index)}"
         )
     indexchecks.check_frames(index.columns, index.formats, names, json_path, index.key)
     if len(parts.keys) != len(index):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, shown_path
 from . import indexchecks
 from .indexchecks import shown_name
 from .keys import Keys
@@ -33,7 +33,7 @@ def read_format1(
     )
     if hashlib.sha256(payload).hexdigest() != digest:
         raise FormatError(
-            f"{columns_path}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
+            f"{shown_path(columns_path)}: SHA-256 {hashlib.sha256(payload).hexdigest()}, but index.json "
             f"records {digest!r}: the index files do not belong together "
             "or one is damaged; rebuild the index"
         )
@@ -45,7 +45,9 @@ def read_format1(
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged archive
-        raise FormatError(f"{columns_path}: unreadable index columns ({type(exc).__name__}: {exc})") from None
+        raise FormatError(
+            f"{shown_path(columns_path)}: unreadable index columns ({type(exc).__name__}: {exc})"
+        ) from None
     return columns, keys
 
 
@@ -72,17 +74,20 @@ def check_npz(
             header = handle.tell()
         except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types for a damaged archive
             raise FormatError(
-                f"{where}: member {shown_name(info.filename)} is not a numpy array ({type(exc).__name__})"
+                f"{shown_path(where)}: member {shown_name(info.filename)} is not a numpy array "
+                f"({type(exc).__name__})"
             ) from None
         claimed = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize if shape else 0
         if dtype.hasobject or claimed > info.file_size - header:
             raise FormatError(
-                f"{where}: member {shown_name(info.filename)} claims an array of shape {shape} and "
+                f"{shown_path(where)}: member {shown_name(info.filename)} claims an array of "
+                f"shape {shape} and "
                 f"type {dtype} ({claimed} bytes) in {info.file_size - header} bytes"
             )
         limit = limits.get(info.filename)
         if limit is not None and claimed > limit:
             raise FormatError(
-                f"{where}: member {shown_name(info.filename)} claims an array of shape {shape} and "
+                f"{shown_path(where)}: member {shown_name(info.filename)} claims an array of "
+                f"shape {shape} and "
                 f"type {dtype} ({claimed} bytes), more than the {limit} bytes {basis}"
             )

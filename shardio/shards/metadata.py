@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, shown_path
 from .spans import Spans, join_spans
 
 __all__ = [
@@ -49,7 +49,7 @@ def encode_metadata(entries: Sequence[Mapping[str, Any]], where: str = "index") 
         data = json.dumps(dict(entry), ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
         if len(data) > MAX_ENTRY_BYTES:
             raise FormatError(
-                f"{where}: the metadata of sample {number} takes {len(data)} bytes, more than "
+                f"{shown_path(where)}: the metadata of sample {number} takes {len(data)} bytes, more than "
                 f"{MAX_ENTRY_BYTES}"
             )
         encoded.append(data)
@@ -61,10 +61,13 @@ def encode_metadata(entries: Sequence[Mapping[str, Any]], where: str = "index") 
 def check_size(samples: int, meta_bytes: object, where: str) -> int:
     """``meta_bytes`` (the header's claim) as an integer, at most :data:`MAX_BYTES_PER_SAMPLE` per sample."""
     if isinstance(meta_bytes, bool) or not isinstance(meta_bytes, int) or meta_bytes < 0:
-        raise FormatError(f"{where}: 'meta_bytes' must be a non-negative integer, not {meta_bytes!r}")
+        raise FormatError(
+            f"{shown_path(where)}: 'meta_bytes' must be a non-negative integer, not {meta_bytes!r}"
+        )
     if meta_bytes > samples * MAX_BYTES_PER_SAMPLE:
         raise FormatError(
-            f"{where}: 'meta_bytes' is {meta_bytes}, more than {MAX_BYTES_PER_SAMPLE} bytes for each "
+            f"{shown_path(where)}: 'meta_bytes' is {meta_bytes}, more than "
+            f"{MAX_BYTES_PER_SAMPLE} bytes for each "
             f"of the {samples} samples"
         )
     return meta_bytes

@@ -20,7 +20,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..errors import FormatError, shown
+from ..errors import FormatError, shown, shown_path
 from .spans import Spans, join_spans
 
 __all__ = ["CODECS", "ShardInfo", "ShardTable"]
@@ -118,7 +118,7 @@ def _checked(entry: Any, where: str) -> tuple[str, int, str, int, float, int]:
     if not isinstance(codec, str):
         raise TypeError(f"shard {shown(name)}: codec must be a string, not {shown(codec)}")
     if codec not in CODECS:
-        raise FormatError(f"{where}: shard {shown(name)} has unknown codec {shown(codec)}")
+        raise FormatError(f"{shown_path(where)}: shard {shown(name)} has unknown codec {shown(codec)}")
     return name, size, values["sha256"], samples, seconds, CODECS.index(codec)
 
 

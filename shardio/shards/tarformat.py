@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, BinaryIO
 
-from ..errors import FormatError
+from ..errors import FormatError, shown_path
 from .tarencode import BLOCK, END_OF_ARCHIVE, encode_sample
 
 __all__ = [
@@ -56,7 +56,7 @@ def _octal(field: bytes, where: str) -> int:
     """A numeric header field: octal digits, padded with leading spaces (or zeros), ended by NUL or space."""
     match = _OCTAL.fullmatch(field.split(b"\0", 1)[0])
     if match is None:
-        raise FormatError(f"{where}: a numeric field of a tar header is not octal digits")
+        raise FormatError(f"{shown_path(where)}: a numeric field of a tar header is not octal digits")
     return int(match.group(1), 8) if match.group(1) else 0
 
 
@@ -64,14 +64,16 @@ def _check(header: bytes, where: str) -> None:
     stored = _octal(header[148:156], where)
     actual = sum(header) - sum(header[148:156]) + 8 * 32
     if stored != actual:
-        raise FormatError(f"{where}: tar header checksum mismatch: not a tar header, or a damaged one")
+        raise FormatError(
+            f"{shown_path(where)}: tar header checksum mismatch: not a tar header, or a damaged one"
+        )
 
 
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise FormatError(f"{where}: a tar member name ({len(raw)} bytes) is not UTF-8") from None
+        raise FormatError(f"{shown_path(where)}: a tar member name ({len(raw)} bytes) is not UTF-8") from None
 
 
 def _pax_path(data: bytes, where: str) -> str | None:
@@ -85,7 +87,7 @@ def _pax_path(data: bytes, where: str) -> str | None:
         end = pos + length
         if length <= space - pos + 1 or end > len(data) or data[end - 1 : end] != b"\n":
             raise FormatError(
-                f"{where}: malformed pax record at byte {pos} of the extended header "
+                f"{shown_path(where)}: malformed pax record at byte {pos} of the extended header "
                 f"({len(data) - pos} bytes left)"
             )
         name, _, value = data[space + 1 : end - 1].partition(b"=")
@@ -110,10 +112,11 @@ def _walk_headers(
             return
         if len(header) < BLOCK:
             raise FormatError(
-                f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)"
+                f"{shown_path(where)}: truncated tar header at offset {offset} ({len(header)} of "
+                f"{BLOCK} bytes)"
             )
         header = bytes(header)
-        _check(header, f"{where} at offset {offset}")
+        _check(header, f"{where} at offset {offset}")  # escaped where it is shown
         size = _octal(header[124:136], where)
         kind = header[156:157]
         data_offset = offset + BLOCK
@@ -183,14 +186,17 @@ def parse_members(buffer: bytes | memoryview, where: str) -> list[tuple[str, mem
                 break
             if len(header) < BLOCK:
                 raise FormatError(
-                    f"{where}: truncated tar header at offset {offset} ({len(header)} of {BLOCK} bytes)"
+                    f"{shown_path(where)}: truncated tar header at offset {offset} "
+                    f"({len(header)} of {BLOCK} bytes)"
                 )
-            _check(header, f"{where} at offset {offset}")
+            _check(header, f"{where} at offset {offset}")  # escaped where it is shown
             size = _octal(header[124:136], where)
             raw_name, kind, prefix = header[:100], header[156:157], header[345:500]
         start = offset + BLOCK
         if start + size > total:
-            raise FormatError(f"{where}: tar member data runs past the end ({start + size} > {total})")
+            raise FormatError(
+                f"{shown_path(where)}: tar member data runs past the end ({start + size} > {total})"
+            )
         if kind in (b"x", b"L"):
             raw = view[start : start + size].tobytes()
             long_name = _pax_path(raw, where) if kind == b"x" else _text(raw.rstrip(b"\0"), where)
@@ -216,10 +222,12 @@ def split_sample(buffer: bytes | memoryview, key: str, where: str) -> dict[str, 
         # as split_name(name) == (key, ext), given that an indexed key's basename has no "."
         if not name.startswith(key) or name[stem - 1 : stem] != "." or not ext or "/" in ext:
             shown = name if len(name) <= 120 else name[:120] + "..."
-            raise FormatError(f"{where}: found member {shown!r} where the index expects key {key!r}")
+            raise FormatError(
+                f"{shown_path(where)}: found member {shown!r} where the index expects key {key!r}"
+            )
         found[ext] = member
     if not found:
-        raise FormatError(f"{where}: no members at the indexed offset")
+        raise FormatError(f"{shown_path(where)}: no members at the indexed offset")
     return found
 
 
@@ -244,7 +252,8 @@ def _copy_exact(
         data = stream.read(min(_CHUNK, left))
         if not data:
             raise FormatError(
-                f"{where}: truncated tar stream at offset {offset + size - left}, expected {left} more bytes"
+                f"{shown_path(where)}: truncated tar stream at offset {offset + size - left}, "
+                f"expected {left} more bytes"
             )
         sink(data)
         left -= len(data)
@@ -261,7 +270,7 @@ def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
     def read_exact(offset: int, size: int) -> bytes:
         if size > _MAX_NAME_RECORD:
             raise FormatError(
-                f"{where}: an extended header at offset {offset} claims {size} bytes, more "
+                f"{shown_path(where)}: an extended header at offset {offset} claims {size} bytes, more "
                 f"than {_MAX_NAME_RECORD} for a name"
             )
         parts: list[bytes] = []
@@ -276,7 +285,7 @@ def walk(stream: BinaryIO, where: str) -> Iterator[tuple[Member, IO[bytes]]]:
 
     def skip_to(offset: int) -> None:
         if offset < position:
-            raise FormatError(f"{where}: internal walk out of step at offset {offset}")
+            raise FormatError(f"{shown_path(where)}: internal walk out of step at offset {offset}")
         if offset > position:  # padding after the previous member
             gap = offset - position
             _copy_exact(stream, gap, lambda data: None, where, position)

@@ -41,7 +41,7 @@ from typing import Any
 import soundfile as sf
 from tqdm import tqdm
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown_path
 from ...packing.foreignshards import HashingReader
 from ...packing.manifestlines import check_manifest_file
 from ...shards.builder import IndexBuilder
@@ -201,11 +201,12 @@ def index_nemo(
     try:
         check_manifest_file(manifest)
     except FileNotFoundError:
-        raise ReadError(f"{manifest}: no such manifest file") from None
+        raise ReadError(f"{shown_path(manifest)}: no such manifest file") from None
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
         raise OptionError(
-            f"{root} already holds an index ({INDEX_JSON}): pass overwrite=True (--overwrite) to replace it"
+            f"{shown_path(root)} already holds an index ({INDEX_JSON}): pass overwrite=True "
+            "(--overwrite) to replace it"
         )
     problems: list[InputProblem] = []
     by_shard: dict[int, list[ManifestLine]] = {}
