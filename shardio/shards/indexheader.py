@@ -160,13 +160,14 @@ def check_fingerprint(header: Mapping[str, Any], json_path: str) -> str:
                 body[key] = value
     elif before is not None:
         raise FormatError(
-            f"{json_path}: {UPGRADED_FROM!r} may only record the fields an upgrade changes "
+            f"{shown_path(json_path)}: {UPGRADED_FROM!r} may only record the fields an upgrade changes "
             f"({', '.join(UPGRADE_FIELDS)})"
         )
     found = digest(body)
     if stated != found:
         raise FormatError(
-            f"{json_path}: its fingerprint {str(stated)[:40]!r} is not the digest of its header ({found}): "
+            f"{shown_path(json_path)}: its fingerprint {str(stated)[:40]!r} is not the digest of its header "
+            f"({found}): "
             "copied from another dataset's index.json, or the header was edited, so a state saved on another "
             "dataset would resume on this one. Rebuild the index from its shards ('shardio index'; an index "
             "upgraded from format 1 by an older shardio too): it gets its own fingerprint"
