@@ -122,3 +122,35 @@ def test_a_foreign_object_in_a_partition_s_way_is_refused(s3_server: S3Server, t
         with pytest.raises(OptionError, match="a file that is not partition 1's shard"):
             pack_partitioned(corpus, url, storage_options=storage, **options)  # type: ignore[arg-type]
         assert client.get_object(Bucket="data", Key="planted/shard-00001-000000.tar")["Body"].read() == body
+
+
+def test_hostile_part_files_on_s3_are_refused_and_others_kept(s3_server: S3Server, tmp_path: Path) -> None:
+    """On an object store too: a plan.json that is a list or nested 100,000 deep, or a report that is a list,
+    is a FormatError naming it; the merge removes only the objects the plan wrote under _parts."""
+    from shardio.errors import FormatError
+    from shardio.packing.merging import merge_partitions
+    from shardio.packing.partitions import plan_partitions
+
+    corpus = tmp_path / "corpus"
+    make_folder_corpus(corpus, 4, seed=4)
+    storage = s3_server.storage_options
+    client = s3_server.client()
+    url, prefix = "s3://data/hostile", "hostile/_parts"
+    plan = plan_partitions(corpus, url, partition_bytes=1, storage_options=storage)
+    original = client.get_object(Bucket="data", Key=f"{prefix}/plan.json")["Body"].read()
+    for hostile in (b"[1, 2]", b"[" * 100_000 + b"]" * 100_000):
+        client.put_object(Bucket="data", Key=f"{prefix}/plan.json", Body=hostile)
+        with pytest.raises(FormatError, match="plan.json"):
+            plan_partitions(corpus, url, partition_bytes=1, storage_options=storage)
+    client.put_object(Bucket="data", Key=f"{prefix}/plan.json", Body=original)
+    for number in range(len(plan.partitions)):
+        pack_partition(plan.job(number))
+    report = client.get_object(Bucket="data", Key=f"{prefix}/00000/report.json")["Body"].read()
+    client.put_object(Bucket="data", Key=f"{prefix}/00000/report.json", Body=b"[]")
+    with pytest.raises(FormatError, match="report.json"):
+        merge_partitions(plan)
+    client.put_object(Bucket="data", Key=f"{prefix}/00000/report.json", Body=report)
+    client.put_object(Bucket="data", Key=f"{prefix}/notes.txt", Body=b"not shardio's")
+    merge_partitions(plan)
+    left = [o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix=prefix)["Contents"]]
+    assert left == [f"{prefix}/notes.txt"]

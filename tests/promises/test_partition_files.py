@@ -6,6 +6,7 @@ a merge, after a failed run, when a part is uncommitted) deletes only the files 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -139,7 +140,9 @@ def test_a_hostile_partition_report_is_a_format_error_naming_it(
     assert not (out / "index.json").exists()
 
 
-def test_the_merge_removes_only_what_the_plan_wrote(corpus: Path, packed: Path, tmp_path: Path) -> None:
+def test_the_merge_removes_only_what_the_plan_wrote(
+    corpus: Path, packed: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "out"
     shutil.copytree(packed, out)
     plan = _plan(corpus, out)
@@ -147,8 +150,10 @@ def test_the_merge_removes_only_what_the_plan_wrote(corpus: Path, packed: Path, 
     for path in planted:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("not shardio's")
-    merge_partitions(plan)
+    with caplog.at_level(logging.WARNING, logger="shardio.packing.partfiles"):
+        merge_partitions(plan)
     assert (out / "index.json").is_file()
+    assert "left in place" in caplog.text and PARTS_DIR in caplog.text
     for path in planted:
         assert path.read_text() == "not shardio's"
     left = sorted(p.relative_to(out / PARTS_DIR).as_posix() for p in (out / PARTS_DIR).rglob("*"))
