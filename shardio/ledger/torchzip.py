@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import zipfile
 
-from ..errors import StateError, shown
+from ..errors import StateError, shown, shown_path
 
 __all__ = ["MAX_ZIP_ENTRIES", "MAX_ZIP_RATIO", "ZIP_SLACK_BYTES", "check_torch_zip"]
 
@@ -48,24 +48,28 @@ def check_torch_zip(path: str) -> None:
             entries = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StateError(f"{path}: not a zip that torch.save writes ({shown(reason)})") from None
+        raise StateError(f"{shown_path(path)}: not a zip that torch.save writes ({shown(reason)})") from None
     if len(entries) > MAX_ZIP_ENTRIES:
-        raise StateError(f"{path}: a zip of {len(entries)} entries, more than the {MAX_ZIP_ENTRIES} read")
+        raise StateError(
+            f"{shown_path(path)}: a zip of {len(entries)} entries, more than the {MAX_ZIP_ENTRIES} read"
+        )
     for entry in entries:
         declared, held = entry.file_size, entry.compress_size
         if entry.compress_type == zipfile.ZIP_STORED and declared != held:
             raise StateError(
-                f"{path}: the zip entry {shown(entry.filename)} declares {declared} bytes but stores {held}"
+                f"{shown_path(path)}: the zip entry {shown(entry.filename)} declares {declared} bytes but "
+                f"stores {held}"
             )
         if declared > MAX_ZIP_RATIO * held + ZIP_SLACK_BYTES:
             raise StateError(
-                f"{path}: the zip entry {shown(entry.filename)} declares {declared} bytes from {held} "
+                f"{shown_path(path)}: the zip entry {shown(entry.filename)} declares {declared} bytes "
+                f"from {held} "
                 f"compressed (more than {MAX_ZIP_RATIO} times: torch.load would extract it whole); "
                 "torch.save stores its entries uncompressed"
             )
     total = sum(entry.file_size for entry in entries)
     if total > MAX_ZIP_RATIO * size + ZIP_SLACK_BYTES:
         raise StateError(
-            f"{path}: the zip's entries declare {total} bytes from a file of {size} (more than "
+            f"{shown_path(path)}: the zip's entries declare {total} bytes from a file of {size} (more than "
             f"{MAX_ZIP_RATIO} times); torch.save stores its entries uncompressed"
         )

@@ -23,7 +23,7 @@ class DirectoryLock:
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, LOCK_FILE)
-        self._lock = FileLock(self.path, what=f"the writer lock of {directory}")
+        self._lock = FileLock(self.path, what=f"the writer lock of {shown_path(directory)}")
         try:
             taken = self._lock.acquire(0)
         except OSError as exc:

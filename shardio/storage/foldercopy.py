@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..errors import OutputError, StateError, shown
+from ..errors import OutputError, StateError, shown, shown_path
 from .localshard import NotRegular, kind, open_regular
 
 __all__ = ["MAX_FOLDER_DEPTH", "MAX_FOLDER_ENTRIES", "staged_folder_copy"]
@@ -63,7 +63,7 @@ def staged_folder_copy(source: str, out: str) -> Iterator[str]:
         OutputError: ``out`` exists, or the copy cannot be written (nothing is left at ``out``).
     """
     if os.path.lexists(out):
-        raise OutputError(f"{out} exists: a copy of a folder is written to a new one")
+        raise OutputError(f"{shown_path(out)} exists: a copy of a folder is written to a new one")
     listing = _listing(source)
     if listing.left_out:
         logger.warning(
@@ -75,17 +75,17 @@ def staged_folder_copy(source: str, out: str) -> Iterator[str]:
     try:
         temporary = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(out)}-", dir=parent)
     except OSError as exc:
-        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write {shown_path(out)}: {exc.strerror or exc}") from None
     try:
         _copy(source, temporary, listing)
         shutil.copymode(source, temporary)  # mkdtemp makes it 0700
         yield temporary
         if os.path.lexists(out):
-            raise OutputError(f"{out} exists: a copy of a folder is written to a new one")
+            raise OutputError(f"{shown_path(out)} exists: a copy of a folder is written to a new one")
         os.rename(temporary, out)
     except OSError as exc:
         shutil.rmtree(temporary, ignore_errors=True)
-        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write {shown_path(out)}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -99,12 +99,12 @@ def _listing(source: str) -> _Listing:
     while pending:
         folder, depth = pending.pop()
         if depth > MAX_FOLDER_DEPTH:
-            raise StateError(f"{source}: folders nested more than {MAX_FOLDER_DEPTH} deep")
+            raise StateError(f"{shown_path(source)}: folders nested more than {MAX_FOLDER_DEPTH} deep")
         with os.scandir(os.path.join(source, folder)) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
                 count += 1
                 if count > MAX_FOLDER_ENTRIES:
-                    raise StateError(f"{source}: more than {MAX_FOLDER_ENTRIES} entries to copy")
+                    raise StateError(f"{shown_path(source)}: more than {MAX_FOLDER_ENTRIES} entries to copy")
                 name = os.path.join(folder, entry.name)
                 mode = entry.stat(follow_symlinks=False).st_mode
                 if stat.S_ISLNK(mode):
@@ -125,7 +125,8 @@ def _inward_link(source: str, root: str, name: str) -> str:
     target = os.path.realpath(path)
     if os.path.commonpath([root, target]) != root:
         raise StateError(
-            f"{path}: a symbolic link to {shown(os.readlink(path))}, outside {source}: a copy would not hold "
+            f"{shown_path(path)}: a symbolic link to {shown(os.readlink(path))}, outside "
+            f"{shown_path(source)}: a copy would not hold "
             "what it points at; replace it with the file"
         )
     return os.path.relpath(target, os.path.dirname(os.path.join(root, name)))
@@ -146,13 +147,15 @@ def _copy_file(path: str, copy: str, size: int) -> None:
     try:
         fd, _ = open_regular(path)
     except NotRegular as exc:
-        raise StateError(f"{path}: it became {exc} while the folder was copied") from None
+        raise StateError(f"{shown_path(path)}: it became {exc} while the folder was copied") from None
     with os.fdopen(fd, "rb") as handle, open(copy, "xb") as out:
         left = size
         while left:
             chunk = handle.read(min(left, _CHUNK))
             if not chunk:
-                raise StateError(f"{path}: it shrank below {size} bytes while the folder was copied")
+                raise StateError(
+                    f"{shown_path(path)}: it shrank below {size} bytes while the folder was copied"
+                )
             out.write(chunk)
             left -= len(chunk)
     shutil.copymode(path, copy)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import IO, Any
 
-from ..errors import FormatError, OutputError, ReadError
+from ..errors import FormatError, OutputError, ReadError, shown_path
 from .files import cache_dir, filesystem, staged
 from .objectcopy import copy_capped
 from .retries import RetryPolicy, retrying
@@ -55,7 +55,8 @@ def fetch_to_cache(
         raise
     except OSError as exc:  # the cache itself: a full disk, a read-only directory
         raise ReadError(
-            f"{location}: cannot be cached in {directory} ({exc}); set SHARDIO_CACHE_DIR to a "
+            f"{shown_path(location)}: cannot be cached in {shown_path(directory)} ({exc}); set "
+            "SHARDIO_CACHE_DIR to a "
             "writable local directory with room"
         ) from None
     return path

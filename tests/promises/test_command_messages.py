@@ -48,6 +48,8 @@ class Places:
         mix.set_epoch(1)
         self.mix_state = root / f"mix{FORGE}.json"
         self.mix_state.write_text(json.dumps(mix.state_dict()))
+        self.zip = root / f"checkpoint{FORGE}.pt"
+        self.zip.write_bytes(b"PK\x03\x04" + b"not a zip torch.save wrote" * 4)
         self.broken = root / f"broken{FORGE}"
         shutil.copytree(self.dataset, self.broken)
         Path(self.broken / Path(self.shard).name).unlink()
@@ -81,6 +83,10 @@ COMMANDS: dict[str, tuple[int, Callable[[Places], list[str]]]] = {
     "trace-missing-dataset": (
         2,
         lambda p: ["trace", p.out("missing"), "--state", str(p.state), "--step", "0"],
+    ),
+    "trace-a-bad-zip": (
+        2,
+        lambda p: ["trace", str(p.dataset), "--state", str(p.zip), "--step", "0"],
     ),
     "quarantine": (
         0,
