@@ -15,7 +15,7 @@ from typing import IO, Any, BinaryIO
 import soundfile as sf
 import zstandard
 
-from ..errors import DecodeError, FormatError, OptionError
+from ..errors import DecodeError, FormatError, OptionError, shown_path
 from ..reading.streams import describe
 from ..shards.names import key_problem, split_name
 from ..shards.tarformat import walk
@@ -96,7 +96,8 @@ def _samples(stream: BinaryIO, where: str) -> Iterator[_Sample]:
             continue
         if member_key != key and (problem := key_problem(member_key)) is not None:
             raise FormatError(
-                f"{where}: member {member.name!r} at offset {member.header_offset} has key {member_key!r}, "
+                f"{shown_path(where)}: member {member.name!r} at offset {member.header_offset} has key "
+                f"{member_key!r}, "
                 f"which breaks pack's key rules: {problem}"
             )
         if member_key != key:
@@ -118,7 +119,7 @@ def _finish(
 ) -> _Sample:
     if audio is None:
         raise FormatError(
-            f"{where}: sample {key!r} at offset {start} has no audio member (members: "
+            f"{shown_path(where)}: sample {key!r} at offset {start} has no audio member (members: "
             f"{', '.join('.' + e for e in others)}; expected one of "
             f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)})"
         )
@@ -143,12 +144,13 @@ def index_shard(
                 except (sf.LibsndfileError, RuntimeError) as exc:
                     reason = getattr(exc, "error_string", None) or exc
                     raise DecodeError(
-                        f"{path}: sample {key!r} at offset {start}: the .{ext} member cannot be "
+                        f"{shown_path(path)}: sample {key!r} at offset {start}: the .{ext} member cannot be "
                         f"decoded ({reason})"
                     ) from None
                 if facts.frames <= 0:
                     raise DecodeError(
-                        f"{path}: sample {key!r} at offset {start}: the .{ext} member has no frames"
+                        f"{shown_path(path)}: sample {key!r} at offset {start}: the .{ext} member has "
+                        "no frames"
                     )
                 samples.append(
                     (key, start, end, ext, (int(facts.frames), int(facts.samplerate), int(facts.channels)))
@@ -156,7 +158,9 @@ def index_shard(
             while stream.read(1 << 20):  # the rest of the stream: the decompressor checks its end
                 pass
         except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise FormatError(f"{path}: cannot decompress the {codec} stream ({describe(exc)})") from None
+            raise FormatError(
+                f"{shown_path(path)}: cannot decompress the {codec} stream ({describe(exc)})"
+            ) from None
         while raw.read(1 << 20):
             pass
     return samples, (hashing.size, hashing.sha256.hexdigest())

@@ -7,7 +7,7 @@ import os
 
 import zstandard
 
-from ..errors import FormatError
+from ..errors import FormatError, shown_path
 
 __all__ = ["seekable_frames", "zstd_frames"]
 
@@ -30,18 +30,22 @@ def zstd_frames(path: str) -> list[tuple[int, int, int]] | None:
                 offset += 8 + int.from_bytes(head[4:8], "little")
                 continue
             if magic != _ZSTD_MAGIC:
-                raise FormatError(f"{path}: not a zstd frame at offset {offset}")
+                raise FormatError(f"{shown_path(path)}: not a zstd frame at offset {offset}")
             try:
                 params = zstandard.get_frame_parameters(head)
                 position = offset + zstandard.frame_header_size(head)
             except zstandard.ZstdError as exc:
-                raise FormatError(f"{path}: bad zstd frame header at offset {offset} ({exc})") from None
+                raise FormatError(
+                    f"{shown_path(path)}: bad zstd frame header at offset {offset} ({exc})"
+                ) from None
             if params.content_size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR):
                 return None
             last = False
             while not last:
                 if position + 3 > size:
-                    raise FormatError(f"{path}: zstd frame at offset {offset} runs past the end of the file")
+                    raise FormatError(
+                        f"{shown_path(path)}: zstd frame at offset {offset} runs past the end of the file"
+                    )
                 handle.seek(position)
                 block = int.from_bytes(handle.read(3), "little")
                 last, kind, block_size = bool(block & 1), (block >> 1) & 3, block >> 3

@@ -6,8 +6,10 @@ cannot forge, hide or recolour a line of what ``inspect``, ``verify``, ``index``
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +52,11 @@ class Places:
         self.mix_state.write_text(json.dumps(mix.state_dict()))
         self.zip = root / f"checkpoint{FORGE}.pt"
         self.zip.write_bytes(b"PK\x03\x04" + b"not a zip torch.save wrote" * 4)
+        self.no_audio = root / f"no-audio{FORGE}.tar"
+        with tarfile.open(self.no_audio, "w") as tar:
+            info = tarfile.TarInfo("utt1.txt")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
         self.broken = root / f"broken{FORGE}"
         shutil.copytree(self.dataset, self.broken)
         Path(self.broken / Path(self.shard).name).unlink()
@@ -74,6 +81,10 @@ COMMANDS: dict[str, tuple[int, Callable[[Places], list[str]]]] = {
     "index": (0, lambda p: ["index", p.shard, "--out", p.out("index"), "--no-progress"]),
     "index-over-an-index": (2, lambda p: ["index", p.shard, "--out", str(p.dataset), "--no-progress"]),
     "index-missing-shard": (2, lambda p: ["index", p.out("missing") + ".tar", "--no-progress"]),
+    "index-a-shard-without-audio": (
+        2,
+        lambda p: ["index", str(p.no_audio), "--out", p.out("no-audio-index"), "--no-progress"],
+    ),
     "index-upgrade": (0, lambda p: ["index", "--upgrade", str(p.dataset)]),
     "cache": (0, lambda p: ["cache"]),
     "trace-missing-state": (
