@@ -1,14 +1,16 @@
 """The ``shardio`` command line: ``pack``, ``inspect``, ``verify``, ``index``, ``demo``, ``bench``, ``trace``,
-``quarantine``, ``remix``.
+``quarantine``, ``remix``, ``cache``, ``check-resume``.
 
 Each subcommand is two small functions: ``_add_NAME(subparsers)`` builds its parser and sets ``run`` to
 ``_run_NAME(args) -> exit code``. To add one, write the pair and list the first in :data:`SUBCOMMANDS`
 (``pack`` lives in :mod:`shardio.cli.pack`, the dataset's ``inspect``, ``verify`` and ``index`` in
 :mod:`shardio.cli.shards`, the data ledger's in :mod:`shardio.cli.ledger` and :mod:`shardio.cli.remix`,
-``cache`` in :mod:`shardio.cli.cache`). Exit codes (:data:`EXIT_CODES`): 0 success, 1 ``verify`` found
-problems, 2 bad usage or a :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable
-ones too, or dataset), 3 an output that cannot be written (:class:`~shardio.errors.OutputError`), or the
-system's own error, 130 interrupted, 141 stdout closed early (``| head``; no message). Every error is one line
+``cache`` in :mod:`shardio.cli.cache`, ``check-resume`` in :mod:`shardio.cli.checkresume`). Exit codes
+(:data:`EXIT_CODES`): 0 success, 1 ``verify`` found problems (``check-resume``: the runs differ), 2 bad usage
+or a :class:`~shardio.errors.ShardioError` (bad options, inputs, missing or unreadable ones too, or dataset),
+3 an output that cannot be written (:class:`~shardio.errors.OutputError`), or the system's own error, 4 and 5
+``check-resume``'s job failing by itself or ending before the kill, 130 interrupted, 141 stdout closed early
+(``| head``; no message). Every error is one line
 on stderr (an :class:`~shardio.errors.InputError` adds one line per input), no traceback.
 """
 
@@ -25,6 +27,7 @@ from typing import NoReturn
 from ..errors import OutputError, ShardioError, shown_path
 from .argtypes import PATH_OPTIONS, at_least, non_negative, parse_size, path, worker_count
 from .cache import add_cache
+from .checkresume import CHECK_EXIT_CODES, add_check_resume
 from .demo import MAX_WORKERS as MAX_DEMO_WORKERS
 from .ledger import add_quarantine, add_trace
 from .pack import add_pack
@@ -35,9 +38,11 @@ __all__ = ["EXIT_CODES", "SUBCOMMANDS", "build_parser", "main", "parse_size"]
 
 EXIT_CODES = {
     0: "success",
-    1: "verify found problems",
+    1: "verify found problems; check-resume: the runs differ",
     2: "bad usage, options, inputs or dataset",
     3: "an output cannot be written (or another run holds it), or a system error",
+    4: "check-resume: " + CHECK_EXIT_CODES[4],
+    5: "check-resume: " + CHECK_EXIT_CODES[5],
     130: "interrupted",
     141: "stdout was closed early (a pipe into head)",
 }
@@ -149,6 +154,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_quarantine,
     add_remix,
     add_cache,
+    add_check_resume,
 ]
 """The functions that add each subcommand's parser, in the order ``--help`` lists them."""
 

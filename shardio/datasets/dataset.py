@@ -48,6 +48,7 @@ from ..reading.reader import Reader, ReadStats
 from ..runtime.control import Instruction
 from ..runtime.progress import Progress
 from ..runtime.sharing import shared_table
+from ..runtime.yieldlog import recorder
 from ..shards.index import Index
 from ..storage.files import cache_dir
 from ..world import Context, World, refuse_resharding
@@ -284,9 +285,19 @@ class ShardDataset(Resumable, IterableDataset):
         batches = self._reader.read_ahead(
             (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
         )
+        log = recorder()  # None unless SHARDIO_YIELD_LOG is set (and not in a ShardLoader's worker)
+        if log is not None:
+            src, worker = (
+                log.source(self.index.fingerprint, self.seed),
+                world.worker if context.in_worker else None,
+            )
+            it = f"w{progress.iteration(context)}" if context.in_worker else f"{os.getpid()}.{id(progress)}"
+            it = f"{it}.{progress.begun}"
         for j, ids in zip(numbers, batches):
             batch = builder.batch(ids, at.epoch, plan.repeat_flags(j))
             batch["epoch"], batch["batch_index"] = at.epoch, j
             progress.yielded += 1
+            if log is not None:
+                log.batch(batch, src=src, rank=world.rank, world=world.world_size, worker=worker, it=it)
             yield batch
         progress.finish(context)

@@ -20,6 +20,7 @@ from ..planning.exclusions import leave_out_consumed
 from ..planning.surgery import Surgery
 from ..runtime.control import Instruction, extra_mark
 from ..runtime.progress import resume_point
+from ..runtime.yieldlog import recorder
 from ..shards.index import Index
 from ..state import LoaderState, batch_position
 from ..world import Context
@@ -163,7 +164,19 @@ class Resumable(Planned):
                 repeated,
                 world.rank,
             )
+        after_iter = self._progress.begun > 0 if context.in_worker else self._progress.control.started()
         if context.in_worker:
             self._progress.give_own(instruction, skip)
         else:
             self._progress.control.give(replace(instruction, extra=self._surgery_mark))
+        log = recorder()
+        if log is not None:
+            log.loaded(
+                src=log.source(self.index.fingerprint, self.seed),
+                rank=world.rank,
+                world=world.world_size,
+                epoch=loaded.epoch,
+                position=loaded.position,
+                from_world=loaded.world_size,
+                after_iter=after_iter,
+            )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
+import os
 import warnings
 import weakref
 from collections.abc import Generator, Iterator
@@ -38,7 +39,9 @@ from ..checks.options import flag, integer, real
 from ..checks.states import MAX_WORKERS
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, shown
+from ..runtime.yieldlog import YieldLog, recorder
 from ..state import batch_position
+from ..world import Context
 from .pinning import Pinner, pinned
 from .pool import WorkerPool
 from .server import BATCH, ERROR
@@ -196,12 +199,16 @@ class ShardLoader:
                 yield self._handed(pinned(batch) if self.pin_memory else batch)
             return
         taken = self._taken(iteration)
+        log = recorder()  # the workers record nothing: what this process hands over is recorded here
+        logged = None if log is None else self._yield_fields(log, iteration)
         pinner = None
         if self.pin_memory:
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
             pinner = self._pinner = Pinner(taken, depth=self.prefetch, device=device)
         try:
             for batch in taken if pinner is None else pinner:
+                if log is not None and logged is not None:
+                    log.batch(batch, **logged)
                 yield self._handed(batch)
                 self._check(iteration)
         finally:
@@ -235,6 +242,17 @@ class ShardLoader:
                 pool.halt(self.timeout)
                 if not self.persistent_workers:
                     pool.shutdown()
+
+    def _yield_fields(self, log: YieldLog, iteration: int) -> dict[str, Any]:
+        """What each batch record of this iteration carries besides the batch (the yield log's)."""
+        world = self.dataset.ranks(Context.detect())
+        return {
+            "src": log.source(self.dataset.index.fingerprint, self.dataset.seed),
+            "rank": world.rank,
+            "world": world.world_size,
+            "worker": None,
+            "it": f"{os.getpid()}.{id(self)}.{iteration}",
+        }
 
     def _handed(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch``, its position kept for :meth:`state_dict`."""

@@ -25,6 +25,7 @@ import torch.multiprocessing  # noqa: F401  registers the reducers that send ten
 from torch.utils.data._utils import worker as torch_worker
 
 from ..datasets.dataset import ShardDataset
+from ..runtime.yieldlog import silence
 from ..world import Context
 from .channel import Channel
 from .credits import Credits
@@ -58,6 +59,7 @@ def serve(
     # the process that forked this one: the training process, or under forkserver the fork server, which exits
     # with the training process. Either way this worker is orphaned (and exits) once its parent changes
     parent = os.getppid()
+    silence()  # the training process records what it hands over (the yield log)
     _default_signals()
     torch.set_num_threads(1)
     seed = base_seed + number

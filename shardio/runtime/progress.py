@@ -45,6 +45,11 @@ class Progress:
         return self._control
 
     @property
+    def begun(self) -> int:
+        """How many iterations this process has begun."""
+        return self._begun
+
+    @property
     def instructions(self) -> int:
         """How many instructions the job has been given (``set_epoch``, ``load_state_dict``)."""
         return self.control.generation
