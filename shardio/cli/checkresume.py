@@ -189,7 +189,8 @@ def _check(args: argparse.Namespace, command: list[str], workdir: Path, links: l
             )
             return 5
         what = "killed (SIGKILL) after" if ending.killed else "ended after"
-        print(f"{name} run (world {world}): {what} {ending.steps} batches on rank 0", flush=True)
+        on = f" (world {world})" if args.resume_world is not None else ""
+        print(f"{name} run{on}: {what} {ending.steps} batches on rank 0", flush=True)
     verdict = compare_runs(
         read_log(str(logs / "straight")),
         [read_log(str(logs / name)) for name in names],

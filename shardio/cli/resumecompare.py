@@ -198,17 +198,18 @@ def _step_by_step(
             w, g = want[n], got[n].batch
             before = {t.batch.digest: i for i, t in enumerate(got[:n])}
             later = {b.digest for b in want[n + 1 :]}
-            if g.epoch != w.epoch:
+            if g.digest in before:
+                how = f"repeated: the batch trained already as batch {before[g.digest]}"
+                kind = what or "repeated"
+            elif g.epoch != w.epoch:
                 how = f"another epoch: epoch {g.epoch} where the straight run trained epoch {w.epoch}"
                 kind = what or "another epoch"
                 if not what:
                     why = (
-                        "the epoch is not set as in the straight run: call loader.set_epoch(epoch) each epoch"
+                        "the epoch set after the restart is not the loaded state's: set_epoch(epoch) with"
+                        " the epoch of the state (state['epoch']), as the straight run did"
                     )
                     page = f"{PAGE}#a-plain-loop-with-dataloader"
-            elif g.digest in before:
-                how = f"repeated: the batch trained already as batch {before[g.digest]}"
-                kind = what or "repeated"
             elif w.digest in {t.batch.digest for t in got[n + 1 :]}:
                 how = "another order: the straight run's batch comes later"
                 kind = what or "another order"
@@ -218,7 +219,7 @@ def _step_by_step(
             else:
                 how = "other samples than the straight run's"
                 kind = what or "other batches"
-            place = "the first batch after restart " + str(got[n].part) if got[n].first else ""
+            place = f"(the first batch after restart {got[n].part})" if got[n].first else ""
             lines.append(f"  straight run: {_where(w)}; restarted run: {_where(g)} {place}".rstrip())
             lines.append(f"  {how}")
         if why:
