@@ -70,7 +70,9 @@ def add_check_resume(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--timeout", type=non_negative(), default=3600.0, metavar="SECONDS", help="per run")
     parser.add_argument("--keep", action="store_true", help="keep the temporary workdir")
-    parser.add_argument("command", nargs=argparse.REMAINDER, type=str, help="-- then the training command")
+    parser.add_argument(
+        "job", nargs=argparse.REMAINDER, type=str, metavar="COMMAND", help="-- then the training command"
+    )
     parser.set_defaults(run=_run_check_resume)
 
 
@@ -88,7 +90,7 @@ def _own_dir(path: Path) -> Path:
 
 
 def _command(args: argparse.Namespace) -> list[str]:
-    command = list(args.command)
+    command = list(args.job)
     if command and command[0] == "--":
         command = command[1:]
     if not command:

@@ -1,0 +1,173 @@
+"""``shardio check-resume`` on real jobs: the README's ``train.py`` (one process; two ranks under torchrun,
+two workers each) resumes exactly; variants of it that lose the loader state, load it after ``iter()`` or set
+another epoch each report their first difference and its cause; a job that fails by itself is reported as
+such, not as a difference; the workdir's entries that check-resume did not make are refused, never removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sample_shards import make_uneven_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def readme_train() -> str:
+    """The README's ``train.py``, as the user copies it."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("```python\n", text.index("<!-- file: train.py -->")) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def variant(old: str, new: str, source: str | None = None) -> str:
+    source = readme_train() if source is None else source
+    assert old in source, old
+    return source.replace(old, new)
+
+
+NO_STATE = variant(
+    '    loader.load_state_dict(ckpt["loader"])\n', "", variant('"loader": loader.state_dict(), ', "")
+).replace('ckpt["global_step"], ckpt["loader"]["epoch"]', 'ckpt["global_step"], 0')
+AFTER_ITER = variant(
+    "    for batch in loader:\n",
+    "    for i, batch in enumerate(loader):\n"
+    "        if resuming:                                      # too late: this iteration has begun\n"
+    '            loader.load_state_dict(ckpt["loader"]); resuming = False\n',
+    variant(
+        "global_step, first_epoch = 0, 0\n",
+        'global_step, first_epoch = 0, 0\nresuming = os.path.exists("ckpt.pt")\n',
+        variant('    loader.load_state_dict(ckpt["loader"])\n', ""),
+    ),
+)
+EPOCH_ZERO = variant('ckpt["global_step"], ckpt["loader"]["epoch"]', 'ckpt["global_step"], 0')
+NO_SET_EPOCH = variant("    loader.set_epoch(epoch)\n", "")
+
+
+def check(
+    tmp_path: Path, script: str, *options: str, launcher: tuple[str, ...] = (), args: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """Run check-resume on ``script`` (saved as train.py beside a small ``data/``) from ``tmp_path``."""
+    if not (tmp_path / "data").exists():
+        make_uneven_dataset(tmp_path / "data", [8, 8], seed=3, compression="zstd", duration_range=(1.5, 3.0))
+    (tmp_path / "train.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "shardio.cli", "check-resume", "--workdir", "check", "--link", "data"]
+    command += ["--link", "train.py", *options, "--", *(launcher or (sys.executable,)), "train.py", *args]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_readmes_train_py_resumes_exactly(tmp_path: Path) -> None:
+    code, output = check(tmp_path, readme_train(), "--kill-at", "4")
+    assert code == 0, output
+    assert "killed (SIGKILL) after" in output and "exact: 9 batches over 1 rank(s)" in output
+    assert (tmp_path / "check" / "resumed" / "ckpt.pt").is_file()
+    assert not (tmp_path / "ckpt.pt").exists()  # the user's directory is not the runs'
+
+
+@pytest.mark.slow
+def test_the_readmes_train_py_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
+    torchrun = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2")
+    code, output = check(tmp_path, readme_train(), "--kill-at", "2", "--resumes", "2", launcher=torchrun)
+    assert code == 0, output
+    assert "exact: 9 batches over 2 rank(s)" in output
+    assert output.count("killed (SIGKILL)") == 2
+
+
+@pytest.mark.slow
+def test_a_world_size_change_is_checked_exactly_once(tmp_path: Path) -> None:
+    torchrun = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node={world}")
+    code, output = check(tmp_path, readme_train(), "--kill-at", "2", "--world", "2", "--resume-world", "1",
+                         launcher=torchrun)  # fmt: skip
+    assert code == 0, output
+    assert "resumed-1 run (world 1)" in output and "exact" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "kill_at", "kind", "cause"),
+    [
+        (NO_STATE, 5, "state never loaded", "loaded no loader state"),
+        (AFTER_ITER, 5, "loaded after the first iter()", "once an iteration had begun"),
+        (EPOCH_ZERO, 5, "another epoch", "set_epoch(epoch) with the epoch of the state"),
+    ],
+    ids=["no-loader-state", "loaded-after-iter", "another-epoch"],
+)
+def test_a_broken_resume_reports_its_first_difference(
+    tmp_path: Path, script: str, kill_at: int, kind: str, cause: str
+) -> None:
+    code, output = check(tmp_path, script, "--kill-at", str(kill_at))
+    assert code == 1, output
+    assert f"differs: {kind}" in output and cause in output
+    assert "rank 0, trained batch 4" in output  # the checkpoint before the kill saved after batch 4
+    assert "docs/guides/checkpoint-resume.md#" in output
+
+
+@pytest.mark.slow
+def test_a_loop_without_set_epoch_still_resumes_exactly(tmp_path: Path) -> None:
+    """shardio's loaders move on to the next epoch by themselves: a loop that never calls set_epoch trains
+    the same batches straight and resumed (each epoch in its own order), so the check finds nothing."""
+    code, output = check(tmp_path, NO_SET_EPOCH, "--kill-at", "5")
+    assert code == 0, output
+
+
+SLOW_JOB = """
+import os, sys, time
+if os.path.exists("started"):                       # the restart: refused, as a trainer refuses a checkpoint
+    sys.exit("StateError: this checkpoint has no loader state")
+open("started", "w").close()
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_job_that_fails_by_itself_is_not_a_difference(tmp_path: Path) -> None:
+    code, output = check(tmp_path, SLOW_JOB, "--kill-after", "1", launcher=(sys.executable,), args=("3",))
+    assert code == 4, output
+    assert "resumed-1 run exited with code 1 on its own" in output and "StateError" in output
+    assert "differs" not in output
+
+
+def test_a_job_that_ends_before_the_kill_has_nothing_to_check(tmp_path: Path) -> None:
+    code, output = check(tmp_path, SLOW_JOB, "--kill-after", "30", args=("0",))
+    assert code == 5, output
+    assert "before the kill" in output
+
+
+@pytest.mark.slow
+def test_a_training_job_refused_on_restart_is_not_a_difference(tmp_path: Path) -> None:
+    refusing = variant(
+        'if os.path.exists("ckpt.pt"):' + " " * 29 + "# resume where the last checkpoint stood\n",
+        'if os.path.exists("ckpt.pt"):\n'
+        '    raise SystemExit("StateError: this checkpoint has no loader state")\n'
+        "if False:\n",
+    )
+    code, output = check(tmp_path, refusing, "--kill-at", "4")
+    assert code == 4, output
+    assert "resumed-1 run exited with code 1 on its own" in output and "StateError" in output
+
+
+def test_a_workdir_entry_check_resume_did_not_make_is_refused_and_kept(tmp_path: Path) -> None:
+    mine = tmp_path / "check" / "straight"
+    mine.mkdir(parents=True)
+    (mine / "ckpt.pt").write_bytes(b"the user's")
+    code, output = check(tmp_path, "raise SystemExit(0)\n", "--kill-at", "4")
+    assert code == 3, output
+    assert "was not made by check-resume" in output
+    assert (mine / "ckpt.pt").read_bytes() == b"the user's"
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    code, output = check(tmp_path, "", "--kill-at", "2", "--resume-world", "2")
+    assert code == 2 and "{world}" in output
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "shardio.cli", "check-resume", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "--kill-at" in done.stderr
