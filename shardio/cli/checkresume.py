@@ -35,7 +35,7 @@ CHECK_EXIT_CODES = {
     0: "exact: the restarted run trained on what the straight run did",
     1: "the runs differ (the first difference is reported)",
     4: "the job failed on its own (exited with an error, or outlived --timeout), not a difference",
-    5: "nothing to check: the job ended before the kill",
+    5: "nothing to check: the job ended before the kill, or yielded no batch with the yield log on",
 }
 """``check-resume``'s own exit codes (2 and 3 as every subcommand's)."""
 
@@ -200,4 +200,4 @@ def _check(args: argparse.Namespace, command: list[str], workdir: Path, links: l
     )
     print("\n".join(verdict.lines))
     sys.stdout.flush()
-    return 0 if verdict.exact else 1
+    return 0 if verdict.exact else 5 if verdict.kind == "nothing" else 1
