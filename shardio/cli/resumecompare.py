@@ -196,37 +196,62 @@ def _step_by_step(
             )
         else:
             w, g = want[n], got[n].batch
-            before = {t.batch.digest: i for i, t in enumerate(got[:n])}
-            later = {b.digest for b in want[n + 1 :]}
-            if g.digest in before:
-                how = f"repeated: the batch trained already as batch {before[g.digest]}"
-                kind = what or "repeated"
-            elif g.epoch != w.epoch:
-                how = f"another epoch: epoch {g.epoch} where the straight run trained epoch {w.epoch}"
-                kind = what or "another epoch"
-                if not what:
-                    why = (
-                        "the epoch set after the restart is not the loaded state's: set_epoch(epoch) with"
-                        " the epoch of the state (state['epoch']), as the straight run did"
-                    )
-                    page = f"{PAGE}#a-plain-loop-with-dataloader"
-            elif w.digest in {t.batch.digest for t in got[n + 1 :]}:
-                how = "another order: the straight run's batch comes later"
-                kind = what or "another order"
-            elif g.digest in later:
-                how = "skipped: the straight run's batches up to this one were never trained"
-                kind = what or "skipped"
-            else:
-                how = "other samples than the straight run's"
-                kind = what or "other batches"
+            how, kind, why, page = _how(want, got, n, loads[part], (what, why, page))
             place = f"(the first batch after restart {got[n].part})" if got[n].first else ""
             lines.append(f"  straight run: {_where(w)}; restarted run: {_where(g)} {place}".rstrip())
             lines.append(f"  {how}")
+        if not what and (n >= len(got) or n >= len(want)):
+            why, page = TRAINER_CAUSE, f"{CHECK_PAGE}#what-it-compares"
+        if what == "state never loaded" and n < len(got) and got[n].batch.digest == want[0].digest:
+            why += " (or the kill came before the job's first checkpoint: give a later --kill-at)"
         if why:
             lines.append(f"  likely cause: {why}")
         lines.append(f"  see {page}")
         return Verdict(False, [f"differs: {kind}", *lines], kind, page)
     return None
+
+
+TRAINER_CAUSE = (
+    "the state was loaded in time: the trainer itself skips or repeats batches (a step count restored apart "
+    "from the loader's state, a break at a step limit), or the loader's state was saved at another moment "
+    "than the model"
+)
+
+
+def _how(
+    want: list[BatchRecord],
+    got: list[_Trained],
+    n: int,
+    load: LoadRecord | None,
+    cause: tuple[str, str, str],
+) -> tuple[str, str, str, str]:
+    """How trained batch ``n`` differs: (how, kind, likely cause, page); ``cause``: the restart's, if any."""
+    what, why, page = cause
+    w, g = want[n], got[n].batch
+    before = {t.batch.digest: i for i, t in enumerate(got[:n])}
+    if not what and g.epoch != w.epoch and load is not None and g.epoch != load.epoch:
+        why = (
+            f"the epoch set after the restart ({g.epoch}) is not the loaded state's ({load.epoch}): "
+            "set_epoch(epoch) from the state's epoch (state['epoch']), as the straight run did"
+        )
+        how = f"another epoch: epoch {g.epoch} where the straight run trained epoch {w.epoch}"
+        return how, "another epoch", why, f"{CHECK_PAGE}#what-it-compares"
+    if g.digest in before:
+        how, kind = f"repeated: the batch trained already as batch {before[g.digest]}", "repeated"
+    elif g.epoch != w.epoch:
+        how, kind = (
+            f"another epoch: epoch {g.epoch} where the straight run trained epoch {w.epoch}",
+            "another epoch",
+        )
+    elif w.digest in {t.batch.digest for t in got[n + 1 :]}:
+        how, kind = "another order: the straight run's batch comes later", "another order"
+    elif g.digest in {b.digest for b in want[n + 1 :]}:
+        how, kind = "skipped: the straight run's batches up to this one were never trained", "skipped"
+    else:
+        how, kind = "other samples than the straight run's", "other batches"
+    if not what:
+        return how, kind, TRAINER_CAUSE, f"{CHECK_PAGE}#what-it-compares"
+    return how, what, why, page
 
 
 def _exactly_once(
