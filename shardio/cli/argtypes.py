@@ -23,7 +23,7 @@ _UNITS = {
     "tib": 2**40,
 }
 
-PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest"})
+PATH_OPTIONS = frozenset({"out", "out_dir", "state", "nemo_manifest", "workdir", "link"})
 """Options (by ``dest``) that name a file or directory; every subcommand's positional arguments do too."""
 
 

@@ -172,3 +172,16 @@ def test_usage_errors(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2 and "--kill-at" in done.stderr
+
+
+def test_the_docs_page_checks_the_readmes_own_train_py() -> None:
+    page = (REPO / "docs" / "guides" / "check-resume.md").read_text()
+    start = page.index("```python\n", page.index("<!-- file: train.py -->")) + len("```python\n")
+    assert page[start : page.index("```", start)] == readme_train()
+
+
+def test_steps_reach_the_job_through_its_environment(tmp_path: Path) -> None:
+    script = 'import os\nopen("steps", "w").write(os.environ["SHARDIO_STEPS"])\n'
+    code, output = check(tmp_path, script, "--kill-after", "30", "--steps", "7")
+    assert code == 5, output  # it ends at once: before the kill
+    assert (tmp_path / "check" / "straight" / "steps").read_text() == "7"
