@@ -2,10 +2,11 @@
 
 Run ``python benchmarks/yield_log.py [--rounds 7] [--files 400]``. Cases:
 
-- one batch's record (:meth:`shardio.runtime.yieldlog.YieldLog.batch`: its keys' digest, one JSON line, one
-  ``write``) for batches of 16 and 256 keys, without and with the keys themselves (``SHARDIO_YIELD_LOG_KEYS=1``),
-  a median over ``--calls`` calls per round;
-- the check when unset (:func:`~shardio.runtime.yieldlog.recorder`: one environment lookup, once per iteration);
+- one batch's record (:meth:`shardio.runtime.yieldlog.YieldLog.batch`: its keys' digest, one JSON line,
+  one ``write``) for batches of 16 and 256 keys, without and with the keys themselves
+  (``SHARDIO_YIELD_LOG_KEYS=1``), a median over ``--calls`` calls per round;
+- the check when unset (:func:`~shardio.runtime.yieldlog.recorder`: one environment lookup, once per
+  iteration);
 - an epoch of a ``ShardLoader`` (0 workers, so that the recording is in the measured process) over a synthetic
   corpus of ``--files`` utterances, unset and set, alternated round by round: seconds per batch and the ratio.
 
