@@ -105,6 +105,7 @@ class YieldLog:
         self._fd: int | None = None
         self._failed = False
         self._sources: dict[tuple[str, int], str] = {}
+        self._prefixes: dict[tuple[str, int, int, int | None, str], str] = {}
         self.keys = os.environ.get(KEYS_ENV) == "1"
 
     def source(self, fingerprint: str, seed: int) -> str:
@@ -122,29 +123,29 @@ class YieldLog:
         keys = batch.get("keys")
         keys = [keys] if isinstance(keys, str) else list(keys) if keys is not None else []
         step = int(batch["batch_index"])
-        record: dict[str, Any] = {
-            "kind": "batch",
-            "src": src,
-            "rank": rank,
-            "world": world,
-            "epoch": int(batch["epoch"]),
-            "step": step,
-            "position": step + 1,
-            "worker": worker,
-            "iteration": it,
-            "size": len(keys),
-            "digest": keys_digest(keys),
-            "t": time.time_ns(),
-        }
+        prefix = self._prefixes.get((src, rank, world, worker, it))
+        if (
+            prefix is None
+        ):  # the fields an iteration's records share, written once (a batch costs ~20 us less)
+            if len(self._prefixes) > 64:
+                self._prefixes.clear()
+            shared = dict(kind="batch", src=src, rank=rank, world=world, worker=worker, iteration=it)
+            prefix = self._prefixes[(src, rank, world, worker, it)] = json.dumps(
+                shared, separators=(",", ":")
+            )[:-1]
+        line = (
+            f'{prefix},"epoch":{int(batch["epoch"])},"step":{step},"position":{step + 1},"size":{len(keys)},'
+            f'"digest":"{keys_digest(keys)}","t":{time.time_ns()}'
+        )
         if self.keys:
             repeat = batch.get("repeat")
             tolist = getattr(repeat, "tolist", None)
             flags = tolist() if tolist is not None else [bool(repeat)] * len(keys)
             if not isinstance(flags, list) or len(flags) != len(keys):
                 flags = [False] * len(keys)
-            record["keys"] = keys
-            record["fresh"] = [key for key, again in zip(keys, flags) if not again]
-        self._write(record)
+            fresh = [key for key, again in zip(keys, flags) if not again]
+            line += f',"keys":{json.dumps(keys)},"fresh":{json.dumps(fresh)}'
+        self._append((line + "}\n").encode())
 
     def loaded(
         self, *, src: str, rank: int, world: int, epoch: int, position: int, from_world: int, after_iter: bool
@@ -154,9 +155,11 @@ class YieldLog:
         self._write({**record, "from_world": from_world, "after_iter": after_iter, "t": time.time_ns()})
 
     def _write(self, record: dict[str, Any]) -> None:
+        self._append((json.dumps(record, separators=(",", ":"), ensure_ascii=True) + "\n").encode())
+
+    def _append(self, line: bytes) -> None:
         if self._failed:
             return
-        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
         try:
             if self._fd is None:
                 os.makedirs(self.directory, exist_ok=True)
