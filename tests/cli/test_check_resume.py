@@ -108,6 +108,21 @@ def test_a_broken_resume_reports_its_first_difference(
     assert "see docs/guides/" in output
 
 
+def docs_plain_loop() -> str:
+    """The plain DataLoader loop of docs/guides/checkpoint-resume.md (two workers), for three epochs."""
+    text = (REPO / "docs" / "guides" / "checkpoint-resume.md").read_text()
+    start = text.index("```python\n", text.index("## A plain loop with `DataLoader`")) + len("```python\n")
+    return variant("epochs = 0, 0, 2", "epochs = 0, 0, 3", text[start : text.index("```", start)])
+
+
+@pytest.mark.slow
+def test_a_dataloader_loop_recorded_in_its_workers_resumes_exactly(tmp_path: Path) -> None:
+    code, output = check(tmp_path, docs_plain_loop(), "--kill-at", "5")
+    assert code == 0, output
+    assert "exact: 9 batches over 1 rank(s)" in output
+    assert len(list((tmp_path / "check" / "logs" / "straight").iterdir())) > 1  # a file per worker process
+
+
 @pytest.mark.slow
 def test_a_loop_without_set_epoch_still_resumes_exactly(tmp_path: Path) -> None:
     """shardio's loaders move on to the next epoch by themselves: a loop that never calls set_epoch trains
