@@ -122,7 +122,7 @@ def _run_trace(args: argparse.Namespace) -> int:
             "trainer's)"
         )
     if args.csv:
-        write_samples(rows, sys.stdout)
+        write_samples(rows, sys.stdout, trace.planner.batching.step_batches is not None)
     else:
         write_rows(rows, sys.stdout, args.json or args.epoch is not None)
     return 0

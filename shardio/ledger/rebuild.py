@@ -211,21 +211,24 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
     return count
 
 
-def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
+def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str], micro_batches: bool = False) -> None:
     """Write step rows as CSV, one line per sample: epoch, step, rank, segment, batch_index, key, duration,
     corpus (empty outside a mix), ahead (1 for a batch consumed ahead of its segment's position, else 0),
-    repeat (1 for padding, a planned repeat, else 0) and corpus_pass (a mix's pass of the corpus, else
-    empty)."""
+    repeat (1 for padding, a planned repeat, else 0), corpus_pass (a mix's pass of the corpus, else empty),
+    and with ``micro_batches`` (``Batching(step_batches=K)``: a step is an optimizer step) micro_batch, the
+    batch's place among the rank's batches of its step."""
     writer = csv.writer(out)
     writer.writerow(
         ["epoch", "step", "rank", "segment", "batch_index", "key", "duration", "corpus", "ahead"]
         + ["repeat", "corpus_pass"]
+        + (["micro_batch"] if micro_batches else [])
     )
     for row in rows:
         count = len(row["keys"])
         corpora = row.get("corpus") or [""] * count
         passes = row.get("corpus_pass") or [""] * count
         repeats = row.get("repeat") or [False] * count
+        within = [row["micro_batch"]] if micro_batches else []
         for key, duration, corpus, number, repeat in zip(
             row["keys"], row["durations"], corpora, passes, repeats
         ):
@@ -242,5 +245,6 @@ def write_samples(rows: Iterable[Mapping[str, Any]], out: IO[str]) -> None:
                     int(bool(row.get("ahead"))),
                     int(bool(repeat)),
                     number,
+                    *within,
                 ]
             )

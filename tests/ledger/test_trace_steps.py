@@ -5,6 +5,8 @@ optimizer steps, and refuses a state inside one."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,14 @@ def test_the_cli_traces_an_optimizer_step(
         (2, 1, 1),
     ]
     assert {key for row in rows for key in row["keys"]} == played(dataset_dir, 2)[2]
+    # the CSV says each sample's micro-batch too, as the JSON and the text do
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "2", "--csv"]) == 0
+    lines = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert lines and all(line.keys() >= {"step", "rank", "micro_batch"} for line in lines)
+    by_key = {key: (row["rank"], row["micro_batch"]) for row in rows for key in row["keys"]}
+    assert {line["key"]: (int(line["rank"]), int(line["micro_batch"])) for line in lines} == by_key
+    assert main(["trace", str(dataset_dir), "--state", str(state_path), "--step", "2"]) == 0
+    assert "micro-batch 1" in capsys.readouterr().out
 
 
 def test_quarantine_takes_optimizer_steps_and_refuses_a_state_inside_one(dataset_dir: Path) -> None:
