@@ -505,14 +505,17 @@ def step_records(ranks: list[list[Record]], accumulation: int) -> list[tuple[tup
     ]
 
 
-def check_steps_world_change(case: Case, dirs: dict[str, str], old: int, new: int, step: int) -> None:
+def check_steps_world_change(
+    case: Case, dirs: dict[str, str], old: int, new: int, step: int, epochs: int = 1
+) -> None:
     """With ``step_batches`` (in ``case.extra``): ``old`` ranks play ``step`` optimizer steps of the epoch,
     then ``new`` ranks resume rank 0's state and play the straight ``old``-rank run's steps from ``step``
-    on, sample for sample (and every rank the same number of batches)."""
+    on, sample for sample (and every rank the same number of batches), to the end of ``epochs`` epochs (more
+    than one: persistent workers carry the resumed life into the next epoch)."""
     from shardio import World
 
     k = case.extra["step_batches"]
-    case = replace(case, epochs=1)
+    case = replace(case, epochs=epochs)
     straight = step_records([uninterrupted(case, dirs, World(r, old)) for r in range(old)], k // old)
     assert 0 <= step <= len(straight)
     before, state = [], None

@@ -60,6 +60,70 @@ def test_a_resume_on_another_world_plays_the_straight_runs_steps(
     check_steps_world_change(case, dirs, old, new, step)
 
 
+@pytest.mark.parametrize(
+    ("case", "old", "new", "step"),
+    [
+        (Case(batching="bucketed", loader="state_after", workers=2, persistent=True, extra=FIXED), 2, 1, 1),
+        pytest.param(
+            Case(batching="duration", loader="shardio", workers=2, persistent=True, extra=FIXED),
+            4,
+            2,
+            2,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            Case(batching="fixed", loader="state_after", workers=2, start_method="forkserver", extra=FIXED),
+            1,
+            4,
+            3,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            Case(
+                batching="bucketed",
+                loader="shardio",
+                workers=2,
+                persistent=True,
+                start_method="forkserver",
+                extra=FIXED,
+            ),
+            2,
+            4,
+            1,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            Case(
+                mixed=True,
+                batching="duration",
+                loader="stateful",
+                workers=2,
+                persistent=True,
+                start_method="forkserver",
+                ds_load=True,
+                extra=FIXED,
+            ),
+            1,
+            2,
+            2,
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=[
+        "persistent-fork-2to1",
+        "persistent-shardio-4to2",
+        "forkserver-1to4",
+        "persistent-forkserver-shardio-2to4",
+        "persistent-forkserver-stateful-mix-1to2",
+    ],
+)
+def test_persistent_and_forkserver_workers_resume_on_another_world_onto_the_straight_runs_steps(
+    dirs: dict[str, str], case: Case, old: int, new: int, step: int
+) -> None:
+    """Two epochs: the resumed life's persistent workers play the rest of the first and all of the next."""
+    check_steps_world_change(case, dirs, old, new, step, epochs=2)
+
+
 def test_a_state_inside_a_step_is_refused_on_another_world_and_resumes_on_the_same(
     dirs: dict[str, str],
 ) -> None:
