@@ -19,7 +19,7 @@ from .checks.states import MAX_COUNT
 from .errors import StateError, shown
 from .state import STATE_FORMAT, LoaderState
 
-__all__ = ["combine", "find_states", "job_state", "split", "steps_after_snapshot"]
+__all__ = ["combine", "find_states", "job_state", "loader_batch_size", "split", "steps_after_snapshot"]
 
 _MAX_AHEAD = 1 << 20  # batches per rank that workers' states may have consumed beyond their common prefix
 
@@ -168,6 +168,27 @@ def steps_after_snapshot(container: Any) -> int:
             f"{len(found)} StatefulDataLoader states in one checkpoint: load the one of this dataset"
         )
     return found[0] if found else 0
+
+
+def loader_batch_size(container: Any) -> int | None:
+    """The samples a ``StatefulDataLoader`` put in each of its batches, where its state in ``container``
+    shows more than one (its batch sampler's samples over its batches, ``DataLoader(batch_size=N)`` over an
+    unbatched dataset); ``None`` where it shows none (``batch_size=None``, no such state, no batch yet)."""
+    found = None
+    for item in _mappings(container):
+        sampled, batches = item.get("_sampler_iter_state"), item.get("_sampler_iter_yielded")
+        if not isinstance(sampled, Mapping) or "samples_yielded" not in sampled or batches is None:
+            continue
+        samples = sampled["samples_yielded"]
+        for name, value in (("samples_yielded", samples), ("_sampler_iter_yielded", batches)):
+            if type(value) is not int or not 0 <= value <= MAX_COUNT:
+                raise StateError(
+                    f"malformed StatefulDataLoader state: {name} must be an integer >= 0 and <= "
+                    f"{MAX_COUNT}, not {shown(value)}"
+                )
+        if batches and samples > batches:
+            found = -(-samples // batches)
+    return found
 
 
 def job_state(container: Any) -> LoaderState:

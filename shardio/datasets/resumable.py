@@ -14,9 +14,10 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from ..errors import StateError
-from ..jobstate import find_states, steps_after_snapshot
+from ..errors import OptionError, StateError
+from ..jobstate import find_states, loader_batch_size, steps_after_snapshot
 from ..planning.exclusions import leave_out_consumed
+from ..planning.steps import loader_batching
 from ..planning.surgery import Surgery
 from ..runtime.control import Instruction, extra_mark
 from ..runtime.progress import resume_point
@@ -89,8 +90,14 @@ class Resumable(Planned):
             The state (a small JSON-ready dict) that `load_state_dict` continues from, after that batch.
 
         Raises:
-            OptionError: A batch without its position (one a DataLoader batched from samples).
+            OptionError: A batch without its position (one a DataLoader batched from samples; with
+                `step_batches`, naming it).
         """
+        step_batches = self.planner.batching.step_batches
+        if step_batches is not None and not self.planner.batched and isinstance(batch, dict):
+            many = batch.get("batch_index")
+            if isinstance(many, (list, tuple)):
+                raise OptionError(loader_batching(step_batches, len(many), "the batch given to state_after"))
         epoch, index = batch_position(batch)
         given = self._progress.control.instruction()
         history = given.history if epoch == given.epoch else ()
@@ -110,12 +117,21 @@ class Resumable(Planned):
         Raises:
             StateError: A state that does not fit this dataset (another index, seed or plan options) or
                 is malformed.
+            OptionError: With `step_batches`, an unbatched dataset's state whose DataLoader batched its
+                samples (`StatefulDataLoader(batch_size=N)`): its batches are no steps' batches.
         """
         context = Context.detect()
         world = self._epochs.ranks(context)
+        step_batches = self.planner.batching.step_batches
+        stepped_samples = step_batches is not None and not self.planner.batched
+        batched_by = loader_batch_size(state) if stepped_samples else None
+        if step_batches is not None and batched_by:  # its DataLoader batched samples: a state of no step
+            raise OptionError(loader_batching(step_batches, batched_by, "the loaded state"))
         loaded, instruction, skip, ahead = resume_point(
             find_states(state), steps_after_snapshot(state), world.world_size, context
         )
+        if step_batches is not None and stepped_samples and ahead:  # workers' samples out of plan order
+            raise OptionError(loader_batching(step_batches, None, "the loaded state"))
         problems = self.planner.differences(loaded)
         if problems:
             raise StateError(

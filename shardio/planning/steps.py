@@ -26,7 +26,17 @@ import numpy as np
 from ..errors import OptionError
 from .rounds import Formed, Segmented, balance, deal, step_efficiency
 
-__all__ = ["Steps", "Split", "steps_of", "snake", "split_steps", "check_world", "mid_step", "plan_steps"]
+__all__ = [
+    "Steps",
+    "Split",
+    "steps_of",
+    "snake",
+    "split_steps",
+    "check_world",
+    "mid_step",
+    "loader_batching",
+    "plan_steps",
+]
 
 
 class Steps(NamedTuple):
@@ -79,6 +89,22 @@ def mid_step(consumed: int, accumulation: int, world_size: int, step_batches: in
         f"per rank per step, step_batches={step_batches}): a resume on another number of ranks continues "
         "whole steps, so save the state at an optimizer step's boundary (after the step's last batch), "
         "or resume on the same number of ranks"
+    )
+
+
+def loader_batching(step_batches: int, samples: int | None, seen: str) -> str:
+    """The refusal of a DataLoader that batches an unbatched dataset's samples (``samples`` at a time, where
+    known) with ``step_batches``, which ``seen`` names: each sample is a batch of the plan's steps, so the
+    DataLoader's batches are no micro-batches of them (with workers, not even of plan order), and no
+    optimizer step means the same samples on another world, or to the ledger."""
+    how = f"{samples} samples at a time" if samples else "several samples at a time"
+    return (
+        f"step_batches={step_batches} counts the dataset's batches, and this dataset is unbatched (each "
+        f"sample is one batch of an optimizer step), but {seen} shows a DataLoader batching its samples, "
+        f"{how} (DataLoader(batch_size=N)): its batches are not the steps' batches, so no optimizer step "
+        "would hold the same samples on another number of ranks or in the ledger. Batch in the dataset "
+        "(Batching(batch_size=... or max_duration=..., step_batches=...)) and give the DataLoader "
+        "batch_size=None, or hand the samples over one by one (DataLoader(batch_size=None))"
     )
 
 

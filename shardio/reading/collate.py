@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, shown
+from ..planning.steps import loader_batching
+from ..world import Context
 from . import blocks
 from .batchmemory import allocate, audio_block, clear_padding
 
@@ -118,7 +120,8 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         The batch, shaped as a batched dataset's.
 
     Raises:
-        OptionError: Not a sequence of samples, or samples of a batched dataset.
+        OptionError: Not a sequence of samples, or samples of a batched dataset, or (in a DataLoader
+            worker) several samples of a dataset with `step_batches`, whose samples are its steps' batches.
     """
     if samples is None or isinstance(samples, (str, bytes, dict)) or not isinstance(samples, Sequence):
         raise OptionError(f"collate takes a list of samples (dicts), not {shown(samples)}")
@@ -138,7 +141,20 @@ def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
             f"these are {len(samples)} batches of a batched dataset: give the DataLoader "
             "batch_size=None, which hands them over as they are"
         )
+    if len(samples) > 1:
+        _refuse_steps(len(samples))
     return collate_into(samples)
+
+
+def _refuse_steps(samples: int) -> None:
+    """An :class:`OptionError` where a DataLoader worker batches the samples of an unbatched dataset with
+    ``step_batches`` (its samples are the steps' batches): in a worker, the dataset it batches is known."""
+    context = Context.detect()
+    if not context.in_worker or getattr(context.dataset, "batched", True) is not False:
+        return
+    step_batches = getattr(getattr(context.dataset, "batching", None), "step_batches", None)
+    if type(step_batches) is int:
+        raise OptionError(loader_batching(step_batches, samples, "shardio.collate in a DataLoader worker"))
 
 
 def collate_into(

@@ -5,7 +5,9 @@ inside a step is refused on another world, naming the step, and resumes exactly 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from resume_harness import (
@@ -16,8 +18,10 @@ from resume_harness import (
     resumed_dataset,
     write_corpora,
 )
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardio import OptionError, StateError, World
+from shardio import OptionError, StateError, World, collate
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +148,70 @@ def test_a_world_that_does_not_divide_step_batches_is_refused_naming_both(dirs: 
         print(ds.accumulation)
     with pytest.raises(OptionError, match="step_batches=4 .* 3 ranks"):
         next(iter(ds))
+
+
+COLLATED_STEPS = r"step_batches=8 counts the dataset.s batches, .*unbatched .* DataLoader batching"
+
+
+def _keys(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collate_fn of the user's own (not shardio.collate): the samples' keys and positions."""
+    return {name: [sample[name] for sample in samples] for name in ("key", "epoch", "batch_index")}
+
+
+def test_a_dataloader_batching_an_unbatched_datasets_samples_with_step_batches_is_refused(
+    dirs: dict[str, str],
+) -> None:
+    """Its batches are no steps' batches (with workers, not even in plan order): refused where shardio sees
+    it, with an OptionError naming step_batches and the DataLoader's batching."""
+    case = Case(batching="unbatched", extra={"step_batches": 8})
+    from resume_harness import make_dataset
+
+    # state_after of a batch the DataLoader made
+    ds = make_dataset(case, dirs, World(0, 2))
+    batch = next(iter(DataLoader(ds, batch_size=3, collate_fn=collate)))
+    with pytest.raises(OptionError, match=COLLATED_STEPS):
+        ds.state_after(batch)
+    # shardio.collate in a DataLoader worker
+    with pytest.raises(OptionError, match=COLLATED_STEPS):
+        next(iter(DataLoader(ds, batch_size=3, collate_fn=collate, num_workers=1)))
+    # a StatefulDataLoader's state of such batches, at a round's end and between its workers' rounds
+    for workers, taken in ((0, 2), (2, 2), (2, 1)):
+        ds = make_dataset(case, dirs, World(0, 2))
+        loader = StatefulDataLoader(
+            ds, batch_size=3, collate_fn=collate if not workers else _keys, num_workers=workers
+        )
+        batches = iter(loader)
+        for _ in range(taken):
+            next(batches)
+        state = json.loads(json.dumps(loader.state_dict()))
+        del batches
+        for world in (World(0, 2), World(0, 4)):
+            with pytest.raises(OptionError, match=COLLATED_STEPS):
+                make_dataset(case, dirs, world).load_state_dict(state)
+        if workers and taken == 1:  # without the loader's counts, its workers' samples consumed ahead tell
+            state["_snapshot"]["_main_snapshot"]["_sampler_iter_state"] = None
+            with pytest.raises(OptionError, match=COLLATED_STEPS):
+                make_dataset(case, dirs, World(0, 1)).load_state_dict(state)
+    # samples handed over one by one are the steps' batches: resumed as steps (the unbatched harness cases)
+    ds = make_dataset(case, dirs, World(0, 2))
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    batches = iter(loader)
+    for _ in range(4):
+        next(batches)
+    make_dataset(case, dirs, World(0, 1)).load_state_dict(loader.state_dict())
+
+
+@pytest.mark.parametrize("value", [-1, "6", 6.0, True, None, 2**62, [6]])
+def test_a_hostile_loader_sample_count_is_a_state_error(dirs: dict[str, str], value: Any) -> None:
+    """The StatefulDataLoader counts read to tell its batching are data: a malformed one is refused, naming
+    it, not a TypeError."""
+    from resume_harness import make_dataset
+
+    case = Case(batching="unbatched", extra={"step_batches": 8})
+    ds = make_dataset(case, dirs, World(0, 2))
+    loader = StatefulDataLoader(ds, batch_size=None)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    state["_sampler_iter_state"] = {"samples_yielded": value}
+    with pytest.raises(StateError, match="samples_yielded must be an integer"):
+        make_dataset(case, dirs, World(0, 2)).load_state_dict(state)
