@@ -119,7 +119,8 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
 
     Raises:
         OptionError: `old` or `new` not a `MixedDataset`, or a re-mix that cannot continue.
-        StateError: A state that does not fit `old`.
+        StateError: A state that does not fit `old`, or (with `step_batches`) one inside an optimizer
+            step: the rest of the epoch is planned again as whole steps.
     """
     from ..datasets.mixed import MixedDataset
     from .remainder import remaining_positions
@@ -130,6 +131,13 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
     loaded: LoaderState = job_state(state)
     planner: Planner = old.planner
     current_plan = planner.check(loaded)  # the state must be old's: a StateError names what differs
+    stepped = loaded.step
+    if stepped is not None and stepped[1]:
+        raise StateError(
+            f"the state is at micro-batch {stepped[1]} of optimizer step {stepped[0]} of epoch "
+            f"{loaded.epoch}: with step_batches a re-mix plans the rest of the epoch again as whole steps, "
+            "so re-mix at a state saved at a step's boundary"
+        )
     current = loaded.surgery.mix_streams
     in_tail = current.tail is not None and current.tail[0] == loaded.epoch
     fingerprints = {
@@ -154,7 +162,7 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
         streams[name] = streams.get(name, Stream()).advance((since - current.since) * quotas[name])
     event: dict[str, Any] = {
         "epoch": loaded.epoch,
-        "step": sum(s.consumed for s in loaded.history) + loaded.position,
+        "step": stepped[0] if stepped else sum(s.consumed for s in loaded.history) + loaded.position,
         "old": dict(old.mix.weights),
         "new": dict(new.mix.weights),
         "corpora": {},
@@ -208,10 +216,11 @@ def remix(state: Mapping[str, Any], old: MixedDataset, new: MixedDataset) -> dic
 
 def remix_report(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every re-mix ``state`` went through, one row per (re-mix, corpus): the epoch and epoch step it
-    happened at (``at``: ``start``, ``end`` or ``mid-epoch``), the corpus's ``status`` (kept, added,
-    dropped), its weights before and after, and for a mid-epoch re-mix its epoch-slice size (``slice``) and
-    the positions of it not yet consumed (``remaining``: played in the rest of the epoch if kept, pending for
-    its return if dropped); ``cursor``/``pending``: its stream after the re-mix.
+    happened at (an optimizer step with ``step_batches``; ``at``: ``start``, ``end`` or ``mid-epoch``), the
+    corpus's ``status`` (kept, added, dropped), its weights before and after, and for a mid-epoch re-mix its
+    epoch-slice size (``slice``) and the positions of it not yet consumed (``remaining``: played in the rest
+    of the epoch if kept, pending for its return if dropped); ``cursor``/``pending``: its stream after the
+    re-mix.
 
     Args:
         state: A state `remix` returned (or one saved after it was loaded).
