@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from job_runs import dump_stacks_on_signal
 from torch.utils.data import DataLoader
 
-from shardio import Ordering, ShardDataset, ShardLoader, collate
+from shardio import Batching, Ordering, ShardDataset, ShardLoader, collate
 from shardio.integrations.accelerate import track
 
 
@@ -33,6 +33,9 @@ def accelerator_options(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(config: dict[str, Any]) -> None:
+    if config.get("step_batches"):
+        stepped(config)
+        return
     accelerator = Accelerator(cpu=True, **accelerator_options(config))
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
@@ -86,6 +89,50 @@ def main(config: dict[str, Any]) -> None:
                 accelerator.save_state(str(ckpt / f"step-{step}"))
         if step % config["every_n_steps"]:
             accelerator.save_state(str(ckpt / f"step-{step}"))  # the epoch end
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def stepped(config: dict[str, Any]) -> None:
+    """With ``step_batches``: ``gradient_accumulation_steps`` of ``K / processes``, ``accelerator.accumulate``
+    (each batch logged with ``sync``: whether it ends an optimizer step), ``save_state`` at every
+    ``every_n_steps``-th optimizer step, SIGKILL at optimizer step ``kill_at_step``."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    accumulation = config["step_batches"] // processes
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batching = Batching(batch_size=config["batch_size"], step_batches=config["step_batches"])
+    dataset = ShardDataset(config["data"], batching=batching, seed=5, ordering=Ordering(shuffle_shards=2))
+    progress = track(accelerator, dataset)
+    loader = DataLoader(dataset, batch_size=None, num_workers=config["workers"])
+    step = 0
+    if config.get("resume_from"):
+        accelerator.load_state(config["resume_from"])
+        step = int(Path(config["resume_from"]).name.split("-")[1])
+    ckpt = Path(config["ckpt_dir"])
+    log = open(Path(config["out"]) / f"rank{accelerator.process_index}.jsonl", "a")
+    for epoch in range(progress.epoch, config["max_epochs"]):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            if step == config.get("kill_at_step"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            with accelerator.accumulate(model):
+                features = batch["audio"].mean(dim=(1, 2)).unsqueeze(1)
+                accelerator.backward(model(features).pow(2).mean())
+                optimizer.step()
+                optimizer.zero_grad()
+            sync = accelerator.sync_gradients
+            entry = {"epoch": epoch, "step": step, "sync": sync, "keys": list(batch["keys"])}
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            progress.update(batch)
+            if sync:
+                step += 1
+                if step % config["every_n_steps"] == 0:
+                    accelerator.save_state(str(ckpt / f"step-{step}"))
     accelerator.wait_for_everyone()
     accelerator.end_training()
 

@@ -30,7 +30,7 @@ from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError, shown
 from ..ledger.rebuild import read_state
-from ..state import check_follows
+from ..state import LoaderState, check_follows
 from ..storage.files import write_atomic
 from ._extras import require
 
@@ -140,9 +140,17 @@ def track(accelerator: Any, dataset: ShardDataset, *, name: str = "shardio_loade
     file = f"{name}.json"
 
     def save(models: Any, weights: Any, output_dir: str) -> None:
+        state = progress.state_dict()
+        stepped = LoaderState.from_dict(state).step
+        if stepped is not None:
+            # Accelerate saves its count of micro-batches and syncs at each multiple of the accumulation: a
+            # count of this world's micro-batches is off the steps on another world (6 batches of 2 ranks x 2
+            # resumed on 1 x 4 synced after 2); the micro-batch within the step (0 at its boundary), the same
+            # place in the step for this run, resumes on any world
+            accelerator.step = stepped[1]
         on_each_node = accelerator.project_configuration.save_on_each_node
         if accelerator.is_main_process or (on_each_node and accelerator.is_local_main_process):
-            data = json.dumps(progress.state_dict()).encode("utf-8")
+            data = json.dumps(state).encode("utf-8")
             write_atomic(os.path.join(output_dir, file), data)
 
     def load(models: Any, input_dir: str) -> None:

@@ -76,7 +76,7 @@ def run_job(
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--multi_gpu",
+        "--multi_gpu" if processes > 1 else "--cpu",  # --multi_gpu refuses one process
         "--num_processes",
         str(processes),
         "--num_machines",
@@ -186,3 +186,35 @@ def test_a_batched_loader_prepared_without_dispatch_fails(data: Path, tmp_path: 
     """``DataLoader(batch_size=None)`` has no batch size for ``IterableDatasetShard``: ``prepare()`` fails."""
     run_job(data, tmp_path / "run", prepare=True, dispatch_batches=False, expect_kill=True)
     assert "TypeError" in (tmp_path / "run" / "output.txt").read_text()
+
+
+def optimizer_steps(ranks: list[list[dict[str, Any]]]) -> list[list[str]]:
+    """Each optimizer step's keys over every rank: a rank's batches up to its next ``sync``."""
+    per_rank = []
+    for records in ranks:
+        steps, current = [], []
+        for record in records:
+            current += record["keys"]
+            if record["sync"]:
+                steps.append(current)
+                current = []
+        assert not current, "batches after the last optimizer step"
+        per_rank.append(steps)
+    assert len({len(steps) for steps in per_rank}) == 1, "ranks of unequal optimizer step counts"
+    return [sorted(key for steps in per_rank for key in steps[s]) for s in range(len(per_rank[0]))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("new", [1, 4])
+def test_accumulated_steps_killed_and_resumed_on_another_world(data: Path, tmp_path: Path, new: int) -> None:
+    """``step_batches=4``: 2 processes x ``gradient_accumulation_steps=2`` killed with SIGKILL at optimizer
+    step 4, resumed from step 3's checkpoint on ``new`` processes x ``4 / new``, train the straight run's
+    optimizer steps from step 3 on (Accelerate's own micro-batch count resumes at the step's boundary)."""
+    options = {"step_batches": 4, "batch_size": 1, "every_n_steps": 3}
+    straight = optimizer_steps(run_job(data, tmp_path / "straight", **options))
+    killed = run_job(data, tmp_path / "killed", kill_at_step=4, expect_kill=True, **options)
+    assert optimizer_steps(killed) == straight[:4]
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert step == 3
+    resumed = run_job(data, tmp_path / "resumed", processes=new, resume_from=str(checkpoint), **options)
+    assert optimizer_steps(resumed) == straight[step:]
