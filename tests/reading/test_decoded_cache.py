@@ -182,3 +182,24 @@ def test_options_are_checked() -> None:
         Reading(decoded_cache=3)  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="decoded_cache_bytes"):
         Reading(decoded_cache="x", decoded_cache_bytes=10)
+
+
+def test_a_batch_from_the_cache_reads_no_shard(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    corpus = tmp_path / "corpus"
+    with ShardWriter(corpus, max_samples=5) as writer:
+        for i in range(10):
+            encoded = audio_bytes(rng.uniform(-0.5, 0.5, (int(rng.integers(400, 2000)), 1)), 8000, "flac")
+            members = {"flac": encoded, "txt": f"text {i}".encode(), "json": b'{"speaker": %d}' % (i % 3)}
+            frames = _frames(encoded, "flac")
+            writer.write(
+                f"s{i:03d}", members, audio_ext="flac", num_frames=frames, sample_rate=8000, channels=1
+            )
+    plain = batches(corpus)
+    reading = Reading(decoded_cache=str(tmp_path / "decoded"))
+    assert_identical(plain[: len(plain) // 2], batches(corpus, epochs=1, reading=reading))
+    for shard in corpus.glob("*.tar"):  # the shards gone: only the cache can make the batches
+        shard.rename(shard.with_suffix(".gone"))
+    found = batches(corpus, reading=reading)
+    assert_identical(plain, found)
+    assert found[0]["speaker"] and found[0]["text"]
