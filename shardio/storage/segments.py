@@ -291,7 +291,7 @@ class Segments:
         """Room for ``need`` more bytes in this process's segment (a new one when it would outgrow
         :attr:`segment_bytes`), evicting others' to keep within the bound; whether there is."""
         chunk = max(need, self.reserve)
-        with FileLock(os.path.join(self.directory, "lock"), what="the decoded cache"):
+        with FileLock(os.path.join(self.directory, "lock"), what="the decoded cache", record=False):
             writer = self._writer
             if writer is not None:
                 slot, offset, end = writer
