@@ -19,6 +19,7 @@ from shardio.errors import OptionError
 from shardio.reading.decodedcache import DecodedCache
 from shardio.shards.index import Index
 from tests.audio_factory import audio_bytes
+from tests.remote_servers import HTTPFileServer
 
 FORMATS = ("flac", "wav", "ogg")
 
@@ -203,3 +204,17 @@ def test_a_batch_from_the_cache_reads_no_shard(tmp_path: Path) -> None:
     found = batches(corpus, reading=reading)
     assert_identical(plain, found)
     assert found[0]["speaker"] and found[0]["text"]
+
+
+def test_a_remote_dataset_the_cache_holds_downloads_no_shard(
+    corpora: dict[str, Path], tmp_path: Path
+) -> None:
+    plain = batches(corpora["flac"])
+    with HTTPFileServer(str(corpora["flac"].parent)) as server:
+        url = f"{server.url}/{corpora['flac'].name}"
+        reading = Reading(decoded_cache=str(tmp_path / "decoded"))
+        batches(url, epochs=1, reading=reading)  # fills the cache
+        assert server.faults.count(".tar") > 0
+        server.faults.clear()
+        assert_identical(plain, batches(url, reading=reading))  # a new dataset, two epochs
+        assert server.faults.count(".tar") == 0  # neither read ahead nor read: no request for a shard
