@@ -282,8 +282,9 @@ class ShardDataset(Resumable, IterableDataset):
         numbers = worker_batches(plan.num_batches, at.start, world.worker, world.num_workers)[skip:]
         if assembler.cache is not None and numbers:  # the next batches (evicted last), not the epoch's all
             assembler.cache.upcoming(np.concatenate([plan.batch(j) for j in numbers[:UPCOMING_BATCHES]]))
+        held = assembler.cache.holds if assembler.cache is not None and assembler.lane is not None else None
         batches = self._reader.read_ahead(
-            (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers
+            (plan.batch(j) for j in numbers), self.reading.read_ahead, share=1 / world.num_workers, held=held
         )
         log = recorder()  # None unless SHARDIO_YIELD_LOG is set (and not in a ShardLoader's worker)
         if log is not None:

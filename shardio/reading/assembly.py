@@ -50,6 +50,7 @@ class _Prepared(NamedTuple):
     position: int  # in the batch's sample ids
     sample: dict[str, Any]  # every field but the audio and its rate
     audio: EncodedAudio
+    members: dict[str, memoryview] | None  # its other members, kept in the decoded cache (None: no cache)
 
 
 class Assembler:
@@ -116,11 +117,11 @@ class Assembler:
         kept: list[int] = []
         in_rows = rows is not None
         try:
-            for position, sample, audio in prepared:
+            for position, sample, audio, members in prepared:
                 try:
                     row = None if rows is None else rows[len(samples)]
                     # a failed sample's row is written again
-                    samples.append(self._decode(sample, audio, epoch, row, int(ids[position])))
+                    samples.append(self._decode(sample, audio, epoch, row, int(ids[position]), members))
                 except ShardioError as exc:
                     self._failed(position, int(ids[position]), exc, skipped)
                     continue
@@ -245,13 +246,20 @@ class Assembler:
                 frames=int(columns["num_frames"][sample_id]),
                 rate=int(columns["sample_rate"][sample_id]),
             ),
+            None if self.cache is None else {name: data for name, data in members.items() if name != ext},
         )
 
     def _decode(
-        self, sample: dict[str, Any], audio: EncodedAudio, epoch: int, row: np.ndarray | None, sample_id: int
+        self,
+        sample: dict[str, Any],
+        audio: EncodedAudio,
+        epoch: int,
+        row: np.ndarray | None,
+        sample_id: int,
+        members: dict[str, memoryview] | None = None,
     ) -> dict[str, Any]:
         """The last pass over a sample: its audio decoded (into ``row``, a batch row, when it fits) or read
-        from the decoded cache, then the transform."""
+        from the decoded cache (which keeps its other ``members`` with it), then the transform."""
         decoding, cache = self.decoding, self.cache
         int16 = decoding.dtype == "int16"
         if cache is not None and audio.layout is not None and decoding.keeps_decoded_audio:
@@ -266,7 +274,7 @@ class Assembler:
             if stored is not None:  # 16-bit PCM, as stored
                 sample["audio"], sample["sample_rate"] = stored
                 if cache is not None:
-                    cache.put(sample_id, *stored)
+                    cache.put(sample_id, *stored, members)
                 return sample
             sample["audio"], sample["sample_rate"] = decode_encoded(
                 audio,
@@ -276,12 +284,12 @@ class Assembler:
                 out=row,
             )
             if cache is not None and not cache.final:
-                cache.put(sample_id, sample["audio"], sample["sample_rate"])
+                cache.put(sample_id, sample["audio"], sample["sample_rate"], members)
         if decoding.transform is not None:
             key = sample["key"]
             sample = decoding.transform(sample, np.random.default_rng([self.seed, epoch, _key_seed(key)]))
         if int16:
             sample["audio"] = to_int16(sample["audio"])
             if cache is not None and cache.final and entry is None:
-                cache.put(sample_id, sample["audio"], sample["sample_rate"])
+                cache.put(sample_id, sample["audio"], sample["sample_rate"], members)
         return sample

@@ -9,6 +9,8 @@ audio itself. Entries live in :class:`~shardio.storage.segments.Segments` (check
 process of the node) under a namespace digested from what makes the audio: the index's ``content_id`` and the
 decoding options that change samples (``mono``, ``sample_rate``, ``dtype``, whether a transform follows).
 An entry is also held to what the index says of its sample (channels, rate, at most its frames) before use.
+An entry also holds the sample's other members (its ``json``, ``txt``, ...: ``{ext: bytes}``), so that a batch
+read from the cache never touches the shard.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -28,21 +32,24 @@ from .wav import fits
 
 __all__ = ["FORMAT", "DecodedCache", "Entry", "clear", "namespace", "report"]
 
-FORMAT = 1
+FORMAT = 2
 """The entries' layout version: part of the namespace, so another layout is never read."""
 _INT16, _FLOAT32 = 0, 1
 _SCALE = np.float32(2.0**-15)
+_TRAILER = struct.Struct("<II")  # an entry's payload ends with: audio bytes, members bytes
+_MEMBER = struct.Struct("<BI")  # a member: its ext's length, its size; then the ext and its bytes
 
 
 class Entry(NamedTuple):
     """A cached sample's audio, ``(channels, frames)``, and its rate; ``final``: it is the batch's audio
     already (int16 for a ``dtype="int16"`` dataset without a transform); ``in_out``: it was written into the
-    ``out`` array given."""
+    ``out`` array given; ``members``: the sample's other members, ``{ext: bytes}``."""
 
     audio: np.ndarray
     rate: int
     final: bool
     in_out: bool = False
+    members: dict[str, memoryview] | None = None
 
 
 def namespace(index: Index, decoding: Decoding) -> str:
@@ -133,7 +140,12 @@ class DecodedCache:
         found = self.segments.get(sample_id)
         if found is None:
             return None
-        meta, payload = found
+        meta, entry = found
+        parts = _split(entry)
+        if parts is None:
+            self.segments.distrusted += 1
+            return None
+        payload, members = parts
         kind, channels, rate = meta & 0xFF, (meta >> 8) & 0xFFFF, meta >> 24
         want_channels, want_rate, most = self._expected(sample_id)
         itemsize = 2 if kind == _INT16 else 4
@@ -153,9 +165,9 @@ class DecodedCache:
         if self.final:
             target = fits(out, channels, frames) if out is not None and out.dtype == np.int16 else None
             if target is None:
-                return Entry(stored.copy(), rate, True)
+                return Entry(stored.copy(), rate, True, False, members)
             np.copyto(target, stored)
-            return Entry(target, rate, True, True)
+            return Entry(target, rate, True, True, members)
         target = fits(out, channels, frames) if out is not None and out.dtype == np.float32 else None
         in_out = target is not None
         if target is None:
@@ -165,12 +177,18 @@ class DecodedCache:
             target *= _SCALE
         else:
             np.copyto(target, stored)
-        return Entry(target, rate, False, in_out)
+        return Entry(target, rate, False, in_out, members)
 
-    def put(self, sample_id: int, audio: np.ndarray, rate: int) -> None:
+    def put(
+        self, sample_id: int, audio: np.ndarray, rate: int, members: Mapping[str, memoryview] | None = None
+    ) -> None:
         """Keep sample ``sample_id``'s decoded audio: the batch's int16 audio where :attr:`final`, else the
-        decoder's float32 (before any transform)."""
+        decoder's float32 (before any transform); and its other ``members`` (``{ext: bytes}``, not its
+        audio's)."""
         if not self.on:
+            return
+        blob = _joined(members or {})
+        if blob is None:
             return
         audio = np.asarray(audio)
         if audio.ndim != 2 or not 0 < audio.shape[0] <= 0xFFFF or rate >= 1 << 40:
@@ -185,12 +203,51 @@ class DecodedCache:
         if self.final and kind != _INT16:
             return
         meta = kind | (stored.shape[0] << 8) | (rate << 24)
-        if self.segments.put(sample_id, meta, stored.reshape(-1).view(np.uint8).data):
+        sound = stored.reshape(-1).view(np.uint8)
+        pad = -(sound.size + len(blob) + _TRAILER.size) % 8  # the next entry's audio stays aligned
+        tail = blob + bytes(pad) + _TRAILER.pack(sound.size, len(blob))
+        if self.segments.put(sample_id, meta, sound.data, tail):
             self.stored += 1
 
     def close(self) -> None:
         """Close the cache's files (what this process reserved and did not fill is given back)."""
         self.segments.close()
+
+
+def _joined(members: Mapping[str, memoryview]) -> bytes | None:
+    """``members`` as one run of bytes (each: :data:`_MEMBER`, its ext, its bytes); None where one does not
+    fit."""
+    parts: list[bytes | memoryview] = []
+    for ext, data in members.items():
+        name = ext.encode()
+        if len(name) > 0xFF or len(data) >= 1 << 31:
+            return None
+        parts += [_MEMBER.pack(len(name), len(data)), name, data]
+    return b"".join(parts)
+
+
+def _split(entry: memoryview) -> tuple[memoryview, dict[str, memoryview]] | None:
+    """An entry's payload as its audio bytes and its members; None where it is not one."""
+    if len(entry) < _TRAILER.size:
+        return None
+    sound, size = _TRAILER.unpack_from(entry, len(entry) - _TRAILER.size)
+    if not 0 <= len(entry) - _TRAILER.size - sound - size < 8:
+        return None
+    members, at, end = {}, sound, sound + size
+    while at < end:
+        if at + _MEMBER.size > end:
+            return None
+        length, count = _MEMBER.unpack_from(entry, at)
+        at += _MEMBER.size
+        if at + length + count > end:
+            return None
+        try:
+            ext = str(entry[at : at + length], "utf-8")
+        except UnicodeDecodeError:
+            return None
+        members[ext] = entry[at + length : at + length + count]
+        at += length + count
+    return entry[:sound], members
 
 
 def report(directory: str) -> dict[str, int]:

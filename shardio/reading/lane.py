@@ -133,13 +133,11 @@ class Lane:
         audio: list[tuple[memoryview, WavLayout]] = []
         try:
             keys = self._keys.keys_of(ids)
-            views = self._mapped(ids)
-            if cached:
-                if views is None:
-                    views = [self._read(sample_id) for sample_id in ids.tolist()]
-                samples = self._prepared(ids, keys, views, exts, shape, cached=True)[0]
+            views = None if cached else self._mapped(ids)
+            if cached:  # audio and members from the decoded cache: the shard is not read
                 block, rows = audio_rows(frames, shape[0], dtype, self._in_worker)
-                lengths, rates = self._from_cache(ids, rows)
+                lengths, rates, members = self._from_cache(ids, rows)
+                samples = self._samples(ids, keys, members)
             elif views is None and not self._in_passes(ids):  # each read, prepared and decoded in turn
                 block, rows = audio_rows(frames, shape[0], dtype, self._in_worker)
                 for position, sample_id in enumerate(ids.tolist()):
@@ -192,16 +190,20 @@ class Lane:
                 views[position] = view
         return views
 
-    def _from_cache(self, ids: np.ndarray, rows: np.ndarray) -> tuple[list[int], list[int]]:
-        """The decoded cache's entries of samples ``ids`` written into ``rows``; their lengths and rates."""
-        lengths, rates = [], []
+    def _from_cache(
+        self, ids: np.ndarray, rows: np.ndarray
+    ) -> tuple[list[int], list[int], list[dict[str, memoryview]]]:
+        """The decoded cache's entries of samples ``ids`` written into ``rows``; their lengths, rates and
+        other members."""
+        lengths, rates, members = [], [], []
         for sample_id, row in zip(ids.tolist(), rows):
             entry = self.cache.get(sample_id, row)  # type: ignore[union-attr]  # only with a cache
-            if entry is None or not entry.in_out:  # changed since holds(), or not written into its row
-                raise _Unusual
+            if entry is None or not entry.in_out or entry.members is None:  # changed since holds(), or not
+                raise _Unusual  # written into its row
             lengths.append(entry.audio.shape[1])
             rates.append(entry.rate)
-        return lengths, rates
+            members.append(entry.members)
+        return lengths, rates, members
 
     def _in_passes(self, ids: np.ndarray) -> bool:
         """Whether to read every sample of a batch of compressed shards before preparing any (the general
@@ -224,23 +226,15 @@ class Lane:
         views: list[memoryview],
         exts: list[str],
         shape: tuple[int, int],
-        cached: bool = False,
     ) -> tuple[list[dict[str, Any]], list[tuple[memoryview, WavLayout]]]:
         """The middle pass over samples ``ids`` whose tar bytes are ``views`` and audio members ``exts``:
-        their dicts (key and member fields), and their audio members with their layouts, which must fit rows
-        of ``shape`` (channels, frames)."""
+        their dicts (:meth:`_samples`), and their audio members with their layouts, which must fit rows of
+        ``shape`` (channels, frames)."""
         members = split_samples(views, keys, "")
-        fields = self.fields
-        samples = [
-            {"key": key, "audio": None, "sample_rate": None, **(fields(sample_id) if fields else {})}
-            for key, sample_id in zip(keys, ids.tolist())
-        ]
-        add_batch_fields(samples, members, "")
+        samples = self._samples(ids, keys, members)
         audio = [found.get(ext) for found, ext in zip(members, exts)]
         if None in audio:
             raise _Unusual
-        if cached:  # the audio comes from the decoded cache
-            return samples, []
         layouts = wav_layouts(audio)  # type: ignore[arg-type]  # no None left
         for layout in layouts:
             if (
@@ -252,6 +246,18 @@ class Lane:
             ):
                 raise _Unusual
         return samples, list(zip(audio, layouts))  # type: ignore[arg-type]  # checked above
+
+    def _samples(
+        self, ids: np.ndarray, keys: list[str], members: list[dict[str, memoryview]]
+    ) -> list[dict[str, Any]]:
+        """The dicts of samples ``ids`` (key, fields, and the fields of their ``members``), audio to come."""
+        fields = self.fields
+        samples = [
+            {"key": key, "audio": None, "sample_rate": None, **(fields(sample_id) if fields else {})}
+            for key, sample_id in zip(keys, ids.tolist())
+        ]
+        add_batch_fields(samples, members, "")
+        return samples
 
     def _collated(
         self,

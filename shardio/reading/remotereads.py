@@ -99,18 +99,20 @@ class RemoteReads:
         concurrency: int = 16,
         max_gap: int = MAX_GAP,
         share: float = 1.0,
+        held: Callable[[np.ndarray], bool] | None = None,
     ) -> Iterator[np.ndarray]:
         """``batches`` (arrays of sample ids, in the order they will be read), passed through; while the
         caller reads one, the remote bytes of the next ones (up to ``budget`` bytes) are fetched, coalesced
         per shard and concurrently (:mod:`shardio.reading.prefetch`); ``share``: the part of the plan's
-        batches these are (1 / DataLoader workers). Local datasets, and ``budget=0``, read as they go:
+        batches these are (1 / DataLoader workers); a batch for which ``held(ids)`` is true (the decoded cache
+        holds its samples) fetches nothing. Local datasets, and ``budget=0``, read as they go:
         ``iter(batches)``."""
         if budget <= 0 or not self.index.remote:
             return iter(batches)
         return self._reading_ahead(
             batches,
             ReadAhead(
-                self._spans,
+                self._spans if held is None else (lambda ids: [] if held(ids) else self._spans(ids)),
                 self._fetch_span,
                 budget=budget,
                 concurrency=concurrency,

@@ -12,8 +12,9 @@ SUFFIX = ".seg"
 
 
 def segment_sizes(directory: str) -> dict[str, tuple[int, int]]:
-    """Every segment file of the store in ``directory`` (each namespace's folder): path -> (size, mtime in
-    ns). Links and anything but regular files are left out."""
+    """Every segment file of the store in ``directory`` (each namespace's folder): path -> (size, when last
+    used in ns: the later of its mtime, set by writes, and its atime, set by readers). Links and anything but
+    regular files are left out."""
     found: dict[str, tuple[int, int]] = {}
     try:
         spaces = os.listdir(directory)
@@ -30,7 +31,8 @@ def segment_sizes(directory: str) -> dict[str, tuple[int, int]]:
                 except OSError:
                     continue
                 if info.st_mode & 0o170000 == 0o100000:
-                    found[os.path.join(folder, name)] = (info.st_size, info.st_mtime_ns)
+                    used = max(info.st_mtime_ns, info.st_atime_ns)
+                    found[os.path.join(folder, name)] = (info.st_size, used)
     return found
 
 

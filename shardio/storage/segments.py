@@ -1,21 +1,21 @@
 """Segments: a node-local store of checked byte entries keyed by number, shared by every process of the node.
 
-A store is a directory (private to its owner: made ``0700``; one owned by another user, or writable by
-others, is not used) holding a ``secret`` (16 random bytes, ``0600``, made once) and one subdirectory per
-namespace. A namespace holds segment files (``*.seg``), each appended by one process only: an entry is a
-40-byte header (magic, number, the caller's 64-bit ``meta``, payload length, checksum) and its payload. The
-checksum is xxh3-64 of the header and payload, seeded by the secret: an entry written by another store, cut
-short by a killed writer, or changed on disk is distrusted (counted, never returned), whatever its header
-says. It is a checksum, not a MAC: the directory's permissions keep other users out.
+A store is a directory (private to its owner, ``0700``; else not used) holding a ``secret`` (16 random
+bytes, ``0600``) and a subdirectory per namespace, of segment files (``*.seg``), each appended by one process
+only: an entry is a 40-byte header (magic, number, the caller's 64-bit ``meta``, payload length, checksum)
+and its payload. The checksum (xxh3-64 of header and payload, seeded by the secret; not a MAC: permissions
+keep other users out) makes an entry of another store, cut short or changed on disk distrusted (counted,
+never returned). A process checks an entry once, then reads it unchecked while its segment's status stays
+the same (:mod:`~shardio.storage.entrytrust`).
 
 Bounded: a writer reserves room before it appends (``ftruncate`` of its segment, under the store's lock, after
 evicting whole segments of any namespace to fit ``max_bytes``), so the files' sizes never add up past the
 bound. What a writer reserved and did not fill is zeros, where a scan of the segment stops. Eviction prefers
-segments holding none of the numbers :meth:`Segments.upcoming` names, least recently written first, then those
+segments holding none of the numbers :meth:`Segments.upcoming` names, least recently used first, then those
 whose first upcoming number comes latest. A process reads a segment through its memory map (``LocalShard``: a
 file cut short is a typed error, not SIGBUS) on a descriptor it keeps, so a segment removed while read stays
-readable to it. A full disk or a file-size limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``) stops this process's
-writes with one warning; reads go on.
+readable. A full disk or a file-size limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``) stops this process's writes
+with one warning; reads go on.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import numpy as np
 import xxhash
 
 from ..errors import ShardioError
+from .entrytrust import EntryTrust
 from .eviction import SUFFIX, evict, segment_sizes, soonest
 from .localshard import LocalShard
 from .locks import FileLock
@@ -73,14 +74,14 @@ class Segments:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._where = np.full(self.count, -1, np.int32)  # number -> segment slot (-1: none known)
-        # 12 bytes a sample, 16 with upcoming(): a segment is at most 1 GiB (segment_bytes)
-        self._offset = np.zeros(self.count, np.int32)
-        self._length = np.zeros(self.count, np.int32)
+        # 20 bytes a sample (8 the trust's), 24 with upcoming(): a segment is at most 1 GiB (segment_bytes)
+        self._offset, self._length = np.zeros(self.count, np.int32), np.zeros(self.count, np.int32)
         self._fds: list[int] = []  # slot -> descriptor (-1: closed)
         self._maps: list[LocalShard | None] = []  # slot -> its entries' bytes, mapped where the kernel allows
         self._names: dict[str, int] = {}  # segment name -> slot
         self._scanned: list[int] = []  # slot -> offset scanned to
         self._touched: list[float] = []  # slot -> when this process last marked it used
+        self._trust = EntryTrust(self.count)  # entries checked once, while their segment is unchanged
         self._scan_at = 0.0
         self._writer: tuple[int, int, int] | None = None  # (slot, write offset, reserved end)
         self._next_use: np.ndarray | None = None
@@ -103,12 +104,13 @@ class Segments:
         with contextlib.suppress(Exception):  # at interpreter shutdown
             self.close()
 
-    def _check(self, number: int, meta: int, payload: memoryview) -> int:
-        prefix = HEADER.pack(_MAGIC, number, meta, len(payload), 0)[:-8]
+    def _check(self, number: int, meta: int, *parts: memoryview | bytes) -> int:
+        prefix = HEADER.pack(_MAGIC, number, meta, sum(map(len, parts)), 0)[:-8]
         seed = (self._seed or 0) ^ xxhash.xxh3_64_intdigest(prefix, seed=self._seed or 0)
-        return xxhash.xxh3_64_intdigest(payload, seed=seed & _MASK)
-
-    # -- reading ---------------------------------------------------------------------------------
+        digest = xxhash.xxh3_64(seed=seed & _MASK)  # streamed: the same digest as of the parts joined
+        for part in parts:
+            digest.update(part)
+        return digest.intdigest()
 
     def get(self, number: int) -> tuple[int, memoryview] | None:
         """The ``meta`` and payload of entry ``number``, checked; None where there is none (or it was found
@@ -136,11 +138,13 @@ class Segments:
             data = mapped.view(offset, length, "")
         except (OSError, ShardioError):
             data = memoryview(b"")
-        found = self._parse(number, data)
+        generation = self._trust.generation(slot, self._fds[slot])
+        found = self._parse(number, data, check=not self._trust.trusted(number, generation))
         if found is None:
             self.distrusted += 1
             self._where[number] = -1
         else:
+            self._trust.checked(number, generation)
             self._touch(slot)
         return found
 
@@ -148,10 +152,8 @@ class Segments:
         now = time.monotonic()
         if now - self._touched[slot] > TOUCH_S:
             self._touched[slot] = now
-            try:
-                os.utime(self._fds[slot])  # the least recently used segment goes first
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # least recently used first; mtime kept (see EntryTrust)
+                os.utime(self._fds[slot], ns=(time.time_ns(), os.fstat(self._fds[slot]).st_mtime_ns))
 
     def holds(self, numbers: np.ndarray) -> bool:
         """Whether entries ``numbers`` are all known to this process (a rescan at most every
@@ -160,25 +162,24 @@ class Segments:
             return False
         if self._pid != os.getpid():
             self._reset()
-        if (self._where[numbers] >= 0).all():
+        elif (self._where[numbers] >= 0).all():
             return True
-        now = time.monotonic()
-        if now - self._scan_at < RESCAN_S:
+        if time.monotonic() - self._scan_at < RESCAN_S:
             return False
-        self._scan_at = now
+        self._scan_at = time.monotonic()
         self.scan()
         return bool((self._where[numbers] >= 0).all())
 
-    def _parse(self, number: int, data: memoryview) -> tuple[int, memoryview] | None:
+    def _parse(self, number: int, data: memoryview, check: bool = True) -> tuple[int, memoryview] | None:
         if len(data) < HEADER.size:
             return None
-        magic, got, meta, length, check = HEADER.unpack_from(data)
+        magic, got, meta, length, checksum = HEADER.unpack_from(data)
         payload = data[HEADER.size :]
         if (
             magic != _MAGIC
             or got != number
             or length != len(payload)
-            or self._check(number, meta, payload) != check
+            or (check and self._check(number, meta, payload) != checksum)
         ):
             return None
         return meta, payload
@@ -213,15 +214,20 @@ class Segments:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             return None
+        return self._add_slot(name, fd, 0.0)
+
+    def _add_slot(self, name: str, fd: int, touched: float) -> int:
         self._names[name] = len(self._fds)
         self._fds.append(fd)
         self._maps.append(None)
         self._scanned.append(0)
-        self._touched.append(0.0)
+        self._touched.append(touched)
+        self._trust.add()
         return len(self._fds) - 1
 
     def _forget(self, name: str, slot: int) -> None:
         del self._names[name]
+        self._trust.forget(slot)
         os.close(self._fds[slot])
         self._fds[slot] = -1
         mapped, self._maps[slot] = self._maps[slot], None
@@ -244,8 +250,6 @@ class Segments:
             offset = end
         self._scanned[slot] = offset
 
-    # -- writing ---------------------------------------------------------------------------------
-
     def upcoming(self, numbers: np.ndarray) -> None:
         """The numbers this process reads next, in order: eviction keeps the segments they are in."""
         next_use = np.full(self.count, np.iinfo(np.int32).max, np.int32)
@@ -253,14 +257,14 @@ class Segments:
         next_use[numbers[::-1]] = np.arange(len(numbers), dtype=np.int32)[::-1]
         self._next_use = next_use
 
-    def put(self, number: int, meta: int, payload: memoryview) -> bool:
-        """Append entry ``number`` (unless this process cannot write: a full disk, a bound too small);
-        whether it was."""
+    def put(self, number: int, meta: int, payload: memoryview, tail: bytes = b"") -> bool:
+        """Append entry ``number``, whose payload is ``payload`` then ``tail`` (unless this process cannot
+        write: a full disk, a bound too small); whether it was."""
         if not self._writes:
             return False
         if self._pid != os.getpid():
             self._reset()
-        need = HEADER.size + len(payload)
+        need = HEADER.size + len(payload) + len(tail)
         if need > self.segment_bytes:
             return False
         try:
@@ -269,8 +273,9 @@ class Segments:
                     return False
             assert self._writer is not None
             slot, offset, end = self._writer
-            header = HEADER.pack(_MAGIC, number, meta, len(payload), self._check(number, meta, payload))
-            os.pwritev(self._fds[slot], [header, payload], offset)
+            check = self._check(number, meta, payload, tail)
+            header = HEADER.pack(_MAGIC, number, meta, len(payload) + len(tail), check)
+            os.pwritev(self._fds[slot], [header, payload, tail], offset)
         except OSError as exc:
             if exc.errno not in _FULL:
                 raise
@@ -286,7 +291,7 @@ class Segments:
         """Room for ``need`` more bytes in this process's segment (a new one when it would outgrow
         :attr:`segment_bytes`), evicting others' to keep within the bound; whether there is."""
         chunk = max(need, self.reserve)
-        with FileLock(os.path.join(self.directory, "lock"), what="the decoded cache"):
+        with FileLock(os.path.join(self.directory, "lock"), what="the decoded cache", record=False):
             writer = self._writer
             if writer is not None:
                 slot, offset, end = writer
@@ -308,12 +313,7 @@ class Segments:
                 fd = os.open(
                     os.path.join(self.path, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
                 )
-                self._names[name] = len(self._fds)
-                self._fds.append(fd)
-                self._maps.append(None)
-                self._scanned.append(0)
-                self._touched.append(time.monotonic())
-                writer = (len(self._fds) - 1, 0, 0)
+                writer = (self._add_slot(name, fd, time.monotonic()), 0, 0)
             slot, offset, end = writer
             try:
                 os.ftruncate(self._fds[slot], offset + chunk)

@@ -19,6 +19,7 @@ from shardio.errors import OptionError
 from shardio.reading.decodedcache import DecodedCache
 from shardio.shards.index import Index
 from tests.audio_factory import audio_bytes
+from tests.remote_servers import HTTPFileServer
 
 FORMATS = ("flac", "wav", "ogg")
 
@@ -182,3 +183,38 @@ def test_options_are_checked() -> None:
         Reading(decoded_cache=3)  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="decoded_cache_bytes"):
         Reading(decoded_cache="x", decoded_cache_bytes=10)
+
+
+def test_a_batch_from_the_cache_reads_no_shard(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    corpus = tmp_path / "corpus"
+    with ShardWriter(corpus, max_samples=5) as writer:
+        for i in range(10):
+            encoded = audio_bytes(rng.uniform(-0.5, 0.5, (int(rng.integers(400, 2000)), 1)), 8000, "flac")
+            members = {"flac": encoded, "txt": f"text {i}".encode(), "json": b'{"speaker": %d}' % (i % 3)}
+            frames = _frames(encoded, "flac")
+            writer.write(
+                f"s{i:03d}", members, audio_ext="flac", num_frames=frames, sample_rate=8000, channels=1
+            )
+    plain = batches(corpus)
+    reading = Reading(decoded_cache=str(tmp_path / "decoded"))
+    assert_identical(plain[: len(plain) // 2], batches(corpus, epochs=1, reading=reading))
+    for shard in corpus.glob("*.tar"):  # the shards gone: only the cache can make the batches
+        shard.rename(shard.with_suffix(".gone"))
+    found = batches(corpus, reading=reading)
+    assert_identical(plain, found)
+    assert found[0]["speaker"] and found[0]["text"]
+
+
+def test_a_remote_dataset_the_cache_holds_downloads_no_shard(
+    corpora: dict[str, Path], tmp_path: Path
+) -> None:
+    plain = batches(corpora["flac"])
+    with HTTPFileServer(str(corpora["flac"].parent)) as server:
+        url = f"{server.url}/{corpora['flac'].name}"
+        reading = Reading(decoded_cache=str(tmp_path / "decoded"))
+        batches(url, epochs=1, reading=reading)  # fills the cache
+        assert server.faults.count(".tar") > 0
+        server.faults.clear()
+        assert_identical(plain, batches(url, reading=reading))  # a new dataset, two epochs
+        assert server.faults.count(".tar") == 0  # neither read ahead nor read: no request for a shard

@@ -5,9 +5,11 @@ segment files never add up past the bound."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -98,3 +100,40 @@ def test_a_changed_byte_or_a_foreign_store_is_distrusted(tmp_path: Path) -> None
     os.replace(foreign, os.path.join(os.path.dirname(segment), "copied.seg"))
     store = Segments(str(tmp_path / "a"), "space", 8 << 20, COUNT)
     assert store.get(4) is None and store.distrusted == 1
+
+
+def test_an_entry_is_checked_once_while_its_segment_is_unchanged_and_again_after_a_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Segments(str(tmp_path), "space", 8 << 20, COUNT)
+    assert store.put(3, 9, memoryview(b"x" * 1000), b"tail")
+    store.close()
+    (segment,) = list(segment_sizes(str(tmp_path)))
+    os.utime(segment, (time.time() - 3600, time.time() - 3600))  # written an hour ago: settled
+    checks = []
+    check = Segments._check
+    monkeypatch.setattr(Segments, "_check", lambda self, *args: checks.append(1) or check(self, *args))
+    store = Segments(str(tmp_path), "space", 8 << 20, COUNT)
+    for _ in range(5):
+        found = store.get(3)
+        assert found is not None and found[0] == 9 and bytes(found[1]) == b"x" * 1000 + b"tail"
+        time.sleep(0.002)  # past a status check's interval: the segment's status is looked at again
+    assert len(checks) == 1
+    with open(segment, "r+b") as changed:  # a byte of the payload changed in place, the size kept
+        changed.seek(HEADER.size + 10)
+        changed.write(b"y")
+    time.sleep(0.002)
+    assert store.get(3) is None and store.distrusted == 1 and len(checks) == 2
+
+
+def test_a_segment_being_written_has_every_read_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Segments(str(tmp_path), "space", 8 << 20, COUNT)
+    assert store.put(3, 9, memoryview(b"x" * 1000))
+    checks = []
+    check = Segments._check
+    monkeypatch.setattr(Segments, "_check", lambda self, *args: checks.append(1) or check(self, *args))
+    for _ in range(3):
+        assert store.get(3) is not None
+    assert len(checks) == 3  # its mtime is recent: a write within the file clock's tick would not move it
