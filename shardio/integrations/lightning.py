@@ -152,7 +152,10 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
                     "ShardioCallback found no ShardDataset: pass it through attach() in train_dataloader()"
                 )
             self._dataset = found
-        check_accumulation(self._dataset, trainer.accumulate_grad_batches, "Trainer(accumulate_grad_batches)")
+        if trainer is not None:
+            check_accumulation(
+                self._dataset, trainer.accumulate_grad_batches, "Trainer(accumulate_grad_batches)"
+            )
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).

@@ -24,10 +24,6 @@ from shardio.storage.files import filesystem
 from shardio.storage.filesystems import Filesystems
 from shardio.storage.retries import RetryPolicy
 
-# seconds a child that drops the parent's filesystems may take over one that keeps them; the finalizer's wait
-# is at least 1 s (a busy machine slows both children alike)
-DROP_COST_LIMIT = 0.5
-
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPFileServer]:
@@ -68,8 +64,9 @@ def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(
     http: HTTPFileServer, holder: str
 ) -> None:
     """The parent's filesystem is held by fsspec's instance cache only, or by a reader's Filesystems that the
-    child drops (as Reader._after_fork does); either way the child's first read takes no longer than that of
-    a child that keeps the parent's filesystems (measured side by side: a busy machine slows both)."""
+    child drops (as Reader._after_fork does); either way the child never finalizes it, so its first read never
+    waits the finalizer's second. (The test once also compared the children's times: a loaded machine made
+    that fail; ``python benchmarks/remote.py`` measures the read-ahead's speed with workers.)"""
     url = f"{http.url}/blob"
     if holder == "fsspec":
         _parent_session(url)
@@ -81,17 +78,13 @@ def test_a_forked_child_reads_without_waiting_on_the_parents_filesystem(
         del fs
     gc.collect()  # what earlier tests dropped (made outside shardio) is finalized here, not in the child
     context = multiprocessing.get_context("fork")
-    times: dict[bool, list[float]] = {True: [], False: []}
     for drop in (True, False, True, False):  # the wait recurs in every dropping child
         results = context.Queue()
         child = context.Process(target=_child_read, args=(url, results, drop))
         child.start()
-        seconds, data, kept = results.get(timeout=30)
+        _, data, kept = results.get(timeout=30)
         child.join(timeout=30)
         assert child.exitcode == 0
         assert data == bytes(range(10, 20))
         assert kept, "the child finalized the parent's filesystem"
-        times[drop].append(seconds)
-    extra = min(times[True]) - min(times[False])
-    assert extra < DROP_COST_LIMIT, f"dropping the parent's filesystems cost the child {extra:.2f} s, at best"
     _held.clear()
