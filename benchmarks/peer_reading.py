@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import soundfile
+from peer_streaming import streaming_batches, streaming_loader, streaming_ranks
 
 MAX_SECONDS = 60.0  # a duration batch: at most this many seconds of audio
 Batches = Iterator[list[str]]  # each batch: its samples' keys (the audio decoded and padded, then dropped)
@@ -252,16 +253,21 @@ READERS: dict[str, Callable[[Path, int | None, int], Batches | None]] = {
     "WebDataset": webdataset_batches,
     "Lhotse Shar": lhotse_batches,
     "LitData": litdata_batches,
+    "MosaicML Streaming": streaming_batches,
 }
 RESUMES: dict[str, Callable[[Path, int, int, int], Resumed]] = {
     "shardio": shardio_resume,
     "WebDataset": lambda out, size, after, workers: None,
     "Lhotse Shar": lhotse_resume,
     "LitData": litdata_resume,
+    "MosaicML Streaming": lambda out, size, after, workers: resumed(
+        lambda: streaming_loader(out, size, workers), lambda loader: (list(k) for k, _ in loader), after
+    ),
 }
 RANKS: dict[str, Callable[[Path, int, int], list[int]]] = {
     "shardio": shardio_ranks,
     "WebDataset": webdataset_ranks,
     "Lhotse Shar": lhotse_ranks,
     "LitData": litdata_ranks,
+    "MosaicML Streaming": streaming_ranks,
 }

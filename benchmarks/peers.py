@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import peer_report
 import soundfile
+from peer_streaming import streaming_pack, streaming_read
 
 from shardio.bench.report import write_results
 from shardio.synth import make_corpus
@@ -170,6 +171,11 @@ PEERS: dict[str, tuple[str, Callable[[Path, Path], None], Callable[[Path], int]]
     "WebDataset": ("webdataset", webdataset_pack, webdataset_read),
     "Lhotse Shar": ("lhotse", lhotse_pack, lhotse_read),
     "LitData": ("litdata", litdata_pack, litdata_read),
+    "MosaicML Streaming": (
+        "streaming",
+        lambda root, out: streaming_pack(root, out, flac_files(root), text_of),
+        streaming_read,
+    ),
 }
 
 
