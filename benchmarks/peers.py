@@ -1,8 +1,9 @@
-"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar) and LitData, each used as its
-README writes and reads a dataset: pack time and size; read throughput per CPU-second and per wall-second
-(every sample decoded to float32, batches padded to their longest) in batches of 16 and by duration (<= 60 s),
-with 0 and 2 DataLoader workers, FLAC and WAV, and the time to the first batch; each peer's exact resume (its
-own mechanism) and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py and peer_report.py).
+"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming,
+each used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and
+per wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
+duration (<= 60 s), with 0 and 2 DataLoader workers, FLAC and WAV, and the time to the first batch; each
+peer's exact resume (its own mechanism) and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py,
+peer_report.py and peer_streaming.py).
 
 Run ``python benchmarks/peers.py [--quick] [--corpus DIR]`` in an environment holding every peer (LitData's
 and MosaicML Streaming's requirements name torchvision, whose CPU build for the project's torch is not on
