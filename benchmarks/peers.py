@@ -1,13 +1,16 @@
-"""shardio beside its peers on the same FLAC files: WebDataset, Lhotse (Shar) and LitData, each used as its
-README writes and reads a dataset: pack time and size, then read throughput (every sample decoded to float32,
-batches of 16 padded to their longest, 0 workers) per CPU-second and per wall-second.
+"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming,
+each used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and
+per wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
+duration (<= 60 s), with 0 and 2 DataLoader workers, FLAC and WAV, and the time to the first batch; each
+peer's exact resume (its own mechanism) and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py,
+peer_report.py and peer_streaming.py).
 
 Run ``python benchmarks/peers.py [--quick] [--corpus DIR]`` in an environment holding every peer (LitData's
 and MosaicML Streaming's requirements name torchvision, whose CPU build for the project's torch is not on
 PyPI; docs/benchmarks/peers.md says how such an environment is made). A peer that does not import is listed
-as absent. Corpus: ``--corpus`` (a folder of ``.flac``), else the shared LJ Speech FLAC clips, else generated
-FLAC (``shardio.synth``). Each figure: the median of alternated rounds (3; 1 with ``--quick``) after one
-warm-up round. Writes ``benchmarks/results/peers.{json,md}``.
+as absent. Corpus: ``--corpus`` (a folder of ``.flac`` or ``.wav``), else the shared LJ Speech clips (FLAC and
+WAV), else generated FLAC (``shardio.synth``). Each figure: the median of alternated rounds (3; 1 with
+``--quick``) after one warm-up round. Writes ``benchmarks/results/peers.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -28,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import peer_report
 import soundfile
+from peer_streaming import streaming_pack, streaming_read
 
 from shardio.bench.report import write_results
 from shardio.synth import make_corpus
@@ -64,7 +70,8 @@ def decode(data: bytes) -> np.ndarray:
 
 
 def flac_files(root: Path) -> list[Path]:
-    return sorted(root.rglob("*.flac"))
+    """The corpus's audio files: ``.flac`` or ``.wav`` (a corpus of one format)."""
+    return sorted([*root.rglob("*.flac"), *root.rglob("*.wav")])
 
 
 def text_of(path: Path) -> str:
@@ -95,14 +102,16 @@ def webdataset_pack(root: Path, out: Path) -> None:
         for path in flac_files(root):
             key = path.relative_to(root).with_suffix("").as_posix()
             meta = json.dumps({"text": text_of(path)}).encode()
-            sink.write({"__key__": key, "flac": path.read_bytes(), "json": meta})
+            sink.write({"__key__": key, path.suffix[1:]: path.read_bytes(), "json": meta})
 
 
 def webdataset_read(out: Path) -> int:
     import webdataset
 
     urls = [str(path) for path in sorted(out.glob("shard-*.tar"))]
-    dataset = webdataset.WebDataset(urls, shardshuffle=False).map(lambda sample: decode(sample["flac"]))
+    dataset = webdataset.WebDataset(urls, shardshuffle=False).map(
+        lambda sample: decode(sample.get("flac") or sample["wav"])
+    )
     return sum(len(batch) for batch in batches_of(dataset))
 
 
@@ -121,7 +130,7 @@ def lhotse_pack(root: Path, out: Path) -> None:
     )
     cuts = CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
     out.mkdir(parents=True, exist_ok=True)
-    cuts.to_shar(out, fields={"recording": "flac"}, shard_size=1000)
+    cuts.to_shar(out, fields={"recording": flac_files(root)[0].suffix[1:]}, shard_size=1000)
 
 
 def lhotse_read(out: Path) -> int:
@@ -135,7 +144,7 @@ def lhotse_read(out: Path) -> int:
 
 def litdata_item(path: str) -> dict[str, Any]:
     """One sample as LitData's ``optimize`` stores it (a module's function: its workers are spawned)."""
-    return {"key": Path(path).stem, "flac": Path(path).read_bytes(), "text": text_of(Path(path))}
+    return {"key": Path(path).stem, "audio": Path(path).read_bytes(), "text": text_of(Path(path))}
 
 
 def litdata_pack(root: Path, out: Path) -> None:
@@ -148,13 +157,14 @@ def litdata_pack(root: Path, out: Path) -> None:
         chunk_bytes="64MB",
         num_workers=1,
     )
+    multiprocessing.set_start_method("fork", force=True)  # optimize leaves spawn set for every later pool
 
 
 def litdata_read(out: Path) -> int:
     import litdata
 
     dataset = litdata.StreamingDataset(f"local:{out}")
-    return sum(len(batch) for batch in batches_of(decode(item["flac"]) for item in dataset))
+    return sum(len(batch) for batch in batches_of(decode(item["audio"]) for item in dataset))
 
 
 PEERS: dict[str, tuple[str, Callable[[Path, Path], None], Callable[[Path], int]]] = {
@@ -162,6 +172,11 @@ PEERS: dict[str, tuple[str, Callable[[Path, Path], None], Callable[[Path], int]]
     "WebDataset": ("webdataset", webdataset_pack, webdataset_read),
     "Lhotse Shar": ("lhotse", lhotse_pack, lhotse_read),
     "LitData": ("litdata", litdata_pack, litdata_read),
+    "MosaicML Streaming": (
+        "streaming",
+        lambda root, out: streaming_pack(root, out, flac_files(root), text_of),
+        streaming_read,
+    ),
 }
 
 
@@ -227,59 +242,84 @@ def markdown(report: dict[str, Any]) -> str:
         f"`python benchmarks/peers.py{' --quick' if report['quick'] else ''}` on {report['date']}, "
         f"{report['machine']}; {report['corpus']}; medians of {report['rounds']} alternated rounds.",
         "",
-        "| peer | version | pack wall s | pack CPU s | output MB | read per CPU-s | read per wall-s |",
-        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, r in report["peers"].items():
-        lines.append(
-            f"| {name} | {report['versions'][name]} | {r['pack_wall']:.2f} | {r['pack_cpu']:.2f} | "
-            f"{r['output_mb']:.1f} | {r['samples_per_cpu_s']:.0f} | {r['samples_per_wall_s']:.0f} |"
-        )
+    for fmt, peers in report["packs"].items():
+        lines += [
+            f"### Packing {fmt}, then reading it in batches of 16 with 0 workers",
+            "",
+            "| peer | version | pack wall s | pack CPU s | output MB | read per CPU-s | read per wall-s |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in peers.items():
+            lines.append(
+                f"| {name} | {report['versions'][name]} | {r['pack_wall']:.2f} | {r['pack_cpu']:.2f} | "
+                f"{r['output_mb']:.1f} | {r['samples_per_cpu_s']:.0f} | {r['samples_per_wall_s']:.0f} |"
+            )
+        lines.append("")
+    lines += peer_report.markdown(report)
     absent = [name for name, v in report["versions"].items() if v is None]
     if absent:
-        lines += ["", f"Absent (not importable here): {', '.join(absent)}."]
+        lines += [f"Absent (not importable here): {', '.join(absent)}.", ""]
+    lines.append("![samples per CPU-second](peers.png)")
     return "\n".join(lines) + "\n"
+
+
+def corpus_folders(args: argparse.Namespace, work: Path) -> dict[str, tuple[Path, str]]:
+    """Per format: a folder of its files and what it is."""
+    lj = args.corpora / "ljspeech_coqui" / "wavs"
+    if args.corpus is not None:
+        return {"given": (args.corpus.resolve(), f"corpus: {args.corpus.name}")}
+    if lj.is_dir():
+        found = {}
+        for fmt in ("flac", "wav"):
+            root = work / f"ljspeech-{fmt}"
+            root.mkdir()
+            for path in sorted(lj.glob(f"*.{fmt}")):
+                (root / path.name).symlink_to(path)
+            found[fmt.upper()] = (root, f"LJ Speech {fmt.upper()} clips (22.05 kHz)")
+        return found
+    count = 50 if args.quick else 300
+    root = work / "synthetic-flac"
+    make_corpus(root, num_files=count, formats=("flac",), min_seconds=2.0, max_seconds=16.0)
+    return {"FLAC": (root, f"{count} generated FLAC (shardio.synth), 2-16 s")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round, a smaller generated corpus")
-    parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac files")
+    parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac or .wav files")
     parser.add_argument("--corpora", type=Path, default=SHARED, help="the shared corpora (../shared/corpora)")
     args = parser.parse_args()
     rounds = 1 if args.quick else 3
+    packs: dict[str, Any] = {}
+    outs: dict[str, dict[str, Path]] = {}
     with tempfile.TemporaryDirectory(prefix="shardio-peers-") as tmp:
         work = Path(tmp)
-        lj = args.corpora / "ljspeech_coqui" / "wavs"
-        if args.corpus is not None:
-            root, about = args.corpus.resolve(), f"corpus: {args.corpus.name}"
-        elif lj.is_dir():
-            root = work / "ljspeech-flac"
-            root.mkdir()
-            for path in sorted(lj.glob("*.flac")):
-                (root / path.name).symlink_to(path)
-            about = "corpus: LJ Speech FLAC clips (22.05 kHz)"
-        else:
-            count = 50 if args.quick else 300
-            root = work / "synthetic-flac"
-            make_corpus(root, num_files=count, formats=("flac",), min_seconds=2.0, max_seconds=16.0)
-            about = f"corpus: {count} generated FLAC (shardio.synth), 2-16 s"
-        hours = sum(soundfile.info(str(p)).duration for p in flac_files(root)) / 3600
-        about += f", {len(flac_files(root))} files, {hours:.2f} h"
-        print(about, file=sys.stderr)
-        peers = measure(root, work / "out", rounds)
+        abouts = []
+        for fmt, (root, about) in corpus_folders(args, work).items():
+            files = flac_files(root)
+            hours = sum(soundfile.info(str(p)).duration for p in files) / 3600
+            abouts.append(f"{about}, {len(files)} files, {hours:.2f} h")
+            print(abouts[-1], file=sys.stderr)
+            packs[fmt] = measure(root, work / "out" / fmt, rounds)
+            outs[fmt] = {name: work / "out" / fmt / name.replace(" ", "_") for name in packs[fmt]}
+        reads = peer_report.read_figures(outs, len(files), rounds)
+        traits = peer_report.traits(next(iter(outs.values())), len(files))
     report = dict(
         benchmark="peers",
         quick=args.quick,
         rounds=rounds,
         date=time.strftime("%Y-%m-%d %H:%M"),
-        corpus=about,
+        corpus="; ".join(abouts),
         machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average "
         f"{os.getloadavg()[0]:.1f} at the end",
         versions={name: version(module) for name, (module, _, _) in PEERS.items()},
-        peers=peers,
+        packs=packs,
+        reads=reads,
+        traits=traits,
     )
     write_results(RESULTS, "peers", report, markdown(report))
+    peer_report.plot(report, RESULTS / "peers.png")
     print(markdown(report))
 
 
