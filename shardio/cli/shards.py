@@ -100,8 +100,9 @@ def add_index(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "shards",
-        nargs="+",
-        help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: dataset directories)",
+        nargs="*",
+        help=".tar, .tar.gz, .tar.zst or .tar.bz2 shards (with --upgrade: dataset directories; "
+        "none with --wenet-list)",
     )
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="where to write the index (default: next to the shards)"
@@ -115,6 +116,13 @@ def add_index(subparsers: argparse._SubParsersAction) -> None:
         help="index a NeMo tarred dataset in place: the one directory given holds its "
         "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
         "fields are kept in the index; '-sub' repeats read the first copy)",
+    )
+    parser.add_argument(
+        "--wenet-list",
+        default=None,
+        metavar="LIST",
+        help="index in place the tar shards a WeNet shard list (data.list, one shard a line) names: "
+        "the index goes into --out (default: the list's directory), which every shard must lie under",
     )
     parser.add_argument(
         "--upgrade",
@@ -135,18 +143,33 @@ def _run_index(args: argparse.Namespace) -> int:
                 ("--out", args.out is not None),
                 ("--overwrite", args.overwrite),
                 ("--nemo-manifest", args.nemo_manifest is not None),
+                ("--wenet-list", args.wenet_list is not None),
             )
             if given
         ]
-        if stray:
+        if stray or not args.shards:
             raise OptionError(
-                f"--upgrade rewrites each directory's index in place: not with {', '.join(stray)}"
+                "--upgrade needs the dataset directories to upgrade"
+                if not stray
+                else f"--upgrade rewrites each directory's index in place: not with {', '.join(stray)}"
             )
         for directory in args.shards:
             upgraded = upgrade_index(directory)
             print(f"{shown_path(directory)}: index format {upgraded}")
         return 0
-    if args.nemo_manifest is not None:
+    if args.wenet_list is not None:
+        from ..integrations.importers.wenet_index import index_wenet
+
+        if args.shards or args.nemo_manifest is not None:
+            raise OptionError(
+                "--wenet-list reads the shards from the list: give no shards, no --nemo-manifest"
+            )
+        index = index_wenet(
+            args.wenet_list, args.out, overwrite=args.overwrite, progress=not args.no_progress
+        )
+    elif not args.shards:
+        raise OptionError("shardio index needs shards (or --wenet-list LIST)")
+    elif args.nemo_manifest is not None:
         from ..integrations.importers.nemo_index import index_nemo
 
         if len(args.shards) != 1 or args.out is not None:

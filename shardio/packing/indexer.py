@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -33,7 +33,15 @@ from .foreignshards import HashingReader, index_shard, shard_codec, tar_stream
 from .source import not_regular
 from .zstdframes import seekable_frames, zstd_frames
 
-__all__ = ["HashingReader", "build_index", "shard_codec", "tar_stream", "upgrade_index"]
+__all__ = [
+    "HashingReader",
+    "build_index",
+    "check_index_target",
+    "index_shards",
+    "shard_codec",
+    "tar_stream",
+    "upgrade_index",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,24 @@ def build_index(
         if out_dir is not None
         else os.path.commonpath([os.path.dirname(p) for p in paths])
     )
+    check_index_target(root, overwrite)
+    index = index_shards(paths, root, progress=progress)
+    index.save(root)
+    outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
+    if outside:
+        logger.warning(
+            "%s: %d shards lie outside the index's directory (first: %s): load this dataset "
+            "with Index.load(..., allow_outside_root=True), or --allow-outside-root",
+            shown_path(root),
+            len(outside),
+            shown_path(outside[0]),
+        )
+    return index
+
+
+def check_index_target(root: str, overwrite: bool) -> None:
+    """Refuse to write an index into ``root`` when it is not a writable directory, or (unless ``overwrite``)
+    already holds one: an :class:`~shardio.errors.OptionError`."""
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
         raise OptionError(
@@ -69,6 +95,19 @@ def build_index(
             "under every checkpoint of it: pass overwrite=True (--overwrite on the command line) to "
             "replace it, or --out to write the new index elsewhere"
         )
+
+
+def index_shards(
+    paths: Sequence[str],
+    root: str,
+    *,
+    progress: bool = True,
+    check: Callable[[str, str, str], None] | None = None,
+) -> Index:
+    """The index of the shards at absolute ``paths`` (checked first: each a shard name, a regular file, given
+    once), its shard names relative to ``root``, not saved. ``check(path, key, audio_ext)`` is called for each
+    sample before it is added (it raises to refuse the shards). ``progress``: as :func:`build_index`."""
+    _check_shard_list(list(paths))
     builder = IndexBuilder(root)
     keys: set[str] = set()
     with tqdm(
@@ -82,6 +121,9 @@ def build_index(
         for path in paths:
             codec = shard_codec(path)
             samples, info = index_shard(path, codec, bar.update)
+            if check is not None:
+                for key, _, _, ext, _ in samples:
+                    check(path, key, ext)
             spans = [(start, end) for _, start, end, _, _ in samples]
             placed = None
             if codec == "zstd-stream":
@@ -125,18 +167,7 @@ def build_index(
                 )
             )
             logger.info("indexed %s: %d samples, codec %s", path, len(samples), codec)
-    index = builder.build()
-    index.save(root)
-    outside = [s.name for s in index.shards if s.name.startswith("..") or os.path.isabs(s.name)]
-    if outside:
-        logger.warning(
-            "%s: %d shards lie outside the index's directory (first: %s): load this dataset "
-            "with Index.load(..., allow_outside_root=True), or --allow-outside-root",
-            shown_path(root),
-            len(outside),
-            shown_path(outside[0]),
-        )
-    return index
+    return builder.build()
 
 
 def _check_shard_list(paths: list[str]) -> None:
