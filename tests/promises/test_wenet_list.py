@@ -118,7 +118,7 @@ def test_a_shard_listed_twice_missing_or_not_a_tar_is_named(wenet: Path) -> None
         "data.list:3: the shard",
         "is listed twice (first at",
         "data.list:4",
-        "missing.tar' (No such file or directory)",
+        "missing.tar (No such file or directory)",
         "is not a tar shard's name",
     )
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown
+from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown, shown_path
 from ...packing.indexer import check_index_target, index_shards, shard_codec
 from ...packing.manifestlines import check_manifest_file, manifest_lines
 from ...packing.source import not_regular
@@ -66,21 +66,21 @@ def index_wenet(
     try:
         check_manifest_file(list_path)
     except FileNotFoundError:
-        raise ReadError(f"{list_path}: no such shard list") from None
+        raise ReadError(f"{shown_path(list_path)}: no such shard list") from None
     root = os.path.realpath(os.fspath(out_dir) if out_dir is not None else os.path.dirname(list_path) or ".")
     problems: list[InputProblem] = []
     paths = list(_shard_paths(list_path, root, problems))
     if problems:
         raise InputError(problems)
     if not paths:
-        raise FormatError(f"{list_path}: names no shards")
+        raise FormatError(f"{shown_path(list_path)}: names no shards")
     check_index_target(root, overwrite)
 
     def check(path: str, key: str, ext: str) -> None:
         if "." in ext:
             problems.append(
                 InputProblem(
-                    path,
+                    shown_path(path),
                     key,
                     f"the member {shown(key + '.' + ext)} is WeNet's key "
                     f"{shown(key + '.' + ext.rsplit('.', 1)[0])} (up to the last dot) but shardio's "
@@ -99,7 +99,7 @@ def _shard_paths(list_path: str, root: str, problems: list[InputProblem]) -> Ite
     """The real path of each shard the list names; a line that cannot be one is a problem instead."""
     seen: dict[str, str] = {}
     for number, text in manifest_lines(list_path, problems):
-        where, line = f"{list_path}:{number}", text.strip()
+        where, line = f"{shown_path(list_path)}:{number}", text.strip()
         reason = _line_problem(line)
         if reason is not None:
             problems.append(InputProblem(where, "", reason))
@@ -108,7 +108,9 @@ def _shard_paths(list_path: str, root: str, problems: list[InputProblem]) -> Ite
         path = os.path.realpath(parsed.path if parsed.scheme == "file" else line)
         reason = _path_problem(path, root)
         if reason is None and path in seen:
-            reason = f"the shard {shown(line)} is listed twice (first at {seen[path]}); each is indexed once"
+            reason = (
+                f"the shard {shown_path(line)} is listed twice (first at {seen[path]}); each is indexed once"
+            )
         if reason is not None:
             problems.append(InputProblem(where, "", reason))
             continue
@@ -131,16 +133,16 @@ def _line_problem(line: str) -> str | None:
 def _path_problem(path: str, root: str) -> str | None:
     if os.path.commonpath([root, path]) != root:
         return (
-            f"the shard {shown(path)} lies outside the index's directory {shown(root)}, where the loader "
-            "refuses to read: write the index higher up (--out), or move the shards in"
+            f"the shard {shown_path(path)} lies outside the index's directory {shown_path(root)}, where the "
+            "loader refuses to read: write the index higher up (--out), or move the shards in"
         )
     try:
         shard_codec(path)
     except OptionError:
-        return f"{shown(path)} is not a tar shard's name (.tar, .tar.gz, .tar.zst, .tar.bz2)"
+        return f"{shown_path(path)} is not a tar shard's name (.tar, .tar.gz, .tar.zst, .tar.bz2)"
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        return f"cannot read the shard {shown(path)} ({exc.strerror or exc})"
+        return f"cannot read the shard {shown_path(path)} ({exc.strerror or exc})"
     problem = not_regular(mode)
-    return None if problem is None else f"cannot read the shard {shown(path)}: {problem}"
+    return None if problem is None else f"cannot read the shard {shown_path(path)}: {problem}"
