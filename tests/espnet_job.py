@@ -97,7 +97,7 @@ def train(work: Path, out: Path, mode: str, kill_at: int, save_every: int) -> No
         "--valid_data_path_and_name_and_type", f"{data / 'wav.scp'},speech,sound",
         "--valid_data_path_and_name_and_type", f"{data / 'text'},text,text",
         "--valid_shape_file", str(data / "speech_shape"),
-        "--batch_type", "unsorted", "--batch_size", "3", "--valid_iterator_type", "sequence",
+        "--batch_type", "unsorted", "--batch_size", "3",
     ]  # fmt: skip
     if mode == "shardio":
         cmd += [

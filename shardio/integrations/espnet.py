@@ -261,10 +261,11 @@ def shardio_task(task: type) -> type:
     """A subclass of the ESPnet task class ``task`` (``espnet2.tasks.asr.ASRTask``, ...) whose training
     batches come from a shardio dataset, saved and resumed mid-epoch.
 
-    Its options, beside the task's: ``--shardio_train DIR`` (the training set; with ``--iterator_type task``
-    and ``--valid_iterator_type sequence``), ``--shardio_max_duration`` (padded seconds a batch, per rank),
-    ``--shardio_batch_size``, ``--shardio_num_buckets``, ``--shardio_num_workers`` and
-    ``--shardio_save_every_steps`` (a mid-epoch checkpoint every N optimizer steps; 0: none).
+    Its options, beside the task's: ``--shardio_train DIR`` (the training set, with ``--iterator_type task``;
+    validation and attention plots stay on ESPnet's sequence iterator), ``--shardio_max_duration``
+    (padded seconds a batch, per rank), ``--shardio_batch_size``, ``--shardio_num_buckets``,
+    ``--shardio_num_workers`` and ``--shardio_save_every_steps`` (a mid-epoch checkpoint every N optimizer
+    steps; 0: none).
 
     Args:
         task: The ESPnet task class.
@@ -296,11 +297,10 @@ def shardio_task(task: type) -> type:
 
         @classmethod
         def build_task_iter_factory(cls, args: argparse.Namespace, iter_options: Any, mode: str) -> Any:
-            if mode != "train" or args.shardio_train is None:
-                raise OptionError(
-                    "shardio feeds ESPnet's training set: give --shardio_train DIR with "
-                    "--iterator_type task, and --valid_iterator_type sequence"
-                )
+            if mode != "train":  # validation and attention plots stay on ESPnet's own loader
+                return cls.build_sequence_iter_factory(args=args, iter_options=iter_options, mode=mode)
+            if args.shardio_train is None:
+                raise OptionError("--iterator_type task with shardio needs --shardio_train DIR")
             dataset = ShardDataset(
                 args.shardio_train,
                 max_duration=args.shardio_max_duration,
