@@ -19,6 +19,7 @@ __all__ = ["Verdict", "compare_runs", "trained_batches"]
 
 PAGE = "docs/guides/checkpoint-resume.md"
 CHECK_PAGE = "docs/guides/check-resume.md"
+LIGHTNING_PAGE = "docs/trainers/lightning.md"
 
 Records = Sequence[BatchRecord | LoadRecord]
 
@@ -131,14 +132,24 @@ def compare_runs(straight: Records, parts: Sequence[Records], *, exactly_once: b
     return Verdict(True, [f"exact: {steps} batches over {ranks} rank(s) trained as in the straight run"])
 
 
-def _cause(part: int, load: LoadRecord | None, placed: bool) -> tuple[str, str, str]:
-    """The likely cause of a difference first seen in ``part``: (what, why, page)."""
+def _cause(
+    part: int, load: LoadRecord | None, placed: bool, trainer: str | None = None
+) -> tuple[str, str, str]:
+    """The likely cause of a difference first seen in ``part`` (run under ``trainer``): (what, why, page)."""
     if part == 0:
         return (
             "not reproducible",
             "the first run differs from the straight run before any kill: the job is not the same run to run "
             "(an unseeded shuffle or model, a time or step limit): fix the seed, or give --steps",
             f"{CHECK_PAGE}#jobs-that-differ-run-to-run",
+        )
+    if load is None and trainer == "lightning":
+        return (
+            "state never loaded",
+            "the restarted Lightning run loaded no loader state: Lightning saves none for a plain DataLoader "
+            "and restarts the epoch at its first batch (and the dataset at epoch 0); add ShardioCallback and "
+            "pass the dataset through its attach()",
+            f"{LIGHTNING_PAGE}#without-the-callback",
         )
     if load is None:
         return (
@@ -180,8 +191,13 @@ def _step_by_step(
             continue
         n = min(len(want), len(got)) if n is None else n
         part = got[n].part if n < len(got) else (got[-1].part if got else len(loads) - 1)
-        what, why, page = _cause(part, loads[part], placed[part])
+        trainer = next((t.batch.trainer for t in got if t.part == part and t.batch.trainer), None)
+        what, why, page = _cause(part, loads[part], placed[part], trainer)
         lines = [f"rank {rank}, trained batch {n} (counted from 0 over the epochs):"]
+        if (
+            part and loads[part] is None
+        ):  # no state loaded: nothing says where the killed run's checkpoint stood
+            lines[0] = lines[0][:-2] + ", with every batch the killed run yielded):"
         if n >= len(got):
             kind = what or "skipped"
             lines.append(

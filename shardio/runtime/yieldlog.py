@@ -17,9 +17,10 @@ of one JSON object per line, each written whole in one ``write`` (no buffer to l
 line, from a machine that stopped, is ignored on reading). A record: ``kind`` (``"batch"``, or ``"load"`` when
 a state was loaded), the dataset (``src``: its index fingerprint and seed, digested), ``rank``, ``world``,
 ``epoch``; a batch adds its epoch ``step``, ``position`` (the state's position after it), ``worker`` (``null``
-in the training process), ``iteration``, ``size`` and ``digest`` (of its keys), and with
-``SHARDIO_YIELD_LOG_KEYS=1`` its ``keys`` and the keys that are not planned repeats (``fresh``); a load adds
-the state's ``position``, its ``from_world`` and whether it came ``after_iter`` (once an iteration had begun).
+in the training process), ``iteration``, ``size``, ``digest`` (of its keys), ``trainer`` (``"lightning"`` once
+Lightning is imported, for the report's page), and with ``SHARDIO_YIELD_LOG_KEYS=1`` its ``keys`` and those
+not planned repeats (``fresh``); a load adds the state's ``position``, its ``from_world`` and whether it came
+``after_iter`` (once an iteration had begun).
 Unset, each batch costs one environment lookup.
 """
 
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -130,6 +132,7 @@ class YieldLog:
             if len(self._prefixes) > 64:
                 self._prefixes.clear()
             shared = dict(kind="batch", src=src, rank=rank, world=world, worker=worker, iteration=it)
+            shared["trainer"] = "lightning" if _LIGHTNING & sys.modules.keys() else None
             prefix = self._prefixes[(src, rank, world, worker, it)] = json.dumps(
                 shared, separators=(",", ":")
             )[:-1]
@@ -173,6 +176,7 @@ class YieldLog:
 
 
 _log: YieldLog | None = None
+_LIGHTNING = {"lightning.pytorch", "pytorch_lightning"}
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,7 @@ class BatchRecord:
     t: int
     keys: tuple[str, ...] | None = None
     fresh: tuple[str, ...] | None = None
+    trainer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,8 @@ def _record(record: Any) -> BatchRecord | LoadRecord:
     worker = record.get("worker")
     if worker is not None and (type(worker) is not int or not 0 <= worker < 1 << 20):
         raise ValueError(f"field worker: {shown(worker)}")
+    if record.get("trainer") not in (None, "lightning"):
+        raise ValueError(f"field trainer: {shown(record.get('trainer'))}")
     return BatchRecord(
         src=src,
         **common,
@@ -257,6 +264,7 @@ def _record(record: Any) -> BatchRecord | LoadRecord:
         digest=_field(record, "digest", str),
         keys=_strings(record.get("keys"), "keys"),
         fresh=_strings(record.get("fresh"), "fresh"),
+        trainer=record.get("trainer"),
     )
 
 

@@ -201,3 +201,62 @@ def test_steps_reach_the_job_through_its_environment(tmp_path: Path) -> None:
     code, output = check(tmp_path, script, "--kill-after", "30", "--steps", "7")
     assert code == 5, output  # it ends at once: before the kill
     assert (tmp_path / "check" / "straight" / "steps").read_text() == "7"
+
+
+LIGHTNING_JOB = """
+import sys
+import torch
+try:
+    import lightning.pytorch as pl
+except ImportError:
+    import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+from shardio import ShardDataset
+from shardio.integrations.lightning import ShardioCallback
+
+resume = ShardioCallback() if "--callback" in sys.argv else None
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(1, 8, kernel_size=400, stride=160)
+
+    def training_step(self, batch, batch_idx):
+        return self.conv(batch["audio"]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+    def train_dataloader(self):
+        ds = ShardDataset("data/", max_duration=60.0, seed=0)
+        return DataLoader(resume.attach(ds) if resume else ds, batch_size=None)
+
+checkpoints = pl.callbacks.ModelCheckpoint(dirpath="ckpt/", every_n_train_steps=2, save_last=True)
+trainer = pl.Trainer(max_epochs=3, callbacks=[checkpoints] + ([resume] if resume else []),
+                     use_distributed_sampler=False, accelerator="cpu", logger=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Model(), ckpt_path="last")
+"""
+
+
+@pytest.mark.slow
+def test_a_plain_lightning_checkpoint_without_the_callback_retrains_the_epoch(tmp_path: Path) -> None:
+    """A Lightning job without ShardioCallback: its checkpoint (after step 6, in epoch 1) holds no loader
+    state, so the restart trains epoch 0 from its first batch where the straight run trained epoch 1."""
+    pytest.importorskip("shardio.integrations.lightning")
+    code, output = check(tmp_path, LIGHTNING_JOB, "--kill-at", "7")
+    assert code == 1, output
+    assert "differs: state never loaded" in output, output
+    assert "restarted run: epoch 0 step 0 (the first batch after restart 1)" in output
+    assert "the restarted Lightning run loaded no loader state" in output
+    assert "see docs/trainers/lightning.md#without-the-callback" in output
+    assert list((tmp_path / "check" / "resumed" / "ckpt").glob("last*.ckpt"))
+
+
+@pytest.mark.slow
+def test_the_same_lightning_job_with_the_callback_resumes_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("shardio.integrations.lightning")
+    code, output = check(tmp_path, LIGHTNING_JOB, "--kill-at", "7", args=("--callback",))
+    assert code == 0, output
+    assert "exact: 12 batches over 1 rank(s)" in output

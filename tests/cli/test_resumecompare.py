@@ -3,6 +3,7 @@ state the next loaded), and the first difference named by kind and cause."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -89,6 +90,17 @@ def test_the_first_difference_is_named(restart: list[BatchRecord | LoadRecord], 
     assert verdict.kind == kind, verdict.lines
     assert says in "\n".join(verdict.lines)
     assert verdict.page is not None and verdict.page.startswith("docs/guides/")
+
+
+def test_a_lightning_restart_that_loaded_no_state_points_at_the_lightning_page() -> None:
+    """Lightning saves no state for a plain DataLoader: its restart begins epoch 0 again, and the report says
+    where the ShardioCallback is (the records say Lightning ran them)."""
+    restart = [dataclasses.replace(b, trainer="lightning") for b in batches(EPOCHS[:6], it="b")]
+    verdict = compare_runs(batches(EPOCHS), [batches(EPOCHS[:8]), restart])
+    assert verdict.kind == "state never loaded", verdict.lines
+    assert verdict.page == "docs/trainers/lightning.md#without-the-callback"
+    assert "with every batch the killed run yielded" in verdict.lines[1]
+    assert "ShardioCallback" in "\n".join(verdict.lines)
 
 
 def test_ranks_are_compared_each_and_a_first_part_that_differs_is_not_a_resume_problem() -> None:

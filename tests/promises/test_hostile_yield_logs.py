@@ -65,12 +65,13 @@ def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:
         _line(kind="exec"),
         _line(keys=[1, 2]),
         _line(digest="x" * 1000),
+        _line(trainer="\x1b[31mexec"),
         b"[1, 2]\n",
         b"[" * 200_000 + b"]" * 200_000 + b"\n",
         b'{"kind": "load", "src": "ab", "rank": 0, "world": 1, "epoch": 0, "t": 1, "position": 1}\n',
     ],
-    ids=["bytes", "str-rank", "bool-rank", "negative", "huge-int", "kind", "keys", "long-digest", "list",
-         "deep", "load-missing"],
+    ids=["bytes", "str-rank", "bool-rank", "negative", "huge-int", "kind", "keys", "long-digest", "trainer",
+         "list", "deep", "load-missing"],
 )  # fmt: skip
 def test_a_record_that_is_not_one_is_a_format_error_naming_the_line(tmp_path: Path, content: bytes) -> None:
     directory = _log(tmp_path, content)
