@@ -94,15 +94,27 @@ def shell(command: str) -> None:
     subprocess.run(command, shell=True, check=True, stdout=subprocess.DEVNULL)
 
 
+def corpus_figures(corpus: dict[str, Any], files: list[Path]) -> dict[str, Any]:
+    """The corpus's name, description, number of files, bytes and hours of audio; every file is read once
+    first, to warm the page cache, so that no tool pays for the first read."""
+    for path in files:
+        path.read_bytes()
+    return dict(
+        name=corpus["name"],
+        about=corpus["about"],
+        files=len(files),
+        input_bytes=sum(path.stat().st_size for path in files),
+        hours=sum(soundfile.info(str(path)).duration for path in files) / 3600,
+    )
+
+
 def measure(corpus: dict[str, Any], work: Path, runs: int) -> dict[str, Any]:
     root: Path = corpus["path"]
     files = [Path(s.audio_path) for s in read_corpus(root)]
     listing = work / f"{corpus['name']}.list"
     listing.write_text("\n".join(p.relative_to(root).as_posix() for p in files) + "\n")
-    input_bytes = sum(p.stat().st_size for p in files)
-    hours = sum(soundfile.info(p).duration for p in files) / 3600
-    for path in files:  # warm the page cache, so that no tool pays for the first read
-        path.read_bytes()
+    figures = corpus_figures(corpus, files)
+    input_bytes = figures["input_bytes"]
     out = work / "out"
     tar = f"tar -c -h -C '{root}' -T '{listing}'"
     actions = {
@@ -147,15 +159,7 @@ def measure(corpus: dict[str, Any], work: Path, runs: int) -> dict[str, Any]:
         "shardio flac -j 2 / -j 1 (speed)": results["shardio flac"]["seconds"]
         / results["shardio flac -j 2"]["seconds"],
     }
-    return dict(
-        name=corpus["name"],
-        about=corpus["about"],
-        files=len(files),
-        input_bytes=input_bytes,
-        hours=hours,
-        tools=results,
-        ratios=ratios,
-    )
+    return dict(figures, tools=results, ratios=ratios)
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import soundfile
+from pack import corpus_figures  # benchmarks/ is the script's directory, first on sys.path
 
 from shardio.bench.report import write_results
 from shardio.packing.pack import default_workers, pack
@@ -114,10 +115,8 @@ def children_cpu() -> float:
 def measure(corpus: dict[str, Any], work: Path, rounds: int) -> dict[str, Any]:
     root: Path = corpus["path"]
     files = flac_files(root)
-    input_bytes = sum(path.stat().st_size for path in files)
-    hours = sum(soundfile.info(str(path)).duration for path in files) / 3600
-    for path in files:
-        path.read_bytes()
+    figures = corpus_figures(corpus, files)
+    input_bytes = figures["input_bytes"]
     out = work / "out"
     inline, commands = in_process_tools(out), command_tools(out)
     names = [*inline, *commands]
@@ -156,15 +155,7 @@ def measure(corpus: dict[str, Any], work: Path, rounds: int) -> dict[str, Any]:
         for name in group
         if name != base
     }
-    return dict(
-        name=corpus["name"],
-        about=corpus["about"],
-        files=len(files),
-        input_bytes=input_bytes,
-        hours=hours,
-        tools=tools,
-        ratios=ratios,
-    )
+    return dict(figures, tools=tools, ratios=ratios)
 
 
 def markdown(report: dict[str, Any]) -> str:
