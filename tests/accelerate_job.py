@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from accelerate import Accelerator
@@ -32,15 +32,31 @@ def accelerator_options(config: dict[str, Any]) -> dict[str, Any]:
     return {"dataloader_config": DataLoaderConfiguration(dispatch_batches=config["dispatch_batches"])}
 
 
+def prepared_model(accelerator: Accelerator) -> tuple[Any, Any]:
+    """The model and its optimizer, seeded alike on every rank and prepared."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return accelerator.prepare(model, optimizer)
+
+
+def resume(accelerator: Accelerator, config: dict[str, Any]) -> tuple[int, Path, IO[str]]:
+    """The step to go on from (0, or ``N`` of ``resume_from``'s ``step-{N}``, whose state is loaded), the
+    checkpoint folder and this rank's log, opened to append."""
+    step = 0
+    if config.get("resume_from"):
+        accelerator.load_state(config["resume_from"])
+        step = int(Path(config["resume_from"]).name.split("-")[1])
+    log = open(Path(config["out"]) / f"rank{accelerator.process_index}.jsonl", "a")
+    return step, Path(config["ckpt_dir"]), log
+
+
 def main(config: dict[str, Any]) -> None:
     if config.get("step_batches"):
         stepped(config)
         return
     accelerator = Accelerator(cpu=True, **accelerator_options(config))
-    torch.manual_seed(0)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = prepared_model(accelerator)
     collated = config.get("collate", False)  # an unbatched dataset batched by the DataLoader
     dataset = ShardDataset(
         config["data"],
@@ -64,12 +80,7 @@ def main(config: dict[str, Any]) -> None:
         )
     if config.get("prepare"):  # the pitfall, for tests/integrations/test_accelerate.py
         loader = accelerator.prepare(loader)
-    step = 0
-    if config.get("resume_from"):
-        accelerator.load_state(config["resume_from"])
-        step = int(Path(config["resume_from"]).name.split("-")[1])
-    ckpt = Path(config["ckpt_dir"])
-    log = open(Path(config["out"]) / f"rank{accelerator.process_index}.jsonl", "a")
+    step, ckpt, log = resume(accelerator, config)
     for epoch in range(progress.epoch, config["max_epochs"]):
         dataset.set_epoch(epoch)  # keeps a state just loaded for this epoch
         for batch in loader:
@@ -100,20 +111,12 @@ def stepped(config: dict[str, Any]) -> None:
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     accumulation = config["step_batches"] // processes
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = prepared_model(accelerator)
     batching = Batching(batch_size=config["batch_size"], step_batches=config["step_batches"])
     dataset = ShardDataset(config["data"], batching=batching, seed=5, ordering=Ordering(shuffle_shards=2))
     progress = track(accelerator, dataset)
     loader = DataLoader(dataset, batch_size=None, num_workers=config["workers"])
-    step = 0
-    if config.get("resume_from"):
-        accelerator.load_state(config["resume_from"])
-        step = int(Path(config["resume_from"]).name.split("-")[1])
-    ckpt = Path(config["ckpt_dir"])
-    log = open(Path(config["out"]) / f"rank{accelerator.process_index}.jsonl", "a")
+    step, ckpt, log = resume(accelerator, config)
     for epoch in range(progress.epoch, config["max_epochs"]):
         dataset.set_epoch(epoch)
         for batch in loader:
