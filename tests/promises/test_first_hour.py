@@ -61,12 +61,17 @@ def test_trace_and_quarantine_read_a_torch_save_checkpoint_and_write_one_the_loo
     assert json.loads(capsys.readouterr().out)["keys"] == seen[1]
     rest = [list(b["keys"]) for b in _resumed(data, torch.load(ckpt, weights_only=True)["loader"])]
     bad = rest[0][0]
-    assert main(["quarantine", str(data), "--state", str(ckpt), "--key", bad, "--out", str(healed)]) == 0
+    assert _quarantine(data, ckpt, healed, "--key", bad) == 0
     assert "healed.pt['loader']" in capsys.readouterr().out
     loaded, original = torch.load(healed, weights_only=True), torch.load(ckpt, weights_only=True)
     assert loaded["global_step"] == 2 and torch.equal(loaded["model"]["weight"], original["model"]["weight"])
     after = [k for b in _resumed(data, loaded["loader"]) for k in b["keys"]]
     assert bad not in after and sorted(after + [bad]) == sorted(k for b in rest for k in b)
+
+
+def _quarantine(data: Path, state: Path, out: Path, *selection: str) -> int:
+    """The exit status of ``shardio quarantine DATA --state STATE SELECTION... --out OUT``."""
+    return main(["quarantine", str(data), "--state", str(state), *selection, "--out", str(out)])
 
 
 def _resumed(data: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -238,21 +243,7 @@ def test_trace_and_quarantine_read_and_write_an_accelerate_checkpoint(
     accelerator.save_state(str(tmp_path / "ckpt"))
     assert main(["trace", str(data), "--state", str(tmp_path / "ckpt"), "--step", "2", "--json"]) == 0
     bad = json.loads(capsys.readouterr().out)["keys"][0]
-    assert (
-        main(
-            [
-                "quarantine",
-                str(data),
-                "--state",
-                str(tmp_path / "ckpt"),
-                "--key",
-                bad,
-                "--out",
-                str(tmp_path / "healed"),
-            ]
-        )
-        == 0
-    )
+    assert _quarantine(data, tmp_path / "ckpt", tmp_path / "healed", "--key", bad) == 0
     resumed, restarted = make(data), Accelerator(cpu=True)  # the resumed script's
     again = track(restarted, resumed)
     restarted.load_state(str(tmp_path / "healed"))
@@ -297,21 +288,7 @@ def test_quarantine_takes_a_trainers_global_steps(
     state, out = tmp_path / "state.json", tmp_path / "healed.json"
     state.write_text(json.dumps(ds.state_after(batch)))  # epoch 1, after its first batch
     g = first_epoch + 2  # the third batch of epoch 1, logged as g + 1 by a loop that adds 1 before it logs
-    assert (
-        main(
-            [
-                "quarantine",
-                str(data),
-                "--state",
-                str(state),
-                "--global-steps",
-                f"{g + 1}:{g + 2}",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert _quarantine(data, state, out, "--global-steps", f"{g + 1}:{g + 2}") == 0
     assert "epoch 1 epoch steps 2:3" in capsys.readouterr().err
     healed = make(data)
     healed.load_state_dict(json.loads(out.read_text()))
@@ -319,10 +296,7 @@ def test_quarantine_takes_a_trainers_global_steps(
     assert not rest & set(trained[g]) and rest == {k for b in trained[first_epoch + 1 :] for k in b} - set(
         trained[g]
     )
-    assert (
-        main(["quarantine", str(data), "--state", str(state), "--global-steps", "1:2", "--out", str(out)])
-        == 2
-    )
+    assert _quarantine(data, state, out, "--global-steps", "1:2") == 2
     assert "a quarantine takes steps of the state's epoch 1" in capsys.readouterr().err
 
 
@@ -343,21 +317,7 @@ def test_a_stateful_dataloader_state_is_traced_and_its_rewrite_refused_loudly(
     del loader
     assert main(["trace", str(data), "--state", str(ckpt), "--step", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keys"] == [list(b["keys"]) for b in make(data)][3]
-    assert (
-        main(
-            [
-                "quarantine",
-                str(data),
-                "--state",
-                str(ckpt),
-                "--key",
-                trained[0][0],
-                "--out",
-                str(tmp_path / "out.pt"),
-            ]
-        )
-        == 2
-    )
+    assert _quarantine(data, ckpt, tmp_path / "out.pt", "--key", trained[0][0]) == 2
     assert "per-worker states" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
 
 
@@ -414,21 +374,7 @@ def test_the_number_the_getting_started_loop_logs_is_the_number_trace_takes(
     )
     assert json.loads(capsys.readouterr().out)["keys"] == logged[1]
     number, out = len(ds) + 4, tmp_path / "healed.pt"
-    assert (
-        main(
-            [
-                "quarantine",
-                str(data),
-                "--state",
-                str(ckpt),
-                "--global-steps",
-                f"{number}:{number + 1}",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert _quarantine(data, ckpt, out, "--global-steps", f"{number}:{number + 1}") == 0
     assert "counted from 1" in capsys.readouterr().err
     healed = make(data)
     healed.load_state_dict(torch.load(out, weights_only=True)["loader"])
