@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning_fit import lightning_trainer
 from sample_shards import make_uneven_dataset
 
 from shardio import ShardDataset, StateError, World
@@ -39,43 +40,10 @@ def _fit(
 ) -> list[list[str]]:
     """A tiny in-process Lightning run (0 workers, a checkpoint every step); the keys of the batches it
     trained."""
-    pl = pytest.importorskip("pytorch_lightning")
-    from torch.utils.data import DataLoader
-
-    from shardio.integrations.lightning import ShardioCallback
-
-    resume = ShardioCallback() if callback else None
-    trained: list[list[str]] = []
-
-    class Model(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-
-        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-            trained.append(list(batch["keys"]))
-            return self.layer(batch["audio"].mean(dim=(1, 2)).unsqueeze(1)).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-        def train_dataloader(self) -> DataLoader:
-            ds = make(data)
-            return DataLoader(resume.attach(ds) if resume else ds, batch_size=None, num_workers=0)
-
-    saver = pl.callbacks.ModelCheckpoint(
-        dirpath=str(root), every_n_train_steps=1, save_top_k=-1, filename="{step}"
+    trainer, model, trained = lightning_trainer(
+        lambda: make(data), root, callback=callback, max_steps=max_steps
     )
-    trainer = pl.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[saver, *([resume] if resume else [])],
-    )
-    trainer.fit(Model(), ckpt_path=ckpt_path)
+    trainer.fit(model(), ckpt_path=ckpt_path)
     return trained
 
 
