@@ -40,11 +40,13 @@ def throughput_cases(
         unbatched: bool = False,
         dtype: str = "float32",
         lean: bool = False,
+        decoded_cache: str | None = None,
     ) -> Case:
         suffix = ".tar" if codec == "none" else f".tar.zst ({codec})"
         suffix += " unbatched (DataLoader batches)" if unbatched else ""
         suffix += " ShardLoader" if lean else ""
         suffix += f" {dtype}" if dtype != "float32" else ""
+        suffix += " through the decoded cache (warm)" if decoded_cache else ""
         return Case(
             plain.name,
             f"shardio {suffix}, {workers}w",
@@ -60,6 +62,7 @@ def throughput_cases(
                 unbatched=unbatched,
                 dtype=dtype,
                 lean=lean,
+                decoded_cache=decoded_cache,
             ),
         )
 
@@ -137,20 +140,11 @@ def throughput_cases(
             lambda: floors.zstd_floor(frames),
         ),
         shardio(zstd, "zstd-3", zstd_first),
-        Case(
-            plain.name,
-            f"shardio .tar through the decoded cache (warm), {first}w",
-            "shardio",
+        shardio(
+            plain,
             "none",
             first,
-            plain.shard_bytes / 1e6,
-            partial(
-                cases.shardio_epoch,
-                plain.directory,
-                workers=first,
-                batch_size=batch_size,
-                decoded_cache=os.path.join(os.path.dirname(plain.directory), "decoded-cache"),
-            ),
+            decoded_cache=os.path.join(os.path.dirname(plain.directory), "decoded-cache"),
         ),
         *(
             case
