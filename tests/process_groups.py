@@ -7,16 +7,19 @@ to ``rank{rank}.error`` (a hung rank may also leave its stacks in ``rank{rank}.s
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import multiprocessing.context
+import os
 import socket
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["errors", "free_port", "run_group"]
+__all__ = ["errors", "free_port", "join_gloo", "run_group", "run_rank"]
 
 
 def free_port() -> int:
@@ -73,3 +76,51 @@ def run_group(
     codes = [p.exitcode for p in processes]
     assert codes == [exit_code] * world_size, f"rank exit codes {codes}\n" + errors(out)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def run_rank(
+    train: Callable[[int, int, int, dict[str, Any]], None],
+    rank: int,
+    world_size: int,
+    port: int,
+    config: dict[str, Any],
+    *,
+    stacks_after_s: float,
+) -> None:
+    """One rank: ``train(rank, world_size, port, config)``, its traceback recorded in
+    ``rank{rank}.error`` under ``config["out"]`` and, still running after ``stacks_after_s``, its stacks in
+    ``rank{rank}.stacks``."""
+    out = Path(config["out"])
+    # A forkserver child inherits "forkserver" as its default start method; a torchrun rank on Linux
+    # (Python < 3.14) forks its DataLoader workers, so this one does too.
+    multiprocessing.set_start_method("fork", force=True)
+    with open(out / f"rank{rank}.stacks", "w") as stacks:  # a hung rank's stacks, for the failure message
+        faulthandler.dump_traceback_later(stacks_after_s, file=stacks)
+        try:
+            train(rank, world_size, port, config)
+        except BaseException:
+            (out / f"rank{rank}.error").write_text(traceback.format_exc())
+            raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
+    """Join a gloo group on 127.0.0.1:``port`` as rank ``rank`` of ``world_size``, with the environment
+    torchrun sets and one torch thread; a collective waits ``timeout_s`` at most."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+        }
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))

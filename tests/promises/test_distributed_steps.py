@@ -6,13 +6,10 @@ straight 2-rank run's samples, sample for sample, with 2 DataLoader workers per 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import json
-import multiprocessing
 import os
 import signal
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +28,11 @@ COLLECTIVE_TIMEOUT_S = 60
 
 def rank_main(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
     """One rank: its traceback under ``config["out"]`` around :func:`train`."""
-    out = Path(config["out"])
-    multiprocessing.set_start_method("fork", force=True)
-    with open(out / f"rank{rank}.stacks", "w") as stacks:
-        faulthandler.dump_traceback_later(GROUP_TIMEOUT_S - 10, file=stacks)
-        try:
-            train(rank, world_size, port, config)
-        except BaseException:
-            (out / f"rank{rank}.error").write_text(traceback.format_exc())
-            raise
-        finally:
-            faulthandler.cancel_dump_traceback_later()
+    process_groups.run_rank(train, rank, world_size, port, config, stacks_after_s=GROUP_TIMEOUT_S - 10)
 
 
 def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None:
     """Train the epoch (or ``stop`` optimizer steps) with gradient accumulation; write each step's keys."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -55,17 +40,7 @@ def train(rank: int, world_size: int, port: int, config: dict[str, Any]) -> None
 
     from shardio import Batching, ShardDataset
 
-    os.environ.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-        }
-    )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    process_groups.join_gloo(rank, world_size, port, COLLECTIVE_TIMEOUT_S)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(2, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
