@@ -15,10 +15,11 @@ import faulthandler
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-__all__ = ["STACKS_SIGNAL", "dump_stacks_on_signal", "run_in_session"]
+__all__ = ["STACKS_SIGNAL", "dump_stacks_on_signal", "run_in_session", "run_python"]
 
 STACKS_SIGNAL = signal.SIGUSR1
 
@@ -83,3 +84,19 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def run_python(code: str, *, timeout: float) -> str:
+    """Run ``code`` in a new interpreter (the repository and tests/ first on its path, warnings off) within
+    ``timeout`` seconds; its output. It must exit 0 (the assertion shows its stderr's tail)."""
+    tests = Path(__file__).parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
+        "PYTHONWARNINGS": "ignore",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout

@@ -6,12 +6,10 @@ a fresh interpreter (SpeechBrain's torchaudio stand-in, Accelerate's process sta
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from job_runs import run_python
 from sample_shards import make_uneven_dataset
 
 PRELUDE = """
@@ -96,17 +94,7 @@ def test_a_trainer_whose_accumulation_is_not_the_datasets_is_refused_naming_both
         'attempt("match", lambda: run(4, 4))\n'
         'attempt("no steps", lambda: run(2, None))\n'
     )
-    tests = Path(__file__).parents[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
-        "PYTHONWARNINGS": "ignore",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180, check=False
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = done.stdout
+    out = run_python(code, timeout=180)
     assert (
         f"mismatch OptionError {SETTINGS[trainer]} is 2, but the dataset's step_batches=4 on 1 ranks makes 4 "
         "batches per rank per optimizer step" in out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 if importlib.util.find_spec("speechbrain") is None:
     pytest.skip("speechbrain is not installed", allow_module_level=True)
 
-from job_runs import run_in_session
+from job_runs import run_in_session, run_python
 from process_groups import free_port
 from sample_shards import make_uneven_dataset, planned_keys
 
@@ -235,17 +234,7 @@ def test_speechbrain_alone_restarts_the_epoch(data: Path, tmp_path: Path) -> Non
 def _python(code: str) -> str:
     """Run ``code`` in a new interpreter (SpeechBrain imported there, with torchaudio stood in for where it
     does not import, never in pytest's); its output."""
-    tests = Path(__file__).parents[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
-        "PYTHONWARNINGS": "ignore",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+    return run_python(code, timeout=120)
 
 
 def test_a_missing_extra_is_named() -> None:
