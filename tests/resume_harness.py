@@ -375,17 +375,29 @@ def length(case: Case, dirs: dict[str, str], world: Any = None) -> int:
     return sum(1 for record in uninterrupted(replace(case, epochs=1), dirs, world))
 
 
+def stopped(
+    case: Case, dirs: dict[str, str], world_size: int, batches: int
+) -> tuple[list[list[Record]], dict[str, Any]]:
+    """``world_size`` ranks start the job and play ``batches`` batches each; each rank's records and rank 0's
+    state."""
+    from shardio import World
+
+    ranks, state = [], None
+    for rank in range(world_size):
+        records, saved = life(case, dirs, World(rank, world_size), None, batches)
+        ranks.append(records)
+        state = saved if rank == 0 else state
+    assert state is not None
+    return ranks, state
+
+
 def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, stop: int) -> None:
     """``old`` ranks play ``stop`` batches of the epoch, then ``new`` ranks resume rank 0's state: the rest of
     the epoch once (:func:`check_elastic`), with the resumed plan's padding, or less its dropped samples."""
     from shardio import World
 
-    before, state = [], None
-    for rank in range(old):
-        records, saved = life(case, dirs, World(rank, old), None, stop)
-        before += records
-        state = saved if rank == 0 else state
-    assert state is not None
+    ranks, state = stopped(case, dirs, old, stop)
+    before = [record for records in ranks for record in records]
     after = []
     for rank in range(new):
         records, _ = life(case, dirs, World(rank, new), state, None)
@@ -518,12 +530,7 @@ def check_steps_world_change(
     case = replace(case, epochs=epochs)
     straight = step_records([uninterrupted(case, dirs, World(r, old)) for r in range(old)], k // old)
     assert 0 <= step <= len(straight)
-    before, state = [], None
-    for rank in range(old):
-        records, saved = life(case, dirs, World(rank, old), None, step * k // old)
-        before.append(records)
-        state = saved if rank == 0 else state
-    assert state is not None
+    before, state = stopped(case, dirs, old, step * k // old)
     assert step_records(before, k // old) == straight[:step]
     assert resumed_dataset(case, dirs, World(0, new), state).accumulation == k // new
     after = [life(case, dirs, World(rank, new), state, None)[0] for rank in range(new)]

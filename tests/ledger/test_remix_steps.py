@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from resume_harness import Case, life, make_dataset, step_records, write_corpora
+from resume_harness import stopped as harness_stopped
 
 from shardio import StateError, World
 from shardio.ledger.remix import remix, remix_report
@@ -26,13 +27,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def stopped(dirs: dict[str, str], world_size: int, batches: int) -> tuple[list[Any], dict[str, Any]]:
     """The old mix's ranks play ``batches`` each; their records and rank 0's state."""
-    before, state = [], None
-    for rank in range(world_size):
-        records, saved = life(OLD, dirs, World(rank, world_size), None, batches)
-        before += records
-        state = saved if rank == 0 else state
-    assert state is not None
-    return before, state
+    ranks, state = harness_stopped(OLD, dirs, world_size, batches)
+    return [record for records in ranks for record in records], state
 
 
 @pytest.mark.parametrize(("old", "steps"), [(2, 2), (1, 1), (2, 0)], ids=["mid-2", "mid-1", "start-2"])
