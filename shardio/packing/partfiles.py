@@ -12,7 +12,10 @@ folder is removed only once empty.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,9 +138,32 @@ def remove_parts(output: Output, partitions: int) -> None:
     for number in range(partitions):
         remove_part(output, number)
     output.remove_file(PLAN_FILE)
+    if not output.remote:
+        _remove_killed_attempts(output.path(PARTS_DIR))
     output.remove_empty_dir(PARTS_DIR)
     if output.exists(PARTS_DIR):
         logger.warning(
             "%s: left in place: it holds files this pack did not write (or an attempt killed mid-way left)",
             shown_path(output.path(PARTS_DIR)),
         )
+
+
+_ATTEMPT = re.compile(r"^\.attempt-[0-9]{5}-[0-9a-f]{32}$")  # pack_partition's folder of one local attempt
+_ATTEMPT_FILE = re.compile(r"^(\.shardio\.lock|\.tmp-.*|\..*\.(writing|partial)|[^.].*\.tar(\.zst)?)$")
+"""What a ShardWriter writes in an attempt's folder: its lock, temporary files, journal, partial and whole
+shards."""
+
+
+def _remove_killed_attempts(parts: str) -> None:
+    """The folders of attempts killed mid-way (a finished attempt removes its own): each one's files of the
+    names a ShardWriter writes (regular files, never a link), then the folder if nothing else is in it."""
+    try:
+        entries = [e for e in os.scandir(parts) if _ATTEMPT.match(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            for inner in os.scandir(entry.path):
+                if _ATTEMPT_FILE.match(inner.name) and inner.is_file(follow_symlinks=False):
+                    os.unlink(inner.path)
+            os.rmdir(entry.path)
