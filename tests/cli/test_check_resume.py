@@ -73,6 +73,9 @@ def test_the_readmes_train_py_resumes_exactly(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_readmes_train_py_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
     torchrun = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2")
+    # twice the corpus: 4 batches a rank an epoch, so that a kill landing a batch or two late (a busy machine)
+    # still leaves the second restart batches to be killed in
+    make_uneven_dataset(tmp_path / "data", [64, 64], seed=3, compression="zstd", duration_range=(1.5, 3.0))
     code, output = check(tmp_path, readme_train(), "--kill-at", "3", "--resumes", "2", launcher=torchrun)
     assert code == 0, output
     assert "exact: " in output and "over 2 rank(s)" in output
