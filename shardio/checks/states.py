@@ -63,14 +63,14 @@ def check_tree(name: str, value: Any) -> None:
     budget = MAX_NODES[name]
     done: dict[int, tuple[int, int]] = {}  # id of a checked container: (values under it, height)
     open_: set[int] = set()  # containers whose children are being checked: the path from the root
-    stack: list[tuple[Any, int, bool]] = [(value, 1, False)]
+    # (container, depth, its children once they are pushed: then it finishes when popped again)
+    stack: list[tuple[Any, int, list[Any] | None]] = [(value, 1, None)]
     while stack:
         item, depth, finishing = stack.pop()
         key = id(item)
-        children = list(item.values()) if isinstance(item, Mapping) else item
-        if finishing:
-            count, height = len(children), 1
-            for child in children:
+        if finishing is not None:
+            count, height = len(finishing), 1
+            for child in finishing:
                 if isinstance(child, _CONTAINERS):
                     below, child_height = done[id(child)]
                     count, height = count + below, max(height, child_height + 1)
@@ -83,12 +83,13 @@ def check_tree(name: str, value: Any) -> None:
             raise StateError(f"malformed loader state: field {name} is nested more than {MAX_DEPTH} deep")
         if key in done:
             continue
+        children = list(item.values()) if isinstance(item, Mapping) else list(item)
         if len(children) > budget:
             raise StateError(f"malformed loader state: field {name} holds more than {budget} values")
         _check_values(name, item, children)
         open_.add(key)
-        stack.append((item, depth, True))
-        stack.extend((child, depth + 1, False) for child in children if isinstance(child, _CONTAINERS))
+        stack.append((item, depth, children))
+        stack.extend((child, depth + 1, None) for child in children if isinstance(child, _CONTAINERS))
 
 
 _CONTAINERS = (dict, list, tuple)
