@@ -106,7 +106,7 @@ def _run_trace(args: argparse.Namespace) -> int:
             print(
                 json.dumps(found)
                 if args.json
-                else f"{found['key']}{corpus}: epoch {found['epoch']} step {found['step']} rank "
+                else f"{shown_path(found['key'])}{corpus}: epoch {found['epoch']} step {found['step']} rank "
                 f"{found['rank']}{ahead}"
             )
         return 0
@@ -230,7 +230,7 @@ def _run_quarantine(args: argparse.Namespace) -> int:
         notes = ("\talready consumed this epoch" if row["already_consumed"] else "") + (
             "\tcarried" if row["carry"] else ""
         )
-        print(f"  {row['key']}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
+        print(f"  {shown_path(row['key'])}\tepoch {row['epoch']} from step {row['from_step']}{notes}")
     return 0
 
 

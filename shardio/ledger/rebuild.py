@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from ..errors import OptionError, StateError, shown
+from ..errors import OptionError, StateError, shown, shown_path
 from ..jobstate import job_state
 from ..planning.options import MAX_BUCKETS
 from ..storage.statefiles import load_state_file
@@ -207,7 +207,8 @@ def write_rows(rows: Iterable[Mapping[str, Any]], out: IO[str], as_json: bool) -
             row["keys"], row["durations"], corpora, passes, repeats
         ):
             where = (f"\t{corpus}" if corpus else "") + (f"\tpass {number}" if number is not None else "")
-            out.write(f"  {key}\t{duration:.3f}{where}" + ("\trepeat (padding)" if repeat else "") + "\n")
+            line = f"  {shown_path(key)}\t{duration:.3f}{where}"  # keys are the dataset's data, maybe hostile
+            out.write(line + ("\trepeat (padding)" if repeat else "") + "\n")
     return count
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sample_shards import make_uneven_dataset
 
-from shardio import EpochSize, ShardDataset
+from shardio import EpochSize, Index, ShardDataset
 from shardio.cli import main
 from shardio.datasets.mixed import MixedDataset
 
@@ -144,3 +144,32 @@ def test_every_command_prints_paths_escaped(
     for raw in RAW:
         assert raw not in text, text
     assert "\\n" in text and "\\x1b" in text and "\\u202e" in text, text  # the path is there, escaped
+
+
+def test_trace_and_quarantine_print_an_index_s_keys_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key is the dataset's data: an index written by someone else may hold one that forges a line (pack and
+    ``index`` refuse such keys, the index loader does not read every key), so trace's and quarantine's text
+    shows it escaped."""
+    data = tmp_path / "data"
+    make_uneven_dataset(data, [3, 3], seed=1)
+    index = Index.load(str(data))
+    keys = list(index.keys)
+    forged = keys[-1] + FORGE  # the last batch's: the state is saved after the first
+    Index(index.root, index.shards, index.formats, index.columns, _keys=[*keys[:-1], forged]).save()
+    dataset = ShardDataset(str(data), batch_size=2, seed=0, shuffle=False)
+    next(iter(dataset))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(dataset.state_dict()))
+    runs = [
+        ["trace", str(data), "--state", str(state), "--step", "2"],
+        ["trace", str(data), "--state", str(state), "--key", forged],
+        ["quarantine", str(data), "--state", str(state), "--key", forged, "--out", str(tmp_path / "q.json")],
+    ]
+    for argv in runs:
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+        for raw in RAW:
+            assert raw not in text, (argv, text)
+        assert "\\x1b" in text, (argv, text)
