@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -39,6 +38,7 @@ import numpy as np
 from ..planning.plan import EpochPlan
 from ..planning.rankplan import RankPlan, rank_plan
 from ..planning.repeats import Repeats
+from ..storage.privatedir import untrusted
 
 __all__ = ["MappedRankPlan", "distrust", "ids_dtype", "read", "write"]
 
@@ -165,14 +165,7 @@ def _open(path: str, dir_fd: int | None, shown: str, directory: bool = False) ->
         raise
     except OSError as exc:
         raise _Doubt(f"{shown}: cannot be opened ({exc.strerror})") from None
-    status = os.fstat(fd)
-    reason = None
-    if not (stat.S_ISDIR if directory else stat.S_ISREG)(status.st_mode):
-        reason = "not a directory" if directory else "not a regular file"
-    elif status.st_uid != os.geteuid():
-        reason = f"owned by uid {status.st_uid}, not by this user"
-    elif status.st_mode & 0o022:
-        reason = f"writable by others (mode {stat.S_IMODE(status.st_mode):o})"
+    reason = untrusted(os.fstat(fd), directory)
     if reason is not None:
         os.close(fd)
         raise _Doubt(f"{shown}: {reason}")

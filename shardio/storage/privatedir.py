@@ -6,9 +6,22 @@ import logging
 import os
 import stat
 
-__all__ = ["private_dir", "secret"]
+__all__ = ["private_dir", "secret", "untrusted"]
 
 logger = logging.getLogger(__name__)
+
+
+def untrusted(status: os.stat_result, directory: bool) -> str | None:
+    """Why a file or directory of ``status`` (not followed through a link) is not one this process may
+    trust with what it reads back: not a directory (``directory``) or not a regular file, another user's, or
+    writable by others; None when it may."""
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(status.st_mode):
+        return "not a directory" if directory else "not a regular file"
+    if status.st_uid != os.geteuid():
+        return f"owned by uid {status.st_uid}, not by this user"
+    if status.st_mode & 0o022:
+        return f"writable by others (mode {stat.S_IMODE(status.st_mode):o})"
+    return None
 
 
 def private_dir(path: str) -> bool:
@@ -20,11 +33,9 @@ def private_dir(path: str) -> bool:
     except OSError as exc:
         logger.warning("decoded cache %s cannot be made (%s): reading without it", path, exc)
         return False
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        logger.warning(
-            "decoded cache %s is not a directory of this user writable by no one else: reading without it",
-            path,
-        )
+    reason = untrusted(info, directory=True)
+    if reason is not None:
+        logger.warning("decoded cache %s: %s: reading without it", path, reason)
         return False
     return True
 
