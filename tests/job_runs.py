@@ -18,10 +18,46 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["STACKS_SIGNAL", "dump_stacks_on_signal", "run_in_session", "run_python"]
+__all__ = [
+    "SPEECHBRAIN_PYTHON",
+    "STACKS_SIGNAL",
+    "dump_stacks_on_signal",
+    "job_environment",
+    "needs_speechbrain",
+    "run_in_session",
+    "run_python",
+]
 
 STACKS_SIGNAL = signal.SIGUSR1
+SPEECHBRAIN_PYTHON = os.environ.get("SHARDIO_SPEECHBRAIN_PYTHON", "")
+"""The Python of a virtualenv made for SpeechBrain (``TORCH_SPEC=torch==2.9.1 bash tools/setup.sh ENV
+test,speechbrain``: the torch and torchaudio pair ``shardio[speechbrain]`` installs), which SpeechBrain's jobs
+run in; SpeechBrain imports torchaudio, which does not load against the torch of the other environments."""
+
+
+def needs_speechbrain() -> Any:
+    """A skip mark for a test that runs SpeechBrain, where :data:`SPEECHBRAIN_PYTHON` is not set."""
+    import pytest
+
+    return pytest.mark.skipif(
+        not SPEECHBRAIN_PYTHON or not Path(SPEECHBRAIN_PYTHON).exists(),
+        reason="SHARDIO_SPEECHBRAIN_PYTHON is not set (tests/README.md)",
+    )
+
+
+def job_environment(python: str = "") -> dict[str, str]:
+    """The environment of a job or snippet run by ``python`` (default: this interpreter): the repository and
+    tests/ first on its path, warnings off; this interpreter's own path too, but never in another
+    environment's (its packages are not built for that one's torch)."""
+    tests = Path(__file__).parent
+    inherited = [] if python and python != sys.executable else sys.path
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *inherited]),
+        "PYTHONWARNINGS": "ignore",
+    }
 
 
 def dump_stacks_on_signal() -> None:
@@ -86,17 +122,16 @@ def _kill_session(pid: int) -> None:
         pass
 
 
-def run_python(code: str, *, timeout: float) -> str:
-    """Run ``code`` in a new interpreter (the repository and tests/ first on its path, warnings off) within
-    ``timeout`` seconds; its output. It must exit 0 (the assertion shows its stderr's tail)."""
-    tests = Path(__file__).parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), *sys.path]),
-        "PYTHONWARNINGS": "ignore",
-    }
+def run_python(code: str, *, timeout: float, python: str = "") -> str:
+    """Run ``code`` in a new interpreter (``python``, default this one; environment: :func:`job_environment`)
+    within ``timeout`` seconds; its output. It must exit 0 (the assertion shows its stderr's tail)."""
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [python or sys.executable, "-c", code],
+        env=job_environment(python),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout

@@ -18,16 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import speechbrain as sb
 import torch
 from job_runs import dump_stacks_on_signal
-from speechbrain_import import import_speechbrain
-from torch.utils.data import DataLoader
-
-import_speechbrain()
-
-import speechbrain as sb
 from speechbrain.utils.checkpoints import Checkpointer
 from speechbrain.utils.epoch_loop import EpochCounter
+from torch.utils.data import DataLoader
 
 from shardio import EpochSize, MixedDataset, Ordering, ShardDataset, ShardLoader
 from shardio.integrations.speechbrain import LoaderProgress, track

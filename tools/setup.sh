@@ -3,8 +3,9 @@
 #   usage: bash tools/setup.sh [VENV_DIR] [EXTRAS]   (default: .venv, relative to where you run it; test)
 # EXTRAS "test": what the fast test tier needs (pytest, hypothesis, the remote stack and its S3 server,
 # Lightning, Accelerate); "dev": everything (the test extra, mypy, Ray, gcsfs and its emulator, the Hugging
-# Face and Lhotse importers' packages, matplotlib, the docs and ruff; SpeechBrain without torchaudio), what
-# the whole suite and the benchmarks need.
+# Face and Lhotse importers' packages, matplotlib, the docs and ruff), what the whole suite and the benchmarks
+# need. SpeechBrain needs a torchaudio that loads against its torch: its tests run in an environment of its own,
+#   TORCH_SPEC=torch==2.9.1 bash tools/setup.sh ENV test,speechbrain   (tests/README.md)
 # The README, CI (.ci/run, with dev) and developers all use this script, so they install the same things.
 set -euo pipefail
 
@@ -19,9 +20,3 @@ python="${PYTHON:-python3}"
 # --find-links folder, or an index set in PIP_INDEX_URL / PIP_EXTRA_INDEX_URL); TORCH_SPEC overrides it.
 "$venv/bin/python" -m pip install "${TORCH_SPEC:-torch==2.13.0}"
 "$venv/bin/python" -m pip install -e "$repo[$extras]"
-if [[ ",$extras," == *",dev,"* ]]; then
-    # SpeechBrain for its integration's tests, without its requirement of torchaudio: torchaudio has no CPU build
-    # for this torch, and SpeechBrain only reads its version (tests/speechbrain_import.py gives it a stand-in)
-    "$venv/bin/python" -m pip install --no-deps "speechbrain==1.1.2"
-    "$venv/bin/python" -m pip install "hyperpyyaml>=1.2.3" "joblib>=1.6" "sentencepiece>=0.2" "scipy>=1.11"
-fi
