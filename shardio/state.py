@@ -224,7 +224,7 @@ class LoaderState:
 
 def _history(value: Any) -> tuple[Segment, ...]:
     """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs (or
-    ``[world_size, consumed, nodes]`` triples, ``nodes`` dividing ``world_size``), each within the bounds of
+    ``[world_size, consumed, nodes]`` triples, ``nodes`` from 2, dividing ``world_size``), each within the bounds of
     :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
@@ -241,11 +241,11 @@ def _history(value: Any) -> tuple[Segment, ...]:
             or any(type(v) is not int for v in item)
             or not 1 <= item[0] <= MAX_WORLD_SIZE
             or not 0 <= item[1] <= MAX_COUNT
-            or (len(item) == 3 and not (1 <= item[2] <= item[0] and item[0] % item[2] == 0))
+            or (len(item) == 3 and not (2 <= item[2] <= item[0] and item[0] % item[2] == 0))
         ):
             raise StateError(
                 f"malformed loader state: field history[{number}] must be [world_size >= 1 and <= "
-                f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] or [world_size, consumed, nodes "
+                f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] or [world_size, consumed, nodes >= 2 "
                 f"dividing world_size] (integers), not {shown(item)}"
             )
         segments.append(Segment(*item))

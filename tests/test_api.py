@@ -104,7 +104,7 @@ def test_world_from_torch_distributed() -> None:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "World(rank=0, world_size=1, worker=0, num_workers=1)" in out.stdout
+    assert "World(rank=0, world_size=1, worker=0, num_workers=1, ranks_per_node=1)" in out.stdout
 
 
 def _state(**fields: object) -> LoaderState:

@@ -15,7 +15,7 @@ holds ranks ``n * R`` to ``n * R + R - 1``. Each node's part of the segment's sa
 2. **Deal** (:func:`~shardio.planning.rounds.deal`): every node's rounds go to its ranks, with the same
    number of batches per rank on every node: with ``remainder="pad"`` the most any node has (a node with
    fewer repeats its own batches from its start), with ``"drop"`` the fewest (a node with more drops its
-   last ones).
+   last ones; a node whose part has run out, after a late world change, repeats the world's batches).
 
 Pure numpy; no I/O, no torch.
 """
@@ -174,8 +174,8 @@ def _reordered(part: Formed, perm: np.ndarray) -> Formed:
 def _dealt(formed: list[Formed], durations: np.ndarray, ranks: int, remainder: str) -> Segmented:
     """The nodes' batches dealt to their ranks, the same number per rank on every node, as one segment."""
     counts = [int(part.offsets.shape[0]) - 1 for part in formed]
-    if remainder == "drop":
-        per_rank = min(count // ranks for count in counts)
+    if remainder == "drop":  # a node whose part ran out (a late world change) repeats others' instead
+        per_rank = min((count // ranks for count in counts if count), default=0)
     else:
         per_rank = max(-(-count // ranks) for count in counts)
     firsts = np.cumsum([0, *counts]).astype(np.int64)

@@ -84,7 +84,21 @@ def test_the_reported_coercions_are_refused(data: str, valid: dict[str, Any], fi
 
 
 @pytest.mark.parametrize(
-    "segment", [[0, 5], [-2, 5], [2, -5], [2], [2, 1, 1], [True, 1], [2, 1.0], "ab", None]
+    "segment",
+    [
+        [0, 5],
+        [-2, 5],
+        [2, -5],
+        [2],
+        [2, 1, 1],
+        [4, 1, 3],
+        [2, 1, 4],
+        [2, 1, 2, 1],
+        [True, 1],
+        [2, 1.0],
+        "ab",
+        None,
+    ],
 )
 def test_a_malformed_history_segment_is_refused(data: str, valid: dict[str, Any], segment: Any) -> None:
     refused(data, {**valid, "history": [[1, 1], segment]}, r"history\[1\]")
