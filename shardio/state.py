@@ -224,8 +224,8 @@ class LoaderState:
 
 def _history(value: Any) -> tuple[Segment, ...]:
     """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs (or
-    ``[world_size, consumed, nodes]`` triples, ``nodes`` from 2, dividing ``world_size``), each within the bounds of
-    :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
+    ``[world_size, consumed, nodes]`` triples, ``nodes`` from 2, dividing ``world_size``), each within the
+    bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
     if len(value) > MAX_HISTORY:

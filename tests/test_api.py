@@ -107,6 +107,20 @@ def test_world_from_torch_distributed() -> None:
     assert "World(rank=0, world_size=1, worker=0, num_workers=1, ranks_per_node=1)" in out.stdout
 
 
+def test_ranks_per_node_from_torchruns_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert World.detect() == World(3, 4, ranks_per_node=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(OptionError, match="LOCAL_WORLD_SIZE"):
+        World.detect()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert World.detect().ranks_per_node == 1
+    with pytest.raises(OptionError, match="ranks_per_node"):
+        World(0, 2, ranks_per_node=0)
+
+
 def _state(**fields: object) -> LoaderState:
     base = dict(epoch=2, seed=5, index="abc", options={"batch_size": 4}, world_size=2)
     return LoaderState(**{**base, **fields})  # type: ignore[arg-type]

@@ -9,9 +9,12 @@ holds ranks ``n * R`` to ``n * R + R - 1``. Each node's part of the segment's sa
 1. **Alignment** (:func:`aligned`, with ``sync_buckets``): a world round takes one round of ``R`` batches
    from every node, so its batches must be of one bucket on every node. The ``k``-th round of bucket ``b``
    of every node form step ``k`` of bucket ``b``, for as many steps as the node with the fewest such rounds
-   has; the steps are played in the order of their rounds' mean place in their nodes (ties shuffled). A
-   node's other batches (its bucket's extra rounds, its rounds that span buckets) come last, by bucket and
-   most costly first, as the pooled leftovers of :mod:`shardio.planning.rounds` do.
+   has, paired most costly first within chunks of :data:`PAIR_ROUNDS`; the steps are played in the order of
+   their rounds' mean place in their nodes (ties shuffled). A node's underfull batches (each bucket's last,
+   one per bucket and node) count as one bucket of their own, so that they line up with each other, by cost,
+   not with full batches. A node's other batches (its bucket's extra rounds, its rounds that span buckets)
+   come last, by bucket and most costly first, as the pooled leftovers of :mod:`shardio.planning.rounds`
+   do.
 2. **Deal** (:func:`~shardio.planning.rounds.deal`): every node's rounds go to its ranks, with the same
    number of batches per rank on every node: with ``remainder="pad"`` the most any node has (a node with
    fewer repeats its own batches from its start), with ``"drop"`` the fewest (a node with more drops its
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OptionError
-from .batches import batch_audio, padding_of, reorder_batches
+from .batches import batch_audio, padding_of, reorder_batches, underfull
 from .options import Batching, Ordering
 from .order import BATCHES, NODES, rng
 from .parts import index_parts, part_order
@@ -157,7 +160,16 @@ def plan_node_segment(
             form_batches(order[starts[node] : starts[node + 1]], durations, batching, ranks, grouping)
         )
     if buckets is not None and batching.synchronised:
-        kinds = [buckets[part.order[part.offsets[:-1]]] for part in formed]
+        # a node's underfull batches (its buckets' last) are a bucket of their own: they line up by cost
+        top = int(buckets.max(initial=0)) + 1
+        kinds = [
+            np.where(
+                underfull(durations[part.order], part.offsets, batching),
+                top,
+                buckets[part.order[part.offsets[:-1]]],
+            )
+            for part in formed
+        ]
         generator = rng(seed, epoch, NODES, number) if ordering.shuffle else None
         formed = [
             _reordered(part, perm)

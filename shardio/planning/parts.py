@@ -3,9 +3,10 @@
 The shards are dealt once to ``nodes`` parts of about equal audio (:func:`shard_parts`): in a random order
 drawn from ``(seed, nodes)`` only, longest first, each to the part with the least audio so far. The parts
 never depend on the epoch, so a node reads the same shards every epoch and a node-local cache holds them.
-Each epoch orders a part as the global order orders the corpus (:mod:`shardio.planning.order`): the shards'
-permutation of ``(seed, epoch)`` restricted to the part, samples shuffled within windows of
-``shuffle_shards`` of the part's shards (:func:`part_order`). With one part it is the global order.
+Each epoch orders a part as the global order orders the corpus (:mod:`shardio.planning.order`): the
+shards' permutation of ``(seed, epoch)`` restricted to the part, cut into windows of ``shuffle_shards`` or
+more of the part's shards (as many as fit, at least one, so that no short window at a part's end mixes
+less), samples shuffled within a window (:func:`part_order`).
 
 Pure numpy; no I/O, no torch.
 """
@@ -82,8 +83,12 @@ def part_order(
     first = np.searchsorted(shard_part[by_part], np.arange(nodes))
     local = np.empty(num_shards, dtype=np.int64)
     local[by_part] = np.arange(num_shards) - np.repeat(first, np.diff(np.append(first, num_shards)))
-    stride = -(-num_shards // ordering.shuffle_shards) + 1
-    shard_window = shard_part * stride + local // ordering.shuffle_shards
+    # a part's windows of `shuffle_shards` or more of its shards each (as many as fit, at least one): no
+    # window of a few shards at a part's end, whose batches would mix less
+    sizes = np.bincount(shard_part, minlength=nodes)
+    count = np.maximum(sizes // ordering.shuffle_shards, 1)
+    stride = num_shards // ordering.shuffle_shards + 1
+    shard_window = shard_part * stride + local * count[shard_part] // np.maximum(sizes[shard_part], 1)
     windows = shard_window[shard_ids]
     if ordering.shuffle:
         ties = np.asarray(rng(*key, SAMPLES).integers(0, 1 << 32, shard_ids.shape[0], dtype=np.int64))[ids]

@@ -7,9 +7,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from resume_harness import Case, check_same_world, check_world_change, length, uninterrupted, write_corpora
+from resume_harness import (
+    Case,
+    case_config,
+    check_same_world,
+    check_world_change,
+    length,
+    records_of,
+    uninterrupted,
+    write_corpora,
+)
+from test_resume_matrix import group
 
 from shardio import (
     Batching,
@@ -54,6 +65,22 @@ def test_two_nodes_of_two_ranks_resume_exactly(dirs: dict[str, str]) -> None:
     n = length(case, dirs, world)
     for rank in range(4):
         check_same_world(replace(case, stops=(2, n + 1)), dirs, World(rank, 4, ranks_per_node=2))
+
+
+@pytest.mark.parametrize("launcher, per_node", [("torchrun", 2), ("forkserver", 1)])
+def test_a_process_group_finds_its_nodes(
+    dirs: dict[str, str], tmp_path: Path, launcher: str, per_node: int
+) -> None:
+    """torchrun's ranks read LOCAL_WORLD_SIZE (2 ranks on one node: the global plan); ranks that only have
+    RANK/WORLD_SIZE are a node each. Stopped and resumed, each rank plays that world's plan."""
+    case = replace(NODES, workers=2, persistent=True, epochs=2)
+    n = length(case, dirs, World(0, 2, ranks_per_node=per_node))
+    case = replace(case, stops=(n // 2, n + 1))
+    config = {"case": case_config(case), "dirs": dirs, "ranks": "env", "whole": True}
+    for result in group(launcher, 2, config, tmp_path / "out"):
+        rank = result["rank"]
+        assert records_of(result) == uninterrupted(case, dirs, World(rank, 2, ranks_per_node=per_node))
+        assert records_of(result) != uninterrupted(case, dirs, World(rank, 2, ranks_per_node=3 - per_node))
 
 
 @pytest.mark.parametrize("batching", ["fixed", "bucketed"])
