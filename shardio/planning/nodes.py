@@ -90,7 +90,6 @@ def aligned(
     costs, in its play order (rounds of ``ranks``)."""
     round_kinds = [_rounds_of(kind, ranks) for kind in kinds]
     steps: list[tuple[np.ndarray, list[np.ndarray]]] = []  # (places, per node: its rounds)
-    used = [np.zeros(kind.shape[0], dtype=np.int64) for kind in round_kinds]
     for bucket in np.unique(np.concatenate(round_kinds)).tolist():
         if bucket < 0:
             continue
@@ -99,8 +98,6 @@ def aligned(
         if shared == 0:
             continue
         chosen = [_by_cost(rounds[:shared], cost, ranks) for rounds, cost in zip(found, costs)]
-        for node, rounds in enumerate(chosen):
-            used[node][rounds] = 1
         places = np.mean(
             [rounds / max(kind.shape[0], 1) for rounds, kind in zip(chosen, round_kinds)], axis=0
         )
