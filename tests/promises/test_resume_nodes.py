@@ -6,9 +6,13 @@ fewer, or as many ranks on other nodes) the rest of the epoch exactly once, the 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+import process_groups
 import pytest
 from resume_harness import (
     Case,
@@ -20,7 +24,7 @@ from resume_harness import (
     uninterrupted,
     write_corpora,
 )
-from test_resume_matrix import group
+from test_resume_matrix import GROUP_TIMEOUT_S, group
 
 from shardio import (
     Batching,
@@ -59,6 +63,13 @@ def test_each_rank_of_two_nodes_resumes_exactly(
         check_same_world(replace(case, stops=(1, n // 2, n + 1)), dirs, World(rank, 2))
 
 
+def test_each_node_with_its_decoded_cache_resumes_exactly(dirs: dict[str, str]) -> None:
+    case = replace(NODES, workers=2, persistent=True, decoded_cache=True)
+    n = length(case, dirs, World(0, 2))
+    for rank in range(2):
+        check_same_world(replace(case, stops=(1, n // 2, n + 2)), dirs, World(rank, 2))
+
+
 def test_two_nodes_of_two_ranks_resume_exactly(dirs: dict[str, str]) -> None:
     case = replace(NODES, batching="bucketed", loader="stateful", workers=2)
     world = World(0, 4, ranks_per_node=2)
@@ -81,6 +92,60 @@ def test_a_process_group_finds_its_nodes(
         rank = result["rank"]
         assert records_of(result) == uninterrupted(case, dirs, World(rank, 2, ranks_per_node=per_node))
         assert records_of(result) != uninterrupted(case, dirs, World(rank, 2, ranks_per_node=3 - per_node))
+
+
+def test_two_torchrun_nodes_of_two_ranks(dirs: dict[str, str], tmp_path: Path) -> None:
+    """Two torchrun agents (``--nnodes=2``, 2 ranks each, on loopback): torchrun gives node ``k`` ranks
+    ``2k`` and ``2k + 1`` and ``LOCAL_WORLD_SIZE=2``, so each rank plays the plan of 2 nodes of 2 ranks,
+    stopped and resumed."""
+    case = replace(NODES, loader="in_process", batching="bucketed", epochs=2)
+    world = World(0, 4, ranks_per_node=2)
+    n = length(case, dirs, world)
+    case = replace(case, stops=(n // 2, n + 1))
+    out = tmp_path / "out"
+    out.mkdir()
+    config = {"case": case_config(case), "dirs": dirs, "ranks": "env", "whole": True, "out": str(out)}
+    (out / "config.json").write_text(json.dumps(config))
+    script = Path(__file__).parents[1] / "resume_rank.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).parents[1]), str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")]
+    )
+    port = process_groups.free_port()
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=2",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(script),
+                str(out / "config.json"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in range(2)
+    ]
+    try:
+        outputs = [agent.communicate(timeout=GROUP_TIMEOUT_S)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(timeout=10)
+    assert all(agent.returncode == 0 for agent in agents), "\n".join(o[-3000:] for o in outputs)
+    for rank in range(4):
+        result = json.loads((out / f"rank{rank}.json").read_text())
+        assert records_of(result) == uninterrupted(case, dirs, World(rank, 4, ranks_per_node=2))
+    # what it would have played, were each rank a node of its own (LOCAL_WORLD_SIZE not read)
+    assert records_of(result) != uninterrupted(case, dirs, World(3, 4, ranks_per_node=1))
 
 
 @pytest.mark.parametrize("batching", ["fixed", "bucketed"])
