@@ -48,3 +48,20 @@ def test_from_epoch_two_a_node_whose_cache_holds_its_part_downloads_no_shard(
                     assert requests == 0, f"node {rank} fetched shards in epoch {number + 1}"
                 else:  # another part of the corpus every epoch: the node's cache misses
                     assert requests > 0
+
+
+def test_with_the_shard_cache_a_node_fetches_its_shards_once(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with ``Reading(cache_bytes=...)``: whole shards kept on each node's disk."""
+    with HTTPFileServer(str(corpus.parent)) as server:
+        url = f"{server.url}/{corpus.name}"
+        reading = Reading(cache_bytes=1 << 30)
+        for number in range(3):
+            for rank in range(2):
+                monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / f"node{rank}"))
+                server.faults.clear()
+                found = epoch(url, number, rank, True, reading=reading)
+                assert_identical(epoch(corpus, number, rank, True), found)
+                fetched = server.faults.count(".tar", "GET")
+                assert (fetched > 0) if number == 0 else (fetched == 0), (number, rank, fetched)
