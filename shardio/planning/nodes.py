@@ -70,7 +70,7 @@ def _rounds_of(kinds: np.ndarray, ranks: int) -> np.ndarray:
     return np.where((by_round == by_round[:, :1]).all(axis=1), by_round[:, 0], -1)
 
 
-PAIR_ROUNDS = 8
+PAIR_ROUNDS = 16
 """Rounds of one bucket a node's alignment sorts by cost together: pairs rounds of nearer cost across nodes
 (more balances better, fewer keeps a node's reads nearer its windows)."""
 
