@@ -61,6 +61,8 @@ class LoaderState:
         worker: The DataLoader worker a worker's state is of (0 in a job-level state).
         num_workers: The workers a worker's state is one of (1 in a job-level state).
         extra: A state's surgery: quarantines, re-mixes, samples consumed ahead.
+        nodes: The nodes of the current segment's ranks, with `Ordering(node_stable=True)` (1 otherwise;
+            recorded only when above 1).
     """
 
     epoch: int
@@ -74,6 +76,7 @@ class LoaderState:
     worker: int = 0
     num_workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    nodes: int = 1
 
     @cached_property
     def surgery(self) -> Surgery:
@@ -115,7 +118,12 @@ class LoaderState:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (what ``state_dict()`` returns)."""
         body = asdict(self)
-        body["history"] = [[s.world_size, s.consumed] for s in self.history]
+        body["history"] = [
+            [s.world_size, s.consumed] if s.nodes == 1 else [s.world_size, s.consumed, s.nodes]
+            for s in self.history
+        ]
+        if self.nodes == 1:  # recorded only on several nodes: every other state stays as it was
+            del body["nodes"]
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -162,6 +170,12 @@ class LoaderState:
             )
             for name in ("epoch", "seed", "world_size", "start", "yielded", "worker", "num_workers")
         }
+        ints["nodes"] = check_count(state, "nodes", 1, ints["world_size"]) if "nodes" in state else 1
+        if ints["world_size"] % ints["nodes"]:
+            raise StateError(
+                f"malformed loader state: field nodes is {ints['nodes']}, which does not divide world_size "
+                f"{ints['world_size']}"
+            )
         if ints["worker"] >= ints["num_workers"]:
             raise StateError(
                 f"malformed loader state: field worker is {ints['worker']}, not below num_workers "
@@ -180,6 +194,12 @@ class LoaderState:
             extra=dict(state.get("extra", {})),
             **ints,
         )
+        several = parsed.nodes > 1 or any(segment.nodes > 1 for segment in parsed.history)
+        if several and parsed.options.get("node_stable") is not True:
+            raise StateError(
+                "malformed loader state: it records segments on several nodes, which only "
+                "Ordering(node_stable=True) plans, and its options do not have node_stable"
+            )
         parsed.surgery  # noqa: B018  (parsed and bounded now, before anything plans with it)
         return parsed
 
@@ -203,9 +223,9 @@ class LoaderState:
 
 
 def _history(value: Any) -> tuple[Segment, ...]:
-    """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs, each within
-    the bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to
-    say)."""
+    """Field ``history``: at most :data:`MAX_HISTORY` ``[world_size, consumed]`` integer pairs (or
+    ``[world_size, consumed, nodes]`` triples, ``nodes`` from 2, dividing ``world_size``), each within the
+    bounds of :mod:`shardio.checks.states` (whether ``consumed`` fits its plan is the planner's to say)."""
     if not isinstance(value, (list, tuple)):
         raise StateError(f"malformed loader state: field history must be a list, not {type(value).__name__}")
     if len(value) > MAX_HISTORY:
@@ -217,16 +237,18 @@ def _history(value: Any) -> tuple[Segment, ...]:
     for number, item in enumerate(value):
         if (
             not isinstance(item, (list, tuple))
-            or len(item) != 2
+            or len(item) not in (2, 3)
             or any(type(v) is not int for v in item)
             or not 1 <= item[0] <= MAX_WORLD_SIZE
             or not 0 <= item[1] <= MAX_COUNT
+            or (len(item) == 3 and not (2 <= item[2] <= item[0] and item[0] % item[2] == 0))
         ):
             raise StateError(
                 f"malformed loader state: field history[{number}] must be [world_size >= 1 and <= "
-                f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] (integers), not {shown(item)}"
+                f"{MAX_WORLD_SIZE}, consumed >= 0 and <= {MAX_COUNT}] or [world_size, consumed, nodes >= 2 "
+                f"dividing world_size] (integers), not {shown(item)}"
             )
-        segments.append(Segment(item[0], item[1]))
+        segments.append(Segment(*item))
     return tuple(segments)
 
 

@@ -29,6 +29,9 @@ class World:
         world_size: The job's ranks (default 1).
         worker: This DataLoader worker, from 0 (default 0: the process that iterates).
         num_workers: The rank's DataLoader workers (default 1: iteration in one process).
+        ranks_per_node: The ranks each node runs, in contiguous blocks (ranks `n * R` to `n * R + R - 1` on
+            node `n`, as torchrun starts them); only `Ordering(node_stable=True)` plans with it (default 1:
+            every rank a node of its own; detected: `LOCAL_WORLD_SIZE`).
 
     Raises:
         OptionError: A value that is not an integer, or a rank or worker outside its range.
@@ -38,15 +41,20 @@ class World:
     world_size: int = 1
     worker: int = 0
     num_workers: int = 1
+    ranks_per_node: int = 1
 
     def __post_init__(self) -> None:
         exact = type(self.rank) is type(self.world_size) is type(self.worker) is type(self.num_workers) is int
+        exact = exact and type(self.ranks_per_node) is int and 1 <= self.ranks_per_node <= MAX_WORLD_SIZE
         if not (exact and 1 <= self.world_size <= MAX_WORLD_SIZE and 1 <= self.num_workers <= MAX_WORKERS):
             # anything but plain ints within their bounds (a detected world is): converted, or refused by name
             object.__setattr__(self, "world_size", integer("world_size", self.world_size, 1, MAX_WORLD_SIZE))
             object.__setattr__(self, "num_workers", integer("num_workers", self.num_workers, 1, MAX_WORKERS))
             object.__setattr__(self, "rank", integer("rank", self.rank, None))  # its range: just below
             object.__setattr__(self, "worker", integer("worker", self.worker, None))
+            object.__setattr__(
+                self, "ranks_per_node", integer("ranks_per_node", self.ranks_per_node, 1, MAX_WORLD_SIZE)
+            )
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise OptionError(f"rank {self.rank} is not within a world of size {self.world_size}")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
@@ -58,7 +66,8 @@ class World:
     ) -> World:
         """The ranks from the arguments, else `torch.distributed`, else `RANK`/`WORLD_SIZE`, else 0 of 1.
 
-        The worker comes from `torch.utils.data.get_worker_info()` (0 of 1 outside a DataLoader worker).
+        The worker comes from `torch.utils.data.get_worker_info()` (0 of 1 outside a DataLoader worker), the
+        ranks per node from `LOCAL_WORLD_SIZE` (torchrun's; 1 without it).
 
         Args:
             rank: This process's rank (`None`: detected).
@@ -69,14 +78,15 @@ class World:
             The world of this process.
 
         Raises:
-            OptionError: A `RANK` or `WORLD_SIZE` that is not an integer, or a rank outside the world.
+            OptionError: A `RANK`, `WORLD_SIZE` or `LOCAL_WORLD_SIZE` that is not an integer, or a rank
+                outside the world.
         """
         if rank is None or world_size is None:
             detected_rank, detected_size = _detect_ranks()
             rank = detected_rank if rank is None else rank
             world_size = detected_size if world_size is None else world_size
         context = Context.detect() if context is None else context
-        return cls(rank, world_size, context.worker, context.num_workers)
+        return cls(rank, world_size, context.worker, context.num_workers, _detect_ranks_per_node())
 
     def with_worker(self, context: Context | None = None) -> World:
         """This world with a context's worker fields.
@@ -127,6 +137,16 @@ def _prepared_loader_dataset() -> Any:
         return None
     gradient = state.GradientState()
     return getattr(gradient.active_dataloader, "dataset", None) if gradient.in_dataloader else None
+
+
+def _detect_ranks_per_node() -> int:
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None:
+        return 1
+    try:
+        return int(local)
+    except ValueError:
+        raise OptionError(f"LOCAL_WORLD_SIZE={local!r} is not an integer") from None
 
 
 def _detect_ranks() -> tuple[int, int]:

@@ -81,6 +81,8 @@ class Case:
     and rank: the first fills it, the later read it."""
     weights: tuple[tuple[str, float], ...] = (("main", 0.7), ("extra", 0.3))
     """A mixed case's corpora and weights (another mix: a re-mix, ``shardio.remix``)."""
+    node_stable: bool = False
+    """``Ordering(node_stable=True)``: each node of the world plays its part of the corpus every epoch."""
 
     def __post_init__(self) -> None:
         if self.loader == "in_process" and self.workers:
@@ -135,7 +137,7 @@ def make_dataset(case: Case, dirs: dict[str, str], world: Any = None) -> Any:
     options: dict[str, Any] = {
         "seed": batching.pop("seed", SEED),
         "batching": Batching(**batching),
-        "ordering": Ordering(shuffle_shards=2),
+        "ordering": Ordering(shuffle_shards=2, node_stable=case.node_stable),
         "decoding": Decoding(transform=gain),
         "world": world,
     }
@@ -376,34 +378,37 @@ def length(case: Case, dirs: dict[str, str], world: Any = None) -> int:
 
 
 def stopped(
-    case: Case, dirs: dict[str, str], world_size: int, batches: int
+    case: Case, dirs: dict[str, str], world_size: int, batches: int, per_node: int = 1
 ) -> tuple[list[list[Record]], dict[str, Any]]:
-    """``world_size`` ranks start the job and play ``batches`` batches each; each rank's records and rank 0's
-    state."""
+    """``world_size`` ranks (``per_node`` a node) start the job and play ``batches`` batches each; each rank's
+    records and rank 0's state."""
     from shardio import World
 
     ranks, state = [], None
     for rank in range(world_size):
-        records, saved = life(case, dirs, World(rank, world_size), None, batches)
+        records, saved = life(case, dirs, World(rank, world_size, ranks_per_node=per_node), None, batches)
         ranks.append(records)
         state = saved if rank == 0 else state
     assert state is not None
     return ranks, state
 
 
-def check_world_change(case: Case, dirs: dict[str, str], old: int, new: int, stop: int) -> None:
+def check_world_change(
+    case: Case, dirs: dict[str, str], old: int, new: int, stop: int, per_node: tuple[int, int] = (1, 1)
+) -> None:
     """``old`` ranks play ``stop`` batches of the epoch, then ``new`` ranks resume rank 0's state: the rest of
-    the epoch once (:func:`check_elastic`), with the resumed plan's padding, or less its dropped samples."""
+    the epoch once (:func:`check_elastic`), with the resumed plan's padding, or less its dropped samples.
+    ``per_node``: the old and the new world's ranks per node (``World.ranks_per_node``)."""
     from shardio import World
 
-    ranks, state = stopped(case, dirs, old, stop)
+    ranks, state = stopped(case, dirs, old, stop, per_node[0])
     before = [record for records in ranks for record in records]
     after = []
     for rank in range(new):
-        records, _ = life(case, dirs, World(rank, new), state, None)
+        records, _ = life(case, dirs, World(rank, new, ranks_per_node=per_node[1]), state, None)
         after += records
-    plan = resumed_dataset(case, dirs, World(0, new), state).plan()
-    old_plan = make_dataset(case, dirs, World(0, old)).plan(case.epoch)
+    plan = resumed_dataset(case, dirs, World(0, new, ranks_per_node=per_node[1]), state).plan()
+    old_plan = make_dataset(case, dirs, World(0, old, ranks_per_node=per_node[0])).plan(case.epoch)
     if case.extra.get("remainder") == "drop":
         every = make_dataset(case, dirs, World(0, 1)).index.keys
         check_elastic(before, after, [(case.epoch, tuple(every), ())], 0, plan.dropped)

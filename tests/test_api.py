@@ -104,7 +104,21 @@ def test_world_from_torch_distributed() -> None:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "World(rank=0, world_size=1, worker=0, num_workers=1)" in out.stdout
+    assert "World(rank=0, world_size=1, worker=0, num_workers=1, ranks_per_node=1)" in out.stdout
+
+
+def test_ranks_per_node_from_torchruns_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert World.detect() == World(3, 4, ranks_per_node=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(OptionError, match="LOCAL_WORLD_SIZE"):
+        World.detect()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert World.detect().ranks_per_node == 1
+    with pytest.raises(OptionError, match="ranks_per_node"):
+        World(0, 2, ranks_per_node=0)
 
 
 def _state(**fields: object) -> LoaderState:

@@ -37,11 +37,11 @@ def rank_of(rank: object, world_size: int) -> int:
     return integer("rank", rank, 0, world_size - 1)
 
 
-def segments_of(history: object) -> list[tuple[int, int]]:
-    """``history`` as ``(world_size, consumed)`` pairs: a sequence (not a string) of at most
+def segments_of(history: object) -> list[tuple[int, int, int]]:
+    """``history`` as ``(world_size, consumed, nodes)`` triples: a sequence (not a string) of at most
     :data:`~shardio.checks.states.MAX_HISTORY` segments, each with an integer ``world_size`` (1 to
-    :data:`~shardio.checks.states.MAX_WORLD_SIZE`) and ``consumed`` (0 to
-    :data:`~shardio.checks.states.MAX_COUNT`)."""
+    :data:`~shardio.checks.states.MAX_WORLD_SIZE`), ``consumed`` (0 to
+    :data:`~shardio.checks.states.MAX_COUNT`) and ``nodes`` (1 where it has none; 1 to ``world_size``)."""
     if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
         raise OptionError(f"history must be a sequence of Segment values, not {shown(history)}")
     if len(history) > MAX_HISTORY:
@@ -57,10 +57,12 @@ def segments_of(history: object) -> list[tuple[int, int]]:
             raise OptionError(
                 f"history[{number}] must be a Segment(world_size, consumed), not {shown(segment)}"
             )
+        size = world_size_of(world_size, f"history[{number}].world_size")
         pairs.append(
             (
-                world_size_of(world_size, f"history[{number}].world_size"),
+                size,
                 integer(f"history[{number}].consumed", consumed, 0, MAX_COUNT),
+                integer(f"history[{number}].nodes", getattr(segment, "nodes", 1), 1, size),
             )
         )
     return pairs

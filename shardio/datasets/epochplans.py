@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import OptionError, StateError
+from ..planning.nodes import world_nodes
 from ..planning.plan import EpochPlan, Segment
 from ..planning.planner import Planner
 from ..planning.rankplan import RankPlan, rank_plan
@@ -66,11 +67,17 @@ class EpochPlans:
             return carried
         return World.detect(context=context)
 
-    def plan(self, epoch: int, history: tuple[Segment, ...], world_size: int, surgery: Surgery) -> EpochPlan:
+    def nodes(self, world: World) -> int:
+        """The nodes ``world``'s plans are made for (1 unless ``Ordering(node_stable=True)``)."""
+        return world_nodes(self.planner.ordering, world.world_size, world.ranks_per_node)
+
+    def plan(
+        self, epoch: int, history: tuple[Segment, ...], world_size: int, surgery: Surgery, nodes: int = 1
+    ) -> EpochPlan:
         """The whole plan of ``epoch`` after ``history`` (the last one asked for is kept)."""
-        key = (epoch, history, world_size, json.dumps(extra_of(surgery), sort_keys=True))
+        key = (epoch, history, world_size, nodes, json.dumps(extra_of(surgery), sort_keys=True))
         if key not in self.plans:
-            self.plans = {key: self.planner.plan(epoch, world_size, history, surgery)}
+            self.plans = {key: self.planner.plan(epoch, world_size, history, surgery, nodes)}
             report = self.plans[key].report
             if any(report.get(name) for name in ("dropped", "padded", "excluded", "skipped", "repeated")):
                 logger.info("epoch %d plan: %s", epoch, report)
@@ -93,7 +100,8 @@ class EpochPlans:
         it is planned once per node into plan files."""
         epoch, history = at.epoch, at.history
         extra = extra_of(surgery)
-        key = (epoch, history, world.world_size, world.rank, json.dumps(extra, sort_keys=True))
+        nodes = self.nodes(world)
+        key = (epoch, history, world.world_size, nodes, world.rank, json.dumps(extra, sort_keys=True))
         if key not in self.shares:
             index = self.planner.index
             others = context.in_worker or world.world_size > 1 or self.progress.control.workers_begun()
@@ -104,15 +112,16 @@ class EpochPlans:
                     "options": self.planner.options,
                     "world": world.world_size,
                     "extra": extra,
+                    **({"nodes": nodes} if nodes != 1 else {}),
                 }
                 found = planfiles.obtain(
                     planfiles.name(job, epoch, history),
                     world.rank,
                     len(index),
-                    lambda: self.plan(epoch, history, world.world_size, surgery),
+                    lambda: self.plan(epoch, history, world.world_size, surgery, nodes),
                 )
             else:
-                found = rank_plan(self.plan(epoch, history, world.world_size, surgery), world.rank)
+                found = rank_plan(self.plan(epoch, history, world.world_size, surgery, nodes), world.rank)
             self.shares = {key: found}
             self.plans = {}
             if len(index) >= WORTH_TRIMMING:

@@ -67,7 +67,8 @@ class Planned:
         context = Context.detect()
         at = self._progress.live(context)
         epoch, history = (at.epoch, at.history) if epoch is None or epoch == at.epoch else (epoch, ())
-        return self._epochs.plan(epoch, history, self.ranks(context).world_size, self._surgery)
+        world = self.ranks(context)
+        return self._epochs.plan(epoch, history, world.world_size, self._surgery, self._epochs.nodes(world))
 
     def __len__(self) -> int:
         """Batches (or samples, when unbatched) per rank in the epoch of its current iteration, or else its

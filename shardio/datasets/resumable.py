@@ -47,12 +47,14 @@ class Resumable(Planned):
         self._surgery, self._surgery_mark = surgery, extra_mark(extra_of(surgery))
 
     def _state(self, at: Instruction, context: Context, **fields: Any) -> LoaderState:
+        world = self.ranks(context)
         return LoaderState(
             epoch=at.epoch,
             seed=self.seed,
             index=self.index.fingerprint,
             options=self.options,
-            world_size=self.ranks(context).world_size,
+            world_size=world.world_size,
+            nodes=self._epochs.nodes(world),
             history=at.history,
             start=at.start,
             extra=extra_of(self._surgery),
@@ -127,8 +129,9 @@ class Resumable(Planned):
         batched_by = loader_batch_size(state) if stepped_samples else None
         if step_batches is not None and batched_by:  # its DataLoader batched samples: a state of no step
             raise OptionError(loader_batching(step_batches, batched_by, "the loaded state"))
+        nodes = self._epochs.nodes(world)
         loaded, instruction, skip, ahead = resume_point(
-            find_states(state), steps_after_snapshot(state), world.world_size, context
+            find_states(state), steps_after_snapshot(state), world.world_size, context, nodes
         )
         if step_batches is not None and stepped_samples and ahead:  # workers' samples out of plan order
             raise OptionError(loader_batching(step_batches, None, "the loaded state"))
@@ -144,7 +147,9 @@ class Resumable(Planned):
         self._set_surgery(surgery)
         try:
             if ahead:  # batches its workers consumed ahead of its position: left out of the rest of the epoch
-                plan = self.planner.plan(loaded.epoch, loaded.world_size, loaded.history, surgery)
+                plan = self.planner.plan(
+                    loaded.epoch, loaded.world_size, loaded.history, surgery, loaded.nodes
+                )
                 self._set_surgery(
                     leave_out_consumed(
                         surgery,
@@ -165,15 +170,17 @@ class Resumable(Planned):
         except StateError:
             self._set_surgery(previous)
             raise
-        if loaded.world_size != world.world_size:
+        if (loaded.world_size, loaded.nodes) != (world.world_size, nodes):
             share = self._epochs.share(instruction, world, self._surgery, context)
             repeated = 0 if share.repeats is None else int(share.repeats.sum())
             logger.info(
-                "world size changed from %d to %d at batch %d of epoch %d: the rest of the epoch is "
-                "re-planned, %d batches per rank, %d samples repeated on rank %d to even the ranks "
-                "(padding)",
+                "world size changed from %d ranks on %d node(s) to %d on %d at batch %d of epoch %d: the "
+                "rest of the epoch is re-planned, %d batches per rank, %d samples repeated on rank %d to "
+                "even the ranks (padding)",
                 loaded.world_size,
+                loaded.nodes,
                 world.world_size,
+                nodes,
                 loaded.position,
                 loaded.epoch,
                 share.num_batches,

@@ -128,7 +128,7 @@ def quarantine(
         corpora=tuple(c or "" for c in corpora) if any(corpora) else None,
     )
     surgery = trace.surgery.with_quarantines((*trace.surgery.quarantines, entry))
-    history = (*loaded.history, Segment(loaded.world_size, loaded.position))
+    history = (*loaded.history, Segment(loaded.world_size, loaded.position, loaded.nodes))
     return replace(loaded, history=history, start=0, yielded=0, extra=surgery.to_extra()).to_dict()
 
 

@@ -72,7 +72,8 @@ class SegmentPlans:
             if type(segment) is not int or not 0 <= segment <= len(history):
                 raise OptionError(f"epoch {epoch} has segments 0 to {len(history)}, not {segment!r}"[:200])
             world_size = history[segment].world_size if segment < len(history) else self.state.world_size
-            planned = self.planner.plan(epoch, world_size, history[:segment], self.surgery)
+            nodes = history[segment].nodes if segment < len(history) else self.state.nodes
+            planned = self.planner.plan(epoch, world_size, history[:segment], self.surgery, nodes)
             self._plans[(epoch, segment)] = planned
         return self._plans[(epoch, segment)]
 

@@ -37,6 +37,15 @@ class Ordering:
         shuffle_shards: Samples mix across windows of this many consecutive (permuted) shards (default 16).
             Larger windows mix more; each worker then reads from more shards at once (more open files, more
             scattered reads).
+        node_stable: Each node reads the same part of the corpus every epoch (default `False`: every epoch
+            deals the whole corpus over all ranks). The shards are dealt once to the nodes, in parts of about
+            equal audio that depend on the seed and the number of nodes only; every epoch shuffles each part
+            (shards permuted, samples within windows of `shuffle_shards` of the part's shards) and batches
+            and deals it to that node's ranks, so a node-local cache (`Reading(decoded_cache=...)`) holds
+            its part from the second epoch on. Nodes are contiguous blocks of `World.ranks_per_node` ranks
+            (torchrun's `LOCAL_WORLD_SIZE`); with one node the plan is the global one. Not with
+            `Batching(step_batches=...)` (steps the same on any world cannot keep parts on nodes) nor in a
+            mix.
 
     Raises:
         OptionError: A value of the wrong type or out of range.
@@ -44,9 +53,11 @@ class Ordering:
 
     shuffle: bool = True
     shuffle_shards: int = 16
+    node_stable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", flag("shuffle", self.shuffle))
+        object.__setattr__(self, "node_stable", flag("node_stable", self.node_stable))
         object.__setattr__(
             self, "shuffle_shards", integer("shuffle_shards", self.shuffle_shards, 1, MAX_INT64)
         )
@@ -277,10 +288,22 @@ def _check_sync(b: Batching) -> None:
         )
 
 
-def check_options(batching: object, ordering: object) -> None:
+def check_options(batching: object, ordering: object, mixed: bool = False) -> None:
     """An :class:`OptionError` unless ``batching`` is a :class:`Batching` and ``ordering`` an
-    :class:`Ordering` (their own constructors check their fields)."""
+    :class:`Ordering` (their own constructors check their fields) that work together (and in a mix, where
+    ``mixed``)."""
     if not isinstance(batching, Batching):
         raise OptionError(f"batching must be a shardio.Batching, not {shown(batching)}")
     if not isinstance(ordering, Ordering):
         raise OptionError(f"ordering must be a shardio.Ordering, not {shown(ordering)}")
+    if ordering.node_stable and batching.step_batches is not None:
+        raise OptionError(
+            f"Ordering(node_stable=True) and Batching(step_batches={batching.step_batches}) cannot work "
+            "together: step_batches plans the same optimizer steps on any number of ranks, while a node's "
+            "part of the corpus depends on the number of nodes; give one of them"
+        )
+    if ordering.node_stable and mixed:
+        raise OptionError(
+            "Ordering(node_stable=True) is not available in a mix (MixedDataset): a mix draws every "
+            "corpus's passes over the whole world; give node_stable to a ShardDataset"
+        )

@@ -20,6 +20,8 @@ __all__ = [
     "BATCHES",
     "MIX",
     "MERGE",
+    "PARTS",
+    "NODES",
     "rng",
     "window_order",
     "narrow_window_order",
@@ -36,6 +38,10 @@ MIX = 11
 """A mix's planning (:mod:`shardio.planning.mix`): each corpus's passes."""
 MERGE = 12
 """A mix's merge of its corpora's draws."""
+PARTS = 13
+"""The nodes' parts of the corpus (``Ordering(node_stable=True)``), drawn at epoch 0 for every epoch."""
+NODES = 14
+"""A node-stable segment's batches: each node's batch shuffle, and the order of the aligned steps."""
 
 
 def rng(seed: int, epoch: int, *purpose: int) -> np.random.Generator:

@@ -33,15 +33,18 @@ never of ``seed + epoch`` and never a mutated counter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import numpy as np
 
+from ..checks.options import integer
 from ..checks.planargs import columns_of, epoch_of, seed_of, segments_of, world_size_of
 from ..errors import OptionError
 from . import bucketing, rounds, steps
+from . import nodes as nodeplans
+from .epochplan import EpochPlan, Segment
 from .options import Batching, Ordering, check_options
 from .order import BATCHES, narrow_window_order, rng
 
@@ -57,79 +60,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A finished part of an epoch, before the world size changed.
-
-    Args:
-        world_size: The ranks that took its batches.
-        consumed: Batches per rank they took.
-    """
-
-    world_size: int
-    consumed: int
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """One epoch (segment) planned for all ranks (by `plan_epoch`). Batch `j` of rank `r` is `batch(r, j)`.
-
-    Args:
-        samples: Sample ids in batched order; global batch `b` is `samples[offsets[b]:offsets[b + 1]]`.
-        offsets: Where each global batch starts in `samples` (one more entry than batches).
-        rank_batches: `rank_batches[r, j]`: the global batch number of rank `r`'s `j`-th batch.
-        excluded: Samples left out: alone above `max_duration`, or outside the duration filters.
-        dropped: Samples in the dropped last round (`remainder="drop"`).
-        padded: Samples repeated to fill the last round (`remainder="pad"`).
-        report: What the plan did, for logs: counts, `padding_ratio`, `step_efficiency`, ...
-        accumulation: Batches per rank per optimizer step (`Batching.step_batches / world_size`; 1 without
-            steps): rank batch `s * accumulation + a` is micro-batch `a` of step `s`.
-        earlier: With steps, the global batches of the segment's steps played before it (a resume on another
-            world continues the same steps): their samples count as seen for the repeat flags.
-        passes: A mix's: per entry of `samples`, its corpus's pass (:mod:`shardio.planning.mix`;
-            `None` elsewhere). A sample twice in an epoch under two passes is two samples, not a repeat.
-    """
-
-    samples: np.ndarray
-    offsets: np.ndarray
-    rank_batches: np.ndarray
-    excluded: int = 0
-    dropped: int = 0
-    padded: int = 0
-    report: dict[str, Any] = field(default_factory=dict)
-    accumulation: int = 1
-    earlier: np.ndarray | None = None
-    passes: np.ndarray | None = None
-
-    @property
-    def world_size(self) -> int:
-        """Ranks this plan deals to."""
-        return int(self.rank_batches.shape[0])
-
-    @property
-    def num_batches(self) -> int:
-        """Batches per rank (the same on every rank)."""
-        return int(self.rank_batches.shape[1])
-
-    def batch(self, rank: int, j: int) -> np.ndarray:
-        """The sample ids (a view of `samples`) of a rank's batch.
-
-        Args:
-            rank: The rank.
-            j: The batch's number among the rank's, from 0.
-        """
-        b = self.rank_batches[rank, j]
-        return self.samples[self.offsets[b] : self.offsets[b + 1]]
-
-    def consumed_samples(self, consumed: int) -> np.ndarray:
-        """Sample ids in the first batches of every rank, each once (padding's repeats collapse).
-
-        Args:
-            consumed: Batches per rank.
-        """
-        taken = np.zeros(self.offsets.shape[0] - 1, dtype=bool)
-        taken[self.rank_batches[:, :consumed].ravel()] = True
-        return self.samples[np.repeat(taken, np.diff(self.offsets))]
+NodeSegment = Callable[[int, np.ndarray, int, int], "rounds.Segmented"]
+"""``node_segment(number, ids, world_size, nodes)``: a segment planned node by node."""
 
 
 def plan_segments(
@@ -147,6 +79,8 @@ def plan_segments(
     purpose: tuple[int, ...] = (),
     limit: int | None = None,
     exclude: Sequence[tuple[int, np.ndarray]] = (),
+    nodes: int = 1,
+    node_segment: NodeSegment | None = None,
 ) -> EpochPlan:
     """Plan an explicit ``order`` of distinct ids (into ``durations``): the core of every planner.
 
@@ -158,11 +92,13 @@ def plan_segments(
     (cut, or filled by repeating), and later segments plan only what it held. ``exclude``: pairs
     ``(segment number, ids)``; those ids are taken out of ``order`` before that segment is planned (a
     quarantine at resume, :mod:`shardio.ledger.quarantine`), so that segment and every later one leave them
-    out.
+    out. ``nodes``: the current segment's nodes; a segment on more than one node
+    (``Ordering(node_stable=True)``) is planned by ``node_segment(number, ids, world_size, nodes)``
+    (:mod:`shardio.planning.nodes`).
     """
     # no rank to deal to is a division by zero (or a silent empty plan), too many an unbounded allocation
     world_size = world_size_of(world_size)
-    history = [Segment(size, consumed) for size, consumed in segments_of(history)]
+    history = [Segment(*finished) for finished in segments_of(history)]
 
     def grouping(number: int) -> rounds.Grouping | None:
         if windows is None or buckets is None:
@@ -170,7 +106,11 @@ def plan_segments(
         generator = rng(seed, epoch, *purpose, BATCHES, number) if shuffle else None
         return rounds.Grouping(windows, buckets, generator)
 
-    def segment(number: int, ids: np.ndarray, size: int) -> EpochPlan:
+    def segment(number: int, ids: np.ndarray, size: int, nodes: int = 1) -> EpochPlan:
+        if nodes > 1:
+            if node_segment is None:
+                raise OptionError(f"a segment on {nodes} nodes needs Ordering(node_stable=True)")
+            return EpochPlan(*node_segment(number, ids, size, nodes))
         return EpochPlan(
             *rounds.batch_segment(
                 ids, durations, batching, size, grouping(number), limit if number == 0 else None
@@ -192,6 +132,8 @@ def plan_segments(
         return ids
 
     if batching.step_batches is not None:
+        if nodes > 1 or any(finished.nodes > 1 for finished in history):
+            raise OptionError("step_batches cannot plan a segment on several nodes (node_stable)")
         split = steps.plan_steps(
             order,
             durations.shape[0],
@@ -206,7 +148,7 @@ def plan_segments(
         return EpochPlan(*split.segmented(), split.accumulation, split.earlier)
     for number, finished in enumerate(history):
         order = excluding(number, order)
-        plan = segment(number, order, finished.world_size)
+        plan = segment(number, order, finished.world_size, finished.nodes)
         if not 0 <= finished.consumed <= plan.num_batches:
             raise OptionError(
                 f"a segment consumed {finished.consumed} batches of a plan with {plan.num_batches}"
@@ -218,7 +160,7 @@ def plan_segments(
         done = np.zeros(durations.shape[0], dtype=bool)
         done[plan.consumed_samples(finished.consumed)] = True
         order = order[~done[order]]
-    return segment(len(history), excluding(len(history), order), world_size)
+    return segment(len(history), excluding(len(history), order), world_size, nodes)
 
 
 def plan_epoch(
@@ -233,6 +175,7 @@ def plan_epoch(
     ordering: Ordering = Ordering(),
     history: Sequence[Segment] = (),
     exclude: Sequence[tuple[int, np.ndarray]] = (),
+    nodes: int = 1,
 ) -> EpochPlan:
     """The plan of an epoch's next segment for every rank, after its finished segments (O(samples)).
 
@@ -247,14 +190,20 @@ def plan_epoch(
         ordering: How the epoch's samples are ordered.
         history: The finished segments, oldest first: what they did not consume is planned again.
         exclude: `(segment, sample ids)` pairs: those samples are left out from that segment on.
+        nodes: The nodes of the `world_size` ranks (contiguous blocks of `world_size / nodes`), with
+            `ordering.node_stable`: each node plays its part of the corpus (:mod:`shardio.planning.nodes`).
 
     Raises:
         OptionError: A seed, epoch, world size, history, options or columns that are not one (each named,
-            with its bounds), a history beyond the plan.
+            with its bounds), a history beyond the plan, nodes without `node_stable` or that do not divide
+            the world size.
     """
     seed, epoch, world_size = seed_of(seed), epoch_of(epoch), world_size_of(world_size)
-    history = [Segment(size, consumed) for size, consumed in segments_of(history)]
+    history = [Segment(*finished) for finished in segments_of(history)]
+    nodes = integer("nodes", nodes, 1, world_size)
     check_options(batching, ordering)
+    if not ordering.node_stable and (nodes > 1 or any(finished.nodes > 1 for finished in history)):
+        raise OptionError(f"a plan on {nodes} nodes needs Ordering(node_stable=True)")
     num_shards = columns_of(shard_ids, durations, num_shards)
     order, by_window = narrow_window_order(shard_ids, num_shards, ordering, (seed, epoch))
     buckets, extra = None, {}
@@ -265,6 +214,23 @@ def plan_epoch(
         buckets = np.zeros(durations.shape[0], dtype=np.int64)  # one bucket: steps balance cost only
     windows = by_window.astype(np.int64) if buckets is not None else None
     del by_window  # without buckets, freed before the segments are planned
+
+    def node_segment(number: int, ids: np.ndarray, size: int, on: int) -> rounds.Segmented:
+        return nodeplans.plan_node_segment(
+            ids,
+            shard_ids,
+            durations,
+            num_shards,
+            seed=seed,
+            epoch=epoch,
+            number=number,
+            world_size=size,
+            nodes=on,
+            batching=batching,
+            ordering=ordering,
+            buckets=buckets,
+        )
+
     plan = plan_segments(
         order,
         durations,
@@ -277,6 +243,8 @@ def plan_epoch(
         buckets=buckets,
         shuffle=ordering.shuffle,
         exclude=exclude,
+        nodes=nodes,
+        node_segment=node_segment if ordering.node_stable else None,
     )
     return with_report(plan, samples=int(shard_ids.shape[0]), **extra)
 
@@ -314,6 +282,8 @@ def options_of(batching: Batching, ordering: Ordering) -> dict[str, object]:
         if f.name not in ("batch_cost", "batch_cost_name", "sync_buckets", "step_batches")
     }
     options.update(asdict(ordering))
+    if not ordering.node_stable:  # recorded only when on: states saved without it load unchanged
+        del options["node_stable"]
     if batching.duration_bins is not None:
         options["duration_bins"] = list(batching.duration_bins)
     # Recorded only when on, so a state saved before sync_buckets existed loads where the plan is the one it

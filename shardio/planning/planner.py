@@ -66,7 +66,7 @@ class Planner:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", seed_of(self.seed))
-        check_options(self.batching, self.ordering)
+        check_options(self.batching, self.ordering, mixed=self.mix is not None)
         if not isinstance(self.index, Index) or not isinstance(self.mix, (Mix, type(None))):
             raise OptionError(f"index, mix: an Index, a Mix or None, not {shown((self.index, self.mix))}")
         # made once, with the planner: every state saved or loaded compares the options, every plan counts
@@ -113,11 +113,12 @@ class Planner:
             OptionError: a world size or history that is not one.
         """
         world_size = world_size_of(world_size)
-        history = [Segment(size, consumed) for size, consumed in segments_of(history)]
+        history = [Segment(*segment) for segment in segments_of(history)]
         check_surgery(surgery)
         batching = self.planned_batching
         if (
             self.mix is not None
+            or self.ordering.node_stable
             or history
             or surgery.quarantines
             or batching.batch_size is None
@@ -140,7 +141,12 @@ class Planner:
         }
 
     def plan(
-        self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE
+        self,
+        epoch: int,
+        world_size: int,
+        history: Sequence[Segment] = (),
+        surgery: Surgery = _NONE,
+        nodes: int = 1,
     ) -> EpochPlan:
         """The plan of ``epoch`` for ``world_size`` ranks after the finished segments ``history``, without the
         samples ``surgery`` quarantines (and, for a mix, with its re-mixed streams).
@@ -150,6 +156,7 @@ class Planner:
             world_size: the ranks the (last) segment is dealt to.
             history: the epoch's finished segments (world-size changes, quarantines).
             surgery: a loaded state's quarantines and re-mix (:attr:`~shardio.LoaderState.surgery`).
+            nodes: the nodes of those ranks (1 unless ``Ordering(node_stable=True)``).
 
         Returns:
             Every rank's batches of the epoch's current segment.
@@ -159,32 +166,11 @@ class Planner:
             StateError: a re-mix that does not fit this mix.
         """
         check_surgery(surgery)
-        batching = self.planned_batching
+        args = self._args(epoch, world_size, history, surgery)
         if self.mix is None:
-            return plan_epoch(
-                self.index.shard_ids,
-                self.index.durations,
-                self._shards,
-                seed=self.seed,
-                epoch=epoch,
-                world_size=world_size,
-                batching=batching,
-                ordering=self.ordering,
-                history=history,
-                exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
-            )
-        return plan_mix(
-            self.columns(),
-            self.mix,
-            seed=self.seed,
-            epoch=epoch,
-            world_size=world_size,
-            batching=batching,
-            ordering=self.ordering,
-            history=history,
-            exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
-            **self._streams(epoch, surgery),
-        )
+            shards = self.index.shard_ids, self.index.durations, self._shards
+            return plan_epoch(*shards, **args, nodes=nodes)
+        return plan_mix(self.columns(), self.mix, **args, **self._streams(epoch, surgery))
 
     def occurrences(
         self, epoch: int, world_size: int, history: Sequence[Segment] = (), surgery: Surgery = _NONE
@@ -205,19 +191,19 @@ class Planner:
             OptionError: outside a mix.
         """
         check_surgery(surgery)
+        args = self._args(epoch, world_size, history, surgery)
         plan, occurrences, _ = plan_occurrences(
-            self.columns(),
-            self._mix(),
-            seed=self.seed,
-            epoch=epoch,
-            world_size=world_size,
-            batching=self.planned_batching,
-            ordering=self.ordering,
-            history=history,
-            exclude=surgery.exclusions(epoch) if surgery.quarantines else (),
-            **self._streams(epoch, surgery),
+            self.columns(), self._mix(), **args, **self._streams(epoch, surgery)
         )
         return plan, occurrences
+
+    def _args(
+        self, epoch: int, world_size: int, history: Sequence[Segment], surgery: Surgery
+    ) -> dict[str, Any]:
+        """The planning functions' common keywords."""
+        exclude = surgery.exclusions(epoch) if surgery.quarantines else ()
+        args = dict(seed=self.seed, epoch=epoch, world_size=world_size, batching=self.planned_batching)
+        return {**args, "ordering": self.ordering, "history": history, "exclude": exclude}
 
     def quotas(self) -> dict[str, int]:
         """The samples each corpus of a mix contributes to an epoch."""
@@ -310,7 +296,7 @@ class Planner:
         surgery = state.surgery
         surgery.check_ids(self._samples, lambda i: self.index.keys[i], self.corpus)
         try:
-            plan = self.plan(state.epoch, state.world_size, state.history, surgery)
+            plan = self.plan(state.epoch, state.world_size, state.history, surgery, state.nodes)
         except OptionError as exc:  # the planner refuses a history segment beyond its plan
             raise StateError(f"state field history does not fit epoch {state.epoch}'s plan: {exc}") from None
         if state.position > plan.num_batches:

@@ -139,7 +139,11 @@ def _ties(n: int, generator: np.random.Generator | None) -> np.ndarray:
 
 
 def deal(
-    num_batches: int, world_size: int, remainder: str, seconds: np.ndarray | None = None
+    num_batches: int,
+    world_size: int,
+    remainder: str,
+    seconds: np.ndarray | None = None,
+    per_rank: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Global batch numbers per rank, ``[world_size, per_rank]``, and the batch numbers left out.
 
@@ -147,8 +151,11 @@ def deal(
     rank. Given each batch's audio ``seconds``, a round's batches go longest first to the ranks with the
     least audio so far, so the ranks' audio totals stay within about one batch of each other over an
     epoch (a loop over rounds, not samples); without it, batch ``j * world_size + r`` goes to rank ``r``.
+    ``per_rank``: that many batches per rank (repeating from the start, or leaving out the last), instead
+    of those ``remainder`` makes of ``num_batches`` (at least one batch, then).
     """
-    per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
+    if per_rank is None:
+        per_rank = num_batches // world_size if remainder == "drop" else -(-num_batches // world_size)
     used = per_rank * world_size
     if used <= num_batches:
         chosen = np.arange(used, dtype=np.int64)

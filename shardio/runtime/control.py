@@ -41,8 +41,9 @@ __all__ = ["MAX_HISTORY", "MAX_WORKERS", "Control", "Instruction", "extra_mark",
 
 _GENERATION, _LOADED, _EPOCH, _START, _HISTORY_LENGTH, _EXTRA = range(6)
 _HISTORY = 6
+_SEGMENT = 3  # a history segment's fields: world size, consumed, nodes
 _SLOTS = (
-    _HISTORY + 2 * MAX_HISTORY
+    _HISTORY + _SEGMENT * MAX_HISTORY
 )  # then per iterating process: generation seen, epoch last begun, finished,
 _WIDTH = 4  # and the iteration that began it (see Control.upcoming)
 _SEEN, _EPOCH_BEGUN, _FINISHED, _ITERATION = range(_WIDTH)  # a slot's fields
@@ -145,7 +146,8 @@ class Control:
         )
         block[_HISTORY_LENGTH], block[_EXTRA] = len(instruction.history), instruction.extra
         for i, segment in enumerate(instruction.history):
-            block[_HISTORY + 2 * i], block[_HISTORY + 2 * i + 1] = segment.world_size, segment.consumed
+            at = _HISTORY + _SEGMENT * i
+            block[at], block[at + 1], block[at + 2] = segment.world_size, segment.consumed, segment.nodes
         block[_GENERATION] = (
             self.generation + 1
         )  # last: a reader that sees the new generation sees its fields
@@ -153,8 +155,15 @@ class Control:
     def instruction(self) -> Instruction:
         """The last instruction given."""
         values = self._values[:_SLOTS].tolist()
-        end = _HISTORY + 2 * values[_HISTORY_LENGTH]
-        history = tuple(map(Segment, values[_HISTORY:end:2], values[_HISTORY + 1 : end : 2]))
+        end = _HISTORY + _SEGMENT * values[_HISTORY_LENGTH]
+        history = tuple(
+            map(
+                Segment,
+                values[_HISTORY:end:3],
+                values[_HISTORY + 1 : end : 3],
+                values[_HISTORY + 2 : end : 3],
+            )
+        )
         return Instruction(values[_EPOCH], history, values[_START], bool(values[_LOADED]), values[_EXTRA])
 
     def started(self) -> bool:

@@ -129,7 +129,7 @@ class Progress:
 
 
 def resume_point(
-    states: Sequence[LoaderState], steps_after: int, world_size: int, context: Context
+    states: Sequence[LoaderState], steps_after: int, world_size: int, context: Context, nodes: int = 1
 ) -> tuple[LoaderState, Instruction, int, tuple[int, ...]]:
     """What the next iteration of a process in a world of ``world_size`` plays after loading ``states``: the
     state they make, its instruction, the batches of it this process has already yielded, and the positions
@@ -137,8 +137,9 @@ def resume_point(
 
     One worker's own state, loaded inside that worker (``StatefulDataLoader`` restoring it), resumes that
     worker; otherwise the states are combined into the job's (``steps_after``: batches consumed since they
-    were saved). With another world size, or with batches consumed ahead (which the dataset then leaves out),
-    the rest of the epoch is planned anew, after a history segment that records the position.
+    were saved). With another world size or number of ``nodes`` (``Ordering(node_stable=True)``), or with
+    batches consumed ahead (which the dataset then leaves out), the rest of the epoch is planned anew, after a
+    history segment that records the position.
     """
     worker_level = (
         len(states) == 1
@@ -148,16 +149,18 @@ def resume_point(
     )
     if worker_level:
         loaded = states[0]
-        if loaded.world_size != world_size:
+        if (loaded.world_size, loaded.nodes) != (world_size, nodes):
             raise StateError(
-                f"a worker's state from a world of {loaded.world_size} cannot resume a world of "
-                f"{world_size}: load the loader's whole state into a fresh dataset instead"
+                f"a worker's state from a world of {loaded.world_size} ranks on {loaded.nodes} node(s) "
+                f"cannot resume a world of {world_size} on {nodes}: load the loader's whole state into a "
+                "fresh dataset instead"
             )
         return loaded, Instruction(loaded.epoch, loaded.history, loaded.start, True), loaded.yielded, ()
     loaded, ahead = split(states, steps_after)
-    if loaded.world_size == world_size and not ahead:
+    same = (loaded.world_size, loaded.nodes) == (world_size, nodes)
+    if same and not ahead:
         return loaded, Instruction(loaded.epoch, loaded.history, loaded.position, True), 0, ()
-    if ahead and loaded.world_size == world_size:
+    if ahead and same:
         logger.warning(
             "the state's DataLoader workers consumed %d batches per rank out of plan order (a DataLoader "
             "batching samples): the rest of epoch %d is re-planned without them; with the same workers, "
@@ -170,5 +173,5 @@ def resume_point(
             f"state field history: resuming here adds a world-size change to the {len(loaded.history)} "
             f"of epoch {loaded.epoch}; at most {MAX_HISTORY} are kept"
         )
-    history = (*loaded.history, Segment(loaded.world_size, loaded.position))
+    history = (*loaded.history, Segment(loaded.world_size, loaded.position, loaded.nodes))
     return loaded, Instruction(loaded.epoch, history, 0, True), 0, ahead

@@ -249,7 +249,17 @@ def test_valid_options_normalised(data: dict[str, Path]) -> None:
     assert len(next(iter(ds))["keys"]) == 2
 
 
-@pytest.mark.parametrize("options", [dict(shuffle_shards=2.5), dict(shuffle_shards=True), dict(shuffle="x")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(shuffle_shards=2.5),
+        dict(shuffle_shards=True),
+        dict(shuffle="x"),
+        dict(node_stable="yes"),
+        dict(node_stable=1),
+        dict(node_stable=None),
+    ],
+)
 def test_ordering(options: dict[str, Any]) -> None:
     _refused(lambda: Ordering(**options), next(iter(options)))
 
@@ -266,6 +276,10 @@ def test_ordering(options: dict[str, Any]) -> None:
         dict(rank=0, world_size=INF),
         dict(num_workers=2.5),
         dict(num_workers=True),
+        dict(ranks_per_node=0),
+        dict(ranks_per_node=1.5),
+        dict(ranks_per_node=True),
+        dict(ranks_per_node=10**18),
     ],
 )
 def test_world(options: dict[str, Any]) -> None:

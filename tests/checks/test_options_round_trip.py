@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sample_shards import make_uneven_dataset
 
-from shardio import Batching, EpochSize, Index, MixedDataset, OptionError, Ordering, ShardDataset
+from shardio import Batching, EpochSize, Index, MixedDataset, OptionError, Ordering, ShardDataset, World
 from shardio.planning.mixoptions import Mix
 
 
@@ -64,6 +64,8 @@ options = st.fixed_dictionaries(
         ),
         "shuffle_shards": integers(1),
         "seed": integers(0),
+        "node_stable": st.booleans(),
+        "world": st.sampled_from([(1, 1), (3, 1), (4, 2)]),  # (ranks, ranks per node)
     }
 )
 
@@ -75,7 +77,8 @@ def made(case: dict[str, Any]) -> tuple[Batching, Ordering] | None:
     if "quadratic_duration" in extra and "max_duration" not in case["size"]:
         del extra["quadratic_duration"]
     try:
-        return Batching(**case["size"], **extra), Ordering(shuffle_shards=case["shuffle_shards"])
+        ordering = Ordering(shuffle_shards=case["shuffle_shards"], node_stable=case["node_stable"])
+        return Batching(**case["size"], **extra), ordering
     except OptionError:
         return None
 
@@ -87,12 +90,13 @@ def test_every_accepted_option_set_round_trips_through_json(index: Index, case: 
     if groups is None:
         return
     batching, ordering = groups
+    world = World(case["world"][0] - 1, case["world"][0], ranks_per_node=case["world"][1])
     try:
-        dataset = ShardDataset(index, batching=batching, ordering=ordering, seed=case["seed"])
+        dataset = ShardDataset(index, batching=batching, ordering=ordering, seed=case["seed"], world=world)
     except OptionError:
         return  # e.g. no sample within the duration filters
     state = json.loads(json.dumps(dataset.state_dict()))
-    again = ShardDataset(index, batching=batching, ordering=ordering, seed=case["seed"])
+    again = ShardDataset(index, batching=batching, ordering=ordering, seed=case["seed"], world=world)
     again.load_state_dict(state)
     assert again.state_dict() == state
 

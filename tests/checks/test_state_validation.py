@@ -84,7 +84,21 @@ def test_the_reported_coercions_are_refused(data: str, valid: dict[str, Any], fi
 
 
 @pytest.mark.parametrize(
-    "segment", [[0, 5], [-2, 5], [2, -5], [2], [2, 1, 1], [True, 1], [2, 1.0], "ab", None]
+    "segment",
+    [
+        [0, 5],
+        [-2, 5],
+        [2, -5],
+        [2],
+        [2, 1, 1],
+        [4, 1, 3],
+        [2, 1, 4],
+        [2, 1, 2, 1],
+        [True, 1],
+        [2, 1.0],
+        "ab",
+        None,
+    ],
 )
 def test_a_malformed_history_segment_is_refused(data: str, valid: dict[str, Any], segment: Any) -> None:
     refused(data, {**valid, "history": [[1, 1], segment]}, r"history\[1\]")
@@ -111,3 +125,17 @@ def test_a_valid_state_round_trips(valid: dict[str, Any], tmp_path: Path) -> Non
     for version in (True, 1.0, "1", 2):
         with pytest.raises(StateError, match="version"):
             LoaderState.from_dict({**valid, "version": version})
+
+
+@pytest.mark.parametrize("value", [0, -1, 3, True, 2.0, "2", None, 2**70])
+def test_a_malformed_nodes_field_is_refused(data: str, valid: dict[str, Any], value: Any) -> None:
+    # world_size 4: 3 nodes do not divide it, and the rest are no node counts
+    refused(data, {**valid, "world_size": 4, "nodes": value}, "nodes")
+
+
+def test_nodes_without_node_stable_are_refused(data: str, valid: dict[str, Any]) -> None:
+    with pytest.raises(StateError, match="node_stable"):
+        ShardDataset(data, batch_size=2, seed=1).load_state_dict({**valid, "world_size": 4, "nodes": 2})
+    with pytest.raises(StateError, match="node_stable"):
+        state = {**valid, "history": [[4, 1, 2]]}
+        ShardDataset(data, batch_size=2, seed=1).load_state_dict(state)
