@@ -139,3 +139,6 @@ def test_audio_that_is_not_16_bit_has_no_steps() -> None:
         ext = "flac" if subtype == "PCM_24" else "wav"
         soundfile.write(buffer, np.zeros((100, 1), np.float32), 8000, format=ext.upper(), subtype=subtype)
         assert decode_steps(read_header(buffer.getvalue(), ext), None) is None
+    flac = audio_bytes(np.zeros((100, 1), np.float32), 8000, "flac")
+    assert decode_steps(read_header(flac, "flac"), None) is not None
+    assert decode_steps(read_header(flac, "ogg"), None) is None  # a lossy format's name: not looked into
