@@ -259,7 +259,7 @@ class Assembler:
         ``steps * 2**-15`` of (:func:`~shardio.reading.pcm16.decode_steps`: 16-bit sources), and its rate;
         None where that is not what :func:`~shardio.reading.decode.decode_encoded` makes of it (another
         source, or audio to mix or resample). The cache keeps them as they are: a float32 entry would be
-        checked for being int16 steps before it is kept, a quarter of FLAC decoding's CPU."""
+        checked for being int16 steps before it is kept, about a tenth of FLAC decoding's CPU."""
         decoding, columns = self.decoding, self.reader.index.columns
         channels = int(columns["channels"][sample_id])
         if decoding.sample_rate not in (None, audio.rate) or (decoding.mono and channels != 1):
