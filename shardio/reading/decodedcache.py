@@ -4,13 +4,15 @@ A reader concern, never a plan concern: it changes how bytes become audio, never
 and a batch read through it is bit-identical to one read without it. An entry is what the decoder made of a
 sample (mixed to mono and resampled where asked, before the ``transform``, which runs on every read with its
 epoch's generator): float32 audio, kept as int16 where every value is exactly ``int16 / 32768`` (16-bit
-sources: half the disk, and read back exactly); with ``dtype="int16"`` and no transform, the batch's int16
-audio itself. Entries live in :class:`~shardio.storage.segments.Segments` (checked, bounded, shared by every
-process of the node) under a namespace digested from what makes the audio: the index's ``content_id`` and the
-decoding options that change samples (``mono``, ``sample_rate``, ``dtype``, whether a transform follows).
-An entry is also held to what the index says of its sample (channels, rate, at most its frames) before use.
-An entry also holds the sample's other members (its ``json``, ``txt``, ...: ``{ext: bytes}``), so that a batch
-read from the cache never touches the shard.
+sources: half the disk, and read back exactly; the assembler decodes those as int16 and hands them over so,
+see :func:`~shardio.reading.pcm16.decode_steps`, and other float32 audio is checked as it is kept); with
+``dtype="int16"`` and no transform, the batch's int16 audio itself. Entries live in
+:class:`~shardio.storage.segments.Segments` (checked, bounded, shared by every process of the node) under a
+namespace digested from what makes the audio: the index's ``content_id`` and the decoding options that change
+samples (``mono``, ``sample_rate``, ``dtype``, whether a transform follows). An entry is also held to what the
+index says of its sample (channels, rate, at most its frames) before use. An entry also holds the sample's
+other members (its ``json``, ``txt``, ...: ``{ext: bytes}``), so that a batch read from the cache never
+touches the shard.
 """
 
 from __future__ import annotations

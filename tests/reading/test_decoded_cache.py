@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from shardio import Decoding, Reading, ShardDataset, ShardWriter
 from shardio.errors import OptionError
-from shardio.reading.decodedcache import DecodedCache
+from shardio.reading import pcm16
+from shardio.reading.decodedcache import DecodedCache, _Scratch
 from shardio.shards.index import Index
 from tests.audio_factory import audio_bytes
 from tests.remote_servers import HTTPFileServer
@@ -121,6 +122,104 @@ def test_batches_through_the_cache_are_bit_identical(
     assert_identical(plain, cached)
     again = batches(corpora[ext], decoding=decoding, batch_size=batch_size, reading=reading)
     assert_identical(plain, again)
+
+
+SIXTEEN_BIT_KEPT_AS_DECODED = [
+    ("flac", Decoding()),  # WAV without a transform is not cached: the fast path is as cheap
+    *[
+        (ext, decoding)
+        for ext in ("flac", "wav")
+        for decoding in (
+            Decoding(transform=gain),
+            Decoding(dtype="int16", transform=gain),
+            Decoding(mono=True, transform=gain),  # of mono audio: nothing to mix
+            Decoding(sample_rate=8000),  # the corpus's rate: nothing to resample
+        )
+    ],
+]
+
+
+def _entries_of_int16(directory: Path, cache: DecodedCache) -> None:
+    """That ``cache``, closed, holds every sample of ``directory`` as int16 (2 bytes a sample, not 4)."""
+    cache.close()  # gives back what its writer reserved and did not fill
+    index = Index.load(directory)
+    audio = int((index.columns["num_frames"] * index.columns["channels"]).sum()) * 2
+    used = sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(cache.directory)
+        for name in names
+        if name.endswith(".seg")
+    )
+    assert audio < used <= audio + len(index) * 80  # a header, the txt member, its trailer an entry
+
+
+def _named(case: tuple[str, Decoding]) -> str:
+    ext, decoding = case
+    changed = {"transform": decoding.transform is not None, "dtype": decoding.dtype, "mono": decoding.mono}
+    return f"{ext}-{changed}-{decoding.sample_rate}"
+
+
+@pytest.mark.parametrize(
+    ("ext", "decoding"),
+    SIXTEEN_BIT_KEPT_AS_DECODED,
+    ids=[_named(case) for case in SIXTEEN_BIT_KEPT_AS_DECODED],
+)
+def test_16_bit_audio_is_kept_as_decoded_without_the_exactness_check(
+    corpora: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    decoding: Decoding,
+    ext: str,
+) -> None:
+    """16-bit audio whose entry is its decoding (no mix, no resampling) is decoded as int16 and kept so;
+    its float32 audio made from the int16 is the decoder's, bit for bit (WAV: by the fast path's
+    conversion; FLAC: as libsndfile's, proven once per process)."""
+
+    def not_called(self: _Scratch, audio: np.ndarray) -> None:
+        raise AssertionError("a 16-bit sample's float32 audio was checked for int16 steps")
+
+    plain = batches(corpora[ext], decoding=decoding)
+    monkeypatch.setattr(_Scratch, "exact_int16", not_called)
+    reading = Reading(decoded_cache=str(tmp_path))
+    dataset = ShardDataset(corpora[ext], batch_size=4, seed=3, decoding=decoding, reading=reading)
+    found = []
+    for epoch in range(2):  # decoded and kept, then read from the cache
+        dataset.set_epoch(epoch)
+        found += list(dataset)
+    assert_identical(plain, found)
+    assert dataset._decoded is not None and dataset._decoded.stored == 12 and dataset._decoded.hits == 12
+    _entries_of_int16(corpora[ext], dataset._decoded)
+
+
+def test_16_bit_flac_not_proven_to_scale_exactly_is_checked_as_before(
+    corpora: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = []
+    exact_int16 = _Scratch.exact_int16
+
+    def counted(self: _Scratch, audio: np.ndarray) -> np.ndarray | None:
+        checked.append(audio.shape)
+        return exact_int16(self, audio)
+
+    decoding = Decoding(transform=gain)
+    plain = batches(corpora["flac2"], decoding=decoding)
+    monkeypatch.setattr(_Scratch, "exact_int16", counted)
+    monkeypatch.setitem(pcm16._PROVEN, ("FLAC", "PCM_16"), False)
+    dataset = ShardDataset(
+        corpora["flac2"],
+        batch_size=4,
+        seed=3,
+        decoding=decoding,
+        reading=Reading(decoded_cache=str(tmp_path)),
+    )
+    found = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        found += list(dataset)
+    assert_identical(plain, found)
+    assert len(checked) == 12  # each sample's float32 audio from libsndfile, found to be int16 steps
+    assert dataset._decoded is not None
+    _entries_of_int16(corpora["flac2"], dataset._decoded)
 
 
 def _cache(directory: Path, cache: Path, decoding: Decoding = Decoding()) -> DecodedCache:
