@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
 RESULTS = REPO / "benchmarks" / "results"
 BATCH = 16
+LOAD_EVERY = 30.0
 
 
 def padded(audios: list[np.ndarray]) -> np.ndarray:
@@ -142,9 +144,15 @@ def lhotse_read(out: Path) -> int:
     return sum(len(collate_audio(batch)[0]) for batch in SimpleCutSampler(cuts, max_cuts=BATCH))
 
 
-def litdata_item(path: str) -> dict[str, Any]:
-    """One sample as LitData's ``optimize`` stores it (a module's function: its workers are spawned)."""
-    return {"key": Path(path).stem, "audio": Path(path).read_bytes(), "text": text_of(Path(path))}
+def litdata_item(where: tuple[str, str]) -> dict[str, Any]:
+    """One sample as LitData's ``optimize`` stores it, keyed by its path in the corpus as the other peers key
+    it (``digits/1``: file names repeat between folders); a module's function: its workers are spawned."""
+    root, path = Path(where[0]), Path(where[1])
+    return {
+        "key": path.relative_to(root).with_suffix("").as_posix(),
+        "audio": path.read_bytes(),
+        "text": text_of(path),
+    }
 
 
 def litdata_pack(root: Path, out: Path) -> None:
@@ -152,7 +160,7 @@ def litdata_pack(root: Path, out: Path) -> None:
 
     litdata.optimize(
         fn=litdata_item,
-        inputs=[str(p) for p in flac_files(root)],
+        inputs=[(str(root), str(p)) for p in flac_files(root)],
         output_dir=str(out),
         chunk_bytes="64MB",
         num_workers=1,
@@ -199,6 +207,15 @@ def timed(action: Callable[[], object]) -> tuple[float, float, object]:
     return time.perf_counter() - wall, cpu_seconds() - cpu, result
 
 
+def sample_load(loads: list[float], stop: threading.Event) -> None:
+    """Append the machine's 1-minute load average to ``loads`` every :data:`LOAD_EVERY` seconds until
+    ``stop``, and once at the start and once at the end."""
+    loads.append(os.getloadavg()[0])
+    while not stop.wait(LOAD_EVERY):
+        loads.append(os.getloadavg()[0])
+    loads.append(os.getloadavg()[0])
+
+
 def measure(root: Path, work: Path, rounds: int) -> dict[str, Any]:
     present = {name: peer for name, peer in PEERS.items() if version(peer[0]) is not None}
     files = flac_files(root)
@@ -239,7 +256,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# shardio and its peers",
         "",
-        f"`python benchmarks/peers.py{' --quick' if report['quick'] else ''}` on {report['date']}, "
+        f"`{report['command']}` on {report['date']}, "
         f"{report['machine']}; {report['corpus']}; medians of {report['rounds']} alternated rounds.",
         "",
     ]
@@ -260,15 +277,40 @@ def markdown(report: dict[str, Any]) -> str:
     absent = [name for name, v in report["versions"].items() if v is None]
     if absent:
         lines += [f"Absent (not importable here): {', '.join(absent)}.", ""]
-    lines.append("![samples per CPU-second](peers.png)")
+    lines.append(f"![samples per CPU-second]({report['name']}.png)")
     return "\n".join(lines) + "\n"
+
+
+def flac_copy(root: Path, out: Path) -> Path:
+    """A lossless FLAC copy of the WAV corpus ``root`` under ``out`` (same folders and names), written by
+    soundfile at the WAVs' own sample size: it decodes to the same samples."""
+    for path in flac_files(root):
+        audio, rate = soundfile.read(str(path), dtype="int32", always_2d=True)
+        subtype = soundfile.info(str(path)).subtype
+        target = out / path.relative_to(root).with_suffix(".flac")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        soundfile.write(
+            str(target), audio, rate, subtype=subtype if subtype in ("PCM_16", "PCM_24") else "PCM_16"
+        )
+        transcript = path.with_suffix(".txt")
+        if transcript.exists():
+            shutil.copyfile(transcript, target.with_suffix(".txt"))
+    return out
 
 
 def corpus_folders(args: argparse.Namespace, work: Path) -> dict[str, tuple[Path, str]]:
     """Per format: a folder of its files and what it is."""
     lj = args.corpora / "ljspeech_coqui" / "wavs"
     if args.corpus is not None:
-        return {"given": (args.corpus.resolve(), f"corpus: {args.corpus.name}")}
+        root = args.corpus.resolve()
+        fmt = "FLAC" if any(path.suffix == ".flac" for path in flac_files(root)) else "WAV"
+        if fmt == "WAV" and args.flac_copy:
+            copy = flac_copy(root, work / "flac-copy")
+            return {
+                "FLAC": (copy, f"{args.corpus.name} as FLAC (a lossless copy made with soundfile)"),
+                "WAV": (root, f"{args.corpus.name} (WAV)"),
+            }
+        return {fmt: (root, f"{args.corpus.name} ({fmt})")}
     if lj.is_dir():
         found = {}
         for fmt in ("flac", "wav"):
@@ -284,15 +326,50 @@ def corpus_folders(args: argparse.Namespace, work: Path) -> dict[str, tuple[Path
     return {"FLAC": (root, f"{count} generated FLAC (shardio.synth), 2-16 s")}
 
 
+def decode_floor(root: Path, rounds: int) -> dict[str, float]:
+    """What decoding alone costs: every file's bytes, already in memory, decoded by soundfile to float32 and
+    padded in batches of 16, as the peers but shardio do it (median CPU seconds of ``rounds`` after a
+    warm-up), with the corpus's files, audio seconds and sample rates."""
+    blobs = [path.read_bytes() for path in flac_files(root)]
+    times = []
+    for number in range(rounds + 1):
+        cpu = cpu_seconds()
+        assert sum(len(batch) for batch in batches_of(decode(blob) for blob in blobs)) == len(blobs)
+        if number:
+            times.append(cpu_seconds() - cpu)
+    infos = [soundfile.info(str(path)) for path in flac_files(root)]
+    return dict(
+        cpu=statistics.median(times),
+        files=len(blobs),
+        seconds=sum(info.duration for info in infos),
+        rates=sorted({int(info.samplerate) for info in infos}),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round, a smaller generated corpus")
     parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac or .wav files")
+    parser.add_argument(
+        "--flac-copy",
+        action="store_true",
+        help="with a --corpus of WAV: measure a lossless FLAC copy of it too (made with soundfile)",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3; --quick 1)")
     parser.add_argument("--corpora", type=Path, default=SHARED, help="the shared corpora (../shared/corpora)")
+    parser.add_argument(
+        "--name", default="peers", help="the results' name: benchmarks/results/NAME.{json,md,png}"
+    )
     args = parser.parse_args()
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     packs: dict[str, Any] = {}
+    floors: dict[str, Any] = {}
     outs: dict[str, dict[str, Path]] = {}
+    loads: list[float] = []
+    sampling = threading.Event()
+    sampler = threading.Thread(target=sample_load, args=(loads, sampling), daemon=True)
+    sampler.start()
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardio-peers-") as tmp:
         work = Path(tmp)
         abouts = []
@@ -302,24 +379,32 @@ def main() -> None:
             abouts.append(f"{about}, {len(files)} files, {hours:.2f} h")
             print(abouts[-1], file=sys.stderr)
             packs[fmt] = measure(root, work / "out" / fmt, rounds)
+            floors[fmt] = decode_floor(root, rounds)
             outs[fmt] = {name: work / "out" / fmt / name.replace(" ", "_") for name in packs[fmt]}
         reads = peer_report.read_figures(outs, len(files), rounds)
         traits = peer_report.traits(next(iter(outs.values())), len(files))
+    sampling.set()
+    sampler.join()
     report = dict(
         benchmark="peers",
+        name=args.name,
+        command=" ".join(["python benchmarks/peers.py", *sys.argv[1:]]),
         quick=args.quick,
         rounds=rounds,
         date=time.strftime("%Y-%m-%d %H:%M"),
         corpus="; ".join(abouts),
-        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average "
-        f"{os.getloadavg()[0]:.1f} at the end",
+        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average (1 min) "
+        f"{min(loads):.1f}-{max(loads):.1f}, median {statistics.median(loads):.1f}, sampled every "
+        f"{LOAD_EVERY:.0f} s over the {(time.perf_counter() - started) / 60:.0f} minutes of the run",
+        loads=loads,
         versions={name: version(module) for name, (module, _, _) in PEERS.items()},
         packs=packs,
+        floors=floors,
         reads=reads,
         traits=traits,
     )
-    write_results(RESULTS, "peers", report, markdown(report))
-    peer_report.plot(report, RESULTS / "peers.png")
+    write_results(RESULTS, args.name, report, markdown(report))
+    peer_report.plot(report, RESULTS / f"{args.name}.png")
     print(markdown(report))
 
 
