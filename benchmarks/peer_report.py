@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import peer_reading
 from peer_kill import killed
 from peer_reading import RANKS, READERS, resume
 
@@ -22,7 +23,7 @@ def cpu_seconds() -> float:
 
 
 def label(size: int | None, workers: int) -> str:
-    return f"{'16' if size else '<= 60 s'} / {workers} workers"
+    return f"{size if size else f'<= {peer_reading.MAX_SECONDS:.0f} s'} / {workers} workers"
 
 
 def read_figures(outs: dict[str, dict[str, Path]], samples: int, rounds: int) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming,
-each used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and
-per wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
-duration (<= 60 s), with 0 and 2 DataLoader workers, FLAC and WAV, and the time to the first batch; each
-peer's exact resume (its own mechanism) and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py,
-peer_report.py and peer_streaming.py).
+"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming, each
+used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and per
+wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
+duration (<= 60 s, or the longest sample rounded up to 10 s), with 0 and 2 DataLoader workers, FLAC and WAV,
+and the time to the first batch; each peer's exact resume (its own mechanism), in one process and after a
+SIGKILL, and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py, peer_report.py, peer_kill.py
+and peer_streaming.py).
 
 Run ``python benchmarks/peers.py [--quick] [--corpus DIR]`` in an environment holding every peer (LitData's
 and MosaicML Streaming's requirements name torchvision, whose CPU build for the project's torch is not on
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import peer_reading
 import peer_report
 import soundfile
 from peer_streaming import streaming_pack, streaming_read
@@ -375,12 +378,15 @@ def main() -> None:
         abouts = []
         for fmt, (root, about) in corpus_folders(args, work).items():
             files = flac_files(root)
-            hours = sum(soundfile.info(str(p)).duration for p in files) / 3600
+            durations = [soundfile.info(str(p)).duration for p in files]
+            hours, longest = sum(durations) / 3600, max(durations)
             abouts.append(f"{about}, {len(files)} files, {hours:.2f} h")
             print(abouts[-1], file=sys.stderr)
             packs[fmt] = measure(root, work / "out" / fmt, rounds)
             floors[fmt] = decode_floor(root, rounds)
             outs[fmt] = {name: work / "out" / fmt / name.replace(" ", "_") for name in packs[fmt]}
+        # shardio leaves a sample longer than max_duration out of its plan: every sample must fit a batch
+        peer_reading.MAX_SECONDS = max(60.0, 10.0 * math.ceil(longest / 10.0))
         reads = peer_report.read_figures(outs, len(files), rounds)
         traits = peer_report.traits(next(iter(outs.values())), len(files))
     sampling.set()
@@ -400,6 +406,7 @@ def main() -> None:
         versions={name: version(module) for name, (module, _, _) in PEERS.items()},
         packs=packs,
         floors=floors,
+        max_seconds=peer_reading.MAX_SECONDS,
         reads=reads,
         traits=traits,
     )
