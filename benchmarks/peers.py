@@ -329,20 +329,31 @@ def corpus_folders(args: argparse.Namespace, work: Path) -> dict[str, tuple[Path
     return {"FLAC": (root, f"{count} generated FLAC (shardio.synth), 2-16 s")}
 
 
-def decode_floor(root: Path, rounds: int) -> dict[str, float]:
-    """What decoding alone costs: every file's bytes, already in memory, decoded by soundfile to float32 and
-    padded in batches of 16, as the peers but shardio do it (median CPU seconds of ``rounds`` after a
-    warm-up), with the corpus's files, audio seconds and sample rates."""
-    blobs = [path.read_bytes() for path in flac_files(root)]
-    times = []
+def decode_floor(root: Path, rounds: int) -> dict[str, Any]:
+    """What decoding alone costs: every file's bytes, already in memory, decoded to float32 and padded in
+    batches of 16, by soundfile from a ``BytesIO`` (as the peers but shardio decode) and by shardio's decoder
+    (``shardio.reading.decode.decode_audio``); median CPU seconds of ``rounds`` alternated after a warm-up,
+    with the corpus's files, audio seconds and sample rates."""
+    from shardio.reading.decode import decode_audio
+
+    paths = flac_files(root)
+    blobs = [(path.read_bytes(), path.suffix[1:]) for path in paths]
+    decoders: dict[str, Callable[[bytes, str], np.ndarray]] = {
+        "soundfile": lambda data, ext: decode(data),
+        "shardio": lambda data, ext: decode_audio(data, ext)[0][0],
+    }
+    times: dict[str, list[float]] = {name: [] for name in decoders}
     for number in range(rounds + 1):
-        cpu = cpu_seconds()
-        assert sum(len(batch) for batch in batches_of(decode(blob) for blob in blobs)) == len(blobs)
-        if number:
-            times.append(cpu_seconds() - cpu)
-    infos = [soundfile.info(str(path)) for path in flac_files(root)]
+        for name in list(decoders)[number % 2 :] + list(decoders)[: number % 2]:
+            cpu = cpu_seconds()
+            batches = batches_of(decoders[name](data, ext) for data, ext in blobs)
+            assert sum(len(batch) for batch in batches) == len(blobs)
+            if number:
+                times[name].append(cpu_seconds() - cpu)
+    infos = [soundfile.info(str(path)) for path in paths]
     return dict(
-        cpu=statistics.median(times),
+        cpu=statistics.median(times["soundfile"]),
+        shardio_cpu=statistics.median(times["shardio"]),
         files=len(blobs),
         seconds=sum(info.duration for info in infos),
         rates=sorted({int(info.samplerate) for info in infos}),
@@ -385,6 +396,14 @@ def main() -> None:
             packs[fmt] = measure(root, work / "out" / fmt, rounds)
             floors[fmt] = decode_floor(root, rounds)
             outs[fmt] = {name: work / "out" / fmt / name.replace(" ", "_") for name in packs[fmt]}
+        lj = args.corpora / "ljspeech_coqui" / "wavs"
+        if args.corpus is not None and lj.is_dir():  # the decoders at another rate and length, for comparison
+            for fmt in ("flac", "wav"):
+                clips = work / f"ljspeech-{fmt}"
+                clips.mkdir()
+                for path in sorted(lj.glob(f"*.{fmt}")):
+                    (clips / path.name).symlink_to(path)
+                floors[f"{fmt.upper()}, LJ Speech clips"] = decode_floor(clips, rounds)
         # shardio leaves a sample longer than max_duration out of its plan: every sample must fit a batch
         peer_reading.MAX_SECONDS = max(60.0, 10.0 * math.ceil(longest / 10.0))
         reads = peer_report.read_figures(outs, len(files), rounds)
