@@ -102,13 +102,18 @@ def killed(peer: str, out: Path, size: int, workers: int) -> dict[str, Any] | No
         ended = process.poll() is not None
         if not ended:
             os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if process.wait() not in (0, -signal.SIGKILL):
+            raise RuntimeError(f"{peer}: the child to be killed failed (exit {process.returncode})")
         consumed = _logged(log)
-        with checkpoint.open("rb") as handle:
-            saved_at = int(pickle.load(handle)["batches"])
+        saved_at = 0  # killed before its first checkpoint: the restart begins the epoch
+        if checkpoint.exists():
+            with checkpoint.open("rb") as handle:
+                saved_at = int(pickle.load(handle)["batches"])
         restart_log = work / "restart.jsonl"
         subprocess.run(
-            _command(peer, out, size, workers, checkpoint, restart_log) + ["--pause", "0", "--resume"],
+            _command(peer, out, size, workers, checkpoint, restart_log)
+            + ["--pause", "0"]
+            + (["--resume"] if saved_at else []),
             check=True,
             env=env,
         )
