@@ -251,7 +251,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one round, a smaller generated corpus")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round (the generated corpus, when it is used, is smaller)"
+    )
     parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac or .wav files")
     parser.add_argument(
         "--flac-copy",
