@@ -74,12 +74,15 @@ def shardio_dataset(out: Path, size: int | None, rank: int = 0, world: int = 1) 
     return ShardDataset(out, batch_size=size, shuffle=False, world=World(rank, world))
 
 
-def shardio_batches(out: Path, size: int | None, workers: int) -> Batches:
+def shardio_loader(out: Path, size: int | None, workers: int) -> Any:
     from shardio import ShardLoader
 
     dataset = shardio_dataset(out, size)
-    loader = ShardLoader(dataset, num_workers=workers, persistent_workers=False) if workers else dataset
-    for batch in loader:
+    return ShardLoader(dataset, num_workers=workers, persistent_workers=False) if workers else dataset
+
+
+def shardio_batches(out: Path, size: int | None, workers: int) -> Batches:
+    for batch in shardio_loader(out, size, workers):
         yield list(batch["keys"])
 
 
@@ -106,16 +109,6 @@ def resumed(make: Callable[[], Any], batches: Callable[[Any], Iterator[list[str]
     second = make()
     second.load_state_dict(state)
     return unbroken, seen, [key for keys in batches(second) for key in keys]
-
-
-def shardio_resume(out: Path, size: int, after: int, workers: int) -> Resumed:
-    from shardio import ShardLoader
-
-    def make() -> Any:
-        dataset = shardio_dataset(out, size)
-        return ShardLoader(dataset, num_workers=workers, persistent_workers=False) if workers else dataset
-
-    return resumed(make, lambda loader: (list(batch["keys"]) for batch in loader), after)
 
 
 def shardio_ranks(out: Path, size: int, world: int) -> list[int]:
@@ -193,24 +186,23 @@ def lhotse_batches(out: Path, size: int | None, workers: int) -> Batches:
     return _keys(torch.utils.data.DataLoader(wrapper, batch_size=None, num_workers=workers))
 
 
-def lhotse_resume(out: Path, size: int, after: int, workers: int) -> Resumed:
-    """The sampler's state; with workers, a map-style DataLoader over the sampler, as Lhotse's docs show."""
-    import torch.utils.data
+class LhotseLoader:
+    """The sampler's state beside a map-style DataLoader drawing from it, as Lhotse's docs show (a module's
+    class: the benchmark's resume after a kill builds it in a new process)."""
 
-    class Loader:  # the sampler's state beside the loader that draws from it
-        def __init__(self) -> None:
-            self.sampler = lhotse_sampler(out, size)
-            self.loader = torch.utils.data.DataLoader(
-                LhotseAudio(), sampler=self.sampler, batch_size=None, num_workers=workers
-            )
+    def __init__(self, out: Path, size: int, workers: int) -> None:
+        import torch.utils.data
 
-        def state_dict(self) -> Any:
-            return self.sampler.state_dict()
+        self.sampler = lhotse_sampler(out, size)
+        self.loader = torch.utils.data.DataLoader(
+            LhotseAudio(), sampler=self.sampler, batch_size=None, num_workers=workers
+        )
 
-        def load_state_dict(self, state: Any) -> None:
-            self.sampler.load_state_dict(state)
+    def state_dict(self) -> Any:
+        return self.sampler.state_dict()
 
-    return resumed(Loader, lambda loader: (keys for keys, _ in loader.loader), after)
+    def load_state_dict(self, state: Any) -> None:
+        self.sampler.load_state_dict(state)
 
 
 def lhotse_ranks(out: Path, size: int, world: int) -> list[int]:
@@ -240,10 +232,6 @@ def litdata_batches(out: Path, size: int | None, workers: int) -> Batches | None
     return None if size is None else _keys(litdata_loader(out, size, workers))
 
 
-def litdata_resume(out: Path, size: int, after: int, workers: int) -> Resumed:
-    return resumed(lambda: litdata_loader(out, size, workers), lambda loader: (k for k, _ in loader), after)
-
-
 def litdata_ranks(out: Path, size: int, world: int) -> list[int]:
     return [sum(1 for _ in litdata_loader(out, size, 0, rank, world)) for rank in range(world)]
 
@@ -255,15 +243,25 @@ READERS: dict[str, Callable[[Path, int | None, int], Batches | None]] = {
     "LitData": litdata_batches,
     "MosaicML Streaming": streaming_batches,
 }
-RESUMES: dict[str, Callable[[Path, int, int, int], Resumed]] = {
-    "shardio": shardio_resume,
-    "WebDataset": lambda out, size, after, workers: None,
-    "Lhotse Shar": lhotse_resume,
-    "LitData": litdata_resume,
-    "MosaicML Streaming": lambda out, size, after, workers: resumed(
-        lambda: streaming_loader(out, size, workers), lambda loader: (list(k) for k, _ in loader), after
-    ),
+RESUMABLE: dict[str, tuple[Callable[[Path, int, int], Any], Callable[[Any], Batches]]] = {
+    # Per peer with a resume mechanism: its loader (out, batch size, workers), with state_dict() and
+    # load_state_dict(), and the keys of its batches.
+    "shardio": (shardio_loader, lambda loader: (list(batch["keys"]) for batch in loader)),
+    "Lhotse Shar": (LhotseLoader, lambda loader: (list(keys) for keys, _ in loader.loader)),
+    "LitData": (litdata_loader, lambda loader: (list(keys) for keys, _ in loader)),
+    "MosaicML Streaming": (streaming_loader, lambda loader: (list(keys) for keys, _ in loader)),
 }
+"""WebDataset keeps no state: a resumed run restarts its epoch."""
+
+
+def resume(peer: str, out: Path, size: int, after: int, workers: int) -> Resumed:
+    """``peer``'s resume in one process (:func:`resumed`); None where it has no mechanism."""
+    if peer not in RESUMABLE:
+        return None
+    make, batches = RESUMABLE[peer]
+    return resumed(lambda: make(out, size, workers), batches, after)
+
+
 RANKS: dict[str, Callable[[Path, int, int], list[int]]] = {
     "shardio": shardio_ranks,
     "WebDataset": webdataset_ranks,

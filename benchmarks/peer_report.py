@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer_reading import RANKS, READERS, RESUMES
+import peer_reading
+from peer_kill import killed
+from peer_reading import RANKS, READERS, resume
 
 CONFIGS = [(size, workers) for size in (16, None) for workers in (0, 2)]
 
@@ -21,7 +23,7 @@ def cpu_seconds() -> float:
 
 
 def label(size: int | None, workers: int) -> str:
-    return f"{'16' if size else '<= 60 s'} / {workers} workers"
+    return f"{size if size else f'<= {peer_reading.MAX_SECONDS:.0f} s'} / {workers} workers"
 
 
 def read_figures(outs: dict[str, dict[str, Path]], samples: int, rounds: int) -> dict[str, Any]:
@@ -65,14 +67,17 @@ def read_figures(outs: dict[str, dict[str, Path]], samples: int, rounds: int) ->
 
 def traits(outs: dict[str, Path], samples: int) -> dict[str, Any]:
     """Per peer: exact resume after 3 batches of 3 with 0 and 2 workers (the keys read, then those read on
-    from the saved state in new objects, against an unbroken epoch of the same loader) and batches of 3 per
-    rank at world 2 and 8 (an uneven split: 32 samples make 10 batches and 2 left over)."""
+    from the saved state in new objects, against an unbroken epoch of the same loader), the same after a
+    SIGKILL mid-epoch (:func:`peer_kill.killed`), and batches of 3 per rank at world 2 and 8."""
     found: dict[str, Any] = {}
     for peer, out in outs.items():
         multiprocessing.set_start_method("fork", force=True)
-        found[peer] = dict(resume={}, ranks={str(world): RANKS[peer](out, 3, world) for world in (2, 8)})
+        found[peer] = dict(
+            resume={}, killed={}, ranks={str(world): RANKS[peer](out, 3, world) for world in (2, 8)}
+        )
         for workers in (0, 2):
-            resumed = RESUMES[peer](out, 3, 3, workers)
+            found[peer]["killed"][str(workers)] = killed(peer, out, 3, workers)
+            resumed = resume(peer, out, 3, 3, workers)
             found[peer]["resume"][str(workers)] = (
                 None
                 if resumed is None
@@ -102,6 +107,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
             ]
             lines.append(f"| {peer} | {' | '.join(cells)} |")
         lines.append("")
+    lines += costs(report)
     lines += [
         "### Exact resume and batches per rank (batches of 3)",
         "",
@@ -115,7 +121,75 @@ def markdown(report: dict[str, Any]) -> list[str]:
             verdict = "" if r is None else "exact" if r["exact"] else "NOT the unbroken epoch's keys"
             cells.append("no mechanism" if r is None else f"{r['before']} + {r['after']} samples: {verdict}")
         lines.append(f"| {peer} | {' | '.join(cells)} | {t['ranks']['2']} | {t['ranks']['8']} |")
+    lines += [
+        "",
+        "### Resume after SIGKILL (batches of 3, the state saved every 5 batches; benchmarks/peer_kill.py)",
+        "",
+        "| peer | 0 workers | 2 workers |",
+        "|---|---|---|",
+    ]
+    for peer, t in report["traits"].items():
+        lines.append(f"| {peer} | {killed_cell(t['killed']['0'])} | {killed_cell(t['killed']['2'])} |")
     return [*lines, ""]
+
+
+def costs(report: dict[str, Any]) -> list[str]:
+    """Per format: CPU milliseconds a sample in batches of 16 with 0 workers, beside what soundfile alone
+    takes to decode the same bytes from memory (the floor of the peers that decode with it), and what
+    decoding alone costs by soundfile and by shardio's decoder (on other clips too, where measured)."""
+    lines = [
+        "### Decoding alone: CPU ms an audio second (ms a file), bytes in memory, batches of 16 padded",
+        "",
+        "| files | count | s each | rates | soundfile from BytesIO | shardio's decoder |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for name, floor in report.get("floors", {}).items():
+        files, seconds = floor["files"], floor["seconds"]
+        lines.append(
+            f"| {name} | {files} | {seconds / files:.2f} | {', '.join(map(str, floor['rates']))} | "
+            + " | ".join(
+                f"{1000 * floor[key] / seconds:.3f} ({1000 * floor[key] / files:.3f})"
+                for key in ("cpu", "shardio_cpu")
+            )
+            + " |"
+        )
+    lines.append("")
+    for fmt, peers in report["reads"].items():
+        floor = report["floors"][fmt]
+        files = floor["files"]
+        lines += [
+            f"### Where the CPU goes, {fmt}: ms a sample, batches of 16, 0 workers",
+            "",
+            "| peer | ms a sample | above soundfile alone | above its decoder alone |",
+            "|---|---:|---:|---:|",
+        ]
+        for peer, row in peers.items():
+            cell = row[label(16, 0)]
+            if cell is not None:
+                per = 1000 * cell["cpu"] / files
+                own = floor["shardio_cpu" if peer == "shardio" else "cpu"]
+                lines.append(
+                    f"| {peer} | {per:.3f} | {per - 1000 * floor['cpu'] / files:+.3f} | "
+                    f"{per - 1000 * own / files:+.3f} |"
+                )
+        lines.append("")
+    return lines
+
+
+def killed_cell(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "no mechanism"
+    where = (
+        "ended before the kill"
+        if found["ended_before_kill"]
+        else f"killed after {found['killed_after']} batches"
+    )
+    verdict = (
+        "exact"
+        if found["exact"]
+        else f"NOT exact: {found['repeated']} repeated, {found['skipped']} skipped of {found['samples']}"
+    )
+    return f"{where}, resumed from batch {found['checkpoint']}: {verdict}"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -1,9 +1,10 @@
-"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming,
-each used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and
-per wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
-duration (<= 60 s), with 0 and 2 DataLoader workers, FLAC and WAV, and the time to the first batch; each
-peer's exact resume (its own mechanism) and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py,
-peer_report.py and peer_streaming.py).
+"""shardio beside its peers on the same files: WebDataset, Lhotse (Shar), LitData and MosaicML Streaming, each
+used as its README writes and reads a dataset: pack time and size; read throughput per CPU-second and per
+wall-second (every sample decoded to float32, batches padded to their longest) in batches of 16 and by
+duration (<= 60 s, or the longest sample rounded up to 10 s), with 0 and 2 DataLoader workers, FLAC and WAV,
+and the time to the first batch; each peer's exact resume (its own mechanism), in one process and after a
+SIGKILL, and its batches per rank at world 2 and 8 (benchmarks/peer_reading.py, peer_report.py, peer_kill.py
+and peer_streaming.py).
 
 Run ``python benchmarks/peers.py [--quick] [--corpus DIR]`` in an environment holding every peer (LitData's
 and MosaicML Streaming's requirements name torchvision, whose CPU build for the project's torch is not on
@@ -16,67 +17,42 @@ WAV), else generated FLAC (``shardio.synth``). Each figure: the median of altern
 from __future__ import annotations
 
 import argparse
-import io
 import json
+import math
 import multiprocessing
 import os
 import platform
-import resource
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import peer_reading
 import peer_report
 import soundfile
+from peer_corpus import (
+    BATCH,
+    batches_of,
+    corpus_folders,
+    cpu_seconds,
+    decode,
+    decode_floor,
+    flac_files,
+    text_of,
+)
 from peer_streaming import streaming_pack, streaming_read
 
 from shardio.bench.report import write_results
-from shardio.synth import make_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "corpora"
 RESULTS = REPO / "benchmarks" / "results"
-BATCH = 16
-
-
-def padded(audios: list[np.ndarray]) -> np.ndarray:
-    """A batch: each 1-D float32 array in a row, zero-padded to the longest."""
-    batch = np.zeros((len(audios), max(len(a) for a in audios)), np.float32)
-    for row, audio in enumerate(audios):
-        batch[row, : len(audio)] = audio
-    return batch
-
-
-def batches_of(audios: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    group: list[np.ndarray] = []
-    for audio in audios:
-        group.append(audio)
-        if len(group) == BATCH:
-            yield padded(group)
-            group = []
-    if group:
-        yield padded(group)
-
-
-def decode(data: bytes) -> np.ndarray:
-    audio, _ = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    return audio[:, 0]
-
-
-def flac_files(root: Path) -> list[Path]:
-    """The corpus's audio files: ``.flac`` or ``.wav`` (a corpus of one format)."""
-    return sorted([*root.rglob("*.flac"), *root.rglob("*.wav")])
-
-
-def text_of(path: Path) -> str:
-    transcript = path.with_suffix(".txt")
-    return transcript.read_text().strip() if transcript.exists() else ""
+LOAD_EVERY = 30.0
 
 
 # -- each peer: pack(root, out) and read(out) -> samples read ---------------------------------------------
@@ -142,9 +118,15 @@ def lhotse_read(out: Path) -> int:
     return sum(len(collate_audio(batch)[0]) for batch in SimpleCutSampler(cuts, max_cuts=BATCH))
 
 
-def litdata_item(path: str) -> dict[str, Any]:
-    """One sample as LitData's ``optimize`` stores it (a module's function: its workers are spawned)."""
-    return {"key": Path(path).stem, "audio": Path(path).read_bytes(), "text": text_of(Path(path))}
+def litdata_item(where: tuple[str, str]) -> dict[str, Any]:
+    """One sample as LitData's ``optimize`` stores it, keyed by its path in the corpus as the other peers key
+    it (``digits/1``: file names repeat between folders); a module's function: its workers are spawned."""
+    root, path = Path(where[0]), Path(where[1])
+    return {
+        "key": path.relative_to(root).with_suffix("").as_posix(),
+        "audio": path.read_bytes(),
+        "text": text_of(path),
+    }
 
 
 def litdata_pack(root: Path, out: Path) -> None:
@@ -152,7 +134,7 @@ def litdata_pack(root: Path, out: Path) -> None:
 
     litdata.optimize(
         fn=litdata_item,
-        inputs=[str(p) for p in flac_files(root)],
+        inputs=[(str(root), str(p)) for p in flac_files(root)],
         output_dir=str(out),
         chunk_bytes="64MB",
         num_workers=1,
@@ -187,16 +169,19 @@ def version(module: str) -> str | None:
         return None
 
 
-def cpu_seconds() -> float:
-    """CPU seconds of this process (its threads too) and of its children that ended (LitData's workers)."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
 def timed(action: Callable[[], object]) -> tuple[float, float, object]:
     wall, cpu = time.perf_counter(), cpu_seconds()
     result = action()
     return time.perf_counter() - wall, cpu_seconds() - cpu, result
+
+
+def sample_load(loads: list[float], stop: threading.Event) -> None:
+    """Append the machine's 1-minute load average to ``loads`` every :data:`LOAD_EVERY` seconds until
+    ``stop``, and once at the start and once at the end."""
+    loads.append(os.getloadavg()[0])
+    while not stop.wait(LOAD_EVERY):
+        loads.append(os.getloadavg()[0])
+    loads.append(os.getloadavg()[0])
 
 
 def measure(root: Path, work: Path, rounds: int) -> dict[str, Any]:
@@ -239,7 +224,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# shardio and its peers",
         "",
-        f"`python benchmarks/peers.py{' --quick' if report['quick'] else ''}` on {report['date']}, "
+        f"`{report['command']}` on {report['date']}, "
         f"{report['machine']}; {report['corpus']}; medians of {report['rounds']} alternated rounds.",
         "",
     ]
@@ -260,66 +245,89 @@ def markdown(report: dict[str, Any]) -> str:
     absent = [name for name, v in report["versions"].items() if v is None]
     if absent:
         lines += [f"Absent (not importable here): {', '.join(absent)}.", ""]
-    lines.append("![samples per CPU-second](peers.png)")
+    lines.append(f"![samples per CPU-second]({report['name']}.png)")
     return "\n".join(lines) + "\n"
-
-
-def corpus_folders(args: argparse.Namespace, work: Path) -> dict[str, tuple[Path, str]]:
-    """Per format: a folder of its files and what it is."""
-    lj = args.corpora / "ljspeech_coqui" / "wavs"
-    if args.corpus is not None:
-        return {"given": (args.corpus.resolve(), f"corpus: {args.corpus.name}")}
-    if lj.is_dir():
-        found = {}
-        for fmt in ("flac", "wav"):
-            root = work / f"ljspeech-{fmt}"
-            root.mkdir()
-            for path in sorted(lj.glob(f"*.{fmt}")):
-                (root / path.name).symlink_to(path)
-            found[fmt.upper()] = (root, f"LJ Speech {fmt.upper()} clips (22.05 kHz)")
-        return found
-    count = 50 if args.quick else 300
-    root = work / "synthetic-flac"
-    make_corpus(root, num_files=count, formats=("flac",), min_seconds=2.0, max_seconds=16.0)
-    return {"FLAC": (root, f"{count} generated FLAC (shardio.synth), 2-16 s")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one round, a smaller generated corpus")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round (the generated corpus, when it is used, is smaller)"
+    )
     parser.add_argument("--corpus", type=Path, default=None, help="a folder of .flac or .wav files")
+    parser.add_argument(
+        "--flac-copy",
+        action="store_true",
+        help="with a --corpus of WAV: measure a lossless FLAC copy of it too (made with soundfile)",
+    )
+    parser.add_argument(
+        "--tile",
+        type=int,
+        default=1,
+        help="without --corpus: the LJ Speech clips this many times over (a larger corpus of the same clips)",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="alternated rounds (default 3; --quick 1)")
     parser.add_argument("--corpora", type=Path, default=SHARED, help="the shared corpora (../shared/corpora)")
+    parser.add_argument(
+        "--name", default="peers", help="the results' name: benchmarks/results/NAME.{json,md,png}"
+    )
     args = parser.parse_args()
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     packs: dict[str, Any] = {}
+    floors: dict[str, Any] = {}
     outs: dict[str, dict[str, Path]] = {}
+    loads: list[float] = []
+    sampling = threading.Event()
+    sampler = threading.Thread(target=sample_load, args=(loads, sampling), daemon=True)
+    sampler.start()
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardio-peers-") as tmp:
         work = Path(tmp)
         abouts = []
         for fmt, (root, about) in corpus_folders(args, work).items():
             files = flac_files(root)
-            hours = sum(soundfile.info(str(p)).duration for p in files) / 3600
+            durations = [soundfile.info(str(p)).duration for p in files]
+            hours, longest = sum(durations) / 3600, max(durations)
             abouts.append(f"{about}, {len(files)} files, {hours:.2f} h")
             print(abouts[-1], file=sys.stderr)
             packs[fmt] = measure(root, work / "out" / fmt, rounds)
+            floors[fmt] = decode_floor(root, rounds)
             outs[fmt] = {name: work / "out" / fmt / name.replace(" ", "_") for name in packs[fmt]}
+        lj = args.corpora / "ljspeech_coqui" / "wavs"
+        if args.corpus is not None and lj.is_dir():  # the decoders at another rate and length, for comparison
+            for fmt in ("flac", "wav"):
+                clips = work / f"ljspeech-{fmt}"
+                clips.mkdir()
+                for path in sorted(lj.glob(f"*.{fmt}")):
+                    (clips / path.name).symlink_to(path)
+                floors[f"{fmt.upper()}, LJ Speech clips"] = decode_floor(clips, rounds)
+        # shardio leaves a sample longer than max_duration out of its plan: every sample must fit a batch
+        peer_reading.MAX_SECONDS = max(60.0, 10.0 * math.ceil(longest / 10.0))
         reads = peer_report.read_figures(outs, len(files), rounds)
         traits = peer_report.traits(next(iter(outs.values())), len(files))
+    sampling.set()
+    sampler.join()
     report = dict(
         benchmark="peers",
+        name=args.name,
+        command=" ".join(["python benchmarks/peers.py", *sys.argv[1:]]),
         quick=args.quick,
         rounds=rounds,
         date=time.strftime("%Y-%m-%d %H:%M"),
         corpus="; ".join(abouts),
-        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average "
-        f"{os.getloadavg()[0]:.1f} at the end",
+        machine=f"{os.cpu_count()} cores, Python {platform.python_version()}, load average (1 min) "
+        f"{min(loads):.1f}-{max(loads):.1f}, median {statistics.median(loads):.1f}, sampled every "
+        f"{LOAD_EVERY:.0f} s over the {(time.perf_counter() - started) / 60:.0f} minutes of the run",
+        loads=loads,
         versions={name: version(module) for name, (module, _, _) in PEERS.items()},
         packs=packs,
+        floors=floors,
+        max_seconds=peer_reading.MAX_SECONDS,
         reads=reads,
         traits=traits,
     )
-    write_results(RESULTS, "peers", report, markdown(report))
-    peer_report.plot(report, RESULTS / "peers.png")
+    write_results(RESULTS, args.name, report, markdown(report))
+    peer_report.plot(report, RESULTS / f"{args.name}.png")
     print(markdown(report))
 
 

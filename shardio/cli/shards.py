@@ -57,9 +57,10 @@ def add_verify(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify",
         help="check shards against the index (exit 1 on problems)",
-        description="Check every shard's size and SHA-256 against the index and parse "
-        "every sample at its indexed offsets (with --decode, decode its "
-        "audio too); list every problem and exit 1 if there is any.",
+        description="Check every shard's size and SHA-256 against the index, parse "
+        "every sample at its indexed offsets and check its audio's structure as "
+        "pack --validate structure does (with --decode, decode its audio too); "
+        "list every problem and exit 1 if there is any.",
     )
     parser.add_argument("directory", help="the dataset directory")
     parser.add_argument("--decode", action="store_true", help="also decode every sample's audio")

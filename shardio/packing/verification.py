@@ -3,8 +3,13 @@
 Checks, per shard: the file exists and has the indexed size and SHA-256; every sample's bytes, read at the
 index's offsets (and decompressed as the shard's codec says), parse as tar members named ``{key}.{ext}`` with
 the indexed key (or, for a sample that reads another's members, such as a NeMo ``-sub`` repeat, that
-key) and audio format, and metadata the index keeps decodes. With ``decode=True`` every audio member must
-decode to non-empty, finite audio with the indexed frames, sample rate and channels.
+key) and audio format, and metadata the index keeps decodes; every audio member passes pack's structure checks
+(:func:`shardio.packing.structure.structure_facts`: FLAC's frame CRCs and sample count, a WAV's chunks and
+sizes, Ogg's page CRCs, MP3's frame chain) and, where its headers give them exactly, has the indexed frames,
+sample rate and channels. A shard's SHA-256 shows its bytes are those indexed, not that they are sound: shards
+indexed where they are (``shardio index`` over another tool's tars, a NeMo dataset) were read only as far as
+their audio headers. With ``decode=True`` every audio member must also decode to non-empty, finite audio with
+the indexed frames, sample rate and channels.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from ..shards.index import Index
 from ..storage.files import file_size, is_url, open_input
 from ..storage.localshard import NotRegular, open_regular
 from ..storage.retries import RetryPolicy, retrying
+from .structure import Malformed, structure_facts
 from .truncation import truncation_problem
 
 __all__ = ["verify_dataset"]
@@ -161,6 +167,19 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     if audio_ext not in members:
         yield f"{where}: no .{audio_ext} member (found {', '.join('.' + e for e in members)})"
         return
+    expected = (
+        int(index.columns["num_frames"][row]),
+        int(index.columns["sample_rate"][row]),
+        int(index.columns["channels"][row]),
+    )
+    try:
+        facts = structure_facts(members[audio_ext], audio_ext)
+    except Malformed as exc:
+        yield f"{where}: the .{audio_ext} member is malformed: {exc}"
+        return
+    if facts is not None and facts != expected:
+        yield f"{where}: its headers say {_described(facts)}, the index says {_described(expected)}"
+        return
     if not decode:
         return
     try:
@@ -171,14 +190,10 @@ def _check_sample(index: Index, reader: Reader, row: int, decode: bool) -> Itera
     truncated = truncation_problem(members[audio_ext], audio_ext, audio.shape[1])
     if truncated is not None:
         yield f"{where}: {truncated}"
-    expected = (
-        int(index.columns["num_frames"][row]),
-        int(index.columns["sample_rate"][row]),
-        int(index.columns["channels"][row]),
-    )
     actual = (audio.shape[1], rate, audio.shape[0])
     if actual != expected:
-        yield (
-            f"{where}: decodes to {actual[0]} frames at {actual[1]} Hz x {actual[2]} channels, the index "
-            f"says {expected[0]} frames at {expected[1]} Hz x {expected[2]} channels"
-        )
+        yield f"{where}: decodes to {_described(actual)}, the index says {_described(expected)}"
+
+
+def _described(facts: tuple[int, int, int]) -> str:
+    return f"{facts[0]} frames at {facts[1]} Hz x {facts[2]} channels"

@@ -1,18 +1,25 @@
-"""verify catches damaged shards (flipped byte, truncation, a missing file); inspect's numbers are right."""
+"""verify catches damaged shards (flipped byte, truncation, a missing file) and, without decoding, damaged
+audio in shards whose hashes match (indexed in place: pack's structure checks); inspect's numbers are
+right."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from audio_factory import write_tone
+from audio_factory import audio_bytes, tone, write_tone
 
 from shardio.errors import FormatError
+from shardio.packing.indexer import build_index
 from shardio.packing.inspection import inspect_dataset, render_report
 from shardio.packing.pack import pack
 from shardio.packing.verification import verify_dataset
 from shardio.shards.index import Index
+from shardio.shards.writer import ShardWriter
 
 
 @pytest.fixture(params=["none", "zstd"])
@@ -65,6 +72,52 @@ def test_truncated_and_missing_shards(dataset: Path) -> None:
     )
     assert any(p.startswith(f"{index.shards[2].name}: the shard file is missing") for p in problems)
     assert not any(p.startswith(index.shards[1].name) for p in problems)
+
+
+def _flipped(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0x40
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize(
+    ("ext", "damage", "reason"),
+    [
+        ("flac", _flipped, "fails its CRC-16"),
+        ("flac", lambda data: data[: len(data) * 3 // 4], "fails its CRC-16"),
+        ("wav", lambda data: data[: len(data) // 2], "truncated: the WAV data chunk claims 32000 bytes"),
+    ],
+    ids=["flac-flipped-byte", "flac-cut", "wav-cut"],
+)
+def test_damaged_audio_indexed_in_place_is_found_without_decoding(
+    tmp_path: Path, ext: str, damage: Callable[[bytes], bytes], reason: str
+) -> None:
+    """Another tool's tar, indexed where it is (``shardio index`` reads only the audio headers, which the
+    damage leaves whole): its SHA-256 is the damaged bytes', and the structure checks find the damage."""
+    with tarfile.open(tmp_path / "other-000000.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, seed, change in (("good", 1, bytes), ("bad", 2, damage)):
+            data = change(audio_bytes(tone(1.0, 16000, 1, seed=seed), 16000, ext))
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    build_index([tmp_path / "other-000000.tar"], progress=False)
+    for decode in (False, True):
+        problems = verify_dataset(tmp_path, decode=decode, progress=False)
+        assert len(problems) == 1, problems
+        assert problems[0].startswith(f"other-000000.tar: sample 'bad': the .{ext} member is malformed: ")
+        assert reason in problems[0]
+
+
+@pytest.mark.parametrize("ext", ["flac", "wav"])
+def test_headers_that_disagree_with_the_index_are_found_without_decoding(tmp_path: Path, ext: str) -> None:
+    whole = audio_bytes(tone(0.5, 8000, 1), 8000, ext)
+    with ShardWriter(tmp_path / "d") as writer:  # the writer trusts its caller: as another tool might have
+        writer.write("off", {ext: whole}, audio_ext=ext, num_frames=3999, sample_rate=8000, channels=1)
+    problems = verify_dataset(tmp_path / "d", progress=False)
+    assert problems == [
+        "shard-000000.tar: sample 'off': its headers say 4000 frames at 8000 Hz x 1 channels, the index says "
+        "3999 frames at 8000 Hz x 1 channels"
+    ]
 
 
 def test_missing_index_is_a_problem(tmp_path: Path) -> None:
