@@ -173,14 +173,17 @@ class Resumable(Planned):
         if (loaded.world_size, loaded.nodes) != (world.world_size, nodes):
             share = self._epochs.share(instruction, world, self._surgery, context)
             repeated = 0 if share.repeats is None else int(share.repeats.sum())
+            # the nodes are named only where node-stable parts make them count
+            worlds = (
+                f"from {loaded.world_size} to {world.world_size}"
+                if loaded.nodes == nodes == 1
+                else f"from {loaded.world_size} ranks on {loaded.nodes} node(s) to {world.world_size} on "
+                f"{nodes}"
+            )
             logger.info(
-                "world size changed from %d ranks on %d node(s) to %d on %d at batch %d of epoch %d: the "
-                "rest of the epoch is re-planned, %d batches per rank, %d samples repeated on rank %d to "
-                "even the ranks (padding)",
-                loaded.world_size,
-                loaded.nodes,
-                world.world_size,
-                nodes,
+                "world size changed %s at batch %d of epoch %d: the rest of the epoch is re-planned, %d "
+                "batches per rank, %d samples repeated on rank %d to even the ranks (padding)",
+                worlds,
                 loaded.position,
                 loaded.epoch,
                 share.num_batches,
