@@ -13,7 +13,8 @@ What Lightning does on its own (read in its 2.6 source, checked by ``tests/integ
   loader's ``setup_data`` ``iter()`` too, whose workers begin the epoch before Lightning drops them);
   callbacks' ``load_state_dict`` runs before
   ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
-  epoch end) uses that first iterator for the next epoch;
+  epoch end) uses that first iterator for the next epoch (Lightning 2.4, which NeMo 3.0 installs, asks it
+  for one more batch of the checkpoint's epoch first, so there the dataset stays at that epoch's end);
 - it takes the epoch length from ``len(loader)`` once, when it builds the loader, and ends every epoch
   there (a shardio epoch's length varies with duration batching and after a resume on another world size);
 - it prefetches a batch (so a loader's own position is past the batch being trained on) only for loaders
@@ -124,7 +125,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if self._pending is not None:
             dataset.load_state_dict(self._pending)
             self._pending = None
-            if LoaderState.from_dict(dataset.state_dict()).position >= len(dataset):
+            at_end = LoaderState.from_dict(dataset.state_dict()).position >= len(dataset)
+            if at_end and not _reruns_the_last_batch(self._trainer):
                 # Lightning resumes a checkpoint taken after an epoch's last batch with that first iterator
                 # as the next epoch's: so it must already be the next epoch.
                 dataset.set_epoch(dataset.epoch + 1)
@@ -252,6 +254,15 @@ def _epoch_to_train(trainer: Any) -> int:
     progress = getattr(getattr(trainer.fit_loop, "epoch_progress", None), "current", None)
     processed = getattr(progress, "processed", None)
     return max(trainer.current_epoch, processed) if type(processed) is int else trainer.current_epoch
+
+
+def _reruns_the_last_batch(trainer: Any) -> bool:
+    """Whether Lightning restores a checkpoint saved in ``on_train_batch_end`` as if its batch had not been
+    completed (2.4, the version NeMo 3.0 installs: its epoch loop has no ``restarted_on_train_batch_end``): it
+    then asks the first iterator for one more batch of the checkpoint's epoch, which a dataset at that epoch's
+    end answers with none, and starts the next epoch with a new ``iter()`` after ``on_train_epoch_start``."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return loop is not None and not hasattr(loop, "restarted_on_train_batch_end")
 
 
 def _iterates_again(trainer: Any) -> bool:
