@@ -74,9 +74,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     A run resumed from any checkpoint (mid-epoch or at an epoch end) then trains on exactly the batches
     the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
     ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
-    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once where the
-    new world's share of it fits the batches Lightning counts as left (not yet where it is longer, as 2 ranks
-    resumed on 1: docs/trainers/lightning.md).
+    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once where
+    the new world's share of it fits the batches Lightning counts as left (not yet where it is longer, as 2
+    ranks resumed on 1: docs/trainers/lightning.md).
 
     Args:
         dataset: The dataset, when it is built once (default: none; give each to `attach`).

@@ -108,7 +108,7 @@ def test_a_broken_resume_reports_its_first_difference(
     code, output = check(tmp_path, script, "--kill-at", str(kill_at))
     assert code == 1, output
     assert f"differs: {kind}" in output and cause in output
-    if script is not NO_STATE:  # the first difference is the first batch after the checkpoint the restart loads
+    if script is not NO_STATE:  # the first difference: the first batch after the checkpoint the restart loads
         killed = re.search(r"killed \(SIGKILL\) after (\d+) batches", output)
         assert killed, output
         yielded = int(killed.group(1))  # the kill lands a batch or two late on a busy machine
