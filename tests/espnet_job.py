@@ -1,9 +1,11 @@
 """A tiny ESPnet2 ASR training, for tests/integrations/test_espnet.py (run by ESPnet's own Python:
 ``SHARDIO_ESPNET_PYTHON``): ``prepare WORK`` makes the corpus (WAVs, a Kaldi dir, shape files, a token list)
-and packs it with shardio; ``train WORK OUT MODE KILL_AT SAVE_EVERY`` trains 2 epochs with ESPnet's trainer
-(``MODE``: ``espnet``, ESPnet's own sequence iterator; ``shardio``, ``shardio_task(ASRTask)``),
-appending each trained batch's utterance ids to ``OUT/trained.txt`` and killing itself with SIGKILL before the
-forward of the ``KILL_AT``-th training batch (0: never)."""
+and packs it with shardio; ``train WORK OUT MODE KILL_AT SAVE_EVERY [WORKERS]`` trains 2 epochs with ESPnet's
+trainer (``MODE``: ``espnet``, ESPnet's own sequence iterator; ``shardio``, ``shardio_task(ASRTask)`` with
+``WORKERS`` decoding processes), appending each trained batch's utterance ids to ``OUT/trained{RANK}.txt`` and
+killing itself with SIGKILL before the forward of the ``KILL_AT``-th training batch (0: never; ``vN``: at the
+first validation forward after N training batches, before ESPnet's epoch-end checkpoint). Under ``torchrun``
+(``WORLD_SIZE`` > 1) ESPnet trains with DDP over gloo, as its trainer does with an external launcher."""
 
 from __future__ import annotations
 
@@ -58,20 +60,24 @@ def prepare(work: Path) -> None:
     assert main(["pack", str(data), str(work / "shards"), "--no-progress"]) == 0
 
 
-def train(work: Path, out: Path, mode: str, kill_at: int, save_every: int) -> None:
+def train(work: Path, out: Path, mode: str, kill: str, save_every: int, workers: int) -> None:
     from espnet2.tasks.asr import ASRTask
 
     from shardio.integrations.espnet import shardio_task
 
     base = shardio_task(ASRTask) if mode == "shardio" else ASRTask
-    log = out / "trained.txt"
+    log = out / f"trained{os.environ.get('RANK', '0')}.txt"
+    in_valid = kill.startswith("v")
+    kill_at = int(kill[1:] if in_valid else kill)
     count = [0]
 
     def hook(module: object, args: object, kwargs: dict) -> None:
         if not getattr(module, "training", False):
+            if in_valid and count[0] >= kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
             return
         count[0] += 1
-        if count[0] == kill_at:
+        if count[0] == kill_at and not in_valid:
             os.kill(os.getpid(), signal.SIGKILL)
         with open(log, "a") as handle:
             handle.write(" ".join(kwargs["utt_id"]) + "\n")
@@ -108,7 +114,9 @@ def train(work: Path, out: Path, mode: str, kill_at: int, save_every: int) -> No
             "--shardio_batch_size",
             "3",
         ]
-        cmd += ["--shardio_save_every_steps", str(save_every)]
+        cmd += ["--shardio_save_every_steps", str(save_every), "--shardio_num_workers", str(workers)]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT set
+        cmd += ["--dist_backend", "gloo", "--multiprocessing_distributed", "false"]
     Task.main(cmd=cmd)
 
 
@@ -116,4 +124,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "prepare":
         prepare(Path(sys.argv[2]))
     else:
-        train(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        workers = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+        train(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]), workers)

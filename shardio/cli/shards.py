@@ -115,8 +115,10 @@ def add_index(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="MANIFEST",
         help="index a NeMo tarred dataset in place: the one directory given holds its "
-        "audio_{shard_id}.tar, MANIFEST is its tarred_audio_manifest.json (text and other "
-        "fields are kept in the index; '-sub' repeats read the first copy)",
+        "audio_{shard_id}.tar (or give their pattern, DIR/audio__OP_0..N_CL_.tar: those shards only), "
+        "MANIFEST is its tarred_audio_manifest.json or the pattern of its sharded manifests "
+        "(DIR/sharded_manifests/manifest__OP_0..N_CL_.json); text and other fields are kept in the "
+        "index; '-sub' repeats read the first copy",
     )
     parser.add_argument(
         "--wenet-list",
@@ -170,13 +172,17 @@ def _run_index(args: argparse.Namespace) -> int:
         )
     elif not args.shards:
         raise OptionError("shardio index needs shards (or --wenet-list LIST)")
+    elif args.nemo_manifest is None and any("_OP_" in shard for shard in args.shards):
+        raise OptionError(
+            "a NeMo brace pattern (audio__OP_0..N_CL_.tar) is indexed with --nemo-manifest MANIFEST"
+        )
     elif args.nemo_manifest is not None:
         from ..integrations.importers.nemo_index import index_nemo
 
         if len(args.shards) != 1 or args.out is not None:
             raise OptionError(
-                "--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar) and "
-                "writes the index there: no --out"
+                "--nemo-manifest takes one directory (the one holding audio_{shard_id}.tar, or "
+                "their pattern) and writes the index there: no --out"
             )
         index = index_nemo(
             args.shards[0], args.nemo_manifest, overwrite=args.overwrite, progress=not args.no_progress

@@ -22,7 +22,7 @@ pickled.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -30,15 +30,12 @@ from typing import Any
 import torch
 
 from ..datasets.dataset import ShardDataset
-from ..errors import OptionError, StateError, shown
+from ..errors import OptionError, shown
 from ..loader.loader import ShardLoader
 from ._extras import require
+from .espnet_checkpoint import CHECKPOINT, reporter_stats, resume_checkpoint, save_checkpoint
 
 __all__ = ["CHECKPOINT", "ShardioEpoch", "ShardioIterFactory", "shardio_task", "shardio_trainer"]
-
-CHECKPOINT = "shardio_checkpoint.pth"
-"""The mid-epoch checkpoint's name in ESPnet's output directory."""
-_VERSION = 1
 
 
 class ShardioEpoch:
@@ -53,6 +50,7 @@ class ShardioEpoch:
         self.factory, self.epoch = factory, epoch
         self.saver: Callable[[int], None] | None = None
         self.every = 0
+        self.trained = 0  # the batches this process's iteration gave
 
     def __len__(self) -> int:
         return len(self.factory.loader)
@@ -61,6 +59,7 @@ class ShardioEpoch:
         loader = self.factory.loader
         loader.set_epoch(self.epoch)
         for step, batch in enumerate(loader, 1):
+            self.trained += 1
             yield self.factory.espnet_batch(batch)
             # ESPnet asks for the next batch after this one's optimizer step: save here
             if self.saver is not None and self.every and step % self.every == 0:
@@ -119,55 +118,6 @@ class ShardioIterFactory:
         return self.collate(samples)
 
 
-def _module(model: torch.nn.Module) -> torch.nn.Module:
-    wrapped = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    return model.module if isinstance(model, wrapped) else model
-
-
-def save_checkpoint(
-    path: str,
-    model: torch.nn.Module,
-    optimizers: Sequence[Any],
-    schedulers: Sequence[Any],
-    scaler: Any,
-    epoch: ShardioEpoch,
-    step: int,
-) -> None:
-    """Write the mid-epoch checkpoint after ``step`` batches of ``epoch`` (atomically)."""
-    state = {
-        "version": _VERSION,
-        "epoch": epoch.epoch,
-        "step": step,
-        "model": _module(model).state_dict(),
-        "optimizers": [o.state_dict() for o in optimizers],
-        "schedulers": [s.state_dict() if s is not None else None for s in schedulers],
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": torch.get_rng_state(),
-        "loader": json.dumps(epoch.factory.loader.state_dict()),
-    }
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """The mid-epoch checkpoint at ``path``, loaded as data (``weights_only=True``) and checked."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is a refusal naming it
-        raise StateError(f"{path}: not a shardio ESPnet checkpoint ({shown(str(exc), 200)})") from None
-    fields = {"version", "epoch", "step", "model", "optimizers", "schedulers", "scaler", "rng", "loader"}
-    if not isinstance(state, dict) or set(state) != fields or state["version"] != _VERSION:
-        raise StateError(f"{path}: not a shardio ESPnet checkpoint of version {_VERSION}")
-    if not isinstance(state["epoch"], int) or not isinstance(state["loader"], str):
-        raise StateError(f"{path}: its epoch or loader state is of the wrong type")
-    try:
-        state["loader"] = json.loads(state["loader"])
-    except ValueError:
-        raise StateError(f"{path}: its loader state is not JSON") from None
-    return state
-
-
 def shardio_trainer(trainer: type) -> type:
     """A subclass of ESPnet's trainer class ``trainer`` (``espnet2.train.trainer.Trainer``) that saves and
     resumes :class:`ShardioEpoch` epochs mid-epoch (see the module docstring).
@@ -202,7 +152,10 @@ def shardio_trainer(trainer: type) -> type:
             if isinstance(iterator, ShardioEpoch):
                 path = os.path.join(str(options.output_dir), CHECKPOINT)
                 if options.resume and not iterator.factory.resume_checked and os.path.exists(path):
-                    _resume(path, iterator, model, optimizers, schedulers, scaler)
+                    loader = iterator.factory.loader
+                    resume_checkpoint(
+                        path, iterator.epoch, loader, model, optimizers, schedulers, scaler, reporter
+                    )
                 iterator.factory.resume_checked = True
                 accum = max(int(options.accum_grad), 1)
                 every = int(getattr(options, "shardio_save_every_steps", 0) or 0)
@@ -210,9 +163,17 @@ def shardio_trainer(trainer: type) -> type:
                 rank0 = not distributed_option.distributed or distributed_option.dist_rank == 0
                 if rank0 and every:
                     iterator.saver = lambda step: save_checkpoint(
-                        path, model, optimizers, schedulers, scaler, iterator, step
+                        path,
+                        model,
+                        optimizers,
+                        schedulers,
+                        scaler,
+                        iterator.factory.loader,
+                        iterator.epoch,
+                        step,
+                        reporter_stats(reporter),
                     )
-            return super().train_one_epoch(
+            invalid = super().train_one_epoch(
                 model=model,
                 iterator=iterator,
                 optimizers=optimizers,
@@ -223,38 +184,11 @@ def shardio_trainer(trainer: type) -> type:
                 options=options,
                 distributed_option=distributed_option,
             )
+            # A run resumed from a checkpoint after an epoch's last batch (killed during its validation)
+            # has no batch left in it: ESPnet would read "all steps invalid" and stop training.
+            return bool(invalid) and not (isinstance(iterator, ShardioEpoch) and iterator.trained == 0)
 
     return ShardioTrainer
-
-
-def _resume(
-    path: str,
-    epoch: ShardioEpoch,
-    model: torch.nn.Module,
-    optimizers: Sequence[Any],
-    schedulers: Sequence[Any],
-    scaler: Any,
-) -> None:
-    """Load the mid-epoch checkpoint when it is of ``epoch`` (an older one is ESPnet's epoch-end
-    checkpoint's past); one of a later epoch than ESPnet's is a refusal."""
-    state = load_checkpoint(path)
-    if state["epoch"] < epoch.epoch:
-        return
-    if state["epoch"] > epoch.epoch:
-        raise StateError(
-            f"{path} is of epoch {state['epoch'] + 1}, after ESPnet's checkpoint.pth (epoch {epoch.epoch}): "
-            "the output directory holds another run's checkpoints"
-        )
-    _module(model).load_state_dict(state["model"])
-    for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
-        optimizer.load_state_dict(saved)
-    for scheduler, saved in zip(schedulers, state["schedulers"], strict=True):
-        if scheduler is not None:
-            scheduler.load_state_dict(saved)
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng"])
-    epoch.factory.loader.load_state_dict(state["loader"])
 
 
 def shardio_task(task: type) -> type:
@@ -278,6 +212,10 @@ def shardio_task(task: type) -> type:
     """
     require("espnet", "espnet2")
     from espnet2.iterators.abs_iter_factory import AbsIterFactory
+
+    made = _TASKS.get(task)
+    if made is not None:
+        return made
 
     AbsIterFactory.register(ShardioIterFactory)  # ESPnet's trainer checks its factories' type
 
@@ -316,4 +254,31 @@ def shardio_task(task: type) -> type:
             )
 
     ShardioTask.__name__ = f"Shardio{task.__name__}"
+    # ESPnet's own multi-GPU launch (--ngpu N) pickles the task's main_worker for spawned processes: the
+    # class is found again by this name, through the module's __getattr__
+    ShardioTask.__qualname__ = _PREFIX + f"{task.__module__}.{task.__qualname__}".replace(".", "__")
+    _TASKS[task] = ShardioTask
     return ShardioTask
+
+
+_TASKS: dict[type, type] = {}
+_PREFIX = "ShardioTask__"
+
+
+def __getattr__(name: str) -> type:
+    """``ShardioTask__{module}__{class}``: ``shardio_task`` of that ESPnet task class, as a process that
+    ESPnet spawns unpickles it (its ``main_worker``); only a subclass of ESPnet's ``AbsTask`` is made."""
+    parts = name[len(_PREFIX) :].split("__") if name.startswith(_PREFIX) else []
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            found = getattr(found, part, None)
+        from espnet2.tasks.abs_task import AbsTask
+
+        if isinstance(found, type) and issubclass(found, AbsTask):
+            return shardio_task(found)
+        break
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

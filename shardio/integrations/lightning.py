@@ -13,7 +13,8 @@ What Lightning does on its own (read in its 2.6 source, checked by ``tests/integ
   loader's ``setup_data`` ``iter()`` too, whose workers begin the epoch before Lightning drops them);
   callbacks' ``load_state_dict`` runs before
   ``train_dataloader()``; a run resumed from a checkpoint taken after an epoch's last batch (but before the
-  epoch end) uses that first iterator for the next epoch;
+  epoch end) uses that first iterator for the next epoch (Lightning 2.4, which NeMo 3.0 installs, asks it
+  for one more batch of the checkpoint's epoch first, so there the dataset stays at that epoch's end);
 - it takes the epoch length from ``len(loader)`` once, when it builds the loader, and ends every epoch
   there (a shardio epoch's length varies with duration batching and after a resume on another world size);
 - it prefetches a batch (so a loader's own position is past the batch being trained on) only for loaders
@@ -73,7 +74,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     A run resumed from any checkpoint (mid-epoch or at an epoch end) then trains on exactly the batches
     the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
     ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
-    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once.
+    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once where
+    the new world's share of it fits the batches Lightning counts as left (not yet where it is longer, as 2
+    ranks resumed on 1: docs/trainers/lightning.md).
 
     Args:
         dataset: The dataset, when it is built once (default: none; give each to `attach`).
@@ -124,7 +127,8 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if self._pending is not None:
             dataset.load_state_dict(self._pending)
             self._pending = None
-            if LoaderState.from_dict(dataset.state_dict()).position >= len(dataset):
+            at_end = LoaderState.from_dict(dataset.state_dict()).position >= len(dataset)
+            if at_end and not _reruns_the_last_batch(self._trainer):
                 # Lightning resumes a checkpoint taken after an epoch's last batch with that first iterator
                 # as the next epoch's: so it must already be the next epoch.
                 dataset.set_epoch(dataset.epoch + 1)
@@ -252,6 +256,15 @@ def _epoch_to_train(trainer: Any) -> int:
     progress = getattr(getattr(trainer.fit_loop, "epoch_progress", None), "current", None)
     processed = getattr(progress, "processed", None)
     return max(trainer.current_epoch, processed) if type(processed) is int else trainer.current_epoch
+
+
+def _reruns_the_last_batch(trainer: Any) -> bool:
+    """Whether Lightning restores a checkpoint saved in ``on_train_batch_end`` as if its batch had not been
+    completed (2.4, the version NeMo 3.0 installs: its epoch loop has no ``restarted_on_train_batch_end``): it
+    then asks the first iterator for one more batch of the checkpoint's epoch, which a dataset at that epoch's
+    end answers with none, and starts the next epoch with a new ``iter()`` after ``on_train_epoch_start``."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return loop is not None and not hasattr(loop, "restarted_on_train_batch_end")
 
 
 def _iterates_again(trainer: Any) -> bool:

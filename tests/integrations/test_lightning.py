@@ -400,9 +400,16 @@ def test_without_the_callback_reloaded_dataloaders_replay_epoch_0(data: Path, tm
     assert keys(trained[0]) == plan[:9] * 3
 
 
+FEWER_RANKS_CUT = pytest.mark.xfail(
+    strict=True,
+    reason="a state of 2 ranks resumed on 1: Lightning counts the resumed epoch's batches from the "
+    "checkpoint's (2) and ends it at len(dataset), the segment's 5 batches: 3 trained, 2 never (issue 49)",
+)
+
+
 @pytest.mark.matrix
 @pytest.mark.parametrize("reload", [0, 1])
-@pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
+@pytest.mark.parametrize("before,after", [(2, 3), (3, 2), pytest.param(2, 1, marks=FEWER_RANKS_CUT)])
 def test_resume_on_another_number_of_ranks(
     data: Path, tmp_path: Path, before: int, after: int, reload: int
 ) -> None:

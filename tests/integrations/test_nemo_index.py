@@ -309,8 +309,13 @@ def test_hostile_manifests_are_refused_with_typed_errors(tmp_path: Path, case: s
     assert not (tmp_path / "index.json").exists()
 
 
-def test_a_directory_is_required(tmp_path: Path) -> None:
-    with pytest.raises(OptionError, match="not a NeMo brace pattern"):
+def test_a_directory_or_the_tars_pattern_is_required(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="expected the directory that holds"):
+        index_nemo(tmp_path / "missing")
+    (tmp_path / "shard_0.tar").touch()
+    with pytest.raises(OptionError, match="expected NeMo's tar names"):
+        index_nemo(tmp_path / "shard__OP_0..0_CL_.tar")
+    with pytest.raises(OptionError, match="names 4 files"):  # tmp_path holds one
         index_nemo(tmp_path / "audio__OP_0..3_CL_.tar")
 
 

@@ -16,7 +16,8 @@ from sample_shards import make_uneven_dataset
 
 from shardio import ShardDataset
 from shardio.errors import OptionError, StateError
-from shardio.integrations.espnet import ShardioIterFactory, load_checkpoint, save_checkpoint
+from shardio.integrations.espnet import ShardioIterFactory
+from shardio.integrations.espnet_checkpoint import load_checkpoint, save_checkpoint
 
 
 def _collate(samples: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], dict[str, Any]]:
@@ -34,7 +35,8 @@ def saved(tmp_path: Path) -> Path:
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
     path = tmp_path / "shardio_checkpoint.pth"
-    save_checkpoint(str(path), model, [optimizer], [None], None, epoch, 2)
+    stats = {"loss": [[0.5, 3.0], [None, 0.0]], "iter_time": [[0.1], [0.2]]}  # reporter_stats' form
+    save_checkpoint(str(path), model, [optimizer], [None], None, factory.loader, epoch.epoch, 2, stats)
     return path
 
 
@@ -42,6 +44,14 @@ def test_a_checkpoint_round_trips_as_data(saved: Path) -> None:
     state = load_checkpoint(str(saved))
     assert state["epoch"] == 0 and state["step"] == 2 and state["loader"]["epoch"] == 0
     json.dumps(state["loader"])  # the loader's state is plain JSON
+    assert state["reporter"] == {"loss": [[0.5, 3.0], [None, 0.0]], "iter_time": [[0.1], [0.2]]}
+
+
+def test_a_version_1_checkpoint_without_statistics_still_loads(saved: Path) -> None:
+    state = torch.load(saved, weights_only=True)
+    del state["reporter"]
+    torch.save({**state, "version": 1}, saved)
+    assert load_checkpoint(str(saved))["reporter"] == {}
 
 
 class _Runs:
@@ -58,9 +68,20 @@ class _Runs:
         lambda state: state.update(epoch="0"),
         lambda state: state.update(loader="{not json"),
         lambda state: state.update(loader={"epoch": 0}),
+        lambda state: state.pop("reporter"),
+        lambda state: state.update(reporter="[1, 2]"),
+        lambda state: state.update(reporter='{"loss": [[1.0], [1.0, 2.0, 3.0]]}'),
+        lambda state: state.update(reporter='{"loss": [[1.0]], "acc": [[1.0], [2.0]]}'),
+        lambda state: state.update(reporter='{"loss": [["x"]]}'),
+        lambda state: state.update(reporter='{"loss": [[true]]}'),
+        lambda state: state.update(reporter={"loss": [[1.0]]}),
     ],
-    ids=["extra-field", "no-loader", "version", "epoch-type", "loader-not-json", "loader-not-text"],
-)
+    ids=[
+        "extra-field", "no-loader", "version", "epoch-type", "loader-not-json", "loader-not-text",
+        "no-statistics", "statistics-not-a-dict", "a-step-of-3-values", "unequal-steps", "a-string-value",
+        "a-bool-value", "statistics-not-text",
+    ],
+)  # fmt: skip
 def test_a_changed_checkpoint_is_a_state_error(saved: Path, change: Any) -> None:
     state = torch.load(saved, weights_only=True)
     change(state)

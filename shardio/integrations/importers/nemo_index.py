@@ -1,15 +1,19 @@
-"""A NeMo tarred audio dataset indexed in place:
-``shardio index DIR --nemo-manifest tarred_audio_manifest.json``.
+"""A NeMo tarred audio dataset indexed in place: ``shardio index DIR --nemo-manifest
+tarred_audio_manifest.json``.
 
-NeMo's ``convert_to_tarred_audio_dataset`` writes shards ``audio_{shard_id}.tar`` (NeMo configs name them with
-a brace pattern such as ``audio__OP_0..N_CL_.tar``: give shardio the directory that holds them) and one
-manifest, a JSON line per sample with ``audio_filepath`` (the tar member's name) and ``shard_id``. Instead of
-copying the audio into new shards (``shardio pack tarred_audio_manifest.json``), :func:`index_nemo` writes a
-shardio index next to the tars, so the dataset reads as it is:
+NeMo's ``convert_to_tarred_audio_dataset`` writes shards ``audio_{shard_id}.tar`` and one manifest,
+``tarred_audio_manifest.json``, a JSON line per sample with ``audio_filepath`` (the tar member's name) and
+``shard_id`` (and the same lines shard by shard in ``sharded_manifests/manifest_{shard_id}.json``). Give
+shardio the directory that holds the tars, or the pattern a NeMo config names them with
+(``audio__OP_0..N_CL_.tar``: those shards only, :mod:`~shardio.integrations.importers.nemo_patterns`); and the
+manifest, or the sharded manifests' pattern (``sharded_manifests/manifest__OP_0..N_CL_.json``: each file holds
+its own shard's lines). Instead of copying the audio into new shards (``shardio pack
+tarred_audio_manifest.json``), :func:`index_nemo` writes a shardio index next to the tars, so the dataset
+reads as it is:
 
-- each manifest line is one sample, its key the member name up to the first dot; the other fields
-  (``text``, ``duration``, ...) are kept in the index (:mod:`shardio.shards.metadata`) and reach the loader's
-  samples where a ``{key}.json`` member's fields would;
+- each manifest line is one sample, its key the member name up to the first dot; the other fields (``text``,
+  ``duration``, ...) are kept in the index (:mod:`shardio.shards.metadata`) and reach the loader's samples
+  where a ``{key}.json`` member's fields would;
 - NeMo stores a file listed twice in one shard once and names the repeats ``{name}-sub{n}.{ext}`` in the
   manifest: such a line reads the first copy's member (the same bytes of the tar), under its own key
   ``{name}-sub{n}`` and with its own text;
@@ -18,12 +22,13 @@ shardio index next to the tars, so the dataset reads as it is:
 The manifest is read as ``shardio pack`` reads one (:mod:`shardio.packing.manifestlines`): a regular file,
 lines of at most 1 MiB, each one JSON object with every field once. Strict joins, never silent: a manifest
 line that is not a tarred entry, names a path rather than a plain member name (``../x``), a shard that does
-not exist or a member its tar lacks; a member no line names; a tar ``audio_{n}.tar`` in the directory that no
-line names; a duplicate key; a name that is not ``{key}.{audio ext}`` (keys end at the first dot, so
-``a.b.wav`` cannot be one); a field named like one a batch carries (``keys``, ``lengths``, ...:
-:data:`~shardio.reading.fields.BATCH_FIELDS`); a tar named ``audio_01.tar`` (NeMo writes no leading zeros) or
-one that resolves, through a symbolic link, outside the directory: each is an
-:class:`~shardio.errors.InputProblem`, and all of them are raised together as one
+not exist or a member its tar lacks; a member no line names; a tar ``audio_{n}.tar`` in the directory (in the
+pattern, when one is given) that no line names; a line of a shard outside the tars' pattern, or in another
+shard's sharded manifest; a sharded manifest the pattern names that does not exist; a duplicate key; a name
+that is not ``{key}.{audio ext}`` (keys end at the first dot, so ``a.b.wav`` cannot be one); a field named
+like one a batch carries (``keys``, ``lengths``, ...: :data:`~shardio.reading.fields.BATCH_FIELDS`); a tar
+named ``audio_01.tar`` (NeMo writes no leading zeros) or one that resolves, through a symbolic link, outside
+the directory: each is an :class:`~shardio.errors.InputProblem`, and all of them are raised together as one
 :class:`~shardio.errors.InputError`. A tar that cannot be parsed is a :class:`~shardio.errors.FormatError`.
 """
 
@@ -41,16 +46,16 @@ from typing import Any
 import soundfile as sf
 from tqdm import tqdm
 
-from ...errors import FormatError, InputError, InputProblem, OptionError, ReadError, shown_path
+from ...errors import FormatError, InputError, InputProblem, OptionError, shown_path
 from ...packing.foreignshards import HashingReader
-from ...packing.manifestlines import check_manifest_file
 from ...shards.builder import IndexBuilder
 from ...shards.index import INDEX_JSON, Index, ShardInfo
 from ...shards.metadata import MEMBER_FIELD
 from ...shards.names import split_name
 from ...shards.outputdir import writable_directory
 from ...shards.tarformat import walk
-from .nemo_manifest import ManifestLine, parse_manifest
+from .nemo_manifest import ManifestLine, read_manifests
+from .nemo_patterns import is_pattern, parse_pattern
 
 __all__ = ["MANIFEST", "index_nemo"]
 
@@ -137,15 +142,16 @@ def _joined(
         problems.append(InputProblem(f"{tar}: member {name!r}", "", "no manifest line names this member"))
 
 
-def _present_shards(root: str, problems: list[InputProblem]) -> set[int]:
-    """The shard ids of the ``audio_{n}.tar`` files in ``root``. A name NeMo does not write (``audio_01.tar``:
-    the shard id with leading zeros) and a tar that resolves (through a symbolic link) outside ``root`` are
-    problems: the loader would never read the one, and refuses the other."""
+def _present_shards(root: str, problems: list[InputProblem], selected: range | None) -> set[int]:
+    """The shard ids of the ``audio_{n}.tar`` files in ``root`` (those in ``selected``, when given). A name
+    NeMo does not write (``audio_01.tar``: the shard id with leading zeros) and a tar that resolves (through a
+    symbolic link) outside ``root`` are problems: the loader would never read the one, and refuses the
+    other."""
     present: set[int] = set()
     real_root = os.path.realpath(root)
     for name in sorted(os.listdir(root)):
         match = _SHARD.match(name)
-        if match is None:
+        if match is None or (selected is not None and int(match[1]) not in selected):
             continue
         path = os.path.join(root, name)
         if name != f"audio_{int(match[1])}.tar":
@@ -172,13 +178,22 @@ def _present_shards(root: str, problems: list[InputProblem]) -> set[int]:
     return present
 
 
-def _check_directory(directory: str) -> str:
-    if any(mark in directory for mark in ("_OP_", "_CL_", "{", "}")) or not os.path.isdir(directory):
+def _check_directory(directory: str) -> tuple[str, range | None]:
+    """The dataset's directory, and the shards a pattern selects (None: every tar there)."""
+    if is_pattern(directory):
+        pattern = parse_pattern(directory, "the tars")
+        if (pattern.head, pattern.tail) != ("audio_", ".tar"):
+            raise OptionError(
+                f"{shown_path(directory)}: expected NeMo's tar names, audio__OP_0..N_CL_.tar "
+                "(convert_to_tarred_audio_dataset writes audio_{shard_id}.tar)"
+            )
+        return pattern.directory, pattern.numbers
+    if not os.path.isdir(directory):
         raise OptionError(
-            f"{directory}: expected the directory that holds the dataset's audio_{{shard_id}}.tar "
-            "files (not a NeMo brace pattern such as audio__OP_0..N_CL_.tar)"
+            f"{shown_path(directory)}: expected the directory that holds the dataset's "
+            "audio_{shard_id}.tar files, or their pattern (audio__OP_0..N_CL_.tar)"
         )
-    return os.path.abspath(directory)
+    return os.path.abspath(directory), None
 
 
 def index_nemo(
@@ -191,28 +206,35 @@ def index_nemo(
     """Index the NeMo tarred dataset in ``directory`` in place (see the module
     docstring) and return the index.
 
-    ``manifest`` defaults to ``directory/tarred_audio_manifest.json``. The index (``index.json``,
-    ``index.columns``) is written into ``directory``; an index already there is an
-    :class:`~shardio.errors.OptionError` unless ``overwrite``. No audio is copied or changed. ``progress``: a
-    tqdm bar of the bytes read, on stderr.
+    ``directory``: the directory of the tars, or their pattern (``DIR/audio__OP_0..N_CL_.tar``). ``manifest``
+    defaults to ``tarred_audio_manifest.json`` there; a pattern (``manifest__OP_0..N_CL_.json``) reads each
+    sharded manifest it names. The index (``index.json``, ``index.columns``) is written into the tars'
+    directory; an index already there is an :class:`~shardio.errors.OptionError` unless ``overwrite``. No
+    audio is copied or changed. ``progress``: a tqdm bar of the bytes read, on stderr.
     """
-    root = _check_directory(os.fspath(directory))
+    root, selected = _check_directory(os.fspath(directory))
     manifest = os.path.join(root, MANIFEST) if manifest is None else os.fspath(manifest)
-    try:
-        check_manifest_file(manifest)
-    except FileNotFoundError:
-        raise ReadError(f"{shown_path(manifest)}: no such manifest file") from None
+    problems: list[InputProblem] = []
+    lines = read_manifests(manifest, problems)
     writable_directory(root)
     if os.path.exists(os.path.join(root, INDEX_JSON)) and not overwrite:
         raise OptionError(
             f"{shown_path(root)} already holds an index ({INDEX_JSON}): pass overwrite=True "
             "(--overwrite) to replace it"
         )
-    problems: list[InputProblem] = []
     by_shard: dict[int, list[ManifestLine]] = {}
-    for line in parse_manifest(manifest, problems):
+    for line in lines:
+        if selected is not None and line.shard not in selected:
+            problems.append(
+                InputProblem(line.where, line.key, f"shard_id {line.shard} is outside the tars' pattern")
+            )
+            continue
         by_shard.setdefault(line.shard, []).append(line)
-    present = _present_shards(root, problems)
+    present = _present_shards(root, problems, selected)
+    for shard in selected or ():
+        if shard not in by_shard and shard not in present:
+            tar = os.path.join(root, f"audio_{shard}.tar")
+            problems.append(InputProblem(tar, "", "the tars' pattern names it: no such file"))
     for shard in sorted(present - set(by_shard)):
         problems.append(
             InputProblem(os.path.join(root, f"audio_{shard}.tar"), "", "no manifest line names this shard")

@@ -1,6 +1,7 @@
 """The lines of a NeMo tarred manifest, for an index in place
 (:mod:`shardio.integrations.importers.nemo_index`): each a tarred entry with a plain member name
-``{key}.{audio ext}``, a shard id, and fields an index can keep; any other line is a problem naming it."""
+``{key}.{audio ext}``, a shard id, and fields an index can keep; any other line is a problem naming it. The
+lines come from one manifest, or from the sharded manifests a pattern names (each of its own shard)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import InputProblem, shown
-from ...packing.manifestlines import json_entry, manifest_lines
+from ...errors import InputProblem, ReadError, shown, shown_path
+from ...packing.manifestlines import check_manifest_file, json_entry, manifest_lines
 from ...packing.source import AUDIO_EXTENSIONS
 from ...reading.fields import BATCH_FIELDS
 from ...shards.metadata import MAX_ENTRY_BYTES, MEMBER_FIELD
 from ...shards.names import key_problem
+from .nemo_patterns import ShardPattern, is_pattern, parse_pattern
 
-__all__ = ["ManifestLine", "parse_manifest"]
+__all__ = ["ManifestLine", "parse_manifest", "read_manifests"]
 
 _MAX_SHARD_ID = 1 << 31
 _NAME_LIMIT = 255
@@ -104,4 +106,34 @@ def parse_manifest(manifest: str, problems: list[InputProblem]) -> list[Manifest
             problems.append(InputProblem(where, "", reason))
             continue
         lines.append(ManifestLine(where, name, split[0], shard, meta))
+    return lines
+
+
+def read_manifests(manifest: str, problems: list[InputProblem]) -> list[ManifestLine]:
+    """The lines of ``manifest``, or of each sharded manifest its pattern names (a line of another shard
+    than its file's is a problem)."""
+    if not is_pattern(manifest):
+        try:
+            check_manifest_file(manifest)
+        except FileNotFoundError:
+            raise ReadError(f"{shown_path(manifest)}: no such manifest file") from None
+        return parse_manifest(manifest, problems)
+    pattern: ShardPattern = parse_pattern(manifest, "the sharded manifests")
+    lines: list[ManifestLine] = []
+    for number in pattern.numbers:
+        path = pattern.path(number)
+        try:
+            check_manifest_file(path)
+        except FileNotFoundError:
+            problems.append(InputProblem(path, "", f"no such manifest file (named by {pattern.given})"))
+            continue
+        for line in parse_manifest(path, problems):
+            if line.shard != number:
+                problems.append(
+                    InputProblem(
+                        line.where, line.key, f"shard_id {line.shard} in the manifest of shard {number}"
+                    )
+                )
+                continue
+            lines.append(line)
     return lines
