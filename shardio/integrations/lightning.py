@@ -74,9 +74,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
     A run resumed from any checkpoint (mid-epoch or at an epoch end) then trains on exactly the batches
     the uninterrupted run trained on after it: with any worker count, persistent workers, DDP, a plain
     ``DataLoader`` or torchdata's ``StatefulDataLoader`` (whose own state it replaces).
-    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once where
-    the new world's share of it fits the batches Lightning counts as left (not yet where it is longer, as 2
-    ranks resumed on 1: docs/trainers/lightning.md).
+    On another number of ranks every sample not yet trained on in the epoch is trained on exactly once.
 
     Args:
         dataset: The dataset, when it is built once (default: none; give each to `attach`).
@@ -98,6 +96,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         self._pending: dict[str, Any] | None = None
         self._trainer: Any = None
         self._restored = False  # a checkpoint gave this fit a shardio state
+        self._rest: int | None = None  # batches the resumed epoch's iterator yields (a state loaded)
         self._first = True  # the fit's first batch is yet to come
 
     @property
@@ -127,7 +126,9 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if self._pending is not None:
             dataset.load_state_dict(self._pending)
             self._pending = None
-            at_end = LoaderState.from_dict(dataset.state_dict()).position >= len(dataset)
+            position, length = LoaderState.from_dict(dataset.state_dict()).position, len(dataset)
+            at_end = position >= length
+            self._rest = None if at_end else length - position
             if at_end and not _reruns_the_last_batch(self._trainer):
                 # Lightning resumes a checkpoint taken after an epoch's last batch with that first iterator
                 # as the next epoch's: so it must already be the next epoch.
@@ -160,6 +161,31 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             check_accumulation(
                 self._dataset, trainer.accumulate_grad_batches, "Trainer(accumulate_grad_batches)"
             )
+            self._fit_resumed_epoch(trainer)
+
+    def _fit_resumed_epoch(self, trainer: Any) -> None:
+        """End a resumed epoch where its iterator ends. Lightning counts the resumed epoch's batches on from
+        the checkpoint's count and ends it at ``len(loader)`` (its ``max_batches``, and its data fetcher's
+        length, whose count it also starts at the checkpoint's): the same world's whole epoch, but after a
+        resume on another number of ranks the dataset plays the rest of the epoch as a segment of its own,
+        whose length leaves out what was trained before (2 ranks resumed on 1: 2 batches trained, then
+        Lightning ended the rank's 5-batch segment after 3)."""
+        rest, self._rest = self._rest, None
+        loop = trainer.fit_loop
+        if rest is None or self._dataset is None or loop.max_batches != len(self._dataset):  # or a limit set
+            return
+        wanted = loop.epoch_loop.batch_progress.current.ready + rest  # counted as the checkpoint left it
+        if wanted <= loop.max_batches:
+            return
+        fetcher = getattr(loop, "_data_fetcher", None)  # Lightning 2.x: made by setup_data, before this hook
+        if fetcher is None or getattr(fetcher, "length", None) != loop.max_batches:
+            raise StateError(
+                "this Lightning would end the resumed epoch after "
+                f"{loop.max_batches - wanted + rest} of the {rest} batches left "
+                "on this number of ranks, and the callback cannot change where: resume on the checkpoint's "
+                "number of ranks, or at an epoch's end"
+            )
+        loop.max_batches = fetcher.length = wanted
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
