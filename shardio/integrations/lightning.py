@@ -163,29 +163,34 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             )
             self._fit_resumed_epoch(trainer)
 
-    def _fit_resumed_epoch(self, trainer: Any) -> None:
+    def _fit_resumed_epoch(self, trainer: Any, batch_idx: int | None = None) -> None:
         """End a resumed epoch where its iterator ends. Lightning counts the resumed epoch's batches on from
         the checkpoint's count and ends it at ``len(loader)`` (its ``max_batches``, and its data fetcher's
-        length, whose count it also starts at the checkpoint's): the same world's whole epoch, but after a
-        resume on another number of ranks the dataset plays the rest of the epoch as a segment of its own,
-        whose length leaves out what was trained before (2 ranks resumed on 1: 2 batches trained, then
-        Lightning ended the rank's 5-batch segment after 3)."""
-        rest, self._rest = self._rest, None
-        loop = trainer.fit_loop
-        if rest is None or self._dataset is None or loop.max_batches != len(self._dataset):  # or a limit set
+        length, whose count it also starts there): the same world's whole epoch, but after a resume on
+        another number of ranks the dataset plays the rest of the epoch as a segment of its own, whose length
+        leaves out what was trained before (2 ranks resumed on 1: 2 batches trained, then Lightning ended the
+        rank's 5-batch segment after 3). Called at ``on_train_start`` (the count as the checkpoint left
+        it, before the first fetch) and again at the fit's first batch (``batch_idx``: Lightning's count
+        before it; 2.4 counts a batch saved in ``on_train_batch_end`` as not completed, and resets
+        ``max_batches`` in between)."""
+        rest, loop = self._rest, trainer.fit_loop
+        if rest is None or self._dataset is None:
             return
-        wanted = loop.epoch_loop.batch_progress.current.ready + rest  # counted as the checkpoint left it
-        if wanted <= loop.max_batches:
-            return
-        fetcher = getattr(loop, "_data_fetcher", None)  # Lightning 2.x: made by setup_data, before this hook
-        if fetcher is None or getattr(fetcher, "length", None) != loop.max_batches:
+        if batch_idx is not None:
+            self._rest = None
+        fetcher: Any = getattr(loop, "_data_fetcher", None)  # Lightning 2.x: made by setup_data, before
+        counted = loop.epoch_loop.batch_progress.current.ready if batch_idx is None else batch_idx
+        if counted + rest <= loop.max_batches or getattr(fetcher, "length", None) is None:
+            return  # the same world (or a limit set: the epoch ends there), or no length to end it at
+        if not isinstance(fetcher.length, int) or not isinstance(fetcher.fetched, int):
             raise StateError(
-                "this Lightning would end the resumed epoch after "
-                f"{loop.max_batches - wanted + rest} of the {rest} batches left "
-                "on this number of ranks, and the callback cannot change where: resume on the checkpoint's "
-                "number of ranks, or at an epoch's end"
+                f"this Lightning would end the resumed epoch after {loop.max_batches - counted} of the "
+                f"{rest} batches left on this number of ranks, and the callback cannot change where: resume "
+                "on the checkpoint's number of ranks, or from a checkpoint at an epoch's end"
             )
-        loop.max_batches = fetcher.length = wanted
+        loop.max_batches = counted + rest
+        # the fetcher counts the batch just fetched (at the first batch), or will count from the checkpoint's
+        fetcher.length = (fetcher.fetched - 1 if batch_idx is not None else counted) + rest
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
@@ -216,6 +221,7 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         if not self._first:
             return
         self._first = False
+        self._fit_resumed_epoch(trainer, batch_idx)
         if self._restored or trainer.ckpt_path is None or not isinstance(batch, dict):
             return
         # resumed from a checkpoint without a shardio state: the dataset is where attach() left it

@@ -171,11 +171,6 @@ def test_nemo_ddp_with_workers_killed_in_epoch_2_resumes_from_epoch_1s_last_batc
 @needs_nemo
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning counts the resumed epoch's batches from the checkpoint's and ends it at len(dataset), "
-    "the 1-rank segment's 4 batches: 3 are trained, the 4th never (issue 49; test_lightning.py's 2 -> 1 too)",
-)
 def test_nemo_killed_on_2_processes_resumes_on_1_with_each_sample_once(
     work: Path, straight: dict[int, Path]
 ) -> None:
