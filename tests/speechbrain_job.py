@@ -7,8 +7,8 @@ and one at each epoch end, in ``{ckpt_dir}``; a new process recovers from the la
 batch it trains on to ``{out}/rank{rank}.jsonl`` (``corpus/key`` for a ``mix``); at the ``kill_at_step``-th
 batch this process would train (counted from 0 over the whole job) every rank kills itself with SIGKILL.
 ``track: false`` runs SpeechBrain alone. With ``step_batches`` (``Batching(step_batches=K)``) each of the N
-processes accumulates ``K / N`` batches per optimizer step (``grad_accumulation_factor``); each logged batch
-says whether it ended one (``sync``).
+processes accumulates ``K / N`` batches per optimizer step (``grad_accumulation_factor``; without it,
+``accumulation``); each logged batch says whether it ended one (``sync``).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def main(config: dict[str, Any]) -> None:
         "ckpt_interval_steps": config["ckpt_steps"],
         "noprogressbar": True,
     }
+    if config.get("accumulation"):  # without step_batches
+        run_opts["grad_accumulation_factor"] = config["accumulation"]
     sizes: dict[str, Any] = {"batch_size": config["batch_size"]}
     if config.get("step_batches"):
         sizes = {"batching": Batching(**sizes, step_batches=config["step_batches"])}

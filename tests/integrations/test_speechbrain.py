@@ -444,3 +444,19 @@ def test_accumulated_steps_killed_and_resumed_on_another_world(
         workers=workers,
     )
     assert optimizer_steps(tmp_path / "resumed", after) == straight[resumed_at:]
+
+
+@speechbrain
+@pytest.mark.slow
+def test_accumulation_after_an_epoch_end_checkpoint(data: Path, tmp_path: Path) -> None:
+    """Without steps, ``grad_accumulation_factor=2`` on 1 process (9 batches an epoch): recovered from the
+    checkpoint at epoch 0's end, epoch 1 steps after its batches 2, 4, 6, 8 as the straight run's does.
+    SpeechBrain alone recovers its batch count as saved (9) and stepped after batches 1, 3, 5, 7, 9."""
+    plan = planned(data, 1)[0]
+    run_job(data, tmp_path / "killed", processes=1, kill_at_step=10, expect_kill=True, accumulation=2)
+    ckpt = tmp_path / "killed" / "ckpt"
+    assert checkpoint_step(ckpt, 9) == 9
+    (resumed,) = run_job(data, tmp_path / "resumed", processes=1, ckpt_dir=ckpt, accumulation=2)
+    assert resumed == plan[9:]
+    records = [json.loads(line) for line in (tmp_path / "resumed" / "rank0.jsonl").read_text().splitlines()]
+    assert [record["sync"] for record in records] == [batch % 2 == 0 for batch in range(1, 10)]
