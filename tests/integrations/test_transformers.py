@@ -306,7 +306,8 @@ def test_accumulated_steps_killed_and_resumed_on_another_world(
     """``step_batches=4`` (batches of 1: 7 optimizer steps an epoch): ``before`` processes x
     ``gradient_accumulation_steps=4 / before``, killed with SIGKILL at optimizer step 4, resumed from step 3's
     checkpoint on ``after`` processes x ``4 / after``, train the straight run's optimizer steps from step 3
-    on, into the second epoch (the Trainer's own step and epoch counts follow the checkpoint's step)."""
+    on, into the second epoch; the Trainer's own step and epoch counts follow the optimizer steps (its
+    epoch's fraction was counted in the new world's rest of the epoch: 0.25 at step 4, not 4 / 7)."""
     straight = planned_steps(data, before)
     assert planned_steps(data, after) == straight and len(straight) == 14
     options = {"step_batches": 4, "batch_size": 1, "workers": workers}
@@ -316,3 +317,6 @@ def test_accumulated_steps_killed_and_resumed_on_another_world(
     assert step == 3
     resumed = run_job(data, tmp_path / "resumed", processes=after, resume_from=str(checkpoint), **options)
     assert trained_steps(resumed) == {at: keys for at, keys in straight.items() if at[1] >= step}
+    # the TrainerState's epoch at step S's batches (7 steps an epoch): S / 7, on the new world too
+    for record in (record for records in [*killed, *resumed] for record in records):
+        assert record["trainer_epoch"] == pytest.approx(record["step"] / 7), record
