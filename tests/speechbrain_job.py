@@ -6,7 +6,9 @@
 and one at each epoch end, in ``{ckpt_dir}``; a new process recovers from the latest. Every rank appends each
 batch it trains on to ``{out}/rank{rank}.jsonl`` (``corpus/key`` for a ``mix``); at the ``kill_at_step``-th
 batch this process would train (counted from 0 over the whole job) every rank kills itself with SIGKILL.
-``track: false`` runs SpeechBrain alone.
+``track: false`` runs SpeechBrain alone. With ``step_batches`` (``Batching(step_batches=K)``) each of the N
+processes accumulates ``K / N`` batches per optimizer step (``grad_accumulation_factor``; without it,
+``accumulation``); each logged batch says whether it ended one (``sync``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from speechbrain.utils.checkpoints import Checkpointer
 from speechbrain.utils.epoch_loop import EpochCounter
 from torch.utils.data import DataLoader
 
-from shardio import EpochSize, MixedDataset, Ordering, ShardDataset, ShardLoader
+from shardio import Batching, EpochSize, MixedDataset, Ordering, ShardDataset, ShardLoader
 from shardio.integrations.speechbrain import LoaderProgress, track
 
 
@@ -50,7 +52,7 @@ class TinyBrain(sb.Brain):
 
     def on_fit_batch_end(
         self, batch: dict[str, Any], outputs: Any, loss: torch.Tensor, should_step: bool
-    ) -> None:
+    ) -> None:  # should_step: this batch ends an optimizer step
         if self.progress is not None:
             self.progress.update(batch)
         keys = (
@@ -58,7 +60,7 @@ class TinyBrain(sb.Brain):
             if "corpus" in batch
             else list(batch["keys"])
         )
-        self.log.write(json.dumps({"step": self.trained, "keys": keys}) + "\n")
+        self.log.write(json.dumps({"step": self.trained, "keys": keys, "sync": should_step}) + "\n")
         self.log.flush()
         self.trained += 1
 
@@ -83,6 +85,13 @@ def main(config: dict[str, Any]) -> None:
         "ckpt_interval_steps": config["ckpt_steps"],
         "noprogressbar": True,
     }
+    if config.get("accumulation"):  # without step_batches
+        run_opts["grad_accumulation_factor"] = config["accumulation"]
+    sizes: dict[str, Any] = {"batch_size": config["batch_size"]}
+    if config.get("step_batches"):
+        sizes = {"batching": Batching(**sizes, step_batches=config["step_batches"])}
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        run_opts["grad_accumulation_factor"] = config["step_batches"] // processes
     sb.utils.distributed.ddp_init_group(run_opts)  # under torchrun (RANK, LOCAL_RANK set): a gloo group
     torch.manual_seed(0)
     counter = EpochCounter(limit=config["epochs"])
@@ -102,14 +111,12 @@ def main(config: dict[str, Any]) -> None:
             {"a": config["data"], "b": config["mix"]},
             {"a": 0.6, "b": 0.4},
             EpochSize(primary="a"),
-            batch_size=config["batch_size"],
+            **sizes,
             seed=5,
             ordering=Ordering(shuffle_shards=2),
         )
     else:
-        dataset = ShardDataset(
-            config["data"], batch_size=config["batch_size"], seed=5, ordering=Ordering(shuffle_shards=2)
-        )
+        dataset = ShardDataset(config["data"], seed=5, ordering=Ordering(shuffle_shards=2), **sizes)
     if config.get("track", True):
         brain.progress = track(brain, dataset)
     brain.kill_at = config.get("kill_at_step")

@@ -6,7 +6,8 @@ CPU). Every rank appends each batch it trains on to ``{out}/rank{rank}.jsonl`` (
 dataset had read when the batch arrived); checkpoints every ``save_steps`` steps in ``{out}/ckpt``; at global
 step ``kill_at_step`` every rank kills itself with SIGKILL. ``trainer`` is ``shardio`` (ShardioTrainer),
 ``seq2seq`` (ShardioSeq2SeqTrainer) or ``plain`` (the Trainer without shardio's integration, over an unbatched
-ShardDataset that it batches with a padding collator).
+ShardDataset that it batches with a padding collator). With ``step_batches`` (``Batching(step_batches=K)``)
+each of the N processes accumulates ``K / N`` batches per optimizer step (``gradient_accumulation_steps``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from job_runs import dump_stacks_on_signal
 from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
-from shardio import Ordering, ShardDataset
+from shardio import Batching, Ordering, ShardDataset
 from shardio.integrations.transformers import ShardioSeq2SeqTrainer, ShardioTrainer
 
 
@@ -84,6 +85,10 @@ def main(config: dict[str, Any]) -> None:
         if config.get("max_duration")
         else {"batch_size": None if kind == "plain" else config["batch_size"]}
     )
+    accumulation = config.get("accumulation", 1)
+    if config.get("step_batches"):
+        sizes = {"batching": Batching(**sizes, step_batches=config["step_batches"])}
+        accumulation = config["step_batches"] // int(os.environ.get("WORLD_SIZE", "1"))
     dataset = ShardDataset(config["data"], seed=5, ordering=Ordering(shuffle_shards=2), **sizes)
     torch.manual_seed(0)
     model = TinyModel(out, config.get("kill_at_step"))
@@ -99,7 +104,7 @@ def main(config: dict[str, Any]) -> None:
         num_train_epochs=config.get("epochs", 2),
         max_steps=config.get("max_steps", -1),
         per_device_train_batch_size=config["batch_size"],
-        gradient_accumulation_steps=config.get("accumulation", 1),
+        gradient_accumulation_steps=accumulation,
         learning_rate=0.01,
         logging_steps=1000,
         dataloader_num_workers=workers,

@@ -26,6 +26,17 @@ So :class:`LoaderProgress` is a recoverable: it takes the state from each batch 
 rank has the same number of batches, so rank 0's state restores every rank), and its loader hands it to the
 dataset when ``recover_if_possible`` runs, before the first ``iter()``. As ``brain.train_sampler`` it sets the
 dataset's epoch: SpeechBrain's epoch ``e`` (from 1) plays the dataset's epoch ``e - 1``.
+
+SpeechBrain also keeps a count of its own: the Brain's ``step``, the batches trained in the epoch, saved in
+the checkpoint (its ``brain`` recoverable, loaded after this one) and restored as it was, by which
+``fit_batch`` decides each optimizer step (``step % grad_accumulation_factor == 0``). Counted on the world
+that saved it, it splits the steps of another world: a checkpoint of 2 ranks x 2 batches a step at step 3
+(``step`` 6) went on on 1 rank x 4 with a step of 2 batches, off the straight run's steps to the epoch's end,
+whose last 2 batches' gradients the epoch's end then threw away; and a checkpoint at an epoch's end (``step``
+its length, 14) shifted every step of the next epoch alike. So at each epoch's start
+:meth:`LoaderProgress.set_epoch` sets the Brain's ``step`` to the batches this rank has trained on in the
+epoch, counted on its own world (with ``Batching(step_batches=K)``: the state's optimizer step times
+``grad_accumulation_factor``; 0 for an epoch not begun).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from ..datasets.checks import check_accumulation
 from ..datasets.dataset import ShardDataset
 from ..errors import OptionError, StateError, shown
 from ..ledger.rebuild import read_state
-from ..state import check_follows
+from ..state import LoaderState, check_follows
 from ._extras import require
 
 __all__ = ["LoaderProgress", "track"]
@@ -63,15 +74,18 @@ class LoaderProgress:
 
     Args:
         dataset: The dataset the Brain trains on.
+        brain: The Brain, whose batch count of the epoch (``step``) :meth:`set_epoch` sets (``track`` gives
+            it); ``None`` leaves it alone.
 
     Raises:
         TypeError: A dataset that is not a ``ShardDataset``.
     """
 
-    def __init__(self, dataset: ShardDataset) -> None:
+    def __init__(self, dataset: ShardDataset, brain: Any = None) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"LoaderProgress takes a ShardDataset, not {type(dataset).__name__}")
         self.dataset = dataset
+        self.brain = brain
         self._state: dict[str, Any] | None = None
         self._epoch_set = False
 
@@ -82,7 +96,8 @@ class LoaderProgress:
 
     def set_epoch(self, epoch: int) -> None:
         """Start SpeechBrain's epoch ``epoch`` (counted from 1): the dataset's epoch ``epoch - 1``, kept where
-        a recovered state continues it.
+        a recovered state continues it; the Brain's ``step`` becomes the batches this rank has trained on in
+        it, counted on this world (by which SpeechBrain decides its optimizer steps).
 
         Args:
             epoch: SpeechBrain's epoch, from 1.
@@ -94,6 +109,20 @@ class LoaderProgress:
             raise OptionError(f"SpeechBrain's epochs count from 1 (its EpochCounter); got epoch {epoch!r}")
         self.dataset.set_epoch(epoch - 1)
         self._epoch_set = True
+        if self.brain is not None:
+            self.brain.step = self._batches_in_epoch()
+
+    def _batches_in_epoch(self) -> int:
+        """The batches per rank trained on in the epoch the dataset stands at, counted on this world: with
+        steps, the state's optimizer step times the accumulation (earlier segments on other worlds
+        counted in this world's steps), else the current segment's start."""
+        state = LoaderState.from_dict(self.dataset.state_dict())
+        state = state.at(state.start)
+        accumulation = self.dataset.accumulation
+        step = state.step
+        if accumulation is None or step is None:
+            return state.position
+        return step[0] * accumulation + step[1]
 
     def update(self, batch: dict[str, Any]) -> None:
         """Record that a batch has been trained on, after every batch before it.
@@ -192,7 +221,7 @@ def track(brain: Any, dataset: ShardDataset, *, name: str = "shardio_loader") ->
             f"World({rank}, {world_size}))"
         )
     check_accumulation(dataset, getattr(brain, "grad_accumulation_factor", 1), "grad_accumulation_factor")
-    progress = LoaderProgress(dataset)
+    progress = LoaderProgress(dataset, brain)
     checkpointer.add_recoverable(name, progress)
     brain.train_sampler = progress
     return progress

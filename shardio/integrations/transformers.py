@@ -123,6 +123,18 @@ class _EpochLoader(DataLoader):
             yield inputs
 
 
+def _fraction(state: LoaderState, loader: _EpochLoader) -> float:
+    """The fraction of its epoch that ``state`` (the loader's, after its last batch) has trained: with steps,
+    in optimizer steps, those of segments played on other worlds included (resumed on another world, the
+    current segment is only the epoch's rest); else in this segment's batches."""
+    accumulation = loader.shards.accumulation
+    step = state.step
+    if accumulation is None or step is None:
+        return (loader.epoch_start + loader.handed) / loader.epoch_length
+    earlier = step[0] - state.position // accumulation  # the steps of the segments before this one
+    return (step[0] + step[1] / accumulation) / (earlier + loader.epoch_length / accumulation)
+
+
 class ShardioLoaderState(TrainerCallback, ExportableState):
     """Keeps the loader state in ``trainer_state.json`` (added by :class:`ShardioTrainer` itself).
 
@@ -147,8 +159,8 @@ class ShardioLoaderState(TrainerCallback, ExportableState):
         loader = self._loader
         if loader is not None and loader.state is not None and loader.epoch_length:
             # the Trainer counts the epoch's fraction from the batches of this call alone
-            done = loader.epoch_start + loader.handed
-            state.epoch = LoaderState.from_dict(loader.state).epoch + done / loader.epoch_length
+            loaded = LoaderState.from_dict(loader.state)
+            state.epoch = loaded.epoch + _fraction(loaded, loader)
 
     def state(self) -> dict[str, Any]:
         loader_state = self._loader.state if self._loader is not None else None

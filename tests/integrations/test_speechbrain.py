@@ -350,3 +350,113 @@ def test_resume_a_mixed_dataset(data: Path, tmp_path: Path) -> None:
         mix=str(other),
     )
     assert resumed == [batches[step:] for batches in straight]
+
+
+# -- Batching(step_batches=K): the same optimizer steps on another number of processes ---------------------
+
+
+def planned_steps(data: Path, world_size: int) -> list[list[str]]:
+    """The keys of every optimizer step over every rank (both epochs, in order, sorted within a step), as the
+    dataset plans them with ``step_batches=4`` (batches of 1) on ``world_size`` ranks."""
+    from shardio import Batching, ShardDataset, World
+
+    steps: list[list[str]] = []
+    for epoch in range(EPOCHS):
+        found: dict[int, list[str]] = {}
+        for rank in range(world_size):
+            dataset = ShardDataset(
+                data,
+                seed=5,
+                ordering=Ordering(shuffle_shards=2),
+                batching=Batching(batch_size=1, step_batches=4),
+                world=World(rank, world_size),
+            )
+            dataset.set_epoch(epoch)
+            for batch in dataset:
+                found.setdefault(batch["batch_index"] // dataset.accumulation, []).extend(batch["keys"])
+        steps += [sorted(found[step]) for step in sorted(found)]
+    return steps
+
+
+def optimizer_steps(out: Path, processes: int) -> list[list[str]]:
+    """Each optimizer step's keys over every rank, sorted: a rank's batches up to the next that ended a step
+    (SpeechBrain's ``should_step``)."""
+    per_rank = []
+    for rank in range(processes):
+        steps, current = [], []
+        for line in (out / f"rank{rank}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            current += record["keys"]
+            if record["sync"]:
+                steps.append(current)
+                current = []
+        assert not current, f"rank {rank}: batches after its last optimizer step"
+        per_rank.append(steps)
+    assert len({len(steps) for steps in per_rank}) == 1, "ranks of unequal optimizer step counts"
+    return [sorted(key for steps in per_rank for key in steps[s]) for s in range(len(per_rank[0]))]
+
+
+@speechbrain
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "before,after,kill_at,resumed_at,workers",
+    [
+        (2, 1, 4, 3, 0),  # the intra-epoch checkpoint after step 3
+        (2, 1, 8, 7, 2),  # the epoch-end checkpoint after step 7 (epoch 0's last)
+        (1, 2, 4, 3, 0),
+    ],
+)
+def test_accumulated_steps_killed_and_resumed_on_another_world(
+    data: Path, tmp_path: Path, before: int, after: int, kill_at: int, resumed_at: int, workers: int
+) -> None:
+    """``step_batches=4`` (batches of 1: 7 optimizer steps an epoch): ``before`` processes x
+    ``grad_accumulation_factor=4 / before`` (an intra-epoch checkpoint every 3 optimizer steps), killed with
+    SIGKILL at optimizer step ``kill_at``, recovered from the latest checkpoint on ``after`` processes x
+    ``4 / after``, train the straight run's optimizer steps from that checkpoint's on. SpeechBrain recovers
+    its own batch count of the epoch (the Brain's ``step``, by which it decides ``should_step``): counted on
+    the old world, it must not decide the new world's steps."""
+    straight = planned_steps(data, before)
+    assert planned_steps(data, after) == straight and len(straight) == 14
+    accumulation = {processes: 4 // processes for processes in (before, after)}
+    killed = run_job(
+        data,
+        tmp_path / "killed",
+        processes=before,
+        kill_at_step=kill_at * accumulation[before],
+        expect_kill=True,
+        step_batches=4,
+        batch_size=1,
+        ckpt_steps=3 * accumulation[before],
+        workers=workers,
+    )
+    assert optimizer_steps(tmp_path / "killed", before) == straight[:kill_at]
+    assert killed  # every rank's log read
+    ckpt = tmp_path / "killed" / "ckpt"
+    assert checkpoint_step(ckpt, 7 * accumulation[before]) == resumed_at * accumulation[before]
+    run_job(
+        data,
+        tmp_path / "resumed",
+        processes=after,
+        ckpt_dir=ckpt,
+        step_batches=4,
+        batch_size=1,
+        ckpt_steps=3 * accumulation[after],
+        workers=workers,
+    )
+    assert optimizer_steps(tmp_path / "resumed", after) == straight[resumed_at:]
+
+
+@speechbrain
+@pytest.mark.slow
+def test_accumulation_after_an_epoch_end_checkpoint(data: Path, tmp_path: Path) -> None:
+    """Without steps, ``grad_accumulation_factor=2`` on 1 process (9 batches an epoch): recovered from the
+    checkpoint at epoch 0's end, epoch 1 steps after its batches 2, 4, 6, 8 as the straight run's does.
+    SpeechBrain alone recovers its batch count as saved (9) and stepped after batches 1, 3, 5, 7, 9."""
+    plan = planned(data, 1)[0]
+    run_job(data, tmp_path / "killed", processes=1, kill_at_step=10, expect_kill=True, accumulation=2)
+    ckpt = tmp_path / "killed" / "ckpt"
+    assert checkpoint_step(ckpt, 9) == 9
+    (resumed,) = run_job(data, tmp_path / "resumed", processes=1, ckpt_dir=ckpt, accumulation=2)
+    assert resumed == plan[9:]
+    records = [json.loads(line) for line in (tmp_path / "resumed" / "rank0.jsonl").read_text().splitlines()]
+    assert [record["sync"] for record in records] == [batch % 2 == 0 for batch in range(1, 10)]

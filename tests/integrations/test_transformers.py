@@ -253,3 +253,70 @@ def test_the_plain_trainer_reads_every_batch_before_the_checkpoint_again(data: P
     resumed = run_job(data, tmp_path / "resumed", trainer="plain", resume_from=str(checkpoint))[0]
     assert keys(resumed) == plan[step:]
     assert resumed[0]["read"] >= (step + 1) * BATCH  # ShardioTrainer: BATCH, the first batch it trains on
+
+
+# -- Batching(step_batches=K): the same optimizer steps on another number of processes ---------------------
+
+
+def planned_steps(
+    data: Path, world_size: int, epochs: int = 2, **sizes: Any
+) -> dict[tuple[int, int], list[str]]:
+    """Each (epoch, optimizer step)'s keys over every rank, sorted, as the dataset plans them with
+    ``step_batches=4`` on ``world_size`` ranks (global steps counted across epochs)."""
+    from shardio import Batching, ShardDataset, World
+
+    batching = Batching(**(sizes or {"batch_size": 1}), step_batches=4)
+    found: dict[tuple[int, int], list[str]] = {}
+    first = 0
+    for epoch in range(epochs):
+        steps = 0
+        for rank in range(world_size):
+            dataset = ShardDataset(
+                data,
+                seed=5,
+                ordering=Ordering(shuffle_shards=2),
+                batching=batching,
+                world=World(rank, world_size),
+            )
+            dataset.set_epoch(epoch)
+            for batch in dataset:
+                step = first + batch["batch_index"] // dataset.accumulation
+                found.setdefault((epoch, step), []).extend(batch["keys"])
+            steps = len(dataset) // dataset.accumulation
+        first += steps
+    return {step: sorted(keys) for step, keys in found.items()}
+
+
+def trained_steps(ranks: list[list[dict[str, Any]]]) -> dict[tuple[int, int], list[str]]:
+    """Each (epoch, optimizer step)'s keys over every rank, sorted: the Trainer's ``global_step`` at each
+    batch's forward pass is the optimizer step it accumulates into."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for records in ranks:
+        for record in records:
+            found.setdefault((record["epoch"], record["step"]), []).extend(record["keys"])
+    return {step: sorted(keys) for step, keys in found.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+def test_accumulated_steps_killed_and_resumed_on_another_world(
+    data: Path, tmp_path: Path, workers: int, before: int, after: int
+) -> None:
+    """``step_batches=4`` (batches of 1: 7 optimizer steps an epoch): ``before`` processes x
+    ``gradient_accumulation_steps=4 / before``, killed with SIGKILL at optimizer step 4, resumed from step 3's
+    checkpoint on ``after`` processes x ``4 / after``, train the straight run's optimizer steps from step 3
+    on, into the second epoch; the Trainer's own step and epoch counts follow the optimizer steps (its
+    epoch's fraction was counted in the new world's rest of the epoch: 0.25 at step 4, not 4 / 7)."""
+    straight = planned_steps(data, before)
+    assert planned_steps(data, after) == straight and len(straight) == 14
+    options = {"step_batches": 4, "batch_size": 1, "workers": workers}
+    killed = run_job(data, tmp_path / "killed", processes=before, kill_at_step=4, expect_kill=True, **options)
+    assert trained_steps(killed) == {at: keys for at, keys in straight.items() if at[1] < 4}
+    checkpoint, step = last_checkpoint(tmp_path / "killed")
+    assert step == 3
+    resumed = run_job(data, tmp_path / "resumed", processes=after, resume_from=str(checkpoint), **options)
+    assert trained_steps(resumed) == {at: keys for at, keys in straight.items() if at[1] >= step}
+    # the TrainerState's epoch at step S's batches (7 steps an epoch): S / 7, on the new world too
+    for record in (record for records in [*killed, *resumed] for record in records):
+        assert record["trainer_epoch"] == pytest.approx(record["step"] / 7), record
