@@ -173,9 +173,10 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
         it, before the first fetch) and again at the fit's first batch (``batch_idx``: Lightning's count
         before it; 2.4 counts a batch saved in ``on_train_batch_end`` as not completed, and resets
         ``max_batches`` in between)."""
-        rest, loop = self._rest, trainer.fit_loop
-        if rest is None or self._dataset is None:
-            return
+        rest, loop, limit = self._rest, trainer.fit_loop, trainer.limit_train_batches
+        whole = isinstance(limit, float) and limit == 1.0
+        if rest is None or self._dataset is None or not (whole or type(limit) is int):
+            return  # no state loaded, or a fraction of the epoch asked for
         if batch_idx is not None:
             self._rest = None
         fetcher: Any = getattr(loop, "_data_fetcher", None)  # Lightning 2.x: made by setup_data, before
@@ -188,9 +189,12 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
                 f"{rest} batches left on this number of ranks, and the callback cannot change where: resume "
                 "on the checkpoint's number of ranks, or from a checkpoint at an epoch's end"
             )
-        loop.max_batches = counted + rest
+        end = counted + rest if whole else min(counted + rest, limit)  # an int limit: at most that many
+        if end <= loop.max_batches:
+            return
+        loop.max_batches = end
         # the fetcher counts the batch just fetched (at the first batch), or will count from the checkpoint's
-        fetcher.length = (fetcher.fetched - 1 if batch_idx is not None else counted) + rest
+        fetcher.length = (fetcher.fetched - 1 if batch_idx is not None else counted) + end - counted
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Called for every epoch but a resumed one, before that epoch's iter() (but after epoch 0's).
