@@ -181,17 +181,15 @@ class ShardioCallback(*_BASES):  # type: ignore[misc]  # the bases are found at 
             self._rest = None
         fetcher: Any = getattr(loop, "_data_fetcher", None)  # Lightning 2.x: made by setup_data, before
         counted = loop.epoch_loop.batch_progress.current.ready if batch_idx is None else batch_idx
-        if counted + rest <= loop.max_batches or getattr(fetcher, "length", None) is None:
-            return  # the same world (or a limit set: the epoch ends there), or no length to end it at
+        end = counted + rest if whole else min(counted + rest, limit)  # an int limit: at most that many
+        if end <= loop.max_batches or getattr(fetcher, "length", None) is None:
+            return  # the same world (or the limit ends the epoch there), or no length to end it at
         if not isinstance(fetcher.length, int) or not isinstance(fetcher.fetched, int):
             raise StateError(
                 f"this Lightning would end the resumed epoch after {loop.max_batches - counted} of the "
                 f"{rest} batches left on this number of ranks, and the callback cannot change where: resume "
                 "on the checkpoint's number of ranks, or from a checkpoint at an epoch's end"
             )
-        end = counted + rest if whole else min(counted + rest, limit)  # an int limit: at most that many
-        if end <= loop.max_batches:
-            return
         loop.max_batches = end
         # the fetcher counts the batch just fetched (at the first batch), or will count from the checkpoint's
         fetcher.length = (fetcher.fetched - 1 if batch_idx is not None else counted) + end - counted
